@@ -1,0 +1,56 @@
+"""mmpipe: multimodal (vision-language) training and RL data through ``datasets``,
+DataLoaders, transformers and vLLM without losing an image, a token or a position.
+
+Stages, in the order data flows (one module each)::
+
+    encode.py   raw row (chat messages + images)   -> MultiModalInputs      (dataset.map)
+    collate.py  MultiModalInputs rows               -> BatchedMultiModalInputs (DataLoader)
+    unbatch.py  BatchedMultiModalInputs             -> MultiModalInputs rows
+    rope.py     vectorised M-RoPE positions (get_rope_index)
+    records.py  the typed records and their Arrow schemas
+    families.py per-family constants (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, text)
+    images.py   image loading, resize, compact uint8 patches <-> float32 pixel_values
+    testing.py  offline processors and tiny models for tests, demos and notebooks
+
+Public names are imported lazily so ``import mmpipe`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "MultiModalInputs": "records",
+    "BatchedMultiModalInputs": "records",
+    "IGNORE_INDEX": "records",
+    "encode": "encode",
+    "encode_row": "encode",
+    "Encoder": "encode",
+    "parse_row": "encode",
+    "collate": "collate",
+    "Collator": "collate",
+    "unbatch": "unbatch",
+    "get_rope_index": "rope",
+    "family_of": "families",
+    "ModelFamily": "families",
+    "VisionSpec": "images",
+    "write_schemas": "schemas",
+}
+
+__all__ = sorted(_EXPORTS) + ["testing"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if name == "testing":
+        return importlib.import_module(".testing", __name__)
+    raise AttributeError(f"module 'mmpipe' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,215 @@
+"""Encoded rows -> one padded `BatchedMultiModalInputs` (a DataLoader ``collate_fn``).
+
+Rows may hold any number of images (zero included) and come as ``MultiModalInputs``,
+plain python dicts (``datasets`` rows) or numpy/torch formatted rows. Pixel data is
+concatenated in row order; compact uint8 rows become float32 ``pixel_values`` here, equal
+to the transformers processor's output. Positions are the rows' own (M-RoPE positions do
+not depend on padding), placed under the padding.
+
+Example::
+
+    loader = DataLoader(enc, batch_size=8, collate_fn=mmpipe.Collator(processor), num_workers=2)
+    batch = next(iter(loader))
+    out = model(**batch.model_inputs())
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .families import ModelFamily, family_of, get_family
+from .images import VisionSpec, u8_to_pixel_values, u8_video_to_pixel_values
+from .records import IGNORE_INDEX, BatchedMultiModalInputs, MultiModalInputs
+
+logger = logging.getLogger("mmpipe")
+
+
+def _offsets(counts: Sequence[int]) -> np.ndarray:
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def collate(
+    rows: Sequence[Any],
+    *,
+    processor=None,
+    spec: Optional[VisionSpec] = None,
+    family: Any = None,
+    padding_side: str = "left",
+    pad_to_multiple_of: Optional[int] = None,
+    pad_token_id: Optional[int] = None,
+) -> BatchedMultiModalInputs:
+    """Pad and pack encoded rows into a batch.
+
+    Args:
+        rows: encoded rows (``MultiModalInputs`` or dicts as stored by ``mmpipe.encode``).
+        processor: optional; supplies the image normalisation constants, the pad token and
+            the family the rows must belong to. Without it the family table's defaults are used.
+        padding_side: ``"left"`` (generation) or ``"right"``.
+        pad_to_multiple_of: round the padded length up to a multiple of this.
+
+    Returns a `BatchedMultiModalInputs` with input_ids/attention_mask/mm_token_type_ids
+    int64 [B, L], position_ids int64 [3, B, L], pixel_values float32 [sum N, D], image_grid_thw
+    int64 [sum I, 3], image_offsets / patch_offsets int64 [B+1].
+    """
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    if not len(rows):
+        raise ValueError("collate got an empty list of rows")
+    recs = [MultiModalInputs.from_dict(r, row=i).validate(i) for i, r in enumerate(rows)]
+
+    want: Optional[ModelFamily] = None
+    if family is not None:
+        want = family_of(family)
+    elif processor is not None:
+        want = family_of(processor)
+    fam = get_family(recs[0].family) if want is None else want
+    for i, r in enumerate(recs):
+        if r.family != fam.name:
+            raise ValueError(
+                f"row {i}: encoded for model family {r.family!r} but this batch is for {fam.name!r}; "
+                "re-encode the dataset with this model's processor (token ids, patch size and "
+                "positions differ between families)"
+            )
+    if spec is None:
+        spec = VisionSpec.from_processor(processor) if (processor is not None and fam.is_vision) else VisionSpec.from_family(fam)
+    if pad_token_id is None:
+        tok = getattr(processor, "tokenizer", processor)
+        pad_token_id = getattr(tok, "pad_token_id", None) if tok is not None else None
+        pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
+
+    B = len(recs)
+    lengths = np.asarray([r.num_tokens for r in recs], dtype=np.int64)
+    L = int(lengths.max()) if B else 0
+    if pad_to_multiple_of:
+        L = -(-L // pad_to_multiple_of) * pad_to_multiple_of
+    input_ids = np.full((B, L), pad_token_id, dtype=np.int64)
+    attention_mask = np.zeros((B, L), dtype=np.int64)
+    mm_types = np.zeros((B, L), dtype=np.int64)
+    position_ids = np.zeros((3, B, L), dtype=np.int64)
+    row_has_labels = np.asarray([r.labels is not None for r in recs])
+    labels = np.full((B, L), IGNORE_INDEX, dtype=np.int64) if row_has_labels.any() else None
+    for b, r in enumerate(recs):
+        n = r.num_tokens
+        sl = slice(L - n, L) if padding_side == "left" else slice(0, n)
+        input_ids[b, sl] = r.input_ids
+        attention_mask[b, sl] = r.attention_mask
+        mm_types[b, sl] = r.mm_token_type_ids
+        position_ids[:, b, sl] = r.position_ids
+        if r.labels is not None:
+            labels[b, sl] = r.labels
+    rope_deltas = np.asarray([[r.rope_delta] for r in recs], dtype=np.int64)
+
+    image_grid = np.concatenate([r.image_grid_thw for r in recs]).reshape(-1, 3)
+    video_grid = np.concatenate([r.video_grid_thw for r in recs]).reshape(-1, 3)
+    sec = np.concatenate([r.second_per_grid_ts for r in recs]).astype(np.float32)
+    image_offsets = _offsets([r.num_images for r in recs])
+    patch_offsets = _offsets([r.num_image_patches for r in recs])
+    video_offsets = _offsets([r.num_videos for r in recs])
+    video_patch_offsets = _offsets([r.num_video_patches for r in recs])
+
+    formats = {r.pixel_format for r in recs if r.num_images or r.num_videos}
+    missing = [i for i, r in enumerate(recs) if (r.num_images or r.num_videos) and not r.has_pixels]
+    pixel_format = formats.pop() if len(formats) == 1 else ("mixed" if formats else "none")
+    pv = pv_u8 = pvv = pvv_u8 = None
+    if missing:
+        logger.warning(
+            "rows %s hold images but no pixel data (layout-only encoding?); the batch is text-only: "
+            "the model will not see any image. Encode with pixels='uint8' to train on images.",
+            missing,
+        )
+        pixel_format = "none"
+    elif image_grid.shape[0] or video_grid.shape[0]:
+        lut = None
+        if image_grid.shape[0]:
+            if pixel_format == "uint8":
+                pv_u8 = np.concatenate([r.pixel_values_u8 for r in recs])
+                lut = spec.lut()
+                pv = u8_to_pixel_values(pv_u8, lut, spec.temporal_patch_size)
+            else:
+                pv = np.concatenate([_float_images(r, spec) for r in recs])
+        if video_grid.shape[0]:
+            if pixel_format == "uint8":
+                pvv_u8 = np.concatenate([r.pixel_values_videos_u8 for r in recs])
+                pvv = u8_video_to_pixel_values(pvv_u8, spec.lut() if lut is None else lut)
+            else:
+                pvv = np.concatenate([_float_videos(r, spec) for r in recs])
+
+    t = torch.from_numpy
+    return BatchedMultiModalInputs(
+        input_ids=t(input_ids),
+        attention_mask=t(attention_mask),
+        mm_token_type_ids=t(mm_types),
+        position_ids=t(position_ids),
+        rope_deltas=t(rope_deltas),
+        image_grid_thw=t(image_grid.astype(np.int64)),
+        image_offsets=t(image_offsets),
+        patch_offsets=t(patch_offsets),
+        video_grid_thw=t(video_grid.astype(np.int64)),
+        second_per_grid_ts=t(sec),
+        video_offsets=t(video_offsets),
+        video_patch_offsets=t(video_patch_offsets),
+        seq_lengths=t(lengths),
+        padding_side=padding_side,
+        family=fam.name,
+        pixel_format=pixel_format,
+        labels=t(labels) if labels is not None else None,
+        row_has_labels=t(row_has_labels),
+        row_pixel_formats=[r.pixel_format for r in recs],
+        spec=spec,
+        pixel_values=t(pv) if pv is not None else None,
+        pixel_values_u8=t(pv_u8) if pv_u8 is not None else None,
+        pixel_values_videos=t(pvv) if pvv is not None else None,
+        pixel_values_videos_u8=t(pvv_u8) if pvv_u8 is not None else None,
+    )
+
+
+def _float_images(r: MultiModalInputs, spec: VisionSpec) -> np.ndarray:
+    if r.pixel_values is not None:
+        return r.pixel_values
+    if r.pixel_values_u8 is not None:
+        return u8_to_pixel_values(r.pixel_values_u8, spec.lut(), spec.temporal_patch_size)
+    return np.zeros((0, r.fam.patch_dim), np.float32)
+
+
+def _float_videos(r: MultiModalInputs, spec: VisionSpec) -> np.ndarray:
+    if r.pixel_values_videos is not None:
+        return r.pixel_values_videos
+    if r.pixel_values_videos_u8 is not None:
+        return u8_video_to_pixel_values(r.pixel_values_videos_u8, spec.lut())
+    return np.zeros((0, r.fam.patch_dim), np.float32)
+
+
+class Collator:
+    """Picklable DataLoader ``collate_fn`` bound to a processor's constants.
+
+    Holds only small derived values (family, `VisionSpec`, pad id), not the processor, so
+    it ships cheaply to ``num_workers > 0`` worker processes.
+    """
+
+    def __init__(self, processor=None, *, padding_side: str = "left", pad_to_multiple_of: Optional[int] = None,
+                 family: Any = None, pad_token_id: Optional[int] = None):
+        if processor is None and family is None:
+            raise ValueError("Collator needs a processor (or family=...) to know the model family")
+        self.family = family_of(family if family is not None else processor)
+        self.spec = (
+            VisionSpec.from_processor(processor) if (processor is not None and self.family.is_vision)
+            else VisionSpec.from_family(self.family)
+        )
+        if pad_token_id is None and processor is not None:
+            tok = getattr(processor, "tokenizer", processor)
+            pad_token_id = getattr(tok, "pad_token_id", None)
+        self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
+        self.padding_side = padding_side
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def __call__(self, rows: Sequence[Any]) -> BatchedMultiModalInputs:
+        return collate(
+            rows, spec=self.spec, family=self.family, padding_side=self.padding_side,
+            pad_to_multiple_of=self.pad_to_multiple_of, pad_token_id=self.pad_token_id,
+        )

@@ -1,0 +1,476 @@
+"""Raw row -> `MultiModalInputs`: the map stage for ``dataset.map(mmpipe.encode, ...)``.
+
+Accepted raw rows (the format is found by looking at the row):
+
+(a) Hub convention: ``messages`` whose content lists hold ``{"type": "image"}`` placeholders,
+    plus an ``images`` column (``Sequence(Image())``), consumed in order;
+(b) inline images: content items ``{"type": "image", "image": <image>}``;
+(c) verl style: ``prompt`` text (or a message list with string contents) containing
+    ``<image>`` placeholders, plus an ``images`` column.
+
+An image may be a ``datasets.Image()`` value (dict with bytes/path, or PIL), a path, raw
+bytes, a PIL image or a uint8 array. Rows may also carry a ``completion`` (TRL
+prompt-completion style) appended as the assistant turn.
+
+Example::
+
+    enc = ds.map(mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=2)
+    enc = ds.map(mmpipe.encode, fn_kwargs={"processor": processor, "max_length": 4096,
+                 "truncation": "drop"}, batched=True, remove_columns=ds.column_names)
+
+Image placeholders are expanded at the token-id level (one ``<|image_pad|>`` id ->
+``t*h*w/merge^2`` ids). This equals tokenizing the expanded text, because the pad token is
+a special token that never merges with its neighbours, and avoids tokenizing thousands of
+special tokens per image.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from .families import ModelFamily, family_of
+from .images import VisionSpec, encode_image, image_grid
+from .records import IGNORE_INDEX, PIXEL_FORMATS, MultiModalInputs
+
+logger = logging.getLogger("mmpipe")
+
+TRUNCATION_POLICIES = ("raise", "drop", "truncate_text")
+IMAGE_PLACEHOLDER = "<image>"
+
+
+class RowDropped(Exception):
+    """Raised inside the encoder when a row is dropped under ``truncation="drop"``."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+@dataclass
+class EncodeStats:
+    """Counts of this process's encoder: rows seen, encoded, dropped by reason."""
+
+    rows: int = 0
+    encoded: int = 0
+    dropped: Counter = None  # type: ignore[assignment]
+
+    def __post_init__(self):
+        self.dropped = Counter() if self.dropped is None else self.dropped
+
+
+def _where(idx) -> str:
+    return f"row {idx}" if idx is not None else "row (index unknown: pass with_indices=True to map)"
+
+
+# ---- raw row parsing -------------------------------------------------------------------
+def _is_image_item(item: dict) -> bool:
+    t = item.get("type")
+    if t in ("image", "image_url"):
+        return True
+    return t is None and (item.get("image") is not None or item.get("image_url") is not None)
+
+
+def _inline_image(item: dict):
+    if item.get("image") is not None:
+        return item["image"]
+    url = item.get("image_url")
+    if isinstance(url, dict):
+        url = url.get("url")
+    return url if url is not None else (item.get("path") or item.get("url"))
+
+
+def _split_placeholders(text: str) -> list[dict]:
+    parts = text.split(IMAGE_PLACEHOLDER)
+    items: list[dict] = []
+    for i, part in enumerate(parts):
+        if i:
+            items.append({"type": "image"})
+        if part:
+            items.append({"type": "text", "text": part})
+    return items
+
+
+def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tuple[list[dict], list[Any]]:
+    """Raw row -> (messages for the chat template, images in order of appearance).
+
+    Returned messages carry only ``{"type": "image"}`` / ``{"type": "text", "text": ...}``
+    items (or plain string contents); image values are returned separately.
+    """
+    where = _where(idx)
+    if example.get("messages") is not None:
+        raw = example["messages"]
+        column = "messages"
+    elif example.get("prompt") is not None:
+        raw = example["prompt"]
+        column = "prompt"
+        if isinstance(raw, str):
+            raw = [{"role": "user", "content": raw}]
+    else:
+        raise ValueError(
+            f"{where}: found columns {sorted(example)}; expected a 'messages' column (chat messages) "
+            "or a 'prompt' column (text or chat messages) - rename your column or pass messages_column"
+        )
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise ValueError(f"{where}, column {column!r}: expected a non-empty list of chat messages, found {raw!r:.80}")
+    completion = example.get("completion")
+    if completion is not None:
+        raw = list(raw) + ([{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion))
+
+    column_images = example.get(images_column)
+    column_images = list(column_images) if column_images is not None else []
+    has_column_images = bool(column_images)
+    next_col = 0
+    images: list[Any] = []
+    messages: list[dict] = []
+    for m_i, msg in enumerate(raw):
+        if not isinstance(msg, dict) or "role" not in msg:
+            raise ValueError(f"{where}, column {column!r}, message {m_i}: expected {{'role', 'content'}}, found {msg!r:.80}")
+        content = msg.get("content")
+        if content is None:
+            content = ""
+        if isinstance(content, str):
+            if IMAGE_PLACEHOLDER in content and has_column_images:
+                content = _split_placeholders(content)
+            else:
+                messages.append({"role": msg["role"], "content": content})
+                continue
+        if not isinstance(content, (list, tuple)):
+            raise ValueError(
+                f"{where}, column {column!r}, message {m_i}: content must be a string or a list of items, "
+                f"found {type(content).__name__}"
+            )
+        items = []
+        for item in content:
+            if isinstance(item, str):
+                items.append({"type": "text", "text": item})
+                continue
+            if not isinstance(item, dict):
+                raise ValueError(f"{where}, message {m_i}: content item {item!r:.60} is not a dict")
+            if _is_image_item(item):
+                inline = _inline_image(item)
+                if inline is None:
+                    if next_col >= len(column_images):
+                        raise ValueError(
+                            f"{where}: the messages hold more image placeholders than the "
+                            f"{len(column_images)} image(s) of column {images_column!r}; "
+                            "give one image per placeholder"
+                        )
+                    inline = column_images[next_col]
+                    next_col += 1
+                images.append(inline)
+                items.append({"type": "image"})
+            elif item.get("type") == "video" or item.get("video") is not None:
+                raise ValueError(
+                    f"{where}, message {m_i}: video items are not supported by mmpipe.encode yet; "
+                    "encode videos with the transformers processor and build MultiModalInputs from its output"
+                )
+            else:
+                text = item.get("text")
+                if text is None:
+                    raise ValueError(f"{where}, message {m_i}: content item {item!r:.80} has neither text nor an image")
+                if not isinstance(text, str):
+                    raise ValueError(f"{where}, message {m_i}: text must be a string, found {type(text).__name__}")
+                items.append({"type": "text", "text": text})
+        messages.append({"role": msg["role"], "content": items})
+    if next_col != len(column_images):
+        raise ValueError(
+            f"{where}: column {images_column!r} holds {len(column_images)} image(s) but the messages hold "
+            f"{next_col} placeholder(s) for them; every image needs exactly one placeholder "
+            f"({{'type': 'image'}} in a content list, or {IMAGE_PLACEHOLDER} in prompt text)"
+        )
+    return messages, images
+
+
+# ---- the encoder -----------------------------------------------------------------------
+class Encoder:
+    """Raw rows -> `MultiModalInputs`. Picklable; configuration here, work in the call.
+
+    Args:
+        processor: a transformers Qwen-VL processor (or a tokenizer for text-only models).
+        max_length: token budget per row (after image expansion); None = no limit.
+        truncation: ``"raise"`` (ValueError naming the row), ``"drop"`` (the row is left out
+            of a batched map and counted in ``stats``), or ``"truncate_text"`` (cut text from
+            the end; an image's tokens are never cut - if the cut would reach one, raise).
+        pixels: ``"uint8"`` (compact), ``"float32"`` (processor pixel_values) or ``"none"``
+            (layout only: ids, grids and positions from image headers, no pixel decode).
+        add_generation_prompt: None = add it when the last message is not the assistant's.
+        labels: emit ``labels`` (-100 except assistant response tokens, incl. ``<|im_end|>``).
+        min_pixels / max_pixels: override the processor's resize bounds.
+    """
+
+    def __init__(
+        self,
+        processor,
+        *,
+        max_length: Optional[int] = None,
+        truncation: str = "raise",
+        pixels: str = "uint8",
+        add_generation_prompt: Optional[bool] = None,
+        labels: bool = True,
+        min_pixels: Optional[int] = None,
+        max_pixels: Optional[int] = None,
+        images_column: str = "images",
+        chat_template_kwargs: Optional[dict] = None,
+    ):
+        if truncation not in TRUNCATION_POLICIES:
+            raise ValueError(f"truncation must be one of {TRUNCATION_POLICIES}, got {truncation!r}")
+        if pixels not in PIXEL_FORMATS:
+            raise ValueError(f"pixels must be one of {PIXEL_FORMATS}, got {pixels!r}")
+        self.processor = processor
+        self.family: ModelFamily = family_of(processor)
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        self.spec = VisionSpec.from_processor(processor, min_pixels, max_pixels) if self.family.is_vision else None
+        self.max_length = max_length
+        self.truncation = truncation
+        self.pixels = pixels
+        self.add_generation_prompt = add_generation_prompt
+        self.labels = labels
+        self.images_column = images_column
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        tok = self.tokenizer
+        fam = self.family
+        self.image_token_id = tok.convert_tokens_to_ids(fam.image_token) if fam.is_vision else None
+        self.video_token_id = tok.convert_tokens_to_ids(fam.video_token) if fam.is_vision else None
+        self.vision_start_id = tok.convert_tokens_to_ids(fam.vision_start_token) if fam.is_vision else None
+        self.stats = EncodeStats()
+
+    # -- rendering ------------------------------------------------------------------
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        target = self.processor if hasattr(self.processor, "apply_chat_template") else self.tokenizer
+        return target.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **self.chat_template_kwargs
+        )
+
+    def _assistant_spans(self, messages: list[dict], full: str, where: str) -> list[tuple[int, int]]:
+        """Character spans of assistant responses in ``full`` (content + end-of-turn token)."""
+        spans = []
+        for k, msg in enumerate(messages):
+            if msg["role"] != "assistant":
+                continue
+            before = self._render(messages[:k], True) if k else ""
+            upto = self._render(messages[: k + 1], False)
+            if not (full.startswith(before) and full.startswith(upto) and upto.startswith(before)):
+                raise ValueError(
+                    f"{where}: the chat template does not render conversation prefixes as prefixes of the "
+                    "whole conversation, so assistant tokens cannot be located; pass labels=False or a "
+                    "prefix-stable chat template"
+                )
+            end = len(upto)
+            while end > len(before) and upto[end - 1] in "\n ":
+                end -= 1
+            spans.append((len(before), end))
+        return spans
+
+    # -- one row --------------------------------------------------------------------
+    def encode_row(self, example: dict, idx=None) -> MultiModalInputs:
+        where = _where(idx)
+        fam = self.family
+        messages, images = parse_row(example, idx=idx, images_column=self.images_column)
+        if images and not fam.is_vision:
+            raise ValueError(f"{where}: holds {len(images)} image(s) but the processor is a text-only tokenizer")
+        agp = self.add_generation_prompt
+        if agp is None:
+            agp = messages[-1]["role"] != "assistant"
+        text = self._render(messages, agp)
+        want_labels = self.labels
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=want_labels)
+        ids = np.asarray(enc["input_ids"], dtype=np.int64)
+        labels = None
+        if want_labels:
+            labels = np.full(ids.shape, IGNORE_INDEX, dtype=np.int64)
+            spans = self._assistant_spans(messages, text, where)
+            if spans:
+                starts = np.asarray([s for s, _ in enc["offset_mapping"]], dtype=np.int64).reshape(-1)
+                for a, b in spans:
+                    sel = (starts >= a) & (starts < b)
+                    labels[sel] = ids[sel]
+
+        grids = np.zeros((0, 3), dtype=np.int64)
+        u8_blocks: list[np.ndarray] = []
+        if fam.is_vision:
+            pad_pos = np.flatnonzero(ids == self.image_token_id)
+            if len(pad_pos) != len(images):
+                raise ValueError(
+                    f"{where}: the rendered prompt holds {len(pad_pos)} {fam.image_token} token(s) but the row "
+                    f"has {len(images)} image(s); does the text contain a literal {fam.image_token}, or does the "
+                    "chat template drop image items?"
+                )
+            if (ids == self.video_token_id).any():
+                raise ValueError(f"{where}: the prompt holds {fam.video_token} but videos are not supported by encode yet")
+            grid_list = []
+            for i, img in enumerate(images):
+                w = f"{where}, image {i}"
+                if self.pixels == "none":
+                    grid_list.append(image_grid(img, self.spec, where=w))
+                else:
+                    u8, g = encode_image(img, self.spec, where=w)
+                    u8_blocks.append(u8)
+                    grid_list.append(g)
+            if grid_list:
+                grids = np.asarray(grid_list, dtype=np.int64)
+                n_tok = grids.prod(axis=1) // fam.merge_size**2
+                reps = np.ones(ids.shape, dtype=np.int64)
+                reps[pad_pos] = n_tok
+                ids = np.repeat(ids, reps)
+                if labels is not None:
+                    labels = np.repeat(labels, reps)
+        mm = np.zeros(ids.shape, dtype=np.int64)
+        if fam.is_vision:
+            mm[ids == self.image_token_id] = 1
+            if labels is not None:
+                labels[mm == 1] = IGNORE_INDEX
+
+        ids, labels, mm, grids, u8_blocks = self._truncate(ids, labels, mm, grids, u8_blocks, where)
+        return self._finish(ids, labels, mm, grids, u8_blocks)
+
+    def _truncate(self, ids, labels, mm, grids, u8_blocks, where):
+        L, cap = len(ids), self.max_length
+        if cap is None or L <= cap:
+            return ids, labels, mm, grids, u8_blocks
+        detail = f"{where}: {L} tokens (text + {int((mm > 0).sum())} image tokens) exceed max_length={cap}"
+        if self.truncation == "raise":
+            raise ValueError(detail + "; raise max_length, lower max_pixels, or pass truncation='drop' / 'truncate_text'")
+        if self.truncation == "drop":
+            raise RowDropped("too_long", detail)
+        # truncate_text: cut at `cap` unless that reaches into an image block (its
+        # <|vision_start|> ... tokens ... <|vision_end|> span).
+        vis = np.flatnonzero(mm > 0)
+        if len(vis):
+            last_block_end = int(vis[-1]) + 2  # image tokens, then <|vision_end|>
+            if cap < last_block_end:
+                raise ValueError(
+                    detail + f"; truncating text only would cut into an image (its tokens end at {last_block_end}); "
+                    "use truncation='drop' or a larger max_length"
+                )
+        lab = labels[:cap] if labels is not None else None
+        return ids[:cap], lab, mm[:cap], grids, u8_blocks
+
+    def _finish(self, ids, labels, mm, grids, u8_blocks) -> MultiModalInputs:
+        from .rope import get_rope_index
+
+        fam = self.family
+        pos, delta = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None, family=fam)
+        row = MultiModalInputs(
+            input_ids=ids,
+            attention_mask=np.ones(ids.shape, dtype=np.int64),
+            mm_token_type_ids=mm,
+            position_ids=pos[:, 0, :].numpy(),
+            rope_delta=int(delta.reshape(-1)[0]),
+            family=fam.name,
+            labels=labels,
+            image_grid_thw=grids,
+        )
+        if self.pixels == "uint8":
+            row.pixel_values_u8 = np.concatenate(u8_blocks) if u8_blocks else np.zeros((0, fam.patch_dim_u8), np.uint8)
+        elif self.pixels == "float32":
+            from .images import u8_to_pixel_values
+
+            lut = self._lut()
+            pv = [u8_to_pixel_values(b, lut, self.spec.temporal_patch_size) for b in u8_blocks]
+            row.pixel_values = np.concatenate(pv) if pv else np.zeros((0, fam.patch_dim), np.float32)
+        return row
+
+    def _lut(self):
+        if getattr(self, "_lut_cache", None) is None:
+            self._lut_cache = self.spec.lut()
+        return self._lut_cache
+
+    # -- datasets.map entry point ----------------------------------------------------
+    def __call__(self, example: dict, idx=None) -> dict:
+        if _is_batch(example):
+            return self._call_batch(example, idx)
+        self.stats.rows += 1
+        try:
+            row = self.encode_row(example, idx)
+        except RowDropped as e:
+            raise ValueError(
+                f"{e}; truncation='drop' can only leave rows out of a batched map: pass batched=True "
+                "(and remove_columns=ds.column_names) to dataset.map"
+            ) from None
+        self.stats.encoded += 1
+        return row.to_dict()
+
+    def _call_batch(self, batch: dict, idx) -> dict:
+        n = len(next(iter(batch.values())))
+        out_rows, kept = [], []
+        for i in range(n):
+            example = {k: v[i] for k, v in batch.items()}
+            row_idx = idx[i] if isinstance(idx, (list, tuple, range)) else None
+            self.stats.rows += 1
+            try:
+                out_rows.append(self.encode_row(example, row_idx).to_dict())
+                kept.append(i)
+                self.stats.encoded += 1
+            except RowDropped as e:
+                self.stats.dropped[e.reason] += 1
+                logger.warning("mmpipe.encode dropped %s", e)
+        keys = list(out_rows[0]) if out_rows else list(_empty_row_dict(self))
+        out = {k: [r[k] for r in out_rows] for k in keys}
+        if len(kept) != n:
+            # datasets keeps input columns unless removed: shorten them too, so a batch that
+            # lost rows stays one consistent table.
+            for k, v in batch.items():
+                if k not in out:
+                    out[k] = [v[i] for i in kept]
+        return out
+
+
+def _empty_row_dict(enc: Encoder) -> dict:
+    fam = enc.family
+    row = MultiModalInputs(
+        input_ids=np.zeros(0, np.int64), attention_mask=np.zeros(0, np.int64),
+        mm_token_type_ids=np.zeros(0, np.int64), position_ids=np.zeros((3, 0), np.int64),
+        rope_delta=0, family=fam.name, labels=np.zeros(0, np.int64) if enc.labels else None,
+    )
+    if enc.pixels == "uint8":
+        row.pixel_values_u8 = np.zeros((0, fam.patch_dim_u8), np.uint8)
+    elif enc.pixels == "float32":
+        row.pixel_values = np.zeros((0, fam.patch_dim), np.float32)
+    return row.to_dict()
+
+
+def _is_batch(example: dict) -> bool:
+    """datasets passes dict-of-lists under batched=True; tell it from one row by shape."""
+    for key in ("messages", "prompt"):
+        v = example.get(key)
+        if v is None:
+            continue
+        if isinstance(v, str):
+            return False
+        if isinstance(v, (list, tuple)):
+            if not v:
+                return False
+            first = v[0]
+            if isinstance(first, dict):
+                return False
+            return isinstance(first, (list, tuple, str)) or first is None
+    return False
+
+
+_ENCODERS: dict[tuple, Encoder] = {}
+
+
+def encode(example: dict, idx=None, *, processor, **options) -> dict:
+    """``dataset.map`` function: raw row(s) -> encoded row(s) (see `Encoder` for options).
+
+    Works per row and with ``batched=True``, ``with_indices=True`` (errors then name the
+    row index) and ``num_proc``. The encoder is built once per process per
+    (processor, options) and reused.
+    """
+    key = (id(processor), tuple(sorted((k, repr(v)) for k, v in options.items())))
+    enc = _ENCODERS.get(key)
+    if enc is None or enc.processor is not processor:
+        if len(_ENCODERS) > 16:
+            _ENCODERS.clear()
+        enc = _ENCODERS[key] = Encoder(processor, **options)
+    return enc(example, idx)
+
+
+def encode_row(example: dict, processor, idx=None, **options) -> MultiModalInputs:
+    """One raw row -> a `MultiModalInputs` (the typed record, not the stored dict)."""
+    return Encoder(processor, **options).encode_row(example, idx)

@@ -1,0 +1,139 @@
+"""Model-family table: everything that differs between Qwen2-VL, Qwen2.5-VL, Qwen3-VL and
+plain decoder LLMs lives here, one small record per family. Stages look a family up and
+never branch on its name.
+
+The family is found from the processor (or model config), never asked of the user::
+
+    >>> fam = family_of(processor)          # doctest: +SKIP
+    >>> fam.name, fam.patch_size, fam.merge_size
+    ('qwen2_vl', 14, 2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+HALF = (0.5, 0.5, 0.5)
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """Constants of one model family.
+
+    ``rope`` names the position rule:
+
+    - ``"mrope"``: Qwen2-VL 3-D rotary positions; video temporal index = frame-group index.
+    - ``"mrope_tps"``: Qwen2.5-VL; video temporal index scaled by
+      ``tokens_per_second * second_per_grid_ts``.
+    - ``"mrope_frames"``: Qwen3-VL; every video frame group is its own ``t=1`` block
+      (timestamps sit in the text between them).
+    - ``"1d"``: text-only decoder, positions ``0..n-1``.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    rope: str
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    image_mean: tuple[float, float, float] = CLIP_MEAN
+    image_std: tuple[float, float, float] = CLIP_STD
+    tokens_per_second: float = 1.0
+    image_token: str = "<|image_pad|>"
+    video_token: str = "<|video_pad|>"
+    vision_start_token: str = "<|vision_start|>"
+    vision_end_token: str = "<|vision_end|>"
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+
+    @property
+    def is_vision(self) -> bool:
+        return self.rope != "1d"
+
+    @property
+    def factor(self) -> int:
+        """Side length that resized images are multiples of (patch * merge)."""
+        return self.patch_size * self.merge_size
+
+    @property
+    def patch_dim(self) -> int:
+        """Width D of float32 ``pixel_values`` rows: C * temporal_patch * p * p."""
+        return 3 * self.temporal_patch_size * self.patch_size**2
+
+    @property
+    def patch_dim_u8(self) -> int:
+        """Width of compact uint8 image patch rows: C * p * p (one temporal copy)."""
+        return 3 * self.patch_size**2
+
+
+QWEN2_VL = ModelFamily(name="qwen2_vl", model_types=("qwen2_vl",), rope="mrope")
+QWEN2_5_VL = ModelFamily(
+    name="qwen2_5_vl", model_types=("qwen2_5_vl",), rope="mrope_tps", tokens_per_second=2.0
+)
+QWEN3_VL = ModelFamily(
+    name="qwen3_vl",
+    model_types=("qwen3_vl", "qwen3_vl_moe"),
+    rope="mrope_frames",
+    patch_size=16,
+    image_mean=HALF,
+    image_std=HALF,
+    min_pixels=65536,
+    max_pixels=16777216,
+)
+TEXT = ModelFamily(name="text", model_types=(), rope="1d")
+
+FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, TEXT)}
+
+# Processor class name -> family, for processors that carry no model config.
+_PROCESSOR_CLASSES = {
+    "Qwen2VLProcessor": "qwen2_vl",
+    "Qwen2_5_VLProcessor": "qwen2_5_vl",
+    "Qwen3VLProcessor": "qwen3_vl",
+    "Qwen3VLMoeProcessor": "qwen3_vl",
+}
+
+
+def get_family(name: str) -> ModelFamily:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown model family {name!r}; known: {sorted(FAMILIES)}") from None
+
+
+def family_of(obj) -> ModelFamily:
+    """Family of a processor, tokenizer, model, model config, family name or ModelFamily.
+
+    A processor is matched by its class (walking the MRO, so subclasses count); a tokenizer
+    alone is a text-only decoder; a model or config by ``model_type``.
+    """
+    if isinstance(obj, ModelFamily):
+        return obj
+    if isinstance(obj, str):
+        return get_family(obj)
+    explicit = getattr(obj, "mmpipe_family", None)
+    if isinstance(explicit, str):
+        return get_family(explicit)
+    config = getattr(obj, "config", obj)
+    model_type = getattr(config, "model_type", None)
+    if model_type is not None and not hasattr(obj, "image_processor"):
+        for fam in FAMILIES.values():
+            if model_type in fam.model_types:
+                return fam
+        return TEXT
+    for cls in type(obj).__mro__:
+        if cls.__name__ in _PROCESSOR_CLASSES:
+            return FAMILIES[_PROCESSOR_CLASSES[cls.__name__]]
+    if hasattr(obj, "image_processor"):
+        ip = obj.image_processor
+        # An unknown processor with a Qwen-style image processor: decide by patch size.
+        if getattr(ip, "merge_size", None) is not None:
+            return QWEN3_VL if getattr(ip, "patch_size", 14) == 16 else QWEN2_VL
+        raise ValueError(
+            f"cannot tell the model family of processor {type(obj).__name__}; "
+            f"set processor.mmpipe_family to one of {sorted(FAMILIES)}"
+        )
+    if hasattr(obj, "convert_tokens_to_ids"):
+        return TEXT
+    raise TypeError(f"cannot tell the model family of {type(obj).__name__}")

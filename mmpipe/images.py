@@ -1,0 +1,258 @@
+"""Images in, resized uint8 patches out, and float32 ``pixel_values`` back at collate time.
+
+The transformers PIL Qwen image processor does: RGB conversion (alpha composited on
+white) -> bicubic PIL resize of the uint8 image to the `smart_resize` size -> ``x/255`` ->
+``(x - mean) / std`` in float32 -> patch layout. Everything after the resize is a function
+of each uint8 value and its channel, so a 256-entry table per channel reproduces the
+processor bit for bit (`VisionSpec.lut`). We therefore store the resized uint8 image once
+and produce float32 only when a batch is built.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from .families import ModelFamily, family_of
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """Image-processing constants, read from a processor (or a family's defaults)."""
+
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    min_pixels: int
+    max_pixels: int
+    image_mean: tuple
+    image_std: tuple
+    rescale_factor: float = 1 / 255
+    do_rescale: bool = True
+    do_normalize: bool = True
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+    @classmethod
+    def from_family(cls, fam: ModelFamily) -> "VisionSpec":
+        return cls(
+            fam.patch_size, fam.temporal_patch_size, fam.merge_size, fam.min_pixels, fam.max_pixels,
+            tuple(fam.image_mean), tuple(fam.image_std),
+        )
+
+    @classmethod
+    def from_processor(cls, processor, min_pixels=None, max_pixels=None) -> "VisionSpec":
+        ip = getattr(processor, "image_processor", None)
+        fam = family_of(processor)
+        if ip is None:
+            return cls.from_family(fam)
+        size = getattr(ip, "size", None) or {}
+        get = (lambda k: size.get(k)) if isinstance(size, dict) else (lambda k: getattr(size, k, None))
+        mn = min_pixels or get("shortest_edge") or getattr(ip, "min_pixels", None) or fam.min_pixels
+        mx = max_pixels or get("longest_edge") or getattr(ip, "max_pixels", None) or fam.max_pixels
+        mean = getattr(ip, "image_mean", None) or fam.image_mean
+        std = getattr(ip, "image_std", None) or fam.image_std
+        mean = tuple(mean) if isinstance(mean, (list, tuple)) else (mean,) * 3
+        std = tuple(std) if isinstance(std, (list, tuple)) else (std,) * 3
+        return cls(
+            int(getattr(ip, "patch_size", fam.patch_size)),
+            int(getattr(ip, "temporal_patch_size", fam.temporal_patch_size)),
+            int(getattr(ip, "merge_size", fam.merge_size)),
+            int(mn), int(mx), mean, std,
+            float(getattr(ip, "rescale_factor", 1 / 255)),
+            bool(getattr(ip, "do_rescale", True)),
+            bool(getattr(ip, "do_normalize", True)),
+        )
+
+    def lut(self) -> np.ndarray:
+        """float32 [3, 256]: the processor's value for each uint8 value of each channel,
+        computed with the processor's own float ops (float64 rescale, float32 normalise)."""
+        v = np.arange(256, dtype=np.uint8)
+        x = v.astype(np.float64) * self.rescale_factor if self.do_rescale else v.astype(np.float64)
+        x = x.astype(np.float32)
+        if not self.do_normalize:
+            return np.stack([x, x, x])
+        mean = np.asarray(self.image_mean, dtype=np.float32)
+        std = np.asarray(self.image_std, dtype=np.float32)
+        return ((x[None, :] - mean[:, None]) / std[:, None]).astype(np.float32)
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen's resize target: both sides multiples of ``factor``, area within bounds,
+    aspect ratio kept as closely as possible (ratio must be < 200)."""
+    if min(height, width) <= 0:
+        raise ValueError(f"image has size {height}x{width}; an image needs at least one pixel each way")
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(
+            f"image {height}x{width} has aspect ratio {max(height, width) / min(height, width):.1f}; "
+            "Qwen-VL processors need it to be at most 200 - crop or pad the image"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+# ---- loading ---------------------------------------------------------------------------
+def load_image(value: Any, *, where: str = "image") -> Image.Image:
+    """Any supported image value -> PIL image (not yet decoded where PIL can avoid it).
+
+    Accepted: PIL image; ``datasets.Image()`` value ``{"bytes": ..., "path": ...}``; a file
+    path; raw encoded bytes; a uint8 array ``[H, W]``, ``[H, W, 1|3|4]``.
+    """
+    if isinstance(value, Image.Image):
+        return value
+    try:
+        if isinstance(value, dict):
+            if value.get("bytes") is not None:
+                return Image.open(io.BytesIO(value["bytes"]))
+            if value.get("path") is not None:
+                return Image.open(value["path"])
+            raise ValueError("dict image value has neither 'bytes' nor 'path'")
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return Image.open(io.BytesIO(bytes(value)))
+        if isinstance(value, (str, os.PathLike)):
+            path = os.fspath(value)
+            if path.startswith("file://"):
+                path = path[len("file://"):]
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"no such file: {path!r}")
+            return Image.open(path)
+        if hasattr(value, "detach"):
+            value = value.detach().cpu().numpy()
+        if isinstance(value, np.ndarray):
+            return _array_to_pil(value)
+    except (OSError, ValueError) as e:  # PIL.UnidentifiedImageError is an OSError
+        raise ValueError(f"{where}: cannot read the image ({type(e).__name__}: {e})") from e
+    raise TypeError(
+        f"{where}: unsupported image value of type {type(value).__name__}; expected a PIL image, "
+        "a datasets Image dict, a path, encoded bytes or a uint8 array [H, W, C]"
+    )
+
+
+def _array_to_pil(arr: np.ndarray) -> Image.Image:
+    if arr.dtype != np.uint8:
+        raise ValueError(f"image arrays must be uint8 [H, W, C], found dtype {arr.dtype}")
+    if arr.ndim == 3 and arr.shape[-1] == 1:
+        arr = arr[..., 0]
+    if arr.ndim == 2:
+        return Image.fromarray(arr, mode="L")
+    if arr.ndim == 3 and arr.shape[-1] in (3, 4):
+        return Image.fromarray(arr, mode="RGB" if arr.shape[-1] == 3 else "RGBA")
+    raise ValueError(f"image arrays must be [H, W] or [H, W, 1|3|4], found shape {arr.shape}")
+
+
+def image_hw(value: Any, *, where: str = "image") -> tuple[int, int]:
+    """(height, width) from the image header alone; no pixel decode."""
+    if isinstance(value, np.ndarray):
+        return int(value.shape[0]), int(value.shape[1])
+    img = load_image(value, where=where)
+    w, h = img.size
+    return h, w
+
+
+def to_rgb_array(img: Image.Image) -> np.ndarray:
+    """uint8 [H, W, 3], transparency composited onto white (as transformers does)."""
+    if "A" in img.getbands() or img.info.get("transparency") is not None:
+        rgba = img.convert("RGBA")
+        bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return np.asarray(Image.alpha_composite(bg, rgba).convert("RGB"))
+    return np.asarray(img.convert("RGB"))
+
+
+def resize_image(img: Image.Image, spec: VisionSpec) -> np.ndarray:
+    """uint8 [H', W', 3]: the image exactly as the Qwen processor resizes it."""
+    w, h = img.size
+    th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels)
+    rgb = to_rgb_array(img)
+    if (th, tw) == rgb.shape[:2]:
+        return np.ascontiguousarray(rgb)
+    return np.asarray(Image.fromarray(rgb).resize((tw, th), resample=Image.BICUBIC))
+
+
+# ---- patch layout ----------------------------------------------------------------------
+def patchify_u8(img: np.ndarray, spec: VisionSpec) -> np.ndarray:
+    """uint8 [H, W, 3] (H, W multiples of patch*merge) -> uint8 [gh*gw, 3*p*p] in the
+    processor's merge-window-major order (each merge^2 consecutive rows are one token)."""
+    p, m = spec.patch_size, spec.merge_size
+    H, W, C = img.shape
+    gh, gw = H // p, W // p
+    x = img.reshape(gh // m, m, p, gw // m, m, p, C)
+    # -> (gh/m, gw/m, m_h, m_w, C, p_h, p_w)
+    x = x.transpose(0, 3, 1, 4, 6, 2, 5)
+    return np.ascontiguousarray(x).reshape(gh * gw, C * p * p)
+
+
+def unpatchify_u8(patches: np.ndarray, grid_h: int, grid_w: int, spec: VisionSpec) -> np.ndarray:
+    """Inverse of `patchify_u8`: uint8 [gh*gw, 3*p*p] -> uint8 [gh*p, gw*p, 3]."""
+    p, m = spec.patch_size, spec.merge_size
+    x = patches.reshape(grid_h // m, grid_w // m, m, m, 3, p, p)
+    x = x.transpose(0, 2, 5, 1, 3, 6, 4)  # (gh/m, m_h, p_h, gw/m, m_w, p_w, C)
+    return np.ascontiguousarray(x).reshape(grid_h * p, grid_w * p, 3)
+
+
+def u8_to_pixel_values(patches: np.ndarray, lut: np.ndarray, temporal_patch_size: int) -> np.ndarray:
+    """Compact image patches uint8 [N, 3*p*p] -> float32 [N, 3*T*p*p], the processor's
+    ``pixel_values`` (the still image repeated over the T temporal slots)."""
+    n = patches.shape[0]
+    x = patches.reshape(n, 3, -1)
+    vals = lut[np.arange(3)[None, :, None], x]  # float32 [N, 3, p*p]
+    out = np.broadcast_to(vals[:, :, None, :], (n, 3, temporal_patch_size, x.shape[2]))
+    return np.ascontiguousarray(out).reshape(n, -1)
+
+
+def u8_video_to_pixel_values(patches: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    """Compact video patches uint8 [Nv, 3*T*p*p] -> float32 [Nv, 3*T*p*p]."""
+    n = patches.shape[0]
+    x = patches.reshape(n, 3, -1)
+    return lut[np.arange(3)[None, :, None], x].reshape(n, -1)
+
+
+def pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray, temporal_patch_size: int) -> np.ndarray:
+    """Inverse of `u8_to_pixel_values` for still images: float32 [N, 3*T*p*p] -> uint8
+    [N, 3*p*p]. Exact for values the table produced (each channel's table is increasing)."""
+    n = pixel_values.shape[0]
+    x = pixel_values.reshape(n, 3, temporal_patch_size, -1)[:, :, 0, :]
+    out = np.empty(x.shape, dtype=np.uint8)
+    for c in range(3):
+        idx = np.searchsorted(lut[c], x[:, c, :]).clip(0, 255)
+        if not np.array_equal(lut[c][idx], x[:, c, :]):
+            raise ValueError("pixel_values were not produced from uint8 pixels with these normalisation constants")
+        out[:, c, :] = idx
+    return out.reshape(n, -1)
+
+
+def encode_image(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple[np.ndarray, tuple[int, int, int]]:
+    """One image -> (uint8 patches [gh*gw, 3*p*p], grid (1, gh, gw))."""
+    img = load_image(value, where=where)
+    try:
+        resized = resize_image(img, spec)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from e
+    p = spec.patch_size
+    return patchify_u8(resized, spec), (1, resized.shape[0] // p, resized.shape[1] // p)
+
+
+def image_grid(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple[int, int, int]:
+    """Grid (1, gh, gw) from the image size alone (layout-only path)."""
+    h, w = image_hw(value, where=where)
+    try:
+        th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from e
+    return 1, th // spec.patch_size, tw // spec.patch_size

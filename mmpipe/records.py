@@ -1,0 +1,500 @@
+"""The typed records every stage speaks: one row (`MultiModalInputs`) and one batch
+(`BatchedMultiModalInputs`), with their Arrow schemas and `datasets.Features`.
+
+Data flow::
+
+    raw row --encode--> MultiModalInputs --(Arrow rows)--> collate --> BatchedMultiModalInputs
+                              ^                                              |
+                              +------------------unbatch---------------------+
+
+Pixel storage of a row is one of three modes (``MultiModalInputs.pixel_format``):
+
+- ``"uint8"`` (default, compact): ``pixel_values_u8`` holds the *resized* image's pixels in
+  patch order, ONE temporal copy, uint8 ``[N, 3*p*p]``. float32 ``pixel_values`` equal to
+  the transformers processor's are produced at collate time (8x smaller on disk).
+- ``"float32"``: ``pixel_values`` float32 ``[N, 3*T*p*p]`` exactly as the processor returns.
+- ``"none"``: layout only (ids, grids, positions from image sizes, no pixels).
+
+In Arrow, ``pixel_values_u8`` is stored flat (``list<uint8>`` of length ``N*3*p*p``): its
+shape follows from ``image_grid_thw`` and the family's patch size, and a flat column costs
+no per-patch offsets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from .families import ModelFamily, get_family
+
+PIXEL_FORMATS = ("uint8", "float32", "none")
+IGNORE_INDEX = -100
+
+
+def _as_np(value, dtype, ndim: int, name: str) -> np.ndarray:
+    """Any array-like (list, numpy, torch) -> numpy of `dtype` with `ndim` dims."""
+    if value is None:
+        raise ValueError(f"column {name!r} is missing")
+    if hasattr(value, "detach"):  # torch tensor, no torch import needed here
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    if arr.size == 0:
+        arr = arr.reshape((0,) * (ndim - 1) + (-1,) if ndim > 1 else (0,)) if arr.ndim != ndim else arr
+    if arr.ndim != ndim:
+        raise ValueError(f"column {name!r}: expected {ndim}-D array, found shape {arr.shape}")
+    return arr.astype(dtype, copy=False)
+
+
+def _empty2(width: int, dtype) -> np.ndarray:
+    return np.zeros((0, width), dtype=dtype)
+
+
+@dataclass(eq=False)
+class MultiModalInputs:
+    """One encoded row.
+
+    Attributes (L tokens, I images, N image patches, V videos, Nv video patches):
+        input_ids:          int64 [L], image/video placeholders already expanded.
+        attention_mask:     int64 [L] (all ones for an unpadded row).
+        mm_token_type_ids:  int64 [L], 0 text, 1 image, 2 video.
+        position_ids:       int64 [3, L], M-RoPE (t, h, w); text-only families: 3 equal rows.
+        rope_delta:         int, ``max(position_ids) + 1 - L``.
+        labels:             int64 [L] or None, -100 except assistant response tokens.
+        image_grid_thw:     int64 [I, 3], patch grid (t, h, w) per image.
+        pixel_values:       float32 [N, 3*T*p*p] or None (pixel_format "float32").
+        pixel_values_u8:    uint8 [N, 3*p*p] or None (pixel_format "uint8").
+        video_grid_thw:     int64 [V, 3].
+        second_per_grid_ts: float32 [V].
+        pixel_values_videos:    float32 [Nv, 3*T*p*p] or None.
+        pixel_values_videos_u8: uint8 [Nv, 3*T*p*p] or None (frames differ, so all T kept).
+        family:             model family name (``mmpipe.families``).
+    """
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    mm_token_type_ids: np.ndarray
+    position_ids: np.ndarray
+    rope_delta: int
+    family: str
+    labels: Optional[np.ndarray] = None
+    image_grid_thw: np.ndarray = field(default_factory=lambda: _empty2(3, np.int64))
+    pixel_values: Optional[np.ndarray] = None
+    pixel_values_u8: Optional[np.ndarray] = None
+    video_grid_thw: np.ndarray = field(default_factory=lambda: _empty2(3, np.int64))
+    second_per_grid_ts: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.float32))
+    pixel_values_videos: Optional[np.ndarray] = None
+    pixel_values_videos_u8: Optional[np.ndarray] = None
+
+    # ---- derived facts -------------------------------------------------------------
+    @property
+    def fam(self) -> ModelFamily:
+        return get_family(self.family)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_images(self) -> int:
+        return int(self.image_grid_thw.shape[0])
+
+    @property
+    def num_videos(self) -> int:
+        return int(self.video_grid_thw.shape[0])
+
+    @property
+    def num_image_patches(self) -> int:
+        return int(self.image_grid_thw.prod(axis=1).sum()) if self.num_images else 0
+
+    @property
+    def num_video_patches(self) -> int:
+        return int(self.video_grid_thw.prod(axis=1).sum()) if self.num_videos else 0
+
+    @property
+    def pixel_format(self) -> str:
+        if self.pixel_values_u8 is not None or self.pixel_values_videos_u8 is not None:
+            return "uint8"
+        if self.pixel_values is not None or self.pixel_values_videos is not None:
+            return "float32"
+        return "none"
+
+    @property
+    def has_pixels(self) -> bool:
+        return self.pixel_format != "none"
+
+    # ---- checks --------------------------------------------------------------------
+    def validate(self, row: Any = None) -> "MultiModalInputs":
+        """Check every invariant a model relies on; raise ValueError naming the row."""
+        where = f"row {row}" if row is not None else "row"
+        fam = self.fam
+        L = self.num_tokens
+        for name in ("attention_mask", "mm_token_type_ids") + (("labels",) if self.labels is not None else ()):
+            if getattr(self, name).shape != (L,):
+                raise ValueError(f"{where}, column {name!r}: expected shape ({L},), found {getattr(self, name).shape}")
+        if self.position_ids.shape != (3, L):
+            raise ValueError(f"{where}, column 'position_ids': expected shape (3, {L}), found {self.position_ids.shape}")
+        m2 = fam.merge_size**2
+        for kind, code, grid in (("image", 1, self.image_grid_thw), ("video", 2, self.video_grid_thw)):
+            n_tok = int((self.mm_token_type_ids == code).sum())
+            expect = int(grid.prod(axis=1).sum()) // m2 if len(grid) else 0
+            if n_tok != expect:
+                raise ValueError(
+                    f"{where}: {n_tok} {kind} tokens in input_ids but {kind}_grid_thw {grid.tolist()} "
+                    f"needs sum(t*h*w)/{m2} = {expect}; the text and the {kind} data disagree "
+                    f"(truncated or appended without its pixels?) - re-encode the row"
+                )
+        checks = (
+            ("pixel_values", self.pixel_values, self.num_image_patches, fam.patch_dim),
+            ("pixel_values_u8", self.pixel_values_u8, self.num_image_patches, fam.patch_dim_u8),
+            ("pixel_values_videos", self.pixel_values_videos, self.num_video_patches, fam.patch_dim),
+            ("pixel_values_videos_u8", self.pixel_values_videos_u8, self.num_video_patches, fam.patch_dim),
+        )
+        for name, arr, n, d in checks:
+            if arr is not None and arr.shape != (n, d):
+                raise ValueError(
+                    f"{where}, column {name!r}: expected shape ({n}, {d}) from the grids "
+                    f"and the {fam.name} patch size, found {tuple(arr.shape)}"
+                )
+        return self
+
+    # ---- conversion ----------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict, row: Any = None) -> "MultiModalInputs":
+        """Build from an encoded row as stored (Arrow/datasets python, numpy or torch format)."""
+        if isinstance(d, cls):
+            return d
+        try:
+            family = d["family"]
+        except KeyError:
+            raise ValueError(
+                f"row {row}: no 'family' column; this is not a row produced by mmpipe.encode"
+            ) from None
+        fam = get_family(family)
+        ids = _as_np(d["input_ids"], np.int64, 1, "input_ids")
+        L = ids.shape[0]
+        pos = _as_np(d["position_ids"], np.int64, 2, "position_ids")
+        kw: dict[str, Any] = dict(
+            input_ids=ids,
+            attention_mask=_as_np(d.get("attention_mask", np.ones(L)), np.int64, 1, "attention_mask"),
+            mm_token_type_ids=_as_np(d.get("mm_token_type_ids", np.zeros(L)), np.int64, 1, "mm_token_type_ids"),
+            position_ids=pos,
+            rope_delta=int(np.asarray(d.get("rope_delta", 0)).reshape(-1)[0]),
+            family=fam.name,
+        )
+        if d.get("labels") is not None:
+            kw["labels"] = _as_np(d["labels"], np.int64, 1, "labels")
+        for name in ("image_grid_thw", "video_grid_thw"):
+            if d.get(name) is not None:
+                kw[name] = _as_np(d[name], np.int64, 2, name).reshape(-1, 3)
+        if d.get("second_per_grid_ts") is not None:
+            kw["second_per_grid_ts"] = _as_np(d["second_per_grid_ts"], np.float32, 1, "second_per_grid_ts")
+        if d.get("pixel_values") is not None:
+            kw["pixel_values"] = _as_np(d["pixel_values"], np.float32, 2, "pixel_values").reshape(-1, fam.patch_dim)
+        if d.get("pixel_values_videos") is not None and len(kw.get("video_grid_thw", ())):
+            kw["pixel_values_videos"] = _as_np(
+                d["pixel_values_videos"], np.float32, 2, "pixel_values_videos"
+            ).reshape(-1, fam.patch_dim)
+        if d.get("pixel_values_u8") is not None:
+            arr = _as_np(d["pixel_values_u8"], np.uint8, np.ndim(d["pixel_values_u8"]) or 1, "pixel_values_u8")
+            kw["pixel_values_u8"] = _reshape_flat(arr, fam.patch_dim_u8, "pixel_values_u8", row)
+        if d.get("pixel_values_videos_u8") is not None and len(kw.get("video_grid_thw", ())):
+            arr = _as_np(d["pixel_values_videos_u8"], np.uint8, np.ndim(d["pixel_values_videos_u8"]) or 1, "pixel_values_videos_u8")
+            kw["pixel_values_videos_u8"] = _reshape_flat(arr, fam.patch_dim, "pixel_values_videos_u8", row)
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as stored: numpy arrays in the Arrow storage dtypes (see `arrow_schema`).
+
+        Only the columns of this row's pixel format are present, so every row that one
+        ``encode`` call produces has the same columns (what ``datasets`` needs).
+        """
+        out: dict[str, Any] = {
+            "input_ids": self.input_ids.astype(np.int32),
+            "attention_mask": self.attention_mask.astype(np.int8),
+            "mm_token_type_ids": self.mm_token_type_ids.astype(np.int8),
+            "position_ids": self.position_ids.astype(np.int32),
+            "rope_delta": np.int32(self.rope_delta),
+            "image_grid_thw": self.image_grid_thw.astype(np.int32),
+            "video_grid_thw": self.video_grid_thw.astype(np.int32),
+            "second_per_grid_ts": self.second_per_grid_ts.astype(np.float32),
+            "family": self.family,
+        }
+        if self.labels is not None:
+            out["labels"] = self.labels.astype(np.int32)
+        fmt = self.pixel_format
+        if fmt == "uint8":
+            fam = self.fam
+            out["pixel_values_u8"] = _u8_or_empty(self.pixel_values_u8, fam.patch_dim_u8).reshape(-1)
+            out["pixel_values_videos_u8"] = _u8_or_empty(self.pixel_values_videos_u8, fam.patch_dim).reshape(-1)
+        elif fmt == "float32":
+            fam = self.fam
+            out["pixel_values"] = _f32_or_empty(self.pixel_values, fam.patch_dim)
+            out["pixel_values_videos"] = _f32_or_empty(self.pixel_values_videos, fam.patch_dim)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MultiModalInputs):
+            return NotImplemented
+        return not self.diff(other)
+
+    def diff(self, other: "MultiModalInputs") -> list[str]:
+        """Names of the fields that differ (exact comparison, dtype-insensitive)."""
+        out = []
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if a is None or b is None:
+                if a is not b:
+                    out.append(f.name)
+            elif isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+                a, b = np.asarray(a), np.asarray(b)
+                if a.shape != b.shape or not np.array_equal(a, b):
+                    out.append(f.name)
+            elif a != b:
+                out.append(f.name)
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiModalInputs(family={self.family!r}, tokens={self.num_tokens}, "
+            f"images={self.num_images} grids={self.image_grid_thw.tolist()}, "
+            f"videos={self.num_videos}, pixels={self.pixel_format}, "
+            f"labels={'yes' if self.labels is not None else 'no'}, rope_delta={self.rope_delta})"
+        )
+
+    # ---- schemas -------------------------------------------------------------------
+    @staticmethod
+    def arrow_schema(pixel_format: Optional[str] = None, labels: bool = True) -> pa.Schema:
+        """Arrow schema of stored rows. ``pixel_format=None`` gives every column (the union)."""
+        cols = [c for c in ROW_COLUMNS if _row_column_wanted(c[0], pixel_format, labels)]
+        return pa.schema(
+            [pa.field(name, typ, nullable=name in _NULLABLE_ROW, metadata={"doc": doc}) for name, typ, doc in cols]
+        )
+
+    @staticmethod
+    def features(pixel_format: Optional[str] = None, labels: bool = True):
+        """`datasets.Features` of stored rows (same columns as `arrow_schema`)."""
+        import datasets
+
+        return datasets.Features.from_arrow_schema(MultiModalInputs.arrow_schema(pixel_format, labels))
+
+
+def _reshape_flat(arr: np.ndarray, width: int, name: str, row) -> np.ndarray:
+    if arr.size % width:
+        raise ValueError(f"row {row}, column {name!r}: {arr.size} values is not a multiple of the patch width {width}")
+    return arr.reshape(-1, width)
+
+
+def _u8_or_empty(arr, width):
+    return arr if arr is not None else np.zeros((0, width), np.uint8)
+
+
+def _f32_or_empty(arr, width):
+    return arr if arr is not None else np.zeros((0, width), np.float32)
+
+
+_GRID = pa.list_(pa.list_(pa.int32()))  # [n, 3]; datasets stores numpy [n, 3] as nested lists
+ROW_COLUMNS: list[tuple[str, pa.DataType, str]] = [
+    ("input_ids", pa.list_(pa.int32()), "int [L] token ids, placeholders expanded"),
+    ("attention_mask", pa.list_(pa.int8()), "int [L] 1 for real tokens"),
+    ("mm_token_type_ids", pa.list_(pa.int8()), "int [L] 0 text, 1 image, 2 video"),
+    ("position_ids", pa.list_(pa.list_(pa.int32())), "int [3, L] M-RoPE positions (t, h, w)"),
+    ("rope_delta", pa.int32(), "int max(position)+1-L"),
+    ("labels", pa.list_(pa.int32()), "int [L] -100 except assistant response tokens"),
+    ("image_grid_thw", _GRID, "int [I, 3] patch grid per image"),
+    ("video_grid_thw", _GRID, "int [V, 3] patch grid per video"),
+    ("second_per_grid_ts", pa.list_(pa.float32()), "float32 [V] seconds per temporal grid step"),
+    ("pixel_values", pa.list_(pa.list_(pa.float32())), "float32 [N, 3*T*p*p] processor pixel_values"),
+    ("pixel_values_videos", pa.list_(pa.list_(pa.float32())), "float32 [Nv, 3*T*p*p]"),
+    ("pixel_values_u8", pa.list_(pa.uint8()), "uint8 [N*3*p*p] flat: resized image in patch order, one temporal copy"),
+    ("pixel_values_videos_u8", pa.list_(pa.uint8()), "uint8 [Nv*3*T*p*p] flat: resized video frames in patch order"),
+    ("family", pa.string(), "model family name: qwen2_vl, qwen2_5_vl, qwen3_vl, text"),
+]
+_NULLABLE_ROW = {"labels", "pixel_values", "pixel_values_videos", "pixel_values_u8", "pixel_values_videos_u8"}
+_PIXEL_COLUMNS = {
+    "uint8": ("pixel_values_u8", "pixel_values_videos_u8"),
+    "float32": ("pixel_values", "pixel_values_videos"),
+    "none": (),
+}
+
+
+def _row_column_wanted(name: str, pixel_format: Optional[str], labels: bool) -> bool:
+    if name == "labels":
+        return labels
+    if pixel_format is None:
+        return True
+    if pixel_format not in _PIXEL_COLUMNS:
+        raise ValueError(f"pixel_format must be one of {PIXEL_FORMATS}, got {pixel_format!r}")
+    all_pixel = {c for cols in _PIXEL_COLUMNS.values() for c in cols}
+    return name not in all_pixel or name in _PIXEL_COLUMNS[pixel_format]
+
+
+@dataclass(eq=False)
+class BatchedMultiModalInputs:
+    """A padded batch of B rows (torch tensors).
+
+    Attributes (L = padded length, I = images in the batch, N = their patches):
+        input_ids:          int64 [B, L]
+        attention_mask:     int64 [B, L]
+        mm_token_type_ids:  int64 [B, L]
+        position_ids:       int64 [3, B, L] M-RoPE (pads 0); `model_inputs(positions="verl")`
+                            gives the [4, B, L] form with the plain text row first.
+        rope_deltas:        int64 [B, 1]
+        labels:             int64 [B, L] or None (-100 on pads)
+        pixel_values:       float32 [N, 3*T*p*p] or None (no image in the batch / no pixels)
+        image_grid_thw:     int64 [I, 3]
+        image_offsets:      int64 [B+1]; row b owns images image_offsets[b]:image_offsets[b+1]
+        patch_offsets:      int64 [B+1]; row b owns pixel rows patch_offsets[b]:patch_offsets[b+1]
+        pixel_values_u8:    uint8 [N, 3*p*p] or None, kept when rows were compact (exact unbatch,
+                            and the resized images for rollout engines)
+        pixel_values_videos, video_grid_thw, second_per_grid_ts, video_offsets,
+        video_patch_offsets, pixel_values_videos_u8: the same for videos.
+        seq_lengths:        int64 [B], each row's unpadded length.
+        row_has_labels:     bool [B], which rows carried labels.
+        row_pixel_formats:  list[str] [B], each row's pixel storage (for an exact unbatch).
+        spec:               the `VisionSpec` used to build float32 pixels.
+        padding_side:       "left" or "right".
+        family:             model family name.
+        pixel_format:       the rows' pixel storage ("uint8", "float32", "none").
+    """
+
+    input_ids: Any
+    attention_mask: Any
+    mm_token_type_ids: Any
+    position_ids: Any
+    rope_deltas: Any
+    image_grid_thw: Any
+    image_offsets: Any
+    patch_offsets: Any
+    video_grid_thw: Any
+    second_per_grid_ts: Any
+    video_offsets: Any
+    video_patch_offsets: Any
+    seq_lengths: Any
+    padding_side: str
+    family: str
+    pixel_format: str
+    labels: Any = None
+    pixel_values: Any = None
+    pixel_values_u8: Any = None
+    pixel_values_videos: Any = None
+    pixel_values_videos_u8: Any = None
+    row_has_labels: Any = None
+    row_pixel_formats: Any = None
+    spec: Any = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def fam(self) -> ModelFamily:
+        return get_family(self.family)
+
+    @property
+    def sample_to_image_indices(self) -> list[list[int]]:
+        """Per row, the indices of its images in ``image_grid_thw`` (and pixel blocks)."""
+        off = self.image_offsets.tolist()
+        return [list(range(off[b], off[b + 1])) for b in range(self.batch_size)]
+
+    @property
+    def sample_to_video_indices(self) -> list[list[int]]:
+        off = self.video_offsets.tolist()
+        return [list(range(off[b], off[b + 1])) for b in range(self.batch_size)]
+
+    @property
+    def image_to_sample(self):
+        """int64 [I]: the row each image belongs to."""
+        import torch
+
+        counts = self.image_offsets[1:] - self.image_offsets[:-1]
+        return torch.repeat_interleave(torch.arange(self.batch_size), counts)
+
+    def model_inputs(self, device=None, *, positions: str = "mrope", labels: bool = True) -> dict[str, Any]:
+        """Exactly the kwargs a transformers Qwen-VL (or text LLM) ``forward`` accepts.
+
+        Pixel data goes to the device of ``input_ids`` (or ``device``). Keys without data
+        (no image in the batch) are left out, so a text-only batch runs a text-only forward.
+        ``positions``: ``"mrope"`` -> position_ids [3, B, L]; ``"verl"`` -> [4, B, L] with the
+        plain text positions first; ``"none"`` -> let the model compute them.
+        """
+        from .rope import text_positions
+
+        dev = device if device is not None else self.input_ids.device
+        fam = self.fam
+        out: dict[str, Any] = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if fam.is_vision:
+            out["mm_token_type_ids"] = self.mm_token_type_ids
+            if positions == "mrope":
+                out["position_ids"] = self.position_ids
+            elif positions == "verl":
+                import torch
+
+                out["position_ids"] = torch.cat([text_positions(self.attention_mask)[None], self.position_ids], 0)
+            elif positions != "none":
+                raise ValueError(f"positions must be 'mrope', 'verl' or 'none', got {positions!r}")
+            if self.pixel_values is not None and self.image_grid_thw.shape[0]:
+                out["pixel_values"] = self.pixel_values
+                out["image_grid_thw"] = self.image_grid_thw
+            if self.pixel_values_videos is not None and self.video_grid_thw.shape[0]:
+                out["pixel_values_videos"] = self.pixel_values_videos
+                out["video_grid_thw"] = self.video_grid_thw
+                if fam.rope == "mrope_tps":
+                    out["second_per_grid_ts"] = self.second_per_grid_ts
+        elif positions != "none":
+            out["position_ids"] = self.position_ids[0]
+        if labels and self.labels is not None:
+            out["labels"] = self.labels
+        return {k: v.to(dev) for k, v in out.items()}
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchedMultiModalInputs(family={self.family!r}, B={self.batch_size}, "
+            f"L={int(self.input_ids.shape[1])}, images_per_row={[len(x) for x in self.sample_to_image_indices]}, "
+            f"pixels={self.pixel_format}, padding={self.padding_side})"
+        )
+
+    @staticmethod
+    def arrow_schema() -> pa.Schema:
+        """A batch as one Arrow record (for logging/shipping batches; dtypes as in torch)."""
+        return pa.schema(
+            [pa.field(n, t, nullable=n in _NULLABLE_BATCH, metadata={"doc": d}) for n, t, d in BATCH_COLUMNS]
+        )
+
+    @staticmethod
+    def features():
+        import datasets
+
+        return datasets.Features.from_arrow_schema(BatchedMultiModalInputs.arrow_schema())
+
+
+_I64_2D = pa.list_(pa.list_(pa.int64()))
+BATCH_COLUMNS: list[tuple[str, pa.DataType, str]] = [
+    ("input_ids", _I64_2D, "int64 [B, L]"),
+    ("attention_mask", _I64_2D, "int64 [B, L]"),
+    ("mm_token_type_ids", _I64_2D, "int64 [B, L] 0 text, 1 image, 2 video"),
+    ("position_ids", pa.list_(_I64_2D, 3), "int64 [3, B, L] M-RoPE positions, pads 0"),
+    ("rope_deltas", pa.list_(pa.list_(pa.int64(), 1)), "int64 [B, 1]"),
+    ("labels", _I64_2D, "int64 [B, L], -100 on non-targets and pads"),
+    ("pixel_values", pa.list_(pa.list_(pa.float32())), "float32 [N, 3*T*p*p]"),
+    ("pixel_values_u8", pa.list_(pa.list_(pa.uint8())), "uint8 [N, 3*p*p] compact image patches"),
+    ("image_grid_thw", pa.list_(pa.list_(pa.int64(), 3)), "int64 [I, 3]"),
+    ("sample_to_image_indices", pa.list_(pa.list_(pa.int64())), "per row, indices of its images"),
+    ("image_offsets", pa.list_(pa.int64()), "int64 [B+1] cumulative image counts"),
+    ("patch_offsets", pa.list_(pa.int64()), "int64 [B+1] cumulative image patch rows"),
+    ("pixel_values_videos", pa.list_(pa.list_(pa.float32())), "float32 [Nv, 3*T*p*p]"),
+    ("pixel_values_videos_u8", pa.list_(pa.list_(pa.uint8())), "uint8 [Nv, 3*T*p*p]"),
+    ("video_grid_thw", pa.list_(pa.list_(pa.int64(), 3)), "int64 [V, 3]"),
+    ("second_per_grid_ts", pa.list_(pa.float32()), "float32 [V]"),
+    ("video_offsets", pa.list_(pa.int64()), "int64 [B+1]"),
+    ("video_patch_offsets", pa.list_(pa.int64()), "int64 [B+1]"),
+    ("seq_lengths", pa.list_(pa.int64()), "int64 [B] unpadded row lengths"),
+    ("row_has_labels", pa.list_(pa.bool_()), "bool [B] rows that carried labels"),
+    ("row_pixel_formats", pa.list_(pa.string()), "per row: uint8, float32 or none"),
+    ("padding_side", pa.string(), "left or right"),
+    ("family", pa.string(), "model family name"),
+    ("pixel_format", pa.string(), "uint8, float32 or none"),
+]
+_NULLABLE_BATCH = {"labels", "pixel_values", "pixel_values_u8", "pixel_values_videos", "pixel_values_videos_u8"}
