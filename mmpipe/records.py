@@ -41,8 +41,8 @@ def _as_np(value, dtype, ndim: int, name: str) -> np.ndarray:
     if hasattr(value, "detach"):  # torch tensor, no torch import needed here
         value = value.detach().cpu().numpy()
     arr = np.asarray(value)
-    if arr.size == 0:
-        arr = arr.reshape((0,) * (ndim - 1) + (-1,) if ndim > 1 else (0,)) if arr.ndim != ndim else arr
+    if arr.size == 0 and arr.ndim != ndim:
+        arr = np.zeros((0,) * ndim, dtype=dtype)
     if arr.ndim != ndim:
         raise ValueError(f"column {name!r}: expected {ndim}-D array, found shape {arr.shape}")
     return arr.astype(dtype, copy=False)
