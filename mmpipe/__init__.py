@@ -41,6 +41,14 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS) + ["testing"]
 
+# The stage functions share their module's name (mmpipe/encode.py defines encode): importing
+# the submodule would bind the *module* to mmpipe.encode, so bind the functions eagerly.
+# These modules import only numpy/pyarrow/PIL at import time (torch is imported on use).
+from .collate import Collator, collate  # noqa: E402
+from .encode import Encoder, encode, encode_row, parse_row  # noqa: E402
+from .records import IGNORE_INDEX, BatchedMultiModalInputs, MultiModalInputs  # noqa: E402
+from .unbatch import unbatch  # noqa: E402
+
 
 def __getattr__(name: str):
     if name in _EXPORTS:

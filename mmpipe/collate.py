@@ -19,7 +19,6 @@ import logging
 from typing import Any, Optional, Sequence
 
 import numpy as np
-import torch
 
 from .families import ModelFamily, family_of, get_family
 from .images import VisionSpec, u8_to_pixel_values, u8_video_to_pixel_values
@@ -139,6 +138,8 @@ def collate(
                 pvv = u8_video_to_pixel_values(pvv_u8, spec.lut() if lut is None else lut)
             else:
                 pvv = np.concatenate([_float_videos(r, spec) for r in recs])
+
+    import torch
 
     t = torch.from_numpy
     return BatchedMultiModalInputs(
