@@ -127,14 +127,14 @@ def collate(
         lut = None
         if image_grid.shape[0]:
             if pixel_format == "uint8":
-                pv_u8 = np.concatenate([r.pixel_values_u8 for r in recs])
+                pv_u8 = np.concatenate([r.pixel_values_u8 for r in recs if r.num_images])
                 lut = spec.lut()
                 pv = u8_to_pixel_values(pv_u8, lut, spec.temporal_patch_size)
             else:
                 pv = np.concatenate([_float_images(r, spec) for r in recs])
         if video_grid.shape[0]:
             if pixel_format == "uint8":
-                pvv_u8 = np.concatenate([r.pixel_values_videos_u8 for r in recs])
+                pvv_u8 = np.concatenate([r.pixel_values_videos_u8 for r in recs if r.num_videos])
                 pvv = u8_video_to_pixel_values(pvv_u8, spec.lut() if lut is None else lut)
             else:
                 pvv = np.concatenate([_float_videos(r, spec) for r in recs])

@@ -209,32 +209,32 @@ def unpatchify_u8(patches: np.ndarray, grid_h: int, grid_w: int, spec: VisionSpe
 def u8_to_pixel_values(patches: np.ndarray, lut: np.ndarray, temporal_patch_size: int) -> np.ndarray:
     """Compact image patches uint8 [N, 3*p*p] -> float32 [N, 3*T*p*p], the processor's
     ``pixel_values`` (the still image repeated over the T temporal slots)."""
-    n = patches.shape[0]
-    x = patches.reshape(n, 3, -1)
+    n, d = patches.shape
+    x = patches.reshape(n, 3, d // 3)
     vals = lut[np.arange(3)[None, :, None], x]  # float32 [N, 3, p*p]
     out = np.broadcast_to(vals[:, :, None, :], (n, 3, temporal_patch_size, x.shape[2]))
-    return np.ascontiguousarray(out).reshape(n, -1)
+    return np.ascontiguousarray(out).reshape(n, 3 * temporal_patch_size * x.shape[2])
 
 
 def u8_video_to_pixel_values(patches: np.ndarray, lut: np.ndarray) -> np.ndarray:
     """Compact video patches uint8 [Nv, 3*T*p*p] -> float32 [Nv, 3*T*p*p]."""
-    n = patches.shape[0]
-    x = patches.reshape(n, 3, -1)
-    return lut[np.arange(3)[None, :, None], x].reshape(n, -1)
+    n, d = patches.shape
+    x = patches.reshape(n, 3, d // 3)
+    return lut[np.arange(3)[None, :, None], x].reshape(n, d)
 
 
 def pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray, temporal_patch_size: int) -> np.ndarray:
     """Inverse of `u8_to_pixel_values` for still images: float32 [N, 3*T*p*p] -> uint8
     [N, 3*p*p]. Exact for values the table produced (each channel's table is increasing)."""
-    n = pixel_values.shape[0]
-    x = pixel_values.reshape(n, 3, temporal_patch_size, -1)[:, :, 0, :]
+    n, d = pixel_values.shape
+    x = pixel_values.reshape(n, 3, temporal_patch_size, d // (3 * temporal_patch_size))[:, :, 0, :]
     out = np.empty(x.shape, dtype=np.uint8)
     for c in range(3):
         idx = np.searchsorted(lut[c], x[:, c, :]).clip(0, 255)
         if not np.array_equal(lut[c][idx], x[:, c, :]):
             raise ValueError("pixel_values were not produced from uint8 pixels with these normalisation constants")
         out[:, c, :] = idx
-    return out.reshape(n, -1)
+    return out.reshape(n, d // temporal_patch_size)
 
 
 def encode_image(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple[np.ndarray, tuple[int, int, int]]:

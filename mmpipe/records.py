@@ -445,7 +445,8 @@ class BatchedMultiModalInputs:
                     out["second_per_grid_ts"] = self.second_per_grid_ts
         elif positions != "none":
             out["position_ids"] = self.position_ids[0]
-        if labels and self.labels is not None:
+        # a batch with no target token (RL prompts) gets no labels: the loss would be NaN
+        if labels and self.labels is not None and bool((self.labels != IGNORE_INDEX).any()):
             out["labels"] = self.labels
         return {k: v.to(dev) for k, v in out.items()}
 

@@ -1,0 +1,142 @@
+"""collate / Collator / unbatch: ragged image counts, padding, DataLoader workers, exact inverse."""
+
+from __future__ import annotations
+
+import logging
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mmpipe
+from mmpipe import testing
+
+from conftest import processor_for
+from row_strategies import raw_rows
+
+
+def _encode_all(raws, proc, **kw):
+    return [mmpipe.encode_row(r, proc, **kw) for r in raws]
+
+
+def _rows(proc, counts=(2, 0, 1, 3)):
+    raws = []
+    for i, k in enumerate(counts):
+        content = [{"type": "text", "text": f"row {i}"}]
+        for j in range(k):
+            content += [{"type": "image"}, {"type": "text", "text": f" image {j}"}]
+        raws.append({"messages": [{"role": "user", "content": content}],
+                     "images": [testing.tiny_image(40 + 13 * j, 60 + 7 * i, seed=10 * i + j) for j in range(k)]})
+    return raws
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    st.lists(raw_rows(max_turns=2, max_images=2), min_size=1, max_size=4),
+    st.sampled_from(["left", "right"]),
+    st.sampled_from([None, 8]),
+    st.lists(st.sampled_from(["uint8", "float32", "none"]), min_size=4, max_size=4),
+    st.sampled_from(["qwen2_vl", "qwen3_vl"]),
+)
+def test_unbatch_inverts_collate(raws, side, multiple, formats, family):
+    """unbatch(collate(rows)) == rows for any rows, storage formats mixed."""
+    proc = processor_for(family)
+    rows = [mmpipe.encode_row(r, proc, pixels=formats[i]) for i, r in enumerate(raws)]
+    if any(r.pixel_format == "none" and r.num_images for r in rows) and any(r.has_pixels for r in rows):
+        rows = [mmpipe.encode_row(r, proc) for r in raws]  # layout-only rows make a text-only batch
+    batch = mmpipe.collate([r.to_dict() for r in rows], processor=proc, padding_side=side, pad_to_multiple_of=multiple)
+    back = mmpipe.unbatch(batch)
+    assert len(back) == len(rows)
+    for a, b in zip(back, rows):
+        assert a == b, a.diff(b)
+    if multiple:
+        assert batch.input_ids.shape[1] % multiple == 0
+
+
+def test_offsets_slice_each_rows_images():
+    proc = processor_for("qwen2_vl")
+    rows = _encode_all(_rows(proc), proc)
+    batch = mmpipe.collate(rows, processor=proc)
+    assert batch.sample_to_image_indices == [[0, 1], [], [2], [3, 4, 5]]
+    assert batch.image_to_sample.tolist() == [0, 0, 2, 3, 3, 3]
+    ref = torch.cat([mmpipe.collate([r], processor=proc).pixel_values for r in rows if r.num_images])
+    assert torch.equal(batch.pixel_values, ref)
+    for b, r in enumerate(rows):
+        sl = slice(int(batch.patch_offsets[b]), int(batch.patch_offsets[b + 1]))
+        assert sl.stop - sl.start == r.num_image_patches
+        assert torch.equal(batch.image_grid_thw[batch.sample_to_image_indices[b]], torch.from_numpy(r.image_grid_thw))
+
+
+def test_text_only_batch_has_no_pixel_keys_and_runs():
+    proc = processor_for("qwen2_vl")
+    model = testing.build_model("qwen2_vl")
+    rows = _encode_all(_rows(proc, counts=(0, 0)), proc)
+    batch = mmpipe.collate(rows, processor=proc)
+    kw = batch.model_inputs()
+    assert "pixel_values" not in kw and "image_grid_thw" not in kw
+    assert model(**kw).logits.shape[:2] == batch.input_ids.shape
+
+
+def test_model_inputs_forms():
+    proc = processor_for("qwen2_5_vl")
+    rows = _encode_all(_rows(proc), proc)
+    batch = mmpipe.collate(rows, processor=proc)
+    kw = batch.model_inputs(device="cpu")
+    assert set(kw) == {"input_ids", "attention_mask", "mm_token_type_ids", "position_ids", "pixel_values", "image_grid_thw"}
+    assert kw["position_ids"].shape == (3,) + tuple(batch.input_ids.shape)
+    assert kw["pixel_values"].dtype == torch.float32 and kw["image_grid_thw"].dtype == torch.int64
+    verl = batch.model_inputs(positions="verl")["position_ids"]
+    assert verl.shape[0] == 4
+    assert torch.equal(verl[1:], kw["position_ids"])
+    mask = batch.attention_mask.bool()
+    assert torch.equal(verl[0][mask], torch.cat([torch.arange(int(n)) for n in batch.seq_lengths]))
+
+
+def test_dataloader_with_workers_over_arrow_rows(tmp_path):
+    proc = processor_for("qwen2_vl")
+    raw = datasets.Dataset.from_list(_rows(proc) * 2)
+    enc = raw.map(mmpipe.encode, fn_kwargs={"processor": proc}, remove_columns=raw.column_names)
+    expected = [mmpipe.MultiModalInputs.from_dict(r) for r in enc]
+    for fmt in (None, "numpy", "torch"):
+        ds = enc.with_format(fmt) if fmt else enc
+        loader = torch.utils.data.DataLoader(ds, batch_size=3, collate_fn=mmpipe.Collator(proc), num_workers=2)
+        got = [r for batch in loader for r in mmpipe.unbatch(batch)]
+        assert got == expected, fmt
+
+
+def test_layout_only_rows_warn_and_go_text_only(caplog):
+    proc = processor_for("qwen2_vl")
+    rows = _encode_all(_rows(proc, counts=(1, 0)), proc, pixels="none")
+    with caplog.at_level(logging.WARNING, logger="mmpipe"):
+        batch = mmpipe.collate(rows, processor=proc)
+    assert "rows [0] hold images but no pixel data" in caplog.text
+    assert "pixel_values" not in batch.model_inputs()
+
+
+def test_pixel_grid_mismatch_names_the_row():
+    proc = processor_for("qwen2_vl")
+    rows = [r.to_dict() for r in _encode_all(_rows(proc, counts=(0, 1)), proc)]
+    rows[1]["pixel_values_u8"] = rows[1]["pixel_values_u8"][: -588]
+    with pytest.raises(ValueError, match=r"row 1, column 'pixel_values_u8': expected shape \("):
+        mmpipe.collate(rows, processor=proc)
+    rows = [r.to_dict() for r in _encode_all(_rows(proc, counts=(1,)), proc)]
+    rows[0]["image_grid_thw"] = np.array([[1, 4, 4]])
+    with pytest.raises(ValueError, match="row 0: .* image tokens in input_ids but image_grid_thw"):
+        mmpipe.collate(rows, processor=proc)
+
+
+def test_family_mismatch_is_an_error():
+    rows = _encode_all(_rows(processor_for("qwen2_vl"), counts=(1,)), processor_for("qwen2_vl"))
+    with pytest.raises(ValueError, match="encoded for model family 'qwen2_vl' but this batch is for 'qwen3_vl'"):
+        mmpipe.Collator(processor_for("qwen3_vl"))(rows)
+
+
+def test_collator_pickles():
+    import pickle
+
+    c = mmpipe.Collator(processor_for("qwen3_vl"), padding_side="right", pad_to_multiple_of=16)
+    c2 = pickle.loads(pickle.dumps(c))
+    assert c2.spec == c.spec and c2.padding_side == "right" and len(pickle.dumps(c)) < 2000
