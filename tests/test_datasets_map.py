@@ -1,0 +1,84 @@
+"""dataset.map(mmpipe.encode): per row, batched, num_proc=2, cache hits, stored schema."""
+
+from __future__ import annotations
+
+import datasets
+import pytest
+
+import mmpipe
+from mmpipe import testing
+
+from conftest import processor_for
+
+
+def _raw_dataset(tmp_path):
+    photos = [im for _, im in testing.sample_photos()]
+    gen = [im for _, im in testing.generated_images()]
+    pool = photos + gen
+    rows = []
+    for i in range(14):
+        k = i % 4  # 0..3 images, rows with zero images first so type inference sees them first
+        content = [{"type": "image", "text": None}] * k + [{"type": "text", "text": f"Question {i}?", "image": None}]
+        msgs = [{"role": "user", "content": content}]
+        if i % 3 == 0:
+            msgs.append({"role": "assistant", "content": [{"type": "text", "text": f"Answer {i}.", "image": None}]})
+        rows.append({"messages": msgs, "images": [pool[(i + j) % len(pool)] for j in range(k)]})
+    feats = datasets.Features({
+        "messages": [{"role": datasets.Value("string"),
+                      "content": [{"type": datasets.Value("string"), "text": datasets.Value("string"),
+                                   "image": datasets.Value("string")}]}],
+        "images": datasets.Sequence(datasets.Image()),
+    })
+    ds = datasets.Dataset.from_list(rows, features=feats)
+    ds.save_to_disk(str(tmp_path / "raw"))
+    return datasets.load_from_disk(str(tmp_path / "raw"))
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory):
+    return _raw_dataset(tmp_path_factory.mktemp("raw"))
+
+
+def test_per_row_batched_and_num_proc_agree(raw):
+    proc = processor_for("qwen2_vl")
+    kw = {"processor": proc}
+    per_row = raw.map(mmpipe.encode, fn_kwargs=kw)
+    batched = raw.map(mmpipe.encode, fn_kwargs=kw, batched=True, batch_size=5)
+    procs = raw.map(mmpipe.encode, fn_kwargs=kw, num_proc=2)
+    indexed = raw.map(mmpipe.encode, fn_kwargs=kw, with_indices=True, batched=True, batch_size=4)
+    for a, b, c, d in zip(per_row, batched, procs, indexed):
+        ra = mmpipe.MultiModalInputs.from_dict(a)
+        assert ra == mmpipe.MultiModalInputs.from_dict(b) == mmpipe.MultiModalInputs.from_dict(c) \
+            == mmpipe.MultiModalInputs.from_dict(d)
+    assert per_row.data.table.equals(procs.data.table)
+
+
+def test_same_map_twice_is_a_cache_hit(raw):
+    proc = processor_for("qwen2_vl")
+    first = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, "max_length": 4096})
+    again = raw.map(mmpipe.encode, fn_kwargs={"processor": testing.build_processor("qwen2_vl"), "max_length": 4096})
+    assert again._fingerprint == first._fingerprint
+    assert again.cache_files == first.cache_files
+    other = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, "max_length": 4000})
+    assert other._fingerprint != first._fingerprint
+
+
+@pytest.mark.parametrize("pixels", ["uint8", "float32", "none"])
+def test_stored_columns_follow_the_declared_schema(raw, pixels):
+    enc = raw.map(mmpipe.encode, fn_kwargs={"processor": processor_for("qwen3_vl"), "pixels": pixels},
+                  remove_columns=raw.column_names)
+    declared = mmpipe.MultiModalInputs.arrow_schema(pixels)
+    got = enc.data.schema
+    assert set(got.names) == set(declared.names)
+    for f in declared:
+        assert got.field(f.name).type == f.type, f.name
+    assert enc.features == mmpipe.MultiModalInputs.features(pixels)
+
+
+def test_uint8_storage_is_an_eighth_of_float32(raw):
+    proc = processor_for("qwen2_vl")
+    u8 = raw.map(mmpipe.encode, fn_kwargs={"processor": proc}, remove_columns=raw.column_names)
+    f32 = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, "pixels": "float32"}, remove_columns=raw.column_names)
+    u8_bytes = u8.data.table.column("pixel_values_u8").nbytes
+    f32_bytes = f32.data.table.column("pixel_values").nbytes
+    assert u8_bytes * 8 <= f32_bytes * 1.001

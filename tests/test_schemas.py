@@ -1,0 +1,40 @@
+"""schemas/ are generated from the code; fail when they drift."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pyarrow as pa
+
+import mmpipe
+from mmpipe.schemas import render, schema_documents
+
+SCHEMAS = pathlib.Path(__file__).resolve().parent.parent / "schemas"
+
+
+def test_schema_files_match_the_code():
+    docs = schema_documents()
+    on_disk = sorted(p.name for p in SCHEMAS.glob("*.json"))
+    assert on_disk == sorted(docs), "run: python -m mmpipe.schemas"
+    for name, doc in docs.items():
+        assert (SCHEMAS / name).read_text() == render(doc), f"{name} drifted from the code; run: python -m mmpipe.schemas"
+
+
+def test_schema_files_are_language_neutral_json():
+    doc = json.loads((SCHEMAS / "multimodal_inputs.json").read_text())
+    names = [f["name"] for f in doc["fields"]]
+    for col in ("input_ids", "position_ids", "image_grid_thw", "pixel_values", "pixel_values_u8",
+                "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "rope_delta"):
+        assert col in names
+    bdoc = json.loads((SCHEMAS / "batched_multimodal_inputs.json").read_text())
+    assert "sample_to_image_indices" in [f["name"] for f in bdoc["fields"]]
+    assert all(f["doc"] for f in doc["fields"] + bdoc["fields"])
+
+
+def test_features_and_pyarrow_agree():
+    for fmt in ("uint8", "float32", "none", None):
+        feats = mmpipe.MultiModalInputs.features(fmt)
+        assert isinstance(feats.arrow_schema, pa.Schema)
+        assert feats.arrow_schema.names == mmpipe.MultiModalInputs.arrow_schema(fmt).names
+    assert "sample_to_image_indices" in mmpipe.BatchedMultiModalInputs.features()
