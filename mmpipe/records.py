@@ -457,6 +457,20 @@ class BatchedMultiModalInputs:
             f"pixels={self.pixel_format}, padding={self.padding_side})"
         )
 
+    def to_arrow(self) -> pa.Table:
+        """This batch as a one-row Arrow table with `arrow_schema` (for logging or shipping)."""
+
+        def val(name):
+            if name == "sample_to_image_indices":
+                return self.sample_to_image_indices
+            v = getattr(self, name)
+            if v is None:
+                return None
+            return v.tolist() if hasattr(v, "tolist") else v
+
+        schema = self.arrow_schema()
+        return pa.table({f.name: pa.array([val(f.name)], type=f.type) for f in schema}, schema=schema)
+
     @staticmethod
     def arrow_schema() -> pa.Schema:
         """A batch as one Arrow record (for logging/shipping batches; dtypes as in torch)."""

@@ -38,3 +38,20 @@ def test_features_and_pyarrow_agree():
         assert isinstance(feats.arrow_schema, pa.Schema)
         assert feats.arrow_schema.names == mmpipe.MultiModalInputs.arrow_schema(fmt).names
     assert "sample_to_image_indices" in mmpipe.BatchedMultiModalInputs.features()
+
+
+def test_batch_serialises_to_its_declared_schema():
+    from conftest import processor_for
+    from mmpipe import testing
+
+    proc = processor_for("qwen2_vl")
+    rows = [mmpipe.encode_row({"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}],
+                               "images": [testing.tiny_image(40, 50)]}, proc),
+            mmpipe.encode_row({"messages": [{"role": "user", "content": "no image"}]}, proc)]
+    batch = mmpipe.collate(rows, processor=proc)
+    table = batch.to_arrow()
+    assert table.schema.equals(mmpipe.BatchedMultiModalInputs.arrow_schema())
+    rec = table.to_pylist()[0]
+    assert rec["sample_to_image_indices"] == [[0], []]
+    assert rec["input_ids"] == batch.input_ids.tolist()
+    assert len(rec["position_ids"]) == 3
