@@ -237,6 +237,19 @@ def pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray, temporal_patch
     return out.reshape(n, d // temporal_patch_size)
 
 
+def video_pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    """Inverse of `u8_video_to_pixel_values`: float32 [Nv, 3*T*p*p] -> uint8, exact or raise."""
+    n, d = pixel_values.shape
+    x = pixel_values.reshape(n, 3, d // 3)
+    out = np.empty(x.shape, dtype=np.uint8)
+    for c in range(3):
+        idx = np.searchsorted(lut[c], x[:, c, :]).clip(0, 255)
+        if not np.array_equal(lut[c][idx], x[:, c, :]):
+            raise ValueError("pixel_values_videos were not produced from uint8 pixels with these normalisation constants")
+        out[:, c, :] = idx
+    return out.reshape(n, d)
+
+
 def encode_image(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple[np.ndarray, tuple[int, int, int]]:
     """One image -> (uint8 patches [gh*gw, 3*p*p], grid (1, gh, gw))."""
     img = load_image(value, where=where)
