@@ -255,6 +255,8 @@ def encode_image(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple
     img = load_image(value, where=where)
     try:
         resized = resize_image(img, spec)
+    except OSError as e:  # decoding happens here (PIL opens lazily): corrupt or truncated data
+        raise ValueError(f"{where}: cannot read the image ({type(e).__name__}: {e})") from e
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from e
     p = spec.patch_size

@@ -187,3 +187,20 @@ class TestTruncation:
         enc = Encoder(self.proc, max_length=40, truncation="drop")
         out = enc({"messages": [self.raw["messages"]] * 2, "images": [self.imgs] * 2})
         assert out["input_ids"] == [] and enc.stats.dropped["too_long"] == 2
+
+
+def test_layout_only_reads_headers_not_pixels(photos, tmp_path):
+    """A JPEG whose header is intact but whose data is cut off: the layout path never
+    decodes it (same ids/grids as the intact file), the full path reports the row."""
+    proc = processor_for("qwen2_vl")
+    good = io.BytesIO()
+    photos[1].save(good, format="JPEG", quality=90)
+    data = good.getvalue()
+    cut = data[: len(data) // 3]
+    msgs = _chat(1)
+    full = mmpipe.encode_row({"messages": msgs, "images": [data]}, proc)
+    lay = mmpipe.encode_row({"messages": msgs, "images": [{"bytes": cut, "path": None}]}, proc, pixels="none")
+    np.testing.assert_array_equal(lay.input_ids, full.input_ids)
+    np.testing.assert_array_equal(lay.image_grid_thw, full.image_grid_thw)
+    with pytest.raises(ValueError, match="row 5, image 0: cannot read the image"):
+        mmpipe.encode({"messages": msgs, "images": [cut]}, 5, processor=proc)
