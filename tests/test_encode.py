@@ -14,7 +14,7 @@ from mmpipe.encode import Encoder
 
 from conftest import processor_for
 from helpers import assistant_texts, processor_reference
-from row_strategies import raw_rows
+from strategies import raw_rows
 
 
 def _chat(n_images, answer=None):

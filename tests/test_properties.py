@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import mmpipe
 
 from conftest import model_for, processor_for
-from row_strategies import image_pool, raw_rows, user_content
+from strategies import image_pool, raw_rows, user_content
 
 SETTINGS = settings(max_examples=100, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -1,0 +1,169 @@
+"""Reusable hypothesis strategies for mmpipe tests: vision grids, token layouts, and raw
+chat rows with images (the second half of this module).
+
+A *row layout* is a list of segments, each ``("text", n)``, ``("image", (t, h, w))`` or
+``("video", (t, h, w))`` where ``(t, h, w)`` is a patch grid as the image processor reports
+it (``image_grid_thw`` row); the segment holds ``t * h * w // merge**2`` tokens.
+:func:`materialize` turns a batch of row layouts into padded tensors.
+
+Keep this module small and documented; add strategies here rather than in test files.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from hypothesis import strategies as st
+
+from mmpipe import testing
+
+TEXT_TOKEN_MAX = 280  # text ids are drawn from [3, TEXT_TOKEN_MAX)
+IMAGE_TOKEN = 290
+VIDEO_TOKEN = 291
+PAD_TOKEN = 0
+
+
+def grid_thw(t=1, min_side=2, max_side=12, merge=2):
+    """(t, h, w) patch grids with h, w multiples of ``merge`` in [min_side, max_side].
+
+    ``t`` is an int or a strategy (videos: e.g. ``st.integers(1, 6)``).
+    """
+    side = st.integers(-(-min_side // merge), max_side // merge).map(lambda k: k * merge)
+    t_st = t if isinstance(t, st.SearchStrategy) else st.just(t)
+    return st.tuples(t_st, side, side)
+
+
+def row_layout(vision=None, max_blocks=3, max_text=12, separate_blocks=True, min_text=0):
+    """One row: text runs and vision blocks, as a list of segments.
+
+    vision: strategy of vision segments (default: images with t=1 grids).
+    separate_blocks: put >= 1 text token between vision blocks (transformers' per-run
+    grid consumption needs it; set False to also get adjacent blocks).
+    min_text: length floor of the leading text run (0 lets a row start with a block).
+    The row is never empty.
+    """
+    if vision is None:
+        vision = grid_thw().map(lambda g: ("image", g))
+    lo = 1 if separate_blocks else 0
+
+    @st.composite
+    def build(draw):
+        blocks = draw(st.lists(vision, max_size=max_blocks))
+        lead = draw(st.integers(min_text if blocks else max(min_text, 1), max_text))
+        segs = [("text", lead)] if lead else []
+        for blk in blocks:
+            segs.append(blk)
+            n = draw(st.integers(lo, max_text))
+            if n:
+                segs.append(("text", n))
+        return segs
+
+    return build()
+
+
+def batch_layout(row=None, min_rows=1, max_rows=5):
+    """(rows, padding_side): a batch of row layouts and "left" or "right" padding."""
+    return st.tuples(st.lists(row if row is not None else row_layout(), min_size=min_rows, max_size=max_rows),
+                     st.sampled_from(["left", "right"]))
+
+
+def n_tokens(seg, merge=2):
+    kind, val = seg
+    if kind == "text":
+        return val
+    t, h, w = val
+    return t * h * w // merge**2
+
+
+def materialize(rows, padding_side="right", merge=2, seed=0, extra_pad=0):
+    """Padded tensors for a batch of row layouts.
+
+    Returns dict: input_ids int64 [B, L], mm_token_type_ids int64 [B, L] (0 text, 1 image,
+    2 video; pads 0), attention_mask int64 [B, L], image_grid_thw int64 [I, 3] or None,
+    video_grid_thw int64 [V, 3] or None (grids in batch order).
+    """
+    g = torch.Generator().manual_seed(seed)
+    lens = [sum(n_tokens(s, merge) for s in r) for r in rows]
+    L = max(lens, default=0) + extra_pad
+    B = len(rows)
+    ids = torch.full((B, L), PAD_TOKEN, dtype=torch.long)
+    tt = torch.zeros(B, L, dtype=torch.long)
+    mask = torch.zeros(B, L, dtype=torch.long)
+    img, vid = [], []
+    for b, (r, n) in enumerate(zip(rows, lens)):
+        pos = L - n if padding_side == "left" else 0
+        mask[b, pos : pos + n] = 1
+        for seg in r:
+            k = n_tokens(seg, merge)
+            kind = seg[0]
+            if kind == "text":
+                ids[b, pos : pos + k] = torch.randint(3, TEXT_TOKEN_MAX, (k,), generator=g)
+            elif kind == "image":
+                ids[b, pos : pos + k] = IMAGE_TOKEN
+                tt[b, pos : pos + k] = 1
+                img.append(list(seg[1]))
+            else:
+                ids[b, pos : pos + k] = VIDEO_TOKEN
+                tt[b, pos : pos + k] = 2
+                vid.append(list(seg[1]))
+            pos += k
+    return {
+        "input_ids": ids,
+        "mm_token_type_ids": tt,
+        "attention_mask": mask,
+        "image_grid_thw": torch.tensor(img, dtype=torch.long) if img else None,
+        "video_grid_thw": torch.tensor(vid, dtype=torch.long) if vid else None,
+    }
+
+
+# ---- raw chat rows -------------------------------------------------------------------
+# Images come from a small pool of deterministic generated images of assorted sizes and
+# modes, so examples stay fast while covering odd aspect ratios, RGBA and grayscale.
+
+
+@functools.lru_cache(maxsize=None)
+def image_pool():
+    sizes = [(28, 28), (40, 60), (64, 48), (90, 33), (57, 120), (100, 100), (30, 200)]
+    modes = ["RGB", "RGB", "RGBA", "L", "RGB", "RGB", "RGB"]
+    return [testing.tiny_image(h, w, seed=i, mode=m) for i, ((h, w), m) in enumerate(zip(sizes, modes))]
+
+
+images = st.integers(0, 6).map(lambda i: image_pool()[i])
+words = st.text(alphabet="abcdefgh ijklmnop?!.", min_size=1, max_size=24)
+
+
+@st.composite
+def user_content(draw, max_images: int = 3):
+    """A user content list: text and image placeholders in random order, plus its images."""
+    n_img = draw(st.integers(0, max_images))
+    items = [{"type": "text", "text": draw(words)} for _ in range(draw(st.integers(1, 2)))]
+    for _ in range(n_img):
+        items.insert(draw(st.integers(0, len(items))), {"type": "image"})
+    # two images with no text between them crash transformers' get_rope_index; keep a
+    # text item between images (real chat data has separators anyway)
+    fixed = []
+    for it in items:
+        if fixed and it["type"] == "image" and fixed[-1]["type"] == "image":
+            fixed.append({"type": "text", "text": " "})
+        fixed.append(it)
+    imgs = [draw(images) for _ in range(n_img)]
+    return fixed, imgs
+
+
+@st.composite
+def raw_rows(draw, max_turns: int = 2, max_images: int = 3, assistant: bool | None = None):
+    """A Hub-convention raw row {"messages", "images"} with 1..max_turns user turns."""
+    turns = draw(st.integers(1, max_turns))
+    msgs, all_imgs = [], []
+    if draw(st.booleans()):
+        msgs.append({"role": "system", "content": draw(words)})
+    for t in range(turns):
+        content, imgs = draw(user_content(max_images))
+        msgs.append({"role": "user", "content": content})
+        all_imgs += imgs
+        last = t == turns - 1
+        with_answer = (not last) or (draw(st.booleans()) if assistant is None else assistant)
+        if with_answer:
+            msgs.append({"role": "assistant", "content": [{"type": "text", "text": draw(words)}]})
+    return {"messages": msgs, "images": all_imgs}
