@@ -97,7 +97,11 @@ def test_model_inputs_forms():
 
 def test_dataloader_with_workers_over_arrow_rows(tmp_path):
     proc = processor_for("qwen2_vl")
-    raw = datasets.Dataset.from_list(_rows(proc) * 2)
+    # an all-black image: its compact bytes are all NUL, which numpy/torch formatting of a
+    # binary column would strip without the end marker
+    black = {"messages": [{"role": "user", "content": [{"type": "text", "text": "dark"}, {"type": "image"}]}],
+             "images": [np.zeros((56, 84, 3), np.uint8)]}
+    raw = datasets.Dataset.from_list(_rows(proc) * 2 + [black])
     enc = raw.map(mmpipe.encode, fn_kwargs={"processor": proc}, remove_columns=raw.column_names)
     expected = [mmpipe.MultiModalInputs.from_dict(r) for r in enc]
     for fmt in (None, "numpy", "torch"):
@@ -120,9 +124,9 @@ def test_pixel_grid_mismatch_names_the_row():
     proc = processor_for("qwen2_vl")
     rows = [r.to_dict() for r in _encode_all(_rows(proc, counts=(0, 1)), proc)]
     rows[1]["pixel_values_u8"] = rows[1]["pixel_values_u8"][: -588]
-    with pytest.raises(ValueError, match=r"row 1, column 'pixel_values_u8': expected shape \("):
+    with pytest.raises(ValueError, match=r"row 1, column 'pixel_values_u8': .*the pixel data and the grids disagree"):
         mmpipe.collate(rows, processor=proc)
-    rows = [r.to_dict() for r in _encode_all(_rows(proc, counts=(1,)), proc)]
+    rows = [r.to_dict() for r in _encode_all(_rows(proc, counts=(1,)), proc, pixels="none")]
     rows[0]["image_grid_thw"] = np.array([[1, 4, 4]])
     with pytest.raises(ValueError, match="row 0: .* image tokens in input_ids but image_grid_thw"):
         mmpipe.collate(rows, processor=proc)
