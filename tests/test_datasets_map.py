@@ -82,3 +82,22 @@ def test_uint8_storage_is_an_eighth_of_float32(raw):
     u8_bytes = u8.data.table.column("pixel_values_u8").nbytes
     f32_bytes = f32.data.table.column("pixel_values").nbytes
     assert u8_bytes * 8 <= f32_bytes * 1.001
+
+
+def test_the_readme_flow_end_to_end(raw):
+    """The issue's user flow verbatim: map with num_proc=2 (input columns kept), DataLoader
+    with workers, the model's forward on the batch, unbatch back to the encoded rows."""
+    import torch
+
+    from conftest import model_for
+
+    processor = processor_for("qwen2_vl")
+    enc = raw.map(mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=2)
+    loader = torch.utils.data.DataLoader(enc, batch_size=8, collate_fn=mmpipe.Collator(processor), num_workers=2)
+    batch = next(iter(loader))
+    assert isinstance(batch, mmpipe.BatchedMultiModalInputs)
+    with torch.no_grad():
+        out = model_for("qwen2_vl")(**batch.model_inputs())
+    assert out.logits.shape[:2] == batch.input_ids.shape
+    rows = mmpipe.unbatch(batch)
+    assert rows == [mmpipe.MultiModalInputs.from_dict(enc[i]) for i in range(8)]
