@@ -45,7 +45,16 @@ __all__ = sorted(_EXPORTS) + ["testing"]
 # the submodule would bind the *module* to mmpipe.encode, so bind the functions eagerly.
 # These modules import only numpy/pyarrow/PIL at import time (torch is imported on use).
 from .collate import Collator, collate  # noqa: E402
-from .encode import Encoder, compact, encode, encode_row, parse_row, rows_from_processor_output  # noqa: E402
+from .encode import (  # noqa: E402
+    EncodeReport,
+    Encoder,
+    compact,
+    encode,
+    encode_dataset,
+    encode_row,
+    parse_row,
+    rows_from_processor_output,
+)
 from .records import IGNORE_INDEX, BatchedMultiModalInputs, MultiModalInputs  # noqa: E402
 from .unbatch import unbatch  # noqa: E402
 

@@ -232,6 +232,9 @@ class Encoder:
         self.labels = labels
         self.images_column = images_column
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        # encode_dataset sets this: dropped rows stay as empty rows with their reason in
+        # DROP_REASON_COLUMN, so counts survive num_proc; the caller filters them out.
+        self.mark_dropped = False
         tok = self.tokenizer
         fam = self.family
         self.image_token_id = tok.convert_tokens_to_ids(fam.image_token) if fam.is_vision else None
@@ -388,12 +391,18 @@ class Encoder:
         try:
             row = self.encode_row(example, idx)
         except RowDropped as e:
+            if self.mark_dropped:
+                self.stats.dropped[e.reason] += 1
+                return {**_empty_row_dict(self), DROP_REASON_COLUMN: e.reason}
             raise ValueError(
                 f"{e}; truncation='drop' can only leave rows out of a batched map: pass batched=True "
                 "(and remove_columns=ds.column_names) to dataset.map"
             ) from None
         self.stats.encoded += 1
-        return row.to_dict()
+        out = row.to_dict()
+        if self.mark_dropped:
+            out[DROP_REASON_COLUMN] = ""
+        return out
 
     def _call_batch(self, batch: dict, idx) -> dict:
         n = len(next(iter(batch.values())))
@@ -406,9 +415,15 @@ class Encoder:
                 out_rows.append(self.encode_row(example, row_idx).to_dict())
                 kept.append(i)
                 self.stats.encoded += 1
+                if self.mark_dropped:
+                    out_rows[-1][DROP_REASON_COLUMN] = ""
             except RowDropped as e:
                 self.stats.dropped[e.reason] += 1
-                logger.warning("mmpipe.encode dropped %s", e)
+                if self.mark_dropped:
+                    out_rows.append({**_empty_row_dict(self), DROP_REASON_COLUMN: e.reason})
+                    kept.append(i)
+                else:
+                    logger.warning("mmpipe.encode dropped %s", e)
         keys = list(out_rows[0]) if out_rows else list(_empty_row_dict(self))
         out = {k: [r[k] for r in out_rows] for k in keys}
         if len(kept) != n:
@@ -450,6 +465,43 @@ def _is_batch(example: dict) -> bool:
                 return False
             return isinstance(first, (list, tuple, str)) or first is None
     return False
+
+
+DROP_REASON_COLUMN = "mmpipe_drop_reason"
+
+
+@dataclass
+class EncodeReport:
+    """What ``encode_dataset`` did: rows in, rows out, dropped rows counted by reason."""
+
+    rows_in: int
+    rows_out: int
+    dropped: dict
+
+    def __str__(self) -> str:
+        why = ", ".join(f"{k}: {v}" for k, v in sorted(self.dropped.items())) or "none"
+        return f"encoded {self.rows_out} of {self.rows_in} rows; dropped: {why}"
+
+
+def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size: int = 64,
+                   remove_columns: bool = True, **options):
+    """Encode a ``datasets.Dataset`` and report exactly what was dropped, across processes.
+
+    Returns ``(encoded_dataset, EncodeReport)``. Rows dropped under ``truncation="drop"``
+    are counted by reason from a column every worker writes, so the counts hold for any
+    ``num_proc`` (an in-process counter cannot see other workers).
+    """
+    enc = Encoder(processor, **options)
+    enc.mark_dropped = True
+    out = ds.map(enc, batched=True, batch_size=batch_size, num_proc=num_proc, with_indices=True,
+                 remove_columns=ds.column_names if remove_columns else None,
+                 desc="mmpipe.encode")
+    reasons = Counter(r for r in out[DROP_REASON_COLUMN] if r)
+    if reasons:
+        out = out.filter(lambda r: [not x for x in r], input_columns=[DROP_REASON_COLUMN], batched=True,
+                         num_proc=num_proc)
+    out = out.remove_columns([DROP_REASON_COLUMN])
+    return out, EncodeReport(rows_in=len(ds), rows_out=len(out), dropped=dict(reasons))
 
 
 _ENCODERS: dict[tuple, Encoder] = {}

@@ -204,3 +204,18 @@ def test_layout_only_reads_headers_not_pixels(photos, tmp_path):
     np.testing.assert_array_equal(lay.image_grid_thw, full.image_grid_thw)
     with pytest.raises(ValueError, match="row 5, image 0: cannot read the image"):
         mmpipe.encode({"messages": msgs, "images": [cut]}, 5, processor=proc)
+
+
+def test_encode_dataset_counts_drops_across_processes():
+    import datasets
+
+    proc = processor_for("qwen2_vl")
+    long = {"messages": _chat(2, answer="long " * 30), "images": [testing.tiny_image(56, 56), testing.tiny_image(56, 84)]}
+    short = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "images": []}
+    ds = datasets.Dataset.from_list([long, short, short, long, long, short])
+    enc, report = mmpipe.encode_dataset(ds, proc, num_proc=2, batch_size=2, max_length=40, truncation="drop")
+    assert report.dropped == {"too_long": 3} and report.rows_in == 6 and report.rows_out == 3 == len(enc)
+    assert "mmpipe_drop_reason" not in enc.column_names
+    assert str(report) == "encoded 3 of 6 rows; dropped: too_long: 3"
+    again, report2 = mmpipe.encode_dataset(ds, proc, max_length=4096)
+    assert report2.dropped == {} and len(again) == 6
