@@ -21,29 +21,9 @@ import importlib
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "MultiModalInputs": "records",
-    "BatchedMultiModalInputs": "records",
-    "IGNORE_INDEX": "records",
-    "encode": "encode",
-    "encode_row": "encode",
-    "Encoder": "encode",
-    "parse_row": "encode",
-    "collate": "collate",
-    "Collator": "collate",
-    "unbatch": "unbatch",
-    "get_rope_index": "rope",
-    "family_of": "families",
-    "ModelFamily": "families",
-    "VisionSpec": "images",
-    "write_schemas": "schemas",
-}
-
-__all__ = sorted(_EXPORTS) + ["testing"]
-
 # The stage functions share their module's name (mmpipe/encode.py defines encode): importing
-# the submodule would bind the *module* to mmpipe.encode, so bind the functions eagerly.
-# These modules import only numpy/pyarrow/PIL at import time (torch is imported on use).
+# the submodule would bind the *module* to mmpipe.encode, so bind them eagerly. These modules
+# import only numpy/pyarrow/PIL at import time (torch and transformers load on use).
 from .collate import Collator, collate  # noqa: E402
 from .encode import (  # noqa: E402
     EncodeReport,
@@ -58,10 +38,27 @@ from .encode import (  # noqa: E402
 from .records import IGNORE_INDEX, BatchedMultiModalInputs, MultiModalInputs  # noqa: E402
 from .unbatch import unbatch  # noqa: E402
 
+# Names whose modules import torch: loaded on first use.
+_LAZY = {
+    "get_rope_index": "rope",
+    "text_positions": "rope",
+    "to_verl_positions": "rope",
+    "family_of": "families",
+    "ModelFamily": "families",
+    "VisionSpec": "images",
+    "write_schemas": "schemas",
+}
+
+__all__ = sorted(
+    ["Collator", "collate", "EncodeReport", "Encoder", "compact", "encode", "encode_dataset", "encode_row",
+     "parse_row", "rows_from_processor_output", "IGNORE_INDEX", "BatchedMultiModalInputs", "MultiModalInputs",
+     "unbatch", "testing", *_LAZY]
+)
+
 
 def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value
     if name == "testing":
