@@ -36,6 +36,7 @@ class VisionSpec:
     rescale_factor: float = 1 / 255
     do_rescale: bool = True
     do_normalize: bool = True
+    resample: int = 3  # PIL.Image.BICUBIC, the Qwen processors' filter
 
     @property
     def factor(self) -> int:
@@ -70,6 +71,7 @@ class VisionSpec:
             float(getattr(ip, "rescale_factor", 1 / 255)),
             bool(getattr(ip, "do_rescale", True)),
             bool(getattr(ip, "do_normalize", True)),
+            int(getattr(ip, "resample", None) if getattr(ip, "resample", None) is not None else 3),
         )
 
     def lut(self) -> np.ndarray:
@@ -182,7 +184,7 @@ def resize_image(img: Image.Image, spec: VisionSpec) -> np.ndarray:
     rgb = to_rgb_array(img)
     if (th, tw) == rgb.shape[:2]:
         return np.ascontiguousarray(rgb)
-    return np.asarray(Image.fromarray(rgb).resize((tw, th), resample=Image.BICUBIC))
+    return np.asarray(Image.fromarray(rgb).resize((tw, th), resample=spec.resample))
 
 
 # ---- patch layout ----------------------------------------------------------------------
