@@ -225,31 +225,31 @@ def u8_video_to_pixel_values(patches: np.ndarray, lut: np.ndarray) -> np.ndarray
     return lut[np.arange(3)[None, :, None], x].reshape(n, d)
 
 
-def pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray, temporal_patch_size: int) -> np.ndarray:
-    """Inverse of `u8_to_pixel_values` for still images: float32 [N, 3*T*p*p] -> uint8
-    [N, 3*p*p]. Exact for values the table produced (each channel's table is increasing)."""
-    n, d = pixel_values.shape
-    x = pixel_values.reshape(n, 3, temporal_patch_size, d // (3 * temporal_patch_size))[:, :, 0, :]
+def _invert_lut(x: np.ndarray, lut: np.ndarray, what: str) -> np.ndarray:
+    """float32 [n, 3, k] -> uint8 [n, 3, k] with lut[c][out] == x exactly, or raise."""
     out = np.empty(x.shape, dtype=np.uint8)
-    for c in range(3):
+    for c in range(3):  # each channel's table is strictly increasing (std > 0)
         idx = np.searchsorted(lut[c], x[:, c, :]).clip(0, 255)
         if not np.array_equal(lut[c][idx], x[:, c, :]):
-            raise ValueError("pixel_values were not produced from uint8 pixels with these normalisation constants")
+            raise ValueError(f"{what} were not produced from uint8 pixels with these normalisation constants")
         out[:, c, :] = idx
-    return out.reshape(n, d // temporal_patch_size)
+    return out
+
+
+def pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray, temporal_patch_size: int) -> np.ndarray:
+    """Inverse of `u8_to_pixel_values` for still images: float32 [N, 3*T*p*p] -> uint8
+    [N, 3*p*p]. Exact, or raises (values not from the table, or temporal copies differ)."""
+    n, d = pixel_values.shape
+    x = pixel_values.reshape(n, 3, temporal_patch_size, d // (3 * temporal_patch_size))
+    if not (x == x[:, :, :1, :]).all():
+        raise ValueError("pixel_values hold different temporal copies: a video, not a still image")
+    return _invert_lut(np.ascontiguousarray(x[:, :, 0, :]), lut, "pixel_values").reshape(n, d // temporal_patch_size)
 
 
 def video_pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray) -> np.ndarray:
     """Inverse of `u8_video_to_pixel_values`: float32 [Nv, 3*T*p*p] -> uint8, exact or raise."""
     n, d = pixel_values.shape
-    x = pixel_values.reshape(n, 3, d // 3)
-    out = np.empty(x.shape, dtype=np.uint8)
-    for c in range(3):
-        idx = np.searchsorted(lut[c], x[:, c, :]).clip(0, 255)
-        if not np.array_equal(lut[c][idx], x[:, c, :]):
-            raise ValueError("pixel_values_videos were not produced from uint8 pixels with these normalisation constants")
-        out[:, c, :] = idx
-    return out.reshape(n, d)
+    return _invert_lut(pixel_values.reshape(n, 3, d // 3), lut, "pixel_values_videos").reshape(n, d)
 
 
 def encode_image(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple[np.ndarray, tuple[int, int, int]]:
