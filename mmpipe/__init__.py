@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 # The stage functions share their module's name (mmpipe/encode.py defines encode): importing
 # the submodule would bind the *module* to mmpipe.encode, so bind them eagerly. These modules
 # import only numpy/pyarrow/PIL at import time (torch and transformers load on use).
+from . import _fork  # noqa: E402,F401  (registers the fork marker before any worker forks)
 from .collate import Collator, collate  # noqa: E402
 from .encode import (  # noqa: E402
     EncodeReport,

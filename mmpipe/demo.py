@@ -35,7 +35,6 @@ may need torchvision installed (normally present on GPU machines).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -194,6 +193,12 @@ def _load(args):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     processor = AutoProcessor.from_pretrained(args.processor, local_files_only=True)
+    if getattr(processor, "image_processor", None) is None:
+        raise SystemExit(
+            f"AutoProcessor.from_pretrained({args.processor!r}) gave a {type(processor).__name__}, not a "
+            "vision-language processor: the directory needs the model's config.json and "
+            "preprocessor_config.json (a Qwen2-VL, Qwen2.5-VL or Qwen3-VL checkpoint)"
+        )
     model = None
     if args.model:
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -229,11 +234,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fam = family_of(processor)
     t = lap("load", t)
 
-    ds, names = build_rows(args.rows, image_pool())
+    ds, _ = build_rows(args.rows, image_pool())
     t = lap("rows", t)
 
     num_proc = args.num_proc if args.num_proc > 1 else None
-    enc = ds.map(mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=num_proc, remove_columns=ds.column_names)
+    enc = ds.map(
+        mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=num_proc, remove_columns=ds.column_names
+    )
     t = lap("encode", t)
 
     tmp = None
@@ -252,10 +259,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             enc, batch_size=args.batch_size, collate_fn=mmpipe.Collator(processor), num_workers=args.workers
         )
         device = next(model.parameters()).device if model is not None else None
-        failures: list[str] = []
+        failures: dict[str, list[str]] = {"unbatch": [], "pixels": [], "logits": [], "loader": []}
         table: list[tuple] = []
         u8_total = f32_total = 0
         n_batches = 0
+        checked = {"pixels": False, "logits": False}
         t_model = t_check = 0.0
         row0 = 0
         for batch in loader:
@@ -275,24 +283,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             got = mmpipe.unbatch(batch)
             for b, (g, e) in enumerate(zip(got, expected)):
                 if g != e:
-                    failures.append(f"row {row0 + b}: unbatch differs in {g.diff(e)}")
+                    failures["unbatch"].append(f"row {row0 + b}: unbatch differs in {g.diff(e)}")
             # -- pixel_values equal the processor's own
             raw = [im for b in range(B) for im in ds[row0 + b]["images"]]
             if raw:
+                checked["pixels"] = True
                 pv, grid = _processor_pixels(processor, raw)
                 ours = batch.pixel_values.numpy() if batch.pixel_values is not None else None
                 if ours is None or not np.array_equal(grid, batch.image_grid_thw.numpy()) or ours.shape != pv.shape:
-                    failures.append(f"batch {n_batches - 1}: pixel_values/image_grid_thw layout differs from the processor's")
+                    failures["pixels"].append(f"batch {n_batches - 1}: pixel_values/image_grid_thw layout differs from the processor's")
                 elif not np.array_equal(ours, pv):
                     diff = float(np.abs(ours - pv).max())
                     strict = offline or type(processor.image_processor).__name__.endswith("Pil")
                     msg = f"batch {n_batches - 1}: pixel_values differ from the processor's by up to {diff:.3g}"
                     if strict:
-                        failures.append(msg)
+                        failures["pixels"].append(msg)
                     else:
                         print(f"note: {msg} (non-PIL image processor backend)")
             # -- each row alone gives the same logits (offline tiny model only)
             if offline and model is not None:
+                checked["logits"] = True
                 for b in range(B):
                     alone = mmpipe.collate([expected[b]], processor=processor)
                     with torch.no_grad():
@@ -301,7 +311,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     lb = logits[b, L - n:] if batch.padding_side == "left" else logits[b, :n]
                     if not torch.allclose(lb, la[0], atol=1e-4, rtol=1e-4):
                         err = float((lb - la[0]).abs().max())
-                        failures.append(f"row {row0 + b}: logits in the batch differ from the row alone by {err:.3g}")
+                        failures["logits"].append(f"row {row0 + b}: logits in the batch differ from the row alone by {err:.3g}")
             # -- table
             for b, rec in enumerate(expected):
                 n = rec.num_tokens
@@ -316,12 +326,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     n_t = int((rec.labels != -100).sum()) if rec.labels is not None else 0
                     stat = f"{n_t} targets (no model)"
                 table.append((row0 + b, n, rec.num_images, _grids(rec), int((rec.mm_token_type_ids == 1).sum()),
-                              u8, f32, stat, ",".join(names[row0 + b]) or "-"))
+                              u8, f32, stat))
             t_check += time.perf_counter() - t1
             row0 += B
         times["collate+model+checks"] = time.perf_counter() - t
         if row0 != len(enc):
-            failures.append(f"the loader yielded {row0} rows, the dataset holds {len(enc)}")
+            failures["loader"].append(f"the loader yielded {row0} rows, the dataset holds {len(enc)}")
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -332,19 +342,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     head = ("row", "tokens", "imgs", "grids (t x h x w)", "img tok", "uint8 px", "float32 px", "model")
     w = [3, 6, 4, 26, 7, 9, 10, 0]
     print("  ".join(h.rjust(x) if i not in (3, 7) else h.ljust(x) for i, (h, x) in enumerate(zip(head, w))))
-    for r, n, ni, g, nt, u8, f32, stat, nm in table:
+    for r, n, ni, g, nt, u8, f32, stat in table:
         cells = [str(r), str(n), str(ni), g, str(nt), _mb(u8) if u8 else "0", _mb(f32) if f32 else "0", stat]
         print("  ".join(c.rjust(x) if i not in (3, 7) else c.ljust(x) for i, (c, x) in enumerate(zip(cells, w))))
     ratio = f" ({f32_total / u8_total:.0f}x smaller)" if u8_total else ""
     print(f"pixels stored uint8: {_mb(u8_total)}; as float32 pixel_values: {_mb(f32_total)}{ratio}. "
           f"Encoded dataset on disk: {_mb(disk_bytes)}" + (f" at {out_dir}" if args.out else " (temp dir, removed)"))
     print("times: " + ", ".join(f"{k} {v:.2f}s" for k, v in times.items()))
-    for f in failures:
+    problems = [f for fs in failures.values() for f in fs]
+    for f in problems:
         print(f"CHECK FAILED: {f}")
+    checks = []
+    if checked["pixels"]:
+        checks.append("pixel_values == processor's: " + ("OK" if not failures["pixels"] else "FAILED"))
+    if checked["logits"]:
+        checks.append("batch logits == each row alone: " + ("OK" if not failures["logits"] else "FAILED"))
+    if failures["loader"]:
+        checks.append("loader row count: FAILED")
+    checks.append(SUMMARY_OK if not failures["unbatch"] else "unbatch(collate(rows)) == rows: FAILED")
     seconds = time.perf_counter() - t_start
-    status = SUMMARY_OK if not failures else f"unbatch(collate(rows)) == rows: FAILED ({len(failures)} problem(s))"
-    print(f"rows {len(ds)}, batches {n_batches}, {seconds:.1f} s, {status}")
-    return 0 if not failures else 1
+    print(f"rows {len(ds)}, batches {n_batches}, {seconds:.1f} s; " + "; ".join(checks))
+    return 0 if not problems else 1
 
 
 if __name__ == "__main__":

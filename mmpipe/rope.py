@@ -34,9 +34,11 @@ import itertools
 import numpy as np
 import torch
 
+from ._fork import torch_fork_safe
 from .families import ModelFamily, family_of
 
 __all__ = ["get_rope_index", "text_positions", "to_verl_positions"]
+
 
 _MODALITY = {1: ("image", "image_grid_thw", "<|image_pad|>"), 2: ("video", "video_grid_thw", "<|video_pad|>")}
 _ARTICLE = {"image": "an image", "video": "a video"}
@@ -86,6 +88,7 @@ def text_positions(attention_mask) -> torch.Tensor:
     Returns int64 [B, L] (torch, on the mask's device): ``0..n-1`` over each row's valid
     tokens in order, 0 at pads (left or right padding, or holes).
     """
+    torch_fork_safe()
     mask = _as_2d(attention_mask, "attention_mask").ne(0)
     return (mask.cumsum(1) - 1).clamp_(min=0) * mask
 
@@ -150,6 +153,7 @@ def get_rope_index(
 
     Numpy inputs are accepted; the result is always torch.
     """
+    torch_fork_safe()
     fam = family_of(family)
     merge = int(spatial_merge_size if spatial_merge_size is not None else fam.merge_size)
     tps = float(tokens_per_second if tokens_per_second is not None else fam.tokens_per_second)

@@ -101,3 +101,31 @@ def test_the_readme_flow_end_to_end(raw):
     assert out.logits.shape[:2] == batch.input_ids.shape
     rows = mmpipe.unbatch(batch)
     assert rows == [mmpipe.MultiModalInputs.from_dict(enc[i]) for i in range(8)]
+
+
+def test_num_proc_map_after_parallel_torch_in_parent_does_not_hang(tmp_path):
+    """Regression: forked datasets.map workers deadlocked in their first parallel torch op
+    when the parent had already used torch's thread pool (building a model does)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import datasets, torch, mmpipe
+        from mmpipe import testing
+        datasets.disable_progress_bars()
+        torch.set_num_threads(2)
+        torch.repeat_interleave(torch.arange(400000), torch.full((400000,), 2))  # warm the pool
+        proc = testing.build_processor("qwen2_vl")
+        im = testing.tiny_image(60, 80)
+        ds = datasets.Dataset.from_dict({
+            "messages": [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": str(i)}]}]
+                         for i in range(8)],
+            "images": [[im]] * 8})
+        enc = ds.map(mmpipe.encode, fn_kwargs={"processor": proc}, num_proc=2)
+        print("done", len(enc))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90,
+                         cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "done 8" in out.stdout

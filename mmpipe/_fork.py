@@ -1,0 +1,32 @@
+"""Know whether this process is a fork() child of the one that imported mmpipe.
+
+torch's intra-op thread pool does not survive fork(): a forked child (``datasets.map`` with
+``num_proc``, ``multiprocessing``) whose parent already ran a parallel torch op deadlocks in
+its first parallel op. DataLoader workers avoid this by dropping to one thread; mmpipe does
+the same, lazily, before its own torch ops in a forked child. The marker is registered when
+mmpipe is imported (no torch import here), i.e. before any worker is forked.
+"""
+
+from __future__ import annotations
+
+import os
+
+_forked_child = False
+
+
+def _mark() -> None:
+    global _forked_child
+    _forked_child = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark)
+
+
+def torch_fork_safe() -> None:
+    """In a forked child, run torch single-threaded (a no-op elsewhere)."""
+    if _forked_child:
+        import torch
+
+        if torch.get_num_threads() != 1:
+            torch.set_num_threads(1)
