@@ -42,6 +42,7 @@ def collate(
     padding_side: str = "left",
     pad_to_multiple_of: Optional[int] = None,
     pad_token_id: Optional[int] = None,
+    pad_to_length: Optional[int] = None,
 ) -> BatchedMultiModalInputs:
     """Pad and pack encoded rows into a batch.
 
@@ -51,6 +52,7 @@ def collate(
             the family the rows must belong to. Without it the family table's defaults are used.
         padding_side: ``"left"`` (generation) or ``"right"``.
         pad_to_multiple_of: round the padded length up to a multiple of this.
+        pad_to_length: pad to exactly this length (error if a row is longer).
 
     Returns a `BatchedMultiModalInputs` with input_ids/attention_mask/mm_token_type_ids
     int64 [B, L], position_ids int64 [3, B, L], pixel_values float32 [sum N, D], image_grid_thw
@@ -85,6 +87,13 @@ def collate(
     B = len(recs)
     lengths = np.asarray([r.num_tokens for r in recs], dtype=np.int64)
     L = int(lengths.max()) if B else 0
+    if pad_to_length is not None:
+        if pad_to_length < L:
+            raise ValueError(
+                f"row {int(lengths.argmax())} has {L} tokens, more than pad_to_length={pad_to_length}; "
+                "compute the length from these rows (e.g. DataPacker.policy_compute_max_len)"
+            )
+        L = pad_to_length
     if pad_to_multiple_of:
         L = -(-L // pad_to_multiple_of) * pad_to_multiple_of
     input_ids = np.full((B, L), pad_token_id, dtype=np.int64)
