@@ -243,7 +243,8 @@ class Encoder:
         self.stats = EncodeStats()
 
     # -- rendering ------------------------------------------------------------------
-    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        """The chat template applied to ``messages`` (text, not tokenized)."""
         target = self.processor if hasattr(self.processor, "apply_chat_template") else self.tokenizer
         return target.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **self.chat_template_kwargs
@@ -255,8 +256,8 @@ class Encoder:
         for k, msg in enumerate(messages):
             if msg["role"] != "assistant":
                 continue
-            before = self._render(messages[:k], True) if k else ""
-            upto = self._render(messages[: k + 1], False)
+            before = self.render(messages[:k], True) if k else ""
+            upto = self.render(messages[: k + 1], False)
             if not (full.startswith(before) and full.startswith(upto) and upto.startswith(before)):
                 raise ValueError(
                     f"{where}: the chat template does not render conversation prefixes as prefixes of the "
@@ -279,7 +280,7 @@ class Encoder:
         agp = self.add_generation_prompt
         if agp is None:
             agp = messages[-1]["role"] != "assistant"
-        text = self._render(messages, agp)
+        text = self.render(messages, agp)
         want_labels = self.labels
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=want_labels)
         ids = np.asarray(enc["input_ids"], dtype=np.int64)
@@ -373,12 +374,13 @@ class Encoder:
         elif self.pixels == "float32":
             from .images import u8_to_pixel_values
 
-            lut = self._lut()
+            lut = self.lut()
             pv = [u8_to_pixel_values(b, lut, self.spec.temporal_patch_size) for b in u8_blocks]
             row.pixel_values = np.concatenate(pv) if pv else np.zeros((0, fam.patch_dim), np.float32)
         return row
 
-    def _lut(self):
+    def lut(self):
+        """float32 [3, 256] pixel table of this encoder's `VisionSpec` (cached)."""
         if getattr(self, "_lut_cache", None) is None:
             self._lut_cache = self.spec.lut()
         return self._lut_cache

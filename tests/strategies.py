@@ -167,3 +167,37 @@ def raw_rows(draw, max_turns: int = 2, max_images: int = 3, assistant: bool | No
         if with_answer:
             msgs.append({"role": "assistant", "content": [{"type": "text", "text": draw(words)}]})
     return {"messages": msgs, "images": all_imgs}
+
+
+# ---- multi-turn conversations (VRAG-style loops) -------------------------------------
+
+
+@st.composite
+def multiturn_cases(draw, max_rounds: int = 3, max_images: int = 2,
+                    families=("qwen2_vl", "qwen2_5_vl", "qwen3_vl")):
+    """A multi-turn loop script for ``mmpipe.multiturn``.
+
+    Returns a dict: ``family``; ``prompt`` a raw row {"messages", "images"} (optional system
+    turn, one user turn with 0..max_images images); ``rounds`` a list of
+    ``(response_text, observation_messages, observation_images)`` where the observation is
+    1-2 "user"/"tool" messages with 0..max_images images each; ``final`` a last response
+    text or None (the conversation then ends awaiting a response); ``pixels`` the encoder's
+    pixel format.
+    """
+    family = draw(st.sampled_from(list(families)))
+    msgs = []
+    if draw(st.booleans()):
+        msgs.append({"role": "system", "content": draw(words)})
+    content, imgs = draw(user_content(max_images))
+    msgs.append({"role": "user", "content": content})
+    rounds = []
+    for _ in range(draw(st.integers(0, max_rounds))):
+        obs, obs_imgs = [], []
+        for _ in range(draw(st.integers(1, 2))):
+            c, im = draw(user_content(max_images))
+            obs.append({"role": draw(st.sampled_from(["user", "tool"])), "content": c})
+            obs_imgs += im
+        rounds.append((draw(words), obs, obs_imgs))
+    final = draw(st.one_of(st.none(), words))
+    return {"family": family, "prompt": {"messages": msgs, "images": imgs}, "rounds": rounds, "final": final,
+            "pixels": draw(st.sampled_from(["uint8", "uint8", "float32", "none"]))}
