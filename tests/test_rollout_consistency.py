@@ -97,3 +97,42 @@ def test_finish_reasons_and_lengths():
         for c in g.completions:
             assert len(c.token_ids) <= 3 and len(c.logprobs) == len(c.token_ids)
             assert c.finish_reason == ("stop" if c.token_ids[-1] in (555, 553) else "length")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_multi_turn_with_an_image_appended_in_turn_2_is_consistent(family):
+    """VRAG-style loop: generate, append the response and a tool turn carrying a new image,
+    generate again; the final row's teacher-forced logprobs on both responses equal the
+    generation-time logprobs."""
+    from mmpipe.multiturn import MultiTurnBatch
+
+    proc, model = processor_for(family), model_for(family)
+    raws = [
+        {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Find the answer."}]}],
+         "images": [testing.tiny_image(50, 60, seed=1)]},
+        {"messages": [{"role": "user", "content": "Search for a picture of a cat."}]},
+    ]
+    mt = MultiTurnBatch.start(raws, proc)
+    engine = TransformersEngine(model, proc)
+    rollout_lps = {i: [] for i in range(len(raws))}
+    for turn in range(2):
+        idx = mt.active_indices
+        gens = engine.generate(mt.active_rows(), SamplingParams(max_new_tokens=5, temperature=1.0, seed=turn))
+        for i, g in zip(idx, gens):
+            c = g.completions[0]
+            rollout_lps[i].append(np.asarray(c.logprobs, np.float32))
+            mt.append_response(i, c)
+            if turn == 0:
+                mt.append_observation(i, [{"type": "text", "text": "Result: "}, {"type": "image"}],
+                                      images=[testing.tiny_image(40, 44, seed=10 + i)])
+    rows = mt.rows()
+    assert [r.num_images for r in rows] == [2, 1]
+    batch = mmpipe.Collator(proc, padding_side="left")(rows)
+    lp = teacher_forced_logprobs(model, batch)
+    mask = batch.labels != -100
+    for b, row in enumerate(rows):
+        got = lp[b][mask[b]].numpy()
+        want = np.concatenate(rollout_lps[b])
+        # appended closers (<|im_end|> after a cut reply) carry no label, so lengths agree
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= 1e-4
