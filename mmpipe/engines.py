@@ -18,14 +18,16 @@ import numpy as np
 from .collate import Collator
 from .generation import Completion, Generation, SamplingParams
 from .records import MultiModalInputs
+from .rollout_inputs import to_generate_kwargs
 
 
 class TransformersEngine:
     """`RolloutEngine` over a transformers ``GenerationMixin`` model (CPU or GPU).
 
-    Prompts are left-padded; 3-D positions and rope deltas are computed by the model's own
-    ``generate`` from ``mm_token_type_ids`` and the grids (passing ``position_ids`` would leave
-    its decoding steps without rope deltas). ``n > 1`` repeats each prompt ``n`` times in the
+    Prompts are left-padded and turned into ``generate`` kwargs by
+    `mmpipe.rollout_inputs.to_generate_kwargs` (which refuses a batch whose images have no
+    pixel data); ``generate`` builds the 3-D positions and rope deltas itself from
+    ``mm_token_type_ids`` and the grids. ``n > 1`` repeats each prompt ``n`` times in the
     generation batch (prompt-major), so greedy and sampled groups work alike.
 
     Logprobs are those of the sampled token under the model's raw logits (log_softmax of the
@@ -53,7 +55,7 @@ class TransformersEngine:
         expanded = [r for r in recs for _ in range(params.n)]
         batch = self.collator(expanded)
         device = next(self.model.parameters()).device
-        kw = batch.model_inputs(device, positions="none", labels=False)
+        kw = to_generate_kwargs(batch, device)
         if not self.see_images:
             for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
                 kw.pop(k, None)

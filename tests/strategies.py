@@ -201,3 +201,14 @@ def multiturn_cases(draw, max_rounds: int = 3, max_images: int = 2,
     final = draw(st.one_of(st.none(), words))
     return {"family": family, "prompt": {"messages": msgs, "images": imgs}, "rounds": rounds, "final": final,
             "pixels": draw(st.sampled_from(["uint8", "uint8", "float32", "none"]))}
+
+
+# ---- data-parallel padding (rollout_inputs.pad_to_multiple / trim) --------------------
+
+
+@st.composite
+def dp_padding_cases(draw, pool_size: int, max_rows: int = 9, max_multiple: int = 4):
+    """(row indices into a pool of ``pool_size`` encoded rows, multiple, padding_side):
+    a batch of 1..max_rows rows to pad to a multiple of 1..max_multiple (a DP world size)."""
+    idx = draw(st.lists(st.integers(0, pool_size - 1), min_size=1, max_size=max_rows))
+    return idx, draw(st.integers(1, max_multiple)), draw(st.sampled_from(["left", "right"]))
