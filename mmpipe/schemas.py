@@ -37,6 +37,7 @@ def _document(name: str, schema: pa.Schema, doc: str) -> dict:
 def schema_documents() -> dict[str, dict]:
     """File name -> JSON document, for every record type."""
     from .records import BatchedMultiModalInputs, MultiModalInputs
+    from .rema import rema_arrow_schema
 
     return {
         "multimodal_inputs.json": _document(
@@ -50,6 +51,14 @@ def schema_documents() -> dict[str, dict]:
             "BatchedMultiModalInputs",
             BatchedMultiModalInputs.arrow_schema(),
             "One padded batch as a single Arrow record; torch dtypes as stated per field.",
+        ),
+        "rema_batch.json": _document(
+            "ReMABatch",
+            rema_arrow_schema(),
+            "A multi-agent turn-taking rollout batch (mmpipe.rema), one Arrow row per question. "
+            "Columns named {role}_... repeat for every agent role; tensor columns are stored "
+            "right-padded to the batch's common length. Schema metadata: mmpipe.agent_roles "
+            "(JSON list, turn order), mmpipe.max_num_turns, mmpipe.family.",
         ),
     }
 

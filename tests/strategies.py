@@ -212,3 +212,43 @@ def dp_padding_cases(draw, pool_size: int, max_rows: int = 9, max_multiple: int 
     a batch of 1..max_rows rows to pad to a multiple of 1..max_multiple (a DP world size)."""
     idx = draw(st.lists(st.integers(0, pool_size - 1), min_size=1, max_size=max_rows))
     return idx, draw(st.integers(1, max_multiple)), draw(st.sampled_from(["left", "right"]))
+
+
+# ---- multi-agent turn-taking conversations (mmpipe.rema) ------------------------------
+
+REMA_ROLES = ("meta", "reasoner", "critic")
+
+
+@st.composite
+def rema_cases(draw, families=("text", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"), max_rows: int = 3,
+               max_roles: int = 3, max_turns: int = 3, max_images: int = 2):
+    """A conversation shape for ``mmpipe.rema.rollout`` driven by a scripted engine.
+
+    Returns a dict: ``family``; ``roles`` (1..max_roles of `REMA_ROLES`, in turn order);
+    ``max_num_turns``; ``questions`` a list of (content items, images) per row, 0 images for
+    the text family; ``system`` role -> system prompt or None; ``finish_at`` per row None or
+    the turn at which the first role's response carries the finish flag (may be >= the turn
+    limit: then it never fires); ``flag_elsewhere`` per (row, role, turn) of a later role:
+    whether that response carries the flag too (must be ignored); ``responses`` (row, role,
+    turn) -> (text, finish_reason "stop" | "length"), text possibly empty, no digits.
+    """
+    family = draw(st.sampled_from(list(families)))
+    roles = REMA_ROLES[: draw(st.integers(1, max_roles))]
+    max_num_turns = draw(st.integers(1, max_turns))
+    n_rows = draw(st.integers(1, max_rows))
+    questions = []
+    for _ in range(n_rows):
+        content, imgs = draw(user_content(0 if family == "text" else max_images))
+        questions.append((content, imgs))
+    system = {r: draw(st.one_of(st.none(), words)) for r in roles}
+    finish_at = [draw(st.one_of(st.none(), st.integers(0, max_num_turns))) for _ in range(n_rows)]
+    responses, flag_elsewhere = {}, {}
+    for i in range(n_rows):
+        for r in roles:
+            for t in range(max_num_turns):
+                text = draw(st.one_of(words, words, st.just("")))
+                responses[(i, r, t)] = (text, draw(st.sampled_from(["stop", "stop", "length"])))
+                if r != roles[0]:
+                    flag_elsewhere[(i, r, t)] = draw(st.booleans())
+    return {"family": family, "roles": roles, "max_num_turns": max_num_turns, "questions": questions,
+            "system": system, "finish_at": finish_at, "flag_elsewhere": flag_elsewhere, "responses": responses}

@@ -1,0 +1,239 @@
+"""Encode one role's view of a conversation: ids, labels, step_ids, positions, pixels.
+
+The training ids are the tokenizer/processor ids of the whole rendered conversation (one
+tokenizer call, so nothing drifts at turn borders); a response's tokens are found by its
+character span in the rendered text. Responses enter conversations as text: the engine's
+ids decoded with special tokens skipped (vLLM's ``CompletionOutput.text``), special-token
+spellings removed, then normalised as the tokenizer normalises text, so the labeled tokens
+decode to exactly the stored response. If a response starts with characters the tokenizer
+merges with the template's text before it (a leading newline with the real Qwen
+vocabulary), that merged token starts in the template and is not a target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..encode import Encoder
+from ..images import encode_image
+from ..records import IGNORE_INDEX, MultiModalInputs
+from .views import _content, _content_text, _num_images
+
+__all__ = ["RoleEncoding", "encode_conversation", "response_text"]
+
+
+@dataclass(eq=False)
+class RoleEncoding:
+    """One role's view of one conversation, encoded.
+
+    Attributes:
+        row:      `MultiModalInputs`: input_ids int64 [L] (image pads expanded), labels int64
+                  [L] (or None for a prompt), mm_token_type_ids int64 [L], position_ids int64
+                  [3, L] (M-RoPE; text-only families: 3 equal rows), image_grid_thw int64
+                  [I, 3], pixel_values_u8 uint8 [N, 3*p*p].
+        step_ids: int64 [L]: the turn index (0-based, = index of the role's assistant message)
+                  on the role's target tokens, -100 elsewhere (``step_ids != -100`` exactly
+                  where ``labels != -100``).
+        text:     the rendered conversation the ids stand for.
+    """
+
+    row: MultiModalInputs
+    step_ids: np.ndarray
+    text: str
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.row.input_ids
+
+    @property
+    def labels(self) -> Optional[np.ndarray]:
+        return self.row.labels
+
+    @property
+    def attention_mask(self) -> np.ndarray:
+        return self.row.attention_mask
+
+    @property
+    def position_ids(self) -> np.ndarray:
+        return self.row.position_ids
+
+
+class _Codec:
+    """Renders and encodes role views with one processor (an `Encoder` underneath)."""
+
+    def __init__(self, processor):
+        enc = processor if isinstance(processor, Encoder) else Encoder(processor, labels=False)
+        self.enc, self.fam, self.tok = enc, enc.family, enc.tokenizer
+        specials = set(getattr(self.tok, "all_special_tokens", ()))
+        self.special_ids = set(int(i) for i in getattr(self.tok, "all_special_ids", ()))
+        # longest first, so "<|im_end|>" is removed before a shorter special it might contain
+        self.special_strings = tuple(sorted(specials, key=len, reverse=True))
+        backend = getattr(self.tok, "backend_tokenizer", None)
+        self.normalizer = getattr(backend, "normalizer", None)
+
+    # -- images ---------------------------------------------------------------------------
+    def encode_images(self, images: Sequence, where: str) -> tuple[np.ndarray, np.ndarray]:
+        """Images -> (uint8 patches [N, 3*p*p], grids int64 [I, 3]); once per question."""
+        fam = self.fam
+        if images and not fam.is_vision:
+            raise ValueError(f"{where}: holds {len(images)} image(s) but the processor is a text-only tokenizer")
+        blocks, grids = [], []
+        for k, img in enumerate(images):
+            u8, g = encode_image(img, self.enc.spec, where=f"{where}, image {k}")
+            blocks.append(u8)
+            grids.append(g)
+        width = fam.patch_dim_u8
+        u8 = np.concatenate(blocks) if blocks else np.zeros((0, width), np.uint8)
+        return u8, np.asarray(grids, np.int64).reshape(-1, 3)
+
+    # -- text -----------------------------------------------------------------------------
+    def response_text(self, token_ids: Sequence[int]) -> str:
+        """Generated ids -> the response as it enters the conversation (see module doc)."""
+        ids = [int(t) for t in token_ids if int(t) not in self.special_ids]
+        text = self.tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        # text that spells a special token would re-tokenize as that control token (a literal
+        # "<|image_pad|>" becomes an image slot with no image): remove it, as skip_special_tokens does
+        changed = True
+        while changed:
+            changed = False
+            for s in self.special_strings:
+                if s and s in text:
+                    text, changed = text.replace(s, ""), True
+        if self.normalizer is not None:
+            text = self.normalizer.normalize_str(text)
+        return text
+
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
+        # pure-text contents as strings: text-LLM templates print a list's repr; VL templates
+        # render both forms identically
+        msgs = [
+            {"role": m["role"], "content": m["content"] if _num_images(m["content"]) else _content_text(m["content"])}
+            for m in messages
+        ]
+        return self.enc.render(msgs, add_generation_prompt)
+
+    # -- one view -------------------------------------------------------------------------
+    def encode(self, messages: Sequence[dict], *, image_data, add_generation_prompt: bool,
+               finish_reasons: Optional[Sequence[str]] = None, where: str = "conversation") -> RoleEncoding:
+        fam, tok = self.fam, self.tok
+        u8, grids = image_data
+        full = self.render(messages, add_generation_prompt)
+        enc = tok(full, add_special_tokens=False, return_offsets_mapping=not add_generation_prompt)
+        ids = np.asarray(enc["input_ids"], np.int64)
+        labels = steps = None
+        if not add_generation_prompt:
+            starts = np.asarray([s for s, _ in enc["offset_mapping"]], np.int64).reshape(-1)
+            labels = np.full(ids.shape, IGNORE_INDEX, np.int64)
+            steps = np.full(ids.shape, IGNORE_INDEX, np.int64)
+            turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+            reasons = list(finish_reasons) if finish_reasons is not None else ["stop"] * len(turns)
+            if len(reasons) != len(turns):
+                raise ValueError(
+                    f"{where}: {len(reasons)} finish reason(s) for {len(turns)} assistant message(s); "
+                    "give one finish reason per response"
+                )
+            for step, (k, reason) in enumerate(zip(turns, reasons)):
+                if _num_images(messages[k]["content"]):
+                    raise ValueError(
+                        f"{where}, message {k}: an assistant message holds an image; responses are text "
+                        "(show images in the question or a user turn)"
+                    )
+                a, b = self._span(messages, k, full, where)
+                sel = (starts >= a) & (starts < b)
+                labels[sel], steps[sel] = ids[sel], step
+                if reason == "stop":  # the end-of-turn token is a target only after a normal stop
+                    hit = np.flatnonzero(starts == b)
+                    if len(hit) and int(ids[hit[0]]) in self.special_ids:
+                        labels[hit[0]], steps[hit[0]] = ids[hit[0]], step
+        mm = np.zeros(ids.shape, np.int64)
+        if fam.is_vision:
+            pad = np.flatnonzero(ids == self.enc.image_token_id)
+            if len(pad) != len(grids):
+                raise ValueError(
+                    f"{where}: the rendered view holds {len(pad)} {fam.image_token} token(s) but the question has "
+                    f"{len(grids)} image(s); every role's view must show each question image exactly once "
+                    "(include ctx.question in the role's first message)"
+                )
+            if (ids == self.enc.video_token_id).any():
+                raise ValueError(f"{where}: the view holds {fam.video_token}; videos are not supported here")
+            if len(pad):
+                reps = np.ones(ids.shape, np.int64)
+                reps[pad] = grids.prod(axis=1) // fam.merge_size**2
+                ids = np.repeat(ids, reps)
+                if labels is not None:
+                    labels, steps = np.repeat(labels, reps), np.repeat(steps, reps)
+                mm = (ids == self.enc.image_token_id).astype(np.int64)
+        from ..rope import get_rope_index
+
+        pos, delta = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None, family=fam)
+        row = MultiModalInputs(
+            input_ids=ids, attention_mask=np.ones(ids.shape, np.int64), mm_token_type_ids=mm,
+            position_ids=pos[:, 0, :].numpy(), rope_delta=int(delta.reshape(-1)[0]), family=fam.name,
+            labels=labels, image_grid_thw=grids, pixel_values_u8=u8,
+        )
+        return RoleEncoding(row=row, step_ids=steps if steps is not None else np.full(ids.shape, IGNORE_INDEX, np.int64),
+                            text=full)
+
+    def _span(self, messages, k: int, full: str, where: str) -> tuple[int, int]:
+        """Character span of assistant message ``k``'s content in ``full``."""
+        before = self.render(messages[:k], True)
+        upto = self.render(messages[: k + 1], False)
+        text = _content_text(messages[k]["content"])
+        a = len(before)
+        if not (full.startswith(upto) and upto.startswith(before) and upto[a:a + len(text)] == text):
+            raise ValueError(
+                f"{where}, message {k}: the chat template does not render the conversation's prefixes as prefixes "
+                "of the whole, with the response verbatim right after the generation prompt, so the response "
+                "tokens cannot be located; use a prefix-stable template (one that does not rewrite earlier turns)"
+            )
+        return a, a + len(text)
+
+
+def encode_conversation(messages: Sequence[dict], processor, *, images: Sequence = (),
+                        finish_reasons: Optional[Sequence[str]] = None, add_generation_prompt: bool = False,
+                        where: str = "conversation") -> RoleEncoding:
+    """One role's view of a conversation -> ids, labels, step_ids, attention_mask, positions.
+
+    Args:
+        messages: the role's view: optional ``system``, then ``user`` / ``assistant``
+            alternating; contents are strings or content lists whose ``{"type": "image"}``
+            items take ``images`` in order. The role's own responses are the ``assistant``
+            messages (other roles' messages reach it as ``user`` content).
+        processor: a Qwen-VL processor, a tokenizer (text-only model) or an `Encoder`.
+        images: the conversation's images (PIL, path, bytes, uint8 array, ...).
+        finish_reasons: per assistant message, the engine's finish reason; the end-of-turn
+            token after a response is a target only where it is ``"stop"`` (default: all).
+        add_generation_prompt: encode a prompt (no labels) ending with the generation prompt.
+
+    Returns a `RoleEncoding`: input_ids int64 [L] equal to the processor's ids for the whole
+    rendered conversation; labels int64 [L] -100 except the assistant messages' tokens (and
+    their end-of-turn token after a normal stop); step_ids int64 [L] the assistant message
+    index on those tokens, -100 elsewhere; attention_mask int64 [L] ones; position_ids int64
+    [3, L] (M-RoPE when there are images, equal rows otherwise); grids and uint8 pixels.
+
+    Example::
+
+        enc = encode_conversation([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], tok)
+        tok.decode(enc.input_ids[enc.labels != -100])    # '4<|im_end|>'
+    """
+    codec = _Codec(processor)
+    msgs = []
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+            raise ValueError(f"{where}, message {k}: expected {{'role': system|user|assistant, 'content': ...}}, found {m!r:.80}")
+        msgs.append({"role": m["role"], "content": _content(m.get("content") or "", f"{where}, message {k}")})
+    n_items = sum(_num_images(m["content"]) for m in msgs)
+    if n_items != len(images):
+        raise ValueError(f"{where}: {n_items} image item(s) in the messages but {len(images)} image(s) given; give one image per item")
+    return codec.encode(msgs, image_data=codec.encode_images(images, where), add_generation_prompt=add_generation_prompt,
+                        finish_reasons=finish_reasons, where=where)
+
+
+def response_text(token_ids: Sequence[int], processor) -> str:
+    """Generated ids -> the response text exactly as the rollout puts it into conversations
+    (special tokens and their spellings removed, tokenizer-normalised); for rewards that must
+    score the same text the policy is trained on."""
+    return _Codec(processor).response_text(token_ids)

@@ -1,0 +1,209 @@
+"""The turn-taking rollout (ReMA's ``multi_turn_generate_sequences``) on a `RolloutEngine`.
+
+Each round asks every role once, in ``agent_roles`` order, with ONE batched
+``engine.generate`` call per role over the rows still running; every prompt row carries the
+question's images. A row ends at the end of the round in which a response of one of
+``finish_roles`` (default: the first role) contains ``finish_flag`` (``finish_reason ==
+"finish_flag"``), or after ``max_num_turns`` rounds (``"max_turns"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+from ..generation import SamplingParams
+from .encode import _Codec
+from .views import View, ViewContext, _content, _content_text, _question, _text, rema_views
+
+__all__ = ["FINISH_FLAG", "MAX_TURNS", "Episode", "run_episodes", "rollout"]
+
+FINISH_FLAG = "finish_flag"  # finish_reason: a finish role's response contained the finish flag
+MAX_TURNS = "max_turns"      # finish_reason: max_num_turns rounds were played without the flag
+_RESERVED_ROLE = "padding"   # the role of history padding entries (batch.PAD_ROLE)
+
+
+@dataclass(eq=False)
+class Episode:
+    """One question's multi-agent conversation.
+
+    Attributes:
+        index:         row index in the batch.
+        question:      content items (images as ``{"type": "image"}``).
+        images:        the question's images, as given.
+        messages:      role -> that role's full view: [system], user, assistant, ..., with
+                       content lists; its assistant messages are the role's own responses.
+        history:       every response in order: ``{"role": agent role, "content": text,
+                       "turn": int, "finish_reason": engine finish reason ("stop",
+                       "length", ...), "num_tokens": generated token count}``.
+        num_turns:     rounds played (every role answered in each).
+        finish_reason: None while running, then `FINISH_FLAG` or `MAX_TURNS`.
+    """
+
+    index: int
+    question: list
+    images: tuple
+    messages: dict = field(default_factory=dict)
+    history: list = field(default_factory=list)
+    num_turns: int = 0
+    finish_reason: Optional[str] = None
+    image_data: Any = None  # (uint8 [N, 3*p*p], grids int64 [I, 3]), encoded once
+
+    @property
+    def question_text(self) -> str:
+        return _content_text(self.question)
+
+    def conversation_history(self, role: str) -> list[dict]:
+        """ReMA's ``{role}_conversation_history``: the role's last prompt (its view without
+        its final response), at most 2 * num_turns messages."""
+        msgs = self.messages.get(role, [])
+        return list(msgs[:-1]) if msgs and msgs[-1]["role"] == "assistant" else list(msgs)
+
+
+def _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns, finish_flag, codec):
+    roles = tuple(agent_roles)
+    if not roles or len(set(roles)) != len(roles) or not all(isinstance(r, str) and r for r in roles):
+        raise ValueError(f"agent_roles must be distinct non-empty strings, found {list(agent_roles)!r}")
+    if _RESERVED_ROLE in roles:
+        raise ValueError(f"agent role {_RESERVED_ROLE!r} is reserved for history padding entries; rename the role")
+    if not isinstance(max_num_turns, int) or max_num_turns < 1:
+        raise ValueError(f"max_num_turns must be an int >= 1, found {max_num_turns!r}")
+    for name, mapping in (("system_prompts", system_prompts), ("views", views)):
+        extra = set(mapping) - set(roles)
+        if extra:
+            raise ValueError(f"{name} names roles {sorted(extra)} that are not in agent_roles {list(roles)}")
+    missing = [r for r in roles if r not in views]
+    if missing:
+        raise ValueError(f"views: no view for roles {missing}; give one per role (or views=None for ReMA's views)")
+    bad = [r for r in finish_roles if r not in roles]
+    if bad:
+        raise ValueError(f"finish_roles {bad} are not in agent_roles {list(roles)}")
+    if finish_flag is not None and (not finish_flag or finish_flag in codec.special_strings):
+        raise ValueError(
+            f"finish_flag {finish_flag!r} must be non-empty plain text: special tokens are removed from responses "
+            "(they would re-tokenize as control tokens), so the flag could never be seen"
+        )
+    return roles
+
+
+def _per_role(value, roles, name, kind):
+    if isinstance(value, Mapping):
+        missing = [r for r in roles if r not in value]
+        if missing:
+            raise ValueError(f"{name}: no entry for roles {missing}; give one {kind} per role, or a single one for all")
+        return {r: value[r] for r in roles}
+    return {r: value for r in roles}
+
+
+def run_episodes(questions: Sequence, engine, processor, *, agent_roles: Sequence[str],
+                 max_num_turns: int, finish_flag: Optional[str],
+                 system_prompts: Optional[Mapping[str, Optional[str]]] = None,
+                 views: Optional[Mapping[str, View]] = None, params=SamplingParams(),
+                 finish_roles: Optional[Sequence[str]] = None) -> list[Episode]:
+    """The turn-taking loop: one `Episode` per question (see `rollout` for the arguments)."""
+    codec = processor if isinstance(processor, _Codec) else _Codec(processor)
+    system_prompts = dict(system_prompts or {})
+    views = dict(views) if views is not None else rema_views(agent_roles)
+    finish_roles = tuple(finish_roles) if finish_roles is not None else tuple(agent_roles[:1])
+    roles = _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns, finish_flag, codec)
+    engines = _per_role(engine, roles, "engine", "RolloutEngine")
+    params = _per_role(params, roles, "params", "SamplingParams")
+    for r, p in params.items():
+        if getattr(p, "n", 1) != 1:
+            raise ValueError(
+                f"params for role {r!r}: n={p.n}; a turn-taking rollout takes one completion per question per turn. "
+                "For groups (GRPO), repeat each question n times in `questions`"
+            )
+    if not len(questions):
+        raise ValueError("questions is empty; pass at least one question")
+    episodes = []
+    for i, q in enumerate(questions):
+        items, images = _question(q, i)
+        episodes.append(Episode(index=i, question=items, images=images,
+                                image_data=codec.encode_images(images, f"question {i}")))
+
+    for turn in range(max_num_turns):
+        active = [e for e in episodes if e.finish_reason is None]
+        if not active:
+            break
+        flagged = set()
+        for role in roles:
+            prompts = []
+            for e in active:
+                where = f"row {e.index}, role {role!r}, turn {turn}"
+                ctx = ViewContext(index=e.index, turn=turn, role=role, agent_roles=roles,
+                                  question=tuple(e.question), history=tuple(e.history))
+                user = {"role": "user", "content": _content(views[role](ctx), f"{where}: the view returned")}
+                if turn == 0:
+                    sys_prompt = system_prompts.get(role)
+                    msgs = ([{"role": "system", "content": _content(sys_prompt, f"system_prompts[{role!r}]")}]
+                            if sys_prompt is not None else [])
+                else:
+                    msgs = list(e.messages[role])
+                msgs.append(user)
+                e.messages[role] = msgs
+                prompts.append(codec.encode(msgs, image_data=e.image_data, add_generation_prompt=True, where=where).row)
+            gens = engines[role].generate(prompts, params[role])
+            if len(gens) != len(prompts):
+                raise ValueError(
+                    f"role {role!r}, turn {turn}: the engine returned {len(gens)} generations for {len(prompts)} "
+                    "prompts; expected one Generation per prompt, in order"
+                )
+            for e, g in zip(active, gens):
+                if len(g.completions) != 1:
+                    raise ValueError(
+                        f"row {e.index}, role {role!r}, turn {turn}: {len(g.completions)} completions; expected exactly "
+                        "one (SamplingParams.n=1)"
+                    )
+                c = g.completions[0]
+                text = codec.response_text(c.token_ids)
+                e.messages[role].append({"role": "assistant", "content": [_text(text)] if text else []})
+                e.history.append({"role": role, "content": text, "turn": turn,
+                                  "finish_reason": str(c.finish_reason), "num_tokens": len(c.token_ids)})
+                if finish_flag is not None and role in finish_roles and finish_flag in text:
+                    flagged.add(e.index)
+        for e in active:
+            e.num_turns = turn + 1
+            if e.index in flagged:
+                e.finish_reason = FINISH_FLAG
+    for e in episodes:
+        if e.finish_reason is None:
+            e.finish_reason = MAX_TURNS
+    return episodes
+
+
+def rollout(questions: Sequence, engine, processor, *, agent_roles: Sequence[str], max_num_turns: int,
+            finish_flag: Optional[str], system_prompts: Optional[Mapping[str, Optional[str]]] = None,
+            views: Optional[Mapping[str, View]] = None, params=SamplingParams(),
+            finish_roles: Optional[Sequence[str]] = None, pad_to_multiple_of: Optional[int] = None):
+    """ReMA's ``multi_turn_generate_sequences`` on a `RolloutEngine`, with images.
+
+    Args:
+        questions: B questions: strings, or ``{"question": str | content list, "images": [...]}``
+            (a string marks each image's place with ``<image>``).
+        engine: a `mmpipe.generation.RolloutEngine` (transformers, vLLM, scripted), or a
+            mapping role -> engine (ReMA with separate parameters per role).
+        processor: the Qwen-VL processor (or tokenizer for text LLMs) of the model(s).
+        agent_roles: roles in turn order, e.g. ``["meta_thinking", "reasoning"]``.
+        max_num_turns: rounds at most; a round asks every role once.
+        finish_flag: text that ends a row at the end of the round in which a response of
+            one of ``finish_roles`` contains it (None: rows always play every round).
+        system_prompts: role -> system prompt (a missing role gets none: the template's default).
+        views: role -> view, a callable ``ViewContext -> str | content list`` giving the user
+            message the role receives before its turn (default `rema_views`). A role's view
+            grows append-only: [system], user, assistant (its response), user, ...
+        params: `SamplingParams` (n must be 1), or a mapping role -> params.
+        finish_roles: roles whose responses are checked for the flag (default: the first role,
+            the meta-thinker in ReMA).
+
+    Every round makes ONE batched ``engine.generate`` call per role over the rows still
+    running; each prompt row carries the question's images. Returns a `ReMABatch`.
+    """
+    codec = _Codec(processor)
+    episodes = run_episodes(questions, engine, codec, agent_roles=agent_roles, max_num_turns=max_num_turns,
+                            finish_flag=finish_flag, system_prompts=system_prompts, views=views, params=params,
+                            finish_roles=finish_roles)
+    from .batch import collate_episodes
+
+    return collate_episodes(episodes, codec, agent_roles=agent_roles, max_num_turns=max_num_turns,
+                            pad_to_multiple_of=pad_to_multiple_of)

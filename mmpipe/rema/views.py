@@ -1,0 +1,189 @@
+"""Role views: what each agent role is shown before its turn (and the question's content form).
+
+A view is any callable ``ViewContext -> str | content list`` returning the user message the
+role receives before it answers. A role's conversation only grows ([system], user, its
+response, user, ...), so every earlier prompt is a prefix of the final training sequence.
+ReMA's views are the defaults (`rema_views`): the first role gets the question and then the
+other roles' replies; later roles get the question plus the first role's latest message,
+then that role's latest message alone.
+
+    views = {"planner": AskQuestion(), "solver": QuestionWithInstruction(template="{instruction}\n{question}"),
+             "critic": lambda ctx: f"Check this answer: {ctx.latest('solver')}"}
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Union
+
+from ..encode import IMAGE_PLACEHOLDER
+
+__all__ = ["ViewContext", "View", "AskQuestion", "QuestionWithInstruction", "rema_views"]
+
+
+# ---- questions and message contents -----------------------------------------------------
+def _text(s: str) -> dict:
+    return {"type": "text", "text": s}
+
+
+def _content(value, where: str) -> list[dict]:
+    """A string or a list of content items -> normalised items (text / image only)."""
+    if isinstance(value, str):
+        return [_text(value)] if value else []
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(
+            f"{where}: expected a string or a list of content items ({{'type': 'text', 'text': ...}} / "
+            f"{{'type': 'image'}}), found {type(value).__name__}"
+        )
+    out: list[dict] = []
+    for item in value:
+        if isinstance(item, dict) and item.get("type") == "image":
+            out.append({"type": "image"})
+            continue
+        text = item if isinstance(item, str) else (item.get("text") if isinstance(item, dict) else None)
+        if not isinstance(text, str):
+            raise ValueError(
+                f"{where}: content item {item!r:.80} is neither {{'type': 'text', 'text': str}} nor {{'type': 'image'}} "
+                "(pass images with the question, not inline: a role's view shows the question's images)"
+            )
+        if out and out[-1]["type"] == "text":  # adjacent texts render as one; store them as one
+            out[-1] = _text(out[-1]["text"] + text)
+        elif text:
+            out.append(_text(text))
+    return out
+
+
+def _content_text(items: Sequence[dict]) -> str:
+    """Items -> text, images as ``<image>`` (for the ``question`` column and rewards)."""
+    return "".join(IMAGE_PLACEHOLDER if it["type"] == "image" else it["text"] for it in items)
+
+
+def _num_images(items: Sequence[dict]) -> int:
+    return sum(it["type"] == "image" for it in items)
+
+
+def _question(q, idx: int) -> tuple[list[dict], tuple]:
+    """A question (str, or {"question": str | content list, "images": [...]}) -> (items, images)."""
+    where = f"question {idx}"
+    images: Sequence = ()
+    if isinstance(q, dict):
+        if "question" not in q:
+            raise ValueError(f"{where}: found keys {sorted(q)}; expected {{'question': str | content list, 'images': [...]}}")
+        images = q.get("images") or ()
+        q = q["question"]
+    if isinstance(q, str) and images:
+        if q.count(IMAGE_PLACEHOLDER) != len(images):
+            raise ValueError(
+                f"{where}: {len(images)} image(s) but {q.count(IMAGE_PLACEHOLDER)} {IMAGE_PLACEHOLDER} placeholder(s) "
+                f"in the text; put one {IMAGE_PLACEHOLDER} where each image goes, or pass a content list"
+            )
+        items = []
+        for k, part in enumerate(q.split(IMAGE_PLACEHOLDER)):
+            if k:
+                items.append({"type": "image"})
+            if part:
+                items.append(_text(part))
+    else:
+        items = _content(q, where)
+    if _num_images(items) != len(images):
+        raise ValueError(
+            f"{where}: the content holds {_num_images(items)} image item(s) but {len(images)} image(s) were given; "
+            "give one image per {'type': 'image'} item"
+        )
+    return items, tuple(images)
+
+
+# ---- role views --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ViewContext:
+    """What a role's view may look at when its turn comes.
+
+    Attributes:
+        index:       the row (question) index in the batch.
+        turn:        0-based round index.
+        role:        the role about to respond.
+        agent_roles: all roles, in turn order.
+        question:    the question as content items (images as ``{"type": "image"}``).
+        history:     every response of this row so far (earlier roles of this round
+                     included), as `Episode.history` entries ``{"role", "content", "turn", ...}``.
+    """
+
+    index: int
+    turn: int
+    role: str
+    agent_roles: tuple
+    question: tuple
+    history: tuple
+
+    def latest(self, role: str) -> Optional[str]:
+        """The most recent response of ``role`` in this row, or None."""
+        for h in reversed(self.history):
+            if h["role"] == role:
+                return h["content"]
+        return None
+
+    def since_own_last(self, roles: Optional[Sequence[str]] = None) -> list[str]:
+        """Responses of ``roles`` (default: every other role) after this role's last response."""
+        start = 0
+        for k, h in enumerate(self.history):
+            if h["role"] == self.role:
+                start = k + 1
+        want = set(roles) if roles is not None else set(self.agent_roles) - {self.role}
+        return [h["content"] for h in self.history[start:] if h["role"] in want]
+
+
+View = Callable[[ViewContext], Union[str, list]]
+
+
+@dataclass(frozen=True)
+class AskQuestion:
+    """View: turn 0 the question; later turns the responses of ``reply_from`` (default: every
+    other role) since this role last spoke, joined by ``joiner``; ``continue_text`` when there
+    are none (a single role). ReMA's first-role (meta-thinker) view."""
+
+    reply_from: Optional[tuple] = None
+    joiner: str = "\n\n"
+    continue_text: str = "Continue."
+
+    def __call__(self, ctx: ViewContext):
+        if ctx.turn == 0:
+            return list(ctx.question)
+        replies = ctx.since_own_last(self.reply_from)
+        return self.joiner.join(replies) if replies else self.continue_text
+
+
+@dataclass(frozen=True)
+class QuestionWithInstruction:
+    """View: turn 0 ``template`` with ``{question}`` (its images included) and ``{instruction}``
+    (the latest response of ``instruction_from``, default the first role); later turns that
+    role's latest response alone. ReMA's view for the roles after the first."""
+
+    instruction_from: Optional[str] = None
+    template: str = "Question:\n{question}\n\nInstruction:\n{instruction}"
+
+    def __call__(self, ctx: ViewContext):
+        src = self.instruction_from or ctx.agent_roles[0]
+        instruction = ctx.latest(src)
+        if instruction is None:
+            raise ValueError(
+                f"row {ctx.index}, role {ctx.role!r}, turn {ctx.turn}: the view needs the latest response of "
+                f"{src!r}, which has not answered yet; put {src!r} before {ctx.role!r} in agent_roles or set "
+                "instruction_from to a role that speaks earlier"
+            )
+        if ctx.turn:
+            return instruction
+        out: list[dict] = []
+        for part in re.split(r"(\{question\}|\{instruction\})", self.template):
+            if part == "{question}":
+                out += list(ctx.question)
+            elif part == "{instruction}":
+                out.append(_text(instruction))
+            elif part:
+                out.append(_text(part))
+        return out
+
+
+def rema_views(agent_roles: Sequence[str]) -> dict[str, View]:
+    """ReMA's views: the first role `AskQuestion`, every later role `QuestionWithInstruction`."""
+    return {r: (AskQuestion() if k == 0 else QuestionWithInstruction()) for k, r in enumerate(agent_roles)}
