@@ -1,0 +1,83 @@
+"""Frames -> ``data:`` URLs for the chat API, plus the digest the answer cache keys on."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image
+
+from ..images import load_image
+
+# Formats every OpenAI-compatible VLM server decodes; others are re-encoded as PNG.
+_PASS_THROUGH = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
+_PNG_MODES = {"RGB", "RGBA", "L", "LA"}
+
+
+@dataclass(frozen=True)
+class EncodedFrame:
+    """One frame ready to send.
+
+    Attributes:
+        url: ``str`` ``data:<mime>;base64,<payload>``.
+        sha256: ``str`` hex digest of the encoded bytes (the cache key's image part).
+        size: ``tuple[int, int]`` (width, height).
+    """
+
+    url: str
+    sha256: str
+    size: tuple[int, int]
+
+
+def encode_frame(value: Any, *, where: str = "frame") -> EncodedFrame:
+    """Any image value `mmpipe.images.load_image` accepts -> `EncodedFrame`.
+
+    Accepted: PIL image, ``datasets.Image()`` dict (``{"bytes", "path"}``), a path, encoded
+    bytes, a uint8 array ``[H, W]`` / ``[H, W, 1|3|4]`` or a torch tensor of that shape.
+    Already-encoded PNG/JPEG/WEBP/GIF bytes are sent unchanged; everything else is encoded
+    as PNG (lossless, so equal pixels give equal digests).
+
+    Raises:
+        ValueError / TypeError: the value is not an image (the message names ``where``).
+    """
+    raw = _encoded_bytes(value)
+    if raw is not None:
+        try:
+            with Image.open(io.BytesIO(raw)) as im:
+                fmt, size = im.format, im.size
+        except OSError as e:  # PIL.UnidentifiedImageError is an OSError
+            raise ValueError(f"{where}: cannot read the image ({type(e).__name__}: {e})") from e
+        if fmt in _PASS_THROUGH:
+            return _frame(raw, _PASS_THROUGH[fmt], size)
+        value = raw
+    img = load_image(value, where=where)
+    if img.mode not in _PNG_MODES:
+        img = img.convert("RGB")
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return _frame(buf.getvalue(), "image/png", img.size)
+
+
+def _encoded_bytes(value: Any):
+    """The encoded file bytes behind a bytes / datasets-dict / path value, else None."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, dict) and value.get("bytes") is not None:
+        return bytes(value["bytes"])
+    path = value.get("path") if isinstance(value, dict) else value
+    if isinstance(path, (str, os.PathLike)):
+        path = os.fspath(path)
+        path = path[len("file://"):] if path.startswith("file://") else path
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                return f.read()
+    return None
+
+
+def _frame(data: bytes, mime: str, size: tuple[int, int]) -> EncodedFrame:
+    url = f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+    return EncodedFrame(url, hashlib.sha256(data).hexdigest(), size)
