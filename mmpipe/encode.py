@@ -34,7 +34,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .families import ModelFamily, family_of
-from .images import VisionSpec, encode_image, image_grid
+from .images import VisionSpec, default_threads, encode_image, image_grid, thread_pool
 from .records import IGNORE_INDEX, PIXEL_FORMATS, MultiModalInputs
 
 logger = logging.getLogger("mmpipe")
@@ -201,6 +201,9 @@ class Encoder:
         add_generation_prompt: None = add it when the last message is not the assistant's.
         labels: emit ``labels`` (-100 except assistant response tokens, incl. ``<|im_end|>``).
         min_pixels / max_pixels: override the processor's resize bounds.
+        threads: threads decoding and resizing a row's images concurrently (PIL releases the
+            GIL); None = `mmpipe.images.default_threads` (1 inside ``datasets.map(num_proc=...)``
+            workers, where the processes already share the cores).
     """
 
     def __init__(
@@ -216,6 +219,7 @@ class Encoder:
         max_pixels: Optional[int] = None,
         images_column: str = "images",
         chat_template_kwargs: Optional[dict] = None,
+        threads: Optional[int] = None,
     ):
         if truncation not in TRUNCATION_POLICIES:
             raise ValueError(f"truncation must be one of {TRUNCATION_POLICIES}, got {truncation!r}")
@@ -232,6 +236,7 @@ class Encoder:
         self.labels = labels
         self.images_column = images_column
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.threads = threads
         # encode_dataset sets this: dropped rows stay as empty rows with their reason in
         # DROP_REASON_COLUMN, so counts survive num_proc; the caller filters them out.
         self.mark_dropped = False
@@ -307,12 +312,10 @@ class Encoder:
             if (ids == self.video_token_id).any():
                 raise ValueError(f"{where}: the prompt holds {fam.video_token} but videos are not supported by encode yet")
             grid_list = []
-            for i, img in enumerate(images):
-                w = f"{where}, image {i}"
-                if self.pixels == "none":
-                    grid_list.append(image_grid(img, self.spec, where=w))
-                else:
-                    u8, g = encode_image(img, self.spec, where=w)
+            if self.pixels == "none":
+                grid_list = [image_grid(img, self.spec, where=f"{where}, image {i}") for i, img in enumerate(images)]
+            else:
+                for u8, g in self._encode_images(images, where):
                     u8_blocks.append(u8)
                     grid_list.append(g)
             if grid_list:
@@ -331,6 +334,23 @@ class Encoder:
 
         ids, labels, mm, grids, u8_blocks = self._truncate(ids, labels, mm, grids, u8_blocks, where)
         return self._finish(ids, labels, mm, grids, u8_blocks)
+
+    def _encode_images(self, images: list, where: str) -> list:
+        """(uint8 patches, grid) per image, on worker threads when there are several."""
+        n_threads = default_threads() if self.threads is None else max(1, int(self.threads))
+        spec = self.spec
+        if n_threads <= 1 or len(images) <= 1:
+            return [encode_image(img, spec, where=f"{where}, image {i}") for i, img in enumerate(images)]
+        # the same object twice is encoded once: a lazily decoded PIL image must not be
+        # loaded by two threads at once
+        first = {}
+        for i, img in enumerate(images):
+            first.setdefault(id(img), i)
+        todo = sorted(set(first.values()))
+        pool = thread_pool()
+        futures = {i: pool.submit(encode_image, images[i], spec, where=f"{where}, image {i}") for i in todo}
+        done = {i: f.result() for i, f in futures.items()}  # in order: the first failing image raises
+        return [done[first[id(img)]] for img in images]
 
     def _truncate(self, ids, labels, mm, grids, u8_blocks, where):
         L, cap = len(ids), self.max_length
@@ -374,9 +394,10 @@ class Encoder:
         elif self.pixels == "float32":
             from .images import u8_to_pixel_values
 
-            lut = self.lut()
-            pv = [u8_to_pixel_values(b, lut, self.spec.temporal_patch_size) for b in u8_blocks]
-            row.pixel_values = np.concatenate(pv) if pv else np.zeros((0, fam.patch_dim), np.float32)
+            # one expansion into one output array (expanding per image and concatenating would
+            # write the 8x larger float32 data twice)
+            u8 = np.concatenate(u8_blocks) if u8_blocks else np.zeros((0, fam.patch_dim_u8), np.uint8)
+            row.pixel_values = u8_to_pixel_values(u8, self.lut(), self.spec.temporal_patch_size)
         return row
 
     def lut(self):

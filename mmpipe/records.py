@@ -315,8 +315,13 @@ def _u8_block(value, n_patches: int, width: int, name: str, row) -> np.ndarray:
     return arr.reshape(n_patches, width)
 
 
+_END = bytes([END_MARKER])
+
+
 def _u8_bytes(arr) -> bytes:
-    return arr.tobytes() + bytes([END_MARKER])
+    """uint8 array -> its bytes plus the end marker, in one copy."""
+    arr = np.ascontiguousarray(arr, dtype=np.uint8)
+    return b"".join((memoryview(arr).cast("B"), _END)) if arr.size else _END
 
 
 def _u8_or_empty(arr, width):
@@ -325,6 +330,124 @@ def _u8_or_empty(arr, width):
 
 def _f32_or_empty(arr, width):
     return arr if arr is not None else np.zeros((0, width), np.float32)
+
+
+# ---- stored rows straight from Arrow ------------------------------------------------------
+def _list_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A (possibly sliced) list array -> (offsets [n+1] into values, values as numpy), zero-copy."""
+    return arr.offsets.to_numpy(), _values_np(arr.values)
+
+
+def _values_np(arr: pa.Array) -> np.ndarray:
+    return arr.to_numpy(zero_copy_only=False)  # zero-copy for primitive values without nulls
+
+
+def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A (possibly sliced) binary array -> (offsets [n+1] into data, data uint8), zero-copy."""
+    large = pa.types.is_large_binary(arr.type)
+    bufs = arr.buffers()
+    off = np.frombuffer(bufs[1], np.int64 if large else np.int32)[arr.offset: arr.offset + len(arr) + 1]
+    data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    return off, data
+
+
+def rows_from_arrow(table) -> list["MultiModalInputs"]:
+    """Stored rows as an Arrow table (or record batch) -> `MultiModalInputs`, reading the
+    column buffers directly: token columns and compact pixels are numpy views of the Arrow
+    memory (no Python object per token or byte), checked like `MultiModalInputs.from_dict`.
+
+    ``table``: what ``dataset.with_format("arrow")[indices]`` returns for a dataset made by
+    ``mmpipe.encode`` (see `mmpipe.collate.ArrowRows`)."""
+    if isinstance(table, pa.Table):
+        # a gathered table is often many small chunks (slices of the memory-mapped file):
+        # read chunk by chunk rather than copy them into one
+        rows = []
+        for batch in table.to_batches():
+            rows += _rows_from_batch(batch, len(rows))
+        return rows
+    return _rows_from_batch(table, 0)
+
+
+def _rows_from_batch(table: pa.RecordBatch, first_row: int) -> list["MultiModalInputs"]:
+    names = set(table.schema.names)
+    if "family" not in names:
+        raise ValueError("no 'family' column; this is not a table of rows produced by mmpipe.encode")
+    n = table.num_rows
+
+    def col(name):
+        return table.column(name)
+
+    def lists(name):
+        if name not in names:
+            return None
+        c = col(name)
+        off, vals = _list_parts(c)
+        valid = None if c.null_count == 0 else ~np.asarray(c.is_null())
+        return off, vals, valid, c
+
+    families = col("family").to_pylist()
+    ids = lists("input_ids")
+    if ids is None:
+        raise ValueError("no 'input_ids' column; this is not a table of rows produced by mmpipe.encode")
+    per_row = {k: lists(k) for k in ("attention_mask", "mm_token_type_ids", "labels", "second_per_grid_ts")}
+    nested = {}
+    for k in ("position_ids", "image_grid_thw", "video_grid_thw", "pixel_values", "pixel_values_videos"):
+        if k in names:
+            c = col(k)
+            valid = None if c.null_count == 0 else ~np.asarray(c.is_null())
+            # row b's values: the inner lists of outer entries off[b]..off[b+1], back to back
+            outer = c.offsets.to_numpy()
+            inner = c.values.offsets.to_numpy()
+            nested[k] = (inner[outer], _values_np(c.values.values), valid, len(c.values))
+    blobs = {}
+    for k in ("pixel_values_u8", "pixel_values_videos_u8"):
+        if k in names:
+            c = col(k)
+            valid = None if c.null_count == 0 else ~np.asarray(c.is_null())
+            blobs[k] = (*_binary_parts(c), valid)
+    deltas = col("rope_delta").to_numpy(zero_copy_only=False) if "rope_delta" in names else np.zeros(n, np.int64)
+
+    def take(entry, b):
+        off, vals, valid, _ = entry
+        if valid is not None and not valid[b]:
+            return None
+        return vals[off[b]:off[b + 1]]
+
+    rows = []
+    for b in range(n):
+        d: dict[str, Any] = {"family": families[b], "input_ids": take(ids, b), "rope_delta": deltas[b]}
+        L = d["input_ids"].shape[0]
+        for k, entry in per_row.items():
+            if entry is not None:
+                d[k] = take(entry, b)
+        for k, (off, vals, valid, _) in nested.items():
+            if valid is not None and not valid[b]:
+                continue
+            v = vals[off[b]:off[b + 1]]
+            if k == "position_ids":
+                width = L
+            elif k.endswith("grid_thw"):
+                width = 3
+            else:
+                width = get_family(d["family"]).patch_dim
+            if width and v.size % width:
+                raise ValueError(
+                    f"row {first_row + b}, column {k!r}: {v.size} values are not rows of {width}; "
+                    "the stored row is damaged - re-encode it"
+                )
+            d[k] = v.reshape(-1, width) if width else np.zeros((3, 0), v.dtype)
+        for k, (off, data, valid) in blobs.items():
+            if valid is not None and not valid[b]:
+                continue
+            block = data[off[b]:off[b + 1]]
+            if block.size == 0 or block[-1] != END_MARKER:
+                raise ValueError(
+                    f"row {first_row + b}, column {k!r}: {block.size} bytes without the 0xFF end marker; the bytes were "
+                    "altered or not written by mmpipe - re-encode the row"
+                )
+            d[k] = block[:-1]
+        rows.append(MultiModalInputs.from_dict(d, row=first_row + b))
+    return rows
 
 
 _GRID = pa.list_(pa.list_(pa.int32()))  # [n, 3]; datasets stores numpy [n, 3] as nested lists

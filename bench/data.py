@@ -1,0 +1,120 @@
+"""Benchmark data: real photos (matplotlib's sample_data) and generated images at realistic
+sizes, JPEG/PNG-encoded as a ``datasets.Image()`` column stores them, in chat rows with 1, 2
+and 8 images.
+
+Everything is deterministic (fixed seeds) so two runs time the same work.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from mmpipe import testing
+
+# (width, height): common camera / screen sizes from 640x480 to 1920x1080, both orientations.
+REALISTIC_SIZES = [(640, 480), (480, 640), (800, 600), (1024, 768), (1280, 720), (720, 1280),
+                   (1280, 960), (1366, 768), (1600, 900), (1920, 1080)]
+# --quick: the same code paths on small images.
+QUICK_SIZES = [(160, 120), (120, 160), (200, 150), (256, 192)]
+
+FAMILY = "qwen2_vl"
+# Qwen2VLImageProcessorPil's own defaults (size shortest_edge / longest_edge), i.e. what a real
+# Qwen2-VL checkpoint's processor resizes with: 56*56 and 28*28*1280 pixels.
+REAL_MIN_PIXELS = 3136
+REAL_MAX_PIXELS = 1003520
+
+
+def processor(quick: bool = False):
+    """The real Qwen2-VL processor with the real checkpoint bounds (small bounds in quick mode)."""
+    if quick:
+        return testing.build_processor(FAMILY)
+    return testing.build_processor(FAMILY, min_pixels=REAL_MIN_PIXELS, max_pixels=REAL_MAX_PIXELS)
+
+
+def _photo_like(w: int, h: int, seed: int, photos: list[Image.Image]) -> Image.Image:
+    """A real photo, randomly cropped and bicubically scaled to (w, h), with mild sensor noise."""
+    rng = np.random.default_rng(seed)
+    src = photos[seed % len(photos)]
+    sw, sh = src.size
+    cw, ch = int(sw * rng.uniform(0.6, 1.0)), int(sh * rng.uniform(0.6, 1.0))
+    x0, y0 = int(rng.integers(0, sw - cw + 1)), int(rng.integers(0, sh - ch + 1))
+    im = src.crop((x0, y0, x0 + cw, y0 + ch)).resize((w, h), Image.BICUBIC)
+    arr = np.asarray(im, dtype=np.int16) + rng.normal(0, 3, size=(h, w, 3)).astype(np.int16)
+    return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "RGB")
+
+
+def encoded(img: Image.Image, fmt: str) -> dict:
+    """A ``datasets.Image()`` storage value: ``{"bytes": ..., "path": None}``."""
+    buf = io.BytesIO()
+    if fmt == "JPEG":
+        img.convert("RGB").save(buf, format="JPEG", quality=90)
+    else:
+        img.save(buf, format="PNG")
+    return {"bytes": buf.getvalue(), "path": None}
+
+
+@dataclass
+class ImagePool:
+    """Encoded images (``datasets.Image()`` values) and where each came from."""
+
+    values: list[dict]
+    names: list[str]
+
+    def pick(self, k: int, start: int) -> list[dict]:
+        return [self.values[(start + j) % len(self.values)] for j in range(k)]
+
+
+def image_pool(quick: bool = False, seed: int = 0) -> ImagePool:
+    """The matplotlib photos at their own sizes (PNG stays PNG) plus, per realistic size, one
+    photo-like JPEG (a real photo scaled, with noise) and one synthetic JPEG (gradients+noise)."""
+    photos = testing.sample_photos()
+    values, names = [], []
+    for name, im in photos:
+        fmt = "JPEG" if name.lower().endswith((".jpg", ".jpeg")) else "PNG"
+        values.append(encoded(im, fmt))
+        names.append(f"{name} {im.size[0]}x{im.size[1]}")
+    real = [im for name, im in photos if im.size[0] >= 256]  # grace_hopper, logo2
+    real = [im for name, im in photos if name.endswith(".jpg")] or real
+    for i, (w, h) in enumerate(QUICK_SIZES if quick else REALISTIC_SIZES):
+        values.append(encoded(_photo_like(w, h, seed + i, real), "JPEG"))
+        names.append(f"photo-like {w}x{h} jpeg")
+        values.append(encoded(testing.tiny_image(h, w, seed=seed + 100 + i), "JPEG"))
+        names.append(f"generated {w}x{h} jpeg")
+    return ImagePool(values, names)
+
+
+def chat_row(images: list, i: int, answer: bool = True) -> dict:
+    """A Hub-convention chat row: ``messages`` with one ``{"type": "image"}`` per image."""
+    content = []
+    for k in range(len(images)):
+        content += [{"type": "image"}, {"type": "text", "text": f"Picture {k + 1}."}]
+    content.append({"type": "text", "text": f"Row {i}: describe what the pictures show, then count the objects."})
+    msgs = [{"role": "user", "content": content}]
+    if answer:
+        msgs.append({"role": "assistant", "content": [
+            {"type": "text", "text": "The picture shows a woman in a uniform standing in front of a flag."}]})
+    return {"messages": msgs, "images": list(images)}
+
+
+def chat_rows(pool: ImagePool, counts: dict[int, int], start: int = 0) -> list[dict]:
+    """``counts``: {images per row: number of rows}, e.g. {1: 12, 2: 8, 8: 2}."""
+    rows, k = [], start
+    for n_img, n_rows in counts.items():
+        for _ in range(n_rows):
+            rows.append(chat_row(pool.pick(n_img, k), len(rows)))
+            k += n_img
+    return rows
+
+
+def decode_images(row: dict) -> list[Image.Image]:
+    """What ``datasets`` hands a map function for an ``Image()`` column: decoded PIL images."""
+    out = []
+    for v in row["images"]:
+        im = Image.open(io.BytesIO(v["bytes"]))
+        im.load()
+        out.append(im)
+    return out

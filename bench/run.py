@@ -1,0 +1,112 @@
+"""``python -m bench``: run the benchmark suite, print the table, write JSON.
+
+    python -m bench                  # full suite (< 10 minutes on a 2-core machine)
+    python -m bench --quick          # small data, every code path and equality check (~20 s)
+    python -m bench --only rope,collate --repeat 7 --json /tmp/run.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+
+CASES = ("rope", "layout", "encode", "bytes", "collate", "map_scaling", "rss")
+DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "latest.json")
+
+
+def _environment() -> dict:
+    import datasets
+    import numpy
+    import PIL
+    import pyarrow
+    import torch
+    import transformers
+
+    return {
+        "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "loadavg_start": os.getloadavg(),
+        "torch": torch.__version__, "transformers": transformers.__version__, "datasets": datasets.__version__,
+        "numpy": numpy.__version__, "pyarrow": pyarrow.__version__, "pillow": PIL.__version__,
+    }
+
+
+def format_table(results: list) -> str:
+    head = ("case", "mmpipe", "baseline", "ratio", "target", "met?", "identical?")
+    yn = {True: "yes", False: "NO", None: "-"}
+    lines = [(r.case, r.mmpipe, r.baseline, r.ratio_text, r.target, yn[r.met], yn[r.identical]) for r in results]
+    widths = [max(len(str(x[i])) for x in [head, *lines]) for i in range(len(head))]
+    fmt = " | ".join(f"{{:{'<' if i < 3 else '>'}{w}}}" for i, w in enumerate(widths))
+    out = [fmt.format(*head), "-+-".join("-" * w for w in widths)]
+    out += [fmt.format(*map(str, x)) for x in lines]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small data: smoke-test every case (no meaningful ratios)")
+    ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(CASES)}")
+    ap.add_argument("--repeat", type=int, default=None, help="timing repeats per contender (default 5, quick 1)")
+    ap.add_argument("--json", default=DEFAULT_JSON, help=f"where to write the results (default {DEFAULT_JSON})")
+    args = ap.parse_args(argv)
+    names = [c.strip() for c in args.only.split(",") if c.strip()] or list(CASES)
+    unknown = sorted(set(names) - set(CASES))
+    if unknown:
+        ap.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")
+
+    import logging
+    import warnings
+
+    import datasets
+
+    datasets.disable_progress_bars()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+    from .cases import Context, Result
+    from . import cases
+
+    t_start = time.time()
+    results: list[Result] = []
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="mmpipe-bench-") as workdir:
+        ctx = Context(quick=args.quick, repeat=args.repeat or (1 if args.quick else 5), workdir=workdir)
+        for name in names:
+            t0 = time.time()
+            print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+            try:
+                rows = getattr(cases, f"case_{name}")(ctx)
+            except Exception as e:  # keep going: report the failure in the table and the exit code
+                traceback.print_exc()
+                failures.append(name)
+                rows = [Result(name, "error", "-", None, "-", "-", False, False, {"error": repr(e)})]
+            for r in rows:
+                r.detail.setdefault("case_id", name)
+                r.detail.setdefault("seconds", round(time.time() - t0, 2))
+            results.extend(rows)
+            print(f"[bench] {name} done in {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
+    table = format_table(results)
+    mode = "quick (smoke: small data, ratios not meaningful)" if args.quick else "full"
+    print(f"\nmmpipe benchmark, {mode}; data: matplotlib photos + generated JPEGs "
+          f"{'(small)' if args.quick else '640x480..1920x1080'}; Qwen2-VL processor bounds "
+          f"{'test defaults' if args.quick else 'min_pixels=3136, max_pixels=1003520 (Qwen2VLImageProcessorPil defaults)'}")
+    print("figures: best of repeats, contenders interleaved; ratio = baseline / mmpipe time (speed), "
+          "mmpipe / baseline (bytes, GB/s)\n")
+    print(table)
+    print(f"\ntotal {time.time() - t_start:.0f} s")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"mode": "quick" if args.quick else "full", "seconds": time.time() - t_start,
+                       "environment": _environment(), "results": [r.to_json() for r in results],
+                       "table": table}, f, indent=1, default=float)
+        print(f"wrote {args.json}")
+    not_identical = [r.case for r in results if r.identical is False]
+    return 1 if (failures or not_identical) else 0

@@ -1,0 +1,27 @@
+"""The benchmark suite (bench/) in --quick mode: every case runs and finds mmpipe's outputs
+identical to the baseline's. Timings are not checked here (they belong to `python -m bench`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_quick_runs_every_case_with_identical_outputs(tmp_path):
+    out = tmp_path / "quick.json"
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["mode"] == "quick"
+    results = report["results"]
+    cases = {r["detail"]["case_id"] for r in results}
+    assert cases == {"rope", "layout", "encode", "bytes", "collate", "map_scaling", "rss"}
+    for r in results:
+        assert r["identical"] is True, f"{r['case']}: outputs differ from the baseline ({r['detail']})"
+        assert r["mmpipe"] != "error", r["detail"]
+    assert "| identical?" in proc.stdout  # the table was printed
