@@ -8,6 +8,7 @@ Everything is deterministic (fixed seeds) so two runs time the same work.
 from __future__ import annotations
 
 import io
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,11 +72,14 @@ class ImagePool:
 def image_pool(quick: bool = False, seed: int = 0) -> ImagePool:
     """The matplotlib photos at their own sizes (PNG stays PNG) plus, per realistic size, one
     photo-like JPEG (a real photo scaled, with noise) and one synthetic JPEG (gradients+noise)."""
+    import matplotlib
+
     photos = testing.sample_photos()
+    root = os.path.join(matplotlib.get_data_path(), "sample_data")
     values, names = [], []
-    for name, im in photos:
-        fmt = "JPEG" if name.lower().endswith((".jpg", ".jpeg")) else "PNG"
-        values.append(encoded(im, fmt))
+    for name, im in photos:  # the files' own bytes (PNG or JPEG), as a dataset would hold them
+        with open(os.path.join(root, name), "rb") as f:
+            values.append({"bytes": f.read(), "path": None})
         names.append(f"{name} {im.size[0]}x{im.size[1]}")
     real = [im for name, im in photos if im.size[0] >= 256]  # grace_hopper, logo2
     real = [im for name, im in photos if name.endswith(".jpg")] or real
