@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 # the submodule would bind the *module* to mmpipe.encode, so bind them eagerly. These modules
 # import only numpy/pyarrow/PIL at import time (torch and transformers load on use).
 from . import _fork  # noqa: E402,F401  (registers the fork marker before any worker forks)
-from .collate import Collator, collate  # noqa: E402
+from .collate import ArrowRows, Collator, collate  # noqa: E402
 from .encode import (  # noqa: E402
     EncodeReport,
     Encoder,
@@ -36,7 +36,7 @@ from .encode import (  # noqa: E402
     parse_row,
     rows_from_processor_output,
 )
-from .records import IGNORE_INDEX, BatchedMultiModalInputs, MultiModalInputs  # noqa: E402
+from .records import IGNORE_INDEX, BatchedMultiModalInputs, MultiModalInputs, rows_from_arrow  # noqa: E402
 from .unbatch import unbatch  # noqa: E402
 
 # Names whose modules import torch: loaded on first use.
@@ -51,7 +51,7 @@ _LAZY = {
 }
 
 __all__ = sorted(
-    ["Collator", "collate", "EncodeReport", "Encoder", "compact", "encode", "encode_dataset", "encode_row",
+    ["ArrowRows", "rows_from_arrow", "Collator", "collate", "EncodeReport", "Encoder", "compact", "encode", "encode_dataset", "encode_row",
      "parse_row", "rows_from_processor_output", "IGNORE_INDEX", "BatchedMultiModalInputs", "MultiModalInputs",
      "unbatch", "testing", *_LAZY]
 )
