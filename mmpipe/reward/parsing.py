@@ -22,6 +22,22 @@ _TRUE = {"true", "yes", "y", "1"}
 _FALSE = {"false", "no", "n", "0"}
 
 
+def _decoded_objects(text: str):
+    """JSON values found in ``text``, in order of preference: the whole text, each fenced
+    block, then a value starting at each ``{`` (text around the JSON)."""
+    for cand in [text, *(m.group(1).strip() for m in _FENCE.finditer(text))]:
+        try:
+            yield json.loads(cand)
+        except ValueError:
+            pass
+    decoder = json.JSONDecoder()
+    for m in re.finditer(r"\{", text):
+        try:
+            yield decoder.raw_decode(text, m.start())[0]
+        except ValueError:
+            pass
+
+
 def extract_json(text: str, required: Iterable[str] = ()) -> Optional[dict]:
     """The first JSON object in ``text`` that has all ``required`` keys (else the first one).
 
@@ -39,23 +55,8 @@ def extract_json(text: str, required: Iterable[str] = ()) -> Optional[dict]:
         return None
     text = _THINK.sub("", text).strip()
     required = tuple(required)
-    decoder = json.JSONDecoder()
     found: list[dict] = []
-    candidates = [text, *(m.group(1).strip() for m in _FENCE.finditer(text))]
-    for cand in candidates:
-        try:
-            obj = json.loads(cand)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            found.append(obj)
-            if all(k in obj for k in required):
-                return obj
-    for m in re.finditer(r"\{", text):
-        try:
-            obj, _ = decoder.raw_decode(text, m.start())
-        except ValueError:
-            continue
+    for obj in _decoded_objects(text):
         if isinstance(obj, dict):
             found.append(obj)
             if all(k in obj for k in required):
