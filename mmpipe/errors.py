@@ -1,0 +1,159 @@
+"""The errors mmpipe raises for bad input, one class per kind of mistake.
+
+Every error names where it happened (row, column, image), the stage, what was expected,
+what was found and what to do; the message is composed from those attributes so a
+program can read them and a person can read the message::
+
+    try:
+        mmpipe.encode_row(row, processor, idx=7)
+    except mmpipe.errors.InputError as e:
+        e.row, e.stage, e.column, e.expected, e.found, e.fix
+
+All subclass ``ValueError`` (a bad value was passed in), so ``except ValueError`` keeps
+working. ``encode(..., on_error="skip")`` records ``e.stage`` and ``str(e)`` for the row.
+
+Stages (`STAGES`): ``"parse"`` (raw row -> messages/images), ``"image"`` (decode, resize),
+``"template"`` (chat template, placeholders vs image tokens), ``"truncate"`` (max_length),
+``"collate"`` (rows -> batch), ``"validate"`` (record/schema checks), ``"encode"`` (any
+other failure inside encode, wrapped under ``on_error="skip"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+STAGES = ("parse", "image", "template", "truncate", "collate", "validate", "encode")
+
+
+class MMPipeError(Exception):
+    """Base of every error mmpipe raises on purpose."""
+
+
+class InputError(MMPipeError, ValueError):
+    """Bad input data, located and explained.
+
+    Attributes:
+        row: dataset row index (None when unknown: pass ``with_indices=True`` to map).
+        column: the column (or record field) holding the bad value, e.g. ``"images"``.
+        stage: one of `STAGES`.
+        expected / found: short descriptions (strings) of what should be there and what is.
+        fix: what the user can do about it.
+        image: index of the image within the row, when an image is at fault.
+        detail: the free text of the message when it is not expected/found shaped.
+    """
+
+    default_stage = "parse"
+
+    def __init__(
+        self,
+        detail: str = "",
+        *,
+        row: Optional[int] = None,
+        column: Optional[str] = None,
+        stage: Optional[str] = None,
+        expected: Any = None,
+        found: Any = None,
+        fix: Optional[str] = None,
+        image: Optional[int] = None,
+        where: Optional[str] = None,
+    ):
+        self.detail = detail
+        self.row = row
+        self.column = column
+        self.stage = stage or self.default_stage
+        self.expected = expected
+        self.found = found
+        self.fix = fix
+        self.image = image
+        self.where = where
+        super().__init__(self._compose())
+
+    def location(self) -> str:
+        """``"row 3, column 'images', image 1"`` (or the caller's own `where` text)."""
+        if self.where:
+            parts = [self.where]
+        else:
+            parts = [f"row {self.row}" if self.row is not None
+                     else "row (index unknown: pass with_indices=True to map)"]
+            if self.image is not None:
+                parts.append(f"image {self.image}")
+        if self.column is not None and f"column {self.column!r}" not in parts[0]:
+            parts.append(f"column {self.column!r}")
+        return ", ".join(parts)
+
+    def _compose(self) -> str:
+        msg = f"{self.location()} [{self.stage}]: "
+        body = []
+        if self.detail:
+            body.append(self.detail)
+        if self.expected is not None:
+            body.append(f"expected {self.expected}")
+        if self.found is not None:
+            body.append(f"found {self.found}")
+        msg += "; ".join(body) if body else "invalid input"
+        if self.fix:
+            msg += f" - fix: {self.fix}"
+        return msg
+
+    def record(self) -> dict:
+        """``{"row", "stage", "column", "reason"}``: what ``on_error="skip"`` stores."""
+        return {"row": self.row, "stage": self.stage, "column": self.column, "reason": str(self)}
+
+    def __reduce__(self):  # picklable across datasets.map(num_proc=...) workers
+        return (_rebuild, (type(self), self.detail, dict(
+            row=self.row, column=self.column, stage=self.stage, expected=self.expected,
+            found=self.found, fix=self.fix, image=self.image, where=self.where)))
+
+
+def _rebuild(cls, detail, kwargs):
+    return cls(detail, **kwargs)
+
+
+class ParseError(InputError):
+    """The raw row has the wrong shape: no messages, empty list, non-string text, a video."""
+
+    default_stage = "parse"
+
+
+class PlaceholderError(InputError):
+    """Image placeholders and images disagree (count, or image tokens vs images)."""
+
+    default_stage = "template"
+
+
+class ImageError(InputError):
+    """An image cannot be used: unreadable bytes, missing path, 0 pixels, extreme aspect
+    ratio, unsupported mode or dtype."""
+
+    default_stage = "image"
+
+
+class TruncationError(InputError):
+    """The row exceeds ``max_length`` and the truncation policy cannot handle it."""
+
+    default_stage = "truncate"
+
+
+class PixelDataError(InputError):
+    """Pixel data do not match their grids, hold NaN/inf, or have the wrong dtype/shape."""
+
+    default_stage = "collate"
+
+
+class FamilyMismatchError(InputError):
+    """Rows were encoded for another model family than the processor/collator at hand."""
+
+    default_stage = "collate"
+
+
+# What the public stages (encode, Collator, records validation) raise for bad input.
+# Anything else escaping them is a bug in mmpipe - the fuzz tests hold us to that.
+DOCUMENTED_ERRORS = (
+    InputError, ParseError, PlaceholderError, ImageError, TruncationError, PixelDataError,
+    FamilyMismatchError,
+)
+
+__all__ = [
+    "STAGES", "MMPipeError", "InputError", "ParseError", "PlaceholderError", "ImageError",
+    "TruncationError", "PixelDataError", "FamilyMismatchError", "DOCUMENTED_ERRORS",
+]
