@@ -69,31 +69,41 @@ class InputError(MMPipeError, ValueError):
         super().__init__(self._compose())
 
     def location(self) -> str:
-        """``"row 3, column 'images', image 1"`` (or the caller's own `where` text)."""
-        if self.where:
-            parts = [self.where]
-        else:
-            parts = [f"row {self.row}" if self.row is not None
-                     else "row (index unknown: pass with_indices=True to map)"]
-            if self.image is not None:
-                parts.append(f"image {self.image}")
-        if self.column is not None and f"column {self.column!r}" not in parts[0]:
-            parts.append(f"column {self.column!r}")
-        return ", ".join(parts)
+        """``"row 3, image 1"`` (or the caller's own `where` text; ``where=""``: none, the
+        detail already says where)."""
+        if self.where is not None:
+            return self.where
+        loc = f"row {self.row}" if self.row is not None else "row (index unknown: pass with_indices=True to map)"
+        return loc + (f", image {self.image}" if self.image is not None else "")
 
     def _compose(self) -> str:
-        msg = f"{self.location()} [{self.stage}]: "
-        body = []
-        if self.detail:
-            body.append(self.detail)
+        body = [self.detail] if self.detail else []
         if self.expected is not None:
             body.append(f"expected {self.expected}")
         if self.found is not None:
             body.append(f"found {self.found}")
-        msg += "; ".join(body) if body else "invalid input"
+        loc = self.location()
+        msg = (f"{loc}: " if loc else "") + ("; ".join(body) if body else "invalid input")
         if self.fix:
-            msg += f" - fix: {self.fix}"
-        return msg
+            msg += f" - {self.fix}"
+        tags = [f"stage: {self.stage}"] + ([f"column: {self.column!r}"] if self.column is not None else [])
+        return msg + " [" + ", ".join(tags) + "]"
+
+    def __str__(self) -> str:  # composed on demand: encode fills in row/column after the fact
+        return self._compose()
+
+    def locate(self, *, row=None, column=None, image=None) -> "InputError":
+        """Fill in location attributes the raiser did not know (returns self)."""
+        if self.row is None and row is not None:
+            self.row = row
+            if self.where is not None and self.where.startswith("row (index unknown"):
+                self.where = None
+        if self.column is None:
+            self.column = column
+        if self.image is None:
+            self.image = image
+        self.args = (self._compose(),)
+        return self
 
     def record(self) -> dict:
         """``{"row", "stage", "column", "reason"}``: what ``on_error="skip"`` stores."""
