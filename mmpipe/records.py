@@ -267,6 +267,18 @@ class MultiModalInputs:
             f"labels={'yes' if self.labels is not None else 'no'}, rope_delta={self.rope_delta})"
         )
 
+    def _repr_html_(self) -> str:
+        """Jupyter display: thumbnails and the token strip (`mmpipe.display.row_html`)."""
+        from .display import row_html
+
+        return row_html(self)
+
+    def describe(self, *, tokenizer=None) -> str:
+        """Plain-text description for terminals (`mmpipe.display.describe`)."""
+        from .display import describe
+
+        return describe(self, tokenizer=tokenizer)
+
     # ---- schemas -------------------------------------------------------------------
     @staticmethod
     def arrow_schema(pixel_format: Optional[str] = None, labels: bool = True) -> pa.Schema:
@@ -611,6 +623,18 @@ class BatchedMultiModalInputs:
             f"L={int(self.input_ids.shape[1])}, images_per_row={[len(x) for x in self.sample_to_image_indices]}, "
             f"pixels={self.pixel_format}, padding={self.padding_side})"
         )
+
+    def _repr_html_(self) -> str:
+        """Jupyter display: per-row table, thumbnails, token strips (`mmpipe.display.batch_html`)."""
+        from .display import batch_html
+
+        return batch_html(self)
+
+    def describe(self, *, tokenizer=None) -> str:
+        """Plain-text description for terminals (`mmpipe.display.describe`)."""
+        from .display import describe
+
+        return describe(self, tokenizer=tokenizer)
 
     def to_arrow(self) -> pa.Table:
         """This batch as a one-row Arrow table with `arrow_schema` (for logging or shipping)."""

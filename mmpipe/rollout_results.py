@@ -88,6 +88,18 @@ class RolloutSample:
             f"images={self.prompt.num_images}, response_tokens={len(self.response_ids)}, finish={self.finish_reason!r})"
         )
 
+    def _repr_html_(self) -> str:
+        """Jupyter display: prompt images, prompt + response tokens (`mmpipe.display.rollout_html`)."""
+        from .display import rollout_html
+
+        return rollout_html(self)
+
+    def describe(self, *, tokenizer=None) -> str:
+        """Plain-text description for terminals (`mmpipe.display.describe`)."""
+        from .display import describe
+
+        return describe(self, tokenizer=tokenizer)
+
 
 def unbatch_rollout(prompts, generations: Sequence[Generation]) -> list[RolloutSample]:
     """Engine outputs for a batch -> one `RolloutSample` per completion, prompt-major.
