@@ -30,6 +30,7 @@ from .encode import (  # noqa: E402
     EncodeReport,
     Encoder,
     compact,
+    drop_failed,
     encode,
     encode_dataset,
     encode_row,
@@ -38,6 +39,7 @@ from .encode import (  # noqa: E402
 )
 from .records import IGNORE_INDEX, BatchedMultiModalInputs, MultiModalInputs, rows_from_arrow  # noqa: E402
 from .unbatch import unbatch  # noqa: E402
+from . import errors  # noqa: E402  (mmpipe.errors.InputError and its subclasses)
 
 # Names whose modules import torch: loaded on first use.
 _LAZY = {
@@ -51,7 +53,7 @@ _LAZY = {
 }
 
 __all__ = sorted(
-    ["ArrowRows", "rows_from_arrow", "Collator", "collate", "EncodeReport", "Encoder", "compact", "encode", "encode_dataset", "encode_row",
+    ["ArrowRows", "rows_from_arrow", "Collator", "collate", "EncodeReport", "Encoder", "compact", "drop_failed", "errors", "encode", "encode_dataset", "encode_row",
      "parse_row", "rows_from_processor_output", "IGNORE_INDEX", "BatchedMultiModalInputs", "MultiModalInputs",
      "unbatch", "testing", *_LAZY]
 )

@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from .errors import FamilyMismatchError, InputError, PixelDataError
 from .families import ModelFamily, family_of, get_family
 from .images import VisionSpec, u8_to_pixel_values, u8_video_to_pixel_values
 from .records import IGNORE_INDEX, BatchedMultiModalInputs, MultiModalInputs, rows_from_arrow
@@ -57,16 +58,32 @@ def collate(
     Returns a `BatchedMultiModalInputs` with input_ids/attention_mask/mm_token_type_ids
     int64 [B, L], position_ids int64 [3, B, L], pixel_values float32 [sum N, D], image_grid_thw
     int64 [sum I, 3], image_offsets / patch_offsets int64 [B+1].
+
+    Bad rows raise `mmpipe.errors.InputError` subclasses naming the row (index in ``rows``)
+    and column, all O(rows) or vectorised checks: pixel data that disagree with the grids or
+    the image tokens, NaN/inf in float pixel values, integer pixel values or float token ids,
+    rows encoded for another model family (`FamilyMismatchError`), and rows that failed to
+    encode under ``on_error="skip"`` (filter them with `mmpipe.drop_failed`).
     """
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     if not len(rows):
         raise ValueError("collate got an empty list of rows")
     table = _arrow_table(rows)
-    if table is not None:  # stored rows as Arrow (ArrowRows): numpy views of the column buffers
-        recs = [r.validate(i) for i, r in enumerate(rows_from_arrow(table))]
-    else:
-        recs = [MultiModalInputs.from_dict(r, row=i).validate(i) for i, r in enumerate(rows)]
+    try:
+        if table is not None:  # stored rows as Arrow (ArrowRows): numpy views of the column buffers
+            _check_error_column(table.column(ERROR_COLUMN).to_pylist() if ERROR_COLUMN in table.column_names else ())
+            recs = [r.validate(i) for i, r in enumerate(rows_from_arrow(table))]
+        else:
+            _check_error_column([r.get(ERROR_COLUMN) if isinstance(r, dict) else None for r in rows])
+            recs = []
+            for i, r in enumerate(rows):
+                _check_dtypes(r, i)
+                recs.append(MultiModalInputs.from_dict(r, row=i).validate(i))
+    except InputError:
+        raise
+    except (ValueError, TypeError, KeyError) as e:
+        raise _as_row_error(e) from e
 
     want: Optional[ModelFamily] = None
     if family is not None:
@@ -76,10 +93,11 @@ def collate(
     fam = get_family(recs[0].family) if want is None else want
     for i, r in enumerate(recs):
         if r.family != fam.name:
-            raise ValueError(
-                f"row {i}: encoded for model family {r.family!r} but this batch is for {fam.name!r}; "
-                "re-encode the dataset with this model's processor (token ids, patch size and "
-                "positions differ between families)"
+            raise FamilyMismatchError(
+                f"encoded for model family {r.family!r} but this batch is for {fam.name!r}", row=i,
+                column="family", expected=repr(fam.name), found=repr(r.family),
+                fix="re-encode the dataset with this model's processor (token ids, patch size and "
+                    "positions differ between families)",
             )
     if spec is None:
         spec = VisionSpec.from_processor(processor) if (processor is not None and fam.is_vision) else VisionSpec.from_family(fam)
@@ -129,6 +147,16 @@ def collate(
     missing = [i for i, r in enumerate(recs) if (r.num_images or r.num_videos) and not r.has_pixels]
     pixel_format = formats.pop() if len(formats) == 1 else ("mixed" if formats else "none")
     pv = pv_u8 = pvv = pvv_u8 = None
+    with_pixels = [i for i, r in enumerate(recs) if (r.num_images or r.num_videos) and r.has_pixels]
+    if missing and with_pixels:
+        # a text-only batch would silently drop the pixels of the other rows (found by fuzzing)
+        from .errors import PixelDataError
+
+        raise PixelDataError(
+            f"rows {missing} hold images but no pixel data (layout-only encoding) while rows {with_pixels} "
+            "carry pixels; one batch cannot mix them", row=missing[0], column="pixel_values_u8",
+            stage="collate", fix="encode every row with pixels='uint8' (or filter layout-only rows out)",
+        )
     if missing:
         logger.warning(
             "rows %s hold images but no pixel data (layout-only encoding?); the batch is text-only: "
@@ -145,12 +173,14 @@ def collate(
                 pv = u8_to_pixel_values(pv_u8, lut, spec.temporal_patch_size)
             else:
                 pv = np.concatenate([_float_images(r, spec) for r in recs])
+                _check_finite(pv, patch_offsets, "pixel_values")
         if video_grid.shape[0]:
             if pixel_format == "uint8":
                 pvv_u8 = np.concatenate([r.pixel_values_videos_u8 for r in recs if r.num_videos])
                 pvv = u8_video_to_pixel_values(pvv_u8, spec.lut() if lut is None else lut)
             else:
                 pvv = np.concatenate([_float_videos(r, spec) for r in recs])
+                _check_finite(pvv, video_patch_offsets, "pixel_values_videos")
 
     import torch
 
@@ -181,6 +211,77 @@ def collate(
         pixel_values_videos=t(pvv) if pvv is not None else None,
         pixel_values_videos_u8=t(pvv_u8) if pvv_u8 is not None else None,
     )
+
+
+ERROR_COLUMN = "mmpipe_error"  # = mmpipe.encode.ERROR_COLUMN (not imported: collate stays light)
+_INT_COLUMNS = ("input_ids", "attention_mask", "mm_token_type_ids", "position_ids", "labels",
+                "image_grid_thw", "video_grid_thw")
+_FLOAT_PIXELS = ("pixel_values", "pixel_values_videos")
+_U8_PIXELS = ("pixel_values_u8", "pixel_values_videos_u8")
+
+
+def _check_error_column(values) -> None:
+    """Rows that failed under ``on_error="skip"`` are empty placeholders: never train on them."""
+    for i, v in enumerate(values):
+        if v:
+            raise InputError(
+                f"this row failed to encode ({v})", row=i, stage="collate", column=ERROR_COLUMN,
+                fix="filter failed rows first: ds, errors = mmpipe.drop_failed(ds), or use mmpipe.encode_dataset",
+            )
+
+
+def _dtype_of(value):
+    dt = getattr(value, "dtype", None)  # numpy or torch; python lists are typed by their Arrow schema
+    return None if dt is None else str(dt).replace("torch.", "")
+
+
+def _check_dtypes(r: Any, i: int) -> None:
+    """O(columns) per row: values whose dtype would be silently cast into something wrong."""
+    if not isinstance(r, dict):
+        return
+    for name in _INT_COLUMNS:
+        dt = _dtype_of(r.get(name))
+        if dt is not None and ("float" in dt or "complex" in dt):
+            raise PixelDataError(
+                f"{name} holds {dt} values; casting them to int64 would silently truncate", row=i, column=name,
+                expected="an integer dtype", found=dt, fix="store token ids, masks, positions and grids as int64",
+            )
+    for name in _FLOAT_PIXELS:
+        dt = _dtype_of(r.get(name))
+        if dt is not None and not ("float" in dt):
+            raise PixelDataError(
+                f"{name} holds {dt} values, not normalised float pixels", row=i, column=name,
+                expected="float32 (the processor's normalised pixel_values)", found=dt,
+                fix="store raw uint8 patches in pixel_values_u8, or the processor's float output in pixel_values",
+            )
+    for name in _U8_PIXELS:
+        dt = _dtype_of(r.get(name))
+        if dt is not None and dt != "uint8" and ("int" in dt or "float" in dt or "bool" in dt):  # bytes are fine
+            raise PixelDataError(
+                f"{name} holds {dt} values", row=i, column=name, expected="uint8", found=dt,
+                fix="store compact pixels as uint8 (mmpipe.encode does)",
+            )
+
+
+def _check_finite(pv: np.ndarray, offsets: np.ndarray, name: str) -> None:
+    """One vectorised pass (a float64 sum: NaN and inf propagate); find the row on failure only."""
+    if not pv.size or np.isfinite(pv.sum(dtype=np.float64)):
+        return
+    bad_patch = int(np.flatnonzero(~np.isfinite(pv).all(axis=1))[0])
+    row = int(np.searchsorted(offsets, bad_patch, side="right") - 1)
+    raise PixelDataError(
+        f"{name} hold NaN or inf (first at patch {bad_patch - int(offsets[row])} of the row)", row=row, column=name,
+        expected="finite normalised pixel values", found="NaN/inf",
+        fix="re-encode the row from its image (mmpipe.encode pixels='uint8' cannot produce NaN)",
+    )
+
+
+def _as_row_error(e: Exception) -> InputError:
+    """A records-level ValueError (its message already says 'row i, column ...') -> typed."""
+    msg = str(e)
+    cls = PixelDataError if ("pixel" in msg or "grid" in msg or "image tokens" in msg) else InputError
+    return cls(msg, where="", stage="collate",
+               fix="re-encode the row with mmpipe.encode (or validate rows with MultiModalInputs.validate)")
 
 
 def _float_images(r: MultiModalInputs, spec: VisionSpec) -> np.ndarray:

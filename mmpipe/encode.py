@@ -26,13 +26,15 @@ special tokens per image.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
 
+from .errors import ImageError, InputError, ParseError, PlaceholderError, TruncationError
 from .families import ModelFamily, family_of
 from .images import VisionSpec, default_threads, encode_image, image_grid, thread_pool
 from .records import IGNORE_INDEX, PIXEL_FORMATS, MultiModalInputs
@@ -40,6 +42,10 @@ from .records import IGNORE_INDEX, PIXEL_FORMATS, MultiModalInputs
 logger = logging.getLogger("mmpipe")
 
 TRUNCATION_POLICIES = ("raise", "drop", "truncate_text")
+ERROR_POLICIES = ("raise", "skip")
+# Under on_error="skip" every output row carries this column: "" when encoded, else the
+# JSON of {"row", "stage", "column", "reason"} (the row itself is then empty: 0 tokens).
+ERROR_COLUMN = "mmpipe_error"
 IMAGE_PLACEHOLDER = "<image>"
 
 
@@ -58,9 +64,11 @@ class EncodeStats:
     rows: int = 0
     encoded: int = 0
     dropped: Counter = None  # type: ignore[assignment]
+    failed: Counter = None  # type: ignore[assignment]  # on_error="skip": failures by stage
 
     def __post_init__(self):
         self.dropped = Counter() if self.dropped is None else self.dropped
+        self.failed = Counter() if self.failed is None else self.failed
 
 
 def _where(idx) -> str:
@@ -111,12 +119,15 @@ def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tupl
         if isinstance(raw, str):
             raw = [{"role": "user", "content": raw}]
     else:
-        raise ValueError(
-            f"{where}: found columns {sorted(example)}; expected a 'messages' column (chat messages) "
-            "or a 'prompt' column (text or chat messages) - rename your column or pass messages_column"
+        raise ParseError(
+            f"found columns {sorted(example)}", where=where,
+            expected="a 'messages' column (chat messages) or a 'prompt' column (text or chat messages)",
+            fix="rename your column",
         )
     if not isinstance(raw, (list, tuple)) or not raw:
-        raise ValueError(f"{where}, column {column!r}: expected a non-empty list of chat messages, found {raw!r:.80}")
+        raise ParseError(f"column {column!r}: expected a non-empty list of chat messages, found {raw!r:.80}",
+                         where=where, column=column,
+                         fix="drop rows without messages, or give at least one {'role', 'content'} message")
     completion = example.get("completion")
     if completion is not None:
         raw = list(raw) + ([{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion))
@@ -129,7 +140,8 @@ def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tupl
     messages: list[dict] = []
     for m_i, msg in enumerate(raw):
         if not isinstance(msg, dict) or "role" not in msg:
-            raise ValueError(f"{where}, column {column!r}, message {m_i}: expected {{'role', 'content'}}, found {msg!r:.80}")
+            raise ParseError(f"column {column!r}, message {m_i}: expected {{'role', 'content'}}, found {msg!r:.80}",
+                             where=where, column=column, fix="give each message a 'role' and a 'content'")
         content = msg.get("content")
         if content is None:
             content = ""
@@ -140,9 +152,10 @@ def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tupl
                 messages.append({"role": msg["role"], "content": content})
                 continue
         if not isinstance(content, (list, tuple)):
-            raise ValueError(
-                f"{where}, column {column!r}, message {m_i}: content must be a string or a list of items, "
-                f"found {type(content).__name__}"
+            raise ParseError(
+                f"column {column!r}, message {m_i}: content must be a string or a list of items, "
+                f"found {type(content).__name__}", where=where, column=column,
+                fix="store text as a string, or as [{'type': 'text', 'text': ...}] items",
             )
         items = []
         for item in content:
@@ -150,38 +163,44 @@ def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tupl
                 items.append({"type": "text", "text": item})
                 continue
             if not isinstance(item, dict):
-                raise ValueError(f"{where}, message {m_i}: content item {item!r:.60} is not a dict")
+                raise ParseError(f"message {m_i}: content item {item!r:.60} is not a dict", where=where, column=column,
+                                 expected="{'type': 'text', 'text': str} or {'type': 'image', ...}",
+                                 found=type(item).__name__, fix="wrap the item in a dict")
             if _is_image_item(item):
                 inline = _inline_image(item)
                 if inline is None:
                     if next_col >= len(column_images):
-                        raise ValueError(
-                            f"{where}: the messages hold more image placeholders than the "
-                            f"{len(column_images)} image(s) of column {images_column!r}; "
-                            "give one image per placeholder"
+                        raise PlaceholderError(
+                            f"the messages hold more image placeholders than the "
+                            f"{len(column_images)} image(s) of column {images_column!r}", where=where,
+                            column=images_column, fix="give one image per placeholder",
                         )
                     inline = column_images[next_col]
                     next_col += 1
                 images.append(inline)
                 items.append({"type": "image"})
             elif item.get("type") == "video" or item.get("video") is not None:
-                raise ValueError(
-                    f"{where}, message {m_i}: video items are not supported by mmpipe.encode yet; "
-                    "encode videos with the transformers processor and build MultiModalInputs from its output"
+                raise ParseError(
+                    f"message {m_i}: video items are not supported by mmpipe.encode yet", where=where, column=column,
+                    fix="encode videos with the transformers processor and mmpipe.rows_from_processor_output",
                 )
             else:
                 text = item.get("text")
                 if text is None:
-                    raise ValueError(f"{where}, message {m_i}: content item {item!r:.80} has neither text nor an image")
+                    raise ParseError(f"message {m_i}: content item {item!r:.80} has neither text nor an image",
+                                     where=where, column=column, fix="give text items a 'text' string")
                 if not isinstance(text, str):
-                    raise ValueError(f"{where}, message {m_i}: text must be a string, found {type(text).__name__}")
+                    raise ParseError(f"message {m_i}: text must be a string, found {type(text).__name__}",
+                                     where=where, column=column, expected="str", found=type(text).__name__,
+                                     fix="convert the value to a string (str(x)) when building the dataset")
                 items.append({"type": "text", "text": text})
         messages.append({"role": msg["role"], "content": items})
     if next_col != len(column_images):
-        raise ValueError(
-            f"{where}: column {images_column!r} holds {len(column_images)} image(s) but the messages hold "
-            f"{next_col} placeholder(s) for them; every image needs exactly one placeholder "
-            f"({{'type': 'image'}} in a content list, or {IMAGE_PLACEHOLDER} in prompt text)"
+        raise PlaceholderError(
+            f"column {images_column!r} holds {len(column_images)} image(s) but the messages hold "
+            f"{next_col} placeholder(s) for them", where=where, column=images_column,
+            fix=f"every image needs exactly one placeholder ({{'type': 'image'}} in a content list, or "
+                f"{IMAGE_PLACEHOLDER} in prompt text)",
         )
     return messages, images
 
@@ -204,6 +223,12 @@ class Encoder:
         threads: threads decoding and resizing a row's images concurrently (PIL releases the
             GIL); None = `mmpipe.images.default_threads` (1 inside ``datasets.map(num_proc=...)``
             workers, where the processes already share the cores).
+        on_error: ``"raise"`` (the row's `mmpipe.errors.InputError`) or ``"skip"``: a failing
+            row becomes an empty row (0 tokens) whose `ERROR_COLUMN` holds the JSON record
+            ``{"row", "stage", "column", "reason"}`` (``""`` on encoded rows), counted in
+            ``stats.failed`` by stage. Nothing vanishes: `encode_dataset` filters those rows
+            out into ``report.errors``; after a plain ``ds.map`` call `drop_failed`, and
+            `Collator` refuses rows that carry an error.
     """
 
     def __init__(
@@ -220,7 +245,10 @@ class Encoder:
         images_column: str = "images",
         chat_template_kwargs: Optional[dict] = None,
         threads: Optional[int] = None,
+        on_error: str = "raise",
     ):
+        if on_error not in ERROR_POLICIES:
+            raise ValueError(f"on_error must be one of {ERROR_POLICIES}, got {on_error!r}")
         if truncation not in TRUNCATION_POLICIES:
             raise ValueError(f"truncation must be one of {TRUNCATION_POLICIES}, got {truncation!r}")
         if pixels not in PIXEL_FORMATS:
@@ -237,6 +265,7 @@ class Encoder:
         self.images_column = images_column
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.threads = threads
+        self.on_error = on_error
         # encode_dataset sets this: dropped rows stay as empty rows with their reason in
         # DROP_REASON_COLUMN, so counts survive num_proc; the caller filters them out.
         self.mark_dropped = False
@@ -251,9 +280,14 @@ class Encoder:
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         """The chat template applied to ``messages`` (text, not tokenized)."""
         target = self.processor if hasattr(self.processor, "apply_chat_template") else self.tokenizer
-        return target.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **self.chat_template_kwargs
-        )
+        try:
+            return target.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt, **self.chat_template_kwargs
+            )
+        except Exception as e:  # jinja raises its own types (TemplateError, TypeError, ...)
+            raise InputError(f"the chat template failed on these messages ({type(e).__name__}: {e})",
+                             stage="template", column="messages",
+                             fix="check the roles and their order against the model's chat template") from e
 
     def _assistant_spans(self, messages: list[dict], full: str, where: str) -> list[tuple[int, int]]:
         """Character spans of assistant responses in ``full`` (content + end-of-turn token)."""
@@ -264,10 +298,10 @@ class Encoder:
             before = self.render(messages[:k], True) if k else ""
             upto = self.render(messages[: k + 1], False)
             if not (full.startswith(before) and full.startswith(upto) and upto.startswith(before)):
-                raise ValueError(
-                    f"{where}: the chat template does not render conversation prefixes as prefixes of the "
-                    "whole conversation, so assistant tokens cannot be located; pass labels=False or a "
-                    "prefix-stable chat template"
+                raise InputError(
+                    "the chat template does not render conversation prefixes as prefixes of the "
+                    "whole conversation, so assistant tokens cannot be located", where=where, stage="template",
+                    fix="pass labels=False or a prefix-stable chat template",
                 )
             end = len(upto)
             while end > len(before) and upto[end - 1] in "\n ":
@@ -277,11 +311,21 @@ class Encoder:
 
     # -- one row --------------------------------------------------------------------
     def encode_row(self, example: dict, idx=None) -> MultiModalInputs:
+        """One raw row -> `MultiModalInputs`; bad input raises `mmpipe.errors.InputError`
+        (a ValueError) naming the row index ``idx``."""
+        try:
+            return self._encode_row(example, idx)
+        except InputError as e:
+            raise e.locate(row=idx)
+
+    def _encode_row(self, example: dict, idx=None) -> MultiModalInputs:
         where = _where(idx)
         fam = self.family
         messages, images = parse_row(example, idx=idx, images_column=self.images_column)
         if images and not fam.is_vision:
-            raise ValueError(f"{where}: holds {len(images)} image(s) but the processor is a text-only tokenizer")
+            raise PlaceholderError(f"holds {len(images)} image(s) but the processor is a text-only tokenizer",
+                                   where=where, column=self.images_column,
+                                   fix="encode with a vision-language processor, or drop the images")
         agp = self.add_generation_prompt
         if agp is None:
             agp = messages[-1]["role"] != "assistant"
@@ -304,16 +348,20 @@ class Encoder:
         if fam.is_vision:
             pad_pos = np.flatnonzero(ids == self.image_token_id)
             if len(pad_pos) != len(images):
-                raise ValueError(
-                    f"{where}: the rendered prompt holds {len(pad_pos)} {fam.image_token} token(s) but the row "
-                    f"has {len(images)} image(s); does the text contain a literal {fam.image_token}, or does the "
-                    "chat template drop image items?"
+                raise PlaceholderError(
+                    f"the rendered prompt holds {len(pad_pos)} {fam.image_token} token(s) but the row "
+                    f"has {len(images)} image(s)", where=where, column="messages",
+                    expected=f"one {fam.image_token} per image", found=f"{len(pad_pos)}",
+                    fix=f"remove literal {fam.image_token} text from the messages, or use a chat template "
+                        "that renders every image item",
                 )
             if (ids == self.video_token_id).any():
-                raise ValueError(f"{where}: the prompt holds {fam.video_token} but videos are not supported by encode yet")
+                raise ParseError(f"the prompt holds {fam.video_token} but videos are not supported by encode yet",
+                                 where=where, column="messages", fix=f"remove literal {fam.video_token} text")
             grid_list = []
             if self.pixels == "none":
-                grid_list = [image_grid(img, self.spec, where=f"{where}, image {i}") for i, img in enumerate(images)]
+                grid_list = [self._at_image(i, image_grid, img, self.spec, where=f"{where}, image {i}")
+                             for i, img in enumerate(images)]
             else:
                 for u8, g in self._encode_images(images, where):
                     u8_blocks.append(u8)
@@ -340,7 +388,7 @@ class Encoder:
         n_threads = default_threads() if self.threads is None else max(1, int(self.threads))
         spec = self.spec
         if n_threads <= 1 or len(images) <= 1:
-            return [encode_image(img, spec, where=f"{where}, image {i}") for i, img in enumerate(images)]
+            return [self._at_image(i, encode_image, img, spec, where=f"{where}, image {i}") for i, img in enumerate(images)]
         # the same object twice is encoded once: a lazily decoded PIL image must not be
         # loaded by two threads at once
         first = {}
@@ -348,9 +396,17 @@ class Encoder:
             first.setdefault(id(img), i)
         todo = sorted(set(first.values()))
         pool = thread_pool()
-        futures = {i: pool.submit(encode_image, images[i], spec, where=f"{where}, image {i}") for i in todo}
+        futures = {i: pool.submit(self._at_image, i, encode_image, images[i], spec, where=f"{where}, image {i}")
+                   for i in todo}
         done = {i: f.result() for i, f in futures.items()}  # in order: the first failing image raises
         return [done[first[id(img)]] for img in images]
+
+    def _at_image(self, i: int, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` with its `ImageError` located at image ``i`` of the images column."""
+        try:
+            return fn(*args, **kwargs)
+        except ImageError as e:
+            raise e.locate(column=self.images_column, image=i)
 
     def _truncate(self, ids, labels, mm, grids, u8_blocks, where):
         L, cap = len(ids), self.max_length
@@ -358,7 +414,8 @@ class Encoder:
             return ids, labels, mm, grids, u8_blocks
         detail = f"{where}: {L} tokens (text + {int((mm > 0).sum())} image tokens) exceed max_length={cap}"
         if self.truncation == "raise":
-            raise ValueError(detail + "; raise max_length, lower max_pixels, or pass truncation='drop' / 'truncate_text'")
+            raise TruncationError(detail, where="", column="input_ids",
+                                  fix="raise max_length, lower max_pixels, or pass truncation='drop' / 'truncate_text'")
         if self.truncation == "drop":
             raise RowDropped("too_long", detail)
         # truncate_text: cut at `cap` unless that reaches into an image block (its
@@ -367,9 +424,9 @@ class Encoder:
         if len(vis):
             last_block_end = int(vis[-1]) + 2  # image tokens, then <|vision_end|>
             if cap < last_block_end:
-                raise ValueError(
-                    detail + f"; truncating text only would cut into an image (its tokens end at {last_block_end}); "
-                    "use truncation='drop' or a larger max_length"
+                raise TruncationError(
+                    detail + f"; truncating text only would cut into an image (its tokens end at {last_block_end})",
+                    where="", column="input_ids", fix="use truncation='drop' or a larger max_length",
                 )
         lab = labels[:cap] if labels is not None else None
         return ids[:cap], lab, mm[:cap], grids, u8_blocks
@@ -410,21 +467,40 @@ class Encoder:
     def __call__(self, example: dict, idx=None) -> dict:
         if _is_batch(example):
             return self._call_batch(example, idx)
-        self.stats.rows += 1
-        try:
-            row = self.encode_row(example, idx)
-        except RowDropped as e:
-            if self.mark_dropped:
-                self.stats.dropped[e.reason] += 1
-                return {**_empty_row_dict(self), DROP_REASON_COLUMN: e.reason}
+        out = self._encode_one(example, idx)
+        if out is None:
             raise ValueError(
-                f"{e}; truncation='drop' can only leave rows out of a batched map: pass batched=True "
-                "(and remove_columns=ds.column_names) to dataset.map"
-            ) from None
-        self.stats.encoded += 1
-        out = row.to_dict()
+                f"{self._last_drop}; truncation='drop' can only leave rows out of a batched map: pass batched=True "
+                "(and remove_columns=ds.column_names) to dataset.map, or use mmpipe.encode_dataset"
+            )
+        return out
+
+    def _encode_one(self, example: dict, idx) -> Optional[dict]:
+        """One row -> its output dict: the encoded row, or (on_error="skip" / marked drops)
+        an empty row carrying why; None when a drop cannot be recorded (unmarked)."""
+        self.stats.rows += 1
+        extra = {}
+        try:
+            out = self.encode_row(example, idx).to_dict()
+            self.stats.encoded += 1
+        except RowDropped as e:
+            self.stats.dropped[e.reason] += 1
+            if not self.mark_dropped:
+                self._last_drop = e
+                logger.warning("mmpipe.encode dropped %s", e)
+                return None
+            out, extra = _empty_row_dict(self), {DROP_REASON_COLUMN: e.reason}
+        except Exception as e:
+            if self.on_error != "skip" or isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            err = as_input_error(e, idx)
+            self.stats.failed[err.stage] += 1
+            out, extra = _empty_row_dict(self), {ERROR_COLUMN: json.dumps(err.record())}
         if self.mark_dropped:
             out[DROP_REASON_COLUMN] = ""
+        if self.on_error == "skip":
+            out[ERROR_COLUMN] = ""
+        out.update(extra)
         return out
 
     def _call_batch(self, batch: dict, idx) -> dict:
@@ -433,21 +509,15 @@ class Encoder:
         for i in range(n):
             example = {k: v[i] for k, v in batch.items()}
             row_idx = idx[i] if isinstance(idx, (list, tuple, range)) else None
-            self.stats.rows += 1
-            try:
-                out_rows.append(self.encode_row(example, row_idx).to_dict())
+            row = self._encode_one(example, row_idx)
+            if row is not None:
+                out_rows.append(row)
                 kept.append(i)
-                self.stats.encoded += 1
-                if self.mark_dropped:
-                    out_rows[-1][DROP_REASON_COLUMN] = ""
-            except RowDropped as e:
-                self.stats.dropped[e.reason] += 1
-                if self.mark_dropped:
-                    out_rows.append({**_empty_row_dict(self), DROP_REASON_COLUMN: e.reason})
-                    kept.append(i)
-                else:
-                    logger.warning("mmpipe.encode dropped %s", e)
-        keys = list(out_rows[0]) if out_rows else list(_empty_row_dict(self))
+        if out_rows:
+            keys = list(out_rows[0])
+        else:
+            keys = list(_empty_row_dict(self)) + ([DROP_REASON_COLUMN] if self.mark_dropped else []) \
+                + ([ERROR_COLUMN] if self.on_error == "skip" else [])
         out = {k: [r[k] for r in out_rows] for k in keys}
         if len(kept) != n:
             # datasets keeps input columns unless removed: shorten them too, so a batch that
@@ -456,6 +526,28 @@ class Encoder:
                 if k not in out:
                     out[k] = [v[i] for i in kept]
         return out
+
+
+def as_input_error(e: Exception, row=None) -> InputError:
+    """Any exception raised while encoding row ``row`` -> a located `InputError` (stage
+    ``"encode"`` for failures that were not anticipated as bad input)."""
+    if isinstance(e, InputError):
+        return e.locate(row=row)
+    return InputError(
+        f"unexpected {type(e).__name__} while encoding: {e}", row=row, stage="encode",
+        fix="this input is not handled by mmpipe; please report it with the row",
+    )
+
+
+def drop_failed(ds, *, num_proc: Optional[int] = None):
+    """A dataset mapped with ``on_error="skip"`` -> ``(dataset without the failed rows and
+    without ERROR_COLUMN, [{"row", "stage", "column", "reason"}, ...])``."""
+    if ERROR_COLUMN not in ds.column_names:
+        return ds, []
+    errors = [json.loads(x) for x in ds[ERROR_COLUMN] if x]
+    if errors:
+        ds = ds.filter(lambda r: [not x for x in r], input_columns=[ERROR_COLUMN], batched=True, num_proc=num_proc)
+    return ds.remove_columns([ERROR_COLUMN]), errors
 
 
 def _empty_row_dict(enc: Encoder) -> dict:
@@ -495,15 +587,26 @@ DROP_REASON_COLUMN = "mmpipe_drop_reason"
 
 @dataclass
 class EncodeReport:
-    """What ``encode_dataset`` did: rows in, rows out, dropped rows counted by reason."""
+    """What ``encode_dataset`` did: rows in, rows out, dropped rows counted by reason, and
+    (``on_error="skip"``) every failed row as ``{"row", "stage", "column", "reason"}``.
+    ``rows_in == rows_out + sum(dropped.values()) + len(errors)``."""
 
     rows_in: int
     rows_out: int
     dropped: dict
+    errors: list = field(default_factory=list)
+
+    @property
+    def failed(self) -> dict:
+        """Failed rows counted by stage (``"parse"``, ``"image"``, ...)."""
+        return dict(Counter(e["stage"] for e in self.errors))
 
     def __str__(self) -> str:
         why = ", ".join(f"{k}: {v}" for k, v in sorted(self.dropped.items())) or "none"
-        return f"encoded {self.rows_out} of {self.rows_in} rows; dropped: {why}"
+        out = f"encoded {self.rows_out} of {self.rows_in} rows; dropped: {why}"
+        if self.errors:
+            out += "; failed: " + ", ".join(f"{k}: {v}" for k, v in sorted(self.failed.items()))
+        return out
 
 
 def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size: int = 64,
@@ -511,8 +614,9 @@ def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size:
     """Encode a ``datasets.Dataset`` and report exactly what was dropped, across processes.
 
     Returns ``(encoded_dataset, EncodeReport)``. Rows dropped under ``truncation="drop"``
-    are counted by reason from a column every worker writes, so the counts hold for any
-    ``num_proc`` (an in-process counter cannot see other workers).
+    are counted by reason, and rows failing under ``on_error="skip"`` are recorded (row
+    index, stage, column, reason), from columns every worker writes, so the counts hold for
+    any ``num_proc`` (an in-process counter cannot see other workers).
     """
     enc = Encoder(processor, **options)
     enc.mark_dropped = True
@@ -520,11 +624,13 @@ def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size:
                  remove_columns=ds.column_names if remove_columns else None,
                  desc="mmpipe.encode")
     reasons = Counter(r for r in out[DROP_REASON_COLUMN] if r)
-    if reasons:
-        out = out.filter(lambda r: [not x for x in r], input_columns=[DROP_REASON_COLUMN], batched=True,
+    marks = [DROP_REASON_COLUMN] + ([ERROR_COLUMN] if ERROR_COLUMN in out.column_names else [])
+    errors = [json.loads(x) for x in out[ERROR_COLUMN] if x] if len(marks) == 2 else []
+    if reasons or errors:
+        out = out.filter(lambda *cols: [not any(v) for v in zip(*cols)], input_columns=marks, batched=True,
                          num_proc=num_proc)
-    out = out.remove_columns([DROP_REASON_COLUMN])
-    return out, EncodeReport(rows_in=len(ds), rows_out=len(out), dropped=dict(reasons))
+    out = out.remove_columns(marks)
+    return out, EncodeReport(rows_in=len(ds), rows_out=len(out), dropped=dict(reasons), errors=errors)
 
 
 _ENCODERS: dict[tuple, Encoder] = {}

@@ -33,7 +33,8 @@ class InputError(MMPipeError, ValueError):
     """Bad input data, located and explained.
 
     Attributes:
-        row: dataset row index (None when unknown: pass ``with_indices=True`` to map).
+        row: dataset row index (None when unknown: pass ``with_indices=True`` to map), or
+            the row's index in the batch for collate errors.
         column: the column (or record field) holding the bad value, e.g. ``"images"``.
         stage: one of `STAGES`.
         expected / found: short descriptions (strings) of what should be there and what is.
@@ -73,6 +74,8 @@ class InputError(MMPipeError, ValueError):
         detail already says where)."""
         if self.where is not None:
             return self.where
+        if self.row is None and self.image is None:  # nothing known (e.g. re-raised by a DataLoader worker)
+            return ""
         loc = f"row {self.row}" if self.row is not None else "row (index unknown: pass with_indices=True to map)"
         return loc + (f", image {self.image}" if self.image is not None else "")
 

@@ -6,6 +6,16 @@ white) -> bicubic PIL resize of the uint8 image to the `smart_resize` size -> ``
 of each uint8 value and its channel, so a 256-entry table per channel reproduces the
 processor bit for bit (`VisionSpec.lut`). We therefore store the resized uint8 image once
 and produce float32 only when a batch is built.
+
+Bad input (policy, tested by the corpus in ``tests/bad_inputs.py``): every failure is an
+`mmpipe.errors.ImageError` naming the image. EXIF orientation is applied on every route
+(bytes, path, PIL, ``datasets.Image()``; the layout-only path reads it from the header), so
+an EXIF-rotated photo is upright - as ``datasets`` decodes it, and unlike the transformers
+processor given the raw PIL image, which ignores the tag. Modes convert as the processor
+does (``convert("RGB")``, transparency over white); 16-bit/int/float modes whose values do
+not fit 0..255 raise instead of being clipped to white. Images beyond PIL's
+decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``; 2x it raises in PIL) raise, which
+bounds decode memory to about 3 bytes x that many pixels.
 """
 
 from __future__ import annotations
@@ -20,8 +30,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
+from .errors import ImageError
 from .families import ModelFamily, family_of
 
 
@@ -94,11 +105,17 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     """Qwen's resize target: both sides multiples of ``factor``, area within bounds,
     aspect ratio kept as closely as possible (ratio must be < 200)."""
     if min(height, width) <= 0:
-        raise ValueError(f"image has size {height}x{width}; an image needs at least one pixel each way")
+        raise ImageError(
+            f"image has size {height}x{width}; an image needs at least one pixel each way",
+            where="", expected="height >= 1 and width >= 1", found=f"{height}x{width}",
+            fix="drop the row or replace the empty image",
+        )
     if max(height, width) / min(height, width) > 200:
-        raise ValueError(
+        raise ImageError(
             f"image {height}x{width} has aspect ratio {max(height, width) / min(height, width):.1f}; "
-            "Qwen-VL processors need it to be at most 200 - crop or pad the image"
+            "Qwen-VL processors need it to be at most 200", where="",
+            expected="max(h, w) / min(h, w) <= 200 (transformers smart_resize)",
+            found=f"{max(height, width) / min(height, width):.1f}", fix="crop or pad the image",
         )
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
@@ -122,13 +139,16 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
     """
     if isinstance(value, Image.Image):
         return value
+    found = f"{type(value).__name__}"
     try:
         if isinstance(value, dict):
             if value.get("bytes") is not None:
                 return Image.open(io.BytesIO(value["bytes"]))
             if value.get("path") is not None:
                 return Image.open(value["path"])
-            raise ValueError("dict image value has neither 'bytes' nor 'path'")
+            raise ImageError("the image dict has neither 'bytes' nor 'path'", where=where,
+                             expected="{'bytes': <encoded image>} or {'path': <file>}", found=f"keys {sorted(value)}",
+                             fix="store images with datasets.Image() or give a path")
         if isinstance(value, (bytes, bytearray, memoryview)):
             return Image.open(io.BytesIO(bytes(value)))
         if isinstance(value, (str, os.PathLike)):
@@ -136,44 +156,116 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
             if path.startswith("file://"):
                 path = path[len("file://"):]
             if not os.path.exists(path):
-                raise FileNotFoundError(f"no such file: {path!r}")
+                raise ImageError(f"no such file: {path!r}", where=where, expected="an existing image file",
+                                 found="a missing path",
+                                 fix="fix the path (relative paths resolve against the working directory) "
+                                     "or embed the image bytes with datasets.Image()")
             return Image.open(path)
         if hasattr(value, "detach"):
             value = value.detach().cpu().numpy()
         if isinstance(value, np.ndarray):
-            return _array_to_pil(value)
+            return _array_to_pil(value, where)
+    except ImageError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise _bomb_error(e, where) from e
     except (OSError, ValueError) as e:  # PIL.UnidentifiedImageError is an OSError
-        raise ValueError(f"{where}: cannot read the image ({type(e).__name__}: {e})") from e
-    raise TypeError(
-        f"{where}: unsupported image value of type {type(value).__name__}; expected a PIL image, "
-        "a datasets Image dict, a path, encoded bytes or a uint8 array [H, W, C]"
+        raise _unreadable(e, where, found) from e
+    raise ImageError(
+        f"unsupported image value of type {type(value).__name__}", where=where,
+        expected="a PIL image, a datasets Image dict, a path, encoded bytes or a uint8 array [H, W, C]",
+        found=type(value).__name__, fix="convert the value to one of those",
     )
 
 
-def _array_to_pil(arr: np.ndarray) -> Image.Image:
+def _unreadable(e: Exception, where: str, found: str = "") -> ImageError:
+    return ImageError(
+        f"cannot read the image ({type(e).__name__}: {e})", where=where,
+        expected="a complete PNG/JPEG/WebP/GIF/... file", found=found or None,
+        fix="the bytes are corrupt or truncated: re-export the image, or drop the row (on_error='skip')",
+    )
+
+
+def _bomb_error(e: Exception, where: str) -> ImageError:
+    return ImageError(
+        f"the image is larger than PIL's decompression-bomb limit ({e})", where=where,
+        expected=f"at most {Image.MAX_IMAGE_PIXELS} pixels (PIL.Image.MAX_IMAGE_PIXELS)",
+        fix="downscale the file before encoding, or raise PIL.Image.MAX_IMAGE_PIXELS if you trust the "
+            "source (decoding takes about 3 bytes per pixel)",
+    )
+
+
+def _array_to_pil(arr: np.ndarray, where: str = "image") -> Image.Image:
     if arr.dtype != np.uint8:
-        raise ValueError(f"image arrays must be uint8 [H, W, C], found dtype {arr.dtype}")
+        raise ImageError("image arrays must be uint8", where=where, expected="dtype uint8 [H, W, C]",
+                         found=f"dtype {arr.dtype}",
+                         fix="convert with np.clip(x, 0, 255).astype(np.uint8) (x*255 first for 0..1 floats)")
     if arr.ndim == 3 and arr.shape[-1] == 1:
         arr = arr[..., 0]
     if arr.ndim == 2:
         return Image.fromarray(arr, mode="L")
     if arr.ndim == 3 and arr.shape[-1] in (3, 4):
         return Image.fromarray(arr, mode="RGB" if arr.shape[-1] == 3 else "RGBA")
-    raise ValueError(f"image arrays must be [H, W] or [H, W, 1|3|4], found shape {arr.shape}")
+    raise ImageError("image arrays must be [H, W] or [H, W, 1|3|4]", where=where,
+                     expected="[H, W], [H, W, 1], [H, W, 3] or [H, W, 4]", found=f"shape {arr.shape}",
+                     fix="channels last; one image per array")
+
+
+# EXIF orientations 5..8 swap width and height (transpose / rotate by 90 degrees)
+_EXIF_ORIENTATION = 0x0112
+_SWAPS_AXES = (5, 6, 7, 8)
+
+
+def exif_orientation(img: Image.Image) -> int:
+    """The EXIF orientation tag (1..8; 1 = upright) from the header; no pixel decode."""
+    try:
+        o = img.getexif().get(_EXIF_ORIENTATION, 1)
+    except Exception:  # a broken EXIF block: PIL itself ignores it when decoding
+        return 1
+    return int(o) if isinstance(o, int) and 1 <= o <= 8 else 1
+
+
+def upright(img: Image.Image) -> Image.Image:
+    """The image as displayed: EXIF orientation applied (``PIL.ImageOps.exif_transpose``,
+    as ``datasets.Image()`` decoding does); the image itself when already upright."""
+    if exif_orientation(img) == 1:
+        return img
+    return ImageOps.exif_transpose(img)
 
 
 def image_hw(value: Any, *, where: str = "image") -> tuple[int, int]:
-    """(height, width) from the image header alone; no pixel decode."""
+    """(height, width) of the upright image from the header alone; no pixel decode."""
     if isinstance(value, np.ndarray):
+        if value.ndim not in (2, 3):
+            _array_to_pil(value, where)  # raises the shape error
         return int(value.shape[0]), int(value.shape[1])
     img = load_image(value, where=where)
     w, h = img.size
-    return h, w
+    return (w, h) if exif_orientation(img) in _SWAPS_AXES else (h, w)
+
+
+_WIDE_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")
+
+
+def _check_range(img: Image.Image) -> None:
+    """16-bit / int / float images: PIL's (and so the processor's) RGB conversion clips
+    values to 0..255, turning a 16-bit photo white. Raise instead of training on that."""
+    if img.mode not in _WIDE_MODES:
+        return
+    lo, hi = img.getextrema()
+    if lo < 0 or hi > 255:
+        raise ImageError(
+            f"{img.mode} image with values {lo}..{hi}: converting it to RGB clips them to 0..255 "
+            "(what the transformers processor does), which would wash the image out", where="",
+            expected="8-bit data (values 0..255)", found=f"mode {img.mode}, values {lo}..{hi}",
+            fix="convert to 8 bits yourself, e.g. Image.fromarray((np.asarray(img) >> 8).astype(np.uint8))",
+        )
 
 
 def to_rgb_image(img: Image.Image) -> Image.Image:
     """The RGB PIL image the processor works on, transparency composited onto white (as
     transformers does). An RGB image without transparency is returned as is (no copy)."""
+    _check_range(img)
     if "A" in img.getbands() or img.info.get("transparency") is not None:
         rgba = img.convert("RGBA")
         bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -191,7 +283,8 @@ def resize_image(img: Image.Image, spec: VisionSpec) -> np.ndarray:
 
     The processor converts to a numpy array and back to PIL before its bicubic resize; PIL
     resizes the same pixels the same way without the round trip, so this resizes the RGB PIL
-    image directly (two full-image copies fewer)."""
+    image directly (two full-image copies fewer). EXIF orientation is applied first."""
+    img = upright(img)
     w, h = img.size
     th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels)
     rgb = to_rgb_image(img)
@@ -384,10 +477,13 @@ def encode_image(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple
     img = load_image(value, where=where)
     try:
         resized = resize_image(img, spec)
-    except OSError as e:  # decoding happens here (PIL opens lazily): corrupt or truncated data
-        raise ValueError(f"{where}: cannot read the image ({type(e).__name__}: {e})") from e
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from e
+    except ImageError as e:
+        e.where = where if e.where == "" else e.where
+        raise
+    except Image.DecompressionBombError as e:
+        raise _bomb_error(e, where) from e
+    except (OSError, ValueError, SyntaxError) as e:  # decoding happens here (PIL opens lazily)
+        raise _unreadable(e, where, getattr(img, "format", None) and f"a {img.format} image") from e
     p = spec.patch_size
     return patchify_u8(resized, spec), (1, resized.shape[0] // p, resized.shape[1] // p)
 
@@ -397,6 +493,7 @@ def image_grid(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple[i
     h, w = image_hw(value, where=where)
     try:
         th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from e
+    except ImageError as e:
+        e.where = where if e.where == "" else e.where
+        raise
     return 1, th // spec.patch_size, tw // spec.patch_size
