@@ -1,5 +1,15 @@
 """The ``mmpipe`` command line.
 
+    mmpipe encode rows.jsonl --processor DIR --out enc/ [--num-proc 4 --max-length 4096 ...]
+    mmpipe inspect enc/ [--json]
+    mmpipe demo [--family qwen3_vl --rows 20 ...]      # python -m mmpipe.demo's arguments
+
+``encode`` turns a local dataset (.jsonl/.json/.parquet or a ``save_to_disk`` directory) into
+encoded rows saved with ``save_to_disk`` (`mmpipe.cli_encode`); ``inspect`` prints the counts
+and histograms of an encoded dataset (`mmpipe.cli_inspect`); ``demo`` runs `mmpipe.demo`.
+Errors in the arguments or the input exit with status 2 and one line saying what to fix; a
+row that fails to encode exits with status 1 and names the row.
+
     mmpipe judge ping --base-url http://localhost:8000/v1 --model Qwen/Qwen3-VL-8B-Instruct \\
         --image frame.png [--task "stack the red cube on the green cube"] [--primitive grasp]
 
@@ -22,6 +32,13 @@ DEFAULT_PRIMITIVES = "reach,grasp,lift,place,release"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmpipe", description="mmpipe command line tools")
     sub = parser.add_subparsers(dest="command", required=True)
+    from .cli_encode import add_encode_parser
+    from .cli_inspect import add_inspect_parser
+
+    add_encode_parser(sub)
+    add_inspect_parser(sub)
+    sub.add_parser("demo", help="run the offline demo (python -m mmpipe.demo; arguments passed through)",
+                   add_help=False)
     judge = sub.add_parser("judge", help="VLM judge (reward) tools").add_subparsers(dest="judge_command", required=True)
     ping = judge.add_parser("ping", help="ask a VLM server both judge questions about one image")
     ping.add_argument("--base-url", required=True, help="OpenAI-compatible root, e.g. http://localhost:8000/v1")
@@ -91,11 +108,35 @@ def _ping(args: argparse.Namespace) -> int:
     return 0 if result.valid else 1
 
 
+def _run_data_command(args: argparse.Namespace) -> int:
+    from .cli_encode import CLIError, run_encode
+    from .cli_inspect import run_inspect
+
+    try:
+        return run_encode(args) if args.command == "encode" else run_inspect(args)
+    except CLIError as e:
+        print(f"mmpipe {args.command}: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, KeyError) as e:  # a row that cannot be encoded names itself
+        hint = ""
+        if args.command == "encode" and getattr(args, "on_error", None) == "raise":
+            hint = " (pass --on-error skip to leave failing rows out and list them in the report)"
+        print(f"mmpipe {args.command}: {type(e).__name__}: {e}{hint}", file=sys.stderr)
+        return 1
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``mmpipe`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:  # everything after `demo` is the demo's own command line
+        from .demo import main as demo_main
+
+        return demo_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "judge" and args.judge_command == "ping":
         return _ping(args)
+    if args.command in ("encode", "inspect"):
+        return _run_data_command(args)
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 
