@@ -97,6 +97,15 @@ def test_packed_logits_equal_rows_alone(family, attn, encoded):
             lab = torch.from_numpy(r.labels)
             mine = torch.nn.functional.cross_entropy(per_row[k][:-1], lab[1:], ignore_index=IGNORE_INDEX)
             torch.testing.assert_close(mine, alone, rtol=1e-5, atol=1e-5)
+        # pretraining-style labels (every text token a target, first tokens included): the
+        # packed loss still never predicts a row's first token from the row before
+        full = [mmpipe.MultiModalInputs(**{**r.__dict__, "labels": np.where(r.mm_token_type_ids == 0, r.input_ids,
+                                                                              IGNORE_INDEX)}) for r in rows]
+        p_full = pack(full, processor=proc)
+        padded_full = mmpipe.collate(full, processor=proc, padding_side="right")
+        torch.testing.assert_close(model(**p_full.model_inputs()).loss, model(**padded_full.model_inputs()).loss,
+                                   rtol=1e-5, atol=1e-5)
+        assert unpack(p_full) == full
 
 
 def test_mask_or_cache_would_leak_across_rows(encoded):
