@@ -252,3 +252,31 @@ def rema_cases(draw, families=("text", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"), ma
                     flag_elsewhere[(i, r, t)] = draw(st.booleans())
     return {"family": family, "roles": roles, "max_num_turns": max_num_turns, "questions": questions,
             "system": system, "finish_at": finish_at, "flag_elsewhere": flag_elsewhere, "responses": responses}
+
+
+# ---- token-budget batching (mmpipe.sampler) -------------------------------------------
+
+
+@st.composite
+def token_budget_cases(draw, max_rows: int = 60):
+    """Arguments for ``TokenBudgetBatchSampler``: per-row ``lengths`` (1..400 tokens) and
+    ``num_images`` (0..5), and keyword options (budgets, cost, shuffle, seed, bucket size).
+    ``oversize`` is "alone" whenever a drawn row is over a budget on its own."""
+    n = draw(st.integers(0, max_rows))
+    lengths = draw(st.lists(st.integers(1, 400), min_size=n, max_size=n))
+    num_images = draw(st.lists(st.integers(0, 5), min_size=n, max_size=n))
+    max_tokens = draw(st.integers(50, 1500))
+    max_images = draw(st.one_of(st.none(), st.integers(0, 8)))
+    over = any(L > max_tokens for L in lengths) or (
+        max_images is not None and any(k > max_images for k in num_images))
+    kw = {
+        "max_tokens": max_tokens,
+        "max_images": max_images,
+        "max_rows": draw(st.one_of(st.none(), st.integers(1, 10))),
+        "cost": draw(st.sampled_from(["padded", "packed"])),
+        "shuffle": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**32 - 1)),
+        "bucket_size": draw(st.one_of(st.none(), st.integers(1, 30))),
+        "oversize": "alone" if over else draw(st.sampled_from(["raise", "alone"])),
+    }
+    return lengths, num_images, kw
