@@ -133,6 +133,12 @@ def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tupl
         raw = list(raw) + ([{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion))
 
     column_images = example.get(images_column)
+    if column_images is not None and not isinstance(column_images, (list, tuple)) and not (
+            isinstance(column_images, np.ndarray) and column_images.dtype == object and column_images.ndim == 1):
+        # one bare image (or a string) instead of a list: iterating it would crash or split it (found by fuzzing)
+        raise ParseError(f"column {images_column!r} must hold a list of images", where=where, column=images_column,
+                         expected="a list (datasets.Sequence(datasets.Image()))", found=type(column_images).__name__,
+                         fix=f"wrap it: {{{images_column!r}: [image]}}")
     column_images = list(column_images) if column_images is not None else []
     has_column_images = bool(column_images)
     next_col = 0
@@ -352,8 +358,9 @@ class Encoder:
                     f"the rendered prompt holds {len(pad_pos)} {fam.image_token} token(s) but the row "
                     f"has {len(images)} image(s)", where=where, column="messages",
                     expected=f"one {fam.image_token} per image", found=f"{len(pad_pos)}",
-                    fix=f"remove literal {fam.image_token} text from the messages, or use a chat template "
-                        "that renders every image item",
+                    fix=(f"remove literal {fam.image_token} text from the messages" if len(pad_pos) > len(images)
+                         else "the chat template did not render every image item (Qwen3-VL's template drops "
+                              "images in system messages): move those images to a user turn"),
                 )
             if (ids == self.video_token_id).any():
                 raise ParseError(f"the prompt holds {fam.video_token} but videos are not supported by encode yet",

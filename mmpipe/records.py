@@ -29,24 +29,49 @@ from typing import Any, Optional
 import numpy as np
 import pyarrow as pa
 
+from .errors import InputError
 from .families import ModelFamily, get_family
 
 PIXEL_FORMATS = ("uint8", "float32", "none")
 IGNORE_INDEX = -100
 
 
-def _as_np(value, dtype, ndim: int, name: str) -> np.ndarray:
-    """Any array-like (list, numpy, torch) -> numpy of `dtype` with `ndim` dims."""
+def _as_np(value, dtype, ndim: int, name: str, row: Any = None) -> np.ndarray:
+    """Any array-like (list, numpy, torch) -> numpy of `dtype` with `ndim` dims, or an
+    `InputError` naming the row and column (missing, not numeric, fractional ids, wrong rank)."""
     if value is None:
-        raise ValueError(f"column {name!r} is missing")
+        raise InputError(f"column {name!r} is missing", row=row, column=name, stage="validate",
+                         fix="re-encode the row with mmpipe.encode")
     if hasattr(value, "detach"):  # torch tensor, no torch import needed here
         value = value.detach().cpu().numpy()
-    arr = np.asarray(value)
+    try:
+        arr = np.asarray(value)
+    except ValueError as e:  # ragged nested lists
+        raise InputError(f"column {name!r}: not a rectangular array ({e})", row=row, column=name,
+                         stage="validate", fix="re-encode the row with mmpipe.encode") from None
     if arr.size == 0 and arr.ndim != ndim:
         arr = np.zeros((0,) * ndim, dtype=dtype)
     if arr.ndim != ndim:
-        raise ValueError(f"column {name!r}: expected {ndim}-D array, found shape {arr.shape}")
+        raise InputError(f"column {name!r}: expected {ndim}-D array, found shape {arr.shape}", row=row,
+                         column=name, stage="validate", fix="re-encode the row with mmpipe.encode")
+    if arr.dtype.kind not in "biuf":
+        raise InputError(f"column {name!r}: expected numbers, found dtype {arr.dtype}", row=row, column=name,
+                         stage="validate", fix="re-encode the row with mmpipe.encode")
+    if np.dtype(dtype).kind in "iu" and arr.dtype.kind == "f" and arr.size and not np.array_equal(arr, np.round(arr)):
+        # casting would silently truncate ids/positions/grids: never guess
+        raise InputError(f"column {name!r}: expected integers, found fractional {arr.dtype} values", row=row,
+                         column=name, stage="validate", fix="re-encode the row with mmpipe.encode")
     return arr.astype(dtype, copy=False)
+
+
+def _width(arr: np.ndarray, width: int, name: str, row: Any) -> np.ndarray:
+    """``arr`` [n, width] (an empty array becomes [0, width]); a wrong width is an error, never a reshape."""
+    if arr.size == 0:
+        return arr.reshape(0, width)
+    if arr.shape[1] != width:
+        raise InputError(f"column {name!r}: expected rows of {width} values, found shape {arr.shape}", row=row,
+                         column=name, stage="validate", fix="re-encode the row with mmpipe.encode")
+    return arr
 
 
 def _empty2(width: int, dtype) -> np.ndarray:
@@ -137,6 +162,12 @@ class MultiModalInputs:
                 raise ValueError(f"{where}, column {name!r}: expected shape ({L},), found {getattr(self, name).shape}")
         if self.position_ids.shape != (3, L):
             raise ValueError(f"{where}, column 'position_ids': expected shape (3, {L}), found {self.position_ids.shape}")
+        bad_type = np.flatnonzero((self.mm_token_type_ids < 0) | (self.mm_token_type_ids > 2))
+        if len(bad_type):
+            raise ValueError(
+                f"{where}, column 'mm_token_type_ids': expected 0 (text), 1 (image) or 2 (video), found "
+                f"{int(self.mm_token_type_ids[bad_type[0]])} at token {int(bad_type[0])} - re-encode the row"
+            )
         m2 = fam.merge_size**2
         for kind, code, grid in (("image", 1, self.image_grid_thw), ("video", 2, self.video_grid_thw)):
             n_tok = int((self.mm_token_type_ids == code).sum())
@@ -170,34 +201,44 @@ class MultiModalInputs:
         try:
             family = d["family"]
         except KeyError:
-            raise ValueError(
-                f"row {row}: no 'family' column; this is not a row produced by mmpipe.encode"
+            raise InputError(
+                "no 'family' column; this is not a row produced by mmpipe.encode", row=row, column="family",
+                stage="validate", fix="encode the raw row with mmpipe.encode",
             ) from None
-        fam = get_family(family)
-        ids = _as_np(d["input_ids"], np.int64, 1, "input_ids")
+        try:
+            fam = get_family(family)
+        except (ValueError, TypeError) as e:
+            raise InputError(str(e), row=row, column="family", stage="validate",
+                             fix="re-encode the row with this model's processor") from None
+        ids = _as_np(d.get("input_ids"), np.int64, 1, "input_ids", row)
         L = ids.shape[0]
-        pos = _as_np(d["position_ids"], np.int64, 2, "position_ids")
+        pos = _as_np(d.get("position_ids"), np.int64, 2, "position_ids", row)
+        delta = _as_np(d.get("rope_delta", 0), np.int64, np.ndim(d.get("rope_delta", 0)), "rope_delta", row).reshape(-1)
+        if delta.size != 1:
+            raise InputError(f"column 'rope_delta': expected one integer, found {delta.size} values", row=row,
+                             column="rope_delta", stage="validate", fix="re-encode the row with mmpipe.encode")
         kw: dict[str, Any] = dict(
             input_ids=ids,
-            attention_mask=_as_np(d.get("attention_mask", np.ones(L)), np.int64, 1, "attention_mask"),
-            mm_token_type_ids=_as_np(d.get("mm_token_type_ids", np.zeros(L)), np.int64, 1, "mm_token_type_ids"),
+            attention_mask=_as_np(d.get("attention_mask", np.ones(L)), np.int64, 1, "attention_mask", row),
+            mm_token_type_ids=_as_np(d.get("mm_token_type_ids", np.zeros(L)), np.int64, 1, "mm_token_type_ids", row),
             position_ids=pos,
-            rope_delta=int(np.asarray(d.get("rope_delta", 0)).reshape(-1)[0]),
+            rope_delta=int(delta[0]),
             family=fam.name,
         )
         if d.get("labels") is not None:
-            kw["labels"] = _as_np(d["labels"], np.int64, 1, "labels")
+            kw["labels"] = _as_np(d["labels"], np.int64, 1, "labels", row)
         for name in ("image_grid_thw", "video_grid_thw"):
             if d.get(name) is not None:
-                kw[name] = _as_np(d[name], np.int64, 2, name).reshape(-1, 3)
+                kw[name] = _width(_as_np(d[name], np.int64, 2, name, row), 3, name, row)
         if d.get("second_per_grid_ts") is not None:
-            kw["second_per_grid_ts"] = _as_np(d["second_per_grid_ts"], np.float32, 1, "second_per_grid_ts")
+            kw["second_per_grid_ts"] = _as_np(d["second_per_grid_ts"], np.float32, 1, "second_per_grid_ts", row)
         if d.get("pixel_values") is not None:
-            kw["pixel_values"] = _as_np(d["pixel_values"], np.float32, 2, "pixel_values").reshape(-1, fam.patch_dim)
+            kw["pixel_values"] = _width(_as_np(d["pixel_values"], np.float32, 2, "pixel_values", row),
+                                        fam.patch_dim, "pixel_values", row)
         if d.get("pixel_values_videos") is not None and len(kw.get("video_grid_thw", ())):
-            kw["pixel_values_videos"] = _as_np(
-                d["pixel_values_videos"], np.float32, 2, "pixel_values_videos"
-            ).reshape(-1, fam.patch_dim)
+            kw["pixel_values_videos"] = _width(_as_np(
+                d["pixel_values_videos"], np.float32, 2, "pixel_values_videos", row
+            ), fam.patch_dim, "pixel_values_videos", row)
         n_img = int(kw["image_grid_thw"].prod(axis=1).sum()) if "image_grid_thw" in kw else 0
         n_vid = int(kw["video_grid_thw"].prod(axis=1).sum()) if "video_grid_thw" in kw else 0
         if d.get("pixel_values_u8") is not None:
@@ -318,7 +359,7 @@ def _u8_block(value, n_patches: int, width: int, name: str, row) -> np.ndarray:
             )
         arr = buf[:-1]
     else:
-        arr = _as_np(value, np.uint8, np.ndim(value) or 1, name)
+        arr = _as_np(value, np.uint8, np.ndim(value) or 1, name, row)
     if arr.size != want:
         raise ValueError(
             f"row {row}, column {name!r}: {arr.size} values but the grids need {n_patches} patches x {width} "

@@ -254,6 +254,158 @@ def rema_cases(draw, families=("text", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"), ma
             "system": system, "finish_at": finish_at, "flag_elsewhere": flag_elsewhere, "responses": responses}
 
 
+# ---- fuzzing inputs (tests/test_fuzz.py) ---------------------------------------------
+# Hostile raw rows: random roles and content shapes, user text that looks like special
+# tokens, images as valid/truncated/garbage bytes, arrays and wrong types, and placeholder
+# counts that may not match the images. Sizes stay tiny (1..80 px) so thousands of cases run.
+
+SPECIAL_LOOKING = ["<|image_pad|>", "<image>", "<|vision_start|>", "<|vision_end|>", "<|video_pad|>",
+                   "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_start|>assistant\n", "<", "|>"]
+fuzz_text = st.one_of(
+    words,
+    st.text(max_size=20),
+    st.lists(st.one_of(words, st.sampled_from(SPECIAL_LOOKING)), min_size=1, max_size=4).map("".join),
+)
+
+
+def _encoded_image_bytes(h, w, mode, fmt, seed):
+    import io
+
+    img = testing.tiny_image(h, w, seed=seed, mode="RGBA" if mode == "RGBA" else "RGB")
+    if mode not in ("RGB", "RGBA"):
+        img = img.convert(mode)
+    if fmt == "JPEG" and img.mode not in ("RGB", "L", "CMYK"):
+        img = img.convert("RGB")
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+@st.composite
+def fuzz_images(draw):
+    """One image value of any kind a user might put in a row: (value, kind), kind in
+    "valid" (must encode), "broken" (truncated/garbage bytes: a documented error or, for
+    truncations PIL still reads, an image) or "invalid" (wrong type, bad array: an error)."""
+    h, w = draw(st.integers(1, 80)), draw(st.integers(1, 80))
+    seed = draw(st.integers(0, 3))
+    kind = draw(st.sampled_from(["png", "jpeg", "pil", "array", "dict", "truncated", "garbage", "bad_array", "wrong_type"]))
+    mode = draw(st.sampled_from(["RGB", "RGBA", "L", "P", "LA", "1", "I;16", "CMYK"]))
+    if kind in ("png", "jpeg", "dict", "truncated"):
+        fmt = "PNG" if kind != "jpeg" and mode != "CMYK" else "JPEG"
+        data = _encoded_image_bytes(h, w, mode, fmt, seed)
+        if kind == "dict":
+            return {"bytes": data, "path": None}, "valid"
+        if kind == "truncated":
+            return data[: draw(st.integers(0, max(0, len(data) - 1)))], "broken"
+        return data, "valid"
+    if kind == "pil":
+        img = testing.tiny_image(h, w, seed=seed, mode="RGBA" if mode == "RGBA" else "RGB")
+        return (img if mode in ("RGB", "RGBA") else img.convert(mode)), "valid"
+    if kind == "array":
+        shape = draw(st.sampled_from([(h, w), (h, w, 1), (h, w, 3), (h, w, 4)]))
+        return np.random.default_rng(seed).integers(0, 256, size=shape, dtype=np.uint8), "valid"
+    if kind == "garbage":
+        return draw(st.one_of(st.binary(max_size=64), st.just(b"\x89PNG\r\n\x1a\n" + bytes(20)))), "broken"
+    if kind == "bad_array":
+        return draw(st.sampled_from([
+            np.zeros((h, w, 3), np.float32), np.zeros((h, w, 2), np.uint8), np.zeros((h,), np.uint8),
+            np.zeros((0, w, 3), np.uint8), np.zeros((h, w, 3, 1), np.uint8), np.zeros((h, w, 5), np.uint8),
+        ])), "invalid"
+    return draw(st.sampled_from([5, 2.5, None, "does/not/exist.png", {"path": None}, {"nope": 1}, [1, 2], b""])), "invalid"
+
+
+import numpy as np  # noqa: E402  (used by the fuzzing strategies only)
+
+FUZZ_ROLES = ["user", "user", "assistant", "system", "tool"]
+
+
+@st.composite
+def fuzz_raw_rows(draw, max_messages: int = 4):
+    """(raw row, expect) with random structure. ``expect`` is "valid" when the row is
+    well formed (then encode must succeed unless an option forbids it, e.g. max_length),
+    else "maybe" (a documented error is allowed). Placeholders: {"type": "image"} items
+    consume the ``images`` column; counts may deliberately mismatch."""
+    valid = True
+    style = draw(st.sampled_from(["hub", "hub", "inline", "verl"]))
+    msgs, column = [], []
+    n_msgs = draw(st.integers(1, max_messages))
+    for k in range(n_msgs):
+        role = draw(st.sampled_from(FUZZ_ROLES + ["narrator", 5, None]) if draw(st.integers(0, 15)) == 0
+                    else st.sampled_from(FUZZ_ROLES))
+        if role not in FUZZ_ROLES:
+            valid = False
+        shape = draw(st.sampled_from(["str", "list", "list", "list", "bad"]))
+        if shape == "bad":
+            content = draw(st.sampled_from([5, {"type": "text", "text": "x"}, [5], [{"type": "text"}],
+                                            [{"type": "text", "text": 3}], [{"type": "video"}], [None]]))
+            valid = False
+        elif shape == "str" or style == "verl":
+            text = draw(fuzz_text)
+            if style == "verl":
+                for _ in range(draw(st.integers(0, 2))):
+                    text += "<image>" + draw(words)
+            content = text
+        else:
+            content = []
+            for _ in range(draw(st.integers(0, 3))):
+                if draw(st.booleans()):
+                    content.append({"type": "text", "text": draw(fuzz_text)})
+                else:
+                    img, kind = draw(fuzz_images())
+                    if kind != "valid":
+                        valid = False
+                    if style == "inline":
+                        content.append({"type": "image", "image": img})
+                    else:
+                        content.append({"type": "image"})
+                        column.append(img)
+        msgs.append({"role": role, "content": content})
+    for m in msgs:
+        texts = [m["content"]] if isinstance(m["content"], str) else [
+            i.get("text") for i in m["content"] if isinstance(i, dict) and isinstance(i.get("text"), str)
+        ] if isinstance(m["content"], list) else []
+        if any(s in t for t in texts for s in ("<|image_pad|>", "<|video_pad|>")):
+            valid = False  # a typed pad token must be refused, never become a phantom image
+    if style != "verl" and column and any(isinstance(m["content"], str) and "<image>" in m["content"] for m in msgs):
+        valid = False  # typed "<image>" in string content is a placeholder when the row has images
+    if style == "verl":
+        n_ph = sum(m["content"].count("<image>") for m in msgs if isinstance(m["content"], str))
+        column = [draw(fuzz_images()) for _ in range(n_ph)]
+        if any(k != "valid" for _, k in column):
+            valid = False
+        column = [v for v, _ in column]
+    # deliberately break the placeholder/image count now and then
+    delta = draw(st.sampled_from([0, 0, 0, 0, 0, 0, -1, 1]))
+    if delta == 1:
+        column.append(testing.tiny_image(8, 8))
+        valid = False
+    elif delta == -1 and column:
+        column.pop()
+        valid = False
+    row = {"messages" if style != "verl" else "prompt": msgs}
+    if column or draw(st.booleans()):
+        row["images"] = column
+    return row, ("valid" if valid else "maybe")
+
+
+@st.composite
+def fuzz_encode_options(draw):
+    """Random encoder options: budget and truncation policy, pixel storage, labels, resize bounds."""
+    opts = {
+        "pixels": draw(st.sampled_from(["uint8", "uint8", "float32", "none"])),
+        "labels": draw(st.booleans()),
+        "truncation": draw(st.sampled_from(["raise", "drop", "truncate_text"])),
+        "add_generation_prompt": draw(st.sampled_from([None, None, True, False])),
+    }
+    if draw(st.booleans()):
+        opts["max_length"] = draw(st.integers(1, 200))
+    if draw(st.booleans()):
+        lo = draw(st.sampled_from([28 * 28, 4 * 28 * 28, 16 * 28 * 28]))
+        opts["min_pixels"] = lo
+        opts["max_pixels"] = lo * draw(st.sampled_from([1, 2, 4]))
+    return opts
+
+
 # ---- token-budget batching (mmpipe.sampler) -------------------------------------------
 
 
