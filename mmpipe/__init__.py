@@ -50,6 +50,12 @@ _LAZY = {
     "ModelFamily": "families",
     "VisionSpec": "images",
     "write_schemas": "schemas",
+    "PackingCollator": "packing",
+    "PackedMultiModalInputs": "packing",
+    "pack": "packing",
+    "unpack": "packing",
+    "TokenBudgetBatchSampler": "sampler",
+    "token_counts": "sampler",
 }
 
 __all__ = sorted(
