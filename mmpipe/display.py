@@ -40,7 +40,7 @@ from .families import get_family
 from .records import IGNORE_INDEX, BatchedMultiModalInputs, MultiModalInputs
 
 DEFAULT_MAX_TOKENS = 400  # text tokens shown per row before text runs collapse
-_MAX_PNG_SIDE = 1024  # embedded PNGs larger than this are downscaled (the caption says so)
+DEFAULT_MAX_ROWS = 16  # rows of a batch shown in full (the table lists every row)
 _MIN_SHOWN_SIDE = 96  # tiny images are shown enlarged by a whole factor, pixelated
 _MAX_SHOWN_SIDE = 320
 
@@ -367,31 +367,30 @@ def _thumb_html(img_arr: Optional[np.ndarray], label_index: int, grid, n_tokens:
     t, h, w = grid
     H, W = h * p, w * p
     colour = media_colour(label_index)
-    where = f" · tokens from #{first_token}" if first_token is not None else ""
+    where = f" #{first_token}–{first_token + n_tokens - 1}" if first_token is not None else ""
     if img_arr is None:
         sw, sh, _ = _shown_size(W, H)
         return (
             f'<figure class="mmpipe-figure"><div class="mmpipe-placeholder" data-mmpipe-placeholder="{label_index}" '
             f'style="width:{sw}px;height:{sh}px;border-color:{colour}">image {label_index}<br>{W}×{H} px<br>'
             f"no pixels stored (layout-only row, pixels={_esc(pixel_format)!s})</div>"
-            f"<figcaption>image {label_index} · grid {t}×{h}×{w} · {n_tokens} tokens · {W}×{H} px{where}"
+            f"<figcaption>image {label_index} · grid {t}×{h}×{w} · {n_tokens} tokens{where} · {W}×{H} px"
             f"</figcaption></figure>"
         )
     from PIL import Image
 
     img = Image.fromarray(img_arr, "RGB")
     note = ""
-    if max(W, H) > _MAX_PNG_SIDE:
-        s = _MAX_PNG_SIDE / max(W, H)
-        img = img.resize((max(1, round(W * s)), max(1, round(H * s))), Image.BICUBIC)
-        note = f" (embedded at {img.width}×{img.height})"
     sw, sh, pixelated = _shown_size(W, H)
+    if (sw, sh) != (W, H) and not pixelated:  # a large image: embed it at the size shown, not in full
+        img = img.resize((sw, sh), Image.LANCZOS)
+        note = f" (shown at {sw}×{sh})"
     cls = ' class="mmpipe-pixelated"' if pixelated else ""
     approx = "" if exact else " · approximate colours (normalisation constants differ from the family's; pass the processor)"
     return (
         f'<figure class="mmpipe-figure"><img{cls} data-mmpipe-image="{label_index}" src="{_png_data_uri(img)}" '
         f'width="{sw}" height="{sh}" style="border-color:{colour}" alt="image {label_index}, {W}x{H} pixels">'
-        f"<figcaption>image {label_index} · grid {t}×{h}×{w} · {n_tokens} tokens · {W}×{H} px{note}{where}{approx}"
+        f"<figcaption>image {label_index} · grid {t}×{h}×{w} · {n_tokens} tokens{where} · {W}×{H} px{note}{approx}"
         f"</figcaption></figure>"
     )
 
@@ -602,10 +601,12 @@ def _grid_str(g) -> str:
     return "×".join(str(x) for x in g)
 
 
-def batch_html(batch: BatchedMultiModalInputs, *, tokenizer=None, max_tokens: Optional[int] = DEFAULT_MAX_TOKENS) -> str:
+def batch_html(batch: BatchedMultiModalInputs, *, tokenizer=None, max_tokens: Optional[int] = DEFAULT_MAX_TOKENS,
+               max_rows: Optional[int] = DEFAULT_MAX_ROWS) -> str:
     """HTML of a batch: a per-row table (length, padding, images, tokens per image, grids,
-    labels), then each row's thumbnails and token strip. Images carry their index in the
-    batch (``image_grid_thw`` row); ``sample_to_image_indices`` says which row owns which."""
+    labels) of every row, then the thumbnails and token strip of the first ``max_rows`` rows
+    (None: all; the page says how many are left out). Images carry their index in the batch
+    (``image_grid_thw`` row); ``sample_to_image_indices`` says which row owns which."""
     from .unbatch import unbatch
 
     rows = unbatch(batch)
@@ -632,8 +633,11 @@ def batch_html(batch: BatchedMultiModalInputs, *, tokenizer=None, max_tokens: Op
         _row_body(row, tokenizer=tokenizer, max_tokens=max_tokens, image_ids=info[b]["images"],
                   video_ids=info[b]["videos"], spec=batch.spec if batch.spec is not None else tokenizer,
                   title=f"row {b}", toks=toks, legend=False)
-        for b, row in enumerate(rows)
+        for b, row in enumerate(rows[:max_rows] if max_rows is not None else rows)
     ]
+    if len(bodies) < len(rows):
+        bodies.append(f'<div class="mmpipe-note">rows {len(bodies)}..{len(rows) - 1} are in the table only '
+                      f"(max_rows={max_rows}; batch_html(batch, max_rows=None) shows all)</div>")
     legend = _legend(next((r for r in rows if r.labels is not None), rows[0]), toks, counts=False) if rows else ""
     return (f'{_style()}<div class="mmpipe"><div class="mmpipe-head">{_esc(head)}</div>{table}{legend}'
             f'{"".join(bodies)}</div>')

@@ -47,7 +47,10 @@ def _row_of(obj, index: int = 0) -> MultiModalInputs:
 def _figure(figsize):
     """A pyplot-free Figure; in an IPython kernel pyplot is imported first so that its inline
     backend registers the figure formatter (the returned figure then renders as an image)."""
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ImportError("mmpipe.plots needs matplotlib: pip install 'mmpipe[plots]' (or matplotlib)") from e
 
     ipython = sys.modules.get("IPython")
     if ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None:
@@ -97,7 +100,7 @@ def plot_positions(row_or_batch, *, index: int = 0, ax=None):
     ax.set_ylabel("position id")
     ax.set_title(f"M-RoPE positions · {row.family} · {row.num_tokens} tokens · rope_delta {row.rope_delta}",
                  fontsize=10)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
     ax.grid(alpha=0.25)
     return fig
 
@@ -140,6 +143,11 @@ def plot_image_grid(row, image_index: int = 0, *, ax=None, spec=None, labels="au
         note = " · layout only"
     cell = p * m
     rows_m, cols_m = gh // m, gw // m
+    # patch boundaries inside each token cell: thin; token cells (merge x merge patches): bold
+    inner_x = [x for x in range(p, W, p) if x % cell]
+    inner_y = [y for y in range(p, H, p) if y % cell]
+    ax.vlines(inner_x, 0, H, colors=colour, lw=0.4, alpha=0.5)
+    ax.hlines(inner_y, 0, W, colors=colour, lw=0.4, alpha=0.5)
     ax.vlines(np.arange(0, W + 1, cell), 0, H, colors=colour, lw=1.0)
     ax.hlines(np.arange(0, H + 1, cell), 0, W, colors=colour, lw=1.0)
     n_tok = rows_m * cols_m
