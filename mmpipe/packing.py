@@ -63,10 +63,12 @@ class PackedMultiModalInputs:
                             rows 1-3 the rows' M-RoPE (t, h, w) positions. Text family: [1, T].
         cu_seqlens:         int32 [n+1] row k owns tokens cu_seqlens[k]:cu_seqlens[k+1]
         labels:             int64 [1, T] or None; -100 on every row's first token
-        first_labels:       int64 [n] each row's own label at its first token (for `unpack`)
-        pixel_values:       float32 [N, 3*T*p*p] or None; image_grid_thw int64 [I, 3]
+        first_labels:       int64 [n] or None, each row's own label at its first token (for `unpack`)
         meta:               the rows' `BatchedMultiModalInputs` (pixels, grids, offsets, rope
                             deltas, lengths, pixel storage) with zero-width token tensors [n, 0].
+
+    Shortcuts: ``pixel_values`` float32 [N, 3*T*p*p] or None, ``image_grid_thw`` int64 [I, 3],
+    ``seq_lengths`` int64 [n], ``sequence_ids`` int64 [1, T] (the row of each token).
     """
 
     input_ids: Any
@@ -126,12 +128,10 @@ class PackedMultiModalInputs:
         only when the pack holds images; ``labels`` only when it holds a target token.
         """
         dev = device if device is not None else self.input_ids.device
-        m = self.meta
-        out: dict[str, Any] = {"input_ids": self.input_ids}
-        if get_family(m.family).is_vision:
+        m, fam = self.meta, get_family(self.meta.family)
+        out: dict[str, Any] = {"input_ids": self.input_ids, "position_ids": self.position_ids}
+        if fam.is_vision:
             out["mm_token_type_ids"] = self.mm_token_type_ids
-            out["position_ids"] = self.position_ids
-            fam = get_family(m.family)
             if m.pixel_values is not None and m.image_grid_thw.shape[0]:
                 out["pixel_values"] = m.pixel_values
                 out["image_grid_thw"] = m.image_grid_thw
@@ -140,19 +140,22 @@ class PackedMultiModalInputs:
                 out["video_grid_thw"] = m.video_grid_thw
                 if fam.rope == "mrope_tps":
                     out["second_per_grid_ts"] = m.second_per_grid_ts
-        else:
-            out["position_ids"] = self.position_ids
         if labels and self.labels is not None and bool((self.labels != IGNORE_INDEX).any()):
             out["labels"] = self.labels
         out = {k: v.to(dev) for k, v in out.items()}
         out["use_cache"] = False
         return out
 
-    def split(self, values):
-        """Per-row views of a packed ``[1, T, ...]`` (or ``[T, ...]``) tensor, e.g. the logits:
+    def split(self, values) -> list:
+        """Per-row views of a packed ``[1, T, ...]`` or ``[T, ...]`` tensor, e.g. the logits:
         ``packed.split(out.logits)[k]`` is row k's ``[L_k, ...]``."""
-        v = values[0] if values.shape[0] == 1 and values.dim() > 1 and values.shape[1] == self.num_tokens else values
-        return list(v.split(self.seq_lengths.tolist(), dim=0))
+        T = self.num_tokens
+        if values.dim() >= 2 and values.shape[0] == 1 and values.shape[1] == T:
+            values = values[0]
+        if values.shape[0] != T:
+            raise ValueError(f"split expects a [1, {T}, ...] or [{T}, ...] tensor (this pack's {T} tokens), "
+                             f"found shape {tuple(values.shape)}")
+        return list(values.split(self.seq_lengths.tolist(), dim=0))
 
     def __repr__(self) -> str:
         return (

@@ -205,3 +205,32 @@ def test_dataloader_with_token_budget_sampler_packs_every_row_once(tmp_path):
             assert row == mmpipe.MultiModalInputs.from_dict(enc[i])
             seen.append(i)
     assert sorted(seen) == list(range(len(enc)))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pack_with_videos_images_and_text_rows(family):
+    """Videos pack like images (grids, second_per_grid_ts and pixels in row order): logits
+    equal each row alone, and the pack unpacks exactly (float32 and compact video rows)."""
+    from test_videos_and_processor_rows import _video_row
+
+    from mmpipe.images import VisionSpec
+
+    proc = processor_for(family)
+    model = testing.build_model(family)
+    vrows = [mmpipe.rows_from_processor_output(_video_row(family, g, seed=s, sec=sec)[0], proc)[0]
+             for g, s, sec in (((2, 4, 6), 1, 0.5), ((2, 6, 4), 2, 1.0))]
+    text_row = mmpipe.encode_row({"messages": [{"role": "user", "content": "plain"}]}, proc, labels=False)
+    img_row = mmpipe.encode_row({"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}],
+                                 "images": [testing.tiny_image(60, 40)]}, proc, labels=False)
+    compact = [mmpipe.compact(r, VisionSpec.from_processor(proc)) for r in vrows]
+    for rows in (vrows + [text_row], [compact[0], img_row, text_row, compact[1]]):
+        p = pack(rows, processor=proc)
+        assert unpack(p) == rows
+    kw = p.model_inputs()
+    assert "pixel_values_videos" in kw and "pixel_values" in kw
+    assert ("second_per_grid_ts" in kw) == (family == "qwen2_5_vl")
+    with torch.no_grad():
+        per_row = p.split(model(**kw).logits)
+        for k, r in enumerate(rows):
+            ref = model(**mmpipe.collate([r], processor=proc).model_inputs()).logits[0]
+            torch.testing.assert_close(per_row[k], ref, rtol=1e-5, atol=1e-5)
