@@ -14,10 +14,11 @@ Inputs (`load_raw`):
 - ``.parquet``: the same; a ``datasets.Image()`` column (``{"bytes", "path"}``) works as is;
 - a directory written by ``Dataset.save_to_disk`` (a ``DatasetDict`` needs ``--split``).
 
-Every image reference is resolved before encoding (`resolve_images`): inline items become
+Every image reference of a file input is resolved before encoding (`resolve_images`): inline items become
 ``{"type": "image"}`` placeholders and their images move, in order, into the images column
 as ``datasets.Image(decode=False)`` values, so paths relative to the input file work and a
-missing file is reported with its row before any pixel is decoded.
+missing file is reported with its row before any pixel is decoded. A saved dataset is encoded
+as it is (its images are bytes or absolute paths).
 
 The processor (`load_processor`) is a saved processor or model directory
 (``AutoProcessor.from_pretrained``, offline), or ``testing:FAMILY`` for the offline test
@@ -356,9 +357,8 @@ def run_encode(args) -> int:
             raw = load_raw(src, split=args.split, cache_dir=tmp)
             if args.limit is not None:
                 raw = raw.select(range(min(args.limit, len(raw))))
-            if fmt != "saved" or args.images_column in raw.column_names:
-                base = src.parent if fmt != "saved" else src
-                raw = resolve_images(raw, base.resolve(), images_column=args.images_column, num_proc=num_proc,
+            if fmt != "saved":  # a saved dataset's images are bytes or absolute paths already
+                raw = resolve_images(raw, src.parent.resolve(), images_column=args.images_column, num_proc=num_proc,
                                      strict=options.get("on_error", "raise") == "raise")
             enc, report = mmpipe.encode_dataset(raw, processor, num_proc=num_proc, batch_size=args.batch_size, **options)
             if out.exists() and args.overwrite:
