@@ -59,14 +59,20 @@ class TokenBudgetBatchSampler:
         bucket_size: rows sorted together (None: the whole epoch). Smaller buckets mix
             lengths more across epochs; larger ones pad (or leave) less.
         oversize: ``"raise"`` or ``"alone"`` for a row over a budget on its own (see module).
+        num_replicas, rank: data-parallel sharding. Every rank builds the same epoch (same
+            seed) and takes its share: each rank gets the same number of batches (batches
+            are split in two, never merged, until the count divides evenly), each step's
+            batches across ranks are of similar cost, and the ranks' rows together are every
+            row exactly once.
 
-    ``len(sampler)`` is the number of batches of the current epoch (it can change with the
-    epoch when shuffling). Usable as ``DataLoader(ds, batch_sampler=sampler, ...)``.
+    ``len(sampler)`` is the number of batches of the current epoch on this rank (it can
+    change with the epoch when shuffling). Usable as ``DataLoader(ds, batch_sampler=sampler, ...)``.
     """
 
     def __init__(self, lengths: Sequence[int], num_images: Optional[Sequence[int]] = None, *, max_tokens: int,
                  max_images: Optional[int] = None, max_rows: Optional[int] = None, cost: str = "padded",
-                 shuffle: bool = True, seed: int = 0, bucket_size: Optional[int] = 2048, oversize: str = "raise"):
+                 shuffle: bool = True, seed: int = 0, bucket_size: Optional[int] = 2048, oversize: str = "raise",
+                 num_replicas: int = 1, rank: int = 0):
         self.lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
         n = self.lengths.shape[0]
         self.num_images = (np.zeros(n, np.int64) if num_images is None
@@ -83,6 +89,9 @@ class TokenBudgetBatchSampler:
             raise ValueError(f"max_images must be >= 0 or None, got {max_images!r}")
         if max_rows is not None and max_rows < 1:
             raise ValueError(f"max_rows must be >= 1 or None, got {max_rows!r}")
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"need num_replicas >= 1 and 0 <= rank < num_replicas, got num_replicas={num_replicas}, "
+                             f"rank={rank}")
         if bucket_size is not None and bucket_size < 1:
             raise ValueError(f"bucket_size must be >= 1 or None, got {bucket_size!r}")
         if n and (self.lengths.min() < 0 or self.num_images.min() < 0):
@@ -92,6 +101,7 @@ class TokenBudgetBatchSampler:
         self.max_tokens, self.max_images, self.max_rows = int(max_tokens), max_images, max_rows
         self.cost, self.shuffle, self.seed = cost, shuffle, int(seed)
         self.bucket_size, self.oversize = bucket_size, oversize
+        self.num_replicas, self.rank = int(num_replicas), int(rank)
         over = self.lengths > self.max_tokens
         if max_images is not None:
             over |= self.num_images > max_images
@@ -126,6 +136,8 @@ class TokenBudgetBatchSampler:
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
         out = self._build(epoch)
+        if self.num_replicas > 1:
+            out = self._shard(out, epoch)[self.rank]
         self._cache = (epoch, out)
         return out
 
@@ -153,6 +165,33 @@ class TokenBudgetBatchSampler:
         if rng is not None:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
+
+    def _cost(self, batch: list[int]) -> int:
+        L = self.lengths[batch]
+        return int(L.sum()) if self.cost == "packed" else len(batch) * int(L.max())
+
+    def _shard(self, batches: list[list[int]], epoch: int) -> list[list[list[int]]]:
+        """All ranks' batches: ``out[r]`` is rank r's list, the same length for every rank."""
+        R = self.num_replicas
+        batches = [list(b) for b in batches]
+        while len(batches) % R:
+            # splitting a batch keeps both halves under every budget (costs only shrink)
+            k = max(range(len(batches)), key=lambda j: (len(batches[j]), self._cost(batches[j])))
+            if len(batches[k]) < 2:
+                raise ValueError(
+                    f"cannot give each of {R} ranks the same number of batches: the epoch's {len(self.lengths)} "
+                    f"rows make {len(batches)} batches of one row each (not a multiple of {R}) and a row is never "
+                    "split or repeated; use more rows per epoch, fewer ranks, or a larger max_tokens"
+                )
+            b = batches.pop(k)
+            batches += [b[: len(b) // 2], b[len(b) // 2:]]
+        # one step = R batches of neighbouring cost, so no rank waits long for another
+        batches.sort(key=self._cost, reverse=True)
+        steps = [batches[i:i + R] for i in range(0, len(batches), R)]
+        if self.shuffle:
+            rng = np.random.default_rng([self.seed, epoch, 1])
+            steps = [steps[i] for i in rng.permutation(len(steps))]
+        return [[step[r] for step in steps] for r in range(R)]
 
     def _fits_rows_images(self, rows: int, images: int) -> bool:
         return ((self.max_rows is None or rows <= self.max_rows)
@@ -203,7 +242,7 @@ class TokenBudgetBatchSampler:
     def __repr__(self) -> str:
         return (f"TokenBudgetBatchSampler(rows={len(self.lengths)}, max_tokens={self.max_tokens}, "
                 f"max_images={self.max_images}, cost={self.cost!r}, shuffle={self.shuffle}, seed={self.seed}, "
-                f"epoch={self.epoch}, batches={len(self)})")
+                f"epoch={self.epoch}, rank={self.rank}/{self.num_replicas}, batches={len(self)})")
 
 
 def token_counts(dataset) -> tuple[np.ndarray, np.ndarray]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mmpipe
 from mmpipe.sampler import TokenBudgetBatchSampler, token_counts, token_efficiency
@@ -145,3 +146,30 @@ def test_dataloader_padded_batches_under_budget_every_row_once(demo_raw):
             assert mmpipe.unbatch(batch) == [mmpipe.MultiModalInputs.from_dict(enc[i]) for i in idx]
             seen += idx
         assert n_batches == len(sampler) and sorted(seen) == list(range(len(enc)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(token_budget_cases(), st.integers(2, 4))
+def test_data_parallel_ranks_share_the_epoch(case, R):
+    """num_replicas=R: every rank the same number of batches, budgets kept, the ranks' rows
+    together every row exactly once; the same on each rank's own sampler object."""
+    lengths, num_images, kw = case
+    try:
+        ranks = [TokenBudgetBatchSampler(lengths, num_images, num_replicas=R, rank=r, **kw) for r in range(R)]
+        per_rank = [list(s) for s in ranks]
+    except ValueError as e:
+        assert "batches of one row each" in str(e)
+        single = TokenBudgetBatchSampler(lengths, num_images, **kw)
+        assert all(len(b) == 1 for b in single) and len(single) % R
+        return
+    assert len({len(b) for b in per_rank}) == 1 and all(len(s) == len(b) for s, b in zip(ranks, per_rank))
+    flat = [i for b in per_rank for batch in b for i in batch]
+    assert sorted(flat) == list(range(len(lengths)))
+    L, imgs = np.asarray(lengths, np.int64), np.asarray(num_images, np.int64)
+    over = set(ranks[0].oversized.tolist())
+    for b in (batch for rb in per_rank for batch in rb):
+        if len(b) == 1 and b[0] in over:
+            continue
+        assert _cost(L, b, kw["cost"]) <= kw["max_tokens"]
+        if kw["max_images"] is not None:
+            assert int(imgs[b].sum()) <= kw["max_images"]
