@@ -18,7 +18,8 @@ What a row looks like to the model, one call away::
   with "… n tokens …"; image spans are never collapsed. Tokens with ``labels != -100`` (what
   the loss trains on) are underlined in green.
 - Token text comes from ``tokenizer`` (a tokenizer or a processor, each token decoded on its
-  own); without one the token ids are shown. A processor also supplies the normalisation
+  own); without one the token ids are shown, unless `set_default_processor` named one (then
+  plain ``row`` in Jupyter shows text too). A processor also supplies the normalisation
   constants for float32 rows (default: the family's).
 
 All HTML is escaped, styled by one inline ``<style>`` block, with no JavaScript and no
@@ -67,7 +68,7 @@ class Span:
         return self.end - self.start
 
 
-def spans(row: MultiModalInputs) -> list[Span]:
+def token_spans(row: MultiModalInputs) -> list[Span]:
     """The row's token sequence cut into text / image / video spans, one span per image (and
     per video run), images assigned in order by their grids' token counts."""
     mm = np.asarray(row.mm_token_type_ids)
@@ -113,10 +114,35 @@ def spans(row: MultiModalInputs) -> list[Span]:
 
 
 # ---- images --------------------------------------------------------------------------------
+_DEFAULT: dict[str, Any] = {"processor": None}
+
+
+def set_default_processor(processor) -> None:
+    """Use ``processor`` (or a tokenizer) whenever a view is given none: token text for every
+    ``row`` / ``batch`` shown in Jupyter, and its constants for float32 rows of its family.
+    ``None`` goes back to token ids."""
+    _DEFAULT["processor"] = processor
+
+
+def _default_for(family: Optional[str] = None):
+    proc = _DEFAULT["processor"]
+    if proc is None or family is None:
+        return proc
+    try:
+        from .families import family_of
+
+        return proc if family_of(proc).name == family else None
+    except (TypeError, ValueError):
+        return None
+
+
 def _spec_for(family: str, source: Any = None):
-    """The `VisionSpec` to read pixels with: from a processor / spec if given, else the family's."""
+    """The `VisionSpec` to read pixels with: from a processor / spec if given (or the default
+    processor of this family), else the family's."""
     from .images import VisionSpec
 
+    if source is None:
+        source = _default_for(family)
     if isinstance(source, VisionSpec):
         return source
     if source is not None and getattr(source, "image_processor", None) is not None:
@@ -256,6 +282,7 @@ class _Tokens:
     """Token id -> display text, via the tokenizer when there is one (decoded one by one)."""
 
     def __init__(self, tokenizer=None):
+        tokenizer = tokenizer if tokenizer is not None else _DEFAULT["processor"]
         tok = getattr(tokenizer, "tokenizer", tokenizer)
         self.tok = tok if hasattr(tok, "decode") else None
         self.cache: dict[int, str] = {}
@@ -506,7 +533,7 @@ def _row_body(row: MultiModalInputs, *, tokenizer=None, max_tokens: Optional[int
     image_ids = list(range(row.num_images)) if image_ids is None else list(image_ids)
     video_ids = list(range(row.num_videos)) if video_ids is None else list(video_ids)
     spec = _spec_for(row.family, spec if spec is not None else tokenizer)
-    row_spans = spans(row)
+    row_spans = token_spans(row)
     first = {}
     for s in row_spans:
         if s.kind != "text" and s.index >= 0:
@@ -728,7 +755,7 @@ def _describe_row(row: MultiModalInputs, toks: _Tokens, max_tokens, image_ids=No
                   title="MultiModalInputs", indent="") -> list[str]:
     image_ids = list(range(row.num_images)) if image_ids is None else list(image_ids)
     video_ids = list(range(row.num_videos)) if video_ids is None else list(video_ids)
-    row_spans = spans(row)
+    row_spans = token_spans(row)
     lines = [f"{indent}{title}: {_row_summary(row)}"]
     pos = np.asarray(row.position_ids)
     p = row.fam.patch_size

@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from .display import _as_row, image_thumbnails, media_colour, spans
+from .display import _as_row, image_thumbnails, media_colour, token_spans
 from .records import IGNORE_INDEX, BatchedMultiModalInputs, MultiModalInputs
 
 AXES = ("t", "h", "w")
@@ -83,7 +83,7 @@ def plot_positions(row_or_batch, *, index: int = 0, ax=None):
         ax.plot(x, pos[a], label=f"{AXES[a]} position", color=_AXIS_COLOURS[a], lw=1.4,
                 marker="." if row.num_tokens <= 400 else None, ms=3, drawstyle="default")
     top = float(pos.max()) if row.num_tokens else 1.0
-    for s in spans(row):
+    for s in token_spans(row):
         if s.kind == "text":
             continue
         colour = media_colour(max(s.index, 0), s.kind)
@@ -125,7 +125,7 @@ def plot_image_grid(row, image_index: int = 0, *, ax=None, spec=None, labels="au
     p, m = fam.patch_size, fam.merge_size
     t, gh, gw = (int(v) for v in np.asarray(row.image_grid_thw)[image_index])
     H, W = gh * p, gw * p
-    span = next(s for s in spans(row) if s.kind == "image" and s.index == image_index)
+    span = next(s for s in token_spans(row) if s.kind == "image" and s.index == image_index)
     img = image_thumbnails(row, spec=spec)[image_index]
     if ax is None:
         fig, ax = _figure((max(3.0, min(9.0, 6.0 * W / max(H, W))) + 0.6, max(3.0, min(9.0, 6.0 * H / max(H, W)))))

@@ -195,6 +195,21 @@ def test_text_is_escaped_and_shown_in_order():
     assert nasty in display.describe(row, tokenizer=proc)
 
 
+def test_default_processor_gives_token_text_to_plain_jupyter_display():
+    proc = processor_for("qwen2_5_vl")
+    row = mmpipe.encode_row(chat(1), proc)
+    ids_only = Page(row._repr_html_()).find(cls="mmpipe-tok", inside="mmpipe-strip")
+    assert ids_only[0]["text"] == str(row.input_ids[0])
+    display.set_default_processor(proc)
+    try:
+        page = Page(row._repr_html_())
+        assert page.find(cls="mmpipe-tok", inside="mmpipe-strip")[0]["text"] == "<|im_start|>"
+        assert "<|im_start|>" in row.describe()
+    finally:
+        display.set_default_processor(None)
+    assert Page(row._repr_html_()).find(cls="mmpipe-tok", inside="mmpipe-strip")[0]["text"] == str(row.input_ids[0])
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_labels_are_marked_on_exactly_the_trained_tokens(family):
     proc = processor_for(family)
