@@ -40,6 +40,10 @@ def executed(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("JUPYTER_PATH", str(root))
     mp.setenv("JUPYTER_PLATFORM_DIRS", "1")
+    # connection files and the IPython profile in the temporary directory: nothing is
+    # written to (or read from) the home directory, which may be read-only in CI
+    mp.setenv("JUPYTER_RUNTIME_DIR", str(root / "runtime"))
+    mp.setenv("IPYTHONDIR", str(root / "ipython"))
     mp.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # debugpy's frozen-modules warning
     try:
         nb = nbformat.read(str(NOTEBOOK), as_version=4)
