@@ -70,6 +70,9 @@ def test_pack_layout(family, encoded):
                        "labels", "use_cache"}
     assert unpack(p) == rows
     assert mmpipe.unbatch(to_padded(p, "left")) == rows
+    stored = pack([r.to_dict() for r in rows], processor=processor_for(family))  # rows as datasets stores them
+    assert torch.equal(stored.input_ids, p.input_ids) and torch.equal(stored.position_ids, p.position_ids)
+    assert torch.equal(stored.pixel_values, p.pixel_values) and unpack(stored) == rows
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -181,7 +184,8 @@ def get_merge(family: str) -> int:
 
 
 def test_dataloader_with_token_budget_sampler_packs_every_row_once(tmp_path):
-    """Encoded dataset -> TokenBudgetBatchSampler(cost="packed") -> PackingCollator, 2 workers:
+    """Saved encoded dataset (as Arrow rows) -> TokenBudgetBatchSampler(cost="packed") ->
+    PackingCollator in 2 workers:
     each pack is under both budgets and the packs unpack to every stored row exactly once."""
     import datasets
     from torch.utils.data import DataLoader
@@ -196,7 +200,7 @@ def test_dataloader_with_token_budget_sampler_packs_every_row_once(tmp_path):
     enc = datasets.load_from_disk(str(tmp_path / "enc"))
     budget, max_images = 600, 4
     sampler = TokenBudgetBatchSampler.from_dataset(enc, max_tokens=budget, max_images=max_images, cost="packed", seed=3)
-    loader = DataLoader(enc, batch_sampler=sampler, num_workers=2,
+    loader = DataLoader(mmpipe.ArrowRows(enc), batch_sampler=sampler, num_workers=2,
                         collate_fn=PackingCollator(proc, max_tokens=budget, max_images=max_images))
     seen = []
     for batch_idx, packed in zip(sampler.batches(), loader):
