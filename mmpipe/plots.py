@@ -10,14 +10,14 @@ image's tokens laid out on its merged grid.
     fig.savefig("positions.png")
 
 Both return a ``matplotlib.figure.Figure`` (the one of ``ax`` when given). Figures are made
-without pyplot (no global state, the Agg canvas when saved, so no display is needed); in
-Jupyter the returned figure shows once. matplotlib is imported only when a plot is made.
+without pyplot: no global state, no display needed (Agg draws them when saved), and in
+Jupyter the returned figure shows itself once, as a PNG. matplotlib is imported only when a
+plot is made.
 """
 
 from __future__ import annotations
 
-import sys
-from typing import Optional
+import io
 
 import numpy as np
 
@@ -44,18 +44,32 @@ def _row_of(obj, index: int = 0) -> MultiModalInputs:
     return _as_row(obj)
 
 
-def _figure(figsize):
-    """A pyplot-free Figure; in an IPython kernel pyplot is imported first so that its inline
-    backend registers the figure formatter (the returned figure then renders as an image)."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as e:
-        raise ImportError("mmpipe.plots needs matplotlib: pip install 'mmpipe[plots]' (or matplotlib)") from e
+_FIGURE_CLASS = None
 
-    ipython = sys.modules.get("IPython")
-    if ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None:
-        import matplotlib.pyplot  # noqa: F401
-    fig = Figure(figsize=figsize, layout="constrained")
+
+def _figure_class():
+    """A matplotlib ``Figure`` that shows itself in Jupyter (``_repr_png_``) without pyplot:
+    made on first use so that matplotlib is imported only when a plot is drawn."""
+    global _FIGURE_CLASS
+    if _FIGURE_CLASS is None:
+        try:
+            from matplotlib.figure import Figure
+        except ImportError as e:
+            raise ImportError("mmpipe.plots needs matplotlib: pip install 'mmpipe[plots]' (or matplotlib)") from e
+
+        class PlotFigure(Figure):
+            def _repr_png_(self) -> bytes:
+                buf = io.BytesIO()
+                self.savefig(buf, format="png", dpi=100)
+                return buf.getvalue()
+
+        _FIGURE_CLASS = PlotFigure
+    return _FIGURE_CLASS
+
+
+def _figure(figsize):
+    """A new pyplot-free figure and its axes (no global state; Agg draws it when saved)."""
+    fig = _figure_class()(figsize=figsize, layout="constrained")
     return fig, fig.add_subplot()
 
 
