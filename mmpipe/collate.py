@@ -68,7 +68,8 @@ def collate(
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     if not len(rows):
-        raise ValueError("collate got an empty list of rows")
+        raise InputError("collate got an empty list of rows", where="", stage="collate",
+                         fix="drop empty batches (DataLoader(drop_last=...)) or filter before collating")
     table = _arrow_table(rows)
     try:
         if table is not None:  # stored rows as Arrow (ArrowRows): numpy views of the column buffers
@@ -280,8 +281,8 @@ def _as_row_error(e: Exception) -> InputError:
     """A records-level ValueError (its message already says 'row i, column ...') -> typed."""
     msg = str(e)
     cls = PixelDataError if ("pixel" in msg or "grid" in msg or "image tokens" in msg) else InputError
-    return cls(msg, where="", stage="collate",
-               fix="re-encode the row with mmpipe.encode (or validate rows with MultiModalInputs.validate)")
+    fix = None if "re-encode" in msg else "re-encode the row with mmpipe.encode"
+    return cls(msg, where="", stage="collate", fix=fix)
 
 
 def _float_images(r: MultiModalInputs, spec: VisionSpec) -> np.ndarray:

@@ -145,7 +145,7 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
             if value.get("bytes") is not None:
                 return Image.open(io.BytesIO(value["bytes"]))
             if value.get("path") is not None:
-                return Image.open(value["path"])
+                return load_image(value["path"], where=where)
             raise ImageError("the image dict has neither 'bytes' nor 'path'", where=where,
                              expected="{'bytes': <encoded image>} or {'path': <file>}", found=f"keys {sorted(value)}",
                              fix="store images with datasets.Image() or give a path")
@@ -196,16 +196,22 @@ def _bomb_error(e: Exception, where: str) -> ImageError:
 
 
 def _array_to_pil(arr: np.ndarray, where: str = "image") -> Image.Image:
+    arr = _check_array(arr, where)
+    if arr.ndim == 2:
+        return Image.fromarray(arr, mode="L")
+    return Image.fromarray(arr, mode="RGB" if arr.shape[-1] == 3 else "RGBA")
+
+
+def _check_array(arr: np.ndarray, where: str) -> np.ndarray:
+    """A uint8 [H, W] / [H, W, 1|3|4] array (a trailing channel of 1 dropped), or raise."""
     if arr.dtype != np.uint8:
         raise ImageError("image arrays must be uint8", where=where, expected="dtype uint8 [H, W, C]",
                          found=f"dtype {arr.dtype}",
                          fix="convert with np.clip(x, 0, 255).astype(np.uint8) (x*255 first for 0..1 floats)")
     if arr.ndim == 3 and arr.shape[-1] == 1:
         arr = arr[..., 0]
-    if arr.ndim == 2:
-        return Image.fromarray(arr, mode="L")
-    if arr.ndim == 3 and arr.shape[-1] in (3, 4):
-        return Image.fromarray(arr, mode="RGB" if arr.shape[-1] == 3 else "RGBA")
+    if arr.ndim == 2 or (arr.ndim == 3 and arr.shape[-1] in (3, 4)):
+        return arr
     raise ImageError("image arrays must be [H, W] or [H, W, 1|3|4]", where=where,
                      expected="[H, W], [H, W, 1], [H, W, 3] or [H, W, 4]", found=f"shape {arr.shape}",
                      fix="channels last; one image per array")
@@ -236,8 +242,7 @@ def upright(img: Image.Image) -> Image.Image:
 def image_hw(value: Any, *, where: str = "image") -> tuple[int, int]:
     """(height, width) of the upright image from the header alone; no pixel decode."""
     if isinstance(value, np.ndarray):
-        if value.ndim not in (2, 3):
-            _array_to_pil(value, where)  # raises the shape error
+        _check_array(value, where)
         return int(value.shape[0]), int(value.shape[1])
     img = load_image(value, where=where)
     w, h = img.size

@@ -1,0 +1,240 @@
+"""Every case of the bad-input corpus (tests/bad_inputs.py) has its documented outcome, on
+the pixel and the layout-only route; the on_error policy keeps every failed row accounted
+for; EXIF orientation gives the same upright image on every route; huge images stay within
+bounded memory."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import datasets
+import numpy as np
+import pytest
+from bad_inputs import BAD, CASES, ROW, exif_jpeg, jpeg_bytes, photo, png_bytes, smooth_gray, user_row, write
+from conftest import processor_for
+from PIL import Image
+
+import mmpipe
+from mmpipe.encode import ERROR_COLUMN, as_input_error
+from mmpipe.errors import DOCUMENTED_ERRORS, STAGES, ImageError, InputError, ParseError
+
+
+def _run(c, tmp_path, pixels="float32"):
+    proc = processor_for(c.family)
+    data = c.build(tmp_path)
+    if c.stage == "encode":
+        return data, lambda: mmpipe.encode_row(data, proc, idx=ROW, pixels=pixels, **c.options)
+    return data, lambda: mmpipe.Collator(proc)(data)
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.name)
+def test_corpus_case(c, tmp_path):
+    proc = processor_for(c.family)
+    data, run = _run(c, tmp_path)
+    if c.raises is None:
+        result = run()
+        if c.check is not None:
+            c.check(result, data, proc)
+    else:
+        with pytest.raises(c.raises) as info:
+            run()
+        e = info.value
+        assert type(e) is c.raises and isinstance(e, ValueError) and isinstance(e, DOCUMENTED_ERRORS)
+        msg = str(e)
+        for s in c.contains:
+            assert s in msg, f"{s!r} not in {msg!r}"
+        assert e.stage == c.err_stage and e.stage in STAGES
+        if c.column is not None:
+            assert e.column == c.column and f"column: {c.column!r}" in msg
+        if c.stage == "encode":
+            assert e.row == ROW and msg.startswith(f"row {ROW}")
+            assert e.record() == {"row": ROW, "stage": c.err_stage, "column": e.column, "reason": msg}
+        elif "row" in " ".join(c.contains):
+            assert e.row in (None, 0, BAD)
+        assert " - " in msg or c.stage == "collate"  # says what to do (records' own texts end in it)
+    if c.stage != "encode":
+        return
+    # the layout-only route (pixels="none", header reads only) agrees
+    _, layout = _run(c, tmp_path, pixels="none")
+    if c.raises is None or c.layout == "ok":
+        lay = layout()
+        if c.raises is None:
+            np.testing.assert_array_equal(lay.image_grid_thw, result.image_grid_thw)
+            np.testing.assert_array_equal(lay.input_ids, result.input_ids)
+            np.testing.assert_array_equal(lay.position_ids, result.position_ids)
+    else:
+        with pytest.raises(c.raises) as info:
+            layout()
+        assert info.value.stage == c.err_stage and info.value.row == ROW
+
+
+def test_corpus_is_broad():
+    names = {c.name for c in CASES}
+    assert len(CASES) >= 60 and len(names) == len(CASES)
+    assert {c.raises for c in CASES} == {None, *DOCUMENTED_ERRORS}
+
+
+# ---- EXIF: one upright image on every route --------------------------------------------
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_same_on_every_route(orientation, tmp_path):
+    proc = processor_for("qwen2_vl")
+    data = exif_jpeg(orientation)
+    path = write(tmp_path, "photo.jpg", data)
+    decoded = datasets.Dataset.from_dict({"im": [{"bytes": data, "path": None}]}).cast_column("im", datasets.Image())
+    undecoded = decoded.cast_column("im", datasets.Image(decode=False))
+    routes = {
+        "bytes": data, "dict": {"bytes": data, "path": None}, "path": path, "pil": Image.open(path),
+        "datasets_decoded": decoded[0]["im"], "datasets_undecoded": undecoded[0]["im"],
+    }
+    outs = {k: mmpipe.encode_row(user_row([v]), proc, idx=0, pixels="float32") for k, v in routes.items()}
+    ref = outs["bytes"]
+    h, w = (40, 64) if orientation < 5 else (64, 40)  # upright size
+    spec = mmpipe.VisionSpec.from_processor(proc)
+    th, tw = mmpipe.images.smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels)
+    assert ref.image_grid_thw.tolist() == [[1, th // 14, tw // 14]]
+    for k, r in outs.items():
+        np.testing.assert_array_equal(r.image_grid_thw, ref.image_grid_thw, err_msg=k)
+        np.testing.assert_array_equal(r.pixel_values, ref.pixel_values, err_msg=k)
+    for k, v in routes.items():
+        lay = mmpipe.encode_row(user_row([v]), proc, idx=0, pixels="none")
+        np.testing.assert_array_equal(lay.image_grid_thw, ref.image_grid_thw, err_msg=f"layout {k}")
+        np.testing.assert_array_equal(lay.position_ids, ref.position_ids, err_msg=f"layout {k}")
+
+
+# ---- the error policy ------------------------------------------------------------------
+def _mixed_dataset(tmp_path) -> tuple[datasets.Dataset, dict]:
+    """Rows an Arrow table can hold, with their expected fate: None (encoded) or the stage."""
+    good = png_bytes(photo())
+    img = lambda b: {"bytes": b, "path": None}  # noqa: E731
+    rows = [
+        (user_row([img(good)]), None),
+        (user_row([img(b"not an image")]), "image"),
+        (user_row([img(jpeg_bytes(photo(50, 30)))]), None),
+        (user_row([{"bytes": None, "path": str(tmp_path / "missing.png")}]), "image"),
+        (user_row([img(good)], placeholders=2), "template"),
+        ({"messages": [], "images": []}, "parse"),
+        (user_row([img(png_bytes(photo(1, 300)))]), "image"),
+        (user_row([img(good)], text="long " * 120), "too_long"),
+        (user_row([img(good), img(good)]), None),
+        (user_row([img(exif_jpeg(8))]), None),
+    ]
+    feats = datasets.Features({
+        "messages": [{"role": datasets.Value("string"),
+                      "content": [{"type": datasets.Value("string"), "text": datasets.Value("string")}]}],
+        "images": datasets.Sequence(datasets.Image(decode=False)),
+    })
+    for r, _ in rows:
+        for m in r["messages"]:
+            m["content"] = [{"type": i["type"], "text": i.get("text")} for i in m["content"]]
+    ds = datasets.Dataset.from_list([r for r, _ in rows], features=feats)
+    return ds, {i: fate for i, (_, fate) in enumerate(rows)}
+
+
+OPTS = {"on_error": "skip", "max_length": 200, "truncation": "drop"}
+
+
+def test_encode_dataset_records_every_failed_row(tmp_path):
+    proc = processor_for("qwen2_vl")
+    ds, fate = _mixed_dataset(tmp_path)
+    enc, report = mmpipe.encode_dataset(ds, proc, num_proc=2, batch_size=3, **OPTS)
+    failed = {i: s for i, s in fate.items() if s not in (None, "too_long")}
+    assert {e["row"]: e["stage"] for e in report.errors} == failed
+    assert report.dropped == {"too_long": 1}
+    assert report.rows_in == report.rows_out + len(report.errors) + sum(report.dropped.values()) == len(ds)
+    assert report.failed == {"image": 3, "template": 1, "parse": 1}
+    assert str(report) == "encoded 4 of 10 rows; dropped: too_long: 1; failed: image: 3, parse: 1, template: 1"
+    for e in report.errors:
+        assert e["reason"].startswith(f"row {e['row']}") and e["column"] in ("images", "messages")
+    assert ERROR_COLUMN not in enc.column_names and len(enc) == 4
+    # the survivors are exactly the good rows, encoded as alone
+    ok = [i for i, s in fate.items() if s is None]
+    for j, i in enumerate(ok):
+        alone = mmpipe.encode_row(ds[i], proc, idx=i)
+        assert enc[j]["input_ids"] == alone.input_ids.tolist()
+    batch = mmpipe.Collator(proc)(mmpipe.ArrowRows(enc).__getitems__(range(len(enc))))
+    assert batch.image_grid_thw.shape[0] == 5
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_plain_map_keeps_failed_rows_visible(batched, tmp_path):
+    proc = processor_for("qwen2_vl")
+    ds, fate = _mixed_dataset(tmp_path)
+    opts = {"on_error": "skip"}
+    out = ds.map(mmpipe.encode, fn_kwargs={"processor": proc, **opts}, batched=batched, with_indices=True,
+                 remove_columns=ds.column_names)
+    assert len(out) == len(ds)  # nothing vanished
+    errs = [json.loads(x) if x else None for x in out[ERROR_COLUMN]]
+    want = {i: s for i, s in fate.items() if s not in (None, "too_long")}
+    assert {i: e["stage"] for i, e in enumerate(errs) if e} == want
+    assert all(e["row"] == i for i, e in enumerate(errs) if e)
+    with pytest.raises(InputError, match="failed to encode.*mmpipe.drop_failed"):
+        mmpipe.Collator(proc)([out[i] for i in range(len(out))])
+    with pytest.raises(InputError, match="failed to encode"):  # the Arrow route checks too
+        mmpipe.Collator(proc)(mmpipe.ArrowRows(out).__getitems__(range(len(out))))
+    clean, errors = mmpipe.drop_failed(out)
+    assert [e["row"] for e in errors] == sorted(want) and len(clean) == len(ds) - len(want)
+    assert ERROR_COLUMN not in clean.column_names
+    mmpipe.Collator(proc)(mmpipe.ArrowRows(clean).__getitems__(range(len(clean))))
+
+
+def test_on_error_raise_is_the_default(tmp_path):
+    proc = processor_for("qwen2_vl")
+    ds, _ = _mixed_dataset(tmp_path)
+    with pytest.raises(ImageError, match=r"row 1, image 0: cannot read the image"):
+        ds.map(mmpipe.encode, fn_kwargs={"processor": proc}, with_indices=True)
+    with pytest.raises(ValueError, match="on_error must be one of"):
+        mmpipe.Encoder(proc, on_error="ignore")
+
+
+def test_error_records_survive_pickling_and_unexpected_errors_are_wrapped():
+    e = ImageError("cannot read", row=3, column="images", image=1, expected="PNG", found="junk", fix="re-export")
+    e2 = pickle.loads(pickle.dumps(e))
+    assert type(e2) is ImageError and str(e2) == str(e) and e2.record() == e.record()
+    assert str(e).startswith("row 3, image 1: cannot read; expected PNG; found junk - re-export")
+    w = as_input_error(RuntimeError("boom"), 5)
+    assert w.stage == "encode" and w.row == 5 and "RuntimeError while encoding: boom" in str(w)
+    p = ParseError("x", where="row (index unknown: pass with_indices=True to map)").locate(row=9)
+    assert str(p).startswith("row 9: x")
+
+
+def test_stats_count_failures_in_process():
+    proc = processor_for("qwen2_vl")
+    enc = mmpipe.Encoder(proc, on_error="skip")
+    batch = {"messages": [[], [{"role": "user", "content": "hi"}]], "images": [[], []]}
+    out = enc(batch, [0, 1])
+    assert enc.stats.failed == {"parse": 1} and enc.stats.encoded == 1 and enc.stats.rows == 2
+    assert out[ERROR_COLUMN][1] == "" and json.loads(out[ERROR_COLUMN][0])["stage"] == "parse"
+    assert len(out["input_ids"][0]) == 0 and len(out["input_ids"][1]) > 0
+
+
+# ---- memory: far above max_pixels, bounded by the decoded image ------------------------
+def test_huge_image_memory_is_bounded(tmp_path):
+    h, w = 6000, 5000  # 30 MP: decoded L 30 MB, as RGB 90 MB; the processor's output is 64 tokens
+    path = write(tmp_path, "huge.png", png_bytes(smooth_gray(h, w), compress_level=1))
+    small = write(tmp_path, "small.png", png_bytes(smooth_gray(60, 50)))
+    code = textwrap.dedent(f"""
+        import resource, sys
+        import mmpipe
+        from mmpipe.testing import build_processor
+        proc = build_processor("qwen2_vl")
+        row = lambda p: {{"messages": [{{"role": "user", "content": [{{"type": "image"}}]}}], "images": [p]}}
+        mmpipe.encode_row(row({small!r}), proc, idx=0)  # imports and tables first, on a small image
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        r = mmpipe.encode_row(row({path!r}), proc, idx=0)
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(before, after, r.image_grid_thw.tolist())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, after, grid = out.stdout.split(maxsplit=2)
+    grown = (int(after) - int(before)) * 1024  # ru_maxrss is KiB on Linux
+    # the RGB copy of the decoded image (3 B/px) plus its L decode (1 B/px), nothing per pixel
+    # in float32 (12 B/px would be ~360 MB)
+    assert grown < 4.5 * h * w, f"peak RSS grew by {grown / 2**20:.0f} MiB"
+    spec = mmpipe.VisionSpec.from_processor(processor_for("qwen2_vl"))
+    t, gh, gw = json.loads(grid)[0]
+    assert gh * gw * 14 * 14 <= spec.max_pixels
