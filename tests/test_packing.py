@@ -238,3 +238,21 @@ def test_pack_with_videos_images_and_text_rows(family):
         for k, r in enumerate(rows):
             ref = model(**mmpipe.collate([r], processor=proc).model_inputs()).logits[0]
             torch.testing.assert_close(per_row[k], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_gradients_equal_padded_gradients(encoded):
+    """Training on a pack is training on the rows: the parameter gradients of the packed loss
+    equal those of the padded batch's loss (Qwen3-VL, deepstack merger and vision tower included)."""
+    proc, rows = processor_for("qwen3_vl"), encoded["qwen3_vl"]
+    model = testing.build_model("qwen3_vl")
+
+    def grads(kw):
+        model.zero_grad()
+        model(**kw).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    packed = grads(pack(rows, processor=proc).model_inputs())
+    padded = grads(mmpipe.collate(rows, processor=proc, padding_side="right").model_inputs())
+    assert packed.keys() == padded.keys() and any("visual" in n for n in packed)
+    for n in packed:
+        torch.testing.assert_close(packed[n], padded[n], rtol=1e-4, atol=1e-6, msg=lambda m: f"{n}: {m}")
