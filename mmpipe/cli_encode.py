@@ -305,14 +305,6 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
-def _on_error_supported() -> bool:
-    import inspect
-
-    from .encode import Encoder
-
-    return "on_error" in inspect.signature(Encoder.__init__).parameters
-
-
 def encode_options(args) -> dict:
     """The `mmpipe.Encoder` options of the parsed ``mmpipe encode`` arguments."""
     opts: dict[str, Any] = {"pixels": args.pixels, "truncation": args.truncation, "labels": not args.no_labels,
@@ -323,7 +315,7 @@ def encode_options(args) -> dict:
         opts["min_pixels"] = args.min_pixels
     if args.max_pixels is not None:
         opts["max_pixels"] = args.max_pixels
-    if getattr(args, "on_error", None) not in (None, "raise"):
+    if args.on_error != "raise":
         opts["on_error"] = args.on_error
     return opts
 
@@ -391,7 +383,7 @@ def run_encode(args) -> int:
 
 
 def add_encode_parser(sub) -> None:
-    from .encode import TRUNCATION_POLICIES
+    from .encode import ERROR_POLICIES, TRUNCATION_POLICIES
     from .records import PIXEL_FORMATS
 
     p = sub.add_parser("encode", help="encode a local dataset (jsonl/json/parquet/saved dir) and save it",
@@ -413,9 +405,8 @@ def add_encode_parser(sub) -> None:
     p.add_argument("--min-pixels", type=int, default=None, help="override the processor's min_pixels")
     p.add_argument("--max-pixels", type=int, default=None, help="override the processor's max_pixels")
     p.add_argument("--no-labels", action="store_true", help="do not store labels (e.g. RL prompts)")
-    if _on_error_supported():
-        p.add_argument("--on-error", choices=("raise", "skip"), default="raise",
-                       help="a row that fails to encode: stop (raise) or leave it out and report it (skip)")
+    p.add_argument("--on-error", choices=ERROR_POLICIES, default="raise",
+                   help="a row that fails to encode: stop (raise) or leave it out and list it in the report (skip)")
     p.add_argument("--limit", type=int, default=None, help="encode only the first N rows")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -313,10 +313,6 @@ def test_missing_image_fails_naming_the_row_and_file(sample, tmp_path):
 
 
 def test_on_error_skip_records_failed_rows(sample, tmp_path, capsys):
-    from mmpipe.cli_encode import _on_error_supported
-
-    if not _on_error_supported():
-        pytest.skip("mmpipe.Encoder has no on_error option in this checkout")
     bad = sample["root"] / "bad_skip.jsonl"
     rows = sample["jsonl"].read_text().splitlines()
     rows.insert(1, json.dumps({"messages": [{"role": "user", "content": [{"type": "image"}, _text("x")]}],
