@@ -43,7 +43,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-
 from .collate import collate
 from .families import family_of, get_family
 from .images import VisionSpec
