@@ -519,6 +519,8 @@ def _row_summary(row: MultiModalInputs) -> str:
     mm = np.asarray(row.mm_token_type_ids)
     n_img, n_vid = int((mm == 1).sum()), int((mm == 2).sum())
     lab = "no labels" if row.labels is None else f"{int((np.asarray(row.labels) != IGNORE_INDEX).sum())} trained tokens"
+    if not row.fam.is_vision:
+        return f"{row.family} · {row.num_tokens} tokens · {lab} · rope_delta {row.rope_delta}"
     vids = f", {_n(row.num_videos, 'video')}" if row.num_videos else ""
     return (f"{row.family} · {row.num_tokens} tokens ({row.num_tokens - n_img - n_vid} text, {n_img} image"
             f"{f', {n_vid} video' if n_vid else ''}) · {_n(row.num_images, 'image')}{vids} · pixels {row.pixel_format} · "
