@@ -242,7 +242,7 @@ class TokenBudgetBatchSampler:
     def __repr__(self) -> str:
         return (f"TokenBudgetBatchSampler(rows={len(self.lengths)}, max_tokens={self.max_tokens}, "
                 f"max_images={self.max_images}, cost={self.cost!r}, shuffle={self.shuffle}, seed={self.seed}, "
-                f"epoch={self.epoch}, rank={self.rank}/{self.num_replicas}, batches={len(self)})")
+                f"epoch={self.epoch}, rank={self.rank}/{self.num_replicas})")
 
 
 def token_counts(dataset) -> tuple[np.ndarray, np.ndarray]:

@@ -159,8 +159,9 @@ def test_data_parallel_ranks_share_the_epoch(case, R):
         per_rank = [list(s) for s in ranks]
     except ValueError as e:
         assert "batches of one row each" in str(e)
-        single = TokenBudgetBatchSampler(lengths, num_images, **kw)
-        assert all(len(b) == 1 for b in single) and len(single) % R
+        # splitting adds one batch at a time up to one batch per row: no multiple of R on the way
+        b = len(TokenBudgetBatchSampler(lengths, num_images, **kw))
+        assert not any(m % R == 0 for m in range(b, len(lengths) + 1))
         return
     assert len({len(b) for b in per_rank}) == 1 and all(len(s) == len(b) for s, b in zip(ranks, per_rank))
     flat = [i for b in per_rank for batch in b for i in batch]
@@ -173,3 +174,16 @@ def test_data_parallel_ranks_share_the_epoch(case, R):
         assert _cost(L, b, kw["cost"]) <= kw["max_tokens"]
         if kw["max_images"] is not None:
             assert int(imgs[b].sum()) <= kw["max_images"]
+
+
+def test_data_parallel_split_and_its_limit():
+    # 2 rows in one batch, 2 ranks: the batch is split, one row per rank
+    ranks = [list(TokenBudgetBatchSampler([3, 4], max_tokens=100, num_replicas=2, rank=r)) for r in (0, 1)]
+    assert sorted(ranks[0] + ranks[1]) == [[0], [1]]
+    # 2 rows, 3 ranks: a row is never split or repeated, so it cannot be even
+    s = TokenBudgetBatchSampler([1, 1], max_tokens=100, num_replicas=3, rank=0)
+    with pytest.raises(ValueError, match="cannot give each of 3 ranks the same number of batches"):
+        len(s)
+    assert "rank=0/3" in repr(s)
+    with pytest.raises(ValueError, match="0 <= rank < num_replicas"):
+        TokenBudgetBatchSampler([1, 1], max_tokens=100, num_replicas=2, rank=2)
