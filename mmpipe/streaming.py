@@ -82,8 +82,9 @@ def shard_for_rank(ds, rank: int, world_size: int, *, strategy: str = "auto", nu
             )
         return split_dataset_by_node(ds, rank=rank, world_size=world_size, strategy="shards")
     # Keep this rank's positions on undecoded rows: a filter on decoded rows would decode
-    # every image on every rank.
-    return ds.decode(False).filter(_KeepEvery(world_size, rank), with_indices=True, batched=True)
+    # every image on every rank. (A stream with unknown features decodes nothing itself.)
+    undecoded = ds.decode(False) if ds.features is not None else ds
+    return undecoded.filter(_KeepEvery(world_size, rank), with_indices=True, batched=True)
 
 
 def encode_stream(ds, processor, *, batch_size: int = 64, keep_columns: Sequence[str] = (), **options):

@@ -155,3 +155,23 @@ def test_shard_for_rank_rejects_bad_arguments(raw):
         streaming.shard_for_rank(it, 0, 3, strategy="shards")
     with pytest.raises(ValueError, match="strategy must be one of"):
         streaming.shard_for_rank(it, 0, 2, strategy="rows")
+
+
+def _generated_rows(shards):
+    for ids in shards:
+        for i in ids:
+            yield {"id": i, "prompt": f"Row {i}: <image> what is it?", "images": [mmpipe.testing.tiny_image(40, 60 + i, seed=i)]}
+
+
+def test_generator_stream_without_features(raw):
+    """A stream whose features are unknown (from_generator) is split and encoded the same way."""
+    proc = processor_for(FAMILY)
+    it = datasets.IterableDataset.from_generator(_generated_rows, gen_kwargs={"shards": [[0, 1, 2], [3, 4], [5, 6, 7]]})
+    assert it.features is None and it.num_shards == 3
+    want = {r["id"]: mmpipe.encode_row(r, proc) for r in _generated_rows([range(8)])}
+    per_rank = []
+    for rank in range(2):
+        rows = list(streaming.encode_stream(streaming.shard_for_rank(it, rank, 2), proc, keep_columns=["id"]))
+        _check_rows(rows, want)
+        per_rank.append([r["id"] for r in rows])
+    assert streaming.exactly_once(per_rank, range(8)).ok
