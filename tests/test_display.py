@@ -188,6 +188,10 @@ def test_text_is_escaped_and_shown_in_order():
     row = mmpipe.encode_row(chat(1, text=nasty, answer="</div><b>&amp;"), proc)
     out = display.row_html(row, tokenizer=proc)
     assert "<script>" not in out and "<img src=x>" not in out and "</div><b>" not in out
+    # every "<" opens one of the view's own tags and every "&" an entity, token by token
+    own = {"style", "div", "span", "figure", "figcaption", "img", "br", "table", "thead", "tbody", "tr", "th", "td"}
+    assert {name for _, name in re.findall(r"<(/?)([A-Za-z]*)", out)} <= own
+    assert re.findall(r"&(?!amp;|lt;|gt;|quot;|#x27;)", out) == []
     page = Page(out)
     strip = page.find(cls="mmpipe-strip")[0]["text"]
     assert nasty in strip and "</div><b>&amp;" in strip
