@@ -213,7 +213,10 @@ class MultiModalInputs:
         ids = _as_np(d.get("input_ids"), np.int64, 1, "input_ids", row)
         L = ids.shape[0]
         pos = _as_np(d.get("position_ids"), np.int64, 2, "position_ids", row)
-        delta = _as_np(d.get("rope_delta", 0), np.int64, np.ndim(d.get("rope_delta", 0)), "rope_delta", row).reshape(-1)
+        if d.get("rope_delta") is None:  # older layouts: derive it (0 would shift every image row's generation)
+            delta = np.asarray([int(pos.max()) + 1 - L if pos.size else 0])
+        else:
+            delta = _as_np(d["rope_delta"], np.int64, np.ndim(d["rope_delta"]), "rope_delta", row).reshape(-1)
         if delta.size != 1:
             raise InputError(f"column 'rope_delta': expected one integer, found {delta.size} values", row=row,
                              column="rope_delta", stage="validate", fix="re-encode the row with mmpipe.encode")
@@ -458,7 +461,7 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int) -> list["MultiModalI
             c = col(k)
             valid = None if c.null_count == 0 else ~np.asarray(c.is_null())
             blobs[k] = (*_binary_parts(c), valid)
-    deltas = col("rope_delta").to_numpy(zero_copy_only=False) if "rope_delta" in names else np.zeros(n, np.int64)
+    deltas = col("rope_delta").to_numpy(zero_copy_only=False) if "rope_delta" in names else None
 
     def take(entry, b):
         off, vals, valid, _ = entry
@@ -468,7 +471,9 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int) -> list["MultiModalI
 
     rows = []
     for b in range(n):
-        d: dict[str, Any] = {"family": families[b], "input_ids": take(ids, b), "rope_delta": deltas[b]}
+        d: dict[str, Any] = {"family": families[b], "input_ids": take(ids, b)}
+        if deltas is not None:  # else from_dict derives it from the positions
+            d["rope_delta"] = deltas[b]
         L = d["input_ids"].shape[0]
         for k, entry in per_row.items():
             if entry is not None:
