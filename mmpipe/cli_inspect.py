@@ -10,7 +10,9 @@ no pixel is expanded): rows, tokens (text / image / video / target), images and 
 stored pixel bytes and what float32 ``pixel_values`` would take, the family and pixel
 format, the per-row distributions (tokens per row, images per row, tokens per image), and
 the run record ``mmpipe_encode.json`` that ``mmpipe encode`` writes (rows in, dropped rows
-by reason, row errors) when it is there.
+by reason, row errors) when it is there, and the failed rows that a plain
+``ds.map(mmpipe.encode, fn_kwargs={..., "on_error": "skip"})`` left in the ``mmpipe_error``
+column.
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ class DatasetStats:
     images_per_row: Distribution
     tokens_per_image: Distribution
     encode_report: Optional[dict]
+    # rows of a plain ``ds.map(encode, on_error="skip")`` that failed: still in the dataset as
+    # empty rows, their errors in the ``mmpipe_error`` column ({"row", "stage", "column", "reason"})
+    failed_rows: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -143,7 +148,10 @@ def dataset_stats(path, *, split: Optional[str] = None, bins: int = 10, batch_si
     cols = set(ds.column_names)
     pixel_format = "uint8" if "pixel_values_u8" in cols else "float32" if "pixel_values" in cols else "none"
 
+    from .encode import ERROR_COLUMN
+
     tokens, img_tok, vid_tok, targets, n_img, per_image = [], [], [], [], [], []
+    failed: list = []
     families: Counter = Counter()
     n_vid = 0
     patches = pixel_bytes = f32_bytes = 0
@@ -158,6 +166,8 @@ def dataset_stats(path, *, split: Optional[str] = None, bins: int = 10, batch_si
             return table.column(name).combine_chunks()
 
         fam_col = col("family").to_pylist()
+        if ERROR_COLUMN in cols:
+            failed.extend(json.loads(x) for x in col(ERROR_COLUMN).to_pylist() if x)
         families.update(fam_col)
         merge2 = np.asarray([get_family(f).merge_size ** 2 for f in fam_col], dtype=np.int64)
         patch_dim = np.asarray([get_family(f).patch_dim for f in fam_col], dtype=np.int64)
@@ -209,7 +219,7 @@ def dataset_stats(path, *, split: Optional[str] = None, bins: int = 10, batch_si
         image_patches=patches, pixel_bytes=pixel_bytes, float32_pixel_bytes=f32_bytes,
         disk_bytes=_dir_bytes(path),
         tokens_per_row=Distribution.of(tok, bins), images_per_row=Distribution.of(nimg, bins),
-        tokens_per_image=Distribution.of(cat(per_image), bins), encode_report=report,
+        tokens_per_image=Distribution.of(cat(per_image), bins), encode_report=report, failed_rows=failed,
     )
 
 
@@ -271,6 +281,12 @@ def format_stats(s: DatasetStats) -> str:
             lines.extend(f"  {_error_line(e)}" for e in errors[:10])
             if len(errors) > 10:
                 lines.append(f"  ... {len(errors) - 10} more in {REPORT_FILE}")
+    if s.failed_rows:
+        lines.append(f"failed rows  {len(s.failed_rows)} row(s) failed to encode and are still in the dataset as empty "
+                     "rows (column mmpipe_error; mmpipe.encode.drop_failed removes them):")
+        lines.extend(f"  {_error_line(e)}" for e in s.failed_rows[:10])
+        if len(s.failed_rows) > 10:
+            lines.append(f"  ... {len(s.failed_rows) - 10} more (--json lists all)")
     lines.append("")
     lines += format_histogram("tokens per row", s.tokens_per_row)
     lines += format_histogram("images per row", s.images_per_row)

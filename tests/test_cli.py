@@ -163,6 +163,12 @@ def test_encode_with_a_saved_processor_directory(sample, tmp_path, capsys):
                                                       "labels": False},
                              with_indices=True, remove_columns=sample["raw"].column_names)
     _assert_same_rows(out, want)
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    patches = sum(r.num_image_patches for r in _rows(want))
+    assert stats["pixel_format"] == "float32" and stats["target_tokens"] is None
+    assert stats["pixel_bytes"] == stats["float32_pixel_bytes"] == patches * mmpipe.family_of(FAMILY).patch_dim * 4
 
 
 def test_stock_processor_class_loads_without_a_video_processor(sample, tmp_path, capsys):
@@ -273,6 +279,20 @@ def test_inspect_without_a_run_record(sample, capsys):
     assert main(["inspect", str(out), "--quiet"]) == 0
     text = capsys.readouterr().out
     assert "rows         5" in text and "dropped rows unknown" in text
+
+
+def test_inspect_lists_failed_rows_left_by_a_plain_map(sample, tmp_path, capsys):
+    raw = sample["raw"]
+    broken = raw.map(lambda r, i: {"images": r["images"][:0] if i == 2 else r["images"]}, with_indices=True)
+    out = tmp_path / "skipped"
+    broken.map(mmpipe.encode, fn_kwargs={"processor": sample["processor"], "on_error": "skip"}, with_indices=True,
+               remove_columns=raw.column_names).save_to_disk(str(out))
+    assert main(["inspect", str(out), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert [e["row"] for e in stats["failed_rows"]] == [2] and stats["rows"] == 5
+    assert main(["inspect", str(out), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "failed rows  1 row(s) failed to encode and are still in the dataset" in text and "  row 2 (" in text
 
 
 # ---- failures ----------------------------------------------------------------------------
