@@ -117,6 +117,11 @@ def _run_data_command(args: argparse.Namespace) -> int:
     except CLIError as e:
         print(f"mmpipe {args.command}: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `mmpipe inspect DIR | head`: the reader left, not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ValueError, TypeError, KeyError) as e:  # a row that cannot be encoded names itself
         hint = ""
         if args.command == "encode" and getattr(args, "on_error", None) == "raise":
