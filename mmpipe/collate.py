@@ -265,10 +265,14 @@ def _check_dtypes(r: Any, i: int) -> None:
 
 
 def _check_finite(pv: np.ndarray, offsets: np.ndarray, name: str) -> None:
-    """One vectorised pass (a float64 sum: NaN and inf propagate); find the row on failure only."""
-    if not pv.size or np.isfinite(pv.sum(dtype=np.float64)):
+    """One vectorised pass (a sum: NaN and inf propagate; about a third of the concatenation's
+    time); the row is looked for only when the sum is not finite."""
+    if not pv.size or np.isfinite(pv.sum()):
         return
-    bad_patch = int(np.flatnonzero(~np.isfinite(pv).all(axis=1))[0])
+    bad = np.flatnonzero(~np.isfinite(pv).all(axis=1))
+    if not len(bad):  # finite values whose float32 sum overflowed: not this check's business
+        return
+    bad_patch = int(bad[0])
     row = int(np.searchsorted(offsets, bad_patch, side="right") - 1)
     raise PixelDataError(
         f"{name} hold NaN or inf (first at patch {bad_patch - int(offsets[row])} of the row)", row=row, column=name,

@@ -288,10 +288,17 @@ def resize_image(img: Image.Image, spec: VisionSpec) -> np.ndarray:
 
     The processor converts to a numpy array and back to PIL before its bicubic resize; PIL
     resizes the same pixels the same way without the round trip, so this resizes the RGB PIL
-    image directly (two full-image copies fewer). EXIF orientation is applied first."""
+    image directly (two full-image copies fewer). EXIF orientation is applied first.
+
+    Grayscale ("L") images are resized before the conversion to RGB: the conversion copies
+    the one band into three and the resize treats each band alike, so the result is the same
+    bytes, while a large grayscale image is never held as RGB (1 byte per source pixel, not 4)."""
     img = upright(img)
     w, h = img.size
     th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels)
+    if img.mode == "L" and img.info.get("transparency") is None:
+        small = img.resize((tw, th), resample=spec.resample) if (tw, th) != img.size else img
+        return np.asarray(small.convert("RGB"))
     rgb = to_rgb_image(img)
     if (tw, th) != rgb.size:
         rgb = rgb.resize((tw, th), resample=spec.resample)
