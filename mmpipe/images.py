@@ -14,8 +14,8 @@ an EXIF-rotated photo is upright - as ``datasets`` decodes it, and unlike the tr
 processor given the raw PIL image, which ignores the tag. Modes convert as the processor
 does (``convert("RGB")``, transparency over white); 16-bit/int/float modes whose values do
 not fit 0..255 raise instead of being clipped to white. Images beyond PIL's
-decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``; 2x it raises in PIL) raise, which
-bounds decode memory to about 3 bytes x that many pixels.
+decompression-bomb limit (2 x ``PIL.Image.MAX_IMAGE_PIXELS``) raise, which bounds decode
+memory (PIL holds RGB in 4 bytes per pixel; grayscale, 1, is resized before RGB conversion).
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def _unreadable(e: Exception, where: str, found: str = "") -> ImageError:
 def _bomb_error(e: Exception, where: str) -> ImageError:
     return ImageError(
         f"the image is larger than PIL's decompression-bomb limit ({e})", where=where,
-        expected=f"at most {Image.MAX_IMAGE_PIXELS} pixels (PIL.Image.MAX_IMAGE_PIXELS)",
+        expected=f"at most {2 * Image.MAX_IMAGE_PIXELS} pixels (2 x PIL.Image.MAX_IMAGE_PIXELS)",
         fix="downscale the file before encoding, or raise PIL.Image.MAX_IMAGE_PIXELS if you trust the "
             "source (decoding takes about 3 bytes per pixel)",
     )
