@@ -476,9 +476,9 @@ class Encoder:
             return self._call_batch(example, idx)
         out = self._encode_one(example, idx)
         if out is None:
-            raise ValueError(
-                f"{self._last_drop}; truncation='drop' can only leave rows out of a batched map: pass batched=True "
-                "(and remove_columns=ds.column_names) to dataset.map, or use mmpipe.encode_dataset"
+            raise TruncationError(  # a documented error, like every other refusal (found by fuzzing)
+                f"{self._last_drop}; truncation='drop' can only leave rows out of a batched map", where="",
+                fix="pass batched=True (and remove_columns=ds.column_names) to dataset.map, or use mmpipe.encode_dataset"
             )
         return out
 

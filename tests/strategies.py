@@ -334,7 +334,7 @@ def fuzz_raw_rows(draw, max_messages: int = 4):
                     else st.sampled_from(FUZZ_ROLES))
         if role not in FUZZ_ROLES:
             valid = False
-        shape = draw(st.sampled_from(["str", "list", "list", "list", "bad"]))
+        shape = draw(st.sampled_from(["str", "str", "list", "list", "list", "list", "list", "list", "list", "bad"]))
         if shape == "bad":
             content = draw(st.sampled_from([5, {"type": "text", "text": "x"}, [5], [{"type": "text"}],
                                             [{"type": "text", "text": 3}], [{"type": "video"}], [None]]))
