@@ -330,8 +330,12 @@ def run_encode(args) -> int:
     src = Path(args.input).expanduser()
     out = Path(args.out).expanduser()
     fmt = input_format(src)
-    if out.exists() and any(out.iterdir()) and not args.overwrite:
-        raise CLIError(f"--out {str(out)!r} exists and is not empty; pass --overwrite or another directory")
+    if out.exists() and any(out.iterdir()):
+        if not args.overwrite:
+            raise CLIError(f"--out {str(out)!r} exists and is not empty; pass --overwrite or another directory")
+        if not any((out / f).is_file() for f in ("state.json", "dataset_dict.json", REPORT_FILE)):
+            raise CLIError(f"--out {str(out)!r} is not a saved dataset; --overwrite only replaces one "
+                           "(refusing to delete another directory)")
     if out.resolve() == src.resolve():
         raise CLIError("--out must differ from the input")
     if args.quiet:

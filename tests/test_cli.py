@@ -201,6 +201,10 @@ def test_truncation_drop_is_counted_in_the_report(sample, tmp_path, capsys):
     rc = main(["inspect", str(out)])
     text = capsys.readouterr().out
     assert rc == 0 and f"{5 - n_drop} of 5 rows encoded" in text and f"dropped: too_long: {n_drop}" in text
+    # --overwrite replaces a saved dataset
+    assert main(["encode", str(sample["jsonl"]), "--processor", f"testing:{FAMILY}", "--out", str(out), "--quiet",
+                 "--overwrite"]) == 0
+    _assert_same_rows(out, sample["reference"])
 
 
 # ---- inspect -----------------------------------------------------------------------------
@@ -308,6 +312,8 @@ def test_bad_inputs_fail_with_a_clear_message(sample, tmp_path, capsys):
          "is not a directory"),
         (["encode", str(sample["jsonl"]), "--processor", "testing:qwen2_vl", "--out", str(sample["root"])],
          "exists and is not empty"),
+        (["encode", str(sample["jsonl"]), "--processor", "testing:qwen2_vl", "--out", str(sample["root"] / "imgs"),
+          "--overwrite"], "refusing to delete another directory"),
         (["inspect", str(sample["saved"])], "is not an mmpipe-encoded dataset"),
         (["inspect", str(tmp_path / "missing")], "is not a directory"),
     ]
