@@ -156,6 +156,8 @@ class RayBatchEncoder:
                     raise ValueError(f"keep_columns: {name!r} is an encoded column; rename the input column")
                 if src is not None and name in src.column_names:
                     col = src.column(name).take(pa.array(kept, pa.int64()))
+                elif isinstance(batch, dict) and isinstance(batch.get(name), np.ndarray) and batch[name].dtype != object:
+                    col = pa.array(batch[name][np.asarray(kept, np.int64)])  # keeps the dtype when no row is left
                 else:
                     col = pa.array([rows[i][name] for i in kept])
                 table = table.append_column(name, col)
