@@ -246,3 +246,14 @@ def test_huge_images_memory_is_bounded(tmp_path):
         assert int(grown) < per_px * h * w, f"{mode}: peak RSS grew by {int(grown) / 2**20:.0f} MiB"
         t, gh, gw = json.loads(grid)[0]
         assert gh * gw * 14 * 14 <= spec.max_pixels
+
+
+def test_family_mismatch_on_the_arrow_route(tmp_path):
+    """An encoded dataset (qwen2_vl) collated with another family's processor, as the
+    DataLoader does it (ArrowRows), fails with the row and both families named."""
+    ds = datasets.Dataset.from_list([user_row([png_bytes(photo(30 + i, 40, seed=i))]) for i in range(3)])
+    enc, _ = mmpipe.encode_dataset(ds, processor_for("qwen2_vl"))
+    for other in ("qwen2_5_vl", "qwen3_vl"):
+        with pytest.raises(mmpipe.errors.FamilyMismatchError, match=f"row 0: encoded for model family 'qwen2_vl' "
+                                                                  f"but this batch is for '{other}'"):
+            mmpipe.Collator(processor_for(other))(mmpipe.ArrowRows(enc).__getitems__([0, 1, 2]))
