@@ -122,6 +122,7 @@ def test_batch_display_lists_every_row_and_image(executed):
     html = _data(_cell(executed, "batch = collator(rows)"), "text/html")
     assert html
     assert html[0].count("<img") == 4  # 1 + 0 + 2 + 1 images in the four rows
+    assert "BatchedMultiModalInputs(" in _stdout(_cell(executed, "DataLoader(enc, batch_size=4, collate_fn=collator)"))
     shapes = _data(_cell(executed, "inputs = batch.model_inputs()"), "text/plain")[0]
     for key in ("pixel_values", "image_grid_thw", "mm_token_type_ids", "position_ids"):
         assert key in shapes
