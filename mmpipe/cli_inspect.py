@@ -252,7 +252,7 @@ def _error_line(e) -> str:
 
 
 def format_stats(s: DatasetStats) -> str:
-    fams = ", ".join(f"{k} ({v} rows)" for k, v in sorted(s.families.items())) or "-"
+    fams = ", ".join(f"{k} ({v} row{'s' * (v != 1)})" for k, v in sorted(s.families.items())) or "-"
     ratio = f", {s.float32_pixel_bytes / s.pixel_bytes:.1f}x smaller than float32" if s.pixel_format == "uint8" and s.pixel_bytes else ""
     lines = [
         f"dataset      {s.path}  ({_size(s.disk_bytes)} on disk)",
