@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .encode import Encoder, RowDropped, logger
+from .encode import ERROR_COLUMN, Encoder
 from .records import MultiModalInputs
 
 
@@ -121,8 +121,10 @@ class RayBatchEncoder:
         keep_columns: input columns copied to the output (e.g. an id).
         index_column: a column whose value names the row in error messages (Ray batches
             carry no global row index).
-        **options: `mmpipe.Encoder` options (``max_length``, ``truncation``, ``pixels`` ...).
-            ``truncation="drop"`` leaves rows out (count them with ``ds.count()``).
+        **options: `mmpipe.Encoder` options (``max_length``, ``truncation``, ``pixels``,
+            ``on_error`` ...). ``truncation="drop"`` leaves rows out (count them with
+            ``ds.count()``); ``on_error="skip"`` keeps a failing row as an empty row with its
+            error in ``mmpipe_error``, as ``datasets.map`` does.
 
     ``__call__(batch)`` -> ``pyarrow.Table`` with `MultiModalInputs.arrow_schema(pixels, labels)`
     plus ``keep_columns``.
@@ -135,19 +137,18 @@ class RayBatchEncoder:
         self.keep_columns = list(keep_columns)
         self.index_column = index_column
         self.schema = MultiModalInputs.arrow_schema(self.encoder.pixels, self.encoder.labels)
+        if getattr(self.encoder, "on_error", "raise") == "skip":
+            self.schema = self.schema.append(pa.field(ERROR_COLUMN, pa.string()))
 
     def __call__(self, batch: Any) -> pa.Table:
         rows = batch_rows(batch)
         out, kept = [], []
         for i, raw in enumerate(rows):
             idx = raw.get(self.index_column) if self.index_column else None
-            try:
-                out.append(self.encoder.encode_row(raw, idx).to_dict())
-            except RowDropped as e:
-                self.encoder.stats.dropped[e.reason] += 1
-                logger.warning("mmpipe RayBatchEncoder dropped %s", e)
-                continue
-            kept.append(i)
+            row = self.encoder._encode_one(raw, idx)  # None: dropped by truncation="drop"
+            if row is not None:
+                out.append(row)
+                kept.append(i)
         table = rows_to_arrow(out, self.schema)
         if self.keep_columns:
             src = batch if isinstance(batch, (pa.Table, pa.RecordBatch)) else None

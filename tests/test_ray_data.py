@@ -135,3 +135,14 @@ def test_parquet_read_numpy_batches_and_parquet_written_by_ray_loads_in_datasets
     assert {k: v for k, v in back.features.items() if k != "id"} == dict(want)
     batch = mmpipe.Collator(processor_for(FAMILY))([back[i] for i in range(3)])
     assert mmpipe.unbatch(batch) == [mmpipe.MultiModalInputs.from_dict(back[i]) for i in range(3)]
+
+
+def test_on_error_skip_keeps_the_failing_row_like_datasets_map(raw):
+    proc = processor_for(FAMILY)
+    broken = raw.select(range(4)).map(
+        lambda r: {"images": r["images"][:-1] if r["id"] == 2 else r["images"]})  # row 2: a placeholder too many
+    want = broken.map(mmpipe.encode, fn_kwargs={"processor": proc, "on_error": "skip"}, with_indices=True)
+    got = RayBatchEncoder(proc, index_column="id", keep_columns=["id"], on_error="skip")(broken.with_format("arrow")[:])
+    assert got.column("mmpipe_error").to_pylist() == want["mmpipe_error"]
+    assert got.column("mmpipe_error")[2].as_py() and '"row": 2' in got.column("mmpipe_error")[2].as_py()
+    assert got.column("input_ids").to_pylist() == want["input_ids"]
