@@ -30,7 +30,8 @@ class TokenCounter:
 
     ``options``: the `mmpipe.Encoder` options the training encode will use (``min_pixels``,
     ``max_pixels``, ``add_generation_prompt``, ``chat_template_kwargs``, ``images_column``);
-    pixel, label and truncation options do not change a count and are overridden.
+    pixel, label and truncation options do not change a count and are overridden. With
+    ``on_error="skip"`` a row that fails to encode counts -1 (`filter_by_length` removes it).
     """
 
     def __init__(self, processor, **options):
@@ -42,8 +43,16 @@ class TokenCounter:
         rows = batch.to_pylist() if hasattr(batch, "to_pylist") else [
             {k: v[i] for k, v in batch.items()} for i in range(len(indices))]
         total, image = [], []
+        skip = getattr(self.encoder, "on_error", "raise") == "skip"
         for row, idx in zip(rows, indices):
-            r = self.encoder.encode_row(row, idx)
+            try:
+                r = self.encoder.encode_row(row, idx)
+            except Exception:
+                if not skip:
+                    raise
+                total.append(-1)
+                image.append(-1)
+                continue
             total.append(r.num_tokens)
             image.append(int((r.mm_token_type_ids == 1).sum()))
         return {"num_tokens": total, "num_image_tokens": image}
@@ -88,7 +97,8 @@ def token_lengths(ds, processor, *, num_proc: Optional[int] = None, batch_size: 
 
 @dataclass
 class LengthFilterReport:
-    """What `filter_by_length` removed: rows over ``max_tokens``, rows under ``min_tokens``."""
+    """What `filter_by_length` removed: rows over ``max_tokens``, rows under ``min_tokens``,
+    rows that failed to encode (``on_error="skip"`` only)."""
 
     rows_in: int
     rows_out: int
@@ -98,6 +108,7 @@ class LengthFilterReport:
     min_tokens: Optional[int]
     tokens_in: int
     tokens_out: int
+    failed: int = 0
 
     @property
     def removed(self) -> int:
@@ -105,7 +116,8 @@ class LengthFilterReport:
 
     def __str__(self) -> str:
         return (f"kept {self.rows_out:,} of {self.rows_in:,} rows ({self.tokens_out:,} of {self.tokens_in:,} tokens); "
-                f"{self.too_long:,} over {self.max_tokens} tokens, {self.too_short:,} under {self.min_tokens}")
+                f"{self.too_long:,} over {self.max_tokens} tokens, {self.too_short:,} under {self.min_tokens}"
+                + (f", {self.failed:,} failed to encode" if self.failed else ""))
 
 
 def filter_by_length(ds, processor, *, max_tokens: Optional[int] = None, min_tokens: Optional[int] = None,
@@ -123,13 +135,15 @@ def filter_by_length(ds, processor, *, max_tokens: Optional[int] = None, min_tok
     if max_tokens is not None and min_tokens is not None and min_tokens > max_tokens:
         raise ValueError(f"min_tokens={min_tokens} is above max_tokens={max_tokens}; nothing could be kept")
     lengths = token_lengths(ds, processor, num_proc=num_proc, batch_size=batch_size, **options).total
-    too_long = lengths > max_tokens if max_tokens is not None else np.zeros(len(lengths), bool)
-    too_short = lengths < min_tokens if min_tokens is not None else np.zeros(len(lengths), bool)
-    keep = ~(too_long | too_short)
+    failed = lengths < 0
+    too_long = (lengths > max_tokens) if max_tokens is not None else np.zeros(len(lengths), bool)
+    too_short = (lengths < min_tokens) & ~failed if min_tokens is not None else np.zeros(len(lengths), bool)
+    keep = ~(too_long | too_short | failed)
     out = ds.add_column(lengths_column, lengths) if lengths_column else ds
     out = out.select(np.flatnonzero(keep))
     report = LengthFilterReport(
         rows_in=len(ds), rows_out=int(keep.sum()), too_long=int(too_long.sum()), too_short=int(too_short.sum()),
-        max_tokens=max_tokens, min_tokens=min_tokens, tokens_in=int(lengths.sum()), tokens_out=int(lengths[keep].sum()),
+        max_tokens=max_tokens, min_tokens=min_tokens, tokens_in=int(lengths[~failed].sum()),
+        tokens_out=int(lengths[keep].sum()), failed=int(failed.sum()),
     )
     return out, report

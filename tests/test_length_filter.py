@@ -105,3 +105,25 @@ def test_bad_rows_and_arguments_are_named(raw):
     broken = datasets.Dataset.from_dict({"prompt": ["fine", "two <image> <image>"], "images": [[], [None]]})
     with pytest.raises(ValueError, match="row 1"):
         filters.token_lengths(broken, proc)
+
+
+def test_on_error_skip_counts_failing_rows_as_removed():
+    proc = processor_for("qwen2_vl")
+    img = {"bytes": _png(testing.tiny_image(60, 80)), "path": None}
+    ds = datasets.Dataset.from_dict(
+        {"prompt": ["ok <image>", "two <image> <image>", "plain text"], "images": [[img], [img], []]},
+        features=datasets.Features({"prompt": datasets.Value("string"), "images": datasets.Sequence(datasets.Image())}))
+    lengths = filters.token_lengths(ds, proc, on_error="skip")
+    assert lengths.total[1] == -1 and (lengths.total[[0, 2]] > 0).all()
+    kept, report = filters.filter_by_length(ds, proc, min_tokens=1, on_error="skip")
+    assert kept["prompt"] == ["ok <image>", "plain text"]
+    assert (report.failed, report.too_short, report.too_long, report.removed) == (1, 0, 0, 1)
+    assert "1 failed to encode" in str(report)
+    with pytest.raises(ValueError, match="row 1"):
+        filters.token_lengths(ds, proc)
+
+
+def _png(image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
