@@ -54,7 +54,7 @@ def _as_np(value, dtype, ndim: int, name: str, row: Any = None) -> np.ndarray:
     if arr.ndim != ndim:
         raise InputError(f"column {name!r}: expected {ndim}-D array, found shape {arr.shape}", row=row,
                          column=name, stage="validate", fix="re-encode the row with mmpipe.encode")
-    if arr.dtype.kind not in "biuf":
+    if arr.size and arr.dtype.kind not in "biuf":
         raise InputError(f"column {name!r}: expected numbers, found dtype {arr.dtype}", row=row, column=name,
                          stage="validate", fix="re-encode the row with mmpipe.encode")
     if np.dtype(dtype).kind in "iu" and arr.dtype.kind == "f" and arr.size and not np.array_equal(arr, np.round(arr)):
@@ -424,6 +424,23 @@ def rows_from_arrow(table) -> list["MultiModalInputs"]:
     return _rows_from_batch(table, 0)
 
 
+def _need_list(c: pa.Array, name: str, depth: int) -> bool:
+    """Check ``c`` is a list column ``depth`` levels deep; False when the inner level is
+    untyped (``list<null>``) and empty in every row (then the rows are empty)."""
+    t = c.type
+    for level in range(depth):
+        if pa.types.is_null(t) and level and len(c) == 0:
+            return False
+        if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+            raise InputError(f"column {name!r}: expected a {depth}-level list, found {c.type}", where="", column=name,
+                             stage="validate", fix="check the table with mmpipe.validate_dataset")
+        c, t = c.values, t.value_type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or (pa.types.is_null(t) and len(c) == 0)):
+        raise InputError(f"column {name!r}: expected numbers, found {c.type if depth == 0 else t}", where="",
+                         column=name, stage="validate", fix="check the table with mmpipe.validate_dataset")
+    return True
+
+
 def _rows_from_batch(table: pa.RecordBatch, first_row: int) -> list["MultiModalInputs"]:
     names = set(table.schema.names)
     if "family" not in names:
@@ -437,6 +454,7 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int) -> list["MultiModalI
         if name not in names:
             return None
         c = col(name)
+        _need_list(c, name, 1)
         off, vals = _list_parts(c)
         valid = None if c.null_count == 0 else ~np.asarray(c.is_null())
         return off, vals, valid, c
@@ -452,13 +470,21 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int) -> list["MultiModalI
             c = col(k)
             valid = None if c.null_count == 0 else ~np.asarray(c.is_null())
             # row b's values: the inner lists of outer entries off[b]..off[b+1], back to back
+            typed = _need_list(c, k, 2)
             outer = c.offsets.to_numpy()
-            inner = c.values.offsets.to_numpy()
-            nested[k] = (inner[outer], _values_np(c.values.values), valid, len(c.values))
+            if typed:
+                inner = c.values.offsets.to_numpy()
+                nested[k] = (inner[outer], _values_np(c.values.values), valid, len(c.values))
+            else:  # every row empty, typed list<null> by a writer that saw no values
+                nested[k] = (np.zeros_like(outer), np.zeros(0, np.int64), valid, 0)
     blobs = {}
     for k in ("pixel_values_u8", "pixel_values_videos_u8"):
         if k in names:
             c = col(k)
+            if not (pa.types.is_binary(c.type) or pa.types.is_large_binary(c.type)):
+                raise InputError(f"column {k!r}: expected binary (pixel bytes + end marker), found {c.type}",
+                                 where="", column=k, stage="validate",
+                                 fix="mmpipe.validate_dataset(ds, fix=True) converts older list<uint8> layouts")
             valid = None if c.null_count == 0 else ~np.asarray(c.is_null())
             blobs[k] = (*_binary_parts(c), valid)
     deltas = col("rope_delta").to_numpy(zero_copy_only=False) if "rope_delta" in names else None
@@ -474,6 +500,9 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int) -> list["MultiModalI
         d: dict[str, Any] = {"family": families[b], "input_ids": take(ids, b)}
         if deltas is not None:  # else from_dict derives it from the positions
             d["rope_delta"] = deltas[b]
+        if d["input_ids"] is None:
+            raise InputError("column 'input_ids' is null", row=first_row + b, column="input_ids", stage="validate",
+                             fix="re-encode the row with mmpipe.encode")
         L = d["input_ids"].shape[0]
         for k, entry in per_row.items():
             if entry is not None:

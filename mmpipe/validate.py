@@ -306,11 +306,16 @@ def _check_rows(table: pa.Table, report: ValidationReport, max_rows_listed: int,
         report.issues.append(Issue("error", "family", "family", f"unknown model family {vals}; known: {sorted(FAMILIES)}",
                                    REENCODE, bad_fam[:max_rows_listed].tolist(), len(bad_fam)))
         return
-    kinds = pc.unique(fams).to_pylist()
-    if len(kinds) > 1:
-        report.issues.append(Issue("warning", "family", "family",
-                                   f"rows of several model families {sorted(kinds)}; a batch must hold one",
-                                   "split the dataset by family (ds.filter) before collating"))
+    counts = pc.value_counts(fams).to_pylist()
+    if len(counts) > 1:
+        main = max(counts, key=lambda c: c["counts"])["values"]
+        other = np.flatnonzero(np.asarray(pc.not_equal(fams, main).to_numpy(zero_copy_only=False)))
+        report.issues.append(Issue("error", "family", "family",
+                                   f"rows of several model families {sorted(c['values'] for c in counts)} "
+                                   f"(most are {main!r}); token ids and positions differ between families",
+                                   "re-encode these rows with the training model's processor, or split by family",
+                                   other[:max_rows_listed].tolist(), len(other)))
+    _check_missing_pixels(table, report, max_rows_listed)
     problems: dict[tuple, list] = {}
     for start in range(0, table.num_rows, chunk):
         part = table.slice(start, chunk)
@@ -339,6 +344,21 @@ def _check_rows(table: pa.Table, report: ValidationReport, max_rows_listed: int,
                 problems.setdefault(key, []).append(start + i)
     for (col, msg), rows in problems.items():
         report.issues.append(Issue("error", "content", col, msg, REENCODE, rows[:max_rows_listed], len(rows)))
+
+
+def _check_missing_pixels(table: pa.Table, report: ValidationReport, max_rows_listed: int) -> None:
+    """Rows with images but a null pixel value in a dataset that stores pixels: collate
+    refuses them next to rows with pixels (and would train blind on them alone)."""
+    col = {"uint8": "pixel_values_u8", "float32": "pixel_values"}.get(report.pixel_format)
+    if col is None:
+        return
+    n_images = np.asarray(pc.fill_null(pc.list_value_length(table.column("image_grid_thw")), 0).to_numpy(
+        zero_copy_only=False))
+    null = np.asarray(table.column(col).is_null().to_numpy(zero_copy_only=False))
+    bad = np.flatnonzero(null & (n_images > 0))
+    if len(bad):
+        report.issues.append(Issue("error", "content", col, "rows hold images but no pixel data (null)", REENCODE,
+                                   bad[:max_rows_listed].tolist(), len(bad)))
 
 
 def _strip_row(msg: str, row: int) -> str:

@@ -52,7 +52,7 @@ FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 # CI-sized run: share of the total per target; MMPIPE_FUZZ_EXAMPLES scales the total.
 CI_TOTAL = 2400
-SHARES = {"encode": 0.5, "encode_batched": 0.1, "collate": 0.2, "corrupt": 0.2}
+SHARES = {"encode": 0.5, "encode_batched": 0.1, "collate": 0.15, "corrupt": 0.15, "corrupt_arrow": 0.1}
 TOTAL = int(os.environ.get("MMPIPE_FUZZ_EXAMPLES", CI_TOTAL))
 settings.register_profile(
     "mmpipe-fuzz", deadline=None, derandomize=TOTAL == CI_TOTAL, print_blob=True,
@@ -85,8 +85,9 @@ def _documented(e: BaseException, target: str, *, row_named: bool = True) -> str
     if not isinstance(e, DOCUMENTED):
         OUTCOMES[target]["CRASH " + type(e).__name__] += 1
         raise AssertionError(f"undocumented {type(e).__name__} escaped: {e}") from e
-    if row_named:
-        assert "row" in str(e), f"error does not name the row: {e}"
+    if row_named:  # a row, or for a whole-column problem (a table's column type) the column
+        assert "row" in str(e) or (getattr(e, "row", 0) is None and getattr(e, "column", None)), \
+            f"error does not name the row: {e}"
     OUTCOMES[target][type(e).__name__] += 1
     return type(e).__name__
 
@@ -207,15 +208,18 @@ def as_format(row: MultiModalInputs, fmt: str, labels: bool) -> MultiModalInputs
     return replace(row, labels=lab, pixel_values_u8=None)
 
 
-def arrow_rows(rows: list[MultiModalInputs]) -> pa.Table:
-    """Rows as the Arrow table a saved dataset holds (the union schema, nulls where absent)."""
-    schema = MultiModalInputs.arrow_schema()
-    dicts = [r.to_dict() for r in rows]
-    cols = {}
-    for f in schema:
-        vals = [d.get(f.name) for d in dicts]
-        vals = [v.tolist() if isinstance(v, np.ndarray) else (int(v) if isinstance(v, np.integer) else v) for v in vals]
-        cols[f.name] = pa.array(vals, type=f.type)
+def _py(v):
+    return v.tolist() if isinstance(v, np.ndarray) else (int(v) if isinstance(v, np.integer) else v)
+
+
+def arrow_rows(rows, schema: pa.Schema | None = None) -> pa.Table:
+    """Rows (records or stored dicts) as the Arrow table a saved dataset holds (default: the
+    union schema, nulls where absent); ``schema=False``: types inferred as a hand-written table's."""
+    dicts = [r.to_dict() if isinstance(r, MultiModalInputs) else r for r in rows]
+    if schema is False:
+        return pa.Table.from_pylist([{k: _py(v) for k, v in d.items()} for d in dicts])
+    schema = schema or MultiModalInputs.arrow_schema()
+    cols = {f.name: pa.array([_py(d.get(f.name)) for d in dicts], type=f.type) for f in schema}
     return pa.table(cols, schema=schema)
 
 
@@ -350,6 +354,33 @@ def test_fuzz_corrupted_rows(family, i, fmt, mutation, position, with_good):
     OUTCOMES["corrupt"]["ok (harmless mutation)"] += 1
 
 
+@fuzz_settings("corrupt_arrow")
+@given(st.sampled_from(FAMILIES), st.integers(0, 9), st.sampled_from(["uint8", "float32"]),
+       st.sampled_from(sorted(MUTATIONS)), st.booleans())
+def test_fuzz_corrupted_arrow_tables(family, i, fmt, mutation, typed):
+    """A damaged stored table (schema types, or types inferred as in a hand-written table):
+    `validate_dataset` never raises, and whenever collate refuses the table (a documented
+    error), the validation report holds an error too."""
+    from mmpipe.validate import validate_dataset
+
+    pool = row_pool(family)
+    bad = as_format(pool[i], fmt, True).to_dict()
+    MUTATIONS[mutation][0](bad)
+    rows = [as_format(pool[(i + 1) % 10], fmt, True).to_dict(), bad]
+    try:
+        table = arrow_rows(rows, MultiModalInputs.arrow_schema(fmt) if typed else False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError):
+        assume(False)  # the damage cannot be written as this Arrow table at all
+    report = validate_dataset(table)
+    try:
+        mmpipe.collate(table, processor=processor_for(family))
+    except Exception as e:  # noqa: BLE001
+        _documented(e, "corrupt_arrow")
+        assert not report.ok, f"collate refused the table ({e}) but validation passed it:\n{report}"
+        return
+    OUTCOMES["corrupt_arrow"]["ok" if report.ok else "collate ok, validation error (strict schema)"] += 1
+
+
 # ---- regression tests: each crash the fuzzing found ------------------------------------
 
 
@@ -427,3 +458,35 @@ def test_typed_image_pad_never_makes_a_phantom_image(family, text):
     # the placeholder convention "<image>" stays plain text when the row has no images
     row = mmpipe.encode_row({"messages": [{"role": "user", "content": "an <image> tag"}]}, proc, idx=5)
     assert row.num_images == 0 and not (row.mm_token_type_ids != 0).any()
+
+
+def test_regression_hand_written_table_with_untyped_empty_columns():
+    """pa.Table.from_pylist of stored rows types all-empty columns (video_grid_thw,
+    second_per_grid_ts with no videos) as list<null>: rows_from_arrow raised AttributeError
+    ('NullArray' object has no attribute 'offsets'). They read as empty now."""
+    rows = row_pool("qwen2_5_vl")[:4]
+    table = arrow_rows(rows, False)
+    assert pa.types.is_null(table.schema.field("video_grid_thw").type.value_type)
+    assert mmpipe.rows_from_arrow(table) == rows
+    assert mmpipe.unbatch(mmpipe.collate(table, processor=processor_for("qwen2_5_vl"))) == rows
+
+
+def test_regression_arrow_table_damage_is_documented():
+    """Damage only an Arrow table can hold: a null input_ids (was AttributeError on None), an
+    older list<uint8> pixel column (was read as garbage offsets), a non-list grid column."""
+    rows = [r.to_dict() for r in row_pool("qwen2_vl")[:3]]
+    t = arrow_rows(rows, MultiModalInputs.arrow_schema("uint8"))
+    ids = t.column("input_ids").to_pylist()
+    ids[2] = None
+    cases = {
+        "null ids": (t.set_column(0, "input_ids", pa.array(ids, pa.list_(pa.int32()))), r"row 2: column 'input_ids' is null"),
+        "u8 list": (t.set_column(t.column_names.index("pixel_values_u8"), "pixel_values_u8",
+                                 pa.array([list(b[:-1]) for b in t.column("pixel_values_u8").to_pylist()],
+                                          pa.list_(pa.uint8()))), "expected binary"),
+        "flat grid": (t.set_column(t.column_names.index("image_grid_thw"), "image_grid_thw",
+                                   pa.array([1, 2, 3], pa.int64())), "image_grid_thw.*expected a 2-level list"),
+    }
+    for name, (table, msg) in cases.items():
+        with pytest.raises(ValueError, match=msg) as info:
+            mmpipe.collate(table, processor=processor_for("qwen2_vl"))
+        assert isinstance(info.value, DOCUMENTED_ERRORS), name
