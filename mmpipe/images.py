@@ -223,7 +223,12 @@ _SWAPS_AXES = (5, 6, 7, 8)
 
 
 def exif_orientation(img: Image.Image) -> int:
-    """The EXIF orientation tag (1..8; 1 = upright) from the header; no pixel decode."""
+    """The EXIF orientation tag (1..8; 1 = upright) from the header; no pixel decode.
+
+    A PNG's eXIf chunk counts only when it comes before the image data (where the PNG
+    standard puts it, and PIL writes it): looking for a later one makes PIL decode the image."""
+    if img.format == "PNG" and "exif" not in img.info:
+        return 1
     try:
         o = img.getexif().get(_EXIF_ORIENTATION, 1)
     except Exception:  # a broken EXIF block: PIL itself ignores it when decoding

@@ -257,3 +257,25 @@ def test_family_mismatch_on_the_arrow_route(tmp_path):
         with pytest.raises(mmpipe.errors.FamilyMismatchError, match=f"row 0: encoded for model family 'qwen2_vl' "
                                                                   f"but this batch is for '{other}'"):
             mmpipe.Collator(processor_for(other))(mmpipe.ArrowRows(enc).__getitems__([0, 1, 2]))
+
+
+@pytest.mark.parametrize("orientation", [None, 6])
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP"])
+def test_layout_route_reads_headers_only(fmt, orientation):
+    """pixels='none' never decodes pixel data, EXIF orientation included (a PNG's getexif()
+    would decode the whole image to look for a late eXIf chunk)."""
+    import io
+
+    proc = processor_for("qwen2_vl")
+    buf = io.BytesIO()
+    exif = Image.Exif()
+    if orientation:
+        exif[0x0112] = orientation
+    photo(40, 64).save(buf, fmt, **({"exif": exif.tobytes()} if orientation else {}))
+    img = Image.open(io.BytesIO(buf.getvalue()))
+    row = mmpipe.encode_row(user_row([img]), proc, idx=0, pixels="none")
+    assert getattr(img, "_im", None) is None  # PIL's decoded core image: never created
+    full = mmpipe.encode_row(user_row([buf.getvalue()]), proc, idx=0)
+    np.testing.assert_array_equal(row.image_grid_thw, full.image_grid_thw)
+    upright_tall = full.image_grid_thw[0, 1] > full.image_grid_thw[0, 2]
+    assert upright_tall == (orientation == 6)
