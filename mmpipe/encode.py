@@ -127,7 +127,8 @@ def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tupl
     if not isinstance(raw, (list, tuple)) or not raw:
         raise ParseError(f"column {column!r}: expected a non-empty list of chat messages, found {raw!r:.80}",
                          where=where, column=column,
-                         fix="drop rows without messages, or give at least one {'role', 'content'} message")
+                         fix="parse JSON-encoded messages first (json.loads)" if isinstance(raw, str) else
+                             "drop rows without messages, or give at least one {'role', 'content'} message")
     completion = example.get("completion")
     if completion is not None:
         raw = list(raw) + ([{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion))

@@ -135,7 +135,8 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
     """Any supported image value -> PIL image (not yet decoded where PIL can avoid it).
 
     Accepted: PIL image; ``datasets.Image()`` value ``{"bytes": ..., "path": ...}``; a file
-    path; raw encoded bytes; a uint8 array ``[H, W]``, ``[H, W, 1|3|4]``.
+    path (or ``file://``); a base64 ``data:image/...`` URI; raw encoded bytes; a uint8 array
+    ``[H, W]``, ``[H, W, 1|3|4]``. URLs are refused (mmpipe does not fetch).
     """
     if isinstance(value, Image.Image):
         return value
@@ -151,10 +152,16 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
                              fix="store images with datasets.Image() or give a path")
         if isinstance(value, (bytes, bytearray, memoryview)):
             return Image.open(io.BytesIO(bytes(value)))
+        if isinstance(value, str) and value.startswith("data:"):
+            return Image.open(io.BytesIO(_data_uri_bytes(value, where)))
         if isinstance(value, (str, os.PathLike)):
             path = os.fspath(value)
             if path.startswith("file://"):
                 path = path[len("file://"):]
+            if path.startswith(("http://", "https://")):
+                raise ImageError(f"{path[:80]!r} is a URL; mmpipe does not fetch images", where=where,
+                                 expected="a local path, encoded bytes, a data: URI or a PIL image", found="a URL",
+                                 fix="download the images first (e.g. datasets' Image() cast on a local copy)")
             if not os.path.exists(path):
                 raise ImageError(f"no such file: {path!r}", where=where, expected="an existing image file",
                                  found="a missing path",
@@ -176,6 +183,22 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
         expected="a PIL image, a datasets Image dict, a path, encoded bytes or a uint8 array [H, W, C]",
         found=type(value).__name__, fix="convert the value to one of those",
     )
+
+
+def _data_uri_bytes(uri: str, where: str) -> bytes:
+    """``data:image/png;base64,...`` (OpenAI-style ``image_url``) -> the encoded image bytes."""
+    import base64
+    import binascii
+
+    head, sep, payload = uri.partition(",")
+    if not sep or not head.endswith(";base64"):
+        raise ImageError("unsupported data: URI", where=where, expected="data:image/<type>;base64,<payload>",
+                         found=repr(uri[:40]), fix="base64-encode the image bytes")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ImageError(f"the data: URI's base64 payload is invalid ({e})", where=where,
+                         fix="re-encode the image with base64.b64encode") from e
 
 
 def _unreadable(e: Exception, where: str, found: str = "") -> ImageError:

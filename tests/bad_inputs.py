@@ -125,6 +125,12 @@ def exif_jpeg(orientation: int = 6) -> bytes:
     return jpeg_bytes(photo(40, 64, seed=3), orientation=orientation)
 
 
+def data_uri(data: bytes, kind: str = "png") -> str:
+    import base64
+
+    return f"data:image/{kind};base64," + base64.b64encode(data).decode()
+
+
 def write(tmp: Path, name: str, data: bytes) -> str:
     path = tmp / name
     path.write_bytes(data)
@@ -142,8 +148,12 @@ def _pil(value) -> Image.Image:
         return Image.open(io.BytesIO(value))
     if isinstance(value, dict):
         return Image.open(io.BytesIO(value["bytes"]))
+    if isinstance(value, str) and value.startswith("data:"):
+        import base64
+
+        return Image.open(io.BytesIO(base64.b64decode(value.partition(",")[2])))
     if isinstance(value, str):
-        return Image.open(value)
+        return Image.open(value[len("file://"):] if value.startswith("file://") else value)
     if isinstance(value, np.ndarray):
         return Image.fromarray(value)
     return value
@@ -250,6 +260,21 @@ CASES: list[Case] = [
     Case("unsupported_type", one_image(12345), ImageError, ("unsupported image value of type int",), **IMG),
     Case("path_to_png", lambda tmp: user_row([write(tmp, "a.png", png_bytes(photo()))]), holds="equals the processor",
          check=same_as_processor),
+    Case("file_uri", lambda tmp: user_row(["file://" + write(tmp, "b.png", png_bytes(photo()))]),
+         holds="equals the processor", check=same_as_processor),
+    Case("data_uri_png", one_image(lambda: data_uri(png_bytes(photo()))), holds="decoded, equals the processor",
+         check=same_as_processor),
+    Case("openai_image_url_item", lambda tmp: {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_uri(jpeg_bytes(photo()), "jpeg")}},
+        {"type": "text", "text": "What is it?"}]}]}, holds="inline data: URI decoded", check=lambda r, row, p: r.validate()),
+    Case("data_uri_bad_base64", one_image("data:image/png;base64,@@not-base64@@"), ImageError,
+         ("base64 payload is invalid",), **IMG),
+    Case("data_uri_not_base64", one_image("data:image/png,rawdata"), ImageError, ("unsupported data: URI",), **IMG),
+    Case("http_url", one_image("https://example.com/cat.png"), ImageError, ("is a URL", "does not fetch"), **IMG),
+    Case("images_not_a_list", lambda tmp: {**user_row([]), "images": {"bytes": png_bytes(photo()), "path": None}},
+         ParseError, ("must hold a list of images", "wrap it"), err_stage="parse", column="images"),
+    Case("messages_as_json_string", lambda tmp: {"messages": '[{"role": "user", "content": "hi"}]'}, ParseError,
+         ("expected a non-empty list of chat messages", "json.loads"), err_stage="parse", column="messages"),
     # sizes
     Case("zero_pixel_array", one_image(np.zeros((0, 10, 3), np.uint8)), ImageError,
          ("0x10", "at least one pixel"), **IMG),
