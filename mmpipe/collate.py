@@ -243,8 +243,9 @@ def _check_dtypes(r: Any, i: int) -> None:
     for name in _INT_COLUMNS:
         dt = _dtype_of(r.get(name))
         if dt is not None and ("float" in dt or "complex" in dt):
-            raise PixelDataError(
+            raise InputError(
                 f"{name} holds {dt} values; casting them to int64 would silently truncate", row=i, column=name,
+                stage="collate",
                 expected="an integer dtype", found=dt, fix="store token ids, masks, positions and grids as int64",
             )
     for name in _FLOAT_PIXELS:

@@ -387,7 +387,7 @@ CASES: list[Case] = [
          PixelDataError, ("holds int64 values", "pixel_values_u8"), err_stage="collate", column="pixel_values",
          stage="collate"),
     Case("float_input_ids", mutate("uint8", _set("input_ids", lambda r: np.asarray(r["input_ids"], np.float32))),
-         PixelDataError, ("input_ids holds float32", "int64"), err_stage="collate", column="input_ids", stage="collate"),
+         InputError, ("input_ids holds float32", "int64"), err_stage="collate", column="input_ids", stage="collate"),
     Case("int64_pixel_values_u8", mutate("uint8", _set("pixel_values_u8", lambda r: np.zeros((4, 10), np.int64))),
          PixelDataError, ("pixel_values_u8 holds int64",), err_stage="collate", column="pixel_values_u8", stage="collate"),
     Case("float64_pixel_values", mutate("float32", _set("pixel_values", lambda r: np.asarray(r["pixel_values"], np.float64))),
