@@ -617,6 +617,50 @@ class EncodeReport:
         return out
 
 
+def undecoded_images(ds):
+    """``ds`` with every ``datasets.Image()`` feature (any nesting) set to ``decode=False``,
+    so rows carry ``{"bytes", "path"}`` dicts instead of PIL images decoded by ``datasets``.
+    Images with a forced ``mode`` are left decoding (datasets converts them)."""
+    import copy
+
+    features = getattr(ds, "features", None)
+    if not features:
+        return ds
+
+    def undecode(f) -> bool:
+        if type(f).__name__ == "Image":
+            if getattr(f, "decode", False) and getattr(f, "mode", None) is None:
+                f.decode = False
+                return True
+            return False
+        if isinstance(f, dict):
+            return any([undecode(v) for v in f.values()])
+        if isinstance(f, (list, tuple)):
+            return any([undecode(v) for v in f])
+        inner = getattr(f, "feature", None)
+        return undecode(inner) if inner is not None else False
+
+    new = copy.deepcopy(features)
+    if not undecode(dict(new)) or not hasattr(ds, "data"):
+        return ds
+    # Same Arrow data, other features: ``Dataset(table, info=...)`` re-labels without the
+    # copy ``ds.cast`` would make of every image (the storage types are identical).
+    import hashlib
+
+    import datasets
+
+    info = ds.info.copy()
+    info.features = datasets.Features(dict(new))  # rebuilt: Features caches which columns decode
+    fingerprint = hashlib.sha256(f"{ds._fingerprint}:mmpipe-undecoded".encode()).hexdigest()[:16]
+    out = datasets.Dataset(ds.data, info=info, split=ds.split, indices_table=getattr(ds, "_indices", None),
+                           fingerprint=fingerprint)
+    fmt = ds.format
+    if fmt.get("type") is not None or fmt.get("columns") is not None:
+        out = out.with_format(fmt["type"], columns=fmt["columns"], output_all_columns=fmt["output_all_columns"],
+                              **fmt["format_kwargs"])
+    return out
+
+
 def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size: int = 64,
                    remove_columns: bool = True, **options):
     """Encode a ``datasets.Dataset`` and report exactly what was dropped, across processes.
@@ -625,9 +669,15 @@ def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size:
     are counted by reason, and rows failing under ``on_error="skip"`` are recorded (row
     index, stage, column, reason), from columns every worker writes, so the counts hold for
     any ``num_proc`` (an in-process counter cannot see other workers).
+
+    ``datasets.Image()`` columns are read undecoded (``decode=False``): mmpipe decodes the
+    bytes itself (same pixels, EXIF orientation included), so a corrupt image becomes this
+    row's `ImageError` - recorded under ``on_error="skip"`` - instead of a crash inside
+    ``datasets`` before the row reaches mmpipe. (With a plain ``ds.map``, cast them yourself.)
     """
     enc = Encoder(processor, **options)
     enc.mark_dropped = True
+    ds = undecoded_images(ds)
     out = ds.map(enc, batched=True, batch_size=batch_size, num_proc=num_proc, with_indices=True,
                  remove_columns=ds.column_names if remove_columns else None,
                  desc="mmpipe.encode")

@@ -279,3 +279,22 @@ def test_layout_route_reads_headers_only(fmt, orientation):
     np.testing.assert_array_equal(row.image_grid_thw, full.image_grid_thw)
     upright_tall = full.image_grid_thw[0, 1] > full.image_grid_thw[0, 2]
     assert upright_tall == (orientation == 6)
+
+
+def test_encode_dataset_reads_image_columns_undecoded(tmp_path):
+    """A corrupt image in a ``Sequence(Image())`` column would crash inside ``datasets``
+    (it decodes before mmpipe sees the row); encode_dataset reads the bytes undecoded, so
+    the row is recorded, the others equal the decoded route, and selections/num_proc hold."""
+    proc = processor_for("qwen2_vl")
+    ds, fate = _mixed_dataset(tmp_path)
+    ds = ds.cast_column("images", datasets.Sequence(datasets.Image()))  # decode=True, as on the Hub
+    assert ds.features["images"].feature.decode
+    sub = ds.select([9, 1, 0, 8])  # an indices mapping: rows 9 (EXIF), 1 (corrupt), 0, 8
+    enc, report = mmpipe.encode_dataset(sub, proc, num_proc=2, batch_size=2, **OPTS)
+    assert [(e["row"], e["stage"]) for e in report.errors] == [(1, "image")]  # index within `sub`
+    assert len(enc) == 3 and ds.features["images"].feature.decode  # the caller's dataset is untouched
+    for j, i in enumerate([9, 0, 8]):
+        decoded = {**ds[i], "images": ds[i]["images"]}  # PIL images decoded by datasets (EXIF applied)
+        ref = mmpipe.encode_row(decoded, proc, idx=i)
+        assert enc[j]["input_ids"] == ref.input_ids.tolist()
+        assert enc[j]["pixel_values_u8"] == ref.to_dict()["pixel_values_u8"]
