@@ -139,6 +139,14 @@ def test_fuzz_encode(case, opts, family):
         if expect == "valid" and not opts.get("max_length"):
             raise AssertionError(f"a well-formed row was refused ({name}): {e}") from e
         return
+    if opts["on_error"] == "skip":
+        reason = out.pop("mmpipe_error")
+        if reason:  # kept as an empty row with the record; a wrapped crash would have stage "encode"
+            rec = json.loads(reason)
+            assert rec["stage"] != "encode" and rec["row"] == 17, rec
+            assert len(out["input_ids"]) == 0
+            OUTCOMES["encode"][f"skipped ({rec['stage']})"] += 1
+            return
     row = MultiModalInputs.from_dict(out, row=17)
     check_row(row, opts, _n_images(raw), where=17)
     OUTCOMES["encode"]["ok"] += 1
@@ -160,10 +168,17 @@ def test_fuzz_encode_batched(cases, opts, family):
     except Exception as e:  # noqa: BLE001
         _documented(e, "encode_batched")
         return
+    failed = []
+    if opts["on_error"] == "skip":  # failed rows stay (empty) with their record; never a wrapped crash
+        failed = [json.loads(x) for x in out.pop("mmpipe_error") if x]
+        assert all(f["stage"] != "encode" for f in failed), failed
     n_out = len(out["input_ids"])
     assert n_out + sum(enc.stats.dropped.values()) == len(raws)
     if opts["truncation"] != "drop":
         assert n_out == len(raws)
+    if failed:
+        OUTCOMES["encode_batched"]["rows skipped"] += 1
+        return
     if n_out == len(raws):
         for i, raw in enumerate(raws):
             row = MultiModalInputs.from_dict({k: v[i] for k, v in out.items()}, row=i)
