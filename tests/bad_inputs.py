@@ -251,6 +251,8 @@ CASES: list[Case] = [
          ("cannot read the image", "truncated"), layout="ok", **IMG),
     Case("truncated_jpeg_header", one_image(lambda: jpeg_bytes(photo(64, 64))[:300]), ImageError,
          ("cannot read the image",), **IMG),
+    Case("second_image_corrupt_threaded", lambda tmp: user_row([png_bytes(photo()), b"junk", png_bytes(photo(30, 30))]),
+         ImageError, ("row 7, image 1: cannot read the image",), options={"threads": 3}, **IMG),
     Case("missing_path", lambda tmp: user_row([str(tmp / "nope.png")]), ImageError,
          ("no such file", "nope.png", "fix the path"), **IMG),
     Case("missing_path_in_dict", lambda tmp: user_row([{"bytes": None, "path": str(tmp / "gone.jpg")}]), ImageError,

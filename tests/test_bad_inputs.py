@@ -52,6 +52,8 @@ def test_corpus_case(c, tmp_path):
         if c.stage == "encode":
             assert e.row == ROW and msg.startswith(f"row {ROW}")
             assert e.record() == {"row": ROW, "stage": c.err_stage, "column": e.column, "reason": msg}
+            if c.err_stage == "image":  # which image of the row
+                assert isinstance(e.image, int) and msg.startswith(f"row {ROW}, image {e.image}: ")
         elif "row" in " ".join(c.contains):
             assert e.row in (None, 0, BAD)
         assert " - " in msg or c.stage == "collate"  # says what to do (records' own texts end in it)
