@@ -14,8 +14,10 @@ Targets (hypothesis; strategies in tests/strategies.py):
 - corrupted rows: valid stored rows with one mutation (dropped column, wrong shape or dtype,
   grid vs pixel mismatch, damaged bytes, unknown family ...): collate raises a documented
   error naming the row whenever the mutation breaks an invariant.
+- corrupted Arrow tables (the same mutations, schema-typed or type-inferred tables):
+  ``validate_dataset`` never raises, and reports an error whenever collate refuses the table.
 
-Sizes: the CI run (default) tries a few thousand cases in about a minute on 2 cores.
+Sizes: the CI run (default) tries 2400 cases (fixed seed) in well under a minute on 2 cores.
 ``MMPIPE_FUZZ_EXAMPLES=N`` scales every target to about N cases in total (the longer run:
 ``MMPIPE_FUZZ_EXAMPLES=200000 bash scripts/fuzz.sh``); ``MMPIPE_FUZZ_REPORT=path.json``
 writes the outcome counts (ok / dropped / each documented error / crashes) there.
