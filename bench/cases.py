@@ -522,3 +522,7 @@ def case_rss(ctx: Context) -> list[Result]:
     txt = " / ".join(f"{peaks[m]:.0f}" for m in marks)
     return [Result(f"peak RSS encoding {marks[0]:,}/{marks[1]:,}/{marks[2]:,} rows (MiB)", txt, "—",
                    growth, f"+{growth:.1f} MiB", "flat (<= +5%)", flat, bool(rep["identical"]), rep)]
+
+
+# ---- 8. packed vs padded token efficiency (issue 7; an info case, no speed target) ----------
+from .packing import case_packing  # noqa: E402,F401  (bench/run.py finds cases here by name)

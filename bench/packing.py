@@ -7,8 +7,7 @@ come from the layout-only encode (no pixel decode). Before counting, it checks o
 that a pack's model logits equal the rows' padded-batch logits, so the packed figure is a
 figure for correct batches.
 
-Wire it into ``bench/cases.py`` with ``from .packing import case_packing`` and add
-``"packing"`` to the case list in ``bench/run.py``.
+Run with the suite (``python -m bench --only packing``) or alone (``python -m bench.packing``).
 """
 
 from __future__ import annotations

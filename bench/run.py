@@ -16,7 +16,7 @@ import tempfile
 import time
 import traceback
 
-CASES = ("rope", "layout", "encode", "bytes", "collate", "map_scaling", "rss")
+CASES = ("rope", "layout", "encode", "bytes", "collate", "map_scaling", "rss", "packing")
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "latest.json")
 
 
