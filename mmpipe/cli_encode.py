@@ -32,27 +32,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 REPORT_FILE = "mmpipe_encode.json"
-TESTING_PREFIX = "testing:"
-
-# Stock processor classes -> the image-only subclasses of mmpipe.testing (no video processor,
-# so no torchvision needed); the testing classes are also what `save_pretrained` records for
-# `testing:` processors, a name AutoProcessor cannot resolve.
-_IMAGE_ONLY_FAMILY = {
-    "Qwen2VLProcessor": "qwen2_vl",
-    "Qwen2_5_VLProcessor": "qwen2_5_vl",
-    "Qwen3VLProcessor": "qwen3_vl",
-    "ImageOnlyQwen2VLProcessor": "qwen2_vl",
-    "ImageOnlyQwen2_5_VLProcessor": "qwen2_5_vl",
-    "ImageOnlyQwen3VLProcessor": "qwen3_vl",
-}
 
 
 class CLIError(Exception):
@@ -60,71 +45,16 @@ class CLIError(Exception):
 
 
 # ---- processor ---------------------------------------------------------------------------
-def _processor_class_name(path: Path) -> Optional[str]:
-    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
-        f = path / name
-        if f.is_file():
-            try:
-                cls = json.loads(f.read_text()).get("processor_class")
-            except (OSError, ValueError):
-                continue
-            if cls:
-                return str(cls)
-    return None
-
-
 def load_processor(spec: str, *, log=None):
-    """``testing:FAMILY`` or a local directory -> a processor (or a tokenizer for text models).
+    """``--processor``: ``testing:FAMILY`` or a local directory -> a processor (see
+    `mmpipe.processors.load_processor`); its errors become `CLIError` (exit status 2)."""
+    from .processors import ProcessorLoadError
+    from .processors import load_processor as _load
 
-    A directory is loaded with ``AutoProcessor.from_pretrained(dir, local_files_only=True)``.
-    Qwen-VL processors whose stock class cannot be built here (transformers 5.x also builds a
-    video processor, which may need torchvision) are loaded as the image-only subclasses of
-    `mmpipe.testing` from the same files: identical tokenizer, chat template and image
-    processor. Raises `CLIError` naming what is missing.
-    """
-    log = log or (lambda msg: print(msg, file=sys.stderr))
-    if spec.startswith(TESTING_PREFIX):
-        from .testing import FAMILY_NAMES, build_processor
-
-        family = spec[len(TESTING_PREFIX):]
-        if family not in FAMILY_NAMES:
-            raise CLIError(f"--processor {spec!r}: unknown offline family {family!r}; use one of "
-                           + ", ".join(TESTING_PREFIX + f for f in FAMILY_NAMES))
-        return build_processor(family)
-
-    from transformers import AutoProcessor
-
-    path = Path(spec).expanduser()
-    if not path.is_dir():
-        if "/" in spec and not spec.startswith((".", "/", "~")) and spec.count("/") == 1:
-            try:  # a hub name already in the local cache
-                return AutoProcessor.from_pretrained(spec, local_files_only=True)
-            except Exception as e:  # noqa: BLE001 - any loader failure becomes one clear message
-                raise CLIError(f"--processor {spec!r}: not a directory, and not in the local Hugging Face cache "
-                               f"({type(e).__name__}); download the model first or pass its directory") from None
-        raise CLIError(f"--processor {spec!r} is not a directory; pass a directory written by "
-                       "processor.save_pretrained (or a model checkpoint), or testing:qwen2_vl for the offline test processor")
-    cls_name = _processor_class_name(path)
-    family = _IMAGE_ONLY_FAMILY.get(cls_name or "")
-    if cls_name and cls_name.startswith("ImageOnly") and family:
-        return _image_only(family, path)
     try:
-        proc = AutoProcessor.from_pretrained(str(path), local_files_only=True)
-    except Exception as e:  # noqa: BLE001
-        if family is None:
-            raise CLIError(f"--processor {spec!r}: AutoProcessor.from_pretrained failed: {type(e).__name__}: {e}") from None
-        log(f"note: AutoProcessor could not build {cls_name} ({type(e).__name__}: {str(e)[:160]}); "
-            f"loading it without a video processor (images only)")
-        return _image_only(family, path)
-    if getattr(proc, "image_processor", None) is None and family is not None:
-        return _image_only(family, path)
-    return proc
-
-
-def _image_only(family: str, path: Path):
-    from .testing import _processor_classes
-
-    return _processor_classes()[family].from_pretrained(str(path), local_files_only=True)
+        return _load(spec, log=log)
+    except ProcessorLoadError as e:
+        raise CLIError(f"--{e}") from None
 
 
 # ---- raw rows ----------------------------------------------------------------------------

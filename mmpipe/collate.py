@@ -341,6 +341,20 @@ class ArrowRows:
         return self.dataset[[int(i) for i in indices]]
 
 
+def collator_constants(who: str, processor, family, pad_token_id) -> tuple[ModelFamily, VisionSpec, int]:
+    """What a collate_fn keeps of a processor: the family, its `VisionSpec` (the processor's
+    resize bounds and normalisation) and the pad id (the tokenizer's, else 0). ``family`` and
+    ``pad_token_id`` override; one of ``processor`` / ``family`` is required."""
+    if processor is None and family is None:
+        raise ValueError(f"{who} needs a processor (or family=...) to know the model family")
+    fam = family_of(family if family is not None else processor)
+    spec = (VisionSpec.from_processor(processor) if (processor is not None and fam.is_vision)
+            else VisionSpec.from_family(fam))
+    if pad_token_id is None and processor is not None:
+        pad_token_id = getattr(getattr(processor, "tokenizer", processor), "pad_token_id", None)
+    return fam, spec, 0 if pad_token_id is None else int(pad_token_id)
+
+
 class Collator:
     """Picklable DataLoader ``collate_fn`` bound to a processor's constants.
 
@@ -350,17 +364,7 @@ class Collator:
 
     def __init__(self, processor=None, *, padding_side: str = "left", pad_to_multiple_of: Optional[int] = None,
                  family: Any = None, pad_token_id: Optional[int] = None):
-        if processor is None and family is None:
-            raise ValueError("Collator needs a processor (or family=...) to know the model family")
-        self.family = family_of(family if family is not None else processor)
-        self.spec = (
-            VisionSpec.from_processor(processor) if (processor is not None and self.family.is_vision)
-            else VisionSpec.from_family(self.family)
-        )
-        if pad_token_id is None and processor is not None:
-            tok = getattr(processor, "tokenizer", processor)
-            pad_token_id = getattr(tok, "pad_token_id", None)
-        self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
+        self.family, self.spec, self.pad_token_id = collator_constants("Collator", processor, family, pad_token_id)
         self.padding_side = padding_side
         self.pad_to_multiple_of = pad_to_multiple_of
 

@@ -11,7 +11,7 @@ only ``input_ids`` / ``attention_mask`` makes the model answer without ever seei
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 

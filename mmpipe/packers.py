@@ -17,7 +17,7 @@ the image processor runs once per image (the rollout input *is* the encoded prom
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Sequence, Union
 
 import numpy as np
 

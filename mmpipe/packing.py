@@ -43,8 +43,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from .collate import collate
-from .families import family_of, get_family
+from .collate import collate, collator_constants
+from .families import get_family
 from .images import VisionSpec
 from .records import IGNORE_INDEX, BatchedMultiModalInputs, MultiModalInputs
 from .unbatch import unbatch
@@ -130,14 +130,7 @@ class PackedMultiModalInputs:
         out: dict[str, Any] = {"input_ids": self.input_ids, "position_ids": self.position_ids}
         if fam.is_vision:
             out["mm_token_type_ids"] = self.mm_token_type_ids
-            if m.pixel_values is not None and m.image_grid_thw.shape[0]:
-                out["pixel_values"] = m.pixel_values
-                out["image_grid_thw"] = m.image_grid_thw
-            if m.pixel_values_videos is not None and m.video_grid_thw.shape[0]:
-                out["pixel_values_videos"] = m.pixel_values_videos
-                out["video_grid_thw"] = m.video_grid_thw
-                if fam.rope == "mrope_tps":
-                    out["second_per_grid_ts"] = m.second_per_grid_ts
+            out.update(m.vision_inputs())
         if labels and self.labels is not None and bool((self.labels != IGNORE_INDEX).any()):
             out["labels"] = self.labels
         out = {k: v.to(dev) for k, v in out.items()}
@@ -278,17 +271,8 @@ class PackingCollator:
 
     def __init__(self, processor=None, *, max_tokens: Optional[int] = None, max_images: Optional[int] = None,
                  family: Any = None, pad_token_id: Optional[int] = None):
-        if processor is None and family is None:
-            raise ValueError("PackingCollator needs a processor (or family=...) to know the model family")
-        self.family = family_of(family if family is not None else processor)
-        self.spec = (
-            VisionSpec.from_processor(processor) if (processor is not None and self.family.is_vision)
-            else VisionSpec.from_family(self.family)
-        )
-        if pad_token_id is None and processor is not None:
-            tok = getattr(processor, "tokenizer", processor)
-            pad_token_id = getattr(tok, "pad_token_id", None)
-        self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
+        self.family, self.spec, self.pad_token_id = collator_constants(
+            "PackingCollator", processor, family, pad_token_id)
         self.max_tokens = max_tokens
         self.max_images = max_images
 

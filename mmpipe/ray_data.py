@@ -22,30 +22,14 @@ Example (local, or on a cluster: see the README, "Beyond one process")::
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from .encode import ERROR_COLUMN, Encoder
+from .processors import load_processor
 from .records import MultiModalInputs
-
-
-def load_processor(processor: Any):
-    """A processor from a path (``transformers.AutoProcessor.from_pretrained``), a zero-argument
-    factory (called here), or a processor/tokenizer object (returned as is)."""
-    if isinstance(processor, (str, os.PathLike)):
-        from transformers import AutoProcessor
-
-        return AutoProcessor.from_pretrained(os.fspath(processor))
-    if hasattr(processor, "apply_chat_template") or hasattr(processor, "convert_tokens_to_ids"):
-        return processor
-    if callable(processor):
-        return processor()
-    raise TypeError(
-        f"expected a processor path, a zero-argument processor factory or a processor, found {type(processor).__name__}"
-    )
 
 
 def _plain(value: Any) -> Any:
@@ -115,7 +99,7 @@ class RayBatchEncoder:
     """``map_batches`` callable class: raw-row batch -> encoded Arrow table (one row per kept row).
 
     Args:
-        processor: a path every worker can read (``AutoProcessor.from_pretrained``), a
+        processor: a path every worker can read (`mmpipe.processors.load_processor`), a
             zero-argument factory, or a processor object (shipped pickled to each worker).
             Loaded once, in ``__init__``, i.e. once per Ray actor.
         keep_columns: input columns copied to the output (e.g. an id).

@@ -677,20 +677,31 @@ class BatchedMultiModalInputs:
                 out["position_ids"] = torch.cat([text_positions(self.attention_mask)[None], self.position_ids], 0)
             elif positions != "none":
                 raise ValueError(f"positions must be 'mrope', 'verl' or 'none', got {positions!r}")
-            if self.pixel_values is not None and self.image_grid_thw.shape[0]:
-                out["pixel_values"] = self.pixel_values
-                out["image_grid_thw"] = self.image_grid_thw
-            if self.pixel_values_videos is not None and self.video_grid_thw.shape[0]:
-                out["pixel_values_videos"] = self.pixel_values_videos
-                out["video_grid_thw"] = self.video_grid_thw
-                if fam.rope == "mrope_tps":
-                    out["second_per_grid_ts"] = self.second_per_grid_ts
+            out.update(self.vision_inputs())
         elif positions != "none":
             out["position_ids"] = self.position_ids[0]
         # a batch with no target token (RL prompts) gets no labels: the loss would be NaN
         if labels and self.labels is not None and bool((self.labels != IGNORE_INDEX).any()):
             out["labels"] = self.labels
         return {k: v.to(dev) for k, v in out.items()}
+
+    def vision_inputs(self) -> dict[str, Any]:
+        """The pixel kwargs of ``forward``, only those with data: ``pixel_values`` float32
+        [N, patch_dim] + ``image_grid_thw`` int64 [I, 3] when the batch holds images, likewise
+        ``pixel_values_videos`` / ``video_grid_thw`` (+ ``second_per_grid_ts`` [V] for
+        Qwen2.5-VL) for videos. Empty for a text-only batch or family."""
+        out: dict[str, Any] = {}
+        if not self.fam.is_vision:
+            return out
+        if self.pixel_values is not None and self.image_grid_thw.shape[0]:
+            out["pixel_values"] = self.pixel_values
+            out["image_grid_thw"] = self.image_grid_thw
+        if self.pixel_values_videos is not None and self.video_grid_thw.shape[0]:
+            out["pixel_values_videos"] = self.pixel_values_videos
+            out["video_grid_thw"] = self.video_grid_thw
+            if self.fam.rope == "mrope_tps":
+                out["second_per_grid_ts"] = self.second_per_grid_ts
+        return out
 
     def __repr__(self) -> str:
         return (

@@ -18,7 +18,6 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
-from PIL import Image
 
 import mmpipe
 from mmpipe import demo
@@ -261,7 +260,7 @@ def test_inspect_text_output(encoded_jsonl, capsys):
     assert main(["inspect", str(out), "--quiet", "--bins", "4"]) == 0
     text = capsys.readouterr().out
     stats = _expected_stats(_rows(datasets.load_from_disk(str(out))))
-    assert f"rows         5  (1 without images)" in text
+    assert "rows         5  (1 without images)" in text
     assert f"tokens       {stats['tokens']} = text {stats['text_tokens']} + image {stats['image_tokens']}" in text
     assert f"images       6  ({stats['image_patches']} patches)" in text
     assert f"family       {FAMILY} (5 rows)" in text and "8.0x smaller than float32" in text

@@ -4,9 +4,7 @@ the stored-row schema; each deliberate fault gives the expected report entry."""
 from __future__ import annotations
 
 import datasets
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 

@@ -1,0 +1,117 @@
+"""Loading a processor offline: from a directory, ``testing:FAMILY``, a factory or an object.
+
+One loader for every place that takes a processor by name (``mmpipe encode --processor``,
+`mmpipe.ray_data.RayBatchEncoder` on each Ray worker)::
+
+    load_processor("/models/Qwen2.5-VL-3B-Instruct")   # AutoProcessor, local files only
+    load_processor("testing:qwen3_vl")                  # the offline processors of mmpipe.testing
+    load_processor(lambda: build_my_processor())        # a zero-argument factory, called here
+    load_processor(processor)                           # a processor / tokenizer, returned as is
+
+A Qwen-VL directory whose stock processor class cannot be built here (transformers 5.x also
+builds a video processor, which may need torchvision), or one saved from a ``testing:``
+processor (a class name AutoProcessor cannot resolve), loads as the image-only subclass of
+`mmpipe.testing` from the same files: the same tokenizer, chat template and image processor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+TESTING_PREFIX = "testing:"
+
+# Stock processor classes and the image-only subclasses `save_pretrained` records for
+# `testing:` processors -> family.
+_IMAGE_ONLY_FAMILY = {
+    "Qwen2VLProcessor": "qwen2_vl",
+    "Qwen2_5_VLProcessor": "qwen2_5_vl",
+    "Qwen3VLProcessor": "qwen3_vl",
+    "ImageOnlyQwen2VLProcessor": "qwen2_vl",
+    "ImageOnlyQwen2_5_VLProcessor": "qwen2_5_vl",
+    "ImageOnlyQwen3VLProcessor": "qwen3_vl",
+}
+
+
+class ProcessorLoadError(ValueError):
+    """The processor could not be loaded; the message says what is missing and what to pass."""
+
+
+def _processor_class_name(path: Path) -> Optional[str]:
+    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        f = path / name
+        if f.is_file():
+            try:
+                cls = json.loads(f.read_text()).get("processor_class")
+            except (OSError, ValueError):
+                continue
+            if cls:
+                return str(cls)
+    return None
+
+
+def _image_only(family: str, path: Path):
+    from .testing import _processor_classes
+
+    return _processor_classes()[family].from_pretrained(str(path), local_files_only=True)
+
+
+def load_processor(spec: Any, *, log: Optional[Callable[[str], None]] = None):
+    """A processor (or a tokenizer, for text models) from ``spec`` (see the module doc).
+
+    Raises `ProcessorLoadError` for an unknown ``testing:`` family, a path that is not a
+    directory (nor a hub name already in the local cache), or a directory AutoProcessor
+    cannot load; ``TypeError`` for anything that is not a path, factory or processor.
+    ``log`` receives notes (default: stderr), e.g. when a directory loads images-only.
+    """
+    if hasattr(spec, "apply_chat_template") or hasattr(spec, "convert_tokens_to_ids"):
+        return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        if callable(spec):
+            return spec()
+        raise TypeError(f"expected a processor path, a zero-argument processor factory or a processor, "
+                        f"found {type(spec).__name__}")
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    spec = os.fspath(spec)
+    if spec.startswith(TESTING_PREFIX):
+        from .testing import FAMILY_NAMES, build_processor
+
+        family = spec[len(TESTING_PREFIX):]
+        if family not in FAMILY_NAMES:
+            raise ProcessorLoadError(f"processor {spec!r}: unknown offline family {family!r}; use one of "
+                                     + ", ".join(TESTING_PREFIX + f for f in FAMILY_NAMES))
+        return build_processor(family)
+
+    from transformers import AutoProcessor
+
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        if "/" in spec and not spec.startswith((".", "/", "~")) and spec.count("/") == 1:
+            try:  # a hub name already in the local cache
+                return AutoProcessor.from_pretrained(spec, local_files_only=True)
+            except Exception as e:  # noqa: BLE001 - any loader failure becomes one clear message
+                raise ProcessorLoadError(
+                    f"processor {spec!r}: not a directory, and not in the local Hugging Face cache "
+                    f"({type(e).__name__}); download the model first or pass its directory") from None
+        raise ProcessorLoadError(
+            f"processor {spec!r} is not a directory; pass a directory written by processor.save_pretrained "
+            "(or a model checkpoint), or testing:qwen2_vl for the offline test processor")
+    cls_name = _processor_class_name(path)
+    family = _IMAGE_ONLY_FAMILY.get(cls_name or "")
+    if cls_name and cls_name.startswith("ImageOnly") and family:
+        return _image_only(family, path)
+    try:
+        proc = AutoProcessor.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # noqa: BLE001
+        if family is None:
+            raise ProcessorLoadError(
+                f"processor {spec!r}: AutoProcessor.from_pretrained failed: {type(e).__name__}: {e}") from None
+        log(f"note: AutoProcessor could not build {cls_name} ({type(e).__name__}: {str(e)[:160]}); "
+            f"loading it without a video processor (images only)")
+        return _image_only(family, path)
+    if getattr(proc, "image_processor", None) is None and family is not None:
+        return _image_only(family, path)
+    return proc
