@@ -73,6 +73,14 @@ def test_batch_formats_encode_to_the_datasets_rows(raw, reference, fmt):
     _check_table(enc(batch), reference, len(raw))
 
 
+def test_processor_given_as_a_saved_directory(raw, reference, tmp_path):
+    """What a cluster does: every worker loads the processor from a shared path."""
+    testing.build_processor(FAMILY).save_pretrained(tmp_path / "proc")
+    enc = RayBatchEncoder(str(tmp_path / "proc"), keep_columns=["id"])
+    assert hasattr(enc.processor, "image_processor")  # a Qwen-VL processor, not a bare tokenizer
+    _check_table(enc(raw.with_format("arrow")[:]), reference, len(raw))
+
+
 def test_dropped_rows_leave_the_batch_and_errors_name_the_row(raw, reference):
     lengths = [len(x) for x in reference.column("input_ids").to_pylist()]
     budget = sorted(lengths)[len(lengths) // 2]
