@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -317,15 +318,16 @@ class Encoder:
         return spans
 
     # -- one row --------------------------------------------------------------------
-    def encode_row(self, example: dict, idx=None) -> MultiModalInputs:
+    def encode_row(self, example: dict, idx=None, *, _images=None) -> MultiModalInputs:
         """One raw row -> `MultiModalInputs`; bad input raises `mmpipe.errors.InputError`
-        (a ValueError) naming the row index ``idx``."""
+        (a ValueError) naming the row index ``idx``. (``_images``: the row's image futures
+        started by a batched call, see `_prefetch`.)"""
         try:
-            return self._encode_row(example, idx)
+            return self._encode_row(example, idx, _images)
         except InputError as e:
             raise e.locate(row=idx)
 
-    def _encode_row(self, example: dict, idx=None) -> MultiModalInputs:
+    def _encode_row(self, example: dict, idx=None, prefetched=None) -> MultiModalInputs:
         where = _where(idx)
         fam = self.family
         messages, images = parse_row(example, idx=idx, images_column=self.images_column)
@@ -371,7 +373,9 @@ class Encoder:
                 grid_list = [self._at_image(i, image_grid, img, self.spec, where=f"{where}, image {i}")
                              for i, img in enumerate(images)]
             else:
-                for u8, g in self._encode_images(images, where):
+                encoded = ([f.result() for f in prefetched] if prefetched is not None
+                           else self._encode_images(images, where))
+                for u8, g in encoded:
                     u8_blocks.append(u8)
                     grid_list.append(g)
             if grid_list:
@@ -391,9 +395,12 @@ class Encoder:
         ids, labels, mm, grids, u8_blocks = self._truncate(ids, labels, mm, grids, u8_blocks, where)
         return self._finish(ids, labels, mm, grids, u8_blocks)
 
+    def _n_threads(self) -> int:
+        return default_threads() if self.threads is None else max(1, int(self.threads))
+
     def _encode_images(self, images: list, where: str) -> list:
         """(uint8 patches, grid) per image, on worker threads when there are several."""
-        n_threads = default_threads() if self.threads is None else max(1, int(self.threads))
+        n_threads = self._n_threads()
         spec = self.spec
         if n_threads <= 1 or len(images) <= 1:
             return [self._at_image(i, encode_image, img, spec, where=f"{where}, image {i}") for i, img in enumerate(images)]
@@ -483,13 +490,13 @@ class Encoder:
             )
         return out
 
-    def _encode_one(self, example: dict, idx) -> Optional[dict]:
+    def _encode_one(self, example: dict, idx, images=None) -> Optional[dict]:
         """One row -> its output dict: the encoded row, or (on_error="skip" / marked drops)
         an empty row carrying why; None when a drop cannot be recorded (unmarked)."""
         self.stats.rows += 1
         extra = {}
         try:
-            out = self.encode_row(example, idx).to_dict()
+            out = self.encode_row(example, idx, _images=images).to_dict()
             self.stats.encoded += 1
         except RowDropped as e:
             self.stats.dropped[e.reason] += 1
@@ -513,11 +520,11 @@ class Encoder:
 
     def _call_batch(self, batch: dict, idx) -> dict:
         n = len(next(iter(batch.values())))
+        examples = [{k: v[i] for k, v in batch.items()} for i in range(n)]
+        rows_idx = [idx[i] if isinstance(idx, (list, tuple, range)) else None for i in range(n)]
         out_rows, kept = [], []
-        for i in range(n):
-            example = {k: v[i] for k, v in batch.items()}
-            row_idx = idx[i] if isinstance(idx, (list, tuple, range)) else None
-            row = self._encode_one(example, row_idx)
+        for i, images in enumerate(_prefetched(self, examples, rows_idx)):
+            row = self._encode_one(examples[i], rows_idx[i], images)
             if row is not None:
                 out_rows.append(row)
                 kept.append(i)
@@ -534,6 +541,50 @@ class Encoder:
                 if k not in out:
                     out[k] = [v[i] for i in kept]
         return out
+
+
+def _row_image_futures(enc: "Encoder", example: dict, idx, pool, started: set) -> Optional[list]:
+    """Futures of (uint8 patches, grid) for one row's images, or None: no images, the row
+    does not parse (its encode then raises, in order), or an image object already started
+    for an earlier row (the row then encodes its images itself, after that row is done: a
+    lazily decoded PIL image must never be loaded by two threads at once). ``started``: the
+    ids of the image objects submitted so far."""
+    try:
+        _, images = parse_row(example, idx=idx, images_column=enc.images_column)
+    except Exception:  # noqa: BLE001 - reported by the row's own encode
+        return None
+    if not images or any(id(img) in started for img in images):
+        return None
+    where, own, futures = _where(idx), {}, []
+    for i, img in enumerate(images):
+        f = own.get(id(img))  # the same object twice in a row: encoded once
+        if f is None:
+            f = own[id(img)] = pool.submit(enc._at_image, i, encode_image, img, enc.spec,
+                                           where=f"{where}, image {i}")
+        futures.append(f)
+    started.update(own)
+    return futures
+
+
+def _prefetched(enc: "Encoder", examples: list[dict], rows_idx: list):
+    """Per row of a batch, its image futures (or None), with the images of the next rows
+    already decoding on the image threads: a batch of one-image rows uses every thread, not
+    one. At most ``2 * threads`` rows are in flight (bounded memory); results, errors and
+    their order are those of encoding the rows one by one."""
+    n_threads = enc._n_threads()
+    if n_threads <= 1 or enc.pixels == "none" or not enc.family.is_vision or len(examples) <= 1:
+        yield from (None for _ in examples)
+        return
+    pool, started, ahead = thread_pool(), set(), {}
+    window = 2 * n_threads
+    for i in range(len(examples)):
+        for j in range(i, min(len(examples), i + window)):
+            if j not in ahead:
+                ahead[j] = _row_image_futures(enc, examples[j], rows_idx[j], pool, started)
+        futures = ahead.pop(i)
+        yield futures
+        if futures:  # the row may have failed before reading them: let them finish before a
+            wait(futures)  # later row that shares an image object loads it on this thread
 
 
 def as_input_error(e: Exception, row=None) -> InputError:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -201,9 +202,15 @@ def _data_uri_bytes(uri: str, where: str) -> bytes:
                          fix="re-encode the image with base64.b64encode") from e
 
 
+_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
 def _unreadable(e: Exception, where: str, found: str = "") -> ImageError:
+    # PIL names the stream by its repr ("<_io.BytesIO object at 0x7f...>"): keep the
+    # message (and an on_error="skip" record) the same from run to run
+    detail = _OBJECT_REPR.sub("the image data", str(e))
     return ImageError(
-        f"cannot read the image ({type(e).__name__}: {e})", where=where,
+        f"cannot read the image ({type(e).__name__}: {detail})", where=where,
         expected="a complete PNG/JPEG/WebP/GIF/... file", found=found or None,
         fix="the bytes are corrupt or truncated: re-export the image, or drop the row (on_error='skip')",
     )

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 
 import mmpipe
 from mmpipe import testing
-from mmpipe.encode import Encoder
+from mmpipe.encode import Encoder, _prefetched
 
 from conftest import processor_for
 from helpers import assistant_texts, processor_reference
@@ -219,3 +219,44 @@ def test_encode_dataset_counts_drops_across_processes():
     assert str(report) == "encoded 3 of 6 rows; dropped: too_long: 3"
     again, report2 = mmpipe.encode_dataset(ds, proc, max_length=4096)
     assert report2.dropped == {} and len(again) == 6
+
+
+def test_batched_call_prefetches_images_and_equals_rows_one_by_one(photos):
+    """A batched call starts the next rows' images on the image threads; rows, errors and
+    their order are those of encoding the rows one by one. A corrupt image mid-batch fails
+    its own row only (on_error="skip"), and an image object shared by two rows is never
+    loaded by two threads at once."""
+    from PIL import Image
+
+    proc = processor_for("qwen2_vl")
+    shared = Image.open(io.BytesIO(_png_bytes(photos[1])))  # lazily decoded, in two rows
+    images = [[photos[0]], [shared], [photos[2], shared], [b"not an image"], [photos[1]], [], [photos[0]]]
+    rows = [{"messages": _chat(len(im), answer=f"Answer {i}."), "images": im} for i, im in enumerate(images)]
+    batch = {"messages": [r["messages"] for r in rows], "images": [r["images"] for r in rows]}
+    idx = list(range(10, 10 + len(rows)))
+    enc = Encoder(proc, threads=2, on_error="skip")
+    got = enc(batch, idx)
+    one = Encoder(proc, threads=1, on_error="skip")
+    want = [one(r, i) for r, i in zip(rows, idx)]
+    assert len(got["input_ids"]) == len(rows)
+    for i, w in enumerate(want):
+        g = {k: v[i] for k, v in got.items()}
+        assert set(g) == set(w)
+        for k in w:
+            assert np.array_equal(np.asarray(g[k], dtype=object), np.asarray(w[k], dtype=object)), (i, k)
+    assert '"row": 13' in got["mmpipe_error"][3] and got["mmpipe_error"][3] == want[3]["mmpipe_error"]
+    assert sum(bool(e) for e in got["mmpipe_error"]) == 1
+    # which rows were prefetched: all with images but rows 2 and 6, whose image objects rows 1
+    # and 0 started (they encode their images themselves, in order)
+    examples = [{k: v[i] for k, v in batch.items()} for i in range(len(rows))]
+    started = [f is not None for f in _prefetched(enc, examples, idx)]
+    assert started == [True, True, False, True, True, False, False]
+    # on_error="raise": the first bad row raises, naming it, as one by one
+    with pytest.raises(mmpipe.errors.ImageError, match=r"row 13, image 0"):
+        Encoder(proc, threads=2)(batch, idx)
+
+
+def _png_bytes(img) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
