@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 
 from .cli_encode import REPORT_FILE, CLIError, _dir_bytes
+from .records import list_lengths
 
 BAR_WIDTH = 40
 
@@ -102,7 +103,7 @@ def _per_row_count(list_array, value: int, *, negate: bool = False) -> np.ndarra
     """Per row of a ``list<int>`` Arrow array: how many elements equal (or differ from) ``value``."""
     import pyarrow.compute as pc
 
-    lengths = pc.fill_null(pc.list_value_length(list_array), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths = list_lengths(list_array)
     flat = pc.list_flatten(list_array).to_numpy(zero_copy_only=False)
     hit = (flat != value) if negate else (flat == value)
     cs = np.concatenate([[0], np.cumsum(hit, dtype=np.int64)])
@@ -114,7 +115,7 @@ def _grids(list_array) -> tuple[np.ndarray, np.ndarray]:
     """``list<list<int>>`` grids -> (per-row counts [B], all grids int64 [n, 3])."""
     import pyarrow.compute as pc
 
-    counts = pc.fill_null(pc.list_value_length(list_array), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    counts = list_lengths(list_array)
     flat = pc.list_flatten(pc.list_flatten(list_array)).to_numpy(zero_copy_only=False).astype(np.int64)
     return counts, flat.reshape(-1, 3)
 

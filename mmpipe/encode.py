@@ -404,17 +404,20 @@ class Encoder:
         spec = self.spec
         if n_threads <= 1 or len(images) <= 1:
             return [self._at_image(i, encode_image, img, spec, where=f"{where}, image {i}") for i, img in enumerate(images)]
-        # the same object twice is encoded once: a lazily decoded PIL image must not be
-        # loaded by two threads at once
-        first = {}
+        futures = self._submit_images(images, where, thread_pool())
+        return [f.result() for f in futures]  # in order: the first failing image raises
+
+    def _submit_images(self, images: list, where: str, pool) -> list:
+        """One future of (uint8 patches, grid) per image on ``pool``. The same object twice
+        is submitted once: a lazily decoded PIL image must not be loaded by two threads."""
+        own, futures = {}, []
         for i, img in enumerate(images):
-            first.setdefault(id(img), i)
-        todo = sorted(set(first.values()))
-        pool = thread_pool()
-        futures = {i: pool.submit(self._at_image, i, encode_image, images[i], spec, where=f"{where}, image {i}")
-                   for i in todo}
-        done = {i: f.result() for i, f in futures.items()}  # in order: the first failing image raises
-        return [done[first[id(img)]] for img in images]
+            f = own.get(id(img))
+            if f is None:
+                f = own[id(img)] = pool.submit(self._at_image, i, encode_image, img, self.spec,
+                                               where=f"{where}, image {i}")
+            futures.append(f)
+        return futures
 
     def _at_image(self, i: int, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` with its `ImageError` located at image ``i`` of the images column."""
@@ -555,15 +558,8 @@ def _row_image_futures(enc: "Encoder", example: dict, idx, pool, started: set) -
         return None
     if not images or any(id(img) in started for img in images):
         return None
-    where, own, futures = _where(idx), {}, []
-    for i, img in enumerate(images):
-        f = own.get(id(img))  # the same object twice in a row: encoded once
-        if f is None:
-            f = own[id(img)] = pool.submit(enc._at_image, i, encode_image, img, enc.spec,
-                                           where=f"{where}, image {i}")
-        futures.append(f)
-    started.update(own)
-    return futures
+    started.update(id(img) for img in images)
+    return enc._submit_images(images, _where(idx), pool)
 
 
 def _prefetched(enc: "Encoder", examples: list[dict], rows_idx: list):

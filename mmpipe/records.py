@@ -394,6 +394,16 @@ def _list_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return arr.offsets.to_numpy(), _values_np(arr.values)
 
 
+def list_lengths(column) -> np.ndarray:
+    """Per-row lengths of an Arrow list column (Array or ChunkedArray), int64 [n]; a null
+    row counts 0. Reads the offsets only: no value is decoded."""
+    import pyarrow.compute as pc
+
+    if isinstance(column, pa.ChunkedArray) and column.num_chunks == 0:
+        return np.zeros(0, np.int64)
+    return pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
 def _values_np(arr: pa.Array) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False)  # zero-copy for primitive values without nulls
 

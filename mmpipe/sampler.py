@@ -39,6 +39,8 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
+from .records import list_lengths
+
 COSTS = ("padded", "packed")
 OVERSIZE = ("raise", "alone")
 
@@ -267,18 +269,9 @@ def token_counts(dataset) -> tuple[np.ndarray, np.ndarray]:
         )
     cols = [c for c in ("input_ids", "image_grid_thw") if c in names]
     table = dataset.select_columns(cols).with_format("arrow")[:]  # honours select/shuffle indices
-    lengths = _list_lengths(table.column("input_ids"))
-    num_images = _list_lengths(table.column("image_grid_thw")) if "image_grid_thw" in cols else np.zeros_like(lengths)
+    lengths = list_lengths(table.column("input_ids"))
+    num_images = list_lengths(table.column("image_grid_thw")) if "image_grid_thw" in cols else np.zeros_like(lengths)
     return lengths, num_images
-
-
-def _list_lengths(column) -> np.ndarray:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if isinstance(column, pa.ChunkedArray) and column.num_chunks == 0:
-        return np.zeros(0, np.int64)
-    return np.asarray(pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def token_efficiency(lengths: Sequence[int], batches: Sequence[Sequence[int]], *, cost: str = "padded",

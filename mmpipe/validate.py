@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from .errors import InputError
 from .families import FAMILIES
-from .records import END_MARKER, MultiModalInputs, rows_from_arrow
+from .records import END_MARKER, MultiModalInputs, list_lengths, rows_from_arrow
 
 # columns every stored row needs (the reader cannot default them correctly)
 REQUIRED = ("input_ids", "attention_mask", "mm_token_type_ids", "position_ids", "rope_delta", "image_grid_thw",
@@ -352,8 +352,7 @@ def _check_missing_pixels(table: pa.Table, report: ValidationReport, max_rows_li
     col = {"uint8": "pixel_values_u8", "float32": "pixel_values"}.get(report.pixel_format)
     if col is None:
         return
-    n_images = np.asarray(pc.fill_null(pc.list_value_length(table.column("image_grid_thw")), 0).to_numpy(
-        zero_copy_only=False))
+    n_images = list_lengths(table.column("image_grid_thw"))
     null = np.asarray(table.column(col).is_null().to_numpy(zero_copy_only=False))
     bad = np.flatnonzero(null & (n_images > 0))
     if len(bad):
