@@ -1,7 +1,7 @@
 """``python -m bench``: run the benchmark suite, print the table, write JSON.
 
     python -m bench                  # full suite (< 10 minutes on a 2-core machine)
-    python -m bench --quick          # small data, every code path and equality check (~20 s)
+    python -m bench --quick          # small data, every code path and equality check (~30 s)
     python -m bench --only rope,collate --repeat 7 --json /tmp/run.json
 """
 
