@@ -238,7 +238,9 @@ def case_encode(ctx: Context) -> list[Result]:
     def theirs():
         return [_processor_row(proc, r) for r in rows]
 
-    from mmpipe.images import VisionSpec, load_image, resize_image
+    from mmpipe.images.spec import VisionSpec
+    from mmpipe.images.load import load_image
+    from mmpipe.images.pixels import resize_image
 
     spec = VisionSpec.from_processor(proc)
 
@@ -293,7 +295,7 @@ def case_bytes(ctx: Context) -> list[Result]:
     import datasets
 
     import mmpipe
-    from mmpipe.records import MultiModalInputs
+    from mmpipe.records.row import MultiModalInputs
 
     proc = ctx.processor
     pool = ctx.pool
@@ -396,7 +398,7 @@ def case_collate(ctx: Context) -> list[Result]:
     import datasets
 
     import mmpipe
-    from mmpipe.collate import ArrowRows
+    from mmpipe.batching.collate import ArrowRows
 
     proc = ctx.processor
     B = 8 if ctx.quick else 32
@@ -509,7 +511,7 @@ def case_map_scaling(ctx: Context) -> list[Result]:
 
 
 def _threads_note() -> dict:
-    from mmpipe.images import default_threads
+    from mmpipe.images.threads import default_threads
 
     return {"main_process": default_threads(), "forked_worker": 1}
 

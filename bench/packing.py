@@ -1,7 +1,7 @@
 """Packed vs padded token efficiency (issue 7): real tokens / token slots per epoch.
 
 Not a speed case: it counts how many of the tokens a model would run are real, on the
-demo's rows (``mmpipe.demo.build_rows``: 0-3 images, the test processor's small bounds) and
+demo's rows (``mmpipe.cli.demo.build_rows``: 0-3 images, the test processor's small bounds) and
 on the benchmark's chat rows (real Qwen2-VL checkpoint bounds, 0-8 photos per row). Lengths
 come from the layout-only encode (no pixel decode). Before counting, it checks on a few rows
 that a pack's model logits equal the rows' padded-batch logits, so the packed figure is a
@@ -35,7 +35,7 @@ def efficiency(lengths, num_images, *, batch_size: int, max_tokens: int, max_ima
       ``packed_fill`` is the share of the ``max_tokens`` budget the packs fill (the
       efficiency if each pack were padded to ``max_tokens`` for static shapes).
     """
-    from mmpipe.sampler import TokenBudgetBatchSampler, token_efficiency
+    from mmpipe.batching.sampler import TokenBudgetBatchSampler, token_efficiency
 
     n = len(lengths)
     order = np.random.default_rng(seed).permutation(n)
@@ -62,7 +62,7 @@ def packed_equals_padded(rows: list[dict], proc, family: str) -> bool:
 
     import mmpipe
     from mmpipe import testing
-    from mmpipe.packing import pack
+    from mmpipe.batching.packing import pack
 
     model = testing.build_model(family)
     recs = [mmpipe.encode_row(r, proc) for r in rows]
@@ -75,7 +75,8 @@ def packed_equals_padded(rows: list[dict], proc, family: str) -> bool:
 
 def measure(quick: bool = False) -> dict:
     """Both data sets' figures (see `efficiency`)."""
-    from mmpipe import demo, testing
+    from mmpipe.cli import demo
+    from mmpipe import testing
 
     out = {}
     proc = testing.build_processor("qwen2_vl")

@@ -21,12 +21,12 @@ import importlib
 
 __version__ = "0.1.0"
 
-# The stage functions share their module's name (mmpipe/encode.py defines encode): importing
-# the submodule would bind the *module* to mmpipe.encode, so bind them eagerly. These modules
-# import only numpy/pyarrow/PIL at import time (torch and transformers load on use).
-from . import _fork  # noqa: E402,F401  (registers the fork marker before any worker forks)
-from .collate import ArrowRows, Collator, collate  # noqa: E402
-from .encode import (  # noqa: E402
+# These modules import only numpy/pyarrow/PIL at import time (torch and transformers load on use).
+from mmpipe import _fork  # noqa: E402,F401  (registers the fork marker before any worker forks)
+from mmpipe import errors  # noqa: E402  (mmpipe.errors.InputError and its subclasses)
+from mmpipe.batching.collate import ArrowRows, Collator, collate  # noqa: E402
+from mmpipe.batching.unbatch import unbatch  # noqa: E402
+from mmpipe.encoding.encoder import (  # noqa: E402
     EncodeReport,
     Encoder,
     compact,
@@ -37,29 +37,30 @@ from .encode import (  # noqa: E402
     parse_row,
     rows_from_processor_output,
 )
-from .records import IGNORE_INDEX, BatchedMultiModalInputs, MultiModalInputs, rows_from_arrow  # noqa: E402
-from .unbatch import unbatch  # noqa: E402
-from . import errors  # noqa: E402  (mmpipe.errors.InputError and its subclasses)
+from mmpipe.records.arrow import rows_from_arrow  # noqa: E402
+from mmpipe.records.batch import BatchedMultiModalInputs  # noqa: E402
+from mmpipe.records.columns import IGNORE_INDEX  # noqa: E402
+from mmpipe.records.row import MultiModalInputs  # noqa: E402
 
-# Names whose modules import torch: loaded on first use.
+# Names whose modules import torch (or are rarely needed): loaded on first use.
 _LAZY = {
-    "get_rope_index": "rope",
-    "text_positions": "rope",
-    "to_verl_positions": "rope",
-    "family_of": "families",
-    "ModelFamily": "families",
-    "VisionSpec": "images",
-    "write_schemas": "schemas",
-    "validate_dataset": "validate",
-    "check_dataset": "validate",
-    "load_encoded": "validate",
-    "ValidationReport": "validate",
-    "PackingCollator": "packing",
-    "PackedMultiModalInputs": "packing",
-    "pack": "packing",
-    "unpack": "packing",
-    "TokenBudgetBatchSampler": "sampler",
-    "token_counts": "sampler",
+    "get_rope_index": "mmpipe.rope",
+    "text_positions": "mmpipe.rope",
+    "to_verl_positions": "mmpipe.rope",
+    "family_of": "mmpipe.families",
+    "ModelFamily": "mmpipe.families",
+    "VisionSpec": "mmpipe.images.spec",
+    "write_schemas": "mmpipe.data.schemas",
+    "validate_dataset": "mmpipe.data.validate",
+    "check_dataset": "mmpipe.data.validate",
+    "load_encoded": "mmpipe.data.validate",
+    "ValidationReport": "mmpipe.data.validate",
+    "PackingCollator": "mmpipe.batching.packing",
+    "PackedMultiModalInputs": "mmpipe.records.packed",
+    "pack": "mmpipe.batching.packing",
+    "unpack": "mmpipe.batching.packing",
+    "TokenBudgetBatchSampler": "mmpipe.batching.sampler",
+    "token_counts": "mmpipe.batching.sampler",
 }
 
 __all__ = sorted(
@@ -71,11 +72,11 @@ __all__ = sorted(
 
 def __getattr__(name: str):
     if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     if name == "testing":
-        return importlib.import_module(".testing", __name__)
+        return importlib.import_module("mmpipe.testing")
     raise AttributeError(f"module 'mmpipe' has no attribute {name!r}")
 
 

@@ -15,18 +15,29 @@ working. ``encode(..., on_error="skip")`` records ``e.stage`` and ``str(e)`` for
 Stages (`STAGES`): ``"parse"`` (raw row -> messages/images), ``"image"`` (decode, resize),
 ``"template"`` (chat template, placeholders vs image tokens), ``"truncate"`` (max_length),
 ``"collate"`` (rows -> batch), ``"validate"`` (record/schema checks), ``"encode"`` (any
-other failure inside encode, wrapped under ``on_error="skip"``).
+other failure inside encode, wrapped under ``on_error="skip"``), ``"rollout"`` (rollout inputs,
+engine outputs, multi-turn appends, ReMA episodes).
+
+Bad *arguments* (a programmer error, not bad data: an unknown option value, a negative size)
+raise `ArgumentError`, also a ``ValueError``, whose message names the argument, what it
+accepts and what was given.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-STAGES = ("parse", "image", "template", "truncate", "collate", "validate", "encode")
+STAGES = ("parse", "image", "template", "truncate", "collate", "validate", "encode", "rollout")
 
 
 class MMPipeError(Exception):
     """Base of every error mmpipe raises on purpose."""
+
+
+class ArgumentError(MMPipeError, ValueError):
+    """A bad argument (programmer error): the message names the argument, the accepted values
+    and what was passed, e.g. ``truncation must be one of ('raise', 'drop', 'truncate_text'),
+    got 'cut'``."""
 
 
 class InputError(MMPipeError, ValueError):
@@ -167,6 +178,6 @@ DOCUMENTED_ERRORS = (
 )
 
 __all__ = [
-    "STAGES", "MMPipeError", "InputError", "ParseError", "PlaceholderError", "ImageError",
+    "STAGES", "MMPipeError", "ArgumentError", "InputError", "ParseError", "PlaceholderError", "ImageError",
     "TruncationError", "PixelDataError", "FamilyMismatchError", "DOCUMENTED_ERRORS",
 ]

@@ -47,6 +47,11 @@ class ModelFamily:
     vision_end_token: str = "<|vision_end|>"
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
+    max_aspect_ratio: float = 200.0  # the image processors refuse max(h, w) / min(h, w) above this
+    # transformers classes: the stock processor(s) and the model class of the family
+    processor_classes: tuple[str, ...] = ()
+    model_class: str = ""
+    mrope_section: tuple[int, int, int] = (16, 24, 24)  # real checkpoints' (t, h, w) split of head_dim / 2
 
     @property
     def is_vision(self) -> bool:
@@ -67,10 +72,39 @@ class ModelFamily:
         """Width of compact uint8 image patch rows: C * p * p (one temporal copy)."""
         return 3 * self.patch_size**2
 
+    @property
+    def merge_area(self) -> int:
+        """Patches merged into one LLM token (merge_size ** 2)."""
+        return self.merge_size**2
 
-QWEN2_VL = ModelFamily(name="qwen2_vl", model_types=("qwen2_vl",), rope="mrope")
+    def tokens_per_grid(self, grid):
+        """LLM tokens of each (t, h, w) grid: ``t*h*w // merge_size**2``.
+
+        ``grid``: int [..., 3] (numpy, torch, or nested lists) -> int [...] of the same kind
+        (numpy for lists); an empty grid list gives an empty result.
+        """
+        if not hasattr(grid, "prod"):
+            import numpy as np
+
+            grid = np.asarray(grid, dtype=np.int64).reshape(-1, 3)
+        return grid.prod(-1) // self.merge_area
+
+    def num_tokens(self, grid) -> int:
+        """Total LLM tokens of a list of grids int [n, 3] (0 for none)."""
+        return int(self.tokens_per_grid(grid).sum()) if len(grid) else 0
+
+    def aspect_ok(self, height: int, width: int) -> bool:
+        """Whether the image processor accepts an image of this size (aspect-ratio limit)."""
+        return max(height, width) / min(height, width) <= self.max_aspect_ratio
+
+
+QWEN2_VL = ModelFamily(
+    name="qwen2_vl", model_types=("qwen2_vl",), rope="mrope",
+    processor_classes=("Qwen2VLProcessor",), model_class="Qwen2VLForConditionalGeneration",
+)
 QWEN2_5_VL = ModelFamily(
-    name="qwen2_5_vl", model_types=("qwen2_5_vl",), rope="mrope_tps", tokens_per_second=2.0
+    name="qwen2_5_vl", model_types=("qwen2_5_vl",), rope="mrope_tps", tokens_per_second=2.0,
+    processor_classes=("Qwen2_5_VLProcessor",), model_class="Qwen2_5_VLForConditionalGeneration",
 )
 QWEN3_VL = ModelFamily(
     name="qwen3_vl",
@@ -81,18 +115,18 @@ QWEN3_VL = ModelFamily(
     image_std=HALF,
     min_pixels=65536,
     max_pixels=16777216,
+    processor_classes=("Qwen3VLProcessor", "Qwen3VLMoeProcessor"),
+    model_class="Qwen3VLForConditionalGeneration",
+    mrope_section=(24, 20, 20),
 )
 TEXT = ModelFamily(name="text", model_types=(), rope="1d")
 
 FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, TEXT)}
+VISION_FAMILIES: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if f.is_vision)
+DEFAULT_FAMILY = QWEN2_VL.name
 
 # Processor class name -> family, for processors that carry no model config.
-_PROCESSOR_CLASSES = {
-    "Qwen2VLProcessor": "qwen2_vl",
-    "Qwen2_5_VLProcessor": "qwen2_5_vl",
-    "Qwen3VLProcessor": "qwen3_vl",
-    "Qwen3VLMoeProcessor": "qwen3_vl",
-}
+_PROCESSOR_CLASSES = {cls: f.name for f in FAMILIES.values() for cls in f.processor_classes}
 
 
 def get_family(name: str) -> ModelFamily:

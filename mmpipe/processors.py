@@ -1,7 +1,7 @@
 """Loading a processor offline: from a directory, ``testing:FAMILY``, a factory or an object.
 
 One loader for every place that takes a processor by name (``mmpipe encode --processor``,
-`mmpipe.ray_data.RayBatchEncoder` on each Ray worker)::
+`mmpipe.data.ray_data.RayBatchEncoder` on each Ray worker)::
 
     load_processor("/models/Qwen2.5-VL-3B-Instruct")   # AutoProcessor, local files only
     load_processor("testing:qwen3_vl")                  # the offline processors of mmpipe.testing
@@ -54,7 +54,7 @@ def _processor_class_name(path: Path) -> Optional[str]:
 
 
 def _image_only(family: str, path: Path):
-    from .testing import _processor_classes
+    from mmpipe.offline.fixtures import _processor_classes
 
     return _processor_classes()[family].from_pretrained(str(path), local_files_only=True)
 
@@ -77,7 +77,7 @@ def load_processor(spec: Any, *, log: Optional[Callable[[str], None]] = None):
     log = log or (lambda msg: print(msg, file=sys.stderr))
     spec = os.fspath(spec)
     if spec.startswith(TESTING_PREFIX):
-        from .testing import FAMILY_NAMES, build_processor
+        from mmpipe.offline.fixtures import FAMILY_NAMES, build_processor
 
         family = spec[len(TESTING_PREFIX):]
         if family not in FAMILY_NAMES:

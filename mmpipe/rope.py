@@ -36,8 +36,8 @@ import itertools
 import numpy as np
 import torch
 
-from ._fork import torch_fork_safe
-from .families import ModelFamily, family_of
+from mmpipe._fork import torch_fork_safe
+from mmpipe.families import ModelFamily, family_of
 
 __all__ = ["get_rope_index", "text_positions", "to_verl_positions"]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run the offline demo; arguments go to `python -m mmpipe.demo`:
+# Set up (scripts/setup.sh) and run the offline demo; arguments go to `python -m mmpipe.cli.demo`:
 #
 #   bash scripts/demo.sh                         # tiny offline Qwen2-VL, 12 rows
 #   bash scripts/demo.sh --family qwen3_vl --rows 20 --out /tmp/encoded
@@ -9,4 +9,4 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
-exec "$ROOT/.venv/bin/python" -m mmpipe.demo "$@"
+exec "$ROOT/.venv/bin/python" -m mmpipe.cli.demo "$@"

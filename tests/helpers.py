@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import datasets
 import numpy as np
+import torch
+
+import mmpipe
+from mmpipe import testing
+from mmpipe.images import VisionSpec
+
+from conftest import processor_for
 
 
 def processor_reference(processor, messages, images, add_generation_prompt=None):
@@ -21,3 +29,62 @@ def assistant_texts(messages):
             c = m["content"]
             out.append(c if isinstance(c, str) else "".join(i["text"] for i in c if i.get("type") == "text"))
     return out
+
+
+def raw_dataset(tmp_path):
+    photos = [im for _, im in testing.sample_photos()]
+    gen = [im for _, im in testing.generated_images()]
+    pool = photos + gen
+    rows = []
+    for i in range(14):
+        k = i % 4  # 0..3 images, rows with zero images first so type inference sees them first
+        content = [{"type": "image", "text": None}] * k + [{"type": "text", "text": f"Question {i}?", "image": None}]
+        msgs = [{"role": "user", "content": content}]
+        if i % 3 == 0:
+            msgs.append({"role": "assistant", "content": [{"type": "text", "text": f"Answer {i}.", "image": None}]})
+        rows.append({"messages": msgs, "images": [pool[(i + j) % len(pool)] for j in range(k)]})
+    feats = datasets.Features({
+        "messages": [{"role": datasets.Value("string"),
+                      "content": [{"type": datasets.Value("string"), "text": datasets.Value("string"),
+                                   "image": datasets.Value("string")}]}],
+        "images": datasets.Sequence(datasets.Image()),
+    })
+    ds = datasets.Dataset.from_list(rows, features=feats)
+    ds.save_to_disk(str(tmp_path / "raw"))
+    return datasets.load_from_disk(str(tmp_path / "raw"))
+
+
+def tiny_text_model(vocab_size):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    cfg._attn_implementation = "eager"
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def video_row(family, grid, seed=0, sec=1.0):
+    """A row holding one video, built the way the processor lays it out."""
+    proc = processor_for(family)
+    tok = proc.tokenizer
+    fam = mmpipe.family_of(proc)
+    spec = VisionSpec.from_processor(proc)
+    t, h, w = grid
+    per_frame = h * w // fam.merge_size**2
+    ids = tok("<|im_start|>user\nWatch: ", add_special_tokens=False)["input_ids"]
+    vs, ve, vp = (tok.convert_tokens_to_ids(x) for x in ("<|vision_start|>", "<|vision_end|>", "<|video_pad|>"))
+    if fam.rope == "mrope_frames":  # Qwen3-VL: a timestamp before each frame group
+        for i in range(t):
+            ids += tok(f"<{i * 0.5:.1f} seconds>", add_special_tokens=False)["input_ids"] + [vs] + [vp] * per_frame + [ve]
+    else:
+        ids += [vs] + [vp] * (t * per_frame) + [ve]
+    ids += tok(" what happens?<|im_end|>\n", add_special_tokens=False)["input_ids"]
+    ids = np.asarray(ids)
+    rng = np.random.default_rng(seed)
+    u8 = rng.integers(0, 256, size=(t * h * w, fam.patch_dim), dtype=np.uint8)
+    pv = mmpipe.images.u8_video_to_pixel_values(u8, spec.lut())
+    out = {"input_ids": ids[None], "attention_mask": np.ones((1, len(ids)), np.int64),
+           "mm_token_type_ids": 2 * (ids == vp).astype(np.int64)[None], "video_grid_thw": np.asarray([grid]),
+           "pixel_values_videos": pv, "second_per_grid_ts": np.asarray([sec], np.float32)}
+    return out, u8

@@ -175,7 +175,7 @@ def raw_rows(draw, max_turns: int = 2, max_images: int = 3, assistant: bool | No
 @st.composite
 def multiturn_cases(draw, max_rounds: int = 3, max_images: int = 2,
                     families=("qwen2_vl", "qwen2_5_vl", "qwen3_vl")):
-    """A multi-turn loop script for ``mmpipe.multiturn``.
+    """A multi-turn loop script for ``mmpipe.rollout.multiturn``.
 
     Returns a dict: ``family``; ``prompt`` a raw row {"messages", "images"} (optional system
     turn, one user turn with 0..max_images images); ``rounds`` a list of
@@ -409,7 +409,7 @@ def fuzz_encode_options(draw):
     return opts
 
 
-# ---- token-budget batching (mmpipe.sampler) -------------------------------------------
+# ---- token-budget batching (mmpipe.batching.sampler) -------------------------------------------
 
 
 @st.composite

@@ -56,7 +56,7 @@ def _raw_rows():
     return rows
 
 
-def _raw_dataset(path: Path) -> datasets.Dataset:
+def raw_dataset(path: Path) -> datasets.Dataset:
     feats = datasets.Features({
         "messages": [{"role": datasets.Value("string"),
                       "content": [{"type": datasets.Value("string"), "text": datasets.Value("string")}]}],
@@ -94,7 +94,7 @@ def saved_bytes(ds: datasets.Dataset, path: Path) -> tuple[bytes, dict]:
 
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory):
-    return _raw_dataset(tmp_path_factory.mktemp("raw") / "raw")
+    return raw_dataset(tmp_path_factory.mktemp("raw") / "raw")
 
 
 @pytest.fixture(scope="module")

@@ -38,8 +38,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import mmpipe
-from mmpipe.images import u8_to_pixel_values
-from mmpipe.records import IGNORE_INDEX, MultiModalInputs
+from mmpipe.images.pixels import u8_to_pixel_values
+from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.row import MultiModalInputs
 
 from conftest import processor_for
 from strategies import fuzz_encode_options, fuzz_raw_rows, image_pool
@@ -341,7 +342,7 @@ def _set_pixels(d, on_bytes, on_float=None):
         d["pixel_values"] = on_float(d["pixel_values"])
     elif d.get("pixel_values_u8") is not None and on_float is not None:
         d["pixel_values_u8"] = on_float(np.frombuffer(d["pixel_values_u8"][:-1], np.uint8).reshape(
-            -1, mmpipe.records.get_family(d["family"]).patch_dim_u8)).tobytes() + b"\xff"
+            -1, mmpipe.family_of(d["family"]).patch_dim_u8)).tobytes() + b"\xff"
 
 
 @fuzz_settings("corrupt")
@@ -378,7 +379,7 @@ def test_fuzz_corrupted_arrow_tables(family, i, fmt, mutation, typed):
     """A damaged stored table (schema types, or types inferred as in a hand-written table):
     `validate_dataset` never raises, and whenever collate refuses the table (a documented
     error), the validation report holds an error too."""
-    from mmpipe.validate import validate_dataset
+    from mmpipe.data.validate import validate_dataset
 
     pool = row_pool(family)
     bad = as_format(pool[i], fmt, True).to_dict()

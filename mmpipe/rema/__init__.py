@@ -30,11 +30,14 @@ it (e.g. a leading newline with the real Qwen vocabulary), the merged token star
 template and is not a target; the rest of the response is.
 """
 
-from .batch import (PAD_CONTENT, PAD_ROLE, ROLE_TENSORS, ReMABatch, collate_episodes, conversation_pad_entry,
-                    history_pad_entry, history_size, rema_arrow_schema)
-from .encode import RoleEncoding, encode_conversation, response_text
-from .rollout import FINISH_FLAG, MAX_TURNS, Episode, rollout, run_episodes
-from .views import AskQuestion, QuestionWithInstruction, View, ViewContext, rema_views
+from mmpipe.rema.batch import PAD_CONTENT, PAD_ROLE, collate_episodes, conversation_pad_entry, history_pad_entry, history_size
+from mmpipe.records.rema import ROLE_TENSORS, rema_arrow_schema
+from mmpipe.records.rema import ReMABatch
+from mmpipe.records.rema import RoleEncoding
+from mmpipe.rema.encode import encode_conversation, response_text
+from mmpipe.rema.rollout import FINISH_FLAG, MAX_TURNS, rollout, run_episodes
+from mmpipe.records.rema import Episode
+from mmpipe.rema.views import AskQuestion, QuestionWithInstruction, View, ViewContext, rema_views
 
 __all__ = [
     "FINISH_FLAG", "MAX_TURNS", "PAD_ROLE", "PAD_CONTENT", "ROLE_TENSORS", "ViewContext", "View", "AskQuestion",

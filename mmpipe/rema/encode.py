@@ -12,53 +12,19 @@ vocabulary), that merged token starts in the template and is not a target.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 
-from ..encode import Encoder
-from ..images import encode_image
-from ..records import IGNORE_INDEX, MultiModalInputs
-from .views import _content, _content_text, _num_images
+from mmpipe.encoding.encoder import Encoder
+from mmpipe.images.pixels import encode_image
+from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.row import MultiModalInputs
+from mmpipe.rema.views import _content, _num_images
+from mmpipe.records.rema import content_text
+from mmpipe.records.rema import RoleEncoding
 
 __all__ = ["RoleEncoding", "encode_conversation", "response_text"]
-
-
-@dataclass(eq=False)
-class RoleEncoding:
-    """One role's view of one conversation, encoded.
-
-    Attributes:
-        row:      `MultiModalInputs`: input_ids int64 [L] (image pads expanded), labels int64
-                  [L] (or None for a prompt), mm_token_type_ids int64 [L], position_ids int64
-                  [3, L] (M-RoPE; text-only families: 3 equal rows), image_grid_thw int64
-                  [I, 3], pixel_values_u8 uint8 [N, 3*p*p].
-        step_ids: int64 [L]: the turn index (0-based, = index of the role's assistant message)
-                  on the role's target tokens, -100 elsewhere (``step_ids != -100`` exactly
-                  where ``labels != -100``).
-        text:     the rendered conversation the ids stand for.
-    """
-
-    row: MultiModalInputs
-    step_ids: np.ndarray
-    text: str
-
-    @property
-    def input_ids(self) -> np.ndarray:
-        return self.row.input_ids
-
-    @property
-    def labels(self) -> Optional[np.ndarray]:
-        return self.row.labels
-
-    @property
-    def attention_mask(self) -> np.ndarray:
-        return self.row.attention_mask
-
-    @property
-    def position_ids(self) -> np.ndarray:
-        return self.row.position_ids
 
 
 class _Codec:
@@ -110,7 +76,7 @@ class _Codec:
         # pure-text contents as strings: text-LLM templates print a list's repr; VL templates
         # render both forms identically
         msgs = [
-            {"role": m["role"], "content": m["content"] if _num_images(m["content"]) else _content_text(m["content"])}
+            {"role": m["role"], "content": m["content"] if _num_images(m["content"]) else content_text(m["content"])}
             for m in messages
         ]
         return self.enc.render(msgs, add_generation_prompt)
@@ -166,7 +132,7 @@ class _Codec:
                 if labels is not None:
                     labels, steps = np.repeat(labels, reps), np.repeat(steps, reps)
                 mm = (ids == self.enc.image_token_id).astype(np.int64)
-        from ..rope import get_rope_index
+        from mmpipe.rope import get_rope_index
 
         pos, delta = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None, family=fam)
         row = MultiModalInputs(
@@ -181,7 +147,7 @@ class _Codec:
         """Character span of assistant message ``k``'s content in ``full``."""
         before = self.render(messages[:k], True)
         upto = self.render(messages[: k + 1], False)
-        text = _content_text(messages[k]["content"])
+        text = content_text(messages[k]["content"])
         a = len(before)
         if not (full.startswith(upto) and upto.startswith(before) and upto[a:a + len(text)] == text):
             raise ValueError(

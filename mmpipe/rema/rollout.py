@@ -9,55 +9,19 @@ question's images. A row ends at the end of the round in which a response of one
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-from ..generation import SamplingParams
-from .encode import _Codec
-from .views import View, ViewContext, _content, _content_text, _question, _text, rema_views
+from mmpipe.records.generation import SamplingParams
+from mmpipe.rema.encode import _Codec
+from mmpipe.rema.views import View, ViewContext, _content, _question, rema_views
+from mmpipe.records.rema import Episode
+from mmpipe.records.rema import text_item
 
 __all__ = ["FINISH_FLAG", "MAX_TURNS", "Episode", "run_episodes", "rollout"]
 
 FINISH_FLAG = "finish_flag"  # finish_reason: a finish role's response contained the finish flag
 MAX_TURNS = "max_turns"      # finish_reason: max_num_turns rounds were played without the flag
 _RESERVED_ROLE = "padding"   # the role of history padding entries (batch.PAD_ROLE)
-
-
-@dataclass(eq=False)
-class Episode:
-    """One question's multi-agent conversation.
-
-    Attributes:
-        index:         row index in the batch.
-        question:      content items (images as ``{"type": "image"}``).
-        images:        the question's images, as given.
-        messages:      role -> that role's full view: [system], user, assistant, ..., with
-                       content lists; its assistant messages are the role's own responses.
-        history:       every response in order: ``{"role": agent role, "content": text,
-                       "turn": int, "finish_reason": engine finish reason ("stop",
-                       "length", ...), "num_tokens": generated token count}``.
-        num_turns:     rounds played (every role answered in each).
-        finish_reason: None while running, then `FINISH_FLAG` or `MAX_TURNS`.
-    """
-
-    index: int
-    question: list
-    images: tuple
-    messages: dict = field(default_factory=dict)
-    history: list = field(default_factory=list)
-    num_turns: int = 0
-    finish_reason: Optional[str] = None
-    image_data: Any = None  # (uint8 [N, 3*p*p], grids int64 [I, 3]), encoded once
-
-    @property
-    def question_text(self) -> str:
-        return _content_text(self.question)
-
-    def conversation_history(self, role: str) -> list[dict]:
-        """ReMA's ``{role}_conversation_history``: the role's last prompt (its view without
-        its final response), at most 2 * num_turns messages."""
-        msgs = self.messages.get(role, [])
-        return list(msgs[:-1]) if msgs and msgs[-1]["role"] == "assistant" else list(msgs)
 
 
 def _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns, finish_flag, codec):
@@ -157,7 +121,7 @@ def run_episodes(questions: Sequence, engine, processor, *, agent_roles: Sequenc
                     )
                 c = g.completions[0]
                 text = codec.response_text(c.token_ids)
-                e.messages[role].append({"role": "assistant", "content": [_text(text)] if text else []})
+                e.messages[role].append({"role": "assistant", "content": [text_item(text)] if text else []})
                 e.history.append({"role": role, "content": text, "turn": turn,
                                   "finish_reason": str(c.finish_reason), "num_tokens": len(c.token_ids)})
                 if finish_flag is not None and role in finish_roles and finish_flag in text:
@@ -181,7 +145,7 @@ def rollout(questions: Sequence, engine, processor, *, agent_roles: Sequence[str
     Args:
         questions: B questions: strings, or ``{"question": str | content list, "images": [...]}``
             (a string marks each image's place with ``<image>``).
-        engine: a `mmpipe.generation.RolloutEngine` (transformers, vLLM, scripted), or a
+        engine: a `mmpipe.records.generation.RolloutEngine` (transformers, vLLM, scripted), or a
             mapping role -> engine (ReMA with separate parameters per role).
         processor: the Qwen-VL processor (or tokenizer for text LLMs) of the model(s).
         agent_roles: roles in turn order, e.g. ``["meta_thinking", "reasoning"]``.
@@ -203,7 +167,7 @@ def rollout(questions: Sequence, engine, processor, *, agent_roles: Sequence[str
     episodes = run_episodes(questions, engine, codec, agent_roles=agent_roles, max_num_turns=max_num_turns,
                             finish_flag=finish_flag, system_prompts=system_prompts, views=views, params=params,
                             finish_roles=finish_roles)
-    from .batch import collate_episodes
+    from mmpipe.rema.batch import collate_episodes
 
     return collate_episodes(episodes, codec, agent_roles=agent_roles, max_num_turns=max_num_turns,
                             pad_to_multiple_of=pad_to_multiple_of)

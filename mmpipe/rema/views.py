@@ -17,20 +17,19 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
-from ..encode import IMAGE_PLACEHOLDER
+from mmpipe.records.columns import IMAGE_PLACEHOLDER
+from mmpipe.records.rema import text_item
 
 __all__ = ["ViewContext", "View", "AskQuestion", "QuestionWithInstruction", "rema_views"]
 
 
 # ---- questions and message contents -----------------------------------------------------
-def _text(s: str) -> dict:
-    return {"type": "text", "text": s}
 
 
 def _content(value, where: str) -> list[dict]:
     """A string or a list of content items -> normalised items (text / image only)."""
     if isinstance(value, str):
-        return [_text(value)] if value else []
+        return [text_item(value)] if value else []
     if not isinstance(value, (list, tuple)):
         raise ValueError(
             f"{where}: expected a string or a list of content items ({{'type': 'text', 'text': ...}} / "
@@ -48,15 +47,10 @@ def _content(value, where: str) -> list[dict]:
                 "(pass images with the question, not inline: a role's view shows the question's images)"
             )
         if out and out[-1]["type"] == "text":  # adjacent texts render as one; store them as one
-            out[-1] = _text(out[-1]["text"] + text)
+            out[-1] = text_item(out[-1]["text"] + text)
         elif text:
-            out.append(_text(text))
+            out.append(text_item(text))
     return out
-
-
-def _content_text(items: Sequence[dict]) -> str:
-    """Items -> text, images as ``<image>`` (for the ``question`` column and rewards)."""
-    return "".join(IMAGE_PLACEHOLDER if it["type"] == "image" else it["text"] for it in items)
 
 
 def _num_images(items: Sequence[dict]) -> int:
@@ -83,7 +77,7 @@ def _question(q, idx: int) -> tuple[list[dict], tuple]:
             if k:
                 items.append({"type": "image"})
             if part:
-                items.append(_text(part))
+                items.append(text_item(part))
     else:
         items = _content(q, where)
     if _num_images(items) != len(images):
@@ -178,9 +172,9 @@ class QuestionWithInstruction:
             if part == "{question}":
                 out += list(ctx.question)
             elif part == "{instruction}":
-                out.append(_text(instruction))
+                out.append(text_item(instruction))
             elif part:
-                out.append(_text(part))
+                out.append(text_item(part))
         return out
 
 

@@ -22,14 +22,14 @@ URL --model NAME --image PATH``.
 
 from __future__ import annotations
 
-from .arithmetic import MODES, RewardConfig, combine
-from .client import JudgeClient
-from .env import VLMRewardWrapper
-from .frames import EncodedFrame, encode_frame
-from .judge import VLMJudge
-from .parsing import extract_json, parse_action, parse_progress
-from .prompts import ACTION_SCHEMA, PROGRESS_SCHEMA, JudgePrompts
-from .records import (
+from mmpipe.reward.arithmetic import MODES, RewardConfig, combine
+from mmpipe.reward.client import JudgeClient
+from mmpipe.reward.env import VLMRewardWrapper
+from mmpipe.reward.frames import EncodedFrame, encode_frame
+from mmpipe.reward.judge import VLMJudge
+from mmpipe.reward.parsing import extract_json, parse_action, parse_progress
+from mmpipe.reward.prompts import ACTION_SCHEMA, PROGRESS_SCHEMA, JudgePrompts
+from mmpipe.records.reward import (
     ActionVerdict,
     Answer,
     FrameAnswers,
@@ -39,7 +39,7 @@ from .records import (
     RewardParts,
     StepScore,
 )
-from .stats import AnswerCache, JudgeStats
+from mmpipe.reward.stats import AnswerCache, JudgeStats
 
 __all__ = [
     "ACTION_SCHEMA", "MODES", "PROGRESS_SCHEMA", "ActionVerdict", "Answer", "AnswerCache", "EncodedFrame",

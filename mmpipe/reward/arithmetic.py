@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from .records import ActionVerdict, ProgressEstimate, RewardParts
+from mmpipe.records.reward import ActionVerdict, ProgressEstimate, RewardParts
 
 RewardMode = Literal["bonus_only", "symmetric", "penalty_only"]
 MODES = ("bonus_only", "symmetric", "penalty_only")

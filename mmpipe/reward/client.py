@@ -17,9 +17,9 @@ import threading
 import time
 from typing import Any, Optional
 
-from .parsing import verdict_probability
-from .records import Reply
-from .stats import JudgeStats
+from mmpipe.reward.parsing import verdict_probability
+from mmpipe.records.reward import Reply
+from mmpipe.reward.stats import JudgeStats
 
 logger = logging.getLogger(__name__)
 PIP_HINT = 'pip install "mmpipe[judge]"  (or: pip install openai)'

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .records import RESULT_KEYS
+from mmpipe.records.reward import RESULT_KEYS
 
 if TYPE_CHECKING:
-    from .judge import VLMJudge
+    from mmpipe.reward.judge import VLMJudge
 
 
 def score_batch(judge: "VLMJudge", batch: dict[str, list]) -> dict[str, list]:

@@ -28,8 +28,8 @@ from typing import Any, Callable, Literal, Optional
 
 import numpy as np
 
-from .judge import VLMJudge
-from .records import FrameAnswers, StepScore
+from mmpipe.reward.judge import VLMJudge
+from mmpipe.records.reward import FrameAnswers, StepScore
 
 
 class VLMRewardWrapper:

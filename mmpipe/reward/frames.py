@@ -11,7 +11,7 @@ from typing import Any
 
 from PIL import Image
 
-from ..images import load_image
+from mmpipe.images.load import load_image
 
 # Formats every OpenAI-compatible VLM server decodes; others are re-encoded as PNG.
 _PASS_THROUGH = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}

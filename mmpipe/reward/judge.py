@@ -14,12 +14,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Optional, Sequence
 
-from .arithmetic import RewardConfig, combine
-from .client import JudgeClient
-from .dataset import score_batch
-from .frames import EncodedFrame, encode_frame
-from .parsing import parse_action, parse_progress
-from .prompts import (
+from mmpipe.reward.arithmetic import RewardConfig, combine
+from mmpipe.reward.client import JudgeClient
+from mmpipe.reward.dataset import score_batch
+from mmpipe.reward.frames import EncodedFrame, encode_frame
+from mmpipe.reward.parsing import parse_action, parse_progress
+from mmpipe.reward.prompts import (
     ACTION_SCHEMA,
     ACTION_SCHEMA_NAME,
     PROGRESS_SCHEMA,
@@ -29,8 +29,8 @@ from .prompts import (
     build_messages,
     response_format,
 )
-from .records import Answer, FrameAnswers, JudgeResult
-from .stats import AnswerCache, JudgeStats
+from mmpipe.records.reward import Answer, FrameAnswers, JudgeResult
+from mmpipe.reward.stats import AnswerCache, JudgeStats
 
 logger = logging.getLogger(__name__)
 

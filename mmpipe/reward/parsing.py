@@ -14,7 +14,7 @@ import math
 import re
 from typing import Any, Iterable, Optional
 
-from .records import ActionVerdict, ProgressEstimate
+from mmpipe.records.reward import ActionVerdict, ProgressEstimate
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.DOTALL)

@@ -1,0 +1,178 @@
+"""Encoded rows -> ONE padding-free sequence (`PackedMultiModalInputs`), and back.
+
+Padding-free packing puts the rows of a batch end to end in a single ``[1, T]`` sequence
+(``T = sum of the row lengths``, no pad token) and tells the model where each row starts:
+
+- ``position_ids`` int64 ``[4, 1, T]``: row 0 the plain text positions, restarting at 0 at
+  each packed row; rows 1-3 each row's own stored M-RoPE positions (which restart at 0 too).
+  This is the 4-row form verl feeds and transformers (5.x) Qwen-VL models accept: the model
+  takes row 0 to find the sequence boundaries (``masking_utils.find_packed_sequence_indices``:
+  a new sequence wherever the text position does not advance by 1) and builds a
+  block-diagonal causal mask with sdpa/eager attention, or varlen boundaries with
+  flash-attention; rows 1-3 rotate the queries and keys.
+- ``cu_seqlens`` int32 ``[n+1]``: cumulative row lengths, for varlen kernels and for slicing.
+- ``labels`` int64 ``[1, T]``: the rows' labels with -100 on each row's FIRST token.
+  transformers shifts labels inside the loss (logits at t predict labels[t+1]), so without
+  that the last token of row i would be trained to predict the first token of row i+1.
+  With it, the packed loss is the token mean of exactly the per-row targets (the padded
+  batch's loss); each row's first label is kept in ``first_labels`` so `unpack` is exact.
+
+Rows are never split and an image never straddles rows: a row's image blocks stay inside
+its own span, and its pixels are concatenated in row order (what the vision tower and the
+``<|image_pad|>`` scatter expect). Pixel assembly is `mmpipe.collate`'s (uint8 -> float32
+rebuilt bit for bit, grids concatenated), so a packed batch feeds the model the same
+``pixel_values`` / ``image_grid_thw`` as a padded batch of the same rows.
+
+``model_inputs()`` leaves ``attention_mask`` out ON PURPOSE: transformers only looks for
+packed sequences in ``position_ids`` when the attention mask is None (a 2-D all-ones mask
+would make the rows attend to each other), and passes ``use_cache=False`` for the same
+reason (a cache also switches the detection off). Checked: packed logits equal each row's
+logits run alone, fp32, for Qwen2-VL, Qwen2.5-VL and Qwen3-VL (deepstack included).
+
+Example::
+
+    sampler = mmpipe.TokenBudgetBatchSampler.from_dataset(enc, max_tokens=16384, cost="packed")
+    loader = DataLoader(enc, batch_sampler=sampler, collate_fn=PackingCollator(processor, max_tokens=16384))
+    for packed in loader:                        # a PackedMultiModalInputs
+        out = model(**packed.model_inputs(model.device))
+        rows = unpack(packed)                    # the stored rows, exactly
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from mmpipe.batching.collate import collate, collator_constants
+from mmpipe.families import get_family
+from mmpipe.images.spec import VisionSpec
+from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.row import MultiModalInputs
+from mmpipe.records.batch import BatchedMultiModalInputs
+from mmpipe.batching.unbatch import unbatch
+from mmpipe.records.packed import PackedMultiModalInputs
+
+
+def pack(
+    rows: Sequence[Any],
+    *,
+    processor=None,
+    spec: Optional[VisionSpec] = None,
+    family: Any = None,
+    pad_token_id: Optional[int] = None,
+    max_tokens: Optional[int] = None,
+    max_images: Optional[int] = None,
+) -> PackedMultiModalInputs:
+    """Pack encoded rows (``MultiModalInputs``, stored dicts or Arrow rows) into one sequence.
+
+    ``max_tokens`` / ``max_images``: the pack's budgets; a batch over either raises (group
+    rows with `mmpipe.batching.sampler.TokenBudgetBatchSampler(cost="packed")`, which never exceeds
+    them). Rows must be unpadded (attention_mask all ones), as ``mmpipe.encode`` stores them.
+    """
+    import torch
+
+    b = collate(rows, processor=processor, spec=spec, family=family, padding_side="right", pad_token_id=pad_token_id)
+    lengths = b.seq_lengths
+    n, total = b.batch_size, int(lengths.sum())
+    if max_tokens is not None and total > max_tokens:
+        raise ValueError(
+            f"the {n} rows hold {total} tokens (lengths {lengths.tolist()}), over the pack budget "
+            f"max_tokens={max_tokens}; build batches with TokenBudgetBatchSampler(cost='packed', "
+            f"max_tokens={max_tokens}) or raise max_tokens"
+        )
+    n_img = int(b.image_grid_thw.shape[0])
+    if max_images is not None and n_img > max_images:
+        raise ValueError(
+            f"the {n} rows hold {n_img} images (per row {[len(x) for x in b.sample_to_image_indices]}), over the "
+            f"pack budget max_images={max_images}; build batches with TokenBudgetBatchSampler(max_images={max_images})"
+        )
+    L = b.input_ids.shape[1]
+    valid = torch.arange(L)[None, :] < lengths[:, None]  # [n, L], right padding
+    holes = (b.attention_mask == 0) & valid
+    if bool(holes.any()):
+        r = int(holes.any(1).nonzero()[0, 0])
+        raise ValueError(
+            f"row {r}: attention_mask has {int(holes[r].sum())} zero(s) inside the row; packing attends every "
+            "token of a row, so the row must be unpadded (attention_mask all ones): strip the masked tokens"
+        )
+    cu = torch.zeros(n + 1, dtype=torch.int32)
+    cu[1:] = lengths.cumsum(0)
+    starts = cu[:-1].long()
+    ids = b.input_ids[valid][None]
+    mm = b.mm_token_type_ids[valid][None]
+    text_pos = (torch.arange(L)[None, :].expand(n, L))[valid]
+    if get_family(b.family).is_vision:
+        mrope = b.position_ids[:, valid]  # [3, T]
+        position_ids = torch.cat([text_pos[None], mrope], 0)[:, None, :]  # [4, 1, T]
+    else:
+        position_ids = text_pos[None]  # [1, T]
+    labels = first_labels = None
+    if b.labels is not None:
+        labels = b.labels[valid][None].clone()
+        first_labels = labels[0, starts].clone()
+        labels[0, starts] = IGNORE_INDEX
+    # the pack owns the tokens; `meta` keeps the rest with zero-width token tensors [n, 0]
+    none = torch.zeros((n, 0), dtype=torch.int64)
+    meta = BatchedMultiModalInputs(**{**b.__dict__, "input_ids": none, "attention_mask": none,
+                                      "mm_token_type_ids": none, "position_ids": none[None].expand(3, n, 0),
+                                      "labels": None})
+    return PackedMultiModalInputs(
+        input_ids=ids, mm_token_type_ids=mm, position_ids=position_ids, cu_seqlens=cu,
+        labels=labels, first_labels=first_labels, meta=meta,
+    )
+
+
+def to_padded(packed: PackedMultiModalInputs, padding_side: str = "right") -> BatchedMultiModalInputs:
+    """The same rows as a padded `BatchedMultiModalInputs` (what `mmpipe.collate` would build)."""
+    import torch
+
+    m = packed.meta
+    lengths = m.seq_lengths
+    n, L = packed.num_rows, int(lengths.max())
+    ar = torch.arange(L)[None, :]
+    valid = ar < lengths[:, None] if padding_side == "right" else ar >= (L - lengths)[:, None]
+
+    def place(flat, fill, lead=()):
+        out = torch.full((*lead, n, L), fill, dtype=flat.dtype)
+        out[..., valid] = flat
+        return out
+
+    pos3 = packed.position_ids[1:, 0] if packed.position_ids.shape[0] == 4 else packed.position_ids.expand(3, -1)
+    labels = None
+    if packed.labels is not None:
+        flat = packed.labels[0].clone()
+        flat[packed.cu_seqlens[:-1].long()] = packed.first_labels
+        labels = place(flat, IGNORE_INDEX)
+    return BatchedMultiModalInputs(**{
+        **m.__dict__,
+        "input_ids": place(packed.input_ids[0], 0),  # pad id: unbatch strips pads by length
+        "attention_mask": valid.long(),
+        "mm_token_type_ids": place(packed.mm_token_type_ids[0], 0),
+        "position_ids": place(pos3, 0, (3,)),
+        "labels": labels,
+        "padding_side": padding_side,
+    })
+
+
+def unpack(packed: PackedMultiModalInputs) -> list[MultiModalInputs]:
+    """The packed rows back, exactly: ``unpack(pack(rows)) == rows``."""
+    return unbatch(to_padded(packed))
+
+
+class PackingCollator:
+    """Picklable DataLoader ``collate_fn`` that packs each batch into one sequence.
+
+    ``PackingCollator(processor, max_tokens=16384, max_images=64)``: a batch over a budget
+    raises (use it with ``TokenBudgetBatchSampler(cost="packed")`` and the same budgets).
+    Holds only the family, `VisionSpec` and pad id, like `mmpipe.Collator`.
+    """
+
+    def __init__(self, processor=None, *, max_tokens: Optional[int] = None, max_images: Optional[int] = None,
+                 family: Any = None, pad_token_id: Optional[int] = None):
+        self.family, self.spec, self.pad_token_id = collator_constants(
+            "PackingCollator", processor, family, pad_token_id)
+        self.max_tokens = max_tokens
+        self.max_images = max_images
+
+    def __call__(self, rows: Sequence[Any]) -> PackedMultiModalInputs:
+        return pack(rows, spec=self.spec, family=self.family, pad_token_id=self.pad_token_id,
+                    max_tokens=self.max_tokens, max_images=self.max_images)

@@ -1,0 +1,295 @@
+"""Token-budget batches: a DataLoader ``batch_sampler`` that groups rows by token count.
+
+Every batch stays under a token budget (and an image budget), so a batch of short rows
+holds many rows and a batch of long rows few, instead of a fixed row count padded to its
+longest row. The lengths come from the encoded columns (``input_ids``, ``image_grid_thw``),
+which the layout-only encode (``pixels="none"``: ids, grids and positions from the image
+headers, no pixel decode) produces in seconds, before any pixel is stored.
+
+Two costs, matching the two collators:
+
+- ``cost="padded"`` (`mmpipe.Collator`): a batch costs ``rows * longest row`` tokens, the
+  size of its padded ``[B, L]`` tensors;
+- ``cost="packed"`` (`mmpipe.batching.packing.PackingCollator`): a batch costs the sum of its row
+  lengths, the ``[1, T]`` packed sequence.
+
+Each epoch: shuffle the rows (seeded by ``seed + epoch``), cut them into buckets of
+``bucket_size`` rows, sort each bucket by length (longest first), fill batches (padded: in
+order; packed: first-fit, so short rows fill the gaps long rows leave), then shuffle the
+batch order. Every row is in exactly one batch per epoch; nothing is dropped or repeated.
+
+A row over a budget on its own (longer than ``max_tokens`` or with more than ``max_images``
+images) raises at construction by default (``oversize="raise"``: a budget is usually a
+memory limit, and such a row would fail later, mid-epoch); ``oversize="alone"`` gives each
+such row a batch of its own instead (the only batches allowed over the budget).
+
+Example::
+
+    enc = ds.map(mmpipe.encode, fn_kwargs={"processor": processor})
+    sampler = TokenBudgetBatchSampler.from_dataset(enc, max_tokens=16384, max_images=32, seed=0)
+    loader = DataLoader(enc, batch_sampler=sampler, collate_fn=mmpipe.Collator(processor))
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        for batch in loader: ...
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+
+from mmpipe.records.arrow import list_lengths
+
+COSTS = ("padded", "packed")
+OVERSIZE = ("raise", "alone")
+
+
+class TokenBudgetBatchSampler:
+    """Batches of row indices under a token budget and an image budget.
+
+    Args:
+        lengths: int [n] tokens per row (after image expansion).
+        num_images: int [n] images per row, or None (no image budget possible then).
+        max_tokens: token budget per batch, counted as ``cost`` says.
+        max_images: image budget per batch (None: unbounded).
+        max_rows: row budget per batch (None: unbounded).
+        cost: ``"padded"`` (rows x longest row) or ``"packed"`` (sum of lengths).
+        shuffle: shuffle rows and batch order each epoch (``seed + epoch``); without it the
+            batches come in a fixed length-grouped order.
+        seed: base seed; the same seed and epoch give the same batches.
+        bucket_size: rows sorted together (None: the whole epoch). Smaller buckets mix
+            lengths more across epochs; larger ones pad (or leave) less.
+        oversize: ``"raise"`` or ``"alone"`` for a row over a budget on its own (see module).
+        num_replicas, rank: data-parallel sharding. Every rank builds the same epoch (same
+            seed) and takes its share: each rank gets the same number of batches (batches
+            are split in two, never merged, until the count divides evenly), each step's
+            batches across ranks are of similar cost, and the ranks' rows together are every
+            row exactly once.
+
+    ``len(sampler)`` is the number of batches of the current epoch on this rank (it can
+    change with the epoch when shuffling). Usable as ``DataLoader(ds, batch_sampler=sampler, ...)``.
+    """
+
+    def __init__(self, lengths: Sequence[int], num_images: Optional[Sequence[int]] = None, *, max_tokens: int,
+                 max_images: Optional[int] = None, max_rows: Optional[int] = None, cost: str = "padded",
+                 shuffle: bool = True, seed: int = 0, bucket_size: Optional[int] = 2048, oversize: str = "raise",
+                 num_replicas: int = 1, rank: int = 0):
+        self.lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        n = self.lengths.shape[0]
+        self.num_images = (np.zeros(n, np.int64) if num_images is None
+                           else np.asarray(num_images, dtype=np.int64).reshape(-1))
+        if self.num_images.shape[0] != n:
+            raise ValueError(f"num_images has {self.num_images.shape[0]} entries but lengths has {n}; give one per row")
+        if cost not in COSTS:
+            raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+        if oversize not in OVERSIZE:
+            raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
+        if max_tokens is None or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive token count, got {max_tokens!r}")
+        if max_images is not None and max_images < 0:
+            raise ValueError(f"max_images must be >= 0 or None, got {max_images!r}")
+        if max_rows is not None and max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1 or None, got {max_rows!r}")
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"need num_replicas >= 1 and 0 <= rank < num_replicas, got num_replicas={num_replicas}, "
+                             f"rank={rank}")
+        if bucket_size is not None and bucket_size < 1:
+            raise ValueError(f"bucket_size must be >= 1 or None, got {bucket_size!r}")
+        if n and (self.lengths.min() < 0 or self.num_images.min() < 0):
+            raise ValueError("lengths and num_images must be >= 0")
+        if max_images is not None and num_images is None:
+            raise ValueError("max_images needs num_images (images per row); pass both or neither")
+        self.max_tokens, self.max_images, self.max_rows = int(max_tokens), max_images, max_rows
+        self.cost, self.shuffle, self.seed = cost, shuffle, int(seed)
+        self.bucket_size, self.oversize = bucket_size, oversize
+        self.num_replicas, self.rank = int(num_replicas), int(rank)
+        over = self.lengths > self.max_tokens
+        if max_images is not None:
+            over |= self.num_images > max_images
+        self.oversized = np.flatnonzero(over)
+        if len(self.oversized) and oversize == "raise":
+            i = int(self.oversized[0])
+            raise ValueError(
+                f"row {i} is over the batch budget on its own: {int(self.lengths[i])} tokens (max_tokens="
+                f"{self.max_tokens}), {int(self.num_images[i])} images (max_images={max_images}); "
+                f"{len(self.oversized)} row(s) in all, e.g. {self.oversized[:5].tolist()}. Raise the budget, "
+                "drop or truncate them at encode time (max_length=..., truncation='drop'), or pass "
+                "oversize='alone' to give each its own batch"
+            )
+        self.epoch = 0
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    # ---- construction from data -----------------------------------------------------
+    @classmethod
+    def from_dataset(cls, dataset, **kwargs) -> "TokenBudgetBatchSampler":
+        """From an encoded ``datasets.Dataset`` (any pixel storage, layout-only included)."""
+        lengths, num_images = token_counts(dataset)
+        return cls(lengths, num_images, **kwargs)
+
+    # ---- epochs ---------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Use the batches of ``epoch`` (shuffled with ``seed + epoch``)."""
+        self.epoch = int(epoch)
+
+    def batches(self, epoch: Optional[int] = None) -> list[list[int]]:
+        """The batches (lists of row indices) of ``epoch`` (default: the current one)."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        if self._cache is not None and self._cache[0] == epoch:
+            return self._cache[1]
+        out = self._build(epoch)
+        if self.num_replicas > 1:
+            out = self._shard(out, epoch)[self.rank]
+        self._cache = (epoch, out)
+        return out
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from (list(b) for b in self.batches())
+
+    def __len__(self) -> int:
+        return len(self.batches())
+
+    # ---- the work -------------------------------------------------------------------
+    def _build(self, epoch: int) -> list[list[int]]:
+        n = self.lengths.shape[0]
+        rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
+        order = rng.permutation(n) if rng is not None else np.arange(n)
+        alone = np.zeros(n, bool)
+        alone[self.oversized] = True
+        batches: list[list[int]] = [[int(i)] for i in order[alone[order]]]
+        order = order[~alone[order]]
+        step = self.bucket_size or max(n, 1)
+        for s in range(0, len(order), step):
+            bucket = order[s:s + step]
+            # longest first; stable, so equal lengths keep the shuffled order
+            bucket = bucket[np.argsort(-self.lengths[bucket], kind="stable")]
+            batches += self._fill_padded(bucket) if self.cost == "padded" else self._fill_packed(bucket)
+        if rng is not None:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def _cost(self, batch: list[int]) -> int:
+        L = self.lengths[batch]
+        return int(L.sum()) if self.cost == "packed" else len(batch) * int(L.max())
+
+    def _shard(self, batches: list[list[int]], epoch: int) -> list[list[list[int]]]:
+        """All ranks' batches: ``out[r]`` is rank r's list, the same length for every rank."""
+        R = self.num_replicas
+        batches = [list(b) for b in batches]
+        while len(batches) % R:
+            # splitting a batch keeps both halves under every budget (costs only shrink)
+            k = max(range(len(batches)), key=lambda j: (len(batches[j]), self._cost(batches[j])))
+            if len(batches[k]) < 2:
+                raise ValueError(
+                    f"cannot give each of {R} ranks the same number of batches: the epoch's {len(self.lengths)} "
+                    f"rows make {len(batches)} batches of one row each (not a multiple of {R}) and a row is never "
+                    "split or repeated; use more rows per epoch, fewer ranks, or a larger max_tokens"
+                )
+            b = batches.pop(k)
+            batches += [b[: len(b) // 2], b[len(b) // 2:]]
+        # one step = R batches of neighbouring cost, so no rank waits long for another
+        batches.sort(key=self._cost, reverse=True)
+        steps = [batches[i:i + R] for i in range(0, len(batches), R)]
+        if self.shuffle:
+            rng = np.random.default_rng([self.seed, epoch, 1])
+            steps = [steps[i] for i in rng.permutation(len(steps))]
+        return [[step[r] for step in steps] for r in range(R)]
+
+    def _fits_rows_images(self, rows: int, images: int) -> bool:
+        return ((self.max_rows is None or rows <= self.max_rows)
+                and (self.max_images is None or images <= self.max_images))
+
+    def _fill_padded(self, bucket: np.ndarray) -> list[list[int]]:
+        out, cur, longest, imgs = [], [], 0, 0
+        for i in bucket.tolist():
+            L, k = int(self.lengths[i]), int(self.num_images[i])
+            new_longest = max(longest, L)
+            if cur and not ((len(cur) + 1) * new_longest <= self.max_tokens
+                            and self._fits_rows_images(len(cur) + 1, imgs + k)):
+                out.append(cur)
+                cur, new_longest, imgs = [], L, 0
+            cur.append(i)
+            longest, imgs = new_longest, imgs + k
+        if cur:
+            out.append(cur)
+        return out
+
+    def _fill_packed(self, bucket: np.ndarray) -> list[list[int]]:
+        """First-fit decreasing (the bucket is sorted longest first)."""
+        bins: list[list[int]] = []
+        tokens: list[int] = []
+        images: list[int] = []
+        open_bins: list[int] = []  # bins that can still take the shortest possible row
+        min_len = int(self.lengths[bucket].min()) if len(bucket) else 0
+        for i in bucket.tolist():
+            L, k = int(self.lengths[i]), int(self.num_images[i])
+            placed = False
+            for b in open_bins:
+                if tokens[b] + L <= self.max_tokens and self._fits_rows_images(len(bins[b]) + 1, images[b] + k):
+                    bins[b].append(i)
+                    tokens[b] += L
+                    images[b] += k
+                    placed = True
+                    break
+            if not placed:
+                bins.append([i])
+                tokens.append(L)
+                images.append(k)
+                open_bins.append(len(bins) - 1)
+            # a bin that cannot take even the shortest row of the bucket is closed for good
+            open_bins = [b for b in open_bins if tokens[b] + min_len <= self.max_tokens
+                         and (self.max_rows is None or len(bins[b]) < self.max_rows)]
+        return bins
+
+    def __repr__(self) -> str:
+        return (f"TokenBudgetBatchSampler(rows={len(self.lengths)}, max_tokens={self.max_tokens}, "
+                f"max_images={self.max_images}, cost={self.cost!r}, shuffle={self.shuffle}, seed={self.seed}, "
+                f"epoch={self.epoch}, rank={self.rank}/{self.num_replicas})")
+
+
+def token_counts(dataset) -> tuple[np.ndarray, np.ndarray]:
+    """``(lengths, num_images)``, int64 [n] each, of an encoded ``datasets.Dataset``.
+
+    Read from the Arrow list offsets of ``input_ids`` and ``image_grid_thw`` (no row is
+    decoded, no pixel touched), so it works on a layout-only encoding
+    (``mmpipe.encode(..., pixels="none")``) as well as on a stored training set. A list of
+    rows (``MultiModalInputs`` or dicts) works too.
+    """
+    if isinstance(dataset, (list, tuple)):
+        from mmpipe.records.row import MultiModalInputs
+
+        recs = [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(dataset)]
+        return (np.asarray([r.num_tokens for r in recs], np.int64),
+                np.asarray([r.num_images for r in recs], np.int64))
+    names = set(getattr(dataset, "column_names", []) or [])
+    if "input_ids" not in names:
+        raise ValueError(
+            f"token_counts needs an encoded dataset with an 'input_ids' column; found columns {sorted(names)}. "
+            "Encode first, e.g. layout-only: ds.map(mmpipe.encode, fn_kwargs={'processor': p, 'pixels': 'none'})"
+        )
+    cols = [c for c in ("input_ids", "image_grid_thw") if c in names]
+    table = dataset.select_columns(cols).with_format("arrow")[:]  # honours select/shuffle indices
+    lengths = list_lengths(table.column("input_ids"))
+    num_images = list_lengths(table.column("image_grid_thw")) if "image_grid_thw" in cols else np.zeros_like(lengths)
+    return lengths, num_images
+
+
+def token_efficiency(lengths: Sequence[int], batches: Sequence[Sequence[int]], *, cost: str = "padded",
+                     slots_per_batch: Optional[int] = None) -> float:
+    """Real tokens / token slots the batches occupy (1.0: no padding at all).
+
+    ``cost="padded"``: a batch occupies rows x its longest row (a padded ``[B, L]`` batch);
+    ``"packed"``: the sum of its lengths (a ``[1, T]`` pack: always 1.0), or
+    ``slots_per_batch`` per batch when packs are padded to a fixed length (static shapes).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    real = int(sum(int(lengths[b].sum()) for b in batches))
+    if slots_per_batch is not None:
+        slots = slots_per_batch * len(batches)
+    elif cost == "padded":
+        slots = int(sum(len(b) * int(lengths[b].max()) for b in batches if len(b)))
+    elif cost == "packed":
+        slots = real
+    else:
+        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+    return real / slots if slots else 1.0

@@ -1,0 +1,2 @@
+"""The ``mmpipe`` command: ``main.py`` (the parser and ``judge ping``), ``encode.py`` (local files ->
+saved encoded dataset), ``inspect.py`` (counts, histograms), ``demo.py`` (``python -m mmpipe.cli.demo``)."""

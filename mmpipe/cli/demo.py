@@ -1,0 +1,369 @@
+"""The whole pipeline on a small chat dataset with images, offline, in well under a minute.
+
+::
+
+    python -m mmpipe.cli.demo                        # tiny offline Qwen2-VL, 12 rows
+    python -m mmpipe.cli.demo --family qwen3_vl --rows 20 --out /tmp/enc
+    python -m mmpipe.cli.demo --model /models/Qwen2-VL-2B-Instruct     # a real local model
+
+Steps:
+
+1. raw rows: a ``datasets.Dataset`` with a ``messages`` column (chat content lists with
+   ``{"type": "image"}`` placeholders) and an ``images`` column (``Sequence(Image())``),
+   built from matplotlib's sample photos and generated images of assorted sizes; rows hold
+   0 to 3 images, some end with an assistant answer (so they have labels), some with a
+   user turn (prompts for generation);
+2. encode: ``ds.map(mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=2)``,
+   saved with ``save_to_disk`` (``--out``, default a temporary directory) and loaded back;
+3. collate: ``DataLoader(enc, batch_size=4, collate_fn=mmpipe.Collator(processor),
+   num_workers=2)``;
+4. model: ``model(**batch.model_inputs())``;
+5. unbatch: ``mmpipe.unbatch(batch)`` must equal the encoded rows.
+
+Checks (the exit status is 1 if any fails): ``unbatch(collate(rows)) == rows``; the float32
+``pixel_values`` built from the compact uint8 rows equal the processor's own output
+(exactly, for the offline PIL image processor); and, for the offline tiny model, each
+row's logits in the padded batch equal the row run alone (padding and positions are right).
+
+Real model (quickstart): ``--model DIR`` loads ``AutoModelForImageTextToText`` from a local
+directory and ``AutoProcessor`` from ``--processor DIR`` (default: the model directory).
+``--processor DIR`` alone runs encode/collate/unbatch with the real processor and skips the
+model. In transformers 5.x the stock Qwen-VL processors also build a video processor, which
+may need torchvision installed (normally present on GPU machines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+SUMMARY_OK = "unbatch(collate(rows)) == rows: OK"
+
+# (images in the row, assistant answer?) cycles over these; row 4 is two turns.
+_PLAN = [(1, True), (0, True), (2, False), (1, True), (3, True), (0, False), (1, False), (2, True)]
+_QUESTIONS = [
+    "Describe this image in one sentence.",
+    "What is shown in the picture?",
+    "How many objects are there in the image?",
+    "What color is the sky?",
+    "Read the text in the image and translate it into English.",
+]
+_TEXT_ONLY = [
+    "Please write a short story about a robot that learns to paint pictures of the sea.",
+    "Numbers like 1, 2, 3 and 42: which one is the largest?",
+]
+_ANSWERS = [
+    "The photograph shows a woman in a uniform standing in front of a flag.",
+    "There are four objects in the image.",
+    "The robot painted the sea in the morning light, with white boats and blue waves.",
+    "The sky is grey.",
+    "The answer is twelve.",
+]
+
+
+# ---- raw rows ----------------------------------------------------------------------------
+def image_pool() -> list[tuple[str, Any]]:
+    """matplotlib's sample photos, then the generated images (assorted sizes and modes)."""
+    from mmpipe.offline.fixtures import generated_images, sample_photos
+
+    return list(sample_photos()) + list(generated_images())
+
+
+def build_rows(n: int, pool: Sequence[tuple[str, Any]]):
+    """``n`` raw rows in the Hub chat convention, as a ``datasets.Dataset``.
+
+    Returns ``(dataset, image_names)`` where ``image_names[i]`` lists row i's image names.
+    """
+    import datasets
+
+    def text(t: str) -> dict:
+        return {"type": "text", "text": t}
+
+    image = {"type": "image", "text": None}
+    messages, images, names = [], [], []
+    k = 0  # next image of the pool
+    for i in range(n):
+        n_img, answered = _PLAN[i % len(_PLAN)]
+        take = [pool[(k + j) % len(pool)] for j in range(n_img)]
+        k += n_img
+        if n_img == 0:
+            msgs = [{"role": "user", "content": [text(_TEXT_ONLY[i % len(_TEXT_ONLY)])]}]
+        elif n_img == 3:  # two user turns: two images, an answer, then one more image
+            msgs = [
+                {"role": "user", "content": [image, image, text("Compare the two pictures.")]},
+                {"role": "assistant", "content": [text(_ANSWERS[i % len(_ANSWERS)])]},
+                {"role": "user", "content": [text("And this one?"), image]},
+            ]
+        else:
+            msgs = [{"role": "user", "content": [image] * n_img + [text(_QUESTIONS[i % len(_QUESTIONS)])]}]
+        if answered:
+            msgs.append({"role": "assistant", "content": [text(_ANSWERS[(i + 1) % len(_ANSWERS)])]})
+        messages.append(msgs)
+        images.append([im for _, im in take])
+        names.append([name for name, _ in take])
+    content = datasets.List({"type": datasets.Value("string"), "text": datasets.Value("string")})
+    features = datasets.Features(
+        {
+            "messages": datasets.List({"role": datasets.Value("string"), "content": content}),
+            "images": datasets.Sequence(datasets.Image()),
+        }
+    )
+    return datasets.Dataset.from_dict({"messages": messages, "images": images}, features=features), names
+
+
+# ---- helpers -----------------------------------------------------------------------------
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def _grids(rec) -> str:
+    return " ".join("x".join(str(int(v)) for v in g) for g in rec.image_grid_thw) or "-"
+
+
+def _row_stats(logits, labels, b: int, sl: slice) -> tuple[str, Optional[tuple[float, int]]]:
+    """Per-row loss (mean CE over the row's target tokens) or, without targets, logit stats."""
+    import torch
+
+    lg = logits[b, sl].float()
+    if labels is not None:
+        lab = labels[b, sl]
+        tgt = lab[1:]
+        n = int((tgt != -100).sum())
+        if n:
+            ce = torch.nn.functional.cross_entropy(lg[:-1], tgt, ignore_index=-100, reduction="sum")
+            return f"loss {float(ce) / n:.3f} over {n} targets", (float(ce), n)
+    return f"logits mean {float(lg.mean()):+.3f} std {float(lg.std()):.3f}", None
+
+
+def _processor_pixels(processor, images) -> tuple[np.ndarray, np.ndarray]:
+    ip = processor.image_processor
+    out = ip(images=list(images), return_tensors="np")
+    return np.asarray(out["pixel_values"]), np.asarray(out["image_grid_thw"])
+
+
+def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m mmpipe.cli.demo",
+        description="mmpipe demo: raw chat rows with images -> encode (datasets.map) -> save/load -> "
+        "DataLoader + Collator -> model -> unbatch, with checks. Offline by default.",
+    )
+    p.add_argument("--family", choices=FAMILIES, default="qwen2_vl",
+                   help="offline processor + tiny model family (default qwen2_vl); ignored with --processor/--model")
+    p.add_argument("--rows", type=int, default=12, help="number of raw rows (default 12)")
+    p.add_argument("--num-proc", type=int, default=2, help="datasets.map processes (default 2; <=1: in-process)")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader num_workers (default 2)")
+    p.add_argument("--batch-size", type=int, default=4, help="DataLoader batch size (default 4)")
+    p.add_argument("--out", default=None, help="directory to save the encoded dataset to (default: a temp dir, removed)")
+    p.add_argument("--processor", default=None, metavar="PATH",
+                   help="local model directory for transformers AutoProcessor (default: --model's directory)")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="local model directory for transformers AutoModelForImageTextToText")
+    p.add_argument("--device", default=None, help="device for a real --model (default: cuda if available, else cpu)")
+    args = p.parse_args(argv)
+    if args.rows < 1:
+        p.error("--rows must be at least 1")
+    if args.batch_size < 1:
+        p.error("--batch-size must be at least 1")
+    if args.workers < 0:
+        p.error("--workers must be >= 0")
+    if args.model and not args.processor:
+        args.processor = args.model
+    return args
+
+
+def _load(args):
+    """(processor, model or None, label, offline?)"""
+    import torch
+
+    if args.processor is None:
+        from mmpipe.offline.fixtures import build_model, build_processor
+
+        return build_processor(args.family), build_model(args.family), f"offline tiny {args.family}", True
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(args.processor, local_files_only=True)
+    if getattr(processor, "image_processor", None) is None:
+        raise SystemExit(
+            f"AutoProcessor.from_pretrained({args.processor!r}) gave a {type(processor).__name__}, not a "
+            "vision-language processor: the directory needs the model's config.json and "
+            "preprocessor_config.json (a Qwen2-VL, Qwen2.5-VL or Qwen3-VL checkpoint)"
+        )
+    model = None
+    if args.model:
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model = AutoModelForImageTextToText.from_pretrained(args.model, dtype="auto", local_files_only=True)
+        model.to(device).eval()
+    return processor, model, f"{args.model or args.processor}", False
+
+
+# ---- main --------------------------------------------------------------------------------
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parse(argv)
+    t_start = time.perf_counter()
+    times: dict[str, float] = {}
+
+    def lap(name: str, t0: float) -> float:
+        now = time.perf_counter()
+        times[name] = now - t0
+        return now
+
+    import datasets
+    import torch
+    import transformers
+    from torch.utils.data import DataLoader
+
+    import mmpipe
+    from mmpipe.families import family_of
+
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+
+    t = time.perf_counter()
+    processor, model, label, offline = _load(args)
+    fam = family_of(processor)
+    t = lap("load", t)
+
+    ds, _ = build_rows(args.rows, image_pool())
+    t = lap("rows", t)
+
+    num_proc = args.num_proc if args.num_proc > 1 else None
+    enc = ds.map(
+        mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=num_proc, remove_columns=ds.column_names
+    )
+    t = lap("encode", t)
+
+    tmp = None
+    if args.out:
+        out_dir = Path(args.out)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="mmpipe-demo-")
+        out_dir = Path(tmp.name) / "encoded"
+    try:
+        enc.save_to_disk(str(out_dir))
+        disk_bytes = _dir_bytes(out_dir)
+        enc = datasets.load_from_disk(str(out_dir))
+        t = lap("save+load", t)
+
+        loader = DataLoader(
+            enc, batch_size=args.batch_size, collate_fn=mmpipe.Collator(processor), num_workers=args.workers
+        )
+        device = next(model.parameters()).device if model is not None else None
+        failures: dict[str, list[str]] = {"unbatch": [], "pixels": [], "logits": [], "loader": []}
+        table: list[tuple] = []
+        u8_total = f32_total = 0
+        n_batches = 0
+        checked = {"pixels": False, "logits": False}
+        t_model = t_check = 0.0
+        row0 = 0
+        for batch in loader:
+            n_batches += 1
+            B, L = batch.input_ids.shape
+            # -- model
+            logits = None
+            if model is not None:
+                t1 = time.perf_counter()
+                with torch.no_grad():
+                    out = model(**batch.model_inputs(device))
+                logits = out.logits.detach().cpu()
+                t_model += time.perf_counter() - t1
+            t1 = time.perf_counter()
+            # -- unbatch(collate(rows)) == rows
+            expected = [mmpipe.MultiModalInputs.from_dict(enc[row0 + b], row=row0 + b) for b in range(B)]
+            got = mmpipe.unbatch(batch)
+            for b, (g, e) in enumerate(zip(got, expected)):
+                if g != e:
+                    failures["unbatch"].append(f"row {row0 + b}: unbatch differs in {g.diff(e)}")
+            # -- pixel_values equal the processor's own
+            raw = [im for b in range(B) for im in ds[row0 + b]["images"]]
+            if raw:
+                checked["pixels"] = True
+                pv, grid = _processor_pixels(processor, raw)
+                ours = batch.pixel_values.numpy() if batch.pixel_values is not None else None
+                if ours is None or not np.array_equal(grid, batch.image_grid_thw.numpy()) or ours.shape != pv.shape:
+                    failures["pixels"].append(f"batch {n_batches - 1}: pixel_values/image_grid_thw layout differs from the processor's")
+                elif not np.array_equal(ours, pv):
+                    diff = float(np.abs(ours - pv).max())
+                    strict = offline or type(processor.image_processor).__name__.endswith("Pil")
+                    msg = f"batch {n_batches - 1}: pixel_values differ from the processor's by up to {diff:.3g}"
+                    if strict:
+                        failures["pixels"].append(msg)
+                    else:
+                        print(f"note: {msg} (non-PIL image processor backend)")
+            # -- each row alone gives the same logits (offline tiny model only)
+            if offline and model is not None:
+                checked["logits"] = True
+                for b in range(B):
+                    alone = mmpipe.collate([expected[b]], processor=processor)
+                    with torch.no_grad():
+                        la = model(**alone.model_inputs(device)).logits.detach().cpu()
+                    n = expected[b].num_tokens
+                    lb = logits[b, L - n:] if batch.padding_side == "left" else logits[b, :n]
+                    if not torch.allclose(lb, la[0], atol=1e-4, rtol=1e-4):
+                        err = float((lb - la[0]).abs().max())
+                        failures["logits"].append(f"row {row0 + b}: logits in the batch differ from the row alone by {err:.3g}")
+            # -- table
+            for b, rec in enumerate(expected):
+                n = rec.num_tokens
+                sl = slice(L - n, L) if batch.padding_side == "left" else slice(0, n)
+                u8 = rec.pixel_values_u8.nbytes if rec.pixel_values_u8 is not None else 0
+                f32 = rec.num_image_patches * fam.patch_dim * 4
+                u8_total += u8
+                f32_total += f32
+                if logits is not None:
+                    stat, _ = _row_stats(logits, batch.labels, b, sl)
+                else:
+                    n_t = int((rec.labels != -100).sum()) if rec.labels is not None else 0
+                    stat = f"{n_t} targets (no model)"
+                table.append((row0 + b, n, rec.num_images, _grids(rec), int((rec.mm_token_type_ids == 1).sum()),
+                              u8, f32, stat))
+            t_check += time.perf_counter() - t1
+            row0 += B
+        times["collate+model+checks"] = time.perf_counter() - t
+        if row0 != len(enc):
+            failures["loader"].append(f"the loader yielded {row0} rows, the dataset holds {len(enc)}")
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+    # ---- report
+    print(f"mmpipe demo: {label} ({fam.name}), {len(ds)} rows, batch size {args.batch_size}, "
+          f"map num_proc={num_proc or 1}, DataLoader num_workers={args.workers}")
+    head = ("row", "tokens", "imgs", "grids (t x h x w)", "img tok", "uint8 px", "float32 px", "model")
+    w = [3, 6, 4, 26, 7, 9, 10, 0]
+    print("  ".join(h.rjust(x) if i not in (3, 7) else h.ljust(x) for i, (h, x) in enumerate(zip(head, w))))
+    for r, n, ni, g, nt, u8, f32, stat in table:
+        cells = [str(r), str(n), str(ni), g, str(nt), _mb(u8) if u8 else "0", _mb(f32) if f32 else "0", stat]
+        print("  ".join(c.rjust(x) if i not in (3, 7) else c.ljust(x) for i, (c, x) in enumerate(zip(cells, w))))
+    ratio = f" ({f32_total / u8_total:.0f}x smaller)" if u8_total else ""
+    print(f"pixels stored uint8: {_mb(u8_total)}; as float32 pixel_values: {_mb(f32_total)}{ratio}. "
+          f"Encoded dataset on disk: {_mb(disk_bytes)}" + (f" at {out_dir}" if args.out else " (temp dir, removed)"))
+    print("times: " + ", ".join(f"{k} {v:.2f}s" for k, v in times.items()))
+    problems = [f for fs in failures.values() for f in fs]
+    for f in problems:
+        print(f"CHECK FAILED: {f}")
+    checks = []
+    if checked["pixels"]:
+        checks.append("pixel_values == processor's: " + ("OK" if not failures["pixels"] else "FAILED"))
+    if checked["logits"]:
+        checks.append("batch logits == each row alone: " + ("OK" if not failures["logits"] else "FAILED"))
+    if failures["loader"]:
+        checks.append("loader row count: FAILED")
+    checks.append(SUMMARY_OK if not failures["unbatch"] else "unbatch(collate(rows)) == rows: FAILED")
+    seconds = time.perf_counter() - t_start
+    print(f"rows {len(ds)}, batches {n_batches}, {seconds:.1f} s; " + "; ".join(checks))
+    return 0 if not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

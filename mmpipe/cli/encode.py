@@ -1,0 +1,346 @@
+"""``mmpipe encode``: a local raw dataset -> an encoded dataset saved with ``save_to_disk``.
+
+::
+
+    mmpipe encode rows.jsonl --processor /models/Qwen2.5-VL-3B-Instruct --out enc/ --num-proc 4
+    mmpipe encode data.parquet --processor testing:qwen2_vl --out enc/ --max-length 2048 --truncation drop
+
+Inputs (`load_raw`):
+
+- ``.jsonl`` / ``.json`` (JSON lines or one JSON list): rows in any format `mmpipe.encode`
+  accepts. Images are paths, relative to the file's directory or absolute, ``file://`` paths
+  or ``data:image/...;base64,`` URIs, in the ``images`` column and/or inline in content
+  items (``{"type": "image", "image": "cat.png"}``);
+- ``.parquet``: the same; a ``datasets.Image()`` column (``{"bytes", "path"}``) works as is;
+- a directory written by ``Dataset.save_to_disk`` (a ``DatasetDict`` needs ``--split``).
+
+Every image reference of a file input is resolved before encoding (`resolve_images`): inline items become
+``{"type": "image"}`` placeholders and their images move, in order, into the images column
+as ``datasets.Image(decode=False)`` values, so paths relative to the input file work and a
+missing file is reported with its row before any pixel is decoded. A saved dataset is encoded
+as it is (its images are bytes or absolute paths).
+
+The processor (`load_processor`) is a saved processor or model directory
+(``AutoProcessor.from_pretrained``, offline), or ``testing:FAMILY`` for the offline test
+processors of `mmpipe.testing`. Rows are encoded by `mmpipe.encode_dataset` (progress bar
+from ``datasets.map``), saved with ``save_to_disk``, and the run is recorded next to the
+data in ``mmpipe_encode.json`` (input, processor, options, rows in/out, dropped rows by
+reason), which ``mmpipe inspect`` reads.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+REPORT_FILE = "mmpipe_encode.json"
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as ``mmpipe <command>: <message>``, exit status 2."""
+
+
+# ---- processor ---------------------------------------------------------------------------
+def load_processor(spec: str, *, log=None):
+    """``--processor``: ``testing:FAMILY`` or a local directory -> a processor (see
+    `mmpipe.processors.load_processor`); its errors become `CLIError` (exit status 2)."""
+    from mmpipe.processors import ProcessorLoadError
+    from mmpipe.processors import load_processor as _load
+
+    try:
+        return _load(spec, log=log)
+    except ProcessorLoadError as e:
+        raise CLIError(f"--{e}") from None
+
+
+# ---- raw rows ----------------------------------------------------------------------------
+def input_format(path: Path) -> str:
+    """"json" | "parquet" | "saved" (a ``save_to_disk`` directory). Raises `CLIError`."""
+    if path.is_dir():
+        if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+            return "saved"
+        raise CLIError(f"input {str(path)!r} is a directory but not one written by Dataset.save_to_disk "
+                       "(no dataset_info.json / dataset_dict.json); pass a .jsonl, .json or .parquet file or a saved dataset")
+    if not path.exists():
+        raise CLIError(f"input {str(path)!r} does not exist; pass a .jsonl, .json or .parquet file or a "
+                       "directory written by Dataset.save_to_disk")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return "json"
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    raise CLIError(f"input {str(path)!r}: unknown file type {suffix!r}; expected .jsonl, .json or .parquet "
+                   "(or a directory written by Dataset.save_to_disk)")
+
+
+def load_raw(path: Path, *, split: Optional[str] = None, cache_dir: Optional[str] = None):
+    """The raw rows of ``path`` as a ``datasets.Dataset`` (see the module docstring)."""
+    import datasets
+
+    fmt = input_format(path)
+    if fmt == "saved":
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            if split is None:
+                if len(ds) != 1:
+                    raise CLIError(f"input {str(path)!r} holds splits {sorted(ds)}; pick one with --split")
+                split = next(iter(ds))
+            if split not in ds:
+                raise CLIError(f"input {str(path)!r} has no split {split!r}; it holds {sorted(ds)}")
+            ds = ds[split]
+        return ds
+    builder = "json" if fmt == "json" else "parquet"
+    try:
+        return datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache_dir)
+    except Exception as e:  # noqa: BLE001 - a parse error becomes one clear message
+        cause = e.__cause__ or e
+        raise CLIError(f"cannot read {str(path)!r} as {builder}: {type(cause).__name__}: {str(cause)[:400]}; "
+                       "every row must have the same column types (e.g. message contents all lists "
+                       "or all strings)") from None
+
+
+def _resolve_one(value: Any, base: Path, where: str) -> Optional[dict]:
+    """One image reference -> a ``datasets.Image`` storage dict ``{"bytes", "path"}``."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        b, p = value.get("bytes"), value.get("path")
+        if b is None:
+            if not p:
+                raise ValueError(f"{where}: image dict has neither 'bytes' nor 'path'")
+            return {"bytes": None, "path": _local_path(str(p), base, where)}
+        return {"bytes": bytes(b), "path": p}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"bytes": bytes(value), "path": None}
+    if isinstance(value, str):
+        if value.startswith("data:"):
+            header, sep, data = value.partition(",")
+            if not sep or ";base64" not in header:
+                raise ValueError(f"{where}: data URI {value[:40]!r}... is not base64 encoded (data:image/png;base64,...)")
+            return {"bytes": base64.b64decode(data), "path": None}
+        return {"bytes": None, "path": _local_path(value, base, where)}
+    raise ValueError(f"{where}: unsupported image value of type {type(value).__name__}; expected a path, "
+                     "a data:image/...;base64 URI or a {'bytes', 'path'} dict")
+
+
+def _local_path(p: str, base: Path, where: str) -> str:
+    if p.startswith(("http://", "https://")):
+        raise ValueError(f"{where}: image {p!r} is a URL; mmpipe encode reads local files only - download the images "
+                         "and refer to them by path")
+    if p.startswith("file://"):
+        p = p[len("file://"):]
+    full = Path(p).expanduser()
+    if not full.is_absolute():
+        full = base / full
+    if not full.is_file():
+        raise ValueError(f"{where}: image file {p!r} not found (looked for {str(full)!r}; relative paths are "
+                         f"resolved against the input file's directory {str(base)!r})")
+    return str(full.resolve())
+
+
+_INLINE_KEYS = ("image", "image_url", "path", "url")
+
+
+class ImageResolver:
+    """``dataset.map`` function (``with_indices=True``): every image of a raw row, in order,
+    into ``images_column`` as ``{"bytes", "path"}`` dicts with absolute paths; inline content
+    items become ``{"type": "image"}`` placeholders. Picklable (``num_proc``)."""
+
+    def __init__(self, base: Path, images_column: str = "images", *, strict: bool = True):
+        self.base = Path(base)
+        self.images_column = images_column
+        # strict=False (on_error="skip"): an unresolvable reference is passed on as a path, so
+        # the encoder fails that row (recorded in the report) instead of the whole run
+        self.strict = strict
+
+    def __call__(self, example: dict, idx: int) -> dict:
+        from mmpipe.encoding.encoder import _inline_image, _is_image_item
+
+        where = f"row {idx}"
+        column = list(example.get(self.images_column) or [])
+        images: list = []
+        next_col = 0
+        out: dict = {}
+        for key in ("messages", "prompt"):
+            msgs = example.get(key)
+            if not isinstance(msgs, list):
+                continue
+            new_msgs = []
+            for msg in msgs:
+                content = msg.get("content") if isinstance(msg, dict) else None
+                if not isinstance(content, list):
+                    new_msgs.append(msg)
+                    if isinstance(content, str):
+                        n = content.count("<image>")
+                        images.extend(column[next_col:next_col + n])
+                        next_col += n
+                    continue
+                items = []
+                for item in content:
+                    if isinstance(item, dict) and _is_image_item(item):
+                        inline = _inline_image(item)
+                        if inline is None:
+                            if next_col < len(column):
+                                images.append(column[next_col])
+                            next_col += 1
+                        else:
+                            images.append(inline)
+                            item = {**item, **{k: None for k in _INLINE_KEYS if k in item}, "type": "image"}
+                    items.append(item)
+                new_msgs.append({**msg, "content": items})
+            out[key] = new_msgs
+        images.extend(column[next_col:])  # surplus images: encode reports the mismatch
+        out[self.images_column] = [self._resolve(v, f"{where}, image {i}") for i, v in enumerate(images)]
+        return out
+
+    def _resolve(self, value, where: str):
+        try:
+            return _resolve_one(value, self.base, where)
+        except ValueError:
+            if self.strict:
+                raise
+            path = value if isinstance(value, str) else value.get("path") if isinstance(value, dict) else None
+            return {"bytes": None, "path": str(self.base / path) if path else "<unreadable image value>"}
+
+
+def resolve_images(ds, base: Path, *, images_column: str = "images", num_proc: Optional[int] = None,
+                   strict: bool = True):
+    """`ImageResolver` over ``ds``; the images column becomes ``List(Image(decode=False))``."""
+    import datasets
+
+    feats = ds.features.copy()
+    if images_column in feats:
+        # decode=False: read as {"bytes", "path"} dicts, not decoded PIL images
+        feats[images_column] = datasets.List(datasets.Image(decode=False))
+        ds = ds.cast_column(images_column, feats[images_column]) if _is_image_list(ds.features[images_column]) else ds
+    else:
+        feats[images_column] = datasets.List(datasets.Image(decode=False))
+    return ds.map(ImageResolver(base, images_column, strict=strict), with_indices=True, features=feats, num_proc=num_proc,
+                  desc="mmpipe: resolve images")
+
+
+def _is_image_list(feature) -> bool:
+    import datasets
+
+    inner = getattr(feature, "feature", None)
+    return isinstance(inner, datasets.Image)
+
+
+# ---- the command -------------------------------------------------------------------------
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def encode_options(args) -> dict:
+    """The `mmpipe.Encoder` options of the parsed ``mmpipe encode`` arguments."""
+    opts: dict[str, Any] = {"pixels": args.pixels, "truncation": args.truncation, "labels": not args.no_labels,
+                            "images_column": args.images_column}
+    if args.max_length is not None:
+        opts["max_length"] = args.max_length
+    if args.min_pixels is not None:
+        opts["min_pixels"] = args.min_pixels
+    if args.max_pixels is not None:
+        opts["max_pixels"] = args.max_pixels
+    if args.on_error != "raise":
+        opts["on_error"] = args.on_error
+    return opts
+
+
+def run_encode(args) -> int:
+    """``mmpipe encode``; returns the exit status (0 ok, 1 a row failed, 2 bad arguments)."""
+    import datasets
+
+    import mmpipe
+
+    t0 = time.perf_counter()
+    src = Path(args.input).expanduser()
+    out = Path(args.out).expanduser()
+    fmt = input_format(src)
+    if out.exists() and any(out.iterdir()):
+        if not args.overwrite:
+            raise CLIError(f"--out {str(out)!r} exists and is not empty; pass --overwrite or another directory")
+        if not any((out / f).is_file() for f in ("state.json", "dataset_dict.json", REPORT_FILE)):
+            raise CLIError(f"--out {str(out)!r} is not a saved dataset; --overwrite only replaces one "
+                           "(refusing to delete another directory)")
+    if out.resolve() == src.resolve():
+        raise CLIError("--out must differ from the input")
+    if args.quiet:
+        datasets.disable_progress_bars()
+    processor = load_processor(args.processor)
+    fam = mmpipe.family_of(processor)
+    options = encode_options(args)
+    num_proc = args.num_proc if args.num_proc and args.num_proc > 1 else None
+    # Intermediate Arrow files go to a temporary directory (never next to the user's input);
+    # only the saved result stays.
+    caching = datasets.is_caching_enabled()
+    datasets.disable_caching()
+    try:
+        with tempfile.TemporaryDirectory(prefix="mmpipe-encode-") as tmp:
+            raw = load_raw(src, split=args.split, cache_dir=tmp)
+            if args.limit is not None:
+                raw = raw.select(range(min(args.limit, len(raw))))
+            if fmt != "saved":  # a saved dataset's images are bytes or absolute paths already
+                raw = resolve_images(raw, src.parent.resolve(), images_column=args.images_column, num_proc=num_proc,
+                                     strict=options.get("on_error", "raise") == "raise")
+            enc, report = mmpipe.encode_dataset(raw, processor, num_proc=num_proc, batch_size=args.batch_size, **options)
+            if out.exists() and args.overwrite:
+                import shutil
+
+                shutil.rmtree(out)
+            enc.save_to_disk(str(out), num_proc=num_proc)
+    finally:
+        if caching:
+            datasets.enable_caching()
+    seconds = time.perf_counter() - t0
+    record = {
+        "input": str(src.resolve()),
+        "input_format": fmt,
+        "processor": args.processor,
+        "family": fam.name,
+        "options": options,
+        "rows_in": report.rows_in,
+        "rows_out": report.rows_out,
+        "dropped": report.dropped,
+        "errors": list(getattr(report, "errors", None) or []),  # {"row", "stage", "column", "reason"}
+        "seconds": round(seconds, 3),
+        "mmpipe_version": mmpipe.__version__,
+    }
+    (out / REPORT_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"{report}")
+    print(f"saved to {out} ({_dir_bytes(out) / 1e6:.2f} MB, family {fam.name}, pixels {options['pixels']}) "
+          f"in {seconds:.1f} s; look at it with: mmpipe inspect {out}")
+    return 0
+
+
+def add_encode_parser(sub) -> None:
+    from mmpipe.encoding.encoder import ERROR_POLICIES, TRUNCATION_POLICIES
+    from mmpipe.records.columns import PIXEL_FORMATS
+
+    p = sub.add_parser("encode", help="encode a local dataset (jsonl/json/parquet/saved dir) and save it",
+                       description="Encode raw chat rows with images into mmpipe rows (input_ids, grids, M-RoPE "
+                                   "positions, compact pixels) and save them with Dataset.save_to_disk.")
+    p.add_argument("input", help="a .jsonl/.json/.parquet file or a directory written by Dataset.save_to_disk")
+    p.add_argument("--processor", required=True, metavar="DIR",
+                   help="saved processor/model directory, or testing:qwen2_vl|qwen2_5_vl|qwen3_vl (offline test processors)")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to save the encoded dataset to")
+    p.add_argument("--split", default=None, help="split of a saved DatasetDict")
+    p.add_argument("--num-proc", type=int, default=None, help="datasets.map processes (default: in-process)")
+    p.add_argument("--batch-size", type=int, default=64, help="rows per map batch (default: %(default)s)")
+    p.add_argument("--max-length", type=int, default=None, help="token budget per row, image tokens included")
+    p.add_argument("--truncation", choices=TRUNCATION_POLICIES, default="raise",
+                   help="over --max-length: raise, drop the row (counted), or truncate_text (default: %(default)s)")
+    p.add_argument("--pixels", choices=PIXEL_FORMATS, default="uint8",
+                   help="stored pixels: compact uint8, processor float32, or none (layout only) (default: %(default)s)")
+    p.add_argument("--images-column", default="images", help="column holding the images (default: %(default)s)")
+    p.add_argument("--min-pixels", type=int, default=None, help="override the processor's min_pixels")
+    p.add_argument("--max-pixels", type=int, default=None, help="override the processor's max_pixels")
+    p.add_argument("--no-labels", action="store_true", help="do not store labels (e.g. RL prompts)")
+    p.add_argument("--on-error", choices=ERROR_POLICIES, default="raise",
+                   help="a row that fails to encode: stop (raise) or leave it out and list it in the report (skip)")
+    p.add_argument("--limit", type=int, default=None, help="encode only the first N rows")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -1,0 +1,317 @@
+"""``mmpipe inspect``: what an encoded dataset holds, from its Arrow columns.
+
+::
+
+    mmpipe inspect enc/              # counts, then text histograms
+    mmpipe inspect enc/ --json       # one JSON object (the same numbers)
+
+`dataset_stats` reads the stored columns batch by batch (no row is decoded into records,
+no pixel is expanded): rows, tokens (text / image / video / target), images and videos,
+stored pixel bytes and what float32 ``pixel_values`` would take, the family and pixel
+format, the per-row distributions (tokens per row, images per row, tokens per image), and
+the run record ``mmpipe_encode.json`` that ``mmpipe encode`` writes (rows in, dropped rows
+by reason, row errors) when it is there, and the failed rows that a plain
+``ds.map(mmpipe.encode, fn_kwargs={..., "on_error": "skip"})`` left in the ``mmpipe_error``
+column.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from mmpipe.cli.encode import REPORT_FILE, CLIError, _dir_bytes
+from mmpipe.records.arrow import list_lengths
+
+BAR_WIDTH = 40
+
+
+@dataclass
+class Distribution:
+    """Summary of one per-row (or per-image) quantity."""
+
+    count: int
+    total: int
+    min: Optional[int]
+    max: Optional[int]
+    mean: Optional[float]
+    median: Optional[float]
+    p95: Optional[float]
+    histogram: list = field(default_factory=list)  # [{"lo", "hi", "count"}], lo <= v <= hi
+
+    @classmethod
+    def of(cls, values: np.ndarray, bins: int) -> "Distribution":
+        v = np.asarray(values, dtype=np.int64)
+        if not v.size:
+            return cls(0, 0, None, None, None, None, None, [])
+        return cls(
+            count=int(v.size), total=int(v.sum()), min=int(v.min()), max=int(v.max()),
+            mean=round(float(v.mean()), 3), median=float(np.median(v)),
+            p95=float(np.percentile(v, 95)), histogram=integer_histogram(v, bins),
+        )
+
+
+def integer_histogram(values: np.ndarray, bins: int) -> list[dict]:
+    """Integer bins covering ``[min, max]``: one bin per value when the range allows it."""
+    lo, hi = int(values.min()), int(values.max())
+    span = hi - lo + 1
+    width = max(1, -(-span // bins))  # ceil: at most `bins` bins of equal integer width
+    edges = np.arange(lo, hi + 1, width)
+    counts = np.bincount((values - lo) // width, minlength=len(edges))
+    return [{"lo": int(e), "hi": int(min(e + width - 1, hi)), "count": int(c)} for e, c in zip(edges, counts)]
+
+
+@dataclass
+class DatasetStats:
+    """Counts of an encoded dataset (see the module docstring). ``*_tokens`` are totals."""
+
+    path: str
+    rows: int
+    families: dict
+    pixel_format: str
+    tokens: int
+    text_tokens: int
+    image_tokens: int
+    video_tokens: int
+    target_tokens: Optional[int]
+    images: int
+    videos: int
+    rows_without_images: int
+    image_patches: int
+    pixel_bytes: int
+    float32_pixel_bytes: int
+    disk_bytes: int
+    tokens_per_row: Distribution
+    images_per_row: Distribution
+    tokens_per_image: Distribution
+    encode_report: Optional[dict]
+    # rows of a plain ``ds.map(encode, on_error="skip")`` that failed: still in the dataset as
+    # empty rows, their errors in the ``mmpipe_error`` column ({"row", "stage", "column", "reason"})
+    failed_rows: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _per_row_count(list_array, value: int, *, negate: bool = False) -> np.ndarray:
+    """Per row of a ``list<int>`` Arrow array: how many elements equal (or differ from) ``value``."""
+    import pyarrow.compute as pc
+
+    lengths = list_lengths(list_array)
+    flat = pc.list_flatten(list_array).to_numpy(zero_copy_only=False)
+    hit = (flat != value) if negate else (flat == value)
+    cs = np.concatenate([[0], np.cumsum(hit, dtype=np.int64)])
+    ends = np.cumsum(lengths)
+    return cs[ends] - cs[ends - lengths]
+
+
+def _grids(list_array) -> tuple[np.ndarray, np.ndarray]:
+    """``list<list<int>>`` grids -> (per-row counts [B], all grids int64 [n, 3])."""
+    import pyarrow.compute as pc
+
+    counts = list_lengths(list_array)
+    flat = pc.list_flatten(pc.list_flatten(list_array)).to_numpy(zero_copy_only=False).astype(np.int64)
+    return counts, flat.reshape(-1, 3)
+
+
+def dataset_stats(path, *, split: Optional[str] = None, bins: int = 10, batch_size: int = 1024,
+                  progress: bool = True) -> DatasetStats:
+    """Stats of the encoded dataset saved at ``path`` (``Dataset.save_to_disk`` directory)."""
+    import datasets
+    import pyarrow.compute as pc
+
+    from mmpipe.families import get_family
+
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise CLIError(f"{str(path)!r} is not a directory; pass a directory written by `mmpipe encode` or "
+                       "Dataset.save_to_disk")
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:  # noqa: BLE001
+        raise CLIError(f"{str(path)!r} is not a saved dataset ({type(e).__name__}: {str(e)[:200]})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split is None and len(ds) == 1:
+            split = next(iter(ds))
+        if split not in ds:
+            raise CLIError(f"{str(path)!r} holds splits {sorted(ds)}; pick one with --split")
+        ds = ds[split]
+    missing = [c for c in ("input_ids", "mm_token_type_ids", "image_grid_thw", "family") if c not in ds.column_names]
+    if missing:
+        raise CLIError(f"{str(path)!r} is not an mmpipe-encoded dataset: column(s) {missing} missing "
+                       f"(found {ds.column_names}); encode it first with `mmpipe encode`")
+    cols = set(ds.column_names)
+    pixel_format = "uint8" if "pixel_values_u8" in cols else "float32" if "pixel_values" in cols else "none"
+
+    from mmpipe.encoding.encoder import ERROR_COLUMN
+
+    tokens, img_tok, vid_tok, targets, n_img, per_image = [], [], [], [], [], []
+    failed: list = []
+    families: Counter = Counter()
+    n_vid = 0
+    patches = pixel_bytes = f32_bytes = 0
+    it = ds.with_format("arrow").iter(batch_size=batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, total=-(-len(ds) // batch_size), desc="mmpipe inspect", unit="batch",
+                  disable=not datasets.is_progress_bar_enabled(), file=sys.stderr)
+    for table in it:
+        def col(name, table=table):
+            return table.column(name).combine_chunks()
+
+        fam_col = col("family").to_pylist()
+        if ERROR_COLUMN in cols:
+            failed.extend(json.loads(x) for x in col(ERROR_COLUMN).to_pylist() if x)
+        families.update(fam_col)
+        merge2 = np.asarray([get_family(f).merge_size ** 2 for f in fam_col], dtype=np.int64)
+        patch_dim = np.asarray([get_family(f).patch_dim for f in fam_col], dtype=np.int64)
+        tokens.append(pc.list_value_length(col("input_ids")).to_numpy(zero_copy_only=False))
+        img_tok.append(_per_row_count(col("mm_token_type_ids"), 1))
+        vid_tok.append(_per_row_count(col("mm_token_type_ids"), 2))
+        if "labels" in cols:
+            targets.append(_per_row_count(col("labels"), -100, negate=True))
+        counts, grids = _grids(col("image_grid_thw"))
+        n_img.append(counts)
+        row_of_image = np.repeat(np.arange(len(counts)), counts)
+        prod = grids.prod(axis=1)
+        per_image.append(prod // merge2[row_of_image])
+        row_patches = np.bincount(row_of_image, weights=prod, minlength=len(counts)).astype(np.int64)
+        if "video_grid_thw" in cols:
+            v_counts, v_grids = _grids(col("video_grid_thw"))
+            n_vid += int(v_counts.sum())
+            row_of_video = np.repeat(np.arange(len(v_counts)), v_counts)
+            row_patches += np.bincount(row_of_video, weights=v_grids.prod(axis=1), minlength=len(v_counts)).astype(np.int64)
+        patches += int(prod.sum())
+        f32_bytes += int((row_patches * patch_dim * 4).sum())
+        if pixel_format == "uint8":
+            for name in ("pixel_values_u8", "pixel_values_videos_u8"):
+                if name in cols:
+                    lengths = pc.binary_length(col(name)).to_numpy(zero_copy_only=False)
+                    pixel_bytes += int(np.maximum(lengths - 1, 0).sum())  # minus the end marker
+        elif pixel_format == "float32":
+            for name in ("pixel_values", "pixel_values_videos"):
+                if name in cols:
+                    pixel_bytes += 4 * len(pc.list_flatten(pc.list_flatten(col(name))))
+
+    def cat(parts) -> np.ndarray:
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    tok, itok, vtok, nimg = cat(tokens), cat(img_tok), cat(vid_tok), cat(n_img)
+    report = None
+    report_file = path / REPORT_FILE
+    if report_file.is_file():
+        try:
+            report = json.loads(report_file.read_text())
+        except ValueError:
+            report = {"error": f"{REPORT_FILE} is not valid JSON"}
+    return DatasetStats(
+        path=str(path), rows=len(ds), families=dict(families), pixel_format=pixel_format,
+        tokens=int(tok.sum()), text_tokens=int(tok.sum() - itok.sum() - vtok.sum()),
+        image_tokens=int(itok.sum()), video_tokens=int(vtok.sum()),
+        target_tokens=int(cat(targets).sum()) if "labels" in cols else None,
+        images=int(nimg.sum()), videos=n_vid, rows_without_images=int((nimg == 0).sum()),
+        image_patches=patches, pixel_bytes=pixel_bytes, float32_pixel_bytes=f32_bytes,
+        disk_bytes=_dir_bytes(path),
+        tokens_per_row=Distribution.of(tok, bins), images_per_row=Distribution.of(nimg, bins),
+        tokens_per_image=Distribution.of(cat(per_image), bins), encode_report=report, failed_rows=failed,
+    )
+
+
+# ---- text output -------------------------------------------------------------------------
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def format_histogram(title: str, d: Distribution) -> list[str]:
+    if not d.count:
+        return [f"{title}: none"]
+    lines = [f"{title} (n={d.count}, min {d.min}, median {d.median:g}, mean {d.mean:g}, p95 {d.p95:g}, max {d.max})"]
+    peak = max(b["count"] for b in d.histogram) or 1
+    label_w = max(len(f"{b['lo']}-{b['hi']}") for b in d.histogram)
+    for b in d.histogram:
+        label = f"{b['lo']}" if b["lo"] == b["hi"] else f"{b['lo']}-{b['hi']}"
+        bar = "#" * max(1 if b["count"] else 0, round(BAR_WIDTH * b["count"] / peak))
+        lines.append(f"  {label.rjust(label_w)} | {bar.ljust(BAR_WIDTH)} {b['count']}")
+    return lines
+
+
+def _error_line(e) -> str:
+    if isinstance(e, dict):
+        where = ", ".join(str(x) for x in (e.get("stage"), e.get("column") and f"column {e['column']!r}") if x)
+        return f"row {e.get('row')}" + (f" ({where})" if where else "") + f": {e.get('reason')}"
+    return str(e)
+
+
+def format_stats(s: DatasetStats) -> str:
+    fams = ", ".join(f"{k} ({v} row{'s' * (v != 1)})" for k, v in sorted(s.families.items())) or "-"
+    ratio = f", {s.float32_pixel_bytes / s.pixel_bytes:.1f}x smaller than float32" if s.pixel_format == "uint8" and s.pixel_bytes else ""
+    lines = [
+        f"dataset      {s.path}  ({_size(s.disk_bytes)} on disk)",
+        f"rows         {s.rows}  ({s.rows_without_images} without images)",
+        f"family       {fams}",
+        f"pixels       {s.pixel_format}: {_size(s.pixel_bytes)} stored; float32 pixel_values would take "
+        f"{_size(s.float32_pixel_bytes)}{ratio}",
+        f"images       {s.images}  ({s.image_patches} patches)" + (f"; videos {s.videos}" if s.videos else ""),
+        f"tokens       {s.tokens} = text {s.text_tokens} + image {s.image_tokens}"
+        + (f" + video {s.video_tokens}" if s.video_tokens else "")
+        + (f"; targets (labels != -100) {s.target_tokens}" if s.target_tokens is not None else "; no labels"),
+    ]
+    r = s.encode_report
+    if r is None:
+        lines.append(f"encode run   no {REPORT_FILE} (not written by `mmpipe encode`): dropped rows unknown")
+    elif "error" in r:
+        lines.append(f"encode run   {r['error']}")
+    else:
+        dropped = r.get("dropped") or {}
+        why = ", ".join(f"{k}: {v}" for k, v in sorted(dropped.items())) or "none"
+        lines.append(f"encode run   {r.get('rows_out')} of {r.get('rows_in')} rows encoded from {r.get('input')} "
+                     f"with {r.get('processor')}; dropped: {why}")
+        errors = r.get("errors") or []
+        if errors:
+            lines.append(f"failures     {len(errors)} row(s) failed to encode:")
+            lines.extend(f"  {_error_line(e)}" for e in errors[:10])
+            if len(errors) > 10:
+                lines.append(f"  ... {len(errors) - 10} more in {REPORT_FILE}")
+    if s.failed_rows:
+        lines.append(f"failed rows  {len(s.failed_rows)} row(s) failed to encode and are still in the dataset as empty "
+                     "rows (column mmpipe_error; mmpipe.drop_failed removes them):")
+        lines.extend(f"  {_error_line(e)}" for e in s.failed_rows[:10])
+        if len(s.failed_rows) > 10:
+            lines.append(f"  ... {len(s.failed_rows) - 10} more (--json lists all)")
+    lines.append("")
+    lines += format_histogram("tokens per row", s.tokens_per_row)
+    lines += format_histogram("images per row", s.images_per_row)
+    lines += format_histogram("tokens per image", s.tokens_per_image)
+    return "\n".join(lines)
+
+
+def run_inspect(args) -> int:
+    import datasets
+
+    if args.json or args.quiet:
+        datasets.disable_progress_bars()
+    stats = dataset_stats(args.path, split=args.split, bins=args.bins, progress=not (args.json or args.quiet))
+    print(json.dumps(stats.to_dict(), indent=2) if args.json else format_stats(stats))
+    return 0
+
+
+def add_inspect_parser(sub) -> None:
+    p = sub.add_parser("inspect", help="counts and histograms of an encoded dataset",
+                       description="Counts (rows, images, tokens, image tokens, pixel bytes, family, pixel format), "
+                                   "histograms (tokens per row, images per row, tokens per image) and the dropped / "
+                                   "failed rows of a dataset written by `mmpipe encode`.")
+    p.add_argument("path", help="directory written by `mmpipe encode` (or Dataset.save_to_disk of encoded rows)")
+    p.add_argument("--split", default=None, help="split of a saved DatasetDict")
+    p.add_argument("--bins", type=int, default=10, help="histogram bins (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -1,0 +1,149 @@
+"""The ``mmpipe`` command line.
+
+    mmpipe encode rows.jsonl --processor DIR --out enc/ [--num-proc 4 --max-length 4096 ...]
+    mmpipe inspect enc/ [--json]
+    mmpipe demo [--family qwen3_vl --rows 20 ...]      # python -m mmpipe.cli.demo's arguments
+
+``encode`` turns a local dataset (.jsonl/.json/.parquet or a ``save_to_disk`` directory) into
+encoded rows saved with ``save_to_disk`` (`mmpipe.cli.encode`); ``inspect`` prints the counts
+and histograms of an encoded dataset (`mmpipe.cli.inspect`); ``demo`` runs `mmpipe.cli.demo`.
+Errors in the arguments or the input exit with status 2 and one line saying what to fix; a
+row that fails to encode exits with status 1 and names the row.
+
+    mmpipe judge ping --base-url http://localhost:8000/v1 --model Qwen/Qwen3-VL-8B-Instruct \\
+        --image frame.png [--task "stack the red cube on the green cube"] [--primitive grasp]
+
+``judge ping`` asks a real server both judge questions about one image and prints the two
+answers, the reward and the latency (``--json`` for one JSON object). Exit status: 0 when
+both answers were valid, 1 when not (the errors and raw answers are printed), 2 for bad
+arguments. Also runnable as ``python -m mmpipe.cli.main ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+DEFAULT_PRIMITIVES = "reach,grasp,lift,place,release"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmpipe", description="mmpipe command line tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    from mmpipe.cli.encode import add_encode_parser
+    from mmpipe.cli.inspect import add_inspect_parser
+
+    add_encode_parser(sub)
+    add_inspect_parser(sub)
+    sub.add_parser("demo", help="run the offline demo (python -m mmpipe.cli.demo; arguments passed through)",
+                   add_help=False)
+    judge = sub.add_parser("judge", help="VLM judge (reward) tools").add_subparsers(dest="judge_command", required=True)
+    ping = judge.add_parser("ping", help="ask a VLM server both judge questions about one image")
+    ping.add_argument("--base-url", required=True, help="OpenAI-compatible root, e.g. http://localhost:8000/v1")
+    ping.add_argument("--model", required=True, help="served model name (GET <base-url>/models lists them)")
+    ping.add_argument("--image", required=True, help="path of the frame to judge (PNG, JPEG, ...)")
+    ping.add_argument("--task", default="complete the manipulation task shown in the image",
+                      help="task description (default: %(default)r)")
+    ping.add_argument("--primitives", default=DEFAULT_PRIMITIVES,
+                      help="comma-separated available primitives (default: %(default)s)")
+    ping.add_argument("--primitive", default=None, help="the chosen primitive (default: the first of --primitives)")
+    ping.add_argument("--prev-progress", type=float, default=None, help="previous progress, for the progress term")
+    ping.add_argument("--mode", default="bonus_only", choices=("bonus_only", "symmetric", "penalty_only"))
+    ping.add_argument("--api-key", default=None, help="API key (servers without --api-key accept any)")
+    ping.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default: %(default)s)")
+    ping.add_argument("--retries", type=int, default=1, help="retries on transport errors, 429, 5xx")
+    ping.add_argument("--no-response-format", action="store_true",
+                      help="do not send response_format (for servers that reject it with a 400)")
+    ping.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return parser
+
+
+def _ping(args: argparse.Namespace) -> int:
+    import os
+
+    from mmpipe.reward import JudgeClient, RewardConfig, VLMJudge, encode_frame
+
+    if not os.path.isfile(args.image):
+        print(f"mmpipe judge ping: --image {args.image!r} is not a file; pass the path of a PNG/JPEG frame",
+              file=sys.stderr)
+        return 2
+    primitives = [p.strip() for p in args.primitives.split(",") if p.strip()]
+    primitive = args.primitive or (primitives[0] if primitives else "reach")
+    try:
+        client = JudgeClient(args.base_url, args.model, api_key=args.api_key, timeout_s=args.timeout,
+                             max_retries=args.retries, max_concurrency=1,
+                             use_response_format=not args.no_response_format)
+    except ImportError as e:
+        print(f"mmpipe judge ping: {e}", file=sys.stderr)
+        return 2
+    judge = VLMJudge(client, task=args.task, primitives=primitives, reward=RewardConfig(mode=args.mode), cache_size=0)
+    try:
+        frame = encode_frame(args.image)
+        result = judge.judge(frame, primitive, prev_progress=args.prev_progress)
+    finally:
+        judge.close()
+    if args.json:
+        print(json.dumps({"base_url": args.base_url, "model": args.model, "primitive": primitive,
+                          **result.to_dict()}, indent=2))
+        return 0 if result.valid else 1
+    cfg, parts = judge.reward, result.parts
+    w, h = frame.size
+    print(f"server    {args.base_url}  model {args.model}")
+    print(f"image     {args.image}  ({w}x{h}, {frame.url.split(';')[0][5:]})")
+    print(f"task      {args.task}")
+    print(f"primitive {primitive}  (of {', '.join(primitives)})")
+    for name, answer in (("action", result.action), ("progress", result.progress)):
+        if answer.valid:
+            fields = "  ".join(f"{k}={v!r}" for k, v in vars(answer.value).items() if v is not None)
+            print(f"{name:<9} {fields}  [{answer.latency_s * 1000:.0f} ms, {answer.attempts} attempt(s)]")
+        else:
+            print(f"{name:<9} INVALID: {answer.error}")
+            print(f"{'':<9} raw answer: {answer.raw!r}")
+    print(f"reward    {result.reward:.4f}  = scale {cfg.vlm_reward_scale} * ({cfg.binary_weight} * {parts.binary:.4f} "
+          f"+ {cfg.progress_weight} * {parts.progress_term:.4f})  mode {cfg.mode}")
+    print(f"latency   {result.latency_s * 1000:.0f} ms for both questions")
+    print(f"valid     {result.valid}")
+    return 0 if result.valid else 1
+
+
+def _run_data_command(args: argparse.Namespace) -> int:
+    from mmpipe.cli.encode import CLIError, run_encode
+    from mmpipe.cli.inspect import run_inspect
+
+    try:
+        return run_encode(args) if args.command == "encode" else run_inspect(args)
+    except CLIError as e:
+        print(f"mmpipe {args.command}: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `mmpipe inspect DIR | head`: the reader left, not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (ValueError, TypeError, KeyError) as e:  # a row that cannot be encoded names itself
+        hint = ""
+        if args.command == "encode" and getattr(args, "on_error", None) == "raise":
+            hint = " (pass --on-error skip to leave failing rows out and list them in the report)"
+        print(f"mmpipe {args.command}: {type(e).__name__}: {e}{hint}", file=sys.stderr)
+        return 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``mmpipe`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:  # everything after `demo` is the demo's own command line
+        from mmpipe.cli.demo import main as demo_main
+
+        return demo_main(argv[1:])
+    args = _parser().parse_args(argv)
+    if args.command == "judge" and args.judge_command == "ping":
+        return _ping(args)
+    if args.command in ("encode", "inspect"):
+        return _run_data_command(args)
+    return 2  # pragma: no cover - argparse rejects unknown commands
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Streaming: encode a ``datasets.IterableDataset`` and split it over ranks, every row once.
+
+``IterableDataset.map(mmpipe.encode, fn_kwargs={"processor": p})`` works as-is (per row and
+``batched=True``). This module adds what a multi-node job needs around it:
+
+- `shard_for_rank(ds, rank, world_size)`: the rank's part of a raw stream, each row on
+  exactly one rank, and encoded by that rank only. ``datasets.distributed.split_dataset_by_node``
+  gives every row once too, but when ``ds.num_shards`` is not a multiple of ``world_size``
+  it falls back to keeping every ``world_size``-th example *after* the whole pipeline, so a
+  ``map(mmpipe.encode)`` runs on every row on every rank (measured: 2 ranks, 14 rows -> 14
+  encode calls per rank). Here that case keeps the rank's rows before any map, on the
+  undecoded images (``mmpipe.encode`` decodes them itself).
+- `encode_stream(ds, processor, **options)`: the batched map with the stored columns and
+  their `datasets.Features` declared (`mmpipe.MultiModalInputs.features`).
+- `exactly_once(per_rank_keys, expected_keys)`: which keys were missed or seen twice.
+
+Example (one process per rank, e.g. under torchrun)::
+
+    raw = datasets.load_dataset("parquet", data_files=files, streaming=True)["train"]
+    mine = mmpipe.data.streaming.shard_for_rank(raw, rank, world_size)
+    enc = mmpipe.data.streaming.encode_stream(mine, processor, max_length=4096, truncation="drop")
+    loader = DataLoader(enc, batch_size=8, collate_fn=mmpipe.Collator(processor), num_workers=2)
+
+With DataLoader workers every rank must use the same ``num_workers`` (the shards, or the
+rows of a stream with too few shards, are then split identically on every rank).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Iterable, Optional, Sequence
+
+STRATEGIES = ("auto", "shards", "examples")
+
+
+class _KeepEvery:
+    """Batched ``filter`` function: keep stream positions ``i`` with ``i % step == offset``."""
+
+    def __init__(self, step: int, offset: int):
+        self.step, self.offset = step, offset
+
+    def __call__(self, batch: dict, indices: list[int]) -> list[bool]:
+        return [i % self.step == self.offset for i in indices]
+
+
+def shard_for_rank(ds, rank: int, world_size: int, *, strategy: str = "auto", num_shards: Optional[int] = None):
+    """The part of ``ds`` that rank ``rank`` of ``world_size`` reads; over all ranks, every row once.
+
+    Args:
+        ds: a raw (not yet encoded) ``datasets.IterableDataset``, or a ``datasets.Dataset``
+            (its contiguous ``1/world_size`` block, then streamed with ``num_shards`` shards,
+            default 1; raise it for DataLoader workers).
+        strategy: ``"shards"`` gives each rank whole shards (no row is read twice; ranks get
+            unequal counts when ``ds.num_shards % world_size != 0``); ``"examples"`` keeps
+            stream positions ``rank, rank + world_size, ...`` before anything else runs;
+            ``"auto"`` takes shards when they divide evenly, else examples.
+
+    Returns an ``IterableDataset``. Call it *before* ``map(mmpipe.encode)``: a map applied
+    earlier still runs on every row of the stream (with ``"examples"``).
+    """
+    import datasets
+    from datasets.distributed import split_dataset_by_node
+
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in 0..{world_size - 1} for world_size={world_size}, got {rank}")
+    if isinstance(ds, datasets.Dataset):
+        part = split_dataset_by_node(ds, rank=rank, world_size=world_size)
+        return part.to_iterable_dataset(num_shards=num_shards or 1)
+    if not isinstance(ds, datasets.IterableDataset):
+        raise TypeError(f"expected a datasets.Dataset or IterableDataset, found {type(ds).__name__}")
+    if num_shards is not None:
+        raise ValueError("num_shards applies to a map-style Dataset; an IterableDataset keeps its own shards")
+    n = ds.num_shards
+    if strategy == "shards" or (strategy == "auto" and n % world_size == 0):
+        if n < world_size:
+            raise ValueError(
+                f"strategy='shards' needs at least one shard per rank: the stream has {n} shard(s) for "
+                f"world_size={world_size}; use strategy='examples' or write the data in more files"
+            )
+        return split_dataset_by_node(ds, rank=rank, world_size=world_size, strategy="shards")
+    # Keep this rank's positions on undecoded rows: a filter on decoded rows would decode
+    # every image on every rank. (A stream with unknown features decodes nothing itself.)
+    undecoded = ds.decode(False) if ds.features is not None else ds
+    return undecoded.filter(_KeepEvery(world_size, rank), with_indices=True, batched=True)
+
+
+def encode_stream(ds, processor, *, batch_size: int = 64, keep_columns: Sequence[str] = (), **options):
+    """``ds.map(mmpipe.encode, batched=True)`` keeping only the encoded columns (plus
+    ``keep_columns``), with their features declared. ``options``: `mmpipe.Encoder` options.
+
+    ``truncation="drop"`` leaves over-long rows out of the stream. The row index in error
+    messages is the position in this process's stream (a rank's, a DataLoader worker's).
+    """
+    from mmpipe.encoding.encoder import encode
+    from mmpipe.records.row import MultiModalInputs
+
+    pixels = options.get("pixels", "uint8")
+    labels = options.get("labels", True)
+    features = MultiModalInputs.features(pixels, labels)
+    out_columns = list(features) + [c for c in keep_columns if c not in features]
+    if keep_columns:
+        known = ds.features or {}
+        missing = [c for c in keep_columns if c not in known]
+        features = None if missing else features.copy()
+        if features is not None:
+            for c in keep_columns:
+                features[c] = known[c]
+    mapped = ds.map(encode, fn_kwargs={"processor": processor, **options}, batched=True, batch_size=batch_size,
+                    with_indices=True, features=features)
+    return mapped.select_columns(out_columns)
+
+
+@dataclass
+class Coverage:
+    """`exactly_once` result: keys never seen, keys seen more than once (with counts), keys
+    not expected at all."""
+
+    missing: list = field(default_factory=list)
+    duplicated: dict = field(default_factory=dict)
+    unexpected: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.duplicated or self.unexpected)
+
+    def __str__(self) -> str:
+        if self.ok:
+            return "every row exactly once"
+        return (f"missing {len(self.missing)} (e.g. {self.missing[:5]}), duplicated {len(self.duplicated)} "
+                f"(e.g. {dict(list(self.duplicated.items())[:5])}), unexpected {len(self.unexpected)} "
+                f"(e.g. {self.unexpected[:5]})")
+
+
+def exactly_once(per_rank_keys: Iterable[Iterable[Hashable]], expected_keys: Iterable[Hashable]) -> Coverage:
+    """Check that the rows read by all ranks (any row key, e.g. an id column) cover
+    ``expected_keys`` once each. ``per_rank_keys``: one iterable of keys per rank."""
+    seen: Counter[Any] = Counter()
+    for keys in per_rank_keys:
+        seen.update(keys)
+    expected = list(expected_keys)
+    want = set(expected)
+    return Coverage(
+        missing=[k for k in expected if k not in seen],
+        duplicated={k: c for k, c in seen.items() if c > 1},
+        unexpected=[k for k in seen if k not in want],
+    )

@@ -1,0 +1,446 @@
+"""Validate an encoded dataset against the stored-row schema before training on it.
+
+A dataset written by another mmpipe version, by another tool or by hand may have the right
+column names and still be wrong: ``list<int64>`` where the schema says ``list<int32>``, a
+``large_list``, float64 pixels, compact pixels as ``list<uint8>`` instead of ``binary``, no
+``rope_delta``, two position rows instead of three, pixel bytes that do not match the grids.
+`validate_dataset` compares it with `MultiModalInputs.arrow_schema` (the schema
+``schemas/multimodal_inputs.json`` is generated from) and checks every row's content, and
+returns a `ValidationReport` that says what is off, where (column, row indexes) and how to
+fix it::
+
+    report = mmpipe.validate_dataset("/data/encoded")        # a save_to_disk dir, parquet, table, Dataset
+    print(report)                                            # one line per problem, with the fix
+    ds = mmpipe.load_encoded("/data/encoded")                # load + validate, raise SchemaError if wrong
+    ds = mmpipe.load_encoded("/data/encoded", fix=True)      # ... after the safe repairs below
+
+Safe repairs (``fix=True``; each reported as "fixed"): lossless casts to the schema types
+(int64 -> int32 when every value fits, large_list -> list, large_binary -> binary, float64
+-> float32 when exact), ``list<uint8>`` / ``list<list<uint8>>`` compact pixels -> ``binary``
+with the end marker (when the sizes match the grids), a missing ``rope_delta`` recomputed
+as ``max(position_ids) + 1 - L``, missing video columns added empty. Anything else (missing
+tokens, inconsistent rows) needs a re-encode: the report says so.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mmpipe.errors import InputError
+from mmpipe.families import FAMILIES
+from mmpipe.records.columns import END_MARKER
+from mmpipe.records.row import MultiModalInputs
+from mmpipe.records.arrow import list_lengths, rows_from_arrow
+
+# columns every stored row needs (the reader cannot default them correctly)
+REQUIRED = ("input_ids", "attention_mask", "mm_token_type_ids", "position_ids", "rope_delta", "image_grid_thw",
+            "family")
+# columns older versions / text-only writers may lack; their empty default is right
+DEFAULTABLE = ("video_grid_thw", "second_per_grid_ts")
+# columns the encoder adds for bookkeeping (encode_dataset / on_error="skip")
+BOOKKEEPING = ("mmpipe_error", "mmpipe_drop_reason")
+REENCODE = "re-encode the raw rows with mmpipe.encode (this mmpipe version)"
+
+
+class SchemaError(InputError):
+    """An encoded dataset does not match the stored-row schema (see `ValidationReport`)."""
+
+    default_stage = "validate"
+
+
+@dataclass
+class Issue:
+    """One problem: ``severity`` "error" (training on it would fail or be wrong), "warning"
+    (works, but differs from the schema) or "fixed" (repaired by ``fix=True``)."""
+
+    severity: str
+    kind: str  # missing_column, extra_column, type, shape, content, family, failed_rows
+    column: Optional[str]
+    message: str
+    fix: str = ""
+    rows: list = field(default_factory=list)  # row indexes (the first `max_rows_listed`)
+    num_rows: int = 0  # rows affected (0: the whole column)
+
+    def __str__(self) -> str:
+        where = f"column {self.column!r}" if self.column else "dataset"
+        if self.rows:
+            more = f" (+{self.num_rows - len(self.rows)} more)" if self.num_rows > len(self.rows) else ""
+            where += f", rows {self.rows}{more}"
+        return f"[{self.severity}] {where}: {self.message}" + (f" - fix: {self.fix}" if self.fix else "")
+
+
+@dataclass
+class ValidationReport:
+    """What `validate_dataset` found. ``ok`` when no issue is an error; ``data`` is the
+    repaired table / dataset when ``fix=True`` (else the input as loaded)."""
+
+    num_rows: int
+    pixel_format: str
+    labels: bool
+    issues: list = field(default_factory=list)
+    data: Any = None
+
+    @property
+    def errors(self) -> list:
+        return [i for i in self.issues if i.severity == "error"]
+
+    @property
+    def warnings(self) -> list:
+        return [i for i in self.issues if i.severity == "warning"]
+
+    @property
+    def fixed(self) -> list:
+        return [i for i in self.issues if i.severity == "fixed"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def __str__(self) -> str:
+        head = (f"mmpipe encoded dataset: {self.num_rows} rows, pixels={self.pixel_format}, "
+                f"labels={'yes' if self.labels else 'no'}: "
+                + ("OK" if self.ok else f"{len(self.errors)} error(s)")
+                + (f", {len(self.warnings)} warning(s)" if self.warnings else "")
+                + (f", {len(self.fixed)} fixed" if self.fixed else ""))
+        return "\n".join([head] + [f"  {i}" for i in self.issues])
+
+    def raise_if_errors(self) -> "ValidationReport":
+        if self.errors:
+            first = self.errors[0]
+            raise SchemaError(str(self), where="", column=first.column, row=(first.rows or [None])[0],
+                              fix="see the report lines; validate_dataset(..., fix=True) applies the safe repairs")
+        return self
+
+
+# ---- loading ---------------------------------------------------------------------------------
+def _load(data) -> tuple[pa.Table, Any]:
+    """(Arrow table, the dataset object or None) from any accepted input."""
+    import os
+
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data]), None
+    if isinstance(data, pa.Table):
+        return data, None
+    if isinstance(data, (str, os.PathLike)):
+        path = os.fspath(data)
+        if os.path.isdir(path):
+            import datasets
+
+            ds = datasets.load_from_disk(path)
+            if isinstance(ds, datasets.DatasetDict):
+                raise InputError(f"{path!r} holds a DatasetDict {list(ds)}; validate one split", where="",
+                                 stage="validate", fix="pass load_from_disk(path)[split]")
+            return _dataset_table(ds), ds
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path), None
+        with pa.memory_map(path) as src:
+            try:
+                return pa.ipc.open_stream(src).read_all(), None
+            except pa.ArrowInvalid:
+                src.seek(0)
+                return pa.ipc.open_file(src).read_all(), None
+    if hasattr(data, "data") and hasattr(data, "features"):  # a datasets.Dataset
+        return _dataset_table(data), data
+    raise InputError(f"cannot validate a {type(data).__name__}", where="", stage="validate",
+                     expected="a datasets.Dataset, a save_to_disk directory, a .parquet/.arrow file or a pyarrow Table",
+                     found=type(data).__name__)
+
+
+def _dataset_table(ds) -> pa.Table:
+    if getattr(ds, "_indices", None) is not None:  # a select/shuffle view: its rows, in its order
+        return ds.with_format("arrow")[:]
+    return ds.data.table
+
+
+# ---- schema comparison -------------------------------------------------------------------------
+def _detect(table: pa.Table) -> tuple[str, bool]:
+    names = set(table.column_names)
+    fmt = "uint8" if "pixel_values_u8" in names else "float32" if "pixel_values" in names else "none"
+    if "pixel_values_u8" in names and "pixel_values" in names:
+        fmt = "mixed"
+    return fmt, "labels" in names
+
+
+def _expected_schema(fmt: str, labels: bool) -> pa.Schema:
+    return MultiModalInputs.arrow_schema(None if fmt == "mixed" else fmt, labels)
+
+
+def _lossless_cast(col: pa.ChunkedArray, typ: pa.DataType) -> Optional[pa.ChunkedArray]:
+    """``col`` cast to ``typ`` when no value changes, else None."""
+    try:
+        out = col.cast(typ, safe=True)
+        if not out.cast(col.type).equals(col):
+            return None
+        return out
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+
+
+def _u8_list_to_binary(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Compact pixels stored as list<uint8> or list<list<uint8>> -> binary + end marker."""
+    out = []
+    for v in col.to_pylist():
+        if v is None:
+            out.append(None)
+            continue
+        arr = np.asarray(v, dtype=np.uint8).reshape(-1)
+        out.append(arr.tobytes() + bytes([END_MARKER]))
+    return pa.chunked_array([pa.array(out, type=pa.binary())])
+
+
+def _compare_schema(table: pa.Table, report: ValidationReport, fix: bool, features_hint: str) -> pa.Table:
+    expected = _expected_schema(report.pixel_format, report.labels)
+    names = set(table.column_names)
+    for f in expected:
+        if f.name in names:
+            continue
+        if f.name in DEFAULTABLE or f.name.startswith("pixel_values_videos"):
+            if fix:
+                table = _add_empty(table, f)
+                report.issues.append(Issue("fixed", "missing_column", f.name, "missing; added with empty values (no videos)"))
+            else:
+                report.issues.append(Issue("warning", "missing_column", f.name,
+                                           "missing (an older layout?); read as empty (no videos)",
+                                           "validate_dataset(..., fix=True) adds it"))
+        elif f.name == "rope_delta" and "position_ids" in names and "input_ids" in names:
+            if fix:
+                table = table.append_column(pa.field("rope_delta", pa.int32()), _rope_deltas(table))
+                report.issues.append(Issue("fixed", "missing_column", "rope_delta",
+                                           "missing; recomputed as max(position_ids) + 1 - L"))
+            else:
+                report.issues.append(Issue("warning", "missing_column", "rope_delta",
+                                           "missing (an older layout?); read as max(position_ids) + 1 - L",
+                                           "validate_dataset(..., fix=True) stores it"))
+        else:
+            report.issues.append(Issue("error", "missing_column", f.name, f"missing ({_doc(f)})", REENCODE))
+    for name in table.column_names:
+        if name not in expected.names:
+            if name in BOOKKEEPING:
+                continue
+            report.issues.append(Issue("warning", "extra_column", name,
+                                       "not a stored-row column; collate ignores it",
+                                       f"ds.remove_columns([{name!r}]) if it is not yours"))
+    for f in expected:
+        if f.name not in table.column_names:
+            continue
+        col = table.column(f.name)
+        if col.type.equals(f.type):
+            continue
+        found = str(col.type)
+        repaired = None
+        if f.name.endswith("_u8") and _is_u8_list(col.type):
+            if fix:
+                repaired = _u8_list_to_binary(col)
+            how = "compact pixels as a list of uint8 (older layout) instead of binary + end marker"
+        else:
+            repaired = _lossless_cast(col, f.type) if fix else None
+            how = "wrong Arrow type"
+            if not fix and _lossless_cast(col, f.type) is None:
+                how = "wrong Arrow type, and a cast would change values"
+        if repaired is not None:
+            table = table.set_column(table.column_names.index(f.name), pa.field(f.name, f.type), repaired)
+            report.issues.append(Issue("fixed", "type", f.name, f"{how}: expected {f.type}, found {found}; cast"))
+        else:
+            report.issues.append(Issue("error", "type", f.name, f"{how}: expected {f.type}, found {found}",
+                                       f"{features_hint} or validate_dataset(..., fix=True)"
+                                       if "change values" not in how else REENCODE))
+    return table
+
+
+def _doc(f: pa.Field) -> str:
+    return (f.metadata or {}).get(b"doc", b"").decode()
+
+
+def _is_u8_list(t: pa.DataType) -> bool:
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return pa.types.is_uint8(t) or pa.types.is_integer(t)
+
+
+def _add_empty(table: pa.Table, f: pa.Field) -> pa.Table:
+    n = table.num_rows
+    if pa.types.is_binary(f.type):
+        vals = [bytes([END_MARKER])] * n
+    else:
+        vals = [[] for _ in range(n)]
+    return table.append_column(pa.field(f.name, f.type), pa.array(vals, type=f.type))
+
+
+def _rope_deltas(table: pa.Table) -> pa.Array:
+    pos = table.column("position_ids").to_pylist()
+    ids_len = pc.list_value_length(table.column("input_ids")).to_pylist()
+    out = []
+    for p, L in zip(pos, ids_len):
+        mx = max((max(r) for r in p if r), default=-1)
+        out.append(int(mx) + 1 - int(L or 0) if L else 0)
+    return pa.array(out, type=pa.int32())
+
+
+# ---- per-row content ---------------------------------------------------------------------------
+def _check_rows(table: pa.Table, report: ValidationReport, max_rows_listed: int, chunk: int,
+                positions: bool) -> None:
+    """Read rows as collate does (checked `rows_from_arrow` + `validate`), chunk by chunk;
+    a failing chunk is re-read row by row to find every bad row."""
+    if not report.ok and any(i.kind in ("missing_column", "type") for i in report.errors):
+        # the reader cannot be trusted on a table whose columns are wrong: report those first
+        return
+    if "mmpipe_error" in table.column_names:
+        bad = [i for i, x in enumerate(table.column("mmpipe_error").to_pylist()) if x]
+        if bad:
+            report.issues.append(Issue("warning", "failed_rows", "mmpipe_error",
+                                       "rows that failed to encode (on_error='skip'), stored empty",
+                                       "mmpipe.drop_failed(ds) (or filter on the column) before training",
+                                       bad[:max_rows_listed], len(bad)))
+    fams = table.column("family")
+    unknown = pc.invert(pc.is_in(fams, value_set=pa.array(sorted(FAMILIES))))
+    unknown = pc.fill_null(unknown, True)
+    bad_fam = np.flatnonzero(np.asarray(unknown.to_numpy(zero_copy_only=False)))
+    if len(bad_fam):
+        vals = sorted({str(v) for v in pc.unique(pc.filter(fams, unknown)).to_pylist()})
+        report.issues.append(Issue("error", "family", "family", f"unknown model family {vals}; known: {sorted(FAMILIES)}",
+                                   REENCODE, bad_fam[:max_rows_listed].tolist(), len(bad_fam)))
+        return
+    counts = pc.value_counts(fams).to_pylist()
+    if len(counts) > 1:
+        main = max(counts, key=lambda c: c["counts"])["values"]
+        other = np.flatnonzero(np.asarray(pc.not_equal(fams, main).to_numpy(zero_copy_only=False)))
+        report.issues.append(Issue("error", "family", "family",
+                                   f"rows of several model families {sorted(c['values'] for c in counts)} "
+                                   f"(most are {main!r}); token ids and positions differ between families",
+                                   "re-encode these rows with the training model's processor, or split by family",
+                                   other[:max_rows_listed].tolist(), len(other)))
+    _check_missing_pixels(table, report, max_rows_listed)
+    problems: dict[tuple, list] = {}
+    for start in range(0, table.num_rows, chunk):
+        part = table.slice(start, chunk)
+        try:
+            rows = rows_from_arrow(part)
+            for i, r in enumerate(rows):
+                r.validate(start + i)
+            if positions:
+                _check_positions(rows, start)
+            continue
+        except ValueError:
+            pass
+        for i in range(part.num_rows):
+            try:
+                (r,) = rows_from_arrow(part.slice(i, 1))
+                r.validate(start + i)
+                if positions:
+                    _check_positions([r], start + i)
+            except ValueError as e:
+                msg = str(e)
+                col = getattr(e, "column", None)
+                if col is None:  # plain ValueError from MultiModalInputs.validate: "..., column 'x': ..."
+                    m = re.search(r"column '(\w+)'", msg)
+                    col = m.group(1) if m else None
+                key = (col, _strip_row(msg, start + i))
+                problems.setdefault(key, []).append(start + i)
+    for (col, msg), rows in problems.items():
+        report.issues.append(Issue("error", "content", col, msg, REENCODE, rows[:max_rows_listed], len(rows)))
+
+
+def _check_missing_pixels(table: pa.Table, report: ValidationReport, max_rows_listed: int) -> None:
+    """Rows with images but a null pixel value in a dataset that stores pixels: collate
+    refuses them next to rows with pixels (and would train blind on them alone)."""
+    col = {"uint8": "pixel_values_u8", "float32": "pixel_values"}.get(report.pixel_format)
+    if col is None:
+        return
+    n_images = list_lengths(table.column("image_grid_thw"))
+    null = np.asarray(table.column(col).is_null().to_numpy(zero_copy_only=False))
+    bad = np.flatnonzero(null & (n_images > 0))
+    if len(bad):
+        report.issues.append(Issue("error", "content", col, "rows hold images but no pixel data (null)", REENCODE,
+                                   bad[:max_rows_listed].tolist(), len(bad)))
+
+
+def _strip_row(msg: str, row: int) -> str:
+    """The message without its row location (the issue lists the rows), so identical
+    problems group together."""
+    return re.sub(r"^row \d+(, |: )", "", msg)
+
+
+def _check_positions(rows: list, first: int) -> None:
+    from mmpipe.rope import get_rope_index
+
+    for k, r in enumerate(rows):
+        if not r.fam.is_vision:
+            continue
+        pos, delta = get_rope_index(r.input_ids[None], r.mm_token_type_ids[None],
+                                    image_grid_thw=r.image_grid_thw if r.num_images else None,
+                                    video_grid_thw=r.video_grid_thw if r.num_videos else None,
+                                    second_per_grid_ts=r.second_per_grid_ts if r.num_videos else None, family=r.fam)
+        if not np.array_equal(pos[:, 0].numpy(), r.position_ids):
+            raise InputError("position_ids differ from the M-RoPE rule recomputed from the grids "
+                             "(written by another tool or version?)", row=first + k, column="position_ids",
+                             stage="validate")
+        if int(delta.reshape(-1)[0]) != r.rope_delta:
+            raise InputError(f"rope_delta {r.rope_delta} differs from max(position_ids) + 1 - L = "
+                             f"{int(delta.reshape(-1)[0])}", row=first + k, column="rope_delta", stage="validate")
+
+
+# ---- public API --------------------------------------------------------------------------------
+def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: bool = True,
+                     max_rows_listed: int = 10, chunk: int = 1024) -> ValidationReport:
+    """Check an encoded dataset against the stored-row schema and its rows' invariants.
+
+    Args:
+        data: a ``datasets.Dataset``, a ``save_to_disk`` directory, a ``.parquet`` or Arrow
+            IPC file path, or a ``pyarrow.Table`` / ``RecordBatch``.
+        fix: apply the safe repairs (module docstring); ``report.data`` is then the repaired
+            ``pyarrow.Table`` (or ``datasets.Dataset`` when a Dataset/directory was given).
+        rows: check every row's content (shapes, pixel bytes vs grids, image tokens vs
+            grids, token types, families); ``positions``: also recompute M-RoPE positions
+            (about a millisecond per row; pass False for a quick look at a large dataset).
+        max_rows_listed: row indexes listed per issue.
+
+    Returns a `ValidationReport` (``report.ok``, ``report.errors``, ``print(report)``).
+    """
+    table, ds = _load(data)
+    fmt, labels = _detect(table)
+    report = ValidationReport(num_rows=table.num_rows, pixel_format=fmt, labels=labels)
+    hint = (f"ds = ds.cast(mmpipe.MultiModalInputs.features({None if fmt == 'mixed' else fmt!r}, labels={labels}))")
+    if fmt == "mixed":
+        report.issues.append(Issue("warning", "shape", None,
+                                   "both pixel_values_u8 and pixel_values columns: rows may mix pixel formats",
+                                   "encode with one pixels= setting"))
+    table = _compare_schema(table, report, fix, hint)
+    if report.fixed:  # columns in schema order (appended ones move into place), extras last
+        order = [n for n in _expected_schema(fmt, labels).names if n in table.column_names]
+        table = table.select(order + [n for n in table.column_names if n not in order])
+    if rows and table.num_rows:
+        _check_rows(table, report, max_rows_listed, chunk, positions)
+    report.data = table
+    if ds is not None:
+        report.data = _as_dataset(table) if report.fixed else ds
+    return report
+
+
+def _as_dataset(table: pa.Table):
+    import datasets
+    from datasets.table import InMemoryTable
+
+    return datasets.Dataset(InMemoryTable(table.replace_schema_metadata(None)))
+
+
+def check_dataset(data, *, fix: bool = False, **kw):
+    """`validate_dataset`, raising `SchemaError` (an `mmpipe.errors.InputError`, a
+    ValueError) with the whole report when anything is an error; returns the (repaired) data."""
+    return validate_dataset(data, fix=fix, **kw).raise_if_errors().data
+
+
+def load_encoded(path, *, fix: bool = False, **kw):
+    """Load an encoded dataset (``save_to_disk`` directory, ``.parquet`` or ``.arrow`` file)
+    as a ``datasets.Dataset`` and validate it; raises `SchemaError` naming what is off."""
+    data = check_dataset(path, fix=fix, **kw)
+    if isinstance(data, pa.Table):
+        data = _as_dataset(data)
+    return data

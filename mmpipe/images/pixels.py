@@ -1,0 +1,186 @@
+"""Resize to the processor's size, uint8 patches <-> float32 ``pixel_values`` through the
+per-channel table, and one image -> (uint8 patches [N, 3*p*p], grid (t, h, w))."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+from PIL import Image
+
+from mmpipe.errors import ImageError
+from mmpipe.images.spec import VisionSpec
+from mmpipe.images.load import bomb_error
+from mmpipe.images.load import unreadable_error
+from mmpipe.images.load import image_hw
+from mmpipe.images.load import load_image
+from mmpipe.images.threads import CHUNK_ROWS, parallel_rows
+from mmpipe.images.spec import smart_resize
+from mmpipe.images.load import to_rgb_image
+from mmpipe.images.load import upright
+
+
+
+def resize_image(img: Image.Image, spec: VisionSpec) -> np.ndarray:
+    """uint8 [H', W', 3]: the image exactly as the Qwen processor resizes it.
+
+    The processor converts to a numpy array and back to PIL before its bicubic resize; PIL
+    resizes the same pixels the same way without the round trip, so this resizes the RGB PIL
+    image directly (two full-image copies fewer). EXIF orientation is applied first.
+
+    Grayscale ("L") images are resized before the conversion to RGB: the conversion copies
+    the one band into three and the resize treats each band alike, so the result is the same
+    bytes, while a large grayscale image is never held as RGB (1 byte per source pixel, not 4)."""
+    img = upright(img)
+    w, h = img.size
+    th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels)
+    if img.mode == "L" and img.info.get("transparency") is None:
+        small = img.resize((tw, th), resample=spec.resample) if (tw, th) != img.size else img
+        return np.asarray(small.convert("RGB"))
+    rgb = to_rgb_image(img)
+    if (tw, th) != rgb.size:
+        rgb = rgb.resize((tw, th), resample=spec.resample)
+    return np.asarray(rgb)
+
+
+# ---- patch layout ----------------------------------------------------------------------
+def patchify_u8(img: np.ndarray, spec: VisionSpec) -> np.ndarray:
+    """uint8 [H, W, 3] (H, W multiples of patch*merge) -> uint8 [gh*gw, 3*p*p] in the
+    processor's merge-window-major order (each merge^2 consecutive rows are one token)."""
+    p, m = spec.patch_size, spec.merge_size
+    H, W, C = img.shape
+    gh, gw = H // p, W // p
+    x = img.reshape(gh // m, m, p, gw // m, m, p, C)
+    # -> (gh/m, gw/m, m_h, m_w, C, p_h, p_w)
+    x = x.transpose(0, 3, 1, 4, 6, 2, 5)
+    return np.ascontiguousarray(x).reshape(gh * gw, C * p * p)
+
+
+def unpatchify_u8(patches: np.ndarray, grid_h: int, grid_w: int, spec: VisionSpec) -> np.ndarray:
+    """Inverse of `patchify_u8`: uint8 [gh*gw, 3*p*p] -> uint8 [gh*p, gw*p, 3]."""
+    p, m = spec.patch_size, spec.merge_size
+    x = patches.reshape(grid_h // m, grid_w // m, m, m, 3, p, p)
+    x = x.transpose(0, 2, 5, 1, 3, 6, 4)  # (gh/m, m_h, p_h, gw/m, m_w, p_w, C)
+    return np.ascontiguousarray(x).reshape(grid_h * p, grid_w * p, 3)
+
+
+def u8_to_pixel_values(patches: np.ndarray, lut: np.ndarray, temporal_patch_size: int, *,
+                       threads: Optional[int] = None) -> np.ndarray:
+    """Compact image patches uint8 [N, 3*p*p] -> float32 [N, 3*T*p*p], the processor's
+    ``pixel_values`` (the still image repeated over the T temporal slots).
+
+    ``threads``: worker threads for large inputs (default `default_threads`)."""
+    n, d = patches.shape
+    out = _lut_expand(patches.reshape(n, 3, d // 3), lut, temporal_patch_size, threads)
+    return out.reshape(n, 3 * temporal_patch_size * (d // 3))
+
+
+def u8_video_to_pixel_values(patches: np.ndarray, lut: np.ndarray, *, threads: Optional[int] = None) -> np.ndarray:
+    """Compact video patches uint8 [Nv, 3*T*p*p] -> float32 [Nv, 3*T*p*p]."""
+    n, d = patches.shape
+    return _lut_expand(patches.reshape(n, 3, d // 3), lut, 1, threads).reshape(n, d)
+
+
+# The float32 expansion is a table lookup per byte, written T times. Done as one numpy gather
+# per (chunk, channel) with a table indexed by TWO adjacent pixels (uint16 -> the two float32
+# values as one 8-byte word: 65536 entries, 512 KB per channel), i.e. half the lookups of a
+# 256-entry table; the gathered chunk stays in cache while it is copied to its T slots. On
+# one thread this runs at ~70-80% of the speed of a plain copy of the output into fresh
+# memory, on two about at it (bench/): numpy's gather releases the GIL, so large batches are
+# split over threads.
+_PAIR_TABLES: dict[bytes, np.ndarray] = {}
+
+
+
+
+def _pair_table(lut: np.ndarray) -> np.ndarray:
+    """float32 [3, 256] -> uint64 [3, 65536]: entry v holds the float32 values of the two
+    pixels whose bytes, in memory order, make the uint16 v."""
+    key = lut.tobytes()
+    table = _PAIR_TABLES.get(key)
+    if table is None:
+        two_bytes = np.arange(65536, dtype=np.uint16).view(np.uint8).reshape(65536, 2)
+        table = np.ascontiguousarray(lut.astype(np.float32)[:, two_bytes]).view(np.uint64).reshape(3, 65536)
+        if len(_PAIR_TABLES) >= 8:
+            _PAIR_TABLES.clear()
+        _PAIR_TABLES[key] = table
+    return table
+
+
+def _lut_expand(x: np.ndarray, lut: np.ndarray, reps: int, threads: Optional[int]) -> np.ndarray:
+    """uint8 [n, 3, k] -> float32 [n, 3, reps, k]: lut[c][x[:, c]] copied into each of the reps slots."""
+    n, _, k = x.shape
+    x = np.ascontiguousarray(x)
+    if k % 2 == 0:  # pairs of pixels per lookup
+        table, idx, width, dtype = _pair_table(lut), x.view(np.uint16), k // 2, np.uint64
+    else:
+        table, idx, width, dtype = np.ascontiguousarray(lut, dtype=np.float32), x, k, np.float32
+    out = np.empty((n, 3, reps, width), dtype)
+
+    def work(r0: int, r1: int) -> None:
+        tmp = np.empty((min(CHUNK_ROWS, r1 - r0), width), dtype)
+        for s in range(r0, r1, CHUNK_ROWS):
+            e = min(r1, s + CHUNK_ROWS)
+            t = tmp[: e - s]
+            for c in range(3):
+                np.take(table[c], idx[s:e, c], out=t, mode="wrap")  # "wrap": indices are in range; unbuffered
+                for r in range(reps):
+                    out[s:e, c, r] = t
+
+    parallel_rows(work, n, out.nbytes, threads)
+    return out.view(np.float32).reshape(n, 3, reps, k)
+
+
+def _invert_lut(x: np.ndarray, lut: np.ndarray, what: str) -> np.ndarray:
+    """float32 [n, 3, k] -> uint8 [n, 3, k] with lut[c][out] == x exactly, or raise."""
+    out = np.empty(x.shape, dtype=np.uint8)
+    for c in range(3):  # each channel's table is strictly increasing (std > 0)
+        idx = np.searchsorted(lut[c], x[:, c, :]).clip(0, 255)
+        if not np.array_equal(lut[c][idx], x[:, c, :]):
+            raise ValueError(f"{what} were not produced from uint8 pixels with these normalisation constants")
+        out[:, c, :] = idx
+    return out
+
+
+def pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray, temporal_patch_size: int) -> np.ndarray:
+    """Inverse of `u8_to_pixel_values` for still images: float32 [N, 3*T*p*p] -> uint8
+    [N, 3*p*p]. Exact, or raises (values not from the table, or temporal copies differ)."""
+    n, d = pixel_values.shape
+    x = pixel_values.reshape(n, 3, temporal_patch_size, d // (3 * temporal_patch_size))
+    if not (x == x[:, :, :1, :]).all():
+        raise ValueError("pixel_values hold different temporal copies: a video, not a still image")
+    return _invert_lut(np.ascontiguousarray(x[:, :, 0, :]), lut, "pixel_values").reshape(n, d // temporal_patch_size)
+
+
+def video_pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    """Inverse of `u8_video_to_pixel_values`: float32 [Nv, 3*T*p*p] -> uint8, exact or raise."""
+    n, d = pixel_values.shape
+    return _invert_lut(pixel_values.reshape(n, 3, d // 3), lut, "pixel_values_videos").reshape(n, d)
+
+
+def encode_image(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple[np.ndarray, tuple[int, int, int]]:
+    """One image -> (uint8 patches [gh*gw, 3*p*p], grid (1, gh, gw))."""
+    img = load_image(value, where=where)
+    try:
+        resized = resize_image(img, spec)
+    except ImageError as e:
+        e.where = where if e.where == "" else e.where
+        raise
+    except Image.DecompressionBombError as e:
+        raise bomb_error(e, where) from e
+    except (OSError, ValueError, SyntaxError) as e:  # decoding happens here (PIL opens lazily)
+        raise unreadable_error(e, where, getattr(img, "format", None) and f"a {img.format} image") from e
+    p = spec.patch_size
+    return patchify_u8(resized, spec), (1, resized.shape[0] // p, resized.shape[1] // p)
+
+
+def image_grid(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple[int, int, int]:
+    """Grid (1, gh, gw) from the image size alone (layout-only path)."""
+    h, w = image_hw(value, where=where)
+    try:
+        th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels)
+    except ImageError as e:
+        e.where = where if e.where == "" else e.where
+        raise
+    return 1, th // spec.patch_size, tw // spec.patch_size
+

@@ -1,0 +1,108 @@
+"""`VisionSpec`: a family's image-processor settings (patch, merge, temporal sizes, bounds,
+mean/std) and the per-channel uint8 -> float32 table; `smart_resize`: the Qwen resize rule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from mmpipe.errors import ImageError
+from mmpipe.families import ModelFamily, family_of
+
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """Image-processing constants, read from a processor (or a family's defaults)."""
+
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    min_pixels: int
+    max_pixels: int
+    image_mean: tuple
+    image_std: tuple
+    rescale_factor: float = 1 / 255
+    do_rescale: bool = True
+    do_normalize: bool = True
+    resample: int = 3  # PIL.Image.BICUBIC, the Qwen processors' filter
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+    @classmethod
+    def from_family(cls, fam: ModelFamily) -> "VisionSpec":
+        return cls(
+            fam.patch_size, fam.temporal_patch_size, fam.merge_size, fam.min_pixels, fam.max_pixels,
+            tuple(fam.image_mean), tuple(fam.image_std),
+        )
+
+    @classmethod
+    def from_processor(cls, processor, min_pixels=None, max_pixels=None) -> "VisionSpec":
+        ip = getattr(processor, "image_processor", None)
+        fam = family_of(processor)
+        if ip is None:
+            return cls.from_family(fam)
+        size = getattr(ip, "size", None) or {}
+        get = (lambda k: size.get(k)) if isinstance(size, dict) else (lambda k: getattr(size, k, None))
+        mn = min_pixels or get("shortest_edge") or getattr(ip, "min_pixels", None) or fam.min_pixels
+        mx = max_pixels or get("longest_edge") or getattr(ip, "max_pixels", None) or fam.max_pixels
+        mean = getattr(ip, "image_mean", None) or fam.image_mean
+        std = getattr(ip, "image_std", None) or fam.image_std
+        mean = tuple(mean) if isinstance(mean, (list, tuple)) else (mean,) * 3
+        std = tuple(std) if isinstance(std, (list, tuple)) else (std,) * 3
+        return cls(
+            int(getattr(ip, "patch_size", fam.patch_size)),
+            int(getattr(ip, "temporal_patch_size", fam.temporal_patch_size)),
+            int(getattr(ip, "merge_size", fam.merge_size)),
+            int(mn), int(mx), mean, std,
+            float(getattr(ip, "rescale_factor", 1 / 255)),
+            bool(getattr(ip, "do_rescale", True)),
+            bool(getattr(ip, "do_normalize", True)),
+            int(getattr(ip, "resample", None) if getattr(ip, "resample", None) is not None else 3),
+        )
+
+    def lut(self) -> np.ndarray:
+        """float32 [3, 256]: the processor's value for each uint8 value of each channel,
+        computed with the processor's own float ops (float64 rescale, float32 normalise)."""
+        v = np.arange(256, dtype=np.uint8)
+        x = v.astype(np.float64) * self.rescale_factor if self.do_rescale else v.astype(np.float64)
+        x = x.astype(np.float32)
+        if not self.do_normalize:
+            return np.stack([x, x, x])
+        mean = np.asarray(self.image_mean, dtype=np.float32)
+        std = np.asarray(self.image_std, dtype=np.float32)
+        return ((x[None, :] - mean[:, None]) / std[:, None]).astype(np.float32)
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen's resize target: both sides multiples of ``factor``, area within bounds,
+    aspect ratio kept as closely as possible (ratio must be < 200)."""
+    if min(height, width) <= 0:
+        raise ImageError(
+            f"image has size {height}x{width}; an image needs at least one pixel each way",
+            where="", expected="height >= 1 and width >= 1", found=f"{height}x{width}",
+            fix="drop the row or replace the empty image",
+        )
+    if max(height, width) / min(height, width) > 200:
+        raise ImageError(
+            f"image {height}x{width} has aspect ratio {max(height, width) / min(height, width):.1f}; "
+            "Qwen-VL processors need it to be at most 200", where="",
+            expected="max(h, w) / min(h, w) <= 200 (transformers smart_resize)",
+            found=f"{max(height, width) / min(height, width):.1f}", fix="crop or pad the image",
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+

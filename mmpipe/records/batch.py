@@ -1,0 +1,220 @@
+"""Records carved from mmpipe.records.row."""
+
+from __future__ import annotations
+from dataclasses import dataclass
+from typing import Any
+import pyarrow as pa
+from mmpipe.families import ModelFamily, get_family
+from mmpipe.records.columns import IGNORE_INDEX
+
+
+@dataclass(eq=False)
+class BatchedMultiModalInputs:
+    """A padded batch of B rows (torch tensors).
+
+    Attributes (L = padded length, I = images in the batch, N = their patches):
+        input_ids:          int64 [B, L]
+        attention_mask:     int64 [B, L]
+        mm_token_type_ids:  int64 [B, L]
+        position_ids:       int64 [3, B, L] M-RoPE (pads 0); `model_inputs(positions="verl")`
+                            gives the [4, B, L] form with the plain text row first.
+        rope_deltas:        int64 [B, 1]
+        labels:             int64 [B, L] or None (-100 on pads)
+        pixel_values:       float32 [N, 3*T*p*p] or None (no image in the batch / no pixels)
+        image_grid_thw:     int64 [I, 3]
+        image_offsets:      int64 [B+1]; row b owns images image_offsets[b]:image_offsets[b+1]
+        patch_offsets:      int64 [B+1]; row b owns pixel rows patch_offsets[b]:patch_offsets[b+1]
+        pixel_values_u8:    uint8 [N, 3*p*p] or None, kept when rows were compact (exact unbatch,
+                            and the resized images for rollout engines)
+        pixel_values_videos, video_grid_thw, second_per_grid_ts, video_offsets,
+        video_patch_offsets, pixel_values_videos_u8: the same for videos.
+        seq_lengths:        int64 [B], each row's unpadded length.
+        row_has_labels:     bool [B], which rows carried labels.
+        row_pixel_formats:  list[str] [B], each row's pixel storage (for an exact unbatch).
+        spec:               the `VisionSpec` used to build float32 pixels.
+        padding_side:       "left" or "right".
+        family:             model family name.
+        pixel_format:       the rows' pixel storage ("uint8", "float32", "none").
+    """
+
+    input_ids: Any
+    attention_mask: Any
+    mm_token_type_ids: Any
+    position_ids: Any
+    rope_deltas: Any
+    image_grid_thw: Any
+    image_offsets: Any
+    patch_offsets: Any
+    video_grid_thw: Any
+    second_per_grid_ts: Any
+    video_offsets: Any
+    video_patch_offsets: Any
+    seq_lengths: Any
+    padding_side: str
+    family: str
+    pixel_format: str
+    labels: Any = None
+    pixel_values: Any = None
+    pixel_values_u8: Any = None
+    pixel_values_videos: Any = None
+    pixel_values_videos_u8: Any = None
+    row_has_labels: Any = None
+    row_pixel_formats: Any = None
+    spec: Any = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def fam(self) -> ModelFamily:
+        return get_family(self.family)
+
+    @property
+    def sample_to_image_indices(self) -> list[list[int]]:
+        """Per row, the indices of its images in ``image_grid_thw`` (and pixel blocks)."""
+        off = self.image_offsets.tolist()
+        return [list(range(off[b], off[b + 1])) for b in range(self.batch_size)]
+
+    @property
+    def sample_to_video_indices(self) -> list[list[int]]:
+        off = self.video_offsets.tolist()
+        return [list(range(off[b], off[b + 1])) for b in range(self.batch_size)]
+
+    @property
+    def image_to_sample(self):
+        """int64 [I]: the row each image belongs to."""
+        import torch
+
+        counts = self.image_offsets[1:] - self.image_offsets[:-1]
+        return torch.repeat_interleave(torch.arange(self.batch_size), counts)
+
+    def model_inputs(self, device=None, *, positions: str = "mrope", labels: bool = True) -> dict[str, Any]:
+        """Exactly the kwargs a transformers Qwen-VL (or text LLM) ``forward`` accepts.
+
+        Pixel data goes to the device of ``input_ids`` (or ``device``). Keys without data
+        (no image in the batch) are left out, so a text-only batch runs a text-only forward.
+        ``positions``: ``"mrope"`` -> position_ids [3, B, L]; ``"verl"`` -> [4, B, L] with the
+        plain text positions first; ``"none"`` -> let the model compute them.
+        """
+        from mmpipe.rope import text_positions
+
+        dev = device if device is not None else self.input_ids.device
+        fam = self.fam
+        out: dict[str, Any] = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if fam.is_vision:
+            out["mm_token_type_ids"] = self.mm_token_type_ids
+            if positions == "mrope":
+                out["position_ids"] = self.position_ids
+            elif positions == "verl":
+                import torch
+
+                out["position_ids"] = torch.cat([text_positions(self.attention_mask)[None], self.position_ids], 0)
+            elif positions != "none":
+                raise ValueError(f"positions must be 'mrope', 'verl' or 'none', got {positions!r}")
+            out.update(self.vision_inputs())
+        elif positions != "none":
+            out["position_ids"] = self.position_ids[0]
+        # a batch with no target token (RL prompts) gets no labels: the loss would be NaN
+        if labels and self.labels is not None and bool((self.labels != IGNORE_INDEX).any()):
+            out["labels"] = self.labels
+        return {k: v.to(dev) for k, v in out.items()}
+
+    def vision_inputs(self) -> dict[str, Any]:
+        """The pixel kwargs of ``forward``, only those with data: ``pixel_values`` float32
+        [N, patch_dim] + ``image_grid_thw`` int64 [I, 3] when the batch holds images, likewise
+        ``pixel_values_videos`` / ``video_grid_thw`` (+ ``second_per_grid_ts`` [V] for
+        Qwen2.5-VL) for videos. Empty for a text-only batch or family."""
+        out: dict[str, Any] = {}
+        if not self.fam.is_vision:
+            return out
+        if self.pixel_values is not None and self.image_grid_thw.shape[0]:
+            out["pixel_values"] = self.pixel_values
+            out["image_grid_thw"] = self.image_grid_thw
+        if self.pixel_values_videos is not None and self.video_grid_thw.shape[0]:
+            out["pixel_values_videos"] = self.pixel_values_videos
+            out["video_grid_thw"] = self.video_grid_thw
+            if self.fam.rope == "mrope_tps":
+                out["second_per_grid_ts"] = self.second_per_grid_ts
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchedMultiModalInputs(family={self.family!r}, B={self.batch_size}, "
+            f"L={int(self.input_ids.shape[1])}, images_per_row={[len(x) for x in self.sample_to_image_indices]}, "
+            f"pixels={self.pixel_format}, padding={self.padding_side})"
+        )
+
+    def _repr_html_(self) -> str:
+        """Jupyter display: per-row table, thumbnails, token strips (`mmpipe.view.display.batch_html`)."""
+        from mmpipe.view.display import batch_html
+
+        return batch_html(self)
+
+    def describe(self, *, tokenizer=None) -> str:
+        """Plain-text description for terminals (`mmpipe.view.display.describe`)."""
+        from mmpipe.view.display import describe
+
+        return describe(self, tokenizer=tokenizer)
+
+    def to_arrow(self) -> pa.Table:
+        """This batch as a one-row Arrow table with `arrow_schema` (for logging or shipping)."""
+
+        def val(name):
+            if name == "sample_to_image_indices":
+                return self.sample_to_image_indices
+            v = getattr(self, name)
+            if v is None:
+                return None
+            return v.tolist() if hasattr(v, "tolist") else v
+
+        schema = self.arrow_schema()
+        return pa.table({f.name: pa.array([val(f.name)], type=f.type) for f in schema}, schema=schema)
+
+    @staticmethod
+    def arrow_schema() -> pa.Schema:
+        """A batch as one Arrow record (for logging/shipping batches; dtypes as in torch)."""
+        return pa.schema(
+            [pa.field(n, t, nullable=n in _NULLABLE_BATCH, metadata={"doc": d}) for n, t, d in BATCH_COLUMNS]
+        )
+
+    @staticmethod
+    def features():
+        import datasets
+
+        return datasets.Features.from_arrow_schema(BatchedMultiModalInputs.arrow_schema())
+
+
+_I64_2D = pa.list_(pa.list_(pa.int64()))
+
+
+BATCH_COLUMNS: list[tuple[str, pa.DataType, str]] = [
+    ("input_ids", _I64_2D, "int64 [B, L]"),
+    ("attention_mask", _I64_2D, "int64 [B, L]"),
+    ("mm_token_type_ids", _I64_2D, "int64 [B, L] 0 text, 1 image, 2 video"),
+    ("position_ids", pa.list_(_I64_2D, 3), "int64 [3, B, L] M-RoPE positions, pads 0"),
+    ("rope_deltas", pa.list_(pa.list_(pa.int64(), 1)), "int64 [B, 1]"),
+    ("labels", _I64_2D, "int64 [B, L], -100 on non-targets and pads"),
+    ("pixel_values", pa.list_(pa.list_(pa.float32())), "float32 [N, 3*T*p*p]"),
+    ("pixel_values_u8", pa.list_(pa.list_(pa.uint8())), "uint8 [N, 3*p*p] compact image patches"),
+    ("image_grid_thw", pa.list_(pa.list_(pa.int64(), 3)), "int64 [I, 3]"),
+    ("sample_to_image_indices", pa.list_(pa.list_(pa.int64())), "per row, indices of its images"),
+    ("image_offsets", pa.list_(pa.int64()), "int64 [B+1] cumulative image counts"),
+    ("patch_offsets", pa.list_(pa.int64()), "int64 [B+1] cumulative image patch rows"),
+    ("pixel_values_videos", pa.list_(pa.list_(pa.float32())), "float32 [Nv, 3*T*p*p]"),
+    ("pixel_values_videos_u8", pa.list_(pa.list_(pa.uint8())), "uint8 [Nv, 3*T*p*p]"),
+    ("video_grid_thw", pa.list_(pa.list_(pa.int64(), 3)), "int64 [V, 3]"),
+    ("second_per_grid_ts", pa.list_(pa.float32()), "float32 [V]"),
+    ("video_offsets", pa.list_(pa.int64()), "int64 [B+1]"),
+    ("video_patch_offsets", pa.list_(pa.int64()), "int64 [B+1]"),
+    ("seq_lengths", pa.list_(pa.int64()), "int64 [B] unpadded row lengths"),
+    ("row_has_labels", pa.list_(pa.bool_()), "bool [B] rows that carried labels"),
+    ("row_pixel_formats", pa.list_(pa.string()), "per row: uint8, float32 or none"),
+    ("padding_side", pa.string(), "left or right"),
+    ("family", pa.string(), "model family name"),
+    ("pixel_format", pa.string(), "uint8, float32 or none"),
+]
+
+
+_NULLABLE_BATCH = {"labels", "pixel_values", "pixel_values_u8", "pixel_values_videos", "pixel_values_videos_u8"}
+

@@ -1,0 +1,150 @@
+from typing import Any
+from mmpipe.errors import InputError
+from typing import Optional
+import numpy as np
+import pyarrow as pa
+PIXEL_FORMATS = ("uint8", "float32", "none")
+
+
+IGNORE_INDEX = -100
+IMAGE_PLACEHOLDER = "<image>"  # one image in verl-style raw text (and in ReMA's question column)
+
+
+def offsets(counts) -> np.ndarray:
+    """Counts [B] -> cumulative offsets int64 [B+1] (``offsets[b]:offsets[b+1]`` is row b's range)."""
+    out = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def as_array(value, dtype, ndim: int, name: str, row: Any = None) -> np.ndarray:
+    """Any array-like (list, numpy, torch) -> numpy of `dtype` with `ndim` dims, or an
+    `InputError` naming the row and column (missing, not numeric, fractional ids, wrong rank)."""
+    if value is None:
+        raise InputError(f"column {name!r} is missing", row=row, column=name, stage="validate",
+                         fix="re-encode the row with mmpipe.encode")
+    if hasattr(value, "detach"):  # torch tensor, no torch import needed here
+        value = value.detach().cpu().numpy()
+    try:
+        arr = np.asarray(value)
+    except ValueError as e:  # ragged nested lists
+        raise InputError(f"column {name!r}: not a rectangular array ({e})", row=row, column=name,
+                         stage="validate", fix="re-encode the row with mmpipe.encode") from None
+    if arr.size == 0 and arr.ndim != ndim:
+        arr = np.zeros((0,) * ndim, dtype=dtype)
+    if arr.ndim != ndim:
+        raise InputError(f"column {name!r}: expected {ndim}-D array, found shape {arr.shape}", row=row,
+                         column=name, stage="validate", fix="re-encode the row with mmpipe.encode")
+    if arr.size and arr.dtype.kind not in "biuf":
+        raise InputError(f"column {name!r}: expected numbers, found dtype {arr.dtype}", row=row, column=name,
+                         stage="validate", fix="re-encode the row with mmpipe.encode")
+    if np.dtype(dtype).kind in "iu" and arr.dtype.kind == "f" and arr.size and not np.array_equal(arr, np.round(arr)):
+        # casting would silently truncate ids/positions/grids: never guess
+        raise InputError(f"column {name!r}: expected integers, found fractional {arr.dtype} values", row=row,
+                         column=name, stage="validate", fix="re-encode the row with mmpipe.encode")
+    return arr.astype(dtype, copy=False)
+
+
+def fit_width(arr: np.ndarray, width: int, name: str, row: Any) -> np.ndarray:
+    """``arr`` [n, width] (an empty array becomes [0, width]); a wrong width is an error, never a reshape."""
+    if arr.size == 0:
+        return arr.reshape(0, width)
+    if arr.shape[1] != width:
+        raise InputError(f"column {name!r}: expected rows of {width} values, found shape {arr.shape}", row=row,
+                         column=name, stage="validate", fix="re-encode the row with mmpipe.encode")
+    return arr
+
+
+def empty_rows(width: int, dtype) -> np.ndarray:
+    return np.zeros((0, width), dtype=dtype)
+
+
+END_MARKER = 0xFF
+
+
+def u8_block(value, n_patches: int, width: int, name: str, row) -> np.ndarray:
+    """Stored compact pixels -> uint8 [n_patches, width].
+
+    Stored as raw bytes followed by one ``0xFF`` end marker. numpy/torch formatting of a
+    binary column goes through numpy's fixed-width ``S`` dtype, which strips trailing NUL
+    bytes; with the marker the buffer never ends in NUL, so nothing is stripped and a
+    length mismatch is always a real error. Arrays/lists (already decoded) are accepted too.
+    """
+    want = n_patches * width
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        buf = np.frombuffer(bytes(value), dtype=np.uint8)
+        if buf.size != want + 1 or buf[-1] != END_MARKER:
+            raise ValueError(
+                f"row {row}, column {name!r}: {buf.size} bytes, expected {want} pixel bytes "
+                f"({n_patches} patches x {width}) plus the end marker; the pixel data and the grids "
+                "disagree or the bytes were altered - re-encode the row"
+            )
+        arr = buf[:-1]
+    else:
+        arr = as_array(value, np.uint8, np.ndim(value) or 1, name, row)
+    if arr.size != want:
+        raise ValueError(
+            f"row {row}, column {name!r}: {arr.size} values but the grids need {n_patches} patches x {width} "
+            f"= {want}; the pixel data and the grids disagree - re-encode the row"
+        )
+    return arr.reshape(n_patches, width)
+
+
+_END = bytes([END_MARKER])
+
+
+def u8_bytes(arr) -> bytes:
+    """uint8 array -> its bytes plus the end marker, in one copy."""
+    arr = np.ascontiguousarray(arr, dtype=np.uint8)
+    return b"".join((memoryview(arr).cast("B"), _END)) if arr.size else _END
+
+
+def u8_or_empty(arr, width):
+    return arr if arr is not None else np.zeros((0, width), np.uint8)
+
+
+def f32_or_empty(arr, width):
+    return arr if arr is not None else np.zeros((0, width), np.float32)
+
+
+GRID_TYPE = pa.list_(pa.list_(pa.int32()))  # [n, 3]; datasets stores numpy [n, 3] as nested lists
+
+
+ROW_COLUMNS: list[tuple[str, pa.DataType, str]] = [
+    ("input_ids", pa.list_(pa.int32()), "int [L] token ids, placeholders expanded"),
+    ("attention_mask", pa.list_(pa.int8()), "int [L] 1 for real tokens"),
+    ("mm_token_type_ids", pa.list_(pa.int8()), "int [L] 0 text, 1 image, 2 video"),
+    ("position_ids", pa.list_(pa.list_(pa.int32())), "int [3, L] M-RoPE positions (t, h, w)"),
+    ("rope_delta", pa.int32(), "int max(position)+1-L"),
+    ("labels", pa.list_(pa.int32()), "int [L] -100 except assistant response tokens"),
+    ("image_grid_thw", GRID_TYPE, "int [I, 3] patch grid per image"),
+    ("video_grid_thw", GRID_TYPE, "int [V, 3] patch grid per video"),
+    ("second_per_grid_ts", pa.list_(pa.float32()), "float32 [V] seconds per temporal grid step"),
+    ("pixel_values", pa.list_(pa.list_(pa.float32())), "float32 [N, 3*T*p*p] processor pixel_values"),
+    ("pixel_values_videos", pa.list_(pa.list_(pa.float32())), "float32 [Nv, 3*T*p*p]"),
+    ("pixel_values_u8", pa.binary(), "uint8 [N, 3*p*p] raw bytes + one 0xFF end marker: resized image in patch order, one temporal copy"),
+    ("pixel_values_videos_u8", pa.binary(), "uint8 [Nv, 3*T*p*p] raw bytes + one 0xFF end marker: resized video frames in patch order"),
+    ("family", pa.string(), "model family name: qwen2_vl, qwen2_5_vl, qwen3_vl, text"),
+]
+
+
+NULLABLE_ROW_COLUMNS = {"labels", "pixel_values", "pixel_values_videos", "pixel_values_u8", "pixel_values_videos_u8"}
+
+
+PIXEL_COLUMNS = {
+    "uint8": ("pixel_values_u8", "pixel_values_videos_u8"),
+    "float32": ("pixel_values", "pixel_values_videos"),
+    "none": (),
+}
+
+
+def row_column_wanted(name: str, pixel_format: Optional[str], labels: bool) -> bool:
+    if name == "labels":
+        return labels
+    if pixel_format is None:
+        return True
+    if pixel_format not in PIXEL_COLUMNS:
+        raise ValueError(f"pixel_format must be one of {PIXEL_FORMATS}, got {pixel_format!r}")
+    all_pixel = {c for cols in PIXEL_COLUMNS.values() for c in cols}
+    return name not in all_pixel or name in PIXEL_COLUMNS[pixel_format]
+

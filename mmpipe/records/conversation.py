@@ -1,0 +1,72 @@
+"""Records carved from mmpipe.rollout.multiturn."""
+
+from __future__ import annotations
+from dataclasses import dataclass
+from typing import Any, Optional
+import numpy as np
+from mmpipe.encoding.encoder import Encoder
+from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.row import MultiModalInputs
+
+
+@dataclass(frozen=True, eq=False)
+class Conversation:
+    """One sample of a multi-turn loop. Immutable: every append returns a new Conversation.
+
+    Attributes:
+        row:        the encoded row so far (`MultiModalInputs`): input_ids int64 [L], labels
+                    int64 [L] (or None when encoded with labels=False), position_ids int64
+                    [3, L], image_grid_thw int64 [I, 3], pixel_values_u8 uint8 [N, 3*p*p] (or
+                    float32 pixel_values [N, 3*T*p*p], or none, as the encoder was set).
+        messages:   chat messages so far, images as ``{"type": "image"}`` placeholders.
+        images:     the I images in order of appearance (as given: PIL, path, bytes...);
+                    what a rollout engine that takes raw images (vLLM) needs.
+        text:       the rendered chat text the tokens stand for (one placeholder per image);
+                    always ``render(messages, add_generation_prompt=awaiting_response)``.
+        encoder:    the `Encoder` (processor, vision spec, pixel format) shared by the batch.
+        index:      the sample's original index, used in error messages.
+        awaiting_response: the row ends with the generation prompt (``<|im_start|>assistant\\n``).
+        response_spans: (start, end) token spans of each appended response (model tokens only,
+                    not the tokens added to close a cut turn).
+        done / finish_reason: set by `MultiTurnBatch.mark_done` or ``append_response(done=True)``.
+    """
+
+    row: MultiModalInputs
+    messages: tuple
+    images: tuple
+    text: str
+    encoder: Encoder
+    index: Any = None
+    awaiting_response: bool = True
+    response_spans: tuple = ()
+    done: bool = False
+    finish_reason: Optional[str] = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.row.num_tokens
+
+    @property
+    def num_turns(self) -> int:
+        """Responses appended so far."""
+        return len(self.response_spans)
+
+    @property
+    def response_mask(self) -> np.ndarray:
+        """int64 [L]: 1 on the model's response tokens (where labels are not -100)."""
+        if self.row.labels is None:
+            mask = np.zeros(self.num_tokens, np.int64)
+            for a, b in self.response_spans:
+                mask[a:b] = 1
+            return mask
+        return (self.row.labels != IGNORE_INDEX).astype(np.int64)
+
+    @property
+    def where(self) -> str:
+        return f"conversation {self.index}" if self.index is not None else "conversation"
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else ("awaiting response" if self.awaiting_response else "closed")
+        return (f"Conversation(index={self.index}, turns={self.num_turns}, tokens={self.num_tokens}, "
+                f"images={self.row.num_images}, {state})")
+

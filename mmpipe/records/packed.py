@@ -1,0 +1,114 @@
+"""Records carved from mmpipe.batching.packing."""
+
+from __future__ import annotations
+from dataclasses import dataclass
+from typing import Any
+from mmpipe.families import get_family
+from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.batch import BatchedMultiModalInputs
+
+
+@dataclass(eq=False)
+class PackedMultiModalInputs:
+    """n rows packed into one sequence of T tokens (torch tensors, no padding).
+
+    Attributes (n rows, T = sum of their lengths, I images, N image patches):
+        input_ids:          int64 [1, T]
+        mm_token_type_ids:  int64 [1, T] 0 text, 1 image, 2 video
+        position_ids:       int64 [4, 1, T] row 0 text positions restarting at 0 per row,
+                            rows 1-3 the rows' M-RoPE (t, h, w) positions. Text family: [1, T].
+        cu_seqlens:         int32 [n+1] row k owns tokens cu_seqlens[k]:cu_seqlens[k+1]
+        labels:             int64 [1, T] or None; -100 on every row's first token
+        first_labels:       int64 [n] or None, each row's own label at its first token (for `unpack`)
+        meta:               the rows' `BatchedMultiModalInputs` (pixels, grids, offsets, rope
+                            deltas, lengths, pixel storage) with zero-width token tensors [n, 0].
+
+    Shortcuts: ``pixel_values`` float32 [N, 3*T*p*p] or None, ``image_grid_thw`` int64 [I, 3],
+    ``seq_lengths`` int64 [n], ``sequence_ids`` int64 [1, T] (the row of each token).
+    """
+
+    input_ids: Any
+    mm_token_type_ids: Any
+    position_ids: Any
+    cu_seqlens: Any
+    labels: Any
+    first_labels: Any
+    meta: BatchedMultiModalInputs
+
+    # ---- derived facts -----------------------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        return int(self.cu_seqlens.shape[0]) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    @property
+    def seq_lengths(self):
+        """int64 [n] the packed rows' lengths."""
+        return self.meta.seq_lengths
+
+    @property
+    def max_seqlen(self) -> int:
+        return int(self.seq_lengths.max()) if self.num_rows else 0
+
+    @property
+    def family(self) -> str:
+        return self.meta.family
+
+    @property
+    def image_grid_thw(self):
+        return self.meta.image_grid_thw
+
+    @property
+    def pixel_values(self):
+        return self.meta.pixel_values
+
+    @property
+    def num_images(self) -> int:
+        return int(self.meta.image_grid_thw.shape[0])
+
+    @property
+    def sequence_ids(self):
+        """int64 [1, T]: the packed row each token belongs to."""
+        import torch
+
+        return torch.repeat_interleave(torch.arange(self.num_rows), self.seq_lengths)[None]
+
+    def model_inputs(self, device=None, *, labels: bool = True) -> dict[str, Any]:
+        """The kwargs a transformers Qwen-VL (or text LLM) ``forward`` takes for this pack.
+
+        No ``attention_mask`` (see the module docstring: the packed rows are found from
+        ``position_ids`` row 0 only when the mask is None) and ``use_cache=False``. Pixel keys
+        only when the pack holds images; ``labels`` only when it holds a target token.
+        """
+        dev = device if device is not None else self.input_ids.device
+        m, fam = self.meta, get_family(self.meta.family)
+        out: dict[str, Any] = {"input_ids": self.input_ids, "position_ids": self.position_ids}
+        if fam.is_vision:
+            out["mm_token_type_ids"] = self.mm_token_type_ids
+            out.update(m.vision_inputs())
+        if labels and self.labels is not None and bool((self.labels != IGNORE_INDEX).any()):
+            out["labels"] = self.labels
+        out = {k: v.to(dev) for k, v in out.items()}
+        out["use_cache"] = False
+        return out
+
+    def split(self, values) -> list:
+        """Per-row views of a packed ``[1, T, ...]`` or ``[T, ...]`` tensor, e.g. the logits:
+        ``packed.split(out.logits)[k]`` is row k's ``[L_k, ...]``."""
+        T = self.num_tokens
+        if values.dim() >= 2 and values.shape[0] == 1 and values.shape[1] == T:
+            values = values[0]
+        if values.shape[0] != T:
+            raise ValueError(f"split expects a [1, {T}, ...] or [{T}, ...] tensor (this pack's {T} tokens), "
+                             f"found shape {tuple(values.shape)}")
+        return list(values.split(self.seq_lengths.tolist(), dim=0))
+
+    def __repr__(self) -> str:
+        return (
+            f"PackedMultiModalInputs(family={self.family!r}, rows={self.num_rows}, tokens={self.num_tokens}, "
+            f"lengths={self.seq_lengths.tolist()}, images={self.num_images}, pixels={self.meta.pixel_format})"
+        )
+

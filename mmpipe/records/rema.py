@@ -1,0 +1,336 @@
+"""ReMA records: one question's multi-agent `Episode`, one role's `RoleEncoding`, and the
+collated `ReMABatch` with its Arrow schema (`rema_arrow_schema`).
+
+Position layout: `ReMABatch` tensors are batch-first like verl's DataProto (every tensor of a
+TensorDict leads with the batch dim): ``{role}_position_ids`` int64 [B, 3, L]. The model
+layout [3, B, L] (see `mmpipe.records`) is ``position_ids.transpose(0, 1)``.
+"""
+
+from __future__ import annotations
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+from mmpipe.records.columns import IMAGE_PLACEHOLDER, offsets
+from mmpipe.records.row import MultiModalInputs
+from mmpipe.images.spec import VisionSpec
+from mmpipe.families import get_family
+import json
+import numpy as np
+import pyarrow as pa
+from mmpipe.records.columns import u8_block
+from mmpipe.records.columns import u8_bytes
+from mmpipe.images.pixels import u8_to_pixel_values
+
+
+def text_item(s: str) -> dict:
+    """A text content item ``{"type": "text", "text": s}``."""
+    return {"type": "text", "text": s}
+
+
+def content_text(items: Sequence[dict]) -> str:
+    """Content items -> text, images as ``<image>`` (the ``question`` column, rewards)."""
+    return "".join(IMAGE_PLACEHOLDER if it["type"] == "image" else it["text"] for it in items)
+
+
+@dataclass(eq=False)
+class Episode:
+    """One question's multi-agent conversation.
+
+    Attributes:
+        index:         row index in the batch.
+        question:      content items (images as ``{"type": "image"}``).
+        images:        the question's images, as given.
+        messages:      role -> that role's full view: [system], user, assistant, ..., with
+                       content lists; its assistant messages are the role's own responses.
+        history:       every response in order: ``{"role": agent role, "content": text,
+                       "turn": int, "finish_reason": engine finish reason ("stop",
+                       "length", ...), "num_tokens": generated token count}``.
+        num_turns:     rounds played (every role answered in each).
+        finish_reason: None while running, then `FINISH_FLAG` or `MAX_TURNS`.
+    """
+
+    index: int
+    question: list
+    images: tuple
+    messages: dict = field(default_factory=dict)
+    history: list = field(default_factory=list)
+    num_turns: int = 0
+    finish_reason: Optional[str] = None
+    image_data: Any = None  # (uint8 [N, 3*p*p], grids int64 [I, 3]), encoded once
+
+    @property
+    def question_text(self) -> str:
+        return content_text(self.question)
+
+    def conversation_history(self, role: str) -> list[dict]:
+        """ReMA's ``{role}_conversation_history``: the role's last prompt (its view without
+        its final response), at most 2 * num_turns messages."""
+        msgs = self.messages.get(role, [])
+        return list(msgs[:-1]) if msgs and msgs[-1]["role"] == "assistant" else list(msgs)
+
+
+@dataclass(eq=False)
+class RoleEncoding:
+    """One role's view of one conversation, encoded.
+
+    Attributes:
+        row:      `MultiModalInputs`: input_ids int64 [L] (image pads expanded), labels int64
+                  [L] (or None for a prompt), mm_token_type_ids int64 [L], position_ids int64
+                  [3, L] (M-RoPE; text-only families: 3 equal rows), image_grid_thw int64
+                  [I, 3], pixel_values_u8 uint8 [N, 3*p*p].
+        step_ids: int64 [L]: the turn index (0-based, = index of the role's assistant message)
+                  on the role's target tokens, -100 elsewhere (``step_ids != -100`` exactly
+                  where ``labels != -100``).
+        text:     the rendered conversation the ids stand for.
+    """
+
+    row: MultiModalInputs
+    step_ids: np.ndarray
+    text: str
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.row.input_ids
+
+    @property
+    def labels(self) -> Optional[np.ndarray]:
+        return self.row.labels
+
+    @property
+    def attention_mask(self) -> np.ndarray:
+        return self.row.attention_mask
+
+    @property
+    def position_ids(self) -> np.ndarray:
+        return self.row.position_ids
+
+
+@dataclass(eq=False)
+class ReMABatch:
+    """A rollout batch of B questions in ReMA's layout (a verl ``DataProto``'s two dicts).
+
+    Attributes (L = one padded length shared by all roles, right padding):
+        batch: batch-first tensors, for each role ``{role}_input_ids`` / ``{role}_labels`` /
+            ``{role}_step_ids`` / ``{role}_attention_mask`` / ``{role}_mm_token_type_ids``
+            int64 [B, L] and ``{role}_position_ids`` int64 [B, 3, L] (vision families, M-RoPE;
+            a row without images has 3 equal rows) or [B, L] (text family). Pads: input id
+            = pad token, mask 0, labels and step_ids -100, positions 0.
+        non_tensor_batch: lists of B: ``question`` (text, ``<image>`` where images go),
+            ``finish_reason`` ("finish_flag" / "max_turns"), ``num_turns`` (rounds played),
+            ``response`` (the last role's final response), ``history`` (every response entry,
+            padded to `history_size` entries with ``{"role": "padding", "content": "<PAD>", ...}``),
+            ``{role}_conversation_history`` (the role's last prompt as messages with content
+            lists, padded to 2 * max_num_turns with ``{"role": "padding", ...}``).
+        image_grid_thw: int64 [I, 3], the questions' images, once (not per role).
+        pixel_values_u8: uint8 [N, 3*p*p], their resized pixels in patch order.
+        image_offsets / patch_offsets: int64 [B+1]; row b owns images / patch rows
+            ``offsets[b]:offsets[b+1]``.
+        pixel_values: float32 [N, 3*T*p*p] (property), the processor's pixel_values.
+    """
+
+    agent_roles: tuple
+    max_num_turns: int
+    family: str
+    batch: dict
+    non_tensor_batch: dict
+    image_grid_thw: Any
+    pixel_values_u8: Any
+    image_offsets: Any
+    patch_offsets: Any
+    spec: Any = None
+
+    def __len__(self) -> int:
+        return len(self.non_tensor_batch["question"])
+
+    @property
+    def pixel_values(self):
+        import torch
+
+        fam = get_family(self.family)
+        if not fam.is_vision:
+            return None
+        spec = self.spec or VisionSpec.from_family(fam)
+        cached = getattr(self, "_pv", None)
+        if cached is None or cached[0] is not self.pixel_values_u8:
+            pv = u8_to_pixel_values(self.pixel_values_u8.numpy(), spec.lut(), spec.temporal_patch_size)
+            cached = self._pv = (self.pixel_values_u8, torch.from_numpy(pv))
+        return cached[1]
+
+    def model_inputs(self, role: str, device=None, *, labels: bool = False) -> dict:
+        """Forward kwargs of ``role``'s sequences for a transformers Qwen-VL (or text) model:
+        input_ids / attention_mask [B, L], position_ids [3, B, L] (text: [B, L]),
+        mm_token_type_ids, pixel_values [N, D] + image_grid_thw [I, 3] when there are images,
+        and labels [B, L] if asked."""
+        if role not in self.agent_roles:
+            raise KeyError(f"role {role!r} is not in this batch's agent_roles {list(self.agent_roles)}")
+        b = self.batch
+        out = {"input_ids": b[f"{role}_input_ids"], "attention_mask": b[f"{role}_attention_mask"]}
+        if get_family(self.family).is_vision:
+            out["position_ids"] = b[f"{role}_position_ids"].permute(1, 0, 2).contiguous()
+            out["mm_token_type_ids"] = b[f"{role}_mm_token_type_ids"]
+            if self.image_grid_thw.shape[0]:
+                out["pixel_values"], out["image_grid_thw"] = self.pixel_values, self.image_grid_thw
+        else:
+            out["position_ids"] = b[f"{role}_position_ids"]
+        if labels:
+            out["labels"] = b[f"{role}_labels"]
+        return {k: v.to(device) for k, v in out.items()} if device is not None else out
+
+    def multi_modal_inputs(self, i: int) -> dict:
+        """Row ``i``'s image inputs (verl's per-row ``multi_modal_inputs``): pixel_values
+        float32 [N_i, D], image_grid_thw int64 [I_i, 3]."""
+        a, b = int(self.patch_offsets[i]), int(self.patch_offsets[i + 1])
+        g0, g1 = int(self.image_offsets[i]), int(self.image_offsets[i + 1])
+        pv = self.pixel_values
+        return {"pixel_values": pv[a:b] if pv is not None else None, "image_grid_thw": self.image_grid_thw[g0:g1]}
+
+    # -- Arrow -------------------------------------------------------------------------------
+    def to_arrow(self) -> pa.Table:
+        """One Arrow row per question, with `rema_arrow_schema` (roles and turns in metadata)."""
+        schema = rema_arrow_schema(self.agent_roles, family=self.family, max_num_turns=self.max_num_turns)
+        B = len(self)
+        cols: dict[str, list] = {k: list(v) for k, v in self.non_tensor_batch.items()}
+        cols["history"] = [[dict(h, finish_reason=h.get("finish_reason") or "") for h in hs] for hs in cols["history"]]
+        for role in self.agent_roles:
+            cols[f"{role}_conversation_history"] = [
+                [{"role": m["role"], "content": [{"type": it["type"], "text": it.get("text")} for it in m["content"]]}
+                 for m in msgs] for msgs in cols[f"{role}_conversation_history"]
+            ]
+            for name in ROLE_TENSORS:
+                t = self.batch[f"{role}_{name}"]
+                cols[f"{role}_{name}"] = (t[:, None, :] if t.dim() == 2 and name == "position_ids" else t).tolist()
+        grids = self.image_grid_thw.numpy()
+        u8 = self.pixel_values_u8.numpy()
+        io, po = self.image_offsets.tolist(), self.patch_offsets.tolist()
+        cols["image_grid_thw"] = [grids[io[b]:io[b + 1]].tolist() for b in range(B)]
+        cols["pixel_values_u8"] = [u8_bytes(u8[po[b]:po[b + 1]]) for b in range(B)]
+        cols["family"] = [self.family] * B
+        return pa.table({f.name: pa.array(cols[f.name], type=f.type) for f in schema}, schema=schema)
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table) -> "ReMABatch":
+        """Inverse of `to_arrow` (float32 pixel_values are rebuilt from the uint8 pixels)."""
+        import torch
+
+        meta = table.schema.metadata or {}
+        try:
+            roles = tuple(json.loads(meta[b"mmpipe.agent_roles"]))
+            max_turns = int(meta[b"mmpipe.max_num_turns"])
+        except KeyError:
+            raise ValueError(
+                "the table has no mmpipe.agent_roles / mmpipe.max_num_turns schema metadata; it was not written by "
+                "ReMABatch.to_arrow (keep the schema metadata when saving, e.g. pyarrow.parquet keeps it)"
+            ) from None
+        rows = table.to_pydict()
+        fam = get_family(rows["family"][0]) if rows["family"] else get_family(meta.get(b"mmpipe.family", b"text").decode())
+        B = table.num_rows
+        tensors = {}
+        for role in roles:
+            for name in ROLE_TENSORS:
+                arr = np.asarray(rows[f"{role}_{name}"], np.int64)
+                if name == "position_ids":
+                    arr = arr.reshape(B, -1, arr.shape[-1] if arr.size else 0)
+                    arr = arr if fam.is_vision else arr[:, 0]
+                tensors[f"{role}_{name}"] = torch.from_numpy(np.ascontiguousarray(arr))
+        grids = [np.asarray(g, np.int64).reshape(-1, 3) for g in rows["image_grid_thw"]]
+        u8 = [u8_block(v, int(g.prod(axis=1).sum()) if len(g) else 0, fam.patch_dim_u8, "pixel_values_u8", b)
+              for b, (v, g) in enumerate(zip(rows["pixel_values_u8"], grids))]
+        non = {k: rows[k] for k in ("question", "finish_reason", "num_turns", "response", "history")}
+        for role in roles:
+            non[f"{role}_conversation_history"] = [
+                [{"role": m["role"], "content": [_from_arrow_item(it) for it in m["content"]]} for m in msgs]
+                for msgs in rows[f"{role}_conversation_history"]
+            ]
+        return cls(
+            agent_roles=roles, max_num_turns=max_turns, family=fam.name, batch=tensors, non_tensor_batch=non,
+            image_grid_thw=torch.from_numpy(np.concatenate(grids).reshape(-1, 3) if grids else np.zeros((0, 3), np.int64)),
+            pixel_values_u8=torch.from_numpy(np.concatenate(u8) if u8 else np.zeros((0, fam.patch_dim_u8), np.uint8)),
+            image_offsets=torch.from_numpy(offsets([len(g) for g in grids])),
+            patch_offsets=torch.from_numpy(offsets([len(x) for x in u8])),
+            spec=VisionSpec.from_family(fam) if fam.is_vision else None,
+        )
+
+    def diff(self, other: "ReMABatch") -> list[str]:
+        """Names of what differs (exact comparison): for round-trip checks."""
+        import torch
+
+        out = [n for n in ("agent_roles", "max_num_turns", "family") if getattr(self, n) != getattr(other, n)]
+        if set(self.batch) != set(other.batch):
+            out.append("batch keys")
+        for k in self.batch.keys() & other.batch.keys():
+            a, b = self.batch[k], other.batch[k]
+            if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b):
+                out.append(k)
+        if set(self.non_tensor_batch) != set(other.non_tensor_batch):
+            out.append("non_tensor_batch keys")
+        for k in self.non_tensor_batch.keys() & other.non_tensor_batch.keys():
+            if self.non_tensor_batch[k] != other.non_tensor_batch[k]:
+                out.append(k)
+        for n in ("image_grid_thw", "pixel_values_u8", "image_offsets", "patch_offsets"):
+            a, b = getattr(self, n), getattr(other, n)
+            if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b):
+                out.append(n)
+        return out
+
+    def __repr__(self) -> str:
+        L = int(next(iter(self.batch.values())).shape[-1]) if self.batch else 0
+        return (f"ReMABatch(family={self.family!r}, B={len(self)}, roles={list(self.agent_roles)}, L={L}, "
+                f"images={int(self.image_grid_thw.shape[0])}, finish={self.non_tensor_batch['finish_reason']})")
+
+
+ROLE_TENSORS = ("input_ids", "labels", "step_ids", "attention_mask", "position_ids", "mm_token_type_ids")
+
+
+def _from_arrow_item(it: dict) -> dict:
+    return {"type": "image"} if it["type"] == "image" else text_item(it["text"])
+
+
+_ITEM = pa.struct([("type", pa.string()), ("text", pa.string())])
+
+
+_MESSAGE = pa.struct([("role", pa.string()), ("content", pa.list_(_ITEM))])
+
+
+_HISTORY_ENTRY = pa.struct([("role", pa.string()), ("content", pa.string()), ("turn", pa.int32()),
+                            ("finish_reason", pa.string()), ("num_tokens", pa.int32())])
+
+
+def rema_arrow_schema(agent_roles: Sequence[str] = ("{role}",), *, family: Optional[str] = None,
+                      max_num_turns: Optional[int] = None) -> pa.Schema:
+    """Arrow schema of a `ReMABatch` stored one row per question.
+
+    With the default ``agent_roles=("{role}",)`` it shows the per-role column pattern (what
+    ``schemas/rema_batch.json`` holds). Tensor columns are stored padded (length L).
+    """
+    cols: list[tuple[str, pa.DataType, str]] = [
+        ("question", pa.string(), "the question's text, <image> where each image goes"),
+        ("finish_reason", pa.string(), "finish_flag (a finish role's response held the flag) or max_turns"),
+        ("num_turns", pa.int32(), "rounds played; every role answered once per round"),
+        ("response", pa.string(), "the last role's final response"),
+        ("history", pa.list_(_HISTORY_ENTRY),
+         "every response in order {role, content, turn, finish_reason (engine's), num_tokens (generated)}, "
+         "padded to max(2, R) * max_num_turns entries with {role: padding, content: <PAD>, turn: -1}"),
+    ]
+    for r in agent_roles:
+        cols += [
+            (f"{r}_input_ids", pa.list_(pa.int32()), "int [L] the role's view, image pads expanded, right-padded"),
+            (f"{r}_labels", pa.list_(pa.int32()), "int [L] -100 except the role's own response tokens (+ end-of-turn after a normal stop)"),
+            (f"{r}_step_ids", pa.list_(pa.int32()), "int [L] turn index on the role's target tokens, -100 elsewhere"),
+            (f"{r}_attention_mask", pa.list_(pa.int8()), "int [L] 1 for real tokens"),
+            (f"{r}_position_ids", pa.list_(pa.list_(pa.int32())), "int [3, L] M-RoPE (vision families) or [1, L] plain (text), pads 0"),
+            (f"{r}_mm_token_type_ids", pa.list_(pa.int8()), "int [L] 0 text, 1 image"),
+            (f"{r}_conversation_history", pa.list_(_MESSAGE),
+             "the role's last prompt as chat messages {role, content: [{type: text|image, text}]}, padded to "
+             "2 * max_num_turns with {role: padding, content: [{type: text, text: <PAD>}]}"),
+        ]
+    cols += [
+        ("image_grid_thw", pa.list_(pa.list_(pa.int32())), "int [I, 3] patch grid per question image (shared by all roles)"),
+        ("pixel_values_u8", pa.binary(), "uint8 [N, 3*p*p] raw bytes + one 0xFF end marker: the question's resized images, once"),
+        ("family", pa.string(), "model family name: qwen2_vl, qwen2_5_vl, qwen3_vl, text"),
+    ]
+    meta = {"mmpipe.agent_roles": json.dumps(list(agent_roles))}
+    if max_num_turns is not None:
+        meta["mmpipe.max_num_turns"] = str(int(max_num_turns))
+    if family is not None:
+        meta["mmpipe.family"] = family
+    return pa.schema([pa.field(n, t, nullable=False, metadata={"doc": d}) for n, t, d in cols], metadata=meta)
+

@@ -1,0 +1,88 @@
+"""Records carved from mmpipe.rollout.results."""
+
+from __future__ import annotations
+from dataclasses import dataclass, replace
+from typing import Optional
+import numpy as np
+from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.row import MultiModalInputs
+
+
+@dataclass(eq=False)
+class RolloutSample:
+    """One sampled completion of one prompt.
+
+    Attributes:
+        prompt:         the prompt row (shared, not copied, by the samples of one prompt).
+        prompt_index:   index of the prompt in the rollout batch.
+        sample_index:   0..n-1 within the prompt's group.
+        response_ids:   int64 [R] generated ids (EOS included when emitted).
+        logprobs:       float32 [R] rollout-time logprobs of the sampled tokens, or None.
+        finish_reason:  "stop", "length" or "abort".
+        stop_reason:    the stop token/string, if any.
+    """
+
+    prompt: MultiModalInputs
+    prompt_index: int
+    sample_index: int
+    response_ids: np.ndarray
+    logprobs: Optional[np.ndarray]
+    finish_reason: str
+    stop_reason: object = None
+
+    @property
+    def prompt_ids(self) -> np.ndarray:
+        """int64 [P] the prompt's ids, unpadded, placeholders expanded."""
+        return self.prompt.input_ids
+
+    @property
+    def response_mask(self) -> np.ndarray:
+        """int64 [R]: 1 on every generated token (the completion is already cut at EOS)."""
+        return np.ones(len(self.response_ids), dtype=np.int64)
+
+    @property
+    def response_positions(self) -> np.ndarray:
+        """int64 [3, R]: generated token k at ``max(prompt positions) + 1 + k`` on all axes."""
+        start = int(self.prompt.position_ids.max()) + 1 if self.prompt.num_tokens else 0
+        pos = start + np.arange(len(self.response_ids), dtype=np.int64)
+        return np.broadcast_to(pos, (3, len(pos))).copy()
+
+    @property
+    def position_ids(self) -> np.ndarray:
+        """int64 [3, P+R] M-RoPE positions of prompt + response."""
+        return np.concatenate([self.prompt.position_ids, self.response_positions], axis=1)
+
+    def to_row(self) -> MultiModalInputs:
+        """The training row: prompt + response, labels = response ids (-100 on the prompt).
+
+        Pixel arrays are the prompt's own objects (no copy)."""
+        p, r = self.prompt, self.response_ids.astype(np.int64)
+        R = len(r)
+        return replace(
+            p,
+            input_ids=np.concatenate([p.input_ids, r]),
+            attention_mask=np.ones(p.num_tokens + R, dtype=np.int64),
+            mm_token_type_ids=np.concatenate([p.mm_token_type_ids, np.zeros(R, np.int64)]),
+            position_ids=self.position_ids,
+            rope_delta=p.rope_delta,  # each response token advances positions by exactly 1
+            labels=np.concatenate([np.full(p.num_tokens, IGNORE_INDEX, np.int64), r]),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"RolloutSample(prompt={self.prompt_index}.{self.sample_index}, prompt_tokens={self.prompt.num_tokens}, "
+            f"images={self.prompt.num_images}, response_tokens={len(self.response_ids)}, finish={self.finish_reason!r})"
+        )
+
+    def _repr_html_(self) -> str:
+        """Jupyter display: prompt images, prompt + response tokens (`mmpipe.view.display.rollout_html`)."""
+        from mmpipe.view.display import rollout_html
+
+        return rollout_html(self)
+
+    def describe(self, *, tokenizer=None) -> str:
+        """Plain-text description for terminals (`mmpipe.view.display.describe`)."""
+        from mmpipe.view.display import describe
+
+        return describe(self, tokenizer=tokenizer)
+

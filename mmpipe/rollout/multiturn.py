@@ -1,0 +1,429 @@
+"""Multi-turn appends (the VRAG-style agent loop): grow an encoded row turn by turn.
+
+A `Conversation` is one encoded row (`MultiModalInputs`) plus what is needed to keep
+appending to it: the chat messages so far (images as ``{"type": "image"}`` placeholders), the
+images themselves, and the rendered chat text the tokens stand for. Each append renders the
+whole conversation through the chat template, checks that the text so far is a prefix of it,
+tokenizes only the new suffix, expands its image placeholders, encodes its images and
+concatenates ``image_grid_thw`` and pixel data (``pixel_values_u8`` / ``pixel_values``) along
+dim 0. Positions of the new tokens continue from the previous maximum (the M-RoPE rule runs
+left to right), so nothing already encoded is recomputed.
+
+Invariant (tested for all families): after any sequence of appends whose responses are the
+re-tokenized assistant texts, the row equals ``mmpipe.encode_row`` of the whole conversation
+(ids, labels, mm_token_type_ids, grids, pixels, positions, rope_delta). Labels are -100
+everywhere except the model's response tokens (incl. ``<|im_end|>``); observation and tool
+tokens and the generation prompt are never trained on.
+
+    conv = start({"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Q?"}]}],
+                  "images": [img]}, processor)
+    conv = append_response(conv, completion.token_ids)            # ids as generated, ending <|im_end|>
+    conv = append_observation(conv, [{"type": "image"}, {"type": "text", "text": "page 3"}], images=[page])
+    conv.row                                                      # a MultiModalInputs, ready to collate
+
+`MultiTurnBatch` keeps B conversations for the loop: which are still active, their rows
+for the rollout engine, and every result under its original index.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from mmpipe.encoding.encoder import Encoder, parse_row
+from mmpipe.images.pixels import encode_image, image_grid, u8_to_pixel_values
+from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.row import MultiModalInputs
+from mmpipe.records.conversation import Conversation
+
+__all__ = ["Conversation", "MultiTurnBatch", "start", "append_response", "append_observation", "append_messages"]
+
+
+# ---- start -------------------------------------------------------------------------------
+def start(raw_row: dict, processor, *, index: Any = None, **encode_options) -> Conversation:
+    """Encode a raw row (any format `mmpipe.encode` accepts) as the first prompt of a loop.
+
+    ``processor``: a Qwen-VL processor (or tokenizer), or an `Encoder` (then no options).
+    The prompt always ends with the generation prompt. ``max_length`` applies to the prompt
+    only (appends never cut: the loop decides when a conversation is long enough, from
+    ``conv.num_tokens``); only ``truncation="raise"`` is allowed, since cutting a prompt
+    would cut its generation prompt.
+    """
+    enc = _encoder(processor, encode_options)
+    messages, images = parse_row(raw_row, idx=index, images_column=enc.images_column)
+    row = enc.encode_row(raw_row, index)
+    return Conversation(row=row, messages=tuple(messages), images=tuple(images),
+                        text=enc.render(messages, True), encoder=enc, index=index)
+
+
+def _encoder(processor, options: dict) -> Encoder:
+    if isinstance(processor, Encoder):
+        if options:
+            raise ValueError(f"pass encode options ({sorted(options)}) to the Encoder, not to start()")
+        enc = processor
+    else:
+        enc = Encoder(processor, **options)
+    if enc.truncation != "raise":
+        raise ValueError(
+            f"multi-turn conversations need truncation='raise' (got {enc.truncation!r}): cutting or dropping "
+            "a prompt would cut its generation prompt; filter long prompts before the loop"
+        )
+    if enc.add_generation_prompt is not True:
+        enc = copy.copy(enc)  # shares processor and spec; only the flag differs
+        enc.add_generation_prompt = True
+    return enc
+
+
+# ---- responses ---------------------------------------------------------------------------
+def append_response(conv: Conversation, response=None, *, text: Optional[str] = None,
+                    done: bool = False, finish_reason: Optional[str] = None) -> Conversation:
+    """Append the model's reply and close its turn as the chat template does.
+
+    Args:
+        response: the generated ids (``Sequence[int]``, as the engine returned them, usually
+            ending with ``<|im_end|>``) or a `mmpipe.records.generation.Completion`. They are kept
+            as generated, never re-tokenized, and all of them are labels (response mask 1).
+        text: instead of ids, the reply as text (tokenized in context, ``<|im_end|>`` added
+            and labelled): what encoding the whole conversation at once gives.
+        done: the conversation ends with this reply (no more observations).
+        finish_reason: recorded when ``done`` (default: the Completion's, else "stop").
+
+    The turn is closed by the template's end-of-turn text (``<|im_end|>\\n`` for Qwen). When
+    the ids end with ``<|im_end|>`` only the rest (``\\n``) is added; when they do not (cut
+    by max_tokens, or stopped by a stop string such as ``</search>``) the whole
+    ``<|im_end|>\\n`` is added. Added tokens get label -100: the model did not sample them,
+    so they have no rollout log-probability and are not trained on.
+
+    Raises ValueError (naming the conversation) when the conversation is done, does not
+    end with a generation prompt, the ids hold image/video pad tokens (they would be read
+    as image slots without an image), or the template does not render the reply verbatim.
+    """
+    _check_open(conv, "a response")
+    if not conv.awaiting_response:
+        raise ValueError(
+            f"{conv.where}: the last turn is closed (no generation prompt); a response can only follow a prompt "
+            "or an observation appended with add_generation_prompt=True"
+        )
+    if (response is None) == (text is None):
+        raise ValueError(f"{conv.where}: pass exactly one of response ids or text=")
+    tok = conv.encoder.tokenizer
+    if text is None:
+        if hasattr(response, "token_ids"):  # a generation.Completion
+            finish_reason = finish_reason or getattr(response, "finish_reason", None)
+            response = response.token_ids
+        ids = np.asarray(list(response), dtype=np.int64)
+        _refuse_vision_tokens(conv, ids)
+        close = _end_of_turn(conv)  # e.g. "<|im_end|>\n"
+        last = tok.convert_ids_to_tokens(int(ids[-1])) if len(ids) else None
+        ended = last is not None and last in _added_tokens(tok) and close.startswith(last)
+        content_ids = ids[:-1] if ended else ids
+        content = tok.decode(content_ids.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        messages = conv.messages + ({"role": "assistant", "content": content},)
+        full = _render_checked(conv, messages, False, "the response")
+        if full != conv.text + content + close:
+            raise ValueError(
+                f"{conv.where}: the chat template does not render the reply verbatim followed by {close!r} "
+                f"(it rendered {full[len(conv.text):]!r:.120}); re-encode the whole conversation with "
+                "mmpipe.encode_row instead of appending"
+            )
+        added = close[len(last):] if ended else close
+        close_ids, _ = _tokenize_suffix(conv, full[: len(full) - len(added)], added, "the end of the turn")
+        new_ids = np.concatenate([ids, close_ids]).astype(np.int64)
+        labels = np.concatenate([ids, np.full(len(close_ids), IGNORE_INDEX, np.int64)])
+        n_resp = len(ids)
+    else:
+        messages = conv.messages + ({"role": "assistant", "content": text},)
+        full = _render_checked(conv, messages, False, "the response")
+        suffix = full[len(conv.text):]
+        new_ids, starts = _tokenize_suffix(conv, conv.text, suffix, "the response")
+        _refuse_vision_tokens(conv, new_ids)
+        # the same rule as Encoder._assistant_spans: up to the end-of-turn token, not the "\n" after it
+        end = len(suffix.rstrip("\n "))
+        labels = np.where(starts < end, new_ids, IGNORE_INDEX).astype(np.int64)
+        n_resp = int((starts < end).sum())
+    L = conv.num_tokens
+    out = _extend(conv, new_ids, labels, [], [], full, messages, awaiting=False, images_added=())
+    out = replace(out, response_spans=conv.response_spans + ((L, L + n_resp),))
+    if done:
+        out = replace(out, done=True, finish_reason=finish_reason or "stop")
+    return out
+
+
+def _end_of_turn(conv: Conversation) -> str:
+    """The text the chat template puts after an assistant reply (found with a probe reply)."""
+    probe = "\x00mmpipe-probe\x00"
+    full = conv.encoder.render(list(conv.messages) + [{"role": "assistant", "content": probe}], False)
+    if full.find(probe) != len(conv.text) or not full.startswith(conv.text):
+        raise ValueError(
+            f"{conv.where}: the chat template does not render an assistant reply right after the generation "
+            "prompt; re-encode the whole conversation with mmpipe.encode_row instead of appending"
+        )
+    return full[len(conv.text) + len(probe):]
+
+
+def _refuse_vision_tokens(conv: Conversation, ids: np.ndarray) -> None:
+    enc = conv.encoder
+    for tid, name in ((enc.image_token_id, "image"), (enc.video_token_id, "video")):
+        if tid is not None and (ids == tid).any():
+            raise ValueError(
+                f"{conv.where}: the response holds {int((ids == tid).sum())} {name} pad token(s) "
+                f"({enc.family.image_token if name == 'image' else enc.family.video_token}); the model would read "
+                f"them as {name} slots with no {name} ('Image features and image tokens do not match'). Ban vision "
+                "tokens at sampling (bad words / logits processor) or end this conversation with mark_done"
+            )
+
+
+# ---- observations ------------------------------------------------------------------------
+def append_observation(conv: Conversation, content, images: Sequence = (), *, role: str = "user",
+                       add_generation_prompt: bool = True) -> Conversation:
+    """Append one observation (tool result) turn, then the next generation prompt.
+
+    Args:
+        content: a string (``<image>`` marks images when ``images`` are given) or a content
+            list of ``{"type": "text", "text": ...}`` / ``{"type": "image"}`` (or inline
+            ``{"type": "image", "image": img}``) items.
+        images: images for the ``{"type": "image"}`` placeholders, in order.
+        role: ``"user"`` (the VRAG convention) or ``"tool"`` (Qwen3-VL wraps tool turns in
+            ``<tool_response>`` inside a user turn; Qwen2-VL renders ``<|im_start|>tool``).
+        add_generation_prompt: end with ``<|im_start|>assistant\\n`` (label -100) so the row
+            is the next prompt.
+
+    Every added token has label -100. New images: grids appended to ``image_grid_thw``
+    [I, 3], pixels to ``pixel_values_u8`` [N, 3*p*p] (or the encoder's pixel format).
+    """
+    return append_messages(conv, [{"role": role, "content": content}], images,
+                           add_generation_prompt=add_generation_prompt)
+
+
+def append_messages(conv: Conversation, messages: Sequence[dict], images: Sequence = (), *,
+                    add_generation_prompt: bool = True) -> Conversation:
+    """Append non-assistant messages (observations, several tool results at once, a new
+    user question) with their images; all added tokens get label -100.
+
+    Consecutive tool results must come in ONE call: templates that merge consecutive tool
+    messages into one turn (Qwen3-VL) re-render the earlier one when another is appended,
+    which this function detects and refuses.
+    """
+    _check_open(conv, "messages")
+    if conv.awaiting_response:
+        raise ValueError(
+            f"{conv.where}: the row ends with a generation prompt waiting for the model's reply; append the "
+            "response (append_response) before the next observation"
+        )
+    roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
+    if not messages or "assistant" in roles or None in roles:
+        raise ValueError(
+            f"{conv.where}: expected a non-empty list of non-assistant messages, found roles {roles}; "
+            "append model replies with append_response"
+        )
+    enc = conv.encoder
+    new_msgs, new_images = parse_row({"messages": list(messages), enc.images_column: list(images)},
+                                     idx=conv.index, images_column=enc.images_column)
+    if new_images and not enc.family.is_vision:
+        raise ValueError(f"{conv.where}: the observation holds {len(new_images)} image(s) but the model is text-only")
+    all_msgs = conv.messages + tuple(new_msgs)
+    full = _render_checked(conv, all_msgs, add_generation_prompt, "the observation")
+    ids, _ = _tokenize_suffix(conv, conv.text, full[len(conv.text):], "the observation")
+    ids, grids, blocks = _expand_images(conv, ids, new_images)
+    labels = np.full(ids.shape, IGNORE_INDEX, np.int64)
+    return _extend(conv, ids, labels, grids, blocks, full, all_msgs, awaiting=add_generation_prompt,
+                   images_added=tuple(new_images))
+
+
+def _expand_images(conv: Conversation, ids: np.ndarray, images: Sequence):
+    """One pad id per image -> t*h*w/merge^2 ids; encode the images (the row's pixel format)."""
+    enc, fam = conv.encoder, conv.encoder.family
+    if not fam.is_vision:
+        return ids, [], []
+    pad_pos = np.flatnonzero(ids == enc.image_token_id)
+    if len(pad_pos) != len(images):
+        raise ValueError(
+            f"{conv.where}: the new turn renders {len(pad_pos)} {fam.image_token} token(s) for {len(images)} "
+            f"image(s); give one image per placeholder (does the text hold a literal {fam.image_token}?)"
+        )
+    if (ids == enc.video_token_id).any():
+        raise ValueError(f"{conv.where}: the new turn holds {fam.video_token}; videos cannot be appended yet")
+    grids, blocks = [], []
+    first = conv.row.num_images
+    for k, img in enumerate(images):
+        w = f"{conv.where}, image {first + k}"
+        if enc.pixels == "none":
+            grids.append(image_grid(img, enc.spec, where=w))
+        else:
+            u8, g = encode_image(img, enc.spec, where=w)
+            grids.append(g)
+            blocks.append(u8 if enc.pixels == "uint8" else
+                          u8_to_pixel_values(u8, enc.lut(), enc.spec.temporal_patch_size))
+    if grids:
+        reps = np.ones(ids.shape, np.int64)
+        reps[pad_pos] = np.prod(np.asarray(grids, np.int64), axis=1) // fam.merge_size**2
+        ids = np.repeat(ids, reps)
+    return ids, grids, blocks
+
+
+# ---- shared machinery --------------------------------------------------------------------
+def _check_open(conv: Conversation, what: str) -> None:
+    if conv.done:
+        raise ValueError(
+            f"{conv.where} is done (finish_reason={conv.finish_reason!r}); cannot append {what}. "
+            "Loop over MultiTurnBatch.active() to skip finished conversations"
+        )
+
+
+def _render_checked(conv: Conversation, messages: Sequence[dict], agp: bool, what: str) -> str:
+    full = conv.encoder.render(list(messages), agp)
+    if not full.startswith(conv.text):
+        at = next((i for i, (a, b) in enumerate(zip(full, conv.text)) if a != b), min(len(full), len(conv.text)))
+        raise ValueError(
+            f"{conv.where}: with {what} appended, the chat template re-renders earlier text (first difference "
+            f"at character {at}: {conv.text[at:at + 40]!r} became {full[at:at + 40]!r}), so the tokens so far "
+            "are no longer a prefix of the conversation. Templates do this when they merge consecutive tool "
+            "messages (pass them in one append_messages call) or rewrite earlier assistant turns (e.g. strip "
+            "reasoning); re-encode the whole conversation with mmpipe.encode_row instead"
+        )
+    return full
+
+
+_ADDED: dict[int, tuple[Any, tuple[str, ...]]] = {}
+
+
+def _added_tokens(tok) -> tuple[str, ...]:
+    """The tokenizer's added (special) token strings: tokenization never crosses them."""
+    hit = _ADDED.get(id(tok))
+    if hit is None or hit[0] is not tok:
+        hit = _ADDED[id(tok)] = (tok, tuple(tok.get_added_vocab()))
+    return hit[1]
+
+
+def _tokenize_suffix(conv: Conversation, before: str, suffix: str, what: str):
+    """Tokens of ``suffix`` exactly as tokenizing ``before + suffix`` whole would give them.
+
+    The tokenizer splits at added tokens, so re-tokenizing from the last one in ``before``
+    is equivalent to tokenizing everything. Returns (ids int64 [n], char starts int64 [n]
+    relative to ``suffix``). Raises if a token would straddle the border (the tokens so far
+    would change on a whole re-encode).
+    """
+    tok = conv.encoder.tokenizer
+    cut = max((before.rfind(t) + len(t) for t in _added_tokens(tok) if before.rfind(t) >= 0), default=0)
+    tail = before[cut:]
+    enc = tok(tail + suffix, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offs = enc["input_ids"], enc["offset_mapping"]
+    head = tok(tail, add_special_tokens=False)["input_ids"] if tail else []
+    n = len(head)
+    if ids[:n] != head:
+        raise ValueError(
+            f"{conv.where}: {what} merges with the text before it into one token ({tail[-20:]!r} + "
+            f"{suffix[:20]!r}); appending would disagree with encoding the whole conversation. Start the "
+            "appended text at a token boundary, or append the generated ids (append_response(ids)) instead of text"
+        )
+    starts = np.asarray([s for s, _ in offs[n:]], np.int64).reshape(-1) - len(tail)
+    return np.asarray(ids[n:], np.int64), starts
+
+
+def _extend(conv: Conversation, ids, labels, grids, blocks, text, messages, *, awaiting, images_added):
+    """Concatenate new tokens (and images) onto the row; positions continue after the max."""
+    from mmpipe.rope import get_rope_index
+
+    row, fam = conv.row, conv.encoder.family
+    mm = np.zeros(ids.shape, np.int64)
+    if fam.is_vision:
+        mm[ids == conv.encoder.image_token_id] = 1
+    grids = np.asarray(grids, np.int64).reshape(-1, 3)
+    pos, _ = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None, family=fam)
+    offset = int(row.position_ids.max()) + 1 if row.num_tokens else 0
+    pos = pos[:, 0, :].numpy() + offset
+    all_pos = np.concatenate([row.position_ids, pos], axis=1)
+    L = row.num_tokens + len(ids)
+    new = replace(
+        row,
+        input_ids=np.concatenate([row.input_ids, ids]),
+        attention_mask=np.ones(L, np.int64),
+        mm_token_type_ids=np.concatenate([row.mm_token_type_ids, mm]),
+        position_ids=all_pos,
+        rope_delta=int(all_pos.max()) + 1 - L if L else 0,
+        labels=None if row.labels is None else np.concatenate([row.labels, labels]),
+        image_grid_thw=np.concatenate([row.image_grid_thw, grids]) if len(grids) else row.image_grid_thw,
+    )
+    if blocks:
+        name = "pixel_values_u8" if conv.encoder.pixels == "uint8" else "pixel_values"
+        setattr(new, name, np.concatenate([getattr(row, name), *blocks]))
+    return replace(conv, row=new, text=text, messages=tuple(messages), awaiting_response=awaiting,
+                   images=conv.images + tuple(images_added))
+
+
+# ---- the batch-level loop ------------------------------------------------------------------
+@dataclass
+class MultiTurnBatch:
+    """B conversations in an agent loop; every row keeps its original index.
+
+        batch = MultiTurnBatch.start(raw_rows, processor)
+        while batch.active_indices:
+            idx = batch.active_indices
+            gens = engine.generate(batch.active_rows(), params)     # one Generation per active row
+            for i, g in zip(idx, gens):
+                c = g.completions[0]
+                batch.append_response(i, c, done=not wants_tool(c))
+            for i, conv in batch.active():                          # still running: tool turn
+                content, images = search(conv)
+                batch.append_observation(i, content, images)
+        rows = batch.rows()                                         # B rows, original order
+
+    Finished conversations are never touched again: their rows stay as they were.
+    """
+
+    conversations: list = field(default_factory=list)
+
+    @classmethod
+    def start(cls, raw_rows: Sequence[dict], processor, **encode_options) -> "MultiTurnBatch":
+        """Encode every raw row as a first prompt (one shared `Encoder`)."""
+        enc = _encoder(processor, encode_options)
+        return cls([start(r, enc, index=i) for i, r in enumerate(raw_rows)])
+
+    def __len__(self) -> int:
+        return len(self.conversations)
+
+    def __getitem__(self, i: int) -> Conversation:
+        return self.conversations[i]
+
+    @property
+    def active_indices(self) -> list[int]:
+        """Original indices of the conversations still running, ascending."""
+        return [i for i, c in enumerate(self.conversations) if not c.done]
+
+    def active(self) -> list[tuple[int, Conversation]]:
+        """(original index, conversation) for each running conversation, ascending."""
+        return [(i, c) for i, c in enumerate(self.conversations) if not c.done]
+
+    def active_rows(self) -> list[MultiModalInputs]:
+        """The running conversations' rows in `active_indices` order (the engine's prompts)."""
+        return [c.row for c in self.conversations if not c.done]
+
+    def mark_done(self, i: int, reason: str = "stop") -> None:
+        """End conversation ``i`` (original index); its row is final."""
+        self.conversations[i] = replace(self._get(i), done=True, finish_reason=reason)
+
+    def append_response(self, i: int, response=None, **kwargs) -> Conversation:
+        """`append_response` on conversation ``i`` (original index)."""
+        self.conversations[i] = append_response(self._get(i), response, **kwargs)
+        return self.conversations[i]
+
+    def append_observation(self, i: int, content, images: Sequence = (), **kwargs) -> Conversation:
+        """`append_observation` on conversation ``i`` (original index)."""
+        self.conversations[i] = append_observation(self._get(i), content, images, **kwargs)
+        return self.conversations[i]
+
+    def rows(self) -> list[MultiModalInputs]:
+        """All B rows in original order (finished early or not)."""
+        return [c.row for c in self.conversations]
+
+    @property
+    def finish_reasons(self) -> list[Optional[str]]:
+        return [c.finish_reason for c in self.conversations]
+
+    def _get(self, i: int) -> Conversation:
+        if not 0 <= i < len(self.conversations):
+            raise IndexError(f"conversation {i}: this batch holds conversations 0..{len(self.conversations) - 1}")
+        return self.conversations[i]

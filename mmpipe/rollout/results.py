@@ -1,0 +1,61 @@
+"""Rollout results -> per-sample rows: prompt, response, logprobs, finish reason, positions.
+
+``unbatch_rollout(prompts, generations)`` gives one `RolloutSample` per completion
+(prompt-major: prompt 0's n samples, then prompt 1's ...). Samples of one prompt share the
+prompt record itself, so GRPO groups never copy pixel arrays. ``sample.to_row()`` is the
+training row (prompt + response, labels on the response only, M-RoPE positions continued
+over the response) that collate / the data packers turn into a policy batch.
+
+Positions of generated tokens follow the rule the rollout engine used: generated token ``k``
+sits at ``last_prompt_pos + 1 + k`` on all three axes (``= n_prompt + rope_delta + k``),
+which equals recomputing the M-RoPE rule over prompt + response with the response as text.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from mmpipe.records.generation import Generation
+from mmpipe.records.row import MultiModalInputs
+from mmpipe.records.batch import BatchedMultiModalInputs
+from mmpipe.records.rollout import RolloutSample
+
+
+def unbatch_rollout(prompts, generations: Sequence[Generation]) -> list[RolloutSample]:
+    """Engine outputs for a batch -> one `RolloutSample` per completion, prompt-major.
+
+    Args:
+        prompts: the prompt rows (``MultiModalInputs`` / stored dicts) or the
+            `BatchedMultiModalInputs` they were collated into (unbatched here).
+        generations: one `Generation` per prompt, ``generations[i].prompt_index == i``.
+    """
+    if isinstance(prompts, BatchedMultiModalInputs):
+        from mmpipe.batching.unbatch import unbatch
+
+        rows = unbatch(prompts)
+    else:
+        rows = [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(prompts)]
+    if len(generations) != len(rows):
+        raise ValueError(
+            f"{len(generations)} generations for {len(rows)} prompts; trim data-parallel padding rows "
+            "first (mmpipe.rollout.inputs.trim) and keep one Generation per prompt"
+        )
+    out = []
+    for i, (row, gen) in enumerate(zip(rows, generations)):
+        if gen.prompt_index != i:
+            raise ValueError(f"generation {i} is for prompt {gen.prompt_index}; generations must be in prompt order")
+        for j, c in enumerate(gen.completions):
+            out.append(
+                RolloutSample(
+                    prompt=row,
+                    prompt_index=i,
+                    sample_index=j,
+                    response_ids=np.asarray(c.token_ids, dtype=np.int64),
+                    logprobs=np.asarray(c.logprobs, dtype=np.float32) if c.logprobs is not None else None,
+                    finish_reason=c.finish_reason,
+                    stop_reason=c.stop_reason,
+                )
+            )
+    return out

@@ -1,0 +1,115 @@
+"""Rollout engines over a transformers model (this module) and vLLM (`vllm_engine`).
+
+Both take encoded prompt rows and return engine-neutral `Generation` s; the model always
+receives the rows' images (``pixel_values`` + ``image_grid_thw`` + ``mm_token_type_ids``),
+which is the failure this layer exists to prevent: an agent loop that calls generation with
+only ``input_ids`` / ``attention_mask`` makes the model answer without ever seeing the image.
+
+    engine = TransformersEngine(model, processor)
+    gens = engine.generate(rows, SamplingParams(max_new_tokens=64, n=4, temperature=1.0, seed=0))
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from mmpipe.batching.collate import Collator
+from mmpipe.records.generation import Completion, Generation, SamplingParams
+from mmpipe.records.row import MultiModalInputs
+from mmpipe.rollout.inputs import to_generate_kwargs
+
+
+class TransformersEngine:
+    """`RolloutEngine` over a transformers ``GenerationMixin`` model (CPU or GPU).
+
+    Prompts are left-padded and turned into ``generate`` kwargs by
+    `mmpipe.rollout.inputs.to_generate_kwargs` (which refuses a batch whose images have no
+    pixel data); ``generate`` builds the 3-D positions and rope deltas itself from
+    ``mm_token_type_ids`` and the grids. ``n > 1`` repeats each prompt ``n`` times in the
+    generation batch (prompt-major), so greedy and sampled groups work alike.
+
+    Logprobs are those of the sampled token under the model's raw logits (log_softmax of the
+    logits before temperature / top-p processing): what teacher forcing over the same tokens
+    computes, so rollout and training logprobs are comparable.
+    """
+
+    def __init__(self, model, processor, *, see_images: bool = True):
+        self.model = model
+        self.processor = processor
+        self.collator = Collator(processor, padding_side="left")
+        tok = getattr(processor, "tokenizer", processor)
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            eos = tok.eos_token_id
+        self.eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_ids[0]
+        # see_images=False exists for tests that prove the model really uses the images
+        self.see_images = see_images
+
+    def generate(self, rows: Sequence, params: SamplingParams = SamplingParams()) -> list[Generation]:
+        import torch
+
+        recs = [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(rows)]
+        expanded = [r for r in recs for _ in range(params.n)]
+        batch = self.collator(expanded)
+        device = next(self.model.parameters()).device
+        kw = to_generate_kwargs(batch, device)
+        if not self.see_images:
+            for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+                kw.pop(k, None)
+        stop = tuple(self.eos_ids) + tuple(params.stop_token_ids)
+        gen_kw = dict(
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=list(stop),
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_logits=params.logprobs,
+        )
+        if params.temperature > 0:
+            gen_kw.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
+        else:
+            gen_kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        with torch.no_grad():
+            out = self.model.generate(**kw, **gen_kw)
+        P = kw["input_ids"].shape[1]
+        new = out.sequences[:, P:].cpu().numpy()
+        if params.logprobs:
+            logits = torch.stack(out.logits, dim=1).float()  # [B*n, T, V]
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, out.sequences[:, P:, None].to(logits.device))[..., 0]
+            lp = lp.cpu().numpy()
+        gens = [Generation(prompt_index=i) for i in range(len(recs))]
+        stop_set = set(stop)
+        for k in range(new.shape[0]):
+            ids = new[k]
+            hits = np.flatnonzero(np.isin(ids, list(stop_set)))
+            end = int(hits[0]) + 1 if len(hits) else len(ids)
+            finish = "stop" if len(hits) else "length"
+            gens[k // params.n].completions.append(
+                Completion(
+                    token_ids=[int(x) for x in ids[:end]],
+                    logprobs=[float(x) for x in lp[k, :end]] if params.logprobs else None,
+                    finish_reason=finish,
+                    stop_reason=int(ids[end - 1]) if len(hits) else None,
+                )
+            )
+        return gens
+
+
+def teacher_forced_logprobs(model, batch, device=None) -> "object":
+    """float32 [B, L]: log p(token t | tokens < t) under ``model`` for every position of a
+    collated batch (position 0 and pads are 0). The training-side half of the
+    rollout/training consistency check."""
+    import torch
+
+    kw = batch.model_inputs(device if device is not None else next(model.parameters()).device, labels=False)
+    with torch.no_grad():
+        logits = model(**kw).logits.float()
+    ids = kw["input_ids"]
+    lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+    out = torch.zeros(ids.shape, dtype=torch.float32, device=lp.device)
+    out[:, 1:] = lp * kw["attention_mask"][:, 1:]
+    return out

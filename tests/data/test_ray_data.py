@@ -1,0 +1,156 @@
+"""Ray Data: map_batches(RayBatchEncoder) on a local Ray gives the rows of datasets.map.
+
+The conversion tests run without Ray; the Ray tests share one local Ray (2 CPUs)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import uuid
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import mmpipe
+from mmpipe import testing
+from mmpipe.data.ray_data import RayBatchEncoder, batch_rows, load_processor
+
+from conftest import processor_for
+from helpers import raw_dataset
+
+FAMILY = "qwen2_vl"
+
+
+def marked_processor(marker_dir: str, family: str):
+    """Processor factory that leaves one file per call (pid in the name): counts the builds."""
+    with open(os.path.join(marker_dir, f"{os.getpid()}-{uuid.uuid4().hex}"), "w"):
+        pass
+    return testing.build_processor(family)
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory):
+    ds = raw_dataset(tmp_path_factory.mktemp("ray_raw"))  # 14 rows, 0..3 images each
+    return ds.add_column("id", list(range(len(ds))))
+
+
+@pytest.fixture(scope="module")
+def reference(raw):
+    enc = raw.map(mmpipe.encode, fn_kwargs={"processor": processor_for(FAMILY)}, remove_columns=raw.column_names)
+    return enc.data.table
+
+
+def _check_table(table: pa.Table, reference: pa.Table, n: int):
+    ids = table.column("id").to_pylist()
+    assert sorted(ids) == list(range(n))
+    enc = table.drop_columns(["id"])
+    for f in reference.schema:  # the Arrow types datasets.map stores
+        assert enc.schema.field(f.name).type == f.type, f.name
+    assert set(enc.column_names) == set(reference.column_names)
+    want = mmpipe.rows_from_arrow(reference)
+    got = mmpipe.rows_from_arrow(enc)
+    for i, row in zip(ids, got):
+        assert row == want[i], (i, row.diff(want[i]))
+
+
+# ---- without Ray: batch formats in, datasets' layout out -------------------------------------
+@pytest.mark.parametrize("fmt", ["pyarrow", "pandas", "numpy"])
+def test_batch_formats_encode_to_the_datasets_rows(raw, reference, fmt):
+    table = raw.with_format("arrow")[:]
+    if fmt == "pandas":
+        batch = table.to_pandas()
+    elif fmt == "numpy":  # what Ray's numpy format hands over: object arrays of arrays and dicts
+        df = table.to_pandas()
+        batch = {c: df[c].to_numpy() for c in df.columns}
+        assert isinstance(batch["messages"][0], np.ndarray)
+    else:
+        batch = table
+    assert len(batch_rows(batch)) == len(raw)
+    enc = RayBatchEncoder(functools.partial(testing.build_processor, FAMILY), keep_columns=["id"])
+    _check_table(enc(batch), reference, len(raw))
+
+
+def test_processor_given_as_a_saved_directory(raw, reference, tmp_path):
+    """What a cluster does: every worker loads the processor from a shared path."""
+    testing.build_processor(FAMILY).save_pretrained(tmp_path / "proc")
+    enc = RayBatchEncoder(str(tmp_path / "proc"), keep_columns=["id"])
+    assert hasattr(enc.processor, "image_processor")  # a Qwen-VL processor, not a bare tokenizer
+    _check_table(enc(raw.with_format("arrow")[:]), reference, len(raw))
+
+
+def test_dropped_rows_leave_the_batch_and_errors_name_the_row(raw, reference):
+    lengths = [len(x) for x in reference.column("input_ids").to_pylist()]
+    budget = sorted(lengths)[len(lengths) // 2]
+    enc = RayBatchEncoder(processor_for(FAMILY), keep_columns=["id"], max_length=budget, truncation="drop")
+    out = enc(raw.with_format("arrow")[:])
+    assert out.column("id").to_pylist() == [i for i, n in enumerate(lengths) if n <= budget]
+    assert sum(enc.encoder.stats.dropped.values()) == sum(n > budget for n in lengths)
+    strict = RayBatchEncoder(processor_for(FAMILY), index_column="id", max_length=budget)
+    with pytest.raises(ValueError, match=r"row \d+: \d+ tokens"):
+        strict(raw.with_format("arrow")[:])
+    with pytest.raises(TypeError, match="processor path"):
+        load_processor(42)
+
+
+# ---- on a local Ray ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray", reason="ray is an optional extra: pip install -e '.[ray]'")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a throwaway local cluster
+    # the marker factory lives in this test module, which Ray workers cannot import
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    ctx.enable_progress_bars = False
+    yield ray
+    ray.shutdown()
+    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def _encode(ray, ds, factory, **kw):
+    return ds.map_batches(RayBatchEncoder, fn_constructor_args=(factory,),
+                          fn_constructor_kwargs={"keep_columns": ["id"]}, batch_size=4, **kw)
+
+
+def test_from_huggingface_equals_datasets_map_one_processor_per_worker(ray_local, raw, reference, tmp_path):
+    ray = ray_local
+    markers = tmp_path / "built"
+    markers.mkdir()
+    out = _encode(ray, ray.data.from_huggingface(raw, override_num_blocks=2), functools.partial(marked_processor, str(markers), FAMILY),
+                  concurrency=2, batch_format="pyarrow")
+    table = pa.concat_tables(ray.get(out.to_arrow_refs()))
+    _check_table(table, reference, len(raw))
+    assert table.column("id").to_pylist() == list(range(len(raw)))  # preserve_order
+    builds = os.listdir(markers)
+    pids = {b.split("-")[0] for b in builds}
+    assert 1 <= len(builds) == len(pids) <= 2  # one build per actor, at most concurrency actors
+    assert len(builds) < -(-len(raw) // 4)     # fewer builds than the 4 batches
+
+
+def test_parquet_read_numpy_batches_and_parquet_written_by_ray_loads_in_datasets(ray_local, raw, reference, tmp_path):
+    ray = ray_local
+    raw.to_parquet(str(tmp_path / "raw.parquet"))
+    ds = ray.data.read_parquet(str(tmp_path / "raw.parquet"))
+    out = _encode(ray, ds, functools.partial(testing.build_processor, FAMILY), concurrency=1, batch_format="numpy")
+    out.write_parquet(str(tmp_path / "encoded"))
+    back = datasets.load_dataset("parquet", data_files=str(tmp_path / "encoded" / "*.parquet"), split="train")
+    _check_table(back.data.table, reference, len(raw))
+    want = mmpipe.MultiModalInputs.features("uint8")
+    assert {k: v for k, v in back.features.items() if k != "id"} == dict(want)
+    batch = mmpipe.Collator(processor_for(FAMILY))([back[i] for i in range(3)])
+    assert mmpipe.unbatch(batch) == [mmpipe.MultiModalInputs.from_dict(back[i]) for i in range(3)]
+
+
+def test_on_error_skip_keeps_the_failing_row_like_datasets_map(raw):
+    proc = processor_for(FAMILY)
+    broken = raw.select(range(4)).map(
+        lambda r: {"images": r["images"][:-1] if r["id"] == 2 else r["images"]})  # row 2: a placeholder too many
+    want = broken.map(mmpipe.encode, fn_kwargs={"processor": proc, "on_error": "skip"}, with_indices=True)
+    got = RayBatchEncoder(proc, index_column="id", keep_columns=["id"], on_error="skip")(broken.with_format("arrow")[:])
+    assert got.column("mmpipe_error").to_pylist() == want["mmpipe_error"]
+    assert got.column("mmpipe_error")[2].as_py() and '"row": 2' in got.column("mmpipe_error")[2].as_py()
+    assert got.column("input_ids").to_pylist() == want["input_ids"]

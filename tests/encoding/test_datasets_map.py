@@ -1,0 +1,109 @@
+"""dataset.map(mmpipe.encode): per row, batched, num_proc=2, cache hits, stored schema."""
+
+from __future__ import annotations
+
+import datasets
+import pytest
+
+from helpers import raw_dataset
+import mmpipe
+from mmpipe import testing
+
+from conftest import processor_for
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory):
+    return raw_dataset(tmp_path_factory.mktemp("raw"))
+
+
+def test_per_row_batched_and_num_proc_agree(raw):
+    proc = processor_for("qwen2_vl")
+    kw = {"processor": proc}
+    per_row = raw.map(mmpipe.encode, fn_kwargs=kw)
+    batched = raw.map(mmpipe.encode, fn_kwargs=kw, batched=True, batch_size=5)
+    procs = raw.map(mmpipe.encode, fn_kwargs=kw, num_proc=2)
+    indexed = raw.map(mmpipe.encode, fn_kwargs=kw, with_indices=True, batched=True, batch_size=4)
+    for a, b, c, d in zip(per_row, batched, procs, indexed):
+        ra = mmpipe.MultiModalInputs.from_dict(a)
+        assert ra == mmpipe.MultiModalInputs.from_dict(b) == mmpipe.MultiModalInputs.from_dict(c) \
+            == mmpipe.MultiModalInputs.from_dict(d)
+    assert per_row.data.table.equals(procs.data.table)
+
+
+def test_same_map_twice_is_a_cache_hit(raw):
+    proc = processor_for("qwen2_vl")
+    first = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, "max_length": 4096})
+    again = raw.map(mmpipe.encode, fn_kwargs={"processor": testing.build_processor("qwen2_vl"), "max_length": 4096})
+    assert again._fingerprint == first._fingerprint
+    assert again.cache_files == first.cache_files
+    other = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, "max_length": 4000})
+    assert other._fingerprint != first._fingerprint
+
+
+@pytest.mark.parametrize("pixels", ["uint8", "float32", "none"])
+def test_stored_columns_follow_the_declared_schema(raw, pixels):
+    enc = raw.map(mmpipe.encode, fn_kwargs={"processor": processor_for("qwen3_vl"), "pixels": pixels},
+                  remove_columns=raw.column_names)
+    declared = mmpipe.MultiModalInputs.arrow_schema(pixels)
+    got = enc.data.schema
+    assert set(got.names) == set(declared.names)
+    for f in declared:
+        assert got.field(f.name).type == f.type, f.name
+    assert enc.features == mmpipe.MultiModalInputs.features(pixels)
+
+
+def test_uint8_storage_is_an_eighth_of_float32(raw):
+    proc = processor_for("qwen2_vl")
+    u8 = raw.map(mmpipe.encode, fn_kwargs={"processor": proc}, remove_columns=raw.column_names)
+    f32 = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, "pixels": "float32"}, remove_columns=raw.column_names)
+    u8_bytes = u8.data.table.column("pixel_values_u8").nbytes
+    f32_bytes = f32.data.table.column("pixel_values").nbytes
+    assert u8_bytes * 8 <= f32_bytes * 1.001
+
+
+def test_the_readme_flow_end_to_end(raw):
+    """The issue's user flow verbatim: map with num_proc=2 (input columns kept), DataLoader
+    with workers, the model's forward on the batch, unbatch back to the encoded rows."""
+    import torch
+
+    from conftest import model_for
+
+    processor = processor_for("qwen2_vl")
+    enc = raw.map(mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=2)
+    loader = torch.utils.data.DataLoader(enc, batch_size=8, collate_fn=mmpipe.Collator(processor), num_workers=2)
+    batch = next(iter(loader))
+    assert isinstance(batch, mmpipe.BatchedMultiModalInputs)
+    with torch.no_grad():
+        out = model_for("qwen2_vl")(**batch.model_inputs())
+    assert out.logits.shape[:2] == batch.input_ids.shape
+    rows = mmpipe.unbatch(batch)
+    assert rows == [mmpipe.MultiModalInputs.from_dict(enc[i]) for i in range(8)]
+
+
+def test_num_proc_map_after_parallel_torch_in_parent_does_not_hang(tmp_path):
+    """Regression: forked datasets.map workers deadlocked in their first parallel torch op
+    when the parent had already used torch's thread pool (building a model does)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import datasets, torch, mmpipe
+        from mmpipe import testing
+        datasets.disable_progress_bars()
+        torch.set_num_threads(2)
+        torch.repeat_interleave(torch.arange(400000), torch.full((400000,), 2))  # warm the pool
+        proc = testing.build_processor("qwen2_vl")
+        im = testing.tiny_image(60, 80)
+        ds = datasets.Dataset.from_dict({
+            "messages": [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": str(i)}]}]
+                         for i in range(8)],
+            "images": [[im]] * 8})
+        enc = ds.map(mmpipe.encode, fn_kwargs={"processor": proc}, num_proc=2)
+        print("done", len(enc))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90,
+                         cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "done 8" in out.stdout
