@@ -158,7 +158,7 @@ class ImageResolver:
         self.strict = strict
 
     def __call__(self, example: dict, idx: int) -> dict:
-        from mmpipe.encoding.encoder import _inline_image, _is_image_item
+        from mmpipe.encoding.encoder import inline_image, is_image_item
 
         where = f"row {idx}"
         column = list(example.get(self.images_column) or [])
@@ -181,8 +181,8 @@ class ImageResolver:
                     continue
                 items = []
                 for item in content:
-                    if isinstance(item, dict) and _is_image_item(item):
-                        inline = _inline_image(item)
+                    if isinstance(item, dict) and is_image_item(item):
+                        inline = inline_image(item)
                         if inline is None:
                             if next_col < len(column):
                                 images.append(column[next_col])

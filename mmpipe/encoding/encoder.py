@@ -80,14 +80,14 @@ def _where(idx) -> str:
 
 
 # ---- raw row parsing -------------------------------------------------------------------
-def _is_image_item(item: dict) -> bool:
+def is_image_item(item: dict) -> bool:
     t = item.get("type")
     if t in ("image", "image_url"):
         return True
     return t is None and (item.get("image") is not None or item.get("image_url") is not None)
 
 
-def _inline_image(item: dict):
+def inline_image(item: dict):
     if item.get("image") is not None:
         return item["image"]
     url = item.get("image_url")
@@ -177,8 +177,8 @@ def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tupl
                 raise ParseError(f"message {m_i}: content item {item!r:.60} is not a dict", where=where, column=column,
                                  expected="{'type': 'text', 'text': str} or {'type': 'image', ...}",
                                  found=type(item).__name__, fix="wrap the item in a dict")
-            if _is_image_item(item):
-                inline = _inline_image(item)
+            if is_image_item(item):
+                inline = inline_image(item)
                 if inline is None:
                     if next_col >= len(column_images):
                         raise PlaceholderError(
