@@ -1,18 +1,22 @@
 """mmpipe: multimodal (vision-language) training and RL data through ``datasets``,
 DataLoaders, transformers and vLLM without losing an image, a token or a position.
 
-Stages, in the order data flows (one module each)::
+One folder per stage, in the order data flows::
 
-    encode.py   raw row (chat messages + images)   -> MultiModalInputs      (dataset.map)
-    collate.py  MultiModalInputs rows               -> BatchedMultiModalInputs (DataLoader)
-    unbatch.py  BatchedMultiModalInputs             -> MultiModalInputs rows
-    rope.py     vectorised M-RoPE positions (get_rope_index)
-    records.py  the typed records and their Arrow schemas
-    families.py per-family constants (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, text)
-    images.py   image loading, resize, compact uint8 patches <-> float32 pixel_values
-    testing.py  offline processors and tiny models for tests, demos and notebooks
+    families.py  the ONE table of model-family rules (tokens, patch/merge sizes, rope variant)
+    records/     every record type and its Arrow codec (row, batch, pack, rollout, ReMA, reward)
+    images/      image loading, resize, compact uint8 patches <-> float32 pixel_values
+    encoding/    raw row (chat messages + images) -> MultiModalInputs (the dataset.map function)
+    batching/    rows -> BatchedMultiModalInputs (collate), and back (unbatch); packing, sampler
+    rope.py      vectorised M-RoPE positions (get_rope_index)
+    rollout/     batch -> engine inputs -> engines -> RolloutSample rows; multi-turn; packers
+    rema/ reward/ multi-agent rollouts; VLM-judge rewards
+    view/ data/ cli/  HTML/text/plots; filters, validation, streaming, Ray; the mmpipe command
+    offline/     tokenizer, processor and tiny model built locally (no download)
+    testing/     the offline fixtures and the ONE invariant harness for tests
 
-Public names are imported lazily so ``import mmpipe`` stays fast.
+Public names of the README are bound here; torch-backed ones load on first use, so
+``import mmpipe`` stays fast.
 """
 
 from __future__ import annotations
@@ -26,21 +30,15 @@ from mmpipe import _fork  # noqa: E402,F401  (registers the fork marker before a
 from mmpipe import errors  # noqa: E402  (mmpipe.errors.InputError and its subclasses)
 from mmpipe.batching.collate import ArrowRows, Collator, collate  # noqa: E402
 from mmpipe.batching.unbatch import unbatch  # noqa: E402
-from mmpipe.encoding.encoder import (  # noqa: E402
-    EncodeReport,
-    Encoder,
-    compact,
-    drop_failed,
-    encode,
-    encode_dataset,
-    encode_row,
-    parse_row,
-    rows_from_processor_output,
-)
+from mmpipe.encoding.dataset import EncodeReport, drop_failed, encode, encode_dataset, encode_row  # noqa: E402
+from mmpipe.encoding.encoder import Encoder  # noqa: E402
+from mmpipe.encoding.parse import parse_row  # noqa: E402
+from mmpipe.encoding.processor_rows import compact, rows_from_processor_output  # noqa: E402
 from mmpipe.records.arrow import rows_from_arrow  # noqa: E402
 from mmpipe.records.batch import BatchedMultiModalInputs  # noqa: E402
 from mmpipe.records.columns import IGNORE_INDEX  # noqa: E402
 from mmpipe.records.row import MultiModalInputs  # noqa: E402
+from mmpipe import view  # noqa: E402,F401  (registers the records' Jupyter/text renderers; no matplotlib/torch)
 
 # Names whose modules import torch (or are rarely needed): loaded on first use.
 _LAZY = {

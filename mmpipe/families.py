@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mmpipe.errors import ArgumentError
+
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 HALF = (0.5, 0.5, 0.5)
@@ -58,6 +60,12 @@ class ModelFamily:
         return self.rope != "1d"
 
     @property
+    def takes_second_per_grid_ts(self) -> bool:
+        """Whether the model's ``forward`` takes ``second_per_grid_ts`` [V] with videos (only
+        the ``"mrope_tps"`` rule, Qwen2.5-VL, scales video time by it)."""
+        return self.rope == "mrope_tps"
+
+    @property
     def factor(self) -> int:
         """Side length that resized images are multiples of (patch * merge)."""
         return self.patch_size * self.merge_size
@@ -89,6 +97,13 @@ class ModelFamily:
             grid = np.asarray(grid, dtype=np.int64).reshape(-1, 3)
         return grid.prod(-1) // self.merge_area
 
+    @property
+    def video_frames_are_blocks(self) -> bool:
+        """Whether the text lays out each video frame group as its own vision block (Qwen3-VL:
+        a timestamp, then ``<|vision_start|>`` + ``h*w/merge^2`` pads + ``<|vision_end|>``,
+        ``t`` times) instead of one block of ``t*h*w/merge^2`` pads per video."""
+        return self.rope == "mrope_frames"
+
     def num_tokens(self, grid) -> int:
         """Total LLM tokens of a list of grids int [n, 3] (0 for none)."""
         return int(self.tokens_per_grid(grid).sum()) if len(grid) else 0
@@ -96,6 +111,11 @@ class ModelFamily:
     def aspect_ok(self, height: int, width: int) -> bool:
         """Whether the image processor accepts an image of this size (aspect-ratio limit)."""
         return max(height, width) / min(height, width) <= self.max_aspect_ratio
+
+    def accepts(self, family_name: str) -> bool:
+        """Whether a row stored with ``family=family_name`` was encoded for this family (token
+        ids, patch size and positions differ between families, so only its own rows)."""
+        return family_name == self.name
 
 
 QWEN2_VL = ModelFamily(
@@ -133,7 +153,7 @@ def get_family(name: str) -> ModelFamily:
     try:
         return FAMILIES[name]
     except KeyError:
-        raise ValueError(f"unknown model family {name!r}; known: {sorted(FAMILIES)}") from None
+        raise ArgumentError(f"unknown model family {name!r}; known: {sorted(FAMILIES)}") from None
 
 
 def family_of(obj) -> ModelFamily:
@@ -164,7 +184,7 @@ def family_of(obj) -> ModelFamily:
         # An unknown processor with a Qwen-style image processor: decide by patch size.
         if getattr(ip, "merge_size", None) is not None:
             return QWEN3_VL if getattr(ip, "patch_size", 14) == 16 else QWEN2_VL
-        raise ValueError(
+        raise ArgumentError(
             f"cannot tell the model family of processor {type(obj).__name__}; "
             f"set processor.mmpipe_family to one of {sorted(FAMILIES)}"
         )

@@ -22,21 +22,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from mmpipe.errors import ArgumentError
+from mmpipe.families import DEFAULT_FAMILY
+
 TESTING_PREFIX = "testing:"
 
-# Stock processor classes and the image-only subclasses `save_pretrained` records for
-# `testing:` processors -> family.
-_IMAGE_ONLY_FAMILY = {
-    "Qwen2VLProcessor": "qwen2_vl",
-    "Qwen2_5_VLProcessor": "qwen2_5_vl",
-    "Qwen3VLProcessor": "qwen3_vl",
-    "ImageOnlyQwen2VLProcessor": "qwen2_vl",
-    "ImageOnlyQwen2_5_VLProcessor": "qwen2_5_vl",
-    "ImageOnlyQwen3VLProcessor": "qwen3_vl",
-}
 
-
-class ProcessorLoadError(ValueError):
+class ProcessorLoadError(ArgumentError):
     """The processor could not be loaded; the message says what is missing and what to pass."""
 
 
@@ -54,9 +46,9 @@ def _processor_class_name(path: Path) -> Optional[str]:
 
 
 def _image_only(family: str, path: Path):
-    from mmpipe.offline.fixtures import _processor_classes
+    from mmpipe.offline import image_only_processor_class
 
-    return _processor_classes()[family].from_pretrained(str(path), local_files_only=True)
+    return image_only_processor_class(family).from_pretrained(str(path), local_files_only=True)
 
 
 def load_processor(spec: Any, *, log: Optional[Callable[[str], None]] = None):
@@ -77,31 +69,53 @@ def load_processor(spec: Any, *, log: Optional[Callable[[str], None]] = None):
     log = log or (lambda msg: print(msg, file=sys.stderr))
     spec = os.fspath(spec)
     if spec.startswith(TESTING_PREFIX):
-        from mmpipe.offline.fixtures import FAMILY_NAMES, build_processor
-
-        family = spec[len(TESTING_PREFIX):]
-        if family not in FAMILY_NAMES:
-            raise ProcessorLoadError(f"processor {spec!r}: unknown offline family {family!r}; use one of "
-                                     + ", ".join(TESTING_PREFIX + f for f in FAMILY_NAMES))
-        return build_processor(family)
-
-    from transformers import AutoProcessor
-
+        return _load_testing(spec)
     path = Path(spec).expanduser()
     if not path.is_dir():
-        if "/" in spec and not spec.startswith((".", "/", "~")) and spec.count("/") == 1:
-            try:  # a hub name already in the local cache
-                return AutoProcessor.from_pretrained(spec, local_files_only=True)
-            except Exception as e:  # noqa: BLE001 - any loader failure becomes one clear message
-                raise ProcessorLoadError(
-                    f"processor {spec!r}: not a directory, and not in the local Hugging Face cache "
-                    f"({type(e).__name__}); download the model first or pass its directory") from None
-        raise ProcessorLoadError(
-            f"processor {spec!r} is not a directory; pass a directory written by processor.save_pretrained "
-            "(or a model checkpoint), or testing:qwen2_vl for the offline test processor")
+        return _load_cached_hub_name(spec)
+    return _load_directory(spec, path, log)
+
+
+def _load_testing(spec: str):
+    """``testing:FAMILY``: the offline processor of `mmpipe.offline`."""
+    from mmpipe.offline import FAMILY_NAMES, build_processor
+
+    family = spec[len(TESTING_PREFIX):]
+    if family not in FAMILY_NAMES:
+        raise ProcessorLoadError(f"processor {spec!r}: unknown offline family {family!r}; use one of "
+                                 + ", ".join(TESTING_PREFIX + f for f in FAMILY_NAMES))
+    return build_processor(family)
+
+
+def _load_cached_hub_name(spec: str):
+    """A spec that is not a directory: a hub name (``org/name``) already in the local cache."""
+    from transformers import AutoProcessor
+
+    if "/" in spec and not spec.startswith((".", "/", "~")) and spec.count("/") == 1:
+        try:
+            return AutoProcessor.from_pretrained(spec, local_files_only=True)
+        except Exception as e:  # noqa: BLE001 - any loader failure becomes one clear message
+            raise ProcessorLoadError(
+                f"processor {spec!r}: not a directory, and not in the local Hugging Face cache "
+                f"({type(e).__name__}); download the model first or pass its directory") from None
+    raise ProcessorLoadError(
+        f"processor {spec!r} is not a directory; pass a directory written by processor.save_pretrained "
+        f"(or a model checkpoint), or {TESTING_PREFIX}{DEFAULT_FAMILY} for the offline test processor")
+
+
+def _load_directory(spec: str, path: Path, log: Callable[[str], None]):
+    """A processor directory: AutoProcessor, or the image-only offline class of its family
+    when that is what was saved or AutoProcessor cannot build the stock class here."""
+    from transformers import AutoProcessor
+
+    from mmpipe.offline import image_only_class_name, image_only_family
+
     cls_name = _processor_class_name(path)
-    family = _IMAGE_ONLY_FAMILY.get(cls_name or "")
-    if cls_name and cls_name.startswith("ImageOnly") and family:
+    # the family whose image-only offline processor can load these files: the class recorded
+    # is that family's stock processor class (ModelFamily.processor_classes) or the image-only
+    # subclass a `testing:` processor saves as
+    family = image_only_family(cls_name)
+    if family is not None and cls_name == image_only_class_name(family):
         return _image_only(family, path)
     try:
         proc = AutoProcessor.from_pretrained(str(path), local_files_only=True)

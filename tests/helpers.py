@@ -71,10 +71,10 @@ def video_row(family, grid, seed=0, sec=1.0):
     fam = mmpipe.family_of(proc)
     spec = VisionSpec.from_processor(proc)
     t, h, w = grid
-    per_frame = h * w // fam.merge_size**2
+    per_frame = int(fam.tokens_per_grid([[1, h, w]])[0])
     ids = tok("<|im_start|>user\nWatch: ", add_special_tokens=False)["input_ids"]
     vs, ve, vp = (tok.convert_tokens_to_ids(x) for x in ("<|vision_start|>", "<|vision_end|>", "<|video_pad|>"))
-    if fam.rope == "mrope_frames":  # Qwen3-VL: a timestamp before each frame group
+    if fam.video_frames_are_blocks:  # Qwen3-VL: a timestamp before each frame group
         for i in range(t):
             ids += tok(f"<{i * 0.5:.1f} seconds>", add_special_tokens=False)["input_ids"] + [vs] + [vp] * per_frame + [ve]
     else:

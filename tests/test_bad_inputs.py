@@ -18,7 +18,7 @@ from conftest import processor_for
 from PIL import Image
 
 import mmpipe
-from mmpipe.encoding.encoder import ERROR_COLUMN, as_input_error
+from mmpipe.encoding.mapping import ERROR_COLUMN, as_input_error
 from mmpipe.errors import DOCUMENTED_ERRORS, STAGES, ImageError, InputError, ParseError
 
 

@@ -32,6 +32,7 @@ import pytest
 
 import mmpipe
 from mmpipe import testing
+from mmpipe.testing.invariants import assert_rows_from_arrow
 
 from conftest import processor_for
 
@@ -144,7 +145,7 @@ def test_rows_are_the_same_records(encodings):
     ref = mmpipe.rows_from_arrow(encodings["per_row"].data.table)
     assert [r.num_images for r in ref] == [len(r["images"]) for r in _raw_rows()]
     for name, ds in encodings.items():
-        assert mmpipe.rows_from_arrow(ds.flatten_indices().data.table) == ref, name
+        assert_rows_from_arrow(ds.flatten_indices().data.table, ref, label=name)
 
 
 _FRESH = r"""

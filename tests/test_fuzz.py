@@ -41,6 +41,7 @@ import mmpipe
 from mmpipe.images.pixels import u8_to_pixel_values
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.row import MultiModalInputs
+from mmpipe.testing.invariants import assert_roundtrip, assert_rows_from_arrow, assert_unbatched_rows_valid
 
 from conftest import processor_for
 from strategies import fuzz_encode_options, fuzz_raw_rows, image_pool
@@ -272,10 +273,7 @@ def test_fuzz_collate_unbatch(case):
         with_images = {r.pixel_format for r in rows if r.num_images}
         assert "none" in with_images and len(with_images) > 1, e
         return
-    back = mmpipe.unbatch(batch)
-    assert len(back) == len(rows)
-    for b, (r, got) in enumerate(zip(rows, back)):
-        assert got == r, f"row {b} changed through collate/unbatch: {got.diff(r)}"
+    assert_roundtrip(rows, batch=batch)
     B, L = batch.input_ids.shape
     assert L == (-(-max(r.num_tokens for r in rows) // multiple) * multiple if multiple
                  else max(r.num_tokens for r in rows))
@@ -367,8 +365,7 @@ def test_fuzz_corrupted_rows(family, i, fmt, mutation, position, with_good):
         assert f"row {where}" in str(e), f"the error names the wrong row (bad row is {where}): {e}"
         return
     assert not must_raise, f"mutation {mutation!r} of row {where} passed collate silently"
-    for b, r in enumerate(mmpipe.unbatch(batch)):
-        r.validate(b)
+    assert_unbatched_rows_valid(batch)
     OUTCOMES["corrupt"]["ok (harmless mutation)"] += 1
 
 
@@ -448,7 +445,8 @@ def test_regression_layout_only_rows_do_not_drop_other_rows_pixels():
         mmpipe.collate(rows, processor=processor_for("qwen2_vl"))
     # all layout-only: still allowed (length filters), with the warning
     batch = mmpipe.collate([rows[1], rows[1]], processor=processor_for("qwen2_vl"))
-    assert batch.pixel_values is None and mmpipe.unbatch(batch) == [rows[1], rows[1]]
+    assert batch.pixel_values is None
+    assert_roundtrip([rows[1], rows[1]], batch=batch)
 
 
 def test_regression_images_column_not_a_list():
@@ -485,8 +483,8 @@ def test_regression_hand_written_table_with_untyped_empty_columns():
     rows = row_pool("qwen2_5_vl")[:4]
     table = arrow_rows(rows, False)
     assert pa.types.is_null(table.schema.field("video_grid_thw").type.value_type)
-    assert mmpipe.rows_from_arrow(table) == rows
-    assert mmpipe.unbatch(mmpipe.collate(table, processor=processor_for("qwen2_5_vl"))) == rows
+    assert_rows_from_arrow(table, rows)
+    assert_roundtrip(rows, batch=mmpipe.collate(table, processor=processor_for("qwen2_5_vl")))
 
 
 def test_regression_arrow_table_damage_is_documented():

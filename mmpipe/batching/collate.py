@@ -20,16 +20,18 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.errors import FamilyMismatchError, InputError, PixelDataError
+from mmpipe.batching.checks import check_finite, checked_records
+from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, PixelDataError
 from mmpipe.families import ModelFamily, family_of, get_family
 from mmpipe.images.spec import VisionSpec
 from mmpipe.images.pixels import u8_to_pixel_values, u8_video_to_pixel_values
 from mmpipe.records.columns import IGNORE_INDEX, offsets
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.records.arrow import rows_from_arrow
 from mmpipe.records.batch import BatchedMultiModalInputs
 
 logger = logging.getLogger("mmpipe")
+
+PADDING_SIDES = ("left", "right")
 
 
 def collate(
@@ -62,28 +64,31 @@ def collate(
     the image tokens, NaN/inf in float pixel values, integer pixel values or float token ids,
     rows encoded for another model family (`FamilyMismatchError`), and rows that failed to
     encode under ``on_error="skip"`` (filter them with `mmpipe.drop_failed`).
-    """
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-    if not len(rows):
-        raise InputError("collate got an empty list of rows", where="", stage="collate",
-                         fix="drop empty batches (DataLoader(drop_last=...)) or filter before collating")
-    table = _arrow_table(rows)
-    try:
-        if table is not None:  # stored rows as Arrow (ArrowRows): numpy views of the column buffers
-            _check_error_column(table.column(ERROR_COLUMN).to_pylist() if ERROR_COLUMN in table.column_names else ())
-            recs = [r.validate(i) for i, r in enumerate(rows_from_arrow(table))]
-        else:
-            _check_error_column([r.get(ERROR_COLUMN) if isinstance(r, dict) else None for r in rows])
-            recs = []
-            for i, r in enumerate(rows):
-                _check_dtypes(r, i)
-                recs.append(MultiModalInputs.from_dict(r, row=i).validate(i))
-    except InputError:
-        raise
-    except (ValueError, TypeError, KeyError) as e:
-        raise _as_row_error(e) from e
 
+    The steps: rows -> checked records (`mmpipe.batching.checks.checked_records`), the batch's family
+    (`_batch_family`), token tensors and positions placed under the padding (`_pad_tokens`),
+    grids and offsets (`_media_layout`), pixel data in row order (`_pixel_format`,
+    `_assemble_pixels`), the batch record (`_batch_record`).
+    """
+    if padding_side not in PADDING_SIDES:
+        raise ArgumentError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    recs = checked_records(rows)
+    fam = _batch_family(recs, family, processor)
+    if spec is None:
+        spec = _vision_spec(fam, processor)
+    if pad_token_id is None:
+        pad_token_id = _pad_token_id(processor)
+    tokens = _pad_tokens(recs, padding_side, pad_token_id, pad_to_length, pad_to_multiple_of)
+    media = _media_layout(recs)
+    pixel_format, layout_only = _pixel_format(recs)
+    pixels = {} if layout_only else _assemble_pixels(recs, spec, pixel_format, media)
+    return _batch_record(recs, tokens, media, pixels, padding_side=padding_side, family=fam.name,
+                         pixel_format=pixel_format, spec=spec)
+
+
+def _batch_family(recs: list[MultiModalInputs], family: Any, processor) -> ModelFamily:
+    """The family the batch is for (``family``, else the processor's, else the first row's);
+    every row must have been encoded for it."""
     want: Optional[ModelFamily] = None
     if family is not None:
         want = family_of(family)
@@ -91,28 +96,45 @@ def collate(
         want = family_of(processor)
     fam = get_family(recs[0].family) if want is None else want
     for i, r in enumerate(recs):
-        if r.family != fam.name:
+        if not fam.accepts(r.family):
             raise FamilyMismatchError(
                 f"encoded for model family {r.family!r} but this batch is for {fam.name!r}", row=i,
                 column="family", expected=repr(fam.name), found=repr(r.family),
                 fix="re-encode the dataset with this model's processor (token ids, patch size and "
                     "positions differ between families)",
             )
-    if spec is None:
-        spec = VisionSpec.from_processor(processor) if (processor is not None and fam.is_vision) else VisionSpec.from_family(fam)
-    if pad_token_id is None:
-        tok = getattr(processor, "tokenizer", processor)
-        pad_token_id = getattr(tok, "pad_token_id", None) if tok is not None else None
-        pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
+    return fam
 
+
+def _vision_spec(fam: ModelFamily, processor) -> VisionSpec:
+    """The processor's resize bounds and normalisation, else the family table's defaults
+    (a text-only tokenizer has no image processor to read them from)."""
+    return VisionSpec.from_processor(processor) if (processor is not None and fam.is_vision) else VisionSpec.from_family(fam)
+
+
+def _pad_token_id(processor) -> int:
+    """The tokenizer's pad id (a processor's tokenizer, or the tokenizer itself), else 0."""
+    tok = getattr(processor, "tokenizer", processor)
+    pad = getattr(tok, "pad_token_id", None) if tok is not None else None
+    return 0 if pad is None else int(pad)
+
+
+def _pad_tokens(recs: list[MultiModalInputs], padding_side: str, pad_token_id: int,
+                pad_to_length: Optional[int], pad_to_multiple_of: Optional[int]) -> dict[str, Optional[np.ndarray]]:
+    """Each row's tokens placed under the padding: input_ids (pad id) / attention_mask /
+    mm_token_type_ids / labels (-100; None when no row has labels) int64 [B, L],
+    position_ids int64 [3, B, L] (the rows' own positions: M-RoPE does not depend on padding),
+    rope_deltas int64 [B, 1], seq_lengths int64 [B], row_has_labels bool [B]."""
     B = len(recs)
     lengths = np.asarray([r.num_tokens for r in recs], dtype=np.int64)
     L = int(lengths.max()) if B else 0
     if pad_to_length is not None:
         if pad_to_length < L:
-            raise ValueError(
-                f"row {int(lengths.argmax())} has {L} tokens, more than pad_to_length={pad_to_length}; "
-                "compute the length from these rows (e.g. DataPacker.policy_compute_max_len)"
+            row = int(lengths.argmax())
+            raise InputError(
+                f"row {row} has {L} tokens, more than pad_to_length={pad_to_length}", where="", row=row,
+                column="input_ids", stage="collate",
+                fix="compute the length from these rows (e.g. DataPacker.policy_compute_max_len)",
             )
         L = pad_to_length
     if pad_to_multiple_of:
@@ -132,25 +154,39 @@ def collate(
         position_ids[:, b, sl] = r.position_ids
         if r.labels is not None:
             labels[b, sl] = r.labels
-    rope_deltas = np.asarray([[r.rope_delta] for r in recs], dtype=np.int64)
+    return {
+        "input_ids": input_ids, "attention_mask": attention_mask, "mm_token_type_ids": mm_types,
+        "position_ids": position_ids, "labels": labels, "row_has_labels": row_has_labels,
+        "rope_deltas": np.asarray([[r.rope_delta] for r in recs], dtype=np.int64), "seq_lengths": lengths,
+    }
 
-    image_grid = np.concatenate([r.image_grid_thw for r in recs]).reshape(-1, 3)
-    video_grid = np.concatenate([r.video_grid_thw for r in recs]).reshape(-1, 3)
-    sec = np.concatenate([r.second_per_grid_ts for r in recs]).astype(np.float32)
-    image_offsets = offsets([r.num_images for r in recs])
-    patch_offsets = offsets([r.num_image_patches for r in recs])
-    video_offsets = offsets([r.num_videos for r in recs])
-    video_patch_offsets = offsets([r.num_video_patches for r in recs])
 
+def _media_layout(recs: list[MultiModalInputs]) -> dict[str, np.ndarray]:
+    """Grids in row order (image_grid_thw / video_grid_thw int64 [sum I, 3],
+    second_per_grid_ts float32 [sum V]) and the offsets int64 [B+1] that slice each row's
+    images, image patches, videos and video patches back out."""
+    return {
+        "image_grid_thw": np.concatenate([r.image_grid_thw for r in recs]).reshape(-1, 3).astype(np.int64),
+        "video_grid_thw": np.concatenate([r.video_grid_thw for r in recs]).reshape(-1, 3).astype(np.int64),
+        "second_per_grid_ts": np.concatenate([r.second_per_grid_ts for r in recs]).astype(np.float32),
+        "image_offsets": offsets([r.num_images for r in recs]),
+        "patch_offsets": offsets([r.num_image_patches for r in recs]),
+        "video_offsets": offsets([r.num_videos for r in recs]),
+        "video_patch_offsets": offsets([r.num_video_patches for r in recs]),
+    }
+
+
+def _pixel_format(recs: list[MultiModalInputs]) -> tuple[str, bool]:
+    """``(pixel_format, layout_only)``: the rows' shared pixel storage ("uint8", "float32",
+    "mixed", or "none" without media) and whether the batch is text-only because its rows
+    with images carry no pixel data (layout-only encoding; logged). Rows with and rows
+    without pixel data cannot share a batch."""
     formats = {r.pixel_format for r in recs if r.num_images or r.num_videos}
     missing = [i for i, r in enumerate(recs) if (r.num_images or r.num_videos) and not r.has_pixels]
     pixel_format = formats.pop() if len(formats) == 1 else ("mixed" if formats else "none")
-    pv = pv_u8 = pvv = pvv_u8 = None
     with_pixels = [i for i, r in enumerate(recs) if (r.num_images or r.num_videos) and r.has_pixels]
     if missing and with_pixels:
         # a text-only batch would silently drop the pixels of the other rows (found by fuzzing)
-        from mmpipe.errors import PixelDataError
-
         raise PixelDataError(
             f"rows {missing} hold images but no pixel data (layout-only encoding) while rows {with_pixels} "
             "carry pixels; one batch cannot mix them", row=missing[0], column="pixel_values_u8",
@@ -162,130 +198,72 @@ def collate(
             "the model will not see any image. Encode with pixels='uint8' to train on images.",
             missing,
         )
-        pixel_format = "none"
-    elif image_grid.shape[0] or video_grid.shape[0]:
-        lut = None
-        if image_grid.shape[0]:
-            if pixel_format == "uint8":
-                pv_u8 = np.concatenate([r.pixel_values_u8 for r in recs if r.num_images])
-                lut = spec.lut()
-                pv = u8_to_pixel_values(pv_u8, lut, spec.temporal_patch_size)
-            else:
-                pv = np.concatenate([_float_images(r, spec) for r in recs])
-                _check_finite(pv, patch_offsets, "pixel_values")
-        if video_grid.shape[0]:
-            if pixel_format == "uint8":
-                pvv_u8 = np.concatenate([r.pixel_values_videos_u8 for r in recs if r.num_videos])
-                pvv = u8_video_to_pixel_values(pvv_u8, spec.lut() if lut is None else lut)
-            else:
-                pvv = np.concatenate([_float_videos(r, spec) for r in recs])
-                _check_finite(pvv, video_patch_offsets, "pixel_values_videos")
+        return "none", True
+    return pixel_format, False
 
+
+def _assemble_pixels(recs: list[MultiModalInputs], spec: VisionSpec, pixel_format: str,
+                     media: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Pixel data concatenated in row order: pixel_values float32 [sum N, D] (rebuilt from
+    compact uint8 rows bit for bit, kept as pixel_values_u8), and the same for videos. Float
+    rows are checked for NaN/inf in one vectorised pass."""
+    out: dict[str, np.ndarray] = {}
+    lut = None
+    if media["image_grid_thw"].shape[0]:
+        if pixel_format == "uint8":
+            pv_u8 = out["pixel_values_u8"] = np.concatenate([r.pixel_values_u8 for r in recs if r.num_images])
+            lut = spec.lut()
+            out["pixel_values"] = u8_to_pixel_values(pv_u8, lut, spec.temporal_patch_size)
+        else:
+            pv = out["pixel_values"] = np.concatenate([_float_images(r, spec) for r in recs])
+            check_finite(pv, media["patch_offsets"], "pixel_values")
+    if media["video_grid_thw"].shape[0]:
+        if pixel_format == "uint8":
+            pvv_u8 = out["pixel_values_videos_u8"] = np.concatenate(
+                [r.pixel_values_videos_u8 for r in recs if r.num_videos])
+            out["pixel_values_videos"] = u8_video_to_pixel_values(pvv_u8, spec.lut() if lut is None else lut)
+        else:
+            pvv = out["pixel_values_videos"] = np.concatenate([_float_videos(r, spec) for r in recs])
+            check_finite(pvv, media["video_patch_offsets"], "pixel_values_videos")
+    return out
+
+
+def _batch_record(recs: list[MultiModalInputs], tokens: dict, media: dict, pixels: dict, *, padding_side: str,
+                  family: str, pixel_format: str, spec: VisionSpec) -> BatchedMultiModalInputs:
+    """The numpy pieces as torch tensors (zero-copy) in a `BatchedMultiModalInputs`."""
     import torch
 
     t = torch.from_numpy
+
+    def maybe(a: Optional[np.ndarray]):
+        return t(a) if a is not None else None
+
     return BatchedMultiModalInputs(
-        input_ids=t(input_ids),
-        attention_mask=t(attention_mask),
-        mm_token_type_ids=t(mm_types),
-        position_ids=t(position_ids),
-        rope_deltas=t(rope_deltas),
-        image_grid_thw=t(image_grid.astype(np.int64)),
-        image_offsets=t(image_offsets),
-        patch_offsets=t(patch_offsets),
-        video_grid_thw=t(video_grid.astype(np.int64)),
-        second_per_grid_ts=t(sec),
-        video_offsets=t(video_offsets),
-        video_patch_offsets=t(video_patch_offsets),
-        seq_lengths=t(lengths),
+        input_ids=t(tokens["input_ids"]),
+        attention_mask=t(tokens["attention_mask"]),
+        mm_token_type_ids=t(tokens["mm_token_type_ids"]),
+        position_ids=t(tokens["position_ids"]),
+        rope_deltas=t(tokens["rope_deltas"]),
+        image_grid_thw=t(media["image_grid_thw"]),
+        image_offsets=t(media["image_offsets"]),
+        patch_offsets=t(media["patch_offsets"]),
+        video_grid_thw=t(media["video_grid_thw"]),
+        second_per_grid_ts=t(media["second_per_grid_ts"]),
+        video_offsets=t(media["video_offsets"]),
+        video_patch_offsets=t(media["video_patch_offsets"]),
+        seq_lengths=t(tokens["seq_lengths"]),
         padding_side=padding_side,
-        family=fam.name,
+        family=family,
         pixel_format=pixel_format,
-        labels=t(labels) if labels is not None else None,
-        row_has_labels=t(row_has_labels),
+        labels=maybe(tokens["labels"]),
+        row_has_labels=t(tokens["row_has_labels"]),
         row_pixel_formats=[r.pixel_format for r in recs],
         spec=spec,
-        pixel_values=t(pv) if pv is not None else None,
-        pixel_values_u8=t(pv_u8) if pv_u8 is not None else None,
-        pixel_values_videos=t(pvv) if pvv is not None else None,
-        pixel_values_videos_u8=t(pvv_u8) if pvv_u8 is not None else None,
+        pixel_values=maybe(pixels.get("pixel_values")),
+        pixel_values_u8=maybe(pixels.get("pixel_values_u8")),
+        pixel_values_videos=maybe(pixels.get("pixel_values_videos")),
+        pixel_values_videos_u8=maybe(pixels.get("pixel_values_videos_u8")),
     )
-
-
-ERROR_COLUMN = "mmpipe_error"  # (mmpipe.encoding.encoder.ERROR_COLUMN; not imported: collate stays light)
-_INT_COLUMNS = ("input_ids", "attention_mask", "mm_token_type_ids", "position_ids", "labels",
-                "image_grid_thw", "video_grid_thw")
-_FLOAT_PIXELS = ("pixel_values", "pixel_values_videos")
-_U8_PIXELS = ("pixel_values_u8", "pixel_values_videos_u8")
-
-
-def _check_error_column(values) -> None:
-    """Rows that failed under ``on_error="skip"`` are empty placeholders: never train on them."""
-    for i, v in enumerate(values):
-        if v:
-            raise InputError(
-                f"this row failed to encode ({v})", row=i, stage="collate", column=ERROR_COLUMN,
-                fix="filter failed rows first: ds, errors = mmpipe.drop_failed(ds), or use mmpipe.encode_dataset",
-            )
-
-
-def _dtype_of(value):
-    dt = getattr(value, "dtype", None)  # numpy or torch; python lists are typed by their Arrow schema
-    return None if dt is None else str(dt).replace("torch.", "")
-
-
-def _check_dtypes(r: Any, i: int) -> None:
-    """O(columns) per row: values whose dtype would be silently cast into something wrong."""
-    if not isinstance(r, dict):
-        return
-    for name in _INT_COLUMNS:
-        dt = _dtype_of(r.get(name))
-        if dt is not None and ("float" in dt or "complex" in dt):
-            raise InputError(
-                f"{name} holds {dt} values; casting them to int64 would silently truncate", row=i, column=name,
-                stage="collate",
-                expected="an integer dtype", found=dt, fix="store token ids, masks, positions and grids as int64",
-            )
-    for name in _FLOAT_PIXELS:
-        dt = _dtype_of(r.get(name))
-        if dt is not None and not ("float" in dt):
-            raise PixelDataError(
-                f"{name} holds {dt} values, not normalised float pixels", row=i, column=name,
-                expected="float32 (the processor's normalised pixel_values)", found=dt,
-                fix="store raw uint8 patches in pixel_values_u8, or the processor's float output in pixel_values",
-            )
-    for name in _U8_PIXELS:
-        dt = _dtype_of(r.get(name))
-        if dt is not None and dt != "uint8" and ("int" in dt or "float" in dt or "bool" in dt):  # bytes are fine
-            raise PixelDataError(
-                f"{name} holds {dt} values", row=i, column=name, expected="uint8", found=dt,
-                fix="store compact pixels as uint8 (mmpipe.encode does)",
-            )
-
-
-def _check_finite(pv: np.ndarray, offsets: np.ndarray, name: str) -> None:
-    """One vectorised pass (a sum: NaN and inf propagate; about a third of the concatenation's
-    time); the row is looked for only when the sum is not finite."""
-    if not pv.size or np.isfinite(pv.sum()):
-        return
-    bad = np.flatnonzero(~np.isfinite(pv).all(axis=1))
-    if not len(bad):  # finite values whose float32 sum overflowed: not this check's business
-        return
-    bad_patch = int(bad[0])
-    row = int(np.searchsorted(offsets, bad_patch, side="right") - 1)
-    raise PixelDataError(
-        f"{name} hold NaN or inf (first at patch {bad_patch - int(offsets[row])} of the row)", row=row, column=name,
-        expected="finite normalised pixel values", found="NaN/inf",
-        fix="re-encode the row from its image (mmpipe.encode pixels='uint8' cannot produce NaN)",
-    )
-
-
-def _as_row_error(e: Exception) -> InputError:
-    """A records-level ValueError (its message already says 'row i, column ...') -> typed."""
-    msg = str(e)
-    cls = PixelDataError if ("pixel" in msg or "grid" in msg or "image tokens" in msg) else InputError
-    fix = None if "re-encode" in msg else "re-encode the row with mmpipe.encode"
-    return cls(msg, where="", stage="collate", fix=fix)
 
 
 def _float_images(r: MultiModalInputs, spec: VisionSpec) -> np.ndarray:
@@ -302,18 +280,6 @@ def _float_videos(r: MultiModalInputs, spec: VisionSpec) -> np.ndarray:
     if r.pixel_values_videos_u8 is not None:
         return u8_video_to_pixel_values(r.pixel_values_videos_u8, spec.lut())
     return np.zeros((0, r.fam.patch_dim), np.float32)
-
-
-def _arrow_table(rows):
-    """The rows as one Arrow table if they came as Arrow (a table, a record batch, or a list
-    of one-row tables from ``ArrowRows.__getitem__``), else None."""
-    import pyarrow as pa
-
-    if isinstance(rows, (pa.Table, pa.RecordBatch)):
-        return rows
-    if isinstance(rows, (list, tuple)) and isinstance(rows[0], (pa.Table, pa.RecordBatch)):
-        return pa.concat_tables([r if isinstance(r, pa.Table) else pa.Table.from_batches([r]) for r in rows])
-    return None
 
 
 class ArrowRows:
@@ -344,13 +310,11 @@ def collator_constants(who: str, processor, family, pad_token_id) -> tuple[Model
     resize bounds and normalisation) and the pad id (the tokenizer's, else 0). ``family`` and
     ``pad_token_id`` override; one of ``processor`` / ``family`` is required."""
     if processor is None and family is None:
-        raise ValueError(f"{who} needs a processor (or family=...) to know the model family")
+        raise ArgumentError(f"{who} needs a processor (or family=...) to know the model family; got neither")
     fam = family_of(family if family is not None else processor)
-    spec = (VisionSpec.from_processor(processor) if (processor is not None and fam.is_vision)
-            else VisionSpec.from_family(fam))
-    if pad_token_id is None and processor is not None:
-        pad_token_id = getattr(getattr(processor, "tokenizer", processor), "pad_token_id", None)
-    return fam, spec, 0 if pad_token_id is None else int(pad_token_id)
+    if pad_token_id is None:
+        return fam, _vision_spec(fam, processor), _pad_token_id(processor)
+    return fam, _vision_spec(fam, processor), int(pad_token_id)
 
 
 class Collator:

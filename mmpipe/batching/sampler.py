@@ -39,6 +39,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
+from mmpipe.errors import ArgumentError, InputError
 from mmpipe.records.arrow import list_lengths
 
 COSTS = ("padded", "packed")
@@ -80,26 +81,27 @@ class TokenBudgetBatchSampler:
         self.num_images = (np.zeros(n, np.int64) if num_images is None
                            else np.asarray(num_images, dtype=np.int64).reshape(-1))
         if self.num_images.shape[0] != n:
-            raise ValueError(f"num_images has {self.num_images.shape[0]} entries but lengths has {n}; give one per row")
+            raise ArgumentError(f"num_images has {self.num_images.shape[0]} entries but lengths has {n}; give one per row")
         if cost not in COSTS:
-            raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+            raise ArgumentError(f"cost must be one of {COSTS}, got {cost!r}")
         if oversize not in OVERSIZE:
-            raise ValueError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
+            raise ArgumentError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
         if max_tokens is None or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive token count, got {max_tokens!r}")
+            raise ArgumentError(f"max_tokens must be a positive token count, got {max_tokens!r}")
         if max_images is not None and max_images < 0:
-            raise ValueError(f"max_images must be >= 0 or None, got {max_images!r}")
+            raise ArgumentError(f"max_images must be >= 0 or None, got {max_images!r}")
         if max_rows is not None and max_rows < 1:
-            raise ValueError(f"max_rows must be >= 1 or None, got {max_rows!r}")
+            raise ArgumentError(f"max_rows must be >= 1 or None, got {max_rows!r}")
         if num_replicas < 1 or not 0 <= rank < num_replicas:
-            raise ValueError(f"need num_replicas >= 1 and 0 <= rank < num_replicas, got num_replicas={num_replicas}, "
-                             f"rank={rank}")
+            raise ArgumentError(f"need num_replicas >= 1 and 0 <= rank < num_replicas, got num_replicas={num_replicas}, "
+                                f"rank={rank}")
         if bucket_size is not None and bucket_size < 1:
-            raise ValueError(f"bucket_size must be >= 1 or None, got {bucket_size!r}")
+            raise ArgumentError(f"bucket_size must be >= 1 or None, got {bucket_size!r}")
         if n and (self.lengths.min() < 0 or self.num_images.min() < 0):
-            raise ValueError("lengths and num_images must be >= 0")
+            raise ArgumentError(f"lengths and num_images must be >= 0, got min length {int(self.lengths.min())}, "
+                                f"min images {int(self.num_images.min())}")
         if max_images is not None and num_images is None:
-            raise ValueError("max_images needs num_images (images per row); pass both or neither")
+            raise ArgumentError("max_images needs num_images (images per row); pass both or neither")
         self.max_tokens, self.max_images, self.max_rows = int(max_tokens), max_images, max_rows
         self.cost, self.shuffle, self.seed = cost, shuffle, int(seed)
         self.bucket_size, self.oversize = bucket_size, oversize
@@ -110,12 +112,13 @@ class TokenBudgetBatchSampler:
         self.oversized = np.flatnonzero(over)
         if len(self.oversized) and oversize == "raise":
             i = int(self.oversized[0])
-            raise ValueError(
+            raise InputError(
                 f"row {i} is over the batch budget on its own: {int(self.lengths[i])} tokens (max_tokens="
                 f"{self.max_tokens}), {int(self.num_images[i])} images (max_images={max_images}); "
-                f"{len(self.oversized)} row(s) in all, e.g. {self.oversized[:5].tolist()}. Raise the budget, "
-                "drop or truncate them at encode time (max_length=..., truncation='drop'), or pass "
-                "oversize='alone' to give each its own batch"
+                f"{len(self.oversized)} row(s) in all, e.g. {self.oversized[:5].tolist()}", where="", row=i,
+                column="input_ids", stage="collate",
+                fix="raise the budget, drop or truncate them at encode time (max_length=..., truncation='drop'), "
+                    "or pass oversize='alone' to give each its own batch",
             )
         self.epoch = 0
         self._cache: tuple[int, list[list[int]]] | None = None
@@ -180,7 +183,7 @@ class TokenBudgetBatchSampler:
             # splitting a batch keeps both halves under every budget (costs only shrink)
             k = max(range(len(batches)), key=lambda j: (len(batches[j]), self._cost(batches[j])))
             if len(batches[k]) < 2:
-                raise ValueError(
+                raise ArgumentError(
                     f"cannot give each of {R} ranks the same number of batches: the epoch's {len(self.lengths)} "
                     f"rows make {len(batches)} batches of one row each (not a multiple of {R}) and a row is never "
                     "split or repeated; use more rows per epoch, fewer ranks, or a larger max_tokens"
@@ -263,9 +266,11 @@ def token_counts(dataset) -> tuple[np.ndarray, np.ndarray]:
                 np.asarray([r.num_images for r in recs], np.int64))
     names = set(getattr(dataset, "column_names", []) or [])
     if "input_ids" not in names:
-        raise ValueError(
-            f"token_counts needs an encoded dataset with an 'input_ids' column; found columns {sorted(names)}. "
-            "Encode first, e.g. layout-only: ds.map(mmpipe.encode, fn_kwargs={'processor': p, 'pixels': 'none'})"
+        raise InputError(
+            "token_counts needs an encoded dataset with an 'input_ids' column", where="", column="input_ids",
+            stage="collate", expected="an encoded dataset (input_ids, image_grid_thw, ...)",
+            found=f"columns {sorted(names)}",
+            fix="encode first, e.g. layout-only: ds.map(mmpipe.encode, fn_kwargs={'processor': p, 'pixels': 'none'})",
         )
     cols = [c for c in ("input_ids", "image_grid_thw") if c in names]
     table = dataset.select_columns(cols).with_format("arrow")[:]  # honours select/shuffle indices
@@ -291,5 +296,5 @@ def token_efficiency(lengths: Sequence[int], batches: Sequence[Sequence[int]], *
     elif cost == "packed":
         slots = real
     else:
-        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+        raise ArgumentError(f"cost must be one of {COSTS}, got {cost!r}")
     return real / slots if slots else 1.0

@@ -1,2 +1,45 @@
-"""The ``mmpipe`` command: ``main.py`` (the parser and ``judge ping``), ``encode.py`` (local files ->
-saved encoded dataset), ``inspect.py`` (counts, histograms), ``demo.py`` (``python -m mmpipe.cli.demo``)."""
+"""The command line: local files -> saved encoded datasets, and a look at them.
+
+One module per step::
+
+    main.py         the ``mmpipe`` parser, ``judge ping``, exit statuses (main)
+    encode.py       ``mmpipe encode``: local rows -> resolved images -> encode -> save_to_disk
+                    (run_encode, load_raw, resolve_images, CLIError)
+    inspect.py      ``mmpipe inspect``: counts and histograms of a saved dataset (dataset_stats)
+    demo.py         ``python -m mmpipe.cli.demo``: the whole pipeline offline, with checks
+    demo_checks.py  the demo's per-batch checks (DemoChecks)
+
+Public names are re-exported lazily (``mmpipe.cli.run_encode``), so ``python -m
+mmpipe.cli.demo`` does not find its module imported before it runs; ``main`` is not
+re-exported (it is a submodule's name): use ``mmpipe.cli.main.main``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "encode": ("REPORT_FILE", "CLIError", "load_processor", "input_format", "load_raw", "ImageResolver",
+               "resolve_images", "dir_bytes", "encode_options", "run_encode", "check_out_dir", "encode_to_disk",
+               "run_record", "add_encode_parser"),
+    "inspect": ("BAR_WIDTH", "Distribution", "integer_histogram", "DatasetStats", "dataset_stats", "open_encoded",
+                "format_histogram", "format_stats", "run_inspect", "add_inspect_parser"),
+    "main": ("DEFAULT_PRIMITIVES",),
+    "demo": ("image_pool", "build_rows"),
+    "demo_checks": ("SUMMARY_OK", "DemoChecks"),
+}
+_LAZY = {name: f"mmpipe.cli.{module}" for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mmpipe.cli' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(__all__) | set(globals()))

@@ -20,7 +20,7 @@ Steps:
 4. model: ``model(**batch.model_inputs())``;
 5. unbatch: ``mmpipe.unbatch(batch)`` must equal the encoded rows.
 
-Checks (the exit status is 1 if any fails): ``unbatch(collate(rows)) == rows``; the float32
+Checks (`mmpipe.cli.demo_checks.DemoChecks`; the exit status is 1 if any fails): ``unbatch(collate(rows)) == rows``; the float32
 ``pixel_values`` built from the compact uint8 rows equal the processor's own output
 (exactly, for the offline PIL image processor); and, for the offline tiny model, each
 row's logits in the padded batch equal the row run alone (padding and positions are right).
@@ -41,10 +41,12 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import numpy as np
+from mmpipe.cli.demo_checks import SUMMARY_OK, DemoChecks
+from mmpipe.cli.encode import dir_bytes
+from mmpipe.families import DEFAULT_FAMILY, VISION_FAMILIES
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-SUMMARY_OK = "unbatch(collate(rows)) == rows: OK"
+__all__ = ["SUMMARY_OK", "build_rows", "image_pool", "main"]  # SUMMARY_OK: the checks' OK line (demo_checks.py)
+
 
 # (images in the row, assistant answer?) cycles over these; row 4 is two turns.
 _PLAN = [(1, True), (0, True), (2, False), (1, True), (3, True), (0, False), (1, False), (2, True)]
@@ -71,7 +73,7 @@ _ANSWERS = [
 # ---- raw rows ----------------------------------------------------------------------------
 def image_pool() -> list[tuple[str, Any]]:
     """matplotlib's sample photos, then the generated images (assorted sizes and modes)."""
-    from mmpipe.offline.fixtures import generated_images, sample_photos
+    from mmpipe.offline import generated_images, sample_photos
 
     return list(sample_photos()) + list(generated_images())
 
@@ -119,37 +121,8 @@ def build_rows(n: int, pool: Sequence[tuple[str, Any]]):
 
 
 # ---- helpers -----------------------------------------------------------------------------
-def _dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
 def _mb(n: float) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
-
-
-def _grids(rec) -> str:
-    return " ".join("x".join(str(int(v)) for v in g) for g in rec.image_grid_thw) or "-"
-
-
-def _row_stats(logits, labels, b: int, sl: slice) -> tuple[str, Optional[tuple[float, int]]]:
-    """Per-row loss (mean CE over the row's target tokens) or, without targets, logit stats."""
-    import torch
-
-    lg = logits[b, sl].float()
-    if labels is not None:
-        lab = labels[b, sl]
-        tgt = lab[1:]
-        n = int((tgt != -100).sum())
-        if n:
-            ce = torch.nn.functional.cross_entropy(lg[:-1], tgt, ignore_index=-100, reduction="sum")
-            return f"loss {float(ce) / n:.3f} over {n} targets", (float(ce), n)
-    return f"logits mean {float(lg.mean()):+.3f} std {float(lg.std()):.3f}", None
-
-
-def _processor_pixels(processor, images) -> tuple[np.ndarray, np.ndarray]:
-    ip = processor.image_processor
-    out = ip(images=list(images), return_tensors="np")
-    return np.asarray(out["pixel_values"]), np.asarray(out["image_grid_thw"])
 
 
 def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -158,8 +131,8 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         description="mmpipe demo: raw chat rows with images -> encode (datasets.map) -> save/load -> "
         "DataLoader + Collator -> model -> unbatch, with checks. Offline by default.",
     )
-    p.add_argument("--family", choices=FAMILIES, default="qwen2_vl",
-                   help="offline processor + tiny model family (default qwen2_vl); ignored with --processor/--model")
+    p.add_argument("--family", choices=VISION_FAMILIES, default=DEFAULT_FAMILY,
+                   help=f"offline processor + tiny model family (default {DEFAULT_FAMILY}); ignored with --processor/--model")
     p.add_argument("--rows", type=int, default=12, help="number of raw rows (default 12)")
     p.add_argument("--num-proc", type=int, default=2, help="datasets.map processes (default 2; <=1: in-process)")
     p.add_argument("--workers", type=int, default=2, help="DataLoader num_workers (default 2)")
@@ -187,7 +160,7 @@ def _load(args):
     import torch
 
     if args.processor is None:
-        from mmpipe.offline.fixtures import build_model, build_processor
+        from mmpipe.offline import build_model, build_processor
 
         return build_processor(args.family), build_model(args.family), f"offline tiny {args.family}", True
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -207,21 +180,25 @@ def _load(args):
     return processor, model, f"{args.model or args.processor}", False
 
 
+def _lap(times: dict[str, float], name: str, t0: float) -> float:
+    now = time.perf_counter()
+    times[name] = now - t0
+    return now
+
+
 # ---- main --------------------------------------------------------------------------------
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the demo (see the module docstring); returns the exit status (1 if a check failed).
+
+    The steps: load the processor and model (`_load`), build the raw rows (`build_rows`),
+    encode with ``datasets.map``, save and load back, then collate with a DataLoader and check
+    every batch (`DemoChecks`), and print the table (`_print_report`)."""
     args = _parse(argv)
     t_start = time.perf_counter()
     times: dict[str, float] = {}
 
-    def lap(name: str, t0: float) -> float:
-        now = time.perf_counter()
-        times[name] = now - t0
-        return now
-
     import datasets
-    import torch
     import transformers
-    from torch.utils.data import DataLoader
 
     import mmpipe
     from mmpipe.families import family_of
@@ -232,137 +209,76 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t = time.perf_counter()
     processor, model, label, offline = _load(args)
     fam = family_of(processor)
-    t = lap("load", t)
+    t = _lap(times, "load", t)
 
     ds, _ = build_rows(args.rows, image_pool())
-    t = lap("rows", t)
+    t = _lap(times, "rows", t)
 
     num_proc = args.num_proc if args.num_proc > 1 else None
     enc = ds.map(
         mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=num_proc, remove_columns=ds.column_names
     )
-    t = lap("encode", t)
+    t = _lap(times, "encode", t)
+
+    checks = DemoChecks(ds, processor, model, fam, offline)
+    out_dir = Path(args.out) if args.out else None
+    disk_bytes = _save_load_and_check(enc, out_dir, args, checks, times, t)
+    print(f"mmpipe demo: {label} ({fam.name}), {len(ds)} rows, batch size {args.batch_size}, "
+          f"map num_proc={num_proc or 1}, DataLoader num_workers={args.workers}")
+    _print_report(checks, times, disk_bytes, out_dir)
+    problems = [f for fs in checks.failures.values() for f in fs]
+    seconds = time.perf_counter() - t_start
+    print(f"rows {len(ds)}, batches {checks.n_batches}, {seconds:.1f} s; " + "; ".join(checks.summary()))
+    return 0 if not problems else 1
+
+
+def _save_load_and_check(enc, out_dir: Optional[Path], args, checks: DemoChecks, times: dict[str, float],
+                         t: float) -> int:
+    """Save ``enc`` to ``out_dir`` (None: a temporary directory, removed after), load it back,
+    and run every DataLoader batch through ``checks``; returns the bytes on disk."""
+    import datasets
+    from torch.utils.data import DataLoader
+
+    import mmpipe
 
     tmp = None
-    if args.out:
-        out_dir = Path(args.out)
-    else:
+    if out_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="mmpipe-demo-")
         out_dir = Path(tmp.name) / "encoded"
     try:
         enc.save_to_disk(str(out_dir))
-        disk_bytes = _dir_bytes(out_dir)
-        enc = datasets.load_from_disk(str(out_dir))
-        t = lap("save+load", t)
+        disk_bytes = dir_bytes(out_dir)
+        enc = checks.enc = datasets.load_from_disk(str(out_dir))
+        t = _lap(times, "save+load", t)
 
         loader = DataLoader(
-            enc, batch_size=args.batch_size, collate_fn=mmpipe.Collator(processor), num_workers=args.workers
+            enc, batch_size=args.batch_size, collate_fn=mmpipe.Collator(checks.processor), num_workers=args.workers
         )
-        device = next(model.parameters()).device if model is not None else None
-        failures: dict[str, list[str]] = {"unbatch": [], "pixels": [], "logits": [], "loader": []}
-        table: list[tuple] = []
-        u8_total = f32_total = 0
-        n_batches = 0
-        checked = {"pixels": False, "logits": False}
-        t_model = t_check = 0.0
-        row0 = 0
         for batch in loader:
-            n_batches += 1
-            B, L = batch.input_ids.shape
-            # -- model
-            logits = None
-            if model is not None:
-                t1 = time.perf_counter()
-                with torch.no_grad():
-                    out = model(**batch.model_inputs(device))
-                logits = out.logits.detach().cpu()
-                t_model += time.perf_counter() - t1
-            t1 = time.perf_counter()
-            # -- unbatch(collate(rows)) == rows
-            expected = [mmpipe.MultiModalInputs.from_dict(enc[row0 + b], row=row0 + b) for b in range(B)]
-            got = mmpipe.unbatch(batch)
-            for b, (g, e) in enumerate(zip(got, expected)):
-                if g != e:
-                    failures["unbatch"].append(f"row {row0 + b}: unbatch differs in {g.diff(e)}")
-            # -- pixel_values equal the processor's own
-            raw = [im for b in range(B) for im in ds[row0 + b]["images"]]
-            if raw:
-                checked["pixels"] = True
-                pv, grid = _processor_pixels(processor, raw)
-                ours = batch.pixel_values.numpy() if batch.pixel_values is not None else None
-                if ours is None or not np.array_equal(grid, batch.image_grid_thw.numpy()) or ours.shape != pv.shape:
-                    failures["pixels"].append(f"batch {n_batches - 1}: pixel_values/image_grid_thw layout differs from the processor's")
-                elif not np.array_equal(ours, pv):
-                    diff = float(np.abs(ours - pv).max())
-                    strict = offline or type(processor.image_processor).__name__.endswith("Pil")
-                    msg = f"batch {n_batches - 1}: pixel_values differ from the processor's by up to {diff:.3g}"
-                    if strict:
-                        failures["pixels"].append(msg)
-                    else:
-                        print(f"note: {msg} (non-PIL image processor backend)")
-            # -- each row alone gives the same logits (offline tiny model only)
-            if offline and model is not None:
-                checked["logits"] = True
-                for b in range(B):
-                    alone = mmpipe.collate([expected[b]], processor=processor)
-                    with torch.no_grad():
-                        la = model(**alone.model_inputs(device)).logits.detach().cpu()
-                    n = expected[b].num_tokens
-                    lb = logits[b, L - n:] if batch.padding_side == "left" else logits[b, :n]
-                    if not torch.allclose(lb, la[0], atol=1e-4, rtol=1e-4):
-                        err = float((lb - la[0]).abs().max())
-                        failures["logits"].append(f"row {row0 + b}: logits in the batch differ from the row alone by {err:.3g}")
-            # -- table
-            for b, rec in enumerate(expected):
-                n = rec.num_tokens
-                sl = slice(L - n, L) if batch.padding_side == "left" else slice(0, n)
-                u8 = rec.pixel_values_u8.nbytes if rec.pixel_values_u8 is not None else 0
-                f32 = rec.num_image_patches * fam.patch_dim * 4
-                u8_total += u8
-                f32_total += f32
-                if logits is not None:
-                    stat, _ = _row_stats(logits, batch.labels, b, sl)
-                else:
-                    n_t = int((rec.labels != -100).sum()) if rec.labels is not None else 0
-                    stat = f"{n_t} targets (no model)"
-                table.append((row0 + b, n, rec.num_images, _grids(rec), int((rec.mm_token_type_ids == 1).sum()),
-                              u8, f32, stat))
-            t_check += time.perf_counter() - t1
-            row0 += B
+            checks.batch(batch)
         times["collate+model+checks"] = time.perf_counter() - t
-        if row0 != len(enc):
-            failures["loader"].append(f"the loader yielded {row0} rows, the dataset holds {len(enc)}")
+        if checks.row0 != len(enc):
+            checks.failures["loader"].append(f"the loader yielded {checks.row0} rows, the dataset holds {len(enc)}")
     finally:
         if tmp is not None:
             tmp.cleanup()
+    return disk_bytes
 
-    # ---- report
-    print(f"mmpipe demo: {label} ({fam.name}), {len(ds)} rows, batch size {args.batch_size}, "
-          f"map num_proc={num_proc or 1}, DataLoader num_workers={args.workers}")
+
+def _print_report(checks: DemoChecks, times: dict[str, float], disk_bytes: int, out_dir: Optional[Path]) -> None:
+    """The per-row table, the pixel sizes, the times and every failed check."""
     head = ("row", "tokens", "imgs", "grids (t x h x w)", "img tok", "uint8 px", "float32 px", "model")
     w = [3, 6, 4, 26, 7, 9, 10, 0]
     print("  ".join(h.rjust(x) if i not in (3, 7) else h.ljust(x) for i, (h, x) in enumerate(zip(head, w))))
-    for r, n, ni, g, nt, u8, f32, stat in table:
+    for r, n, ni, g, nt, u8, f32, stat in checks.table:
         cells = [str(r), str(n), str(ni), g, str(nt), _mb(u8) if u8 else "0", _mb(f32) if f32 else "0", stat]
         print("  ".join(c.rjust(x) if i not in (3, 7) else c.ljust(x) for i, (c, x) in enumerate(zip(cells, w))))
-    ratio = f" ({f32_total / u8_total:.0f}x smaller)" if u8_total else ""
-    print(f"pixels stored uint8: {_mb(u8_total)}; as float32 pixel_values: {_mb(f32_total)}{ratio}. "
-          f"Encoded dataset on disk: {_mb(disk_bytes)}" + (f" at {out_dir}" if args.out else " (temp dir, removed)"))
+    ratio = f" ({checks.f32_total / checks.u8_total:.0f}x smaller)" if checks.u8_total else ""
+    print(f"pixels stored uint8: {_mb(checks.u8_total)}; as float32 pixel_values: {_mb(checks.f32_total)}{ratio}. "
+          f"Encoded dataset on disk: {_mb(disk_bytes)}" + (f" at {out_dir}" if out_dir is not None else " (temp dir, removed)"))
     print("times: " + ", ".join(f"{k} {v:.2f}s" for k, v in times.items()))
-    problems = [f for fs in failures.values() for f in fs]
-    for f in problems:
+    for f in (f for fs in checks.failures.values() for f in fs):
         print(f"CHECK FAILED: {f}")
-    checks = []
-    if checked["pixels"]:
-        checks.append("pixel_values == processor's: " + ("OK" if not failures["pixels"] else "FAILED"))
-    if checked["logits"]:
-        checks.append("batch logits == each row alone: " + ("OK" if not failures["logits"] else "FAILED"))
-    if failures["loader"]:
-        checks.append("loader row count: FAILED")
-    checks.append(SUMMARY_OK if not failures["unbatch"] else "unbatch(collate(rows)) == rows: FAILED")
-    seconds = time.perf_counter() - t_start
-    print(f"rows {len(ds)}, batches {n_batches}, {seconds:.1f} s; " + "; ".join(checks))
-    return 0 if not problems else 1
 
 
 if __name__ == "__main__":

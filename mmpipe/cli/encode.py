@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from mmpipe.errors import ImageError
+
 REPORT_FILE = "mmpipe_encode.json"
 
 
@@ -103,16 +105,19 @@ def load_raw(path: Path, *, split: Optional[str] = None, cache_dir: Optional[str
                        "or all strings)") from None
 
 
-def _resolve_one(value: Any, base: Path, where: str) -> Optional[dict]:
-    """One image reference -> a ``datasets.Image`` storage dict ``{"bytes", "path"}``."""
+def _resolve_one(value: Any, base: Path, loc: dict) -> Optional[dict]:
+    """One image reference -> a ``datasets.Image`` storage dict ``{"bytes", "path"}``.
+
+    ``loc``: where it is (``{"row", "image", "column"}``), for the `ImageError` of a bad one."""
     if value is None:
         return None
     if isinstance(value, dict):
         b, p = value.get("bytes"), value.get("path")
         if b is None:
             if not p:
-                raise ValueError(f"{where}: image dict has neither 'bytes' nor 'path'")
-            return {"bytes": None, "path": _local_path(str(p), base, where)}
+                raise ImageError("image dict has neither 'bytes' nor 'path'", **loc, found=repr(value)[:80],
+                                 fix="give the image's encoded bytes or its file path")
+            return {"bytes": None, "path": _local_path(str(p), base, loc)}
         return {"bytes": bytes(b), "path": p}
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"bytes": bytes(value), "path": None}
@@ -120,25 +125,28 @@ def _resolve_one(value: Any, base: Path, where: str) -> Optional[dict]:
         if value.startswith("data:"):
             header, sep, data = value.partition(",")
             if not sep or ";base64" not in header:
-                raise ValueError(f"{where}: data URI {value[:40]!r}... is not base64 encoded (data:image/png;base64,...)")
+                raise ImageError(f"data URI {value[:40]!r}... is not base64 encoded", **loc,
+                                 expected="data:image/png;base64,...", fix="encode the image data as base64")
             return {"bytes": base64.b64decode(data), "path": None}
-        return {"bytes": None, "path": _local_path(value, base, where)}
-    raise ValueError(f"{where}: unsupported image value of type {type(value).__name__}; expected a path, "
-                     "a data:image/...;base64 URI or a {'bytes', 'path'} dict")
+        return {"bytes": None, "path": _local_path(value, base, loc)}
+    raise ImageError(f"unsupported image value of type {type(value).__name__}", **loc,
+                     expected="a path, a data:image/...;base64 URI or a {'bytes', 'path'} dict",
+                     found=type(value).__name__)
 
 
-def _local_path(p: str, base: Path, where: str) -> str:
+def _local_path(p: str, base: Path, loc: dict) -> str:
     if p.startswith(("http://", "https://")):
-        raise ValueError(f"{where}: image {p!r} is a URL; mmpipe encode reads local files only - download the images "
-                         "and refer to them by path")
+        raise ImageError(f"image {p!r} is a URL; mmpipe encode reads local files only", **loc,
+                         fix="download the images and refer to them by path")
     if p.startswith("file://"):
         p = p[len("file://"):]
     full = Path(p).expanduser()
     if not full.is_absolute():
         full = base / full
     if not full.is_file():
-        raise ValueError(f"{where}: image file {p!r} not found (looked for {str(full)!r}; relative paths are "
-                         f"resolved against the input file's directory {str(base)!r})")
+        raise ImageError(f"image file {p!r} not found (looked for {str(full)!r}; relative paths are "
+                         f"resolved against the input file's directory {str(base)!r})", **loc,
+                         fix="fix the path or add the file")
     return str(full.resolve())
 
 
@@ -158,9 +166,8 @@ class ImageResolver:
         self.strict = strict
 
     def __call__(self, example: dict, idx: int) -> dict:
-        from mmpipe.encoding.encoder import inline_image, is_image_item
+        from mmpipe.encoding.parse import inline_image, is_image_item
 
-        where = f"row {idx}"
         column = list(example.get(self.images_column) or [])
         images: list = []
         next_col = 0
@@ -194,13 +201,14 @@ class ImageResolver:
                 new_msgs.append({**msg, "content": items})
             out[key] = new_msgs
         images.extend(column[next_col:])  # surplus images: encode reports the mismatch
-        out[self.images_column] = [self._resolve(v, f"{where}, image {i}") for i, v in enumerate(images)]
+        out[self.images_column] = [self._resolve(v, {"row": idx, "image": i, "column": self.images_column})
+                                   for i, v in enumerate(images)]
         return out
 
-    def _resolve(self, value, where: str):
+    def _resolve(self, value, loc: dict):
         try:
-            return _resolve_one(value, self.base, where)
-        except ValueError:
+            return _resolve_one(value, self.base, loc)
+        except ImageError:
             if self.strict:
                 raise
             path = value if isinstance(value, str) else value.get("path") if isinstance(value, dict) else None
@@ -231,7 +239,8 @@ def _is_image_list(feature) -> bool:
 
 
 # ---- the command -------------------------------------------------------------------------
-def _dir_bytes(path: Path) -> int:
+def dir_bytes(path: Path) -> int:
+    """Bytes of every file under ``path`` (a saved dataset's size on disk)."""
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
@@ -251,7 +260,10 @@ def encode_options(args) -> dict:
 
 
 def run_encode(args) -> int:
-    """``mmpipe encode``; returns the exit status (0 ok, 1 a row failed, 2 bad arguments)."""
+    """``mmpipe encode``; returns the exit status (0 ok, 1 a row failed, 2 bad arguments).
+
+    The steps: check the paths (`check_out_dir`), load the processor, encode and save
+    (`encode_to_disk`), write the run record (`run_record`) next to the data."""
     import datasets
 
     import mmpipe
@@ -260,22 +272,43 @@ def run_encode(args) -> int:
     src = Path(args.input).expanduser()
     out = Path(args.out).expanduser()
     fmt = input_format(src)
+    check_out_dir(out, src, overwrite=args.overwrite)
+    if args.quiet:
+        datasets.disable_progress_bars()
+    processor = load_processor(args.processor)
+    fam = mmpipe.family_of(processor)
+    options = encode_options(args)
+    report = encode_to_disk(args, src, fmt, out, processor, options)
+    seconds = time.perf_counter() - t0
+    record = run_record(args, src, fmt, fam.name, options, report, seconds)
+    (out / REPORT_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"{report}")
+    print(f"saved to {out} ({dir_bytes(out) / 1e6:.2f} MB, family {fam.name}, pixels {options['pixels']}) "
+          f"in {seconds:.1f} s; look at it with: mmpipe inspect {out}")
+    return 0
+
+
+def check_out_dir(out: Path, src: Path, *, overwrite: bool) -> None:
+    """``--out`` must be new, empty, or (with ``--overwrite``) a saved dataset, and not the input."""
     if out.exists() and any(out.iterdir()):
-        if not args.overwrite:
+        if not overwrite:
             raise CLIError(f"--out {str(out)!r} exists and is not empty; pass --overwrite or another directory")
         if not any((out / f).is_file() for f in ("state.json", "dataset_dict.json", REPORT_FILE)):
             raise CLIError(f"--out {str(out)!r} is not a saved dataset; --overwrite only replaces one "
                            "(refusing to delete another directory)")
     if out.resolve() == src.resolve():
         raise CLIError("--out must differ from the input")
-    if args.quiet:
-        datasets.disable_progress_bars()
-    processor = load_processor(args.processor)
-    fam = mmpipe.family_of(processor)
-    options = encode_options(args)
+
+
+def encode_to_disk(args, src: Path, fmt: str, out: Path, processor, options: dict):
+    """Load the raw rows, resolve their images, encode (`mmpipe.encode_dataset`) and save
+    to ``out``; returns the `EncodeReport`. Intermediate Arrow files go to a temporary
+    directory (never next to the user's input): only the saved result stays."""
+    import datasets
+
+    import mmpipe
+
     num_proc = args.num_proc if args.num_proc and args.num_proc > 1 else None
-    # Intermediate Arrow files go to a temporary directory (never next to the user's input);
-    # only the saved result stays.
     caching = datasets.is_caching_enabled()
     datasets.disable_caching()
     try:
@@ -295,12 +328,19 @@ def run_encode(args) -> int:
     finally:
         if caching:
             datasets.enable_caching()
-    seconds = time.perf_counter() - t0
-    record = {
+    return report
+
+
+def run_record(args, src: Path, fmt: str, family: str, options: dict, report, seconds: float) -> dict:
+    """What ``mmpipe_encode.json`` holds: input, processor, options, rows in/out, dropped rows
+    by reason, row errors (``{"row", "stage", "column", "reason"}``), time, version."""
+    import mmpipe
+
+    return {
         "input": str(src.resolve()),
         "input_format": fmt,
         "processor": args.processor,
-        "family": fam.name,
+        "family": family,
         "options": options,
         "rows_in": report.rows_in,
         "rows_out": report.rows_out,
@@ -309,11 +349,6 @@ def run_encode(args) -> int:
         "seconds": round(seconds, 3),
         "mmpipe_version": mmpipe.__version__,
     }
-    (out / REPORT_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    print(f"{report}")
-    print(f"saved to {out} ({_dir_bytes(out) / 1e6:.2f} MB, family {fam.name}, pixels {options['pixels']}) "
-          f"in {seconds:.1f} s; look at it with: mmpipe inspect {out}")
-    return 0
 
 
 def add_encode_parser(sub) -> None:

@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-from mmpipe.cli.encode import REPORT_FILE, CLIError, _dir_bytes
+from mmpipe.cli.encode import REPORT_FILE, CLIError, dir_bytes
 from mmpipe.records.arrow import list_lengths
 
 BAR_WIDTH = 40
@@ -122,13 +122,33 @@ def _grids(list_array) -> tuple[np.ndarray, np.ndarray]:
 
 def dataset_stats(path, *, split: Optional[str] = None, bins: int = 10, batch_size: int = 1024,
                   progress: bool = True) -> DatasetStats:
-    """Stats of the encoded dataset saved at ``path`` (``Dataset.save_to_disk`` directory)."""
-    import datasets
-    import pyarrow.compute as pc
+    """Stats of the encoded dataset saved at ``path`` (``Dataset.save_to_disk`` directory).
 
-    from mmpipe.families import get_family
+    The steps: open it (`open_encoded`), tally each Arrow batch (`_Tally.add`), then the
+    distributions and the run record (`_Tally.stats`)."""
+    import datasets
 
     path = Path(path).expanduser()
+    ds = open_encoded(path, split)
+    cols = set(ds.column_names)
+    pixel_format = "uint8" if "pixel_values_u8" in cols else "float32" if "pixel_values" in cols else "none"
+    tally = _Tally(cols, pixel_format)
+    it = ds.with_format("arrow").iter(batch_size=batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, total=-(-len(ds) // batch_size), desc="mmpipe inspect", unit="batch",
+                  disable=not datasets.is_progress_bar_enabled(), file=sys.stderr)
+    for table in it:
+        tally.add(table)
+    return tally.stats(path, len(ds), bins)
+
+
+def open_encoded(path: Path, split: Optional[str] = None):
+    """The ``datasets.Dataset`` saved at ``path`` (one split of a ``DatasetDict``); `CLIError`
+    when it is missing, not a saved dataset, or not mmpipe-encoded."""
+    import datasets
+
     if not path.is_dir():
         raise CLIError(f"{str(path)!r} is not a directory; pass a directory written by `mmpipe encode` or "
                        "Dataset.save_to_disk")
@@ -146,82 +166,105 @@ def dataset_stats(path, *, split: Optional[str] = None, bins: int = 10, batch_si
     if missing:
         raise CLIError(f"{str(path)!r} is not an mmpipe-encoded dataset: column(s) {missing} missing "
                        f"(found {ds.column_names}); encode it first with `mmpipe encode`")
-    cols = set(ds.column_names)
-    pixel_format = "uint8" if "pixel_values_u8" in cols else "float32" if "pixel_values" in cols else "none"
+    return ds
 
-    from mmpipe.encoding.encoder import ERROR_COLUMN
 
-    tokens, img_tok, vid_tok, targets, n_img, per_image = [], [], [], [], [], []
-    failed: list = []
-    families: Counter = Counter()
-    n_vid = 0
-    patches = pixel_bytes = f32_bytes = 0
-    it = ds.with_format("arrow").iter(batch_size=batch_size)
-    if progress:
-        from tqdm.auto import tqdm
+class _Tally:
+    """The running counts of `dataset_stats`: per-row arrays (one per Arrow batch) and totals."""
 
-        it = tqdm(it, total=-(-len(ds) // batch_size), desc="mmpipe inspect", unit="batch",
-                  disable=not datasets.is_progress_bar_enabled(), file=sys.stderr)
-    for table in it:
-        def col(name, table=table):
+    def __init__(self, cols: set, pixel_format: str):
+        self.cols, self.pixel_format = cols, pixel_format
+        self.tokens, self.img_tok, self.vid_tok, self.targets, self.n_img, self.per_image = [], [], [], [], [], []
+        self.failed: list = []
+        self.families: Counter = Counter()
+        self.n_vid = 0
+        self.patches = self.pixel_bytes = self.f32_bytes = 0
+
+    def add(self, table) -> None:
+        """Count one Arrow batch of stored rows."""
+        import pyarrow.compute as pc
+
+        from mmpipe.encoding.mapping import ERROR_COLUMN
+        from mmpipe.families import get_family
+
+        cols = self.cols
+
+        def col(name):
             return table.column(name).combine_chunks()
 
         fam_col = col("family").to_pylist()
         if ERROR_COLUMN in cols:
-            failed.extend(json.loads(x) for x in col(ERROR_COLUMN).to_pylist() if x)
-        families.update(fam_col)
-        merge2 = np.asarray([get_family(f).merge_size ** 2 for f in fam_col], dtype=np.int64)
+            self.failed.extend(json.loads(x) for x in col(ERROR_COLUMN).to_pylist() if x)
+        self.families.update(fam_col)
+        merge_area = np.asarray([get_family(f).merge_area for f in fam_col], dtype=np.int64)
         patch_dim = np.asarray([get_family(f).patch_dim for f in fam_col], dtype=np.int64)
-        tokens.append(pc.list_value_length(col("input_ids")).to_numpy(zero_copy_only=False))
-        img_tok.append(_per_row_count(col("mm_token_type_ids"), 1))
-        vid_tok.append(_per_row_count(col("mm_token_type_ids"), 2))
+        self.tokens.append(pc.list_value_length(col("input_ids")).to_numpy(zero_copy_only=False))
+        self.img_tok.append(_per_row_count(col("mm_token_type_ids"), 1))
+        self.vid_tok.append(_per_row_count(col("mm_token_type_ids"), 2))
         if "labels" in cols:
-            targets.append(_per_row_count(col("labels"), -100, negate=True))
+            self.targets.append(_per_row_count(col("labels"), -100, negate=True))
         counts, grids = _grids(col("image_grid_thw"))
-        n_img.append(counts)
+        self.n_img.append(counts)
         row_of_image = np.repeat(np.arange(len(counts)), counts)
         prod = grids.prod(axis=1)
-        per_image.append(prod // merge2[row_of_image])
+        self.per_image.append(prod // merge_area[row_of_image])
         row_patches = np.bincount(row_of_image, weights=prod, minlength=len(counts)).astype(np.int64)
         if "video_grid_thw" in cols:
             v_counts, v_grids = _grids(col("video_grid_thw"))
-            n_vid += int(v_counts.sum())
+            self.n_vid += int(v_counts.sum())
             row_of_video = np.repeat(np.arange(len(v_counts)), v_counts)
             row_patches += np.bincount(row_of_video, weights=v_grids.prod(axis=1), minlength=len(v_counts)).astype(np.int64)
-        patches += int(prod.sum())
-        f32_bytes += int((row_patches * patch_dim * 4).sum())
-        if pixel_format == "uint8":
-            for name in ("pixel_values_u8", "pixel_values_videos_u8"):
-                if name in cols:
-                    lengths = pc.binary_length(col(name)).to_numpy(zero_copy_only=False)
-                    pixel_bytes += int(np.maximum(lengths - 1, 0).sum())  # minus the end marker
-        elif pixel_format == "float32":
-            for name in ("pixel_values", "pixel_values_videos"):
-                if name in cols:
-                    pixel_bytes += 4 * len(pc.list_flatten(pc.list_flatten(col(name))))
+        self.patches += int(prod.sum())
+        self.f32_bytes += int((row_patches * patch_dim * 4).sum())
+        self.pixel_bytes += _stored_pixel_bytes(col, cols, self.pixel_format)
 
-    def cat(parts) -> np.ndarray:
-        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+    def stats(self, path: Path, rows: int, bins: int) -> DatasetStats:
+        """The totals and distributions, with the run record found next to the data."""
+        def cat(parts) -> np.ndarray:
+            return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
-    tok, itok, vtok, nimg = cat(tokens), cat(img_tok), cat(vid_tok), cat(n_img)
-    report = None
+        tok, itok, vtok, nimg = cat(self.tokens), cat(self.img_tok), cat(self.vid_tok), cat(self.n_img)
+        has_labels = "labels" in self.cols
+        return DatasetStats(
+            path=str(path), rows=rows, families=dict(self.families), pixel_format=self.pixel_format,
+            tokens=int(tok.sum()), text_tokens=int(tok.sum() - itok.sum() - vtok.sum()),
+            image_tokens=int(itok.sum()), video_tokens=int(vtok.sum()),
+            target_tokens=int(cat(self.targets).sum()) if has_labels else None,
+            images=int(nimg.sum()), videos=self.n_vid, rows_without_images=int((nimg == 0).sum()),
+            image_patches=self.patches, pixel_bytes=self.pixel_bytes, float32_pixel_bytes=self.f32_bytes,
+            disk_bytes=dir_bytes(path),
+            tokens_per_row=Distribution.of(tok, bins), images_per_row=Distribution.of(nimg, bins),
+            tokens_per_image=Distribution.of(cat(self.per_image), bins), encode_report=_run_record(path),
+            failed_rows=self.failed,
+        )
+
+
+def _stored_pixel_bytes(col, cols: set, pixel_format: str) -> int:
+    """Bytes the stored pixel columns of one batch hold (compact: minus each end marker)."""
+    import pyarrow.compute as pc
+
+    total = 0
+    if pixel_format == "uint8":
+        for name in ("pixel_values_u8", "pixel_values_videos_u8"):
+            if name in cols:
+                lengths = pc.binary_length(col(name)).to_numpy(zero_copy_only=False)
+                total += int(np.maximum(lengths - 1, 0).sum())  # minus the end marker
+    elif pixel_format == "float32":
+        for name in ("pixel_values", "pixel_values_videos"):
+            if name in cols:
+                total += 4 * len(pc.list_flatten(pc.list_flatten(col(name))))
+    return total
+
+
+def _run_record(path: Path) -> Optional[dict]:
+    """``mmpipe_encode.json`` of ``mmpipe encode`` when it is there (None otherwise)."""
     report_file = path / REPORT_FILE
-    if report_file.is_file():
-        try:
-            report = json.loads(report_file.read_text())
-        except ValueError:
-            report = {"error": f"{REPORT_FILE} is not valid JSON"}
-    return DatasetStats(
-        path=str(path), rows=len(ds), families=dict(families), pixel_format=pixel_format,
-        tokens=int(tok.sum()), text_tokens=int(tok.sum() - itok.sum() - vtok.sum()),
-        image_tokens=int(itok.sum()), video_tokens=int(vtok.sum()),
-        target_tokens=int(cat(targets).sum()) if "labels" in cols else None,
-        images=int(nimg.sum()), videos=n_vid, rows_without_images=int((nimg == 0).sum()),
-        image_patches=patches, pixel_bytes=pixel_bytes, float32_pixel_bytes=f32_bytes,
-        disk_bytes=_dir_bytes(path),
-        tokens_per_row=Distribution.of(tok, bins), images_per_row=Distribution.of(nimg, bins),
-        tokens_per_image=Distribution.of(cat(per_image), bins), encode_report=report, failed_rows=failed,
-    )
+    if not report_file.is_file():
+        return None
+    try:
+        return json.loads(report_file.read_text())
+    except ValueError:
+        return {"error": f"{REPORT_FILE} is not valid JSON"}
 
 
 # ---- text output -------------------------------------------------------------------------

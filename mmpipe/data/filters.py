@@ -22,6 +22,7 @@ from typing import Optional
 
 import numpy as np
 
+from mmpipe.errors import ArgumentError
 from mmpipe.encoding.encoder import Encoder
 
 
@@ -131,9 +132,9 @@ def filter_by_length(ds, processor, *, max_tokens: Optional[int] = None, min_tok
     e.g. for a token-budget sampler). ``options``: the encode options (see `TokenCounter`).
     """
     if max_tokens is None and min_tokens is None:
-        raise ValueError("filter_by_length needs max_tokens and/or min_tokens")
+        raise ArgumentError("filter_by_length needs max_tokens and/or min_tokens")
     if max_tokens is not None and min_tokens is not None and min_tokens > max_tokens:
-        raise ValueError(f"min_tokens={min_tokens} is above max_tokens={max_tokens}; nothing could be kept")
+        raise ArgumentError(f"min_tokens={min_tokens} is above max_tokens={max_tokens}; nothing could be kept")
     lengths = token_lengths(ds, processor, num_proc=num_proc, batch_size=batch_size, **options).total
     failed = lengths < 0
     too_long = (lengths > max_tokens) if max_tokens is not None else np.zeros(len(lengths), bool)

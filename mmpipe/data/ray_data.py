@@ -27,7 +27,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from mmpipe.encoding.encoder import ERROR_COLUMN, Encoder
+from mmpipe.encoding.encoder import Encoder
+from mmpipe.errors import ArgumentError
+from mmpipe.encoding.mapping import ERROR_COLUMN
 from mmpipe.processors import load_processor
 from mmpipe.records.row import MultiModalInputs
 
@@ -129,7 +131,7 @@ class RayBatchEncoder:
         out, kept = [], []
         for i, raw in enumerate(rows):
             idx = raw.get(self.index_column) if self.index_column else None
-            row = self.encoder._encode_one(raw, idx)  # None: dropped by truncation="drop"
+            row = self.encoder.encode_one(raw, idx)  # None: dropped by truncation="drop"
             if row is not None:
                 out.append(row)
                 kept.append(i)
@@ -138,7 +140,8 @@ class RayBatchEncoder:
             src = batch if isinstance(batch, (pa.Table, pa.RecordBatch)) else None
             for name in self.keep_columns:
                 if name in table.column_names:
-                    raise ValueError(f"keep_columns: {name!r} is an encoded column; rename the input column")
+                    raise ArgumentError(f"keep_columns: {name!r} is an encoded column; keep_columns accepts input "
+                                        "columns only: rename the input column")
                 if src is not None and name in src.column_names:
                     col = src.column(name).take(pa.array(kept, pa.int64()))
                 elif isinstance(batch, dict) and isinstance(batch.get(name), np.ndarray) and batch[name].dtype != object:

@@ -31,6 +31,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Optional, Sequence
 
+from mmpipe.errors import ArgumentError
+
 STRATEGIES = ("auto", "shards", "examples")
 
 
@@ -63,20 +65,20 @@ def shard_for_rank(ds, rank: int, world_size: int, *, strategy: str = "auto", nu
     from datasets.distributed import split_dataset_by_node
 
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        raise ArgumentError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in 0..{world_size - 1} for world_size={world_size}, got {rank}")
+        raise ArgumentError(f"rank must be in 0..{world_size - 1} for world_size={world_size}, got {rank}")
     if isinstance(ds, datasets.Dataset):
         part = split_dataset_by_node(ds, rank=rank, world_size=world_size)
         return part.to_iterable_dataset(num_shards=num_shards or 1)
     if not isinstance(ds, datasets.IterableDataset):
         raise TypeError(f"expected a datasets.Dataset or IterableDataset, found {type(ds).__name__}")
     if num_shards is not None:
-        raise ValueError("num_shards applies to a map-style Dataset; an IterableDataset keeps its own shards")
+        raise ArgumentError("num_shards applies to a map-style Dataset; an IterableDataset keeps its own shards")
     n = ds.num_shards
     if strategy == "shards" or (strategy == "auto" and n % world_size == 0):
         if n < world_size:
-            raise ValueError(
+            raise ArgumentError(
                 f"strategy='shards' needs at least one shard per rank: the stream has {n} shard(s) for "
                 f"world_size={world_size}; use strategy='examples' or write the data in more files"
             )
@@ -94,7 +96,7 @@ def encode_stream(ds, processor, *, batch_size: int = 64, keep_columns: Sequence
     ``truncation="drop"`` leaves over-long rows out of the stream. The row index in error
     messages is the position in this process's stream (a rank's, a DataLoader worker's).
     """
-    from mmpipe.encoding.encoder import encode
+    from mmpipe.encoding.dataset import encode
     from mmpipe.records.row import MultiModalInputs
 
     pixels = options.get("pixels", "uint8")

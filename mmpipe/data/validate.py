@@ -32,9 +32,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mmpipe.data.repair import (
+    add_empty_column,
+    is_u8_list,
+    lossless_cast,
+    recompute_rope_deltas,
+    u8_list_to_binary,
+)
+from mmpipe.data.loading import load_table, table_to_dataset
 from mmpipe.errors import InputError
 from mmpipe.families import FAMILIES
-from mmpipe.records.columns import END_MARKER
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.arrow import list_lengths, rows_from_arrow
 
@@ -118,48 +125,6 @@ class ValidationReport:
         return self
 
 
-# ---- loading ---------------------------------------------------------------------------------
-def _load(data) -> tuple[pa.Table, Any]:
-    """(Arrow table, the dataset object or None) from any accepted input."""
-    import os
-
-    if isinstance(data, pa.RecordBatch):
-        return pa.Table.from_batches([data]), None
-    if isinstance(data, pa.Table):
-        return data, None
-    if isinstance(data, (str, os.PathLike)):
-        path = os.fspath(data)
-        if os.path.isdir(path):
-            import datasets
-
-            ds = datasets.load_from_disk(path)
-            if isinstance(ds, datasets.DatasetDict):
-                raise InputError(f"{path!r} holds a DatasetDict {list(ds)}; validate one split", where="",
-                                 stage="validate", fix="pass load_from_disk(path)[split]")
-            return _dataset_table(ds), ds
-        if path.endswith(".parquet"):
-            import pyarrow.parquet as pq
-
-            return pq.read_table(path), None
-        with pa.memory_map(path) as src:
-            try:
-                return pa.ipc.open_stream(src).read_all(), None
-            except pa.ArrowInvalid:
-                src.seek(0)
-                return pa.ipc.open_file(src).read_all(), None
-    if hasattr(data, "data") and hasattr(data, "features"):  # a datasets.Dataset
-        return _dataset_table(data), data
-    raise InputError(f"cannot validate a {type(data).__name__}", where="", stage="validate",
-                     expected="a datasets.Dataset, a save_to_disk directory, a .parquet/.arrow file or a pyarrow Table",
-                     found=type(data).__name__)
-
-
-def _dataset_table(ds) -> pa.Table:
-    if getattr(ds, "_indices", None) is not None:  # a select/shuffle view: its rows, in its order
-        return ds.with_format("arrow")[:]
-    return ds.data.table
-
-
 # ---- schema comparison -------------------------------------------------------------------------
 def _detect(table: pa.Table) -> tuple[str, bool]:
     names = set(table.column_names)
@@ -173,29 +138,6 @@ def _expected_schema(fmt: str, labels: bool) -> pa.Schema:
     return MultiModalInputs.arrow_schema(None if fmt == "mixed" else fmt, labels)
 
 
-def _lossless_cast(col: pa.ChunkedArray, typ: pa.DataType) -> Optional[pa.ChunkedArray]:
-    """``col`` cast to ``typ`` when no value changes, else None."""
-    try:
-        out = col.cast(typ, safe=True)
-        if not out.cast(col.type).equals(col):
-            return None
-        return out
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return None
-
-
-def _u8_list_to_binary(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Compact pixels stored as list<uint8> or list<list<uint8>> -> binary + end marker."""
-    out = []
-    for v in col.to_pylist():
-        if v is None:
-            out.append(None)
-            continue
-        arr = np.asarray(v, dtype=np.uint8).reshape(-1)
-        out.append(arr.tobytes() + bytes([END_MARKER]))
-    return pa.chunked_array([pa.array(out, type=pa.binary())])
-
-
 def _compare_schema(table: pa.Table, report: ValidationReport, fix: bool, features_hint: str) -> pa.Table:
     expected = _expected_schema(report.pixel_format, report.labels)
     names = set(table.column_names)
@@ -204,7 +146,7 @@ def _compare_schema(table: pa.Table, report: ValidationReport, fix: bool, featur
             continue
         if f.name in DEFAULTABLE or f.name.startswith("pixel_values_videos"):
             if fix:
-                table = _add_empty(table, f)
+                table = add_empty_column(table, f)
                 report.issues.append(Issue("fixed", "missing_column", f.name, "missing; added with empty values (no videos)"))
             else:
                 report.issues.append(Issue("warning", "missing_column", f.name,
@@ -212,7 +154,7 @@ def _compare_schema(table: pa.Table, report: ValidationReport, fix: bool, featur
                                            "validate_dataset(..., fix=True) adds it"))
         elif f.name == "rope_delta" and "position_ids" in names and "input_ids" in names:
             if fix:
-                table = table.append_column(pa.field("rope_delta", pa.int32()), _rope_deltas(table))
+                table = table.append_column(pa.field("rope_delta", pa.int32()), recompute_rope_deltas(table))
                 report.issues.append(Issue("fixed", "missing_column", "rope_delta",
                                            "missing; recomputed as max(position_ids) + 1 - L"))
             else:
@@ -236,14 +178,14 @@ def _compare_schema(table: pa.Table, report: ValidationReport, fix: bool, featur
             continue
         found = str(col.type)
         repaired = None
-        if f.name.endswith("_u8") and _is_u8_list(col.type):
+        if f.name.endswith("_u8") and is_u8_list(col.type):
             if fix:
-                repaired = _u8_list_to_binary(col)
+                repaired = u8_list_to_binary(col)
             how = "compact pixels as a list of uint8 (older layout) instead of binary + end marker"
         else:
-            repaired = _lossless_cast(col, f.type) if fix else None
+            repaired = lossless_cast(col, f.type) if fix else None
             how = "wrong Arrow type"
-            if not fix and _lossless_cast(col, f.type) is None:
+            if not fix and lossless_cast(col, f.type) is None:
                 how = "wrong Arrow type, and a cast would change values"
         if repaired is not None:
             table = table.set_column(table.column_names.index(f.name), pa.field(f.name, f.type), repaired)
@@ -259,31 +201,6 @@ def _doc(f: pa.Field) -> str:
     return (f.metadata or {}).get(b"doc", b"").decode()
 
 
-def _is_u8_list(t: pa.DataType) -> bool:
-    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        t = t.value_type
-    return pa.types.is_uint8(t) or pa.types.is_integer(t)
-
-
-def _add_empty(table: pa.Table, f: pa.Field) -> pa.Table:
-    n = table.num_rows
-    if pa.types.is_binary(f.type):
-        vals = [bytes([END_MARKER])] * n
-    else:
-        vals = [[] for _ in range(n)]
-    return table.append_column(pa.field(f.name, f.type), pa.array(vals, type=f.type))
-
-
-def _rope_deltas(table: pa.Table) -> pa.Array:
-    pos = table.column("position_ids").to_pylist()
-    ids_len = pc.list_value_length(table.column("input_ids")).to_pylist()
-    out = []
-    for p, L in zip(pos, ids_len):
-        mx = max((max(r) for r in p if r), default=-1)
-        out.append(int(mx) + 1 - int(L or 0) if L else 0)
-    return pa.array(out, type=pa.int32())
-
-
 # ---- per-row content ---------------------------------------------------------------------------
 def _check_rows(table: pa.Table, report: ValidationReport, max_rows_listed: int, chunk: int,
                 positions: bool) -> None:
@@ -292,6 +209,19 @@ def _check_rows(table: pa.Table, report: ValidationReport, max_rows_listed: int,
     if not report.ok and any(i.kind in ("missing_column", "type") for i in report.errors):
         # the reader cannot be trusted on a table whose columns are wrong: report those first
         return
+    _check_failed_rows(table, report, max_rows_listed)
+    if not _check_families(table, report, max_rows_listed):
+        return
+    _check_missing_pixels(table, report, max_rows_listed)
+    problems: dict[tuple, list] = {}
+    for start in range(0, table.num_rows, chunk):
+        _check_chunk(table.slice(start, chunk), start, positions, problems)
+    for (col, msg), rows in problems.items():
+        report.issues.append(Issue("error", "content", col, msg, REENCODE, rows[:max_rows_listed], len(rows)))
+
+
+def _check_failed_rows(table: pa.Table, report: ValidationReport, max_rows_listed: int) -> None:
+    """Rows that failed to encode under ``on_error="skip"`` (stored empty): a warning."""
     if "mmpipe_error" in table.column_names:
         bad = [i for i, x in enumerate(table.column("mmpipe_error").to_pylist()) if x]
         if bad:
@@ -299,6 +229,11 @@ def _check_rows(table: pa.Table, report: ValidationReport, max_rows_listed: int,
                                        "rows that failed to encode (on_error='skip'), stored empty",
                                        "mmpipe.drop_failed(ds) (or filter on the column) before training",
                                        bad[:max_rows_listed], len(bad)))
+
+
+def _check_families(table: pa.Table, report: ValidationReport, max_rows_listed: int) -> bool:
+    """Unknown families (an error; False: the rows cannot be read further) and rows of
+    several families (an error: token ids and positions differ between families)."""
     fams = table.column("family")
     unknown = pc.invert(pc.is_in(fams, value_set=pa.array(sorted(FAMILIES))))
     unknown = pc.fill_null(unknown, True)
@@ -307,7 +242,7 @@ def _check_rows(table: pa.Table, report: ValidationReport, max_rows_listed: int,
         vals = sorted({str(v) for v in pc.unique(pc.filter(fams, unknown)).to_pylist()})
         report.issues.append(Issue("error", "family", "family", f"unknown model family {vals}; known: {sorted(FAMILIES)}",
                                    REENCODE, bad_fam[:max_rows_listed].tolist(), len(bad_fam)))
-        return
+        return False
     counts = pc.value_counts(fams).to_pylist()
     if len(counts) > 1:
         main = max(counts, key=lambda c: c["counts"])["values"]
@@ -317,35 +252,35 @@ def _check_rows(table: pa.Table, report: ValidationReport, max_rows_listed: int,
                                    f"(most are {main!r}); token ids and positions differ between families",
                                    "re-encode these rows with the training model's processor, or split by family",
                                    other[:max_rows_listed].tolist(), len(other)))
-    _check_missing_pixels(table, report, max_rows_listed)
-    problems: dict[tuple, list] = {}
-    for start in range(0, table.num_rows, chunk):
-        part = table.slice(start, chunk)
+    return True
+
+
+def _check_chunk(part: pa.Table, start: int, positions: bool, problems: dict[tuple, list]) -> None:
+    """Validate the rows of ``part`` (table rows ``start...``) at once; when that fails, row by
+    row, adding each bad row to ``problems[(column, message without the row)]``."""
+    try:
+        rows = rows_from_arrow(part)
+        for i, r in enumerate(rows):
+            r.validate(start + i)
+        if positions:
+            _check_positions(rows, start)
+        return
+    except ValueError:
+        pass
+    for i in range(part.num_rows):
         try:
-            rows = rows_from_arrow(part)
-            for i, r in enumerate(rows):
-                r.validate(start + i)
+            (r,) = rows_from_arrow(part.slice(i, 1))
+            r.validate(start + i)
             if positions:
-                _check_positions(rows, start)
-            continue
-        except ValueError:
-            pass
-        for i in range(part.num_rows):
-            try:
-                (r,) = rows_from_arrow(part.slice(i, 1))
-                r.validate(start + i)
-                if positions:
-                    _check_positions([r], start + i)
-            except ValueError as e:
-                msg = str(e)
-                col = getattr(e, "column", None)
-                if col is None:  # plain ValueError from MultiModalInputs.validate: "..., column 'x': ..."
-                    m = re.search(r"column '(\w+)'", msg)
-                    col = m.group(1) if m else None
-                key = (col, _strip_row(msg, start + i))
-                problems.setdefault(key, []).append(start + i)
-    for (col, msg), rows in problems.items():
-        report.issues.append(Issue("error", "content", col, msg, REENCODE, rows[:max_rows_listed], len(rows)))
+                _check_positions([r], start + i)
+        except ValueError as e:
+            msg = str(e)
+            col = getattr(e, "column", None)
+            if col is None:  # plain ValueError from MultiModalInputs.validate: "..., column 'x': ..."
+                m = re.search(r"column '(\w+)'", msg)
+                col = m.group(1) if m else None
+            key = (col, _strip_row(msg, start + i))
+            problems.setdefault(key, []).append(start + i)
 
 
 def _check_missing_pixels(table: pa.Table, report: ValidationReport, max_rows_listed: int) -> None:
@@ -404,7 +339,7 @@ def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: b
 
     Returns a `ValidationReport` (``report.ok``, ``report.errors``, ``print(report)``).
     """
-    table, ds = _load(data)
+    table, ds = load_table(data)
     fmt, labels = _detect(table)
     report = ValidationReport(num_rows=table.num_rows, pixel_format=fmt, labels=labels)
     hint = (f"ds = ds.cast(mmpipe.MultiModalInputs.features({None if fmt == 'mixed' else fmt!r}, labels={labels}))")
@@ -420,15 +355,8 @@ def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: b
         _check_rows(table, report, max_rows_listed, chunk, positions)
     report.data = table
     if ds is not None:
-        report.data = _as_dataset(table) if report.fixed else ds
+        report.data = table_to_dataset(table) if report.fixed else ds
     return report
-
-
-def _as_dataset(table: pa.Table):
-    import datasets
-    from datasets.table import InMemoryTable
-
-    return datasets.Dataset(InMemoryTable(table.replace_schema_metadata(None)))
 
 
 def check_dataset(data, *, fix: bool = False, **kw):
@@ -442,5 +370,5 @@ def load_encoded(path, *, fix: bool = False, **kw):
     as a ``datasets.Dataset`` and validate it; raises `SchemaError` naming what is off."""
     data = check_dataset(path, fix=fix, **kw)
     if isinstance(data, pa.Table):
-        data = _as_dataset(data)
+        data = table_to_dataset(data)
     return data

@@ -1,0 +1,44 @@
+"""The encode stage: raw row (chat messages + images) -> `MultiModalInputs`, one module per step.
+
+=====================  ==================================================================
+module                 step
+=====================  ==================================================================
+``parse``              raw row -> (chat messages, images): the accepted row formats
+``placeholders``       THE one expand/collapse of image/video pads (one per block <->
+                       ``t*h*w/merge^2``), shared by encode, multi-turn, ReMA, rollout inputs
+``encoder``            `Encoder`: render, tokenize, labels, images, expand, truncate, positions
+``mapping``            the ``datasets.map`` protocol: batches, drops, ``on_error="skip"``,
+                       image prefetch across a batch
+``dataset``            `encode` (the map function), `encode_row`, `encode_dataset`,
+                       `EncodeReport`, `drop_failed`, `undecoded_images`
+``processor_rows``     `rows_from_processor_output` (processor-built rows, videos), `compact`
+=====================  ==================================================================
+"""
+
+from mmpipe.encoding.dataset import (
+    EncodeReport,
+    drop_failed,
+    encode,
+    encode_dataset,
+    encode_row,
+    undecoded_images,
+)
+from mmpipe.encoding.encoder import ERROR_POLICIES, TRUNCATION_POLICIES, Encoder
+from mmpipe.encoding.mapping import DROP_REASON_COLUMN, ERROR_COLUMN, EncodeStats, RowDropped, as_input_error
+from mmpipe.encoding.parse import inline_image, is_image_item, parse_row
+from mmpipe.encoding.placeholders import (
+    block_tokens,
+    check_roundtrip,
+    collapse_placeholders,
+    expand_image_pads,
+    expand_placeholders,
+    repeat_pads,
+)
+from mmpipe.encoding.processor_rows import compact, rows_from_processor_output
+
+__all__ = [
+    "DROP_REASON_COLUMN", "ERROR_COLUMN", "ERROR_POLICIES", "TRUNCATION_POLICIES", "EncodeReport", "EncodeStats",
+    "Encoder", "RowDropped", "as_input_error", "block_tokens", "check_roundtrip", "collapse_placeholders", "compact",
+    "drop_failed", "encode", "encode_dataset", "encode_row", "expand_image_pads", "expand_placeholders",
+    "inline_image", "is_image_item", "parse_row", "repeat_pads", "rows_from_processor_output", "undecoded_images",
+]

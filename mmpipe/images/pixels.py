@@ -8,17 +8,10 @@ from typing import Any, Optional
 import numpy as np
 from PIL import Image
 
-from mmpipe.errors import ImageError
-from mmpipe.images.spec import VisionSpec
-from mmpipe.images.load import bomb_error
-from mmpipe.images.load import unreadable_error
-from mmpipe.images.load import image_hw
-from mmpipe.images.load import load_image
+from mmpipe.errors import ImageError, PixelDataError
+from mmpipe.images.load import bomb_error, image_hw, load_image, to_rgb_image, unreadable_error, upright
+from mmpipe.images.spec import VisionSpec, smart_resize
 from mmpipe.images.threads import CHUNK_ROWS, parallel_rows
-from mmpipe.images.spec import smart_resize
-from mmpipe.images.load import to_rgb_image
-from mmpipe.images.load import upright
-
 
 
 def resize_image(img: Image.Image, spec: VisionSpec) -> np.ndarray:
@@ -33,7 +26,7 @@ def resize_image(img: Image.Image, spec: VisionSpec) -> np.ndarray:
     bytes, while a large grayscale image is never held as RGB (1 byte per source pixel, not 4)."""
     img = upright(img)
     w, h = img.size
-    th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels)
+    th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels, max_ratio=spec.max_aspect_ratio)
     if img.mode == "L" and img.info.get("transparency") is None:
         small = img.resize((tw, th), resample=spec.resample) if (tw, th) != img.size else img
         return np.asarray(small.convert("RGB"))
@@ -137,7 +130,8 @@ def _invert_lut(x: np.ndarray, lut: np.ndarray, what: str) -> np.ndarray:
     for c in range(3):  # each channel's table is strictly increasing (std > 0)
         idx = np.searchsorted(lut[c], x[:, c, :]).clip(0, 255)
         if not np.array_equal(lut[c][idx], x[:, c, :]):
-            raise ValueError(f"{what} were not produced from uint8 pixels with these normalisation constants")
+            raise PixelDataError(f"{what} were not produced from uint8 pixels with these normalisation constants",
+                                 where="", column=what, fix="pass the spec (processor) the pixels were made with")
         out[:, c, :] = idx
     return out
 
@@ -148,7 +142,8 @@ def pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray, temporal_patch
     n, d = pixel_values.shape
     x = pixel_values.reshape(n, 3, temporal_patch_size, d // (3 * temporal_patch_size))
     if not (x == x[:, :, :1, :]).all():
-        raise ValueError("pixel_values hold different temporal copies: a video, not a still image")
+        raise PixelDataError("pixel_values hold different temporal copies: a video, not a still image", where="",
+                             column="pixel_values", fix="store videos as pixel_values_videos with video_grid_thw")
     return _invert_lut(np.ascontiguousarray(x[:, :, 0, :]), lut, "pixel_values").reshape(n, d // temporal_patch_size)
 
 
@@ -178,7 +173,7 @@ def image_grid(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple[i
     """Grid (1, gh, gw) from the image size alone (layout-only path)."""
     h, w = image_hw(value, where=where)
     try:
-        th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels)
+        th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels, max_ratio=spec.max_aspect_ratio)
     except ImageError as e:
         e.where = where if e.where == "" else e.where
         raise

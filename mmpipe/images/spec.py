@@ -12,10 +12,10 @@ from mmpipe.errors import ImageError
 from mmpipe.families import ModelFamily, family_of
 
 
-
 @dataclass(frozen=True)
 class VisionSpec:
-    """Image-processing constants, read from a processor (or a family's defaults)."""
+    """Image-processing constants, read from a processor (or a family's defaults).
+    ``max_aspect_ratio``: the family's limit on ``max(h, w) / min(h, w)``."""
 
     patch_size: int
     temporal_patch_size: int
@@ -28,6 +28,7 @@ class VisionSpec:
     do_rescale: bool = True
     do_normalize: bool = True
     resample: int = 3  # PIL.Image.BICUBIC, the Qwen processors' filter
+    max_aspect_ratio: float = ModelFamily.max_aspect_ratio  # the family table's default
 
     @property
     def factor(self) -> int:
@@ -37,7 +38,7 @@ class VisionSpec:
     def from_family(cls, fam: ModelFamily) -> "VisionSpec":
         return cls(
             fam.patch_size, fam.temporal_patch_size, fam.merge_size, fam.min_pixels, fam.max_pixels,
-            tuple(fam.image_mean), tuple(fam.image_std),
+            tuple(fam.image_mean), tuple(fam.image_std), max_aspect_ratio=fam.max_aspect_ratio,
         )
 
     @classmethod
@@ -63,6 +64,7 @@ class VisionSpec:
             bool(getattr(ip, "do_rescale", True)),
             bool(getattr(ip, "do_normalize", True)),
             int(getattr(ip, "resample", None) if getattr(ip, "resample", None) is not None else 3),
+            fam.max_aspect_ratio,
         )
 
     def lut(self) -> np.ndarray:
@@ -78,20 +80,23 @@ class VisionSpec:
         return ((x[None, :] - mean[:, None]) / std[:, None]).astype(np.float32)
 
 
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int, *,
+                 max_ratio: float = ModelFamily.max_aspect_ratio) -> tuple[int, int]:
     """Qwen's resize target: both sides multiples of ``factor``, area within bounds,
-    aspect ratio kept as closely as possible (ratio must be < 200)."""
+    aspect ratio kept as closely as possible. ``max_ratio``: the largest accepted
+    ``max(h, w) / min(h, w)`` (`VisionSpec.max_aspect_ratio`; default the family table's
+    200, what every Qwen-VL image processor enforces); ImageError beyond it."""
     if min(height, width) <= 0:
         raise ImageError(
             f"image has size {height}x{width}; an image needs at least one pixel each way",
             where="", expected="height >= 1 and width >= 1", found=f"{height}x{width}",
             fix="drop the row or replace the empty image",
         )
-    if max(height, width) / min(height, width) > 200:
+    if max(height, width) / min(height, width) > max_ratio:
         raise ImageError(
             f"image {height}x{width} has aspect ratio {max(height, width) / min(height, width):.1f}; "
-            "Qwen-VL processors need it to be at most 200", where="",
-            expected="max(h, w) / min(h, w) <= 200 (transformers smart_resize)",
+            f"Qwen-VL processors need it to be at most {max_ratio:g}", where="",
+            expected=f"max(h, w) / min(h, w) <= {max_ratio:g} (transformers smart_resize)",
             found=f"{max(height, width) / min(height, width):.1f}", fix="crop or pad the image",
         )
     h_bar = round(height / factor) * factor

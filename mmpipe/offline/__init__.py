@@ -1,6 +1,63 @@
 """Offline builders: a real tokenizer, processor and tiny model per family, and sample images,
 made locally with no download (what the demo, the CLI's ``testing:FAMILY`` processors, the
-notebooks and the tests use)."""
+notebooks and the tests use). Nothing here downloads anything; transformers is imported inside
+the functions, so importing this package stays cheap.
 
-from mmpipe.offline.fixtures import *  # noqa: F401,F403
-from mmpipe.offline.fixtures import __all__  # noqa: F401
+- `mmpipe.offline.tokenizer`: :func:`build_tokenizer` - a real ``transformers`` fast tokenizer
+  (``Qwen2Tokenizer``): a small byte-level BPE learned deterministically on a built-in English
+  corpus, the Qwen special tokens and a Qwen-style chat template
+  (`mmpipe.offline.chat_templates`). The special tokens get the same ids in every family, see
+  :data:`SPECIAL_TOKENS` and :func:`special_token_ids`.
+- `mmpipe.offline.processors`: :func:`build_processor` - a real Qwen-VL processor (an
+  image-only subclass of the family's stock processor class) around the real Qwen image
+  processor with the family's patch / merge / mean / std settings and SMALL default pixel
+  bounds so tests are fast.
+- `mmpipe.offline.models`: :func:`build_model` - a tiny randomly initialised model of the
+  family's model class (fp32, eval mode).
+- `mmpipe.offline.images`: :func:`sample_photos`, :func:`generated_images`,
+  :func:`tiny_image` - real photographs that ship with matplotlib, and deterministic
+  synthetic images.
+
+Example::
+
+    >>> from mmpipe.offline import build_processor, build_model, tiny_image   # doctest: +SKIP
+    >>> proc = build_processor("qwen2_5_vl")                                  # doctest: +SKIP
+    >>> msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]
+    >>> text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)  # doctest: +SKIP
+    >>> inputs = proc(text=[text], images=[tiny_image(64, 96)], return_tensors="pt")     # doctest: +SKIP
+    >>> build_model("qwen2_5_vl")(**inputs).logits.shape                     # doctest: +SKIP
+"""
+
+from mmpipe.offline.chat_templates import QWEN2_VL_CHAT_TEMPLATE, QWEN3_VL_CHAT_TEMPLATE
+from mmpipe.offline.images import generated_images, sample_photos, tiny_image
+from mmpipe.offline.models import ATTN_IMPLEMENTATION, build_model
+from mmpipe.offline.processors import (
+    build_image_processor,
+    build_processor,
+    default_pixel_bounds,
+    image_only_class_name,
+    image_only_family,
+    image_only_processor_class,
+)
+from mmpipe.offline.tokenizer import EXTRA_TOKENS, FAMILY_NAMES, SPECIAL_TOKENS, build_tokenizer, special_token_ids
+
+__all__ = [
+    "FAMILY_NAMES",
+    "SPECIAL_TOKENS",
+    "EXTRA_TOKENS",
+    "QWEN2_VL_CHAT_TEMPLATE",
+    "QWEN3_VL_CHAT_TEMPLATE",
+    "build_tokenizer",
+    "build_processor",
+    "build_image_processor",
+    "build_model",
+    "default_pixel_bounds",
+    "ATTN_IMPLEMENTATION",
+    "special_token_ids",
+    "sample_photos",
+    "generated_images",
+    "tiny_image",
+    "image_only_class_name",
+    "image_only_family",
+    "image_only_processor_class",
+]

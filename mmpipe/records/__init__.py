@@ -19,6 +19,7 @@ module             records
 ``conversation``   `Conversation`: one multi-turn agent conversation so far
 ``rema``           ReMA `Episode`, `RoleEncoding`, `ReMABatch`
 ``reward``         VLM-judge records (`JudgeResult`, `StepScore`, ...)
+``display_hooks``  where `mmpipe.view` registers the records' Jupyter/text renderers
 =================  ===============================================================
 """
 

@@ -1,17 +1,27 @@
-from typing import Any
-from mmpipe.records.columns import END_MARKER
-from mmpipe.errors import InputError
-from mmpipe.records.row import MultiModalInputs
-from mmpipe.families import get_family
+"""Stored rows straight from Arrow: `rows_from_arrow` reads an Arrow table of encoded rows
+into `MultiModalInputs` through the column buffers (numpy views, no Python object per token
+or pixel byte), checked like `MultiModalInputs.from_dict`. Stage: records (validate).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
 import numpy as np
 import pyarrow as pa
-# ---- stored rows straight from Arrow ------------------------------------------------------
+
+from mmpipe.errors import InputError, PixelDataError
+from mmpipe.families import get_family
+from mmpipe.records.columns import END_MARKER
+from mmpipe.records.row import MultiModalInputs
+
+
 def _list_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A (possibly sliced) list array -> (offsets [n+1] into values, values as numpy), zero-copy."""
     return arr.offsets.to_numpy(), _values_np(arr.values)
 
 
-def list_lengths(column) -> np.ndarray:
+def list_lengths(column: Union[pa.Array, pa.ChunkedArray]) -> np.ndarray:
     """Per-row lengths of an Arrow list column (Array or ChunkedArray), int64 [n]; a null
     row counts 0. Reads the offsets only: no value is decoded."""
     import pyarrow.compute as pc
@@ -34,7 +44,7 @@ def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return off, data
 
 
-def rows_from_arrow(table) -> list["MultiModalInputs"]:
+def rows_from_arrow(table: Union[pa.Table, pa.RecordBatch]) -> list[MultiModalInputs]:
     """Stored rows as an Arrow table (or record batch) -> `MultiModalInputs`, reading the
     column buffers directly: token columns and compact pixels are numpy views of the Arrow
     memory (no Python object per token or byte), checked like `MultiModalInputs.from_dict`.
@@ -68,98 +78,131 @@ def _need_list(c: pa.Array, name: str, depth: int) -> bool:
     return True
 
 
-def _rows_from_batch(table: pa.RecordBatch, first_row: int) -> list["MultiModalInputs"]:
+_NESTED = ("position_ids", "image_grid_thw", "video_grid_thw", "pixel_values", "pixel_values_videos")
+_PER_ROW = ("attention_mask", "mm_token_type_ids", "labels", "second_per_grid_ts")
+_BLOBS = ("pixel_values_u8", "pixel_values_videos_u8")
+
+# A column read once for the whole batch: (offsets into values, values, valid mask or None).
+_Parts = tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]
+
+
+def _not_encoded(column: str) -> InputError:
+    return InputError(f"no {column!r} column; this is not a table of rows produced by mmpipe.encode", where="",
+                      column=column, stage="validate", fix="encode the raw rows with mmpipe.encode")
+
+
+def _valid(c: pa.Array) -> Optional[np.ndarray]:
+    """bool [n] of non-null rows, or None when no row is null."""
+    return None if c.null_count == 0 else ~np.asarray(c.is_null())
+
+
+def _flat_columns(table: pa.RecordBatch) -> dict[str, _Parts]:
+    """The one-level list columns present (input_ids, attention_mask, ...), as offsets + values."""
+    out = {}
+    for k in ("input_ids", *_PER_ROW):
+        if k in table.schema.names:
+            c = table.column(k)
+            _need_list(c, k, 1)
+            out[k] = (*_list_parts(c), _valid(c))
+    return out
+
+
+def _nested_columns(table: pa.RecordBatch) -> dict[str, _Parts]:
+    """The two-level list columns present (positions, grids, float pixels): row b's values are
+    the inner lists of its outer entries, back to back."""
+    out = {}
+    for k in _NESTED:
+        if k not in table.schema.names:
+            continue
+        c = table.column(k)
+        typed = _need_list(c, k, 2)  # before reading offsets: the column may not be a list at all
+        outer = c.offsets.to_numpy()
+        if typed:
+            inner = c.values.offsets.to_numpy()
+            out[k] = (inner[outer], _values_np(c.values.values), _valid(c))
+        else:  # every row empty, typed list<null> by a writer that saw no values
+            out[k] = (np.zeros_like(outer), np.zeros(0, np.int64), _valid(c))
+    return out
+
+
+def _blob_columns(table: pa.RecordBatch) -> dict[str, _Parts]:
+    """The compact pixel columns present (binary: pixel bytes + end marker)."""
+    out = {}
+    for k in _BLOBS:
+        if k not in table.schema.names:
+            continue
+        c = table.column(k)
+        if not (pa.types.is_binary(c.type) or pa.types.is_large_binary(c.type)):
+            raise InputError(f"column {k!r}: expected binary (pixel bytes + end marker), found {c.type}",
+                             where="", column=k, stage="validate",
+                             fix="mmpipe.validate_dataset(ds, fix=True) converts older list<uint8> layouts")
+        out[k] = (*_binary_parts(c), _valid(c))
+    return out
+
+
+def _take(parts: _Parts, b: int) -> Optional[np.ndarray]:
+    """Row b's values (a view), or None for a null row."""
+    off, vals, valid = parts
+    if valid is not None and not valid[b]:
+        return None
+    return vals[off[b]:off[b + 1]]
+
+
+def _nested_value(k: str, v: np.ndarray, n_tokens: int, family: str, row: int) -> np.ndarray:
+    """Row values of nested column ``k`` -> [n, width] (positions [3, L], grids [n, 3], pixels
+    [n, patch_dim]); a length that is no whole number of rows is damage, never reshaped."""
+    if k == "position_ids":
+        width = n_tokens
+    elif k.endswith("grid_thw"):
+        width = 3
+    else:
+        width = get_family(family).patch_dim
+    if width and v.size % width:
+        # pixel/grid damage is pixel data vs grids (what collate reports it as); positions are plain input
+        cls, stage = (InputError, "validate") if k == "position_ids" else (PixelDataError, None)
+        raise cls(f"{v.size} values are not rows of {width}; the stored row is damaged", row=row,
+                  where=f"row {row}, column {k!r}", column=k, stage=stage, fix="re-encode it")
+    return v.reshape(-1, width) if width else np.zeros((3, 0), v.dtype)
+
+
+def _blob_value(k: str, block: np.ndarray, row: int) -> np.ndarray:
+    """Row pixel bytes -> the bytes without their end marker (checked)."""
+    if block.size == 0 or block[-1] != END_MARKER:
+        raise PixelDataError(
+            f"{block.size} bytes without the 0xFF end marker; the bytes were altered or not written by mmpipe",
+            row=row, where=f"row {row}, column {k!r}", column=k, fix="re-encode the row",
+        )
+    return block[:-1]
+
+
+def _rows_from_batch(table: pa.RecordBatch, first_row: int) -> list[MultiModalInputs]:
+    """One record batch of stored rows -> rows (``first_row``: index of its first row, for errors)."""
     names = set(table.schema.names)
     if "family" not in names:
-        raise ValueError("no 'family' column; this is not a table of rows produced by mmpipe.encode")
-    n = table.num_rows
-
-    def col(name):
-        return table.column(name)
-
-    def lists(name):
-        if name not in names:
-            return None
-        c = col(name)
-        _need_list(c, name, 1)
-        off, vals = _list_parts(c)
-        valid = None if c.null_count == 0 else ~np.asarray(c.is_null())
-        return off, vals, valid, c
-
-    families = col("family").to_pylist()
-    ids = lists("input_ids")
-    if ids is None:
-        raise ValueError("no 'input_ids' column; this is not a table of rows produced by mmpipe.encode")
-    per_row = {k: lists(k) for k in ("attention_mask", "mm_token_type_ids", "labels", "second_per_grid_ts")}
-    nested = {}
-    for k in ("position_ids", "image_grid_thw", "video_grid_thw", "pixel_values", "pixel_values_videos"):
-        if k in names:
-            c = col(k)
-            valid = None if c.null_count == 0 else ~np.asarray(c.is_null())
-            # row b's values: the inner lists of outer entries off[b]..off[b+1], back to back
-            typed = _need_list(c, k, 2)
-            outer = c.offsets.to_numpy()
-            if typed:
-                inner = c.values.offsets.to_numpy()
-                nested[k] = (inner[outer], _values_np(c.values.values), valid, len(c.values))
-            else:  # every row empty, typed list<null> by a writer that saw no values
-                nested[k] = (np.zeros_like(outer), np.zeros(0, np.int64), valid, 0)
-    blobs = {}
-    for k in ("pixel_values_u8", "pixel_values_videos_u8"):
-        if k in names:
-            c = col(k)
-            if not (pa.types.is_binary(c.type) or pa.types.is_large_binary(c.type)):
-                raise InputError(f"column {k!r}: expected binary (pixel bytes + end marker), found {c.type}",
-                                 where="", column=k, stage="validate",
-                                 fix="mmpipe.validate_dataset(ds, fix=True) converts older list<uint8> layouts")
-            valid = None if c.null_count == 0 else ~np.asarray(c.is_null())
-            blobs[k] = (*_binary_parts(c), valid)
-    deltas = col("rope_delta").to_numpy(zero_copy_only=False) if "rope_delta" in names else None
-
-    def take(entry, b):
-        off, vals, valid, _ = entry
-        if valid is not None and not valid[b]:
-            return None
-        return vals[off[b]:off[b + 1]]
-
+        raise _not_encoded("family")
+    if "input_ids" not in names:
+        raise _not_encoded("input_ids")
+    families = table.column("family").to_pylist()
+    flat, nested, blobs = _flat_columns(table), _nested_columns(table), _blob_columns(table)
+    deltas = table.column("rope_delta").to_numpy(zero_copy_only=False) if "rope_delta" in names else None
     rows = []
-    for b in range(n):
-        d: dict[str, Any] = {"family": families[b], "input_ids": take(ids, b)}
+    for b in range(table.num_rows):
+        row = first_row + b
+        d: dict[str, Any] = {"family": families[b]}
         if deltas is not None:  # else from_dict derives it from the positions
             d["rope_delta"] = deltas[b]
+        for k, parts in flat.items():
+            d[k] = _take(parts, b)
         if d["input_ids"] is None:
-            raise InputError("column 'input_ids' is null", row=first_row + b, column="input_ids", stage="validate",
+            raise InputError("column 'input_ids' is null", row=row, column="input_ids", stage="validate",
                              fix="re-encode the row with mmpipe.encode")
-        L = d["input_ids"].shape[0]
-        for k, entry in per_row.items():
-            if entry is not None:
-                d[k] = take(entry, b)
-        for k, (off, vals, valid, _) in nested.items():
-            if valid is not None and not valid[b]:
-                continue
-            v = vals[off[b]:off[b + 1]]
-            if k == "position_ids":
-                width = L
-            elif k.endswith("grid_thw"):
-                width = 3
-            else:
-                width = get_family(d["family"]).patch_dim
-            if width and v.size % width:
-                raise ValueError(
-                    f"row {first_row + b}, column {k!r}: {v.size} values are not rows of {width}; "
-                    "the stored row is damaged - re-encode it"
-                )
-            d[k] = v.reshape(-1, width) if width else np.zeros((3, 0), v.dtype)
-        for k, (off, data, valid) in blobs.items():
-            if valid is not None and not valid[b]:
-                continue
-            block = data[off[b]:off[b + 1]]
-            if block.size == 0 or block[-1] != END_MARKER:
-                raise ValueError(
-                    f"row {first_row + b}, column {k!r}: {block.size} bytes without the 0xFF end marker; the bytes were "
-                    "altered or not written by mmpipe - re-encode the row"
-                )
-            d[k] = block[:-1]
-        rows.append(MultiModalInputs.from_dict(d, row=first_row + b))
+        for k, parts in nested.items():
+            v = _take(parts, b)
+            if v is not None:
+                d[k] = _nested_value(k, v, d["input_ids"].shape[0], d["family"], row)
+        for k, parts in blobs.items():
+            v = _take(parts, b)
+            if v is not None:
+                d[k] = _blob_value(k, v, row)
+        rows.append(MultiModalInputs.from_dict(d, row=row))
     return rows
-

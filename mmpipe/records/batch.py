@@ -1,23 +1,38 @@
-"""Records carved from mmpipe.records.row."""
+"""`BatchedMultiModalInputs`: B encoded rows padded to one length, as torch tensors (the
+collate stage's output, the forward pass's input), with its one-row Arrow schema.
+
+Positions follow the layout stated in `mmpipe.records`: ``position_ids`` int64 ``[3, B, L]``.
+"""
 
 from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
+
 import pyarrow as pa
+
+from mmpipe.errors import ArgumentError
 from mmpipe.families import ModelFamily, get_family
+from mmpipe.images.spec import VisionSpec
 from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.display_hooks import render
+
+if TYPE_CHECKING:  # records never import torch: the tensors are made by collate
+    import torch
 
 
 @dataclass(eq=False)
 class BatchedMultiModalInputs:
     """A padded batch of B rows (torch tensors).
 
-    Attributes (L = padded length, I = images in the batch, N = their patches):
+    Attributes (all torch tensors; L = padded length, I = images in the batch, N = their
+    patches, V = videos, Nv = their patches, p = patch size, T = temporal patch size):
         input_ids:          int64 [B, L]
         attention_mask:     int64 [B, L]
-        mm_token_type_ids:  int64 [B, L]
-        position_ids:       int64 [3, B, L] M-RoPE (pads 0); `model_inputs(positions="verl")`
-                            gives the [4, B, L] form with the plain text row first.
+        mm_token_type_ids:  int64 [B, L] 0 text, 1 image, 2 video
+        position_ids:       int64 [3, B, L] M-RoPE, pads 0 (the batch layout of `mmpipe.records`);
+                            `model_inputs(positions="verl")` gives the [4, B, L] form with the
+                            plain text row first.
         rope_deltas:        int64 [B, 1]
         labels:             int64 [B, L] or None (-100 on pads)
         pixel_values:       float32 [N, 3*T*p*p] or None (no image in the batch / no pixels)
@@ -26,41 +41,45 @@ class BatchedMultiModalInputs:
         patch_offsets:      int64 [B+1]; row b owns pixel rows patch_offsets[b]:patch_offsets[b+1]
         pixel_values_u8:    uint8 [N, 3*p*p] or None, kept when rows were compact (exact unbatch,
                             and the resized images for rollout engines)
-        pixel_values_videos, video_grid_thw, second_per_grid_ts, video_offsets,
-        video_patch_offsets, pixel_values_videos_u8: the same for videos.
+        pixel_values_videos:    float32 [Nv, 3*T*p*p] or None.
+        pixel_values_videos_u8: uint8 [Nv, 3*T*p*p] or None (compact video rows).
+        video_grid_thw:     int64 [V, 3]
+        second_per_grid_ts: float32 [V] seconds per temporal grid step.
+        video_offsets:      int64 [B+1]; row b owns videos video_offsets[b]:video_offsets[b+1]
+        video_patch_offsets: int64 [B+1]; row b owns video pixel rows likewise.
         seq_lengths:        int64 [B], each row's unpadded length.
-        row_has_labels:     bool [B], which rows carried labels.
-        row_pixel_formats:  list[str] [B], each row's pixel storage (for an exact unbatch).
-        spec:               the `VisionSpec` used to build float32 pixels.
+        row_has_labels:     bool [B] or None, which rows carried labels.
+        row_pixel_formats:  list[str] of B or None, each row's pixel storage (for an exact unbatch).
+        spec:               the `VisionSpec` used to build float32 pixels, or None.
         padding_side:       "left" or "right".
         family:             model family name.
         pixel_format:       the rows' pixel storage ("uint8", "float32", "none").
     """
 
-    input_ids: Any
-    attention_mask: Any
-    mm_token_type_ids: Any
-    position_ids: Any
-    rope_deltas: Any
-    image_grid_thw: Any
-    image_offsets: Any
-    patch_offsets: Any
-    video_grid_thw: Any
-    second_per_grid_ts: Any
-    video_offsets: Any
-    video_patch_offsets: Any
-    seq_lengths: Any
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    mm_token_type_ids: torch.Tensor
+    position_ids: torch.Tensor
+    rope_deltas: torch.Tensor
+    image_grid_thw: torch.Tensor
+    image_offsets: torch.Tensor
+    patch_offsets: torch.Tensor
+    video_grid_thw: torch.Tensor
+    second_per_grid_ts: torch.Tensor
+    video_offsets: torch.Tensor
+    video_patch_offsets: torch.Tensor
+    seq_lengths: torch.Tensor
     padding_side: str
     family: str
     pixel_format: str
-    labels: Any = None
-    pixel_values: Any = None
-    pixel_values_u8: Any = None
-    pixel_values_videos: Any = None
-    pixel_values_videos_u8: Any = None
-    row_has_labels: Any = None
-    row_pixel_formats: Any = None
-    spec: Any = None
+    labels: Optional[torch.Tensor] = None
+    pixel_values: Optional[torch.Tensor] = None
+    pixel_values_u8: Optional[torch.Tensor] = None
+    pixel_values_videos: Optional[torch.Tensor] = None
+    pixel_values_videos_u8: Optional[torch.Tensor] = None
+    row_has_labels: Optional[torch.Tensor] = None
+    row_pixel_formats: Optional[list[str]] = None
+    spec: Optional[VisionSpec] = None
 
     @property
     def batch_size(self) -> int:
@@ -82,7 +101,7 @@ class BatchedMultiModalInputs:
         return [list(range(off[b], off[b + 1])) for b in range(self.batch_size)]
 
     @property
-    def image_to_sample(self):
+    def image_to_sample(self) -> torch.Tensor:
         """int64 [I]: the row each image belongs to."""
         import torch
 
@@ -111,7 +130,7 @@ class BatchedMultiModalInputs:
 
                 out["position_ids"] = torch.cat([text_positions(self.attention_mask)[None], self.position_ids], 0)
             elif positions != "none":
-                raise ValueError(f"positions must be 'mrope', 'verl' or 'none', got {positions!r}")
+                raise ArgumentError(f"positions must be 'mrope', 'verl' or 'none', got {positions!r}")
             out.update(self.vision_inputs())
         elif positions != "none":
             out["position_ids"] = self.position_ids[0]
@@ -134,7 +153,7 @@ class BatchedMultiModalInputs:
         if self.pixel_values_videos is not None and self.video_grid_thw.shape[0]:
             out["pixel_values_videos"] = self.pixel_values_videos
             out["video_grid_thw"] = self.video_grid_thw
-            if self.fam.rope == "mrope_tps":
+            if self.fam.takes_second_per_grid_ts:
                 out["second_per_grid_ts"] = self.second_per_grid_ts
         return out
 
@@ -146,16 +165,13 @@ class BatchedMultiModalInputs:
         )
 
     def _repr_html_(self) -> str:
-        """Jupyter display: per-row table, thumbnails, token strips (`mmpipe.view.display.batch_html`)."""
-        from mmpipe.view.display import batch_html
+        """Jupyter display: per-row table, thumbnails, token strips (`mmpipe.view.batch_html`,
+        found through `mmpipe.records.display_hooks`)."""
+        return render("batch_html", self)
 
-        return batch_html(self)
-
-    def describe(self, *, tokenizer=None) -> str:
-        """Plain-text description for terminals (`mmpipe.view.display.describe`)."""
-        from mmpipe.view.display import describe
-
-        return describe(self, tokenizer=tokenizer)
+    def describe(self, *, tokenizer: Any = None) -> str:
+        """Plain-text description for terminals (`mmpipe.view.describe`)."""
+        return render("describe", self, tokenizer=tokenizer)
 
     def to_arrow(self) -> pa.Table:
         """This batch as a one-row Arrow table with `arrow_schema` (for logging or shipping)."""

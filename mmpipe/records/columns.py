@@ -1,8 +1,17 @@
-from typing import Any
-from mmpipe.errors import InputError
-from typing import Optional
+"""Stored-column codecs shared by every record: the Arrow columns of an encoded row (with
+their dtypes and docs), array coercion with located errors, cumulative offsets, and the
+compact uint8 pixel bytes (raw bytes + one ``0xFF`` end marker). Stage: records (validate).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
 import numpy as np
 import pyarrow as pa
+
+from mmpipe.errors import ArgumentError, InputError, PixelDataError
+
 PIXEL_FORMATS = ("uint8", "float32", "none")
 
 
@@ -55,14 +64,15 @@ def fit_width(arr: np.ndarray, width: int, name: str, row: Any) -> np.ndarray:
     return arr
 
 
-def empty_rows(width: int, dtype) -> np.ndarray:
+def empty_rows(width: int, dtype: Any) -> np.ndarray:
+    """An empty ``[0, width]`` array of ``dtype`` (a record's default for "no images")."""
     return np.zeros((0, width), dtype=dtype)
 
 
 END_MARKER = 0xFF
 
 
-def u8_block(value, n_patches: int, width: int, name: str, row) -> np.ndarray:
+def u8_block(value: Any, n_patches: int, width: int, name: str, row: Any) -> np.ndarray:
     """Stored compact pixels -> uint8 [n_patches, width].
 
     Stored as raw bytes followed by one ``0xFF`` end marker. numpy/torch formatting of a
@@ -74,18 +84,19 @@ def u8_block(value, n_patches: int, width: int, name: str, row) -> np.ndarray:
     if isinstance(value, (bytes, bytearray, memoryview)):
         buf = np.frombuffer(bytes(value), dtype=np.uint8)
         if buf.size != want + 1 or buf[-1] != END_MARKER:
-            raise ValueError(
-                f"row {row}, column {name!r}: {buf.size} bytes, expected {want} pixel bytes "
-                f"({n_patches} patches x {width}) plus the end marker; the pixel data and the grids "
-                "disagree or the bytes were altered - re-encode the row"
+            raise PixelDataError(
+                f"{buf.size} bytes, expected {want} pixel bytes ({n_patches} patches x {width}) plus the end "
+                "marker; the pixel data and the grids disagree or the bytes were altered",
+                row=row, where=f"row {row}, column {name!r}", column=name, fix="re-encode the row",
             )
         arr = buf[:-1]
     else:
         arr = as_array(value, np.uint8, np.ndim(value) or 1, name, row)
     if arr.size != want:
-        raise ValueError(
-            f"row {row}, column {name!r}: {arr.size} values but the grids need {n_patches} patches x {width} "
-            f"= {want}; the pixel data and the grids disagree - re-encode the row"
+        raise PixelDataError(
+            f"{arr.size} values but the grids need {n_patches} patches x {width} = {want}; the pixel data "
+            "and the grids disagree", row=row, where=f"row {row}, column {name!r}", column=name,
+            fix="re-encode the row",
         )
     return arr.reshape(n_patches, width)
 
@@ -99,11 +110,13 @@ def u8_bytes(arr) -> bytes:
     return b"".join((memoryview(arr).cast("B"), _END)) if arr.size else _END
 
 
-def u8_or_empty(arr, width):
+def u8_or_empty(arr: Optional[np.ndarray], width: int) -> np.ndarray:
+    """``arr``, or an empty uint8 ``[0, width]`` when None."""
     return arr if arr is not None else np.zeros((0, width), np.uint8)
 
 
-def f32_or_empty(arr, width):
+def f32_or_empty(arr: Optional[np.ndarray], width: int) -> np.ndarray:
+    """``arr``, or an empty float32 ``[0, width]`` when None."""
     return arr if arr is not None else np.zeros((0, width), np.float32)
 
 
@@ -139,12 +152,13 @@ PIXEL_COLUMNS = {
 
 
 def row_column_wanted(name: str, pixel_format: Optional[str], labels: bool) -> bool:
+    """Whether stored rows of ``pixel_format`` (None: any) and ``labels`` have column ``name``."""
     if name == "labels":
         return labels
     if pixel_format is None:
         return True
     if pixel_format not in PIXEL_COLUMNS:
-        raise ValueError(f"pixel_format must be one of {PIXEL_FORMATS}, got {pixel_format!r}")
+        raise ArgumentError(f"pixel_format must be one of {PIXEL_FORMATS}, got {pixel_format!r}")
     all_pixel = {c for cols in PIXEL_COLUMNS.values() for c in cols}
     return name not in all_pixel or name in PIXEL_COLUMNS[pixel_format]
 

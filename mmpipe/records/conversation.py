@@ -1,12 +1,19 @@
-"""Records carved from mmpipe.rollout.multiturn."""
+"""`Conversation`: one sample of a multi-turn rollout loop so far (the row, the messages,
+the images, the spans of each response). Positions follow `mmpipe.records`: ``[3, L]``.
+"""
 
 from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
+
 import numpy as np
-from mmpipe.encoding.encoder import Encoder
+
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.row import MultiModalInputs
+
+if TYPE_CHECKING:  # records sit below the encode stage: the type only, no import
+    from mmpipe.encoding.encoder import Encoder
 
 
 @dataclass(frozen=True, eq=False)
@@ -18,15 +25,15 @@ class Conversation:
                     int64 [L] (or None when encoded with labels=False), position_ids int64
                     [3, L], image_grid_thw int64 [I, 3], pixel_values_u8 uint8 [N, 3*p*p] (or
                     float32 pixel_values [N, 3*T*p*p], or none, as the encoder was set).
-        messages:   chat messages so far, images as ``{"type": "image"}`` placeholders.
+        messages:   tuple of chat message dicts so far, images as ``{"type": "image"}`` placeholders.
         images:     the I images in order of appearance (as given: PIL, path, bytes...);
                     what a rollout engine that takes raw images (vLLM) needs.
         text:       the rendered chat text the tokens stand for (one placeholder per image);
                     always ``render(messages, add_generation_prompt=awaiting_response)``.
         encoder:    the `Encoder` (processor, vision spec, pixel format) shared by the batch.
-        index:      the sample's original index, used in error messages.
+        index:      the sample's original index (int, or None), used in error messages.
         awaiting_response: the row ends with the generation prompt (``<|im_start|>assistant\\n``).
-        response_spans: (start, end) token spans of each appended response (model tokens only,
+        response_spans: tuple of (start, end) token spans of each appended response (model tokens only,
                     not the tokens added to close a cut turn).
         done / finish_reason: set by `MultiTurnBatch.mark_done` or ``append_response(done=True)``.
     """
@@ -36,7 +43,7 @@ class Conversation:
     images: tuple
     text: str
     encoder: Encoder
-    index: Any = None
+    index: Optional[int] = None
     awaiting_response: bool = True
     response_spans: tuple = ()
     done: bool = False

@@ -12,7 +12,7 @@ multi-turn appends, data packers) only speak these.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence, runtime_checkable
+from typing import Optional, Protocol, Sequence, Union, runtime_checkable
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -22,19 +22,19 @@ class Completion:
     """One sampled continuation.
 
     Attributes:
-        token_ids: generated ids only (no prompt, no padding), EOS/stop token included when
+        token_ids: int ids [R], generated only (no prompt, no padding), EOS/stop token included when
             the engine emitted it.
-        logprobs: float per generated token, the log-probability of the sampled token under
+        logprobs: float [R] per generated token, the log-probability of the sampled token under
             the sampling distribution's logits (before temperature/top-p processing unless the
             engine says otherwise); None when not requested.
         finish_reason: "stop" (EOS or a stop string/token), "length" (max tokens), "abort".
-        stop_reason: the stop token id or string that ended it, if any.
+        stop_reason: the stop token id (int) or stop string that ended it, or None.
     """
 
     token_ids: list[int]
     logprobs: Optional[list[float]] = None
     finish_reason: str = "stop"
-    stop_reason: Optional[object] = None
+    stop_reason: Optional[Union[int, str]] = None
 
 
 @dataclass

@@ -1,22 +1,32 @@
-"""Records carved from mmpipe.batching.packing."""
+"""`PackedMultiModalInputs`: n rows packed into one padding-free ``[1, T]`` sequence (the
+packing collator's output). Positions: the batch layout of `mmpipe.records` with B = 1, i.e.
+``[3, 1, T]``, plus verl's plain text row in front: ``[4, 1, T]``.
+"""
 
 from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
+
+from mmpipe.errors import ArgumentError
 from mmpipe.families import get_family
-from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.batch import BatchedMultiModalInputs
+from mmpipe.records.columns import IGNORE_INDEX
+
+if TYPE_CHECKING:  # records never import torch: the tensors are made by the packing collator
+    import torch
 
 
 @dataclass(eq=False)
 class PackedMultiModalInputs:
     """n rows packed into one sequence of T tokens (torch tensors, no padding).
 
-    Attributes (n rows, T = sum of their lengths, I images, N image patches):
+    Attributes (torch tensors; n rows, T = sum of their lengths, I images, N image patches):
         input_ids:          int64 [1, T]
         mm_token_type_ids:  int64 [1, T] 0 text, 1 image, 2 video
-        position_ids:       int64 [4, 1, T] row 0 text positions restarting at 0 per row,
-                            rows 1-3 the rows' M-RoPE (t, h, w) positions. Text family: [1, T].
+        position_ids:       int64 [4, 1, T]: row 0 the text positions restarting at 0 per row
+                            (how transformers finds the packed rows), rows 1-3 the batch layout
+                            [3, 1, T] of `mmpipe.records` (M-RoPE t, h, w). Text family: [1, T].
         cu_seqlens:         int32 [n+1] row k owns tokens cu_seqlens[k]:cu_seqlens[k+1]
         labels:             int64 [1, T] or None; -100 on every row's first token
         first_labels:       int64 [n] or None, each row's own label at its first token (for `unpack`)
@@ -27,12 +37,12 @@ class PackedMultiModalInputs:
     ``seq_lengths`` int64 [n], ``sequence_ids`` int64 [1, T] (the row of each token).
     """
 
-    input_ids: Any
-    mm_token_type_ids: Any
-    position_ids: Any
-    cu_seqlens: Any
-    labels: Any
-    first_labels: Any
+    input_ids: torch.Tensor
+    mm_token_type_ids: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    labels: Optional[torch.Tensor]
+    first_labels: Optional[torch.Tensor]
     meta: BatchedMultiModalInputs
 
     # ---- derived facts -----------------------------------------------------------------
@@ -45,7 +55,7 @@ class PackedMultiModalInputs:
         return int(self.input_ids.shape[1])
 
     @property
-    def seq_lengths(self):
+    def seq_lengths(self) -> torch.Tensor:
         """int64 [n] the packed rows' lengths."""
         return self.meta.seq_lengths
 
@@ -58,11 +68,11 @@ class PackedMultiModalInputs:
         return self.meta.family
 
     @property
-    def image_grid_thw(self):
+    def image_grid_thw(self) -> torch.Tensor:
         return self.meta.image_grid_thw
 
     @property
-    def pixel_values(self):
+    def pixel_values(self) -> Optional[torch.Tensor]:
         return self.meta.pixel_values
 
     @property
@@ -70,7 +80,7 @@ class PackedMultiModalInputs:
         return int(self.meta.image_grid_thw.shape[0])
 
     @property
-    def sequence_ids(self):
+    def sequence_ids(self) -> torch.Tensor:
         """int64 [1, T]: the packed row each token belongs to."""
         import torch
 
@@ -95,14 +105,14 @@ class PackedMultiModalInputs:
         out["use_cache"] = False
         return out
 
-    def split(self, values) -> list:
+    def split(self, values: torch.Tensor) -> list[torch.Tensor]:
         """Per-row views of a packed ``[1, T, ...]`` or ``[T, ...]`` tensor, e.g. the logits:
         ``packed.split(out.logits)[k]`` is row k's ``[L_k, ...]``."""
         T = self.num_tokens
         if values.dim() >= 2 and values.shape[0] == 1 and values.shape[1] == T:
             values = values[0]
         if values.shape[0] != T:
-            raise ValueError(f"split expects a [1, {T}, ...] or [{T}, ...] tensor (this pack's {T} tokens), "
+            raise ArgumentError(f"split expects a [1, {T}, ...] or [{T}, ...] tensor (this pack's {T} tokens), "
                              f"found shape {tuple(values.shape)}")
         return list(values.split(self.seq_lengths.tolist(), dim=0))
 

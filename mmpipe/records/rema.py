@@ -1,24 +1,30 @@
 """ReMA records: one question's multi-agent `Episode`, one role's `RoleEncoding`, and the
 collated `ReMABatch` with its Arrow schema (`rema_arrow_schema`).
 
-Position layout: `ReMABatch` tensors are batch-first like verl's DataProto (every tensor of a
-TensorDict leads with the batch dim): ``{role}_position_ids`` int64 [B, 3, L]. The model
-layout [3, B, L] (see `mmpipe.records`) is ``position_ids.transpose(0, 1)``.
+Position layout: `ReMABatch` is a batch-first container (verl's DataProto: every tensor of a
+TensorDict leads with the batch dim), so it holds the batch-first form stated in
+`mmpipe.records`: ``{role}_position_ids`` int64 [B, 3, L]; the model layout [3, B, L] is
+``position_ids.transpose(0, 1)`` (what `ReMABatch.model_inputs` returns).
 """
 
 from __future__ import annotations
-from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
-from mmpipe.records.columns import IMAGE_PLACEHOLDER, offsets
-from mmpipe.records.row import MultiModalInputs
-from mmpipe.images.spec import VisionSpec
-from mmpipe.families import get_family
+
 import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
 import numpy as np
 import pyarrow as pa
-from mmpipe.records.columns import u8_block
-from mmpipe.records.columns import u8_bytes
+
+from mmpipe.errors import InputError
+from mmpipe.families import get_family
 from mmpipe.images.pixels import u8_to_pixel_values
+from mmpipe.images.spec import VisionSpec
+from mmpipe.records.columns import IMAGE_PLACEHOLDER, offsets, u8_block, u8_bytes
+from mmpipe.records.row import MultiModalInputs
+
+if TYPE_CHECKING:  # records never import torch at import time (the methods that need it do)
+    import torch
 
 
 def text_item(s: str) -> dict:
@@ -38,7 +44,7 @@ class Episode:
     Attributes:
         index:         row index in the batch.
         question:      content items (images as ``{"type": "image"}``).
-        images:        the question's images, as given.
+        images:        the question's images, as given (PIL, path, bytes...).
         messages:      role -> that role's full view: [system], user, assistant, ..., with
                        content lists; its assistant messages are the role's own responses.
         history:       every response in order: ``{"role": agent role, "content": text,
@@ -46,16 +52,18 @@ class Episode:
                        "length", ...), "num_tokens": generated token count}``.
         num_turns:     rounds played (every role answered in each).
         finish_reason: None while running, then `FINISH_FLAG` or `MAX_TURNS`.
+        image_data:    None until encoded, then (pixels uint8 [N, 3*p*p], grids int64 [I, 3]):
+                       the question's images, encoded once and shared by every role.
     """
 
     index: int
-    question: list
-    images: tuple
-    messages: dict = field(default_factory=dict)
-    history: list = field(default_factory=list)
+    question: list[dict[str, Any]]
+    images: tuple[Any, ...]
+    messages: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
     num_turns: int = 0
     finish_reason: Optional[str] = None
-    image_data: Any = None  # (uint8 [N, 3*p*p], grids int64 [I, 3]), encoded once
+    image_data: Optional[tuple[np.ndarray, np.ndarray]] = None
 
     @property
     def question_text(self) -> str:
@@ -124,25 +132,27 @@ class ReMABatch:
         pixel_values_u8: uint8 [N, 3*p*p], their resized pixels in patch order.
         image_offsets / patch_offsets: int64 [B+1]; row b owns images / patch rows
             ``offsets[b]:offsets[b+1]``.
+        spec: the `VisionSpec` float32 pixels are made with (None: the family's).
         pixel_values: float32 [N, 3*T*p*p] (property), the processor's pixel_values.
+        agent_roles / max_num_turns / family: the roles in order, the round limit, the family name.
     """
 
-    agent_roles: tuple
+    agent_roles: tuple[str, ...]
     max_num_turns: int
     family: str
-    batch: dict
-    non_tensor_batch: dict
-    image_grid_thw: Any
-    pixel_values_u8: Any
-    image_offsets: Any
-    patch_offsets: Any
-    spec: Any = None
+    batch: dict[str, torch.Tensor]
+    non_tensor_batch: dict[str, list[Any]]
+    image_grid_thw: torch.Tensor
+    pixel_values_u8: torch.Tensor
+    image_offsets: torch.Tensor
+    patch_offsets: torch.Tensor
+    spec: Optional[VisionSpec] = None
 
     def __len__(self) -> int:
         return len(self.non_tensor_batch["question"])
 
     @property
-    def pixel_values(self):
+    def pixel_values(self) -> Optional[torch.Tensor]:
         import torch
 
         fam = get_family(self.family)
@@ -216,9 +226,10 @@ class ReMABatch:
             roles = tuple(json.loads(meta[b"mmpipe.agent_roles"]))
             max_turns = int(meta[b"mmpipe.max_num_turns"])
         except KeyError:
-            raise ValueError(
+            raise InputError(
                 "the table has no mmpipe.agent_roles / mmpipe.max_num_turns schema metadata; it was not written by "
-                "ReMABatch.to_arrow (keep the schema metadata when saving, e.g. pyarrow.parquet keeps it)"
+                "ReMABatch.to_arrow", where="", stage="validate",
+                fix="keep the schema metadata when saving (pyarrow.parquet keeps it)",
             ) from None
         rows = table.to_pydict()
         fam = get_family(rows["family"][0]) if rows["family"] else get_family(meta.get(b"mmpipe.family", b"text").decode())

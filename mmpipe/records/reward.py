@@ -13,7 +13,7 @@ False, ``Answer.raw`` holds whatever text came back and ``Answer.error`` says wh
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class Answer:
         attempts: ``int`` HTTP requests sent for this question.
     """
 
-    value: Any = None
+    value: Optional[Union[ActionVerdict, ProgressEstimate]] = None
     raw: str = ""
     error: Optional[str] = None
     cached: bool = False

@@ -1,10 +1,16 @@
-"""Records carved from mmpipe.rollout.results."""
+"""`RolloutSample`: one sampled completion of one prompt (what unbatching rollout results
+gives), and the training row it becomes. Positions follow `mmpipe.records`: ``[3, L]`` per row.
+"""
 
 from __future__ import annotations
+
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Any, Optional, Union
+
 import numpy as np
+
 from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.display_hooks import render
 from mmpipe.records.row import MultiModalInputs
 
 
@@ -19,7 +25,7 @@ class RolloutSample:
         response_ids:   int64 [R] generated ids (EOS included when emitted).
         logprobs:       float32 [R] rollout-time logprobs of the sampled tokens, or None.
         finish_reason:  "stop", "length" or "abort".
-        stop_reason:    the stop token/string, if any.
+        stop_reason:    the stop token id (int) or string that ended it, or None.
     """
 
     prompt: MultiModalInputs
@@ -28,7 +34,7 @@ class RolloutSample:
     response_ids: np.ndarray
     logprobs: Optional[np.ndarray]
     finish_reason: str
-    stop_reason: object = None
+    stop_reason: Optional[Union[int, str]] = None
 
     @property
     def prompt_ids(self) -> np.ndarray:
@@ -75,14 +81,11 @@ class RolloutSample:
         )
 
     def _repr_html_(self) -> str:
-        """Jupyter display: prompt images, prompt + response tokens (`mmpipe.view.display.rollout_html`)."""
-        from mmpipe.view.display import rollout_html
+        """Jupyter display: prompt images, prompt + response tokens (`mmpipe.view.rollout_html`,
+        found through `mmpipe.records.display_hooks`)."""
+        return render("rollout_html", self)
 
-        return rollout_html(self)
-
-    def describe(self, *, tokenizer=None) -> str:
-        """Plain-text description for terminals (`mmpipe.view.display.describe`)."""
-        from mmpipe.view.display import describe
-
-        return describe(self, tokenizer=tokenizer)
+    def describe(self, *, tokenizer: Any = None) -> str:
+        """Plain-text description for terminals (`mmpipe.view.describe`)."""
+        return render("describe", self, tokenizer=tokenizer)
 

@@ -29,18 +29,21 @@ from typing import Any, Optional
 import numpy as np
 import pyarrow as pa
 
-from mmpipe.errors import InputError
+from mmpipe.errors import InputError, PixelDataError
 from mmpipe.families import ModelFamily, get_family
-from mmpipe.records.columns import NULLABLE_ROW_COLUMNS
-from mmpipe.records.columns import ROW_COLUMNS
-from mmpipe.records.columns import as_array
-from mmpipe.records.columns import empty_rows
-from mmpipe.records.columns import f32_or_empty
-from mmpipe.records.columns import fit_width
-from mmpipe.records.columns import row_column_wanted
-from mmpipe.records.columns import u8_block
-from mmpipe.records.columns import u8_bytes
-from mmpipe.records.columns import u8_or_empty
+from mmpipe.records.columns import (
+    NULLABLE_ROW_COLUMNS,
+    ROW_COLUMNS,
+    as_array,
+    empty_rows,
+    f32_or_empty,
+    fit_width,
+    row_column_wanted,
+    u8_block,
+    u8_bytes,
+    u8_or_empty,
+)
+from mmpipe.records.display_hooks import render
 
 
 @dataclass(eq=False)
@@ -51,7 +54,7 @@ class MultiModalInputs:
         input_ids:          int64 [L], image/video placeholders already expanded.
         attention_mask:     int64 [L] (all ones for an unpadded row).
         mm_token_type_ids:  int64 [L], 0 text, 1 image, 2 video.
-        position_ids:       int64 [3, L], M-RoPE (t, h, w); text-only families: 3 equal rows.
+        position_ids:       int64 [3, L], M-RoPE (t, h, w), the row layout of `mmpipe.records`.
         rope_delta:         int, ``max(position_ids) + 1 - L``.
         labels:             int64 [L] or None, -100 except assistant response tokens.
         image_grid_thw:     int64 [I, 3], patch grid (t, h, w) per image.
@@ -117,32 +120,49 @@ class MultiModalInputs:
         return self.pixel_format != "none"
 
     # ---- checks --------------------------------------------------------------------
-    def validate(self, row: Any = None) -> "MultiModalInputs":
-        """Check every invariant a model relies on; raise ValueError naming the row."""
+    def validate(self, row: Optional[int] = None) -> "MultiModalInputs":
+        """Check every invariant a model relies on; raise `InputError` (`PixelDataError` when
+        pixels, grids and media tokens disagree) naming the row and column."""
         where = f"row {row}" if row is not None else "row"
-        fam = self.fam
+        self._check_token_shapes(row, where)
+        self._check_media_tokens(row, where)
+        self._check_pixel_shapes(row, where)
+        return self
+
+    def _check_token_shapes(self, row: Optional[int], where: str) -> None:
         L = self.num_tokens
-        for name in ("attention_mask", "mm_token_type_ids") + (("labels",) if self.labels is not None else ()):
-            if getattr(self, name).shape != (L,):
-                raise ValueError(f"{where}, column {name!r}: expected shape ({L},), found {getattr(self, name).shape}")
-        if self.position_ids.shape != (3, L):
-            raise ValueError(f"{where}, column 'position_ids': expected shape (3, {L}), found {self.position_ids.shape}")
+        shapes = [(name, (L,)) for name in ("attention_mask", "mm_token_type_ids")]
+        if self.labels is not None:
+            shapes.append(("labels", (L,)))
+        shapes.append(("position_ids", (3, L)))
+        for name, want in shapes:
+            if getattr(self, name).shape != want:
+                raise InputError(row=row, where=f"{where}, column {name!r}", column=name, stage="validate",
+                                 expected=f"shape {want}", found=getattr(self, name).shape,
+                                 fix="re-encode the row")
         bad_type = np.flatnonzero((self.mm_token_type_ids < 0) | (self.mm_token_type_ids > 2))
         if len(bad_type):
-            raise ValueError(
-                f"{where}, column 'mm_token_type_ids': expected 0 (text), 1 (image) or 2 (video), found "
-                f"{int(self.mm_token_type_ids[bad_type[0]])} at token {int(bad_type[0])} - re-encode the row"
+            raise InputError(
+                row=row, where=f"{where}, column 'mm_token_type_ids'", column="mm_token_type_ids", stage="validate",
+                expected="0 (text), 1 (image) or 2 (video)",
+                found=f"{int(self.mm_token_type_ids[bad_type[0]])} at token {int(bad_type[0])}", fix="re-encode the row",
             )
-        m2 = fam.merge_size**2
+
+    def _check_media_tokens(self, row: Optional[int], where: str) -> None:
+        fam = self.fam
         for kind, code, grid in (("image", 1, self.image_grid_thw), ("video", 2, self.video_grid_thw)):
             n_tok = int((self.mm_token_type_ids == code).sum())
-            expect = int(grid.prod(axis=1).sum()) // m2 if len(grid) else 0
+            expect = int(grid.prod(axis=1).sum()) // fam.merge_area if len(grid) else 0
             if n_tok != expect:
-                raise ValueError(
-                    f"{where}: {n_tok} {kind} tokens in input_ids but {kind}_grid_thw {grid.tolist()} "
-                    f"needs sum(t*h*w)/{m2} = {expect}; the text and the {kind} data disagree "
-                    f"(truncated or appended without its pixels?) - re-encode the row"
+                raise PixelDataError(
+                    f"{n_tok} {kind} tokens in input_ids but {kind}_grid_thw {grid.tolist()} "
+                    f"needs sum(t*h*w)/{fam.merge_area} = {expect}; the text and the {kind} data disagree "
+                    f"(truncated or appended without its pixels?)", row=row, where=where,
+                    column=f"{kind}_grid_thw", fix="re-encode the row",
                 )
+
+    def _check_pixel_shapes(self, row: Optional[int], where: str) -> None:
+        fam = self.fam
         checks = (
             ("pixel_values", self.pixel_values, self.num_image_patches, fam.patch_dim),
             ("pixel_values_u8", self.pixel_values_u8, self.num_image_patches, fam.patch_dim_u8),
@@ -151,11 +171,11 @@ class MultiModalInputs:
         )
         for name, arr, n, d in checks:
             if arr is not None and arr.shape != (n, d):
-                raise ValueError(
-                    f"{where}, column {name!r}: expected shape ({n}, {d}) from the grids "
-                    f"and the {fam.name} patch size, found {tuple(arr.shape)}"
+                raise PixelDataError(
+                    row=row, where=f"{where}, column {name!r}", column=name,
+                    expected=f"shape ({n}, {d}) from the grids and the {fam.name} patch size",
+                    found=tuple(arr.shape), fix="re-encode the row",
                 )
-        return self
 
     # ---- conversion ----------------------------------------------------------------
     @classmethod
@@ -277,16 +297,13 @@ class MultiModalInputs:
         )
 
     def _repr_html_(self) -> str:
-        """Jupyter display: thumbnails and the token strip (`mmpipe.view.display.row_html`)."""
-        from mmpipe.view.display import row_html
+        """Jupyter display: thumbnails and the token strip (`mmpipe.view.row_html`, found
+        through `mmpipe.records.display_hooks`)."""
+        return render("row_html", self)
 
-        return row_html(self)
-
-    def describe(self, *, tokenizer=None) -> str:
-        """Plain-text description for terminals (`mmpipe.view.display.describe`)."""
-        from mmpipe.view.display import describe
-
-        return describe(self, tokenizer=tokenizer)
+    def describe(self, *, tokenizer: Any = None) -> str:
+        """Plain-text description for terminals (`mmpipe.view.describe`)."""
+        return render("describe", self, tokenizer=tokenizer)
 
     # ---- schemas -------------------------------------------------------------------
     @staticmethod

@@ -34,14 +34,14 @@ from mmpipe.rema.batch import PAD_CONTENT, PAD_ROLE, collate_episodes, conversat
 from mmpipe.records.rema import ROLE_TENSORS, rema_arrow_schema
 from mmpipe.records.rema import ReMABatch
 from mmpipe.records.rema import RoleEncoding
-from mmpipe.rema.encode import encode_conversation, response_text
+from mmpipe.rema.encode import RoleCodec, encode_conversation, response_text
 from mmpipe.rema.rollout import FINISH_FLAG, MAX_TURNS, rollout, run_episodes
 from mmpipe.records.rema import Episode
 from mmpipe.rema.views import AskQuestion, QuestionWithInstruction, View, ViewContext, rema_views
 
 __all__ = [
     "FINISH_FLAG", "MAX_TURNS", "PAD_ROLE", "PAD_CONTENT", "ROLE_TENSORS", "ViewContext", "View", "AskQuestion",
-    "QuestionWithInstruction", "rema_views", "RoleEncoding", "encode_conversation", "response_text", "Episode",
+    "QuestionWithInstruction", "rema_views", "RoleEncoding", "RoleCodec", "encode_conversation", "response_text", "Episode",
     "rollout", "run_episodes", "collate_episodes", "ReMABatch", "rema_arrow_schema", "history_size",
     "history_pad_entry", "conversation_pad_entry",
 ]

@@ -13,14 +13,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from mmpipe.errors import ArgumentError, InputError
+from mmpipe.families import ModelFamily
 from mmpipe.records.columns import IGNORE_INDEX
-from mmpipe.records.rema import RoleEncoding
-from mmpipe.rema.encode import _Codec
-from mmpipe.records.rema import Episode
-from mmpipe.records.rema import ReMABatch
-from mmpipe.records.rema import ROLE_TENSORS
-from mmpipe.records.rema import rema_arrow_schema
-from mmpipe.records.rema import text_item
+from mmpipe.records.rema import ROLE_TENSORS, Episode, ReMABatch, RoleEncoding, rema_arrow_schema, text_item
+from mmpipe.rema.encode import RoleCodec
 
 __all__ = ["PAD_ROLE", "PAD_CONTENT", "ROLE_TENSORS", "ReMABatch", "collate_episodes", "rema_arrow_schema",
            "history_size", "history_pad_entry", "conversation_pad_entry"]
@@ -30,8 +27,11 @@ PAD_CONTENT = "<PAD>"
 
 
 def _pad_entries(entries: list, size: int, pad: dict, what: str) -> list:
+    """``entries`` + copies of ``pad`` up to ``size``; `ArgumentError` when they do not fit
+    (episodes played more turns than the ``max_num_turns`` given to the batch)."""
     if len(entries) > size:
-        raise ValueError(f"{what}: {len(entries)} entries do not fit the padded size {size}")
+        raise ArgumentError(f"{what}: {len(entries)} entries do not fit the padded size {size}; max_num_turns must "
+                            "be at least the number of rounds the episodes played")
     return list(entries) + [dict(pad) for _ in range(size - len(entries))]
 
 
@@ -54,14 +54,47 @@ def history_size(num_roles: int, max_num_turns: int) -> int:
 
 def collate_episodes(episodes: Sequence[Episode], processor, *, agent_roles: Sequence[str], max_num_turns: int,
                      pad_to_multiple_of: Optional[int] = None) -> "ReMABatch":
-    """Finished episodes -> a `ReMABatch` (every role encoded, padded to one common length)."""
+    """Finished episodes -> a `ReMABatch` (every role encoded, padded to one common length).
+
+    ``processor``: a Qwen-VL processor, tokenizer or `RoleCodec`. Tensors per role are int64
+    [B, L] (``position_ids`` [B, 3, L] for vision families, [B, L] for text), L the longest
+    role encoding rounded up to ``pad_to_multiple_of``; pixels uint8 [N, 3*p*p] once per question.
+    """
     import torch
 
     if not len(episodes):
-        raise ValueError("collate_episodes got no episodes; pass the episodes of at least one question")
-    codec = processor if isinstance(processor, _Codec) else _Codec(processor)
+        raise ArgumentError("collate_episodes got no episodes; pass the episodes of at least one question")
+    codec = processor if isinstance(processor, RoleCodec) else RoleCodec(processor)
     roles = tuple(agent_roles)
     fam = codec.fam
+    encs, u8_blocks, grids = _encode_roles(episodes, codec, roles)
+    L = max(x.row.num_tokens for r in roles for x in encs[r])
+    if pad_to_multiple_of:
+        L = -(-L // pad_to_multiple_of) * pad_to_multiple_of
+    tok = codec.tok
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    tensors = {}
+    for role in roles:
+        for name, arr in _pad_role(encs[role], L, pad_id, fam).items():
+            tensors[f"{role}_{name}"] = torch.from_numpy(arr)
+    u8 = np.concatenate(u8_blocks) if u8_blocks else np.zeros((0, fam.patch_dim_u8), np.uint8)
+    grid = np.concatenate(grids).reshape(-1, 3).astype(np.int64)
+    return ReMABatch(
+        agent_roles=roles, max_num_turns=max_num_turns, family=fam.name, batch=tensors,
+        non_tensor_batch=_non_tensors(episodes, roles, max_num_turns),
+        image_grid_thw=torch.from_numpy(grid), pixel_values_u8=torch.from_numpy(u8),
+        image_offsets=torch.from_numpy(offsets([len(g) for g in grids])),
+        patch_offsets=torch.from_numpy(offsets([int(g.prod(axis=1).sum()) if len(g) else 0 for g in grids])),
+        spec=codec.enc.spec,
+    )
+
+
+def _encode_roles(episodes: Sequence[Episode], codec: RoleCodec, roles: tuple):
+    """Encode every role's view of every episode (images once per question).
+
+    Returns (role -> [RoleEncoding per episode], uint8 pixel blocks [N_b, 3*p*p] per episode,
+    grids int64 [I_b, 3] per episode).
+    """
     encs: dict[str, list[RoleEncoding]] = {r: [] for r in roles}
     u8_blocks, grids = [], []
     for e in episodes:
@@ -73,33 +106,38 @@ def collate_episodes(episodes: Sequence[Episode], processor, *, agent_roles: Seq
             where = f"row {e.index}, role {role!r}"
             msgs = e.messages.get(role)
             if not msgs:
-                raise ValueError(f"{where}: the episode has no messages for this role; run the rollout with these agent_roles")
+                raise InputError(
+                    "the episode has no messages for this role", where=where, row=e.index, stage="rollout",
+                    column=f"{role}_conversation_history", fix="run the rollout with these agent_roles",
+                )
             reasons = [h["finish_reason"] for h in e.history if h["role"] == role]
             encs[role].append(codec.encode(msgs, image_data=e.image_data, add_generation_prompt=False,
                                            finish_reasons=reasons, where=where))
-    B = len(episodes)
-    L = max(x.row.num_tokens for r in roles for x in encs[r])
-    if pad_to_multiple_of:
-        L = -(-L // pad_to_multiple_of) * pad_to_multiple_of
-    tok = codec.tok
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    tensors = {}
-    for role in roles:
-        ids = np.full((B, L), pad_id, np.int64)
-        labels = np.full((B, L), IGNORE_INDEX, np.int64)
-        steps = np.full((B, L), IGNORE_INDEX, np.int64)
-        att = np.zeros((B, L), np.int64)
-        mm = np.zeros((B, L), np.int64)
-        pos = np.zeros((B, 3, L), np.int64)
-        for b, x in enumerate(encs[role]):
-            n = x.row.num_tokens
-            ids[b, :n], labels[b, :n], steps[b, :n] = x.row.input_ids, x.row.labels, x.step_ids
-            att[b, :n], mm[b, :n], pos[b, :, :n] = 1, x.row.mm_token_type_ids, x.row.position_ids
-        for name, arr in (("input_ids", ids), ("labels", labels), ("step_ids", steps), ("attention_mask", att),
-                          ("position_ids", pos if fam.is_vision else pos[:, 0]), ("mm_token_type_ids", mm)):
-            tensors[f"{role}_{name}"] = torch.from_numpy(arr)
-    u8 = np.concatenate(u8_blocks) if u8_blocks else np.zeros((0, fam.patch_dim_u8), np.uint8)
-    grid = np.concatenate(grids).reshape(-1, 3).astype(np.int64)
+    return encs, u8_blocks, grids
+
+
+def _pad_role(encs: Sequence[RoleEncoding], L: int, pad_id: int, fam: ModelFamily) -> dict[str, np.ndarray]:
+    """One role's encodings right-padded to length L: int64 [B, L] input_ids (``pad_id``),
+    labels / step_ids (-100), attention_mask, mm_token_type_ids, and position_ids [B, 3, L]
+    (vision) or [B, L] (text)."""
+    B = len(encs)
+    ids = np.full((B, L), pad_id, np.int64)
+    labels = np.full((B, L), IGNORE_INDEX, np.int64)
+    steps = np.full((B, L), IGNORE_INDEX, np.int64)
+    att = np.zeros((B, L), np.int64)
+    mm = np.zeros((B, L), np.int64)
+    pos = np.zeros((B, 3, L), np.int64)
+    for b, x in enumerate(encs):
+        n = x.row.num_tokens
+        ids[b, :n], labels[b, :n], steps[b, :n] = x.row.input_ids, x.row.labels, x.step_ids
+        att[b, :n], mm[b, :n], pos[b, :, :n] = 1, x.row.mm_token_type_ids, x.row.position_ids
+    return {"input_ids": ids, "labels": labels, "step_ids": steps, "attention_mask": att,
+            "position_ids": pos if fam.is_vision else pos[:, 0], "mm_token_type_ids": mm}
+
+
+def _non_tensors(episodes: Sequence[Episode], roles: tuple, max_num_turns: int) -> dict[str, list]:
+    """ReMA's non-tensor columns: question, finish_reason, num_turns, response, padded
+    history and each role's padded conversation history (one entry per episode)."""
     h_size, c_size = history_size(len(roles), max_num_turns), 2 * max_num_turns
     non_tensors: dict[str, list] = {
         "question": [e.question_text for e in episodes],
@@ -115,16 +153,11 @@ def collate_episodes(episodes: Sequence[Episode], processor, *, agent_roles: Seq
                          f"row {e.index}, {role}_conversation_history")
             for e in episodes
         ]
-    return ReMABatch(
-        agent_roles=roles, max_num_turns=max_num_turns, family=fam.name, batch=tensors, non_tensor_batch=non_tensors,
-        image_grid_thw=torch.from_numpy(grid), pixel_values_u8=torch.from_numpy(u8),
-        image_offsets=torch.from_numpy(offsets([len(g) for g in grids])),
-        patch_offsets=torch.from_numpy(offsets([int(g.prod(axis=1).sum()) if len(g) else 0 for g in grids])),
-        spec=codec.enc.spec,
-    )
+    return non_tensors
 
 
 def offsets(counts) -> np.ndarray:
+    """Per-row counts int [B] -> offsets int64 [B + 1] (``offsets[b]:offsets[b+1]`` is row b's)."""
     out = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=out[1:])
     return out

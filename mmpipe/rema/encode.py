@@ -17,18 +17,26 @@ from typing import Optional, Sequence
 import numpy as np
 
 from mmpipe.encoding.encoder import Encoder
+from mmpipe.encoding.placeholders import expand_image_pads
+from mmpipe.errors import InputError, ParseError, PlaceholderError
 from mmpipe.images.pixels import encode_image
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.rema.views import _content, _num_images
+from mmpipe.rema.views import content_items, num_images
 from mmpipe.records.rema import content_text
 from mmpipe.records.rema import RoleEncoding
 
-__all__ = ["RoleEncoding", "encode_conversation", "response_text"]
+__all__ = ["RoleEncoding", "RoleCodec", "encode_conversation", "response_text"]
 
 
-class _Codec:
-    """Renders and encodes role views with one processor (an `Encoder` underneath)."""
+class RoleCodec:
+    """Renders and encodes role views with one processor (an `Encoder` underneath).
+
+    Built once per rollout and shared by the turn loop (`mmpipe.rema.rollout`) and the batch
+    (`mmpipe.rema.batch`): ``processor`` is a Qwen-VL processor, a tokenizer (text-only
+    model) or an `Encoder`. Holds the tokenizer's special ids / spellings (removed from
+    responses) and its normaliser.
+    """
 
     def __init__(self, processor):
         enc = processor if isinstance(processor, Encoder) else Encoder(processor, labels=False)
@@ -45,7 +53,8 @@ class _Codec:
         """Images -> (uint8 patches [N, 3*p*p], grids int64 [I, 3]); once per question."""
         fam = self.fam
         if images and not fam.is_vision:
-            raise ValueError(f"{where}: holds {len(images)} image(s) but the processor is a text-only tokenizer")
+            raise PlaceholderError(f"holds {len(images)} image(s) but the processor is a text-only tokenizer",
+                                   where=where, column="images", fix="pass a Qwen-VL processor for questions with images")
         blocks, grids = [], []
         for k, img in enumerate(images):
             u8, g = encode_image(img, self.enc.spec, where=f"{where}, image {k}")
@@ -73,10 +82,11 @@ class _Codec:
         return text
 
     def render(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
+        """The chat text of normalised messages (the encoder's template)."""
         # pure-text contents as strings: text-LLM templates print a list's repr; VL templates
         # render both forms identically
         msgs = [
-            {"role": m["role"], "content": m["content"] if _num_images(m["content"]) else content_text(m["content"])}
+            {"role": m["role"], "content": m["content"] if num_images(m["content"]) else content_text(m["content"])}
             for m in messages
         ]
         return self.enc.render(msgs, add_generation_prompt)
@@ -84,6 +94,8 @@ class _Codec:
     # -- one view -------------------------------------------------------------------------
     def encode(self, messages: Sequence[dict], *, image_data, add_generation_prompt: bool,
                finish_reasons: Optional[Sequence[str]] = None, where: str = "conversation") -> RoleEncoding:
+        """One role's view (normalised messages) -> `RoleEncoding` (see `encode_conversation`);
+        ``image_data``: the question's (uint8 patches [N, 3*p*p], grids int64 [I, 3])."""
         fam, tok = self.fam, self.tok
         u8, grids = image_data
         full = self.render(messages, add_generation_prompt)
@@ -97,15 +109,15 @@ class _Codec:
             turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
             reasons = list(finish_reasons) if finish_reasons is not None else ["stop"] * len(turns)
             if len(reasons) != len(turns):
-                raise ValueError(
-                    f"{where}: {len(reasons)} finish reason(s) for {len(turns)} assistant message(s); "
-                    "give one finish reason per response"
+                raise InputError(
+                    f"{len(reasons)} finish reason(s) for {len(turns)} assistant message(s)", where=where,
+                    stage="rollout", column="finish_reasons", fix="give one finish reason per response",
                 )
             for step, (k, reason) in enumerate(zip(turns, reasons)):
-                if _num_images(messages[k]["content"]):
-                    raise ValueError(
-                        f"{where}, message {k}: an assistant message holds an image; responses are text "
-                        "(show images in the question or a user turn)"
+                if num_images(messages[k]["content"]):
+                    raise ParseError(
+                        "an assistant message holds an image; responses are text", where=f"{where}, message {k}",
+                        stage="rollout", column="messages", fix="show images in the question or a user turn",
                     )
                 a, b = self._span(messages, k, full, where)
                 sel = (starts >= a) & (starts < b)
@@ -118,19 +130,16 @@ class _Codec:
         if fam.is_vision:
             pad = np.flatnonzero(ids == self.enc.image_token_id)
             if len(pad) != len(grids):
-                raise ValueError(
-                    f"{where}: the rendered view holds {len(pad)} {fam.image_token} token(s) but the question has "
-                    f"{len(grids)} image(s); every role's view must show each question image exactly once "
-                    "(include ctx.question in the role's first message)"
+                raise PlaceholderError(
+                    f"the rendered view holds {len(pad)} {fam.image_token} token(s) but the question has "
+                    f"{len(grids)} image(s); every role's view must show each question image exactly once",
+                    where=where, column="messages", fix="include ctx.question in the role's first message",
                 )
             if (ids == self.enc.video_token_id).any():
-                raise ValueError(f"{where}: the view holds {fam.video_token}; videos are not supported here")
+                raise PlaceholderError(f"the view holds {fam.video_token}; videos are not supported here",
+                                       where=where, column="messages", fix="show images, not videos")
             if len(pad):
-                reps = np.ones(ids.shape, np.int64)
-                reps[pad] = grids.prod(axis=1) // fam.merge_size**2
-                ids = np.repeat(ids, reps)
-                if labels is not None:
-                    labels, steps = np.repeat(labels, reps), np.repeat(steps, reps)
+                ids, labels, steps = expand_image_pads(ids, pad, grids, fam, labels, steps)
                 mm = (ids == self.enc.image_token_id).astype(np.int64)
         from mmpipe.rope import get_rope_index
 
@@ -150,10 +159,11 @@ class _Codec:
         text = content_text(messages[k]["content"])
         a = len(before)
         if not (full.startswith(upto) and upto.startswith(before) and upto[a:a + len(text)] == text):
-            raise ValueError(
-                f"{where}, message {k}: the chat template does not render the conversation's prefixes as prefixes "
+            raise InputError(
+                "the chat template does not render the conversation's prefixes as prefixes "
                 "of the whole, with the response verbatim right after the generation prompt, so the response "
-                "tokens cannot be located; use a prefix-stable template (one that does not rewrite earlier turns)"
+                "tokens cannot be located", where=f"{where}, message {k}", stage="template",
+                fix="use a prefix-stable template (one that does not rewrite earlier turns)",
             )
         return a, a + len(text)
 
@@ -185,15 +195,17 @@ def encode_conversation(messages: Sequence[dict], processor, *, images: Sequence
         enc = encode_conversation([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], tok)
         tok.decode(enc.input_ids[enc.labels != -100])    # '4<|im_end|>'
     """
-    codec = _Codec(processor)
+    codec = RoleCodec(processor)
     msgs = []
     for k, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
-            raise ValueError(f"{where}, message {k}: expected {{'role': system|user|assistant, 'content': ...}}, found {m!r:.80}")
-        msgs.append({"role": m["role"], "content": _content(m.get("content") or "", f"{where}, message {k}")})
-    n_items = sum(_num_images(m["content"]) for m in msgs)
+            raise ParseError("message", where=f"{where}, message {k}", stage="rollout", column="messages",
+                             expected="{'role': system|user|assistant, 'content': ...}", found=f"{m!r:.80}")
+        msgs.append({"role": m["role"], "content": content_items(m.get("content") or "", f"{where}, message {k}")})
+    n_items = sum(num_images(m["content"]) for m in msgs)
     if n_items != len(images):
-        raise ValueError(f"{where}: {n_items} image item(s) in the messages but {len(images)} image(s) given; give one image per item")
+        raise PlaceholderError(f"{n_items} image item(s) in the messages but {len(images)} image(s) given",
+                               where=where, column="images", fix="give one image per item")
     return codec.encode(msgs, image_data=codec.encode_images(images, where), add_generation_prompt=add_generation_prompt,
                         finish_reasons=finish_reasons, where=where)
 
@@ -202,4 +214,4 @@ def response_text(token_ids: Sequence[int], processor) -> str:
     """Generated ids -> the response text exactly as the rollout puts it into conversations
     (special tokens and their spellings removed, tokenizer-normalised); for rewards that must
     score the same text the policy is trained on."""
-    return _Codec(processor).response_text(token_ids)
+    return RoleCodec(processor).response_text(token_ids)

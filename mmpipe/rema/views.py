@@ -17,23 +17,32 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
+from mmpipe.errors import ArgumentError, ParseError, PlaceholderError
 from mmpipe.records.columns import IMAGE_PLACEHOLDER
 from mmpipe.records.rema import text_item
 
-__all__ = ["ViewContext", "View", "AskQuestion", "QuestionWithInstruction", "rema_views"]
+__all__ = ["ViewContext", "View", "AskQuestion", "QuestionWithInstruction", "rema_views", "content_items",
+           "num_images", "question_items"]
 
 
 # ---- questions and message contents -----------------------------------------------------
 
 
-def _content(value, where: str) -> list[dict]:
-    """A string or a list of content items -> normalised items (text / image only)."""
+def content_items(value, where: str) -> list[dict]:
+    """A message content -> normalised content items.
+
+    ``value``: a string or a list of items (``{"type": "text", "text": str}``, plain strings,
+    ``{"type": "image"}``). Returns a list of ``{"type": "text", "text": ...}`` /
+    ``{"type": "image"}`` dicts with adjacent texts merged and empty texts dropped. ``where``
+    names the value in errors (`ParseError`, stage "rollout").
+    """
     if isinstance(value, str):
         return [text_item(value)] if value else []
     if not isinstance(value, (list, tuple)):
-        raise ValueError(
-            f"{where}: expected a string or a list of content items ({{'type': 'text', 'text': ...}} / "
-            f"{{'type': 'image'}}), found {type(value).__name__}"
+        raise ParseError(
+            "message content", where=where, stage="rollout",
+            expected="a string or a list of content items ({'type': 'text', 'text': ...} / {'type': 'image'})",
+            found=type(value).__name__,
         )
     out: list[dict] = []
     for item in value:
@@ -42,9 +51,10 @@ def _content(value, where: str) -> list[dict]:
             continue
         text = item if isinstance(item, str) else (item.get("text") if isinstance(item, dict) else None)
         if not isinstance(text, str):
-            raise ValueError(
-                f"{where}: content item {item!r:.80} is neither {{'type': 'text', 'text': str}} nor {{'type': 'image'}} "
-                "(pass images with the question, not inline: a role's view shows the question's images)"
+            raise ParseError(
+                f"content item {item!r:.80} is neither {{'type': 'text', 'text': str}} nor {{'type': 'image'}}",
+                where=where, stage="rollout",
+                fix="pass images with the question, not inline: a role's view shows the question's images",
             )
         if out and out[-1]["type"] == "text":  # adjacent texts render as one; store them as one
             out[-1] = text_item(out[-1]["text"] + text)
@@ -53,24 +63,35 @@ def _content(value, where: str) -> list[dict]:
     return out
 
 
-def _num_images(items: Sequence[dict]) -> int:
+def num_images(items: Sequence[dict]) -> int:
+    """Number of ``{"type": "image"}`` items in normalised content items (`content_items`)."""
     return sum(it["type"] == "image" for it in items)
 
 
-def _question(q, idx: int) -> tuple[list[dict], tuple]:
-    """A question (str, or {"question": str | content list, "images": [...]}) -> (items, images)."""
+def question_items(q, idx: int) -> tuple[list[dict], tuple]:
+    """A question -> (content items, images).
+
+    ``q``: a string (``<image>`` marks each image's place when images are given) or
+    ``{"question": str | content list, "images": [...]}``; ``idx`` names it in errors.
+    Returns normalised content items (`content_items`) and the images as a tuple, one per
+    ``{"type": "image"}`` item. Raises `ParseError` (stage "rollout") / `PlaceholderError`.
+    """
     where = f"question {idx}"
     images: Sequence = ()
     if isinstance(q, dict):
         if "question" not in q:
-            raise ValueError(f"{where}: found keys {sorted(q)}; expected {{'question': str | content list, 'images': [...]}}")
+            raise ParseError(
+                "question row", where=where, row=idx, stage="rollout", column="question",
+                expected="{'question': str | content list, 'images': [...]}", found=f"keys {sorted(q)}",
+            )
         images = q.get("images") or ()
         q = q["question"]
     if isinstance(q, str) and images:
         if q.count(IMAGE_PLACEHOLDER) != len(images):
-            raise ValueError(
-                f"{where}: {len(images)} image(s) but {q.count(IMAGE_PLACEHOLDER)} {IMAGE_PLACEHOLDER} placeholder(s) "
-                f"in the text; put one {IMAGE_PLACEHOLDER} where each image goes, or pass a content list"
+            raise PlaceholderError(
+                f"{len(images)} image(s) but {q.count(IMAGE_PLACEHOLDER)} {IMAGE_PLACEHOLDER} placeholder(s) "
+                "in the text", where=where, row=idx, column="question",
+                fix=f"put one {IMAGE_PLACEHOLDER} where each image goes, or pass a content list",
             )
         items = []
         for k, part in enumerate(q.split(IMAGE_PLACEHOLDER)):
@@ -79,11 +100,12 @@ def _question(q, idx: int) -> tuple[list[dict], tuple]:
             if part:
                 items.append(text_item(part))
     else:
-        items = _content(q, where)
-    if _num_images(items) != len(images):
-        raise ValueError(
-            f"{where}: the content holds {_num_images(items)} image item(s) but {len(images)} image(s) were given; "
-            "give one image per {'type': 'image'} item"
+        items = content_items(q, where)
+    if num_images(items) != len(images):
+        raise PlaceholderError(
+            f"the content holds {num_images(items)} image item(s) but {len(images)} image(s) were given",
+            where=where, row=idx, column="question",
+            fix="give one image per {'type': 'image'} item",
         )
     return items, tuple(images)
 
@@ -160,7 +182,7 @@ class QuestionWithInstruction:
         src = self.instruction_from or ctx.agent_roles[0]
         instruction = ctx.latest(src)
         if instruction is None:
-            raise ValueError(
+            raise ArgumentError(
                 f"row {ctx.index}, role {ctx.role!r}, turn {ctx.turn}: the view needs the latest response of "
                 f"{src!r}, which has not answered yet; put {src!r} before {ctx.role!r} in agent_roles or set "
                 "instruction_from to a role that speaks earlier"

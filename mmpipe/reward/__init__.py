@@ -10,10 +10,10 @@ One file per concept, in the order a frame flows::
     parsing.py     tolerant JSON parsing of answers                   (ActionVerdict, ProgressEstimate)
     arithmetic.py  reward modes, weights, scale, progress term        (RewardConfig, combine)
     judge.py       both questions per frame, concurrency, cache       (VLMJudge.judge / judge_many)
-    dataset.py     ds.map(judge.score, batched=True)                  (score_batch)
+    dataset.py     ds.map(judge.score, batched=True)                  (score_batch, FrameScorer)
     env.py         gymnasium-style wrapper, sync or async             (VLMRewardWrapper)
     stats.py       counters and the answer cache                      (JudgeStats, AnswerCache)
-    records.py     the typed records                                  (JudgeResult, StepScore, ...)
+    (mmpipe/records/reward.py: the typed records                     (JudgeResult, StepScore, ...))
 
 Only ``client.py`` needs the optional ``openai`` package (``pip install "mmpipe[judge]"``),
 imported on the first request. Quick check of a server: ``mmpipe judge ping --base-url
@@ -22,13 +22,34 @@ URL --model NAME --image PATH``.
 
 from __future__ import annotations
 
-from mmpipe.reward.arithmetic import MODES, RewardConfig, combine
-from mmpipe.reward.client import JudgeClient
+from mmpipe.reward.arithmetic import (
+    CONFIDENCES,
+    MODES,
+    PROGRESS_TERMS,
+    RewardConfig,
+    action_term,
+    combine,
+    confidence_of,
+    progress_term,
+)
+from mmpipe.reward.client import PIP_HINT, JudgeClient, require_openai
+from mmpipe.reward.dataset import FrameScorer, score_batch
 from mmpipe.reward.env import VLMRewardWrapper
 from mmpipe.reward.frames import EncodedFrame, encode_frame
 from mmpipe.reward.judge import VLMJudge
-from mmpipe.reward.parsing import extract_json, parse_action, parse_progress
-from mmpipe.reward.prompts import ACTION_SCHEMA, PROGRESS_SCHEMA, JudgePrompts
+from mmpipe.reward.parsing import extract_json, parse_action, parse_progress, verdict_probability
+from mmpipe.reward.prompts import (
+    ACTION_SCHEMA,
+    ACTION_SCHEMA_NAME,
+    DEFAULT_ACTION_PROMPT,
+    DEFAULT_PROGRESS_PROMPT,
+    PROGRESS_SCHEMA,
+    PROGRESS_SCHEMA_NAME,
+    JudgePrompts,
+    build_messages,
+    format_primitives,
+    response_format,
+)
 from mmpipe.records.reward import (
     ActionVerdict,
     Answer,
@@ -42,8 +63,11 @@ from mmpipe.records.reward import (
 from mmpipe.reward.stats import AnswerCache, JudgeStats
 
 __all__ = [
-    "ACTION_SCHEMA", "MODES", "PROGRESS_SCHEMA", "ActionVerdict", "Answer", "AnswerCache", "EncodedFrame",
-    "FrameAnswers", "JudgeClient", "JudgePrompts", "JudgeResult", "JudgeStats", "ProgressEstimate", "Reply",
-    "RewardConfig", "RewardParts", "StepScore", "VLMJudge", "VLMRewardWrapper", "combine", "encode_frame",
-    "extract_json", "parse_action", "parse_progress",
+    "ACTION_SCHEMA", "ACTION_SCHEMA_NAME", "CONFIDENCES", "DEFAULT_ACTION_PROMPT", "DEFAULT_PROGRESS_PROMPT", "MODES",
+    "PIP_HINT", "PROGRESS_SCHEMA", "PROGRESS_SCHEMA_NAME", "PROGRESS_TERMS", "ActionVerdict", "Answer", "AnswerCache",
+    "EncodedFrame", "FrameAnswers", "FrameScorer", "JudgeClient", "JudgePrompts", "JudgeResult", "JudgeStats",
+    "ProgressEstimate", "Reply", "RewardConfig", "RewardParts", "StepScore", "VLMJudge", "VLMRewardWrapper",
+    "action_term", "build_messages", "combine", "confidence_of", "encode_frame", "extract_json", "format_primitives",
+    "parse_action", "parse_progress", "progress_term", "require_openai", "response_format", "score_batch",
+    "verdict_probability",
 ]

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+from mmpipe.errors import ArgumentError
 from mmpipe.records.reward import ActionVerdict, ProgressEstimate, RewardParts
 
 RewardMode = Literal["bonus_only", "symmetric", "penalty_only"]
@@ -67,9 +68,9 @@ class RewardConfig:
     def __post_init__(self) -> None:
         for name, allowed in (("mode", MODES), ("progress_term", PROGRESS_TERMS), ("confidence", CONFIDENCES)):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"RewardConfig.{name}: expected one of {allowed}, found {getattr(self, name)!r}")
+                raise ArgumentError(f"RewardConfig.{name}: expected one of {allowed}, found {getattr(self, name)!r}")
         if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"RewardConfig.gamma: expected a discount in [0, 1], found {self.gamma}")
+            raise ArgumentError(f"RewardConfig.gamma: expected a discount in [0, 1], found {self.gamma}")
 
 
 def confidence_of(verdict: ActionVerdict, config: RewardConfig) -> float:

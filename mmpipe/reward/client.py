@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any, Optional
 
+from mmpipe.errors import ArgumentError
 from mmpipe.reward.parsing import verdict_probability
 from mmpipe.records.reward import Reply
 from mmpipe.reward.stats import JudgeStats
@@ -80,7 +81,7 @@ class JudgeClient:
     ):
         require_openai()
         if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
-            raise ValueError(
+            raise ArgumentError(
                 f"JudgeClient: expected max_concurrency >= 1, max_retries >= 0, timeout_s > 0; found "
                 f"{max_concurrency}, {max_retries}, {timeout_s}"
             )

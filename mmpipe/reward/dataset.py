@@ -9,16 +9,25 @@ fewer in flight), and each row gets exactly one result, in order.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Optional, Protocol, Sequence
 
-from mmpipe.records.reward import RESULT_KEYS
-
-if TYPE_CHECKING:
-    from mmpipe.reward.judge import VLMJudge
+from mmpipe.records.reward import RESULT_KEYS, JudgeResult
 
 
-def score_batch(judge: "VLMJudge", batch: dict[str, list]) -> dict[str, list]:
-    """Score one ``datasets`` batch (what `VLMJudge.score` does).
+class FrameScorer(Protocol):
+    """What `score_batch` needs of a judge (`mmpipe.reward.judge.VLMJudge` is one); typed here so
+    this module never imports the judge (the judge imports this module)."""
+
+    columns: dict[str, str]  # {"image", "task", "primitive", "prev_progress"} -> column name
+    output_prefix: str
+
+    def judge_many(self, images: Sequence[Any], primitives: Sequence[Optional[str]],
+                   tasks: Optional[Sequence[Optional[str]]] = None,
+                   prev_progress: Optional[Sequence[Optional[float]]] = None) -> list[JudgeResult]: ...
+
+
+def score_batch(judge: FrameScorer, batch: dict[str, list]) -> dict[str, list]:
+    """Score one ``datasets`` batch (what `VLMJudge.score` does); ``judge`` is any `FrameScorer`.
 
     Reads the judge's ``image_column`` (required; any image value, e.g. a
     ``datasets.Image()`` column), ``task_column``, ``primitive_column`` and

@@ -28,6 +28,7 @@ from typing import Any, Callable, Literal, Optional
 
 import numpy as np
 
+from mmpipe.errors import ArgumentError
 from mmpipe.reward.judge import VLMJudge
 from mmpipe.records.reward import FrameAnswers, StepScore
 
@@ -72,11 +73,11 @@ class VLMRewardWrapper:
         max_pending: int = 64,
     ):
         if mode not in ("sync", "async") or frame not in ("after", "before"):
-            raise ValueError(f"VLMRewardWrapper: expected mode 'sync'|'async' and frame 'after'|'before', "
+            raise ArgumentError(f"VLMRewardWrapper: expected mode 'sync'|'async' and frame 'after'|'before', "
                              f"found mode={mode!r}, frame={frame!r}")
         if eval_frequency < 1 or max_pending < 1:
-            raise ValueError(f"VLMRewardWrapper: expected eval_frequency >= 1 and max_pending >= 1, found "
-                             f"{eval_frequency}, {max_pending}")
+            raise ArgumentError(f"VLMRewardWrapper: expected eval_frequency >= 1 and max_pending >= 1, found "
+                                f"{eval_frequency}, {max_pending}")
         self.env, self.judge, self.mode = env, judge, mode
         self.eval_frequency, self.frame, self.max_pending = int(eval_frequency), frame, int(max_pending)
         self.render_fn = render_fn or (lambda e: e.render())
@@ -109,8 +110,8 @@ class VLMRewardWrapper:
         image = self._render() if evaluate and self.frame == "before" else None
         out = self.env.step(action)
         if len(out) not in (4, 5):
-            raise ValueError(f"VLMRewardWrapper: env.step returned {len(out)} values; expected gymnasium's "
-                             "(obs, reward, terminated, truncated, info) or gym's (obs, reward, done, info)")
+            raise ArgumentError(f"VLMRewardWrapper: env.step returned {len(out)} values; expected gymnasium's "
+                                "(obs, reward, terminated, truncated, info) or gym's (obs, reward, done, info)")
         env_reward, info = out[1], dict(out[-1] or {})
         delivered: list[StepScore] = []
         vlm_reward = 0.0
@@ -150,8 +151,8 @@ class VLMRewardWrapper:
     def _render(self) -> Any:
         image = self.render_fn(self.env)
         if image is None:
-            raise ValueError("VLMRewardWrapper: the render function returned None; create the env with "
-                             "render_mode='rgb_array' or pass render_fn=lambda env: <uint8 [H, W, 3] frame>")
+            raise ArgumentError("VLMRewardWrapper: the render function returned None; create the env with "
+                                "render_mode='rgb_array' or pass render_fn=lambda env: <uint8 [H, W, 3] frame>")
         # Renderers reuse their buffers: take a copy now, encode on the worker.
         return np.array(image, copy=True) if isinstance(image, np.ndarray) else image
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from PIL import Image
 
+from mmpipe.errors import ImageError
 from mmpipe.images.load import load_image
 
 # Formats every OpenAI-compatible VLM server decodes; others are re-encoded as PNG.
@@ -50,7 +51,9 @@ def encode_frame(value: Any, *, where: str = "frame") -> EncodedFrame:
             with Image.open(io.BytesIO(raw)) as im:
                 fmt, size = im.format, im.size
         except OSError as e:  # PIL.UnidentifiedImageError is an OSError
-            raise ValueError(f"{where}: cannot read the image ({type(e).__name__}: {e})") from e
+            raise ImageError(f"cannot read the image ({type(e).__name__}: {e})", where=where,
+                             expected="encoded image bytes (PNG, JPEG, WEBP, GIF, ...)", found=f"{len(raw)} unreadable bytes",
+                             fix="pass a PIL image, a uint8 [H, W, 3] array, a path or valid encoded bytes") from e
         if fmt in _PASS_THROUGH:
             return _frame(raw, _PASS_THROUGH[fmt], size)
         value = raw

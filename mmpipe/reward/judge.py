@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Optional, Sequence
 
+from mmpipe.errors import ArgumentError
 from mmpipe.reward.arithmetic import RewardConfig, combine
 from mmpipe.reward.client import JudgeClient
 from mmpipe.reward.dataset import score_batch
@@ -197,8 +198,8 @@ class VLMJudge:
         n = len(images)
         tasks = list(tasks) if tasks is not None else [None] * n
         if not len(primitives) == len(tasks) == n:
-            raise ValueError(f"ask_many: expected equal lengths, found {n} images, {len(primitives)} primitives, "
-                             f"{len(tasks)} tasks")
+            raise ArgumentError(f"ask_many: expected equal lengths, found {n} images, {len(primitives)} primitives, "
+                                f"{len(tasks)} tasks")
         futures = [self.submit(img, prim, task=task) for img, prim, task in zip(images, primitives, tasks)]
         return [f.result() for f in futures]
 

@@ -16,6 +16,8 @@ import string
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Union
 
+from mmpipe.errors import ArgumentError
+
 DEFAULT_ACTION_PROMPT = """You are evaluating a robot's action selection for a manipulation task.
 
 Task: {task}
@@ -113,11 +115,11 @@ class JudgePrompts:
             try:
                 names = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
             except ValueError as e:
-                raise ValueError(f"JudgePrompts.{kind}: not a valid str.format template ({e}); "
-                                 "write literal braces as '{{' and '}}'") from e
+                raise ArgumentError(f"JudgePrompts.{kind}: not a valid str.format template ({e}); "
+                                    "write literal braces as '{{' and '}}'") from e
             unknown = names - _FIELDS[kind]
             if unknown:
-                raise ValueError(
+                raise ArgumentError(
                     f"JudgePrompts.{kind}: unknown field(s) {sorted(unknown)}; expected a subset of "
                     f"{sorted(_FIELDS[kind])}; write literal braces as '{{{{' and '}}}}'"
                 )

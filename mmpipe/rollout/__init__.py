@@ -1,0 +1,47 @@
+"""The rollout half: encoded rows -> a rollout engine -> per-sample training rows.
+
+Steps, in the order data flows (one module each)::
+
+    inputs.py               rows / batch -> vLLM prompts (one pad per image) or ``generate`` kwargs
+    images.py               a stored row's images rebuilt for the engine + vLLM's mm_processor_kwargs
+    data_parallel.py        pad a batch to a multiple of the data-parallel size, trim outputs back
+    transformers_engine.py  engine over any transformers model; teacher-forced logprobs
+    vllm_engine.py          engine over ``vllm.LLM`` (vLLM imported lazily, inside generate)
+    results.py              engine outputs -> one `RolloutSample` per completion
+    multiturn.py            multi-turn appends: response, then observation turns with new images
+    multiturn_batch.py      `MultiTurnBatch`: B conversations in one agent loop
+    packers.py              cosmos-rl style `DataPacker` s (dataset item -> rollout -> policy batch)
+
+Placeholder collapse/expand (training ids <-> one pad per image) is the encoding stage's
+(`mmpipe.encoding`). The records these steps speak (`Generation`, `Completion`, `SamplingParams`, `RolloutSample`,
+`Conversation`) live in `mmpipe.records`; multi-agent (ReMA) rollouts are `mmpipe.rema`.
+
+    prompts = to_vllm_prompts(rows, processor)                 # inputs
+    gens = VLLMEngine(llm, processor=processor).generate(rows) # engine
+    samples = unbatch_rollout(rows, gens)                      # results
+"""
+
+from mmpipe.rollout.data_parallel import pad_to_multiple, trim
+from mmpipe.rollout.images import row_images, row_video_frames, vision_spec_for, vllm_processor_kwargs
+from mmpipe.rollout.inputs import as_rows, to_generate_kwargs, to_vllm_prompts
+from mmpipe.rollout.multiturn import (
+    Conversation,
+    append_messages,
+    append_observation,
+    append_response,
+    conversation_encoder,
+    start,
+)
+from mmpipe.rollout.multiturn_batch import MultiTurnBatch
+from mmpipe.rollout.packers import DataPacker, DecoderOnlyLLMDataPacker, QwenVLDataPacker
+from mmpipe.rollout.results import unbatch_rollout
+from mmpipe.rollout.transformers_engine import TransformersEngine, teacher_forced_logprobs
+from mmpipe.rollout.vllm_engine import VLLMEngine, generation_from_request_output
+
+__all__ = [
+    "to_vllm_prompts", "to_generate_kwargs", "as_rows", "row_images", "row_video_frames", "vision_spec_for", "vllm_processor_kwargs",
+    "pad_to_multiple", "trim", "TransformersEngine", "teacher_forced_logprobs", "VLLMEngine",
+    "generation_from_request_output", "unbatch_rollout", "Conversation", "start", "conversation_encoder",
+    "append_response", "append_observation", "append_messages", "MultiTurnBatch", "DataPacker",
+    "DecoderOnlyLLMDataPacker", "QwenVLDataPacker",
+]

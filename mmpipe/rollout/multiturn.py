@@ -21,25 +21,27 @@ tokens and the generation prompt are never trained on.
     conv = append_observation(conv, [{"type": "image"}, {"type": "text", "text": "page 3"}], images=[page])
     conv.row                                                      # a MultiModalInputs, ready to collate
 
-`MultiTurnBatch` keeps B conversations for the loop: which are still active, their rows
-for the rollout engine, and every result under its original index.
+`mmpipe.rollout.multiturn_batch.MultiTurnBatch` keeps B conversations for the loop: which
+are still active, their rows for the rollout engine, and every result under its original index.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.encoding.encoder import Encoder, parse_row
+from mmpipe.encoding.encoder import Encoder
+from mmpipe.encoding.parse import parse_row
+from mmpipe.encoding.placeholders import expand_image_pads
+from mmpipe.errors import ArgumentError, InputError, ParseError, PlaceholderError
 from mmpipe.images.pixels import encode_image, image_grid, u8_to_pixel_values
 from mmpipe.records.columns import IGNORE_INDEX
-from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.conversation import Conversation
 
-__all__ = ["Conversation", "MultiTurnBatch", "start", "append_response", "append_observation", "append_messages"]
+__all__ = ["Conversation", "start", "conversation_encoder", "append_response", "append_observation", "append_messages"]
 
 
 # ---- start -------------------------------------------------------------------------------
@@ -52,22 +54,26 @@ def start(raw_row: dict, processor, *, index: Any = None, **encode_options) -> C
     ``conv.num_tokens``); only ``truncation="raise"`` is allowed, since cutting a prompt
     would cut its generation prompt.
     """
-    enc = _encoder(processor, encode_options)
+    enc = conversation_encoder(processor, encode_options)
     messages, images = parse_row(raw_row, idx=index, images_column=enc.images_column)
     row = enc.encode_row(raw_row, index)
     return Conversation(row=row, messages=tuple(messages), images=tuple(images),
                         text=enc.render(messages, True), encoder=enc, index=index)
 
 
-def _encoder(processor, options: dict) -> Encoder:
+def conversation_encoder(processor, options: dict) -> Encoder:
+    """The `Encoder` a multi-turn loop appends with: ``processor`` (a processor / tokenizer,
+    built with ``options``, or an `Encoder`, then no options) with the generation prompt on.
+    Raises `ArgumentError` for options next to an Encoder or a truncation other than "raise"."""
     if isinstance(processor, Encoder):
         if options:
-            raise ValueError(f"pass encode options ({sorted(options)}) to the Encoder, not to start()")
+            raise ArgumentError(f"pass encode options ({sorted(options)}) to the Encoder, not to start(); "
+                                "start() accepts options only with a processor")
         enc = processor
     else:
         enc = Encoder(processor, **options)
     if enc.truncation != "raise":
-        raise ValueError(
+        raise ArgumentError(
             f"multi-turn conversations need truncation='raise' (got {enc.truncation!r}): cutting or dropping "
             "a prompt would cut its generation prompt; filter long prompts before the loop"
         )
@@ -97,53 +103,28 @@ def append_response(conv: Conversation, response=None, *, text: Optional[str] = 
     ``<|im_end|>\\n`` is added. Added tokens get label -100: the model did not sample them,
     so they have no rollout log-probability and are not trained on.
 
-    Raises ValueError (naming the conversation) when the conversation is done, does not
-    end with a generation prompt, the ids hold image/video pad tokens (they would be read
-    as image slots without an image), or the template does not render the reply verbatim.
+    Raises `InputError` (naming the conversation) when the conversation is done or does not
+    end with a generation prompt, `PlaceholderError` when the ids hold image/video pad tokens
+    (they would be read as image slots without an image), `InputError` (stage "template")
+    when the template does not render the reply verbatim.
     """
     _check_open(conv, "a response")
     if not conv.awaiting_response:
-        raise ValueError(
-            f"{conv.where}: the last turn is closed (no generation prompt); a response can only follow a prompt "
-            "or an observation appended with add_generation_prompt=True"
+        raise InputError(
+            "the last turn is closed (no generation prompt); a response can only follow a prompt "
+            "or an observation appended with add_generation_prompt=True", where=conv.where, row=conv.index,
+            stage="rollout", fix="append an observation with add_generation_prompt=True first",
         )
     if (response is None) == (text is None):
-        raise ValueError(f"{conv.where}: pass exactly one of response ids or text=")
-    tok = conv.encoder.tokenizer
+        raise ArgumentError(f"{conv.where}: pass exactly one of response ids or text= (got "
+                            f"{'both' if text is not None else 'neither'})")
     if text is None:
         if hasattr(response, "token_ids"):  # a generation.Completion
             finish_reason = finish_reason or getattr(response, "finish_reason", None)
             response = response.token_ids
-        ids = np.asarray(list(response), dtype=np.int64)
-        _refuse_vision_tokens(conv, ids)
-        close = _end_of_turn(conv)  # e.g. "<|im_end|>\n"
-        last = tok.convert_ids_to_tokens(int(ids[-1])) if len(ids) else None
-        ended = last is not None and last in _added_tokens(tok) and close.startswith(last)
-        content_ids = ids[:-1] if ended else ids
-        content = tok.decode(content_ids.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        messages = conv.messages + ({"role": "assistant", "content": content},)
-        full = _render_checked(conv, messages, False, "the response")
-        if full != conv.text + content + close:
-            raise ValueError(
-                f"{conv.where}: the chat template does not render the reply verbatim followed by {close!r} "
-                f"(it rendered {full[len(conv.text):]!r:.120}); re-encode the whole conversation with "
-                "mmpipe.encode_row instead of appending"
-            )
-        added = close[len(last):] if ended else close
-        close_ids, _ = _tokenize_suffix(conv, full[: len(full) - len(added)], added, "the end of the turn")
-        new_ids = np.concatenate([ids, close_ids]).astype(np.int64)
-        labels = np.concatenate([ids, np.full(len(close_ids), IGNORE_INDEX, np.int64)])
-        n_resp = len(ids)
+        new_ids, labels, n_resp, full, messages = _response_from_ids(conv, np.asarray(list(response), dtype=np.int64))
     else:
-        messages = conv.messages + ({"role": "assistant", "content": text},)
-        full = _render_checked(conv, messages, False, "the response")
-        suffix = full[len(conv.text):]
-        new_ids, starts = _tokenize_suffix(conv, conv.text, suffix, "the response")
-        _refuse_vision_tokens(conv, new_ids)
-        # the same rule as Encoder._assistant_spans: up to the end-of-turn token, not the "\n" after it
-        end = len(suffix.rstrip("\n "))
-        labels = np.where(starts < end, new_ids, IGNORE_INDEX).astype(np.int64)
-        n_resp = int((starts < end).sum())
+        new_ids, labels, n_resp, full, messages = _response_from_text(conv, text)
     L = conv.num_tokens
     out = _extend(conv, new_ids, labels, [], [], full, messages, awaiting=False, images_added=())
     out = replace(out, response_spans=conv.response_spans + ((L, L + n_resp),))
@@ -152,27 +133,71 @@ def append_response(conv: Conversation, response=None, *, text: Optional[str] = 
     return out
 
 
+def _response_from_ids(conv: Conversation, ids: np.ndarray):
+    """Generated ids int64 [n] -> (ids + end-of-turn ids, labels, n response tokens, rendered
+    text, messages). The ids are kept as generated and all labelled; the end-of-turn text
+    the model did not produce is tokenized in context and gets label -100."""
+    tok = conv.encoder.tokenizer
+    _refuse_vision_tokens(conv, ids)
+    close = _end_of_turn(conv)  # e.g. "<|im_end|>\n"
+    last = tok.convert_ids_to_tokens(int(ids[-1])) if len(ids) else None
+    ended = last is not None and last in _added_tokens(tok) and close.startswith(last)
+    content_ids = ids[:-1] if ended else ids
+    content = tok.decode(content_ids.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    messages = conv.messages + ({"role": "assistant", "content": content},)
+    full = _render_checked(conv, messages, False, "the response")
+    if full != conv.text + content + close:
+        raise InputError(
+            f"the chat template does not render the reply verbatim followed by {close!r} "
+            f"(it rendered {full[len(conv.text):]!r:.120})", where=conv.where, row=conv.index, stage="template",
+            fix="re-encode the whole conversation with mmpipe.encode_row instead of appending",
+        )
+    added = close[len(last):] if ended else close
+    close_ids, _ = _tokenize_suffix(conv, full[: len(full) - len(added)], added, "the end of the turn")
+    new_ids = np.concatenate([ids, close_ids]).astype(np.int64)
+    labels = np.concatenate([ids, np.full(len(close_ids), IGNORE_INDEX, np.int64)])
+    return new_ids, labels, len(ids), full, messages
+
+
+def _response_from_text(conv: Conversation, text: str):
+    """A reply as text -> (its ids in context, labels, n response tokens, rendered text,
+    messages): labels up to and including the end-of-turn token, as encoding it whole gives."""
+    messages = conv.messages + ({"role": "assistant", "content": text},)
+    full = _render_checked(conv, messages, False, "the response")
+    suffix = full[len(conv.text):]
+    new_ids, starts = _tokenize_suffix(conv, conv.text, suffix, "the response")
+    _refuse_vision_tokens(conv, new_ids)
+    # the same rule as Encoder._assistant_spans: up to the end-of-turn token, not the "\n" after it
+    end = len(suffix.rstrip("\n "))
+    labels = np.where(starts < end, new_ids, IGNORE_INDEX).astype(np.int64)
+    return new_ids, labels, int((starts < end).sum()), full, messages
+
+
 def _end_of_turn(conv: Conversation) -> str:
     """The text the chat template puts after an assistant reply (found with a probe reply)."""
     probe = "\x00mmpipe-probe\x00"
     full = conv.encoder.render(list(conv.messages) + [{"role": "assistant", "content": probe}], False)
     if full.find(probe) != len(conv.text) or not full.startswith(conv.text):
-        raise ValueError(
-            f"{conv.where}: the chat template does not render an assistant reply right after the generation "
-            "prompt; re-encode the whole conversation with mmpipe.encode_row instead of appending"
+        raise InputError(
+            "the chat template does not render an assistant reply right after the generation prompt",
+            where=conv.where, row=conv.index, stage="template",
+            fix="re-encode the whole conversation with mmpipe.encode_row instead of appending",
         )
     return full[len(conv.text) + len(probe):]
 
 
 def _refuse_vision_tokens(conv: Conversation, ids: np.ndarray) -> None:
+    """Raise `PlaceholderError` when generated ids hold image/video pad tokens."""
     enc = conv.encoder
     for tid, name in ((enc.image_token_id, "image"), (enc.video_token_id, "video")):
         if tid is not None and (ids == tid).any():
-            raise ValueError(
-                f"{conv.where}: the response holds {int((ids == tid).sum())} {name} pad token(s) "
+            raise PlaceholderError(
+                f"the response holds {int((ids == tid).sum())} {name} pad token(s) "
                 f"({enc.family.image_token if name == 'image' else enc.family.video_token}); the model would read "
-                f"them as {name} slots with no {name} ('Image features and image tokens do not match'). Ban vision "
-                "tokens at sampling (bad words / logits processor) or end this conversation with mark_done"
+                f"them as {name} slots with no {name} ('Image features and image tokens do not match')",
+                where=conv.where, row=conv.index, column="input_ids",
+                fix="ban vision tokens at sampling (bad words / logits processor) or end this conversation "
+                "with mark_done",
             )
 
 
@@ -209,43 +234,51 @@ def append_messages(conv: Conversation, messages: Sequence[dict], images: Sequen
     """
     _check_open(conv, "messages")
     if conv.awaiting_response:
-        raise ValueError(
-            f"{conv.where}: the row ends with a generation prompt waiting for the model's reply; append the "
-            "response (append_response) before the next observation"
+        raise InputError(
+            "the row ends with a generation prompt waiting for the model's reply", where=conv.where,
+            row=conv.index, stage="rollout",
+            fix="append the response (append_response) before the next observation",
         )
     roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
     if not messages or "assistant" in roles or None in roles:
-        raise ValueError(
-            f"{conv.where}: expected a non-empty list of non-assistant messages, found roles {roles}; "
-            "append model replies with append_response"
+        raise ParseError(
+            "messages to append", where=conv.where, row=conv.index, stage="rollout", column="messages",
+            expected="a non-empty list of non-assistant messages", found=f"roles {roles}",
+            fix="append model replies with append_response",
         )
     enc = conv.encoder
     new_msgs, new_images = parse_row({"messages": list(messages), enc.images_column: list(images)},
                                      idx=conv.index, images_column=enc.images_column)
     if new_images and not enc.family.is_vision:
-        raise ValueError(f"{conv.where}: the observation holds {len(new_images)} image(s) but the model is text-only")
+        raise PlaceholderError(
+            f"the observation holds {len(new_images)} image(s) but the model is text-only", where=conv.where,
+            row=conv.index, column="images", fix="send text-only observations to a text model",
+        )
     all_msgs = conv.messages + tuple(new_msgs)
     full = _render_checked(conv, all_msgs, add_generation_prompt, "the observation")
     ids, _ = _tokenize_suffix(conv, conv.text, full[len(conv.text):], "the observation")
-    ids, grids, blocks = _expand_images(conv, ids, new_images)
+    ids, grids, blocks = _add_images(conv, ids, new_images)
     labels = np.full(ids.shape, IGNORE_INDEX, np.int64)
     return _extend(conv, ids, labels, grids, blocks, full, all_msgs, awaiting=add_generation_prompt,
                    images_added=tuple(new_images))
 
 
-def _expand_images(conv: Conversation, ids: np.ndarray, images: Sequence):
-    """One pad id per image -> t*h*w/merge^2 ids; encode the images (the row's pixel format)."""
+def _add_images(conv: Conversation, ids: np.ndarray, images: Sequence):
+    """Encode the new turn's images (the row's pixel format) and expand each one's pad id to
+    its t*h*w/merge^2 ids (`mmpipe.encoding.placeholders`) -> (ids int64 [n], grids, pixel blocks)."""
     enc, fam = conv.encoder, conv.encoder.family
     if not fam.is_vision:
         return ids, [], []
     pad_pos = np.flatnonzero(ids == enc.image_token_id)
     if len(pad_pos) != len(images):
-        raise ValueError(
-            f"{conv.where}: the new turn renders {len(pad_pos)} {fam.image_token} token(s) for {len(images)} "
-            f"image(s); give one image per placeholder (does the text hold a literal {fam.image_token}?)"
+        raise PlaceholderError(
+            f"the new turn renders {len(pad_pos)} {fam.image_token} token(s) for {len(images)} image(s)",
+            where=conv.where, stage="rollout", column="messages",
+            fix=f"give one image per placeholder (does the text hold a literal {fam.image_token}?)",
         )
     if (ids == enc.video_token_id).any():
-        raise ValueError(f"{conv.where}: the new turn holds {fam.video_token}; videos cannot be appended yet")
+        raise ParseError(f"the new turn holds {fam.video_token}; videos cannot be appended yet",
+                         where=conv.where, stage="rollout", column="messages")
     grids, blocks = [], []
     first = conv.row.num_images
     for k, img in enumerate(images):
@@ -258,31 +291,33 @@ def _expand_images(conv: Conversation, ids: np.ndarray, images: Sequence):
             blocks.append(u8 if enc.pixels == "uint8" else
                           u8_to_pixel_values(u8, enc.lut(), enc.spec.temporal_patch_size))
     if grids:
-        reps = np.ones(ids.shape, np.int64)
-        reps[pad_pos] = np.prod(np.asarray(grids, np.int64), axis=1) // fam.merge_size**2
-        ids = np.repeat(ids, reps)
+        ids, = expand_image_pads(ids, pad_pos, grids, fam)
     return ids, grids, blocks
 
 
 # ---- shared machinery --------------------------------------------------------------------
 def _check_open(conv: Conversation, what: str) -> None:
+    """Raise `InputError` when ``conv`` is done (nothing may be appended to it)."""
     if conv.done:
-        raise ValueError(
-            f"{conv.where} is done (finish_reason={conv.finish_reason!r}); cannot append {what}. "
-            "Loop over MultiTurnBatch.active() to skip finished conversations"
+        raise InputError(
+            f"{conv.where} is done (finish_reason={conv.finish_reason!r}); cannot append {what}", where="",
+            row=conv.index, stage="rollout", fix="loop over MultiTurnBatch.active() to skip finished conversations",
         )
 
 
 def _render_checked(conv: Conversation, messages: Sequence[dict], agp: bool, what: str) -> str:
+    """The chat text of ``messages``; `InputError` (stage "template") unless the text so far
+    is its prefix."""
     full = conv.encoder.render(list(messages), agp)
     if not full.startswith(conv.text):
         at = next((i for i, (a, b) in enumerate(zip(full, conv.text)) if a != b), min(len(full), len(conv.text)))
-        raise ValueError(
-            f"{conv.where}: with {what} appended, the chat template re-renders earlier text (first difference "
+        raise InputError(
+            f"with {what} appended, the chat template re-renders earlier text (first difference "
             f"at character {at}: {conv.text[at:at + 40]!r} became {full[at:at + 40]!r}), so the tokens so far "
             "are no longer a prefix of the conversation. Templates do this when they merge consecutive tool "
             "messages (pass them in one append_messages call) or rewrite earlier assistant turns (e.g. strip "
-            "reasoning); re-encode the whole conversation with mmpipe.encode_row instead"
+            "reasoning)", where=conv.where, row=conv.index, stage="template",
+            fix="re-encode the whole conversation with mmpipe.encode_row instead",
         )
     return full
 
@@ -314,17 +349,22 @@ def _tokenize_suffix(conv: Conversation, before: str, suffix: str, what: str):
     head = tok(tail, add_special_tokens=False)["input_ids"] if tail else []
     n = len(head)
     if ids[:n] != head:
-        raise ValueError(
-            f"{conv.where}: {what} merges with the text before it into one token ({tail[-20:]!r} + "
-            f"{suffix[:20]!r}); appending would disagree with encoding the whole conversation. Start the "
-            "appended text at a token boundary, or append the generated ids (append_response(ids)) instead of text"
+        raise InputError(
+            f"{what} merges with the text before it into one token ({tail[-20:]!r} + "
+            f"{suffix[:20]!r}); appending would disagree with encoding the whole conversation",
+            where=conv.where, row=conv.index, stage="template",
+            fix="start the appended text at a token boundary, or append the generated ids (append_response(ids)) "
+            "instead of text",
         )
     starts = np.asarray([s for s, _ in offs[n:]], np.int64).reshape(-1) - len(tail)
     return np.asarray(ids[n:], np.int64), starts
 
 
 def _extend(conv: Conversation, ids, labels, grids, blocks, text, messages, *, awaiting, images_added):
-    """Concatenate new tokens (and images) onto the row; positions continue after the max."""
+    """Concatenate new tokens (and images) onto the row; positions continue after the max.
+
+    ids / labels: int64 [n] new tokens; grids: int [k, 3] new image grids; blocks: their pixel
+    rows (the encoder's pixel format). Returns the new `Conversation`."""
     from mmpipe.rope import get_rope_index
 
     row, fam = conv.row, conv.encoder.family
@@ -352,78 +392,3 @@ def _extend(conv: Conversation, ids, labels, grids, blocks, text, messages, *, a
         setattr(new, name, np.concatenate([getattr(row, name), *blocks]))
     return replace(conv, row=new, text=text, messages=tuple(messages), awaiting_response=awaiting,
                    images=conv.images + tuple(images_added))
-
-
-# ---- the batch-level loop ------------------------------------------------------------------
-@dataclass
-class MultiTurnBatch:
-    """B conversations in an agent loop; every row keeps its original index.
-
-        batch = MultiTurnBatch.start(raw_rows, processor)
-        while batch.active_indices:
-            idx = batch.active_indices
-            gens = engine.generate(batch.active_rows(), params)     # one Generation per active row
-            for i, g in zip(idx, gens):
-                c = g.completions[0]
-                batch.append_response(i, c, done=not wants_tool(c))
-            for i, conv in batch.active():                          # still running: tool turn
-                content, images = search(conv)
-                batch.append_observation(i, content, images)
-        rows = batch.rows()                                         # B rows, original order
-
-    Finished conversations are never touched again: their rows stay as they were.
-    """
-
-    conversations: list = field(default_factory=list)
-
-    @classmethod
-    def start(cls, raw_rows: Sequence[dict], processor, **encode_options) -> "MultiTurnBatch":
-        """Encode every raw row as a first prompt (one shared `Encoder`)."""
-        enc = _encoder(processor, encode_options)
-        return cls([start(r, enc, index=i) for i, r in enumerate(raw_rows)])
-
-    def __len__(self) -> int:
-        return len(self.conversations)
-
-    def __getitem__(self, i: int) -> Conversation:
-        return self.conversations[i]
-
-    @property
-    def active_indices(self) -> list[int]:
-        """Original indices of the conversations still running, ascending."""
-        return [i for i, c in enumerate(self.conversations) if not c.done]
-
-    def active(self) -> list[tuple[int, Conversation]]:
-        """(original index, conversation) for each running conversation, ascending."""
-        return [(i, c) for i, c in enumerate(self.conversations) if not c.done]
-
-    def active_rows(self) -> list[MultiModalInputs]:
-        """The running conversations' rows in `active_indices` order (the engine's prompts)."""
-        return [c.row for c in self.conversations if not c.done]
-
-    def mark_done(self, i: int, reason: str = "stop") -> None:
-        """End conversation ``i`` (original index); its row is final."""
-        self.conversations[i] = replace(self._get(i), done=True, finish_reason=reason)
-
-    def append_response(self, i: int, response=None, **kwargs) -> Conversation:
-        """`append_response` on conversation ``i`` (original index)."""
-        self.conversations[i] = append_response(self._get(i), response, **kwargs)
-        return self.conversations[i]
-
-    def append_observation(self, i: int, content, images: Sequence = (), **kwargs) -> Conversation:
-        """`append_observation` on conversation ``i`` (original index)."""
-        self.conversations[i] = append_observation(self._get(i), content, images, **kwargs)
-        return self.conversations[i]
-
-    def rows(self) -> list[MultiModalInputs]:
-        """All B rows in original order (finished early or not)."""
-        return [c.row for c in self.conversations]
-
-    @property
-    def finish_reasons(self) -> list[Optional[str]]:
-        return [c.finish_reason for c in self.conversations]
-
-    def _get(self, i: int) -> Conversation:
-        if not 0 <= i < len(self.conversations):
-            raise IndexError(f"conversation {i}: this batch holds conversations 0..{len(self.conversations) - 1}")
-        return self.conversations[i]

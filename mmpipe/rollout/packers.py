@@ -23,6 +23,7 @@ import numpy as np
 
 from mmpipe.batching.collate import collate
 from mmpipe.encoding.encoder import Encoder
+from mmpipe.errors import ArgumentError
 from mmpipe.records.generation import Completion
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.row import MultiModalInputs
@@ -71,6 +72,7 @@ class DataPacker:
         return row
 
     def rollout_collate_fn(self, items: Sequence[MultiModalInputs]) -> list[MultiModalInputs]:
+        """Rollout inputs -> what the engine takes: the encoded prompt rows as a list."""
         return list(items)
 
     # ---- rollout -> policy -------------------------------------------------------------
@@ -104,6 +106,7 @@ class DataPacker:
         return row
 
     def policy_compute_max_len(self, processed_samples: Sequence[MultiModalInputs]) -> int:
+        """Length to pad the policy batch to: the longest policy row's token count."""
         return max(r.num_tokens for r in processed_samples)
 
     def policy_collate_fn(self, processed_samples: Sequence[MultiModalInputs], computed_max_len: int) -> dict[str, Any]:
@@ -137,4 +140,7 @@ class QwenVLDataPacker(DataPacker):
     def __init__(self, processor, **kw):
         super().__init__(processor, **kw)
         if not self.encoder.family.is_vision:
-            raise ValueError("QwenVLDataPacker needs a Qwen-VL processor; use DecoderOnlyLLMDataPacker for text models")
+            raise ArgumentError(
+                f"QwenVLDataPacker needs a Qwen-VL processor (one of the vision families), got a "
+                f"{self.encoder.family.name!r} one; use DecoderOnlyLLMDataPacker for text models"
+            )

@@ -49,6 +49,9 @@ class TransformersEngine:
         self.see_images = see_images
 
     def generate(self, rows: Sequence, params: SamplingParams = SamplingParams()) -> list[Generation]:
+        """rows: prompt `MultiModalInputs` or stored dicts; returns one `Generation` per row, in
+        order, each with ``params.n`` completions (generated ids up to and including the first
+        stop token; per-token logprobs float when ``params.logprobs``)."""
         import torch
 
         recs = [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(rows)]

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from mmpipe.errors import InputError, PlaceholderError
 from mmpipe.families import family_of
 from mmpipe.records.generation import Completion, Generation, SamplingParams
 from mmpipe.images.spec import VisionSpec
@@ -43,10 +44,10 @@ def _check_prompt_ids(got, want, prompt_index: int) -> None:
         else "vLLM computed other image grids or tokens: pass the prompt's mm_processor_kwargs from "
         "to_vllm_prompts and serve the checkpoint whose processor encoded the rows"
     )
-    raise ValueError(
-        f"prompt {prompt_index}: vLLM's prompt_token_ids ({len(got)} tokens) differ from the row's "
-        f"training input_ids ({len(want)} tokens) from position {at} "
-        f"(vLLM {got[at:at + 3]} vs row {want[at:at + 3]}); {hint}"
+    raise PlaceholderError(
+        f"vLLM's prompt_token_ids ({len(got)} tokens) differ from the row's training input_ids "
+        f"({len(want)} tokens) from position {at}", where=f"prompt {prompt_index}", row=prompt_index,
+        column="input_ids", expected=f"row {want[at:at + 3]}", found=f"vLLM {got[at:at + 3]}", fix=hint,
     )
 
 
@@ -55,9 +56,10 @@ def _sampled_logprob(entry: Any, token: int, where: str) -> float:
     lp = entry.get(token) if hasattr(entry, "get") else None
     if lp is None:
         keys = list(entry)[:5] if entry is not None else None
-        raise ValueError(
-            f"{where}: the sampled token {token} is missing from vLLM's logprobs (keys {keys}); "
-            "vLLM always includes the sampled token when SamplingParams.logprobs >= 0"
+        raise InputError(
+            f"the sampled token {token} is missing from vLLM's logprobs (keys {keys})", where=where,
+            stage="rollout", column="logprobs",
+            fix="vLLM always includes the sampled token when SamplingParams.logprobs >= 0: pass vLLM's own outputs",
         )
     return float(getattr(lp, "logprob", lp))
 
@@ -84,7 +86,10 @@ def generation_from_request_output(req, prompt_index: int, *, expected_prompt_id
         if getattr(c, "logprobs", None) is not None:
             where = f"prompt {prompt_index}, completion {k}"
             if len(c.logprobs) != len(ids):
-                raise ValueError(f"{where}: {len(c.logprobs)} logprob entries for {len(ids)} generated tokens")
+                raise InputError(
+                    f"{len(c.logprobs)} logprob entries for {len(ids)} generated tokens", where=where,
+                    stage="rollout", column="logprobs", fix="pass vLLM's RequestOutput unchanged",
+                )
             lps = [_sampled_logprob(c.logprobs[j], t, f"{where}, token {j}") for j, t in enumerate(ids)]
         reason = getattr(c, "finish_reason", None)
         completions.append(Completion(
@@ -149,7 +154,10 @@ class VLLMEngine:
         prompts = to_vllm_prompts(recs, self.spec if self.spec is not None else self.family)
         outputs = list(self.llm.generate(prompts, self.sampling_params(params), use_tqdm=False))
         if len(outputs) != len(prompts):
-            raise ValueError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
+            raise InputError(
+                f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts", where="", stage="rollout",
+                expected="one RequestOutput per prompt, in order", fix="check the llm object's generate()",
+            )
         return [
             generation_from_request_output(o, i, expected_prompt_ids=recs[i].input_ids if self.check_prompt_ids else None)
             for i, o in enumerate(outputs)

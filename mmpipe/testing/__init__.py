@@ -7,7 +7,8 @@ Library code never imports this package; it imports `mmpipe.offline` where it ne
 offline processor or model (the demo, ``load_processor("testing:FAMILY")``).
 """
 
-from mmpipe.offline.fixtures import *  # noqa: F401,F403  (the fixtures' __all__)
-from mmpipe.offline.fixtures import __all__ as _FIXTURES
+from mmpipe.offline import *  # noqa: F401,F403  (the fixtures' __all__)
+from mmpipe.offline import __all__ as _FIXTURES
+from mmpipe.testing import invariants  # noqa: E402  (the harness: mmpipe.testing.invariants)
 
-__all__ = list(_FIXTURES)
+__all__ = list(_FIXTURES) + ["invariants"]

@@ -21,7 +21,9 @@ import io
 
 import numpy as np
 
-from mmpipe.view.display import _as_row, image_thumbnails, media_colour, token_spans
+from mmpipe.view.images import image_thumbnails, media_colour
+from mmpipe.view.spans import token_spans
+from mmpipe.view.summary import as_row
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.batch import BatchedMultiModalInputs
@@ -43,7 +45,7 @@ def _row_of(obj, index: int = 0) -> MultiModalInputs:
         return unbatch(obj)[index]
     if isinstance(obj, RolloutSample):
         return obj.to_row()
-    return _as_row(obj)
+    return as_row(obj)
 
 
 _FIGURE_CLASS = None
@@ -84,7 +86,7 @@ def plot_positions(row_or_batch, *, index: int = 0, ax=None):
         ax: draw into this matplotlib Axes instead of a new figure.
 
     One line per axis (``ax.lines[0..2]`` hold x = token index, y = ``position_ids[0..2]``
-    exactly); each image's (video's) tokens are shaded in its colour from `mmpipe.view.display`
+    exactly); each image's (video's) tokens are shaded in its colour from `mmpipe.view.images.media_colour`
     and labelled; trained tokens (labels != -100) are marked by a bar under the axis.
     Returns the Figure.
     """
@@ -128,7 +130,7 @@ def plot_image_grid(row, image_index: int = 0, *, ax=None, spec=None, labels="au
 
     Args:
         row: a `MultiModalInputs`, stored row dict or `RolloutSample`.
-        spec: a `VisionSpec` or processor for float32 rows (see `mmpipe.view.display.image_thumbnails`).
+        spec: a `VisionSpec` or processor for float32 rows (see `mmpipe.view.images.image_thumbnails`).
         labels: True, False or "auto" (label cells when the image has at most
             `MAX_CELL_LABELS` tokens).
 
@@ -157,26 +159,11 @@ def plot_image_grid(row, image_index: int = 0, *, ax=None, spec=None, labels="au
         ax.add_patch(Rectangle((0, 0), W, H, facecolor="#e6e6e6", edgecolor="#888", hatch="//"))
         ax.text(W / 2, H / 2, "no pixels stored\n(layout-only row)", ha="center", va="center", fontsize=9)
         note = " · layout only"
-    cell = p * m
     rows_m, cols_m = gh // m, gw // m
-    # patch boundaries inside each token cell: thin; token cells (merge x merge patches): bold
-    inner_x = [x for x in range(p, W, p) if x % cell]
-    inner_y = [y for y in range(p, H, p) if y % cell]
-    ax.vlines(inner_x, 0, H, colors=colour, lw=0.4, alpha=0.5)
-    ax.hlines(inner_y, 0, W, colors=colour, lw=0.4, alpha=0.5)
-    ax.vlines(np.arange(0, W + 1, cell), 0, H, colors=colour, lw=1.0)
-    ax.hlines(np.arange(0, H + 1, cell), 0, W, colors=colour, lw=1.0)
     n_tok = rows_m * cols_m
-    show = (n_tok <= MAX_CELL_LABELS) if labels == "auto" else bool(labels)
-    if show:
-        pos = np.asarray(row.position_ids)
-        size = max(4.0, min(9.0, 60.0 / max(rows_m, cols_m)))
-        for i in range(rows_m):
-            for j in range(cols_m):
-                k = span.start + i * cols_m + j  # tokens follow the merged grid row by row
-                ax.text((j + 0.5) * cell, (i + 0.5) * cell, f"#{k}\n({pos[0, k]},{pos[1, k]},{pos[2, k]})",
-                        ha="center", va="center", fontsize=size, color="white",
-                        bbox=dict(boxstyle="round,pad=0.15", fc="black", alpha=0.45, lw=0))
+    _draw_token_grid(ax, W, H, p, m, colour)
+    if (n_tok <= MAX_CELL_LABELS) if labels == "auto" else bool(labels):
+        _label_token_cells(ax, np.asarray(row.position_ids), span.start, rows_m, cols_m, p * m)
     ax.set_xlim(0, W)
     ax.set_ylim(H, 0)
     ax.set_aspect("equal")
@@ -185,3 +172,26 @@ def plot_image_grid(row, image_index: int = 0, *, ax=None, spec=None, labels="au
     ax.set_title(f"image {image_index} · grid {t}×{gh}×{gw} · {n_tok} tokens #{span.start}–#{span.end - 1} · "
                  f"{W}×{H} px{note}", fontsize=9)
     return fig
+
+
+def _draw_token_grid(ax, W: int, H: int, p: int, m: int, colour: str) -> None:
+    """Patch boundaries inside each token cell thin, token cells (merge x merge patches) bold."""
+    cell = p * m
+    inner_x = [x for x in range(p, W, p) if x % cell]
+    inner_y = [y for y in range(p, H, p) if y % cell]
+    ax.vlines(inner_x, 0, H, colors=colour, lw=0.4, alpha=0.5)
+    ax.hlines(inner_y, 0, W, colors=colour, lw=0.4, alpha=0.5)
+    ax.vlines(np.arange(0, W + 1, cell), 0, H, colors=colour, lw=1.0)
+    ax.hlines(np.arange(0, H + 1, cell), 0, W, colors=colour, lw=1.0)
+
+
+def _label_token_cells(ax, pos: np.ndarray, first: int, rows_m: int, cols_m: int, cell: int) -> None:
+    """Each token cell labelled ``#index (t,h,w)``; ``pos`` int64 [3, L], ``first`` the image's
+    first token (tokens follow the merged grid row by row)."""
+    size = max(4.0, min(9.0, 60.0 / max(rows_m, cols_m)))
+    for i in range(rows_m):
+        for j in range(cols_m):
+            k = first + i * cols_m + j
+            ax.text((j + 0.5) * cell, (i + 0.5) * cell, f"#{k}\n({pos[0, k]},{pos[1, k]},{pos[2, k]})",
+                    ha="center", va="center", fontsize=size, color="white",
+                    bbox=dict(boxstyle="round,pad=0.15", fc="black", alpha=0.45, lw=0))

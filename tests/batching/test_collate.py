@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import mmpipe
 from mmpipe import testing
+from mmpipe.testing.invariants import assert_positions_match_rows, assert_roundtrip
 
 from conftest import processor_for
 from strategies import raw_rows
@@ -48,10 +49,8 @@ def test_unbatch_inverts_collate(raws, side, multiple, formats, family):
     if any(r.pixel_format == "none" and r.num_images for r in rows) and any(r.has_pixels for r in rows):
         rows = [mmpipe.encode_row(r, proc) for r in raws]  # layout-only rows make a text-only batch
     batch = mmpipe.collate([r.to_dict() for r in rows], processor=proc, padding_side=side, pad_to_multiple_of=multiple)
-    back = mmpipe.unbatch(batch)
-    assert len(back) == len(rows)
-    for a, b in zip(back, rows):
-        assert a == b, a.diff(b)
+    assert_roundtrip(rows, batch=batch)
+    assert_positions_match_rows(batch, rows)
     if multiple:
         assert batch.input_ids.shape[1] % multiple == 0
 
@@ -107,8 +106,7 @@ def test_dataloader_with_workers_over_arrow_rows(tmp_path):
     for fmt in (None, "numpy", "torch"):
         ds = enc.with_format(fmt) if fmt else enc
         loader = torch.utils.data.DataLoader(ds, batch_size=3, collate_fn=mmpipe.Collator(proc), num_workers=2)
-        got = [r for batch in loader for r in mmpipe.unbatch(batch)]
-        assert got == expected, fmt
+        assert_roundtrip(expected, batch=list(loader), label=str(fmt))
 
 
 def test_layout_only_rows_warn_and_go_text_only(caplog):

@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader
 
 import mmpipe
 from mmpipe import testing
+from mmpipe.testing.invariants import assert_roundtrip, assert_rows_from_arrow
 from mmpipe.batching.collate import ArrowRows
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.records.arrow import rows_from_arrow
 
 from conftest import processor_for
 
@@ -59,8 +59,7 @@ def test_arrow_rows_collate_like_python_rows(family, pixels, tmp_path):
     loader = DataLoader(ArrowRows(ds.select(order)), batch_size=4, collate_fn=col, num_workers=2)
     _same_batch(next(iter(loader)), want)
     _same_batch(col([ArrowRows(ds)[i] for i in order]), want)
-    for a, b in zip(rows_from_arrow(ds.with_format("arrow")[order]), (ds[i] for i in order)):
-        assert a == MultiModalInputs.from_dict(b)
+    assert_rows_from_arrow(ds.with_format("arrow")[order], [ds[i] for i in order])
 
 
 def video_row(proc, grid=(4, 4, 6)):
@@ -87,8 +86,7 @@ def test_arrow_rows_without_labels_and_with_videos():
     got = col(ArrowRows(ds).__getitems__([3, 2, 1, 0]))
     _same_batch(got, col(ds.__getitems__([3, 2, 1, 0])))
     assert torch.equal(got.pixel_values_videos, col(rows[::-1]).pixel_values_videos)
-    for a, b in zip(mmpipe.unbatch(got), rows[::-1]):
-        assert a == b, a.diff(b)
+    assert_roundtrip(rows[::-1], batch=got)
 
 
 def test_arrow_rows_reject_altered_pixel_bytes():

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 import mmpipe
 from mmpipe import testing
 from mmpipe.records.packed import PackedMultiModalInputs
-from mmpipe.batching.packing import PackingCollator, pack, to_padded, unpack
+from mmpipe.batching.packing import PackingCollator, pack, to_padded
 from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.testing.invariants import assert_pack_roundtrip, assert_packed_logits_match, assert_roundtrip
 
 from conftest import FAMILIES, model_for, processor_for
 from strategies import raw_rows
@@ -69,11 +70,12 @@ def test_pack_layout(family, encoded):
     assert "attention_mask" not in kw and kw["use_cache"] is False
     assert set(kw) == {"input_ids", "mm_token_type_ids", "position_ids", "pixel_values", "image_grid_thw",
                        "labels", "use_cache"}
-    assert unpack(p) == rows
-    assert mmpipe.unbatch(to_padded(p, "left")) == rows
+    assert_pack_roundtrip(rows, packed=p)
+    assert_roundtrip(rows, batch=to_padded(p, "left"))
     stored = pack([r.to_dict() for r in rows], processor=processor_for(family))  # rows as datasets stores them
     assert torch.equal(stored.input_ids, p.input_ids) and torch.equal(stored.position_ids, p.position_ids)
-    assert torch.equal(stored.pixel_values, p.pixel_values) and unpack(stored) == rows
+    assert torch.equal(stored.pixel_values, p.pixel_values)
+    assert_pack_roundtrip(rows, packed=stored)
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -85,12 +87,9 @@ def test_packed_logits_equal_rows_alone(family, attn, encoded):
     model = testing.build_model(family)
     model.set_attn_implementation(attn)
     p = PackingCollator(proc)(rows)
+    out = assert_packed_logits_match(model, rows, proc, packed=p, rtol=1e-5, atol=1e-5)
     with torch.no_grad():
-        out = model(**p.model_inputs())
         per_row = p.split(out.logits)
-        for k, r in enumerate(rows):
-            ref = model(**mmpipe.collate([r], processor=proc).model_inputs()).logits[0]
-            torch.testing.assert_close(per_row[k], ref, rtol=1e-5, atol=1e-5)
         padded = mmpipe.collate(rows, processor=proc, padding_side="right")
         torch.testing.assert_close(out.loss, model(**padded.model_inputs()).loss, rtol=1e-5, atol=1e-5)
         # per-row losses from the packed logits equal the rows' own losses
@@ -109,7 +108,7 @@ def test_packed_logits_equal_rows_alone(family, attn, encoded):
         padded_full = mmpipe.collate(full, processor=proc, padding_side="right")
         torch.testing.assert_close(model(**p_full.model_inputs()).loss, model(**padded_full.model_inputs()).loss,
                                    rtol=1e-5, atol=1e-5)
-        assert unpack(p_full) == full
+        assert_pack_roundtrip(full, packed=p_full)
 
 
 def test_mask_or_cache_would_leak_across_rows(encoded):
@@ -141,12 +140,9 @@ def test_text_family_pack_equals_rows_alone():
                                             {"role": "assistant", "content": "hi"}]}, tok) for i in range(3)]
     p = PackingCollator(tok)(rows)
     assert p.position_ids.shape == (1, p.num_tokens)
-    with torch.no_grad():
-        per_row = p.split(model(**p.model_inputs()).logits)
-        for k, r in enumerate(rows):
-            ref = model(input_ids=torch.from_numpy(r.input_ids)[None]).logits[0]
-            torch.testing.assert_close(per_row[k], ref, rtol=1e-5, atol=1e-5)
-    assert unpack(p) == rows
+    assert_packed_logits_match(model, rows, tok, packed=p, rtol=1e-5, atol=1e-5,
+                               references=[{"input_ids": torch.from_numpy(r.input_ids)[None]} for r in rows])
+    assert_pack_roundtrip(rows, packed=p)
 
 
 def test_budgets_and_unpadded_rows_are_enforced(encoded):
@@ -173,8 +169,7 @@ def test_unpack_inverts_pack(data):
     proc = processor_for(family)
     raws = data.draw(st.lists(raw_rows(max_turns=2, max_images=2), min_size=1, max_size=4))
     rows = [mmpipe.encode_row(r, proc, pixels=pixels, labels=data.draw(st.booleans())) for r in raws]
-    p = pack(rows, processor=proc)
-    assert unpack(p) == rows
+    p = assert_pack_roundtrip(rows, processor=proc)
     starts = p.cu_seqlens[:-1].long()
     assert (p.position_ids[0, 0, starts] == 0).all()
     assert int((p.mm_token_type_ids == 1).sum()) * get_merge(family) == int(p.image_grid_thw.prod(-1).sum())
@@ -206,9 +201,8 @@ def test_dataloader_with_token_budget_sampler_packs_every_row_once(tmp_path):
     seen = []
     for batch_idx, packed in zip(sampler.batches(), loader):
         assert packed.num_tokens <= budget and packed.num_images <= max_images
-        for i, row in zip(batch_idx, unpack(packed)):
-            assert row == mmpipe.MultiModalInputs.from_dict(enc[i])
-            seen.append(i)
+        assert_pack_roundtrip([enc[i] for i in batch_idx], packed=packed)
+        seen += list(batch_idx)
     assert sorted(seen) == list(range(len(enc)))
 
 
@@ -229,16 +223,11 @@ def test_pack_with_videos_images_and_text_rows(family):
                                  "images": [testing.tiny_image(60, 40)]}, proc, labels=False)
     compact = [mmpipe.compact(r, VisionSpec.from_processor(proc)) for r in vrows]
     for rows in (vrows + [text_row], [compact[0], img_row, text_row, compact[1]]):
-        p = pack(rows, processor=proc)
-        assert unpack(p) == rows
+        p = assert_pack_roundtrip(rows, processor=proc)
     kw = p.model_inputs()
     assert "pixel_values_videos" in kw and "pixel_values" in kw
     assert ("second_per_grid_ts" in kw) == (family == "qwen2_5_vl")
-    with torch.no_grad():
-        per_row = p.split(model(**kw).logits)
-        for k, r in enumerate(rows):
-            ref = model(**mmpipe.collate([r], processor=proc).model_inputs()).logits[0]
-            torch.testing.assert_close(per_row[k], ref, rtol=1e-5, atol=1e-5)
+    assert_packed_logits_match(model, rows, proc, packed=p, rtol=1e-5, atol=1e-5)
 
 
 def test_packed_gradients_equal_padded_gradients(encoded):

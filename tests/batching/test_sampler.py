@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mmpipe
+from mmpipe.testing.invariants import assert_roundtrip
 from mmpipe.batching.sampler import TokenBudgetBatchSampler, token_counts, token_efficiency
 
 from conftest import processor_for
@@ -143,7 +144,7 @@ def test_dataloader_padded_batches_under_budget_every_row_once(demo_raw):
         for idx, batch in zip(sampler.batches(), loader):
             n_batches += 1
             assert batch.input_ids.numel() <= budget and batch.image_grid_thw.shape[0] <= max_images
-            assert mmpipe.unbatch(batch) == [mmpipe.MultiModalInputs.from_dict(enc[i]) for i in idx]
+            assert_roundtrip([enc[i] for i in idx], batch=batch)
             seen += idx
         assert n_batches == len(sampler) and sorted(seen) == list(range(len(enc)))
 

@@ -24,6 +24,7 @@ from mmpipe.cli import demo
 from mmpipe.cli.main import main
 from mmpipe.cli.encode import REPORT_FILE, load_processor
 from mmpipe.testing import build_processor, tiny_image
+from mmpipe.testing.invariants import assert_rows_equal
 
 FAMILY = "qwen2_vl"
 # (height, width) of the images written to disk; the tiny processor resizes them to 4-64 tokens
@@ -106,9 +107,7 @@ def _assert_same_rows(out_dir: Path, reference) -> None:
     assert sorted(got.column_names) == sorted(reference.column_names)
     want = _rows(reference)
     rows = _rows(got)
-    assert len(rows) == len(want)
-    for i, (g, w) in enumerate(zip(rows, want)):
-        assert g == w, f"row {i} differs in {g.diff(w)}"
+    assert_rows_equal(rows, want, what="the CLI's encode")
 
 
 def _cli(*args, timeout=120):

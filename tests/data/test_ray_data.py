@@ -16,6 +16,7 @@ import pytest
 
 import mmpipe
 from mmpipe import testing
+from mmpipe.testing.invariants import assert_roundtrip, assert_rows_from_arrow
 from mmpipe.data.ray_data import RayBatchEncoder, batch_rows, load_processor
 
 from conftest import processor_for
@@ -51,9 +52,7 @@ def _check_table(table: pa.Table, reference: pa.Table, n: int):
         assert enc.schema.field(f.name).type == f.type, f.name
     assert set(enc.column_names) == set(reference.column_names)
     want = mmpipe.rows_from_arrow(reference)
-    got = mmpipe.rows_from_arrow(enc)
-    for i, row in zip(ids, got):
-        assert row == want[i], (i, row.diff(want[i]))
+    assert_rows_from_arrow(enc, [want[i] for i in ids], label="rows in 'id' order")
 
 
 # ---- without Ray: batch formats in, datasets' layout out -------------------------------------
@@ -142,7 +141,7 @@ def test_parquet_read_numpy_batches_and_parquet_written_by_ray_loads_in_datasets
     want = mmpipe.MultiModalInputs.features("uint8")
     assert {k: v for k, v in back.features.items() if k != "id"} == dict(want)
     batch = mmpipe.Collator(processor_for(FAMILY))([back[i] for i in range(3)])
-    assert mmpipe.unbatch(batch) == [mmpipe.MultiModalInputs.from_dict(back[i]) for i in range(3)]
+    assert_roundtrip([back[i] for i in range(3)], batch=batch)
 
 
 def test_on_error_skip_keeps_the_failing_row_like_datasets_map(raw):

@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader
 
 import mmpipe
 from mmpipe.data import streaming
+from mmpipe.testing.invariants import assert_roundtrip, assert_rows_equal
 
 from conftest import processor_for
 from helpers import raw_dataset
@@ -43,9 +44,7 @@ class CountingEncode:
 
 
 def _check_rows(rows, reference):
-    for r in rows:
-        got = mmpipe.MultiModalInputs.from_dict(r)
-        assert got == reference[r["id"]], (r["id"], got.diff(reference[r["id"]]))
+    assert_rows_equal(rows, [reference[r["id"]] for r in rows], what="streaming encode")
 
 
 @pytest.mark.parametrize("batched", [False, True])
@@ -106,8 +105,7 @@ def test_ranks_times_dataloader_workers_read_every_row_once(raw, reference, num_
         rows = [r for batch in loader for r in batch]
         _check_rows(rows, reference)
         per_rank.append([r["id"] for r in rows])
-        batch = mmpipe.collate(rows[:3], processor=proc)
-        assert mmpipe.unbatch(batch) == [reference[r["id"]] for r in rows[:3]]
+        assert_roundtrip([reference[r["id"]] for r in rows[:3]], batch=mmpipe.collate(rows[:3], processor=proc))
     cov = streaming.exactly_once(per_rank, range(len(raw)))
     assert cov.ok, str(cov)
 

@@ -11,6 +11,7 @@ import pytest
 import mmpipe
 from mmpipe import testing
 from mmpipe.errors import InputError
+from mmpipe.testing.invariants import assert_roundtrip, assert_rows_from_arrow
 from mmpipe.data.validate import SchemaError, check_dataset, load_encoded, validate_dataset
 
 from conftest import processor_for
@@ -71,7 +72,7 @@ def test_valid_dataset_in_every_container(encoded, tmp_path):
         assert report.pixel_format == "uint8" and report.labels
     assert "OK" in str(validate_dataset(ds))
     loaded = load_encoded(str(tmp_path / "enc"))
-    assert mmpipe.rows_from_arrow(loaded.data.table) == rows
+    assert_rows_from_arrow(loaded.data.table, rows)
     assert validate_dataset(encoded["float32"][0]).ok
 
 
@@ -161,7 +162,7 @@ def test_safe_repairs_give_back_the_original_rows(encoded, name):
     assert report.ok and report.fixed, str(report)
     assert sorted((f.name, str(f.type)) for f in report.data.schema) == \
         sorted((f.name, str(f.type)) for f in table_of(ds).schema)
-    assert mmpipe.rows_from_arrow(report.data) == rows
+    assert_rows_from_arrow(report.data, rows)
     assert validate_dataset(report.data).ok and not validate_dataset(report.data).issues
 
 
@@ -196,9 +197,8 @@ def test_older_version_layout_reported_then_repaired(encoded, tmp_path):
         load_encoded(str(tmp_path / "old.parquet"))
     fixed = load_encoded(str(tmp_path / "old.parquet"), fix=True)
     assert isinstance(fixed, datasets.Dataset)
-    assert mmpipe.rows_from_arrow(fixed.data.table) == rows
-    batch = mmpipe.collate(list(fixed), processor=processor_for(FAMILY))
-    assert mmpipe.unbatch(batch) == rows
+    assert_rows_from_arrow(fixed.data.table, rows)
+    assert_roundtrip(rows, batch=mmpipe.collate(list(fixed), processor=processor_for(FAMILY)))
     # a repaired directory dataset comes back as a Dataset too
     datasets.Dataset(datasets.table.InMemoryTable(old)).save_to_disk(str(tmp_path / "old_dir"))
     again = validate_dataset(str(tmp_path / "old_dir"), fix=True)
@@ -224,6 +224,6 @@ def test_reader_derives_a_missing_rope_delta(encoded):
     ds, rows = encoded["uint8"]
     t = table_of(ds).drop_columns(["rope_delta"])
     assert [r.rope_delta for r in rows] != [0] * len(rows)
-    assert mmpipe.rows_from_arrow(t) == rows
+    assert_rows_from_arrow(t, rows)
     assert [mmpipe.MultiModalInputs.from_dict({k: v for k, v in d.items()}) for d in
             datasets.Dataset(datasets.table.InMemoryTable(t))] == rows

@@ -8,6 +8,7 @@ import pytest
 from helpers import raw_dataset
 import mmpipe
 from mmpipe import testing
+from mmpipe.testing.invariants import assert_roundtrip
 
 from conftest import processor_for
 
@@ -77,8 +78,7 @@ def test_the_readme_flow_end_to_end(raw):
     with torch.no_grad():
         out = model_for("qwen2_vl")(**batch.model_inputs())
     assert out.logits.shape[:2] == batch.input_ids.shape
-    rows = mmpipe.unbatch(batch)
-    assert rows == [mmpipe.MultiModalInputs.from_dict(enc[i]) for i in range(8)]
+    assert_roundtrip([enc[i] for i in range(8)], batch=batch)
 
 
 def test_num_proc_map_after_parallel_torch_in_parent_does_not_hang(tmp_path):

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 
 import mmpipe
 from mmpipe import testing
-from mmpipe.encoding.encoder import Encoder, _prefetched
+from mmpipe.encoding.encoder import Encoder
+from mmpipe.encoding.mapping import prefetch_images as _prefetched
 
 from conftest import processor_for
 from helpers import assistant_texts, processor_reference

@@ -7,6 +7,7 @@ import torch
 from helpers import tiny_text_model
 import mmpipe
 from mmpipe import testing
+from mmpipe.testing.invariants import assert_batched_logits_match, assert_positions_match_rows, assert_roundtrip
 
 
 def test_text_decoder_batch_equals_rows_alone():
@@ -19,10 +20,7 @@ def test_text_decoder_batch_equals_rows_alone():
     batch = mmpipe.Collator(tok, padding_side="left")(rows)
     kw = batch.model_inputs()
     assert "mm_token_type_ids" not in kw and kw["position_ids"].shape == batch.input_ids.shape
-    assert mmpipe.unbatch(batch) == rows
-    with torch.no_grad():
-        logits = model(**kw).logits
-        L = logits.shape[1]
-        for b, r in enumerate(rows):
-            ref = model(input_ids=torch.from_numpy(r.input_ids)[None]).logits[0]
-            torch.testing.assert_close(logits[b, L - r.num_tokens:], ref, rtol=1e-5, atol=1e-5)
+    assert_roundtrip(rows, batch=batch)
+    assert_positions_match_rows(batch, rows)
+    assert_batched_logits_match(model, rows, tok, batch=batch, rtol=1e-5, atol=1e-5,
+                                references=[{"input_ids": torch.from_numpy(r.input_ids)[None]} for r in rows])

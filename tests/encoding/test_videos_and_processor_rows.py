@@ -10,6 +10,7 @@ import torch
 import mmpipe
 from mmpipe import testing
 from mmpipe.images.spec import VisionSpec
+from mmpipe.testing.invariants import assert_batched_logits_match, assert_positions_match_rows, assert_roundtrip
 
 from helpers import video_row
 from conftest import model_for, processor_for
@@ -50,17 +51,15 @@ def test_video_rows_batch_unbatch_and_match_the_model(family):
     compact_v = [mmpipe.compact(r, VisionSpec.from_processor(proc)) for r in vrows]
     assert np.array_equal(compact_v[0].pixel_values_videos_u8, outs[0][1])
     for rows in (vrows + [text_row], compact_v + [text_row, img_row]):
-        batch = mmpipe.collate(rows, processor=proc)
-        assert mmpipe.unbatch(batch) == rows
+        batch = assert_roundtrip(rows, processor=proc)
+        assert_positions_match_rows(batch, rows, model=model)
         assert batch.sample_to_video_indices[:2] == [[0], [1]]
     batch = mmpipe.collate(compact_v + [text_row, img_row], processor=proc)
     kw = batch.model_inputs()
     assert "pixel_values_videos" in kw and "pixel_values" in kw
     assert ("second_per_grid_ts" in kw) == (family == "qwen2_5_vl")
-    with torch.no_grad():
-        logits = model(**kw).logits
-        L = logits.shape[1]
-        for b, (o, _) in enumerate(outs):
-            ref_kw = {k: torch.as_tensor(v) for k, v in o.items() if k != "second_per_grid_ts" or family == "qwen2_5_vl"}
-            ref = model(**ref_kw).logits[0]
-            torch.testing.assert_close(logits[b, L - ref.shape[0]:], ref, rtol=1e-5, atol=1e-5)
+    # the two video rows against the processor-layout rows run alone; the others against collate([row])
+    ref_kw = [{k: torch.as_tensor(v) for k, v in o.items() if k != "second_per_grid_ts" or family == "qwen2_5_vl"}
+              for o, _ in outs]
+    assert_batched_logits_match(model, compact_v + [text_row, img_row], proc, batch=batch, rtol=1e-5, atol=1e-5,
+                                references=ref_kw + [None, None])

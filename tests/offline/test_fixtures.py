@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from mmpipe.offline import fixtures as T
+import mmpipe.offline as T
+from mmpipe.offline import tokenizer as offline_tokenizer
 from mmpipe.families import family_of, get_family
 
 FAMILIES = T.FAMILY_NAMES
@@ -71,14 +72,14 @@ def test_tokenizer_copies_are_independent():
 
 def test_bpe_is_deterministic_across_processes():
     def digest():
-        vocab, merges = T._bpe_vocab_and_merges()
+        vocab, merges = offline_tokenizer._bpe_vocab_and_merges()
         return hashlib.sha256(json.dumps([sorted(vocab.items()), merges]).encode()).hexdigest()
 
     code = (
-        "import hashlib, json; from mmpipe.offline import fixtures as T; v, m = T._bpe_vocab_and_merges(); "
+        "import hashlib, json; from mmpipe.offline import tokenizer as T; v, m = T._bpe_vocab_and_merges(); "
         "print(hashlib.sha256(json.dumps([sorted(v.items()), m]).encode()).hexdigest())"
     )
-    root = Path(T.__file__).resolve().parents[2]  # the directory holding the mmpipe package
+    root = Path(offline_tokenizer.__file__).resolve().parents[2]  # the directory holding the mmpipe package
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert out.stdout.strip() == digest()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from mmpipe import rema, testing
 from mmpipe.rollout.transformers_engine import TransformersEngine
 from mmpipe.families import get_family
+from mmpipe.testing.invariants import assert_rema_roundtrip
 from mmpipe.records.generation import Completion, Generation, SamplingParams
 
 from conftest import model_for, processor_for
@@ -123,16 +123,6 @@ def check_batch(batch, proc, images_per_row):
         assert batch.pixel_values.shape == (int(batch.image_grid_thw.prod(1).sum()), get_family(batch.family).patch_dim)
 
 
-def roundtrip(batch):
-    table = batch.to_arrow()
-    assert table.schema.equals(rema.rema_arrow_schema(batch.agent_roles, family=batch.family,
-                                                      max_num_turns=batch.max_num_turns), check_metadata=True)
-    back = rema.ReMABatch.from_arrow(pa.Table.from_pylist(table.to_pylist(), schema=table.schema))
-    assert batch.diff(back) == []
-    if batch.image_grid_thw.shape[0]:
-        assert torch.equal(back.pixel_values, batch.pixel_values)
-
-
 # ---- scripted engine ---------------------------------------------------------------------
 def _questions(n, images=(1, 0, 2)):
     qs, imgs = [], []
@@ -200,7 +190,7 @@ def test_scripted_rema_rollout(family):
                 i = int(re.search(r"Q(\d+):", text).group(1))
                 assert row.num_images == len(imgs[i]) and row.pixel_values_u8.shape[0] == row.num_image_patches
     check_batch(batch, proc, imgs)
-    roundtrip(batch)
+    assert_rema_roundtrip(batch)
     # what the engine saw each turn is a prefix of the role's training sequence (ids and positions)
     for role, eng in engines.items():
         for call, rows in zip(eng.calls, rows_of(eng.calls)):
@@ -243,7 +233,7 @@ def test_custom_views_are_what_the_configuration_says():
     last = engine.calls[-1]["texts"][1]
     assert last.endswith("<|im_start|>user\nNew answer: reply r1 t1<|im_end|>\n<|im_start|>assistant\n")
     check_batch(batch, proc, imgs)
-    roundtrip(batch)
+    assert_rema_roundtrip(batch)
 
 
 def test_view_errors_name_row_role_turn_and_fix():
@@ -314,7 +304,7 @@ def test_transformers_engine_rollout(family):
         assert non["finish_reason"] == ["max_turns"] * 3 and non["num_turns"] == [2, 2, 2]
         assert [h["num_tokens"] <= 4 for hs in non["history"] for h in hs if h["role"] != "padding"]
         check_batch(batch, proc, imgs)
-        roundtrip(batch)
+        assert_rema_roundtrip(batch)
         if family == "text":
             for role in batch.agent_roles:
                 kw = batch.model_inputs(role, labels=True)
@@ -383,4 +373,4 @@ def test_any_conversation_shape_encodes_pads_and_roundtrips(case):
         assert rows_of(engines[r].calls) == want
     assert batch.batch[f"{roles[0]}_input_ids"].shape[1] % 8 == 0
     check_batch(batch, proc, [ims for _, ims in case["questions"]])
-    roundtrip(batch)
+    assert_rema_roundtrip(batch)

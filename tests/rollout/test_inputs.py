@@ -17,17 +17,13 @@ import mmpipe
 from mmpipe import testing
 from mmpipe.records.generation import Completion, Generation
 from mmpipe.images.spec import VisionSpec, smart_resize
+from mmpipe.rollout.data_parallel import pad_to_multiple, trim
+from mmpipe.testing.invariants import assert_roundtrip
+from mmpipe.rollout.images import row_images, row_video_frames, vllm_processor_kwargs
+from mmpipe.encoding.placeholders import check_roundtrip, collapse_placeholders, expand_placeholders
 from mmpipe.rollout.inputs import (
-    check_roundtrip,
-    collapse_placeholders,
-    expand_placeholders,
-    pad_to_multiple,
-    row_images,
-    row_video_frames,
     to_generate_kwargs,
     to_vllm_prompts,
-    trim,
-    vllm_processor_kwargs,
 )
 
 from conftest import FAMILIES, model_for, processor_for
@@ -353,7 +349,7 @@ def test_pad_to_multiple_then_trim_gives_the_real_rows_back(case):
     proc = processor_for("qwen2_vl")
     batch = mmpipe.collate(padded, processor=proc, padding_side=side)
     trimmed = trim(batch, n_real)
-    assert mmpipe.unbatch(trimmed) == rows
+    assert_roundtrip(rows, batch=trimmed)
     assert _batch_fields(trimmed) == _batch_fields(mmpipe.collate(rows, processor=proc, padding_side=side))
     # engine outputs for the padded batch trim to the real prompts
     P = len(padded)

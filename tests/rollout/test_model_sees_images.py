@@ -9,6 +9,7 @@ import torch
 
 import mmpipe
 from mmpipe import testing
+from mmpipe.testing.invariants import assert_batched_logits_match, assert_positions_match_rows
 
 from conftest import model_for, processor_for
 from helpers import processor_reference
@@ -36,16 +37,11 @@ def test_batched_logits_equal_per_row_transformers_logits(family, photos):
     raws = _raws(photos)
     rows = [mmpipe.encode_row(r, proc) for r in raws]
     batch = mmpipe.Collator(proc, padding_side="left")(rows)
-    with torch.no_grad():
-        logits = model(**batch.model_inputs()).logits
-        L = logits.shape[1]
-        for b, raw in enumerate(raws):
-            ref_inputs = processor_reference(proc, raw["messages"], raw["images"])
-            ref_inputs = {k: torch.from_numpy(v) for k, v in ref_inputs.items()}
-            ref = model(**ref_inputs).logits[0]
-            n = ref.shape[0]
-            assert int(batch.seq_lengths[b]) == n
-            torch.testing.assert_close(logits[b, L - n:], ref, rtol=1e-5, atol=1e-5)
+    # each row's reference is the transformers processor's own output for the raw row
+    refs = [{k: torch.from_numpy(v) for k, v in processor_reference(proc, raw["messages"], raw["images"]).items()}
+            for raw in raws]
+    assert_batched_logits_match(model, rows, proc, batch=batch, references=refs, rtol=1e-5, atol=1e-5)
+    assert_positions_match_rows(batch, rows, model=model)  # and each row's equal transformers' get_rope_index
 
 
 def test_changing_one_image_changes_only_its_row(photos):

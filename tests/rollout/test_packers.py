@@ -13,6 +13,7 @@ from mmpipe import testing
 from mmpipe.rollout.transformers_engine import TransformersEngine
 from mmpipe.records.generation import SamplingParams
 from mmpipe.rollout.packers import DecoderOnlyLLMDataPacker, QwenVLDataPacker
+from mmpipe.testing.invariants import assert_logprobs_match
 
 from conftest import model_for, processor_for
 
@@ -56,8 +57,7 @@ def test_vl_packer_round_trip_is_consistent(family, monkeypatch):
             want.append(np.asarray(c.logprobs, np.float32))
     assert len(calls) == 3, "the image processor must run once per image"
     got, batch = _policy_logprobs(model, packer, policy)
-    for a, b in zip(got, want):
-        assert a.shape == b.shape and np.abs(a - b).max() <= 1e-4
+    assert_logprobs_match(got, want, atol=1e-4)
     assert batch["position_ids"].shape[0] == 3 and batch["image_grid_thw"].shape[0] == 2 * 3
     assert batch["input_ids"].shape[1] == packer.policy_compute_max_len(policy)
 
@@ -71,8 +71,7 @@ def test_text_packer_and_ignored_prefix_tokens():
     gens = TransformersEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=4))
     policy = [packer.get_policy_input(p, g.completions[0]) for p, g in zip(prompts, gens)]
     got, batch = _policy_logprobs(model, packer, policy)
-    for a, g in zip(got, gens):
-        assert np.abs(a - np.asarray(g.completions[0].logprobs)).max() <= 1e-4
+    assert_logprobs_match(got, [np.asarray(g.completions[0].logprobs) for g in gens], atol=1e-4)
     # text rollout output and n_ignore_prefix_tokens
     text = tok.decode(gens[0].completions[0].token_ids)
     row = packer.get_policy_input(prompts[0], text, n_ignore_prefix_tokens=2)

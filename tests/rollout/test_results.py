@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 import mmpipe
 from mmpipe.records.generation import Completion, Generation
-from mmpipe.rollout.inputs import pad_to_multiple, trim
+from mmpipe.rollout.data_parallel import pad_to_multiple, trim
+from mmpipe.testing.invariants import assert_roundtrip
 from mmpipe.rollout.results import unbatch_rollout
 
 from conftest import processor_for
@@ -61,7 +62,7 @@ def test_unbatch_rollout_inverts_padded_batching(raws, multiple, n, lengths):
             assert row.pixel_values_u8 is s.prompt.pixel_values_u8  # shared, not copied
     # the policy rows batch and unbatch exactly, whatever the group sizes
     rows = [s.to_row() for s in samples]
-    assert mmpipe.unbatch(mmpipe.collate(rows, processor=proc)) == rows
+    assert_roundtrip(rows, processor=proc)
 
 
 def test_trim_a_padded_batch_equals_the_real_batch():
@@ -72,4 +73,4 @@ def test_trim_a_padded_batch_equals_the_real_batch():
                                   "images": [testing.tiny_image(40, 60, seed=i)]}, proc) for i in range(3)]
     padded, n_real = pad_to_multiple(prompts, 4)
     full = mmpipe.collate(padded, processor=proc)
-    assert mmpipe.unbatch(trim(full, n_real)) == prompts
+    assert_roundtrip(prompts, batch=trim(full, n_real))

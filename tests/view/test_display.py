@@ -1,4 +1,4 @@
-"""Rows, batches and rollout samples that show themselves (mmpipe.view.display, mmpipe.view.plots).
+"""Rows, batches and rollout samples that show themselves (mmpipe.view: html, text, images, spans, plots).
 
 Real rows from the offline processors of the three families; the HTML is parsed, never
 matched loosely: one <img data-mmpipe-image> and one image-token span per image, thumbnails
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import mmpipe
-from mmpipe.view import display
+from mmpipe import view
 from mmpipe import testing
 from mmpipe.records.generation import Completion, Generation
 from mmpipe.images.spec import VisionSpec
@@ -96,7 +96,7 @@ def test_row_html_has_one_image_and_one_span_per_image(family):
     proc = processor_for(family)
     for n in range(4):
         row = mmpipe.encode_row(chat(n, seed=n), proc)
-        page = Page(display.row_html(row, tokenizer=proc))
+        page = Page(view.row_html(row, tokenizer=proc))
         imgs = page.images()
         assert [int(e["attrs"]["data-mmpipe-image"]) for e in imgs] == list(range(n))
         spans = page.find(cls="mmpipe-image-span", inside="mmpipe-strip")
@@ -108,9 +108,9 @@ def test_row_html_has_one_image_and_one_span_per_image(family):
             assert (row.mm_token_type_ids[int(e["attrs"]["data-start"]):][:token_count(grid, family)] == 1).all()
         # the thumbnail and its token span share the image's colour
         for img, span in zip(imgs, spans):
-            colour = display.media_colour(int(img["attrs"]["data-mmpipe-image"]))
+            colour = view.media_colour(int(img["attrs"]["data-mmpipe-image"]))
             assert f"border-color:{colour}" in img["attrs"]["style"] and f"border-color:{colour}" in span["attrs"]["style"]
-        assert len(set(display.media_colour(k) for k in range(24))) == 24
+        assert len(set(view.media_colour(k) for k in range(24))) == 24
         # the Jupyter hook is the same view (token ids, no tokenizer)
         assert len(Page(row._repr_html_()).images()) == n
 
@@ -121,7 +121,7 @@ def test_thumbnails_are_the_resized_images_the_processor_normalised(family):
     spec = VisionSpec.from_processor(proc)
     raw = chat(3, seed=5, sizes=[(40, 60), (97, 41), (120, 70)])
     row = mmpipe.encode_row(raw, proc)
-    thumbs = display.image_thumbnails(row)
+    thumbs = view.image_thumbnails(row)
     assert len(thumbs) == 3
     # 1. mmpipe's own resize of the source image
     for th, src, (t, h, w) in zip(thumbs, raw["images"], row.image_grid_thw.tolist()):
@@ -135,7 +135,7 @@ def test_thumbnails_are_the_resized_images_the_processor_normalised(family):
         assert np.array_equal(np.asarray(th), unpatchify_u8(u8[at:at + h * w], h, w, spec))
         at += t * h * w
     # 3. the HTML embeds exactly these pixels
-    for el, th in zip(Page(display.row_html(row)).images(), thumbs):
+    for el, th in zip(Page(view.row_html(row)).images(), thumbs):
         assert np.array_equal(png_of(el), np.asarray(th))
 
 
@@ -146,9 +146,9 @@ def test_float32_rows_show_the_same_thumbnails_as_uint8_rows(family):
     u8_row = mmpipe.encode_row(raw, proc)
     f32_row = mmpipe.encode_row(raw, proc, pixels="float32")
     assert f32_row.pixel_format == "float32"
-    for a, b in zip(display.image_thumbnails(u8_row), display.image_thumbnails(f32_row)):
+    for a, b in zip(view.image_thumbnails(u8_row), view.image_thumbnails(f32_row)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
-    pa, pb = Page(display.row_html(u8_row)), Page(display.row_html(f32_row))
+    pa, pb = Page(view.row_html(u8_row)), Page(view.row_html(f32_row))
     assert [e["attrs"]["src"] for e in pa.images()] == [e["attrs"]["src"] for e in pb.images()]
 
 
@@ -159,11 +159,11 @@ def test_float32_rows_with_other_constants_are_exact_given_the_processor():
     raw = chat(1, seed=3)
     row = mmpipe.encode_row(raw, proc, pixels="float32")
     exact = np.asarray(resize_image(load_image(raw["images"][0]), VisionSpec.from_processor(proc)))
-    assert np.array_equal(np.asarray(display.image_thumbnails(row, spec=proc)[0]), exact)
-    approx = np.asarray(display.image_thumbnails(row)[0]).astype(int)  # family constants: undone arithmetically
+    assert np.array_equal(np.asarray(view.image_thumbnails(row, spec=proc)[0]), exact)
+    approx = np.asarray(view.image_thumbnails(row)[0]).astype(int)  # family constants: undone arithmetically
     assert np.abs(approx - exact).max() > 0  # not silently claimed exact ...
-    assert "approximate colours" in display.row_html(row)
-    assert "approximate" not in display.row_html(row, tokenizer=proc)  # ... and exact with the processor
+    assert "approximate colours" in view.row_html(row)
+    assert "approximate" not in view.row_html(row, tokenizer=proc)  # ... and exact with the processor
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -172,8 +172,8 @@ def test_layout_only_rows_render_placeholders_not_images(family):
     raw = chat(3, seed=2, sizes=[(40, 60), (90, 30), (50, 50)])
     row = mmpipe.encode_row(raw, proc, pixels="none")
     assert row.pixel_format == "none"
-    assert display.image_thumbnails(row) == [None, None, None]
-    page = Page(display.row_html(row, tokenizer=proc))
+    assert view.image_thumbnails(row) == [None, None, None]
+    page = Page(view.row_html(row, tokenizer=proc))
     assert page.find(tag="img") == []
     boxes = page.find(attr="data-mmpipe-placeholder")
     assert [int(b["attrs"]["data-mmpipe-placeholder"]) for b in boxes] == [0, 1, 2]
@@ -182,14 +182,14 @@ def test_layout_only_rows_render_placeholders_not_images(family):
         assert abs(sw / sh - w / h) < 0.05  # the resized image's aspect
         assert "no pixels stored" in box["text"]
     assert len(page.find(cls="mmpipe-image-span", inside="mmpipe-strip")) == 3
-    assert "layout-only" in display.describe(row)
+    assert "layout-only" in view.describe(row)
 
 
 def test_text_is_escaped_and_shown_in_order():
     proc = processor_for("qwen2_vl")
     nasty = 'Is <script>alert("x")</script> & <img src=x> safe?'
     row = mmpipe.encode_row(chat(1, text=nasty, answer="</div><b>&amp;"), proc)
-    out = display.row_html(row, tokenizer=proc)
+    out = view.row_html(row, tokenizer=proc)
     assert "<script>" not in out and "<img src=x>" not in out and "</div><b>" not in out
     # every "<" opens one of the view's own tags and every "&" an entity, token by token
     own = {"style", "div", "span", "figure", "figcaption", "img", "br", "table", "thead", "tbody", "tr", "th", "td"}
@@ -199,7 +199,7 @@ def test_text_is_escaped_and_shown_in_order():
     strip = page.find(cls="mmpipe-strip")[0]["text"]
     assert nasty in strip and "</div><b>&amp;" in strip
     assert len(page.images()) == 1 and page.find(tag="script") == []
-    assert nasty in display.describe(row, tokenizer=proc)
+    assert nasty in view.describe(row, tokenizer=proc)
 
 
 def test_default_processor_gives_token_text_to_plain_jupyter_display():
@@ -207,13 +207,13 @@ def test_default_processor_gives_token_text_to_plain_jupyter_display():
     row = mmpipe.encode_row(chat(1), proc)
     ids_only = Page(row._repr_html_()).find(cls="mmpipe-tok", inside="mmpipe-strip")
     assert ids_only[0]["text"] == str(row.input_ids[0])
-    display.set_default_processor(proc)
+    view.set_default_processor(proc)
     try:
         page = Page(row._repr_html_())
         assert page.find(cls="mmpipe-tok", inside="mmpipe-strip")[0]["text"] == "<|im_start|>"
         assert "<|im_start|>" in row.describe()
     finally:
-        display.set_default_processor(None)
+        view.set_default_processor(None)
     assert Page(row._repr_html_()).find(cls="mmpipe-tok", inside="mmpipe-strip")[0]["text"] == str(row.input_ids[0])
 
 
@@ -221,16 +221,16 @@ def test_default_processor_gives_token_text_to_plain_jupyter_display():
 def test_labels_are_marked_on_exactly_the_trained_tokens(family):
     proc = processor_for(family)
     row = mmpipe.encode_row(chat(2, answer="Two tiny pictures."), proc)
-    page = Page(display.row_html(row, tokenizer=proc, max_tokens=None))
+    page = Page(view.row_html(row, tokenizer=proc, max_tokens=None))
     chips = page.find(cls="mmpipe-tok", inside="mmpipe-strip")
     assert len(chips) == int((row.mm_token_type_ids == 0).sum())
     trained = [c for c in chips if "mmpipe-trained" in c["cls"]]
     assert len(trained) == int((row.labels != -100).sum()) > 0
     text = proc.tokenizer.decode(row.input_ids[row.labels != -100])
     assert "".join(c["text"] for c in trained).replace("↵", "\n") == text
-    assert "⟦Two tiny pictures.<|im_end|>⟧" in display.describe(row, tokenizer=proc)
+    assert "⟦Two tiny pictures.<|im_end|>⟧" in view.describe(row, tokenizer=proc)
     no_labels = mmpipe.encode_row(chat(1, answer=None), proc, labels=False)
-    assert Page(display.row_html(no_labels)).find(cls="mmpipe-trained", inside="mmpipe-strip") == []
+    assert Page(view.row_html(no_labels)).find(cls="mmpipe-trained", inside="mmpipe-strip") == []
 
 
 def test_long_rows_collapse_text_but_never_image_spans():
@@ -238,13 +238,13 @@ def test_long_rows_collapse_text_but_never_image_spans():
     long_text = " ".join(f"word{i}" for i in range(300))
     row = mmpipe.encode_row(chat(3, text=long_text, answer=long_text), proc)
     n_text = int((row.mm_token_type_ids == 0).sum())
-    page = Page(display.row_html(row, tokenizer=proc, max_tokens=40))
+    page = Page(view.row_html(row, tokenizer=proc, max_tokens=40))
     chips = page.find(cls="mmpipe-tok", inside="mmpipe-strip")
     gaps = [int(re.search(r"(\d+) tokens", g["text"]).group(1)) for g in page.find(cls="mmpipe-gap")]
     assert gaps and len(chips) <= 40 + 10 and len(chips) + sum(gaps) == n_text
     assert len(page.find(cls="mmpipe-image-span", inside="mmpipe-strip")) == 3
     assert len(page.images()) == 3
-    full = Page(display.row_html(row, tokenizer=proc, max_tokens=None))
+    full = Page(view.row_html(row, tokenizer=proc, max_tokens=None))
     assert full.find(cls="mmpipe-gap") == [] and len(full.find(cls="mmpipe-tok", inside="mmpipe-strip")) == n_text
 
 
@@ -253,7 +253,7 @@ def test_long_rows_collapse_text_but_never_image_spans():
 def test_any_row_shows_every_image_and_accounts_for_every_token(raw, family, max_tokens):
     proc = processor_for(family)
     row = mmpipe.encode_row(raw, proc)
-    page = Page(display.row_html(row, tokenizer=proc, max_tokens=max_tokens))
+    page = Page(view.row_html(row, tokenizer=proc, max_tokens=max_tokens))
     n = row.num_images
     assert len(page.images()) == n
     spans = page.find(cls="mmpipe-image-span", inside="mmpipe-strip")
@@ -297,19 +297,19 @@ def test_video_rows_show_their_frames_and_spans(family):
     proc = processor_for(family)
     row, frames = video_row(family)
     T = mmpipe.family_of(family).temporal_patch_size
-    got = display.video_frames(row, spec=proc)[0]
+    got = view.video_frames(row, spec=proc)[0]
     assert [np.array_equal(np.asarray(f), frames[g * T]) for g, f in enumerate(got)] == [True, True]
     compact = mmpipe.compact(row, VisionSpec.from_processor(proc))
     assert all(np.array_equal(np.asarray(a), np.asarray(b))
-               for a, b in zip(got, display.video_frames(compact)[0]))
-    page = Page(display.row_html(row, tokenizer=proc))
+               for a, b in zip(got, view.video_frames(compact)[0]))
+    page = Page(view.row_html(row, tokenizer=proc))
     spans = page.find(cls="mmpipe-video-span", inside="mmpipe-strip")
     split = mmpipe.family_of(family).rope == "mrope_frames"  # Qwen3-VL: one run per frame group
     assert len(spans) == (2 if split else 1)
     assert sum(int(s["attrs"]["data-tokens"]) for s in spans) == int((row.mm_token_type_ids == 2).sum())
     assert all(s["attrs"]["data-video"] == "0" for s in spans)
     assert len(page.find(tag="img", attr="data-mmpipe-video")) == 2 and page.images() == []
-    assert "video 0" in display.describe(row)
+    assert "video 0" in view.describe(row)
 
 
 # ---- batches -----------------------------------------------------------------------------
@@ -320,7 +320,7 @@ def test_batch_html_table_images_and_row_ownership(family):
     rows[3] = mmpipe.encode_row(chat(1, seed=30), proc, pixels="float32")  # a mixed-storage batch
     rows[1] = mmpipe.encode_row(chat(0, answer=None), proc, labels=False)
     batch = mmpipe.collate(rows, processor=proc)
-    page = Page(display.batch_html(batch, tokenizer=proc))
+    page = Page(view.batch_html(batch, tokenizer=proc))
     trs = page.find(tag="tr")
     assert len(trs) == 1 + len(rows)  # header + one per row
     L = batch.input_ids.shape[1]
@@ -332,7 +332,7 @@ def test_batch_html_table_images_and_row_ownership(family):
     owners = batch.sample_to_image_indices
     assert [int(e["attrs"]["data-mmpipe-image"]) for e in imgs] == list(range(6))
     for b, idx in enumerate(owners):  # image i is row b's image idx.index(i), pixel for pixel
-        thumbs = display.image_thumbnails(rows[b], spec=proc)
+        thumbs = view.image_thumbnails(rows[b], spec=proc)
         for local, i in enumerate(idx):
             assert np.array_equal(png_of(imgs[i]), np.asarray(thumbs[local]))
     spans = page.find(cls="mmpipe-image-span", inside="mmpipe-strip")
@@ -345,7 +345,7 @@ def test_describe_gives_lengths_grids_and_a_batch_table(family):
     proc = processor_for(family)
     rows = [mmpipe.encode_row(chat(n, seed=n), proc) for n in (1, 0, 2)]
     text = rows[0].describe(tokenizer=proc)
-    assert text == display.describe(rows[0], tokenizer=proc)
+    assert text == view.describe(rows[0], tokenizer=proc)
     t, h, w = rows[0].image_grid_thw[0].tolist()
     assert f"{rows[0].num_tokens} tokens" in text and f"grid {t}×{h}×{w}" in text
     assert f"{w * mmpipe.family_of(family).patch_size}×{h * mmpipe.family_of(family).patch_size} px" in text
@@ -377,19 +377,19 @@ def test_rollout_sample_html_and_describe():
             for i in range(2)]
     samples = unbatch_rollout(prompts, gens)
     s = samples[0]
-    page = Page(display.rollout_html(s, tokenizer=proc))
+    page = Page(view.rollout_html(s, tokenizer=proc))
     assert len(page.images()) == 2
     assert len(page.find(cls="mmpipe-image-span", inside="mmpipe-strip")) == 2
     trained = page.find(cls="mmpipe-trained", inside="mmpipe-strip")
     assert len(trained) == len(response)
     assert [t["attrs"]["title"].rsplit("logprob ", 1)[1] for t in trained] == [f"{v:.4f}" for v in lps]
     assert "x < y & z" in page.find(cls="mmpipe-response")[0]["text"]
-    assert "<y" not in display.rollout_html(s, tokenizer=proc).split('class="mmpipe-response">')[1]
+    assert "<y" not in view.rollout_html(s, tokenizer=proc).split('class="mmpipe-response">')[1]
     assert "finish stop" in page.find(cls="mmpipe-head")[0]["text"]
     assert len(Page(samples[3]._repr_html_()).images()) == 0
     text = samples[1].describe(tokenizer=proc)
     assert "finish length" in text and f"{prompts[0].num_tokens} prompt + 2 response tokens" in text
-    page_doc = display.html_page(samples)
+    page_doc = view.html_page(samples)
     assert page_doc.startswith("<!DOCTYPE html>") and len(Page(page_doc).images()) == 2 + 2
 
 
@@ -423,7 +423,7 @@ def test_plot_image_grid_labels_each_token_cell_with_its_position(family):
     row = mmpipe.encode_row(chat(2, seed=4, sizes=[(40, 60), (70, 50)]), proc)
     fig = plot_image_grid(row, 1)
     ax = fig.axes[0]
-    assert np.array_equal(ax.images[0].get_array(), np.asarray(display.image_thumbnails(row)[1]))
+    assert np.array_equal(ax.images[0].get_array(), np.asarray(view.image_thumbnails(row)[1]))
     _, h, w = row.image_grid_thw[1].tolist()
     start = int(np.flatnonzero(row.mm_token_type_ids == 1)[token_count(row.image_grid_thw[0], family)])
     labels = [t.get_text() for t in ax.texts]

@@ -1,7 +1,7 @@
 """A batch's HTML page opened in a real browser (headless Chromium, Debian's ``chromium``).
 
 The image count is read off the screenshot: every thumbnail has a border in its own colour
-(`mmpipe.view.display.media_colour`), so each rendered image is a ring of that exact colour whose
+(`mmpipe.view.view.media_colour`), so each rendered image is a ring of that exact colour whose
 inside is the image itself, pixel for pixel. A broken or missing ``<img>`` draws no such
 ring around the right pixels. The DOM Chromium builds is checked as well."""
 
@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 import mmpipe
-from mmpipe.view import display
+from mmpipe import view
 from mmpipe import testing
 
 from conftest import processor_for
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 WIDTH, HEIGHT = 1280, 2600
-BORDER = 4  # px, .mmpipe-figure img border in mmpipe/view/display.py
+BORDER = 4  # px, .mmpipe-figure img border in mmpipe/view/html.py
 
 
 def chromium(page, tmp_path, *args):
@@ -69,7 +69,7 @@ def rendered_images(shot: np.ndarray, thumbs: list) -> dict[int, int]:
     its thumbnail (shown enlarged by a whole factor, pixelated)."""
     found = {}
     for i, th in enumerate(thumbs):
-        colour = np.asarray([int(display.media_colour(i)[k:k + 2], 16) for k in (1, 3, 5)], np.uint8)
+        colour = np.asarray([int(view.media_colour(i)[k:k + 2], 16) for k in (1, 3, 5)], np.uint8)
         mask = (shot == colour).all(axis=-1)
         ref = np.asarray(th)
         hits = 0
@@ -102,10 +102,10 @@ def test_batch_page_in_headless_chromium_shows_every_image(tmp_path):
     n_images = int(batch.image_grid_thw.shape[0])
     assert n_images == 6
     thumbs = [th for b, idx in enumerate(batch.sample_to_image_indices)
-              for th in display.image_thumbnails(rows[b], spec=proc)]
+              for th in view.image_thumbnails(rows[b], spec=proc)]
 
     page = tmp_path / "batch.html"
-    page.write_text(display.html_page(batch, tokenizer=proc, title="mmpipe batch"), encoding="utf-8")
+    page.write_text(view.html_page(batch, tokenizer=proc, title="mmpipe batch"), encoding="utf-8")
     png = tmp_path / "batch.png"
     run = chromium(page, tmp_path, f"--screenshot={png}", f"--window-size={WIDTH},{HEIGHT}")
     assert png.exists(), f"chromium wrote no screenshot (rc {run.returncode}): {run.stderr[-2000:]}"

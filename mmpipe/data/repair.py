@@ -1,0 +1,74 @@
+"""The safe repairs of `mmpipe.data.validate.validate_dataset(..., fix=True)`: Arrow-level
+conversions that change no value.
+
+Each takes a column (or the table) and returns the repaired Arrow data:
+
+- `lossless_cast`: a column cast to the schema type when every value survives the round trip
+  (int64 -> int32 when every value fits, large_list -> list, large_binary -> binary, float64
+  -> float32 when exact);
+- `u8_list_to_binary`: compact pixels stored as ``list<uint8>`` (older layout) -> ``binary``
+  with the end marker;
+- `add_empty_column`: a missing video column, empty for every row (no videos);
+- `recompute_rope_deltas`: a missing ``rope_delta`` as ``max(position_ids) + 1 - L``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mmpipe.records.columns import END_MARKER
+
+
+def lossless_cast(col: pa.ChunkedArray, typ: pa.DataType) -> Optional[pa.ChunkedArray]:
+    """``col`` cast to ``typ`` when no value changes (the cast back gives ``col``), else None."""
+    try:
+        out = col.cast(typ, safe=True)
+        if not out.cast(col.type).equals(col):
+            return None
+        return out
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+
+
+def is_u8_list(t: pa.DataType) -> bool:
+    """Whether ``t`` is a (nested) list of integers: compact pixels in the older list layout."""
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return pa.types.is_uint8(t) or pa.types.is_integer(t)
+
+
+def u8_list_to_binary(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Compact pixels stored as list<uint8> or list<list<uint8>> -> binary + end marker (nulls stay null)."""
+    out = []
+    for v in col.to_pylist():
+        if v is None:
+            out.append(None)
+            continue
+        arr = np.asarray(v, dtype=np.uint8).reshape(-1)
+        out.append(arr.tobytes() + bytes([END_MARKER]))
+    return pa.chunked_array([pa.array(out, type=pa.binary())])
+
+
+def add_empty_column(table: pa.Table, f: pa.Field) -> pa.Table:
+    """``table`` with column ``f`` appended, empty in every row (an end marker alone for binary pixels)."""
+    n = table.num_rows
+    if pa.types.is_binary(f.type):
+        vals = [bytes([END_MARKER])] * n
+    else:
+        vals = [[] for _ in range(n)]
+    return table.append_column(pa.field(f.name, f.type), pa.array(vals, type=f.type))
+
+
+def recompute_rope_deltas(table: pa.Table) -> pa.Array:
+    """int32 [rows]: each row's ``max(position_ids) + 1 - L`` (0 for an empty row)."""
+    pos = table.column("position_ids").to_pylist()
+    ids_len = pc.list_value_length(table.column("input_ids")).to_pylist()
+    out = []
+    for p, L in zip(pos, ids_len):
+        mx = max((max(r) for r in p if r), default=-1)
+        out.append(int(mx) + 1 - int(L or 0) if L else 0)
+    return pa.array(out, type=pa.int32())

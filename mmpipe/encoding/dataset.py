@@ -1,0 +1,162 @@
+"""Encode, over a whole dataset: ``dataset.map(mmpipe.encode, ...)``, `encode_dataset` (map +
+an exact `EncodeReport` of dropped and failed rows, for any ``num_proc``), `encode_row` (one
+row -> the typed record), `drop_failed` and `undecoded_images`.
+
+Example::
+
+    enc = ds.map(mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=2)
+    enc = ds.map(mmpipe.encode, fn_kwargs={"processor": processor, "max_length": 4096,
+                 "truncation": "drop"}, batched=True, remove_columns=ds.column_names)
+    enc, report = mmpipe.encode_dataset(ds, processor, num_proc=4, on_error="skip")
+
+Each encoded row is a stored `MultiModalInputs` dict (``input_ids`` int64 [L],
+``position_ids`` int64 [3, L], ``image_grid_thw`` int64 [I, 3], ``pixel_values_u8`` uint8
+[N, 3*p*p], ...); see `mmpipe.encoding.encoder`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+from mmpipe.encoding.encoder import Encoder
+from mmpipe.encoding.mapping import DROP_REASON_COLUMN, ERROR_COLUMN
+from mmpipe.records.row import MultiModalInputs
+
+__all__ = ["EncodeReport", "encode", "encode_row", "encode_dataset", "drop_failed", "undecoded_images"]
+
+
+@dataclass
+class EncodeReport:
+    """What ``encode_dataset`` did: rows in, rows out, dropped rows counted by reason, and
+    (``on_error="skip"``) every failed row as ``{"row", "stage", "column", "reason"}``.
+    ``rows_in == rows_out + sum(dropped.values()) + len(errors)``."""
+
+    rows_in: int
+    rows_out: int
+    dropped: dict
+    errors: list = field(default_factory=list)
+
+    @property
+    def failed(self) -> dict:
+        """Failed rows counted by stage (``"parse"``, ``"image"``, ...)."""
+        return dict(Counter(e["stage"] for e in self.errors))
+
+    def __str__(self) -> str:
+        why = ", ".join(f"{k}: {v}" for k, v in sorted(self.dropped.items())) or "none"
+        out = f"encoded {self.rows_out} of {self.rows_in} rows; dropped: {why}"
+        if self.errors:
+            out += "; failed: " + ", ".join(f"{k}: {v}" for k, v in sorted(self.failed.items()))
+        return out
+
+
+_ENCODERS: dict[tuple, Encoder] = {}
+
+
+def encode(example: dict, idx=None, *, processor, **options) -> dict:
+    """``dataset.map`` function: raw row(s) -> encoded row(s) (see `Encoder` for options).
+
+    Works per row and with ``batched=True``, ``with_indices=True`` (errors then name the
+    row index) and ``num_proc``. The encoder is built once per process per
+    (processor, options) and reused.
+    """
+    key = (id(processor), tuple(sorted((k, repr(v)) for k, v in options.items())))
+    enc = _ENCODERS.get(key)
+    if enc is None or enc.processor is not processor:
+        if len(_ENCODERS) > 16:
+            _ENCODERS.clear()
+        enc = _ENCODERS[key] = Encoder(processor, **options)
+    return enc(example, idx)
+
+
+def encode_row(example: dict, processor, idx=None, **options) -> MultiModalInputs:
+    """One raw row -> a `MultiModalInputs` (the typed record, not the stored dict)."""
+    return Encoder(processor, **options).encode_row(example, idx)
+
+
+def drop_failed(ds, *, num_proc: Optional[int] = None):
+    """A dataset mapped with ``on_error="skip"`` -> ``(dataset without the failed rows and
+    without ERROR_COLUMN, [{"row", "stage", "column", "reason"}, ...])``."""
+    if ERROR_COLUMN not in ds.column_names:
+        return ds, []
+    errors = [json.loads(x) for x in ds[ERROR_COLUMN] if x]
+    if errors:
+        ds = ds.filter(lambda r: [not x for x in r], input_columns=[ERROR_COLUMN], batched=True, num_proc=num_proc)
+    return ds.remove_columns([ERROR_COLUMN]), errors
+
+
+def _undecode(f) -> bool:
+    """Set ``decode=False`` on every ``datasets.Image()`` inside feature ``f``; whether any."""
+    if type(f).__name__ == "Image":
+        if getattr(f, "decode", False) and getattr(f, "mode", None) is None:
+            f.decode = False
+            return True
+        return False
+    if isinstance(f, dict):
+        return any([_undecode(v) for v in f.values()])
+    if isinstance(f, (list, tuple)):
+        return any([_undecode(v) for v in f])
+    inner = getattr(f, "feature", None)
+    return _undecode(inner) if inner is not None else False
+
+
+def undecoded_images(ds):
+    """``ds`` with every ``datasets.Image()`` feature (any nesting) set to ``decode=False``,
+    so rows carry ``{"bytes", "path"}`` dicts instead of PIL images decoded by ``datasets``.
+    Images with a forced ``mode`` are left decoding (datasets converts them)."""
+    import copy
+
+    features = getattr(ds, "features", None)
+    if not features:
+        return ds
+    new = copy.deepcopy(features)
+    if not _undecode(dict(new)) or not hasattr(ds, "data"):
+        return ds
+    # Same Arrow data, other features: ``Dataset(table, info=...)`` re-labels without the
+    # copy ``ds.cast`` would make of every image (the storage types are identical).
+    import hashlib
+
+    import datasets
+
+    info = ds.info.copy()
+    info.features = datasets.Features(dict(new))  # rebuilt: Features caches which columns decode
+    fingerprint = hashlib.sha256(f"{ds._fingerprint}:mmpipe-undecoded".encode()).hexdigest()[:16]
+    out = datasets.Dataset(ds.data, info=info, split=ds.split, indices_table=getattr(ds, "_indices", None),
+                           fingerprint=fingerprint)
+    fmt = ds.format
+    if fmt.get("type") is not None or fmt.get("columns") is not None:
+        out = out.with_format(fmt["type"], columns=fmt["columns"], output_all_columns=fmt["output_all_columns"],
+                              **fmt["format_kwargs"])
+    return out
+
+
+def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size: int = 64,
+                   remove_columns: bool = True, **options):
+    """Encode a ``datasets.Dataset`` and report exactly what was dropped, across processes.
+
+    Returns ``(encoded_dataset, EncodeReport)``. Rows dropped under ``truncation="drop"``
+    are counted by reason, and rows failing under ``on_error="skip"`` are recorded (row
+    index, stage, column, reason), from columns every worker writes, so the counts hold for
+    any ``num_proc`` (an in-process counter cannot see other workers).
+
+    ``datasets.Image()`` columns are read undecoded (``decode=False``): mmpipe decodes the
+    bytes itself (same pixels, EXIF orientation included), so a corrupt image becomes this
+    row's `ImageError` - recorded under ``on_error="skip"`` - instead of a crash inside
+    ``datasets`` before the row reaches mmpipe. (With a plain ``ds.map``, cast them yourself.)
+    """
+    enc = Encoder(processor, **options)
+    enc.mark_dropped = True
+    ds = undecoded_images(ds)
+    out = ds.map(enc, batched=True, batch_size=batch_size, num_proc=num_proc, with_indices=True,
+                 remove_columns=ds.column_names if remove_columns else None,
+                 desc="mmpipe.encode")
+    reasons = Counter(r for r in out[DROP_REASON_COLUMN] if r)
+    marks = [DROP_REASON_COLUMN] + ([ERROR_COLUMN] if ERROR_COLUMN in out.column_names else [])
+    errors = [json.loads(x) for x in out[ERROR_COLUMN] if x] if len(marks) == 2 else []
+    if reasons or errors:
+        out = out.filter(lambda *cols: [not any(v) for v in zip(*cols)], input_columns=marks, batched=True,
+                         num_proc=num_proc)
+    out = out.remove_columns(marks)
+    return out, EncodeReport(rows_in=len(ds), rows_out=len(out), dropped=dict(reasons), errors=errors)

@@ -1,0 +1,220 @@
+"""Encode, the ``datasets.map`` protocol of an `mmpipe.encoding.encoder.Encoder`: one raw row
+or a batch (dict of lists) -> output columns.
+
+- A row dropped under ``truncation="drop"`` (`RowDropped`) is left out of a batched map, or
+  kept as an empty row (0 tokens) whose `DROP_REASON_COLUMN` names the reason when the
+  encoder marks drops (`mmpipe.encoding.dataset.encode_dataset` filters those afterwards).
+- Under ``on_error="skip"`` a failing row becomes an empty row whose `ERROR_COLUMN` holds the
+  JSON ``{"row", "stage", "column", "reason"}`` of its `mmpipe.errors.InputError` (``""`` on
+  encoded rows).
+- A batch's images are decoded ahead on the image threads (`prefetch_images`), a bounded
+  window of rows at a time; results, errors and their order equal encoding row by row.
+
+The functions take the encoder as their first argument (any object with the `Encoder`
+attributes: ``stats``, ``mark_dropped``, ``on_error``, ``encode_row`` ...).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from concurrent.futures import wait
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import numpy as np
+
+from mmpipe.encoding.parse import parse_row, row_where
+from mmpipe.errors import InputError, TruncationError
+from mmpipe.images.threads import thread_pool
+from mmpipe.records.row import MultiModalInputs
+
+logger = logging.getLogger("mmpipe")
+
+__all__ = [
+    "ERROR_COLUMN", "DROP_REASON_COLUMN", "RowDropped", "EncodeStats", "as_input_error", "empty_row_dict",
+    "is_batch", "encode_one", "map_call", "prefetch_images",
+]
+
+# Under on_error="skip" every output row carries this column: "" when encoded, else the
+# JSON of {"row", "stage", "column", "reason"} (the row itself is then empty: 0 tokens).
+ERROR_COLUMN = "mmpipe_error"
+# Set by encode_dataset (Encoder.mark_dropped): "" when encoded, else why the row was dropped.
+DROP_REASON_COLUMN = "mmpipe_drop_reason"
+
+
+class RowDropped(Exception):
+    """Raised inside the encoder when a row is dropped under ``truncation="drop"``."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+@dataclass
+class EncodeStats:
+    """Counts of this process's encoder: rows seen, encoded, dropped by reason."""
+
+    rows: int = 0
+    encoded: int = 0
+    dropped: Counter = None  # type: ignore[assignment]
+    failed: Counter = None  # type: ignore[assignment]  # on_error="skip": failures by stage
+
+    def __post_init__(self):
+        self.dropped = Counter() if self.dropped is None else self.dropped
+        self.failed = Counter() if self.failed is None else self.failed
+
+
+def as_input_error(e: Exception, row=None) -> InputError:
+    """Any exception raised while encoding row ``row`` -> a located `InputError` (stage
+    ``"encode"`` for failures that were not anticipated as bad input)."""
+    if isinstance(e, InputError):
+        return e.locate(row=row)
+    return InputError(
+        f"unexpected {type(e).__name__} while encoding: {e}", row=row, stage="encode",
+        fix="this input is not handled by mmpipe; please report it with the row",
+    )
+
+
+def empty_row_dict(enc) -> dict:
+    """The stored dict of an empty row (0 tokens) in ``enc``'s family, pixel format and labels."""
+    fam = enc.family
+    row = MultiModalInputs(
+        input_ids=np.zeros(0, np.int64), attention_mask=np.zeros(0, np.int64),
+        mm_token_type_ids=np.zeros(0, np.int64), position_ids=np.zeros((3, 0), np.int64),
+        rope_delta=0, family=fam.name, labels=np.zeros(0, np.int64) if enc.labels else None,
+    )
+    if enc.pixels == "uint8":
+        row.pixel_values_u8 = np.zeros((0, fam.patch_dim_u8), np.uint8)
+    elif enc.pixels == "float32":
+        row.pixel_values = np.zeros((0, fam.patch_dim), np.float32)
+    return row.to_dict()
+
+
+def is_batch(example: dict) -> bool:
+    """datasets passes dict-of-lists under batched=True; tell it from one row by shape."""
+    for key in ("messages", "prompt"):
+        v = example.get(key)
+        if v is None:
+            continue
+        if isinstance(v, str):
+            return False
+        if isinstance(v, (list, tuple)):
+            if not v:
+                return False
+            first = v[0]
+            if isinstance(first, dict):
+                return False
+            return isinstance(first, (list, tuple, str)) or first is None
+    return False
+
+
+def _encode_or_drop(enc, example: dict, idx, images=None) -> tuple[Optional[dict], Optional[RowDropped]]:
+    """`encode_one`, plus the `RowDropped` of a drop that could not be recorded."""
+    enc.stats.rows += 1
+    extra = {}
+    try:
+        out = enc.encode_row(example, idx, _images=images).to_dict()
+        enc.stats.encoded += 1
+    except RowDropped as e:
+        enc.stats.dropped[e.reason] += 1
+        if not enc.mark_dropped:
+            logger.warning("mmpipe.encode dropped %s", e)
+            return None, e
+        out, extra = empty_row_dict(enc), {DROP_REASON_COLUMN: e.reason}
+    except Exception as e:
+        if enc.on_error != "skip" or isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        err = as_input_error(e, idx)
+        enc.stats.failed[err.stage] += 1
+        out, extra = empty_row_dict(enc), {ERROR_COLUMN: json.dumps(err.record())}
+    if enc.mark_dropped:
+        out[DROP_REASON_COLUMN] = ""
+    if enc.on_error == "skip":
+        out[ERROR_COLUMN] = ""
+    out.update(extra)
+    return out, None
+
+
+def encode_one(enc, example: dict, idx=None, images=None) -> Optional[dict]:
+    """One row -> its output dict: the encoded row, or (on_error="skip" / marked drops) an
+    empty row carrying why; None when a drop cannot be recorded (unmarked). ``images``: the
+    row's image futures from `prefetch_images`."""
+    return _encode_or_drop(enc, example, idx, images)[0]
+
+
+def _map_batch(enc, batch: dict, idx) -> dict:
+    n = len(next(iter(batch.values())))
+    examples = [{k: v[i] for k, v in batch.items()} for i in range(n)]
+    rows_idx = [idx[i] if isinstance(idx, (list, tuple, range)) else None for i in range(n)]
+    out_rows, kept = [], []
+    for i, images in enumerate(prefetch_images(enc, examples, rows_idx)):
+        row = encode_one(enc, examples[i], rows_idx[i], images)
+        if row is not None:
+            out_rows.append(row)
+            kept.append(i)
+    if out_rows:
+        keys = list(out_rows[0])
+    else:
+        keys = list(empty_row_dict(enc)) + ([DROP_REASON_COLUMN] if enc.mark_dropped else []) \
+            + ([ERROR_COLUMN] if enc.on_error == "skip" else [])
+    out = {k: [r[k] for r in out_rows] for k in keys}
+    if len(kept) != n:
+        # datasets keeps input columns unless removed: shorten them too, so a batch that
+        # lost rows stays one consistent table.
+        for k, v in batch.items():
+            if k not in out:
+                out[k] = [v[i] for i in kept]
+    return out
+
+
+def map_call(enc, example: dict, idx=None) -> dict:
+    """``Encoder.__call__``: one row or a batch (dict of lists) -> output column(s)."""
+    if is_batch(example):
+        return _map_batch(enc, example, idx)
+    out, dropped = _encode_or_drop(enc, example, idx)
+    if out is None:
+        raise TruncationError(  # a documented error, like every other refusal (found by fuzzing)
+            f"{dropped}; truncation='drop' can only leave rows out of a batched map", where="",
+            fix="pass batched=True (and remove_columns=ds.column_names) to dataset.map, or use mmpipe.encode_dataset"
+        )
+    return out
+
+
+# ---- image prefetch across a batch ---------------------------------------------------------
+def _row_image_futures(enc, example: dict, idx, pool, started: set) -> Optional[list]:
+    """Futures of (uint8 patches, grid) for one row's images, or None: no images, the row
+    does not parse (its encode then raises, in order), or an image object already started
+    for an earlier row (the row then encodes its images itself, after that row is done: a
+    lazily decoded PIL image must never be loaded by two threads at once). ``started``: the
+    ids of the image objects submitted so far."""
+    try:
+        _, images = parse_row(example, idx=idx, images_column=enc.images_column)
+    except Exception:  # noqa: BLE001 - reported by the row's own encode
+        return None
+    if not images or any(id(img) in started for img in images):
+        return None
+    started.update(id(img) for img in images)
+    return enc.submit_images(images, row_where(idx), pool)
+
+
+def prefetch_images(enc, examples: list[dict], rows_idx: list) -> Iterator[Any]:
+    """Per row of a batch, its image futures (or None), with the images of the next rows
+    already decoding on the image threads: a batch of one-image rows uses every thread, not
+    one. At most ``2 * threads`` rows are in flight (bounded memory); results, errors and
+    their order are those of encoding the rows one by one."""
+    n_threads = enc.image_threads()
+    if n_threads <= 1 or enc.pixels == "none" or not enc.family.is_vision or len(examples) <= 1:
+        yield from (None for _ in examples)
+        return
+    pool, started, ahead = thread_pool(), set(), {}
+    window = 2 * n_threads
+    for i in range(len(examples)):
+        for j in range(i, min(len(examples), i + window)):
+            if j not in ahead:
+                ahead[j] = _row_image_futures(enc, examples[j], rows_idx[j], pool, started)
+        futures = ahead.pop(i)
+        yield futures
+        if futures:  # the row may have failed before reading them: let them finish before a
+            wait(futures)  # later row that shares an image object loads it on this thread

@@ -1,0 +1,249 @@
+"""Encode, step 3 (and every later stage that edits ids): THE one expand/collapse of vision
+placeholders.
+
+A chat template renders ONE pad token per vision block (``<|image_pad|>`` per image,
+``<|video_pad|>`` per video - per frame group for Qwen3-VL, see
+`ModelFamily.video_frames_are_blocks`); training ids hold each block EXPANDED to its LLM token
+count, ``t*h*w / merge^2`` (`ModelFamily.tokens_per_grid`). Expanding at the token-id level
+equals tokenizing the expanded text, because the pad token is a special token that never
+merges with its neighbours, and avoids tokenizing thousands of special tokens per image.
+
+- `block_tokens`: grids int [N, 3] -> token count of each block in the text, in order.
+- `repeat_pads`: the shared core - ids int64 [L] with one pad per block -> each pad repeated
+  its block's count (one ``np.repeat`` with a repeats vector); aligned per-token arrays
+  (labels, step ids: int64 [L]) are repeated the same way. Used by encode, multi-turn
+  appends (`mmpipe.rollout.multiturn`) and ReMA (`mmpipe.rema.encode`).
+- `expand_image_pads`: `repeat_pads` with the counts of image grids.
+- `collapse_placeholders` / `expand_placeholders`: training ids <-> ids with one pad per block
+  (what vLLM takes, `mmpipe.rollout.inputs`); `check_roundtrip` asserts they invert exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from mmpipe.errors import ArgumentError, InputError, PlaceholderError
+from mmpipe.families import family_of
+from mmpipe.records.row import MultiModalInputs
+
+__all__ = [
+    "block_tokens",
+    "repeat_pads",
+    "expand_image_pads",
+    "collapse_placeholders",
+    "expand_placeholders",
+    "check_roundtrip",
+]
+
+KINDS = (("image", 1), ("video", 2))  # (block kind, its mm_token_type_ids code)
+
+
+def _where(row) -> str:
+    return f"row {row}" if row is not None else "row"
+
+
+def _as_numpy(v) -> np.ndarray:
+    return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+
+
+# ---- the shared core ----------------------------------------------------------------------
+def block_tokens(grid, family, kind: str) -> list[int]:
+    """Token count of each vision block in the text, in order.
+
+    ``grid``: int [N, 3] (t, h, w) of images or videos (None or empty: no blocks); ``kind``:
+    ``"image"`` or ``"video"``. One block per image; one per video, except in families whose
+    video frame groups are blocks of their own (`ModelFamily.video_frames_are_blocks`,
+    Qwen3-VL): ``t`` blocks of ``h*w/merge^2`` tokens per video, a timestamp text before each.
+    """
+    fam = family_of(family)
+    g = np.asarray(np.zeros((0, 3)) if grid is None else _as_numpy(grid), dtype=np.int64).reshape(-1, 3)
+    if kind == "video" and fam.video_frames_are_blocks:
+        frames = g.copy()
+        frames[:, 0] = 1
+        return np.repeat(fam.tokens_per_grid(frames), np.maximum(g[:, 0], 0)).tolist()
+    return fam.tokens_per_grid(g).tolist()
+
+
+def repeat_pads(ids: np.ndarray, positions, counts, *aligned: Optional[np.ndarray]) -> tuple:
+    """Expand one pad per block into its block's tokens.
+
+    Args:
+        ids: int64 [L], one pad token per block at ``positions`` (int [K]).
+        counts: int [K], the token count of each block (`block_tokens`).
+        aligned: per-token arrays [L] (labels, step ids) repeated like ``ids``; None stays None.
+
+    Returns ``(ids, *aligned)``, each [L - K + sum(counts)]; every other token is kept once.
+    """
+    reps = np.ones(ids.shape, dtype=np.int64)
+    reps[positions] = counts
+    return (np.repeat(ids, reps),) + tuple(None if a is None else np.repeat(a, reps) for a in aligned)
+
+
+def expand_image_pads(ids: np.ndarray, pad_positions, grids, family, *aligned: Optional[np.ndarray]) -> tuple:
+    """`repeat_pads` for images: the pad of image ``i`` (``pad_positions[i]``) becomes
+    ``tokens_per_grid(grids[i])`` pads. ``grids``: int [I, 3]; returns ``(ids, *aligned)``."""
+    return repeat_pads(ids, pad_positions, family_of(family).tokens_per_grid(grids), *aligned)
+
+
+# ---- training ids <-> one pad per block (rollout inputs) ------------------------------------
+def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the runs of True in a bool [L] mask."""
+    d = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
+    return np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+
+
+def _block_starts(ids, types, code, blocks, kind, where) -> list[int]:
+    """Start index of each block; each run of ``types == code`` must be whole blocks."""
+    starts, ends = _runs(types == code)
+    out, k = [], 0
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        pos = s
+        while pos < e:  # adjacent blocks with no separator share one run
+            if k >= len(blocks):
+                raise PlaceholderError(
+                    f"{int((types == code).sum())} {kind} tokens but the {kind} grids need "
+                    f"{sum(blocks)} in {len(blocks)} block(s) of {blocks}; the text holds {kind} tokens "
+                    f"without a grid", where=where, stage="rollout", column="input_ids", fix="re-encode the row",
+                )
+            n = blocks[k]
+            if pos + n > e:
+                raise PlaceholderError(
+                    f"{kind} block {k} is a run of {e - pos} {kind} token(s) at position {pos} "
+                    f"but its grid needs {n}; the tokens were cut (truncation?) or the grids belong "
+                    f"to other tokens", where=where, stage="rollout", column="input_ids", fix="re-encode the row",
+                )
+            if not (ids[pos:pos + n] == ids[pos]).all():
+                raise PlaceholderError(f"{kind} block {k} at position {pos} mixes token ids", where=where,
+                                       stage="rollout", column="input_ids", expected="one pad id")
+            out.append(pos)
+            pos += n
+            k += 1
+    if k != len(blocks):
+        raise PlaceholderError(
+            f"the text holds {k} {kind} block(s) but the {kind} grids need {len(blocks)} "
+            f"({blocks} tokens); the {kind} data and the text disagree", where=where, stage="rollout",
+            column=f"{kind}_grid_thw", fix="re-encode the row",
+        )
+    return out
+
+
+def collapse_placeholders(
+    input_ids,
+    mm_token_type_ids,
+    image_grid_thw,
+    video_grid_thw=None,
+    *,
+    family,
+    row: Any = None,
+) -> np.ndarray:
+    """Training ids -> ids with ONE pad token per vision block (what vLLM expects).
+
+    Args:
+        input_ids: int [L], placeholders expanded (``t*h*w/merge^2`` pads per image).
+        mm_token_type_ids: int [L], 0 text, 1 image, 2 video.
+        image_grid_thw: int [I, 3]; video_grid_thw: int [V, 3] or None.
+        family: family name, `ModelFamily` or processor.
+        row: named in errors.
+
+    Returns int64 [L - sum(block tokens) + num blocks]. Each image block (its pads, between
+    ``<|vision_start|>`` and ``<|vision_end|>``) becomes one ``<|image_pad|>``; each video
+    block one ``<|video_pad|>``. Qwen3-VL videos have one block per frame group (timestamp
+    text before each), so a video keeps ``t`` single-pad blocks and its timestamps: that
+    form is lossless (`expand_placeholders` restores the ids) but it is NOT a vLLM video
+    prompt (vLLM wants one ``<|vision_start|><|video_pad|><|vision_end|>`` per video and
+    writes the timestamps itself from the video metadata), see `mmpipe.rollout.inputs.to_vllm_prompts`.
+    Raises `mmpipe.errors.PlaceholderError` (a ValueError) naming the row when a block's token
+    run does not match its grid.
+    """
+    fam = family_of(family)
+    where = _where(row)
+    ids = _as_numpy(input_ids).astype(np.int64).reshape(-1)
+    types = _as_numpy(mm_token_type_ids).astype(np.int64).reshape(-1)
+    if types.shape != ids.shape:
+        raise InputError(f"mm_token_type_ids has shape {types.shape}, input_ids {ids.shape}", where=where,
+                         stage="rollout", column="mm_token_type_ids", fix="pass the row's own mm_token_type_ids")
+    keep = np.ones(ids.shape, dtype=bool)
+    for (kind, code), grid in zip(KINDS, (image_grid_thw, video_grid_thw)):
+        blocks = block_tokens(grid, fam, kind)
+        for s, n in zip(_block_starts(ids, types, code, blocks, kind, where), blocks):
+            keep[s + 1:s + n] = False
+    return ids[keep]
+
+
+def _pad_ids(family, image_token_id, video_token_id) -> tuple[Optional[int], Optional[int]]:
+    """The image / video pad ids: as given, else read from ``family``'s tokenizer (a processor)."""
+    if image_token_id is None or video_token_id is None:
+        tok = getattr(family, "tokenizer", family)
+        if hasattr(tok, "convert_tokens_to_ids"):
+            fam = family_of(family)
+            image_token_id = tok.convert_tokens_to_ids(fam.image_token) if image_token_id is None else image_token_id
+            video_token_id = tok.convert_tokens_to_ids(fam.video_token) if video_token_id is None else video_token_id
+    return image_token_id, video_token_id
+
+
+def expand_placeholders(
+    collapsed_ids,
+    image_grid_thw,
+    video_grid_thw=None,
+    *,
+    family,
+    image_token_id: Optional[int] = None,
+    video_token_id: Optional[int] = None,
+    row: Any = None,
+) -> np.ndarray:
+    """Inverse of `collapse_placeholders`: each single pad -> its block's token count.
+
+    ``family``: a processor (the pad ids are read from its tokenizer) or a family name /
+    `ModelFamily` together with ``image_token_id`` / ``video_token_id``.
+    Returns int64 [L] (training ids).
+    """
+    fam = family_of(family)
+    where = _where(row)
+    pad_ids = _pad_ids(family, image_token_id, video_token_id)
+    ids = _as_numpy(collapsed_ids).astype(np.int64).reshape(-1)
+    positions, counts = [], []
+    for (kind, _), tok_id, grid in zip(KINDS, pad_ids, (image_grid_thw, video_grid_thw)):
+        blocks = block_tokens(grid, fam, kind)
+        if not blocks:
+            continue
+        if tok_id is None:
+            raise ArgumentError(
+                f"{where}: cannot tell the {kind} pad id; pass the processor as family= or "
+                f"{kind}_token_id="
+            )
+        pos = np.flatnonzero(ids == tok_id)
+        if len(pos) != len(blocks):
+            raise PlaceholderError(
+                f"{len(pos)} {kind} pad token(s) in the collapsed ids but the {kind} grids "
+                f"need {len(blocks)} (one per block); were the ids already expanded?", where=where,
+                stage="rollout", column="input_ids", fix="expand only ids from collapse_placeholders",
+            )
+        positions.append(pos)
+        counts += blocks
+    at = np.concatenate(positions) if positions else np.zeros(0, dtype=np.int64)
+    return repeat_pads(ids, at, np.asarray(counts, dtype=np.int64))[0]
+
+
+def check_roundtrip(row, *, index: Any = None) -> np.ndarray:
+    """Raise AssertionError unless ``expand(collapse(ids)) == ids`` for this row exactly.
+
+    The pad ids are read from the row itself. Returns the collapsed ids int64 [L'].
+    """
+    r = MultiModalInputs.from_dict(row, row=index)
+    ids, types = r.input_ids, r.mm_token_type_ids
+    img = int(ids[types == 1][0]) if (types == 1).any() else None
+    vid = int(ids[types == 2][0]) if (types == 2).any() else None
+    collapsed = collapse_placeholders(ids, types, r.image_grid_thw, r.video_grid_thw, family=r.family, row=index)
+    back = expand_placeholders(collapsed, r.image_grid_thw, r.video_grid_thw, family=r.family,
+                               image_token_id=img, video_token_id=vid, row=index)
+    if back.shape != ids.shape or not np.array_equal(back, ids):
+        n = min(len(back), len(ids))
+        diff = np.flatnonzero(back[:n] != ids[:n])
+        at = int(diff[0]) if len(diff) else n
+        raise AssertionError(
+            f"{_where(index)}: expand(collapse(input_ids)) differs from input_ids "
+            f"({len(back)} vs {len(ids)} tokens, first difference at {at})"
+        )
+    return collapsed

@@ -1,0 +1,170 @@
+"""A stored row's images back as the processor's resized images (rollout inputs stage).
+
+Engines that take raw images (vLLM) get each row's images rebuilt from its compact uint8
+patches (or, exactly inverted, its float32 ``pixel_values``), plus the ``mm_processor_kwargs``
+under which re-processing them is the identity (see `mmpipe.rollout.inputs` for why).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mmpipe.errors import FamilyMismatchError, ImageError, PixelDataError
+from mmpipe.families import DEFAULT_FAMILY, ModelFamily, family_of
+from mmpipe.images.pixels import pixel_values_to_u8, unpatchify_u8, video_pixel_values_to_u8
+from mmpipe.images.spec import VisionSpec, smart_resize
+from mmpipe.records.row import MultiModalInputs
+
+__all__ = ["vision_spec_for", "row_images", "row_video_frames", "vllm_processor_kwargs"]
+
+
+def _where(row) -> str:
+    """``"row 3"`` for errors (``"row"`` when the index is unknown)."""
+    return f"row {row}" if row is not None else "row"
+
+
+def vision_spec_for(processor_or_spec, fam: ModelFamily) -> VisionSpec:
+    """The `VisionSpec` to rebuild rows of family ``fam`` with.
+
+    ``processor_or_spec``: a `VisionSpec` (used as is), a processor (its spec; it must be of
+    the rows' family), a family name / `ModelFamily` (its defaults) or None (``fam``'s
+    defaults). Raises `FamilyMismatchError` when the processor or spec belongs to another family.
+    """
+    if isinstance(processor_or_spec, VisionSpec):
+        spec = processor_or_spec
+    elif processor_or_spec is None or isinstance(processor_or_spec, (str, ModelFamily)):
+        spec = VisionSpec.from_family(family_of(processor_or_spec) if processor_or_spec is not None else fam)
+    else:
+        other = family_of(processor_or_spec)
+        if other.name != fam.name:
+            raise FamilyMismatchError(
+                f"the rows were encoded for {fam.name!r} but the processor is {other.name!r}", where="",
+                stage="rollout", expected=f"a {fam.name} processor", found=f"a {other.name} processor",
+                fix="use the processor the rows were encoded with",
+            )
+        spec = VisionSpec.from_processor(processor_or_spec)
+    if fam.is_vision and spec.patch_size != fam.patch_size:
+        raise FamilyMismatchError(
+            f"VisionSpec patch size {spec.patch_size} does not match {fam.name} ({fam.patch_size})", where="",
+            stage="rollout", fix="pass the processor (or its VisionSpec) the rows were encoded with",
+        )
+    return spec
+
+
+def _image_u8(r: MultiModalInputs, spec: VisionSpec, index: Any) -> np.ndarray:
+    """The row's image patches as compact uint8 [N, 3*p*p] (inverting float32 pixel_values)."""
+    if r.pixel_values_u8 is not None:
+        return r.pixel_values_u8
+    if r.pixel_values is not None:
+        try:
+            return pixel_values_to_u8(r.pixel_values, spec.lut(), spec.temporal_patch_size)
+        except ValueError as e:
+            raise PixelDataError(
+                f"cannot recover the images from float32 pixel_values ({e}); were they made "
+                "with other normalisation constants?", row=index, where=_where(index), stage="rollout",
+                column="pixel_values", fix="pass the processor the row was encoded with",
+            ) from None
+    raise PixelDataError(
+        f"holds {r.num_images} image(s) but no pixel data (encoded with pixels='none', layout only); "
+        "a rollout engine needs the images", row=index, where=_where(index), stage="rollout",
+        column="pixel_values_u8", fix="re-encode with pixels='uint8' (the default)",
+    )
+
+
+def row_images(row, spec: VisionSpec, *, index: Any = None) -> list:
+    """The row's images as PIL RGB images, exactly the processor's resized images.
+
+    Each image ``i`` is ``W = gw*p`` by ``H = gh*p`` (its ``image_grid_thw`` (1, gh, gw)), from
+    compact ``pixel_values_u8`` [N, 3*p*p] or, exactly inverted, from float32
+    ``pixel_values`` [N, 3*T*p*p]. Re-processing them under `vllm_processor_kwargs` gives
+    the stored grid and ``pixel_values`` bit for bit. Raises `PixelDataError` (stage
+    "rollout") when the row has no pixel data or its patches do not fit ``spec``.
+    """
+    from PIL import Image
+
+    r = MultiModalInputs.from_dict(row, row=index)
+    where = _where(index)
+    if not r.num_images:
+        return []
+    u8 = _image_u8(r, spec, index)
+    p = spec.patch_size
+    if u8.shape[1] != 3 * p * p:
+        raise PixelDataError(
+            "image patches do not fit this VisionSpec", row=index, where=where, stage="rollout",
+            column="pixel_values_u8", expected=f"rows 3*{p}*{p} = {3 * p * p} wide", found=f"{u8.shape[1]} wide",
+            fix="pass the processor (or VisionSpec) the row was encoded with",
+        )
+    out, start = [], 0
+    for i, (t, h, w) in enumerate(r.image_grid_thw.tolist()):
+        if t != 1:
+            raise PixelDataError(
+                f"grid {(t, h, w)} has t != 1; images have one temporal step", row=index, image=i,
+                where=f"{where}, image {i}", stage="rollout", column="image_grid_thw", fix="re-encode the row",
+            )
+        arr = unpatchify_u8(u8[start:start + h * w], h, w, spec)
+        out.append(Image.fromarray(arr, "RGB"))
+        start += h * w
+    return out
+
+
+def row_video_frames(row, spec: VisionSpec, *, index: Any = None) -> list[np.ndarray]:
+    """The row's videos as uint8 frame arrays [t*T, gh*p, gw*p, 3] (T = temporal patch size).
+
+    Compact video storage ``pixel_values_videos_u8`` is uint8 [Nv, 3*T*p*p] in the video
+    processor's layout: rows ordered (frame group, h/merge, w/merge, merge_h, merge_w), each
+    row (channel, frame-in-group, patch_y, patch_x). Frame ``g*T + k`` is frame ``k`` of group
+    ``g``; a video whose frame count was odd carries its last frame twice (the processor pads).
+    """
+    r = MultiModalInputs.from_dict(row, row=index)
+    if not r.num_videos:
+        return []
+    if r.pixel_values_videos_u8 is not None:
+        u8 = r.pixel_values_videos_u8
+    elif r.pixel_values_videos is not None:
+        u8 = video_pixel_values_to_u8(r.pixel_values_videos, spec.lut())
+    else:
+        raise PixelDataError(
+            f"holds {r.num_videos} video(s) but no pixel data", row=index, where=_where(index), stage="rollout",
+            column="pixel_values_videos_u8", fix="re-encode with pixels",
+        )
+    p, m, T = spec.patch_size, spec.merge_size, spec.temporal_patch_size
+    out, start = [], 0
+    for t, h, w in r.video_grid_thw.tolist():
+        x = u8[start:start + t * h * w].reshape(t, h // m, w // m, m, m, 3, T, p, p)
+        x = x.transpose(0, 6, 1, 3, 7, 2, 4, 8, 5)  # (t, T, h/m, m, p, w/m, m, p, C)
+        out.append(np.ascontiguousarray(x).reshape(t * T, h * p, w * p, 3))
+        start += t * h * w
+    return out
+
+
+# ---- vLLM ------------------------------------------------------------------------------
+def vllm_processor_kwargs(grids, spec: VisionSpec, *, index: Any = None, family=DEFAULT_FAMILY) -> dict:
+    """``mm_processor_kwargs`` under which the processor re-creates these stored images as-is.
+
+    grids: int [I, 3] image grids of one prompt. Returns ``{"min_pixels", "max_pixels"}``:
+    the spec's bounds widened to contain every stored image's area (so ``smart_resize`` is
+    the identity for each), plus ``"do_resize": False`` when a stored image's aspect ratio
+    exceeds the family's limit (``fam.max_aspect_ratio``, 200: the processor would refuse it;
+    the stored image needs no resize anyway). ``family``: the rows' family (name,
+    `ModelFamily` or processor).
+    """
+    fam = family_of(family)
+    g = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+    p, f = spec.patch_size, spec.factor
+    hw = [(h * p, w * p) for _, h, w in g.tolist()]
+    areas = [H * W for H, W in hw]
+    kw: dict = {"min_pixels": int(min([spec.min_pixels, *areas])), "max_pixels": int(max([spec.max_pixels, *areas]))}
+    for i, (H, W) in enumerate(hw):
+        if not fam.aspect_ok(H, W):
+            kw["do_resize"] = False
+            continue
+        got = smart_resize(H, W, f, kw["min_pixels"], kw["max_pixels"])
+        if got != (H, W):  # cannot happen for sides that are multiples of the factor; keep the guard
+            raise ImageError(
+                "re-processing the stored image would resize it", row=index, image=i,
+                where=f"{_where(index)}, image {i}", column="image_grid_thw",
+                expected=f"{H}x{W} (unchanged)", found=f"{got[0]}x{got[1]}", fix="re-encode the row",
+            )
+    return kw
