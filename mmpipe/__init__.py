@@ -26,6 +26,7 @@ import importlib
 __version__ = "0.1.0"
 
 # These modules import only numpy/pyarrow/PIL at import time (torch and transformers load on use).
+from mmpipe._lazy import lazy_exports  # noqa: E402
 from mmpipe import _fork  # noqa: E402,F401  (registers the fork marker before any worker forks)
 from mmpipe import errors  # noqa: E402  (mmpipe.errors.InputError and its subclasses)
 from mmpipe.batching.collate import ArrowRows, Collator, collate  # noqa: E402
@@ -41,41 +42,29 @@ from mmpipe.records.row import MultiModalInputs  # noqa: E402
 from mmpipe import view  # noqa: E402,F401  (registers the records' Jupyter/text renderers; no matplotlib/torch)
 
 # Names whose modules import torch (or are rarely needed): loaded on first use.
-_LAZY = {
-    "get_rope_index": "mmpipe.rope",
-    "text_positions": "mmpipe.rope",
-    "to_verl_positions": "mmpipe.rope",
-    "family_of": "mmpipe.families",
-    "ModelFamily": "mmpipe.families",
-    "VisionSpec": "mmpipe.images.spec",
-    "write_schemas": "mmpipe.data.schemas",
-    "validate_dataset": "mmpipe.data.validate",
-    "check_dataset": "mmpipe.data.validate",
-    "load_encoded": "mmpipe.data.validate",
-    "ValidationReport": "mmpipe.data.validate",
-    "PackingCollator": "mmpipe.batching.packing",
-    "PackedMultiModalInputs": "mmpipe.records.packed",
-    "pack": "mmpipe.batching.packing",
-    "unpack": "mmpipe.batching.packing",
-    "TokenBudgetBatchSampler": "mmpipe.batching.sampler",
-    "token_counts": "mmpipe.batching.sampler",
+_EXPORTS = {
+    "mmpipe.rope": ("get_rope_index", "text_positions", "to_verl_positions"),
+    "mmpipe.families": ("family_of", "ModelFamily"),
+    "mmpipe.images.spec": ("VisionSpec",),
+    "mmpipe.data.schemas": ("write_schemas",),
+    "mmpipe.data.validate": ("validate_dataset", "check_dataset", "load_encoded", "ValidationReport"),
+    "mmpipe.batching.packing": ("PackingCollator", "pack", "unpack"),
+    "mmpipe.records.packed": ("PackedMultiModalInputs",),
+    "mmpipe.batching.sampler": ("TokenBudgetBatchSampler", "token_counts"),
 }
+_lazy_getattr, _, _LAZY_NAMES = lazy_exports(__name__, _EXPORTS, globals())
 
 __all__ = sorted(
-    ["ArrowRows", "rows_from_arrow", "Collator", "collate", "EncodeReport", "Encoder", "compact", "drop_failed", "errors", "encode", "encode_dataset", "encode_row",
-     "parse_row", "rows_from_processor_output", "IGNORE_INDEX", "BatchedMultiModalInputs", "MultiModalInputs",
-     "unbatch", "testing", *_LAZY]
+    ["ArrowRows", "rows_from_arrow", "Collator", "collate", "EncodeReport", "Encoder", "compact", "drop_failed", "errors",
+     "encode", "encode_dataset", "encode_row", "parse_row", "rows_from_processor_output", "IGNORE_INDEX",
+     "BatchedMultiModalInputs", "MultiModalInputs", "unbatch", "testing", *_LAZY_NAMES]
 )
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    if name == "testing":
+    if name == "testing":  # the test fixtures and harness, on demand
         return importlib.import_module("mmpipe.testing")
-    raise AttributeError(f"module 'mmpipe' has no attribute {name!r}")
+    return _lazy_getattr(name)
 
 
 def __dir__():

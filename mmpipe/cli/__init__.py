@@ -16,30 +16,18 @@ re-exported (it is a submodule's name): use ``mmpipe.cli.main.main``.
 
 from __future__ import annotations
 
-import importlib
+from mmpipe._lazy import lazy_exports
 
 _EXPORTS = {
-    "encode": ("REPORT_FILE", "CLIError", "load_processor", "input_format", "load_raw", "ImageResolver",
-               "resolve_images", "dir_bytes", "encode_options", "run_encode", "check_out_dir", "encode_to_disk",
-               "run_record", "add_encode_parser"),
-    "inspect": ("BAR_WIDTH", "Distribution", "integer_histogram", "DatasetStats", "dataset_stats", "open_encoded",
-                "format_histogram", "format_stats", "run_inspect", "add_inspect_parser"),
-    "main": ("DEFAULT_PRIMITIVES",),
-    "demo": ("image_pool", "build_rows"),
-    "demo_checks": ("SUMMARY_OK", "DemoChecks"),
+    "mmpipe.cli.encode": ("REPORT_FILE", "CLIError", "load_processor", "input_format", "load_raw",
+        "ImageResolver", "resolve_images", "dir_bytes", "encode_options", "run_encode", "check_out_dir",
+        "encode_to_disk", "run_record", "add_encode_parser"),
+    "mmpipe.cli.inspect": ("BAR_WIDTH", "Distribution", "integer_histogram", "DatasetStats",
+        "dataset_stats", "open_encoded", "format_histogram", "format_stats", "run_inspect",
+        "add_inspect_parser"),
+    "mmpipe.cli.main": ("DEFAULT_PRIMITIVES",),
+    "mmpipe.cli.demo": ("image_pool", "build_rows"),
+    "mmpipe.cli.demo_checks": ("SUMMARY_OK", "DemoChecks"),
 }
-_LAZY = {name: f"mmpipe.cli.{module}" for module, names in _EXPORTS.items() for name in names}
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'mmpipe.cli' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(__all__) | set(globals()))
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, globals())

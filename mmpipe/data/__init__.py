@@ -18,30 +18,19 @@ Names are re-exported lazily (``mmpipe.data.validate_dataset``): the modules imp
 
 from __future__ import annotations
 
-import importlib
+from mmpipe._lazy import lazy_exports
 
 _EXPORTS = {
-    "filters": ("TokenCounter", "TokenLengths", "LengthFilterReport", "token_lengths", "filter_by_length"),
-    "streaming": ("STRATEGIES", "Coverage", "shard_for_rank", "encode_stream", "exactly_once"),
-    "ray_data": ("RayBatchEncoder", "batch_rows", "rows_to_arrow"),
-    "loading": ("load_table", "dataset_table", "table_to_dataset"),
-    "validate": ("REQUIRED", "DEFAULTABLE", "BOOKKEEPING", "REENCODE", "SchemaError", "Issue", "ValidationReport",
-                 "validate_dataset", "check_dataset", "load_encoded"),
-    "repair": ("lossless_cast", "is_u8_list", "u8_list_to_binary", "add_empty_column", "recompute_rope_deltas"),
-    "schemas": ("SCHEMA_VERSION", "schema_documents", "render", "write_schemas"),
+    "mmpipe.data.filters": ("TokenCounter", "TokenLengths", "LengthFilterReport", "token_lengths",
+        "filter_by_length"),
+    "mmpipe.data.streaming": ("STRATEGIES", "Coverage", "shard_for_rank", "encode_stream", "exactly_once"),
+    "mmpipe.data.ray_data": ("RayBatchEncoder", "batch_rows", "rows_to_arrow"),
+    "mmpipe.data.loading": ("load_table", "dataset_table", "table_to_dataset"),
+    "mmpipe.data.validate": ("REQUIRED", "DEFAULTABLE", "BOOKKEEPING", "REENCODE", "SchemaError", "Issue",
+        "ValidationReport", "validate_dataset", "check_dataset", "load_encoded"),
+    "mmpipe.data.repair": ("lossless_cast", "is_u8_list", "u8_list_to_binary", "add_empty_column",
+        "recompute_rope_deltas"),
+    "mmpipe.data.schemas": ("SCHEMA_VERSION", "schema_documents", "render", "write_schemas"),
 }
-_LAZY = {name: f"mmpipe.data.{module}" for module, names in _EXPORTS.items() for name in names}
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'mmpipe.data' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(__all__) | set(globals()))
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, globals())
