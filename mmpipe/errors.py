@@ -52,6 +52,9 @@ class InputError(MMPipeError, ValueError):
         fix: what the user can do about it.
         image: index of the image within the row, when an image is at fault.
         detail: the free text of the message when it is not expected/found shaped.
+        column_in_location: the location names the column (``"row 3, column 'pixel_values'"``,
+            or ``"column 'pixel_values'"`` when the row is unknown) instead of the closing tag,
+            for errors about one stored column of a row.
     """
 
     default_stage = "parse"
@@ -68,6 +71,7 @@ class InputError(MMPipeError, ValueError):
         fix: Optional[str] = None,
         image: Optional[int] = None,
         where: Optional[str] = None,
+        column_in_location: bool = False,
     ):
         self.detail = detail
         self.row = row
@@ -78,6 +82,7 @@ class InputError(MMPipeError, ValueError):
         self.fix = fix
         self.image = image
         self.where = where
+        self.column_in_location = column_in_location
         super().__init__(self._compose())
 
     def location(self) -> str:
@@ -85,22 +90,31 @@ class InputError(MMPipeError, ValueError):
         detail already says where)."""
         if self.where is not None:
             return self.where
+        if self.column_in_location and self.column is not None:
+            return (f"row {self.row}, " if self.row is not None else "") + f"column {self.column!r}"
         if self.row is None and self.image is None:  # nothing known (e.g. re-raised by a DataLoader worker)
             return ""
         loc = f"row {self.row}" if self.row is not None else "row (index unknown: pass with_indices=True to map)"
         return loc + (f", image {self.image}" if self.image is not None else "")
 
-    def _compose(self) -> str:
+    def message_body(self) -> str:
+        """What is wrong, without location, fix or tags: ``"detail; expected X; found Y"``
+        (for reports that say where and what to do themselves, e.g. `mmpipe.validate_dataset`)."""
         body = [self.detail] if self.detail else []
         if self.expected is not None:
             body.append(f"expected {self.expected}")
         if self.found is not None:
             body.append(f"found {self.found}")
+        return "; ".join(body) if body else "invalid input"
+
+    def _compose(self) -> str:
         loc = self.location()
-        msg = (f"{loc}: " if loc else "") + ("; ".join(body) if body else "invalid input")
+        msg = (f"{loc}: " if loc else "") + self.message_body()
         if self.fix:
             msg += f" - {self.fix}"
-        tags = [f"stage: {self.stage}"] + ([f"column: {self.column!r}"] if self.column is not None else [])
+        tags = [f"stage: {self.stage}"]
+        if self.column is not None and not (self.column_in_location and self.where is None):
+            tags.append(f"column: {self.column!r}")
         return msg + " [" + ", ".join(tags) + "]"
 
     def __str__(self) -> str:  # composed on demand: encode fills in row/column after the fact
@@ -119,6 +133,13 @@ class InputError(MMPipeError, ValueError):
         self.args = (self._compose(),)
         return self
 
+    def restage(self, stage: str) -> "InputError":
+        """Report the error at ``stage`` instead (a stage re-raising what a check it runs found,
+        e.g. collate running `MultiModalInputs.validate`); returns self."""
+        self.stage = stage
+        self.args = (self._compose(),)
+        return self
+
     def record(self) -> dict:
         """``{"row", "stage", "column", "reason"}``: what ``on_error="skip"`` stores."""
         return {"row": self.row, "stage": self.stage, "column": self.column, "reason": str(self)}
@@ -126,7 +147,8 @@ class InputError(MMPipeError, ValueError):
     def __reduce__(self):  # picklable across datasets.map(num_proc=...) workers
         return (_rebuild, (type(self), self.detail, dict(
             row=self.row, column=self.column, stage=self.stage, expected=self.expected,
-            found=self.found, fix=self.fix, image=self.image, where=self.where)))
+            found=self.found, fix=self.fix, image=self.image, where=self.where,
+            column_in_location=self.column_in_location)))
 
 
 def _rebuild(cls, detail, kwargs):

@@ -12,6 +12,7 @@ The family is found from the processor (or model config), never asked of the use
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from mmpipe.errors import ArgumentError
 
@@ -43,10 +44,11 @@ class ModelFamily:
     image_mean: tuple[float, float, float] = CLIP_MEAN
     image_std: tuple[float, float, float] = CLIP_STD
     tokens_per_second: float = 1.0
-    image_token: str = "<|image_pad|>"
-    video_token: str = "<|video_pad|>"
-    vision_start_token: str = "<|vision_start|>"
-    vision_end_token: str = "<|vision_end|>"
+    # the vision special tokens; None for a family without them (the text family)
+    image_token: Optional[str] = "<|image_pad|>"
+    video_token: Optional[str] = "<|video_pad|>"
+    vision_start_token: Optional[str] = "<|vision_start|>"
+    vision_end_token: Optional[str] = "<|vision_end|>"
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
     max_aspect_ratio: float = 200.0  # the image processors refuse max(h, w) / min(h, w) above this
@@ -108,6 +110,27 @@ class ModelFamily:
         """Total LLM tokens of a list of grids int [n, 3] (0 for none)."""
         return int(self.tokens_per_grid(grid).sum()) if len(grid) else 0
 
+    def vision_token_ids(self, tokenizer) -> dict[str, Optional[int]]:
+        """Ids of the family's vision tokens in ``tokenizer``: ``{"image": int, "video": int,
+        "vision_start": int, "vision_end": int}``, None for each token the family does not have
+        (all four for the text family, whose tokenizer may still know the Qwen-VL tokens)."""
+        tokens = {"image": self.image_token, "video": self.video_token,
+                  "vision_start": self.vision_start_token, "vision_end": self.vision_end_token}
+        return {k: None if t is None else tokenizer.convert_tokens_to_ids(t) for k, t in tokens.items()}
+
+    def model_positions(self, position_ids, axis: int = 0):
+        """Position ids in the form the model's ``forward`` takes them.
+
+        ``position_ids``: int64 numpy array or torch tensor with its 3 position rows on ``axis``:
+        mmpipe's layout [3, L] / [3, B, L], or batch first [B, 3, L] with ``axis=1`` (ReMA).
+        An M-RoPE family takes all three rows: returned as it is. The 1-D rule takes row 0
+        alone (the text positions, which the layout repeats on every row): returned without
+        ``axis`` ([L], [B, L]), a view.
+        """
+        if self.rope != "1d":
+            return position_ids
+        return position_ids[(slice(None),) * axis + (0,)]
+
     def aspect_ok(self, height: int, width: int) -> bool:
         """Whether the image processor accepts an image of this size (aspect-ratio limit)."""
         return max(height, width) / min(height, width) <= self.max_aspect_ratio
@@ -139,7 +162,10 @@ QWEN3_VL = ModelFamily(
     model_class="Qwen3VLForConditionalGeneration",
     mrope_section=(24, 20, 20),
 )
-TEXT = ModelFamily(name="text", model_types=(), rope="1d")
+TEXT = ModelFamily(
+    name="text", model_types=(), rope="1d",
+    image_token=None, video_token=None, vision_start_token=None, vision_end_token=None,
+)
 
 FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, TEXT)}
 VISION_FAMILIES: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if f.is_vision)

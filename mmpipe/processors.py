@@ -4,14 +4,14 @@ One loader for every place that takes a processor by name (``mmpipe encode --pro
 `mmpipe.data.ray_data.RayBatchEncoder` on each Ray worker)::
 
     load_processor("/models/Qwen2.5-VL-3B-Instruct")   # AutoProcessor, local files only
-    load_processor("testing:qwen3_vl")                  # the offline processors of mmpipe.testing
+    load_processor("testing:qwen3_vl")                  # the offline processors of mmpipe.offline
     load_processor(lambda: build_my_processor())        # a zero-argument factory, called here
     load_processor(processor)                           # a processor / tokenizer, returned as is
 
 A Qwen-VL directory whose stock processor class cannot be built here (transformers 5.x also
 builds a video processor, which may need torchvision), or one saved from a ``testing:``
 processor (a class name AutoProcessor cannot resolve), loads as the image-only subclass of
-`mmpipe.testing` from the same files: the same tokenizer, chat template and image processor.
+`mmpipe.offline` from the same files: the same tokenizer, chat template and image processor.
 """
 
 from __future__ import annotations

@@ -173,7 +173,7 @@ def bad_imports(root: Path, graph: dict) -> dict[str, list[str]]:
 FAMILY_LEAKS = [
     (re.compile(r"\bfamily\s*[!=]=|\.name\s*[!=]=\s*[\"']qwen|[\"']qwen\w*[\"']\s*[!=]=\s*\w*fam"), "family-name comparison"),
     (re.compile(r"\.rope\s*(?:[!=]=|in\b|not in\b)"), "rope-variant comparison"),
-    (re.compile(r"merge_size\s*\*\*\s*2|merge_size\s*\*\s*\w*merge_size"), "merge_size**2 arithmetic"),
+    (re.compile(r"merge_size\s*\*\*\s*2|merge_size\s*\*\s*\w*merge_size|//\s*[\w.]*merge_area"), "merge_size**2 arithmetic"),
     (re.compile(r"[\"'](qwen2_vl|qwen2_5_vl|qwen3_vl)[\"']"), "family-name literal"),
     (re.compile(r"[\"']Qwen\w*Processor[\"']"), "processor-class name"),
     (re.compile(r"MAX_ASPECT|max\([^)]*\)\s*/\s*min\([^)]*\)\s*[<>]=?\s*\d"), "aspect-ratio limit"),

@@ -203,7 +203,7 @@ def multiturn_cases(draw, max_rounds: int = 3, max_images: int = 2,
             "pixels": draw(st.sampled_from(["uint8", "uint8", "float32", "none"]))}
 
 
-# ---- data-parallel padding (rollout_inputs.pad_to_multiple / trim) --------------------
+# ---- data-parallel padding (mmpipe.rollout.data_parallel.pad_to_multiple / trim) --------------------
 
 
 @st.composite

@@ -16,7 +16,8 @@ submodules (``mmpipe.batching.collate``); use ``mmpipe.collate`` / ``mmpipe.unba
 
 from __future__ import annotations
 
-from mmpipe.batching.checks import ERROR_COLUMN, check_finite, checked_records
+from mmpipe.records.columns import ERROR_COLUMN
+from mmpipe.batching.checks import check_finite, checked_records
 from mmpipe.batching.collate import PADDING_SIDES, ArrowRows, Collator, collator_constants
 from mmpipe.batching.packing import PackingCollator, pack, to_padded, unpack
 from mmpipe.batching.sampler import COSTS, OVERSIZE, TokenBudgetBatchSampler, token_counts, token_efficiency

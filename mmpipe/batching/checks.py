@@ -16,11 +16,16 @@ import numpy as np
 from mmpipe.errors import InputError, PixelDataError
 from mmpipe.records.arrow import rows_from_arrow
 from mmpipe.records.row import MultiModalInputs
+from mmpipe.records.columns import ERROR_COLUMN
 
 
 def checked_records(rows: Sequence[Any]) -> list[MultiModalInputs]:
     """Rows (records, dicts or Arrow) -> validated `MultiModalInputs`; any records-level
-    error becomes a typed `InputError` naming the row."""
+    error becomes a typed `InputError` naming the row.
+
+    Stages, as collate has always reported them: what `MultiModalInputs.validate` finds and
+    pixel data that disagree with the grids (`PixelDataError`) are "collate" errors; a value
+    the reader cannot use at all (missing, not numeric, unknown family) keeps "validate"."""
     if not len(rows):
         raise InputError("collate got an empty list of rows", where="", stage="collate",
                          fix="drop empty batches (DataLoader(drop_last=...)) or filter before collating")
@@ -28,20 +33,31 @@ def checked_records(rows: Sequence[Any]) -> list[MultiModalInputs]:
     try:
         if table is not None:  # stored rows as Arrow (ArrowRows): numpy views of the column buffers
             _check_error_column(table.column(ERROR_COLUMN).to_pylist() if ERROR_COLUMN in table.column_names else ())
-            return [r.validate(i) for i, r in enumerate(rows_from_arrow(table))]
+            return [_validated(r, i) for i, r in enumerate(rows_from_arrow(table))]
         _check_error_column([r.get(ERROR_COLUMN) if isinstance(r, dict) else None for r in rows])
         recs = []
         for i, r in enumerate(rows):
             _check_dtypes(r, i)
-            recs.append(MultiModalInputs.from_dict(r, row=i).validate(i))
+            recs.append(_validated(MultiModalInputs.from_dict(r, row=i), i))
         return recs
+    except PixelDataError as e:
+        e.restage("collate")
+        raise
     except InputError:
         raise
     except (ValueError, TypeError, KeyError) as e:
         raise _as_row_error(e) from e
 
 
-ERROR_COLUMN = "mmpipe_error"  # (mmpipe.encoding.mapping.ERROR_COLUMN; not imported: collate stays light)
+def _validated(r: MultiModalInputs, i: int) -> MultiModalInputs:
+    """``r.validate(i)``, its errors reported at stage "collate"."""
+    try:
+        return r.validate(i)
+    except InputError as e:
+        e.restage("collate")
+        raise
+
+
 _INT_COLUMNS = ("input_ids", "attention_mask", "mm_token_type_ids", "position_ids", "labels",
                 "image_grid_thw", "video_grid_thw")
 _FLOAT_PIXELS = ("pixel_values", "pixel_values_videos")

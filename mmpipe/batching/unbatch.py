@@ -12,27 +12,25 @@ import numpy as np
 from mmpipe.images.pixels import pixel_values_to_u8
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.row import MultiModalInputs
+from mmpipe.records.columns import to_numpy
 
-
-def _np(t):
-    return t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
 
 
 def unbatch(batch: BatchedMultiModalInputs) -> list[MultiModalInputs]:
     """Split a batch back into its rows: ``unbatch(collate(rows)) == rows``."""
-    ids, att, mm = _np(batch.input_ids), _np(batch.attention_mask), _np(batch.mm_token_type_ids)
-    pos, deltas, lengths = _np(batch.position_ids), _np(batch.rope_deltas), _np(batch.seq_lengths)
+    ids, att, mm = to_numpy(batch.input_ids), to_numpy(batch.attention_mask), to_numpy(batch.mm_token_type_ids)
+    pos, deltas, lengths = to_numpy(batch.position_ids), to_numpy(batch.rope_deltas), to_numpy(batch.seq_lengths)
     B, L = ids.shape
-    labels = _np(batch.labels) if batch.labels is not None else None
-    has_labels = _np(batch.row_has_labels) if batch.row_has_labels is not None else np.ones(B, bool)
+    labels = to_numpy(batch.labels) if batch.labels is not None else None
+    has_labels = to_numpy(batch.row_has_labels) if batch.row_has_labels is not None else np.ones(B, bool)
     formats = batch.row_pixel_formats or [batch.pixel_format] * B
-    grids, vgrids, secs = _np(batch.image_grid_thw), _np(batch.video_grid_thw), _np(batch.second_per_grid_ts)
-    io, po = _np(batch.image_offsets), _np(batch.patch_offsets)
-    vo, vpo = _np(batch.video_offsets), _np(batch.video_patch_offsets)
-    pv = _np(batch.pixel_values) if batch.pixel_values is not None else None
-    pv_u8 = _np(batch.pixel_values_u8) if batch.pixel_values_u8 is not None else None
-    pvv = _np(batch.pixel_values_videos) if batch.pixel_values_videos is not None else None
-    pvv_u8 = _np(batch.pixel_values_videos_u8) if batch.pixel_values_videos_u8 is not None else None
+    grids, vgrids, secs = to_numpy(batch.image_grid_thw), to_numpy(batch.video_grid_thw), to_numpy(batch.second_per_grid_ts)
+    io, po = to_numpy(batch.image_offsets), to_numpy(batch.patch_offsets)
+    vo, vpo = to_numpy(batch.video_offsets), to_numpy(batch.video_patch_offsets)
+    pv = to_numpy(batch.pixel_values) if batch.pixel_values is not None else None
+    pv_u8 = to_numpy(batch.pixel_values_u8) if batch.pixel_values_u8 is not None else None
+    pvv = to_numpy(batch.pixel_values_videos) if batch.pixel_values_videos is not None else None
+    pvv_u8 = to_numpy(batch.pixel_values_videos_u8) if batch.pixel_values_videos_u8 is not None else None
     rows = []
     for b in range(B):
         n = int(lengths[b])

@@ -22,7 +22,7 @@ as it is (its images are bytes or absolute paths).
 
 The processor (`load_processor`) is a saved processor or model directory
 (``AutoProcessor.from_pretrained``, offline), or ``testing:FAMILY`` for the offline test
-processors of `mmpipe.testing`. Rows are encoded by `mmpipe.encode_dataset` (progress bar
+processors of `mmpipe.offline`. Rows are encoded by `mmpipe.encode_dataset` (progress bar
 from ``datasets.map``), saved with ``save_to_disk``, and the run is recorded next to the
 data in ``mmpipe_encode.json`` (input, processor, options, rows in/out, dropped rows by
 reason), which ``mmpipe inspect`` reads.

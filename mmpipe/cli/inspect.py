@@ -184,7 +184,7 @@ class _Tally:
         """Count one Arrow batch of stored rows."""
         import pyarrow.compute as pc
 
-        from mmpipe.encoding.mapping import ERROR_COLUMN
+        from mmpipe.records.columns import ERROR_COLUMN
         from mmpipe.families import get_family
 
         cols = self.cols
@@ -196,7 +196,6 @@ class _Tally:
         if ERROR_COLUMN in cols:
             self.failed.extend(json.loads(x) for x in col(ERROR_COLUMN).to_pylist() if x)
         self.families.update(fam_col)
-        merge_area = np.asarray([get_family(f).merge_area for f in fam_col], dtype=np.int64)
         patch_dim = np.asarray([get_family(f).patch_dim for f in fam_col], dtype=np.int64)
         self.tokens.append(pc.list_value_length(col("input_ids")).to_numpy(zero_copy_only=False))
         self.img_tok.append(_per_row_count(col("mm_token_type_ids"), 1))
@@ -207,7 +206,12 @@ class _Tally:
         self.n_img.append(counts)
         row_of_image = np.repeat(np.arange(len(counts)), counts)
         prod = grids.prod(axis=1)
-        self.per_image.append(prod // merge_area[row_of_image])
+        per_image = np.zeros(len(prod), np.int64)
+        image_family = np.asarray(fam_col, dtype=object)[row_of_image]
+        for name in set(fam_col):  # each family's own token rule, over its rows' images at once
+            sel = image_family == name
+            per_image[sel] = get_family(name).tokens_per_grid(grids[sel])
+        self.per_image.append(per_image)
         row_patches = np.bincount(row_of_image, weights=prod, minlength=len(counts)).astype(np.int64)
         if "video_grid_thw" in cols:
             v_counts, v_grids = _grids(col("video_grid_thw"))

@@ -7,13 +7,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from mmpipe.errors import InputError
+from mmpipe.errors import ArgumentError
+
+ACCEPTED = ("a datasets.Dataset, a save_to_disk directory of one Dataset, a .parquet or Arrow IPC file, "
+            "or a pyarrow Table / RecordBatch")
 
 
 def load_table(data) -> tuple[pa.Table, Any]:
     """``(Arrow table, the datasets.Dataset or None)`` of any input `validate_dataset` accepts: a
     ``datasets.Dataset``, a ``save_to_disk`` directory, a ``.parquet`` or Arrow IPC (stream or file)
-    path, a ``pyarrow.Table`` / ``RecordBatch``. Raises `InputError` for anything else."""
+    path, a ``pyarrow.Table`` / ``RecordBatch``. Raises `ArgumentError` for anything else (a
+    ``DatasetDict`` directory included: validate one split)."""
     import os
 
     if isinstance(data, pa.RecordBatch):
@@ -27,8 +31,8 @@ def load_table(data) -> tuple[pa.Table, Any]:
 
             ds = datasets.load_from_disk(path)
             if isinstance(ds, datasets.DatasetDict):
-                raise InputError(f"{path!r} holds a DatasetDict {list(ds)}; validate one split", where="",
-                                 stage="validate", fix="pass load_from_disk(path)[split]")
+                raise ArgumentError(f"data must be {ACCEPTED}; got {path!r}, which holds a DatasetDict "
+                                    f"{list(ds)}: validate one split, load_from_disk(path)[split]")
             return dataset_table(ds), ds
         if path.endswith(".parquet"):
             import pyarrow.parquet as pq
@@ -42,9 +46,7 @@ def load_table(data) -> tuple[pa.Table, Any]:
                 return pa.ipc.open_file(src).read_all(), None
     if hasattr(data, "data") and hasattr(data, "features"):  # a datasets.Dataset
         return dataset_table(data), data
-    raise InputError(f"cannot validate a {type(data).__name__}", where="", stage="validate",
-                     expected="a datasets.Dataset, a save_to_disk directory, a .parquet/.arrow file or a pyarrow Table",
-                     found=type(data).__name__)
+    raise ArgumentError(f"cannot validate a {type(data).__name__}: data must be {ACCEPTED}")
 
 
 def dataset_table(ds) -> pa.Table:

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.errors import ArgumentError
-from mmpipe.encoding.mapping import ERROR_COLUMN
+from mmpipe.records.columns import ERROR_COLUMN
 from mmpipe.processors import load_processor
 from mmpipe.records.row import MultiModalInputs
 

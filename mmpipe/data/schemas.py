@@ -80,5 +80,5 @@ def write_schemas(directory: str | pathlib.Path = "schemas") -> list[pathlib.Pat
 
 
 if __name__ == "__main__":
-    for p in write_schemas(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parent.parent / "schemas"):
+    for p in write_schemas(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parents[2] / "schemas"):
         print(p)

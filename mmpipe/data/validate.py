@@ -24,7 +24,6 @@ tokens, inconsistent rows) needs a re-encode: the report says so.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -274,13 +273,7 @@ def _check_chunk(part: pa.Table, start: int, positions: bool, problems: dict[tup
             if positions:
                 _check_positions([r], start + i)
         except ValueError as e:
-            msg = str(e)
-            col = getattr(e, "column", None)
-            if col is None:  # plain ValueError from MultiModalInputs.validate: "..., column 'x': ..."
-                m = re.search(r"column '(\w+)'", msg)
-                col = m.group(1) if m else None
-            key = (col, _strip_row(msg, start + i))
-            problems.setdefault(key, []).append(start + i)
+            problems.setdefault(_problem(e), []).append(start + i)
 
 
 def _check_missing_pixels(table: pa.Table, report: ValidationReport, max_rows_listed: int) -> None:
@@ -297,10 +290,12 @@ def _check_missing_pixels(table: pa.Table, report: ValidationReport, max_rows_li
                                    bad[:max_rows_listed].tolist(), len(bad)))
 
 
-def _strip_row(msg: str, row: int) -> str:
-    """The message without its row location (the issue lists the rows), so identical
-    problems group together."""
-    return re.sub(r"^row \d+(, |: )", "", msg)
+def _problem(e: ValueError) -> tuple[Optional[str], str]:
+    """(column, what is wrong) of a row's error: the issue says where (column, rows) and how
+    to fix it itself, so the text is the error's body alone and identical problems group."""
+    if isinstance(e, InputError):
+        return e.column, e.message_body()
+    return None, str(e)  # not raised by the records' checks: kept whole
 
 
 def _check_positions(rows: list, first: int) -> None:

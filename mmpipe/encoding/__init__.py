@@ -24,7 +24,8 @@ from mmpipe.encoding.dataset import (
     undecoded_images,
 )
 from mmpipe.encoding.encoder import ERROR_POLICIES, TRUNCATION_POLICIES, Encoder
-from mmpipe.encoding.mapping import DROP_REASON_COLUMN, ERROR_COLUMN, EncodeStats, RowDropped, as_input_error
+from mmpipe.encoding.mapping import DROP_REASON_COLUMN, EncodeStats, RowDropped, as_input_error
+from mmpipe.records.columns import ERROR_COLUMN
 from mmpipe.encoding.parse import inline_image, is_image_item, parse_row
 from mmpipe.encoding.placeholders import (
     block_tokens,

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from mmpipe.encoding.encoder import Encoder
-from mmpipe.encoding.mapping import DROP_REASON_COLUMN, ERROR_COLUMN
+from mmpipe.encoding.mapping import DROP_REASON_COLUMN
+from mmpipe.records.columns import ERROR_COLUMN
 from mmpipe.records.row import MultiModalInputs
 
 __all__ = ["EncodeReport", "encode", "encode_row", "encode_dataset", "drop_failed", "undecoded_images"]

@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from mmpipe.encoding.mapping import EncodeStats, RowDropped, encode_one, map_call
+from mmpipe.encoding.mapping import EncodeStats, RowDropped, encode_or_drop, map_call
 from mmpipe.encoding.parse import parse_row, row_where
 from mmpipe.encoding.placeholders import expand_image_pads
 from mmpipe.errors import ArgumentError, ImageError, InputError, ParseError, PlaceholderError, TruncationError
@@ -105,11 +105,10 @@ class Encoder:
         # encode_dataset sets this: dropped rows stay as empty rows with their reason in
         # DROP_REASON_COLUMN, so counts survive num_proc; the caller filters them out.
         self.mark_dropped = False
-        tok = self.tokenizer
-        fam = self.family
-        self.image_token_id = tok.convert_tokens_to_ids(fam.image_token) if fam.is_vision else None
-        self.video_token_id = tok.convert_tokens_to_ids(fam.video_token) if fam.is_vision else None
-        self.vision_start_id = tok.convert_tokens_to_ids(fam.vision_start_token) if fam.is_vision else None
+        token_ids = self.family.vision_token_ids(self.tokenizer)  # None each for a text family
+        self.image_token_id = token_ids["image"]
+        self.video_token_id = token_ids["video"]
+        self.vision_start_id = token_ids["vision_start"]
         self.stats = EncodeStats()
 
     # -- datasets.map entry point ----------------------------------------------------
@@ -162,8 +161,8 @@ class Encoder:
 
     def encode_one(self, example: dict, idx=None, images=None) -> Optional[dict]:
         """One raw row -> its stored dict, or the empty row carrying why it failed or was
-        dropped (see `mmpipe.encoding.mapping.encode_one`); None for an unrecorded drop."""
-        return encode_one(self, example, idx, images)
+        dropped (see `mmpipe.encoding.mapping.encode_or_drop`); None for an unrecorded drop."""
+        return encode_or_drop(self, example, idx, images)[0]
 
     def _encode_row(self, example: dict, idx=None, prefetched=None) -> MultiModalInputs:
         where = row_where(idx)
@@ -177,13 +176,19 @@ class Encoder:
         u8_blocks: list[np.ndarray] = []
         if self.family.is_vision:
             ids, labels, grids, u8_blocks = self._add_images(ids, labels, images, where, prefetched)
-        mm = np.zeros(ids.shape, dtype=np.int64)
-        if self.family.is_vision:
-            mm[ids == self.image_token_id] = 1
-            if labels is not None:
-                labels[mm == 1] = IGNORE_INDEX
+        mm = self.token_types(ids)
+        if labels is not None:
+            labels[mm == 1] = IGNORE_INDEX  # image pads are inputs, never targets
         ids, labels, mm, grids, u8_blocks = self._truncate(ids, labels, mm, grids, u8_blocks, where)
         return self._finish(ids, labels, mm, grids, u8_blocks)
+
+    def token_types(self, ids: np.ndarray) -> np.ndarray:
+        """``mm_token_type_ids`` int64 [L] of expanded ids int64 [L]: 1 at image pads, 0 elsewhere
+        (all 0 for a family without an image token, the text family)."""
+        mm = np.zeros(ids.shape, dtype=np.int64)
+        if self.image_token_id is not None:
+            mm[ids == self.image_token_id] = 1
+        return mm
 
     def _tokenize(self, messages: list[dict], where: str) -> tuple[np.ndarray, Optional[np.ndarray]]:
         """Rendered messages -> (ids int64 [L], labels int64 [L] or None), one pad per image."""

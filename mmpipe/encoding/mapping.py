@@ -29,17 +29,17 @@ from mmpipe.encoding.parse import parse_row, row_where
 from mmpipe.errors import InputError, TruncationError
 from mmpipe.images.threads import thread_pool
 from mmpipe.records.row import MultiModalInputs
+from mmpipe.records.columns import ERROR_COLUMN
 
 logger = logging.getLogger("mmpipe")
 
 __all__ = [
     "ERROR_COLUMN", "DROP_REASON_COLUMN", "RowDropped", "EncodeStats", "as_input_error", "empty_row_dict",
-    "is_batch", "encode_one", "map_call", "prefetch_images",
+    "is_batch", "encode_or_drop", "map_call", "prefetch_images",
 ]
 
 # Under on_error="skip" every output row carries this column: "" when encoded, else the
 # JSON of {"row", "stage", "column", "reason"} (the row itself is then empty: 0 tokens).
-ERROR_COLUMN = "mmpipe_error"
 # Set by encode_dataset (Encoder.mark_dropped): "" when encoded, else why the row was dropped.
 DROP_REASON_COLUMN = "mmpipe_drop_reason"
 
@@ -110,8 +110,10 @@ def is_batch(example: dict) -> bool:
     return False
 
 
-def _encode_or_drop(enc, example: dict, idx, images=None) -> tuple[Optional[dict], Optional[RowDropped]]:
-    """`encode_one`, plus the `RowDropped` of a drop that could not be recorded."""
+def encode_or_drop(enc, example: dict, idx=None, images=None) -> tuple[Optional[dict], Optional[RowDropped]]:
+    """One row -> (its output dict, None): the encoded row, or (on_error="skip" / marked drops)
+    an empty row carrying why; ``(None, the RowDropped)`` when a drop cannot be recorded
+    (unmarked). ``images``: the row's image futures from `prefetch_images`."""
     enc.stats.rows += 1
     extra = {}
     try:
@@ -137,20 +139,13 @@ def _encode_or_drop(enc, example: dict, idx, images=None) -> tuple[Optional[dict
     return out, None
 
 
-def encode_one(enc, example: dict, idx=None, images=None) -> Optional[dict]:
-    """One row -> its output dict: the encoded row, or (on_error="skip" / marked drops) an
-    empty row carrying why; None when a drop cannot be recorded (unmarked). ``images``: the
-    row's image futures from `prefetch_images`."""
-    return _encode_or_drop(enc, example, idx, images)[0]
-
-
 def _map_batch(enc, batch: dict, idx) -> dict:
     n = len(next(iter(batch.values())))
     examples = [{k: v[i] for k, v in batch.items()} for i in range(n)]
     rows_idx = [idx[i] if isinstance(idx, (list, tuple, range)) else None for i in range(n)]
     out_rows, kept = [], []
     for i, images in enumerate(prefetch_images(enc, examples, rows_idx)):
-        row = encode_one(enc, examples[i], rows_idx[i], images)
+        row, _ = encode_or_drop(enc, examples[i], rows_idx[i], images)
         if row is not None:
             out_rows.append(row)
             kept.append(i)
@@ -173,7 +168,7 @@ def map_call(enc, example: dict, idx=None) -> dict:
     """``Encoder.__call__``: one row or a batch (dict of lists) -> output column(s)."""
     if is_batch(example):
         return _map_batch(enc, example, idx)
-    out, dropped = _encode_or_drop(enc, example, idx)
+    out, dropped = encode_or_drop(enc, example, idx)
     if out is None:
         raise TruncationError(  # a documented error, like every other refusal (found by fuzzing)
             f"{dropped}; truncation='drop' can only leave rows out of a batched map", where="",

@@ -24,9 +24,11 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mmpipe.encoding.parse import row_where
 from mmpipe.errors import ArgumentError, InputError, PlaceholderError
 from mmpipe.families import family_of
 from mmpipe.records.row import MultiModalInputs
+from mmpipe.records.columns import to_numpy
 
 __all__ = [
     "block_tokens",
@@ -40,13 +42,6 @@ __all__ = [
 KINDS = (("image", 1), ("video", 2))  # (block kind, its mm_token_type_ids code)
 
 
-def _where(row) -> str:
-    return f"row {row}" if row is not None else "row"
-
-
-def _as_numpy(v) -> np.ndarray:
-    return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
-
 
 # ---- the shared core ----------------------------------------------------------------------
 def block_tokens(grid, family, kind: str) -> list[int]:
@@ -58,7 +53,7 @@ def block_tokens(grid, family, kind: str) -> list[int]:
     Qwen3-VL): ``t`` blocks of ``h*w/merge^2`` tokens per video, a timestamp text before each.
     """
     fam = family_of(family)
-    g = np.asarray(np.zeros((0, 3)) if grid is None else _as_numpy(grid), dtype=np.int64).reshape(-1, 3)
+    g = np.asarray(np.zeros((0, 3)) if grid is None else to_numpy(grid), dtype=np.int64).reshape(-1, 3)
     if kind == "video" and fam.video_frames_are_blocks:
         frames = g.copy()
         frames[:, 0] = 1
@@ -94,8 +89,8 @@ def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(d == 1), np.flatnonzero(d == -1)
 
 
-def _block_starts(ids, types, code, blocks, kind, where) -> list[int]:
-    """Start index of each block; each run of ``types == code`` must be whole blocks."""
+def _block_starts(ids, types, code, blocks, kind, row) -> list[int]:
+    """Start index of each block; each run of ``types == code`` must be whole blocks (errors name ``row``)."""
     starts, ends = _runs(types == code)
     out, k = [], 0
     for s, e in zip(starts.tolist(), ends.tolist()):
@@ -105,25 +100,27 @@ def _block_starts(ids, types, code, blocks, kind, where) -> list[int]:
                 raise PlaceholderError(
                     f"{int((types == code).sum())} {kind} tokens but the {kind} grids need "
                     f"{sum(blocks)} in {len(blocks)} block(s) of {blocks}; the text holds {kind} tokens "
-                    f"without a grid", where=where, stage="rollout", column="input_ids", fix="re-encode the row",
+                    f"without a grid", row=row, stage="rollout", column="input_ids", fix="re-encode the row",
                 )
             n = blocks[k]
             if pos + n > e:
                 raise PlaceholderError(
                     f"{kind} block {k} is a run of {e - pos} {kind} token(s) at position {pos} "
                     f"but its grid needs {n}; the tokens were cut (truncation?) or the grids belong "
-                    f"to other tokens", where=where, stage="rollout", column="input_ids", fix="re-encode the row",
+                    f"to other tokens", row=row, stage="rollout", column="input_ids", fix="re-encode the row",
                 )
             if not (ids[pos:pos + n] == ids[pos]).all():
-                raise PlaceholderError(f"{kind} block {k} at position {pos} mixes token ids", where=where,
-                                       stage="rollout", column="input_ids", expected="one pad id")
+                raise PlaceholderError(
+                    f"{kind} block {k} at position {pos} mixes token ids", row=row, stage="rollout",
+                    column="input_ids", expected="one pad id", fix="re-encode the row",
+                )
             out.append(pos)
             pos += n
             k += 1
     if k != len(blocks):
         raise PlaceholderError(
             f"the text holds {k} {kind} block(s) but the {kind} grids need {len(blocks)} "
-            f"({blocks} tokens); the {kind} data and the text disagree", where=where, stage="rollout",
+            f"({blocks} tokens); the {kind} data and the text disagree", row=row, stage="rollout",
             column=f"{kind}_grid_thw", fix="re-encode the row",
         )
     return out
@@ -158,16 +155,15 @@ def collapse_placeholders(
     run does not match its grid.
     """
     fam = family_of(family)
-    where = _where(row)
-    ids = _as_numpy(input_ids).astype(np.int64).reshape(-1)
-    types = _as_numpy(mm_token_type_ids).astype(np.int64).reshape(-1)
+    ids = to_numpy(input_ids).astype(np.int64).reshape(-1)
+    types = to_numpy(mm_token_type_ids).astype(np.int64).reshape(-1)
     if types.shape != ids.shape:
-        raise InputError(f"mm_token_type_ids has shape {types.shape}, input_ids {ids.shape}", where=where,
+        raise InputError(f"mm_token_type_ids has shape {types.shape}, input_ids {ids.shape}", row=row,
                          stage="rollout", column="mm_token_type_ids", fix="pass the row's own mm_token_type_ids")
     keep = np.ones(ids.shape, dtype=bool)
     for (kind, code), grid in zip(KINDS, (image_grid_thw, video_grid_thw)):
         blocks = block_tokens(grid, fam, kind)
-        for s, n in zip(_block_starts(ids, types, code, blocks, kind, where), blocks):
+        for s, n in zip(_block_starts(ids, types, code, blocks, kind, row), blocks):
             keep[s + 1:s + n] = False
     return ids[keep]
 
@@ -177,9 +173,9 @@ def _pad_ids(family, image_token_id, video_token_id) -> tuple[Optional[int], Opt
     if image_token_id is None or video_token_id is None:
         tok = getattr(family, "tokenizer", family)
         if hasattr(tok, "convert_tokens_to_ids"):
-            fam = family_of(family)
-            image_token_id = tok.convert_tokens_to_ids(fam.image_token) if image_token_id is None else image_token_id
-            video_token_id = tok.convert_tokens_to_ids(fam.video_token) if video_token_id is None else video_token_id
+            known = family_of(family).vision_token_ids(tok)
+            image_token_id = known["image"] if image_token_id is None else image_token_id
+            video_token_id = known["video"] if video_token_id is None else video_token_id
     return image_token_id, video_token_id
 
 
@@ -200,9 +196,8 @@ def expand_placeholders(
     Returns int64 [L] (training ids).
     """
     fam = family_of(family)
-    where = _where(row)
     pad_ids = _pad_ids(family, image_token_id, video_token_id)
-    ids = _as_numpy(collapsed_ids).astype(np.int64).reshape(-1)
+    ids = to_numpy(collapsed_ids).astype(np.int64).reshape(-1)
     positions, counts = [], []
     for (kind, _), tok_id, grid in zip(KINDS, pad_ids, (image_grid_thw, video_grid_thw)):
         blocks = block_tokens(grid, fam, kind)
@@ -210,14 +205,14 @@ def expand_placeholders(
             continue
         if tok_id is None:
             raise ArgumentError(
-                f"{where}: cannot tell the {kind} pad id; pass the processor as family= or "
+                f"{row_where(row)}: cannot tell the {kind} pad id; pass the processor as family= or "
                 f"{kind}_token_id="
             )
         pos = np.flatnonzero(ids == tok_id)
         if len(pos) != len(blocks):
             raise PlaceholderError(
                 f"{len(pos)} {kind} pad token(s) in the collapsed ids but the {kind} grids "
-                f"need {len(blocks)} (one per block); were the ids already expanded?", where=where,
+                f"need {len(blocks)} (one per block); were the ids already expanded?", row=row,
                 stage="rollout", column="input_ids", fix="expand only ids from collapse_placeholders",
             )
         positions.append(pos)
@@ -243,7 +238,7 @@ def check_roundtrip(row, *, index: Any = None) -> np.ndarray:
         diff = np.flatnonzero(back[:n] != ids[:n])
         at = int(diff[0]) if len(diff) else n
         raise AssertionError(
-            f"{_where(index)}: expand(collapse(input_ids)) differs from input_ids "
+            f"{row_where(index)}: expand(collapse(input_ids)) differs from input_ids "
             f"({len(back)} vs {len(ids)} tokens, first difference at {at})"
         )
     return collapsed

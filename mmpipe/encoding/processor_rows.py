@@ -22,12 +22,10 @@ from mmpipe.errors import PlaceholderError
 from mmpipe.families import family_of
 from mmpipe.images.spec import VisionSpec
 from mmpipe.records.row import MultiModalInputs
+from mmpipe.records.columns import to_numpy
 
 __all__ = ["rows_from_processor_output", "compact"]
 
-
-def _as_numpy(v) -> np.ndarray:
-    return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
 
 
 def _count_blocks(tokens_per_grid: np.ndarray, n_tokens: int, row: int, kind: str) -> int:
@@ -42,15 +40,15 @@ def _count_blocks(tokens_per_grid: np.ndarray, n_tokens: int, row: int, kind: st
 
 def _processor_arrays(outputs) -> dict:
     """The processor output as numpy arrays, absent keys filled with empty/neutral values."""
-    ids = _as_numpy(outputs["input_ids"]).reshape(len(outputs["input_ids"]), -1)
-    get = lambda k: _as_numpy(outputs[k]) if outputs.get(k) is not None else None  # noqa: E731
+    ids = to_numpy(outputs["input_ids"]).reshape(len(outputs["input_ids"]), -1)
+    get = lambda k: to_numpy(outputs[k]) if outputs.get(k) is not None else None  # noqa: E731
     igrid, vgrid = get("image_grid_thw"), get("video_grid_thw")
     vgrid = vgrid.reshape(-1, 3) if vgrid is not None else np.zeros((0, 3), np.int64)
     secs = get("second_per_grid_ts")
     return {
         "ids": ids,
-        "att": _as_numpy(outputs["attention_mask"]) if "attention_mask" in outputs else np.ones_like(ids),
-        "mm": _as_numpy(outputs["mm_token_type_ids"]) if "mm_token_type_ids" in outputs else np.zeros_like(ids),
+        "att": to_numpy(outputs["attention_mask"]) if "attention_mask" in outputs else np.ones_like(ids),
+        "mm": to_numpy(outputs["mm_token_type_ids"]) if "mm_token_type_ids" in outputs else np.zeros_like(ids),
         "igrid": igrid.reshape(-1, 3) if igrid is not None else np.zeros((0, 3), np.int64),
         "vgrid": vgrid,
         "secs": secs.astype(np.float32) if secs is not None else np.ones(len(vgrid), np.float32),
@@ -91,7 +89,7 @@ def rows_from_processor_output(outputs, processor, *, labels=None) -> list[Multi
             input_ids=r_ids.astype(np.int64), attention_mask=np.ones(len(r_ids), np.int64),
             mm_token_type_ids=r_mm.astype(np.int64), position_ids=pos[:, 0].numpy(),
             rope_delta=int(delta.reshape(-1)[0]), family=fam.name,
-            labels=_as_numpy(labels)[b][keep].astype(np.int64) if labels is not None else None,
+            labels=to_numpy(labels)[b][keep].astype(np.int64) if labels is not None else None,
             image_grid_thw=g_i.astype(np.int64), video_grid_thw=g_v.astype(np.int64),
             second_per_grid_ts=secs[gv:gv + nv].astype(np.float32),
             pixel_values=(pv[pi:pi + n_ip] if pv is not None else np.zeros((0, fam.patch_dim), np.float32)),
@@ -112,7 +110,7 @@ def compact(row: MultiModalInputs, spec: Optional[VisionSpec] = None) -> MultiMo
     spec = spec or VisionSpec.from_family(row.fam)
     lut = spec.lut()
     fam = row.fam
-    u8 = pixel_values_to_u8(row.pixel_values, lut, spec.temporal_patch_size) if row.pixel_values is not None \
+    u8 = pixel_values_to_u8(row.pixel_values, lut, spec.temporal_patch_size, stage="validate") if row.pixel_values is not None \
         else np.zeros((0, fam.patch_dim_u8), np.uint8)
-    vu8 = video_pixel_values_to_u8(row.pixel_values_videos, lut) if row.pixel_values_videos is not None else None
+    vu8 = video_pixel_values_to_u8(row.pixel_values_videos, lut, stage="validate") if row.pixel_values_videos is not None else None
     return replace(row, pixel_values=None, pixel_values_videos=None, pixel_values_u8=u8, pixel_values_videos_u8=vu8)

@@ -89,14 +89,16 @@ def _data_uri_bytes(uri: str, where: str) -> bytes:
 _OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
 
-def unreadable_error(e: Exception, where: str, found: str = "") -> ImageError:
+def unreadable_error(e: Exception, where: str, found: str = "", fix: str = "") -> ImageError:
+    """The `ImageError` for image bytes PIL cannot decode (``e``: PIL's error); ``fix``
+    replaces the encode-stage advice (re-export the image or skip the row)."""
     # PIL names the stream by its repr ("<_io.BytesIO object at 0x7f...>"): keep the
     # message (and an on_error="skip" record) the same from run to run
     detail = _OBJECT_REPR.sub("the image data", str(e))
     return ImageError(
         f"cannot read the image ({type(e).__name__}: {detail})", where=where,
         expected="a complete PNG/JPEG/WebP/GIF/... file", found=found or None,
-        fix="the bytes are corrupt or truncated: re-export the image, or drop the row (on_error='skip')",
+        fix=fix or "the bytes are corrupt or truncated: re-export the image, or drop the row (on_error='skip')",
     )
 
 

@@ -124,33 +124,39 @@ def _lut_expand(x: np.ndarray, lut: np.ndarray, reps: int, threads: Optional[int
     return out.view(np.float32).reshape(n, 3, reps, k)
 
 
-def _invert_lut(x: np.ndarray, lut: np.ndarray, what: str) -> np.ndarray:
+def _invert_lut(x: np.ndarray, lut: np.ndarray, what: str, stage: str) -> np.ndarray:
     """float32 [n, 3, k] -> uint8 [n, 3, k] with lut[c][out] == x exactly, or raise."""
     out = np.empty(x.shape, dtype=np.uint8)
     for c in range(3):  # each channel's table is strictly increasing (std > 0)
         idx = np.searchsorted(lut[c], x[:, c, :]).clip(0, 255)
         if not np.array_equal(lut[c][idx], x[:, c, :]):
             raise PixelDataError(f"{what} were not produced from uint8 pixels with these normalisation constants",
-                                 where="", column=what, fix="pass the spec (processor) the pixels were made with")
+                                 where="", column=what, stage=stage,
+                                 fix="pass the spec (processor) the pixels were made with")
         out[:, c, :] = idx
     return out
 
 
-def pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray, temporal_patch_size: int) -> np.ndarray:
+def pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray, temporal_patch_size: int, *,
+                       stage: str = "collate") -> np.ndarray:
     """Inverse of `u8_to_pixel_values` for still images: float32 [N, 3*T*p*p] -> uint8
-    [N, 3*p*p]. Exact, or raises (values not from the table, or temporal copies differ)."""
+    [N, 3*p*p]. Exact, or raises `PixelDataError` at the caller's ``stage`` (values not from
+    the table, or temporal copies differ)."""
     n, d = pixel_values.shape
     x = pixel_values.reshape(n, 3, temporal_patch_size, d // (3 * temporal_patch_size))
     if not (x == x[:, :, :1, :]).all():
         raise PixelDataError("pixel_values hold different temporal copies: a video, not a still image", where="",
-                             column="pixel_values", fix="store videos as pixel_values_videos with video_grid_thw")
-    return _invert_lut(np.ascontiguousarray(x[:, :, 0, :]), lut, "pixel_values").reshape(n, d // temporal_patch_size)
+                             column="pixel_values", stage=stage,
+                             fix="store videos as pixel_values_videos with video_grid_thw")
+    u8 = _invert_lut(np.ascontiguousarray(x[:, :, 0, :]), lut, "pixel_values", stage)
+    return u8.reshape(n, d // temporal_patch_size)
 
 
-def video_pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray) -> np.ndarray:
-    """Inverse of `u8_video_to_pixel_values`: float32 [Nv, 3*T*p*p] -> uint8, exact or raise."""
+def video_pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray, *, stage: str = "collate") -> np.ndarray:
+    """Inverse of `u8_video_to_pixel_values`: float32 [Nv, 3*T*p*p] -> uint8, exact or raise
+    `PixelDataError` at the caller's ``stage``."""
     n, d = pixel_values.shape
-    return _invert_lut(pixel_values.reshape(n, 3, d // 3), lut, "pixel_values_videos").reshape(n, d)
+    return _invert_lut(pixel_values.reshape(n, 3, d // 3), lut, "pixel_values_videos", stage).reshape(n, d)
 
 
 def encode_image(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple[np.ndarray, tuple[int, int, int]]:

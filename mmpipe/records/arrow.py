@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 
 from mmpipe.errors import InputError, PixelDataError
-from mmpipe.families import get_family
+from mmpipe.families import ModelFamily
 from mmpipe.records.columns import END_MARKER
-from mmpipe.records.row import MultiModalInputs
+from mmpipe.records.row import MultiModalInputs, row_family
 
 
 def _list_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -148,7 +148,7 @@ def _take(parts: _Parts, b: int) -> Optional[np.ndarray]:
     return vals[off[b]:off[b + 1]]
 
 
-def _nested_value(k: str, v: np.ndarray, n_tokens: int, family: str, row: int) -> np.ndarray:
+def _nested_value(k: str, v: np.ndarray, n_tokens: int, fam: ModelFamily, row: int) -> np.ndarray:
     """Row values of nested column ``k`` -> [n, width] (positions [3, L], grids [n, 3], pixels
     [n, patch_dim]); a length that is no whole number of rows is damage, never reshaped."""
     if k == "position_ids":
@@ -156,12 +156,12 @@ def _nested_value(k: str, v: np.ndarray, n_tokens: int, family: str, row: int) -
     elif k.endswith("grid_thw"):
         width = 3
     else:
-        width = get_family(family).patch_dim
+        width = fam.patch_dim
     if width and v.size % width:
         # pixel/grid damage is pixel data vs grids (what collate reports it as); positions are plain input
-        cls, stage = (InputError, "validate") if k == "position_ids" else (PixelDataError, None)
-        raise cls(f"{v.size} values are not rows of {width}; the stored row is damaged", row=row,
-                  where=f"row {row}, column {k!r}", column=k, stage=stage, fix="re-encode it")
+        cls = InputError if k == "position_ids" else PixelDataError
+        raise cls(f"{v.size} values are not rows of {width}; the stored row is damaged", row=row, column=k,
+                  column_in_location=True, stage="validate", fix="re-encode it")
     return v.reshape(-1, width) if width else np.zeros((3, 0), v.dtype)
 
 
@@ -170,7 +170,7 @@ def _blob_value(k: str, block: np.ndarray, row: int) -> np.ndarray:
     if block.size == 0 or block[-1] != END_MARKER:
         raise PixelDataError(
             f"{block.size} bytes without the 0xFF end marker; the bytes were altered or not written by mmpipe",
-            row=row, where=f"row {row}, column {k!r}", column=k, fix="re-encode the row",
+            row=row, column=k, column_in_location=True, stage="validate", fix="re-encode the row",
         )
     return block[:-1]
 
@@ -188,7 +188,8 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int) -> list[MultiModalIn
     rows = []
     for b in range(table.num_rows):
         row = first_row + b
-        d: dict[str, Any] = {"family": families[b]}
+        fam = row_family(families[b], row)  # before the pixel widths that depend on it
+        d: dict[str, Any] = {"family": fam.name}
         if deltas is not None:  # else from_dict derives it from the positions
             d["rope_delta"] = deltas[b]
         for k, parts in flat.items():
@@ -199,7 +200,7 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int) -> list[MultiModalIn
         for k, parts in nested.items():
             v = _take(parts, b)
             if v is not None:
-                d[k] = _nested_value(k, v, d["input_ids"].shape[0], d["family"], row)
+                d[k] = _nested_value(k, v, d["input_ids"].shape[0], fam, row)
         for k, parts in blobs.items():
             v = _take(parts, b)
             if v is not None:

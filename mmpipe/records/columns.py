@@ -16,6 +16,12 @@ PIXEL_FORMATS = ("uint8", "float32", "none")
 
 
 IGNORE_INDEX = -100
+ERROR_COLUMN = "mmpipe_error"  # encode(on_error="skip"): the JSON record of a failed row, "" on good rows
+
+
+def to_numpy(value) -> np.ndarray:
+    """A torch tensor (any device, no torch import here) or any array-like -> numpy."""
+    return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
 IMAGE_PLACEHOLDER = "<image>"  # one image in verl-style raw text (and in ReMA's question column)
 
 
@@ -87,7 +93,7 @@ def u8_block(value: Any, n_patches: int, width: int, name: str, row: Any) -> np.
             raise PixelDataError(
                 f"{buf.size} bytes, expected {want} pixel bytes ({n_patches} patches x {width}) plus the end "
                 "marker; the pixel data and the grids disagree or the bytes were altered",
-                row=row, where=f"row {row}, column {name!r}", column=name, fix="re-encode the row",
+                row=row, column=name, column_in_location=True, stage="validate", fix="re-encode the row",
             )
         arr = buf[:-1]
     else:
@@ -95,7 +101,7 @@ def u8_block(value: Any, n_patches: int, width: int, name: str, row: Any) -> np.
     if arr.size != want:
         raise PixelDataError(
             f"{arr.size} values but the grids need {n_patches} patches x {width} = {want}; the pixel data "
-            "and the grids disagree", row=row, where=f"row {row}, column {name!r}", column=name,
+            "and the grids disagree", row=row, column=name, column_in_location=True, stage="validate",
             fix="re-encode the row",
         )
     return arr.reshape(n_patches, width)

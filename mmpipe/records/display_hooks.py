@@ -14,7 +14,7 @@ of any of them; takes ``tokenizer=``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 _RENDERERS: dict[str, Callable[..., str]] = {}
 
@@ -22,11 +22,6 @@ _RENDERERS: dict[str, Callable[..., str]] = {}
 def register(kind: str, fn: Callable[..., str]) -> None:
     """Make ``fn(obj, **kwargs) -> str`` the renderer of ``kind`` (a later call replaces it)."""
     _RENDERERS[kind] = fn
-
-
-def registered(kind: str) -> Optional[Callable[..., str]]:
-    """The renderer of ``kind``, or None when no view registered one."""
-    return _RENDERERS.get(kind)
 
 
 def render(kind: str, obj: Any, **kwargs: Any) -> str:

@@ -239,8 +239,7 @@ class ReMABatch:
             for name in ROLE_TENSORS:
                 arr = np.asarray(rows[f"{role}_{name}"], np.int64)
                 if name == "position_ids":
-                    arr = arr.reshape(B, -1, arr.shape[-1] if arr.size else 0)
-                    arr = arr if fam.is_vision else arr[:, 0]
+                    arr = fam.model_positions(arr.reshape(B, -1, arr.shape[-1] if arr.size else 0), axis=1)
                 tensors[f"{role}_{name}"] = torch.from_numpy(np.ascontiguousarray(arr))
         grids = [np.asarray(g, np.int64).reshape(-1, 3) for g in rows["image_grid_thw"]]
         u8 = [u8_block(v, int(g.prod(axis=1).sum()) if len(g) else 0, fam.patch_dim_u8, "pixel_values_u8", b)

@@ -46,6 +46,16 @@ from mmpipe.records.columns import (
 from mmpipe.records.display_hooks import render
 
 
+def row_family(name: Any, row: Any = None) -> ModelFamily:
+    """The family a stored row names in its ``family`` column; an unknown (or non-string) name
+    is bad data: an `InputError` naming the row and the column, stage "validate"."""
+    try:
+        return get_family(name)
+    except (ValueError, TypeError) as e:
+        raise InputError(str(e), row=row, column="family", stage="validate",
+                         fix="re-encode the row with this model's processor") from None
+
+
 @dataclass(eq=False)
 class MultiModalInputs:
     """One encoded row.
@@ -122,14 +132,14 @@ class MultiModalInputs:
     # ---- checks --------------------------------------------------------------------
     def validate(self, row: Optional[int] = None) -> "MultiModalInputs":
         """Check every invariant a model relies on; raise `InputError` (`PixelDataError` when
-        pixels, grids and media tokens disagree) naming the row and column."""
-        where = f"row {row}" if row is not None else "row"
-        self._check_token_shapes(row, where)
-        self._check_media_tokens(row, where)
-        self._check_pixel_shapes(row, where)
+        pixels, grids and media tokens disagree) naming the row and column, stage "validate"
+        (`mmpipe.collate` reports them at its own stage, "collate")."""
+        self._check_token_shapes(row)
+        self._check_media_tokens(row)
+        self._check_pixel_shapes(row)
         return self
 
-    def _check_token_shapes(self, row: Optional[int], where: str) -> None:
+    def _check_token_shapes(self, row: Optional[int]) -> None:
         L = self.num_tokens
         shapes = [(name, (L,)) for name in ("attention_mask", "mm_token_type_ids")]
         if self.labels is not None:
@@ -137,31 +147,31 @@ class MultiModalInputs:
         shapes.append(("position_ids", (3, L)))
         for name, want in shapes:
             if getattr(self, name).shape != want:
-                raise InputError(row=row, where=f"{where}, column {name!r}", column=name, stage="validate",
+                raise InputError(row=row, column=name, column_in_location=True, stage="validate",
                                  expected=f"shape {want}", found=getattr(self, name).shape,
-                                 fix="re-encode the row")
+                                 fix="re-encode the row with mmpipe.encode")
         bad_type = np.flatnonzero((self.mm_token_type_ids < 0) | (self.mm_token_type_ids > 2))
         if len(bad_type):
             raise InputError(
-                row=row, where=f"{where}, column 'mm_token_type_ids'", column="mm_token_type_ids", stage="validate",
+                row=row, column="mm_token_type_ids", column_in_location=True, stage="validate",
                 expected="0 (text), 1 (image) or 2 (video)",
                 found=f"{int(self.mm_token_type_ids[bad_type[0]])} at token {int(bad_type[0])}", fix="re-encode the row",
             )
 
-    def _check_media_tokens(self, row: Optional[int], where: str) -> None:
+    def _check_media_tokens(self, row: Optional[int]) -> None:
         fam = self.fam
         for kind, code, grid in (("image", 1, self.image_grid_thw), ("video", 2, self.video_grid_thw)):
             n_tok = int((self.mm_token_type_ids == code).sum())
-            expect = int(grid.prod(axis=1).sum()) // fam.merge_area if len(grid) else 0
+            expect = fam.num_tokens(grid)
             if n_tok != expect:
                 raise PixelDataError(
                     f"{n_tok} {kind} tokens in input_ids but {kind}_grid_thw {grid.tolist()} "
                     f"needs sum(t*h*w)/{fam.merge_area} = {expect}; the text and the {kind} data disagree "
-                    f"(truncated or appended without its pixels?)", row=row, where=where,
+                    f"(truncated or appended without its pixels?)", row=row, stage="validate",
                     column=f"{kind}_grid_thw", fix="re-encode the row",
                 )
 
-    def _check_pixel_shapes(self, row: Optional[int], where: str) -> None:
+    def _check_pixel_shapes(self, row: Optional[int]) -> None:
         fam = self.fam
         checks = (
             ("pixel_values", self.pixel_values, self.num_image_patches, fam.patch_dim),
@@ -172,9 +182,9 @@ class MultiModalInputs:
         for name, arr, n, d in checks:
             if arr is not None and arr.shape != (n, d):
                 raise PixelDataError(
-                    row=row, where=f"{where}, column {name!r}", column=name,
+                    row=row, column=name, column_in_location=True, stage="validate",
                     expected=f"shape ({n}, {d}) from the grids and the {fam.name} patch size",
-                    found=tuple(arr.shape), fix="re-encode the row",
+                    found=tuple(arr.shape), fix="re-encode the row with mmpipe.encode",
                 )
 
     # ---- conversion ----------------------------------------------------------------
@@ -190,11 +200,7 @@ class MultiModalInputs:
                 "no 'family' column; this is not a row produced by mmpipe.encode", row=row, column="family",
                 stage="validate", fix="encode the raw row with mmpipe.encode",
             ) from None
-        try:
-            fam = get_family(family)
-        except (ValueError, TypeError) as e:
-            raise InputError(str(e), row=row, column="family", stage="validate",
-                             fix="re-encode the row with this model's processor") from None
+        fam = row_family(family, row)
         ids = as_array(d.get("input_ids"), np.int64, 1, "input_ids", row)
         L = ids.shape[0]
         pos = as_array(d.get("position_ids"), np.int64, 2, "position_ids", row)

@@ -15,7 +15,7 @@ import numpy as np
 
 from mmpipe.errors import ArgumentError, InputError
 from mmpipe.families import ModelFamily
-from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.columns import IGNORE_INDEX, offsets
 from mmpipe.records.rema import ROLE_TENSORS, Episode, ReMABatch, RoleEncoding, rema_arrow_schema, text_item
 from mmpipe.rema.encode import RoleCodec
 
@@ -118,8 +118,8 @@ def _encode_roles(episodes: Sequence[Episode], codec: RoleCodec, roles: tuple):
 
 def _pad_role(encs: Sequence[RoleEncoding], L: int, pad_id: int, fam: ModelFamily) -> dict[str, np.ndarray]:
     """One role's encodings right-padded to length L: int64 [B, L] input_ids (``pad_id``),
-    labels / step_ids (-100), attention_mask, mm_token_type_ids, and position_ids [B, 3, L]
-    (vision) or [B, L] (text)."""
+    labels / step_ids (-100), attention_mask, mm_token_type_ids, and position_ids as the model
+    takes them, batch first (`ModelFamily.model_positions`): [B, 3, L] M-RoPE, [B, L] 1-D."""
     B = len(encs)
     ids = np.full((B, L), pad_id, np.int64)
     labels = np.full((B, L), IGNORE_INDEX, np.int64)
@@ -132,7 +132,7 @@ def _pad_role(encs: Sequence[RoleEncoding], L: int, pad_id: int, fam: ModelFamil
         ids[b, :n], labels[b, :n], steps[b, :n] = x.row.input_ids, x.row.labels, x.step_ids
         att[b, :n], mm[b, :n], pos[b, :, :n] = 1, x.row.mm_token_type_ids, x.row.position_ids
     return {"input_ids": ids, "labels": labels, "step_ids": steps, "attention_mask": att,
-            "position_ids": pos if fam.is_vision else pos[:, 0], "mm_token_type_ids": mm}
+            "position_ids": fam.model_positions(pos, axis=1), "mm_token_type_ids": mm}
 
 
 def _non_tensors(episodes: Sequence[Episode], roles: tuple, max_num_turns: int) -> dict[str, list]:
@@ -154,12 +154,3 @@ def _non_tensors(episodes: Sequence[Episode], roles: tuple, max_num_turns: int) 
             for e in episodes
         ]
     return non_tensors
-
-
-def offsets(counts) -> np.ndarray:
-    """Per-row counts int [B] -> offsets int64 [B + 1] (``offsets[b]:offsets[b+1]`` is row b's)."""
-    out = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts, out=out[1:])
-    return out
-
-

@@ -18,7 +18,7 @@ import numpy as np
 
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.placeholders import expand_image_pads
-from mmpipe.errors import InputError, ParseError, PlaceholderError
+from mmpipe.errors import ArgumentError, InputError, ParseError, PlaceholderError
 from mmpipe.images.pixels import encode_image
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.row import MultiModalInputs
@@ -109,9 +109,9 @@ class RoleCodec:
             turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
             reasons = list(finish_reasons) if finish_reasons is not None else ["stop"] * len(turns)
             if len(reasons) != len(turns):
-                raise InputError(
-                    f"{len(reasons)} finish reason(s) for {len(turns)} assistant message(s)", where=where,
-                    stage="rollout", column="finish_reasons", fix="give one finish reason per response",
+                raise ArgumentError(
+                    f"{where}: {len(reasons)} finish reason(s) for {len(turns)} assistant message(s); "
+                    "give one finish reason per response (finish_reasons=)"
                 )
             for step, (k, reason) in enumerate(zip(turns, reasons)):
                 if num_images(messages[k]["content"]):
@@ -140,7 +140,7 @@ class RoleCodec:
                                        where=where, column="messages", fix="show images, not videos")
             if len(pad):
                 ids, labels, steps = expand_image_pads(ids, pad, grids, fam, labels, steps)
-                mm = (ids == self.enc.image_token_id).astype(np.int64)
+                mm = self.enc.token_types(ids)
         from mmpipe.rope import get_rope_index
 
         pos, delta = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None, family=fam)
@@ -201,7 +201,8 @@ def encode_conversation(messages: Sequence[dict], processor, *, images: Sequence
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
             raise ParseError("message", where=f"{where}, message {k}", stage="rollout", column="messages",
                              expected="{'role': system|user|assistant, 'content': ...}", found=f"{m!r:.80}")
-        msgs.append({"role": m["role"], "content": content_items(m.get("content") or "", f"{where}, message {k}")})
+        content = content_items(m.get("content") or "", f"{where}, message {k}", "messages")
+        msgs.append({"role": m["role"], "content": content})
     n_items = sum(num_images(m["content"]) for m in msgs)
     if n_items != len(images):
         raise PlaceholderError(f"{n_items} image item(s) in the messages but {len(images)} image(s) given",

@@ -139,6 +139,7 @@ def _record_responses(active: list[Episode], gens: Sequence[Generation], role: s
         raise InputError(
             f"the engine returned {len(gens)} generations for {len(active)} prompts", where=f"role {role!r}, turn {turn}",
             stage="rollout", expected="one Generation per prompt, in order", found=f"{len(gens)} generations",
+            fix="make the engine's generate(prompts, params) return one Generation per prompt, in order",
         )
     flagged = set()
     for e, g in zip(active, gens):

@@ -28,21 +28,21 @@ __all__ = ["ViewContext", "View", "AskQuestion", "QuestionWithInstruction", "rem
 # ---- questions and message contents -----------------------------------------------------
 
 
-def content_items(value, where: str) -> list[dict]:
+def content_items(value, where: str, column: str = "content") -> list[dict]:
     """A message content -> normalised content items.
 
     ``value``: a string or a list of items (``{"type": "text", "text": str}``, plain strings,
     ``{"type": "image"}``). Returns a list of ``{"type": "text", "text": ...}`` /
     ``{"type": "image"}`` dicts with adjacent texts merged and empty texts dropped. ``where``
-    names the value in errors (`ParseError`, stage "rollout").
+    and ``column`` (the field holding ``value``) name it in errors (`ParseError`, stage "rollout").
     """
     if isinstance(value, str):
         return [text_item(value)] if value else []
     if not isinstance(value, (list, tuple)):
         raise ParseError(
-            "message content", where=where, stage="rollout",
+            "message content", where=where, stage="rollout", column=column,
             expected="a string or a list of content items ({'type': 'text', 'text': ...} / {'type': 'image'})",
-            found=type(value).__name__,
+            found=type(value).__name__, fix="pass the text as a string; images go with the question",
         )
     out: list[dict] = []
     for item in value:
@@ -53,7 +53,7 @@ def content_items(value, where: str) -> list[dict]:
         if not isinstance(text, str):
             raise ParseError(
                 f"content item {item!r:.80} is neither {{'type': 'text', 'text': str}} nor {{'type': 'image'}}",
-                where=where, stage="rollout",
+                where=where, stage="rollout", column=column,
                 fix="pass images with the question, not inline: a role's view shows the question's images",
             )
         if out and out[-1]["type"] == "text":  # adjacent texts render as one; store them as one
@@ -83,6 +83,7 @@ def question_items(q, idx: int) -> tuple[list[dict], tuple]:
             raise ParseError(
                 "question row", where=where, row=idx, stage="rollout", column="question",
                 expected="{'question': str | content list, 'images': [...]}", found=f"keys {sorted(q)}",
+                fix="give each question as a string or a dict with a 'question' key (and its 'images')",
             )
         images = q.get("images") or ()
         q = q["question"]
@@ -100,7 +101,7 @@ def question_items(q, idx: int) -> tuple[list[dict], tuple]:
             if part:
                 items.append(text_item(part))
     else:
-        items = content_items(q, where)
+        items = content_items(q, where, "question")
     if num_images(items) != len(images):
         raise PlaceholderError(
             f"the content holds {num_images(items)} image item(s) but {len(images)} image(s) were given",

@@ -11,8 +11,7 @@ from typing import Any
 
 from PIL import Image
 
-from mmpipe.errors import ImageError
-from mmpipe.images.load import load_image
+from mmpipe.images.load import load_image, unreadable_error
 
 # Formats every OpenAI-compatible VLM server decodes; others are re-encoded as PNG.
 _PASS_THROUGH = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
@@ -43,7 +42,8 @@ def encode_frame(value: Any, *, where: str = "frame") -> EncodedFrame:
     as PNG (lossless, so equal pixels give equal digests).
 
     Raises:
-        ValueError / TypeError: the value is not an image (the message names ``where``).
+        mmpipe.errors.ImageError (a ValueError): the value is not an image or cannot be read
+        (the message names ``where``).
     """
     raw = _encoded_bytes(value)
     if raw is not None:
@@ -51,9 +51,8 @@ def encode_frame(value: Any, *, where: str = "frame") -> EncodedFrame:
             with Image.open(io.BytesIO(raw)) as im:
                 fmt, size = im.format, im.size
         except OSError as e:  # PIL.UnidentifiedImageError is an OSError
-            raise ImageError(f"cannot read the image ({type(e).__name__}: {e})", where=where,
-                             expected="encoded image bytes (PNG, JPEG, WEBP, GIF, ...)", found=f"{len(raw)} unreadable bytes",
-                             fix="pass a PIL image, a uint8 [H, W, 3] array, a path or valid encoded bytes") from e
+            raise unreadable_error(e, where, f"{len(raw)} unreadable bytes",
+                                   fix="pass a PIL image, a uint8 [H, W, 3] array, a path or valid encoded bytes") from e
         if fmt in _PASS_THROUGH:
             return _frame(raw, _PASS_THROUGH[fmt], size)
         value = raw

@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Optional, Sequence
 
-from mmpipe.errors import ArgumentError
+from mmpipe.errors import ArgumentError, InputError
 from mmpipe.reward.arithmetic import RewardConfig, combine
 from mmpipe.reward.client import JudgeClient
 from mmpipe.reward.dataset import score_batch
@@ -141,7 +141,8 @@ class VLMJudge:
             frame = image if isinstance(image, EncodedFrame) else encode_frame(image)
         except Exception as e:  # not an image (ValueError/TypeError), unreadable file, too large, ...
             self.stats.add(queries=2, invalid=2)
-            bad = Answer(error=f"bad frame: {e}")
+            # what is wrong with it, without the encode-stage fix and tags (stored with the answers)
+            bad = Answer(error=f"bad frame: {e.message_body() if isinstance(e, InputError) else e}")
             return FrameAnswers(bad, bad, time.monotonic() - t0)
         try:
             self.client.connect()  # the one-time openai import is not part of an answer's latency

@@ -11,18 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from mmpipe.errors import FamilyMismatchError, ImageError, PixelDataError
+from mmpipe.errors import FamilyMismatchError, ImageError, InputError, PixelDataError
 from mmpipe.families import DEFAULT_FAMILY, ModelFamily, family_of
 from mmpipe.images.pixels import pixel_values_to_u8, unpatchify_u8, video_pixel_values_to_u8
 from mmpipe.images.spec import VisionSpec, smart_resize
 from mmpipe.records.row import MultiModalInputs
 
 __all__ = ["vision_spec_for", "row_images", "row_video_frames", "vllm_processor_kwargs"]
-
-
-def _where(row) -> str:
-    """``"row 3"`` for errors (``"row"`` when the index is unknown)."""
-    return f"row {row}" if row is not None else "row"
 
 
 def vision_spec_for(processor_or_spec, fam: ModelFamily) -> VisionSpec:
@@ -40,14 +35,14 @@ def vision_spec_for(processor_or_spec, fam: ModelFamily) -> VisionSpec:
         other = family_of(processor_or_spec)
         if other.name != fam.name:
             raise FamilyMismatchError(
-                f"the rows were encoded for {fam.name!r} but the processor is {other.name!r}", where="",
+                f"the rows were encoded for {fam.name!r} but the processor is {other.name!r}",
                 stage="rollout", expected=f"a {fam.name} processor", found=f"a {other.name} processor",
                 fix="use the processor the rows were encoded with",
             )
         spec = VisionSpec.from_processor(processor_or_spec)
     if fam.is_vision and spec.patch_size != fam.patch_size:
         raise FamilyMismatchError(
-            f"VisionSpec patch size {spec.patch_size} does not match {fam.name} ({fam.patch_size})", where="",
+            f"VisionSpec patch size {spec.patch_size} does not match {fam.name} ({fam.patch_size})",
             stage="rollout", fix="pass the processor (or its VisionSpec) the rows were encoded with",
         )
     return spec
@@ -61,14 +56,16 @@ def _image_u8(r: MultiModalInputs, spec: VisionSpec, index: Any) -> np.ndarray:
         try:
             return pixel_values_to_u8(r.pixel_values, spec.lut(), spec.temporal_patch_size)
         except ValueError as e:
+            # only the inner reason: this error carries the one location, fix and stage tag
+            reason = e.message_body() if isinstance(e, InputError) else str(e)
             raise PixelDataError(
-                f"cannot recover the images from float32 pixel_values ({e}); were they made "
-                "with other normalisation constants?", row=index, where=_where(index), stage="rollout",
+                f"cannot recover the images from float32 pixel_values ({reason}); were they made "
+                "with other normalisation constants?", row=index, stage="rollout",
                 column="pixel_values", fix="pass the processor the row was encoded with",
             ) from None
     raise PixelDataError(
         f"holds {r.num_images} image(s) but no pixel data (encoded with pixels='none', layout only); "
-        "a rollout engine needs the images", row=index, where=_where(index), stage="rollout",
+        "a rollout engine needs the images", row=index, stage="rollout",
         column="pixel_values_u8", fix="re-encode with pixels='uint8' (the default)",
     )
 
@@ -85,14 +82,13 @@ def row_images(row, spec: VisionSpec, *, index: Any = None) -> list:
     from PIL import Image
 
     r = MultiModalInputs.from_dict(row, row=index)
-    where = _where(index)
     if not r.num_images:
         return []
     u8 = _image_u8(r, spec, index)
     p = spec.patch_size
     if u8.shape[1] != 3 * p * p:
         raise PixelDataError(
-            "image patches do not fit this VisionSpec", row=index, where=where, stage="rollout",
+            "image patches do not fit this VisionSpec", row=index, stage="rollout",
             column="pixel_values_u8", expected=f"rows 3*{p}*{p} = {3 * p * p} wide", found=f"{u8.shape[1]} wide",
             fix="pass the processor (or VisionSpec) the row was encoded with",
         )
@@ -101,7 +97,7 @@ def row_images(row, spec: VisionSpec, *, index: Any = None) -> list:
         if t != 1:
             raise PixelDataError(
                 f"grid {(t, h, w)} has t != 1; images have one temporal step", row=index, image=i,
-                where=f"{where}, image {i}", stage="rollout", column="image_grid_thw", fix="re-encode the row",
+                stage="rollout", column="image_grid_thw", fix="re-encode the row",
             )
         arr = unpatchify_u8(u8[start:start + h * w], h, w, spec)
         out.append(Image.fromarray(arr, "RGB"))
@@ -126,7 +122,7 @@ def row_video_frames(row, spec: VisionSpec, *, index: Any = None) -> list[np.nda
         u8 = video_pixel_values_to_u8(r.pixel_values_videos, spec.lut())
     else:
         raise PixelDataError(
-            f"holds {r.num_videos} video(s) but no pixel data", row=index, where=_where(index), stage="rollout",
+            f"holds {r.num_videos} video(s) but no pixel data", row=index, stage="rollout",
             column="pixel_values_videos_u8", fix="re-encode with pixels",
         )
     p, m, T = spec.patch_size, spec.merge_size, spec.temporal_patch_size
@@ -163,8 +159,8 @@ def vllm_processor_kwargs(grids, spec: VisionSpec, *, index: Any = None, family=
         got = smart_resize(H, W, f, kw["min_pixels"], kw["max_pixels"])
         if got != (H, W):  # cannot happen for sides that are multiples of the factor; keep the guard
             raise ImageError(
-                "re-processing the stored image would resize it", row=index, image=i,
-                where=f"{_where(index)}, image {i}", column="image_grid_thw",
+                "re-processing the stored image would resize it", row=index, image=i, stage="rollout",
+                column="image_grid_thw",
                 expected=f"{H}x{W} (unchanged)", found=f"{got[0]}x{got[1]}", fix="re-encode the row",
             )
     return kw

@@ -32,7 +32,7 @@ push a 1:200 image to 1:201; the processor refuses those before resizing).
 
 from __future__ import annotations
 
-from mmpipe.errors import InputError, PixelDataError
+from mmpipe.errors import ArgumentError, PixelDataError
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.rollout.images import row_images, vision_spec_for, vllm_processor_kwargs
@@ -119,11 +119,10 @@ def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_
     att = batch.attention_mask
     if batch.padding_side != "left" and bool((att[:, -1] == 0).any()):
         rows = [int(b) for b in (att[:, -1] == 0).nonzero().reshape(-1)]
-        raise InputError(
+        raise ArgumentError(
             f"rows {rows} are right-padded: generate appends new tokens after the pads, so those rows "
-            "would continue from padding", where="", stage="rollout", column="attention_mask",
-            expected="a left-padded batch", found=f"padding_side={batch.padding_side!r}",
-            fix="collate with padding_side='left' for generation",
+            f"would continue from padding; to_generate_kwargs takes a left-padded batch, got one collated "
+            f"with padding_side={batch.padding_side!r}: collate with padding_side='left' for generation"
         )
     has_vision = bool(batch.image_grid_thw.shape[0]) or bool(batch.video_grid_thw.shape[0])
     if has_vision and batch.pixel_values is None and batch.pixel_values_videos is None:

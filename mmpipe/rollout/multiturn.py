@@ -103,17 +103,16 @@ def append_response(conv: Conversation, response=None, *, text: Optional[str] = 
     ``<|im_end|>\\n`` is added. Added tokens get label -100: the model did not sample them,
     so they have no rollout log-probability and are not trained on.
 
-    Raises `InputError` (naming the conversation) when the conversation is done or does not
+    Raises `ArgumentError` (naming the conversation) when the conversation is done or does not
     end with a generation prompt, `PlaceholderError` when the ids hold image/video pad tokens
     (they would be read as image slots without an image), `InputError` (stage "template")
     when the template does not render the reply verbatim.
     """
     _check_open(conv, "a response")
     if not conv.awaiting_response:
-        raise InputError(
-            "the last turn is closed (no generation prompt); a response can only follow a prompt "
-            "or an observation appended with add_generation_prompt=True", where=conv.where, row=conv.index,
-            stage="rollout", fix="append an observation with add_generation_prompt=True first",
+        raise ArgumentError(
+            f"{conv.where}: the last turn is closed (no generation prompt); a response can only follow a prompt "
+            "or an observation appended with add_generation_prompt=True"
         )
     if (response is None) == (text is None):
         raise ArgumentError(f"{conv.where}: pass exactly one of response ids or text= (got "
@@ -234,10 +233,9 @@ def append_messages(conv: Conversation, messages: Sequence[dict], images: Sequen
     """
     _check_open(conv, "messages")
     if conv.awaiting_response:
-        raise InputError(
-            "the row ends with a generation prompt waiting for the model's reply", where=conv.where,
-            row=conv.index, stage="rollout",
-            fix="append the response (append_response) before the next observation",
+        raise ArgumentError(
+            f"{conv.where}: the row ends with a generation prompt waiting for the model's reply; append the "
+            "response (append_response) before the next observation"
         )
     roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
     if not messages or "assistant" in roles or None in roles:
@@ -273,12 +271,13 @@ def _add_images(conv: Conversation, ids: np.ndarray, images: Sequence):
     if len(pad_pos) != len(images):
         raise PlaceholderError(
             f"the new turn renders {len(pad_pos)} {fam.image_token} token(s) for {len(images)} image(s)",
-            where=conv.where, stage="rollout", column="messages",
+            where=conv.where, row=conv.index, stage="rollout", column="messages",
             fix=f"give one image per placeholder (does the text hold a literal {fam.image_token}?)",
         )
     if (ids == enc.video_token_id).any():
         raise ParseError(f"the new turn holds {fam.video_token}; videos cannot be appended yet",
-                         where=conv.where, stage="rollout", column="messages")
+                         where=conv.where, row=conv.index, stage="rollout", column="messages",
+                         fix=f"remove literal {fam.video_token} text from the new turn")
     grids, blocks = [], []
     first = conv.row.num_images
     for k, img in enumerate(images):
@@ -297,11 +296,12 @@ def _add_images(conv: Conversation, ids: np.ndarray, images: Sequence):
 
 # ---- shared machinery --------------------------------------------------------------------
 def _check_open(conv: Conversation, what: str) -> None:
-    """Raise `InputError` when ``conv`` is done (nothing may be appended to it)."""
+    """Raise `ArgumentError` when ``conv`` is done (nothing may be appended to it): appending to
+    a finished conversation is a caller's mistake, not bad data."""
     if conv.done:
-        raise InputError(
-            f"{conv.where} is done (finish_reason={conv.finish_reason!r}); cannot append {what}", where="",
-            row=conv.index, stage="rollout", fix="loop over MultiTurnBatch.active() to skip finished conversations",
+        raise ArgumentError(
+            f"{conv.where} is done (finish_reason={conv.finish_reason!r}); cannot append {what}. "
+            "Loop over MultiTurnBatch.active() to skip finished conversations"
         )
 
 
@@ -368,9 +368,7 @@ def _extend(conv: Conversation, ids, labels, grids, blocks, text, messages, *, a
     from mmpipe.rope import get_rope_index
 
     row, fam = conv.row, conv.encoder.family
-    mm = np.zeros(ids.shape, np.int64)
-    if fam.is_vision:
-        mm[ids == conv.encoder.image_token_id] = 1
+    mm = conv.encoder.token_types(ids)
     grids = np.asarray(grids, np.int64).reshape(-1, 3)
     pos, _ = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None, family=fam)
     offset = int(row.position_ids.max()) + 1 if row.num_tokens else 0

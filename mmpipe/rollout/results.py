@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mmpipe.errors import InputError
+from mmpipe.errors import ArgumentError
 from mmpipe.records.generation import Generation
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.batch import BatchedMultiModalInputs
@@ -39,18 +39,17 @@ def unbatch_rollout(prompts, generations: Sequence[Generation]) -> list[RolloutS
     else:
         rows = [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(prompts)]
     if len(generations) != len(rows):
-        raise InputError(
-            f"{len(generations)} generations for {len(rows)} prompts", where="", stage="rollout",
-            expected="one Generation per prompt", found=f"{len(generations)} for {len(rows)}",
-            fix="trim data-parallel padding rows first (mmpipe.rollout.data_parallel.trim) and keep one "
-            "Generation per prompt",
+        raise ArgumentError(
+            f"{len(generations)} generations for {len(rows)} prompts; unbatch_rollout takes one Generation per "
+            "prompt: trim data-parallel padding rows first (mmpipe.rollout.data_parallel.trim) and keep one "
+            "Generation per prompt"
         )
     out = []
     for i, (row, gen) in enumerate(zip(rows, generations)):
         if gen.prompt_index != i:
-            raise InputError(
-                f"generation {i} is for prompt {gen.prompt_index}", where="", stage="rollout",
-                column="prompt_index", fix="generations must be in prompt order",
+            raise ArgumentError(
+                f"generation {i} is for prompt {gen.prompt_index}; generations must be in prompt order "
+                "(generations[i].prompt_index == i)"
             )
         for j, c in enumerate(gen.completions):
             out.append(

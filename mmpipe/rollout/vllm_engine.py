@@ -37,17 +37,17 @@ def _check_prompt_ids(got, want, prompt_index: int) -> None:
         return
     n = min(len(got), len(want))
     at = next((i for i in range(n) if got[i] != want[i]), n)
-    hint = (
-        "vLLM's prompt is longer: the image placeholders were expanded twice - give vLLM the "
-        "collapsed ids of mmpipe.rollout.inputs.to_vllm_prompts, not the training input_ids"
-        if len(got) > len(want)
-        else "vLLM computed other image grids or tokens: pass the prompt's mm_processor_kwargs from "
-        "to_vllm_prompts and serve the checkpoint whose processor encoded the rows"
-    )
+    if len(got) > len(want):
+        cause = "vLLM's prompt is longer: the image placeholders were expanded twice"
+        fix = "give vLLM the collapsed ids of mmpipe.rollout.inputs.to_vllm_prompts, not the training input_ids"
+    else:
+        cause = "vLLM computed other image grids or tokens"
+        fix = ("pass the prompt's mm_processor_kwargs from to_vllm_prompts and serve the checkpoint whose "
+               "processor encoded the rows")
     raise PlaceholderError(
         f"vLLM's prompt_token_ids ({len(got)} tokens) differ from the row's training input_ids "
-        f"({len(want)} tokens) from position {at}", where=f"prompt {prompt_index}", row=prompt_index,
-        column="input_ids", expected=f"row {want[at:at + 3]}", found=f"vLLM {got[at:at + 3]}", fix=hint,
+        f"({len(want)} tokens) from position {at}; {cause}", where=f"prompt {prompt_index}", row=prompt_index,
+        column="input_ids", expected=f"row {want[at:at + 3]}", found=f"vLLM {got[at:at + 3]}", fix=fix,
     )
 
 

@@ -20,7 +20,8 @@ from mmpipe.records.rollout import RolloutSample
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.view.images import image_arrays, media_colour, png_data_uri, shown_size, spec_for, tint, video_frames
 from mmpipe.view.spans import Span, TokenText, collapse_plan, span_label, token_spans, value_range
-from mmpipe.view.summary import as_row, batch_table_rows, grid_str, row_summary, to_numpy
+from mmpipe.view.summary import as_row, batch_table_rows, grid_str, row_summary
+from mmpipe.records.columns import to_numpy
 
 DEFAULT_MAX_TOKENS = 400  # text tokens shown per row before text runs collapse
 DEFAULT_MAX_ROWS = 16  # rows of a batch shown in full (the table lists every row)
@@ -206,15 +207,16 @@ def _row_body(row: MultiModalInputs, *, tokenizer=None, max_tokens: Optional[int
     if row.fam.is_vision and (row.num_images or row.num_videos):
         arrays, exact = image_arrays(row, spec)
         p = spec.patch_size
-        m2 = row.fam.merge_area
+        tokens = row.fam.tokens_per_grid(row.image_grid_thw).tolist()
         figs = []
         for k, (arr, g) in enumerate(zip(arrays, np.asarray(row.image_grid_thw).tolist())):
-            figs.append(_thumb_html(arr, image_ids[k], g, int(np.prod(g)) // m2, first.get(("image", k)),
+            figs.append(_thumb_html(arr, image_ids[k], g, tokens[k], first.get(("image", k)),
                                     exact, p, row.pixel_format))
         if row.num_videos:
             frames = video_frames(row, spec=spec)
+            video_tokens = row.fam.tokens_per_grid(row.video_grid_thw).tolist()
             for k, g in enumerate(np.asarray(row.video_grid_thw).tolist()):
-                figs.append(_video_html(frames[k], video_ids[k], g, int(np.prod(g)) // m2, p))
+                figs.append(_video_html(frames[k], video_ids[k], g, video_tokens[k], p))
         parts.append(f'<div class="mmpipe-images">{"".join(figs)}</div>')
         if not row.has_pixels:
             parts.append('<div class="mmpipe-note">layout-only row (pixels="none"): grids and positions come from the '

@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.families import family_of
+from mmpipe.families import ModelFamily, family_of
 from mmpipe.records.row import MultiModalInputs
 
 
@@ -36,16 +36,18 @@ class Span:
         return self.end - self.start
 
 
+def _media_queue(fam: ModelFamily, grids) -> list[tuple[int, tuple, int]]:
+    """``(index, grid, LLM tokens)`` of each (t, h, w) grid of ``grids`` int [n, 3], in order."""
+    grids = np.asarray(grids).reshape(-1, 3)
+    return [(k, tuple(int(x) for x in g), int(n)) for k, (g, n) in enumerate(zip(grids, fam.tokens_per_grid(grids)))]
+
+
 def token_spans(row: MultiModalInputs) -> list[Span]:
     """The row's token sequence cut into text / image / video spans, one span per image (and
     per video run), images assigned in order by their grids' token counts."""
     mm = np.asarray(row.mm_token_type_ids)
     L = len(mm)
-    m2 = row.fam.merge_area if row.fam.is_vision else 1
-    queues = {
-        1: [(k, tuple(int(x) for x in g), int(np.prod(g)) // m2) for k, g in enumerate(np.asarray(row.image_grid_thw))],
-        2: [(k, tuple(int(x) for x in g), int(np.prod(g)) // m2) for k, g in enumerate(np.asarray(row.video_grid_thw))],
-    }
+    queues = {1: _media_queue(row.fam, row.image_grid_thw), 2: _media_queue(row.fam, row.video_grid_thw)}
     left = {1: [q[2] for q in queues[1]], 2: [q[2] for q in queues[2]]}
     cursor = {1: 0, 2: 0}
     seen_parts: dict[tuple, int] = {}

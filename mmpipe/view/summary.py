@@ -4,13 +4,14 @@ row's one-line summary, a batch's per-row table, and the coercions the views acc
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+from typing import Sequence, Union
 
 import numpy as np
 
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.row import MultiModalInputs
+from mmpipe.records.columns import to_numpy
 
 
 def as_row(row: Union[MultiModalInputs, dict]) -> MultiModalInputs:
@@ -21,10 +22,6 @@ def as_row(row: Union[MultiModalInputs, dict]) -> MultiModalInputs:
         return MultiModalInputs.from_dict(row)
     raise TypeError(f"expected a MultiModalInputs (or a stored row dict), found {type(row).__name__}")
 
-
-def to_numpy(t: Any) -> np.ndarray:
-    """A torch tensor (any device) or array-like -> numpy."""
-    return t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
 
 
 def _n(n: int, word: str) -> str:
@@ -52,7 +49,7 @@ def batch_table_rows(batch: BatchedMultiModalInputs) -> list[dict]:
     lengths = to_numpy(batch.seq_lengths)
     grids = to_numpy(batch.image_grid_thw).reshape(-1, 3)
     vgrids = to_numpy(batch.video_grid_thw).reshape(-1, 3)
-    m2 = batch.fam.merge_area if batch.fam.is_vision else 1
+    tokens = batch.fam.tokens_per_grid(grids)  # int64 [I]
     labels = to_numpy(batch.labels) if batch.labels is not None else None
     has = to_numpy(batch.row_has_labels) if batch.row_has_labels is not None else np.full(B, labels is not None)
     att = to_numpy(batch.attention_mask)
@@ -66,7 +63,7 @@ def batch_table_rows(batch: BatchedMultiModalInputs) -> list[dict]:
             "padding": int(L - n),
             "attended": int(att[b].sum()),
             "images": list(imgs),
-            "tokens_per_image": [int(np.prod(grids[i])) // m2 for i in imgs],
+            "tokens_per_image": [int(tokens[i]) for i in imgs],
             "grids": [tuple(int(x) for x in grids[i]) for i in imgs],
             "videos": list(vids),
             "video_grids": [tuple(int(x) for x in vgrids[i]) for i in vids],
