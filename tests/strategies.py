@@ -435,3 +435,21 @@ def token_budget_cases(draw, max_rows: int = 60):
         "oversize": "alone" if over else draw(st.sampled_from(["raise", "alone"])),
     }
     return lengths, num_images, kw
+
+
+# ---- vision tokens sampled into responses (mmpipe.encoding.vision_tokens) ---------------------
+
+
+@st.composite
+def vision_token_injections(draw, vision_ids, text_ids, max_len: int = 24, max_injected: int = 3):
+    """A response with vision special tokens at random positions: ``(ids, positions)``.
+
+    ``ids``: int list [R] (1..max_len tokens) drawn from ``text_ids`` (plain text ids), then
+    1..max_injected positions (sorted, distinct, ``positions``) overwritten with ids drawn
+    from ``vision_ids`` (the family's image pad, video pad, vision start, vision end)."""
+    ids = draw(st.lists(st.sampled_from(list(text_ids)), min_size=1, max_size=max_len))
+    k = draw(st.integers(1, min(max_injected, len(ids))))
+    positions = sorted(draw(st.lists(st.integers(0, len(ids) - 1), min_size=k, max_size=k, unique=True)))
+    for p in positions:
+        ids[p] = draw(st.sampled_from(list(vision_ids)))
+    return ids, positions

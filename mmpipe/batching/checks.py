@@ -4,19 +4,22 @@ Every check is O(rows) or vectorised and raises the typed errors of `mmpipe.erro
 the row (its index in the batch) and the column: rows that failed to encode under
 ``on_error="skip"``, values whose dtype would be cast silently (float token ids, integer
 pixel values), records-level inconsistencies (`MultiModalInputs.validate`), and NaN/inf in
-float pixel values (`check_finite`, once the batch's pixels are concatenated).
+float pixel values (`check_finite`, once the batch's pixels are concatenated), and image /
+video pad tokens at text positions (`check_vision_tokens`: a sampled ``<|image_pad|>`` in a
+response, the "Image features and image tokens do not match" crash).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import InputError, PixelDataError
 from mmpipe.records.arrow import rows_from_arrow
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.records.columns import ERROR_COLUMN
+from mmpipe.records.columns import ERROR_COLUMN, IGNORE_INDEX
 
 
 def checked_records(rows: Sequence[Any]) -> list[MultiModalInputs]:
@@ -123,6 +126,30 @@ def check_finite(pv: np.ndarray, offsets: np.ndarray, name: str) -> None:
         expected="finite normalised pixel values", found="NaN/inf",
         fix="re-encode the row from its image (mmpipe.encode pixels='uint8' cannot produce NaN)",
     )
+
+
+def check_vision_tokens(recs: Sequence[MultiModalInputs], vision_tokens: Optional[VisionTokens] = None) -> None:
+    """Refuse a row holding an image / video pad id where ``mm_token_type_ids`` says text
+    (`mmpipe.errors.PlaceholderError`, stage "collate", naming the row, position and token).
+
+    ``vision_tokens``: the processor's (`VisionTokens.from_processor`, what `mmpipe.Collator`
+    and ``collate(processor=...)`` use); None: the pads the batch's own image blocks show
+    (`VisionTokens.from_rows`; a batch without images shows none). Only pads are checked
+    here: they are what breaks the model's image-token count, and a row from `mmpipe.encode`
+    never holds one at a text position (literal pad text is refused at encode). A vision
+    start / end inside a response is refused where the response becomes a row
+    (``RolloutSample.to_row``, the data packers, multi-turn appends). One vectorised pass per row.
+    """
+    vt = vision_tokens if vision_tokens is not None else VisionTokens.from_rows(recs)
+    if not vt.pad_ids:
+        return
+    for i, r in enumerate(recs):
+        bad = vt.find(r.input_ids, r.mm_token_type_ids, pads_only=True)
+        if len(bad):
+            labelled = r.labels is not None and bool((r.labels[bad] != IGNORE_INDEX).any())
+            vt.refuse(r.input_ids, bad, where=f"row {i}", row=i, offset=None, stage="collate",
+                      what="the row (its mm_token_type_ids say text here" + (", a labelled response token)" if
+                                                                            labelled else ")"))
 
 
 def _as_row_error(e: Exception) -> InputError:

@@ -20,7 +20,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.batching.checks import check_finite, checked_records
+from mmpipe.batching.checks import check_finite, check_vision_tokens, checked_records
+from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, PixelDataError
 from mmpipe.families import ModelFamily, family_of, get_family
 from mmpipe.images.spec import VisionSpec
@@ -44,6 +45,7 @@ def collate(
     pad_to_multiple_of: Optional[int] = None,
     pad_token_id: Optional[int] = None,
     pad_to_length: Optional[int] = None,
+    vision_tokens: Optional[VisionTokens] = None,
 ) -> BatchedMultiModalInputs:
     """Pad and pack encoded rows into a batch.
 
@@ -54,6 +56,8 @@ def collate(
         padding_side: ``"left"`` (generation) or ``"right"``.
         pad_to_multiple_of: round the padded length up to a multiple of this.
         pad_to_length: pad to exactly this length (error if a row is longer).
+        vision_tokens: the tokens `check_vision_tokens` looks for; default the processor's,
+            else the pads the batch's own image blocks show.
 
     Returns a `BatchedMultiModalInputs` with input_ids/attention_mask/mm_token_type_ids
     int64 [B, L], position_ids int64 [3, B, L], pixel_values float32 [sum N, D], image_grid_thw
@@ -63,7 +67,9 @@ def collate(
     and column, all O(rows) or vectorised checks: pixel data that disagree with the grids or
     the image tokens, NaN/inf in float pixel values, integer pixel values or float token ids,
     rows encoded for another model family (`FamilyMismatchError`), and rows that failed to
-    encode under ``on_error="skip"`` (filter them with `mmpipe.drop_failed`).
+    encode under ``on_error="skip"`` (filter them with `mmpipe.drop_failed`), and image /
+    video pad tokens at text positions (`mmpipe.batching.checks.check_vision_tokens`: a sampled
+    ``<|image_pad|>`` in a response would break the model's image-token count).
 
     The steps: rows -> checked records (`mmpipe.batching.checks.checked_records`), the batch's family
     (`_batch_family`), token tensors and positions placed under the padding (`_pad_tokens`),
@@ -74,6 +80,9 @@ def collate(
         raise ArgumentError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     recs = checked_records(rows)
     fam = _batch_family(recs, family, processor)
+    if vision_tokens is None and processor is not None:
+        vision_tokens = VisionTokens.from_processor(processor, family=fam)
+    check_vision_tokens(recs, vision_tokens)
     if spec is None:
         spec = _vision_spec(fam, processor)
     if pad_token_id is None:
@@ -329,9 +338,11 @@ class Collator:
         self.family, self.spec, self.pad_token_id = collator_constants("Collator", processor, family, pad_token_id)
         self.padding_side = padding_side
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.vision_tokens = None if processor is None else VisionTokens.from_processor(processor, family=self.family)
 
     def __call__(self, rows: Sequence[Any]) -> BatchedMultiModalInputs:
         return collate(
             rows, spec=self.spec, family=self.family, padding_side=self.padding_side,
             pad_to_multiple_of=self.pad_to_multiple_of, pad_token_id=self.pad_token_id,
+            vision_tokens=self.vision_tokens,
         )

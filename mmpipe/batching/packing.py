@@ -43,6 +43,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from mmpipe.batching.collate import collate, collator_constants
+from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import InputError
 from mmpipe.families import get_family
 from mmpipe.images.spec import VisionSpec
@@ -62,19 +63,23 @@ def pack(
     pad_token_id: Optional[int] = None,
     max_tokens: Optional[int] = None,
     max_images: Optional[int] = None,
+    vision_tokens: Optional[VisionTokens] = None,
 ) -> PackedMultiModalInputs:
     """Pack encoded rows (``MultiModalInputs``, stored dicts or Arrow rows) into one sequence.
 
     ``max_tokens`` / ``max_images``: the pack's budgets; a batch over either raises (group
     rows with `mmpipe.batching.sampler.TokenBudgetBatchSampler(cost="packed")`, which never exceeds
     them). Rows must be unpadded (attention_mask all ones), as ``mmpipe.encode`` stores them.
+    An image / video pad at a text position is refused as in collate (``vision_tokens``: the
+    processor's by default, else the pads the rows' image blocks show).
 
     The steps: collate right-padded, check the budgets and that rows are unpadded
     (`_check_pack`), take the valid tokens end to end (`_packed_positions`, `_packed_labels`).
     """
     import torch
 
-    b = collate(rows, processor=processor, spec=spec, family=family, padding_side="right", pad_token_id=pad_token_id)
+    b = collate(rows, processor=processor, spec=spec, family=family, padding_side="right", pad_token_id=pad_token_id,
+                vision_tokens=vision_tokens)
     lengths = b.seq_lengths
     n, L = b.batch_size, b.input_ids.shape[1]
     valid = torch.arange(L)[None, :] < lengths[:, None]  # [n, L], right padding
@@ -195,7 +200,8 @@ class PackingCollator:
             "PackingCollator", processor, family, pad_token_id)
         self.max_tokens = max_tokens
         self.max_images = max_images
+        self.vision_tokens = None if processor is None else VisionTokens.from_processor(processor, family=self.family)
 
     def __call__(self, rows: Sequence[Any]) -> PackedMultiModalInputs:
         return pack(rows, spec=self.spec, family=self.family, pad_token_id=self.pad_token_id,
-                    max_tokens=self.max_tokens, max_images=self.max_images)
+                    max_tokens=self.max_tokens, max_images=self.max_images, vision_tokens=self.vision_tokens)

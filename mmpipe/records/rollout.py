@@ -5,13 +5,16 @@ gives), and the training row it becomes. Positions follow `mmpipe.records`: ``[3
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import numpy as np
 
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.display_hooks import render
 from mmpipe.records.row import MultiModalInputs
+
+if TYPE_CHECKING:
+    from mmpipe.encoding.vision_tokens import VisionTokens
 
 
 @dataclass(eq=False)
@@ -26,6 +29,10 @@ class RolloutSample:
         logprobs:       float32 [R] rollout-time logprobs of the sampled tokens, or None.
         finish_reason:  "stop", "length" or "abort".
         stop_reason:    the stop token id (int) or string that ended it, or None.
+        vision_tokens:  the tokenizer's vision special tokens and the policy for one in the
+                        response (`mmpipe.encoding.vision_tokens.VisionTokens`, set by
+                        ``unbatch_rollout(..., processor=, on_vision_token=)``); None: `to_row`
+                        uses the ids the prompt itself shows and refuses.
     """
 
     prompt: MultiModalInputs
@@ -35,6 +42,7 @@ class RolloutSample:
     logprobs: Optional[np.ndarray]
     finish_reason: str
     stop_reason: Optional[Union[int, str]] = None
+    vision_tokens: Optional["VisionTokens"] = None
 
     @property
     def prompt_ids(self) -> np.ndarray:
@@ -43,8 +51,13 @@ class RolloutSample:
 
     @property
     def response_mask(self) -> np.ndarray:
-        """int64 [R]: 1 on every generated token (the completion is already cut at EOS)."""
-        return np.ones(len(self.response_ids), dtype=np.int64)
+        """int64 [R]: 1 on every generated token (the completion is already cut at EOS), 0 on
+        the vision tokens that `to_row` masks under ``on_vision_token="mask"``."""
+        mask = np.ones(len(self.response_ids), dtype=np.int64)
+        vt = self.vision_tokens
+        if vt is not None and vt.policy == "mask":
+            mask[vt.find(self.response_ids)] = 0
+        return mask
 
     @property
     def response_positions(self) -> np.ndarray:
@@ -58,11 +71,22 @@ class RolloutSample:
         """int64 [3, P+R] M-RoPE positions of prompt + response."""
         return np.concatenate([self.prompt.position_ids, self.response_positions], axis=1)
 
-    def to_row(self) -> MultiModalInputs:
+    def to_row(self, vision_tokens: Optional["VisionTokens"] = None) -> MultiModalInputs:
         """The training row: prompt + response, labels = response ids (-100 on the prompt).
 
-        Pixel arrays are the prompt's own objects (no copy)."""
-        p, r = self.prompt, self.response_ids.astype(np.int64)
+        Pixel arrays are the prompt's own objects (no copy). A vision special token in the
+        response is refused (`mmpipe.errors.PlaceholderError`, stage "rollout", naming the
+        prompt, sample, position and token) or, under policy "mask", replaced by the pad id with
+        label -100. The tokens: ``vision_tokens``, else the sample's, else those the prompt
+        shows (`VisionTokens.from_rows`: a prompt without images shows none; collate with a
+        processor still refuses pads)."""
+        from mmpipe.encoding.vision_tokens import VisionTokens  # lazy: records load before stages
+
+        vt = vision_tokens or self.vision_tokens or VisionTokens.from_rows([self.prompt])
+        p = self.prompt
+        r, resp_labels = vt.apply(self.response_ids.astype(np.int64), self.response_ids.astype(np.int64),
+                                  where=f"prompt {self.prompt_index}, sample {self.sample_index}",
+                                  row=self.prompt_index, offset=p.num_tokens)
         R = len(r)
         return replace(
             p,
@@ -71,7 +95,7 @@ class RolloutSample:
             mm_token_type_ids=np.concatenate([p.mm_token_type_ids, np.zeros(R, np.int64)]),
             position_ids=self.position_ids,
             rope_delta=p.rope_delta,  # each response token advances positions by exactly 1
-            labels=np.concatenate([np.full(p.num_tokens, IGNORE_INDEX, np.int64), r]),
+            labels=np.concatenate([np.full(p.num_tokens, IGNORE_INDEX, np.int64), resp_labels]),
         )
 
     def __repr__(self) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.placeholders import expand_image_pads
+from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, InputError, ParseError, PlaceholderError
 from mmpipe.images.pixels import encode_image
 from mmpipe.records.columns import IGNORE_INDEX
@@ -47,6 +48,7 @@ class RoleCodec:
         self.special_strings = tuple(sorted(specials, key=len, reverse=True))
         backend = getattr(self.tok, "backend_tokenizer", None)
         self.normalizer = getattr(backend, "normalizer", None)
+        self.vision_tokens = VisionTokens.from_processor(self.tok, family=self.fam)
 
     # -- images ---------------------------------------------------------------------------
     def encode_images(self, images: Sequence, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -121,6 +123,7 @@ class RoleCodec:
                     )
                 a, b = self._span(messages, k, full, where)
                 sel = (starts >= a) & (starts < b)
+                self._refuse_vision_tokens(ids, sel, f"{where}, message {k}")
                 labels[sel], steps[sel] = ids[sel], step
                 if reason == "stop":  # the end-of-turn token is a target only after a normal stop
                     hit = np.flatnonzero(starts == b)
@@ -151,6 +154,14 @@ class RoleCodec:
         )
         return RoleEncoding(row=row, step_ids=steps if steps is not None else np.full(ids.shape, IGNORE_INDEX, np.int64),
                             text=full)
+
+    def _refuse_vision_tokens(self, ids: np.ndarray, sel: np.ndarray, where: str) -> None:
+        """A response (``ids[sel]``, sel bool [L]) holding a vision special token is refused
+        (`mmpipe.encoding.vision_tokens`). Rollout responses never do (`response_text` removes
+        special tokens); assistant messages handed to `encode_conversation` may."""
+        pos = np.flatnonzero(sel)
+        if len(pos):
+            self.vision_tokens.with_policy("raise").apply(ids[pos], where=where, row=None, offset=int(pos[0]))
 
     def _span(self, messages, k: int, full: str, where: str) -> tuple[int, int]:
         """Character span of assistant message ``k``'s content in ``full``."""

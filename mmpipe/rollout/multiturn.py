@@ -36,6 +36,7 @@ import numpy as np
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.parse import parse_row
 from mmpipe.encoding.placeholders import expand_image_pads
+from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, InputError, ParseError, PlaceholderError
 from mmpipe.images.pixels import encode_image, image_grid, u8_to_pixel_values
 from mmpipe.records.columns import IGNORE_INDEX
@@ -104,8 +105,9 @@ def append_response(conv: Conversation, response=None, *, text: Optional[str] = 
     so they have no rollout log-probability and are not trained on.
 
     Raises `ArgumentError` (naming the conversation) when the conversation is done or does not
-    end with a generation prompt, `PlaceholderError` when the ids hold image/video pad tokens
-    (they would be read as image slots without an image), `InputError` (stage "template")
+    end with a generation prompt, `PlaceholderError` (stage "rollout") when the ids hold a vision
+    special token (a pad would be read as an image slot without an image; the shared check of
+    `mmpipe.encoding.vision_tokens`), `InputError` (stage "template")
     when the template does not render the reply verbatim.
     """
     _check_open(conv, "a response")
@@ -186,18 +188,11 @@ def _end_of_turn(conv: Conversation) -> str:
 
 
 def _refuse_vision_tokens(conv: Conversation, ids: np.ndarray) -> None:
-    """Raise `PlaceholderError` when generated ids hold image/video pad tokens."""
+    """Raise `PlaceholderError` when generated ids hold a vision special token (image / video
+    pad, vision start / end): the shared check, `mmpipe.encoding.vision_tokens`."""
     enc = conv.encoder
-    for tid, name in ((enc.image_token_id, "image"), (enc.video_token_id, "video")):
-        if tid is not None and (ids == tid).any():
-            raise PlaceholderError(
-                f"the response holds {int((ids == tid).sum())} {name} pad token(s) "
-                f"({enc.family.image_token if name == 'image' else enc.family.video_token}); the model would read "
-                f"them as {name} slots with no {name} ('Image features and image tokens do not match')",
-                where=conv.where, row=conv.index, column="input_ids",
-                fix="ban vision tokens at sampling (bad words / logits processor) or end this conversation "
-                "with mark_done",
-            )
+    vt = VisionTokens.from_processor(enc.tokenizer, family=enc.family)
+    vt.apply(ids, where=conv.where, row=conv.index, offset=conv.num_tokens)
 
 
 # ---- observations ------------------------------------------------------------------------

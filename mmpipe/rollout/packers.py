@@ -23,6 +23,7 @@ import numpy as np
 
 from mmpipe.batching.collate import collate
 from mmpipe.encoding.encoder import Encoder
+from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError
 from mmpipe.records.generation import Completion
 from mmpipe.records.columns import IGNORE_INDEX
@@ -36,14 +37,19 @@ class DataPacker:
     Args:
         processor: a Qwen-VL processor, or a tokenizer for a decoder-only LLM.
         padding_side: of the policy batch (``"right"``, cosmos-rl's convention).
+        on_vision_token: what `get_policy_input` does with a vision special token in a response:
+            ``"raise"`` (a `PlaceholderError` naming the position and token) or ``"mask"``
+            (the pad id with label -100; see `mmpipe.encoding.vision_tokens`).
         encode_options: passed to `Encoder` (``max_length``, ``truncation``, ``pixels``...).
     """
 
-    def __init__(self, processor, *, padding_side: str = "right", **encode_options):
+    def __init__(self, processor, *, padding_side: str = "right", on_vision_token: str = "raise", **encode_options):
         encode_options.setdefault("labels", False)
         self.encoder = Encoder(processor, **encode_options)
         self.processor = processor
         self.tokenizer = self.encoder.tokenizer
+        self.vision_tokens = VisionTokens.from_processor(self.tokenizer, family=self.encoder.family,
+                                                         policy=on_vision_token)
         self.padding_side = padding_side
         self._cache: dict[int, tuple[Any, MultiModalInputs]] = {}
 
@@ -88,6 +94,7 @@ class DataPacker:
         cached by identity). ``rollout_output``: the generated ids (preferred: no
         re-tokenization drift), a `Completion` / `RolloutSample`, or the completion text.
         ``n_ignore_prefix_tokens`` response tokens at the start get no loss (cosmos-rl).
+        A vision special token in the response is refused or masked (``on_vision_token``).
         """
         prompt = sample if isinstance(sample, MultiModalInputs) else self.get_rollout_input(sample)
         if isinstance(rollout_output, RolloutSample):
@@ -99,7 +106,8 @@ class DataPacker:
         else:
             ids = rollout_output
         ids = np.asarray(ids, dtype=np.int64)
-        row = RolloutSample(prompt, 0, 0, ids, None, "stop").to_row()
+        at = (rollout_output.prompt_index, rollout_output.sample_index) if isinstance(rollout_output, RolloutSample) else (0, 0)
+        row = RolloutSample(prompt, *at, ids, None, "stop").to_row(self.vision_tokens)
         if n_ignore_prefix_tokens:
             start = prompt.num_tokens
             row.labels[start:start + n_ignore_prefix_tokens] = IGNORE_INDEX

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from mmpipe.encoding.vision_tokens import VisionTokens, check_policy
 from mmpipe.errors import ArgumentError
 from mmpipe.records.generation import Generation
 from mmpipe.records.row import MultiModalInputs
@@ -24,14 +25,29 @@ from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.rollout import RolloutSample
 
 
-def unbatch_rollout(prompts, generations: Sequence[Generation]) -> list[RolloutSample]:
+def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=None,
+                    on_vision_token: str = "raise") -> list[RolloutSample]:
     """Engine outputs for a batch -> one `RolloutSample` per completion, prompt-major.
 
     Args:
         prompts: the prompt rows (``MultiModalInputs`` / stored dicts) or the
             `BatchedMultiModalInputs` they were collated into (unbatched here).
         generations: one `Generation` per prompt, ``generations[i].prompt_index == i``.
+        processor: the processor (or tokenizer) the prompts were encoded with: its vision
+            special tokens are what ``sample.to_row()`` looks for in each response. Without
+            it ``to_row`` knows only the ids the prompt shows (its image pads and block borders).
+        on_vision_token: ``"raise"`` (``to_row`` refuses a response holding a vision token,
+            naming prompt, sample, position and token) or ``"mask"`` (needs ``processor``:
+            each such token becomes the pad id with label -100, and ``response_mask`` 0);
+            see `mmpipe.encoding.vision_tokens`.
     """
+    if processor is not None:
+        vt = VisionTokens.from_processor(processor, policy=on_vision_token)
+    elif check_policy(on_vision_token) == "mask":
+        raise ArgumentError("unbatch_rollout(on_vision_token='mask') needs processor=: the replacement is the "
+                            "tokenizer's pad id")
+    else:
+        vt = None
     if isinstance(prompts, BatchedMultiModalInputs):
         from mmpipe.batching.unbatch import unbatch
 
@@ -61,6 +77,7 @@ def unbatch_rollout(prompts, generations: Sequence[Generation]) -> list[RolloutS
                     logprobs=np.asarray(c.logprobs, dtype=np.float32) if c.logprobs is not None else None,
                     finish_reason=c.finish_reason,
                     stop_reason=c.stop_reason,
+                    vision_tokens=vt,
                 )
             )
     return out

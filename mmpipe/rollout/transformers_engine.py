@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from mmpipe.batching.collate import Collator
+from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.records.generation import Completion, Generation, SamplingParams
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.rollout.inputs import to_generate_kwargs
@@ -33,6 +34,12 @@ class TransformersEngine:
     Logprobs are those of the sampled token under the model's raw logits (log_softmax of the
     logits before temperature / top-p processing): what teacher forcing over the same tokens
     computes, so rollout and training logprobs are comparable.
+
+    Vision special tokens are banned at sampling unless ``params.allow_vision_tokens``:
+    ``generate(suppress_tokens=...)`` (transformers' ``SuppressTokensLogitsProcessor``, -inf on
+    those ids) with the family's ids in this tokenizer (`VisionTokens`, ``self.vision_tokens``).
+    The processor works on a copy of the logits, so the reported logprobs are still the raw
+    ones above (the unconstrained model's, as teacher forcing computes them).
     """
 
     def __init__(self, model, processor, *, see_images: bool = True):
@@ -45,6 +52,7 @@ class TransformersEngine:
             eos = tok.eos_token_id
         self.eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_ids[0]
+        self.vision_tokens = VisionTokens.from_processor(processor)
         # see_images=False exists for tests that prove the model really uses the images
         self.see_images = see_images
 
@@ -70,6 +78,8 @@ class TransformersEngine:
             return_dict_in_generate=True,
             output_logits=params.logprobs,
         )
+        if self.vision_tokens.ids and not params.allow_vision_tokens:
+            gen_kw["suppress_tokens"] = list(self.vision_tokens.ids)
         if params.temperature > 0:
             gen_kw.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
         else:

@@ -17,17 +17,59 @@ images vLLM re-sized to another grid, fails loudly instead of training on other 
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import warnings
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.errors import InputError, PlaceholderError
+from mmpipe.encoding.vision_tokens import VisionTokens
+from mmpipe.errors import ArgumentError, InputError, PlaceholderError
 from mmpipe.families import family_of
 from mmpipe.records.generation import Completion, Generation, SamplingParams
 from mmpipe.images.spec import VisionSpec
 from mmpipe.rollout.inputs import as_rows, to_vllm_prompts
 
 PIP_NAME = 'pip install "mmpipe[vllm]"'
+VISION_TOKEN_BANS = ("bad_words", "logit_bias")
+BAN_BIAS = -100.0  # the most negative bias vLLM's OpenAI server accepts; e^-100 is never sampled
+
+
+def vllm_sampling_kwargs(params: SamplingParams, vision_tokens: Optional[VisionTokens] = None, *,
+                         ban_with: str = "bad_words") -> dict[str, Any]:
+    """Engine-neutral `SamplingParams` -> keyword arguments of ``vllm.SamplingParams`` (0.32).
+
+    Greedy when temperature 0; ``top_k`` 0 -> -1 (all tokens); ``logprobs=0``: only the sampled
+    token's logprob. Unless ``params.allow_vision_tokens``, the vision tokens are banned:
+
+    - ``ban_with="bad_words"``: ``bad_words=[spellings]``. vLLM tokenizes each word with the
+      model's tokenizer (a special token is one id, banned unconditionally with -inf); this
+      needs the ``LLM``'s tokenizer (not ``skip_tokenizer_init=True``).
+    - ``ban_with="logit_bias"``: ``logit_bias={id: -100}`` (ids, no tokenizer needed; -100 is
+      what vLLM's API clamps biases to, a factor e^-100 on the token's probability).
+
+    Either way vLLM's sampled-token logprobs are computed from the raw logits by default
+    (``logprobs_mode="raw_logprobs"``), before bans, like the transformers engine's.
+    ``allowed_token_ids`` (a whitelist of the whole vocabulary) is not used.
+    """
+    kw: dict[str, Any] = dict(
+        n=params.n,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k if params.top_k > 0 else -1,
+        max_tokens=params.max_new_tokens,
+        seed=params.seed,
+        stop_token_ids=list(params.stop_token_ids),
+        logprobs=0 if params.logprobs else None,
+    )
+    if vision_tokens is not None and vision_tokens.ids and not params.allow_vision_tokens:
+        if ban_with == "bad_words":
+            kw["bad_words"] = list(vision_tokens.names)
+        elif ban_with == "logit_bias":
+            kw["logit_bias"] = {int(i): BAN_BIAS for i in vision_tokens.ids}
+        else:
+            raise ArgumentError(f"ban_with must be one of {VISION_TOKEN_BANS}, got {ban_with!r}")
+    return kw
 
 
 def _check_prompt_ids(got, want, prompt_index: int) -> None:
@@ -101,6 +143,23 @@ def generation_from_request_output(req, prompt_index: int, *, expected_prompt_id
     return Generation(prompt_index=prompt_index, completions=completions)
 
 
+def _accepted(factory, kw: dict[str, Any]) -> dict[str, Any]:
+    """``kw`` without a ban keyword that a custom factory does not take (warned: the stages that
+    build training rows still refuse vision tokens)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return kw
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return kw
+    dropped = [k for k in ("bad_words", "logit_bias") if k in kw and k not in params]
+    if dropped:
+        warnings.warn(f"sampling_params_factory takes no {dropped[0]}: vision tokens are not banned at sampling "
+                      "(to_row / collate still refuse them); pass vllm.SamplingParams or a factory taking it",
+                      UserWarning, stacklevel=4)
+    return {k: v for k, v in kw.items() if k not in dropped}
+
+
 class VLLMEngine:
     """`RolloutEngine` over a ``vllm.LLM`` (or any object with vLLM's ``generate``).
 
@@ -112,10 +171,15 @@ class VLLMEngine:
         sampling_params_factory: builds the engine's sampling params from vLLM keyword names
             (default ``vllm.SamplingParams``); lets the engine run without vLLM in tests.
         check_prompt_ids: compare vLLM's expanded prompt ids with each row's ``input_ids``.
+        vision_token_ban: how vision tokens are banned unless ``params.allow_vision_tokens``
+            (`vllm_sampling_kwargs`): ``"bad_words"`` (default, an exact -inf ban) or
+            ``"logit_bias"`` (for an ``LLM`` built with ``skip_tokenizer_init=True``).
     """
 
     def __init__(self, llm, *, processor, sampling_params_factory: Optional[Callable[..., Any]] = None,
-                 check_prompt_ids: bool = True):
+                 check_prompt_ids: bool = True, vision_token_ban: str = "bad_words"):
+        if vision_token_ban not in VISION_TOKEN_BANS:
+            raise ArgumentError(f"vision_token_ban must be one of {VISION_TOKEN_BANS}, got {vision_token_ban!r}")
         if not callable(getattr(llm, "generate", None)):
             raise TypeError(f"llm must have a generate(prompts, sampling_params) method, got {type(llm).__name__}")
         if sampling_params_factory is None and importlib.util.find_spec("vllm") is None:
@@ -126,26 +190,21 @@ class VLLMEngine:
         self.spec = VisionSpec.from_processor(processor) if self.family.is_vision else None
         self.sampling_params_factory = sampling_params_factory
         self.check_prompt_ids = check_prompt_ids
+        self.vision_tokens = VisionTokens.from_processor(processor)
+        self.vision_token_ban = vision_token_ban
 
     def sampling_params(self, params: SamplingParams):
-        """Engine-neutral `SamplingParams` -> vLLM ``SamplingParams`` (greedy when temperature 0;
-        ``logprobs=0``: only the sampled token's logprob)."""
+        """Engine-neutral `SamplingParams` -> vLLM ``SamplingParams`` (`vllm_sampling_kwargs`)."""
         factory = self.sampling_params_factory
         if factory is None:
             try:
                 from vllm import SamplingParams as factory  # lazy: optional extra
             except ImportError as e:
                 raise ImportError(f"VLLMEngine needs vLLM: {PIP_NAME}") from e
-        return factory(
-            n=params.n,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k if params.top_k > 0 else -1,
-            max_tokens=params.max_new_tokens,
-            seed=params.seed,
-            stop_token_ids=list(params.stop_token_ids),
-            logprobs=0 if params.logprobs else None,
-        )
+        kw = vllm_sampling_kwargs(params, self.vision_tokens, ban_with=self.vision_token_ban)
+        if self.sampling_params_factory is not None:
+            kw = _accepted(factory, kw)
+        return factory(**kw)
 
     def generate(self, rows: Sequence, params: SamplingParams = SamplingParams()) -> list[Generation]:
         """rows: prompt `MultiModalInputs`, stored dicts, or a `BatchedMultiModalInputs`;
