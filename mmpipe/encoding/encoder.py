@@ -1,10 +1,10 @@
 """Encode, step 2: the `Encoder` - one raw row -> `MultiModalInputs` (configuration in
 ``__init__``, work in the call).
 
-Per row: parse (`mmpipe.encoding.parse`) -> render the chat template -> tokenize (labels from
-the assistant spans) -> decode and resize the images on threads, expand each image's single
-``<|image_pad|>`` to its ``t*h*w/merge^2`` pads (`mmpipe.encoding.placeholders`) -> truncate
--> M-RoPE positions. The encoded row holds::
+Per row: parse (`mmpipe.encoding.parse`) -> render the chat template (with the row's tool
+calls, tool turns and ``tools``) -> tokenize (labels from the assistant spans) -> decode and
+resize the images on threads, expand each image's single ``<|image_pad|>`` to its
+``t*h*w/merge^2`` pads (`mmpipe.encoding.placeholders`) -> truncate -> M-RoPE positions. The encoded row holds::
 
     input_ids, attention_mask, mm_token_type_ids, labels   int64 [L]
     position_ids                                           int64 [3, L], rope_delta int
@@ -17,12 +17,13 @@ The ``datasets.map`` side (batches, drops, ``on_error="skip"``) is `mmpipe.encod
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import numpy as np
 
 from mmpipe.encoding.mapping import EncodeStats, RowDropped, encode_or_drop, map_call
-from mmpipe.encoding.parse import parse_row, row_where
+from mmpipe.encoding.parse import parse_row, parse_tools, row_where
 from mmpipe.encoding.placeholders import expand_image_pads
 from mmpipe.errors import ArgumentError, ImageError, InputError, ParseError, PlaceholderError, TruncationError
 from mmpipe.families import ModelFamily, family_of
@@ -33,6 +34,8 @@ from mmpipe.records.columns import IGNORE_INDEX, PIXEL_FORMATS
 from mmpipe.records.row import MultiModalInputs
 
 __all__ = ["TRUNCATION_POLICIES", "ERROR_POLICIES", "Encoder"]
+
+logger = logging.getLogger(__name__)
 
 TRUNCATION_POLICIES = ("raise", "drop", "truncate_text")
 ERROR_POLICIES = ("raise", "skip")
@@ -55,7 +58,14 @@ class Encoder:
         pixels: ``"uint8"`` (compact), ``"float32"`` (processor pixel_values) or ``"none"``
             (layout only: ids, grids and positions from image headers, no pixel decode).
         add_generation_prompt: None = add it when the last message is not the assistant's.
-        labels: emit ``labels`` (-100 except assistant response tokens, incl. ``<|im_end|>``).
+        labels: emit ``labels`` (-100 except assistant response tokens, incl. ``<|im_end|>``):
+            every token overlapping an assistant reply (its text, tool calls and end-of-turn
+            token) is labelled, as transformers' ``return_assistant_tokens_mask`` does with a
+            ``{% generation %}`` template - also a token that merges the header's newline
+            with a reply starting with a newline (real Qwen tokenizers do).
+        tools: JSON-schema tool specs (``[{"type": "function", "function": {...}}]``) passed
+            to the chat template as ``tools=`` for every row; a row's ``tools_column`` value
+            (a list or its JSON string), when not None, wins for that row.
         min_pixels / max_pixels: override the processor's resize bounds.
         threads: threads decoding and resizing a row's images concurrently (PIL releases the
             GIL); None = `mmpipe.images.default_threads` (1 inside ``datasets.map(num_proc=...)``
@@ -85,6 +95,8 @@ class Encoder:
         chat_template_kwargs: Optional[dict] = None,
         threads: Optional[int] = None,
         on_error: str = "raise",
+        tools: Optional[list] = None,
+        tools_column: str = "tools",
     ):
         _check_choice("on_error", on_error, ERROR_POLICIES)
         _check_choice("truncation", truncation, TRUNCATION_POLICIES)
@@ -100,6 +112,15 @@ class Encoder:
         self.labels = labels
         self.images_column = images_column
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        if "tools" in self.chat_template_kwargs:  # tools have their own option (and a column)
+            if tools is not None:
+                raise ArgumentError("pass tools once: tools= or chat_template_kwargs['tools'], not both")
+            tools = self.chat_template_kwargs.pop("tools")
+        if tools is not None and (not isinstance(tools, (list, tuple)) or not all(isinstance(t, dict) for t in tools)):
+            raise ArgumentError(f"tools must be a list of tool spec dicts, got {tools!r:.80}")
+        self.tools = list(tools) if tools is not None else None
+        self.tools_column = tools_column
+        self._checked_tool_fields: set = set()  # "tool_calls" / "tools" once checked (see _warn_ignored_tools)
         self.threads = threads
         self.on_error = on_error
         # encode_dataset sets this: dropped rows stay as empty rows with their reason in
@@ -117,26 +138,37 @@ class Encoder:
         return map_call(self, example, idx)
 
     # -- rendering ------------------------------------------------------------------
-    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        """The chat template applied to ``messages`` (text, not tokenized)."""
+    def render(self, messages: list[dict], add_generation_prompt: bool, tools: Optional[list] = None) -> str:
+        """The chat template applied to ``messages`` (text, not tokenized), with ``tools``
+        (None: the encoder's ``tools`` option) passed as ``tools=``."""
         target = self.processor if hasattr(self.processor, "apply_chat_template") else self.tokenizer
+        tools = self.tools if tools is None else tools
+        extra = {"tools": tools} if tools is not None else {}
         try:
             return target.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt, **self.chat_template_kwargs
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra,
+                **self.chat_template_kwargs
             )
         except Exception as e:  # jinja raises its own types (TemplateError, TypeError, ...)
             raise InputError(f"the chat template failed on these messages ({type(e).__name__}: {e})",
                              stage="template", column="messages",
                              fix="check the roles and their order against the model's chat template") from e
 
-    def _assistant_spans(self, messages: list[dict], full: str, where: str) -> list[tuple[int, int]]:
-        """Character spans of assistant responses in ``full`` (content + end-of-turn token)."""
+    def row_tools(self, example: dict, idx=None) -> Optional[list]:
+        """The tools the chat template gets for raw row ``example``: its ``tools_column``
+        value when not None, else the ``tools`` option (see `mmpipe.encoding.parse.parse_tools`)."""
+        return parse_tools(example, idx=idx, column=self.tools_column, default=self.tools)
+
+    def _assistant_spans(self, messages: list[dict], full: str, where: str,
+                         tools: Optional[list] = None) -> list[tuple[int, int]]:
+        """Character spans of assistant responses in ``full`` (content, tool calls and the
+        end-of-turn token; not the newline after it)."""
         spans = []
         for k, msg in enumerate(messages):
             if msg["role"] != "assistant":
                 continue
-            before = self.render(messages[:k], True) if k else ""
-            upto = self.render(messages[: k + 1], False)
+            before = self.render(messages[:k], True, tools) if k else ""
+            upto = self.render(messages[: k + 1], False, tools)
             if not (full.startswith(before) and full.startswith(upto) and upto.startswith(before)):
                 raise InputError(
                     "the chat template does not render conversation prefixes as prefixes of the "
@@ -171,7 +203,7 @@ class Encoder:
             raise PlaceholderError(f"holds {len(images)} image(s) but the processor is a text-only tokenizer",
                                    where=where, column=self.images_column,
                                    fix="encode with a vision-language processor, or drop the images")
-        ids, labels = self._tokenize(messages, where)
+        ids, labels = self._tokenize(messages, where, self.row_tools(example, idx))
         grids = np.zeros((0, 3), dtype=np.int64)
         u8_blocks: list[np.ndarray] = []
         if self.family.is_vision:
@@ -190,24 +222,47 @@ class Encoder:
             mm[ids == self.image_token_id] = 1
         return mm
 
-    def _tokenize(self, messages: list[dict], where: str) -> tuple[np.ndarray, Optional[np.ndarray]]:
-        """Rendered messages -> (ids int64 [L], labels int64 [L] or None), one pad per image."""
+    def _tokenize(self, messages: list[dict], where: str,
+                  tools: Optional[list] = None) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """Rendered messages -> (ids int64 [L], labels int64 [L] or None), one pad per image.
+
+        A token is labelled when it overlaps an assistant span (transformers' assistant-mask
+        rule): a token merging the header's newline with a reply's leading newline counts."""
         agp = self.add_generation_prompt
         if agp is None:
             agp = messages[-1]["role"] != "assistant"
-        text = self.render(messages, agp)
+        text = self.render(messages, agp, tools)
+        self._warn_ignored_tools(messages, agp, tools, text)
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=self.labels)
         ids = np.asarray(enc["input_ids"], dtype=np.int64)
         if not self.labels:
             return ids, None
         labels = np.full(ids.shape, IGNORE_INDEX, dtype=np.int64)
-        spans = self._assistant_spans(messages, text, where)
+        spans = self._assistant_spans(messages, text, where, tools)
         if spans:
-            starts = np.asarray([s for s, _ in enc["offset_mapping"]], dtype=np.int64).reshape(-1)
+            offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+            starts, ends = offsets[:, 0], offsets[:, 1]
             for a, b in spans:
-                sel = (starts >= a) & (starts < b)
+                sel = (starts < b) & (ends > a)
                 labels[sel] = ids[sel]
         return ids, labels
+
+    def _warn_ignored_tools(self, messages: list[dict], agp: bool, tools: Optional[list], text: str) -> None:
+        """Log once per encoder when the chat template renders a row's ``tool_calls`` or
+        ``tools`` as nothing (Qwen2-VL's / Qwen2.5-VL's processor templates ignore both, so the
+        model would be trained on conversations without them)."""
+        checks = (("tool_calls", any(m.get("tool_calls") for m in messages)), ("tools", bool(tools)))
+        for field, present in checks:
+            if not present or field in self._checked_tool_fields:
+                continue
+            self._checked_tool_fields.add(field)
+            if field == "tools":
+                without = self.render(messages, agp, [])
+            else:
+                without = self.render([{k: v for k, v in m.items() if k != "tool_calls"} for m in messages], agp, tools)
+            if without == text:
+                logger.warning("mmpipe.encode: the chat template ignores %s (it renders the conversation the same "
+                               "without them); use a chat template that renders tool use", field)
 
     def _image_pads(self, ids: np.ndarray, n_images: int, where: str) -> np.ndarray:
         """Positions int [I] of the one ``<|image_pad|>`` per image the template rendered."""

@@ -12,9 +12,16 @@ An image may be a ``datasets.Image()`` value (dict with bytes/path, or PIL), a p
 bytes, a PIL image or a uint8 array. Rows may also carry a ``completion`` (TRL
 prompt-completion style) appended as the assistant turn.
 
+Tool use (OpenAI format, what transformers' ``apply_chat_template`` takes): an assistant
+message may carry ``tool_calls`` (``[{"type": "function", "function": {"name": str,
+"arguments": dict | JSON object str}}]``); ``role: "tool"`` messages carry the tool's text
+and images (their ``{"type": "image"}`` items take images from the ``images`` column in
+order, like user turns) and may carry ``tool_call_id`` / ``name``; `parse_tools` reads a
+row's ``tools`` column (a list of JSON-schema function specs, or that list as a JSON string).
+
 The parsed messages carry only ``{"type": "image"}`` / ``{"type": "text", "text": str}``
-items (or plain string contents): what the chat template renders, one image placeholder per
-image. Nothing here tokenizes or decodes; a malformed row raises `mmpipe.errors.ParseError`
+items (or plain string contents), plus the tool fields above: what the chat template renders,
+one image placeholder per image. Nothing here tokenizes or decodes; a malformed row raises `mmpipe.errors.ParseError`
 or `mmpipe.errors.PlaceholderError` naming the row and column.
 """
 
@@ -22,12 +29,15 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import json
+
 import numpy as np
 
 from mmpipe.errors import ParseError, PlaceholderError
 from mmpipe.records.columns import IMAGE_PLACEHOLDER
 
-__all__ = ["row_where", "is_image_item", "inline_image", "split_placeholders", "parse_row"]
+__all__ = ["row_where", "is_image_item", "inline_image", "split_placeholders", "parse_tool_calls", "parse_tools",
+           "parse_row"]
 
 
 def row_where(idx: Optional[int]) -> str:
@@ -184,16 +194,108 @@ def _parse_message(msg, m_i: int, queue: _ImageQueue, images: list, column: str,
     return {"role": msg["role"], "content": items}
 
 
+def _tool_fields(msg: dict, m_i: int, column: str, where: str) -> dict:
+    """The tool fields of one raw message that the chat template reads (None values left out:
+    Arrow gives every message every key of the column's struct)."""
+    out = {}
+    calls = msg.get("tool_calls")
+    if isinstance(calls, np.ndarray):
+        calls = list(calls)
+    if calls is not None and not (isinstance(calls, (list, tuple)) and not calls):  # None / [] = no calls
+        if msg.get("role") != "assistant":
+            raise ParseError(f"message {m_i} ({msg.get('role')!r}) carries tool_calls", where=where, column=column,
+                             expected="tool_calls on assistant messages only", found=f"role {msg.get('role')!r}",
+                             fix="move the calls to the assistant message that makes them")
+        out["tool_calls"] = parse_tool_calls(calls, where=where, column=column, message=m_i)
+    for key in ("tool_call_id", "name"):
+        value = msg.get(key)
+        if value is None or (not isinstance(value, str) and msg.get("role") != "tool"):
+            continue  # only tool turns' ids and names matter to the templates: others are left as before
+        if not isinstance(value, str):
+            raise ParseError(f"message {m_i}: {key} must be a string", where=where, column=column,
+                             expected="str", found=type(value).__name__, fix=f"store {key} as a string")
+        out[key] = value
+    return out
+
+
+def _bad_call(what: str, where: str, column: str, message: int, k: int, found: Any) -> ParseError:
+    return ParseError(
+        f"message {message}, tool call {k}: {what}", where=where, column=column,
+        expected='{"type": "function", "function": {"name": str, "arguments": dict or JSON object string}}',
+        found=f"{found!r:.80}", fix="write tool calls in the OpenAI format (arguments as a dict or a JSON string)",
+    )
+
+
+def parse_tool_calls(calls: Any, *, where: str = "row", column: str = "messages", message: int = 0) -> list[dict]:
+    """Validate an assistant message's ``tool_calls`` (OpenAI format) and return them as a list
+    of plain dicts for the chat template, values unchanged (``arguments`` stays a dict or its
+    JSON string, so the template renders exactly what transformers renders). A malformed value
+    raises `ParseError` naming the row, the column, the message and the call."""
+    if isinstance(calls, np.ndarray):
+        calls = list(calls)
+    if not isinstance(calls, (list, tuple)):
+        raise ParseError(f"message {message}: tool_calls must be a list", where=where, column=column,
+                         expected="a list of tool calls", found=type(calls).__name__,
+                         fix="wrap a single call in a list; parse JSON-encoded tool_calls first (json.loads)")
+    out = []
+    for k, call in enumerate(calls):
+        if not isinstance(call, dict):
+            raise _bad_call("not a dict", where, column, message, k, call)
+        fn = call.get("function") if call.get("function") is not None else call
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise _bad_call("no function name", where, column, message, k, call)
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                decoded = json.loads(args)
+            except ValueError:
+                decoded = None
+            if not isinstance(decoded, dict):
+                raise _bad_call("arguments is not a JSON object string", where, column, message, k, args)
+        elif not isinstance(args, dict):
+            raise _bad_call("arguments must be a dict or a JSON object string", where, column, message, k, args)
+        out.append({key: value for key, value in call.items() if value is not None})
+    return out
+
+
+def parse_tools(example: dict, *, idx=None, column: str = "tools", default: Optional[list] = None) -> Optional[list]:
+    """The tool specs the chat template gets for this row: the row's ``column`` value when it is
+    not None (a list of JSON-schema function specs, or that list as a JSON string), else
+    ``default`` (the encode option ``tools=``). A malformed value raises `ParseError`."""
+    value = example.get(column)
+    if value is None:
+        return default
+    where = row_where(idx)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ParseError(f"column {column!r} holds a string that is not JSON ({e})", where=where, column=column,
+                             expected="a list of tool specs or its JSON string", found=f"{value!r:.60}",
+                             fix="store tools as a JSON string (json.dumps(tools)) or a list of dicts") from None
+    if isinstance(value, np.ndarray):
+        value = list(value)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(t, dict) for t in value):
+        raise ParseError(f"column {column!r} must hold a list of tool specs", where=where, column=column,
+                         expected='[{"type": "function", "function": {"name", "description", "parameters"}}]',
+                         found=f"{value!r:.80}", fix="store tools as a list of dicts or its JSON string")
+    return list(value)
+
+
 def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tuple[list[dict], list[Any]]:
     """Raw row -> (messages for the chat template, images in order of appearance).
 
     Returned messages carry only ``{"type": "image"}`` / ``{"type": "text", "text": ...}``
-    items (or plain string contents); image values are returned separately.
+    items (or plain string contents), and the tool fields (``tool_calls`` on assistant
+    messages, ``tool_call_id`` / ``name``); image values are returned separately. The row's
+    ``tools`` are read by `parse_tools`.
     """
     where = row_where(idx)
     raw, column = _raw_messages(example, where)
     queue = _ImageQueue(_column_images(example, images_column, where), images_column, where)
     images: list[Any] = []
     messages = [_parse_message(msg, m_i, queue, images, column, where) for m_i, msg in enumerate(raw)]
+    for m_i, (msg, raw_msg) in enumerate(zip(messages, raw)):
+        msg.update(_tool_fields(raw_msg, m_i, column, where))
     queue.check_all_used()
     return messages, images

@@ -4,6 +4,11 @@ A small byte-level BPE learned deterministically on a built-in English corpus, p
 special tokens (``<|im_start|>``, ``<|vision_start|>``, ``<|image_pad|>``, ...) and a Qwen-style
 chat template (`mmpipe.offline.chat_templates`). The special tokens get the same ids in every
 family (the tokenizer is the same apart from its chat template).
+
+``build_tokenizer(family, merges="qwen-like")`` adds the whitespace merges of the real Qwen
+vocabularies (``ĠĠ``, ``ĊĊ``, ``ĊĊĊ``): a reply starting with a newline then shares one
+token with the newline that ends the ``<|im_start|>assistant`` header, as with the real
+tokenizers (what assistant-token masks must handle). Its special tokens sit 3 ids higher.
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ from mmpipe.offline.chat_templates import chat_template
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["FAMILY_NAMES", "SPECIAL_TOKENS", "EXTRA_TOKENS", "build_tokenizer", "special_token_ids", "check_family"]
+__all__ = [
+    "FAMILY_NAMES", "SPECIAL_TOKENS", "EXTRA_TOKENS", "MERGE_SETS", "build_tokenizer", "special_token_ids",
+    "check_family",
+]
 
 FAMILY_NAMES = VISION_FAMILIES  # the families the offline builders make (every vision family)
 
@@ -64,6 +72,15 @@ _PRETOKENIZE_REGEX = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 _BPE_VOCAB_SIZE = 640  # 256 byte tokens + up to 384 merges
+
+# Merges appended (lowest priority) to the learned ones, per merge set of build_tokenizer. The
+# corpus is learned line by line, so it never merges whitespace runs; real Qwen vocabularies do
+# ("ĊĊ" is one token there), and a reply starting with "\n" then merges with its header's "\n".
+_EXTRA_MERGES = {
+    "default": (),
+    "qwen-like": (("Ġ", "Ġ"), ("Ċ", "Ċ"), ("ĊĊ", "Ċ")),
+}
+MERGE_SETS = tuple(_EXTRA_MERGES)  # the accepted values of build_tokenizer(merges=...)
 
 # A small built-in English corpus (written for this module) to learn the BPE merges on, so text
 # is not one token per character. Changing it changes every token id above 255: don't.
@@ -146,11 +163,15 @@ def _bpe_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
 
 
 @functools.lru_cache(maxsize=None)
-def _cached_tokenizer(family: str):
+def _cached_tokenizer(family: str, merge_set: str = "default"):
     from tokenizers import AddedToken
     from transformers import Qwen2Tokenizer
 
     vocab, merges = _bpe_vocab_and_merges()
+    vocab, merges = dict(vocab), list(merges)
+    for a, b in _EXTRA_MERGES[merge_set]:
+        vocab.setdefault(a + b, len(vocab))
+        merges.append((a, b))
     tok = Qwen2Tokenizer(
         vocab=dict(vocab),
         merges=list(merges),
@@ -172,11 +193,11 @@ def _cached_tokenizer(family: str):
         }
     )
     tok.chat_template = chat_template(family)
-    tok.name_or_path = f"mmpipe-testing/{family}"
+    tok.name_or_path = f"mmpipe-testing/{family}" + ("" if merge_set == "default" else f"-{merge_set}")
     return tok
 
 
-def build_tokenizer(family: str = DEFAULT_FAMILY) -> "PreTrainedTokenizerBase":
+def build_tokenizer(family: str = DEFAULT_FAMILY, *, merges: str = "default") -> "PreTrainedTokenizerBase":
     """A small offline ``Qwen2Tokenizer`` (fast, ``tokenizers``-backed) with the Qwen special tokens.
 
     Byte-level BPE with 256 byte tokens plus merges learned on a built-in English corpus, then
@@ -186,10 +207,17 @@ def build_tokenizer(family: str = DEFAULT_FAMILY) -> "PreTrainedTokenizerBase":
     template: Qwen2-VL's (also used for Qwen2.5-VL, default system prompt) or a Qwen3-VL-like
     one (no default system prompt). Supports ``return_offsets_mapping=True``.
 
+    ``merges="qwen-like"`` appends the whitespace merges of the real Qwen vocabularies (``ĠĠ``,
+    ``ĊĊ``, ``ĊĊĊ``, see :data:`MERGE_SETS`) to the learned ones: text without whitespace runs
+    tokenizes as with the default set, ``"\n\n"`` becomes one token, and the special tokens
+    sit 3 ids higher (look them up with ``convert_tokens_to_ids``).
+
     The tokenizer is built once per family and each call returns a deep copy (~ms), so
     setting ``padding_side`` or other attributes on it cannot leak into other callers.
     """
-    return copy.deepcopy(_cached_tokenizer(check_family(family)))
+    if merges not in _EXTRA_MERGES:
+        raise ArgumentError(f"merges must be one of {MERGE_SETS}, got {merges!r}")
+    return copy.deepcopy(_cached_tokenizer(check_family(family), merges))
 
 
 def special_token_ids(family: str = DEFAULT_FAMILY) -> dict[str, int]:
