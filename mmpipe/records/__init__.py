@@ -17,6 +17,7 @@ module             records
 ``generation``     `SamplingParams`, `Completion`, `Generation`, the `RolloutEngine` protocol
 ``rollout``        `RolloutSample`: prompt + response + logprobs, one per sample
 ``conversation``   `Conversation`: one multi-turn agent conversation so far
+``trajectory``     agent loop: `ToolCall`, `AgentTurn`, `Trajectory` (policy row + per-turn logprobs)
 ``rema``           ReMA `Episode`, `RoleEncoding`, `ReMABatch`
 ``reward``         VLM-judge records (`JudgeResult`, `StepScore`, ...)
 ``display_hooks``  where `mmpipe.view` registers the records' Jupyter/text renderers
@@ -27,14 +28,15 @@ from mmpipe.records.arrow import list_lengths, rows_from_arrow
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.columns import IGNORE_INDEX, PIXEL_FORMATS
 from mmpipe.records.conversation import Conversation
-from mmpipe.records.generation import Completion, Generation, RolloutEngine, SamplingParams
+from mmpipe.records.generation import AsyncRolloutEngine, Completion, Generation, RolloutEngine, SamplingParams
 from mmpipe.records.packed import PackedMultiModalInputs
 from mmpipe.records.rema import Episode, ReMABatch, RoleEncoding
 from mmpipe.records.rollout import RolloutSample
+from mmpipe.records.trajectory import AgentTurn, ToolCall, Trajectory
 from mmpipe.records.row import MultiModalInputs
 
 __all__ = [
     "IGNORE_INDEX", "PIXEL_FORMATS", "BatchedMultiModalInputs", "Completion", "Conversation", "Episode",
     "Generation", "MultiModalInputs", "PackedMultiModalInputs", "ReMABatch", "RoleEncoding", "RolloutEngine",
-    "RolloutSample", "SamplingParams", "list_lengths", "rows_from_arrow",
+    "RolloutSample", "SamplingParams", "AsyncRolloutEngine", "list_lengths", "rows_from_arrow", "AgentTurn", "ToolCall", "Trajectory",
 ]

@@ -7,9 +7,13 @@ Steps, in the order data flows (one module each)::
     data_parallel.py        pad a batch to a multiple of the data-parallel size, trim outputs back
     transformers_engine.py  engine over any transformers model; teacher-forced logprobs
     vllm_engine.py          engine over ``vllm.LLM`` (vLLM imported lazily, inside generate)
+    async_engine.py         ``async generate``: any engine in a thread (bounded, merging waiting calls), vLLM AsyncLLM
+    openai_engine.py        engine over an OpenAI-compatible server (vllm serve, transformers serve)
     results.py              engine outputs -> one `RolloutSample` per completion
     multiturn.py            multi-turn appends: response, then observation turns with new images
     multiturn_batch.py      `MultiTurnBatch`: B conversations in one agent loop
+    tool_calls.py           parse <tool_call> blocks, run tools, tool results -> a tool turn
+    agent.py                `AgentLoop`: generate, call tools, append text + images, until done
     packers.py              cosmos-rl style `DataPacker` s (dataset item -> rollout -> policy batch)
 
 Placeholder collapse/expand (training ids <-> one pad per image) is the encoding stage's
@@ -33,15 +37,20 @@ from mmpipe.rollout.multiturn import (
     start,
 )
 from mmpipe.rollout.multiturn_batch import MultiTurnBatch
+from mmpipe.rollout.agent import AgentLoop, logprob_gaps, policy_logprobs_of, run_agent
+from mmpipe.rollout.tool_calls import parse_qwen_tool_calls
 from mmpipe.rollout.packers import DataPacker, DecoderOnlyLLMDataPacker, QwenVLDataPacker
 from mmpipe.rollout.results import unbatch_rollout
 from mmpipe.rollout.transformers_engine import TransformersEngine, teacher_forced_logprobs
 from mmpipe.rollout.vllm_engine import VLLMEngine, generation_from_request_output
+from mmpipe.rollout.async_engine import AsyncTransformersEngine, AsyncVLLMEngine, ThreadedEngine, run_sync
+from mmpipe.rollout.openai_engine import OpenAIEngine
 
 __all__ = [
     "to_vllm_prompts", "to_generate_kwargs", "as_rows", "row_images", "row_video_frames", "vision_spec_for", "vllm_processor_kwargs",
     "pad_to_multiple", "trim", "TransformersEngine", "teacher_forced_logprobs", "VLLMEngine",
     "generation_from_request_output", "unbatch_rollout", "Conversation", "start", "conversation_encoder",
     "append_response", "append_observation", "append_messages", "MultiTurnBatch", "DataPacker",
-    "DecoderOnlyLLMDataPacker", "QwenVLDataPacker",
+    "DecoderOnlyLLMDataPacker", "QwenVLDataPacker", "AgentLoop", "run_agent", "logprob_gaps", "policy_logprobs_of",
+    "parse_qwen_tool_calls", "ThreadedEngine", "AsyncTransformersEngine", "AsyncVLLMEngine", "run_sync", "OpenAIEngine",
 ]
