@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import datasets
 import numpy as np
 import torch
@@ -88,3 +91,13 @@ def video_row(family, grid, seed=0, sec=1.0):
            "mm_token_type_ids": 2 * (ids == vp).astype(np.int64)[None], "video_grid_thw": np.asarray([grid]),
            "pixel_values_videos": pv, "second_per_grid_ts": np.asarray([sec], np.float32)}
     return out, u8
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_block(heading: str) -> str:
+    """The first python block under ``heading`` in the README, as written."""
+    text = README.read_text()
+    section = text[text.index(heading):]
+    return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
