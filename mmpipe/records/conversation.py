@@ -36,6 +36,8 @@ class Conversation:
         response_spans: tuple of (start, end) token spans of each appended response (model tokens only,
                     not the tokens added to close a cut turn).
         done / finish_reason: set by `MultiTurnBatch.mark_done` or ``append_response(done=True)``.
+        tools:      the tool specs the chat template gets (the row's ``tools`` column, else the
+                    encoder's ``tools`` option), or None: every render of the conversation uses them.
     """
 
     row: MultiModalInputs
@@ -48,6 +50,7 @@ class Conversation:
     response_spans: tuple = ()
     done: bool = False
     finish_reason: Optional[str] = None
+    tools: Optional[list] = None
 
     @property
     def num_tokens(self) -> int:

@@ -58,8 +58,9 @@ def start(raw_row: dict, processor, *, index: Any = None, **encode_options) -> C
     enc = conversation_encoder(processor, encode_options)
     messages, images = parse_row(raw_row, idx=index, images_column=enc.images_column)
     row = enc.encode_row(raw_row, index)
+    tools = enc.row_tools(raw_row, index)
     return Conversation(row=row, messages=tuple(messages), images=tuple(images),
-                        text=enc.render(messages, True), encoder=enc, index=index)
+                        text=enc.render(messages, True, tools), encoder=enc, index=index, tools=tools)
 
 
 def conversation_encoder(processor, options: dict) -> Encoder:
@@ -177,7 +178,7 @@ def _response_from_text(conv: Conversation, text: str):
 def _end_of_turn(conv: Conversation) -> str:
     """The text the chat template puts after an assistant reply (found with a probe reply)."""
     probe = "\x00mmpipe-probe\x00"
-    full = conv.encoder.render(list(conv.messages) + [{"role": "assistant", "content": probe}], False)
+    full = conv.encoder.render(list(conv.messages) + [{"role": "assistant", "content": probe}], False, conv.tools)
     if full.find(probe) != len(conv.text) or not full.startswith(conv.text):
         raise InputError(
             "the chat template does not render an assistant reply right after the generation prompt",
@@ -303,7 +304,7 @@ def _check_open(conv: Conversation, what: str) -> None:
 def _render_checked(conv: Conversation, messages: Sequence[dict], agp: bool, what: str) -> str:
     """The chat text of ``messages``; `InputError` (stage "template") unless the text so far
     is its prefix."""
-    full = conv.encoder.render(list(messages), agp)
+    full = conv.encoder.render(list(messages), agp, conv.tools)
     if not full.startswith(conv.text):
         at = next((i for i, (a, b) in enumerate(zip(full, conv.text)) if a != b), min(len(full), len(conv.text)))
         raise InputError(

@@ -271,3 +271,23 @@ def test_text_only_family():
     whole = {"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "search"},
                           {"role": "tool", "content": "found it"}, {"role": "assistant", "content": "done"}]}
     assert conv.row == mmpipe.encode_row(whole, tok) and conv.row.family == "text"
+
+
+def test_a_rows_tools_column_reaches_every_render_of_the_conversation():
+    """A raw row's ``tools`` column (Qwen3-VL renders tools in the system block) is kept by
+    `start` and used by every append: the incremental row equals the whole encode with the
+    same tools, and differs from the encode without them (so the check can fail)."""
+    proc = processor_for("qwen3_vl")
+    specs = [{"type": "function", "function": {"name": "search", "description": "Search the web.",
+                                               "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
+    raw = {**_question(0, 1), "tools": specs}
+    conv = start(raw, proc)
+    assert conv.tools == specs
+    conv = append_response(conv, text='<tool_call>{"name": "search", "arguments": {"q": "cat"}}</tool_call>')
+    conv = append_observation(conv, [{"type": "text", "text": "a cat"}], role="tool")
+    whole = {"messages": raw["messages"] + [
+        {"role": "assistant", "content": '<tool_call>{"name": "search", "arguments": {"q": "cat"}}</tool_call>'},
+        {"role": "tool", "content": [{"type": "text", "text": "a cat"}]}], "images": raw["images"], "tools": specs}
+    assert conv.row == mmpipe.encode_row(whole, proc, add_generation_prompt=True)
+    without = {k: v for k, v in whole.items() if k != "tools"}
+    assert conv.row.num_tokens > mmpipe.encode_row(without, proc, add_generation_prompt=True).num_tokens
