@@ -101,3 +101,16 @@ def readme_block(heading: str) -> str:
     text = README.read_text()
     section = text[text.index(heading):]
     return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+
+
+def prompt_rows(proc, counts=(0, 1, 2)):
+    """Encoded generation prompts (no labels) with the given image counts, one question each."""
+    rows = []
+    for i, k in enumerate(counts):
+        content = [{"type": "text", "text": f"Question {i}: what is shown?"}]
+        for j in range(k):
+            content += [{"type": "image"}, {"type": "text", "text": f" (image {j})"}]
+        raw = {"messages": [{"role": "user", "content": content}],
+               "images": [testing.tiny_image(40 + 16 * j, 56 + 8 * i, seed=5 * i + j) for j in range(k)]}
+        rows.append(mmpipe.encode_row(raw, proc, labels=False))
+    return rows

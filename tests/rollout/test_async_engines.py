@@ -10,8 +10,6 @@ import time
 import numpy as np
 import pytest
 
-import mmpipe
-from mmpipe import testing
 from mmpipe.errors import ArgumentError
 from mmpipe.records.generation import AsyncRolloutEngine, SamplingParams
 from mmpipe.rollout.async_engine import AsyncTransformersEngine, AsyncVLLMEngine, ThreadedEngine, run_sync
@@ -19,20 +17,9 @@ from mmpipe.rollout.inputs import to_vllm_prompts
 from mmpipe.rollout.transformers_engine import TransformersEngine
 
 from conftest import model_for, processor_for
+from helpers import prompt_rows
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
-
-
-def _prompts(proc, counts=(0, 1, 2)):
-    rows = []
-    for i, k in enumerate(counts):
-        content = [{"type": "text", "text": f"Question {i}: what is shown?"}]
-        for j in range(k):
-            content += [{"type": "image"}, {"type": "text", "text": f" (image {j})"}]
-        raw = {"messages": [{"role": "user", "content": content}],
-               "images": [testing.tiny_image(40 + 16 * j, 56 + 8 * i, seed=5 * i + j) for j in range(k)]}
-        rows.append(mmpipe.encode_row(raw, proc, labels=False))
-    return rows
 
 
 def _flat(gens):
@@ -66,7 +53,7 @@ class CountingEngine(TransformersEngine):
                          ids=["greedy", "sampled-n2"])
 def test_async_transformers_engine_equals_sync(family, params):
     proc, model = processor_for(family), model_for(family)
-    rows = _prompts(proc)
+    rows = prompt_rows(proc)
     want = TransformersEngine(model, proc).generate(rows, params)
     engine = AsyncTransformersEngine(model, proc)
     assert isinstance(engine, AsyncRolloutEngine)
@@ -86,7 +73,7 @@ def test_async_transformers_engine_equals_sync(family, params):
 @pytest.mark.parametrize("limit", [1, 2])
 def test_concurrency_is_bounded(limit):
     proc, model = processor_for("qwen2_vl"), model_for("qwen2_vl")
-    rows = _prompts(proc, counts=(1,))
+    rows = prompt_rows(proc, counts=(1,))
     inner = CountingEngine(model, proc)
     engine = ThreadedEngine(inner, max_concurrency=limit)
 
@@ -104,7 +91,7 @@ def test_cancelled_callers_keep_the_bound():
     """A cancelled caller's thread keeps running; its slot is freed only when it ends, so a
     waiting call never overlaps it."""
     proc, model = processor_for("qwen2_vl"), model_for("qwen2_vl")
-    rows = _prompts(proc, counts=(0,))
+    rows = prompt_rows(proc, counts=(0,))
     inner = CountingEngine(model, proc, delay=0.3)
     engine = ThreadedEngine(inner, max_concurrency=1)
 
@@ -128,7 +115,7 @@ def test_batching_merges_waiting_callers():
     """max_batch_rows: concurrent single-row callers become few engine calls; each caller gets
     its own rows' results (ids equal to per-row greedy, logprobs within 1e-5), bound kept."""
     proc, model = processor_for("qwen2_5_vl"), model_for("qwen2_5_vl")
-    rows = _prompts(proc, counts=(0, 1, 2, 1, 0, 2, 1))
+    rows = prompt_rows(proc, counts=(0, 1, 2, 1, 0, 2, 1))
     params = SamplingParams(max_new_tokens=5)
     alone = [TransformersEngine(model, proc).generate([r], params)[0] for r in rows]
     inner = CountingEngine(model, proc)
@@ -150,7 +137,7 @@ def test_batching_merges_waiting_callers():
 
 def test_batching_drops_callers_cancelled_while_waiting():
     proc, model = processor_for("qwen2_vl"), model_for("qwen2_vl")
-    rows = _prompts(proc, counts=(0, 1, 2))
+    rows = prompt_rows(proc, counts=(0, 1, 2))
     inner = CountingEngine(model, proc, delay=0.2)
     engine = ThreadedEngine(inner, max_batch_rows=8)
     params = SamplingParams(max_new_tokens=2)
@@ -189,7 +176,7 @@ def test_async_vllm_requests_translate_rows_and_params():
     """The AsyncLLM adapter's pure half (vLLM is not installed here): one request per row, the
     sync engine's prompts and sampling params, distinct request ids."""
     proc = processor_for("qwen2_5_vl")
-    rows = _prompts(proc)
+    rows = prompt_rows(proc)
     class NotCalled:  # requests() never reaches the engine
         async def generate(self, prompt, sampling_params, request_id):
             raise AssertionError("not called")

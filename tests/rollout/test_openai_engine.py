@@ -32,7 +32,6 @@ import numpy as np
 import pytest
 import torch
 
-import mmpipe
 from mmpipe import testing
 from mmpipe.errors import ArgumentError, PlaceholderError
 from mmpipe.records.generation import AsyncRolloutEngine, SamplingParams
@@ -41,20 +40,9 @@ from mmpipe.rollout.openai_engine import OpenAIEngine, generation_from_chat_resp
 from mmpipe.rollout.transformers_engine import TransformersEngine
 
 from conftest import model_for, processor_for
+from helpers import prompt_rows
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
-
-
-def _prompts(proc, counts=(0, 1, 2)):
-    rows = []
-    for i, k in enumerate(counts):
-        content = [{"type": "text", "text": f"Question {i}: what is shown?"}]
-        for j in range(k):
-            content += [{"type": "image"}, {"type": "text", "text": f" (image {j})"}]
-        raw = {"messages": [{"role": "user", "content": content}],
-               "images": [testing.tiny_image(40 + 16 * j, 56 + 8 * i, seed=5 * i + j) for j in range(k)]}
-        rows.append(mmpipe.encode_row(raw, proc, labels=False))
-    return rows
 
 
 class VLLMWireServer:
@@ -167,7 +155,7 @@ def _assert_same(got, want, *, logprobs: bool, atol: float = 1e-5):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_vllm_dialect_server_equals_sync_engine(family):
     proc, model = processor_for(family), model_for(family)
-    rows = _prompts(proc)
+    rows = prompt_rows(proc)
     server = VLLMWireServer(model, proc)
     try:
         engine = OpenAIEngine(server.base_url, "tiny", processor=proc, max_concurrency=2)
@@ -201,7 +189,7 @@ def test_server_that_resizes_images_is_refused():
     """Rows encoded with one processor, served by one with smaller pixel bounds and no
     mm_processor_kwargs honoured: the server's expanded prompt differs -> PlaceholderError."""
     proc, model = processor_for("qwen2_vl"), model_for("qwen2_vl")
-    rows = _prompts(proc, counts=(1,))
+    rows = prompt_rows(proc, counts=(1,))
     small = testing.build_processor("qwen2_vl", max_pixels=4 * 28 * 28)
     server = VLLMWireServer(model, small)
     inputs = server._inputs
@@ -240,7 +228,7 @@ def test_response_translation():
 def test_request_body_round_trips_the_prompt():
     """The verbatim template over the request's content re-creates the row's ids exactly."""
     proc = processor_for("qwen3_vl")
-    rows = _prompts(proc)
+    rows = prompt_rows(proc)
     for i, r in enumerate(rows):
         body = request_body(r, SamplingParams(), model="m", processor=proc, index=i)
         parts = body["messages"][0]["content"]
@@ -324,7 +312,7 @@ def transformers_serve(tmp_path):
 def test_transformers_serve_equals_sync_engine(transformers_serve):
     base_url, name, family = transformers_serve
     proc, model = processor_for(family), model_for(family)
-    rows = _prompts(proc)
+    rows = prompt_rows(proc)
     engine = OpenAIEngine(base_url, name, processor=proc, server="transformers", max_concurrency=1)
     params = SamplingParams(max_new_tokens=8, allow_vision_tokens=True)  # the server cannot ban tokens
     got = run_sync(engine.generate(rows, params))
