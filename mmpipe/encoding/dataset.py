@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from mmpipe.encoding.encoder import Encoder
+from mmpipe.encoding.fingerprint import StampedFunction
 from mmpipe.encoding.mapping import DROP_REASON_COLUMN
 from mmpipe.records.columns import ERROR_COLUMN
 from mmpipe.records.row import MultiModalInputs
@@ -56,12 +57,14 @@ class EncodeReport:
 _ENCODERS: dict[tuple, Encoder] = {}
 
 
-def encode(example: dict, idx=None, *, processor, **options) -> dict:
+def _encode(example: dict, idx=None, *, processor, **options) -> dict:
     """``dataset.map`` function: raw row(s) -> encoded row(s) (see `Encoder` for options).
 
     Works per row and with ``batched=True``, ``with_indices=True`` (errors then name the
     row index) and ``num_proc``. The encoder is built once per process per
-    (processor, options) and reused.
+    (processor, options) and reused. The map's cache fingerprint includes mmpipe's version
+    and a hash of its encoding code (`mmpipe.encoding.fingerprint`): after an upgrade the
+    same map re-encodes instead of reusing rows an older mmpipe wrote.
     """
     key = (id(processor), tuple(sorted((k, repr(v)) for k, v in options.items())))
     enc = _ENCODERS.get(key)
@@ -70,6 +73,11 @@ def encode(example: dict, idx=None, *, processor, **options) -> dict:
             _ENCODERS.clear()
         enc = _ENCODERS[key] = Encoder(processor, **options)
     return enc(example, idx)
+
+
+# A callable object, not a plain function: datasets hashes a function by its name only, so the
+# stamp (version + code hash) has to ride in what it pickles. Same signature, doc and results.
+encode = StampedFunction(_encode, "encode")
 
 
 def encode_row(example: dict, processor, idx=None, **options) -> MultiModalInputs:
@@ -150,7 +158,7 @@ def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size:
     enc = Encoder(processor, **options)
     enc.mark_dropped = True
     ds = undecoded_images(ds)
-    out = ds.map(enc, batched=True, batch_size=batch_size, num_proc=num_proc, with_indices=True,
+    out = ds.map(StampedFunction(enc), batched=True, batch_size=batch_size, num_proc=num_proc, with_indices=True,
                  remove_columns=ds.column_names if remove_columns else None,
                  desc="mmpipe.encode")
     reasons = Counter(r for r in out[DROP_REASON_COLUMN] if r)
