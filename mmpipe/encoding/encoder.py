@@ -23,10 +23,11 @@ from typing import Optional
 import numpy as np
 
 from mmpipe.encoding.mapping import EncodeStats, RowDropped, encode_or_drop, map_call
-from mmpipe.encoding.parse import parse_row, parse_tools, row_where
+from mmpipe.encoding.parse import check_text, parse_row, parse_tools, row_where
 from mmpipe.encoding.placeholders import expand_image_pads
 from mmpipe.errors import ArgumentError, ImageError, InputError, ParseError, PlaceholderError, TruncationError
 from mmpipe.families import ModelFamily, family_of
+from mmpipe.images.load import check_image_root, confine_image
 from mmpipe.images.pixels import encode_image, image_grid
 from mmpipe.images.spec import VisionSpec
 from mmpipe.images.threads import default_threads, thread_pool
@@ -44,6 +45,17 @@ ERROR_POLICIES = ("raise", "skip")
 def _check_choice(name: str, value, accepted: tuple) -> None:
     if value not in accepted:
         raise ArgumentError(f"{name} must be one of {accepted}, got {value!r}")
+
+
+def _check_options(o: dict) -> None:
+    """Refuse option values that silently do the wrong thing (max_length <= 0 cuts every token), before any work."""
+    for name, low, kinds in (("max_length", 1, (int, np.integer)), ("threads", 0, (int, np.integer)),
+                             ("min_pixels", 0, (int, float, np.number)), ("max_pixels", 0, (int, float, np.number))):
+        if o[name] is not None and (isinstance(o[name], bool) or not isinstance(o[name], kinds) or o[name] < low):
+            raise ArgumentError(f"{name} must be a number >= {low} (an int for counts) or None, got {o[name]!r}")
+    for name in ("images_column", "tools_column"):
+        if not isinstance(o[name], str) or not o[name]:
+            raise ArgumentError(f"{name} must be a column name (a non-empty str), got {o[name]!r}")
 
 
 class Encoder:
@@ -76,6 +88,8 @@ class Encoder:
             ``stats.failed`` by stage. Nothing vanishes: `encode_dataset` filters those rows
             out into ``report.errors``; after a plain ``ds.map`` call `drop_failed`, and
             `Collator` refuses rows that carry an error.
+        image_root: a directory (None: no limit); an image path resolving (symlinks, ``..``) outside
+            it raises `ImageError` (`mmpipe.images.confine_image`), for untrusted datasets.
 
     Bad option values raise `mmpipe.errors.ArgumentError` naming the accepted values.
     """
@@ -97,10 +111,12 @@ class Encoder:
         on_error: str = "raise",
         tools: Optional[list] = None,
         tools_column: str = "tools",
+        image_root: Optional[str] = None,
     ):
         _check_choice("on_error", on_error, ERROR_POLICIES)
         _check_choice("truncation", truncation, TRUNCATION_POLICIES)
         _check_choice("pixels", pixels, PIXEL_FORMATS)
+        _check_options(locals())  # pixel bounds 0: the processor's, as before
         self.processor = processor
         self.family: ModelFamily = family_of(processor)
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -123,6 +139,7 @@ class Encoder:
         self._checked_tool_fields: set = set()  # "tool_calls" / "tools" once checked (see _warn_ignored_tools)
         self.threads = threads
         self.on_error = on_error
+        self.image_root = check_image_root(image_root)
         # encode_dataset sets this: dropped rows stay as empty rows with their reason in
         # DROP_REASON_COLUMN, so counts survive num_proc; the caller filters them out.
         self.mark_dropped = False
@@ -145,18 +162,15 @@ class Encoder:
         tools = self.tools if tools is None else tools
         extra = {"tools": tools} if tools is not None else {}
         try:
-            return target.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra,
-                **self.chat_template_kwargs
-            )
+            return target.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                              **extra, **self.chat_template_kwargs)
         except Exception as e:  # jinja raises its own types (TemplateError, TypeError, ...)
             raise InputError(f"the chat template failed on these messages ({type(e).__name__}: {e})",
                              stage="template", column="messages",
                              fix="check the roles and their order against the model's chat template") from e
 
     def row_tools(self, example: dict, idx=None) -> Optional[list]:
-        """The tools the chat template gets for raw row ``example``: its ``tools_column``
-        value when not None, else the ``tools`` option (see `mmpipe.encoding.parse.parse_tools`)."""
+        """Row ``example``'s ``tools_column`` value when not None, else the ``tools`` option (`parse_tools`)."""
         return parse_tools(example, idx=idx, column=self.tools_column, default=self.tools)
 
     def _assistant_spans(self, messages: list[dict], full: str, where: str,
@@ -215,8 +229,7 @@ class Encoder:
         return self._finish(ids, labels, mm, grids, u8_blocks)
 
     def token_types(self, ids: np.ndarray) -> np.ndarray:
-        """``mm_token_type_ids`` int64 [L] of expanded ids int64 [L]: 1 at image pads, 0 elsewhere
-        (all 0 for a family without an image token, the text family)."""
+        """``mm_token_type_ids`` int64 [L] of ids int64 [L]: 1 at image pads, else 0 (all 0: text family)."""
         mm = np.zeros(ids.shape, dtype=np.int64)
         if self.image_token_id is not None:
             mm[ids == self.image_token_id] = 1
@@ -233,6 +246,7 @@ class Encoder:
             agp = messages[-1]["role"] != "assistant"
         text = self.render(messages, agp, tools)
         self._warn_ignored_tools(messages, agp, tools, text)
+        check_text(text, where=where, column="messages", what="the rendered prompt")  # tool calls, tools
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=self.labels)
         ids = np.asarray(enc["input_ids"], dtype=np.int64)
         if not self.labels:
@@ -329,6 +343,8 @@ class Encoder:
     def _at_image(self, i: int, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` with its `ImageError` located at image ``i`` of the images column."""
         try:
+            if self.image_root is not None:  # untrusted datasets: paths must stay under the root
+                confine_image(args[0], self.image_root, where=kwargs.get("where"))
             return fn(*args, **kwargs)
         except ImageError as e:
             raise e.locate(column=self.images_column, image=i)
@@ -356,10 +372,9 @@ class Encoder:
         if len(vis):
             last_block_end = int(vis[-1]) + 2  # image tokens, then <|vision_end|>
             if cap < last_block_end:
-                raise TruncationError(
-                    detail + f"; truncating text only would cut into an image (its tokens end at {last_block_end})",
-                    where="", column="input_ids", fix="use truncation='drop' or a larger max_length",
-                )
+                raise TruncationError(detail + f"; truncating text only would cut into an image (its tokens end at "
+                                      f"{last_block_end})", where="", column="input_ids",
+                                      fix="use truncation='drop' or a larger max_length")
         lab = labels[:cap] if labels is not None else None
         return ids[:cap], lab, mm[:cap], grids, u8_blocks
 
@@ -368,16 +383,9 @@ class Encoder:
 
         fam = self.family
         pos, delta = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None, family=fam)
-        row = MultiModalInputs(
-            input_ids=ids,
-            attention_mask=np.ones(ids.shape, dtype=np.int64),
-            mm_token_type_ids=mm,
-            position_ids=pos[:, 0, :].numpy(),
-            rope_delta=int(delta.reshape(-1)[0]),
-            family=fam.name,
-            labels=labels,
-            image_grid_thw=grids,
-        )
+        row = MultiModalInputs(input_ids=ids, attention_mask=np.ones(ids.shape, dtype=np.int64), mm_token_type_ids=mm,
+                               position_ids=pos[:, 0, :].numpy(), rope_delta=int(delta.reshape(-1)[0]),
+                               family=fam.name, labels=labels, image_grid_thw=grids)
         if self.pixels == "uint8":
             row.pixel_values_u8 = np.concatenate(u8_blocks) if u8_blocks else np.zeros((0, fam.patch_dim_u8), np.uint8)
         elif self.pixels == "float32":

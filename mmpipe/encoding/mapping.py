@@ -25,7 +25,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from mmpipe.encoding.parse import parse_row, row_where
+from mmpipe.encoding.parse import UnreadableImages, parse_row, row_where
 from mmpipe.errors import InputError, TruncationError
 from mmpipe.images.threads import thread_pool
 from mmpipe.records.row import MultiModalInputs
@@ -92,8 +92,23 @@ def empty_row_dict(enc) -> dict:
     return row.to_dict()
 
 
+def _datasets_batched(example) -> Optional[bool]:
+    """True for datasets' batch object (``LazyBatch``), False for its row object (``LazyRow``),
+    None for anything else (a plain dict: a formatted dataset, an IterableDataset, a direct call)."""
+    cls = type(example)
+    if not cls.__module__.startswith("datasets."):
+        return None
+    return {"LazyBatch": True, "LazyRow": False}.get(cls.__name__)
+
+
 def is_batch(example: dict) -> bool:
-    """datasets passes dict-of-lists under batched=True; tell it from one row by shape."""
+    """datasets passes dict-of-lists under batched=True. Its own batch/row objects say which
+    (a per-row prompt that is a list of strings is a row: its parse then refuses it); a plain
+    dict is a batch when its prompt column looks like one and every column is a sequence of
+    the same length."""
+    known = _datasets_batched(example)
+    if known is not None:
+        return known
     for key in ("messages", "prompt"):
         v = example.get(key)
         if v is None:
@@ -106,7 +121,9 @@ def is_batch(example: dict) -> bool:
             first = v[0]
             if isinstance(first, dict):
                 return False
-            return isinstance(first, (list, tuple, str)) or first is None
+            if not (isinstance(first, (list, tuple, str)) or first is None):
+                return False
+            return len({len(c) if isinstance(c, (list, tuple, np.ndarray)) else -1 for c in example.values()}) == 1
     return False
 
 
@@ -140,8 +157,8 @@ def encode_or_drop(enc, example: dict, idx=None, images=None) -> tuple[Optional[
 
 
 def _map_batch(enc, batch: dict, idx) -> dict:
-    n = len(next(iter(batch.values())))
-    examples = [{k: v[i] for k, v in batch.items()} for i in range(n)]
+    examples = _batch_examples(batch)
+    n = len(examples)
     rows_idx = [idx[i] if isinstance(idx, (list, tuple, range)) else None for i in range(n)]
     out_rows, kept = [], []
     for i, images in enumerate(prefetch_images(enc, examples, rows_idx)):
@@ -156,12 +173,54 @@ def _map_batch(enc, batch: dict, idx) -> dict:
             + ([ERROR_COLUMN] if enc.on_error == "skip" else [])
     out = {k: [r[k] for r in out_rows] for k in keys}
     if len(kept) != n:
-        # datasets keeps input columns unless removed: shorten them too, so a batch that
-        # lost rows stays one consistent table.
-        for k, v in batch.items():
-            if k not in out:
-                out[k] = [v[i] for i in kept]
+        _shorten_inputs(batch, out, kept)
     return out
+
+
+def _batch_examples(batch) -> list[dict]:
+    """A batch (dict of lists) -> one dict per row. A column that ``datasets`` fails to decode
+    for the whole batch (a corrupt image in a ``datasets.Image()`` column) is decoded row by
+    row; a row that fails holds `UnreadableImages` there, which its parse reports."""
+    columns = {}
+    for k in list(batch.keys()):
+        try:
+            columns[k] = batch[k]
+        except Exception:  # noqa: BLE001 - only datasets' lazy decode fails here
+            if _datasets_batched(batch) is not True:
+                raise
+            columns[k] = [_row_value(batch, i, k) for i in range(batch.pa_table.num_rows)]
+    n = len(next(iter(columns.values()))) if columns else 0
+    return [{k: v[i] for k, v in columns.items()} for i in range(n)]
+
+
+def _row_value(batch, i: int, column: str) -> Any:
+    """Row ``i``'s decoded ``column`` value of a datasets batch, or `UnreadableImages`."""
+    row = batch.formatter.format_row(batch.pa_table.slice(i, 1))
+    try:
+        return row[column]
+    except Exception as e:  # noqa: BLE001 - datasets' lazy decode of this row's value
+        return UnreadableImages(row, column, e)
+
+
+def _shorten_inputs(batch, out: dict, kept: list) -> None:
+    """A batch lost rows: datasets merges the input columns it keeps back into the output,
+    so they must have the output's length. A datasets batch (``LazyBatch``) is shortened in
+    place: datasets merges it and drops ``remove_columns`` itself, so every batch writes the
+    same columns with or without ``remove_columns`` (returning input columns from a batch
+    that lost rows broke the writer's schema under ``remove_columns``). Any other dict (an
+    IterableDataset's batch, a formatted dataset's) gets them shortened in ``out``."""
+    if _datasets_batched(batch) is True:  # the stored Arrow values: nothing decoded again
+        import pyarrow as pa
+
+        rows = pa.array(kept, type=pa.int64())
+        for k in list(batch.keys()):
+            if k not in out:
+                batch[k] = batch.pa_table.column(k).take(rows)
+        return
+    for k in list(batch.keys()):
+        if k not in out:
+            v = batch[k]
+            out[k] = [v[i] for i in kept]
 
 
 def map_call(enc, example: dict, idx=None) -> dict:

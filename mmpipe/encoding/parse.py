@@ -21,7 +21,8 @@ row's ``tools`` column (a list of JSON-schema function specs, or that list as a 
 
 The parsed messages carry only ``{"type": "image"}`` / ``{"type": "text", "text": str}``
 items (or plain string contents), plus the tool fields above: what the chat template renders,
-one image placeholder per image. Nothing here tokenizes or decodes; a malformed row raises `mmpipe.errors.ParseError`
+one image placeholder per image. Nothing here tokenizes or decodes (but to name the bad image of
+a column ``datasets`` failed to decode: `UnreadableImages`); a malformed row raises `mmpipe.errors.ParseError`
 or `mmpipe.errors.PlaceholderError` naming the row and column.
 """
 
@@ -30,14 +31,20 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import json
+import re
 
 import numpy as np
 
-from mmpipe.errors import ParseError, PlaceholderError
+from mmpipe.errors import ImageError, ParseError, PlaceholderError
 from mmpipe.records.columns import IMAGE_PLACEHOLDER
 
-__all__ = ["row_where", "is_image_item", "inline_image", "split_placeholders", "parse_tool_calls", "parse_tools",
-           "parse_row"]
+# The roles the Qwen-VL chat templates render as turns. Another string is rendered as given
+# (a documented corpus case); a non-string or empty role is refused.
+KNOWN_ROLES = ("system", "user", "assistant", "tool")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+__all__ = ["KNOWN_ROLES", "UnreadableImages", "row_where", "check_text", "is_image_item", "inline_image",
+           "split_placeholders", "parse_tool_calls", "parse_tools", "parse_row"]
 
 
 def row_where(idx: Optional[int]) -> str:
@@ -65,6 +72,21 @@ def inline_image(item: dict):
     return url if url is not None else (item.get("path") or item.get("url"))
 
 
+def check_text(text: str, *, where: str, column: str, what: str) -> str:
+    """``text``, refused with `ParseError` when it holds a lone UTF-16 surrogate (``"\\ud800"``:
+    no tokenizer can encode it). ``what`` names the text (``"message 2"``)."""
+    if not text.isascii():
+        bad = _SURROGATE.search(text)
+        if bad is not None:
+            raise ParseError(f"{what}: the text holds a lone UTF-16 surrogate at character {bad.start()}",
+                             where=where, column=column, expected="valid Unicode text",
+                             found=f"{bad.group()!r} at character {bad.start()}",
+                             fix="repair the text when building the dataset (a split pair: "
+                                 "s.encode('utf-16', 'surrogatepass').decode('utf-16'); else drop it: "
+                                 "s.encode('utf-8', 'replace').decode())")
+    return text
+
+
 def split_placeholders(text: str) -> list[dict]:
     """Prompt text with ``<image>`` markers -> content items, one ``{"type": "image"}`` per
     marker and ``{"type": "text", "text": ...}`` for the (non-empty) text between them."""
@@ -79,8 +101,35 @@ def split_placeholders(text: str) -> list[dict]:
 
 
 # ---- the steps of parse_row ---------------------------------------------------------------
-def _raw_messages(example: dict, where: str) -> tuple[list, str]:
-    """(the row's message list with its completion appended, the column it came from)."""
+def _message_texts(messages) -> set:
+    """The text of each message (a string content, or its text items joined)."""
+    contents = [m.get("content") for m in messages if isinstance(m, dict)]
+    return {c if isinstance(c, str) else "".join(str(i.get("text") or "") for i in c if isinstance(i, dict)
+                                                 and not is_image_item(i)) for c in contents
+            if isinstance(c, (str, list, tuple, np.ndarray))}
+
+
+def _check_one_source(example: dict, where: str) -> None:
+    """Refuse a row holding both ``messages`` and ``prompt``: the prompt (and its image
+    placeholders) would be ignored. A prompt repeating a message's text verbatim (the
+    UltraChat layout: ``prompt`` = the first user turn) is allowed."""
+    messages, prompt = example.get("messages"), example.get("prompt")
+    filled = [v is not None and not (isinstance(v, (str, list, tuple, np.ndarray)) and len(v) == 0)
+              for v in (messages, prompt)]  # datasets fills a missing column with None
+    if not all(filled) or (isinstance(prompt, str) and isinstance(messages, (list, tuple, np.ndarray))
+                           and prompt in _message_texts(messages)):
+        return
+    raise ParseError("the row holds both a 'messages' and a 'prompt' column; mmpipe would encode 'messages' and "
+                     "ignore the prompt (and its image placeholders)", where=where, column="messages",
+                     expected="one of 'messages' or 'prompt' per row", found="both filled",
+                     fix="drop one of the two columns (ds.remove_columns('prompt') or 'messages'), or set it "
+                         "to None in rows that use the other")
+
+
+def _raw_messages(example: dict, where: str) -> tuple[list, str, int]:
+    """(the row's message list with its completion appended, the column it came from, the
+    number of messages from that column)."""
+    _check_one_source(example, where)
     if example.get("messages") is not None:
         raw = example["messages"]
         column = "messages"
@@ -100,15 +149,50 @@ def _raw_messages(example: dict, where: str) -> tuple[list, str]:
                          where=where, column=column,
                          fix="parse JSON-encoded messages first (json.loads)" if isinstance(raw, str) else
                              "drop rows without messages, or give at least one {'role', 'content'} message")
+    n_main = len(raw)
     completion = example.get("completion")
     if completion is not None:
         raw = list(raw) + ([{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion))
-    return raw, column
+    return raw, column, n_main
+
+
+class UnreadableImages:
+    """A row's ``column`` that ``datasets`` failed to decode lazily (a corrupt ``datasets.Image()``
+    file): its stored value (``{"bytes", "path"}`` dicts; None: unknown) and the exception."""
+
+    def __init__(self, example, column: str, exc: Exception):
+        table = getattr(example, "pa_table", None)  # a one-row datasets row object holds the stored value
+        ok = table is not None and column in table.column_names and table.num_rows == 1
+        self.stored, self.exc = table.column(column)[0].as_py() if ok else None, exc
+
+    def error(self, where: str, column: str) -> ImageError:
+        """The `ImageError` naming the row, the column and the bad image (decoding them one by one)."""
+        from mmpipe.images.load import load_image
+
+        bad, why = None, f"{type(self.exc).__name__}: {self.exc}"
+        stored = self.stored if isinstance(self.stored, (list, tuple)) else [self.stored]
+        for j, value in enumerate(stored if self.stored is not None else ()):
+            try:
+                load_image(value, where=f"image {j}").load()
+            except Exception as e:  # noqa: BLE001 - the first image that does not decode is the bad one
+                bad, why = j, f"{type(e).__name__}: {e}"
+                break
+        return ImageError(f"datasets could not decode {'an image' if bad is None else f'image {bad}'} of column "
+                          f"{column!r} ({why:.200})", where=where, column=column, image=bad,
+                          expected="decodable images", found="a corrupt or unreadable image",
+                          fix="read the column undecoded so mmpipe decodes (and names) each image: "
+                              "ds = mmpipe.encoding.undecoded_images(ds), or use mmpipe.encode_dataset; "
+                              "skip such rows with on_error='skip'")
 
 
 def _column_images(example: dict, images_column: str, where: str) -> list:
     """The images column as a list ([] when absent)."""
-    column_images = example.get(images_column)
+    try:
+        column_images = example.get(images_column)
+    except Exception as e:  # noqa: BLE001 - datasets decodes datasets.Image() values lazily, on this read
+        column_images = UnreadableImages(example, images_column, e)
+    if isinstance(column_images, UnreadableImages):
+        raise column_images.error(where, images_column)
     if column_images is not None and not isinstance(column_images, (list, tuple)) and not (
             isinstance(column_images, np.ndarray) and column_images.dtype == object and column_images.ndim == 1):
         # one bare image (or a string) instead of a list: iterating it would crash or split it (found by fuzzing)
@@ -169,18 +253,30 @@ def _parse_item(item, m_i: int, queue: _ImageQueue, images: list, column: str, w
         raise ParseError(f"message {m_i}: text must be a string, found {type(text).__name__}",
                          where=where, column=column, expected="str", found=type(text).__name__,
                          fix="convert the value to a string (str(x)) when building the dataset")
-    return {"type": "text", "text": text}
+    return {"type": "text", "text": check_text(text, where=where, column=column, what=f"message {m_i}")}
 
 
 def _parse_message(msg, m_i: int, queue: _ImageQueue, images: list, column: str, where: str) -> dict:
     """One raw message -> ``{"role", "content"}`` for the chat template."""
+    if isinstance(msg, str) and column == "prompt":
+        raise ParseError(f"column 'prompt', message {m_i}: a prompt must be a string or a list of chat messages, "
+                         f"found a list of strings", where=where, column=column,
+                         expected="str, or [{'role', 'content'}, ...]", found=f"{msg!r:.60}",
+                         fix="join the strings into one prompt string, or pass batched=True to map if this is a batch")
     if not isinstance(msg, dict) or "role" not in msg:
         raise ParseError(f"column {column!r}, message {m_i}: expected {{'role', 'content'}}, found {msg!r:.80}",
                          where=where, column=column, fix="give each message a 'role' and a 'content'")
+    role = msg["role"]
+    if not isinstance(role, str) or not role.strip():
+        raise ParseError(f"message {m_i}: role must be a non-empty string (the template would render it as "
+                         f"{str(role)!r})", where=where, column=column, expected=f"one of {KNOWN_ROLES}",
+                         found=f"{role!r:.40} ({type(role).__name__})",
+                         fix="set every message's role (e.g. 'user'); drop rows without roles")
     content = msg.get("content")
     if content is None:
         content = ""
     if isinstance(content, str):
+        check_text(content, where=where, column=column, what=f"message {m_i}")
         if not (IMAGE_PLACEHOLDER in content and queue.images):
             return {"role": msg["role"], "content": content}
         content = split_placeholders(content)
@@ -291,11 +387,12 @@ def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tupl
     ``tools`` are read by `parse_tools`.
     """
     where = row_where(idx)
-    raw, column = _raw_messages(example, where)
+    raw, column, n_main = _raw_messages(example, where)
     queue = _ImageQueue(_column_images(example, images_column, where), images_column, where)
     images: list[Any] = []
-    messages = [_parse_message(msg, m_i, queue, images, column, where) for m_i, msg in enumerate(raw)]
+    columns = [column if m_i < n_main else "completion" for m_i in range(len(raw))]
+    messages = [_parse_message(msg, m_i, queue, images, columns[m_i], where) for m_i, msg in enumerate(raw)]
     for m_i, (msg, raw_msg) in enumerate(zip(messages, raw)):
-        msg.update(_tool_fields(raw_msg, m_i, column, where))
+        msg.update(_tool_fields(raw_msg, m_i, columns[m_i], where))
     queue.check_all_used()
     return messages, images

@@ -91,7 +91,7 @@ def test_only_image_headers_are_read():
     lengths = filters.token_lengths(ds, proc)
     full = mmpipe.encode_row({"messages": msgs, "images": [testing.tiny_image(300, 400)]}, proc)
     assert lengths.total.tolist() == [full.num_tokens] * 2
-    with pytest.raises(OSError, match="truncated"):
+    with pytest.raises(mmpipe.errors.ImageError, match="truncated"):  # named since issue 15 (was a bare OSError)
         ds.map(mmpipe.encode, fn_kwargs={"processor": proc})
 
 
