@@ -17,8 +17,8 @@ Inputs (`load_raw`):
 Every image reference of a file input is resolved before encoding (`resolve_images`): inline items become
 ``{"type": "image"}`` placeholders and their images move, in order, into the images column
 as ``datasets.Image(decode=False)`` values, so paths relative to the input file work and a
-missing file is reported with its row before any pixel is decoded. A saved dataset is encoded
-as it is (its images are bytes or absolute paths).
+missing file, a non-file (FIFO, device, ...) or a path outside ``--image-root`` is reported with
+its row before any pixel is decoded. A saved dataset is encoded as is (bytes or absolute paths).
 
 The processor (`load_processor`) is a saved processor or model directory
 (``AutoProcessor.from_pretrained``, offline), or ``testing:FAMILY`` for the offline test
@@ -105,10 +105,10 @@ def load_raw(path: Path, *, split: Optional[str] = None, cache_dir: Optional[str
                        "or all strings)") from None
 
 
-def _resolve_one(value: Any, base: Path, loc: dict) -> Optional[dict]:
+def _resolve_one(value: Any, base: Path, loc: dict, root: Optional[str] = None) -> Optional[dict]:
     """One image reference -> a ``datasets.Image`` storage dict ``{"bytes", "path"}``.
 
-    ``loc``: where it is (``{"row", "image", "column"}``), for the `ImageError` of a bad one."""
+    ``loc``: where it is (``{"row", "image", "column"}``); ``root``: ``--image-root``."""
     if value is None:
         return None
     if isinstance(value, dict):
@@ -117,7 +117,7 @@ def _resolve_one(value: Any, base: Path, loc: dict) -> Optional[dict]:
             if not p:
                 raise ImageError("image dict has neither 'bytes' nor 'path'", **loc, found=repr(value)[:80],
                                  fix="give the image's encoded bytes or its file path")
-            return {"bytes": None, "path": _local_path(str(p), base, loc)}
+            return {"bytes": None, "path": _local_path(str(p), base, loc, root)}
         return {"bytes": bytes(b), "path": p}
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"bytes": bytes(value), "path": None}
@@ -128,13 +128,16 @@ def _resolve_one(value: Any, base: Path, loc: dict) -> Optional[dict]:
                 raise ImageError(f"data URI {value[:40]!r}... is not base64 encoded", **loc,
                                  expected="data:image/png;base64,...", fix="encode the image data as base64")
             return {"bytes": base64.b64decode(data), "path": None}
-        return {"bytes": None, "path": _local_path(value, base, loc)}
+        return {"bytes": None, "path": _local_path(value, base, loc, root)}
     raise ImageError(f"unsupported image value of type {type(value).__name__}", **loc,
                      expected="a path, a data:image/...;base64 URI or a {'bytes', 'path'} dict",
                      found=type(value).__name__)
 
 
-def _local_path(p: str, base: Path, loc: dict) -> str:
+def _local_path(p: str, base: Path, loc: dict, root: Optional[str] = None) -> str:
+    """Absolute path of image file ``p``: under ``root``, a regular file (`check_image_file`; not opened)."""
+    from mmpipe.images.load import check_image_file, confine_image
+
     if p.startswith(("http://", "https://")):
         raise ImageError(f"image {p!r} is a URL; mmpipe encode reads local files only", **loc,
                          fix="download the images and refer to them by path")
@@ -143,6 +146,12 @@ def _local_path(p: str, base: Path, loc: dict) -> str:
     full = Path(p).expanduser()
     if not full.is_absolute():
         full = base / full
+    try:
+        confine_image(str(full), root, where=None)
+        if full.exists() or full.is_symlink():  # a FIFO, directory, device, loop, ...: say which
+            check_image_file(str(full), where=None)
+    except ImageError as e:
+        raise e.locate(**loc) from None
     if not full.is_file():
         raise ImageError(f"image file {p!r} not found (looked for {str(full)!r}; relative paths are "
                          f"resolved against the input file's directory {str(base)!r})", **loc,
@@ -158,8 +167,10 @@ class ImageResolver:
     into ``images_column`` as ``{"bytes", "path"}`` dicts with absolute paths; inline content
     items become ``{"type": "image"}`` placeholders. Picklable (``num_proc``)."""
 
-    def __init__(self, base: Path, images_column: str = "images", *, strict: bool = True):
+    def __init__(self, base: Path, images_column: str = "images", *, strict: bool = True,
+                 image_root: Optional[str] = None):
         self.base = Path(base)
+        self.image_root = image_root  # --image-root: every path must resolve under it
         self.images_column = images_column
         # strict=False (on_error="skip"): an unresolvable reference is passed on as a path, so
         # the encoder fails that row (recorded in the report) instead of the whole run
@@ -207,7 +218,7 @@ class ImageResolver:
 
     def _resolve(self, value, loc: dict):
         try:
-            return _resolve_one(value, self.base, loc)
+            return _resolve_one(value, self.base, loc, self.image_root)
         except ImageError:
             if self.strict:
                 raise
@@ -216,7 +227,7 @@ class ImageResolver:
 
 
 def resolve_images(ds, base: Path, *, images_column: str = "images", num_proc: Optional[int] = None,
-                   strict: bool = True):
+                   strict: bool = True, image_root: Optional[str] = None):
     """`ImageResolver` over ``ds``; the images column becomes ``List(Image(decode=False))``."""
     import datasets
 
@@ -227,7 +238,7 @@ def resolve_images(ds, base: Path, *, images_column: str = "images", num_proc: O
         ds = ds.cast_column(images_column, feats[images_column]) if _is_image_list(ds.features[images_column]) else ds
     else:
         feats[images_column] = datasets.List(datasets.Image(decode=False))
-    return ds.map(ImageResolver(base, images_column, strict=strict), with_indices=True, features=feats, num_proc=num_proc,
+    return ds.map(ImageResolver(base, images_column, strict=strict, image_root=image_root), with_indices=True, features=feats, num_proc=num_proc,
                   desc="mmpipe: resolve images")
 
 
@@ -256,6 +267,11 @@ def encode_options(args) -> dict:
         opts["max_pixels"] = args.max_pixels
     if args.on_error != "raise":
         opts["on_error"] = args.on_error
+    if getattr(args, "image_root", None) is not None:
+        root = Path(args.image_root).expanduser()
+        if not root.is_dir():
+            raise CLIError(f"--image-root {args.image_root!r} is not a directory")
+        opts["image_root"] = str(root.resolve())
     return opts
 
 
@@ -275,9 +291,9 @@ def run_encode(args) -> int:
     check_out_dir(out, src, overwrite=args.overwrite)
     if args.quiet:
         datasets.disable_progress_bars()
+    options = encode_options(args)  # before the processor loads: a bad --image-root fails fast
     processor = load_processor(args.processor)
     fam = mmpipe.family_of(processor)
-    options = encode_options(args)
     report = encode_to_disk(args, src, fmt, out, processor, options)
     seconds = time.perf_counter() - t0
     record = run_record(args, src, fmt, fam.name, options, report, seconds)
@@ -318,7 +334,8 @@ def encode_to_disk(args, src: Path, fmt: str, out: Path, processor, options: dic
                 raw = raw.select(range(min(args.limit, len(raw))))
             if fmt != "saved":  # a saved dataset's images are bytes or absolute paths already
                 raw = resolve_images(raw, src.parent.resolve(), images_column=args.images_column, num_proc=num_proc,
-                                     strict=options.get("on_error", "raise") == "raise")
+                                     strict=options.get("on_error", "raise") == "raise",
+                                     image_root=options.get("image_root"))
             enc, report = mmpipe.encode_dataset(raw, processor, num_proc=num_proc, batch_size=args.batch_size, **options)
             if out.exists() and args.overwrite:
                 import shutil
@@ -376,6 +393,8 @@ def add_encode_parser(sub) -> None:
     p.add_argument("--no-labels", action="store_true", help="do not store labels (e.g. RL prompts)")
     p.add_argument("--on-error", choices=ERROR_POLICIES, default="raise",
                    help="a row that fails to encode: stop (raise) or leave it out and list it in the report (skip)")
+    p.add_argument("--image-root", default=None, metavar="DIR",
+                   help="refuse image paths that resolve (symlinks, ..) outside DIR: for untrusted datasets")
     p.add_argument("--limit", type=int, default=None, help="encode only the first N rows")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -16,9 +16,26 @@ does (``convert("RGB")``, transparency over white); 16-bit/int/float modes whose
 not fit 0..255 raise instead of being clipped to white. Images beyond PIL's
 decompression-bomb limit (2 x ``PIL.Image.MAX_IMAGE_PIXELS``) raise, which bounds decode
 memory (PIL holds RGB in 4 bytes per pixel; grayscale, 1, is resized before RGB conversion).
+Image paths are opened only when they are regular files, and read up to a bound
+(``$MMPIPE_MAX_IMAGE_BYTES``, default 256 MiB; `read_image_file`): a FIFO, directory,
+device, socket, symlink loop or missing file raises instead of blocking or reading forever.
+`confine_image` refuses paths outside a root directory (``Encoder(image_root=...)``).
 """
 
-from mmpipe.images.load import exif_orientation, image_hw, load_image, to_rgb_array, to_rgb_image, upright
+from mmpipe.images.load import (
+    check_image_file,
+    confine_image,
+    exif_orientation,
+    image_hw,
+    image_path,
+    load_image,
+    max_image_bytes,
+    open_image_file,
+    read_image_file,
+    to_rgb_array,
+    to_rgb_image,
+    upright,
+)
 from mmpipe.images.pixels import (
     encode_image,
     image_grid,
@@ -34,7 +51,8 @@ from mmpipe.images.spec import VisionSpec, smart_resize
 from mmpipe.images.threads import default_threads, thread_pool
 
 __all__ = [
-    "VisionSpec", "default_threads", "encode_image", "exif_orientation", "image_grid", "image_hw", "load_image",
+    "VisionSpec", "check_image_file", "confine_image", "default_threads", "encode_image", "exif_orientation",
+    "image_grid", "image_hw", "image_path", "load_image", "max_image_bytes", "open_image_file", "read_image_file",
     "patchify_u8", "pixel_values_to_u8", "resize_image", "smart_resize", "thread_pool", "to_rgb_array", "to_rgb_image",
     "u8_to_pixel_values", "u8_video_to_pixel_values", "unpatchify_u8", "upright", "video_pixel_values_to_u8",
 ]

@@ -3,16 +3,167 @@ RGB PIL image, or an `ImageError` naming the image. Header-only size reads for t
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import re
-from typing import Any
+import stat
+from typing import Any, Optional
 
 import numpy as np
 from PIL import Image, ImageOps
 
-from mmpipe.errors import ImageError
+from mmpipe.errors import ArgumentError, ImageError
 
+# ---- image files -------------------------------------------------------------------------
+MAX_IMAGE_BYTES_ENV = "MMPIPE_MAX_IMAGE_BYTES"
+DEFAULT_MAX_IMAGE_BYTES = 256 * 2**20  # 256 MiB; PIL's pixel limit bounds the decode itself
+
+
+def max_image_bytes() -> int:
+    """The largest image file mmpipe reads: ``$MMPIPE_MAX_IMAGE_BYTES`` or 256 MiB."""
+    raw = os.environ.get(MAX_IMAGE_BYTES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_IMAGE_BYTES
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise ArgumentError(f"{MAX_IMAGE_BYTES_ENV}={raw!r} must be a positive number of bytes "
+                            f"(unset: {DEFAULT_MAX_IMAGE_BYTES})")
+    return n
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_OPEN_FIX = ("point the path at an image file: mmpipe opens only regular files (a FIFO, device or socket "
+             "could block or never end), or drop the row (on_error='skip')")
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _file_error(path: str, where: Optional[str], found: str, fix: str = _OPEN_FIX) -> ImageError:
+    return ImageError(f"image path {path!r} is {found}, not a regular file", where=where,
+                      expected="a regular image file", found=found, fix=fix)
+
+
+def _stat_error(path: str, e: OSError, where: Optional[str]) -> ImageError:
+    if isinstance(e, FileNotFoundError):
+        found = "a dangling symlink" if os.path.islink(path) else "a missing path"
+        return ImageError(f"no such file: {path!r}", where=where, expected="an existing image file", found=found,
+                          fix="fix the path (relative paths resolve against the working directory) "
+                              "or embed the image bytes with datasets.Image()")
+    found = {errno.ELOOP: "a symlink loop", errno.ENOTDIR: "a path through a non-directory",
+             errno.EACCES: "not readable (permission denied)", errno.ENXIO: "a socket or device with no reader",
+             errno.ENAMETOOLONG: "a path that is too long"}.get(e.errno, f"not readable ({e.strerror})")
+    return _file_error(path, where, found, fix="fix the path or its permissions, or drop the row (on_error='skip')")
+
+
+def _check_stat(path: str, st: os.stat_result, where: Optional[str], limit: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise _file_error(path, where, _kind(st.st_mode))
+    if st.st_size > limit:
+        raise _too_large(path, f"{st.st_size} bytes", where, limit)
+
+
+def _too_large(path: str, found: str, where: Optional[str], limit: int) -> ImageError:
+    return ImageError(f"image file {path!r} has {found}, more than the {limit}-byte limit",
+                      where=where, expected=f"at most {limit} bytes (${MAX_IMAGE_BYTES_ENV})", found=found,
+                      fix=f"downscale or re-encode the image, or raise ${MAX_IMAGE_BYTES_ENV} if you trust it")
+
+
+def check_image_file(path: str, *, where: Optional[str] = "image") -> os.stat_result:
+    """``os.stat`` of an image path that is a regular file within `max_image_bytes`, else an
+    `ImageError` naming the path, what it is (FIFO, directory, device, socket, symlink loop,
+    missing, too large) and the fix. Nothing is opened."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise _stat_error(path, e, where) from None
+    _check_stat(path, st, where, max_image_bytes())
+    return st
+
+
+def open_image_file(path: str, *, where: Optional[str] = "image"):
+    """A binary file object on a checked regular image file (`check_image_file`). Opened
+    non-blocking and checked again with ``fstat``, so a FIFO swapped in after the check
+    cannot block the read. The caller closes it."""
+    check_image_file(path, where=where)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise _stat_error(path, e, where) from None
+    try:
+        _check_stat(path, os.fstat(fd), where, max_image_bytes())
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_image_file(path: str, *, where: Optional[str] = "image") -> bytes:
+    """The bytes of a regular image file, reading at most `max_image_bytes` + 1 bytes."""
+    limit = max_image_bytes()
+    with open_image_file(path, where=where) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:  # the file grew after the check
+        raise _too_large(path, "more bytes than its size said (it grew while read)", where, limit)
+    return data
+
+
+def image_path(value: Any, *, where: Optional[str] = "image") -> Optional[str]:
+    """The local file an image value names (a path, ``file://`` path, or ``datasets.Image()``
+    dict without bytes), or None for in-memory values (bytes, data: URIs, PIL, arrays).
+    URLs raise `ImageError` (mmpipe does not fetch)."""
+    if isinstance(value, dict):
+        if value.get("bytes") is not None or value.get("path") is None:
+            return None
+        value = value["path"]
+    if isinstance(value, str) and value.startswith("data:"):
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        return None
+    path = os.fsdecode(os.fspath(value))
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    if path.startswith(("http://", "https://")):
+        raise ImageError(f"{path[:80]!r} is a URL; mmpipe does not fetch images", where=where,
+                         expected="a local path, encoded bytes, a data: URI or a PIL image", found="a URL",
+                         fix="download the images first (e.g. datasets' Image() cast on a local copy)")
+    return path
+
+
+def check_image_root(root) -> Optional[str]:
+    """An ``image_root`` option: None, or an existing directory (its absolute, symlink-free
+    path); anything else raises `ArgumentError`."""
+    if root is None:
+        return None
+    if not isinstance(root, (str, os.PathLike)) or not os.path.isdir(root):
+        raise ArgumentError(f"image_root must be an existing directory, got {root!r:.120}")
+    return os.path.realpath(os.fsdecode(os.fspath(root)))
+
+
+def confine_image(value: Any, root: Optional[str], *, where: Optional[str] = "image") -> None:
+    """Raise `ImageError` when ``value`` names a file outside directory ``root`` (after
+    resolving symlinks and ``..``; relative paths resolve against the working directory).
+    In-memory values and ``root=None`` pass. For datasets from untrusted sources."""
+    path = image_path(value, where=where)
+    if root is None or path is None:
+        return
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    try:
+        inside = os.path.commonpath([real, top]) == top
+    except ValueError:  # different drives
+        inside = False
+    if not inside:
+        raise ImageError(f"image path {path!r} resolves to {real!r}, outside the image root {top!r}", where=where,
+                         expected=f"a file under {top}", found=real,
+                         fix="the dataset refers to a file outside image_root: fix the path, drop the row "
+                             "(on_error='skip'), or widen image_root if you trust the source")
 
 
 # ---- loading ---------------------------------------------------------------------------
@@ -21,7 +172,10 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
 
     Accepted: PIL image; ``datasets.Image()`` value ``{"bytes": ..., "path": ...}``; a file
     path (or ``file://``); a base64 ``data:image/...`` URI; raw encoded bytes; a uint8 array
-    ``[H, W]``, ``[H, W, 1|3|4]``. URLs are refused (mmpipe does not fetch).
+    ``[H, W]``, ``[H, W, 1|3|4]``. URLs are refused (mmpipe does not fetch). A path is read
+    only when it is a regular file of at most `max_image_bytes` (``$MMPIPE_MAX_IMAGE_BYTES``,
+    default 256 MiB; `read_image_file`): a FIFO, directory, device, socket, symlink loop,
+    missing or oversized file raises `ImageError` naming the path and what it is.
     """
     if isinstance(value, Image.Image):
         return value
@@ -40,24 +194,14 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
         if isinstance(value, str) and value.startswith("data:"):
             return Image.open(io.BytesIO(_data_uri_bytes(value, where)))
         if isinstance(value, (str, os.PathLike)):
-            path = os.fspath(value)
-            if path.startswith("file://"):
-                path = path[len("file://"):]
-            if path.startswith(("http://", "https://")):
-                raise ImageError(f"{path[:80]!r} is a URL; mmpipe does not fetch images", where=where,
-                                 expected="a local path, encoded bytes, a data: URI or a PIL image", found="a URL",
-                                 fix="download the images first (e.g. datasets' Image() cast on a local copy)")
-            if not os.path.exists(path):
-                raise ImageError(f"no such file: {path!r}", where=where, expected="an existing image file",
-                                 found="a missing path",
-                                 fix="fix the path (relative paths resolve against the working directory) "
-                                     "or embed the image bytes with datasets.Image()")
-            return Image.open(path)
+            path = image_path(value, where=where)
+            found = f"file {path!r}"
+            return Image.open(io.BytesIO(read_image_file(path, where=where)))
         if hasattr(value, "detach"):
             value = value.detach().cpu().numpy()
         if isinstance(value, np.ndarray):
             return _array_to_pil(value, where)
-    except ImageError:
+    except (ImageError, ArgumentError):
         raise
     except Image.DecompressionBombError as e:
         raise bomb_error(e, where) from e
@@ -167,7 +311,19 @@ def image_hw(value: Any, *, where: str = "image") -> tuple[int, int]:
     if isinstance(value, np.ndarray):
         _check_array(value, where)
         return int(value.shape[0]), int(value.shape[1])
-    img = load_image(value, where=where)
+    path = image_path(value, where=where)
+    if path is None:
+        return _upright_hw(load_image(value, where=where))
+    with open_image_file(path, where=where) as f:  # the header alone, from a checked regular file
+        try:
+            return _upright_hw(Image.open(f))
+        except Image.DecompressionBombError as e:
+            raise bomb_error(e, where) from e
+        except (OSError, ValueError) as e:
+            raise unreadable_error(e, where, f"file {path!r}") from e
+
+
+def _upright_hw(img: Image.Image) -> tuple[int, int]:
     w, h = img.size
     return (w, h) if exif_orientation(img) in _SWAPS_AXES else (h, w)
 
