@@ -8,7 +8,8 @@
 ``script(request, index) -> Reply`` decides each answer (``index``: 0-based count of
 chat requests so far). Replies: `ok` (a chat completion, optionally after a delay, with
 optional logprobs), `status` (an HTTP error with a JSON body and headers), `drop` (close
-the connection without answering), `raw_body` (any bytes as the body). Bounded: sleeps wake on `stop`, delays are capped at
+the connection without answering), `raw_body` (any bytes as the body), `drip` (a valid
+answer sent one byte per ``interval``, from the status line or from the body). Bounded: sleeps wake on `stop`, delays are capped at
 ``max_delay_s``, idle keep-alive connections close after 5 s, and the server stops itself
 after ``lifetime_s``.
 """
@@ -38,6 +39,8 @@ class Reply:
     headers: dict = field(default_factory=dict)
     logprobs: Optional[list] = None
     finish_reason: str = "stop"
+    interval: float = 0.0              # drip: seconds between bytes
+    drip_headers: bool = True          # drip: from the status line (else headers at once, body dripped)
 
 
 def ok(content: Any, *, delay: float = 0.0, logprobs: Optional[list] = None, finish_reason: str = "stop") -> Reply:
@@ -58,6 +61,13 @@ def drop(delay: float = 0.0) -> Reply:
 def raw_body(text: str, *, code: int = 200, delay: float = 0.0) -> Reply:
     """An HTTP response whose body is ``text`` as is (e.g. not JSON at all)."""
     return Reply("raw", content=text, delay=delay, code=code)
+
+
+def drip(content: Any, *, interval: float = 0.05, headers: bool = True) -> Reply:
+    """A 200 chat completion sent one byte per ``interval`` seconds (each read gets a byte, so
+    no per-read timeout ever fires); ``headers=False``: headers at once, then the body dripped."""
+    text = content if isinstance(content, str) else json.dumps(content)
+    return Reply("drip", text, interval=interval, drip_headers=headers)
 
 
 @dataclass
@@ -163,6 +173,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
         self.wfile.flush()
 
+    def _drip(self, owner: "JudgeServer", data: bytes, reply: Reply) -> None:
+        head = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+                ).encode()
+        self.close_connection = True
+        if not reply.drip_headers:
+            self.wfile.write(head)
+            self.wfile.flush()
+            head = b""
+        whole = head + data
+        for i in range(len(whole)):
+            self.wfile.write(whole[i:i + 1])
+            self.wfile.flush()
+            owner.dripped += 1
+            if owner._stop.wait(reply.interval):
+                return
+
     def do_GET(self) -> None:
         if self.path.rstrip("/").endswith("/models"):
             self._send(200, {"object": "list", "data": [{"id": "judge-model", "object": "model"}]})
@@ -195,6 +221,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(reply.code, reply.body, reply.headers)
             elif reply.kind == "raw":
                 self._send(reply.code, reply.content)
+            elif reply.kind == "drip":
+                self._drip(owner, json.dumps(owner._completion(request, reply)).encode(), reply)
             else:
                 self._send(200, owner._completion(request, reply))
         except (BrokenPipeError, ConnectionResetError, OSError):
@@ -222,6 +250,7 @@ class JudgeServer:
         self.requests: list[Request] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.dripped = 0  # bytes sent by `drip` replies
         self._httpd: Optional[ThreadingHTTPServer] = None
 
     # -- lifecycle -------------------------------------------------------------------------

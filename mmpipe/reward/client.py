@@ -15,15 +15,20 @@ import os
 import random
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from mmpipe.errors import ArgumentError
+from mmpipe.reward.deadline import RequestDeadline
 from mmpipe.reward.parsing import verdict_probability
 from mmpipe.records.reward import Reply
 from mmpipe.reward.stats import JudgeStats
 
 logger = logging.getLogger(__name__)
 PIP_HINT = 'pip install "mmpipe[judge]"  (or: pip install openai)'
+
+
+class _DeadlinePassed(Exception):
+    """The request's socket was shut down at its deadline (reported as a timeout)."""
 
 
 def require_openai() -> None:
@@ -40,7 +45,9 @@ class JudgeClient:
         model: ``str`` the served model name (``vllm serve`` prints it; ``GET /v1/models``).
         api_key: ``str | None``; None uses ``$OPENAI_API_KEY`` if set, else a placeholder
             (servers started without ``--api-key`` accept any value).
-        timeout_s: ``float`` per-request limit (connect, read, write), in seconds.
+        timeout_s: ``float`` deadline of each HTTP request, in seconds: from sending to the
+            last byte of the answer (a server that drips bytes is cut off), and the limit of
+            each connect/read/write. Each retry gets its own ``timeout_s``.
         max_retries: ``int`` extra attempts after a transport error, 429 or 5xx.
         backoff_s: ``float`` first backoff; attempt k waits ``backoff_s * 2**k``, jittered
             to 50-100%, at most ``max_backoff_s`` (a 429's ``Retry-After``, capped, wins).
@@ -101,9 +108,11 @@ class JudgeClient:
         self._slots = threading.BoundedSemaphore(self.max_concurrency)
         self._client_lock = threading.Lock()
         self._client = None
+        self._deadline = RequestDeadline()
 
     def __getstate__(self) -> dict:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_slots", "_client_lock", "_client", "stats")}
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("_slots", "_client_lock", "_client", "stats", "_deadline")}
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -134,8 +143,9 @@ class JudgeClient:
                     raise ImportError(f"the VLM judge needs the 'openai' package; {PIP_HINT}") from e
                 # Servers started without --api-key accept any key, but the client needs one.
                 key = self.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+                http = openai.DefaultHttpxClient(event_hooks=self._deadline.event_hooks())
                 self._client = openai.OpenAI(base_url=self.base_url, api_key=key, timeout=self.timeout_s,
-                                             max_retries=0)
+                                             max_retries=0, http_client=http)
             return self._client
 
     def close(self) -> None:
@@ -146,12 +156,15 @@ class JudgeClient:
                 self._client = None
 
     # -- one question -----------------------------------------------------------------------
-    def complete(self, messages: list[dict], response_format: Optional[dict] = None) -> Reply:
+    def complete(self, messages: list[dict], response_format: Optional[dict] = None, *,
+                 cancelled: Optional[Callable[[], bool]] = None) -> Reply:
         """Send one chat completion; retry transport errors, 429 and 5xx; never raise.
 
         Args:
             messages: OpenAI chat messages (see `mmpipe.reward.prompts.build_messages`).
             response_format: ``{"type": "json_schema", ...}`` or None.
+            cancelled: ``() -> bool``; once true, no retry is sent (nor a backoff slept out)
+                and a failed attempt is reported as ``"cancelled: ..."``.
 
         Returns:
             `Reply`: ``text`` on success, else ``error`` (with the attempts made).
@@ -168,16 +181,17 @@ class JudgeClient:
             kwargs["extra_body"] = self.extra_body
         t0 = time.monotonic()
         error, status, delay = None, None, 0.0
+        cancelled = cancelled or (lambda: False)
         for attempt in range(self.max_retries + 1):
             if attempt:
+                if _sleep(delay, cancelled):
+                    return self._failed(f"cancelled: not retried ({error})", status, attempt, t0)
                 self.stats.add(retries=1)
-                time.sleep(delay)
             self.stats.add(requests=1)
             retry_after = None
             try:
-                with self._slots:
-                    resp = self._openai().chat.completions.create(**kwargs)
-            except openai.APITimeoutError:
+                resp = self._send(kwargs)
+            except (openai.APITimeoutError, _DeadlinePassed):
                 self.stats.add(timeouts=1)
                 error, status = f"timeout: no answer within timeout_s={self.timeout_s}", None
             except openai.APIConnectionError as e:
@@ -197,11 +211,23 @@ class JudgeClient:
                                     text=body if isinstance(body, str) else "")
             else:
                 return self._reply(resp, attempt + 1, t0)
+            if cancelled():  # e.g. the judge closed the connections under this request
+                return self._failed(f"cancelled: {error}", status, attempt + 1, t0)
             delay = self._backoff(attempt, retry_after)
             if attempt < self.max_retries:
                 logger.debug("judge request failed (%s); retry %d/%d in %.2f s", error, attempt + 1,
                              self.max_retries, delay)
         return self._failed(error, status, self.max_retries + 1, t0)
+
+    def _send(self, kwargs: dict) -> Any:
+        """One HTTP request in a concurrency slot, cut off at its deadline (`_DeadlinePassed`)."""
+        with self._slots, self._deadline.guard(self.timeout_s) as guard:
+            try:
+                return self._openai().chat.completions.create(**kwargs)
+            except Exception:
+                if guard.fired:  # the socket was shut down at the deadline
+                    raise _DeadlinePassed() from None
+                raise
 
     def _backoff(self, attempt: int, retry_after: Optional[float]) -> float:
         if retry_after is not None:
@@ -226,6 +252,17 @@ class JudgeClient:
         if attempts > 1:
             error = f"{error} (after {attempts} attempts)"
         return Reply(text=text, error=error, status=status, attempts=attempts, latency_s=time.monotonic() - t0)
+
+
+def _sleep(seconds: float, cancelled: Callable[[], bool]) -> bool:
+    """Sleep ``seconds`` unless ``cancelled()`` turns true first (checked every 50 ms); True if cancelled."""
+    end = time.monotonic() + seconds
+    while not cancelled():
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(left, 0.05))
+    return True
 
 
 def _body(e: Any, limit: int = 300) -> str:

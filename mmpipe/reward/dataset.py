@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Any, Optional, Protocol, Sequence
 
+from mmpipe.errors import ParseError
 from mmpipe.records.reward import RESULT_KEYS, JudgeResult
+
+
+class JudgeColumnError(ParseError, KeyError):
+    """The batch lacks the judge's image column (also a ``KeyError``, what `score` raised
+    before it named the columns)."""
+
+    __str__ = ParseError.__str__
 
 
 class FrameScorer(Protocol):
@@ -47,15 +55,35 @@ def score_batch(judge: FrameScorer, batch: dict[str, list]) -> dict[str, list]:
     stored on disk, datasets may reuse a cached result of the same map with the same judge
     settings; pass ``load_from_cache_file=False`` to ask the server again.
 
+    One image per row: a column holding a list of images per row (e.g. Hub data's
+    ``images``) is refused, not scored (pick one frame per row first, e.g. the last).
+
     Raises:
-        KeyError: the batch has no image column (names the columns found and the fix).
+        JudgeColumnError (a ParseError and a KeyError): the batch has no image column (names
+            the columns the judge reads, the columns found and the fix).
+        mmpipe.errors.ParseError: a row's image value is a list of images.
     """
     col = judge.columns
     if col["image"] not in batch:
-        raise KeyError(f"VLMJudge.score: the batch has no image column {col['image']!r}; found columns "
-                       f"{sorted(batch)}; pass VLMJudge(image_column=...)")
+        found = sorted(batch)
+        hint = [c for c in found if "image" in c.lower() or "frame" in c.lower()]
+        raise JudgeColumnError(
+            f"VLMJudge.score: the batch has no image column {col['image']!r}; found columns {found}",
+            column=col["image"], where="",
+            expected=(f"column {col['image']!r} with one image per row (optional: {col['task']!r}, "
+                      f"{col['primitive']!r}, {col['prev_progress']!r})"),
+            fix=("pass VLMJudge(image_column=...) naming the column that holds one image per row"
+                 + (f" (candidates: {hint})" if hint else "")))
     images = list(batch[col["image"]])
     n = len(images)
+    for i, value in enumerate(images):
+        if _is_image_list(value):
+            raise ParseError(
+                f"VLMJudge.score scores one image per row, but column {col['image']!r} holds a list",
+                column=col["image"], where=f"row {i} of the batch", expected="one image per row",
+                found=f"a list of {len(value)} values",
+                fix=(f"pick one image per row first, e.g. ds.map(lambda r: {{'frame': r[{col['image']!r}][-1]}}) "
+                     "and VLMJudge(image_column='frame'), or give each image its own row"))
 
     def column(name: str) -> list:
         values = batch.get(col[name])
@@ -67,3 +95,15 @@ def score_batch(judge: FrameScorer, batch: dict[str, list]) -> dict[str, list]:
         for k, v in r.to_row().items():
             out[judge.output_prefix + k].append(v)
     return out
+
+
+def _is_image_list(value: Any) -> bool:
+    """A list of images (``Sequence(Image())`` data), not one image as nested pixel lists."""
+    if not isinstance(value, (list, tuple)):
+        return False
+    if not value:
+        return True
+    first = value[0]
+    if isinstance(first, (list, tuple, int, float)):  # [H][W][C] numbers: one image
+        return False
+    return getattr(first, "ndim", 2) >= 2  # PIL images, dicts, paths, bytes, [H, W, C] arrays

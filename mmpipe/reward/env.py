@@ -21,6 +21,7 @@ for the same frames and answers they give the same reward to the same step.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import asdict
@@ -85,6 +86,7 @@ class VLMRewardWrapper:
         self.task = task
         self._episode, self._t, self._global = -1, 0, 0
         self._pending: deque[tuple[tuple, Future]] = deque()
+        self._cancel = threading.Event()  # set by close(wait=False) or an interrupt: queued frames not sent
         self._scored_episode, self._baseline = None, None
 
     def __getattr__(self, name: str) -> Any:  # action_space, observation_space, unwrapped, ...
@@ -97,6 +99,8 @@ class VLMRewardWrapper:
         """Reset the env; a new episode starts its own progress baseline. Pending async
         scores of the previous episode are still delivered (tagged with their episode)."""
         out = self.env.reset(*args, **kwargs)
+        if self._cancel.is_set():  # an interrupted flush/close: the next frames are sent again
+            self._cancel = threading.Event()
         self._episode += 1
         self._t = 0
         return out
@@ -129,7 +133,8 @@ class VLMRewardWrapper:
             else:
                 while len(self._pending) >= self.max_pending:
                     delivered.extend(self._deliver(block=True, limit=1))
-                self._pending.append((meta, self.judge.submit(image, primitive, task=self.task)))
+                self._pending.append((meta, self.judge.submit(image, primitive, task=self.task,
+                                                              cancel=self._cancel)))
         if self.mode == "async":
             delivered.extend(self._deliver(block=False))
         info.update(env_reward=env_reward, vlm_reward=vlm_reward, vlm_evaluated=evaluate, vlm_episode=self._episode,
@@ -137,11 +142,19 @@ class VLMRewardWrapper:
         return (out[0], env_reward + vlm_reward, *out[2:-1], info)
 
     def flush(self) -> list[StepScore]:
-        """Wait for every pending async score and return them, in step order."""
+        """Wait for every pending async score and return them, in step order. Interrupted
+        (``KeyboardInterrupt``), the frames not yet sent are cancelled (not sent)."""
         return self._deliver(block=True)
 
-    def close(self) -> list[StepScore]:
-        """Flush pending scores (returned), then close the env (the judge stays open)."""
+    def close(self, wait: bool = True) -> list[StepScore]:
+        """Return the pending scores in step order, then close the env (the judge stays open).
+
+        ``wait=True``: every pending frame is judged first (`flush`). ``wait=False``: stop
+        sending now: frames and questions not yet sent are cancelled and delivered as not
+        scored (``result.valid`` False, error ``"cancelled: ..."``, neutral reward); only
+        the requests already in flight are waited for."""
+        if not wait:
+            self._cancel.set()
         rest = self.flush()
         if hasattr(self.env, "close"):
             self.env.close()
@@ -182,6 +195,11 @@ class VLMRewardWrapper:
     def _deliver(self, block: bool, limit: Optional[int] = None) -> list[StepScore]:
         out: list[StepScore] = []
         while self._pending and (block or self._pending[0][1].done()) and (limit is None or len(out) < limit):
-            meta, future = self._pending.popleft()
-            out.append(self._score(meta, future.result()))
+            try:
+                answers = self._pending[0][1].result()
+            except BaseException:  # KeyboardInterrupt while waiting: send no more of the queue
+                self._cancel.set()
+                raise
+            meta, _ = self._pending.popleft()
+            out.append(self._score(meta, answers))
         return out

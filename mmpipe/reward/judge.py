@@ -3,6 +3,12 @@
 One frame = two questions, sent one after the other on one worker thread (the second
 then finds the image in the server's prefix cache); frames run concurrently on a pool of
 ``client.max_concurrency`` threads, so at most that many requests are in flight.
+
+Cancellation: `close()`, a ``KeyboardInterrupt`` (or any exception) in `ask_many` /
+`judge_many`, or a ``cancel`` event given to `submit` stop the sending: a frame not yet
+started, a question not yet sent or a retry is not sent, and its `Answer` says
+``"cancelled: ..."`` (invalid: not scored). Requests already in flight end by themselves
+(within ``timeout_s``), except under `close()`, which closes their connections.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from mmpipe.reward.arithmetic import RewardConfig, combine
 from mmpipe.reward.client import JudgeClient
 from mmpipe.reward.dataset import score_batch
 from mmpipe.reward.frames import EncodedFrame, encode_frame
-from mmpipe.reward.parsing import parse_action, parse_progress
+from mmpipe.reward.parsing import clip_raw, parse_action, parse_progress
 from mmpipe.reward.prompts import (
     ACTION_SCHEMA,
     ACTION_SCHEMA_NAME,
@@ -95,11 +101,12 @@ class VLMJudge:
         self.cache = AnswerCache(self.cache_size)
         self._pool: Optional[ThreadPoolExecutor] = None
         self._pool_lock = threading.Lock()
+        self._closing = threading.Event()  # set by close(); replaced by a fresh one for later use
 
     def __getstate__(self) -> dict:
         # Settings only: the pool, the cache and the counters stay in their process (this also
         # keeps datasets' fingerprint of `judge.score` a function of the settings).
-        return {k: v for k, v in self.__dict__.items() if k not in ("cache", "_pool", "_pool_lock")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("cache", "_pool", "_pool_lock", "_closing")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -111,11 +118,16 @@ class VLMJudge:
         return self.client.stats
 
     def close(self) -> None:
-        """Stop the worker threads (after the frames in flight) and close the connections."""
+        """Stop sending and return at once: queued frames, unsent questions and retries are
+        cancelled, the connections are closed (aborting the requests in flight), and all of
+        them are answered ``"cancelled: ..."`` (not scored); the worker threads exit. The
+        judge can be used again afterwards."""
         with self._pool_lock:
             pool, self._pool = self._pool, None
+            closing, self._closing = self._closing, threading.Event()
+        closing.set()
         if pool is not None:
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=False)  # queued frames see `closing` and return without a request
         self.client.close()
 
     def pool(self) -> ThreadPoolExecutor:
@@ -136,7 +148,13 @@ class VLMJudge:
                 invalid (only progress is asked).
             task: ``str | None`` task description; None uses ``self.task``.
         """
+        return self._ask(image, primitive, task, (self._closing,))
+
+    def _ask(self, image: Any, primitive: Optional[str], task: Optional[str], stops: tuple) -> FrameAnswers:
+        """`ask`, sending no question once one of the ``stops`` events is set."""
         t0 = time.monotonic()
+        if _stopped(stops):
+            return self._cancelled(2, t0)
         try:
             frame = image if isinstance(image, EncodedFrame) else encode_frame(image)
         except Exception as e:  # not an image (ValueError/TypeError), unreadable file, too large, ...
@@ -154,16 +172,23 @@ class VLMJudge:
                                       "missing or None); pass the chosen primitive's name")
             else:
                 action = self._question(frame, self.prompts.render_action(task, self.primitives, str(primitive)),
-                                        ACTION_SCHEMA_NAME, ACTION_SCHEMA)
+                                        ACTION_SCHEMA_NAME, ACTION_SCHEMA, stops)
+            if _stopped(stops):
+                return FrameAnswers(action, self._cancelled(1, t0).progress, time.monotonic() - t0)
             progress = self._question(frame, self.prompts.render_progress(task, self.primitives),
-                                      PROGRESS_SCHEMA_NAME, PROGRESS_SCHEMA)
+                                      PROGRESS_SCHEMA_NAME, PROGRESS_SCHEMA, stops)
         except Exception as e:  # a bug must not stop a training loop: log it, return invalid
             logger.exception("mmpipe VLM judge: unexpected error while asking")
             bad = Answer(error=f"unexpected {type(e).__name__}: {e}")
             return FrameAnswers(bad, bad, time.monotonic() - t0)
         return FrameAnswers(action, progress, time.monotonic() - t0)
 
-    def _question(self, frame: EncodedFrame, prompt: str, name: str, schema: dict) -> Answer:
+    def _cancelled(self, questions: int, t0: float) -> FrameAnswers:
+        self.stats.add(cancelled=questions)
+        bad = Answer(error="cancelled: not sent (the judge was closed or the call interrupted); not scored")
+        return FrameAnswers(bad, bad, time.monotonic() - t0)
+
+    def _question(self, frame: EncodedFrame, prompt: str, name: str, schema: dict, stops: tuple = ()) -> Answer:
         key = AnswerCache.key(self.client.settings(), self.client.logprobs, self.prompts.system, frame.sha256,
                               prompt, name, schema)
         self.stats.add(queries=1)
@@ -172,11 +197,13 @@ class VLMJudge:
             self.stats.add(cache_hits=1)
             return replace(hit, cached=True, latency_s=0.0, attempts=0)
         reply = self.client.complete(build_messages(frame.url, prompt, self.prompts.system),
-                                     response_format(name, schema))
+                                     response_format(name, schema), cancelled=lambda: _stopped(stops))
         self.stats.latency(reply.latency_s)
+        raw, dropped = clip_raw(reply.text)  # parsed whole, stored capped (RAW_TEXT_LIMIT)
+        self.stats.add(raw_truncated_chars=dropped)
         if reply.error is not None:
             self.stats.add(invalid=1)
-            return Answer(raw=reply.text, error=reply.error, latency_s=reply.latency_s, attempts=reply.attempts)
+            return Answer(raw=raw, error=reply.error, latency_s=reply.latency_s, attempts=reply.attempts)
         value, error = (parse_action(reply.text, reply.p_true) if name == ACTION_SCHEMA_NAME
                         else parse_progress(reply.text))
         if value is None:
@@ -184,25 +211,41 @@ class VLMJudge:
             if reply.finish_reason == "length":
                 error += (f"; the answer was cut at max_tokens={self.client.max_tokens} "
                           "(finish_reason 'length'): raise it")
-            return Answer(raw=reply.text, error=error, latency_s=reply.latency_s, attempts=reply.attempts)
-        answer = Answer(value=value, raw=reply.text, latency_s=reply.latency_s, attempts=reply.attempts)
+            return Answer(raw=raw, error=error, latency_s=reply.latency_s, attempts=reply.attempts)
+        answer = Answer(value=value, raw=raw, latency_s=reply.latency_s, attempts=reply.attempts)
         self.cache.put(key, answer)
         return answer
 
-    def submit(self, image: Any, primitive: Optional[str], *, task: Optional[str] = None) -> "Future[FrameAnswers]":
-        """`ask` on the judge's thread pool; the future never raises."""
-        return self.pool().submit(self.ask, image, primitive, task=task)
+    def submit(self, image: Any, primitive: Optional[str], *, task: Optional[str] = None,
+               cancel: Optional[threading.Event] = None) -> "Future[FrameAnswers]":
+        """`ask` on the judge's thread pool; the future never raises. When ``cancel`` is set
+        (or the judge is closed) before the frame's questions are sent, they are not sent
+        (answers ``"cancelled: ..."``, not scored)."""
+        stops = (self._closing,) if cancel is None else (self._closing, cancel)
+        return self.pool().submit(self._ask, image, primitive, task, stops)  # never raises: `_ask` catches
 
     def ask_many(self, images: Sequence[Any], primitives: Sequence[Optional[str]],
                  tasks: Optional[Sequence[Optional[str]]] = None) -> list[FrameAnswers]:
-        """`ask` for many frames concurrently (``client.max_concurrency`` at once), in order."""
+        """`ask` for many frames concurrently, in order. At most ``client.max_concurrency``
+        frames are handed to the threads at a time; on an exception here (``KeyboardInterrupt``)
+        the frames not yet sent are cancelled before it propagates."""
         n = len(images)
         tasks = list(tasks) if tasks is not None else [None] * n
         if not len(primitives) == len(tasks) == n:
             raise ArgumentError(f"ask_many: expected equal lengths, found {n} images, {len(primitives)} primitives, "
                                 f"{len(tasks)} tasks")
-        futures = [self.submit(img, prim, task=task) for img, prim, task in zip(images, primitives, tasks)]
-        return [f.result() for f in futures]
+        cancel, slots = threading.Event(), threading.BoundedSemaphore(self.client.max_concurrency)
+        stops = (self._closing, cancel)  # a close() during the call cancels the rest of it
+        futures = []
+        try:
+            for img, prim, task in zip(images, primitives, tasks):
+                slots.acquire()
+                futures.append(self.pool().submit(self._ask, img, prim, task, stops))
+                futures[-1].add_done_callback(lambda f: slots.release())
+            return [f.result() for f in futures]
+        except BaseException:
+            cancel.set()
+            raise
 
     # -- scoring -----------------------------------------------------------------------------
     def result(self, answers: FrameAnswers, prev_progress: Optional[float] = None) -> JudgeResult:
@@ -231,3 +274,7 @@ class VLMJudge:
         """The dataset stage, ``ds.map(judge.score, batched=True, batch_size=...)``: see
         `mmpipe.reward.dataset.score_batch` (columns read and written, ``num_proc``)."""
         return score_batch(self, batch)
+
+
+def _stopped(stops: tuple) -> bool:
+    return any(e.is_set() for e in stops)

@@ -17,7 +17,9 @@ class JudgeStats:
     Counted per question (two per frame): ``queries`` (asked, cached ones included),
     ``cache_hits``, ``invalid`` (answers that ended invalid: transport failure or
     unparsable), ``unparsable``. Per HTTP request: ``requests``, ``retries``, ``timeouts``,
-    ``connection_errors``, ``http_errors`` (by status). ``latency`` percentiles are over
+    ``connection_errors``, ``http_errors`` (by status). ``raw_truncated_chars``: characters of
+    answers not kept in `Answer.raw` (`mmpipe.reward.parsing.RAW_TEXT_LIMIT`); ``cancelled``:
+    questions not sent because the judge was closed or the call interrupted. ``latency`` percentiles are over
     uncached questions (wall time including retries), from the last ``window`` of them.
     """
 
@@ -45,7 +47,7 @@ class JudgeStats:
 
     def snapshot(self) -> dict[str, Any]:
         """``{"queries", "requests", "cache_hits", "invalid", "unparsable", "timeouts",
-        "retries", "connection_errors", "http_errors": {status: n}, "latency_s": {"p50",
+        "retries", "connection_errors", "raw_truncated_chars", "cancelled", "http_errors": {status: n}, "latency_s": {"p50",
         "p90", "p99", "max", "n"}}`` (latency values None before the first answer)."""
         with self._lock:
             counts = dict(self._counts)
@@ -53,7 +55,7 @@ class JudgeStats:
             lat = np.asarray(self._latency, dtype=np.float64)
         out = {k: counts.get(k, 0) for k in
                ("queries", "requests", "cache_hits", "invalid", "unparsable", "timeouts", "retries",
-                "connection_errors")}
+                "connection_errors", "raw_truncated_chars", "cancelled")}
         out["http_errors"] = http
         pct = np.percentile(lat, [50, 90, 99]).tolist() if lat.size else [None] * 3
         out["latency_s"] = {"p50": pct[0], "p90": pct[1], "p99": pct[2],
