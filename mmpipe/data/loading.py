@@ -1,52 +1,172 @@
 """Loading for `mmpipe.data.validate`: any accepted input -> one Arrow table, and back to a
-``datasets.Dataset`` (after repairs)."""
+``datasets.Dataset`` (after repairs).
+
+Bad arguments (a path that does not exist, a ``.jsonl`` / ``.csv`` file, any other object) raise
+`ArgumentError` naming what is accepted. Damaged files (a truncated or byte-flipped ``.arrow``
+file, a data file listed in ``state.json`` that is missing, an unreadable ``.parquet``) raise
+`DamagedDatasetError` naming the file, the record batch that failed and the rows still readable.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import os
+from typing import Any, Optional
 
 import pyarrow as pa
 
-from mmpipe.errors import ArgumentError
+from mmpipe.errors import ArgumentError, InputError
 
-ACCEPTED = ("a datasets.Dataset, a save_to_disk directory of one Dataset, a .parquet or Arrow IPC file, "
-            "or a pyarrow Table / RecordBatch")
+ACCEPTED = ("a datasets.Dataset, a save_to_disk directory of one Dataset, a .parquet or Arrow IPC file "
+            "(.arrow), or a pyarrow Table / RecordBatch")
+# suffixes of raw (not encoded) data: refused up front with the way to encode them
+RAW_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".txt", ".zip", ".tar", ".gz")
+# what reading a damaged file raises (pyarrow's ArrowInvalid / IOError are OSError / ValueError)
+READ_ERRORS = (OSError, pa.ArrowInvalid, ValueError)
+RESAVE = "re-save the dataset (ds.save_to_disk) from a good copy, or re-encode the raw rows"
+
+
+class DamagedDatasetError(InputError):
+    """A stored file of an encoded dataset cannot be read: truncated, corrupted framing, or
+    missing. ``file`` is the file, ``rows_readable`` the ``(0, stop)`` dataset rows that read
+    before the damage (None when unknown)."""
+
+    default_stage = "validate"
+
+    def __init__(self, detail: str = "", *, file: Optional[str] = None,
+                 rows_readable: Optional[tuple] = None, **kw):
+        self.file = file
+        self.rows_readable = rows_readable
+        kw.setdefault("fix", RESAVE)
+        super().__init__(detail, **kw)
+
+    def __reduce__(self):
+        fn, (cls, detail, kwargs) = super().__reduce__()
+        return (_rebuild_damaged, (cls, detail, kwargs, self.file, self.rows_readable))
+
+
+def _rebuild_damaged(cls, detail, kwargs, file, rows_readable):
+    return cls(detail, file=file, rows_readable=rows_readable, **kwargs)
 
 
 def load_table(data) -> tuple[pa.Table, Any]:
     """``(Arrow table, the datasets.Dataset or None)`` of any input `validate_dataset` accepts: a
     ``datasets.Dataset``, a ``save_to_disk`` directory, a ``.parquet`` or Arrow IPC (stream or file)
     path, a ``pyarrow.Table`` / ``RecordBatch``. Raises `ArgumentError` for anything else (a
-    ``DatasetDict`` directory included: validate one split)."""
-    import os
-
+    ``DatasetDict`` directory, a missing path and raw ``.jsonl`` files included) and
+    `DamagedDatasetError` for a file that cannot be read."""
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data]), None
     if isinstance(data, pa.Table):
         return data, None
     if isinstance(data, (str, os.PathLike)):
-        path = os.fspath(data)
-        if os.path.isdir(path):
-            import datasets
-
-            ds = datasets.load_from_disk(path)
-            if isinstance(ds, datasets.DatasetDict):
-                raise ArgumentError(f"data must be {ACCEPTED}; got {path!r}, which holds a DatasetDict "
-                                    f"{list(ds)}: validate one split, load_from_disk(path)[split]")
-            return dataset_table(ds), ds
-        if path.endswith(".parquet"):
-            import pyarrow.parquet as pq
-
-            return pq.read_table(path), None
-        with pa.memory_map(path) as src:
-            try:
-                return pa.ipc.open_stream(src).read_all(), None
-            except pa.ArrowInvalid:
-                src.seek(0)
-                return pa.ipc.open_file(src).read_all(), None
+        return _load_path(os.fspath(data))
     if hasattr(data, "data") and hasattr(data, "features"):  # a datasets.Dataset
         return dataset_table(data), data
     raise ArgumentError(f"cannot validate a {type(data).__name__}: data must be {ACCEPTED}")
+
+
+def _load_path(path: str) -> tuple[pa.Table, Any]:
+    if not os.path.exists(path):
+        raise ArgumentError(f"data path {path!r} does not exist: data must be {ACCEPTED}")
+    if os.path.isdir(path):
+        return _load_dir(path)
+    if path.lower().endswith(RAW_SUFFIXES):
+        raise ArgumentError(f"data {path!r} is a raw {os.path.splitext(path)[1]} file, not an encoded dataset: "
+                            f"data must be {ACCEPTED}; encode it first (mmpipe.encode_dataset, or the CLI)")
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path), None
+        except READ_ERRORS as e:
+            raise DamagedDatasetError(f"file {path!r} cannot be read as Parquet ({e})", file=path,
+                                      where="") from e
+    try:
+        return _read_ipc(path), None
+    except READ_ERRORS as e:
+        if path.endswith((".arrow", ".arrows", ".ipc", ".feather")):
+            raise _ipc_damage(path, 0) from e
+        raise ArgumentError(f"data {path!r} is neither a directory, a .parquet file nor an Arrow IPC file "
+                            f"({e}): data must be {ACCEPTED}") from e
+
+
+def _read_ipc(path: str) -> pa.Table:
+    with pa.memory_map(path) as src:
+        try:
+            return pa.ipc.open_stream(src).read_all()
+        except pa.ArrowInvalid:
+            src.seek(0)
+            return pa.ipc.open_file(src).read_all()
+
+
+def _load_dir(path: str) -> tuple[pa.Table, Any]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(path)
+    except READ_ERRORS as e:
+        if not any(os.path.isfile(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
+            raise ArgumentError(f"directory {path!r} is not a save_to_disk directory (no state.json): "
+                                f"data must be {ACCEPTED}") from e
+        damage = diagnose_saved(path)
+        if damage is None:
+            raise
+        raise damage from e
+    if isinstance(ds, datasets.DatasetDict):
+        raise ArgumentError(f"data must be {ACCEPTED}; got {path!r}, which holds a DatasetDict "
+                            f"{list(ds)}: validate one split, load_from_disk(path)[split]")
+    return dataset_table(ds), ds
+
+
+def diagnose_saved(path: str) -> Optional[DamagedDatasetError]:
+    """The first damaged data file of a ``save_to_disk`` directory (listed in its ``state.json``)
+    as a `DamagedDatasetError`, or None when every file reads."""
+    try:
+        with open(os.path.join(path, "state.json")) as f:
+            files = [d["filename"] for d in json.load(f)["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not a Dataset directory: datasets' own error stands
+    start = 0
+    for name in files:
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            return DamagedDatasetError(
+                f"data file {file!r} listed in state.json is missing; rows [0, {start}) are in the "
+                f"files before it", file=file, rows_readable=(0, start), where="")
+        n, err = _count_ipc_rows(file)
+        if err is not None:
+            return _ipc_damage(file, start, n, err)
+        start += n
+    return None
+
+
+def _count_ipc_rows(file: str) -> tuple[int, Optional[tuple]]:
+    """``(rows read, None)`` of an Arrow IPC stream file, or ``(rows read before the damage,
+    (index of the record batch that failed, the reader's message))``."""
+    n, k = 0, -1  # k: the record batch being read (-1: the schema header)
+    try:
+        with pa.memory_map(file) as src:
+            reader = pa.ipc.open_stream(src)
+            k = 0
+            for batch in reader:
+                n += batch.num_rows
+                k += 1
+    except READ_ERRORS as e:
+        return n, (k, str(e))
+    return n, None
+
+
+def _ipc_damage(file: str, start: int, n: Optional[int] = None, err: Optional[tuple] = None) -> DamagedDatasetError:
+    if err is None:
+        n, err = _count_ipc_rows(file)
+        err = err or (-1, "unreadable as an Arrow IPC stream or file")
+    k, msg = err
+    what = "its schema header" if k < 0 else f"record batch {k}"
+    return DamagedDatasetError(
+        f"data file {file!r} is damaged (truncated or corrupted): reading {what} failed ({msg}); "
+        f"rows [0, {start + n}) read before it (the file starts at row {start})", file=file,
+        rows_readable=(0, start + n), where="")
 
 
 def dataset_table(ds) -> pa.Table:

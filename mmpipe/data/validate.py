@@ -38,7 +38,7 @@ from mmpipe.data.repair import (
     recompute_rope_deltas,
     u8_list_to_binary,
 )
-from mmpipe.data.loading import load_table, table_to_dataset
+from mmpipe.data.loading import DamagedDatasetError, load_table, table_to_dataset  # noqa: F401 (re-exported)
 from mmpipe.errors import InputError
 from mmpipe.families import FAMILIES
 from mmpipe.records.row import MultiModalInputs
@@ -332,7 +332,11 @@ def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: b
             (about a millisecond per row; pass False for a quick look at a large dataset).
         max_rows_listed: row indexes listed per issue.
 
-    Returns a `ValidationReport` (``report.ok``, ``report.errors``, ``print(report)``).
+    Returns a `ValidationReport` (``report.ok``, ``report.errors``, ``print(report)``). Raises
+    `ArgumentError` for a path that does not exist or is not an encoded dataset (a ``.jsonl``
+    file, a folder without ``state.json``), and `DamagedDatasetError` (stage "validate") for a
+    stored file that cannot be read (truncated, corrupted IPC framing, a listed data file
+    missing), naming the file and the rows readable before the damage.
     """
     table, ds = load_table(data)
     fmt, labels = _detect(table)
@@ -362,7 +366,8 @@ def check_dataset(data, *, fix: bool = False, **kw):
 
 def load_encoded(path, *, fix: bool = False, **kw):
     """Load an encoded dataset (``save_to_disk`` directory, ``.parquet`` or ``.arrow`` file)
-    as a ``datasets.Dataset`` and validate it; raises `SchemaError` naming what is off."""
+    as a ``datasets.Dataset`` and validate it; raises `SchemaError` naming what is off
+    (`DamagedDatasetError` / `ArgumentError` as `validate_dataset` does)."""
     data = check_dataset(path, fix=fix, **kw)
     if isinstance(data, pa.Table):
         data = table_to_dataset(data)
