@@ -9,6 +9,9 @@ A case runs through one public stage:
   ``layout="ok"`` where the failure is in pixel data a header-only read cannot see);
 - ``"collate"``: ``mmpipe.Collator(processor)(rows)`` over rows built by ``build``, the bad
   one at batch index ``BAD``.
+
+Encode cases run under `bounded` (a FIFO or device path must fail, never hang); ``env`` sets
+environment variables for a case. `outcome_counts` tallies the outcomes (the report table).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Case:
     check: Optional[Callable] = None  # ok cases: check(result, row, processor) asserts what must hold
     layout: str = "same"  # encode cases: "same" outcome layout-only, or "ok" (header is fine)
     holds: str = ""  # what must hold, in words (the report table)
+    env: dict = field(default_factory=dict)  # environment variables set while the case runs
 
     @property
     def outcome(self) -> str:
@@ -429,3 +433,291 @@ def float32_batch(batch, rows, processor) -> None:
 
 def case(name: str) -> Case:
     return next(c for c in CASES if c.name == name)
+
+
+# ---- issue 15: more kinds of damaged data ----------------------------------------------
+# One line per kind. Covered in depth elsewhere (not repeated here): dataset-level damage
+# (truncated / bit-flipped Arrow shards, missing files, not-a-dataset paths) in
+# tests/data/test_damaged.py; image_root confinement and the CLI route in
+# tests/images/test_paths.py; option values and map routes in tests/encoding/test_hardening.py;
+# inconsistent batches in tests/batching/test_unbatch_checks.py; FIFO / directory / device
+# judge frames in tests/reward/test_frames_files.py.
+HANG_S = 20  # a case still running after this long is a hang: it fails instead of waiting
+FIFOS: list = []  # FIFOs the cases made: a reader blocked on one is released by opening its write end
+
+
+def bounded(fn: Callable, timeout: float = HANG_S):
+    """``fn()`` on a daemon thread; raises AssertionError (never hangs) past ``timeout``."""
+    import os
+    import threading
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        for fifo in FIFOS:
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        raise AssertionError(f"still running after {timeout} s: it hangs")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _fifo_path(tmp: Path) -> str:
+    import os
+
+    if not os.path.exists(tmp / "pipe.png"):  # cases build twice: pixels and layout-only
+        os.mkfifo(tmp / "pipe.png")
+    FIFOS.append(str(tmp / "pipe.png"))
+    return str(tmp / "pipe.png")
+
+
+def _socket_path(tmp: Path) -> str:
+    import atexit
+    import os
+    import shutil
+    import socket
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="mmpipe-corpus-", dir="/tmp")  # AF_UNIX paths are limited to ~100 bytes
+    atexit.register(shutil.rmtree, d, True)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(os.path.join(d, "s.png"))  # the socket file stays after close
+    return os.path.join(d, "s.png")
+
+
+def _symlink(tmp: Path, target: Path, name: str) -> str:
+    import os
+
+    if not os.path.lexists(tmp / name):  # cases build twice: pixels and layout-only
+        os.symlink(target, tmp / name)
+    return str(tmp / name)
+
+
+def _symlink_loop(tmp: Path) -> str:
+    _symlink(tmp, tmp / "loop_b.png", "loop_a.png")
+    return _symlink(tmp, tmp / "loop_a.png", "loop_b.png")
+
+
+def _mkdir(tmp: Path) -> str:
+    (tmp / "dir.png").mkdir(exist_ok=True)
+    return str(tmp / "dir.png")
+
+
+def path_image(make: Callable[[Path], str]) -> Callable[[Path], dict]:
+    return lambda tmp: user_row([make(tmp)])
+
+
+def encoded(fmt: str, **kw) -> Callable[[], bytes]:
+    def build():
+        buf = io.BytesIO()
+        img = photo()
+        if fmt == "GIF":  # three frames: the first one is the image, as PIL and the processor open it
+            kw2 = {"save_all": True, "append_images": [photo(seed=2), photo(seed=3)]}
+        else:
+            kw2 = {}
+        img.save(buf, fmt, **kw, **kw2)
+        return buf.getvalue()
+    return build
+
+
+def chat(*messages, **extra) -> Callable[[Path], dict]:
+    return lambda tmp: {"messages": list(messages), **extra}
+
+
+def user(content) -> dict:
+    return {"role": "user", "content": content}
+
+
+def assistant_calls(calls) -> Callable[[Path], dict]:
+    return chat(user("weather?"), {"role": "assistant", "content": "", "tool_calls": calls})
+
+
+def decodes_to(needle: str) -> Callable:
+    """The decoded input_ids hold ``needle`` exactly: the text reached the tokenizer unchanged."""
+    def check(result, row, processor) -> None:
+        result.validate()
+        text = processor.tokenizer.decode(result.input_ids.tolist())
+        assert needle in text, (needle, text)
+    return check
+
+
+def text_only(result, row, processor) -> None:
+    result.validate()
+    assert result.image_grid_thw is None or len(result.image_grid_thw) == 0
+
+
+def one_image_grid(result, row, processor) -> None:
+    result.validate()
+    assert np.asarray(result.image_grid_thw).shape == (1, 3)
+
+
+PARSE_M = dict(err_stage="parse", column="messages")
+WEATHER = [{"type": "function", "function": {"name": "w", "arguments": {"city": "Oslo"}}}]
+NOT_REGULAR = ("opens only regular files",)
+CASES += [
+    # image paths that are not image files (bounded: nothing may hang)
+    Case("path_is_fifo", path_image(_fifo_path), ImageError, ("is a FIFO (named pipe)",) + NOT_REGULAR, **IMG),
+    Case("path_is_directory", path_image(_mkdir), ImageError, ("is a directory", "point the path at an image file"),
+         **IMG),
+    Case("path_is_symlink_loop", path_image(_symlink_loop), ImageError, ("is a symlink loop", "fix the path"), **IMG),
+    Case("path_is_char_device", path_image(lambda tmp: "/dev/zero"), ImageError,
+         ("is a character device",) + NOT_REGULAR, **IMG),
+    Case("path_is_socket", path_image(_socket_path), ImageError, ("is a socket",) + NOT_REGULAR, **IMG),
+    Case("path_dangling_symlink", path_image(lambda tmp: _symlink(tmp, tmp / "gone.png", "link.png")), ImageError,
+         ("no such file", "a dangling symlink"), **IMG),
+    Case("path_oversized_file", lambda tmp: user_row([write(tmp, "big.png", png_bytes(photo(64, 64)))]), ImageError,
+         ("more than the 100-byte limit", "MMPIPE_MAX_IMAGE_BYTES"), env={"MMPIPE_MAX_IMAGE_BYTES": "100"}, **IMG),
+    Case("path_empty_string", one_image(""), ImageError, ("no such file",), **IMG),
+    Case("path_pathlib_missing", lambda tmp: user_row([tmp / "nope.png"]), ImageError, ("no such file", "nope.png"),
+         **IMG),
+    # bytes that are some other file
+    Case("svg_bytes", one_image(b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>'), ImageError,
+         ("cannot read the image",), **IMG),
+    Case("html_error_page_bytes", one_image(b"<html><body>404 Not Found</body></html>"), ImageError,
+         ("cannot read the image",), **IMG),
+    Case("pdf_bytes", one_image(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n1 0 obj"), ImageError, ("cannot read the image",), **IMG),
+    Case("png_with_trailing_garbage", one_image(lambda: png_bytes(photo()) + b"garbage" * 100),
+         holds="bytes after IEND ignored, equals the processor", check=same_as_processor),
+    Case("two_pngs_concatenated", one_image(lambda: png_bytes(photo()) * 2),
+         holds="the first image, equals the processor", check=same_as_processor),
+    *[Case(f"format_{f.lower()}", one_image(encoded(f)), holds="equals the processor", check=same_as_processor)
+      for f in ("WEBP", "BMP", "TIFF", "GIF", "ICO")],
+    # arrays of the wrong shape or dtype
+    Case("array_4d_video", one_image(lambda: np.zeros((2, 10, 10, 3), np.uint8)), ImageError,
+         ("shape (2, 10, 10, 3)", "one image per array"), **IMG),
+    Case("array_1d", one_image(lambda: np.zeros((10,), np.uint8)), ImageError, ("shape (10,)",), **IMG),
+    Case("array_object_dtype", one_image(lambda: np.array([None, 1], dtype=object)), ImageError,
+         ("found dtype object",), **IMG),
+    Case("array_bool_dtype", one_image(lambda: np.zeros((10, 10, 3), bool)), ImageError, ("found dtype bool",), **IMG),
+    Case("array_non_contiguous", one_image(lambda: np.asarray(photo(20, 60))[:, ::2]),
+         holds="strided view read as is, equals the processor", check=same_as_processor),
+    # images column and entries of the wrong type
+    *[Case(f"image_entry_{n}", one_image(v), ImageError, (f"unsupported image value of type {t}",), **IMG)
+      for n, v, t in (("none", None, "NoneType"), ("float", 1.5, "float"), ("bool", True, "bool"))],
+    Case("image_entry_nested_list", lambda tmp: user_row([[png_bytes(photo())]]), ImageError,
+         ("unsupported image value of type list",), **IMG),
+    Case("image_dict_empty", one_image({}), ImageError, ("neither 'bytes' nor 'path'", "found keys []"), **IMG),
+    Case("image_dict_extra_keys", one_image(lambda: {"bytes": png_bytes(photo()), "path": None, "exif": 1}),
+         holds="extra keys ignored, equals the processor", check=same_as_processor),
+    *[Case(f"images_column_{n}", lambda tmp, v=v: {**user_row([]), "images": v}, ParseError,
+           ("must hold a list of images", f"found {t}", "wrap it"), err_stage="parse", column="images")
+      for n, v, t in (("string", "a.png", "str"), ("bytes", b"\x89PNG", "bytes"), ("int", 3, "int"))],
+    Case("images_column_none_with_placeholder", lambda tmp: {**user_row([]), "images": None,
+         "messages": [user([{"type": "image"}])]}, PlaceholderError, ("more image placeholders than the 0 image(s)",),
+         err_stage="template", column="images"),
+    Case("images_column_none_text_only", chat(user("hi"), images=None), holds="None images: a text-only row",
+         check=text_only),
+    Case("image_inline_in_item", chat(user([{"type": "image", "image": png_bytes(photo())},
+                                            {"type": "text", "text": "what?"}])),
+         holds="the item's own image is used", check=one_image_grid),
+    # the messages column and its messages of the wrong type
+    Case("messages_none", lambda tmp: {"messages": None}, ParseError, ("'messages' column",), err_stage="parse"),
+    *[Case(f"messages_{n}", lambda tmp, v=v: {"messages": v}, ParseError,
+           ("expected a non-empty list of chat messages",), **PARSE_M)
+      for n, v in (("dict", {"role": "user", "content": "hi"}), ("int", 5))],
+    Case("messages_nested_list", chat([user("hi")]), ParseError, ("message 0: expected {'role', 'content'}",),
+         **PARSE_M),
+    Case("message_none", chat(None), ParseError, ("message 0: expected {'role', 'content'}", "found None"), **PARSE_M),
+    *[Case(f"role_{n}", chat(user("hi"), {"role": v, "content": "x"}), ParseError,
+           ("message 1: role must be a non-empty string", "set every message's role"), **PARSE_M)
+      for n, v in (("none", None), ("int", 5), ("empty", ""), ("list", ["user"]), ("dict", {"r": "user"}))],
+    Case("role_uppercase", chat({"role": "USER", "content": "hi"}), holds="rendered by the template as given",
+         check=decodes_to("USER")),
+    *[Case(f"content_{n}", chat(user(v)), ParseError, (f"content must be a string or a list of items, found {t}",),
+           **PARSE_M) for n, v, t in (("dict", {"type": "text", "text": "hi"}, "dict"), ("float", 1.5, "float"),
+                                      ("bytes", b"hi", "bytes"))],
+    Case("content_nested_list", chat(user([[{"type": "text", "text": "hi"}]])), ParseError,
+         ("is not a dict", "wrap the item in a dict"), **PARSE_M),
+    Case("text_none", chat(user([{"type": "text", "text": None}])), ParseError, ("has neither text nor an image",),
+         **PARSE_M),
+    *[Case(f"text_{n}", chat(user([{"type": "text", "text": v}])), ParseError, (f"text must be a string, found {n}",),
+           **PARSE_M) for n, v in (("list", ["a", "b"]), ("dict", {"a": 1}))],
+    Case("item_type_audio", chat(user([{"type": "audio", "audio": "x.wav"}])), ParseError,
+         ("has neither text nor an image",), **PARSE_M),
+    Case("item_without_type", chat(user([{"text": "untyped words"}])), holds="an item with text is a text item",
+         check=decodes_to("untyped words")),
+    Case("item_type_none", chat(user([{"type": None, "text": "none typed"}])), holds="an item with text is a text item",
+         check=decodes_to("none typed")),
+    # prompt / completion columns of the wrong type
+    Case("prompt_none", lambda tmp: {"prompt": None}, ParseError, ("'prompt' column",), err_stage="parse"),
+    *[Case(f"prompt_{n}", lambda tmp, v=v: {"prompt": v}, ParseError, ("expected a non-empty list of chat messages",),
+           err_stage="parse", column="prompt") for n, v in (("int", 5), ("dict", {"text": "hi"}))],
+    Case("prompt_as_message_list", lambda tmp: {"prompt": [user("listed prompt")]},
+         holds="a message list in 'prompt' is a conversation", check=decodes_to("listed prompt")),
+    Case("messages_and_prompt_both", lambda tmp: {"messages": [user("describe")], "prompt": "what is this?"},
+         ParseError, ("'prompt'", "drop one"), **PARSE_M),
+    Case("completion_list_of_strings", lambda tmp: {"prompt": "hi", "completion": ["a", "b"]}, ParseError,
+         ("expected {'role', 'content'}",), err_stage="parse", column="completion"),
+    Case("completion_none", lambda tmp: {"prompt": "prompt only", "completion": None},
+         holds="None completion: the prompt alone", check=decodes_to("prompt only")),
+    Case("completion_as_messages", lambda tmp: {"prompt": [user("q?")], "completion": [
+        {"role": "assistant", "content": "the answer"}]}, holds="conversational prompt + completion",
+         check=decodes_to("the answer")),
+    # tools and tool calls of the wrong type
+    Case("tools_plain_string", chat(user("hi"), tools="get_weather"), ParseError, ("is not JSON", "json.dumps(tools)"),
+         err_stage="parse", column="tools"),
+    *[Case(f"tools_{n}", chat(user("hi"), tools=v), ParseError, ("must hold a list of tool specs",),
+           err_stage="parse", column="tools")
+      for n, v in (("dict", {"type": "function", "function": {"name": "w"}}), ("int", 5), ("list_of_int", [1, 2]))],
+    Case("tools_json_string", chat(user("tool json"), tools='[{"type": "function", "function": {"name": "w"}}]'),
+         holds="a JSON string of tools is parsed", check=decodes_to("tool json")),
+    Case("tools_none", chat(user("no tools"), tools=None), holds="None tools: none", check=decodes_to("no tools")),
+    *[Case(f"tool_calls_{n}", assistant_calls(v), ParseError, ("tool_calls must be a list", "wrap a single call"),
+           **PARSE_M) for n, v in (("string", "w()"), ("dict", WEATHER[0]))],
+    Case("tool_calls_item_int", assistant_calls([5]), ParseError, ("tool call 0: not a dict",), **PARSE_M),
+    Case("tool_calls_arguments_bad_json", assistant_calls(
+        [{"type": "function", "function": {"name": "w", "arguments": '{"city": '}}]), ParseError,
+         ("tool call 0: arguments is not a JSON object string",), **PARSE_M),
+    Case("tool_calls_arguments_json_string", assistant_calls(
+        [{"type": "function", "function": {"name": "w", "arguments": '{"city": "Oslo"}'}}]),
+         holds="JSON-string arguments are parsed", check=decodes_to("weather?")),
+    Case("tool_calls_none", chat(user("q"), {"role": "assistant", "content": "plain answer", "tool_calls": None}),
+         holds="None tool_calls: none", check=decodes_to("plain answer")),
+    # Unicode
+    Case("surrogate_in_prompt", lambda tmp: {"prompt": "ab\ud800c"}, ParseError,
+         ("lone UTF-16 surrogate", "character 2"), err_stage="parse", column="prompt"),
+    Case("surrogate_in_text_item", chat(user([{"type": "text", "text": "x\udfff"}])), ParseError,
+         ("lone UTF-16 surrogate", "character 1"), **PARSE_M),
+    Case("surrogate_in_completion", lambda tmp: {"prompt": "fine", "completion": "\ud83d oops"}, ParseError,
+         ("lone UTF-16 surrogate", "character 0"), err_stage="parse", column="completion"),
+    Case("surrogate_in_role", chat({"role": "us\ud800er", "content": "hi"}), ParseError,
+         ("lone UTF-16 surrogate", "the rendered prompt"), err_stage="parse"),
+    *[Case(f"unicode_{n}", lambda tmp, s=s: {"prompt": s}, holds="passed to the tokenizer unchanged",
+           check=decodes_to(s)) for n, s in (
+        ("nul", "a\x00b"), ("rtl_override", "abc \u202eevil\u202c \u200fx"),
+        ("zero_width_joiner", "\U0001f468\u200d\U0001f469\u200d\U0001f467 family"),
+        ("bom", "\ufeffhello"),
+        ("noncharacters", "\uffff and \U0010ffff"), ("whitespace_only", "   \n\t "))],
+    Case("unicode_combining_marks", lambda tmp: {"prompt": "e\u0301 n\u0303 a" + "\u0300" * 50},
+         holds="NFC-normalized by the tokenizer, as by the processor",
+         check=decodes_to("\u00e9 \u00f1 \u00e0" + "\u0300" * 49)),
+]
+
+
+def outcome_counts(cases: Optional[list] = None) -> dict:
+    """The corpus' outcomes by kind: ``{"kinds", "clear_error": {class: n}, "handled",
+    "silent", "crash", "hang", "undocumented"}``. Every case either raises a documented error
+    class with its stage and message words, or succeeds with a stated, checked property; a
+    silent success, a crash (an untyped exception) or a hang fails its test, so those stay 0.
+    ``undocumented``: cases stating no outcome (no words or no check) - must be 0."""
+    from collections import Counter
+
+    cases = CASES if cases is None else cases
+    errors = Counter(c.raises.__name__ for c in cases if c.raises is not None)
+    undocumented = [c.name for c in cases if (c.raises is None and (not c.holds or c.check is None))
+                    or (c.raises is not None and (not c.contains or c.err_stage is None))]
+    return {"kinds": len(cases), "clear_error": dict(sorted(errors.items())),
+            "handled": sum(c.raises is None for c in cases), "silent": 0, "crash": 0, "hang": 0,
+            "undocumented": undocumented}

@@ -13,7 +13,8 @@ import sys
 import datasets
 import numpy as np
 import pytest
-from bad_inputs import BAD, CASES, ROW, exif_jpeg, jpeg_bytes, photo, png_bytes, smooth_gray, user_row, write
+from bad_inputs import (BAD, CASES, ROW, bounded, exif_jpeg, jpeg_bytes, outcome_counts, photo, png_bytes,
+                        smooth_gray, user_row, write)
 from conftest import processor_for
 from PIL import Image
 
@@ -25,13 +26,15 @@ from mmpipe.errors import DOCUMENTED_ERRORS, STAGES, ImageError, InputError, Par
 def _run(c, tmp_path, pixels="float32"):
     proc = processor_for(c.family)
     data = c.build(tmp_path)
-    if c.stage == "encode":
-        return data, lambda: mmpipe.encode_row(data, proc, idx=ROW, pixels=pixels, **c.options)
+    if c.stage == "encode":  # bounded: a case that blocks (a FIFO, a device) fails instead of hanging
+        return data, lambda: bounded(lambda: mmpipe.encode_row(data, proc, idx=ROW, pixels=pixels, **c.options))
     return data, lambda: mmpipe.Collator(proc)(data)
 
 
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.name)
-def test_corpus_case(c, tmp_path):
+def test_corpus_case(c, tmp_path, monkeypatch):
+    for k, v in c.env.items():
+        monkeypatch.setenv(k, v)
     proc = processor_for(c.family)
     data, run = _run(c, tmp_path)
     if c.raises is None:
@@ -77,6 +80,16 @@ def test_corpus_is_broad():
     names = {c.name for c in CASES}
     assert len(CASES) >= 60 and len(names) == len(CASES)
     assert {c.raises for c in CASES} == {None, *DOCUMENTED_ERRORS}
+
+
+def test_corpus_outcome_counts():
+    """At least 120 kinds, each with a stated outcome; the table is printed (``-s``) for the report."""
+    counts = outcome_counts()
+    print("\nbad-input corpus:", json.dumps(counts))
+    assert counts["kinds"] >= 120 and counts["undocumented"] == []
+    assert sum(counts["clear_error"].values()) + counts["handled"] == counts["kinds"]
+    assert (counts["silent"], counts["crash"], counts["hang"]) == (0, 0, 0)
+    assert outcome_counts([CASES[0]])["kinds"] == 1 and outcome_counts([CASES[0]])["clear_error"]
 
 
 # ---- EXIF: one upright image on every route --------------------------------------------

@@ -183,7 +183,12 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
     try:
         if isinstance(value, dict):
             if value.get("bytes") is not None:
-                return Image.open(io.BytesIO(value["bytes"]))
+                data = value["bytes"]
+                if not isinstance(data, (bytes, bytearray, memoryview)):
+                    raise ImageError("the image dict's 'bytes' is not bytes", where=where,
+                                     expected="{'bytes': <encoded image bytes>}", found=type(data).__name__,
+                                     fix="store the encoded file's bytes (e.g. open(path, 'rb').read()), or give 'path'")
+                return Image.open(io.BytesIO(bytes(data)))
             if value.get("path") is not None:
                 return load_image(value["path"], where=where)
             raise ImageError("the image dict has neither 'bytes' nor 'path'", where=where,

@@ -5,13 +5,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
 
-from mmpipe.images.load import load_image, unreadable_error
+from mmpipe.images.load import image_path, load_image, read_image_file, unreadable_error
 
 # Formats every OpenAI-compatible VLM server decodes; others are re-encoded as PNG.
 _PASS_THROUGH = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
@@ -45,7 +44,7 @@ def encode_frame(value: Any, *, where: str = "frame") -> EncodedFrame:
         mmpipe.errors.ImageError (a ValueError): the value is not an image or cannot be read
         (the message names ``where``).
     """
-    raw = _encoded_bytes(value)
+    raw = _encoded_bytes(value, where)
     if raw is not None:
         try:
             with Image.open(io.BytesIO(raw)) as im:
@@ -64,20 +63,16 @@ def encode_frame(value: Any, *, where: str = "frame") -> EncodedFrame:
     return _frame(buf.getvalue(), "image/png", img.size)
 
 
-def _encoded_bytes(value: Any):
-    """The encoded file bytes behind a bytes / datasets-dict / path value, else None."""
+def _encoded_bytes(value: Any, where: str = "frame"):
+    """The encoded file bytes behind a bytes / datasets-dict / path value, else None. A path
+    is read with `read_image_file` (regular files only, at most ``$MMPIPE_MAX_IMAGE_BYTES``):
+    a FIFO, directory, device or oversized file raises `ImageError` instead of blocking."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     if isinstance(value, dict) and value.get("bytes") is not None:
         return bytes(value["bytes"])
-    path = value.get("path") if isinstance(value, dict) else value
-    if isinstance(path, (str, os.PathLike)):
-        path = os.fspath(path)
-        path = path[len("file://"):] if path.startswith("file://") else path
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
-                return f.read()
-    return None
+    path = image_path(value, where=where)
+    return None if path is None else read_image_file(path, where=where)
 
 
 def _frame(data: bytes, mime: str, size: tuple[int, int]) -> EncodedFrame:
