@@ -538,3 +538,7 @@ def case_rss(ctx: Context) -> list[Result]:
 
 # ---- 8. packed vs padded token efficiency (issue 7; an info case, no speed target) ----------
 from .packing import case_packing  # noqa: E402,F401  (bench/run.py finds cases here by name)
+
+
+# ---- 9. peak memory of one big row: a 10 MB text row, a 100 MP image (issue 15) ------------
+from .memory import case_memory  # noqa: E402,F401

@@ -16,7 +16,8 @@ import tempfile
 import time
 import traceback
 
-CASES = ("rope", "layout", "encode", "bytes", "collate", "map_scaling", "rss", "packing")
+CASES = ("rope", "layout", "encode", "bytes", "collate", "map_scaling", "rss", "packing", "memory")
+NOT_QUICK = ("memory",)  # a minute of 10 MB rows: in --quick runs only when named in --only
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "latest.json")
 
 
@@ -58,7 +59,8 @@ def main(argv=None) -> int:
                     help="seconds in all to wait for other processes' CPU bursts to pass before cases (default 150)")
     ap.add_argument("--json", default=DEFAULT_JSON, help=f"where to write the results (default {DEFAULT_JSON})")
     args = ap.parse_args(argv)
-    names = [c.strip() for c in args.only.split(",") if c.strip()] or list(CASES)
+    names = [c.strip() for c in args.only.split(",") if c.strip()] or [
+        c for c in CASES if not (args.quick and c in NOT_QUICK)]
     unknown = sorted(set(names) - set(CASES))
     if unknown:
         ap.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")

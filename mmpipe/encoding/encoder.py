@@ -247,14 +247,16 @@ class Encoder:
         text = self.render(messages, agp, tools)
         self._warn_ignored_tools(messages, agp, tools, text)
         check_text(text, where=where, column="messages", what="the rendered prompt")  # tool calls, tools
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=self.labels)
-        ids = np.asarray(enc["input_ids"], dtype=np.int64)
+        spans = self._assistant_spans(messages, text, where, tools) if self.labels else []
+        # memory (a 10 MB row): ask only for what is used; free each Python list once converted
+        enc = dict(self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=bool(spans),
+                                  return_attention_mask=False, return_token_type_ids=False))
+        ids = np.asarray(enc.pop("input_ids"), dtype=np.int64)
         if not self.labels:
             return ids, None
         labels = np.full(ids.shape, IGNORE_INDEX, dtype=np.int64)
-        spans = self._assistant_spans(messages, text, where, tools)
         if spans:
-            offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+            offsets = np.asarray(enc.pop("offset_mapping"), dtype=np.int64).reshape(-1, 2)
             starts, ends = offsets[:, 0], offsets[:, 1]
             for a, b in spans:
                 sel = (starts < b) & (ends > a)
