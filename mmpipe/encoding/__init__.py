@@ -3,6 +3,7 @@
 =====================  ==================================================================
 module                 step
 =====================  ==================================================================
+``row_checks``         the row's shape before parsing: a dict, one message source, a text/messages completion
 ``parse``              raw row -> (chat messages, images): the accepted row formats
 ``placeholders``       THE one expand/collapse of image/video pads (one per block <->
                        ``t*h*w/merge^2``), shared by encode, multi-turn, ReMA, rollout inputs
@@ -26,7 +27,8 @@ from mmpipe.encoding.dataset import (
 from mmpipe.encoding.encoder import ERROR_POLICIES, TRUNCATION_POLICIES, Encoder
 from mmpipe.encoding.mapping import DROP_REASON_COLUMN, EncodeStats, RowDropped, as_input_error
 from mmpipe.records.columns import ERROR_COLUMN
-from mmpipe.encoding.parse import inline_image, is_image_item, parse_row
+from mmpipe.encoding.parse import inline_image, parse_row
+from mmpipe.encoding.row_checks import is_image_item
 from mmpipe.encoding.placeholders import (
     block_tokens,
     check_roundtrip,

@@ -35,6 +35,7 @@ import re
 
 import numpy as np
 
+from mmpipe.encoding.row_checks import check_completion, check_one_source, check_row, is_image_item
 from mmpipe.errors import ImageError, ParseError, PlaceholderError
 from mmpipe.records.columns import IMAGE_PLACEHOLDER
 
@@ -50,15 +51,6 @@ __all__ = ["KNOWN_ROLES", "UnreadableImages", "row_where", "check_text", "is_ima
 def row_where(idx: Optional[int]) -> str:
     """The location prefix of a raw row's errors: ``"row 7"``, or a hint to pass indices."""
     return f"row {idx}" if idx is not None else "row (index unknown: pass with_indices=True to map)"
-
-
-def is_image_item(item: dict) -> bool:
-    """Whether a content item stands for an image (``{"type": "image" | "image_url", ...}``,
-    or an untyped item holding an ``image`` / ``image_url`` value)."""
-    t = item.get("type")
-    if t in ("image", "image_url"):
-        return True
-    return t is None and (item.get("image") is not None or item.get("image_url") is not None)
 
 
 def inline_image(item: dict):
@@ -100,36 +92,11 @@ def split_placeholders(text: str) -> list[dict]:
     return items
 
 
-# ---- the steps of parse_row ---------------------------------------------------------------
-def _message_texts(messages) -> set:
-    """The text of each message (a string content, or its text items joined)."""
-    contents = [m.get("content") for m in messages if isinstance(m, dict)]
-    return {c if isinstance(c, str) else "".join(str(i.get("text") or "") for i in c if isinstance(i, dict)
-                                                 and not is_image_item(i)) for c in contents
-            if isinstance(c, (str, list, tuple, np.ndarray))}
-
-
-def _check_one_source(example: dict, where: str) -> None:
-    """Refuse a row holding both ``messages`` and ``prompt``: the prompt (and its image
-    placeholders) would be ignored. A prompt repeating a message's text verbatim (the
-    UltraChat layout: ``prompt`` = the first user turn) is allowed."""
-    messages, prompt = example.get("messages"), example.get("prompt")
-    filled = [v is not None and not (isinstance(v, (str, list, tuple, np.ndarray)) and len(v) == 0)
-              for v in (messages, prompt)]  # datasets fills a missing column with None
-    if not all(filled) or (isinstance(prompt, str) and isinstance(messages, (list, tuple, np.ndarray))
-                           and prompt in _message_texts(messages)):
-        return
-    raise ParseError("the row holds both a 'messages' and a 'prompt' column; mmpipe would encode 'messages' and "
-                     "ignore the prompt (and its image placeholders)", where=where, column="messages",
-                     expected="one of 'messages' or 'prompt' per row", found="both filled",
-                     fix="drop one of the two columns (ds.remove_columns('prompt') or 'messages'), or set it "
-                         "to None in rows that use the other")
-
-
 def _raw_messages(example: dict, where: str) -> tuple[list, str, int]:
     """(the row's message list with its completion appended, the column it came from, the
     number of messages from that column)."""
-    _check_one_source(example, where)
+    check_row(example, where)
+    check_one_source(example, where)
     if example.get("messages") is not None:
         raw = example["messages"]
         column = "messages"
@@ -151,6 +118,7 @@ def _raw_messages(example: dict, where: str) -> tuple[list, str, int]:
                              "drop rows without messages, or give at least one {'role', 'content'} message")
     n_main = len(raw)
     completion = example.get("completion")
+    check_completion(completion, where)
     if completion is not None:
         raw = list(raw) + ([{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion))
     return raw, column, n_main
