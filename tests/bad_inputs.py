@@ -38,6 +38,8 @@ from mmpipe.errors import (
 )
 from mmpipe.testing import tiny_image
 
+from helpers import FIFOS
+
 ROW = 7  # the dataset row index encode cases run under: every error must name it
 BAD = 1  # the batch index of the bad row in collate cases
 
@@ -444,36 +446,8 @@ def case(name: str) -> Case:
 # tests/images/test_paths.py; option values and map routes in tests/encoding/test_hardening.py;
 # inconsistent batches in tests/batching/test_unbatch_checks.py; FIFO / directory / device
 # judge frames in tests/reward/test_frames_files.py.
-HANG_S = 20  # a case still running after this long is a hang: it fails instead of waiting
-FIFOS: list = []  # FIFOs the cases made: a reader blocked on one is released by opening its write end
 
 
-def bounded(fn: Callable, timeout: float = HANG_S):
-    """``fn()`` on a daemon thread; raises AssertionError (never hangs) past ``timeout``."""
-    import os
-    import threading
-
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-            box["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        for fifo in FIFOS:
-            try:
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:
-                pass
-        raise AssertionError(f"still running after {timeout} s: it hangs")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 def _fifo_path(tmp: Path) -> str:

@@ -114,3 +114,36 @@ def prompt_rows(proc, counts=(0, 1, 2)):
                "images": [testing.tiny_image(40 + 16 * j, 56 + 8 * i, seed=5 * i + j) for j in range(k)]}
         rows.append(mmpipe.encode_row(raw, proc, labels=False))
     return rows
+
+
+HANG_S = 20  # a call still running after this long is a hang: the test fails instead of waiting
+FIFOS: list = []  # FIFOs the tests made: a reader blocked on one is released by opening its write end
+
+
+def bounded(fn, *args, timeout: float = HANG_S, **kwargs):
+    """``fn(*args, **kwargs)`` on a daemon thread; an AssertionError (never a hang) past
+    ``timeout``. A reader blocked on one of `FIFOS` is released by opening its write end."""
+    import os
+    import threading
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        for fifo in FIFOS:
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        raise AssertionError(f"{getattr(fn, '__name__', fn)} still running after {timeout} s: it hangs")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")

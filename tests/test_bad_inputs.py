@@ -13,9 +13,10 @@ import sys
 import datasets
 import numpy as np
 import pytest
-from bad_inputs import (BAD, CASES, ROW, bounded, exif_jpeg, jpeg_bytes, outcome_counts, photo, png_bytes,
+from bad_inputs import (BAD, CASES, ROW, exif_jpeg, jpeg_bytes, outcome_counts, photo, png_bytes,
                         smooth_gray, user_row, write)
 from conftest import processor_for
+from helpers import bounded
 from PIL import Image
 
 import mmpipe

@@ -23,7 +23,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -38,44 +37,15 @@ from conftest import processor_for
 from mmpipe.cli.main import main
 from mmpipe.errors import ArgumentError, ImageError
 from mmpipe.images import confine_image, image_hw, load_image, max_image_bytes
+from helpers import FIFOS, bounded
 
 FAMILY = "qwen2_vl"
-HANG_S = 20  # a call still running after this long is a hang: the test fails instead of waiting
-
-
-def bounded(fn: Callable, *args, timeout: float = HANG_S, **kwargs):
-    """``fn(*args, **kwargs)`` on a daemon thread; fail (never hang) past ``timeout``. A
-    reader blocked on a FIFO is released by opening the FIFO's write end."""
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = fn(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - handed to the test thread
-            box["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        for fifo in _FIFOS:
-            try:
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:
-                pass
-        pytest.fail(f"{getattr(fn, '__name__', fn)} still running after {timeout} s: it hangs")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
-
-
-_FIFOS: list = []
 
 
 def _fifo(tmp: Path) -> str:
     path = str(tmp / "pipe.png")
     os.mkfifo(path)
-    _FIFOS.append(path)
+    FIFOS.append(path)
     return path
 
 

@@ -11,42 +11,13 @@
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
 from mmpipe.errors import ImageError
 from mmpipe.reward import JudgeClient, VLMJudge, encode_frame
 from mmpipe.testing import tiny_image
-
-HANG_S = 20
-
-
-def _bounded(fn, *args):
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - handed to the test thread
-            box["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(HANG_S)
-    if t.is_alive():
-        for p in _FIFOS:  # release a reader blocked on the FIFO
-            try:
-                os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:
-                pass
-        pytest.fail(f"still running after {HANG_S} s: it hangs")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-_FIFOS: list = []
+from helpers import FIFOS, bounded
 
 
 def _png(tmp, name="f.png") -> str:
@@ -58,7 +29,7 @@ def _png(tmp, name="f.png") -> str:
 def _fifo(tmp) -> str:
     path = str(tmp / "pipe.png")
     os.mkfifo(path)
-    _FIFOS.append(path)
+    FIFOS.append(path)
     return path
 
 
@@ -84,7 +55,7 @@ def test_non_file_frame_is_an_image_error_not_a_hang(kind, wrap, tmp_path, monke
         monkeypatch.setenv("MMPIPE_MAX_IMAGE_BYTES", "100")
     value = {"path": path, "file_url": "file://" + path, "dict": {"bytes": None, "path": path}}[wrap]
     with pytest.raises(ImageError) as info:
-        _bounded(encode_frame, value)
+        bounded(encode_frame, value)
     e = info.value
     assert e.stage == "image" and path in str(e) and words in str(e), str(e)
 
@@ -93,7 +64,7 @@ def test_judge_answers_invalid_and_sends_nothing(tmp_path):
     judge = VLMJudge(JudgeClient("http://127.0.0.1:9/v1", "judge-model", timeout_s=0.5, max_retries=0),
                      task="stack the red cube", primitives=["reach", "grasp"])
     try:
-        answers = _bounded(judge.ask, _fifo(tmp_path), "grasp")
+        answers = bounded(judge.ask, _fifo(tmp_path), "grasp")
     finally:
         judge.close()
     for a in (answers.action, answers.progress):
