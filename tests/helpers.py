@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
+from typing import Optional
 from pathlib import Path
 
 import datasets
@@ -147,3 +149,17 @@ def bounded(fn, *args, timeout: float = HANG_S, **kwargs):
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+@dataclass
+class FakeSamplingParams:
+    """vllm.SamplingParams' keyword names for what the engine sets."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: Optional[int] = 16
+    seed: Optional[int] = None
+    stop_token_ids: list = field(default_factory=list)
+    logprobs: Optional[int] = None

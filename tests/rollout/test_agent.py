@@ -249,19 +249,6 @@ def test_parser():
     assert "not closed" in calls[-1].error and parse_qwen_tool_calls("final answer") == []
 
 
-def _check_sampled(trajs, proc, model, max_turns):
-    vision = set(proc.tokenizer.convert_tokens_to_ids(["<|image_pad|>", "<|video_pad|>", "<|vision_start|>",
-                                                       "<|vision_end|>"]))
-    for t in trajs:
-        t.row.validate()
-        assert t.finish_reason in ("stop", "length", "max_turns", "vision_token") and 1 <= t.num_turns <= max_turns
-        assert np.array_equal(t.row.labels != IGNORE, t.response_mask.astype(bool))
-        assert not vision & set(t.row.input_ids[t.response_mask == 1].tolist())
-        assert t.row.num_images == 1 + sum(turn.num_images for turn in t.turns)
-    invariants.assert_roundtrip([t.row for t in trajs], processor=proc)
-    assert np.nanmax(logprob_gaps(model, trajs, proc)) < 1e-4
-
-
 def _runs(labels):
     on = np.concatenate([[0], (labels != IGNORE).astype(np.int8), [0]])
     edges = np.flatnonzero(np.diff(on))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -28,6 +28,7 @@ from mmpipe.rollout.packers import QwenVLDataPacker
 from mmpipe.rollout.vllm_engine import BAN_BIAS, VLLMEngine, vllm_sampling_kwargs
 from mmpipe.testing.invariants import assert_row_positions, assert_roundtrip
 
+from helpers import FakeSamplingParams
 from conftest import processor_for
 from strategies import raw_rows, vision_token_injections
 
@@ -97,17 +98,9 @@ def test_vllm_sampling_kwargs_ban_the_vision_tokens(family):
 
 
 @dataclass
-class _ParamsWithBadWords:
-    """A stand-in for ``vllm.SamplingParams`` (vLLM is not installed here) with its ban field."""
+class _ParamsWithBadWords(FakeSamplingParams):
+    """`FakeSamplingParams` plus vLLM's ban field (vLLM is not installed here)."""
 
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: Optional[int] = 16
-    seed: Optional[int] = None
-    stop_token_ids: list = field(default_factory=list)
-    logprobs: Optional[int] = None
     bad_words: Optional[list] = None
 
 
@@ -117,16 +110,7 @@ def test_vllm_engine_passes_the_ban_and_warns_when_a_factory_cannot_take_it():
                         sampling_params_factory=_ParamsWithBadWords)
     assert engine.sampling_params(SamplingParams()).bad_words == list(engine.vision_tokens.names)
 
-    @dataclass
-    class NoBan:
-        n: int = 1
-        temperature: float = 1.0
-        top_p: float = 1.0
-        top_k: int = -1
-        max_tokens: Optional[int] = 16
-        seed: Optional[int] = None
-        stop_token_ids: list = field(default_factory=list)
-        logprobs: Optional[int] = None
+    NoBan = FakeSamplingParams  # vllm.SamplingParams' fields without bad_words
 
     engine.sampling_params_factory = NoBan
     with pytest.warns(UserWarning, match="takes no bad_words: vision tokens are not banned"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -19,6 +19,7 @@ from mmpipe import testing
 from mmpipe.records.generation import RolloutEngine, SamplingParams
 from mmpipe.rollout.vllm_engine import VLLMEngine, generation_from_request_output
 
+from helpers import FakeSamplingParams
 from conftest import FAMILIES, processor_for
 
 
@@ -49,20 +50,6 @@ class RequestOutput:
     prompt_logprobs: Optional[list]
     outputs: list
     finished: bool = True
-
-
-@dataclass
-class FakeSamplingParams:
-    """vllm.SamplingParams' keyword names for what the engine sets."""
-
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: Optional[int] = 16
-    seed: Optional[int] = None
-    stop_token_ids: list = field(default_factory=list)
-    logprobs: Optional[int] = None
 
 
 STOP = 7  # a token id the fake treats as a stop token
