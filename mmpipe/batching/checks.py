@@ -22,7 +22,7 @@ from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.columns import ERROR_COLUMN, IGNORE_INDEX
 
 
-def checked_records(rows: Sequence[Any]) -> list[MultiModalInputs]:
+def checked_records(rows: Sequence[Any], verify_pixels: bool = False) -> list[MultiModalInputs]:
     """Rows (records, dicts or Arrow) -> validated `MultiModalInputs`; any records-level
     error becomes a typed `InputError` naming the row.
 
@@ -36,12 +36,12 @@ def checked_records(rows: Sequence[Any]) -> list[MultiModalInputs]:
     try:
         if table is not None:  # stored rows as Arrow (ArrowRows): numpy views of the column buffers
             _check_error_column(table.column(ERROR_COLUMN).to_pylist() if ERROR_COLUMN in table.column_names else ())
-            return [_validated(r, i) for i, r in enumerate(rows_from_arrow(table))]
+            return [_validated(r, i) for i, r in enumerate(rows_from_arrow(table, verify_pixels=verify_pixels))]
         _check_error_column([r.get(ERROR_COLUMN) if isinstance(r, dict) else None for r in rows])
         recs = []
         for i, r in enumerate(rows):
             _check_dtypes(r, i)
-            recs.append(_validated(MultiModalInputs.from_dict(r, row=i), i))
+            recs.append(_validated(MultiModalInputs.from_dict(r, row=i, verify_pixels=verify_pixels), i))
         return recs
     except PixelDataError as e:
         e.restage("collate")

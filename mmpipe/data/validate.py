@@ -35,6 +35,7 @@ from mmpipe.data.repair import (
     add_empty_column,
     is_u8_list,
     lossless_cast,
+    pixel_digests,
     recompute_rope_deltas,
     u8_list_to_binary,
 )
@@ -151,6 +152,16 @@ def _compare_schema(table: pa.Table, report: ValidationReport, fix: bool, featur
                 report.issues.append(Issue("warning", "missing_column", f.name,
                                            "missing (an older layout?); read as empty (no videos)",
                                            "validate_dataset(..., fix=True) adds it"))
+        elif f.name == "pixel_digest":  # rows written by an mmpipe without digests
+            if fix:
+                table = table.append_column(f, pixel_digests(table))
+                report.issues.append(Issue("fixed", "missing_column", f.name, "missing; computed from the pixel "
+                                           "data as stored now (damage already there is not detected)"))
+            else:
+                report.issues.append(Issue("warning", "missing_column", f.name,
+                                           "missing (written by an older mmpipe): damaged pixel bytes cannot be "
+                                           "detected", "re-encode, or validate_dataset(..., fix=True) stores "
+                                           "digests of the pixel data as it is now"))
         elif f.name == "rope_delta" and "position_ids" in names and "input_ids" in names:
             if fix:
                 table = table.append_column(pa.field("rope_delta", pa.int32()), recompute_rope_deltas(table))
@@ -258,7 +269,7 @@ def _check_chunk(part: pa.Table, start: int, positions: bool, problems: dict[tup
     """Validate the rows of ``part`` (table rows ``start...``) at once; when that fails, row by
     row, adding each bad row to ``problems[(column, message without the row)]``."""
     try:
-        rows = rows_from_arrow(part)
+        rows = rows_from_arrow(part, verify_pixels=True)
         for i, r in enumerate(rows):
             r.validate(start + i)
         if positions:
@@ -268,7 +279,7 @@ def _check_chunk(part: pa.Table, start: int, positions: bool, problems: dict[tup
         pass
     for i in range(part.num_rows):
         try:
-            (r,) = rows_from_arrow(part.slice(i, 1))
+            (r,) = rows_from_arrow(part.slice(i, 1), verify_pixels=True)
             r.validate(start + i)
             if positions:
                 _check_positions([r], start + i)

@@ -44,21 +44,22 @@ def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return off, data
 
 
-def rows_from_arrow(table: Union[pa.Table, pa.RecordBatch]) -> list[MultiModalInputs]:
+def rows_from_arrow(table: Union[pa.Table, pa.RecordBatch], *, verify_pixels: bool = False) -> list[MultiModalInputs]:
     """Stored rows as an Arrow table (or record batch) -> `MultiModalInputs`, reading the
     column buffers directly: token columns and compact pixels are numpy views of the Arrow
     memory (no Python object per token or byte), checked like `MultiModalInputs.from_dict`.
 
     ``table``: what ``dataset.with_format("arrow")[indices]`` returns for a dataset made by
-    ``mmpipe.encode`` (see `mmpipe.collate.ArrowRows`)."""
+    ``mmpipe.encode`` (see `mmpipe.collate.ArrowRows`). ``verify_pixels``: check each row's
+    pixel data against its ``pixel_digest`` (see `MultiModalInputs.from_dict`)."""
     if isinstance(table, pa.Table):
         # a gathered table is often many small chunks (slices of the memory-mapped file):
         # read chunk by chunk rather than copy them into one
         rows = []
         for batch in table.to_batches():
-            rows += _rows_from_batch(batch, len(rows))
+            rows += _rows_from_batch(batch, len(rows), verify_pixels)
         return rows
-    return _rows_from_batch(table, 0)
+    return _rows_from_batch(table, 0, verify_pixels)
 
 
 def _need_list(c: pa.Array, name: str, depth: int) -> bool:
@@ -175,7 +176,7 @@ def _blob_value(k: str, block: np.ndarray, row: int) -> np.ndarray:
     return block[:-1]
 
 
-def _rows_from_batch(table: pa.RecordBatch, first_row: int) -> list[MultiModalInputs]:
+def _rows_from_batch(table: pa.RecordBatch, first_row: int, verify_pixels: bool = False) -> list[MultiModalInputs]:
     """One record batch of stored rows -> rows (``first_row``: index of its first row, for errors)."""
     names = set(table.schema.names)
     if "family" not in names:
@@ -185,6 +186,7 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int) -> list[MultiModalIn
     families = table.column("family").to_pylist()
     flat, nested, blobs = _flat_columns(table), _nested_columns(table), _blob_columns(table)
     deltas = table.column("rope_delta").to_numpy(zero_copy_only=False) if "rope_delta" in names else None
+    digests = table.column("pixel_digest").to_pylist() if verify_pixels and "pixel_digest" in names else None
     rows = []
     for b in range(table.num_rows):
         row = first_row + b
@@ -205,5 +207,7 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int) -> list[MultiModalIn
             v = _take(parts, b)
             if v is not None:
                 d[k] = _blob_value(k, v, row)
-        rows.append(MultiModalInputs.from_dict(d, row=row))
+        if digests is not None:
+            d["pixel_digest"] = digests[b]
+        rows.append(MultiModalInputs.from_dict(d, row=row, verify_pixels=verify_pixels))
     return rows

@@ -38,6 +38,7 @@ from mmpipe.records.columns import (
     empty_rows,
     f32_or_empty,
     fit_width,
+    pixel_digest,
     row_column_wanted,
     u8_block,
     u8_bytes,
@@ -189,8 +190,12 @@ class MultiModalInputs:
 
     # ---- conversion ----------------------------------------------------------------
     @classmethod
-    def from_dict(cls, d: dict, row: Any = None) -> "MultiModalInputs":
-        """Build from an encoded row as stored (Arrow/datasets python, numpy or torch format)."""
+    def from_dict(cls, d: dict, row: Any = None, *, verify_pixels: bool = False) -> "MultiModalInputs":
+        """Build from an encoded row as stored (Arrow/datasets python, numpy or torch format).
+
+        ``verify_pixels``: recompute the digest of the stored pixel data and compare it with the
+        row's ``pixel_digest`` column (a `PixelDataError` when a byte changed after encoding;
+        rows without a digest are not checked)."""
         if isinstance(d, cls):
             return d
         try:
@@ -241,7 +246,31 @@ class MultiModalInputs:
             kw["pixel_values_videos_u8"] = u8_block(
                 d["pixel_values_videos_u8"], n_vid, fam.patch_dim, "pixel_values_videos_u8", row
             )
-        return cls(**kw)
+        out = cls(**kw)
+        if verify_pixels and d.get("pixel_digest") is not None:
+            out.verify_pixel_digest(d["pixel_digest"], row)
+        return out
+
+    def stored_pixel_digest(self) -> Optional[int]:
+        """The ``pixel_digest`` column `to_dict` writes for this row (None without pixels)."""
+        fmt = self.pixel_format
+        if fmt == "uint8":
+            return pixel_digest(self.pixel_values_u8, self.pixel_values_videos_u8)
+        if fmt == "float32":
+            return pixel_digest(self.pixel_values, self.pixel_values_videos)
+        return None
+
+    def verify_pixel_digest(self, stored: Any, row: Any = None) -> None:
+        """Raise `PixelDataError` when this row's pixel data no longer hash to ``stored``."""
+        found = self.stored_pixel_digest()
+        want = int(np.asarray(stored).reshape(-1)[0]) if not isinstance(stored, int) else stored
+        if found is not None and found != want:
+            col = "pixel_values_u8" if self.pixel_format == "uint8" else "pixel_values"
+            raise PixelDataError(
+                f"the stored pixel data hash to {found & (2**64 - 1):#018x} but the row's pixel_digest says {want & (2**64 - 1):#018x}: "
+                "bytes changed after encoding (disk or copy damage, or an edit)", row=row, column=col,
+                stage="validate", fix="re-encode the row (or restore the file from a good copy)",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The row as stored: numpy arrays in the Arrow storage dtypes (see `arrow_schema`).
@@ -271,6 +300,8 @@ class MultiModalInputs:
             fam = self.fam
             out["pixel_values"] = f32_or_empty(self.pixel_values, fam.patch_dim)
             out["pixel_values_videos"] = f32_or_empty(self.pixel_values_videos, fam.patch_dim)
+        if fmt != "none":
+            out["pixel_digest"] = np.int64(self.stored_pixel_digest())
         return out
 
     def __eq__(self, other: object) -> bool:

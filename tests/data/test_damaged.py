@@ -22,7 +22,7 @@ import pytest
 import mmpipe
 from mmpipe import testing
 from mmpipe.data.loading import DamagedDatasetError
-from mmpipe.data.validate import load_encoded, validate_dataset
+from mmpipe.data.validate import SchemaError, load_encoded, validate_dataset
 from mmpipe.errors import ArgumentError, InputError
 
 from conftest import processor_for
@@ -81,7 +81,7 @@ DAMAGES = [
     # the IPC continuation marker of the schema message
     Damage("flipped_continuation", _flip(0), ("schema header", "continuation")),
     # the schema message's length / flatbuffer
-    Damage("flipped_metadata_length", _flip(4), ("record batch 0", "flatbuffers")),
+    Damage("flipped_metadata_length", _flip(4), ("flatbuffers", "rows [0, 4)")),
     # a data file listed in state.json is gone
     Damage("missing_data_file", os.remove, ("listed in state.json is missing", "rows [0, 4)")),
 ]
@@ -106,13 +106,48 @@ def test_damaged_saved_dataset_is_reported_with_file_and_rows(saved, tmp_path, c
         assert w in msg, (w, msg)
 
 
-def test_damage_past_the_ipc_framing_is_not_a_load_error(saved, tmp_path):
-    """Documented handling: a flipped byte inside the pixel bytes (not the framing) reads; the
-    per-row pixel digest (issue 15, item 3, another task) is what catches it."""
+def _flip_pixel_byte(saved, path, row_in_shard: int) -> int:
+    """Flip one byte inside a stored row's compact pixel bytes (found in the shard file by
+    content), past the IPC framing: the file still reads. Returns the dataset row."""
+    row = DAMAGED * PER_SHARD + row_in_shard
+    blob = datasets.load_from_disk(str(saved))[row]["pixel_values_u8"]
+    file = path / SHARD
+    data = bytearray(file.read_bytes())
+    at = data.find(blob[:-1])
+    assert at > 0 and data.find(blob[:-1], at + 1) < 0
+    data[at + len(blob) // 2] ^= 0x01
+    file.write_bytes(bytes(data))
+    return row
+
+
+def test_flipped_pixel_byte_is_caught_by_the_digest(saved, tmp_path):
+    """A byte flipped inside the pixel data (not the framing) reads as Arrow; the per-row pixel
+    digest names the row in validate_dataset / load_encoded, and Collator(verify_pixels=True)
+    refuses it at collate time (the default collate does not hash)."""
     path = tmp_path / "late_flip"
     shutil.copytree(saved, path)
-    _flip(os.path.getsize(path / SHARD) - 64)(str(path / SHARD))
-    assert load_encoded(str(path)).num_rows == ROWS
+    row = _flip_pixel_byte(saved, path, 1)
+    report = validate_dataset(str(path))
+    (issue,) = report.errors
+    assert issue.rows == [row] and issue.column == "pixel_values_u8" and "pixel_digest" in issue.message
+    with pytest.raises(SchemaError, match="pixel_digest"):
+        load_encoded(str(path))
+    ds = datasets.load_from_disk(str(path))
+    proc = processor_for("qwen2_vl")
+    mmpipe.Collator(proc)([ds[row]])  # not verified: the damage trains silently without the option
+    with pytest.raises(mmpipe.errors.PixelDataError, match="pixel_digest") as ei:
+        mmpipe.Collator(proc, verify_pixels=True)([ds[row - 1], ds[row]])
+    assert ei.value.row == 1 and ei.value.stage == "collate"
+    with pytest.raises(mmpipe.errors.PixelDataError, match="pixel_digest"):
+        mmpipe.Collator(proc, verify_pixels=True)(mmpipe.ArrowRows(ds)[row])
+
+
+def test_rows_without_a_digest_warn_and_fix_adds_it(saved):
+    ds = datasets.load_from_disk(str(saved)).remove_columns(["pixel_digest"])
+    report = validate_dataset(ds)
+    assert report.ok and [w.column for w in report.warnings] == ["pixel_digest"]
+    fixed = validate_dataset(ds, fix=True)
+    assert fixed.ok and fixed.data["pixel_digest"] == datasets.load_from_disk(str(saved))["pixel_digest"]
 
 
 def test_good_directory_still_loads(saved):
