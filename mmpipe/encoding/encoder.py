@@ -25,6 +25,7 @@ import numpy as np
 from mmpipe.encoding.mapping import EncodeStats, RowDropped, encode_or_drop, map_call
 from mmpipe.encoding.parse import check_text, parse_row, parse_tools, row_where
 from mmpipe.encoding.placeholders import expand_image_pads
+from mmpipe.encoding.tokenize import tokenize_text
 from mmpipe.errors import ArgumentError, ImageError, InputError, ParseError, PlaceholderError, TruncationError
 from mmpipe.families import ModelFamily, family_of
 from mmpipe.images.load import check_image_root, confine_image
@@ -248,15 +249,12 @@ class Encoder:
         self._warn_ignored_tools(messages, agp, tools, text)
         check_text(text, where=where, column="messages", what="the rendered prompt")  # tool calls, tools
         spans = self._assistant_spans(messages, text, where, tools) if self.labels else []
-        # memory (a 10 MB row): ask only for what is used; free each Python list once converted
-        enc = dict(self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=bool(spans),
-                                  return_attention_mask=False, return_token_type_ids=False))
-        ids = np.asarray(enc.pop("input_ids"), dtype=np.int64)
+        # memory (a 10 MB row): long texts are tokenized in verified pieces (encoding/tokenize.py)
+        ids, offsets = tokenize_text(self.tokenizer, text, bool(spans))
         if not self.labels:
             return ids, None
         labels = np.full(ids.shape, IGNORE_INDEX, dtype=np.int64)
         if spans:
-            offsets = np.asarray(enc.pop("offset_mapping"), dtype=np.int64).reshape(-1, 2)
             starts, ends = offsets[:, 0], offsets[:, 1]
             for a, b in spans:
                 sel = (starts < b) & (ends > a)

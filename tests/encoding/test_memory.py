@@ -1,11 +1,14 @@
-"""Memory bounded by the input (issue 15, item 4): encoding one big text row costs no more peak
-RSS than the tokenizer alone on the same prompt (the floor mmpipe cannot go under), within 10%.
+"""Memory bounded by the input (issue 15, item 4): encoding one big text row costs a fixed multiple
+of its size, well under what the tokenizer alone costs on the same prompt in one call (long
+texts are tokenized in verified pieces: mmpipe/encoding/tokenize.py).
 
 Each figure comes from a fresh subprocess of the bench's memory case (`bench/memory.py`,
 ``--child``, quick size: a 1 MB row of varied words, ~830k tokens), which resets the peak RSS
 after warming up and reads it after the one call. Before the fix, encoding with labels also kept
 the tokenizer's input-id and attention-mask lists and its Rust encoding alive while converting
-the offsets (+8% over the floor at 10 MB; now -2%).
+the offsets (+8% over the one-call tokenizer at 10 MB); tokenizing in pieces took the 10 MB row
+from +3,032 MiB to +653 MiB (the one-call tokenizer: +3,096), i.e. ~69x the text, of which the
+encoded record's own int64 arrays (ids, labels, token types, [3, L] positions, offsets) are most.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ def _child(what: str, workdir) -> dict:
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS")
-def test_text_row_with_labels_costs_no_more_than_the_tokenizer(tmp_path):
-    ours, floor = _child("enc_labels", tmp_path), _child("tok_labels", tmp_path)
-    assert ours["check"] == floor["check"]  # same token ids as the tokenizer on the rendered prompt
+def test_text_row_with_labels_costs_a_fixed_multiple_of_its_size(tmp_path):
+    ours, one_call = _child("enc_labels", tmp_path), _child("tok_labels", tmp_path)
+    assert ours["check"] == one_call["check"]  # same token ids as the tokenizer on the whole prompt
     assert ours["input_bytes"] >= 900_000  # ~1 MB of text
-    assert ours["peak_mib"] <= 1.10 * floor["peak_mib"], (ours, floor)
+    assert ours["peak_mib"] <= 0.35 * one_call["peak_mib"], (ours, one_call)  # measured 83 vs 397 MiB
+    assert ours["peak_mib"] * 2**20 <= 120 * ours["input_bytes"], ours  # measured 87x
