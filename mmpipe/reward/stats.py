@@ -62,6 +62,29 @@ class JudgeStats:
                             "max": float(lat.max()) if lat.size else None, "n": int(lat.size)}
         return out
 
+    def scalars(self, prefix: str = "judge/") -> dict[str, float]:
+        """The snapshot as flat ``{tag: number}`` for scalar loggers: every counter,
+        ``http_errors/<status>``, ``latency_s/p50`` ... (latency left out before the first
+        answer), plus ``invalid_rate`` (invalid / queries) and ``cache_hit_rate``."""
+        snap = self.snapshot()
+        out = {prefix + k: float(v) for k, v in snap.items() if isinstance(v, (int, float))}
+        out.update({f"{prefix}http_errors/{status}": float(n) for status, n in snap["http_errors"].items()})
+        out.update({f"{prefix}latency_s/{k}": float(v) for k, v in snap["latency_s"].items() if v is not None})
+        q = snap["queries"]
+        out[prefix + "invalid_rate"] = snap["invalid"] / q if q else 0.0
+        out[prefix + "cache_hit_rate"] = snap["cache_hits"] / q if q else 0.0
+        return out
+
+    def log_to(self, writer: Any, step: int, prefix: str = "judge/") -> dict[str, float]:
+        """Write `scalars` at ``step`` through ``writer.add_scalar(tag, value, step)``: a
+        ``torch.utils.tensorboard.SummaryWriter`` (see `tensorboard_writer`; the ``tensorboard``
+        extra), a tensorboardX writer, or any object with that method (for wandb:
+        ``wandb.log(stats.scalars(), step=step)``). Returns what was written."""
+        values = self.scalars(prefix)
+        for tag, value in values.items():
+            writer.add_scalar(tag, value, step)
+        return values
+
     def reset(self) -> None:
         with self._lock:
             self._counts.clear()
@@ -109,3 +132,14 @@ class AnswerCache:
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+
+
+def tensorboard_writer(logdir: str):
+    """A ``torch.utils.tensorboard.SummaryWriter`` on ``logdir`` (needs the ``tensorboard``
+    package: ``pip install mmpipe[tensorboard]``); use with `JudgeStats.log_to`."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:
+        raise ImportError(f"logging judge statistics to TensorBoard needs the tensorboard package ({e}); "
+                          "pip install 'mmpipe[tensorboard]' (or pip install tensorboard)") from None
+    return SummaryWriter(log_dir=str(logdir))
