@@ -22,7 +22,9 @@ from typing import Optional
 
 import numpy as np
 
+from mmpipe.encoding.fingerprint import CodeStamped
 from mmpipe.encoding.mapping import EncodeStats, RowDropped, encode_or_drop, map_call
+from mmpipe.encoding.options import ERROR_POLICIES, TRUNCATION_POLICIES, check_choice, check_options
 from mmpipe.encoding.parse import check_text, parse_row, parse_tools, row_where
 from mmpipe.encoding.placeholders import expand_image_pads
 from mmpipe.encoding.tokenize import tokenize_text
@@ -39,27 +41,7 @@ __all__ = ["TRUNCATION_POLICIES", "ERROR_POLICIES", "Encoder"]
 
 logger = logging.getLogger(__name__)
 
-TRUNCATION_POLICIES = ("raise", "drop", "truncate_text")
-ERROR_POLICIES = ("raise", "skip")
-
-
-def _check_choice(name: str, value, accepted: tuple) -> None:
-    if value not in accepted:
-        raise ArgumentError(f"{name} must be one of {accepted}, got {value!r}")
-
-
-def _check_options(o: dict) -> None:
-    """Refuse option values that silently do the wrong thing (max_length <= 0 cuts every token), before any work."""
-    for name, low, kinds in (("max_length", 1, (int, np.integer)), ("threads", 0, (int, np.integer)),
-                             ("min_pixels", 0, (int, float, np.number)), ("max_pixels", 0, (int, float, np.number))):
-        if o[name] is not None and (isinstance(o[name], bool) or not isinstance(o[name], kinds) or o[name] < low):
-            raise ArgumentError(f"{name} must be a number >= {low} (an int for counts) or None, got {o[name]!r}")
-    for name in ("images_column", "tools_column"):
-        if not isinstance(o[name], str) or not o[name]:
-            raise ArgumentError(f"{name} must be a column name (a non-empty str), got {o[name]!r}")
-
-
-class Encoder:
+class Encoder(CodeStamped):
     """Raw rows -> `MultiModalInputs`. Picklable; configuration here, work in the call.
 
     Args:
@@ -114,10 +96,10 @@ class Encoder:
         tools_column: str = "tools",
         image_root: Optional[str] = None,
     ):
-        _check_choice("on_error", on_error, ERROR_POLICIES)
-        _check_choice("truncation", truncation, TRUNCATION_POLICIES)
-        _check_choice("pixels", pixels, PIXEL_FORMATS)
-        _check_options(locals())  # pixel bounds 0: the processor's, as before
+        check_choice("on_error", on_error, ERROR_POLICIES)
+        check_choice("truncation", truncation, TRUNCATION_POLICIES)
+        check_choice("pixels", pixels, PIXEL_FORMATS)
+        check_options(locals())  # pixel bounds 0: the processor's, as before
         self.processor = processor
         self.family: ModelFamily = family_of(processor)
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -137,7 +119,6 @@ class Encoder:
             raise ArgumentError(f"tools must be a list of tool spec dicts, got {tools!r:.80}")
         self.tools = list(tools) if tools is not None else None
         self.tools_column = tools_column
-        self._checked_tool_fields: set = set()  # "tool_calls" / "tools" once checked (see _warn_ignored_tools)
         self.threads = threads
         self.on_error = on_error
         self.image_root = check_image_root(image_root)
@@ -148,7 +129,14 @@ class Encoder:
         self.image_token_id = token_ids["image"]
         self.video_token_id = token_ids["video"]
         self.vision_start_id = token_ids["vision_start"]
+        self.fresh_runtime_state()
+
+    RUNTIME_STATE = ("stats", "_checked_tool_fields", "_lut_cache")  # not hashed, not shipped (CodeStamped)
+
+    def fresh_runtime_state(self) -> None:
         self.stats = EncodeStats()
+        self._checked_tool_fields: set = set()  # "tool_calls" / "tools" once checked (see _warn_ignored_tools)
+        self.__dict__.pop("_lut_cache", None)
 
     # -- datasets.map entry point ----------------------------------------------------
     def __call__(self, example: dict, idx=None) -> dict:

@@ -20,7 +20,7 @@ import hashlib
 import sys
 from pathlib import Path
 
-__all__ = ["CODE_SOURCES", "StampedFunction", "code_hash", "code_stamp", "source_hash"]
+__all__ = ["CODE_SOURCES", "CodeStamped", "StampedFunction", "code_hash", "code_stamp", "source_hash"]
 
 # The modules whose code decides what an encoded row holds: everything `mmpipe.encode` and
 # `mmpipe.encode_dataset` import, directly or inside functions (parsing, chat rendering,
@@ -91,3 +91,30 @@ class StampedFunction:
 
     def __repr__(self) -> str:
         return f"<mmpipe map function {self.__name__}>"
+
+
+class CodeStamped:
+    """Mixin: the pickled state (what ``datasets`` hashes for a map function that is an
+    object, e.g. ``ds.map(Encoder(processor))``) carries `code_stamp()`, so an upgrade or a code
+    edit re-encodes as it does for ``mmpipe.encode``; unpickling drops the stamp.
+
+    ``RUNTIME_STATE``: attributes that change while the object works (counters, caches) and so
+    are neither hashed nor shipped; unpickling calls ``fresh_runtime_state()`` to rebuild them.
+    Without this an object's fingerprint changed after its first map (no cache hit ever)."""
+
+    STAMP_KEY = "_mmpipe_code_stamp"
+    RUNTIME_STATE: tuple = ()
+
+    def fresh_runtime_state(self) -> None:
+        """Set the ``RUNTIME_STATE`` attributes to their starting values."""
+
+    def __getstate__(self):
+        state = {k: v for k, v in self.__dict__.items() if k not in self.RUNTIME_STATE}
+        state[self.STAMP_KEY] = code_stamp()
+        return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        state.pop(self.STAMP_KEY, None)
+        self.__dict__.update(state)
+        self.fresh_runtime_state()

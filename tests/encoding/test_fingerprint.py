@@ -65,6 +65,25 @@ def test_a_new_version_or_new_code_re_encodes(raw, monkeypatch, change):
     assert encode_map(raw)._fingerprint == before._fingerprint  # stays put when nothing changed
 
 
+@pytest.mark.parametrize("change", ["version", "code"])
+def test_an_encoder_object_as_the_map_function_is_stamped_too(raw, monkeypatch, change):
+    """``ds.map(Encoder(processor))``: datasets hashes the object's pickled state."""
+    enc = mmpipe.Encoder(processor_for("qwen2_vl"))
+    before = raw.map(enc, load_from_cache_file=True)
+    assert raw.map(enc, load_from_cache_file=True)._fingerprint == before._fingerprint
+    if change == "version":
+        monkeypatch.setattr(mmpipe, "__version__", mmpipe.__version__ + ".post1")
+    else:
+        monkeypatch.setattr(fingerprint, "code_hash", lambda: "2" * 64)
+    after = raw.map(enc, load_from_cache_file=True)
+    assert after._fingerprint != before._fingerprint and cache_names(after) != cache_names(before)
+    assert after.data.table.equals(before.data.table)
+    again = object.__new__(mmpipe.Encoder)  # unpickling: the stamp is dropped, counters start afresh
+    again.__setstate__(enc.__getstate__())
+    assert fingerprint.CodeStamped.STAMP_KEY not in vars(again) and again.stats is not enc.stats
+    assert mmpipe.MultiModalInputs.from_dict(again(raw[0])) == mmpipe.MultiModalInputs.from_dict(enc(raw[0]))
+
+
 def test_fn_kwargs_still_move_the_fingerprint(raw):
     a = encode_map(raw, options={"max_length": 4096})
     b = encode_map(raw, options={"max_length": 4000})
