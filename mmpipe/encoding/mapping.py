@@ -208,7 +208,11 @@ def _shorten_inputs(batch, out: dict, kept: list) -> None:
     place: datasets merges it and drops ``remove_columns`` itself, so every batch writes the
     same columns with or without ``remove_columns`` (returning input columns from a batch
     that lost rows broke the writer's schema under ``remove_columns``). Any other dict (an
-    IterableDataset's batch, a formatted dataset's) gets them shortened in ``out``."""
+    IterableDataset's batch, a formatted dataset's) gets them shortened in ``out``: an
+    ``IterableDataset.map`` merges a copy of the batch made before the call, so they must come
+    back in ``out`` to keep the lengths equal; datasets then keeps them even if
+    ``remove_columns`` names them (extra columns, rows correct): `mmpipe.encode_stream` selects
+    the encoded columns (plus ``keep_columns``) for streams."""
     if _datasets_batched(batch) is True:  # the stored Arrow values: nothing decoded again
         import pyarrow as pa
 
