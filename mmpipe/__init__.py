@@ -11,6 +11,7 @@ One folder per stage, in the order data flows::
     rope.py      vectorised M-RoPE positions (get_rope_index)
     rollout/     batch -> engine inputs -> engines -> RolloutSample rows; multi-turn; packers
     rema/ reward/ multi-agent rollouts; VLM-judge rewards
+    hosts/       inside host trainers: transformers Trainer / TRL (TrainerCollator), verl (verl_rows)
     view/ data/ cli/  HTML/text/plots; filters, validation, streaming, Ray; the mmpipe command
     offline/     tokenizer, processor and tiny model built locally (no download)
     testing/     the offline fixtures and the ONE invariant harness for tests

@@ -13,6 +13,7 @@ import torch
 
 import mmpipe
 from mmpipe import testing
+from mmpipe.compat import mm_token_type_ids_kwargs
 from mmpipe.images import VisionSpec
 
 from conftest import processor_for
@@ -23,7 +24,7 @@ def processor_reference(processor, messages, images, add_generation_prompt=None)
     if add_generation_prompt is None:
         add_generation_prompt = messages[-1]["role"] != "assistant"
     text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    out = processor(text=[text], images=list(images) or None, return_tensors="np")
+    out = processor(text=[text], images=list(images) or None, return_tensors="np", **mm_token_type_ids_kwargs())
     return {k: np.asarray(v) for k, v in out.items()}
 
 

@@ -46,6 +46,8 @@ def collate(
     pad_token_id: Optional[int] = None,
     pad_to_length: Optional[int] = None,
     vision_tokens: Optional[VisionTokens] = None,
+    keep_columns: Sequence[str] = (),
+    verify_pixels: bool = False,
 ) -> BatchedMultiModalInputs:
     """Pad and pack encoded rows into a batch.
 
@@ -58,6 +60,10 @@ def collate(
         pad_to_length: pad to exactly this length (error if a row is longer).
         vision_tokens: the tokens `check_vision_tokens` looks for; default the processor's,
             else the pads the batch's own image blocks show.
+        keep_columns: pass-through columns (``id``, ``data_source``, ``reward_model``, ...)
+            carried as ``batch.columns`` (name -> list of B values); a row without one raises.
+        verify_pixels: hash each row's stored pixel data and compare with its ``pixel_digest``
+            (a `PixelDataError` naming the row when a byte changed on disk; about 10 GB/s).
 
     Returns a `BatchedMultiModalInputs` with input_ids/attention_mask/mm_token_type_ids
     int64 [B, L], position_ids int64 [3, B, L], pixel_values float32 [sum N, D], image_grid_thw
@@ -78,7 +84,7 @@ def collate(
     """
     if padding_side not in PADDING_SIDES:
         raise ArgumentError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-    recs = checked_records(rows)
+    recs = checked_records(rows, verify_pixels)
     fam = _batch_family(recs, family, processor)
     if vision_tokens is None and processor is not None:
         vision_tokens = VisionTokens.from_processor(processor, family=fam)
@@ -91,8 +97,37 @@ def collate(
     media = _media_layout(recs)
     pixel_format, layout_only = _pixel_format(recs)
     pixels = {} if layout_only else _assemble_pixels(recs, spec, pixel_format, media)
-    return _batch_record(recs, tokens, media, pixels, padding_side=padding_side, family=fam.name,
-                         pixel_format=pixel_format, spec=spec)
+    batch = _batch_record(recs, tokens, media, pixels, padding_side=padding_side, family=fam.name,
+                          pixel_format=pixel_format, spec=spec)
+    batch.columns = kept_columns(rows, keep_columns)
+    return batch
+
+
+def kept_columns(rows: Sequence[Any], names: Sequence[str]) -> Optional[dict[str, list]]:
+    """The pass-through columns ``names`` of ``rows`` (dicts or Arrow), each a list of B values
+    in row order; None when ``names`` is empty. A row without one raises `InputError`."""
+    if isinstance(names, str):
+        raise ArgumentError(f"keep_columns must be a list of column names, got the string {names!r}")
+    if not names:
+        return None
+    import pyarrow as pa
+
+    if isinstance(rows, (list, tuple)) and rows and isinstance(rows[0], (pa.Table, pa.RecordBatch)):
+        rows = pa.concat_tables([r if isinstance(r, pa.Table) else pa.Table.from_batches([r]) for r in rows])
+    if isinstance(rows, (pa.Table, pa.RecordBatch)):
+        have = [list(rows.column_names)] * rows.num_rows
+        values = {n: rows.column(n).to_pylist() for n in names if n in rows.column_names}
+    else:
+        have = [list(r.keys()) if hasattr(r, "keys") else [] for r in rows]
+        values = {n: [r[n] for r in rows] for n in names if all(n in h for h in have)}
+    for n in names:
+        if n not in values:
+            i = next(i for i, h in enumerate(have) if n not in h)
+            raise InputError(f"has no column {n!r} to keep", row=i, column=n, stage="collate",
+                             expected=f"a {n!r} value in every row", found=f"columns {sorted(have[i])}",
+                             fix="keep the column when encoding (encode_dataset(..., keep_columns=[...]) or "
+                                 "ds.map without removing it), or drop it from keep_columns")
+    return values
 
 
 def _batch_family(recs: list[MultiModalInputs], family: Any, processor) -> ModelFamily:
@@ -330,12 +365,18 @@ class Collator:
     """Picklable DataLoader ``collate_fn`` bound to a processor's constants.
 
     Holds only small derived values (family, `VisionSpec`, pad id), not the processor, so
-    it ships cheaply to ``num_workers > 0`` worker processes.
+    it ships cheaply to ``num_workers > 0`` worker processes. ``keep_columns``: pass-through
+    columns each batch carries as ``batch.columns``; ``verify_pixels``: check each row's pixel
+    digest (see `collate`).
     """
 
     def __init__(self, processor=None, *, padding_side: str = "left", pad_to_multiple_of: Optional[int] = None,
-                 family: Any = None, pad_token_id: Optional[int] = None):
+                 family: Any = None, pad_token_id: Optional[int] = None, keep_columns: Sequence[str] = (),
+                 verify_pixels: bool = False):
         self.family, self.spec, self.pad_token_id = collator_constants("Collator", processor, family, pad_token_id)
+        kept_columns([], keep_columns)  # a string is refused here, not at the first batch
+        self.keep_columns = tuple(keep_columns)
+        self.verify_pixels = verify_pixels
         self.padding_side = padding_side
         self.pad_to_multiple_of = pad_to_multiple_of
         self.vision_tokens = None if processor is None else VisionTokens.from_processor(processor, family=self.family)
@@ -344,5 +385,5 @@ class Collator:
         return collate(
             rows, spec=self.spec, family=self.family, padding_side=self.padding_side,
             pad_to_multiple_of=self.pad_to_multiple_of, pad_token_id=self.pad_token_id,
-            vision_tokens=self.vision_tokens,
+            vision_tokens=self.vision_tokens, keep_columns=self.keep_columns, verify_pixels=self.verify_pixels,
         )

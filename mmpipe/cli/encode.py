@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -235,18 +236,12 @@ def resolve_images(ds, base: Path, *, images_column: str = "images", num_proc: O
     if images_column in feats:
         # decode=False: read as {"bytes", "path"} dicts, not decoded PIL images
         feats[images_column] = datasets.List(datasets.Image(decode=False))
-        ds = ds.cast_column(images_column, feats[images_column]) if _is_image_list(ds.features[images_column]) else ds
+        is_image_list = isinstance(getattr(ds.features[images_column], "feature", None), datasets.Image)
+        ds = ds.cast_column(images_column, feats[images_column]) if is_image_list else ds
     else:
         feats[images_column] = datasets.List(datasets.Image(decode=False))
     return ds.map(ImageResolver(base, images_column, strict=strict, image_root=image_root), with_indices=True, features=feats, num_proc=num_proc,
                   desc="mmpipe: resolve images")
-
-
-def _is_image_list(feature) -> bool:
-    import datasets
-
-    inner = getattr(feature, "feature", None)
-    return isinstance(inner, datasets.Image)
 
 
 # ---- the command -------------------------------------------------------------------------
@@ -336,10 +331,12 @@ def encode_to_disk(args, src: Path, fmt: str, out: Path, processor, options: dic
                 raw = resolve_images(raw, src.parent.resolve(), images_column=args.images_column, num_proc=num_proc,
                                      strict=options.get("on_error", "raise") == "raise",
                                      image_root=options.get("image_root"))
-            enc, report = mmpipe.encode_dataset(raw, processor, num_proc=num_proc, batch_size=args.batch_size, **options)
+            try:
+                enc, report = mmpipe.encode_dataset(raw, processor, num_proc=num_proc, batch_size=args.batch_size,
+                                                    keep_columns=getattr(args, "keep_columns", []), **options)
+            except mmpipe.errors.ArgumentError as e:  # --keep-columns naming no input column
+                raise CLIError(f"--keep-columns: {e}") from None
             if out.exists() and args.overwrite:
-                import shutil
-
                 shutil.rmtree(out)
             enc.save_to_disk(str(out), num_proc=num_proc)
     finally:
@@ -363,6 +360,7 @@ def run_record(args, src: Path, fmt: str, family: str, options: dict, report, se
         "rows_out": report.rows_out,
         "dropped": report.dropped,
         "errors": list(getattr(report, "errors", None) or []),  # {"row", "stage", "column", "reason"}
+        "keep_columns": list(getattr(args, "keep_columns", [])),  # input columns kept next to the encoded ones
         "seconds": round(seconds, 3),
         "mmpipe_version": mmpipe.__version__,
     }
@@ -395,6 +393,8 @@ def add_encode_parser(sub) -> None:
                    help="a row that fails to encode: stop (raise) or leave it out and list it in the report (skip)")
     p.add_argument("--image-root", default=None, metavar="DIR",
                    help="refuse image paths that resolve (symlinks, ..) outside DIR: for untrusted datasets")
+    p.add_argument("--keep-columns", type=lambda v: [c.strip() for c in v.split(",") if c.strip()], default=[], metavar="A,B",
+                   help="input columns kept next to the encoded ones, e.g. id,data_source,reward_model,extra_info")
     p.add_argument("--limit", type=int, default=None, help="encode only the first N rows")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

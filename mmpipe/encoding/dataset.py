@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.fingerprint import StampedFunction
 from mmpipe.encoding.mapping import DROP_REASON_COLUMN
-from mmpipe.records.columns import ERROR_COLUMN
+from mmpipe.errors import ArgumentError
+from mmpipe.records.columns import ERROR_COLUMN, ROW_COLUMNS
 from mmpipe.records.row import MultiModalInputs
 
 __all__ = ["EncodeReport", "encode", "encode_row", "encode_dataset", "drop_failed", "undecoded_images"]
@@ -142,7 +143,7 @@ def undecoded_images(ds):
 
 
 def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size: int = 64,
-                   remove_columns: bool = True, **options):
+                   remove_columns: bool = True, keep_columns: Sequence[str] = (), **options):
     """Encode a ``datasets.Dataset`` and report exactly what was dropped, across processes.
 
     Returns ``(encoded_dataset, EncodeReport)``. Rows dropped under ``truncation="drop"``
@@ -154,12 +155,16 @@ def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size:
     bytes itself (same pixels, EXIF orientation included), so a corrupt image becomes this
     row's `ImageError` - recorded under ``on_error="skip"`` - instead of a crash inside
     ``datasets`` before the row reaches mmpipe. (With a plain ``ds.map``, cast them yourself.)
+
+    ``keep_columns``: input columns kept next to the encoded ones (``id``, ``data_source``,
+    ``reward_model``, ``extra_info`` ...), row for row; ``remove_columns=False`` keeps them all.
     """
+    check_keep_columns(keep_columns, ds.column_names)
     enc = Encoder(processor, **options)
     enc.mark_dropped = True
     ds = undecoded_images(ds)
     out = ds.map(StampedFunction(enc), batched=True, batch_size=batch_size, num_proc=num_proc, with_indices=True,
-                 remove_columns=ds.column_names if remove_columns else None,
+                 remove_columns=[c for c in ds.column_names if c not in keep_columns] if remove_columns else None,
                  desc="mmpipe.encode")
     reasons = Counter(r for r in out[DROP_REASON_COLUMN] if r)
     marks = [DROP_REASON_COLUMN] + ([ERROR_COLUMN] if ERROR_COLUMN in out.column_names else [])
@@ -169,3 +174,17 @@ def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size:
                          num_proc=num_proc)
     out = out.remove_columns(marks)
     return out, EncodeReport(rows_in=len(ds), rows_out=len(out), dropped=dict(reasons), errors=errors)
+
+
+def check_keep_columns(keep_columns: Sequence[str], columns: Sequence[str]) -> None:
+    """``keep_columns`` must name input columns (not a string, not an encoded column)."""
+    if isinstance(keep_columns, str):
+        raise ArgumentError(f"keep_columns must be a list of column names, got the string {keep_columns!r}")
+    encoded = {name for name, _, _ in ROW_COLUMNS} | {ERROR_COLUMN, DROP_REASON_COLUMN}
+    missing = [c for c in keep_columns if c not in columns]
+    clash = [c for c in keep_columns if c in encoded]
+    if missing:
+        raise ArgumentError(f"keep_columns {missing} are not columns of the dataset; it has {list(columns)}")
+    if clash:
+        raise ArgumentError(f"keep_columns {clash} are encoded columns (the encoder writes them); "
+                            "rename those input columns to keep them")

@@ -8,6 +8,7 @@ import copy
 import functools
 from typing import TYPE_CHECKING
 
+from mmpipe.compat import is_transformers_5
 from mmpipe.families import DEFAULT_FAMILY, QWEN2_5_VL, QWEN2_VL, QWEN3_VL, get_family
 from mmpipe.offline.tokenizer import build_tokenizer, check_family, special_token_ids
 
@@ -76,13 +77,17 @@ def _model_config(family: str):
         vision_end_token_id=ids[fam.vision_end_token],
     )
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(tiny["mrope_section"])}
+    if is_transformers_5():
+        rope_fields = dict(rope_parameters=dict(rope, **tiny["rope"]))
+    else:  # 4.x: theta apart, the M-RoPE split in rope_scaling
+        rope_fields = dict(rope_theta=rope.pop("rope_theta"), rope_scaling=dict(rope, **tiny["rope"]))
     text = dict(
         _TEXT,
         vocab_size=len(build_tokenizer(family)),
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
-        rope_parameters=dict(rope, **tiny["rope"]),
+        **rope_fields,
         **tiny["text"],
     )
     vision_common = dict(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
+from mmpipe.compat import is_transformers_5
 from mmpipe.errors import ArgumentError
 from mmpipe.families import DEFAULT_FAMILY, get_family
 from mmpipe.offline.chat_templates import chat_template
@@ -60,7 +61,7 @@ def image_only_processor_class(family: str) -> type:
 
     ``ProcessorMixin`` takes its sub-processors from the ``__init__`` signature; the stock
     classes list ``video_processor``, whose class check fails without torchvision even for
-    ``None``. Dropping the parameter gives a processor with ``image_processor`` and
+    ``None``. Dropping the parameter (on transformers 4.x: the ``attributes`` list) gives a processor with ``image_processor`` and
     ``tokenizer`` only (``videos=`` is not supported). The class keeps the real class in the
     MRO, so :func:`mmpipe.families.family_of` recognises it.
     """
@@ -79,7 +80,11 @@ def _image_only_classes() -> dict[str, type]:
             f"``{base.__name__}`` without a video processor (works without torchvision); "
             "built by :func:`mmpipe.testing.build_processor`."
         )
-        return type(name, (base,), {"__init__": __init__, "__doc__": doc, "__module__": __name__})
+        attrs = {"__init__": __init__, "__doc__": doc, "__module__": __name__}
+        if not is_transformers_5():
+            # 4.x's ProcessorMixin takes its sub-processors from this list, not the signature
+            attrs["attributes"] = ["image_processor", "tokenizer"]
+        return type(name, (base,), attrs)
 
     return {
         f: make(getattr(transformers, image_only_base_class_name(f)), image_only_class_name(f)) for f in FAMILY_NAMES
@@ -105,8 +110,11 @@ def build_image_processor(family: str = DEFAULT_FAMILY, *, min_pixels: int | Non
     hi = hi if max_pixels is None else int(max_pixels)
     if lo > hi:
         raise ArgumentError(f"min_pixels {lo} > max_pixels {hi}")
+    # 4.x's __init__ replaces any ``size`` with its defaults; only min_pixels / max_pixels stick
+    bounds = {} if is_transformers_5() else dict(min_pixels=lo, max_pixels=hi)
     return Qwen2VLImageProcessor(
         size={"shortest_edge": lo, "longest_edge": hi},
+        **bounds,
         patch_size=fam.patch_size,
         temporal_patch_size=fam.temporal_patch_size,
         merge_size=fam.merge_size,

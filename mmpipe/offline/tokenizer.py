@@ -18,6 +18,7 @@ import functools
 import json
 from typing import TYPE_CHECKING
 
+from mmpipe.compat import extra_special_tokens_key, is_transformers_5
 from mmpipe.errors import ArgumentError
 from mmpipe.families import DEFAULT_FAMILY, VISION_FAMILIES
 from mmpipe.offline.chat_templates import chat_template
@@ -162,26 +163,42 @@ def _bpe_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return dict(model["vocab"]), merges
 
 
+def _qwen2_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]]):
+    """A fast Qwen2 tokenizer over ``vocab`` / ``merges`` with Qwen2's normaliser, pre-tokeniser
+    and decoder, on either transformers line (`mmpipe.compat`): 5.x's ``Qwen2Tokenizer`` builds
+    that pipeline itself; on 4.57 the same ``tokenizers`` pipeline is handed to
+    ``Qwen2TokenizerFast`` (4.57's ``Qwen2Tokenizer`` is the slow, file-based one)."""
+    kwargs = dict(unk_token=None, bos_token=None, eos_token=None, pad_token=None, errors="replace",
+                  model_max_length=32768)
+    if is_transformers_5():
+        from transformers import Qwen2Tokenizer
+
+        return Qwen2Tokenizer(vocab=dict(vocab), merges=list(merges), **kwargs)
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import Qwen2TokenizerFast
+
+    tk = Tokenizer(models.BPE(vocab=dict(vocab), merges=list(merges), dropout=None, unk_token=None,
+                              continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
+                              byte_fallback=False))
+    tk.decoder = decoders.ByteLevel()
+    tk.normalizer = normalizers.NFC()
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    return Qwen2TokenizerFast(tokenizer_object=tk, **kwargs)
+
+
 @functools.lru_cache(maxsize=None)
 def _cached_tokenizer(family: str, merge_set: str = "default"):
     from tokenizers import AddedToken
-    from transformers import Qwen2Tokenizer
 
     vocab, merges = _bpe_vocab_and_merges()
     vocab, merges = dict(vocab), list(merges)
     for a, b in _EXTRA_MERGES[merge_set]:
         vocab.setdefault(a + b, len(vocab))
         merges.append((a, b))
-    tok = Qwen2Tokenizer(
-        vocab=dict(vocab),
-        merges=list(merges),
-        unk_token=None,
-        bos_token=None,
-        eos_token=None,
-        pad_token=None,
-        errors="replace",
-        model_max_length=32768,
-    )
+    tok = _qwen2_tokenizer(vocab, merges)
     # Add the special tokens in Qwen order so their ids are fixed, then name eos / pad.
     tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS], special_tokens=True)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in EXTRA_TOKENS])
@@ -189,7 +206,7 @@ def _cached_tokenizer(family: str, merge_set: str = "default"):
         {
             "eos_token": "<|im_end|>",
             "pad_token": "<|endoftext|>",
-            "extra_special_tokens": [t for t in SPECIAL_TOKENS if t not in ("<|endoftext|>", "<|im_end|>")],
+            extra_special_tokens_key(): [t for t in SPECIAL_TOKENS if t not in ("<|endoftext|>", "<|im_end|>")],
         }
     )
     tok.chat_template = chat_template(family)

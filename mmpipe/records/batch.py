@@ -54,6 +54,8 @@ class BatchedMultiModalInputs:
         padding_side:       "left" or "right".
         family:             model family name.
         pixel_format:       the rows' pixel storage ("uint8", "float32", "none").
+        columns:            pass-through columns (``Collator(keep_columns=...)``, e.g. ``id``,
+                            ``data_source``): name -> list of B values in row order, or None.
     """
 
     input_ids: torch.Tensor
@@ -80,6 +82,7 @@ class BatchedMultiModalInputs:
     row_has_labels: Optional[torch.Tensor] = None
     row_pixel_formats: Optional[list[str]] = None
     spec: Optional[VisionSpec] = None
+    columns: Optional[dict[str, list]] = None
 
     @property
     def batch_size(self) -> int:

@@ -1,6 +1,12 @@
 """ReMA records: one question's multi-agent `Episode`, one role's `RoleEncoding`, and the
 collated `ReMABatch` with its Arrow schema (`rema_arrow_schema`).
 
+`ReMABatch` holds what ReMA's trainer reads (ReMA-public ``vllm_rollout_spmd.py``
+``multi_turn_generate_sequences``, ``dp_rema_actor``, ``reward_manager/rema``): labels and
+step_ids SHIFTED (the label at t is the target of the logits at t), ids ending at the role's
+last response token, per-turn ``num_gen_tokens`` / ``stop_reasons``, ``turn_finished``,
+ReMA's finish reasons and history entries (see `ReMABatch`).
+
 Position layout: `ReMABatch` is a batch-first container (verl's DataProto: every tensor of a
 TensorDict leads with the batch dim), so it holds the batch-first form stated in
 `mmpipe.records`: ``{role}_position_ids`` int64 [B, 3, L]; the model layout [3, B, L] is
@@ -16,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from mmpipe.errors import InputError
+from mmpipe.errors import ArgumentError, InputError
 from mmpipe.families import get_family
 from mmpipe.images.pixels import u8_to_pixel_values
 from mmpipe.images.spec import VisionSpec
@@ -47,11 +53,14 @@ class Episode:
         images:        the question's images, as given (PIL, path, bytes...).
         messages:      role -> that role's full view: [system], user, assistant, ..., with
                        content lists; its assistant messages are the role's own responses.
-        history:       every response in order: ``{"role": agent role, "content": text,
-                       "turn": int, "finish_reason": engine finish reason ("stop",
-                       "length", ...), "num_tokens": generated token count}``.
-        num_turns:     rounds played (every role answered in each).
-        finish_reason: None while running, then `FINISH_FLAG` or `MAX_TURNS`.
+        history:       every response in order, ReMA's entries: ``{"role": agent role,
+                       "content": text, "num_gen_tokens": generated token count,
+                       "stop_reason": the engine's finish reason ("stop", "length", ...) or,
+                       for an empty placeholder response, the episode's finish reason}``.
+        num_turns:     rounds played (ReMA: ``len(history) // len(agent_roles)``).
+        finished:      whether the episode has ended.
+        finish_reason: ReMA's: None (running, or ended by the finish flag), ``reach_max_turn``,
+                       ``completion_token_exceeded``, ``stop_when_truncated``.
         image_data:    None until encoded, then (pixels uint8 [N, 3*p*p], grids int64 [I, 3]):
                        the question's images, encoded once and shared by every role.
     """
@@ -62,6 +71,7 @@ class Episode:
     messages: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     num_turns: int = 0
+    finished: bool = False
     finish_reason: Optional[str] = None
     image_data: Optional[tuple[np.ndarray, np.ndarray]] = None
 
@@ -89,11 +99,29 @@ class RoleEncoding:
                   on the role's target tokens, -100 elsewhere (``step_ids != -100`` exactly
                   where ``labels != -100``).
         text:     the rendered conversation the ids stand for.
+        tail:     tokens after the end of the last assistant message (the template's
+                  end-of-turn, e.g. ``<|im_end|>`` and a newline); 0 for a prompt.
     """
 
     row: MultiModalInputs
     step_ids: np.ndarray
     text: str
+    tail: int = 0
+
+    def rema_view(self) -> dict[str, np.ndarray]:
+        """ReMA's training sequence: ids up to the last response's last token (the end-of-turn
+        tokens after it dropped), labels and step_ids SHIFTED left by one (the label at t is
+        the target of the logits at t; the last one is the end-of-turn token after a normal
+        stop, -100 otherwise). Returns int64 arrays: input_ids / labels / step_ids /
+        mm_token_type_ids [n], position_ids [3, n], n = L - tail."""
+        r = self.row
+        n = r.num_tokens - self.tail
+        if self.tail < 1:
+            raise ArgumentError("rema_view needs a conversation that ends with an assistant message (tail >= 1)")
+        return {
+            "input_ids": r.input_ids[:n], "labels": r.labels[1:n + 1], "step_ids": self.step_ids[1:n + 1],
+            "mm_token_type_ids": r.mm_token_type_ids[:n], "position_ids": r.position_ids[:, :n],
+        }
 
     @property
     def input_ids(self) -> np.ndarray:
@@ -116,18 +144,26 @@ class RoleEncoding:
 class ReMABatch:
     """A rollout batch of B questions in ReMA's layout (a verl ``DataProto``'s two dicts).
 
-    Attributes (L = one padded length shared by all roles, right padding):
+    Attributes (L = one padded length shared by all roles, right padding; ReMA: a fixed
+    ``prompt_length + response_length``, here ``max_length=`` or the longest sequence):
         batch: batch-first tensors, for each role ``{role}_input_ids`` / ``{role}_labels`` /
             ``{role}_step_ids`` / ``{role}_attention_mask`` / ``{role}_mm_token_type_ids``
-            int64 [B, L] and ``{role}_position_ids`` int64 [B, 3, L] (vision families, M-RoPE;
-            a row without images has 3 equal rows) or [B, L] (text family). Pads: input id
-            = pad token, mask 0, labels and step_ids -100, positions 0.
+            int64 [B, L] (labels and step_ids shifted, see the module doc) and
+            ``{role}_position_ids`` int64 [B, 3, L] (vision families, M-RoPE; a row without
+            images has 3 equal rows) or [B, L] (text family: ReMA's ``cumsum(mask) - 1``
+            clipped at 0, so pads repeat the last position); ``{role}_num_gen_tokens`` int64
+            [B, T] (per turn, the role's target tokens: response + end-of-turn after a stop, 0
+            for a placeholder), ``{role}_stop_reasons`` bool [B, T] (False for "stop", True
+            otherwise; False past the last turn), ``{role}_turn_finished`` int64 [B] (finish
+            code: 0 None, 1 reach_max_turn, 2 completion_token_exceeded, 3 stop_when_truncated).
+            Pads: input id = pad token, mask 0, labels and step_ids -100.
         non_tensor_batch: lists of B: ``question`` (text, ``<image>`` where images go),
-            ``finish_reason`` ("finish_flag" / "max_turns"), ``num_turns`` (rounds played),
-            ``response`` (the last role's final response), ``history`` (every response entry,
-            padded to `history_size` entries with ``{"role": "padding", "content": "<PAD>", ...}``),
-            ``{role}_conversation_history`` (the role's last prompt as messages with content
-            lists, padded to 2 * max_num_turns with ``{"role": "padding", ...}``).
+            ``finish_reason`` (ReMA's vocabulary, see `Episode`), ``num_turns``, ``response``
+            (the last history entry's content), ``history`` (ReMA entries padded to
+            `history_size` with ``{"role": "padding", "content": "<PAD>"}``) and
+            ``{role}_conversation_history`` (the role's last prompt; a content is a string,
+            or a content list where it shows images; padded to 2 * max_num_turns with
+            ``{"role": "padding", "content": "<PAD>"}``).
         image_grid_thw: int64 [I, 3], the questions' images, once (not per role).
         pixel_values_u8: uint8 [N, 3*p*p], their resized pixels in patch order.
         image_offsets / patch_offsets: int64 [B+1]; row b owns images / patch rows
@@ -168,8 +204,9 @@ class ReMABatch:
     def model_inputs(self, role: str, device=None, *, labels: bool = False) -> dict:
         """Forward kwargs of ``role``'s sequences for a transformers Qwen-VL (or text) model:
         input_ids / attention_mask [B, L], position_ids [3, B, L] (text: [B, L]),
-        mm_token_type_ids, pixel_values [N, D] + image_grid_thw [I, 3] when there are images,
-        and labels [B, L] if asked."""
+        mm_token_type_ids, pixel_values [N, D] + image_grid_thw [I, 3] when there are images;
+        with ``labels=True`` the shifted labels as both ``labels`` and ``shift_labels``
+        (transformers' causal-LM loss then scores them unshifted: ReMA's loss positions)."""
         if role not in self.agent_roles:
             raise KeyError(f"role {role!r} is not in this batch's agent_roles {list(self.agent_roles)}")
         b = self.batch
@@ -182,7 +219,7 @@ class ReMABatch:
         else:
             out["position_ids"] = b[f"{role}_position_ids"]
         if labels:
-            out["labels"] = b[f"{role}_labels"]
+            out["labels"] = out["shift_labels"] = b[f"{role}_labels"]
         return {k: v.to(device) for k, v in out.items()} if device is not None else out
 
     def multi_modal_inputs(self, i: int) -> dict:
@@ -199,13 +236,12 @@ class ReMABatch:
         schema = rema_arrow_schema(self.agent_roles, family=self.family, max_num_turns=self.max_num_turns)
         B = len(self)
         cols: dict[str, list] = {k: list(v) for k, v in self.non_tensor_batch.items()}
-        cols["history"] = [[dict(h, finish_reason=h.get("finish_reason") or "") for h in hs] for hs in cols["history"]]
         for role in self.agent_roles:
             cols[f"{role}_conversation_history"] = [
-                [{"role": m["role"], "content": [{"type": it["type"], "text": it.get("text")} for it in m["content"]]}
+                [{"role": m["role"], "content": [{"type": it["type"], "text": it.get("text")} for it in _items(m["content"])]}
                  for m in msgs] for msgs in cols[f"{role}_conversation_history"]
             ]
-            for name in ROLE_TENSORS:
+            for name in ROLE_TENSORS + ROLE_TURN_TENSORS:
                 t = self.batch[f"{role}_{name}"]
                 cols[f"{role}_{name}"] = (t[:, None, :] if t.dim() == 2 and name == "position_ids" else t).tolist()
         grids = self.image_grid_thw.numpy()
@@ -236,18 +272,20 @@ class ReMABatch:
         B = table.num_rows
         tensors = {}
         for role in roles:
-            for name in ROLE_TENSORS:
-                arr = np.asarray(rows[f"{role}_{name}"], np.int64)
+            for name in ROLE_TENSORS + ROLE_TURN_TENSORS:
+                arr = np.asarray(rows[f"{role}_{name}"], bool if name == "stop_reasons" else np.int64)
                 if name == "position_ids":
                     arr = fam.model_positions(arr.reshape(B, -1, arr.shape[-1] if arr.size else 0), axis=1)
-                tensors[f"{role}_{name}"] = torch.from_numpy(np.ascontiguousarray(arr))
+                tensors[f"{role}_{name}"] = torch.from_numpy(np.ascontiguousarray(arr.reshape(B, -1) if name in (
+                    "num_gen_tokens", "stop_reasons") else arr))
         grids = [np.asarray(g, np.int64).reshape(-1, 3) for g in rows["image_grid_thw"]]
         u8 = [u8_block(v, int(g.prod(axis=1).sum()) if len(g) else 0, fam.patch_dim_u8, "pixel_values_u8", b)
               for b, (v, g) in enumerate(zip(rows["pixel_values_u8"], grids))]
-        non = {k: rows[k] for k in ("question", "finish_reason", "num_turns", "response", "history")}
+        non = {k: rows[k] for k in ("question", "finish_reason", "num_turns", "response")}
+        non["history"] = [[{k: v for k, v in h.items() if v is not None} for h in hs] for hs in rows["history"]]
         for role in roles:
             non[f"{role}_conversation_history"] = [
-                [{"role": m["role"], "content": [_from_arrow_item(it) for it in m["content"]]} for m in msgs]
+                [{"role": m["role"], "content": _from_arrow_content(m["content"])} for m in msgs]
                 for msgs in rows[f"{role}_conversation_history"]
             ]
         return cls(
@@ -288,10 +326,19 @@ class ReMABatch:
 
 
 ROLE_TENSORS = ("input_ids", "labels", "step_ids", "attention_mask", "position_ids", "mm_token_type_ids")
+ROLE_TURN_TENSORS = ("num_gen_tokens", "stop_reasons", "turn_finished")  # [B, T], [B, T] bool, [B]
 
 
-def _from_arrow_item(it: dict) -> dict:
-    return {"type": "image"} if it["type"] == "image" else text_item(it["text"])
+def _items(content) -> list[dict]:
+    """A message content (string or content list) as content items."""
+    return [text_item(content)] if isinstance(content, str) else list(content)
+
+
+def _from_arrow_content(items: list[dict]):
+    """Stored content items -> the batch's form: a string when there is no image (`_items`' inverse)."""
+    if all(it["type"] == "text" for it in items):
+        return "".join(it["text"] for it in items)
+    return [{"type": "image"} if it["type"] == "image" else text_item(it["text"]) for it in items]
 
 
 _ITEM = pa.struct([("type", pa.string()), ("text", pa.string())])
@@ -300,8 +347,8 @@ _ITEM = pa.struct([("type", pa.string()), ("text", pa.string())])
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.list_(_ITEM))])
 
 
-_HISTORY_ENTRY = pa.struct([("role", pa.string()), ("content", pa.string()), ("turn", pa.int32()),
-                            ("finish_reason", pa.string()), ("num_tokens", pa.int32())])
+_HISTORY_ENTRY = pa.struct([("role", pa.string()), ("content", pa.string()), ("num_gen_tokens", pa.int32()),
+                            ("stop_reason", pa.string())])  # padding entries: null num_gen_tokens / stop_reason
 
 
 def rema_arrow_schema(agent_roles: Sequence[str] = ("{role}",), *, family: Optional[str] = None,
@@ -313,24 +360,30 @@ def rema_arrow_schema(agent_roles: Sequence[str] = ("{role}",), *, family: Optio
     """
     cols: list[tuple[str, pa.DataType, str]] = [
         ("question", pa.string(), "the question's text, <image> where each image goes"),
-        ("finish_reason", pa.string(), "finish_flag (a finish role's response held the flag) or max_turns"),
-        ("num_turns", pa.int32(), "rounds played; every role answered once per round"),
-        ("response", pa.string(), "the last role's final response"),
+        ("finish_reason", pa.string(), "ReMA's: null (the finish flag ended it), reach_max_turn, "
+         "completion_token_exceeded or stop_when_truncated"),
+        ("num_turns", pa.int32(), "rounds played: len(history) // number of roles"),
+        ("response", pa.string(), "the last history entry's content"),
         ("history", pa.list_(_HISTORY_ENTRY),
-         "every response in order {role, content, turn, finish_reason (engine's), num_tokens (generated)}, "
-         "padded to max(2, R) * max_num_turns entries with {role: padding, content: <PAD>, turn: -1}"),
+         "every response in order {role, content, num_gen_tokens (generated), stop_reason (engine's finish reason)}, "
+         "padded to max(2, R) * max_num_turns entries with {role: padding, content: <PAD>} (null other fields)"),
     ]
     for r in agent_roles:
         cols += [
             (f"{r}_input_ids", pa.list_(pa.int32()), "int [L] the role's view, image pads expanded, right-padded"),
-            (f"{r}_labels", pa.list_(pa.int32()), "int [L] -100 except the role's own response tokens (+ end-of-turn after a normal stop)"),
-            (f"{r}_step_ids", pa.list_(pa.int32()), "int [L] turn index on the role's target tokens, -100 elsewhere"),
+            (f"{r}_labels", pa.list_(pa.int32()), "int [L] SHIFTED: at t the target of the logits at t; -100 except "
+             "the role's own response tokens (+ end-of-turn after a normal stop)"),
+            (f"{r}_step_ids", pa.list_(pa.int32()), "int [L] shifted like labels: turn index on the targets, -100 elsewhere"),
             (f"{r}_attention_mask", pa.list_(pa.int8()), "int [L] 1 for real tokens"),
             (f"{r}_position_ids", pa.list_(pa.list_(pa.int32())), "int [3, L] M-RoPE (vision families) or [1, L] plain (text), pads 0"),
             (f"{r}_mm_token_type_ids", pa.list_(pa.int8()), "int [L] 0 text, 1 image"),
+            (f"{r}_num_gen_tokens", pa.list_(pa.int32()), "int [T] per turn the role's target tokens, 0 after the last"),
+            (f"{r}_stop_reasons", pa.list_(pa.bool_()), "bool [T] per turn: the response did not stop normally"),
+            (f"{r}_turn_finished", pa.int8(), "finish code: 0 none/flag, 1 reach_max_turn, 2 completion_token_exceeded, "
+             "3 stop_when_truncated"),
             (f"{r}_conversation_history", pa.list_(_MESSAGE),
-             "the role's last prompt as chat messages {role, content: [{type: text|image, text}]}, padded to "
-             "2 * max_num_turns with {role: padding, content: [{type: text, text: <PAD>}]}"),
+             "the role's last prompt as chat messages {role, content: [{type: text|image, text}]} (a content without "
+             "images reads back as a string), padded to 2 * max_num_turns with {role: padding, content: <PAD>}"),
         ]
     cols += [
         ("image_grid_thw", pa.list_(pa.list_(pa.int32())), "int [I, 3] patch grid per question image (shared by all roles)"),
@@ -342,5 +395,6 @@ def rema_arrow_schema(agent_roles: Sequence[str] = ("{role}",), *, family: Optio
         meta["mmpipe.max_num_turns"] = str(int(max_num_turns))
     if family is not None:
         meta["mmpipe.family"] = family
-    return pa.schema([pa.field(n, t, nullable=False, metadata={"doc": d}) for n, t, d in cols], metadata=meta)
+    return pa.schema([pa.field(n, t, nullable=n == "finish_reason", metadata={"doc": d}) for n, t, d in cols],
+                     metadata=meta)
 

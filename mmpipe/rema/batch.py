@@ -1,9 +1,11 @@
 """Finished episodes -> `ReMABatch` (ReMA's tensor / non-tensor layout) and its Arrow form.
 
 Per role ``{role}_input_ids / labels / step_ids / attention_mask / position_ids /
-mm_token_type_ids`` padded to one length shared by all roles; the questions' pixel data once;
+mm_token_type_ids`` in ReMA's form (shifted labels, see `mmpipe.records.rema`) padded to one
+length shared by all roles (``max_length``: ReMA's fixed ``prompt_length + response_length``),
+``{role}_num_gen_tokens / stop_reasons / turn_finished``; the questions' pixel data once;
 non-tensor ``question, finish_reason, num_turns, response, history`` and
-``{role}_conversation_history`` with explicit padding entries. One Arrow row per question
+``{role}_conversation_history`` with ReMA's padding entries. One Arrow row per question
 (`rema_arrow_schema`, ``schemas/rema_batch.json``).
 """
 
@@ -16,14 +18,20 @@ import numpy as np
 from mmpipe.errors import ArgumentError, InputError
 from mmpipe.families import ModelFamily
 from mmpipe.records.columns import IGNORE_INDEX, offsets
-from mmpipe.records.rema import ROLE_TENSORS, Episode, ReMABatch, RoleEncoding, rema_arrow_schema, text_item
+from mmpipe.records.rema import ROLE_TENSORS, Episode, ReMABatch, RoleEncoding, content_text, rema_arrow_schema
 from mmpipe.rema.encode import RoleCodec
 
-__all__ = ["PAD_ROLE", "PAD_CONTENT", "ROLE_TENSORS", "ReMABatch", "collate_episodes", "rema_arrow_schema",
+__all__ = ["PAD_ROLE", "PAD_CONTENT", "REACH_MAX_TURN", "COMPLETION_TOKEN_EXCEEDED", "STOP_WHEN_TRUNCATED", "FINISH_CODES",
+           "ROLE_TENSORS", "ReMABatch", "collate_episodes", "rema_arrow_schema",
            "history_size", "history_pad_entry", "conversation_pad_entry"]
 
 PAD_ROLE = "padding"  # role of the explicit padding entries of padded histories
 PAD_CONTENT = "<PAD>"
+# ReMA's finish reasons and their codes in {role}_turn_finished (None: the finish flag ended it)
+REACH_MAX_TURN = "reach_max_turn"
+COMPLETION_TOKEN_EXCEEDED = "completion_token_exceeded"
+STOP_WHEN_TRUNCATED = "stop_when_truncated"
+FINISH_CODES = {None: 0, REACH_MAX_TURN: 1, COMPLETION_TOKEN_EXCEEDED: 2, STOP_WHEN_TRUNCATED: 3}
 
 
 def _pad_entries(entries: list, size: int, pad: dict, what: str) -> list:
@@ -36,14 +44,13 @@ def _pad_entries(entries: list, size: int, pad: dict, what: str) -> list:
 
 
 def history_pad_entry() -> dict:
-    """The explicit padding entry of ``history`` (ReMA's ``{"role": "padding", "content": "<PAD>"}``
-    plus the other entry keys, so every entry has the same fields)."""
-    return {"role": PAD_ROLE, "content": PAD_CONTENT, "turn": -1, "finish_reason": "", "num_tokens": 0}
+    """The explicit padding entry of ``history``: ReMA's ``{"role": "padding", "content": "<PAD>"}``."""
+    return {"role": PAD_ROLE, "content": PAD_CONTENT}
 
 
 def conversation_pad_entry() -> dict:
-    """The explicit padding entry of ``{role}_conversation_history`` (a message, content list form)."""
-    return {"role": PAD_ROLE, "content": [text_item(PAD_CONTENT)]}
+    """The explicit padding entry of ``{role}_conversation_history`` (ReMA's, as for ``history``)."""
+    return {"role": PAD_ROLE, "content": PAD_CONTENT}
 
 
 def history_size(num_roles: int, max_num_turns: int) -> int:
@@ -53,12 +60,14 @@ def history_size(num_roles: int, max_num_turns: int) -> int:
 
 
 def collate_episodes(episodes: Sequence[Episode], processor, *, agent_roles: Sequence[str], max_num_turns: int,
-                     pad_to_multiple_of: Optional[int] = None) -> "ReMABatch":
+                     pad_to_multiple_of: Optional[int] = None, max_length: Optional[int] = None) -> "ReMABatch":
     """Finished episodes -> a `ReMABatch` (every role encoded, padded to one common length).
 
     ``processor``: a Qwen-VL processor, tokenizer or `RoleCodec`. Tensors per role are int64
-    [B, L] (``position_ids`` [B, 3, L] for vision families, [B, L] for text), L the longest
-    role encoding rounded up to ``pad_to_multiple_of``; pixels uint8 [N, 3*p*p] once per question.
+    [B, L] (``position_ids`` [B, 3, L] for vision families, [B, L] for text), L = ``max_length``
+    (ReMA's fixed ``prompt_length + response_length``; longer sequences are cut there, as ReMA
+    does, unless the cut would drop image tokens: `ArgumentError`) or the longest role
+    sequence rounded up to ``pad_to_multiple_of``; pixels uint8 [N, 3*p*p] once per question.
     """
     import torch
 
@@ -68,15 +77,21 @@ def collate_episodes(episodes: Sequence[Episode], processor, *, agent_roles: Seq
     roles = tuple(agent_roles)
     fam = codec.fam
     encs, u8_blocks, grids = _encode_roles(episodes, codec, roles)
-    L = max(x.row.num_tokens for r in roles for x in encs[r])
+    views = {r: [x.rema_view() for x in encs[r]] for r in roles}
+    L = max(len(v["input_ids"]) for r in roles for v in views[r])
     if pad_to_multiple_of:
         L = -(-L // pad_to_multiple_of) * pad_to_multiple_of
+    L = L if max_length is None else int(max_length)
     tok = codec.tok
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    codes = torch.tensor([FINISH_CODES[e.finish_reason] for e in episodes], dtype=torch.int64)
     tensors = {}
     for role in roles:
-        for name, arr in _pad_role(encs[role], L, pad_id, fam).items():
+        for name, arr in _pad_role(views[role], L, pad_id, fam, role).items():
             tensors[f"{role}_{name}"] = torch.from_numpy(arr)
+        for name, arr in _turn_tensors(episodes, encs[role], role, max_num_turns).items():
+            tensors[f"{role}_{name}"] = torch.from_numpy(arr)
+        tensors[f"{role}_turn_finished"] = codes.clone()
     u8 = np.concatenate(u8_blocks) if u8_blocks else np.zeros((0, fam.patch_dim_u8), np.uint8)
     grid = np.concatenate(grids).reshape(-1, 3).astype(np.int64)
     return ReMABatch(
@@ -110,29 +125,51 @@ def _encode_roles(episodes: Sequence[Episode], codec: RoleCodec, roles: tuple):
                     "the episode has no messages for this role", where=where, row=e.index, stage="rollout",
                     column=f"{role}_conversation_history", fix="run the rollout with these agent_roles",
                 )
-            reasons = [h["finish_reason"] for h in e.history if h["role"] == role]
+            reasons = [h["stop_reason"] for h in e.history if h["role"] == role]
             encs[role].append(codec.encode(msgs, image_data=e.image_data, add_generation_prompt=False,
                                            finish_reasons=reasons, where=where))
     return encs, u8_blocks, grids
 
 
-def _pad_role(encs: Sequence[RoleEncoding], L: int, pad_id: int, fam: ModelFamily) -> dict[str, np.ndarray]:
-    """One role's encodings right-padded to length L: int64 [B, L] input_ids (``pad_id``),
-    labels / step_ids (-100), attention_mask, mm_token_type_ids, and position_ids as the model
-    takes them, batch first (`ModelFamily.model_positions`): [B, 3, L] M-RoPE, [B, L] 1-D."""
-    B = len(encs)
+def _pad_role(views: Sequence[dict], L: int, pad_id: int, fam: ModelFamily, role: str) -> dict[str, np.ndarray]:
+    """One role's ReMA sequences (`RoleEncoding.rema_view`) right-padded (or cut, as ReMA) to
+    length L: int64 [B, L] input_ids (``pad_id``), labels / step_ids (-100), attention_mask,
+    mm_token_type_ids, and position_ids as the model takes them, batch first: [B, 3, L]
+    M-RoPE (pads 0), [B, L] 1-D (ReMA's ``clip(cumsum(mask) - 1, 0)``: pads repeat the last)."""
+    B = len(views)
     ids = np.full((B, L), pad_id, np.int64)
     labels = np.full((B, L), IGNORE_INDEX, np.int64)
     steps = np.full((B, L), IGNORE_INDEX, np.int64)
     att = np.zeros((B, L), np.int64)
     mm = np.zeros((B, L), np.int64)
     pos = np.zeros((B, 3, L), np.int64)
-    for b, x in enumerate(encs):
-        n = x.row.num_tokens
-        ids[b, :n], labels[b, :n], steps[b, :n] = x.row.input_ids, x.row.labels, x.step_ids
-        att[b, :n], mm[b, :n], pos[b, :, :n] = 1, x.row.mm_token_type_ids, x.row.position_ids
+    for b, v in enumerate(views):
+        n = min(len(v["input_ids"]), L)
+        if v["mm_token_type_ids"][n:].any():
+            raise ArgumentError(f"row {b}, role {role!r}: {len(v['input_ids'])} tokens do not fit max_length={L} and "
+                                "cutting them would drop image tokens; raise max_length (ReMA: prompt_length + "
+                                "response_length)")
+        ids[b, :n], labels[b, :n], steps[b, :n] = v["input_ids"][:n], v["labels"][:n], v["step_ids"][:n]
+        att[b, :n], mm[b, :n], pos[b, :, :n] = 1, v["mm_token_type_ids"][:n], v["position_ids"][:, :n]
+    if not fam.is_vision:
+        pos[:] = np.clip(np.cumsum(att, axis=1) - 1, 0, None)[:, None, :]
     return {"input_ids": ids, "labels": labels, "step_ids": steps, "attention_mask": att,
             "position_ids": fam.model_positions(pos, axis=1), "mm_token_type_ids": mm}
+
+
+def _turn_tensors(episodes: Sequence[Episode], encs: Sequence[RoleEncoding], role: str, T: int) -> dict[str, np.ndarray]:
+    """ReMA's per-turn tensors of one role: num_gen_tokens int64 [B, T] (the turn's target
+    tokens, counted on the encoding as ReMA's encode_conversation counts them) and
+    stop_reasons bool [B, T] (the turn's stop reason is not "stop"); zeros past the last turn."""
+    B = len(episodes)
+    num = np.zeros((B, T), np.int64)
+    stop = np.zeros((B, T), bool)
+    for b, (e, x) in enumerate(zip(episodes, encs)):
+        own = [h for h in e.history if h["role"] == role]
+        for k, h in enumerate(own[:T]):
+            num[b, k] = int((x.step_ids == k).sum())
+            stop[b, k] = h["stop_reason"] != "stop"
+    return {"num_gen_tokens": num, "stop_reasons": stop}
 
 
 def _non_tensors(episodes: Sequence[Episode], roles: tuple, max_num_turns: int) -> dict[str, list]:
@@ -143,14 +180,20 @@ def _non_tensors(episodes: Sequence[Episode], roles: tuple, max_num_turns: int) 
         "question": [e.question_text for e in episodes],
         "finish_reason": [e.finish_reason for e in episodes],
         "num_turns": [e.num_turns for e in episodes],
-        "response": [e.history[-1]["content"] if e.history else "" for e in episodes],
+        "response": [e.history[-1]["content"] if e.history else "" for e in episodes],  # ReMA: h[-1]["content"]
         "history": [_pad_entries([dict(h) for h in e.history], h_size, history_pad_entry(), f"row {e.index}, history")
                     for e in episodes],
     }
     for role in roles:
         non_tensors[f"{role}_conversation_history"] = [
-            _pad_entries(e.conversation_history(role), c_size, conversation_pad_entry(),
+            _pad_entries([_rema_message(m) for m in e.conversation_history(role)], c_size, conversation_pad_entry(),
                          f"row {e.index}, {role}_conversation_history")
             for e in episodes
         ]
     return non_tensors
+
+
+def _rema_message(m: dict) -> dict:
+    """A message as ReMA stores it: string content, or the content list where it shows images."""
+    items = m["content"]
+    return {"role": m["role"], "content": items if any(it["type"] == "image" for it in items) else content_text(items)}

@@ -104,6 +104,7 @@ class RoleCodec:
         enc = tok(full, add_special_tokens=False, return_offsets_mapping=not add_generation_prompt)
         ids = np.asarray(enc["input_ids"], np.int64)
         labels = steps = None
+        tail = 0
         if not add_generation_prompt:
             starts = np.asarray([s for s, _ in enc["offset_mapping"]], np.int64).reshape(-1)
             labels = np.full(ids.shape, IGNORE_INDEX, np.int64)
@@ -129,6 +130,8 @@ class RoleCodec:
                     hit = np.flatnonzero(starts == b)
                     if len(hit) and int(ids[hit[0]]) in self.special_ids:
                         labels[hit[0]], steps[hit[0]] = ids[hit[0]], step
+                if k == len(messages) - 1:  # the template's tokens after the last response
+                    tail = int((starts >= b).sum())
         mm = np.zeros(ids.shape, np.int64)
         if fam.is_vision:
             pad = np.flatnonzero(ids == self.enc.image_token_id)
@@ -153,7 +156,7 @@ class RoleCodec:
             labels=labels, image_grid_thw=grids, pixel_values_u8=u8,
         )
         return RoleEncoding(row=row, step_ids=steps if steps is not None else np.full(ids.shape, IGNORE_INDEX, np.int64),
-                            text=full)
+                            text=full, tail=tail)
 
     def _refuse_vision_tokens(self, ids: np.ndarray, sel: np.ndarray, where: str) -> None:
         """A response (``ids[sel]``, sel bool [L]) holding a vision special token is refused

@@ -2,9 +2,20 @@
 
 Each round asks every role once, in ``agent_roles`` order, with ONE batched
 ``engine.generate`` call per role over the rows still running; every prompt row carries the
-question's images. A row ends at the end of the round in which a response of one of
-``finish_roles`` (default: the first role) contains ``finish_flag`` (``finish_reason ==
-"finish_flag"``), or after ``max_num_turns`` rounds (``"max_turns"``).
+question's images. ReMA's ending rules and finish reasons:
+
+- a response of one of ``finish_roles`` (default: the first role) contains ``finish_flag``:
+  the row ends at the end of that round, finish reason None;
+- ``max_num_turns`` rounds played: ``"reach_max_turn"`` (ReMA marks it only when
+  ``max_num_turns > 1``; with one round an unfinished row keeps None);
+- ``prompt_length``: a role's prompt longer than it ends the row before that role answers,
+  ``"completion_token_exceeded"`` (the first role's first prompt: an error, as in ReMA);
+- ``stop_when_truncated``: a response cut by the token limit (engine finish reason
+  ``"length"``) ends the row at once, ``"stop_when_truncated"``.
+
+A row that ends inside a round gets, for each role still to answer in it, an empty
+placeholder response (history ``{"content": "", "num_gen_tokens": 0, "stop_reason": <the
+finish reason>}``), so every round in ``history`` has all roles, as ReMA's.
 """
 
 from __future__ import annotations
@@ -14,14 +25,14 @@ from typing import Mapping, Optional, Sequence
 from mmpipe.errors import ArgumentError, InputError
 from mmpipe.records.generation import Generation, SamplingParams
 from mmpipe.records.rema import Episode, text_item
-from mmpipe.rema.batch import PAD_ROLE, collate_episodes
+from mmpipe.rema.batch import COMPLETION_TOKEN_EXCEEDED, PAD_ROLE, REACH_MAX_TURN, STOP_WHEN_TRUNCATED, collate_episodes
 from mmpipe.rema.encode import RoleCodec
 from mmpipe.rema.views import View, ViewContext, content_items, question_items, rema_views
 
 __all__ = ["FINISH_FLAG", "MAX_TURNS", "Episode", "run_episodes", "rollout"]
 
-FINISH_FLAG = "finish_flag"  # finish_reason: a finish role's response contained the finish flag
-MAX_TURNS = "max_turns"      # finish_reason: max_num_turns rounds were played without the flag
+FINISH_FLAG = None         # finish_reason: a finish role's response contained the finish flag (ReMA's None)
+MAX_TURNS = REACH_MAX_TURN  # finish_reason: max_num_turns rounds were played without the flag
 
 
 def _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns, finish_flag, codec):
@@ -65,7 +76,8 @@ def run_episodes(questions: Sequence, engine, processor, *, agent_roles: Sequenc
                  max_num_turns: int, finish_flag: Optional[str],
                  system_prompts: Optional[Mapping[str, Optional[str]]] = None,
                  views: Optional[Mapping[str, View]] = None, params=SamplingParams(),
-                 finish_roles: Optional[Sequence[str]] = None) -> list[Episode]:
+                 finish_roles: Optional[Sequence[str]] = None, prompt_length: Optional[int] = None,
+                 stop_when_truncated: bool = False, strip_finish_flag: Sequence[str] = ()) -> list[Episode]:
     """The turn-taking loop: one `Episode` per question (see `rollout` for the arguments)."""
     codec = processor if isinstance(processor, RoleCodec) else RoleCodec(processor)
     system_prompts = dict(system_prompts or {})
@@ -82,25 +94,60 @@ def run_episodes(questions: Sequence, engine, processor, *, agent_roles: Sequenc
             )
     if not len(questions):
         raise ArgumentError("questions is empty; pass at least one question")
+    ctx = dict(roles=roles, views=views, system_prompts=system_prompts, codec=codec)
     episodes = _start_episodes(questions, codec)
     for turn in range(max_num_turns):
-        active = [e for e in episodes if e.finish_reason is None]
-        if not active:
+        playing = [e for e in episodes if not e.finished]
+        if not playing:
             break
         flagged = set()
-        for role in roles:
-            prompts = [_prompt_row(e, role, turn, roles, views[role], system_prompts.get(role), codec) for e in active]
+        for k, role in enumerate(roles):
+            prompts, asked = [], []
+            for e in (e for e in playing if not e.finished):
+                msgs, row = _prompt_row(e, role, turn, **ctx)
+                if prompt_length is not None and row.num_tokens > prompt_length:
+                    _end_in_round(e, COMPLETION_TOKEN_EXCEEDED, k, turn, ctx, first=msgs, limit=prompt_length)
+                    continue
+                e.messages[role] = msgs
+                prompts.append(row)
+                asked.append(e)
+            if not asked:
+                continue
             gens = engines[role].generate(prompts, params[role])
-            flagged |= _record_responses(active, gens, role, turn, codec,
-                                         finish_flag if role in finish_roles else None)
-        for e in active:
-            e.num_turns = turn + 1
-            if e.index in flagged:
-                e.finish_reason = FINISH_FLAG
+            flag = finish_flag if role in finish_roles else None
+            flagged |= _record_responses(asked, gens, role, turn, codec, flag,
+                                         finish_flag if role in strip_finish_flag else None)
+            for e in asked:
+                if stop_when_truncated and e.history[-1]["stop_reason"] == "length":
+                    _end_in_round(e, STOP_WHEN_TRUNCATED, k + 1, turn, ctx)
+        for e in playing:
+            if e.index in flagged and not e.finished:
+                e.finished, e.finish_reason = True, FINISH_FLAG
     for e in episodes:
-        if e.finish_reason is None:
-            e.finish_reason = MAX_TURNS
+        if not e.finished and max_num_turns > 1:  # ReMA: with one round an unfinished row keeps None
+            e.finish_reason = REACH_MAX_TURN
+        e.finished = True
+        e.num_turns = len(e.history) // len(roles)
     return episodes
+
+
+def _end_in_round(e: Episode, reason: str, k: int, turn: int, ctx: dict, first=None, limit=None) -> None:
+    """End episode ``e`` inside round ``turn`` with ``reason``: roles ``k..`` of the round get an
+    empty placeholder response (ReMA's dummy entry). ``first``: role k's view, already built."""
+    roles = ctx["roles"]
+    if k == 0 and reason == COMPLETION_TOKEN_EXCEEDED:
+        if turn == 0:
+            raise InputError(
+                "the first role's first prompt is longer than prompt_length", where=f"row {e.index}, role {roles[0]!r}",
+                row=e.index, stage="rollout", expected=f"at most {limit} tokens", found="a longer prompt",
+                fix="raise prompt_length or shorten the question / system prompt",
+            )
+        k = len(roles)  # the round had not started: nothing to fill (ReMA)
+    e.finished, e.finish_reason = True, reason
+    for j, role in enumerate(roles[k:]):
+        msgs = first if (j == 0 and first is not None) else _prompt_row(e, role, turn, **ctx)[0]
+        e.messages[role] = msgs + [{"role": "assistant", "content": []}]
+        e.history.append({"role": role, "content": "", "num_gen_tokens": 0, "stop_reason": reason})
 
 
 def _start_episodes(questions: Sequence, codec: RoleCodec) -> list[Episode]:
@@ -113,28 +160,30 @@ def _start_episodes(questions: Sequence, codec: RoleCodec) -> list[Episode]:
     return episodes
 
 
-def _prompt_row(e: Episode, role: str, turn: int, roles: tuple, view: View, sys_prompt: Optional[str],
-                codec: RoleCodec):
-    """Append the role's view (a user message; the system prompt first on turn 0) to the
-    role's messages in ``e`` and return the encoded prompt row (`MultiModalInputs`)."""
+def _prompt_row(e: Episode, role: str, turn: int, roles: tuple, views: Mapping[str, View],
+                system_prompts: Mapping[str, Optional[str]], codec: RoleCodec):
+    """(the role's messages with its view appended - a user message, the system prompt first
+    on turn 0 -, the encoded prompt row `MultiModalInputs`); ``e`` is not changed."""
     where = f"row {e.index}, role {role!r}, turn {turn}"
     ctx = ViewContext(index=e.index, turn=turn, role=role, agent_roles=roles,
                       question=tuple(e.question), history=tuple(e.history))
-    user = {"role": "user", "content": content_items(view(ctx), f"{where}: the view returned")}
+    user = {"role": "user", "content": content_items(views[role](ctx), f"{where}: the view returned")}
+    sys_prompt = system_prompts.get(role)
     if turn == 0:
         msgs = ([{"role": "system", "content": content_items(sys_prompt, f"system_prompts[{role!r}]")}]
                 if sys_prompt is not None else [])
     else:
         msgs = list(e.messages[role])
     msgs.append(user)
-    e.messages[role] = msgs
-    return codec.encode(msgs, image_data=e.image_data, add_generation_prompt=True, where=where).row
+    return msgs, codec.encode(msgs, image_data=e.image_data, add_generation_prompt=True, where=where).row
 
 
 def _record_responses(active: list[Episode], gens: Sequence[Generation], role: str, turn: int,
-                      codec: RoleCodec, finish_flag: Optional[str]) -> set:
-    """Add each generation's response to its episode (messages and history); returns the
-    indices of episodes whose response holds ``finish_flag`` (None: the role is not checked)."""
+                      codec: RoleCodec, finish_flag: Optional[str], strip: Optional[str] = None) -> set:
+    """Add each generation's response to its episode (messages and ReMA history entries);
+    returns the indices of episodes whose response holds ``finish_flag`` (None: the role is
+    not checked). ``strip``: removed from the response text, trailing space then stripped (ReMA
+    does this with the finish flag in the second role's responses)."""
     if len(gens) != len(active):
         raise InputError(
             f"the engine returned {len(gens)} generations for {len(active)} prompts", where=f"role {role!r}, turn {turn}",
@@ -151,9 +200,11 @@ def _record_responses(active: list[Episode], gens: Sequence[Generation], role: s
             )
         c = g.completions[0]
         text = codec.response_text(c.token_ids)
+        if strip:
+            text = text.replace(strip, "").rstrip()
         e.messages[role].append({"role": "assistant", "content": [text_item(text)] if text else []})
-        e.history.append({"role": role, "content": text, "turn": turn,
-                          "finish_reason": str(c.finish_reason), "num_tokens": len(c.token_ids)})
+        e.history.append({"role": role, "content": text, "num_gen_tokens": len(c.token_ids),
+                          "stop_reason": str(c.finish_reason)})
         if finish_flag is not None and finish_flag in text:
             flagged.add(e.index)
     return flagged
@@ -162,7 +213,9 @@ def _record_responses(active: list[Episode], gens: Sequence[Generation], role: s
 def rollout(questions: Sequence, engine, processor, *, agent_roles: Sequence[str], max_num_turns: int,
             finish_flag: Optional[str], system_prompts: Optional[Mapping[str, Optional[str]]] = None,
             views: Optional[Mapping[str, View]] = None, params=SamplingParams(),
-            finish_roles: Optional[Sequence[str]] = None, pad_to_multiple_of: Optional[int] = None):
+            finish_roles: Optional[Sequence[str]] = None, pad_to_multiple_of: Optional[int] = None,
+            prompt_length: Optional[int] = None, max_length: Optional[int] = None, stop_when_truncated: bool = False,
+            strip_finish_flag: Sequence[str] = ()):
     """ReMA's ``multi_turn_generate_sequences`` on a `RolloutEngine`, with images.
 
     Args:
@@ -182,6 +235,14 @@ def rollout(questions: Sequence, engine, processor, *, agent_roles: Sequence[str
         params: `SamplingParams` (n must be 1), or a mapping role -> params.
         finish_roles: roles whose responses are checked for the flag (default: the first role,
             the meta-thinker in ReMA).
+        prompt_length: a role prompt longer than this (tokens, image pads expanded) ends its row
+            (``"completion_token_exceeded"``; ReMA's ``prompt_length``). None: no limit.
+        max_length: the fixed padded length of every role's tensors (ReMA:
+            ``prompt_length + response_length``); None: the longest, rounded up to
+            ``pad_to_multiple_of``.
+        stop_when_truncated: a response cut by the token limit ends its row (ReMA's option).
+        strip_finish_flag: roles whose responses get ``finish_flag`` removed (ReMA: its
+            second role, ``[agent_roles[1]]``).
 
     Every round makes ONE batched ``engine.generate`` call per role over the rows still
     running; each prompt row carries the question's images. Returns a `ReMABatch`.
@@ -189,6 +250,7 @@ def rollout(questions: Sequence, engine, processor, *, agent_roles: Sequence[str
     codec = RoleCodec(processor)
     episodes = run_episodes(questions, engine, codec, agent_roles=agent_roles, max_num_turns=max_num_turns,
                             finish_flag=finish_flag, system_prompts=system_prompts, views=views, params=params,
-                            finish_roles=finish_roles)
+                            finish_roles=finish_roles, prompt_length=prompt_length,
+                            stop_when_truncated=stop_when_truncated, strip_finish_flag=strip_finish_flag)
     return collate_episodes(episodes, codec, agent_roles=agent_roles, max_num_turns=max_num_turns,
-                            pad_to_multiple_of=pad_to_multiple_of)
+                            pad_to_multiple_of=pad_to_multiple_of, max_length=max_length)

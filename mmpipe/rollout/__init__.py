@@ -39,7 +39,6 @@ from mmpipe.rollout.multiturn import (
 from mmpipe.rollout.multiturn_batch import MultiTurnBatch
 from mmpipe.rollout.agent import AgentLoop, logprob_gaps, policy_logprobs_of, run_agent
 from mmpipe.rollout.tool_calls import parse_qwen_tool_calls
-from mmpipe.rollout.packers import DataPacker, DecoderOnlyLLMDataPacker, QwenVLDataPacker
 from mmpipe.rollout.results import unbatch_rollout
 from mmpipe.rollout.transformers_engine import TransformersEngine, teacher_forced_logprobs
 from mmpipe.rollout.vllm_engine import VLLMEngine, generation_from_request_output
@@ -54,3 +53,15 @@ __all__ = [
     "DecoderOnlyLLMDataPacker", "QwenVLDataPacker", "AgentLoop", "run_agent", "logprob_gaps", "policy_logprobs_of",
     "parse_qwen_tool_calls", "ThreadedEngine", "AsyncTransformersEngine", "AsyncVLLMEngine", "run_sync", "OpenAIEngine",
 ]
+
+
+_PACKERS = ("DataPacker", "DecoderOnlyLLMDataPacker", "QwenVLDataPacker")
+
+
+def __getattr__(name: str):
+    # the packers subclass cosmos-rl's BaseDataPacker when it is installed, resolved on first use
+    if name in _PACKERS:
+        from mmpipe.rollout import packers
+
+        return getattr(packers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,6 +32,7 @@ push a 1:200 image to 1:201; the processor refuses those before resizing).
 
 from __future__ import annotations
 
+from mmpipe.compat import forward_accepts, is_transformers_5
 from mmpipe.errors import ArgumentError, PixelDataError
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.row import MultiModalInputs
@@ -95,7 +96,7 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None) -> list[dict]:
 
 
 # ---- transformers generate ---------------------------------------------------------------
-def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_ids: bool = False) -> dict:
+def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_ids: bool = False, model=None) -> dict:
     """Kwargs for a transformers Qwen-VL ``model.generate`` from a LEFT-padded batch.
 
     Returns input_ids / attention_mask / mm_token_type_ids int64 [B, L], pixel_values float32
@@ -110,6 +111,10 @@ def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_
     videos it keeps the original Qwen rule where 5.23's ``get_rope_index`` diverges (see
     FACTS). Older transformers (4.x) recomputed positions in decoding from rope deltas that
     are never set when positions are passed, so the default stays the portable choice.
+
+    ``mm_token_type_ids`` is left out where ``generate`` would refuse it as an unused model
+    kwarg (transformers 4.57: "model_kwargs are not used by the model"): decided by ``model``'s
+    forward signature when ``model`` is given, else by the installed transformers (< 5 drops it).
     """
     if not isinstance(batch, BatchedMultiModalInputs):
         raise TypeError(
@@ -132,4 +137,9 @@ def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_
             "would answer without seeing them", where="", stage="rollout", column="pixel_values",
             fix="re-encode with pixels='uint8'",
         )
-    return batch.model_inputs(device, positions="verl" if position_ids else "none", labels=False)
+    out = batch.model_inputs(device, positions="verl" if position_ids else "none", labels=False)
+    if "mm_token_type_ids" in out:
+        takes = forward_accepts(model, "mm_token_type_ids") if model is not None else is_transformers_5()
+        if not takes:
+            del out["mm_token_type_ids"]
+    return out

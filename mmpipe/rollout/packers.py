@@ -1,23 +1,41 @@
-"""cosmos-rl style data packers built on mmpipe's stages.
+"""cosmos-rl data packers built on mmpipe's stages.
 
-cosmos-rl's ``DataPacker`` interface (``get_rollout_input``, ``rollout_collate_fn``,
-``get_policy_input``, ``policy_compute_max_len``, ``policy_collate_fn``), implemented for
-decoder-only LLMs (an item is a string or a chat list) and the Qwen-VL families (chat
-content lists with ``{"type": "image", "image": ...}`` items). Unlike cosmos-rl's VL packer,
-the image processor runs once per image (the rollout input *is* the encoded prompt, and
-``get_policy_input`` reuses it), and a batch may mix rows with and without images.
+The whole interface cosmos-rl 0.4.7 calls on a packer (``BaseDataPacker``): ``setup(config)``,
+``get_rollout_input``, ``rollout_collate_fn``, ``get_rollout_output``, ``get_policy_input``,
+``policy_compute_max_len``, ``policy_collate_fn``, ``sft_process_sample``,
+``sft_compute_max_len``, ``sft_collate_fn``, ``extend_conversation``, ``batch_size``,
+``slice_batch``, ``save_state``, ``pad_token_id``; for decoder-only LLMs (an item is a string
+or a chat list) and the Qwen-VL families (chat content lists with ``{"type": "image",
+"image": ...}`` items). Unlike cosmos-rl's VL packer the image processor runs once per image
+per process and a batch may mix rows with and without images.
 
-    packer = QwenVLDataPacker(processor)
-    prompts = packer.rollout_collate_fn([packer.get_rollout_input(it) for it in items])
-    gens = engine.generate(prompts, SamplingParams(n=4, temperature=1.0))
-    policy = [packer.get_policy_input(p, c) for p, g in zip(prompts, gens) for c in g.completions]
-    batch = packer.policy_collate_fn(policy, packer.policy_compute_max_len(policy))
-    out = model(**{k: batch[k] for k in packer.model_keys(batch)})
+With cosmos-rl installed the public classes subclass its ``BaseDataPacker`` (what
+``comm/base.py``'s ``init_data_packer`` checks), resolved on first use (`packer_class`;
+nothing imports cosmos-rl before); without it they are standalone classes with the same
+methods. Built the way cosmos-rl builds packers: no arguments, then ``setup(config)`` loads
+the processor from ``config.policy.model_name_or_path`` (`mmpipe.processors.load_processor`)::
+
+    from mmpipe.families import QWEN2_5_VL
+    from mmpipe.rollout.packers import QwenVLDataPacker, register_with_cosmos
+    register_with_cosmos(QwenVLDataPacker, QWEN2_5_VL.model_types)   # get_default_data_packer -> ours
+
+What cosmos-rl receives:
+- ``get_rollout_input(item)``: a vLLM prompt in the form cosmos-rl's vLLM rollout consumes:
+  ``{"prompt_token_ids": [...] (one <|image_pad|> per image), "multi_modal_data": {"image":
+  [base64 PNG str, ...]}, "mm_processor_kwargs": {...}}`` (``decode_vision_info`` turns the
+  strings into PIL images; the PNGs are the stored resized images, lossless).
+- ``policy_collate_fn``: ``input_ids`` / ``attention_mask`` int64 [B, L], ``position_ids``
+  int64 [3, B, L], pixel data and grids, and ``logprob_masks`` bool [B, L] at LOGIT positions:
+  True at t when the logits at t predict a response token (``compute_logprobs`` scores
+  ``input_ids[:, t + 1]`` there), i.e. the label mask shifted left by one.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+import base64
+import functools
+import io
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -25,49 +43,115 @@ from mmpipe.batching.collate import collate
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError
-from mmpipe.records.generation import Completion
 from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.generation import Completion
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.rollout import RolloutSample
 
+__all__ = ["DataPacker", "DecoderOnlyLLMDataPacker", "QwenVLDataPacker", "packer_class", "cosmos_base_packer",
+           "register_with_cosmos", "shift_to_logit_positions"]
 
-class DataPacker:
-    """Dataset items -> rollout inputs -> policy inputs -> a policy batch.
 
-    Args:
+def shift_to_logit_positions(label_mask):
+    """Label mask bool [B, L] (True where the token is a target) -> the mask at logit positions
+    (True at t when the logits at t predict a target token): shifted left by one, last False."""
+    import torch
+
+    out = torch.zeros_like(label_mask, dtype=torch.bool)
+    out[:, :-1] = label_mask[:, 1:]
+    return out
+
+
+class DataPackerCore:
+    """Dataset items -> rollout inputs -> policy inputs -> a policy batch (see the module doc).
+
+    Args (all optional: cosmos-rl builds packers with no arguments and calls ``setup``):
         processor: a Qwen-VL processor, or a tokenizer for a decoder-only LLM.
         padding_side: of the policy batch (``"right"``, cosmos-rl's convention).
         on_vision_token: what `get_policy_input` does with a vision special token in a response:
             ``"raise"`` (a `PlaceholderError` naming the position and token) or ``"mask"``
             (the pad id with label -100; see `mmpipe.encoding.vision_tokens`).
+        tool_agent: cosmos-rl's multi-turn tool agent (kept as ``self.tool_agent``).
         encode_options: passed to `Encoder` (``max_length``, ``truncation``, ``pixels``...).
     """
 
-    def __init__(self, processor, *, padding_side: str = "right", on_vision_token: str = "raise", **encode_options):
-        encode_options.setdefault("labels", False)
-        self.encoder = Encoder(processor, **encode_options)
+    def __init__(self, processor=None, *, padding_side: str = "right", on_vision_token: str = "raise",
+                 tool_agent=None, **encode_options):
+        self.tool_agent = tool_agent
+        self.padding_side = padding_side
+        self.on_vision_token = on_vision_token
+        self.encode_options = dict(encode_options)
+        self.processor = None
+        self._cache: dict[int, tuple[Any, MultiModalInputs]] = {}
+        if processor is not None:
+            self.bind(processor)
+
+    # ---- construction --------------------------------------------------------------------
+    def bind(self, processor) -> None:
+        """Use ``processor`` (what ``setup`` does with the one it loads)."""
+        opts = dict(self.encode_options)
+        opts.setdefault("labels", False)
+        self.encoder = Encoder(processor, **opts)
+        self.sft_encoder = Encoder(processor, **dict(opts, labels=True))
         self.processor = processor
         self.tokenizer = self.encoder.tokenizer
         self.vision_tokens = VisionTokens.from_processor(self.tokenizer, family=self.encoder.family,
-                                                         policy=on_vision_token)
-        self.padding_side = padding_side
-        self._cache: dict[int, tuple[Any, MultiModalInputs]] = {}
+                                                         policy=self.on_vision_token)
+        self._cache.clear()
+        self._check_family()
 
-    # ---- dataset -> rollout ------------------------------------------------------------
+    def _check_family(self) -> None:
+        """Subclasses refuse processors of the wrong kind."""
+
+    def setup(self, config, *args, **kwargs) -> None:
+        """cosmos-rl's hook after construction: keeps ``config`` and loads the processor of
+        ``config.policy.model_name_or_path`` (a directory, or ``testing:FAMILY``) unless one
+        was given; drops the tool agent when multi-turn rollouts are off (as cosmos-rl's)."""
+        if config is None:
+            raise ArgumentError("setup(config): config is None; cosmos-rl passes its Config here")
+        self.config = config
+        if self.processor is None:
+            from mmpipe.processors import load_processor
+
+            self.bind(load_processor(config.policy.model_name_or_path))
+        multi_turn = getattr(getattr(getattr(config, "rollout", None), "multi_turn_config", None), "enable", False)
+        if not multi_turn:
+            self.tool_agent = None
+
+    def _need_processor(self) -> None:
+        if self.processor is None:
+            raise ArgumentError(
+                f"{type(self).__name__} has no processor: pass one (QwenVLDataPacker(processor)) or call "
+                "setup(config) first, as cosmos-rl does after building the packer"
+            )
+
+    @property
+    def pad_token_id(self) -> int:
+        self._need_processor()
+        return self.tokenizer.pad_token_id
+
+    def save_state(self, dest_path: str) -> None:
+        """Save the processor (or tokenizer) next to a checkpoint."""
+        if self.processor is not None:
+            self.processor.save_pretrained(dest_path)
+
+    # ---- dataset -> rollout --------------------------------------------------------------
     def to_row(self, item: Any) -> dict:
         """A dataset item as a raw row for `mmpipe.encode`."""
         if isinstance(item, str):
             return {"messages": [{"role": "user", "content": item}]}
         if isinstance(item, (list, tuple)):
-            return {"messages": list(item)}
+            return {"messages": [m.model_dump() if hasattr(m, "model_dump") else m for m in item]}
         if isinstance(item, dict):
             return item
         raise TypeError(f"unsupported dataset item of type {type(item).__name__}; expected str, chat list or row dict")
 
-    def get_rollout_input(self, item: Any) -> MultiModalInputs:
-        """The encoded prompt (generation prompt added): what a rollout engine takes.
-
-        For vLLM, turn these into prompts with ``mmpipe.rollout.inputs.to_vllm_prompts``."""
+    def encode_prompt(self, item: Any) -> MultiModalInputs:
+        """The encoded prompt of a dataset item (generation prompt added), cached by identity:
+        what local engines (`TransformersEngine`) take and what `get_policy_input` extends."""
+        if isinstance(item, MultiModalInputs):
+            return item
+        self._need_processor()
         cached = self._cache.get(id(item))
         if cached is not None and cached[0] is item:
             return cached[1]
@@ -77,11 +161,34 @@ class DataPacker:
         self._cache[id(item)] = (item, row)
         return row
 
-    def rollout_collate_fn(self, items: Sequence[MultiModalInputs]) -> list[MultiModalInputs]:
-        """Rollout inputs -> what the engine takes: the encoded prompt rows as a list."""
+    def get_rollout_input(self, item: Any) -> dict:
+        """The vLLM prompt of a dataset item in cosmos-rl's rollout form (see the module doc)."""
+        from mmpipe.rollout.inputs import to_vllm_prompts
+
+        prompt = to_vllm_prompts([self.encode_prompt(item)], self.processor)[0]
+        mm = prompt.get("multi_modal_data")
+        if mm:
+            prompt["multi_modal_data"] = {"image": [_png_base64(im) for im in mm["image"]]}
+        return prompt
+
+    def rollout_collate_fn(self, items: Sequence[Any]) -> list:
+        """Rollout inputs -> what the engine takes: the list itself."""
         return list(items)
 
-    # ---- rollout -> policy -------------------------------------------------------------
+    def get_rollout_output(self, completions: list, completed_conversations: list, logprobs: list,
+                           token_ids: list, **kwargs) -> tuple:
+        """Post-processing of rollout outputs (cosmos-rl's default): returned unchanged."""
+        return completions, completed_conversations, logprobs, token_ids, kwargs
+
+    def extend_conversation(self, conversation: list, responses: list[str], ground_truth: Optional[str] = None) -> list:
+        """Multi-turn: the conversation with the first response as an assistant message
+        (cosmos-rl's own method when installed: it appends a ``ChatMessage`` in place)."""
+        base = getattr(super(), "extend_conversation", None)
+        if base is not None:
+            return base(conversation, responses, ground_truth)
+        return list(conversation) + [{"role": "assistant", "content": responses[0] if responses else ""}]
+
+    # ---- rollout -> policy ---------------------------------------------------------------
     def get_policy_input(
         self,
         sample: Any,
@@ -90,13 +197,13 @@ class DataPacker:
     ) -> MultiModalInputs:
         """Prompt + response as a training row; labels on the response tokens only.
 
-        ``sample``: the rollout input (no re-encoding) or the dataset item (encoded once and
-        cached by identity). ``rollout_output``: the generated ids (preferred: no
-        re-tokenization drift), a `Completion` / `RolloutSample`, or the completion text.
-        ``n_ignore_prefix_tokens`` response tokens at the start get no loss (cosmos-rl).
-        A vision special token in the response is refused or masked (``on_vision_token``).
+        ``sample``: the dataset item (as cosmos-rl passes it; encoded once and cached by
+        identity) or an encoded prompt row. ``rollout_output``: the generated ids (preferred:
+        no re-tokenization drift), a `Completion` / `RolloutSample`, or the completion text.
+        The first ``n_ignore_prefix_tokens`` response tokens get no loss (cosmos-rl). A vision
+        special token in the response is refused or masked (``on_vision_token``).
         """
-        prompt = sample if isinstance(sample, MultiModalInputs) else self.get_rollout_input(sample)
+        prompt = self.encode_prompt(sample)
         if isinstance(rollout_output, RolloutSample):
             ids = rollout_output.response_ids
         elif isinstance(rollout_output, Completion):
@@ -118,37 +225,115 @@ class DataPacker:
         return max(r.num_tokens for r in processed_samples)
 
     def policy_collate_fn(self, processed_samples: Sequence[MultiModalInputs], computed_max_len: int) -> dict[str, Any]:
-        """The policy batch: input_ids / attention_mask / labels int64 [B, L], position_ids
-        int64 [3, B, L] (text models: [B, L]), pixel data and grids when any row has images,
-        ``logprob_masks`` bool [B, L] (True where the token is a trained response token), and
-        ``batch``: the `BatchedMultiModalInputs` itself."""
-        batch = collate(
-            processed_samples, processor=self.processor, padding_side=self.padding_side, pad_to_length=computed_max_len
-        )
+        """The policy batch: the model's forward kwargs (input_ids / attention_mask int64
+        [B, L], position_ids int64 [3, B, L] (text models: [B, L]), pixel data and grids when
+        any row has images) and ``logprob_masks`` bool [B, L] at logit positions."""
+        batch = self._collate(processed_samples, computed_max_len)
         out = batch.model_inputs(labels=False)
-        out["labels"] = batch.labels
-        out["logprob_masks"] = batch.labels != IGNORE_INDEX
-        out["batch"] = batch
+        out["logprob_masks"] = shift_to_logit_positions(batch.labels != IGNORE_INDEX)
         return out
+
+    # ---- SFT -----------------------------------------------------------------------------
+    def sft_process_sample(self, sample: Any) -> MultiModalInputs:
+        """An SFT item (chat list / row dict) -> a row labelled on its assistant tokens."""
+        self._need_processor()
+        return self.sft_encoder.encode_row(self.to_row(sample))
+
+    def sft_compute_max_len(self, processed_samples: Sequence[MultiModalInputs]) -> int:
+        return max(r.num_tokens for r in processed_samples)
+
+    def sft_collate_fn(self, sub_batch: Sequence[MultiModalInputs], computed_max_len: int,
+                       ignore_label_id: int = IGNORE_INDEX) -> dict[str, Any]:
+        """The SFT batch: forward kwargs plus ``label_ids`` int64 [B, L], NOT shifted (cosmos-rl's
+        loss shifts), ``ignore_label_id`` outside targets (vision tokens are never targets)."""
+        batch = self._collate(sub_batch, computed_max_len)
+        out = batch.model_inputs(labels=False)
+        labels = batch.labels.clone()
+        labels[labels == IGNORE_INDEX] = ignore_label_id
+        out["label_ids"] = labels
+        return out
+
+    # ---- batches -------------------------------------------------------------------------
+    def _collate(self, rows: Sequence[MultiModalInputs], max_len: int):
+        self._need_processor()
+        return collate(rows, processor=self.processor, padding_side=self.padding_side, pad_to_length=max_len)
+
+    def batch_size(self, batch: Any) -> int:
+        return len(batch)
+
+    def slice_batch(self, batch: Any, start: int, end: int) -> Any:
+        return batch[start:end]
 
     @staticmethod
     def model_keys(policy_batch: dict) -> list[str]:
-        """Keys of a policy batch that the model's forward takes."""
-        return [k for k in policy_batch if k not in ("labels", "logprob_masks", "batch")]
+        """Keys of a policy / SFT batch that a transformers model's forward takes."""
+        return [k for k in policy_batch if k not in ("logprob_masks", "label_ids")]
 
 
-class DecoderOnlyLLMDataPacker(DataPacker):
+class DecoderOnlyLLMPackerCore(DataPackerCore):
     """Items are prompt strings or chat lists; the processor is a tokenizer."""
 
 
-class QwenVLDataPacker(DataPacker):
+class QwenVLPackerCore(DataPackerCore):
     """Items are chat lists whose content lists carry ``{"type": "image", "image": ...}``
     items (or Hub-style rows with an ``images`` column)."""
 
-    def __init__(self, processor, **kw):
-        super().__init__(processor, **kw)
+    def _check_family(self) -> None:
         if not self.encoder.family.is_vision:
             raise ArgumentError(
                 f"QwenVLDataPacker needs a Qwen-VL processor (one of the vision families), got a "
                 f"{self.encoder.family.name!r} one; use DecoderOnlyLLMDataPacker for text models"
             )
+
+
+def _png_base64(image) -> str:
+    """A PIL image as a base64 PNG string (lossless; cosmos-rl's ``decode_vision_info`` input)."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+# ---- cosmos-rl's base class, resolved on first use -----------------------------------------
+_CORES = {
+    "DataPacker": (DataPackerCore, None),
+    "DecoderOnlyLLMDataPacker": (DecoderOnlyLLMPackerCore, "DataPacker"),
+    "QwenVLDataPacker": (QwenVLPackerCore, "DataPacker"),
+}
+
+
+def cosmos_base_packer() -> Optional[type]:
+    """cosmos-rl's ``BaseDataPacker``, or None when cosmos-rl is not installed."""
+    try:
+        from cosmos_rl.dispatcher.data.packer.base import BaseDataPacker
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] == "cosmos_rl":
+            return None
+        raise
+    return BaseDataPacker
+
+
+@functools.lru_cache(maxsize=None)
+def packer_class(name: str) -> type:
+    """The public packer class ``name``: its core (the methods above) on top of cosmos-rl's
+    ``BaseDataPacker`` when cosmos-rl is installed, standalone otherwise."""
+    core, parent = _CORES[name]
+    if parent is not None:
+        bases = (core, packer_class(parent))
+    else:
+        base = cosmos_base_packer()
+        bases = (core,) if base is None else (core, base)
+    return type(name, bases, {"__module__": __name__, "__doc__": core.__doc__, "__qualname__": name})
+
+
+def register_with_cosmos(cls: type, model_types: Sequence[str], *, allow_override: bool = True) -> None:
+    """Make cosmos-rl's ``BaseDataPacker.get_default_data_packer(model_type)`` build ``cls``."""
+    base = cosmos_base_packer()
+    if base is None:
+        raise ModuleNotFoundError("register_with_cosmos needs cosmos-rl: pip install cosmos-rl", name="cosmos_rl")
+    base.register(list(model_types), cls, allow_override=allow_override)
+
+
+def __getattr__(name: str):  # PEP 562: the public classes are built on first use
+    if name in _CORES:
+        return packer_class(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

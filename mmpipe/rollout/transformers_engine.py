@@ -66,7 +66,7 @@ class TransformersEngine:
         expanded = [r for r in recs for _ in range(params.n)]
         batch = self.collator(expanded)
         device = next(self.model.parameters()).device
-        kw = to_generate_kwargs(batch, device)
+        kw = to_generate_kwargs(batch, device, model=self.model)
         if not self.see_images:
             for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
                 kw.pop(k, None)

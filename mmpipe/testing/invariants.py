@@ -141,6 +141,7 @@ def assert_row_positions(row: RowLike, *, model: Any = None, row_index: Optional
     """
     import torch
 
+    from mmpipe.compat import hf_get_rope_index
     from mmpipe.rope import get_rope_index  # imports torch
 
     r = MultiModalInputs.from_dict(row, row=row_index)
@@ -156,8 +157,8 @@ def assert_row_positions(row: RowLike, *, model: Any = None, row_index: Optional
     takes_sec = r.fam.takes_second_per_grid_ts
     extra = {"second_per_grid_ts": torch.as_tensor(sec)} if sec is not None and takes_sec else {}
     ids = torch.as_tensor(r.input_ids)[None]
-    hf_pos, hf_delta = model.model.get_rope_index(ids, torch.as_tensor(r.mm_token_type_ids)[None], **t,
-                                                  attention_mask=torch.ones_like(ids), **extra)
+    hf_pos, hf_delta = hf_get_rope_index(model, ids, torch.as_tensor(r.mm_token_type_ids)[None], **t,
+                                         attention_mask=torch.ones_like(ids), **extra)
     assert np.array_equal(hf_pos[:, 0].numpy(), r.position_ids), f"{where}: position_ids differ from transformers'"
     assert int(hf_delta) == r.rope_delta, f"{where}: rope_delta {r.rope_delta}, transformers gives {int(hf_delta)}"
 

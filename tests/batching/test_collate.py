@@ -142,3 +142,25 @@ def test_collator_pickles():
     c = mmpipe.Collator(processor_for("qwen3_vl"), padding_side="right", pad_to_multiple_of=16)
     c2 = pickle.loads(pickle.dumps(c))
     assert c2.spec == c.spec and c2.padding_side == "right" and len(pickle.dumps(c)) < 2000
+
+
+def test_keep_columns_ride_along_in_row_order():
+    """keep_columns: dict rows, Arrow rows (ArrowRows, workers) and a missing column."""
+    from mmpipe.batching.collate import ArrowRows
+
+    proc = processor_for("qwen2_vl")
+    rows = [dict(r.to_dict(), id=f"r{i}", reward_model={"ground_truth": str(i)}, data_source="toy")
+            for i, r in enumerate(_encode_all(_rows(proc), proc))]
+    col = mmpipe.Collator(proc, keep_columns=["id", "reward_model"])
+    batch = col(rows[::-1])
+    assert batch.columns == {"id": ["r3", "r2", "r1", "r0"],
+                             "reward_model": [{"ground_truth": str(i)} for i in (3, 2, 1, 0)]}
+    assert "id" not in batch.model_inputs() and mmpipe.Collator(proc)(rows).columns is None
+    ds = datasets.Dataset.from_list(rows)
+    loader = torch.utils.data.DataLoader(ArrowRows(ds), batch_size=3, collate_fn=col, num_workers=2)
+    assert [b.columns["id"] for b in loader] == [["r0", "r1", "r2"], ["r3"]]
+    with pytest.raises(mmpipe.errors.InputError, match="no column 'uid'") as e:
+        mmpipe.collate(rows, processor=proc, keep_columns=["uid"])
+    assert e.value.row == 0 and e.value.column == "uid" and "keep_columns" in str(e.value)
+    with pytest.raises(mmpipe.errors.ArgumentError, match="list of column names"):
+        mmpipe.Collator(proc, keep_columns="id")

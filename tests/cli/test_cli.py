@@ -205,6 +205,26 @@ def test_truncation_drop_is_counted_in_the_report(sample, tmp_path, capsys):
     _assert_same_rows(out, sample["reference"])
 
 
+def test_keep_columns_are_saved_next_to_the_encoded_rows(sample, tmp_path, capsys):
+    """--keep-columns a,b: the columns verl's reward managers read survive encode, row for row."""
+    rows = [dict(json.loads(line), id=f"q{i}", data_source="toy", reward_model={"ground_truth": str(i)})
+            for i, line in enumerate(sample["jsonl"].read_text().splitlines())]
+    src = sample["root"] / "with_ids.jsonl"  # next to imgs/: the relative image paths resolve
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "enc"
+    rc = main(["encode", str(src), "--processor", f"testing:{FAMILY}", "--out", str(out), "--quiet",
+               "--keep-columns", "id, reward_model"])
+    assert rc == 0, capsys.readouterr().err
+    got = datasets.load_from_disk(str(out))
+    assert got["id"] == [f"q{i}" for i in range(5)] and "data_source" not in got.column_names
+    assert got["reward_model"] == [{"ground_truth": str(i)} for i in range(5)]
+    assert_rows_equal(_rows(got), _rows(sample["reference"]), what="encode with --keep-columns")
+    assert json.loads((out / REPORT_FILE).read_text())["keep_columns"] == ["id", "reward_model"]
+    rc = main(["encode", str(src), "--processor", f"testing:{FAMILY}", "--out", str(tmp_path / "x"), "--quiet",
+               "--keep-columns", "uid"])
+    assert rc == 2 and "--keep-columns: keep_columns ['uid'] are not columns" in capsys.readouterr().err
+
+
 # ---- inspect -----------------------------------------------------------------------------
 def _expected_stats(rows: list) -> dict:
     fam = rows[0].fam

@@ -12,6 +12,7 @@ import mmpipe
 from mmpipe import testing
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.mapping import prefetch_images as _prefetched
+from mmpipe.testing.invariants import assert_roundtrip
 
 from conftest import processor_for
 from helpers import assistant_texts, processor_reference
@@ -220,6 +221,30 @@ def test_encode_dataset_counts_drops_across_processes():
     assert str(report) == "encoded 3 of 6 rows; dropped: too_long: 3"
     again, report2 = mmpipe.encode_dataset(ds, proc, max_length=4096)
     assert report2.dropped == {} and len(again) == 6
+
+
+def test_encode_dataset_keeps_pass_through_columns_row_for_row():
+    """keep_columns survive dropped and failed rows (num_proc=2) and collate carries them."""
+    import datasets
+
+    proc = processor_for("qwen2_vl")
+    long = {"messages": _chat(2, answer="long " * 30), "images": [testing.tiny_image(56, 56), testing.tiny_image(56, 84)]}
+    short = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "images": []}
+    rows = [dict(r, id=i, data_source="toy", extra_info={"index": i}) for i, r in enumerate([long, short, short, long, short])]
+    rows[2]["messages"] = []  # fails to encode: skipped and reported
+    ds = datasets.Dataset.from_list(rows)
+    enc, report = mmpipe.encode_dataset(ds, proc, num_proc=2, batch_size=2, max_length=40, truncation="drop",
+                                        on_error="skip", keep_columns=["id", "extra_info"])
+    assert report.rows_out == 2 and len(report.errors) == 1 and report.dropped == {"too_long": 2}
+    assert enc["id"] == [1, 4] and enc["extra_info"] == [{"index": 1}, {"index": 4}]
+    assert "data_source" not in enc.column_names and "messages" not in enc.column_names
+    batch = mmpipe.Collator(proc, keep_columns=["id", "extra_info"])(list(enc))
+    assert batch.columns == {"id": [1, 4], "extra_info": [{"index": 1}, {"index": 4}]}
+    assert_roundtrip([mmpipe.MultiModalInputs.from_dict(r) for r in enc], batch=batch)
+    with pytest.raises(mmpipe.errors.ArgumentError, match="not columns of the dataset"):
+        mmpipe.encode_dataset(ds, proc, keep_columns=["uid"])
+    with pytest.raises(mmpipe.errors.ArgumentError, match="encoded columns"):
+        mmpipe.encode_dataset(ds.rename_column("id", "input_ids"), proc, keep_columns=["input_ids"])
 
 
 def test_batched_call_prefetches_images_and_equals_rows_one_by_one(photos):

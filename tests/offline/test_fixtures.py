@@ -14,6 +14,7 @@ import torch
 
 import mmpipe.offline as T
 from mmpipe.offline import tokenizer as offline_tokenizer
+from mmpipe.compat import hf_get_rope_index, is_transformers_5, mm_token_type_ids_kwargs
 from mmpipe.families import family_of, get_family
 
 FAMILIES = T.FAMILY_NAMES
@@ -30,7 +31,8 @@ def _chat(proc, content, **kw):
 
 def test_tokenizer_basics():
     tok = T.build_tokenizer()
-    assert type(tok).__name__ == "Qwen2Tokenizer" and tok.is_fast
+    # 5.x's Qwen2Tokenizer is the tokenizers-backed one; on 4.x that class is Qwen2TokenizerFast
+    assert type(tok).__name__ == ("Qwen2Tokenizer" if is_transformers_5() else "Qwen2TokenizerFast") and tok.is_fast
     assert len(tok) < 1024
     assert tok.pad_token == "<|endoftext|>" and tok.eos_token == "<|im_end|>"
     ids = T.special_token_ids()
@@ -126,7 +128,7 @@ def test_processor_family_and_outputs(family):
         _chat(proc, [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}]),
         _chat(proc, "No image here, only a question."),
     ]
-    out = proc(text=texts, images=imgs, return_tensors="pt", padding=True)
+    out = proc(text=texts, images=imgs, return_tensors="pt", padding=True, **mm_token_type_ids_kwargs())
     assert set(out) >= {"input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids"}
     grid = out["image_grid_thw"]
     assert grid.dtype == torch.int64 and grid.shape == (3, 3) and (grid[:, 0] == 1).all()
@@ -174,9 +176,11 @@ def test_model_forward_rope_generate(family):
         logits = model(**inputs).logits
         assert logits.shape == (1, n, len(proc.tokenizer))
         assert torch.isfinite(logits).all()
-        pos, delta = model.model.get_rope_index(
+        pos, delta = hf_get_rope_index(
+            model,
             inputs["input_ids"],
-            inputs["mm_token_type_ids"],
+            proc(text=[text], images=[T.tiny_image(97, 211)], return_tensors="pt", **mm_token_type_ids_kwargs())[
+                "mm_token_type_ids"],
             image_grid_thw=inputs["image_grid_thw"],
             attention_mask=inputs["attention_mask"],
         )

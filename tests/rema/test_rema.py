@@ -11,6 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from mmpipe import rema, testing
+from mmpipe.compat import hf_get_rope_index, is_transformers_5
 from mmpipe.rollout.transformers_engine import TransformersEngine
 from mmpipe.families import get_family
 from mmpipe.testing.invariants import assert_rema_roundtrip
@@ -18,6 +19,7 @@ from mmpipe.records.generation import Completion, Generation, SamplingParams
 
 from conftest import model_for, processor_for
 from strategies import rema_cases
+import rema_reference as ref
 
 FLAG = "[FINISH]"
 VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -56,66 +58,59 @@ def rows_of(engine_calls):
 
 # ---- the invariant checks every batch must pass ----------------------------------------
 def check_batch(batch, proc, images_per_row):
-    """Labels / step_ids against a token-level oracle, decoded spans == responses, ids ==
-    the processor on the whole rendered conversation, padding and history shapes."""
+    """Every role's tensors equal ReMA's own encoding rule (`rema_reference`, read from ReMA's
+    released source) applied to the batch's conversation histories; ReMA's history / padding
+    entries, per-turn tensors and finish codes; decoded targets == responses."""
     tok = getattr(proc, "tokenizer", proc)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    header = tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
     non = batch.non_tensor_batch
-    B, T = len(batch), batch.max_num_turns
+    B, T, R = len(batch), batch.max_num_turns, len(batch.agent_roles)
     vision = batch.family != "text"
     for b in range(B):
-        assert len(non["history"][b]) == rema.history_size(len(batch.agent_roles), T)
+        assert len(non["history"][b]) == rema.history_size(R, T)
         real = [h for h in non["history"][b] if h["role"] != rema.PAD_ROLE]
-        assert all(h == rema.history_pad_entry() for h in non["history"][b][len(real):])
+        assert all(h == {"role": "padding", "content": "<PAD>"} for h in non["history"][b][len(real):])
+        assert all(set(h) == {"role", "content", "num_gen_tokens", "stop_reason"} for h in real)
         assert [h["role"] for h in real] == list(batch.agent_roles) * non["num_turns"][b]
-        assert non["response"][b] == real[-1]["content"]
-        assert 1 <= non["num_turns"][b] <= T
+        assert non["num_turns"][b] == len(real) // R and non["response"][b] == real[-1]["content"]
+        assert non["finish_reason"][b] in ref.FINISH_CODE
     for role in batch.agent_roles:
         t = {k: batch.batch[f"{role}_{k}"] for k in rema.ROLE_TENSORS}
         L = t["input_ids"].shape[1]
         assert all(v.shape[0] == B and v.shape[-1] == L and v.dtype == torch.int64 for v in t.values())
         assert t["position_ids"].shape == ((B, 3, L) if vision else (B, L))
+        assert batch.batch[f"{role}_num_gen_tokens"].shape == (B, T) and batch.batch[f"{role}_stop_reasons"].dtype == torch.bool
+        assert batch.batch[f"{role}_turn_finished"].tolist() == [ref.FINISH_CODE[f] for f in non["finish_reason"]]
         for b in range(B):
             n = int(t["attention_mask"][b].sum())
             assert t["attention_mask"][b, :n].all() and not t["attention_mask"][b, n:].any()  # right padding
             assert (t["labels"][b, n:] == -100).all() and (t["step_ids"][b, n:] == -100).all()
-            ids = t["input_ids"][b, :n].tolist()
-            labels, steps = t["labels"][b, :n].tolist(), t["step_ids"][b, :n].tolist()
             own = [h for h in non["history"][b] if h["role"] == role]
             assert len(own) == non["num_turns"][b]
-            # oracle: a response is every token between an assistant header and the next <|im_end|>
-            starts = [k + len(header) for k in range(n - len(header) + 1) if ids[k:k + len(header)] == header]
-            assert len(starts) == len(own)
-            want_labels, want_steps = [-100] * n, [-100] * n
-            for turn, (s, h) in enumerate(zip(starts, own)):
-                e = ids.index(im_end, s)
-                for k in range(s, e):
-                    want_labels[k], want_steps[k] = ids[k], turn
-                if h["finish_reason"] == "stop":  # EOS is a target only after a normal stop
-                    want_labels[e], want_steps[e] = im_end, turn
-            assert labels == want_labels, f"role {role}, row {b}: labels are not exactly the role's responses"
-            assert steps == want_steps, f"role {role}, row {b}: step_ids do not count turns"
-            # decoding each turn's labeled tokens gives back exactly that response
-            for turn, h in enumerate(own):
-                toks = [x for x, s_ in zip(labels, steps) if s_ == turn]
-                if h["finish_reason"] == "stop":
-                    assert toks and toks[-1] == im_end
-                    toks = toks[:-1]
-                assert tok.decode(toks) == h["content"]
-            # ids == the processor / tokenizer on the whole rendered conversation (no drift)
             hist = non[f"{role}_conversation_history"][b]
             assert len(hist) == 2 * T
             conv = [m for m in hist if m["role"] != rema.PAD_ROLE]
             assert all(m == rema.conversation_pad_entry() for m in hist[len(conv):])
-            conv = conv + [{"role": "assistant", "content": [{"type": "text", "text": own[-1]["content"]}]}]
-            rendered = proc.apply_chat_template(conv, tokenize=False, add_generation_prompt=False)
-            if vision:
-                ref = proc(text=[rendered], images=list(images_per_row[b]) or None, return_tensors="np")["input_ids"][0]
-            else:
-                ref = tok(rendered, add_special_tokens=False)["input_ids"]
-            assert ids == list(ref), f"role {role}, row {b}: ids differ from the processor's"
-            n_img = sum(it["type"] == "image" for m in conv for it in m["content"])
+            conv = conv + [{"role": "assistant", "content": own[-1]["content"]}]
+            want = ref.reference_encode(conv, proc, [h["stop_reason"] for h in own], images_per_row[b])
+            assert t["input_ids"][b, :n].tolist() == want["input_ids"], f"role {role}, row {b}: ids differ from ReMA's"
+            assert t["labels"][b, :n].tolist() == want["labels"], f"role {role}, row {b}: labels differ from ReMA's"
+            assert t["step_ids"][b, :n].tolist() == want["step_ids"], f"role {role}, row {b}: step_ids differ"
+            nums = batch.batch[f"{role}_num_gen_tokens"][b].tolist()
+            assert nums == want["num_gen_tokens"] + [0] * (T - len(want["num_gen_tokens"]))
+            stops = batch.batch[f"{role}_stop_reasons"][b].tolist()
+            assert stops == [h["stop_reason"] != "stop" for h in own] + [False] * (T - len(own))
+            if not vision:  # ReMA's compute_position_id_with_mask
+                assert t["position_ids"][b].tolist() == [max(0, min(k, n - 1)) for k in range(L)]
+            # each turn's targets decode to exactly that response (+ EOS after a normal stop)
+            labels, steps = t["labels"][b].tolist(), t["step_ids"][b].tolist()
+            for turn, h in enumerate(own):
+                toks = [x for x, s_ in zip(labels, steps) if s_ == turn]
+                if h["stop_reason"] == "stop":
+                    assert toks and toks[-1] == im_end
+                    toks = toks[:-1]
+                assert tok.decode(toks) == h["content"]
+            n_img = sum(isinstance(m["content"], list) and sum(it["type"] == "image" for it in m["content"]) for m in conv)
             assert n_img == len(images_per_row[b])  # every role's view shows every question image once
     # pixel data once per question, not per role
     assert batch.image_offsets.tolist() == list(np.cumsum([0] + [len(x) for x in images_per_row]))
@@ -157,7 +152,7 @@ def test_scripted_rema_rollout(family):
                          system_prompts={"meta": "You are meta.", "reasoner": "You are reasoner."})
     non = batch.non_tensor_batch
     # the flag stops its row (at the end of that round) and only that row; max_num_turns honoured
-    assert non["finish_reason"] == ["max_turns", "finish_flag", "max_turns"]
+    assert non["finish_reason"] == ["reach_max_turn", None, "reach_max_turn"]  # ReMA's vocabulary
     assert non["num_turns"] == [3, 2, 3]
     # one batched call per role per turn, over the rows still running
     assert rows_of(engines["meta"].calls) == [[0, 1, 2], [0, 1, 2], [0, 2]]
@@ -167,21 +162,21 @@ def test_scripted_rema_rollout(family):
     q1 = qs[1]["question"]
     assert non["question"][1] == q1
     meta_hist = [m for m in non["meta_conversation_history"][1] if m["role"] != "padding"]
-    txt = lambda s: [{"type": "text", "text": s}]  # noqa: E731
-    assert meta_hist == [{"role": "system", "content": txt("You are meta.")},
-                         {"role": "user", "content": txt(q1)},
-                         {"role": "assistant", "content": txt("plan r1 t0")},
-                         {"role": "user", "content": txt("answer r1 t0")}]
+    assert meta_hist == [{"role": "system", "content": "You are meta."},   # ReMA's form: string contents
+                         {"role": "user", "content": q1},                  # (row 1 has no image)
+                         {"role": "assistant", "content": "plan r1 t0"},
+                         {"role": "user", "content": "answer r1 t0"}]
     reasoner_hist = [m for m in non["reasoner_conversation_history"][0] if m["role"] != "padding"]
     if family == "text":
-        first = txt("Question:\nQ0: what is shown?\n\nInstruction:\nplan r0 t0")
+        first = "Question:\nQ0: what is shown?\n\nInstruction:\nplan r0 t0"
     else:
-        first = txt("Question:\nQ0: what is shown? ") + [{"type": "image"}] + txt("\n\nInstruction:\nplan r0 t0")
+        first = [{"type": "text", "text": "Question:\nQ0: what is shown? "}, {"type": "image"},
+                 {"type": "text", "text": "\n\nInstruction:\nplan r0 t0"}]
     assert reasoner_hist[1] == {"role": "user", "content": first}
-    assert reasoner_hist[2:] == [{"role": "assistant", "content": txt("answer r0 t0")},
-                                 {"role": "user", "content": txt("plan r0 t1")},
-                                 {"role": "assistant", "content": txt("answer r0 t1")},
-                                 {"role": "user", "content": txt("plan r0 t2")}]
+    assert reasoner_hist[2:] == [{"role": "assistant", "content": "answer r0 t0"},
+                                 {"role": "user", "content": "plan r0 t1"},
+                                 {"role": "assistant", "content": "answer r0 t1"},
+                                 {"role": "user", "content": "plan r0 t2"}]
     assert non["response"] == ["answer r0 t2", "answer r1 t1", "answer r2 t2"]
     # every prompt row handed to the engine carried the question's images
     for eng in engines.values():
@@ -218,17 +213,17 @@ def test_custom_views_are_what_the_configuration_says():
     engine = ScriptedEngine(proc, lambda row, turn: (f"reply r{row} t{turn}", "stop"))
     batch = rema.rollout(qs, engine, proc, agent_roles=["planner", "solver", "critic"], max_num_turns=2,
                          finish_flag=None, views=views)
-    assert len(engine.calls) == 6 and batch.non_tensor_batch["finish_reason"] == ["max_turns"] * 2
+    assert len(engine.calls) == 6 and batch.non_tensor_batch["finish_reason"] == ["reach_max_turn"] * 2
     non = batch.non_tensor_batch
     user = lambda role, b: [m["content"] for m in non[f"{role}_conversation_history"][b] if m["role"] == "user"]  # noqa: E731
     q0 = [{"type": "text", "text": "Q0: what is shown? "}, {"type": "image"}]
     # no system prompt given: the conversation starts with the user turn
     assert non["planner_conversation_history"][0][0]["role"] == "user"
-    assert user("planner", 0) == [q0, [{"type": "text", "text": "reply r0 t0"}]]       # the critic's reply
+    assert user("planner", 0) == [q0, "reply r0 t0"]       # the critic's reply
     assert user("solver", 0) == [[{"type": "text", "text": "reply r0 t0 || Q0: what is shown? "}, {"type": "image"}],
-                                 [{"type": "text", "text": "reply r0 t1"}]]              # the planner's latest
+                                 "reply r0 t1"]              # the planner's latest
     assert user("critic", 0)[0] == q0 + [{"type": "text", "text": "\nPlan: reply r0 t0\nAnswer: reply r0 t0"}]
-    assert user("critic", 0)[1] == [{"type": "text", "text": "New answer: reply r0 t1"}]
+    assert user("critic", 0)[1] == "New answer: reply r0 t1"
     # the engine's prompts are the rendered views (the critic's second prompt, row 1)
     last = engine.calls[-1]["texts"][1]
     assert last.endswith("<|im_start|>user\nNew answer: reply r1 t1<|im_end|>\n<|im_start|>assistant\n")
@@ -301,17 +296,21 @@ def test_transformers_engine_rollout(family):
                              system_prompts={"meta": "You plan.", "reasoning": "You solve."}, max_num_turns=2,
                              finish_flag=FLAG, params=SamplingParams(max_new_tokens=4))
         non = batch.non_tensor_batch
-        assert non["finish_reason"] == ["max_turns"] * 3 and non["num_turns"] == [2, 2, 2]
-        assert [h["num_tokens"] <= 4 for hs in non["history"] for h in hs if h["role"] != "padding"]
+        assert non["finish_reason"] == ["reach_max_turn"] * 3 and non["num_turns"] == [2, 2, 2]
+        assert all(h["num_gen_tokens"] <= 4 for hs in non["history"] for h in hs if h["role"] != "padding")
         check_batch(batch, proc, imgs)
         assert_rema_roundtrip(batch)
         if family == "text":
             for role in batch.agent_roles:
                 kw = batch.model_inputs(role, labels=True)
                 mask = kw["attention_mask"]
-                assert torch.equal(kw["position_ids"], (mask.cumsum(1) - 1).clamp(min=0) * mask)  # plain positions
+                assert torch.equal(kw["position_ids"], (mask.cumsum(1) - 1).clamp(min=0))  # ReMA's positions
                 with torch.no_grad():
-                    assert torch.isfinite(model(**kw).loss)
+                    out = model(**kw)
+                # the loss scores the shifted labels where they stand (ReMA: labels = rolled ids)
+                lab = kw["labels"]
+                want = torch.nn.functional.cross_entropy(out.logits[lab != -100].float(), lab[lab != -100])
+                torch.testing.assert_close(out.loss, want, rtol=1e-5, atol=1e-6)
             return
         # rollout: 2 roles x 2 turns generate calls, each prefill ran the vision tower on all rows' images
         all_grids = batch.image_grid_thw
@@ -320,10 +319,13 @@ def test_transformers_engine_rollout(family):
         with torch.no_grad():
             for role in batch.agent_roles:
                 kw = batch.model_inputs(role)
-                ref_pos, _ = model.model.get_rope_index(kw["input_ids"], kw["mm_token_type_ids"],
-                                                        image_grid_thw=all_grids, attention_mask=kw["attention_mask"])
+                ref_pos, _ = hf_get_rope_index(model, kw["input_ids"], kw["mm_token_type_ids"],
+                                               image_grid_thw=all_grids, attention_mask=kw["attention_mask"])
                 mask = kw["attention_mask"].bool()
-                assert torch.equal(ref_pos, kw["position_ids"])  # pads included (0 on both sides)
+                if is_transformers_5():
+                    assert torch.equal(ref_pos, kw["position_ids"])  # pads included (0 on both sides)
+                else:  # 4.x gives pads position 1
+                    assert torch.equal(ref_pos[:, mask], kw["position_ids"][:, mask])
                 logits = model(**kw).logits
                 assert len(seen) == 1 and torch.equal(seen.pop(), all_grids)  # this role's forward saw the images
                 # another picture of the same size: rows with images change, the text-only row does not
@@ -366,7 +368,7 @@ def test_any_conversation_shape_encodes_pads_and_roundtrips(case):
     non = batch.non_tensor_batch
     for i, at in enumerate(case["finish_at"]):
         fired = at is not None and at < T
-        assert non["finish_reason"][i] == ("finish_flag" if fired else "max_turns")
+        assert non["finish_reason"][i] == (None if fired or T == 1 else "reach_max_turn")  # ReMA: T == 1 keeps None
         assert non["num_turns"][i] == (at + 1 if fired else T)
     for r in roles:  # one call per role per round, over the rows still running
         want = [[i for i in range(len(qs)) if non["num_turns"][i] > t] for t in range(max(non["num_turns"]))]

@@ -1,0 +1,21 @@
+"""Hosts: encoded rows inside the trainers people already run.
+
+One module per host; each imports its host package lazily (inside the functions that need it),
+so mmpipe works, and these modules import, without the host installed::
+
+    trainer.py  transformers ``Trainer`` / TRL ``SFTTrainer``: `TrainerCollator` (a Mapping of
+                forward kwargs + labels) and the settings an encoded dataset needs
+    verl.py     verl: rows -> RLHFDataset-style row dicts (`verl_rows`) and DataProto-ready
+                tensors + object arrays (`verl_batch`)
+"""
+
+from __future__ import annotations
+
+from mmpipe._lazy import lazy_exports
+
+_EXPORTS = {
+    "mmpipe.hosts.trainer": ("TrainerCollator", "trainer_settings", "sft_settings"),
+    "mmpipe.hosts.verl": ("verl_rows", "verl_batch", "collate_verl_rows"),
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -1,0 +1,97 @@
+"""transformers ``Trainer`` and TRL ``SFTTrainer``: encoded rows -> the Mapping their loop feeds
+to ``model(**inputs)``.
+
+::
+
+    args = TrainingArguments("out", per_device_train_batch_size=4, **trainer_settings())
+    trainer = Trainer(model=model, args=args, train_dataset=enc, data_collator=TrainerCollator(processor))
+    trainer.train()
+
+Why the settings (`trainer_settings`, `sft_settings`):
+
+- ``remove_unused_columns=False``: by default the Trainer keeps only the dataset columns the
+  model's ``forward`` names (TRL's SFTTrainer only ``input_ids``/``labels``/``seq_lengths``),
+  so ``family``, ``pixel_values_u8``, ``rope_delta`` ... are gone before collate. The collator
+  refuses such rows with an error naming this setting.
+- ``accelerator_config={"dispatch_batches": False}``: with an ``IterableDataset`` (streaming),
+  accelerate by default builds each batch on rank 0 and slices every tensor along dim 0 for the
+  ranks. ``pixel_values`` ``[N, D]`` (patches of all rows) and ``position_ids`` ``[3, B, L]`` are
+  not batch-first, so the slices lose patches / positions and the vision tower fails. Without
+  dispatch, each rank iterates its own loader.
+- TRL only: ``dataset_kwargs={"skip_prepare_dataset": True}``: the dataset is already encoded
+  (ids, labels, images); SFTTrainer must not tokenize, truncate or add EOS to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Sequence
+
+from mmpipe.batching.collate import Collator
+from mmpipe.errors import ArgumentError
+
+__all__ = ["TrainerCollator", "trainer_settings", "sft_settings"]
+
+
+def trainer_settings() -> dict[str, Any]:
+    """``TrainingArguments`` keywords an encoded dataset needs (see the module docstring):
+    ``remove_unused_columns=False``, ``accelerator_config={"dispatch_batches": False}``."""
+    return {"remove_unused_columns": False, "accelerator_config": {"dispatch_batches": False}}
+
+
+def sft_settings() -> dict[str, Any]:
+    """``trl.SFTConfig`` keywords for an encoded dataset: `trainer_settings` plus
+    ``dataset_kwargs={"skip_prepare_dataset": True}``."""
+    return {**trainer_settings(), "dataset_kwargs": {"skip_prepare_dataset": True}}
+
+
+class TrainerCollator:
+    """``data_collator`` for ``transformers.Trainer`` / ``trl.SFTTrainer``: encoded rows -> a dict.
+
+    Returns the forward kwargs of `mmpipe.BatchedMultiModalInputs.model_inputs` plus ``labels``:
+    ``input_ids`` / ``attention_mask`` / ``mm_token_type_ids`` / ``labels`` int64 [B, L],
+    ``position_ids`` int64 [3, B, L] (``positions="verl"``: [4, B, L]), and when the batch holds
+    images ``pixel_values`` float32 [N, 3*T*p*p] + ``image_grid_thw`` int64 [I, 3] (videos
+    likewise). The Trainer moves them to the device and calls ``model(**batch)``.
+
+    ``collator_options`` go to `mmpipe.Collator` (``pad_to_multiple_of``, ``family``,
+    ``pad_token_id``, ``verify_pixels``); ``padding_side`` defaults to ``"right"`` here (training).
+    Picklable (``dataloader_num_workers > 0``). Rows stripped by ``remove_unused_columns=True``
+    or rows without labels raise `ArgumentError` saying what to change.
+    """
+
+    def __init__(self, processor=None, *, padding_side: str = "right", positions: str = "mrope", **collator_options):
+        if positions not in ("mrope", "verl"):
+            raise ArgumentError(f"positions must be 'mrope' or 'verl', got {positions!r}")
+        self.collator = Collator(processor, padding_side=padding_side, **collator_options)
+        self.positions = positions
+
+    def __call__(self, rows: Sequence[Any]) -> dict[str, Any]:
+        check_not_stripped(rows)
+        batch = self.collator(rows)
+        if batch.labels is None:
+            raise ArgumentError(
+                "the rows carry no labels (encoded with labels=False, e.g. RL prompts): the Trainer's loss "
+                "needs them; re-encode with labels=True (the default) for SFT")
+        out = batch.model_inputs(positions=self.positions, labels=False)
+        out["labels"] = batch.labels
+        return out
+
+
+def check_not_stripped(rows: Sequence[Any]) -> None:
+    """Refuse dict rows without the ``family`` column that every encoded row has: the Trainer's
+    ``remove_unused_columns=True`` dropped it (and ``pixel_values_u8`` ...) before collate."""
+    first = rows[0] if isinstance(rows, (list, tuple)) and rows else None
+    if not isinstance(first, Mapping) or "family" in first:
+        return
+    have = sorted(first)
+    if "input_ids" in first:
+        raise ArgumentError(
+            f"the rows reaching the collator hold only the columns {have}: 'family', 'pixel_values_u8' and the "
+            "other encoded columns were removed before collate. transformers.Trainer (and trl.SFTTrainer) drop "
+            "every column the model's forward does not name while remove_unused_columns=True (the default): "
+            "pass remove_unused_columns=False in TrainingArguments / SFTConfig, e.g. "
+            "TrainingArguments(..., **mmpipe.hosts.trainer_settings())")
+    raise ArgumentError(
+        f"the rows reaching the collator are not encoded rows (columns {have}); encode the dataset first "
+        "(mmpipe.encode_dataset) and pass remove_unused_columns=False (mmpipe.hosts.trainer_settings())")
