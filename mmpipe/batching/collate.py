@@ -96,6 +96,7 @@ def collate(
     tokens = _pad_tokens(recs, padding_side, pad_token_id, pad_to_length, pad_to_multiple_of)
     media = _media_layout(recs)
     pixel_format, layout_only = _pixel_format(recs)
+    spec = spec.for_rows([r.image_backend if r.has_pixels else None for r in recs])  # the rows' image backend
     pixels = {} if layout_only else _assemble_pixels(recs, spec, pixel_format, media)
     batch = _batch_record(recs, tokens, media, pixels, padding_side=padding_side, family=fam.name,
                           pixel_format=pixel_format, spec=spec)

@@ -88,6 +88,8 @@ def unbatch(batch: BatchedMultiModalInputs) -> list[MultiModalInputs]:
             row.pixel_values = pv[ip].copy() if pv is not None else np.zeros((0, fam.patch_dim), np.float32)
             if pvv is not None and videos:
                 row.pixel_values_videos = pvv[vp].copy()
+        if formats[b] != "none" and batch.spec is not None:
+            row.image_backend = batch.spec.backend
         rows.append(row)
     return rows
 

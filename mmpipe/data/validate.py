@@ -42,6 +42,7 @@ from mmpipe.data.repair import (
 from mmpipe.data.loading import DamagedDatasetError, load_table, table_to_dataset  # noqa: F401 (re-exported)
 from mmpipe.errors import InputError
 from mmpipe.families import FAMILIES
+from mmpipe.records.columns import OPTIONAL_ROW_COLUMNS
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.arrow import list_lengths, rows_from_arrow
 
@@ -175,7 +176,7 @@ def _compare_schema(table: pa.Table, report: ValidationReport, fix: bool, featur
             report.issues.append(Issue("error", "missing_column", f.name, f"missing ({_doc(f)})", REENCODE))
     for name in table.column_names:
         if name not in expected.names:
-            if name in BOOKKEEPING:
+            if name in BOOKKEEPING or name in OPTIONAL_ROW_COLUMNS:
                 continue
             report.issues.append(Issue("warning", "extra_column", name,
                                        "not a stored-row column; collate ignores it",

@@ -61,7 +61,8 @@ class Encoder(CodeStamped):
         tools: JSON-schema tool specs (``[{"type": "function", "function": {...}}]``) passed
             to the chat template as ``tools=`` for every row; a row's ``tools_column`` value
             (a list or its JSON string), when not None, wins for that row.
-        min_pixels / max_pixels: override the processor's resize bounds.
+        min_pixels / max_pixels: override the processor's resize bounds. image_backend: whose
+            pixels to reproduce, ``"pil"``/``"torchvision"`` or ``"auto"`` (the processor's).
         threads: threads decoding and resizing a row's images concurrently (PIL releases the
             GIL); None = `mmpipe.images.default_threads` (1 inside ``datasets.map(num_proc=...)``
             workers, where the processes already share the cores).
@@ -95,6 +96,7 @@ class Encoder(CodeStamped):
         tools: Optional[list] = None,
         tools_column: str = "tools",
         image_root: Optional[str] = None,
+        image_backend: str = "auto",
     ):
         check_choice("on_error", on_error, ERROR_POLICIES)
         check_choice("truncation", truncation, TRUNCATION_POLICIES)
@@ -103,7 +105,7 @@ class Encoder(CodeStamped):
         self.processor = processor
         self.family: ModelFamily = family_of(processor)
         self.tokenizer = getattr(processor, "tokenizer", processor)
-        self.spec = VisionSpec.from_processor(processor, min_pixels, max_pixels) if self.family.is_vision else None
+        self.spec = VisionSpec.from_processor(processor, min_pixels, max_pixels, image_backend) if self.family.is_vision else None
         self.max_length = max_length
         self.truncation = truncation
         self.pixels = pixels
@@ -383,4 +385,6 @@ class Encoder(CodeStamped):
             # write the 8x larger float32 data twice)
             u8 = np.concatenate(u8_blocks) if u8_blocks else np.zeros((0, fam.patch_dim_u8), np.uint8)
             row.pixel_values = u8_to_pixel_values(u8, self.lut(), self.spec.temporal_patch_size)
+        if self.spec is not None and self.pixels != "none":
+            row.image_backend = self.spec.backend  # collate expands the pixels with this backend's table
         return row

@@ -89,6 +89,8 @@ def empty_row_dict(enc) -> dict:
         row.pixel_values_u8 = np.zeros((0, fam.patch_dim_u8), np.uint8)
     elif enc.pixels == "float32":
         row.pixel_values = np.zeros((0, fam.patch_dim), np.float32)
+    if enc.spec is not None and enc.pixels != "none":
+        row.image_backend = enc.spec.backend  # the same columns as the batch's encoded rows
     return row.to_dict()
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from mmpipe.errors import PlaceholderError
 from mmpipe.families import family_of
+from mmpipe.images.backends import processor_backend
 from mmpipe.images.spec import VisionSpec
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.columns import to_numpy
@@ -94,6 +95,7 @@ def rows_from_processor_output(outputs, processor, *, labels=None) -> list[Multi
             second_per_grid_ts=secs[gv:gv + nv].astype(np.float32),
             pixel_values=(pv[pi:pi + n_ip] if pv is not None else np.zeros((0, fam.patch_dim), np.float32)),
             pixel_values_videos=pvv[pvi:pvi + n_vp] if (pvv is not None and nv) else None,
+            image_backend=processor_backend(processor),  # whose float values these are
         )
         rows.append(row.validate(b))
         gi, gv, pi, pvi = gi + ni, gv + nv, pi + n_ip, pvi + n_vp
@@ -107,7 +109,7 @@ def compact(row: MultiModalInputs, spec: Optional[VisionSpec] = None) -> MultiMo
 
     if row.pixel_format != "float32":
         return row
-    spec = spec or VisionSpec.from_family(row.fam)
+    spec = spec or VisionSpec.from_family(row.fam, row.image_backend)
     lut = spec.lut()
     fam = row.fam
     u8 = pixel_values_to_u8(row.pixel_values, lut, spec.temporal_patch_size, stage="validate") if row.pixel_values is not None \

@@ -10,6 +10,7 @@ from PIL import Image
 
 from mmpipe.errors import ImageError, PixelDataError
 from mmpipe.images.load import bomb_error, image_hw, load_image, to_rgb_image, unreadable_error, upright
+from mmpipe.images.backends import resize_u8_torch
 from mmpipe.images.spec import VisionSpec, smart_resize
 from mmpipe.images.threads import CHUNK_ROWS, parallel_rows
 
@@ -23,10 +24,15 @@ def resize_image(img: Image.Image, spec: VisionSpec) -> np.ndarray:
 
     Grayscale ("L") images are resized before the conversion to RGB: the conversion copies
     the one band into three and the resize treats each band alike, so the result is the same
-    bytes, while a large grayscale image is never held as RGB (1 byte per source pixel, not 4)."""
+    bytes, while a large grayscale image is never held as RGB (1 byte per source pixel, not 4).
+
+    ``spec.backend == "torchvision"``: the RGB image resized by torch's uint8 antialiased
+    bicubic instead, as transformers' torchvision backend does (`backends.resize_u8_torch`)."""
     img = upright(img)
     w, h = img.size
     th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels, max_ratio=spec.max_aspect_ratio)
+    if spec.backend == "torchvision":
+        return resize_u8_torch(np.asarray(to_rgb_image(img)), th, tw)
     if img.mode == "L" and img.info.get("transparency") is None:
         small = img.resize((tw, th), resample=spec.resample) if (tw, th) != img.size else img
         return np.asarray(small.convert("RGB"))

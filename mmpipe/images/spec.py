@@ -1,21 +1,25 @@
 """`VisionSpec`: a family's image-processor settings (patch, merge, temporal sizes, bounds,
-mean/std) and the per-channel uint8 -> float32 table; `smart_resize`: the Qwen resize rule."""
+mean/std, backend) and the per-channel uint8 -> float32 table; `smart_resize`: the Qwen resize rule."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
 
 import numpy as np
 
-from mmpipe.errors import ImageError
+from mmpipe.errors import ImageError, PixelDataError
+from mmpipe.images.backends import lut as backend_lut, resolve_backend
 from mmpipe.families import ModelFamily, family_of
 
 
 @dataclass(frozen=True)
 class VisionSpec:
     """Image-processing constants, read from a processor (or a family's defaults).
-    ``max_aspect_ratio``: the family's limit on ``max(h, w) / min(h, w)``."""
+    ``max_aspect_ratio``: the family's limit on ``max(h, w) / min(h, w)``. ``backend``: the
+    transformers image-processor backend whose resize and float values are reproduced,
+    ``"pil"`` or ``"torchvision"`` (`mmpipe.images.backends`)."""
 
     patch_size: int
     temporal_patch_size: int
@@ -29,24 +33,29 @@ class VisionSpec:
     do_normalize: bool = True
     resample: int = 3  # PIL.Image.BICUBIC, the Qwen processors' filter
     max_aspect_ratio: float = ModelFamily.max_aspect_ratio  # the family table's default
+    backend: str = "pil"
 
     @property
     def factor(self) -> int:
         return self.patch_size * self.merge_size
 
     @classmethod
-    def from_family(cls, fam: ModelFamily) -> "VisionSpec":
+    def from_family(cls, fam: ModelFamily, backend: str = "pil") -> "VisionSpec":
         return cls(
             fam.patch_size, fam.temporal_patch_size, fam.merge_size, fam.min_pixels, fam.max_pixels,
             tuple(fam.image_mean), tuple(fam.image_std), max_aspect_ratio=fam.max_aspect_ratio,
+            backend=resolve_backend(backend),
         )
 
     @classmethod
-    def from_processor(cls, processor, min_pixels=None, max_pixels=None) -> "VisionSpec":
+    def from_processor(cls, processor, min_pixels=None, max_pixels=None, backend: str = "auto") -> "VisionSpec":
+        """``backend``: ``"auto"`` (the processor's, `backends.processor_backend`), ``"pil"``
+        or ``"torchvision"``."""
         ip = getattr(processor, "image_processor", None)
         fam = family_of(processor)
+        backend = resolve_backend(backend, processor)
         if ip is None:
-            return cls.from_family(fam)
+            return cls.from_family(fam, backend)
         size = getattr(ip, "size", None) or {}
         get = (lambda k: size.get(k)) if isinstance(size, dict) else (lambda k: getattr(size, k, None))
         mn = min_pixels or get("shortest_edge") or getattr(ip, "min_pixels", None) or fam.min_pixels
@@ -65,19 +74,31 @@ class VisionSpec:
             bool(getattr(ip, "do_normalize", True)),
             int(getattr(ip, "resample", None) if getattr(ip, "resample", None) is not None else 3),
             fam.max_aspect_ratio,
+            backend,
         )
+
+    def for_rows(self, backends: Sequence[Optional[str]]) -> "VisionSpec":
+        """This spec with the backend the rows' pixels were made with: the rows win over the
+        processor, since their stored uint8 pixels are that backend's resize and expand to its
+        floats with its table. ``backends``: each row's ``image_backend`` (None: no pixels).
+        Rows of different backends in one batch are a `PixelDataError` naming the first odd row."""
+        found = [(i, b) for i, b in enumerate(backends) if b is not None]
+        if all(b == self.backend for _, b in found):
+            return self
+        odd = next((i for i, b in found if b != found[0][1]), None)
+        if odd is not None:
+            raise PixelDataError(
+                f"rows encoded with different image backends in one batch ({found[0][1]!r} and {backends[odd]!r})",
+                where="", row=odd, column="image_backend", stage="collate",
+                fix="encode every row with the same Encoder(image_backend=...): the engine's backend")
+        return replace(self, backend=found[0][1])
 
     def lut(self) -> np.ndarray:
         """float32 [3, 256]: the processor's value for each uint8 value of each channel,
-        computed with the processor's own float ops (float64 rescale, float32 normalise)."""
-        v = np.arange(256, dtype=np.uint8)
-        x = v.astype(np.float64) * self.rescale_factor if self.do_rescale else v.astype(np.float64)
-        x = x.astype(np.float32)
-        if not self.do_normalize:
-            return np.stack([x, x, x])
-        mean = np.asarray(self.image_mean, dtype=np.float32)
-        std = np.asarray(self.image_std, dtype=np.float32)
-        return ((x[None, :] - mean[:, None]) / std[:, None]).astype(np.float32)
+        computed with the backend's own float ops (`mmpipe.images.backends.lut`; PIL: float64
+        rescale, float32 normalise; torchvision: fused float32 rescale + normalise)."""
+        return backend_lut(self.backend, self.rescale_factor, self.do_rescale, self.do_normalize,
+                            self.image_mean, self.image_std)
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int, *,

@@ -187,6 +187,7 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int, verify_pixels: bool 
     flat, nested, blobs = _flat_columns(table), _nested_columns(table), _blob_columns(table)
     deltas = table.column("rope_delta").to_numpy(zero_copy_only=False) if "rope_delta" in names else None
     digests = table.column("pixel_digest").to_pylist() if verify_pixels and "pixel_digest" in names else None
+    backends = table.column("image_backend").to_pylist() if "image_backend" in names else None
     rows = []
     for b in range(table.num_rows):
         row = first_row + b
@@ -209,5 +210,7 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int, verify_pixels: bool 
                 d[k] = _blob_value(k, v, row)
         if digests is not None:
             d["pixel_digest"] = digests[b]
+        if backends is not None:
+            d["image_backend"] = backends[b]
         rows.append(MultiModalInputs.from_dict(d, row=row, verify_pixels=verify_pixels))
     return rows

@@ -154,6 +154,13 @@ NULLABLE_ROW_COLUMNS = {"labels", "pixel_values", "pixel_values_videos", "pixel_
                         "pixel_digest"}
 
 
+# Columns a stored row carries only when it needs them (not part of every row's schema).
+OPTIONAL_ROW_COLUMNS: dict[str, str] = {
+    "image_backend": "string 'torchvision': the image-processor backend the pixels reproduce and collate expands "
+                     "them with (mmpipe.images.backends); absent for PIL-backend rows",
+}
+
+
 PIXEL_COLUMNS = {
     "uint8": ("pixel_values_u8", "pixel_values_videos_u8", "pixel_digest"),
     "float32": ("pixel_values", "pixel_values_videos", "pixel_digest"),

@@ -45,6 +45,18 @@ from mmpipe.records.columns import (
     u8_or_empty,
 )
 from mmpipe.records.display_hooks import render
+from mmpipe.images.backends import BACKENDS
+
+
+def stored_backend(value: Any, row: Any = None) -> str:
+    """A stored ``image_backend`` value, checked (`mmpipe.images.backends.BACKENDS`); None
+    (rows without the column: PIL rows and rows of older mmpipe) -> ``"pil"``."""
+    value = "pil" if value is None else value.decode() if isinstance(value, bytes) else value
+    if value not in BACKENDS:
+        raise InputError(f"unknown image backend {value!r}", row=row, column="image_backend", stage="validate",
+                         expected=" or ".join(map(repr, BACKENDS)), found=repr(value),
+                         fix="re-encode the row (Encoder(image_backend=...))")
+    return value
 
 
 def row_family(name: Any, row: Any = None) -> ModelFamily:
@@ -76,6 +88,9 @@ class MultiModalInputs:
         pixel_values_videos:    float32 [Nv, 3*T*p*p] or None.
         pixel_values_videos_u8: uint8 [Nv, 3*T*p*p] or None (frames differ, so all T kept).
         family:             model family name (``mmpipe.families``).
+        image_backend:      ``"pil"`` or ``"torchvision"``: the transformers image-processor
+                            backend whose resize and float values the pixels reproduce
+                            (`mmpipe.images.backends`); stored only when not ``"pil"``.
     """
 
     input_ids: np.ndarray
@@ -92,6 +107,7 @@ class MultiModalInputs:
     second_per_grid_ts: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.float32))
     pixel_values_videos: Optional[np.ndarray] = None
     pixel_values_videos_u8: Optional[np.ndarray] = None
+    image_backend: str = "pil"
 
     # ---- derived facts -------------------------------------------------------------
     @property
@@ -222,7 +238,7 @@ class MultiModalInputs:
             mm_token_type_ids=as_array(d.get("mm_token_type_ids", np.zeros(L)), np.int64, 1, "mm_token_type_ids", row),
             position_ids=pos,
             rope_delta=int(delta[0]),
-            family=fam.name,
+            family=fam.name, image_backend=stored_backend(d.get("image_backend"), row),
         )
         if d.get("labels") is not None:
             kw["labels"] = as_array(d["labels"], np.int64, 1, "labels", row)
@@ -302,6 +318,8 @@ class MultiModalInputs:
             out["pixel_values_videos"] = f32_or_empty(self.pixel_values_videos, fam.patch_dim)
         if fmt != "none":
             out["pixel_digest"] = np.int64(self.stored_pixel_digest())
+            if self.image_backend != "pil":  # PIL rows keep the layout of before (no column)
+                out["image_backend"] = self.image_backend
         return out
 
     def __eq__(self, other: object) -> bool:

