@@ -1,6 +1,7 @@
-"""Benchmark data: real photos (matplotlib's sample_data) and generated images at realistic
-sizes, JPEG/PNG-encoded as a ``datasets.Image()`` column stores them, in chat rows with 1, 2
-and 8 images.
+"""Benchmark data: real photos (matplotlib's sample_data, in their own files) and photo-like
+JPEGs at realistic sizes (random crops of the Grace Hopper photo scaled to 640x480..1920x1080,
+with mild sensor noise), encoded as a ``datasets.Image()`` column stores them, in chat rows with
+1, 2 and 8 images.
 
 Everything is deterministic (fixed seeds) so two runs time the same work.
 """
@@ -23,10 +24,11 @@ REALISTIC_SIZES = [(640, 480), (480, 640), (800, 600), (1024, 768), (1280, 720),
 QUICK_SIZES = [(160, 120), (120, 160), (200, 150), (256, 192)]
 
 FAMILY = "qwen2_vl"
-# Qwen2VLImageProcessorPil's own defaults (size shortest_edge / longest_edge), i.e. what a real
-# Qwen2-VL checkpoint's processor resizes with: 56*56 and 28*28*1280 pixels.
+# The released Qwen2-VL checkpoints' preprocessor_config.json (min_pixels / max_pixels): 56*56 and
+# 12845056 (= 28*28*16384) pixels, so no photo up to 1920x1080 is scaled down, only rounded to
+# multiples of 28 (1920x1080 -> 1932x1092: 10,764 patch rows, 2,691 tokens).
 REAL_MIN_PIXELS = 3136
-REAL_MAX_PIXELS = 1003520
+REAL_MAX_PIXELS = 12845056
 
 
 def processor(quick: bool = False):
@@ -70,8 +72,8 @@ class ImagePool:
 
 
 def image_pool(quick: bool = False, seed: int = 0) -> ImagePool:
-    """The matplotlib photos at their own sizes (PNG stays PNG) plus, per realistic size, one
-    photo-like JPEG (a real photo scaled, with noise) and one synthetic JPEG (gradients+noise)."""
+    """The matplotlib photos at their own sizes (PNG stays PNG) plus, per realistic size, two
+    photo-like JPEGs (random crops of a real photo scaled to that size, with mild sensor noise)."""
     import matplotlib
 
     photos = testing.sample_photos()
@@ -86,8 +88,8 @@ def image_pool(quick: bool = False, seed: int = 0) -> ImagePool:
     for i, (w, h) in enumerate(QUICK_SIZES if quick else REALISTIC_SIZES):
         values.append(encoded(_photo_like(w, h, seed + i, real), "JPEG"))
         names.append(f"photo-like {w}x{h} jpeg")
-        values.append(encoded(testing.tiny_image(h, w, seed=seed + 100 + i), "JPEG"))
-        names.append(f"generated {w}x{h} jpeg")
+        values.append(encoded(_photo_like(w, h, seed + 100 + i, real), "JPEG"))
+        names.append(f"photo-like {w}x{h} jpeg (2)")
     return ImagePool(values, names)
 
 

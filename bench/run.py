@@ -16,7 +16,8 @@ import tempfile
 import time
 import traceback
 
-CASES = ("rope", "layout", "encode", "bytes", "collate", "map_scaling", "rss", "packing", "memory")
+CASES = ("rope", "layout", "encode", "bytes", "collate", "job", "map_scaling", "rss", "rss_real", "packing",
+         "memory")
 NOT_QUICK = ("memory",)  # a minute of 10 MB rows: in --quick runs only when named in --only
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "latest.json")
 
@@ -36,17 +37,6 @@ def _environment() -> dict:
         "torch": torch.__version__, "transformers": transformers.__version__, "datasets": datasets.__version__,
         "numpy": numpy.__version__, "pyarrow": pyarrow.__version__, "pillow": PIL.__version__,
     }
-
-
-def format_table(results: list) -> str:
-    head = ("case", "mmpipe", "baseline", "ratio", "target", "met?", "identical?")
-    yn = {True: "yes", False: "NO", None: "-"}
-    lines = [(r.case, r.mmpipe, r.baseline, r.ratio_text, r.target, yn[r.met], yn[r.identical]) for r in results]
-    widths = [max(len(str(x[i])) for x in [head, *lines]) for i in range(len(head))]
-    fmt = " | ".join(f"{{:{'<' if i < 3 else '>'}{w}}}" for i, w in enumerate(widths))
-    out = [fmt.format(*head), "-+-".join("-" * w for w in widths)]
-    out += [fmt.format(*map(str, x)) for x in lines]
-    return "\n".join(out)
 
 
 def main(argv=None) -> int:
@@ -75,7 +65,8 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
 
     from . import cases
-    from .cases import Context, Result
+    from .cases import Context
+    from .report import Result, format_table
     from .timing import OtherLoad, wait_for_quiet
 
     t_start = time.time()
@@ -99,7 +90,7 @@ def main(argv=None) -> int:
             except Exception as e:  # keep going: report the failure in the table and the exit code
                 traceback.print_exc()
                 failures.append(name)
-                rows = [Result(name, "error", "-", None, "-", "-", False, False, {"error": repr(e)})]
+                rows = [Result(name, "error", "-", None, "-", "-", False, False, {"error": repr(e)}, "-", repr(e)[:120])]
             for r in rows:
                 r.detail.setdefault("case_id", name)
                 r.detail.setdefault("seconds", round(time.time() - t0, 2))
@@ -113,15 +104,18 @@ def main(argv=None) -> int:
             print(f"[bench] {name} done in {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
     table = format_table(results)
     mode = "quick (smoke: small data, ratios not meaningful)" if args.quick else "full"
-    print(f"\nmmpipe benchmark, {mode}; data: matplotlib photos + generated JPEGs "
+    print(f"\nmmpipe benchmark, {mode}; data: matplotlib photos + photo-like JPEGs "
           f"{'(small)' if args.quick else '640x480..1920x1080'}; Qwen2-VL processor bounds "
-          f"{'test defaults' if args.quick else 'min_pixels=3136, max_pixels=1003520 (Qwen2VLImageProcessorPil defaults)'}")
-    print("figures: best of repeats, contenders interleaved; ratio = baseline / mmpipe time (speed), "
-          "mmpipe / baseline (bytes, GB/s)\n")
+          f"{'test defaults' if args.quick else 'min_pixels=3136, max_pixels=12845056 (the Qwen2-VL checkpoints)'}")
+    print(f"figures: median [min-max] of {ctx.repeat} samples per contender (rotated order, same cores); "
+          "ratio = baseline median / mmpipe median [paired per-sample spread]; load per sample in the JSON; "
+          f"1-minute load average {os.getloadavg()[0]:.2f} at the end on {os.cpu_count()} cores\n")
     print(table)
+    print("\nload: median CPU cores other processes kept busy during a case's samples (of "
+          f"{os.cpu_count()}; /proc/stat less this process and its children); with load >= 0.25 the timings are "
+          "pessimistic, sub-millisecond and multi-threaded ones most (per-sample load in the JSON)")
     if busy_cases:
-        print(f"\nnote: other processes kept cores busy during {', '.join(busy_cases)} (average cores); "
-              "those timings are pessimistic, mmpipe's sub-millisecond ones most (other_cores_busy_* in the JSON)")
+        print(f"cases run with other processes busy: {', '.join(busy_cases)}")
     print(f"\ntotal {time.time() - t_start:.0f} s")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

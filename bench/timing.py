@@ -1,8 +1,12 @@
 """Side-by-side timing on a noisy shared machine.
 
-Contenders are run interleaved (A, B, A, B, ...) so a burst of load from another process hits
-both alike; each figure is the best (minimum) of its repeats, the usual estimate of the cost
-on an unloaded machine, and the median is kept too (in the JSON).
+Contenders run in rotated order (A B C, B C A, C A B, ...) so neither always goes first (warm
+caches, a burst of load from another process hit all alike). Every sample records the load:
+how many cores other processes kept busy while it ran (from /proc/stat, less this process's
+own and its waited-for children's CPU time) and the 1-minute load average. A figure is the
+median of the samples, shown with its spread (min / median / max; the quartiles are in the
+JSON); the ratio of two contenders is the ratio of their medians, and the spread of the
+paired ratios (sample k of A over sample k of B) is kept too.
 """
 
 from __future__ import annotations
@@ -17,43 +21,74 @@ from typing import Callable
 
 @dataclass
 class Timing:
-    best: float  # seconds
-    median: float
-    times: list[float] = field(default_factory=list)
+    times: list[float]  # seconds per call, one per sample, in sample order
+    other_cores: list[float] = field(default_factory=list)  # other processes' busy cores per sample
+    loadavg: list[float] = field(default_factory=list)  # 1-minute load average after each sample
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def best(self) -> float:
+        return min(self.times)
+
+    @property
+    def worst(self) -> float:
+        return max(self.times)
+
+    def quartiles(self) -> tuple[float, float]:
+        if len(self.times) < 2:
+            return self.times[0], self.times[0]
+        q = statistics.quantiles(self.times, n=4, method="inclusive")
+        return q[0], q[2]
 
     def to_json(self) -> dict:
-        return {"best_s": self.best, "median_s": self.median, "times_s": self.times}
+        q1, q3 = self.quartiles()
+        return {"median_s": self.median, "min_s": self.best, "max_s": self.worst, "q1_s": q1, "q3_s": q3,
+                "times_s": self.times, "other_cores_busy": [round(x, 2) for x in self.other_cores],
+                "loadavg_1min": [round(x, 2) for x in self.loadavg]}
+
+
+def paired_ratios(num: Timing, den: Timing) -> list[float]:
+    """Sample-by-sample ``num / den`` (the samples of one rotation were taken back to back)."""
+    return [a / b for a, b in zip(num.times, den.times)]
 
 
 def side_by_side(contenders: dict[str, Callable[[], object]], *, repeat: int = 5, warmup: int = 1,
                  min_time: float = 0.0) -> dict[str, Timing]:
-    """Time each callable ``repeat`` times, interleaved; returns name -> `Timing`.
+    """Time each callable ``repeat`` times in rotated order; returns name -> `Timing`.
 
-    A repeat runs the callable ``k`` times where ``k`` is picked after the warm-up so that one
-    repeat takes at least ``min_time`` seconds (small functions); times are per call.
+    A sample runs the callable ``k`` times where ``k`` is picked after the warm-up so that one
+    sample takes at least ``min_time`` seconds (small functions, timeit style); times are per call.
     """
     loops = {}
     for name, fn in contenders.items():
         t = 0.0
-        for _ in range(max(warmup, 1)):
+        for _ in range(warmup):
             s = time.perf_counter()
             fn()
             t = time.perf_counter() - s
-        loops[name] = max(1, int(min_time / t) + 1) if (min_time and t < min_time) else 1
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(repeat):
-        for name, fn in contenders.items():
-            k = loops[name]
+        loops[name] = max(1, int(min_time / t) + 1) if (min_time and 0 < t < min_time) else 1
+    out = {name: Timing([]) for name in contenders}
+    names = list(contenders)
+    for r in range(repeat):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn, k = contenders[name], loops[name]
             gc.collect()
             gc.disable()
             try:
-                s = time.perf_counter()
-                for _ in range(k):
-                    fn()
-                times[name].append((time.perf_counter() - s) / k)
+                with OtherLoad() as other:
+                    s = time.perf_counter()
+                    for _ in range(k):
+                        fn()
+                    el = time.perf_counter() - s
             finally:
                 gc.enable()
-    return {name: Timing(min(ts), statistics.median(ts), ts) for name, ts in times.items()}
+            out[name].times.append(el / k)
+            out[name].other_cores.append(other.cores)
+            out[name].loadavg.append(os.getloadavg()[0])
+    return out
 
 
 def _cpu_jiffies() -> tuple[int, int]:
@@ -92,7 +127,8 @@ def wait_for_quiet(max_wait: float, threshold: float = 0.3, log=None) -> tuple[f
 
 class OtherLoad:
     """Average number of cores other processes kept busy while a block ran: all busy CPU
-    time on the machine (/proc/stat) less this process's own and its children's."""
+    time on the machine (/proc/stat) less this process's own and its children's. Coarse
+    (10 ms jiffies): read it over blocks of 0.1 s and more."""
 
     def __enter__(self) -> "OtherLoad":
         self.cores = 0.0

@@ -2,7 +2,7 @@
 # Set up (scripts/setup.sh) and run the benchmark suite; arguments go to `python -m bench`:
 #
 #   bash scripts/bench.sh                  # full suite: prints the table, writes bench/results/latest.json
-#   bash scripts/bench.sh --quick          # small data, every case and equality check (~30 s)
+#   bash scripts/bench.sh --quick          # small data, every case and equality check (~50 s)
 #   bash scripts/bench.sh --only rope,collate --repeat 7
 #
 # Runs from any directory; relative paths in the arguments are taken from the current one.

@@ -20,8 +20,13 @@ def test_bench_quick_runs_every_case_with_identical_outputs(tmp_path):
     assert report["mode"] == "quick"
     results = report["results"]
     cases = {r["detail"]["case_id"] for r in results}
-    assert cases == {"rope", "layout", "encode", "bytes", "collate", "map_scaling", "rss", "packing"}
+    assert cases == {"rope", "layout", "encode", "bytes", "collate", "job", "map_scaling", "rss", "rss_real", "packing"}
     for r in results:
         assert r["identical"] is True, f"{r['case']}: outputs differ from the baseline ({r['detail']})"
         assert r["mmpipe"] != "error", r["detail"]
-    assert "| identical?" in proc.stdout  # the table was printed
+        assert r["baseline_name"], r["case"]  # every line names what it is compared with
+        for t in r["detail"].get("timing", {}).values():  # medians with spread and the load, per sample
+            if isinstance(t, dict) and "times_s" in t:
+                assert t["min_s"] <= t["median_s"] <= t["max_s"]
+                assert len(t["other_cores_busy"]) == len(t["times_s"])
+    assert "| identical?" in proc.stdout and "baseline (median [min-max])" in proc.stdout  # the table was printed
