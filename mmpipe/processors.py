@@ -121,8 +121,10 @@ def _load_directory(spec: str, path: Path, log: Callable[[str], None]):
         proc = AutoProcessor.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # noqa: BLE001
         if family is None:
+            hint = (" (this processor class needs torchvision: pip install torchvision, or load a processor "
+                    "whose image processor does not)") if "torchvision" in str(e).lower() else ""
             raise ProcessorLoadError(
-                f"processor {spec!r}: AutoProcessor.from_pretrained failed: {type(e).__name__}: {e}") from None
+                f"processor {spec!r}: AutoProcessor.from_pretrained failed: {type(e).__name__}: {e}{hint}") from None
         log(f"note: AutoProcessor could not build {cls_name} ({type(e).__name__}: {str(e)[:160]}); "
             f"loading it without a video processor (images only)")
         return _image_only(family, path)

@@ -26,7 +26,8 @@ Checks (`mmpipe.cli.demo_checks.DemoChecks`; the exit status is 1 if any fails):
 row's logits in the padded batch equal the row run alone (padding and positions are right).
 
 Real model (quickstart): ``--model DIR`` loads ``AutoModelForImageTextToText`` from a local
-directory and ``AutoProcessor`` from ``--processor DIR`` (default: the model directory).
+directory and the processor from ``--processor DIR`` (default: the model directory) through
+`mmpipe.processors.load_processor` (AutoProcessor; images-only where torchvision is missing).
 ``--processor DIR`` alone runs encode/collate/unbatch with the real processor and skips the
 model. In transformers 5.x the stock Qwen-VL processors also build a video processor, which
 may need torchvision installed (normally present on GPU machines).
@@ -163,12 +164,15 @@ def _load(args):
         from mmpipe.offline import build_model, build_processor
 
         return build_processor(args.family), build_model(args.family), f"offline tiny {args.family}", True
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
-    processor = AutoProcessor.from_pretrained(args.processor, local_files_only=True)
+    from mmpipe.processors import load_processor
+
+    # AutoProcessor, or the same files images-only where the stock class needs torchvision
+    processor = load_processor(args.processor)
     if getattr(processor, "image_processor", None) is None:
         raise SystemExit(
-            f"AutoProcessor.from_pretrained({args.processor!r}) gave a {type(processor).__name__}, not a "
+            f"load_processor({args.processor!r}) gave a {type(processor).__name__}, not a "
             "vision-language processor: the directory needs the model's config.json and "
             "preprocessor_config.json (a Qwen2-VL, Qwen2.5-VL or Qwen3-VL checkpoint)"
         )

@@ -68,3 +68,44 @@ def test_build_rows_formats():
     assert any(r["messages"][-1]["role"] == "assistant" for r in ds)
     assert any(r["messages"][-1]["role"] == "user" for r in ds)
     assert len({n for ns in names for n in ns}) >= 8  # photos and generated images
+
+
+def _stock_qwen25_directory(path):
+    """A processor directory as a Qwen2.5-VL checkpoint holds it: the stock processor class
+    and a video processor config (whose class needs torchvision)."""
+    import json
+
+    from mmpipe import testing
+
+    testing.build_processor("qwen2_5_vl").save_pretrained(str(path))
+    for f in path.glob("*.json"):
+        d = json.loads(f.read_text())
+        if isinstance(d, dict) and "processor_class" in d:
+            d["processor_class"] = "Qwen2_5_VLProcessor"
+            f.write_text(json.dumps(d))
+    pre = path / "preprocessor_config.json"
+    video = json.loads(pre.read_text()) if pre.exists() else {}
+    video.pop("image_processor_type", None)
+    (path / "video_preprocessor_config.json").write_text(json.dumps(dict(video, video_processor_type="Qwen2VLVideoProcessor")))
+    return path
+
+
+def test_demo_on_a_stock_qwen25_directory_without_torchvision(tmp_path, capsys):
+    """Issue 17.6: on a Qwen2.5-VL-style directory AutoProcessor needs torchvision (its video
+    processor), which this environment does not have: the demo (and the Quickstart) load it
+    through mmpipe.processors.load_processor, images-only, and run every check."""
+    import importlib.util
+
+    import transformers
+
+    from mmpipe.processors import load_processor
+
+    path = _stock_qwen25_directory(tmp_path)
+    assert importlib.util.find_spec("torchvision") is None  # the main environment's promise
+    with pytest.raises(ImportError, match="[Tt]orchvision"):
+        transformers.AutoProcessor.from_pretrained(str(path), local_files_only=True)
+    assert load_processor(str(path)).image_processor is not None
+    rc = demo.main(["--processor", str(path), "--family", "qwen2_5_vl", "--rows", "4"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.strip().splitlines()[-1].endswith(demo.SUMMARY_OK)
