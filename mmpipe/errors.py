@@ -174,6 +174,12 @@ class ImageError(InputError):
     default_stage = "image"
 
 
+class VideoError(ImageError):
+    """A video cannot be used: corrupt or unknown container, no video stream, zero frames,
+    a codec the decoder lacks, frames too large, or sampling options the video cannot meet.
+    An `ImageError` (stage ``"image"``), so handlers of image failures see videos too."""
+
+
 class TruncationError(InputError):
     """The row exceeds ``max_length`` and the truncation policy cannot handle it."""
 
@@ -197,9 +203,9 @@ class FamilyMismatchError(InputError):
 DOCUMENTED_ERRORS = (
     InputError, ParseError, PlaceholderError, ImageError, TruncationError, PixelDataError,
     FamilyMismatchError,
-)
+)  # VideoError is an ImageError; list it here once encode takes raw videos (bad-input corpus)
 
 __all__ = [
     "STAGES", "MMPipeError", "ArgumentError", "InputError", "ParseError", "PlaceholderError", "ImageError",
-    "TruncationError", "PixelDataError", "FamilyMismatchError", "DOCUMENTED_ERRORS",
+    "VideoError", "TruncationError", "PixelDataError", "FamilyMismatchError", "DOCUMENTED_ERRORS",
 ]

@@ -2,7 +2,8 @@
 plain decoder LLMs lives here, one small record per family. Stages look a family up and
 never branch on its name.
 
-The family is found from the processor (or model config), never asked of the user::
+The family is found from the processor or model config CLASS, never asked of the user and
+never guessed from attributes (`family_of`); other families raise `UnsupportedProcessorError`::
 
     >>> fam = family_of(processor)          # doctest: +SKIP
     >>> fam.name, fam.patch_size, fam.merge_size
@@ -173,6 +174,23 @@ DEFAULT_FAMILY = QWEN2_VL.name
 
 # Processor class name -> family, for processors that carry no model config.
 _PROCESSOR_CLASSES = {cls: f.name for f in FAMILIES.values() for cls in f.processor_classes}
+# Model types -> family (a model or a model config).
+_MODEL_TYPES = {t: f.name for f in FAMILIES.values() for t in f.model_types}
+
+# Where a processor of a family without a table row goes instead (not wired into encode yet).
+GENERIC_PATH = "mmpipe.encoding.generic.GenericEncoder"
+
+
+class UnsupportedProcessorError(ArgumentError):
+    """A vision-language processor (or model config) of a family mmpipe has no table row for.
+
+    The message names the class and the path such a processor takes (`GENERIC_PATH`: the
+    processor's own chat template and call, 1-D positions). ``class_name`` holds the class.
+    """
+
+    def __init__(self, message: str, class_name: str):
+        super().__init__(message)
+        self.class_name = class_name
 
 
 def get_family(name: str) -> ModelFamily:
@@ -182,38 +200,57 @@ def get_family(name: str) -> ModelFamily:
         raise ArgumentError(f"unknown model family {name!r}; known: {sorted(FAMILIES)}") from None
 
 
+def processor_class_name(processor) -> str:
+    """The transformers class a processor is: its own class when transformers defines it, else
+    the first transformers class in its MRO (a user's or mmpipe's subclass of a stock class).
+
+    Only the class itself counts for a transformers class: a stock processor of another family
+    that happened to derive from a Qwen processor is still that other family.
+    """
+    for cls in type(processor).__mro__:
+        if cls.__module__.startswith("transformers."):
+            return cls.__name__
+    return type(processor).__name__
+
+
+def _unsupported(kind: str, name: str, detail: str = "") -> UnsupportedProcessorError:
+    known = sorted(_PROCESSOR_CLASSES) if kind == "processor" else sorted(_MODEL_TYPES)
+    return UnsupportedProcessorError(
+        f"{kind} {name}{detail} is not a model family mmpipe encodes natively (known {kind}s: "
+        f"{', '.join(known)}); it takes the generic path {GENERIC_PATH} (the processor's own chat "
+        f"template and call, float pixel values, 1-D positions)", name)
+
+
 def family_of(obj) -> ModelFamily:
     """Family of a processor, tokenizer, model, model config, family name or ModelFamily.
 
-    A processor is matched by its class (walking the MRO, so subclasses count); a tokenizer
-    alone is a text-only decoder; a model or config by ``model_type``.
+    From classes only, never from attributes: a processor by its transformers class
+    (`processor_class_name`, looked up in `ModelFamily.processor_classes`), a model or config
+    by ``model_type`` (`ModelFamily.model_types`), a tokenizer alone is a text-only decoder.
+    Raises `UnsupportedProcessorError` (naming the class and the generic path) for a
+    processor with an image processor, or a config with a ``vision_config``, of any other
+    family; `ArgumentError` for an unknown family name.
     """
     if isinstance(obj, ModelFamily):
         return obj
     if isinstance(obj, str):
         return get_family(obj)
-    explicit = getattr(obj, "mmpipe_family", None)
-    if isinstance(explicit, str):
-        return get_family(explicit)
+    if hasattr(obj, "image_processor"):
+        name = processor_class_name(obj)
+        if name in _PROCESSOR_CLASSES:
+            return FAMILIES[_PROCESSOR_CLASSES[name]]
+        ip = getattr(obj, "image_processor", None)
+        if ip is None:  # a processor without an image processor: its tokenizer is a text decoder
+            return TEXT
+        raise _unsupported("processor", name, f" (image processor {type(ip).__name__})")
     config = getattr(obj, "config", obj)
     model_type = getattr(config, "model_type", None)
-    if model_type is not None and not hasattr(obj, "image_processor"):
-        for fam in FAMILIES.values():
-            if model_type in fam.model_types:
-                return fam
+    if model_type is not None:
+        if model_type in _MODEL_TYPES:
+            return FAMILIES[_MODEL_TYPES[model_type]]
+        if getattr(config, "vision_config", None) is not None:
+            raise _unsupported("model type", repr(model_type), f" ({type(config).__name__})")
         return TEXT
-    for cls in type(obj).__mro__:
-        if cls.__name__ in _PROCESSOR_CLASSES:
-            return FAMILIES[_PROCESSOR_CLASSES[cls.__name__]]
-    if hasattr(obj, "image_processor"):
-        ip = obj.image_processor
-        # An unknown processor with a Qwen-style image processor: decide by patch size.
-        if getattr(ip, "merge_size", None) is not None:
-            return QWEN3_VL if getattr(ip, "patch_size", 14) == 16 else QWEN2_VL
-        raise ArgumentError(
-            f"cannot tell the model family of processor {type(obj).__name__}; "
-            f"set processor.mmpipe_family to one of {sorted(FAMILIES)}"
-        )
     if hasattr(obj, "convert_tokens_to_ids"):
         return TEXT
     raise TypeError(f"cannot tell the model family of {type(obj).__name__}")

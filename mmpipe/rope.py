@@ -20,7 +20,8 @@ The rule (original Qwen / vLLM)::
             pos = (max position of the block) + 1
 
 where ``T(i) = i`` (Qwen2-VL, images everywhere), ``T(i) = floor(i * tokens_per_second *
-second_per_grid_ts)`` for Qwen2.5-VL videos, and Qwen3-VL splits every video grid
+second_per_grid_ts)`` for Qwen2.5-VL videos (in float64 as vLLM computes it; float32 as
+transformers and verl do with ``video_time="transformers"``), and Qwen3-VL splits every video grid
 ``(t, h, w)`` into ``t`` grids ``(1, h, w)`` (its frames are separated by timestamp text).
 
 Known divergence: transformers 5.23 advances ``pos += max(h, w) // m`` after a vision block
@@ -39,7 +40,7 @@ import torch
 from mmpipe._fork import torch_fork_safe
 from mmpipe.errors import ArgumentError, PlaceholderError
 from mmpipe.families import DEFAULT_FAMILY, ModelFamily, family_of
-from mmpipe.rope_checks import as_batch_2d, as_grid_rows, as_tensor, diagnose_blocks, same_shape
+from mmpipe.rope_checks import as_batch_2d, as_grid_rows, as_tensor, diagnose_blocks, same_shape, VIDEO_TIME_RULES, video_time_scale
 
 __all__ = ["get_rope_index", "text_positions", "to_verl_positions"]
 
@@ -89,6 +90,7 @@ def get_rope_index(
     family: str | ModelFamily = DEFAULT_FAMILY,
     spatial_merge_size: int | None = None,
     tokens_per_second: float | None = None,
+    video_time: str = "vllm",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """M-RoPE position ids and rope deltas of a padded batch, fully vectorised.
 
@@ -103,6 +105,11 @@ def get_rope_index(
         family: family name or :class:`ModelFamily` (anything :func:`family_of` accepts);
             supplies ``merge_size``, the ``rope`` variant and ``tokens_per_second``.
         spatial_merge_size, tokens_per_second: override the family's values.
+        video_time: the float arithmetic of Qwen2.5-VL's video temporal index
+            ``floor(i * tokens_per_second * second_per_grid_ts)``: ``"vllm"`` (default; float64,
+            what vLLM 0.32, the rollout engine, computes) or ``"transformers"`` (float32, what
+            transformers 5.x's ``get_rope_index`` and verl compute). They differ near integers,
+            e.g. 25 fps (seconds float32(0.08)): frame group 25 gets 3 in vLLM, 4 in float32.
 
     Returns:
         position_ids: int64 [3, B, L] (0 at pads), on the input's device.
@@ -120,6 +127,8 @@ def get_rope_index(
     """
     torch_fork_safe()
     fam = family_of(family)
+    if video_time not in VIDEO_TIME_RULES:
+        raise ArgumentError(f"video_time must be one of {VIDEO_TIME_RULES}, got {video_time!r}")
     merge = int(spatial_merge_size if spatial_merge_size is not None else fam.merge_size)
     tps = float(tokens_per_second if tokens_per_second is not None else fam.tokens_per_second)
     ids = as_batch_2d(input_ids, "input_ids")
@@ -128,7 +137,7 @@ def get_rope_index(
     if fam.rope == "1d":
         return _text_rope(mask, *ids.shape, device)
     tt = _token_types(mm_token_type_ids, ids, fam)
-    table = _grid_table(fam, image_grid_thw, video_grid_thw, second_per_grid_ts, merge, tps, device)
+    table = _grid_table(fam, image_grid_thw, video_grid_thw, second_per_grid_ts, merge, tps, device, video_time)
     return _vision_rope(tt, mask, table, fam, merge, device)
 
 
@@ -147,21 +156,6 @@ def _token_types(mm_token_type_ids, ids: torch.Tensor, fam: ModelFamily) -> torc
             "model with wrong positions."
         )
     return same_shape(as_batch_2d(mm_token_type_ids, "mm_token_type_ids", ids.device), "mm_token_type_ids", ids)
-
-
-def _seconds_per_grid(second_per_grid_ts, n_videos: int, device) -> torch.Tensor:
-    """float [n_videos] seconds per temporal grid step (Qwen2.5-VL), default 1.0 each."""
-    if second_per_grid_ts is None:
-        return torch.ones(n_videos, dtype=torch.float32, device=device)
-    sec = as_tensor(second_per_grid_ts, device).reshape(-1)
-    if not sec.is_floating_point():
-        sec = sec.to(torch.float32)
-    if sec.numel() != n_videos:
-        raise ArgumentError(
-            f"second_per_grid_ts has {sec.numel()} values but video_grid_thw has "
-            f"{n_videos} rows; pass one value per video"
-        )
-    return sec
 
 
 # ---- step 2: per-grid layout (few rows; no Python loop) ------------------------------
@@ -184,7 +178,8 @@ class _GridTable:
     interval: np.ndarray | None
 
 
-def _grid_table(fam, image_grid_thw, video_grid_thw, second_per_grid_ts, merge, tps, device) -> _GridTable:
+def _grid_table(fam, image_grid_thw, video_grid_thw, second_per_grid_ts, merge, tps, device,
+                video_time: str = "vllm") -> _GridTable:
     img_grid = as_grid_rows(image_grid_thw, "image_grid_thw", device)
     vid_grid = as_grid_rows(video_grid_thw, "video_grid_thw", device)
     grids, intervals = [], []
@@ -197,8 +192,8 @@ def _grid_table(fam, image_grid_thw, video_grid_thw, second_per_grid_ts, merge, 
             vid_grid = torch.repeat_interleave(vid_grid, vid_grid[:, 0], dim=0)
             vid_grid[:, 0] = 1
         elif fam.rope == "mrope_tps" and vid_grid.shape[0]:
-            sec = _seconds_per_grid(second_per_grid_ts, vid_grid.shape[0], device)
-            intervals = [torch.ones(n_img, dtype=sec.dtype, device=device), tps * sec]
+            scale = video_time_scale(second_per_grid_ts, vid_grid.shape[0], tps, video_time, device)
+            intervals = [torch.ones(n_img, dtype=scale.dtype, device=device), scale]
         grids.append(vid_grid)
     if grids:
         grid = torch.cat(grids) if len(grids) > 1 else grids[0]
@@ -215,7 +210,7 @@ def _grid_table(fam, image_grid_thw, video_grid_thw, second_per_grid_ts, merge, 
     if interval is None:
         g_adv = gm.max(1) if grid_np.shape[0] else np.zeros(0, np.int64)
     else:
-        # Same float32 ops as transformers: (arange(t) * (tps * sec)).long()
+        # (arange(t) * scale).long() in the scale's dtype: float64 as vLLM, float32 as transformers
         g_tmax = ((gm[:, 0] - 1).astype(interval.dtype) * interval).astype(np.int64)
         g_adv = np.maximum(g_tmax + 1, gm[:, 1:].max(1))
     g_end = np.cumsum(g_n)
@@ -370,7 +365,7 @@ def _row_corrections(gm, g_rows, g_adv, interval):
     row_end = np.cumsum(g_rows)  # one past each grid's last row
     if interval is None:
         t_last = g_t - 1
-    else:  # same float ops as transformers: (arange(t) * interval).long()
+    else:  # (arange(t) * interval).long() in the interval's dtype, as the chosen engine
         t_last = ((g_t - 1).astype(interval.dtype) * interval).astype(np.int64)
     if (g_t > 1).any():  # frame ends: h wraps to 0, t steps to the next frame's T
         r_grid = np.repeat(np.arange(gm.shape[0], dtype=np.int64), g_rows)

@@ -17,7 +17,8 @@ import torch
 from mmpipe.errors import ArgumentError, InputError, PlaceholderError
 from mmpipe.families import ModelFamily
 
-__all__ = ["as_tensor", "as_batch_2d", "as_grid_rows", "same_shape", "diagnose_blocks"]
+__all__ = ["as_tensor", "as_batch_2d", "as_grid_rows", "same_shape", "diagnose_blocks", "VIDEO_TIME_RULES",
+           "video_time_scale"]
 
 _ARTICLE = {"image": "an image", "video": "a video"}
 
@@ -69,6 +70,37 @@ def same_shape(t: torch.Tensor | None, name: str, ids: torch.Tensor) -> torch.Te
     if t is not None and t.shape != ids.shape:
         raise ArgumentError(f"{name} shape {tuple(t.shape)} != input_ids shape {tuple(ids.shape)}")
     return t
+
+
+# The Qwen2.5-VL video temporal index T(i) = floor(i * tokens_per_second * second_per_grid_ts)
+# in each engine's float arithmetic (they disagree near integers: at 25 fps, second_per_grid_ts
+# = float32(2/25), frame group 25 gets 3 in float64 and 4 in float32).
+VIDEO_TIME_RULES = ("vllm", "transformers")
+
+
+def video_time_scale(second_per_grid_ts, n_videos: int, tps: float, rule: str, device) -> torch.Tensor:
+    """``tokens_per_second * second_per_grid_ts`` per video, float [n_videos], in the
+    arithmetic of ``rule``: ``"vllm"`` (vLLM 0.32 ``get_mrope_input_positions``: the stored
+    float32 seconds read as a Python float, times ``tokens_per_second``, and ``i * scale``
+    all in float64) or ``"transformers"`` (transformers 5.x ``get_rope_index``, and verl which
+    calls it: ``tokens_per_second * seconds`` and ``i * scale`` in the seconds' dtype,
+    float32 as processors return them). Default seconds: 1.0 each."""
+    if rule not in VIDEO_TIME_RULES:
+        raise ArgumentError(f"video_time must be one of {VIDEO_TIME_RULES}, got {rule!r}")
+    if second_per_grid_ts is None:
+        sec = torch.ones(n_videos, dtype=torch.float32, device=device)
+    else:
+        sec = as_tensor(second_per_grid_ts, device).reshape(-1)
+        if not sec.is_floating_point():
+            sec = sec.to(torch.float32)
+    if sec.numel() != n_videos:
+        raise ArgumentError(
+            f"second_per_grid_ts has {sec.numel()} values but video_grid_thw has "
+            f"{n_videos} rows; pass one value per video"
+        )
+    if rule == "vllm":  # vLLM holds the processor's float32 tensor, then works in Python floats
+        return sec.to(torch.float32).to(torch.float64) * float(tps)
+    return tps * sec
 
 
 def _modalities(fam: ModelFamily) -> dict[int, tuple[str, str, str]]:

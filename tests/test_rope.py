@@ -18,6 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mmpipe.errors import ArgumentError
 from mmpipe.families import family_of
 from mmpipe.compat import is_transformers_5
 from mmpipe.rope import get_rope_index, text_positions, to_verl_positions
@@ -291,6 +292,68 @@ def test_qwen2_5_vl_long_video_scaled_follows_original_rule():
     assert pos[0, 0].tolist() == [0] + [1] * 4 + [4] * 4 + [7] * 4 + [8]
     assert pos[1, 0].tolist() == [0] + [1, 1, 2, 2] * 3 + [8]
     assert delta.item() == 9 - 14
+
+
+# ---------------------------------------------------------------- video time: float64 (vLLM) vs float32
+def vllm_video_rope(grid_t, grid_h, grid_w, sec32, tps, text_before):
+    """The temporal row of one text + video block as vLLM 0.32 computes it
+    (``Qwen2_5_VLForConditionalGeneration.get_mrope_input_positions``): t_factor = the stored
+    float32 seconds as a Python float times tokens_per_second; ``(np.indices(...)[0] *
+    t_factor).astype(int64)`` in float64."""
+    t_factor = float(np.float32(sec32)) * tps
+    idx = np.indices((grid_t, grid_h // MERGE, grid_w // MERGE))
+    t = (idx[0] * t_factor).astype(np.int64) if t_factor != 1.0 else idx[0]
+    return np.concatenate([np.arange(text_before), t.reshape(-1) + text_before])
+
+
+def one_video_batch(grid, text_before=2):
+    n = grid[0] * grid[1] * grid[2] // MERGE**2
+    tt = torch.tensor([[0] * text_before + [2] * n + [0]])
+    return {"input_ids": tt, "mm_token_type_ids": tt, "image_grid_thw": None,
+            "video_grid_thw": torch.tensor([grid]), "attention_mask": torch.ones_like(tt)}
+
+
+def test_qwen2_5_vl_25fps_frame_group_25_float64_like_vllm():
+    """25 fps: second_per_grid_ts = float32(2/25). Frame group 25: 25 * 2 * 0.07999999821 =
+    3.9999999 -> 3 in float64 (vLLM), rounds to 4.0 -> 4 in float32 (transformers, verl)."""
+    b = one_video_batch([26, 4, 4])  # merged (26, 2, 2): 4 tokens per frame group
+    sec = torch.tensor([2 / 25], dtype=torch.float32)
+    kw = dict(second_per_grid_ts=sec, attention_mask=b["attention_mask"], family="qwen2_5_vl")
+    vllm_pos, _ = get_rope_index(b["input_ids"], b["mm_token_type_ids"], video_grid_thw=b["video_grid_thw"], **kw)
+    tf_pos, _ = get_rope_index(b["input_ids"], b["mm_token_type_ids"], video_grid_thw=b["video_grid_thw"],
+                               video_time="transformers", **kw)
+    group_25 = slice(2 + 25 * 4, 2 + 26 * 4)
+    assert vllm_pos[0, 0, group_25].tolist() == [2 + 3] * 4
+    assert tf_pos[0, 0, group_25].tolist() == [2 + 4] * 4
+    assert vllm_pos[0, 0, :-1].numpy().tolist() == vllm_video_rope(26, 4, 4, 2 / 25, 2.0, 2).tolist()
+
+
+@pytest.mark.parametrize("fps", [1.0, 2.0, 23.976, 24.0, 25.0, 29.97, 30.0, 50.0, 59.94, 60.0, 1 / 3])
+def test_qwen2_5_vl_video_time_matches_vllm_formula(fps):
+    sec = np.float32(2 / fps)
+    b = one_video_batch([40, 4, 4])
+    pos, _ = get_rope_index(b["input_ids"], b["mm_token_type_ids"], video_grid_thw=b["video_grid_thw"],
+                            second_per_grid_ts=torch.tensor([sec]), family="qwen2_5_vl")
+    assert pos[0, 0, :-1].numpy().tolist() == vllm_video_rope(40, 4, 4, sec, 2.0, 2).tolist()
+    assert pos[0, 0, -1].item() == pos[0, 0, :-1].max().item() + 1  # text after: block max + 1
+
+
+@NEEDS_TF5_ROPE
+@pytest.mark.parametrize("fps", [24.0, 25.0, 29.97, 30.0])
+def test_qwen2_5_vl_video_time_transformers_rule_matches_transformers(fps):
+    # merged grid (26, 5, 5): tmax <= 25 * 2 * 2/24 < 5, so transformers' block advance agrees
+    b = one_video_batch([26, 10, 10])
+    sec = torch.tensor([2 / fps], dtype=torch.float32)
+    got = get_rope_index(b["input_ids"], b["mm_token_type_ids"], video_grid_thw=b["video_grid_thw"],
+                         second_per_grid_ts=sec, attention_mask=b["attention_mask"], family="qwen2_5_vl",
+                         video_time="transformers")
+    assert_same(got, hf_rope("qwen2_5_vl", b, sec))
+
+
+def test_video_time_rejects_unknown_rule():
+    with pytest.raises(ArgumentError, match="video_time"):
+        get_rope_index(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long),
+                       family="qwen2_5_vl", video_time="float16")
 
 
 # ---------------------------------------------------------------- adjacent blocks (split rule)

@@ -1,0 +1,384 @@
+"""Videos in, sampled and resized uint8 frame patches out, decoded with bounded memory.
+
+A video is a file path, encoded bytes, a ``datasets`` Video-style dict (``{"path", "bytes"}``)
+or a list of frames (PIL images or uint8 [H, W, 3] arrays) with their ``fps``. Frames are
+sampled and sized by the published Qwen rules (qwen-vl-utils 0.0.14 ``vision_process.py``):
+
+- how many: ``nframes`` rounded to `FRAME_FACTOR`, or ``total / video_fps * fps`` clamped to
+  ``[min_frames, min(max_frames, total)]`` and floored to `FRAME_FACTOR` (`sample_count`);
+- which: ``round(linspace(0, total - 1, n))`` (`sample_indices`); a frame list is used whole,
+  its last frame repeated up to a multiple of `FRAME_FACTOR`;
+- how large: `smart_resize` with ``min_pixels`` (default 128 tokens' worth) and
+  ``max_pixels = max(min(768 tokens' worth, total_pixels / n * FRAME_FACTOR), int(min_pixels * 1.05))``,
+  lowered to the caller's ``max_pixels`` (`frame_bounds`);
+- ``second_per_grid_ts = temporal_patch_size / sample_fps`` with ``sample_fps = n / total *
+  video_fps`` (what the Qwen2.5-VL processor computes from qwen-vl-utils' metadata).
+
+Frames are resized as the image path resizes (`VisionSpec.backend`: ``"pil"`` as the PIL image
+processor, ``"torchvision"`` as the stock Qwen video processor and vLLM) and stored as uint8
+patches [grid_t * gh * gw, 3 * T * p * p] in the processor's ``pixel_values_videos`` layout
+(T = temporal_patch_size consecutive frames per patch); `u8_video_to_pixel_values` expands
+them to float32. Decoding (PyAV, imported lazily) walks the stream once and keeps only the
+sampled frames, already resized: memory is the output plus one decoded frame, never the clip.
+Every failure is a `mmpipe.errors.VideoError` naming the video.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+from PIL import Image
+
+from mmpipe.errors import ArgumentError, ImageError, VideoError
+from mmpipe.images.backends import resize_u8_torch
+from mmpipe.images.load import load_image
+from mmpipe.images.spec import VisionSpec, smart_resize
+
+__all__ = [
+    "FRAME_FACTOR", "VideoOptions", "VideoPatches", "sample_count", "sample_indices", "frame_bounds",
+    "encode_video", "video_layout", "patchify_video_u8",
+]
+
+FRAME_FACTOR = 2  # qwen-vl-utils: sampled frame counts are multiples of this
+VIDEO_MIN_TOKENS, VIDEO_MAX_TOKENS = 128, 768  # per-frame pixel bounds, in merged tokens
+MODEL_SEQ_LEN = 128000  # qwen-vl-utils' default total budget: 90% of this many tokens' pixels
+MAX_FRAME_PIXELS = 2 * 89_478_485  # PIL's decompression-bomb limit, as for images
+
+
+@dataclass(frozen=True)
+class VideoOptions:
+    """Sampling and sizing options (qwen-vl-utils' names and defaults). Give ``fps`` (frames
+    sampled per second) or ``nframes`` (a fixed count), not both. Pixel options in pixels per
+    frame; None: qwen-vl-utils' default for the spec's factor."""
+
+    fps: Optional[float] = None  # None: 2.0 (qwen-vl-utils' FPS) unless nframes is given
+    nframes: Optional[int] = None
+    min_frames: int = 4
+    max_frames: int = 768
+    min_pixels: Optional[int] = None
+    max_pixels: Optional[int] = None
+    total_pixels: Optional[float] = None
+    frames_fps: float = 2.0  # the fps of a frame list (qwen-vl-utils' ``sample_fps``)
+
+    def __post_init__(self):
+        if self.nframes is not None and self.fps is not None:
+            raise ArgumentError(f"give fps or nframes, not both (fps={self.fps!r}, nframes={self.nframes!r})")
+        for name in ("fps", "nframes", "frames_fps"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ArgumentError(f"VideoOptions.{name} must be > 0, got {v!r}")
+
+
+@dataclass(frozen=True)
+class VideoPatches:
+    """One encoded video. ``patches``: uint8 [grid_t * gh * gw, 3 * T * p * p] (None from
+    `video_layout`); ``grid``: (grid_t, gh, gw) in patches; ``frame_indices``: the sampled
+    source frames, int64 [n] (padding repeats the last); ``second_per_grid_ts``: seconds per
+    temporal patch; ``sample_fps``; ``size``: resized (height, width)."""
+
+    patches: Optional[np.ndarray]
+    grid: tuple[int, int, int]
+    frame_indices: np.ndarray
+    second_per_grid_ts: float
+    sample_fps: float
+    size: tuple[int, int]
+
+
+# ---- sampling and sizing (pure functions of the metadata) ------------------------------
+def sample_count(total_frames: int, video_fps: float, opts: VideoOptions, *, where: str = "video") -> int:
+    """qwen-vl-utils ``smart_nframes``: the number of frames to sample."""
+    if opts.nframes is not None:
+        n = round(opts.nframes / FRAME_FACTOR) * FRAME_FACTOR
+    else:
+        fps = opts.fps if opts.fps is not None else 2.0
+        lo = math.ceil(opts.min_frames / FRAME_FACTOR) * FRAME_FACTOR
+        hi = math.floor(min(opts.max_frames, total_frames) / FRAME_FACTOR) * FRAME_FACTOR
+        n = min(min(max(total_frames / video_fps * fps, lo), hi), total_frames)
+        n = math.floor(n / FRAME_FACTOR) * FRAME_FACTOR
+    if not FRAME_FACTOR <= n <= total_frames:
+        raise VideoError(f"cannot sample {n} frames from a video of {total_frames} frames", where=where,
+                         expected=f"between {FRAME_FACTOR} and the video's {total_frames} frames",
+                         found=f"{n} frames", fix="use a longer video, or lower nframes / min_frames")
+    return int(n)
+
+
+def sample_indices(total_frames: int, n: int) -> np.ndarray:
+    """int64 [n]: ``round(linspace(0, total - 1, n))`` as qwen-vl-utils computes it (torch's
+    float32 linspace, round half to even)."""
+    import torch
+
+    return torch.linspace(0, total_frames - 1, n).round().long().numpy()
+
+
+def frame_bounds(n_frames: int, spec: VisionSpec, opts: VideoOptions) -> tuple[int, int]:
+    """(min_pixels, max_pixels) per frame for a video of ``n_frames`` sampled frames."""
+    f2 = spec.factor**2
+    min_px = opts.min_pixels if opts.min_pixels is not None else VIDEO_MIN_TOKENS * f2
+    total = opts.total_pixels if opts.total_pixels is not None else MODEL_SEQ_LEN * f2 * 0.9
+    max_px = max(min(VIDEO_MAX_TOKENS * f2, total / n_frames * FRAME_FACTOR), int(min_px * 1.05))
+    if opts.max_pixels is not None:
+        max_px = min(opts.max_pixels, max_px)
+    return int(min_px), max_px
+
+
+def _target_size(h: int, w: int, n_frames: int, spec: VisionSpec, opts: VideoOptions, where: str) -> tuple[int, int]:
+    if h * w > MAX_FRAME_PIXELS:
+        raise VideoError(f"video frames of {h}x{w} pixels are too large to decode", where=where,
+                         expected=f"at most {MAX_FRAME_PIXELS} pixels per frame", found=f"{h * w} pixels",
+                         fix="downscale the video before encoding it")
+    min_px, max_px = frame_bounds(n_frames, spec, opts)
+    try:
+        return smart_resize(h, w, spec.factor, min_px, max_px, max_ratio=spec.max_aspect_ratio)
+    except ImageError as e:
+        raise VideoError(e.detail.replace("image", "video frame", 1), where=where, expected=e.expected,
+                         found=e.found, fix=e.fix) from None
+
+
+def _resize(frame: np.ndarray, th: int, tw: int, spec: VisionSpec) -> np.ndarray:
+    """uint8 [H, W, 3] -> uint8 [th, tw, 3], as the image path resizes (`resize_image`)."""
+    if spec.backend == "torchvision":
+        return resize_u8_torch(frame, th, tw)
+    if frame.shape[:2] == (th, tw):
+        return frame
+    return np.asarray(Image.fromarray(frame).resize((tw, th), resample=spec.resample))
+
+
+def patchify_video_u8(frames: np.ndarray, spec: VisionSpec) -> np.ndarray:
+    """uint8 [n, H, W, 3] (n a multiple of T, H and W multiples of patch*merge) -> uint8
+    [n/T * gh * gw, 3 * T * p * p], the video processor's patch layout (channel, then the T
+    frames of the patch, then p x p), merge windows consecutive as for images."""
+    p, m, T = spec.patch_size, spec.merge_size, spec.temporal_patch_size
+    n, H, W, C = frames.shape
+    gt, gh, gw = n // T, H // p, W // p
+    x = frames.reshape(gt, T, gh // m, m, p, gw // m, m, p, C)
+    # -> (gt, gh/m, gw/m, m_h, m_w, C, T, p_h, p_w)
+    x = x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
+    return np.ascontiguousarray(x).reshape(gt * gh * gw, C * T * p * p)
+
+
+def _finish(frames: list, indices: np.ndarray, sample_fps: float, spec: VisionSpec) -> VideoPatches:
+    T = spec.temporal_patch_size
+    pad = -len(frames) % T  # the video processor repeats the last frame up to a multiple of T
+    frames = frames + [frames[-1]] * pad
+    indices = np.concatenate([indices, np.repeat(indices[-1:], pad)])
+    stack = np.stack(frames)
+    grid = (stack.shape[0] // T, stack.shape[1] // spec.patch_size, stack.shape[2] // spec.patch_size)
+    return VideoPatches(patchify_video_u8(stack, spec), grid, indices.astype(np.int64), T / sample_fps,
+                        sample_fps, stack.shape[1:3])
+
+
+# ---- frame lists -----------------------------------------------------------------------
+def _list_frames(frames: Sequence, where: str) -> list[np.ndarray]:
+    out = []
+    for i, f in enumerate(frames):
+        if isinstance(f, np.ndarray) and f.ndim == 3 and f.shape[2] == 3 and f.dtype == np.uint8:
+            out.append(f)
+        else:
+            img = load_image(f, where=f"{where}, frame {i}")
+            out.append(np.asarray(img.convert("RGB")))
+    if not out:
+        raise VideoError("the video has no frames", where=where, expected="at least one frame",
+                         found="an empty frame list", fix="drop the row or give the video's frames")
+    if len({a.shape for a in out}) > 1:
+        raise VideoError("the video's frames differ in size", where=where, expected="frames of one size",
+                         found=sorted({a.shape[:2] for a in out})[:3], fix="resize the frames to one size")
+    return out
+
+
+def _encode_frames(frames: Sequence, spec: VisionSpec, opts: VideoOptions, where: str) -> VideoPatches:
+    """qwen-vl-utils for a frame list: every frame, the last repeated to a multiple of
+    FRAME_FACTOR; sample fps = ``opts.frames_fps``."""
+    arrs = _list_frames(frames, where)
+    n = math.ceil(len(arrs) / FRAME_FACTOR) * FRAME_FACTOR
+    idx = np.minimum(np.arange(n), len(arrs) - 1)
+    th, tw = _target_size(*arrs[0].shape[:2], n, spec, opts, where)
+    resized = [_resize(arrs[i], th, tw, spec) for i in idx]
+    return _finish(resized, idx, float(opts.frames_fps), spec)
+
+
+# ---- containers (PyAV) -----------------------------------------------------------------
+def _import_av():
+    try:
+        import av
+    except ImportError:
+        raise ImportError("decoding videos needs PyAV: pip install av") from None
+    return av
+
+
+def _source(value: Any, where: str):
+    """A path or a binary file object for PyAV."""
+    if isinstance(value, dict):
+        value = value.get("bytes") if value.get("bytes") is not None else value.get("path")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return io.BytesIO(bytes(value))
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fsdecode(os.fspath(value))
+        path = path[len("file://"):] if path.startswith("file://") else path
+        if path.startswith(("http://", "https://")):
+            raise VideoError(f"{path[:80]!r} is a URL; mmpipe does not fetch videos", where=where,
+                             expected="a local path or encoded bytes", found="a URL", fix="download the video first")
+        if not os.path.isfile(path):
+            found = "a missing path" if not os.path.exists(path) else "not a regular file"
+            raise VideoError(f"video path {path!r} is {found}", where=where, expected="a regular video file",
+                             found=found, fix="fix the path, or drop the row (on_error='skip')")
+        return path
+    raise VideoError(f"cannot read a video from {type(value).__name__}", where=where,
+                     expected="a path, bytes, a {'path', 'bytes'} dict or a list of frames",
+                     found=type(value).__name__, fix="pass the video file or its frames")
+
+
+class _Container:
+    """An open container's first video stream and its metadata (frame count, fps, size)."""
+
+    def __init__(self, value: Any, where: str):
+        av = _import_av()
+        self.where = where
+        try:
+            self.c = av.open(_source(value, where), mode="r", metadata_errors="ignore")
+        except VideoError:
+            raise
+        except (av.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:
+            raise self.error("the video container cannot be opened", "a readable video file", e) from None
+        if not self.c.streams.video:
+            self.c.close()
+            raise VideoError("the file has no video stream", where=where, expected="a video stream",
+                             found="no video stream", fix="check that the file is a video")
+        self.s = self.c.streams.video[0]
+        rate = self.s.average_rate or self.s.guessed_rate or self.s.base_rate
+        self.fps = float(rate) if rate else 0.0
+        cc = self.s.codec_context  # None: FFmpeg knows no codec for the stream
+        self.height, self.width = (cc.height, cc.width) if cc is not None else (0, 0)
+        if cc is not None:
+            self.s.thread_type = "AUTO"
+
+    def error(self, what: str, expected: str, e: Exception) -> VideoError:
+        return VideoError(what, where=self.where, expected=expected, found=f"{type(e).__name__}: {e}"[:200],
+                          fix="re-encode the video (e.g. ffmpeg -c:v libx264) or drop the row (on_error='skip')")
+
+    def total_frames(self) -> int:
+        """The stream's frame count: its header, else one pass over the packets (no decoding)."""
+        n = int(self.s.frames or 0)
+        if n <= 0:
+            av = _import_av()
+            try:
+                n = sum(1 for pk in self.c.demux(self.s) if pk.size)
+                self.c.seek(0, stream=self.s) if n else None
+            except (av.FFmpegError, OSError) as e:
+                raise self.error("the video stream cannot be read", "a readable video stream", e) from None
+        if n <= 0 or self.fps <= 0:
+            raise VideoError("the video has no frames", where=self.where, expected="at least one frame",
+                             found=f"{n} frames at {self.fps:g} fps", fix="drop the row or replace the video")
+        return n
+
+    def frames(self) -> Iterator:
+        """Decoded frames in order (PyAV frames, one at a time; ``to_ndarray(format="rgb24")``
+        gives uint8 [H, W, 3] RGB: only sampled frames are converted)."""
+        av = _import_av()
+        try:
+            for frame in self.c.decode(self.s):
+                yield frame
+        except (av.FFmpegError, OSError, ValueError) as e:
+            raise self.error("the video stream cannot be decoded", "a decodable video stream", e) from None
+
+    def close(self) -> None:
+        self.c.close()
+
+
+def _rgb(c: _Container, frame) -> np.ndarray:
+    av = _import_av()
+    try:
+        return frame.to_ndarray(format="rgb24")
+    except (av.FFmpegError, ValueError) as e:
+        raise c.error("a video frame cannot be converted to RGB", "a decodable video stream", e) from None
+
+
+def _check_codec(c: _Container) -> None:
+    av = _import_av()
+    cc = c.s.codec_context
+    tag = getattr(cc, "name", None) or getattr(c.s, "codec_tag", None) or "unknown"
+    problem = None if cc is not None else f"FFmpeg knows no codec for the stream (tag {tag!r})"
+    if problem is None:
+        try:
+            av.codec.Codec(cc.name, "r")
+        except (av.FFmpegError, ValueError) as e:
+            problem = f"{type(e).__name__}: {e}"[:200]
+    if problem is not None:
+        c.close()
+        raise VideoError(f"no decoder for the video codec {tag!r}", where=c.where, expected="a codec PyAV decodes",
+                         found=problem, fix="re-encode the video (e.g. ffmpeg -c:v libx264) or drop the row")
+    if not c.height or not c.width:
+        c.close()
+        raise VideoError("the video stream has no frame size", where=c.where, expected="frames of at least 1x1",
+                         found=f"{c.height}x{c.width}", fix="re-encode the video or drop the row")
+
+
+def _encode_container(value: Any, spec: VisionSpec, opts: VideoOptions, where: str) -> VideoPatches:
+    c = _Container(value, where)
+    try:
+        _check_codec(c)
+        total = c.total_frames()
+        n = sample_count(total, c.fps, opts, where=where)
+        idx = sample_indices(total, n)
+        th, tw = _target_size(c.height, c.width, n, spec, opts, where)
+        want = np.bincount(idx, minlength=total)  # how often each source frame is used
+        out: list[np.ndarray] = []
+        last = int(idx[-1])
+        for i, frame in enumerate(c.frames()):
+            if i < total and want[i]:
+                small = _resize(_rgb(c, frame), th, tw, spec)
+                out.extend([small] * int(want[i]))
+            if i >= last:
+                break
+    finally:
+        c.close()
+    if len(out) < n:  # the header promised more frames than the stream holds
+        raise VideoError("the video stream ends early", where=where, expected=f"{total} frames (header)",
+                         found=f"{len(out)} of {n} sampled frames decoded", fix="re-encode the video")
+    return _finish(out, idx, n / total * c.fps, spec)
+
+
+# ---- public entry points ---------------------------------------------------------------
+def encode_video(value: Any, spec: VisionSpec, opts: Optional[VideoOptions] = None, *,
+                 where: str = "video") -> VideoPatches:
+    """One video -> `VideoPatches` (uint8 patches [grid_t*gh*gw, 3*T*p*p], grid, indices,
+    ``second_per_grid_ts``). ``value``: a path, bytes, a ``{"path", "bytes"}`` dict, or a list
+    of frames (PIL / uint8 [H, W, 3]) whose rate is ``opts.frames_fps``."""
+    opts = opts or VideoOptions()
+    if isinstance(value, (list, tuple)):
+        return _encode_frames(value, spec, opts, where)
+    return _encode_container(value, spec, opts, where)
+
+
+def video_layout(value: Any, spec: VisionSpec, opts: Optional[VideoOptions] = None, *,
+                 where: str = "video") -> VideoPatches:
+    """The grid, sampled indices and ``second_per_grid_ts`` of `encode_video` from the
+    container's metadata alone (no frame decoded; ``patches`` is None). For a frame list, from
+    the first frame's size."""
+    opts = opts or VideoOptions()
+    T = spec.temporal_patch_size
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise VideoError("the video has no frames", where=where, expected="at least one frame",
+                             found="an empty frame list", fix="drop the row or give the video's frames")
+        first = _list_frames(value[:1], where)[0]
+        n = math.ceil(len(value) / FRAME_FACTOR) * FRAME_FACTOR
+        idx, (h, w), sample_fps = np.minimum(np.arange(n), len(value) - 1), first.shape[:2], float(opts.frames_fps)
+    else:
+        c = _Container(value, where)
+        try:
+            _check_codec(c)
+            total = c.total_frames()
+            n = sample_count(total, c.fps, opts, where=where)
+            idx, (h, w), sample_fps = sample_indices(total, n), (c.height, c.width), n / total * c.fps
+        finally:
+            c.close()
+    th, tw = _target_size(h, w, n, spec, opts, where)
+    n_pad = n + (-n % T)
+    idx = np.concatenate([idx, np.repeat(idx[-1:], n_pad - n)]).astype(np.int64)
+    grid = (n_pad // T, th // spec.patch_size, tw // spec.patch_size)
+    return VideoPatches(None, grid, idx, T / sample_fps, sample_fps, (th, tw))

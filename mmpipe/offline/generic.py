@@ -1,0 +1,127 @@
+"""Offline fixtures for families mmpipe has no table row for: real transformers processors of
+GLM-4.1V, Gemma 3, Idefics3, LLaVA-OneVision and InternVL, and a tiny Idefics3 model, built
+locally with no download and no torchvision.
+
+Each processor is the stock transformers class (an image-only subclass where the stock
+``__init__`` takes a video processor, which needs torchvision) around the family's real PIL
+image processor and the offline tokenizer with the family's image tokens added. Used to check
+that `mmpipe.families.family_of` refuses them (none is taken for a Qwen family) and to run
+the generic path (`mmpipe.encoding.generic`) on a real non-Qwen processor and model::
+
+    >>> proc = build_foreign_processor("idefics3")          # doctest: +SKIP
+    >>> model = build_foreign_model("idefics3")             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import tempfile
+
+from mmpipe.errors import ArgumentError
+from mmpipe.offline.chat_templates import QWEN2_VL_CHAT_TEMPLATE
+from mmpipe.families import DEFAULT_FAMILY
+from mmpipe.offline.tokenizer import build_tokenizer
+
+__all__ = ["FOREIGN_PROCESSORS", "IDEFICS3_TILE", "build_foreign_processor", "build_foreign_model"]
+
+IDEFICS3_TILE = 32  # tiny tiles: 32x32 pixels, 2x2 patches of 16, one token per tile (scale 2)
+
+# name -> (processor class, image processor class, added tokens {attribute: token},
+#          the chat template's text for one image, processor keyword arguments)
+_SPECS = {
+    "glm4v": ("Glm4vProcessor", "Glm4vImageProcessorPil",
+              dict(image_token="<|image|>", begin="<|begin_of_image|>", end="<|end_of_image|>",
+                   video_token="<|video|>"),
+              "<|begin_of_image|><|image|><|end_of_image|>", {}),
+    "gemma3": ("Gemma3Processor", "Gemma3ImageProcessorPil",
+               dict(boi_token="<start_of_image>", image_token="<image_soft_token>", eoi_token="<end_of_image>"),
+               "<start_of_image>", dict(image_seq_length=4)),
+    "idefics3": ("Idefics3Processor", "Idefics3ImageProcessorPil",
+                 dict(fake="<fake_token_around_image>", image="<image>", eou="<end_of_utterance>",
+                      glob="<global-img>"),
+                 "<image>", dict(image_seq_len=1)),
+    "llava_onevision": ("LlavaOnevisionProcessor", "LlavaOnevisionImageProcessorPil",
+                        dict(image="<image>", video="<video>"), "<image>",
+                        dict(num_image_tokens=4, vision_feature_select_strategy="full")),
+    "internvl": ("InternVLProcessor", "GotOcr2ImageProcessorPil",
+                 dict(start_image_token="<img>", end_image_token="</img>", context_image_token="<IMG_CONTEXT>",
+                      video_token="<video>"),
+                 "<IMG_CONTEXT>", dict(image_seq_length=4)),
+}
+FOREIGN_PROCESSORS = tuple(_SPECS)
+# image-processor settings that keep tests fast (Idefics3: tiny tiles, see IDEFICS3_TILE)
+_IMAGE_KWARGS = {
+    "idefics3": dict(size={"longest_edge": 2 * IDEFICS3_TILE}, max_image_size={"longest_edge": IDEFICS3_TILE}),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _named_tokenizer(name: str):
+    """The offline tokenizer with ``name``'s image tokens as named special tokens (so that
+    e.g. ``tokenizer.boi_token_id`` exists, as the Gemma 3 / InternVL processors read)."""
+    tok = build_tokenizer(DEFAULT_FAMILY)  # the offline BPE; the family only picks its chat template
+    named = _SPECS[name][2]
+    with tempfile.TemporaryDirectory() as d:
+        tok.save_pretrained(d)
+        return type(tok).from_pretrained(d, extra_special_tokens=dict(named))
+
+
+def _processor_class(name: str) -> type:
+    import inspect
+
+    import transformers
+
+    base = getattr(transformers, _SPECS[name][0])
+    if "video_processor" not in inspect.signature(base.__init__).parameters:
+        return base
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    return type("ImageOnly" + base.__name__, (base,), {"__init__": __init__, "__module__": __name__})
+
+
+def build_foreign_processor(name: str):
+    """A real processor of family ``name`` (one of `FOREIGN_PROCESSORS`), offline; a fresh
+    object on every call. Its chat template renders each image as the family's placeholder."""
+    if name not in _SPECS:
+        raise ArgumentError(f"unknown offline processor {name!r}; use one of {FOREIGN_PROCESSORS}")
+    import transformers
+
+    _, ip_name, _, image_text, kwargs = _SPECS[name]
+    template = QWEN2_VL_CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", image_text)
+    image_processor = getattr(transformers, ip_name)(**_IMAGE_KWARGS.get(name, {}))
+    return _processor_class(name)(image_processor=image_processor, tokenizer=copy.deepcopy(_named_tokenizer(name)),
+                                  chat_template=template, **kwargs)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_model(name: str, seed: int):
+    import torch
+    import transformers
+
+    tok = _named_tokenizer(name)
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=IDEFICS3_TILE, patch_size=16)
+    config = transformers.Idefics3Config(text_config=dict(text, model_type="llama"), vision_config=vision,
+                                         scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"),
+                                         pad_token_id=text["pad_token_id"])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.Idefics3ForConditionalGeneration._from_config(
+            config, attn_implementation="eager", dtype=torch.float32)
+    return model.eval()
+
+
+def build_foreign_model(name: str = "idefics3", seed: int = 0):
+    """A tiny randomly initialised model matching `build_foreign_processor` (``"idefics3"``
+    only: Llama text hidden 64, 2 layers; SigLIP vision hidden 32, 1 layer, 32x32 tiles of
+    16x16 patches, scale factor 2 -> 1 token per tile), fp32, eval mode, eager attention.
+    A deep copy of a cached model per call."""
+    if name != "idefics3":
+        raise ArgumentError(f"no offline model for {name!r}; build_foreign_model builds 'idefics3'")
+    return copy.deepcopy(_cached_model(name, int(seed)))

@@ -1,0 +1,111 @@
+"""The generic path (issue 20.1, standalone): a processor mmpipe has no family table for ->
+its own chat template and call -> GenericInputs -> collate_generic -> a real tiny model, with
+batched logits equal to per-row logits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mmpipe.encoding.generic import GenericEncoder, collate_generic, unbatch_generic
+from mmpipe.errors import ArgumentError
+from mmpipe.offline import build_processor, tiny_image
+from mmpipe.offline.generic import FOREIGN_PROCESSORS, build_foreign_model, build_foreign_processor
+
+SIZES = [(40, 56), (70, 30), (33, 33), (64, 100)]
+
+
+def _rows(n_images_per_row, sizes=SIZES):
+    """Chat rows with the given image counts; images of different sizes (different tile counts)."""
+    out, k = [], 0
+    for i, n in enumerate(n_images_per_row):
+        images = [tiny_image(*sizes[(k + j) % len(sizes)]) for j in range(n)]
+        k += n
+        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": f"describe row {i}" + " so" * i}]
+        out.append({"messages": [{"role": "user", "content": content},
+                                 {"role": "assistant", "content": [{"type": "text", "text": "a cat" * (i + 1)}]}],
+                    "images": images})
+    return out
+
+
+@pytest.fixture(scope="module")
+def idefics3():
+    proc = build_foreign_processor("idefics3")
+    return GenericEncoder(proc, log=lambda _: None), build_foreign_model("idefics3")
+
+
+def test_one_log_line_names_the_class_and_path():
+    lines = []
+    GenericEncoder(build_foreign_processor("gemma3"), log=lines.append)
+    assert len(lines) == 1 and "Gemma3Processor" in lines[0] and "generic path" in lines[0]
+
+
+def test_native_family_is_refused():
+    with pytest.raises(ArgumentError, match="native family 'qwen2_vl'"):
+        GenericEncoder(build_processor("qwen2_vl"), log=lambda _: None)
+
+
+@pytest.mark.parametrize("name", FOREIGN_PROCESSORS)
+def test_rows_equal_the_processor_and_round_trip(name):
+    """Row == the processor's own call on the same text; unbatch(collate(rows)) == rows,
+    both padding sides; float pixels keep the processor's dtype."""
+    proc = build_foreign_processor(name)
+    enc = GenericEncoder(proc, log=lambda _: None)
+    raw = _rows([1, 0, 2])
+    rows = [enc(r, i) for i, r in enumerate(raw)]
+    text = proc.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}],
+                                    tokenize=False)
+    direct = proc(text=[text], images=[tiny_image(40, 56)], return_tensors="np")
+    one = enc({"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}],
+               "images": [tiny_image(40, 56)]})
+    assert np.array_equal(one.input_ids, direct["input_ids"][0])
+    assert one.vision["pixel_values"].dtype == np.asarray(direct["pixel_values"]).dtype == np.float32
+    assert np.array_equal(one.vision["pixel_values"], direct["pixel_values"])
+    for side in ("left", "right"):
+        back = unbatch_generic(collate_generic(rows, pad_token_id=enc.pad_token_id, padding_side=side))
+        assert all(a.equals(b) for a, b in zip(back, rows))
+
+
+def test_idefics3_row_keys_and_ragged_tiles(idefics3):
+    enc, _ = idefics3
+    assert enc.row_keys() == ("pixel_attention_mask", "pixel_values")
+    rows = [enc(r) for r in _rows([1, 0, 3])]
+    batch = collate_generic(rows, pad_token_id=enc.pad_token_id)
+    tiles = [r.vision["pixel_values"].shape[1] if "pixel_values" in r.vision else 0 for r in rows]
+    assert len(set(tiles)) > 1 and batch.vision["pixel_values"].shape[:2] == (3, max(tiles))
+    assert batch.vision["pixel_attention_mask"].dtype == rows[0].vision["pixel_attention_mask"].dtype  # the processor's
+    assert np.array_equal(batch.position_ids[0, : batch.lengths[0]], np.arange(batch.lengths[0]))
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_idefics3_batched_logits_equal_per_row(idefics3, side):
+    enc, model = idefics3
+    rows = [enc(r) for r in _rows([2, 0, 1, 3])]
+    batch = collate_generic(rows, pad_token_id=enc.pad_token_id, padding_side=side)
+    with torch.no_grad():
+        batched = model(**batch.model_inputs()).logits
+        L = batch.input_ids.shape[1]
+        worst = 0.0
+        for b, row in enumerate(rows):
+            alone = model(**collate_generic([row], pad_token_id=enc.pad_token_id).model_inputs()).logits[0]
+            n = len(row)
+            cols = slice(0, n) if side == "right" else slice(L - n, L)
+            worst = max(worst, float((batched[b, cols] - alone).abs().max()))
+    assert worst < 1e-5, worst
+
+
+def test_idefics3_collate_equals_the_processors_own_batch(idefics3):
+    """collate_generic(per-row encodes) == one processor call on the whole batch (right padding)."""
+    from mmpipe.offline.generic import build_foreign_processor as build
+
+    enc, _ = idefics3
+    proc = build("idefics3")
+    proc.tokenizer.padding_side = "right"
+    raw = _rows([2, 0, 1, 3])
+    batch = collate_generic([enc(r) for r in raw], pad_token_id=enc.pad_token_id)
+    texts = [proc.apply_chat_template(r["messages"], tokenize=False) for r in raw]
+    out = proc(text=texts, images=[r["images"] for r in raw], return_tensors="np", padding=True)
+    assert np.array_equal(out["input_ids"], batch.input_ids) and np.array_equal(out["attention_mask"], batch.attention_mask)
+    for key in ("pixel_values", "pixel_attention_mask"):
+        assert np.array_equal(out[key], batch.vision[key])
