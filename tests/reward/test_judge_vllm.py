@@ -173,7 +173,9 @@ def test_close_cancels_queued_and_running_questions(served):
     judge.close()
     worker.join(30)
     assert not worker.is_alive() and time.monotonic() - t0 < 15
-    assert len(out) == len(frames) and all(not r.valid for r in out)
+    # a question the server answered before close() may come back valid (the constrained random
+    # model sometimes closes its JSON early); every other one is an error, most of them "cancelled"
+    assert len(out) == len(frames) and all(r.valid or r.error for r in out)
     assert sum("cancelled" in (r.error or "") for r in out) >= len(frames) - 2
     # the server is fine afterwards
     ok = JudgeClient(base, MODEL, timeout_s=60, max_retries=0, max_tokens=2).complete(build_messages(
