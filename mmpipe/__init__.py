@@ -32,7 +32,7 @@ from mmpipe import _fork  # noqa: E402,F401  (registers the fork marker before a
 from mmpipe import errors  # noqa: E402  (mmpipe.errors.InputError and its subclasses)
 from mmpipe.batching.collate import ArrowRows, Collator, collate  # noqa: E402
 from mmpipe.batching.unbatch import unbatch  # noqa: E402
-from mmpipe.encoding.dataset import EncodeReport, drop_failed, encode, encode_dataset, encode_row  # noqa: E402
+from mmpipe.encoding.dataset import EncodeReport, drop_failed, encode, encode_dataset, encode_row, map_kwargs  # noqa: E402
 from mmpipe.encoding.encoder import Encoder  # noqa: E402
 from mmpipe.encoding.parse import parse_row  # noqa: E402
 from mmpipe.encoding.processor_rows import compact, rows_from_processor_output  # noqa: E402
@@ -57,7 +57,7 @@ _lazy_getattr, _, _LAZY_NAMES = lazy_exports(__name__, _EXPORTS, globals())
 
 __all__ = sorted(
     ["ArrowRows", "rows_from_arrow", "Collator", "collate", "EncodeReport", "Encoder", "compact", "drop_failed", "errors",
-     "encode", "encode_dataset", "encode_row", "parse_row", "rows_from_processor_output", "IGNORE_INDEX",
+     "encode", "encode_dataset", "encode_row", "map_kwargs", "parse_row", "rows_from_processor_output", "IGNORE_INDEX",
      "BatchedMultiModalInputs", "MultiModalInputs", "unbatch", "testing", *_LAZY_NAMES]
 )
 

@@ -21,6 +21,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mmpipe.batching.checks import check_finite, check_vision_tokens, checked_records
+from mmpipe.encoding.sources import with_pixels
 from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, PixelDataError
 from mmpipe.families import ModelFamily, family_of, get_family
@@ -91,6 +92,7 @@ def collate(
     check_vision_tokens(recs, vision_tokens)
     if spec is None:
         spec = _vision_spec(fam, processor)
+    recs = [with_pixels(r, spec, i) for i, r in enumerate(recs)]  # pixels="source" rows: decode + resize here
     if pad_token_id is None:
         pad_token_id = _pad_token_id(processor)
     tokens = _pad_tokens(recs, padding_side, pad_token_id, pad_to_length, pad_to_multiple_of)

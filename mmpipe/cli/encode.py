@@ -368,7 +368,7 @@ def run_record(args, src: Path, fmt: str, family: str, options: dict, report, se
 
 def add_encode_parser(sub) -> None:
     from mmpipe.encoding.encoder import ERROR_POLICIES, TRUNCATION_POLICIES
-    from mmpipe.records.columns import PIXEL_FORMATS
+    from mmpipe.records.columns import ENCODE_PIXEL_FORMATS
 
     p = sub.add_parser("encode", help="encode a local dataset (jsonl/json/parquet/saved dir) and save it",
                        description="Encode raw chat rows with images into mmpipe rows (input_ids, grids, M-RoPE "
@@ -379,12 +379,12 @@ def add_encode_parser(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="directory to save the encoded dataset to")
     p.add_argument("--split", default=None, help="split of a saved DatasetDict")
     p.add_argument("--num-proc", type=int, default=None, help="datasets.map processes (default: in-process)")
-    p.add_argument("--batch-size", type=int, default=64, help="rows per map batch (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=None, help="rows per map batch (default: mmpipe.map_kwargs, <= 64)")
     p.add_argument("--max-length", type=int, default=None, help="token budget per row, image tokens included")
     p.add_argument("--truncation", choices=TRUNCATION_POLICIES, default="raise",
                    help="over --max-length: raise, drop the row (counted), or truncate_text (default: %(default)s)")
-    p.add_argument("--pixels", choices=PIXEL_FORMATS, default="uint8",
-                   help="stored pixels: compact uint8, processor float32, or none (layout only) (default: %(default)s)")
+    p.add_argument("--pixels", choices=ENCODE_PIXEL_FORMATS, default="uint8",
+                   help="stored pixels: uint8, processor float32, none (layout only), source (image files) (default: %(default)s)")
     p.add_argument("--images-column", default="images", help="column holding the images (default: %(default)s)")
     p.add_argument("--min-pixels", type=int, default=None, help="override the processor's min_pixels")
     p.add_argument("--max-pixels", type=int, default=None, help="override the processor's max_pixels")

@@ -4,10 +4,16 @@ row -> the typed record), `drop_failed` and `undecoded_images`.
 
 Example::
 
-    enc = ds.map(mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=2)
+    enc = ds.map(mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=2,
+                 **mmpipe.map_kwargs(processor, ds))
     enc = ds.map(mmpipe.encode, fn_kwargs={"processor": processor, "max_length": 4096,
-                 "truncation": "drop"}, batched=True, remove_columns=ds.column_names)
+                 "truncation": "drop"}, batched=True, remove_columns=ds.column_names,
+                 **mmpipe.map_kwargs(processor, ds))
     enc, report = mmpipe.encode_dataset(ds, processor, num_proc=4, on_error="skip")
+
+`map_kwargs` bounds memory: ``datasets`` holds ``writer_batch_size`` encoded rows (default
+1,000) per process before writing, and ``batch_size`` rows (default 1,000) per batched call;
+with real-size photos (~2-40 MB of pixels each) that is gigabytes per process.
 
 Each encoded row is a stored `MultiModalInputs` dict (``input_ids`` int64 [L],
 ``position_ids`` int64 [3, L], ``image_grid_thw`` int64 [I, 3], ``pixel_values_u8`` uint8
@@ -28,7 +34,7 @@ from mmpipe.errors import ArgumentError
 from mmpipe.records.columns import ERROR_COLUMN, ROW_COLUMNS
 from mmpipe.records.row import MultiModalInputs
 
-__all__ = ["EncodeReport", "encode", "encode_row", "encode_dataset", "drop_failed", "undecoded_images"]
+__all__ = ["EncodeReport", "ROW_BUFFER_BYTES", "map_kwargs", "max_images_per_row", "row_byte_bound", "encode", "encode_row", "encode_dataset", "drop_failed", "undecoded_images"]
 
 
 @dataclass
@@ -53,6 +59,60 @@ class EncodeReport:
         if self.errors:
             out += "; failed: " + ", ".join(f"{k}: {v}" for k, v in sorted(self.failed.items()))
         return out
+
+
+# Encoded bytes one map process may hold before writing (worst case: every image at max_pixels).
+ROW_BUFFER_BYTES = 256 * 2**20
+_TEXT_ROW_BYTES = 2**20  # allowance per row for ids, labels, [3, L] positions (~46 bytes per text byte)
+_PIXEL_BYTES = {"uint8": 1, "float32": 4, "none": 0, "source": 1}  # per pixel ("source": a PNG <= raw)
+
+
+def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optional[int] = None,
+               images_column: str = "images", images_per_row: Optional[int] = None,
+               buffer_bytes: int = ROW_BUFFER_BYTES) -> dict:
+    """``{"writer_batch_size": k, "batch_size": k}`` for ``ds.map(mmpipe.encode, ...)``: ``k``
+    rows of the largest possible encoded row fit in ``buffer_bytes`` (default 256 MiB) per
+    process, so a map holds a bounded number of encoded bytes whatever ``num_proc`` (datasets'
+    defaults, 1,000 rows each, held gigabytes with real-size photos).
+
+    A row's byte bound: images per row (the most in ``ds[images_column]``, read from Arrow
+    list lengths without touching the bytes; else ``images_per_row``, default 1) x the pixels
+    of an image at ``max_pixels`` (the processor's, or the override you pass to the encoder)
+    x the bytes per stored value (``pixels``: uint8 1, float32 ``4 * temporal_patch_size``,
+    none 0), plus 1 MiB for token arrays. ``batch_size`` is ignored by per-row maps.
+    """
+    if buffer_bytes < 1:
+        raise ArgumentError(f"buffer_bytes must be positive, got {buffer_bytes!r}")
+    enc = Encoder(processor, pixels=pixels, max_pixels=max_pixels, images_column=images_column)
+    n_images = images_per_row if images_per_row is not None else max_images_per_row(ds, images_column)
+    k = max(1, min(1000, buffer_bytes // row_byte_bound(enc, n_images)))
+    return {"writer_batch_size": k, "batch_size": k}
+
+
+def row_byte_bound(enc: Encoder, n_images: int) -> int:
+    """Most bytes one encoded row of ``enc`` with ``n_images`` images can hold: each image at
+    the encoder's ``max_pixels`` in its stored pixel format, plus the token arrays' allowance."""
+    per_image = 0
+    if enc.spec is not None:  # a vision family
+        temporal = enc.spec.temporal_patch_size if enc.pixels == "float32" else 1
+        per_image = 3 * enc.spec.max_pixels * _PIXEL_BYTES[enc.pixels] * temporal
+    return _TEXT_ROW_BYTES + per_image * max(1, n_images)
+
+
+def max_images_per_row(ds, images_column: str = "images") -> int:
+    """The most images any row of ``ds`` holds in ``images_column`` (1 when unknown: no
+    dataset, no such list column, an IterableDataset). Reads Arrow list lengths only."""
+    data = getattr(ds, "data", None)
+    if data is None or images_column not in getattr(ds, "column_names", ()) or len(ds) == 0:
+        return 1
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = data.table.column(images_column) if hasattr(data, "table") else data.column(images_column)
+    if not pa.types.is_list(col.type) and not pa.types.is_large_list(col.type):
+        return 1
+    most = pc.max(pc.list_value_length(col)).as_py()
+    return int(most or 1)
 
 
 _ENCODERS: dict[tuple, Encoder] = {}
@@ -142,7 +202,7 @@ def undecoded_images(ds):
     return out
 
 
-def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size: int = 64,
+def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size: Optional[int] = None,
                    remove_columns: bool = True, keep_columns: Sequence[str] = (), **options):
     """Encode a ``datasets.Dataset`` and report exactly what was dropped, across processes.
 
@@ -158,12 +218,19 @@ def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size:
 
     ``keep_columns``: input columns kept next to the encoded ones (``id``, ``data_source``,
     ``reward_model``, ``extra_info`` ...), row for row; ``remove_columns=False`` keeps them all.
+
+    Memory is bounded: ``batch_size`` (default: at most 64) and the writer's buffer come from
+    `map_kwargs` (the largest possible encoded row), so each process holds at most about
+    ``ROW_BUFFER_BYTES`` of encoded rows.
     """
     check_keep_columns(keep_columns, ds.column_names)
     enc = Encoder(processor, **options)
     enc.mark_dropped = True
+    k = max(1, min(1000, ROW_BUFFER_BYTES // row_byte_bound(enc, max_images_per_row(ds, enc.images_column))))
+    batch_size = batch_size or min(64, k)
     ds = undecoded_images(ds)
     out = ds.map(StampedFunction(enc), batched=True, batch_size=batch_size, num_proc=num_proc, with_indices=True,
+                 writer_batch_size=k,
                  remove_columns=[c for c in ds.column_names if c not in keep_columns] if remove_columns else None,
                  desc="mmpipe.encode")
     reasons = Counter(r for r in out[DROP_REASON_COLUMN] if r)

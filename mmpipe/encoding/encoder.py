@@ -34,7 +34,8 @@ from mmpipe.images.load import check_image_root, confine_image
 from mmpipe.images.pixels import encode_image, image_grid
 from mmpipe.images.spec import VisionSpec
 from mmpipe.images.threads import default_threads, thread_pool
-from mmpipe.records.columns import IGNORE_INDEX, PIXEL_FORMATS
+from mmpipe.encoding.sources import source_bytes
+from mmpipe.records.columns import ENCODE_PIXEL_FORMATS, IGNORE_INDEX
 from mmpipe.records.row import MultiModalInputs
 
 __all__ = ["TRUNCATION_POLICIES", "ERROR_POLICIES", "Encoder"]
@@ -100,7 +101,7 @@ class Encoder(CodeStamped):
     ):
         check_choice("on_error", on_error, ERROR_POLICIES)
         check_choice("truncation", truncation, TRUNCATION_POLICIES)
-        check_choice("pixels", pixels, PIXEL_FORMATS)
+        check_choice("pixels", pixels, ENCODE_PIXEL_FORMATS)
         check_options(locals())  # pixel bounds 0: the processor's, as before
         self.processor = processor
         self.family: ModelFamily = family_of(processor)
@@ -290,9 +291,11 @@ class Encoder(CodeStamped):
         """Encode the images and expand their pads -> (ids, labels, grids int64 [I, 3], uint8 blocks)."""
         pad_pos = self._image_pads(ids, len(images), where)
         u8_blocks: list[np.ndarray] = []
-        if self.pixels == "none":
+        if self.pixels in ("none", "source"):  # grids from the image headers
             grid_list = [self._at_image(i, image_grid, img, self.spec, where=f"{where}, image {i}")
                          for i, img in enumerate(images)]
+            if self.pixels == "source":  # the "blocks" are the encoded files, decoded at collate time
+                u8_blocks = [source_bytes(img, where=f"{where}, image {i}") for i, img in enumerate(images)]
         else:
             encoded = ([f.result() for f in prefetched] if prefetched is not None
                        else self._encode_images(images, where))
@@ -376,7 +379,9 @@ class Encoder(CodeStamped):
         row = MultiModalInputs(input_ids=ids, attention_mask=np.ones(ids.shape, dtype=np.int64), mm_token_type_ids=mm,
                                position_ids=pos[:, 0, :].numpy(), rope_delta=int(delta.reshape(-1)[0]),
                                family=fam.name, labels=labels, image_grid_thw=grids)
-        if self.pixels == "uint8":
+        if self.pixels == "source":
+            row.image_sources = list(u8_blocks)
+        elif self.pixels == "uint8":
             row.pixel_values_u8 = np.concatenate(u8_blocks) if u8_blocks else np.zeros((0, fam.patch_dim_u8), np.uint8)
         elif self.pixels == "float32":
             from mmpipe.images.pixels import u8_to_pixel_values

@@ -85,7 +85,9 @@ def empty_row_dict(enc) -> dict:
         mm_token_type_ids=np.zeros(0, np.int64), position_ids=np.zeros((3, 0), np.int64),
         rope_delta=0, family=fam.name, labels=np.zeros(0, np.int64) if enc.labels else None,
     )
-    if enc.pixels == "uint8":
+    if enc.pixels == "source":
+        row.image_sources = []
+    elif enc.pixels == "uint8":
         row.pixel_values_u8 = np.zeros((0, fam.patch_dim_u8), np.uint8)
     elif enc.pixels == "float32":
         row.pixel_values = np.zeros((0, fam.patch_dim), np.float32)
@@ -265,7 +267,7 @@ def prefetch_images(enc, examples: list[dict], rows_idx: list) -> Iterator[Any]:
     one. At most ``2 * threads`` rows are in flight (bounded memory); results, errors and
     their order are those of encoding the rows one by one."""
     n_threads = enc.image_threads()
-    if n_threads <= 1 or enc.pixels == "none" or not enc.family.is_vision or len(examples) <= 1:
+    if n_threads <= 1 or enc.pixels in ("none", "source") or not enc.family.is_vision or len(examples) <= 1:
         yield from (None for _ in examples)
         return
     pool, started, ahead = thread_pool(), set(), {}

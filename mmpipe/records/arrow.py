@@ -188,6 +188,7 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int, verify_pixels: bool 
     deltas = table.column("rope_delta").to_numpy(zero_copy_only=False) if "rope_delta" in names else None
     digests = table.column("pixel_digest").to_pylist() if verify_pixels and "pixel_digest" in names else None
     backends = table.column("image_backend").to_pylist() if "image_backend" in names else None
+    sources = table.column("image_sources").to_pylist() if "image_sources" in names else None  # pixels="source"
     rows = []
     for b in range(table.num_rows):
         row = first_row + b
@@ -212,5 +213,7 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int, verify_pixels: bool 
             d["pixel_digest"] = digests[b]
         if backends is not None:
             d["image_backend"] = backends[b]
+        if sources is not None:
+            d["image_sources"] = sources[b]
         rows.append(MultiModalInputs.from_dict(d, row=row, verify_pixels=verify_pixels))
     return rows

@@ -14,6 +14,9 @@ import xxhash
 from mmpipe.errors import ArgumentError, InputError, PixelDataError
 
 PIXEL_FORMATS = ("uint8", "float32", "none")
+# What an encoder may store: the formats above, or "source" (layout + each image's encoded file
+# bytes in the optional "image_sources" column; collate decodes them: mmpipe.encoding.sources).
+ENCODE_PIXEL_FORMATS = PIXEL_FORMATS + ("source",)
 
 
 IGNORE_INDEX = -100
@@ -158,6 +161,8 @@ NULLABLE_ROW_COLUMNS = {"labels", "pixel_values", "pixel_values_videos", "pixel_
 OPTIONAL_ROW_COLUMNS: dict[str, str] = {
     "image_backend": "string 'torchvision': the image-processor backend the pixels reproduce and collate expands "
                      "them with (mmpipe.images.backends); absent for PIL-backend rows",
+    "image_sources": "list<binary> [I] pixels='source' rows: each image's encoded file bytes, decoded and resized "
+                     "at collate time (mmpipe.encoding.sources)",
 }
 
 
@@ -196,3 +201,18 @@ def row_column_wanted(name: str, pixel_format: Optional[str], labels: bool) -> b
     all_pixel = {c for cols in PIXEL_COLUMNS.values() for c in cols}
     return name not in all_pixel or name in PIXEL_COLUMNS[pixel_format]
 
+
+
+def source_list(value, n_images: int, row: Any = None) -> Optional[list]:
+    """A stored ``image_sources`` value -> list of ``bytes`` [I], one per image of the row (None: None)."""
+    if value is None:
+        return None
+    if isinstance(value, (bytes, str)) or not hasattr(value, "__len__"):
+        raise InputError(f"column 'image_sources': expected a list of bytes, found {type(value).__name__}", row=row,
+                         column="image_sources", stage="validate", fix="re-encode the row with pixels='source'")
+    out = [bytes(b) for b in value]
+    if len(out) != n_images:
+        raise InputError(f"column 'image_sources': {len(out)} sources for {n_images} images", row=row,
+                         column="image_sources", stage="validate", expected=f"{n_images} sources",
+                         found=str(len(out)), fix="re-encode the row with pixels='source'")
+    return out

@@ -40,6 +40,7 @@ from mmpipe.records.columns import (
     fit_width,
     pixel_digest,
     row_column_wanted,
+    source_list,
     u8_block,
     u8_bytes,
     u8_or_empty,
@@ -108,6 +109,7 @@ class MultiModalInputs:
     pixel_values_videos: Optional[np.ndarray] = None
     pixel_values_videos_u8: Optional[np.ndarray] = None
     image_backend: str = "pil"
+    image_sources: Optional[list] = None  # pixels="source": encoded file bytes per image [I]
 
     # ---- derived facts -------------------------------------------------------------
     @property
@@ -136,6 +138,8 @@ class MultiModalInputs:
 
     @property
     def pixel_format(self) -> str:
+        if self.image_sources is not None:
+            return "source"
         if self.pixel_values_u8 is not None or self.pixel_values_videos_u8 is not None:
             return "uint8"
         if self.pixel_values is not None or self.pixel_values_videos is not None:
@@ -144,7 +148,7 @@ class MultiModalInputs:
 
     @property
     def has_pixels(self) -> bool:
-        return self.pixel_format != "none"
+        return self.pixel_format not in ("none", "source")
 
     # ---- checks --------------------------------------------------------------------
     def validate(self, row: Optional[int] = None) -> "MultiModalInputs":
@@ -259,9 +263,9 @@ class MultiModalInputs:
         if d.get("pixel_values_u8") is not None:
             kw["pixel_values_u8"] = u8_block(d["pixel_values_u8"], n_img, fam.patch_dim_u8, "pixel_values_u8", row)
         if d.get("pixel_values_videos_u8") is not None and n_vid:
-            kw["pixel_values_videos_u8"] = u8_block(
-                d["pixel_values_videos_u8"], n_vid, fam.patch_dim, "pixel_values_videos_u8", row
-            )
+            kw["pixel_values_videos_u8"] = u8_block(d["pixel_values_videos_u8"], n_vid, fam.patch_dim,
+                                                    "pixel_values_videos_u8", row)
+        kw["image_sources"] = source_list(d.get("image_sources"), len(kw.get("image_grid_thw", ())), row)
         out = cls(**kw)
         if verify_pixels and d.get("pixel_digest") is not None:
             out.verify_pixel_digest(d["pixel_digest"], row)
@@ -316,7 +320,11 @@ class MultiModalInputs:
             fam = self.fam
             out["pixel_values"] = f32_or_empty(self.pixel_values, fam.patch_dim)
             out["pixel_values_videos"] = f32_or_empty(self.pixel_values_videos, fam.patch_dim)
-        if fmt != "none":
+        if fmt == "source":
+            out["image_sources"] = [bytes(b) for b in self.image_sources]
+            if self.image_backend != "pil":
+                out["image_backend"] = self.image_backend
+        elif fmt != "none":
             out["pixel_digest"] = np.int64(self.stored_pixel_digest())
             if self.image_backend != "pil":  # PIL rows keep the layout of before (no column)
                 out["image_backend"] = self.image_backend

@@ -18,6 +18,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
+import torch
 
 import mmpipe
 from mmpipe.cli import demo
@@ -388,3 +389,17 @@ def test_help_lists_every_command():
     assert run.returncode == 0
     for command in ("encode", "inspect", "demo", "judge"):
         assert command in run.stdout
+
+
+def test_encode_pixels_source_stores_the_files_and_collates_to_the_uint8_pixels(sample, tmp_path, capsys):
+    out = tmp_path / "src"
+    rc = main(["encode", str(sample["jsonl"]), "--processor", f"testing:{FAMILY}", "--out", str(out), "--quiet",
+               "--pixels", "source"])
+    assert rc == 0, capsys.readouterr().err
+    got = datasets.load_from_disk(str(out))
+    assert "image_sources" in got.column_names and "pixel_values_u8" not in got.column_names
+    collate = mmpipe.Collator(sample["processor"])
+    idx = list(range(len(got)))
+    want = collate([sample["reference"][i] for i in idx])
+    assert want.pixel_values is not None and want.pixel_values.shape[0] > 0
+    assert torch.equal(collate([got[i] for i in idx]).pixel_values, want.pixel_values)

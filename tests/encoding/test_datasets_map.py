@@ -107,3 +107,48 @@ def test_num_proc_map_after_parallel_torch_in_parent_does_not_hang(tmp_path):
                          cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "done 8" in out.stdout
+
+
+# ---- bounded memory: mmpipe.map_kwargs (issue 18) ------------------------------------------
+def _flushes(ds) -> list[int]:
+    """Rows per record batch of a mapped dataset's cache file(s): one per writer flush."""
+    return [b.num_rows for b in ds.data.table.to_batches()]
+
+
+def test_map_kwargs_follow_the_row_byte_bound(raw):
+    real = testing.build_processor("qwen2_vl", min_pixels=3136, max_pixels=12845056)  # released bounds
+    one_image = 2**20 + 3 * 12845056  # token allowance + uint8 pixels of one image at max_pixels
+    assert mmpipe.map_kwargs(real) == {"writer_batch_size": 256 * 2**20 // one_image,
+                                       "batch_size": 256 * 2**20 // one_image}
+    assert mmpipe.encoding.dataset.max_images_per_row(raw) == 3  # Arrow list lengths
+    assert mmpipe.map_kwargs(real, raw)["writer_batch_size"] == 256 * 2**20 // (2**20 + 3 * 3 * 12845056)
+    assert mmpipe.map_kwargs(real, raw, pixels="float32")["batch_size"] == 1  # 8x the bytes: one row at a time
+    assert mmpipe.map_kwargs(real, raw, pixels="none")["batch_size"] == 256  # token arrays only
+    assert mmpipe.map_kwargs(processor_for("qwen2_vl"), raw, max_pixels=12845056) == mmpipe.map_kwargs(real, raw)
+    with pytest.raises(mmpipe.errors.ArgumentError):
+        mmpipe.map_kwargs(real, pixels="u8")
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_documented_map_flushes_every_k_rows(raw, tmp_path, batched):
+    """The README's call with ``**mmpipe.map_kwargs(processor, ds)``: each process's writer
+    flushes every k rows (k from the row byte bound), and the rows equal datasets' defaults."""
+    proc = testing.build_processor("qwen2_vl", min_pixels=3136, max_pixels=12845056)
+    kw = mmpipe.map_kwargs(proc, raw)
+    k = kw["writer_batch_size"]
+    assert 1 <= k < len(raw) // 2
+    enc = raw.map(mmpipe.encode, fn_kwargs={"processor": proc}, num_proc=2, batched=batched,
+                  cache_file_name=str(tmp_path / "enc.arrow"), **kw)
+    flushes = _flushes(enc)
+    assert max(flushes) <= k and sum(flushes) == len(raw)
+    assert len(flushes) >= -(-len(raw) // k)
+    plain = raw.map(mmpipe.encode, fn_kwargs={"processor": proc}, cache_file_name=str(tmp_path / "plain.arrow"))
+    assert max(_flushes(plain)) == len(raw)  # datasets' default buffer: everything held until the end
+    assert enc.data.table.equals(plain.data.table)
+
+
+def test_encode_dataset_bounds_its_batches_and_writer(raw):
+    proc = testing.build_processor("qwen2_vl", min_pixels=3136, max_pixels=12845056)
+    enc, report = mmpipe.encode_dataset(raw, proc, num_proc=2)
+    assert report.rows_out == len(raw)
+    assert max(_flushes(enc)) <= mmpipe.map_kwargs(proc, raw)["writer_batch_size"]

@@ -1,0 +1,120 @@
+"""pixels="source": the encoded file bytes are stored, collate decodes + resizes them, bit for bit
+the uint8 path (and so the processor's pixel_values)."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+import mmpipe
+from mmpipe import testing
+
+from conftest import processor_for
+
+
+def _file(im: Image.Image, fmt: str, **kw) -> bytes:
+    f = io.BytesIO()
+    im.save(f, fmt, **kw)
+    return f.getvalue()
+
+
+def _row(i: int, images: list) -> dict:
+    content = [{"type": "image"}] * len(images) + [{"type": "text", "text": f"Question {i}?"}]
+    return {"messages": [{"role": "user", "content": content},
+                         {"role": "assistant", "content": [{"type": "text", "text": f"Answer {i}."}]}],
+            "images": images}
+
+
+@pytest.fixture(scope="module")
+def files():
+    photos = [im for _, im in testing.sample_photos()] + [testing.tiny_image(90, 130, seed=3, mode="RGBA")]
+    return [_file(im, "JPEG" if i % 2 and im.mode == "RGB" else "PNG") for i, im in enumerate(photos)]
+
+
+@pytest.fixture(scope="module")
+def raw(files):
+    rows = [_row(i, [{"bytes": files[(i + j) % len(files)], "path": None} for j in range(k)])
+            for i, k in enumerate([1, 2, 0, 3, 1, 2])]
+    return datasets.Dataset.from_list(rows).cast_column("images", datasets.List(datasets.Image(decode=False)))
+
+
+def test_source_rows_collate_to_the_uint8_pixels_and_store_the_files(raw, files):
+    proc = processor_for("qwen2_vl")
+    src = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, "pixels": "source"}, remove_columns=raw.column_names,
+                  **mmpipe.map_kwargs(proc, raw, pixels="source"))
+    u8 = raw.map(mmpipe.encode, fn_kwargs={"processor": proc}, remove_columns=raw.column_names)
+    assert "pixel_values_u8" not in src.column_names
+    stored = [b for r in src["image_sources"] for b in r]
+    given = [im["bytes"] for r in raw.cast_column("images", datasets.List(datasets.Image(decode=False)))["images"]
+             for im in r]
+    assert stored == given  # the files themselves: 1.0x the sources on disk
+    idx = list(range(len(raw)))
+    c = mmpipe.Collator(proc)
+    want = c([u8[i] for i in idx])
+    for got in (c([src[i] for i in idx]), c(mmpipe.ArrowRows(src).__getitems__(idx))):
+        assert torch.equal(got.pixel_values, want.pixel_values)
+        assert torch.equal(got.input_ids, want.input_ids) and torch.equal(got.position_ids, want.position_ids)
+        assert torch.equal(got.image_grid_thw, want.image_grid_thw)
+    one = Image.open(io.BytesIO(files[0]))  # row 0's image
+    ref = proc.image_processor(images=[one], return_tensors="pt")["pixel_values"]
+    assert torch.equal(c([src[0]]).pixel_values, ref)  # the processor's pixel_values, bit for bit
+    rec = mmpipe.MultiModalInputs.from_dict(src[1])
+    assert rec.pixel_format == "source" and mmpipe.MultiModalInputs.from_dict(rec.to_dict()) == rec
+
+
+def test_source_rows_decode_in_dataloader_workers(raw):
+    proc = processor_for("qwen2_vl")
+    src = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, "pixels": "source"}, remove_columns=raw.column_names)
+    u8 = raw.map(mmpipe.encode, fn_kwargs={"processor": proc}, remove_columns=raw.column_names)
+    c = mmpipe.Collator(proc)
+    got = list(DataLoader(src, batch_size=3, collate_fn=c, num_workers=1))
+    want = list(DataLoader(u8, batch_size=3, collate_fn=c))
+    assert all(torch.equal(a.pixel_values, b.pixel_values) for a, b in zip(got, want))
+
+
+def test_every_image_form_round_trips(tmp_path, files):
+    """Paths and data URIs keep their file; PIL images (and EXIF-rotated ones) become lossless
+    PNGs of their pixels: the collated pixels equal the uint8 encode's in every case."""
+    proc = processor_for("qwen2_5_vl")
+    path = tmp_path / "a.jpg"
+    path.write_bytes(files[1])
+    rotated = testing.tiny_image(60, 100, seed=1)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 on display
+    rot_bytes = _file(rotated, "JPEG", exif=exif)
+    forms = [str(path), "data:image/png;base64," + base64.b64encode(files[0]).decode(),
+             Image.open(io.BytesIO(files[2])).convert("RGB"), Image.open(io.BytesIO(rot_bytes)),
+             {"bytes": rot_bytes, "path": None}, np.asarray(testing.tiny_image(40, 70, seed=2))]
+    for i, form in enumerate(forms):
+        row = _row(i, [form])
+        src = mmpipe.encode_row(row, proc, pixels="source")
+        u8 = mmpipe.encode_row(row, proc)
+        if isinstance(form, str) and not form.startswith("data:"):
+            assert src.image_sources == [files[1]]
+        if isinstance(form, str) and form.startswith("data:"):
+            assert src.image_sources == [files[0]]
+        c = mmpipe.Collator(proc)
+        assert torch.equal(c([src.to_dict()]).pixel_values, c([u8]).pixel_values), i
+
+
+def test_a_source_that_disagrees_with_its_grid_is_refused(raw):
+    proc = processor_for("qwen2_vl")
+    rec = mmpipe.encode_row(raw[0], proc, pixels="source")
+    other = mmpipe.encode_row(raw[1], proc, pixels="source")
+    rec.image_sources = [other.image_sources[1]]  # another image's file
+    if tuple(rec.image_grid_thw[0]) != tuple(other.image_grid_thw[1]):
+        with pytest.raises(mmpipe.errors.ImageError, match="stores"):
+            mmpipe.Collator(proc)([rec])
+
+
+def test_readme_source_block_runs():
+    from helpers import readme_block
+
+    exec(compile(readme_block("### Source-bytes storage"), "README", "exec"), {})
