@@ -28,13 +28,7 @@ COSMOS_VERSION="${COSMOS_VERSION:-0.4.7}"
 COSMOS_IMPORT_DEPS=(pydantic msgpack pynvml qwen-vl-utils "diffusers>=0.36.0" peft StrEnum redis boto3)
 TV_WHEEL=torchvision-0.28.0-cp311-cp311-manylinux_2_28_x86_64.whl
 TV_DIR=.envs-cache/cosmos/tv
-PYTHON="${PYTHON:-python3}"
-VENV=".venv-$NAME"
-PY="$VENV/bin/python"
-STAMP="$VENV/.mmpipe-setup"
-say() { echo "[env $NAME] $*" >&2; }
-fail() { say "SET-UP FAILED: $*"; exit 2; }
-pip_quiet() { "$PY" -m pip "$@" --quiet --disable-pip-version-check 2> >(grep -v "is ignored: it is neither" >&2); }
+source scripts/envs/_common.bash
 
 unpack_torchvision_python() {
     [ -f "$TV_DIR/torchvision/__init__.py" ] && return 0
@@ -50,13 +44,10 @@ for f in ("_meta_registrations.py", "_autograd_registrations.py"):  # they regis
 ' "$TV_DIR" ".envs-cache/$TV_WHEEL"
 }
 
-start=$(date +%s)
-want="$(cat pyproject.toml "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -f "$TV_DIR/torchvision/__init__.py" ]; then
+if env_up_to_date "${BASH_SOURCE[0]}" && [ -f "$TV_DIR/torchvision/__init__.py" ]; then
     say "up to date ($PY)"
 else
-    [ -x "$PY" ] || "$PYTHON" -m venv "$VENV" || fail "creating $VENV"
-    "$PY" -c 'import torch' 2>/dev/null || pip_quiet install "torch==2.13.0" || fail "pip install torch==2.13.0"
+    env_create
     constraints="$VENV/constraints.txt"
     # diffusers would otherwise move huggingface-hub to 1.x, which transformers 4.57 refuses
     printf 'transformers==%s\ntorch==2.13.0\nhuggingface-hub<1.0\n' "$TF457_VERSION" > "$constraints"
@@ -68,12 +59,12 @@ else
     unpack_torchvision_python || fail "unpack torchvision 0.28.0's Python part into $TV_DIR"
     PYTHONPATH="$TV_DIR" "$PY" -c 'import cosmos_rl.dispatcher.data.packer, cosmos_rl.utils.util, cosmos_rl.policy.config' \
         2> >(grep -v "Failed to import VLLM Rollout" >&2) || fail "import cosmos_rl's packers, utils and config"
-    echo "$want" > "$STAMP"
+    env_done "${BASH_SOURCE[0]}"
 fi
 versions="$("$PY" -c 'import sys, torch, transformers, importlib.metadata as m; print(f"torch {torch.__version__}, transformers {transformers.__version__}, cosmos-rl {m.version(sys.argv[1])}")' cosmos-rl 2>/dev/null)"
-say "set-up took $(( $(date +%s) - start )) s: $versions"
+say "set-up took $(env_took) s: $versions"
 
-mapfile -t MARKED < <(grep -rlE "needs_env\([^)]*\"$NAME\"" tests --include='test_*.py' | sort)
+mapfile -t MARKED < <(marked_tests)
 [ "${#MARKED[@]}" -gt 0 ] || fail "no test file is marked needs_env(\"$NAME\")"
 # plus the packers' own tests, here with cosmos-rl's BaseDataPacker under them
 PYTHONPATH="$TV_DIR" MMPIPE_TEST_ENV=$NAME exec "$PY" -m pytest -q -p no:cacheprovider "${MARKED[@]}" \

@@ -15,33 +15,21 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 NAME=tf457
 TF457_VERSION="${TF457_VERSION:-4.57.6}"
-PYTHON="${PYTHON:-python3}"
-VENV=".venv-$NAME"
-PY="$VENV/bin/python"
-STAMP="$VENV/.mmpipe-setup"
-say() { echo "[env $NAME] $*" >&2; }
-fail() { say "SET-UP FAILED: $*"; exit 2; }
+source scripts/envs/_common.bash
 
-start=$(date +%s)
-want="$(cat pyproject.toml "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+if env_up_to_date "${BASH_SOURCE[0]}"; then
     say "up to date ($PY)"
 else
-    [ -x "$PY" ] || "$PYTHON" -m venv "$VENV" || fail "creating $VENV"
-    pip_install() {
-        "$PY" -m pip install --quiet --disable-pip-version-check "$@" \
-            2> >(grep -v "^WARNING: Location '.*' is ignored" >&2)
-    }
-    "$PY" -c 'import torch' 2>/dev/null || pip_install "torch==2.13.0" || fail "pip install torch==2.13.0"
+    env_create
     constraints="$VENV/constraints.txt"
     printf 'transformers==%s\ntorch==2.13.0\n' "$TF457_VERSION" > "$constraints"
     pip_install -c "$constraints" "transformers==$TF457_VERSION" || fail "pip install transformers==$TF457_VERSION"
     pip_install -c "$constraints" -e ".[test]" || fail "pip install -e .[test] with transformers==$TF457_VERSION"
     got="$("$PY" -c 'import transformers; print(transformers.__version__)')" || fail "import transformers"
     [ "$got" = "$TF457_VERSION" ] || fail "transformers is $got, expected $TF457_VERSION"
-    echo "$want" > "$STAMP"
+    env_done "${BASH_SOURCE[0]}"
 fi
-say "set-up took $(( $(date +%s) - start )) s: $("$PY" -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")')"
+say "set-up took $(env_took) s: $("$PY" -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")')"
 
 # The core: encode, collate, rope, model logits, generate kwargs, rollout consistency (and the
 # ReMA encoding, which builds on all of them). Tests
@@ -59,5 +47,5 @@ CORE=(
     tests/rema/test_rema_fidelity.py
 )
 # Files holding tests marked for this environment (the conftest keeps only those in them).
-mapfile -t MARKED < <(grep -rlE "needs_env\([^)]*\"$NAME\"" tests --include='test_*.py' | sort)
+mapfile -t MARKED < <(marked_tests)
 MMPIPE_TEST_ENV=$NAME exec "$PY" -m pytest -q -p no:cacheprovider "${CORE[@]}" "${MARKED[@]}" "$@"

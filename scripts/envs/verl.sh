@@ -15,34 +15,22 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 NAME=verl
 VERL_VERSION="${VERL_VERSION:-0.9.1}"
-PYTHON="${PYTHON:-python3}"
-VENV=".venv-$NAME"
-PY="$VENV/bin/python"
-STAMP="$VENV/.mmpipe-setup"
-say() { echo "[env $NAME] $*" >&2; }
-fail() { say "SET-UP FAILED: $*"; exit 2; }
+source scripts/envs/_common.bash
 
-start=$(date +%s)
-want="$(cat pyproject.toml "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+if env_up_to_date "${BASH_SOURCE[0]}"; then
     say "up to date ($PY)"
 else
-    [ -x "$PY" ] || "$PYTHON" -m venv "$VENV" || fail "creating $VENV"
-    pip_install() {
-        "$PY" -m pip install --quiet --disable-pip-version-check "$@" \
-            2> >(grep -v "^WARNING: Location '.*' is ignored" >&2)
-    }
-    "$PY" -c 'import torch' 2>/dev/null || pip_install "torch==2.13.0" || fail "pip install torch==2.13.0"
+    env_create
     constraints="$VENV/constraints.txt"
     printf 'torch==2.13.0\n' > "$constraints"
     pip_install -c "$constraints" "verl==$VERL_VERSION" -e ".[test]" || fail "pip install verl==$VERL_VERSION -e .[test]"
     "$PY" -c 'import verl.protocol, verl.utils.dataset.rl_dataset, verl.models.transformers.qwen2_vl' \
         || fail "import verl (protocol, rl_dataset, qwen2_vl rope)"
-    echo "$want" > "$STAMP"
+    env_done "${BASH_SOURCE[0]}"
 fi
-say "set-up took $(( $(date +%s) - start )) s: $("$PY" -c 'import torch, transformers, verl; print(f"torch {torch.__version__}, transformers {transformers.__version__}, verl {verl.__version__}")')"
+say "set-up took $(env_took) s: $("$PY" -c 'import torch, transformers, verl; print(f"torch {torch.__version__}, transformers {transformers.__version__}, verl {verl.__version__}")')"
 
 # Files holding tests marked for this environment (the conftest keeps only those in them), and
 # tests/hosts/test_verl.py whole.
-mapfile -t MARKED < <(grep -rlE "needs_env\([^)]*\"$NAME\"" tests --include='test_*.py' | sort)
+mapfile -t MARKED < <(marked_tests)
 MMPIPE_TEST_ENV=$NAME exec "$PY" -m pytest -q -p no:cacheprovider tests/hosts/test_verl.py "${MARKED[@]}" "$@"

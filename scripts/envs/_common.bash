@@ -1,0 +1,24 @@
+# Shared by scripts/envs/*.sh: sourced after NAME is set (scripts/test.sh runs only *.sh, so
+# this file is not an environment). Defines the venv paths, messages, quiet pip and the
+# idempotence stamp (a hash of pyproject.toml, the environment's script and this file).
+PYTHON="${PYTHON:-python3}"
+VENV=".venv-$NAME"
+PY="$VENV/bin/python"
+STAMP="$VENV/.mmpipe-setup"
+ENV_START=$(date +%s)
+say() { echo "[env $NAME] $*" >&2; }
+fail() { say "SET-UP FAILED: $*"; exit 2; }
+pip_quiet() { "$PY" -m pip "$@" --quiet --disable-pip-version-check 2> >(grep -v "is ignored: it is neither" >&2); }
+pip_install() { pip_quiet install "$@"; }
+env_stamp() { cat pyproject.toml "$1" scripts/envs/_common.bash | sha256sum | cut -d' ' -f1; }
+# env_up_to_date SCRIPT: the venv was built from these files
+env_up_to_date() { [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(env_stamp "$1")" ]; }
+# env_create: the venv, with torch==2.13.0 FIRST (a bare torch requirement pulls the CUDA build)
+env_create() {
+    [ -x "$PY" ] || "$PYTHON" -m venv "$VENV" || fail "creating $VENV"
+    "$PY" -c 'import torch' 2>/dev/null || pip_install "torch==2.13.0" || fail "pip install torch==2.13.0"
+}
+env_done() { env_stamp "$1" > "$STAMP"; }
+env_took() { echo $(( $(date +%s) - ENV_START )); }
+# the test files holding tests marked @pytest.mark.needs_env("$NAME")
+marked_tests() { grep -rlE "needs_env\([^)]*\"$NAME\"" tests --include='test_*.py' | sort; }
