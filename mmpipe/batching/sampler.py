@@ -25,7 +25,7 @@ such row a batch of its own instead (the only batches allowed over the budget).
 
 Example::
 
-    enc = ds.map(mmpipe.encode, fn_kwargs={"processor": processor})
+    enc = ds.map(mmpipe.encode, fn_kwargs={"processor": processor}, **mmpipe.map_kwargs(processor, ds))
     sampler = TokenBudgetBatchSampler.from_dataset(enc, max_tokens=16384, max_images=32, seed=0)
     loader = DataLoader(enc, batch_sampler=sampler, collate_fn=mmpipe.Collator(processor))
     for epoch in range(3):

@@ -13,7 +13,8 @@ Steps:
    built from matplotlib's sample photos and generated images of assorted sizes; rows hold
    0 to 3 images, some end with an assistant answer (so they have labels), some with a
    user turn (prompts for generation);
-2. encode: ``ds.map(mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=2)``,
+2. encode: ``ds.map(mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=2,
+   **mmpipe.map_kwargs(processor, ds))``,
    saved with ``save_to_disk`` (``--out``, default a temporary directory) and loaded back;
 3. collate: ``DataLoader(enc, batch_size=4, collate_fn=mmpipe.Collator(processor),
    num_workers=2)``;
@@ -220,7 +221,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     num_proc = args.num_proc if args.num_proc > 1 else None
     enc = ds.map(
-        mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=num_proc, remove_columns=ds.column_names
+        mmpipe.encode, fn_kwargs={"processor": processor}, num_proc=num_proc, remove_columns=ds.column_names,
+        **mmpipe.map_kwargs(processor, ds),  # bounded writer buffer, as the README's Quickstart
     )
     t = _lap(times, "encode", t)
 
