@@ -19,6 +19,13 @@ env_create() {
     "$PY" -c 'import torch' 2>/dev/null || pip_install "torch==2.13.0" || fail "pip install torch==2.13.0"
 }
 env_done() { env_stamp "$1" > "$STAMP"; }
+# env_ready SCRIPT: 0 (saying so) when the venv is up to date, else creates it and returns 1:
+#   if ! env_ready "${BASH_SOURCE[0]}"; then ...install...; env_done "${BASH_SOURCE[0]}"; fi
+env_ready() {
+    if env_up_to_date "$1"; then say "up to date ($PY)"; return 0; fi
+    env_create
+    return 1
+}
 env_took() { echo $(( $(date +%s) - ENV_START )); }
 # the test files holding tests marked @pytest.mark.needs_env("$NAME")
 marked_tests() { grep -rlE "needs_env\([^)]*\"$NAME\"" tests --include='test_*.py' | sort; }

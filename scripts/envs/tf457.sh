@@ -17,10 +17,7 @@ NAME=tf457
 TF457_VERSION="${TF457_VERSION:-4.57.6}"
 source scripts/envs/_common.bash
 
-if env_up_to_date "${BASH_SOURCE[0]}"; then
-    say "up to date ($PY)"
-else
-    env_create
+if ! env_ready "${BASH_SOURCE[0]}"; then
     constraints="$VENV/constraints.txt"
     printf 'transformers==%s\ntorch==2.13.0\n' "$TF457_VERSION" > "$constraints"
     pip_install -c "$constraints" "transformers==$TF457_VERSION" || fail "pip install transformers==$TF457_VERSION"

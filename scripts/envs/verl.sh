@@ -17,10 +17,7 @@ NAME=verl
 VERL_VERSION="${VERL_VERSION:-0.9.1}"
 source scripts/envs/_common.bash
 
-if env_up_to_date "${BASH_SOURCE[0]}"; then
-    say "up to date ($PY)"
-else
-    env_create
+if ! env_ready "${BASH_SOURCE[0]}"; then
     constraints="$VENV/constraints.txt"
     printf 'torch==2.13.0\n' > "$constraints"
     pip_install -c "$constraints" "verl==$VERL_VERSION" -e ".[test]" || fail "pip install verl==$VERL_VERSION -e .[test]"
