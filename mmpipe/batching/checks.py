@@ -32,7 +32,7 @@ def checked_records(rows: Sequence[Any], verify_pixels: bool = False) -> list[Mu
     if not len(rows):
         raise InputError("collate got an empty list of rows", where="", stage="collate",
                          fix="drop empty batches (DataLoader(drop_last=...)) or filter before collating")
-    table = _arrow_table(rows)
+    table = arrow_table(rows)
     try:
         if table is not None:  # stored rows as Arrow (ArrowRows): numpy views of the column buffers
             _check_error_column(table.column(ERROR_COLUMN).to_pylist() if ERROR_COLUMN in table.column_names else ())
@@ -160,13 +160,14 @@ def _as_row_error(e: Exception) -> InputError:
     return cls(msg, where="", stage="collate", fix=fix)
 
 
-def _arrow_table(rows):
+def arrow_table(rows):
     """The rows as one Arrow table if they came as Arrow (a table, a record batch, or a list
-    of one-row tables from ``ArrowRows.__getitem__``), else None."""
+    of one-row tables from ``ArrowRows.__getitem__``), else None. `mmpipe.collate` calls it
+    once and hands the table to both `checked_records` and its pass-through columns."""
     import pyarrow as pa
 
     if isinstance(rows, (pa.Table, pa.RecordBatch)):
         return rows
-    if isinstance(rows, (list, tuple)) and isinstance(rows[0], (pa.Table, pa.RecordBatch)):
+    if isinstance(rows, (list, tuple)) and rows and isinstance(rows[0], (pa.Table, pa.RecordBatch)):
         return pa.concat_tables([r if isinstance(r, pa.Table) else pa.Table.from_batches([r]) for r in rows])
     return None

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.batching.checks import check_finite, check_vision_tokens, checked_records
+from mmpipe.batching.checks import arrow_table, check_finite, check_vision_tokens, checked_records
 from mmpipe.encoding.sources import with_pixels
 from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, PixelDataError
@@ -85,6 +85,9 @@ def collate(
     """
     if padding_side not in PADDING_SIDES:
         raise ArgumentError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    table = arrow_table(rows)  # Arrow rows concatenated once, for the records and the kept columns
+    if table is not None:
+        rows = table
     recs = checked_records(rows, verify_pixels)
     fam = _batch_family(recs, family, processor)
     if vision_tokens is None and processor is not None:
@@ -113,13 +116,10 @@ def kept_columns(rows: Sequence[Any], names: Sequence[str]) -> Optional[dict[str
         raise ArgumentError(f"keep_columns must be a list of column names, got the string {names!r}")
     if not names:
         return None
-    import pyarrow as pa
-
-    if isinstance(rows, (list, tuple)) and rows and isinstance(rows[0], (pa.Table, pa.RecordBatch)):
-        rows = pa.concat_tables([r if isinstance(r, pa.Table) else pa.Table.from_batches([r]) for r in rows])
-    if isinstance(rows, (pa.Table, pa.RecordBatch)):
-        have = [list(rows.column_names)] * rows.num_rows
-        values = {n: rows.column(n).to_pylist() for n in names if n in rows.column_names}
+    table = arrow_table(rows)  # collate passes its table: returned as is, not concatenated again
+    if table is not None:
+        have = [list(table.column_names)] * table.num_rows
+        values = {n: table.column(n).to_pylist() for n in names if n in table.column_names}
     else:
         have = [list(r.keys()) if hasattr(r, "keys") else [] for r in rows]
         values = {n: [r[n] for r in rows] for n in names if all(n in h for h in have)}
