@@ -9,12 +9,14 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pytest
 import torch
 
 import mmpipe
 from mmpipe import testing
 from mmpipe.compat import mm_token_type_ids_kwargs
 from mmpipe.images import VisionSpec
+from mmpipe.records.generation import SamplingParams
 
 from conftest import processor_for
 
@@ -106,17 +108,27 @@ def readme_block(heading: str) -> str:
     return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
 
 
-def prompt_rows(proc, counts=(0, 1, 2)):
-    """Encoded generation prompts (no labels) with the given image counts, one question each."""
+def prompt_rows(proc, counts=(0, 1, 2), *, vary_length: bool = False, size=(40, 56), step=(16, 8), seed_step: int = 5):
+    """Encoded generation prompts (no labels) with the given image counts, one question each.
+    Image j of row i is ``size + step * (j, i)`` pixels (w, h), seed ``seed_step * i + j``;
+    ``vary_length``: even rows ask twice, so prompt lengths differ (padding is exercised)."""
     rows = []
     for i, k in enumerate(counts):
-        content = [{"type": "text", "text": f"Question {i}: what is shown?"}]
+        question = "what is shown? " * (2 - i % 2) if vary_length else "what is shown?"
+        content = [{"type": "text", "text": f"Question {i}: {question}"}]
         for j in range(k):
             content += [{"type": "image"}, {"type": "text", "text": f" (image {j})"}]
         raw = {"messages": [{"role": "user", "content": content}],
-               "images": [testing.tiny_image(40 + 16 * j, 56 + 8 * i, seed=5 * i + j) for j in range(k)]}
+               "images": [testing.tiny_image(size[0] + step[0] * j, size[1] + step[1] * i, seed=seed_step * i + j)
+                          for j in range(k)]}
         rows.append(mmpipe.encode_row(raw, proc, labels=False))
     return rows
+
+
+# greedy and sampled (n=2, temperature 1.0) generation, as the engine-equivalence tests run them
+GREEDY_AND_SAMPLED = pytest.mark.parametrize(
+    "params", [SamplingParams(max_new_tokens=6), SamplingParams(max_new_tokens=6, n=2, temperature=1.0, seed=3)],
+    ids=["greedy", "sampled-n2"])
 
 
 HANG_S = 20  # a call still running after this long is a hang: the test fails instead of waiting

@@ -17,7 +17,7 @@ from mmpipe.rollout.inputs import to_vllm_prompts
 from mmpipe.rollout.transformers_engine import TransformersEngine
 
 from conftest import model_for, processor_for
-from helpers import prompt_rows
+from helpers import GREEDY_AND_SAMPLED, prompt_rows
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 
@@ -48,9 +48,7 @@ class CountingEngine(TransformersEngine):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=6),
-                                    SamplingParams(max_new_tokens=6, n=2, temperature=1.0, seed=3)],
-                         ids=["greedy", "sampled-n2"])
+@GREEDY_AND_SAMPLED
 def test_async_transformers_engine_equals_sync(family, params):
     proc, model = processor_for(family), model_for(family)
     rows = prompt_rows(proc)

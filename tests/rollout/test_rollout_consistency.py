@@ -15,20 +15,13 @@ from mmpipe.records.generation import SamplingParams
 from mmpipe.rollout.results import unbatch_rollout
 
 from conftest import model_for, processor_for
+from helpers import GREEDY_AND_SAMPLED, prompt_rows
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 
 
 def _prompts(proc, counts=(1, 0, 2)):
-    rows = []
-    for i, k in enumerate(counts):
-        content = [{"type": "text", "text": f"Question {i}: " + "what is shown? " * (2 - i % 2)}]
-        for j in range(k):
-            content += [{"type": "image"}, {"type": "text", "text": f" (image {j})"}]
-        raw = {"messages": [{"role": "user", "content": content}],
-               "images": [testing.tiny_image(48 + 20 * j, 64 + 12 * i, seed=7 * i + j) for j in range(k)]}
-        rows.append(mmpipe.encode_row(raw, proc, labels=False))
-    return rows
+    return prompt_rows(proc, counts, vary_length=True, size=(48, 64), step=(20, 12), seed_step=7)
 
 
 def _max_gap(model, proc, samples, padding_side="right"):
@@ -37,8 +30,7 @@ def _max_gap(model, proc, samples, padding_side="right"):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=6), SamplingParams(max_new_tokens=6, n=2, temperature=1.0, seed=3)],
-                         ids=["greedy", "sampled-n2"])
+@GREEDY_AND_SAMPLED
 def test_generation_logprobs_equal_teacher_forcing(family, params):
     proc, model = processor_for(family), model_for(family)
     prompts = _prompts(proc)
