@@ -28,6 +28,7 @@ import numpy as np
 
 from mmpipe.cli.encode import REPORT_FILE, CLIError, dir_bytes
 from mmpipe.records.arrow import list_lengths
+from mmpipe.records.columns import stored_pixel_format
 
 BAR_WIDTH = 40
 
@@ -131,7 +132,7 @@ def dataset_stats(path, *, split: Optional[str] = None, bins: int = 10, batch_si
     path = Path(path).expanduser()
     ds = open_encoded(path, split)
     cols = set(ds.column_names)
-    pixel_format = "uint8" if "pixel_values_u8" in cols else "float32" if "pixel_values" in cols else "none"
+    pixel_format = stored_pixel_format(cols)
     tally = _Tally(cols, pixel_format)
     it = ds.with_format("arrow").iter(batch_size=batch_size)
     if progress:
@@ -257,6 +258,8 @@ def _stored_pixel_bytes(col, cols: set, pixel_format: str) -> int:
         for name in ("pixel_values", "pixel_values_videos"):
             if name in cols:
                 total += 4 * len(pc.list_flatten(pc.list_flatten(col(name))))
+    elif pixel_format == "source":  # the encoded image files themselves
+        total += int(pc.sum(pc.binary_length(pc.list_flatten(col("image_sources")))).as_py() or 0)
     return total
 
 
@@ -301,12 +304,14 @@ def _error_line(e) -> str:
 
 def format_stats(s: DatasetStats) -> str:
     fams = ", ".join(f"{k} ({v} row{'s' * (v != 1)})" for k, v in sorted(s.families.items())) or "-"
-    ratio = f", {s.float32_pixel_bytes / s.pixel_bytes:.1f}x smaller than float32" if s.pixel_format == "uint8" and s.pixel_bytes else ""
+    ratio = (f", {s.float32_pixel_bytes / s.pixel_bytes:.1f}x smaller than float32"
+             if s.pixel_format in ("uint8", "source") and s.pixel_bytes else "")
+    stored = " (the image files; decoded at collate time)" if s.pixel_format == "source" else ""
     lines = [
         f"dataset      {s.path}  ({_size(s.disk_bytes)} on disk)",
         f"rows         {s.rows}  ({s.rows_without_images} without images)",
         f"family       {fams}",
-        f"pixels       {s.pixel_format}: {_size(s.pixel_bytes)} stored; float32 pixel_values would take "
+        f"pixels       {s.pixel_format}: {_size(s.pixel_bytes)} stored{stored}; float32 pixel_values would take "
         f"{_size(s.float32_pixel_bytes)}{ratio}",
         f"images       {s.images}  ({s.image_patches} patches)" + (f"; videos {s.videos}" if s.videos else ""),
         f"tokens       {s.tokens} = text {s.text_tokens} + image {s.image_tokens}"

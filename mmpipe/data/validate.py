@@ -24,6 +24,8 @@ tokens, inconsistent rows) needs a re-encode: the report says so.
 
 from __future__ import annotations
 
+import io
+
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -42,7 +44,7 @@ from mmpipe.data.repair import (
 from mmpipe.data.loading import DamagedDatasetError, load_table, table_to_dataset  # noqa: F401 (re-exported)
 from mmpipe.errors import InputError
 from mmpipe.families import FAMILIES
-from mmpipe.records.columns import OPTIONAL_ROW_COLUMNS
+from mmpipe.records.columns import OPTIONAL_ROW_COLUMNS, STORED_PIXEL_COLUMN, stored_pixel_format
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.arrow import list_lengths, rows_from_arrow
 
@@ -128,11 +130,7 @@ class ValidationReport:
 
 # ---- schema comparison -------------------------------------------------------------------------
 def _detect(table: pa.Table) -> tuple[str, bool]:
-    names = set(table.column_names)
-    fmt = "uint8" if "pixel_values_u8" in names else "float32" if "pixel_values" in names else "none"
-    if "pixel_values_u8" in names and "pixel_values" in names:
-        fmt = "mixed"
-    return fmt, "labels" in names
+    return stored_pixel_format(table.column_names), "labels" in table.column_names
 
 
 def _expected_schema(fmt: str, labels: bool) -> pa.Schema:
@@ -224,6 +222,7 @@ def _check_rows(table: pa.Table, report: ValidationReport, max_rows_listed: int,
     if not _check_families(table, report, max_rows_listed):
         return
     _check_missing_pixels(table, report, max_rows_listed)
+    _check_sources(table, report, max_rows_listed, chunk)
     problems: dict[tuple, list] = {}
     for start in range(0, table.num_rows, chunk):
         _check_chunk(table.slice(start, chunk), start, positions, problems)
@@ -291,7 +290,7 @@ def _check_chunk(part: pa.Table, start: int, positions: bool, problems: dict[tup
 def _check_missing_pixels(table: pa.Table, report: ValidationReport, max_rows_listed: int) -> None:
     """Rows with images but a null pixel value in a dataset that stores pixels: collate
     refuses them next to rows with pixels (and would train blind on them alone)."""
-    col = {"uint8": "pixel_values_u8", "float32": "pixel_values"}.get(report.pixel_format)
+    col = STORED_PIXEL_COLUMN.get(report.pixel_format)
     if col is None:
         return
     n_images = list_lengths(table.column("image_grid_thw"))
@@ -300,6 +299,40 @@ def _check_missing_pixels(table: pa.Table, report: ValidationReport, max_rows_li
     if len(bad):
         report.issues.append(Issue("error", "content", col, "rows hold images but no pixel data (null)", REENCODE,
                                    bad[:max_rows_listed].tolist(), len(bad)))
+
+
+def _check_sources(table: pa.Table, report: ValidationReport, max_rows_listed: int, chunk: int) -> None:
+    """``pixels="source"`` rows: every stored file must open as an image (its header is read,
+    nothing decoded; collate decodes it). Damage inside the compressed data that leaves the
+    header readable is what ``pixel_digest`` catches."""
+    if "image_sources" not in table.column_names:
+        return
+    bad: dict[str, list] = {}
+    for start in range(0, table.num_rows, chunk):
+        for i, sources in enumerate(table.column("image_sources").slice(start, chunk).to_pylist()):
+            for k, data in enumerate(sources or ()):
+                why = _unreadable(data)
+                if why:
+                    bad.setdefault(why, []).append(start + i)
+                    break
+    for why, rows in bad.items():
+        report.issues.append(Issue("error", "content", "image_sources", f"a stored image file does not open: {why}",
+                                   "re-encode these rows from the original images (or restore the files from "
+                                   "a good copy)", rows[:max_rows_listed], len(rows)))
+
+
+def _unreadable(data: Optional[bytes]) -> str:
+    """'' when ``data`` opens as an image (header only), else why not."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not data:
+        return "empty bytes"
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            w, h = img.size
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        return f"not a readable image ({type(e).__name__})"
+    return "" if w > 0 and h > 0 else f"size {w}x{h}"
 
 
 def _problem(e: ValueError) -> tuple[Optional[str], str]:
@@ -356,7 +389,8 @@ def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: b
     hint = (f"ds = ds.cast(mmpipe.MultiModalInputs.features({None if fmt == 'mixed' else fmt!r}, labels={labels}))")
     if fmt == "mixed":
         report.issues.append(Issue("warning", "shape", None,
-                                   "both pixel_values_u8 and pixel_values columns: rows may mix pixel formats",
+                                   "pixel columns of several formats (pixel_values_u8 / pixel_values / image_sources): "
+                                   "rows may mix pixel formats",
                                    "encode with one pixels= setting"))
     table = _compare_schema(table, report, fix, hint)
     if report.fixed:  # columns in schema order (appended ones move into place), extras last

@@ -149,7 +149,7 @@ ROW_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("pixel_values_videos_u8", pa.binary(), "uint8 [Nv, 3*T*p*p] raw bytes + one 0xFF end marker: resized video frames in patch order"),
     ("family", pa.string(), "model family name: qwen2_vl, qwen2_5_vl, qwen3_vl, text"),
     ("pixel_digest", pa.int64(), "xxh3-64 (as a signed int64) of the stored pixel data (image then video bytes, end markers excluded; "
-                                  "float32 values as little-endian bytes); null in rows written without one (older mmpipe)"),
+                                  "float32 values as little-endian bytes; pixels='source': each file's length and bytes); null in rows written without one (older mmpipe)"),
 ]
 
 
@@ -169,6 +169,7 @@ OPTIONAL_ROW_COLUMNS: dict[str, str] = {
 PIXEL_COLUMNS = {
     "uint8": ("pixel_values_u8", "pixel_values_videos_u8", "pixel_digest"),
     "float32": ("pixel_values", "pixel_values_videos", "pixel_digest"),
+    "source": ("pixel_digest",),  # + the optional image_sources column
     "none": (),
 }
 
@@ -190,6 +191,26 @@ def pixel_digest(*blocks: Optional[np.ndarray]) -> int:
     return d - (1 << 64) if d >= 1 << 63 else d
 
 
+STORED_PIXEL_COLUMN = {"uint8": "pixel_values_u8", "float32": "pixel_values", "source": "image_sources"}
+
+
+def stored_pixel_format(column_names) -> str:
+    """The pixel format of a stored dataset from its column names: "uint8", "float32",
+    "source", "none", or "mixed" (pixel columns of several formats)."""
+    names = set(column_names)
+    found = [fmt for fmt, col in STORED_PIXEL_COLUMN.items() if col in names]
+    return found[0] if len(found) == 1 else "mixed" if found else "none"
+
+
+def sources_digest(sources: list) -> int:
+    """`pixel_digest` of a ``pixels="source"`` row: each source's length (int64) then its bytes,
+    so bytes moved from one image's file to the next change the digest too."""
+    blocks = []
+    for b in sources:
+        blocks += [np.asarray([len(b)], dtype="<i8"), np.frombuffer(bytes(b), dtype=np.uint8)]
+    return pixel_digest(*blocks)
+
+
 def row_column_wanted(name: str, pixel_format: Optional[str], labels: bool) -> bool:
     """Whether stored rows of ``pixel_format`` (None: any) and ``labels`` have column ``name``."""
     if name == "labels":
@@ -197,7 +218,7 @@ def row_column_wanted(name: str, pixel_format: Optional[str], labels: bool) -> b
     if pixel_format is None:
         return True
     if pixel_format not in PIXEL_COLUMNS:
-        raise ArgumentError(f"pixel_format must be one of {PIXEL_FORMATS}, got {pixel_format!r}")
+        raise ArgumentError(f"pixel_format must be one of {tuple(PIXEL_COLUMNS)}, got {pixel_format!r}")
     all_pixel = {c for cols in PIXEL_COLUMNS.values() for c in cols}
     return name not in all_pixel or name in PIXEL_COLUMNS[pixel_format]
 

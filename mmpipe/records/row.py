@@ -41,6 +41,7 @@ from mmpipe.records.columns import (
     pixel_digest,
     row_column_wanted,
     source_list,
+    sources_digest,
     u8_block,
     u8_bytes,
     u8_or_empty,
@@ -278,6 +279,8 @@ class MultiModalInputs:
             return pixel_digest(self.pixel_values_u8, self.pixel_values_videos_u8)
         if fmt == "float32":
             return pixel_digest(self.pixel_values, self.pixel_values_videos)
+        if fmt == "source":
+            return sources_digest(self.image_sources)
         return None
 
     def verify_pixel_digest(self, stored: Any, row: Any = None) -> None:
@@ -285,7 +288,7 @@ class MultiModalInputs:
         found = self.stored_pixel_digest()
         want = int(np.asarray(stored).reshape(-1)[0]) if not isinstance(stored, int) else stored
         if found is not None and found != want:
-            col = "pixel_values_u8" if self.pixel_format == "uint8" else "pixel_values"
+            col = {"uint8": "pixel_values_u8", "source": "image_sources"}.get(self.pixel_format, "pixel_values")
             raise PixelDataError(
                 f"the stored pixel data hash to {found & (2**64 - 1):#018x} but the row's pixel_digest says {want & (2**64 - 1):#018x}: "
                 "bytes changed after encoding (disk or copy damage, or an edit)", row=row, column=col,
@@ -322,9 +325,7 @@ class MultiModalInputs:
             out["pixel_values_videos"] = f32_or_empty(self.pixel_values_videos, fam.patch_dim)
         if fmt == "source":
             out["image_sources"] = [bytes(b) for b in self.image_sources]
-            if self.image_backend != "pil":
-                out["image_backend"] = self.image_backend
-        elif fmt != "none":
+        if fmt != "none":
             out["pixel_digest"] = np.int64(self.stored_pixel_digest())
             if self.image_backend != "pil":  # PIL rows keep the layout of before (no column)
                 out["image_backend"] = self.image_backend
