@@ -93,12 +93,15 @@ def case_collate(ctx) -> list[Result]:
     raw.save_to_disk(f"{w}/collate_raw")
     enc = raw.map(mmpipe.encode, fn_kwargs={"processor": proc}, remove_columns=["messages", "images"])
     enc.save_to_disk(f"{w}/collate_u8")
+    src = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, "pixels": "source"}, remove_columns=["messages", "images"])
+    src.save_to_disk(f"{w}/collate_source")
     ip = proc.image_processor
     dim = ip.patch_size ** 2 * 3 * ip.temporal_patch_size
     datasets.Dataset.from_list(cache_rows(rows, proc, ctx.model), features=cache_features(dim)).save_to_disk(
         f"{w}/collate_f32")
     ours_ds = datasets.load_from_disk(f"{w}/collate_u8")  # memory-mapped Arrow
     raw_ds = datasets.load_from_disk(f"{w}/collate_raw")
+    src_ds = datasets.load_from_disk(f"{w}/collate_source")
     cache_ds = datasets.load_from_disk(f"{w}/collate_f32").with_format("numpy")
     collator = mmpipe.Collator(proc)
     trl_collator = DataCollatorForVisionLanguageModeling(processor=proc)
@@ -108,12 +111,13 @@ def case_collate(ctx) -> list[Result]:
     contenders = {
         "mmpipe": lambda: collator(ours_ds.__getitems__(idx)),  # DataLoader(ours_ds, collate_fn=collator)
         "mmpipe_arrow": lambda: collator(arrow_rows.__getitems__(idx)),  # DataLoader(ArrowRows(ours_ds), ...)
+        "mmpipe_source": lambda: collator(src_ds.__getitems__(idx)),  # pixels="source": decode + resize here
         "trl": lambda: trl_collator(raw_ds.__getitems__(idx)),  # DataLoader(raw_ds, collate_fn=trl_collator)
         "f32_numpy": lambda: numpy_collate(cache_ds.__getitems__(idx), pad_id),
     }
     ref = contenders["f32_numpy"]()
     same = {}
-    for name in ("mmpipe", "mmpipe_arrow"):
+    for name in ("mmpipe", "mmpipe_arrow", "mmpipe_source"):
         b = contenders[name]()
         same[name] = all(tuple(getattr(b, k).shape) == tuple(ref[k].shape) and bool((getattr(b, k) == ref[k]).all())
                          for k in KEYS)
@@ -145,6 +149,9 @@ def case_collate(ctx) -> list[Result]:
               target=10, identical=same["mmpipe"] and same_trl, detail=detail, floor=floors("mmpipe")[1]),
         speed("  same, ArrowRows batch vs TRL", t["mmpipe_arrow"], t["trl"], trl_name, target=10,
               identical=same["mmpipe_arrow"] and same_trl, floor=floors("mmpipe_arrow")[1]),
+        speed("  same, pixels='source' rows (decode + resize at collate) vs TRL", t["mmpipe_source"], t["trl"], trl_name,
+              target=None, identical=same["mmpipe_source"] and same_trl,
+              floor="(info) the storage mode that keeps the files: both decode and resize every JPEG per batch"),
         speed(f"collate {B} rows x 2 images vs a float32 cache", t["mmpipe"], t["f32_numpy"], np_name, target=5,
               identical=same["mmpipe"], floor=floors("mmpipe")[0]),
         speed("  same, ArrowRows batch vs a float32 cache", t["mmpipe_arrow"], t["f32_numpy"], np_name, target=5,
