@@ -31,6 +31,7 @@ class Context:
     repeat: int
     workdir: str
     log: Callable[[str], None] = print
+    backend: str = "pil"  # the image-processor backend of the baseline processor (and so of mmpipe's rows)
     _proc: Any = None
     _pool: Any = None
     _model: Any = None
@@ -38,13 +39,13 @@ class Context:
     @property
     def processor(self):
         if self._proc is None:
-            self._proc = data.processor(self.quick)
+            self._proc = data.processor(self.quick, self.backend)
         return self._proc
 
     @property
     def pool(self) -> data.ImagePool:
         if self._pool is None:
-            self._pool = data.image_pool(self.quick)
+            self._pool = data.image_pool(self.quick, flatten_alpha=self.backend == "torchvision")
         return self._pool
 
     @property

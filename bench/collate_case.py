@@ -3,8 +3,9 @@ things a peer user runs at batch time:
 
 - TRL's own VLM collator (``trl.trainer.sft_trainer.DataCollatorForVisionLanguageModeling``,
   trl 1.16): rows straight from the raw dataset (``datasets`` decodes the JPEGs in
-  ``__getitems__``), the processor run at collate time. Here it is the PIL processor; the
-  torchvision one exists only in the vLLM test environment and is not measured.
+  ``__getitems__``), the processor run at collate time: the PIL processor, or with
+  ``--backend torchvision`` (``bash scripts/bench.sh --torchvision``, the vLLM test environment)
+  the torchvision one.
 - A float32 cache of the processor's outputs (and transformers' M-RoPE positions) stored as
   ``Array2D`` and read as numpy (``ds.with_format("numpy")``), padded with numpy into one
   buffer per key and handed to torch with ``torch.from_numpy``.
@@ -131,9 +132,9 @@ def case_collate(ctx) -> list[Result]:
               "timing": {k: v.to_json() for k, v in t.items()},
               "trl_compared": "input_ids (unpadded, row by row), pixel_values, image_grid_thw; TRL's labels are "
                               "input_ids with pads -100, not compared",
-              "torchvision_backend": "not measured: the torchvision processor exists only in the vllm env"}
+              "backend": ctx.backend}
     mib = out_bytes / 2**20
-    trl_name = "TRL 1.16 DataCollatorForVisionLanguageModeling (PIL processor at collate time, raw rows)"
+    trl_name = f"TRL 1.16 DataCollatorForVisionLanguageModeling ({ctx.backend} processor at collate time, raw rows)"
     np_name = "float32 cache as Array2D, with_format('numpy') + numpy pad + torch.from_numpy"
     w_floor = copy.best  # a floor: its fastest sample (page faults of fresh memory are slow under load)
 

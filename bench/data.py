@@ -31,11 +31,27 @@ REAL_MIN_PIXELS = 3136
 REAL_MAX_PIXELS = 12845056
 
 
-def processor(quick: bool = False):
-    """The real Qwen2-VL processor with the real checkpoint bounds (small bounds in quick mode)."""
-    if quick:
-        return testing.build_processor(FAMILY)
-    return testing.build_processor(FAMILY, min_pixels=REAL_MIN_PIXELS, max_pixels=REAL_MAX_PIXELS)
+def processor(quick: bool = False, backend: str = "pil"):
+    """The real Qwen2-VL processor with the real checkpoint bounds (small bounds in quick mode).
+
+    ``backend="torchvision"``: the same processor with transformers' torchvision image processor
+    (``Qwen2VLImageProcessor``, same bounds and constants), what GPU users and vLLM get; it needs
+    torchvision, which only the vLLM test environment has (``bash scripts/bench.sh --torchvision``)."""
+    proc = testing.build_processor(FAMILY) if quick else \
+        testing.build_processor(FAMILY, min_pixels=REAL_MIN_PIXELS, max_pixels=REAL_MAX_PIXELS)
+    if backend == "torchvision":
+        import transformers
+
+        from mmpipe.images.backends import processor_backend
+
+        pil = proc.image_processor
+        proc.image_processor = transformers.Qwen2VLImageProcessor(
+            size=dict(pil.size), patch_size=pil.patch_size, temporal_patch_size=pil.temporal_patch_size,
+            merge_size=pil.merge_size, image_mean=list(pil.image_mean), image_std=list(pil.image_std))
+        if processor_backend(proc) != "torchvision":
+            raise RuntimeError("transformers built the PIL image processor: torchvision is not importable here; "
+                               "run `bash scripts/bench.sh --torchvision` (the vLLM test environment)")
+    return proc
 
 
 def _photo_like(w: int, h: int, seed: int, photos: list[Image.Image]) -> Image.Image:
@@ -71,9 +87,13 @@ class ImagePool:
         return [self.values[(start + j) % len(self.values)] for j in range(k)]
 
 
-def image_pool(quick: bool = False, seed: int = 0) -> ImagePool:
+def image_pool(quick: bool = False, seed: int = 0, flatten_alpha: bool = False) -> ImagePool:
     """The matplotlib photos at their own sizes (PNG stays PNG) plus, per realistic size, two
-    photo-like JPEGs (random crops of a real photo scaled to that size, with mild sensor noise)."""
+    photo-like JPEGs (random crops of a real photo scaled to that size, with mild sensor noise).
+
+    ``flatten_alpha``: RGBA files composited onto white and saved as RGB PNG (what transformers
+    5.20+ and mmpipe do to them). The torchvision bench runs in the vLLM environment, whose
+    transformers 5.19 drops the alpha channel instead, so identical outputs need RGB inputs."""
     import matplotlib
 
     photos = testing.sample_photos()
@@ -82,6 +102,10 @@ def image_pool(quick: bool = False, seed: int = 0) -> ImagePool:
     for name, im in photos:  # the files' own bytes (PNG or JPEG), as a dataset would hold them
         with open(os.path.join(root, name), "rb") as f:
             values.append({"bytes": f.read(), "path": None})
+        if flatten_alpha and Image.open(io.BytesIO(values[-1]["bytes"])).mode in ("RGBA", "LA", "P"):
+            from mmpipe.images.load import to_rgb_image
+
+            values[-1] = encoded(to_rgb_image(Image.open(io.BytesIO(values[-1]["bytes"]))), "PNG")
         names.append(f"{name} {im.size[0]}x{im.size[1]}")
     real = [im for name, im in photos if im.size[0] >= 256]  # grace_hopper, logo2
     real = [im for name, im in photos if name.endswith(".jpg")] or real

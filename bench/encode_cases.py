@@ -133,7 +133,7 @@ def processor_batch(batch: dict, processor) -> dict:
     pv, g_rows, k, start = [], [], 0, 0
     for c in n_img:
         stop = int(ends[k + c - 1]) if c else start
-        pv.append(out["pixel_values"][start:stop])
+        pv.append(np.asarray(out["pixel_values"][start:stop]))  # the torchvision processor returns torch
         g_rows.append(grids[k:k + c])
         k, start = k + c, stop
     return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"],
@@ -242,7 +242,7 @@ def case_encode(ctx) -> list[Result]:
     detail = {"rows": n, "images": n_img, "num_proc": NUM_PROC, "batch_size": bs,
               "floor_s": floor_t.median, "max_ratio_at_floor": ceiling, "mmpipe_over_floor": mm_vs_floor,
               "timing": {k: v.to_json() for k, v in t.items()}}
-    base_name = f"processor in datasets.map(batched=True, num_proc={NUM_PROC}), float32 Array2D (PIL backend)"
+    base_name = f"processor in datasets.map(batched=True, num_proc={NUM_PROC}), float32 Array2D ({ctx.backend} backend)"
     floor_txt = (f"decode+resize floor {n / floor_t.best:,.1f} rows/s ({NUM_PROC} cores, fastest sample): at the floor mmpipe "
                  f"would be {ceiling:.2f}x; it runs at {mm_vs_floor:.2f}x the floor's time")
     lines = [
@@ -255,7 +255,7 @@ def case_encode(ctx) -> list[Result]:
         speed(f"  same, pixels='float32' stored (both float32), num_proc={NUM_PROC}", t["mmpipe_f32"], t["processor"],
               base_name, target=None, identical=bool(same32), per=n),
     ]
-    lines[0].detail["torchvision_backend"] = "not measured here: the torchvision processor exists only in the vllm env"
+    lines[0].detail["backend"] = ctx.backend  # torchvision: `bash scripts/bench.sh --torchvision`
     return lines
 
 

