@@ -24,8 +24,6 @@ tokens, inconsistent rows) needs a re-encode: the report says so.
 
 from __future__ import annotations
 
-import io
-
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -42,6 +40,7 @@ from mmpipe.data.repair import (
     u8_list_to_binary,
 )
 from mmpipe.data.loading import DamagedDatasetError, load_table, table_to_dataset  # noqa: F401 (re-exported)
+from mmpipe.data.sources_check import unreadable_sources
 from mmpipe.errors import InputError
 from mmpipe.families import FAMILIES
 from mmpipe.records.columns import OPTIONAL_ROW_COLUMNS, STORED_PIXEL_COLUMN, stored_pixel_format
@@ -302,37 +301,11 @@ def _check_missing_pixels(table: pa.Table, report: ValidationReport, max_rows_li
 
 
 def _check_sources(table: pa.Table, report: ValidationReport, max_rows_listed: int, chunk: int) -> None:
-    """``pixels="source"`` rows: every stored file must open as an image (its header is read,
-    nothing decoded; collate decodes it). Damage inside the compressed data that leaves the
-    header readable is what ``pixel_digest`` catches."""
-    if "image_sources" not in table.column_names:
-        return
-    bad: dict[str, list] = {}
-    for start in range(0, table.num_rows, chunk):
-        for i, sources in enumerate(table.column("image_sources").slice(start, chunk).to_pylist()):
-            for k, data in enumerate(sources or ()):
-                why = _unreadable(data)
-                if why:
-                    bad.setdefault(why, []).append(start + i)
-                    break
-    for why, rows in bad.items():
+    """``pixels="source"`` rows: every stored file must open as an image (`unreadable_sources`)."""
+    for why, rows in unreadable_sources(table, chunk).items():
         report.issues.append(Issue("error", "content", "image_sources", f"a stored image file does not open: {why}",
                                    "re-encode these rows from the original images (or restore the files from "
                                    "a good copy)", rows[:max_rows_listed], len(rows)))
-
-
-def _unreadable(data: Optional[bytes]) -> str:
-    """'' when ``data`` opens as an image (header only), else why not."""
-    from PIL import Image, UnidentifiedImageError
-
-    if not data:
-        return "empty bytes"
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            w, h = img.size
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        return f"not a readable image ({type(e).__name__})"
-    return "" if w > 0 and h > 0 else f"size {w}x{h}"
 
 
 def _problem(e: ValueError) -> tuple[Optional[str], str]:
