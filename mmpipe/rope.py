@@ -4,11 +4,13 @@
 Qwen2-VL, Qwen2.5-VL and Qwen3-VL expect, for a whole padded batch at once, with array ops
 only: there is no Python loop over rows, tokens or vision blocks. It replaces
 transformers' ``model.model.get_rope_index`` (Qwen2.5-VL's argument order; same outputs for
-images) and is ~20-30x faster on CPU for a 64 x 2048 batch (bench/), because transformers
-walks every row with ``itertools.groupby`` in Python. The work is numpy on the host (plus
-torch's cumsum and casts, its fastest kernels here): ~10 passes over the [B, L] batch, ~2 over
-the vision tokens, ~20 small ops over the (t, h) rows of the grids, ~0.07 ms fixed overhead
-per call (so one row costs well under 0.1 ms). Non-CPU inputs round-trip through the host.
+images) and is ~40-47x faster on CPU, one thread, for 64 x 2048 and 8 x 16384 batches (bench/),
+because transformers walks every row with ``itertools.groupby`` in Python. The work is numpy
+on the host (plus torch's cumsum and casts, its fastest kernels here): ~10 passes over the
+[B, L] batch, ~2 over the vision tokens, ~20 small ops over the (t, h) rows of the grids,
+~0.06 ms fixed overhead per call (so one row costs well under 0.1 ms). About 0.2 ms of a
+131k-token batch is the three advance rows written and scanned plus finding the vision tokens,
+which no prefix-sum M-RoPE skips (bench/README.md). Non-CPU inputs round-trip through the host.
 
 The rule (original Qwen / vLLM)::
 
@@ -277,13 +279,11 @@ def _grid_order(vis_pos, tt, mask, table: _GridTable, fam, merge):
     # misplaces the following grids). Pads inside a grid or a grid running from one row
     # into the next are flagged here and decided exactly by the slow path.
     img_need, vis_need = int(g_n[:n_img].sum()), int(g_n.sum())
-    n_vid_tok = int(mod.sum()) - n_vis
     diagnose = lambda: diagnose_blocks(tt, mask, table.grid, torch.from_numpy(g_n), n_img, fam, merge)  # noqa: E731
     if (
         vis_need != n_vis
-        or n_vid_tok != vis_need - img_need
+        or not _types_match(mod, vis_need - img_need)
         or (n_grids and int(g_n.min()) <= 0)
-        or (n_vis and (int(mod.min()) < 1 or int(mod.max()) > 2))
     ):
         diagnose()
         raise PlaceholderError("mm_token_type_ids and the grids are inconsistent")  # pragma: no cover
@@ -296,14 +296,24 @@ def _grid_order(vis_pos, tt, mask, table: _GridTable, fam, merge):
     return vis_pos, first
 
 
+def _types_match(mod: np.ndarray, n_video_tokens: int) -> bool:
+    """Every vision token's type (nonzero) is 1 or 2, and ``n_video_tokens`` of them are 2."""
+    if mod.size and not n_video_tokens and mod.dtype.kind in "iub":  # images only: one reduction
+        return int(mod.view(f"u{mod.dtype.itemsize}").max()) == 1  # negatives wrap to huge
+    return mod.size == 0 == n_video_tokens or bool(
+        mod.size and int(mod.min()) >= 1 and int(mod.max()) <= 2 and int(mod.sum()) - mod.size == n_video_tokens)
+
+
 # ---- step 4: advances, then positions by one cumsum ------------------------------------
-# Each axis a gets its own "advance" d_a[x] = pos_a[x + 1] - pos_a[x] along a row: a
-# valid text token 1 on all axes, a vision token 0 on axes t and h and 1 on axis w,
-# corrected at the last token of every (grid, t, h) row: there the w index wraps, h
-# steps, t steps at a frame end, and at the block end all three jump to
-# start + advance (block max - block start + 1). Stored shifted by one token
-# (buf_a[x + 1] = d_a[x]), an inclusive cumsum per row is the position; the element a
-# row's shifted buffer spills into the next row (or axis) is its first token, zeroed.
+# Each axis a gets its own "advance" d_a[x] = pos_a[x + 1] - pos_a[x] along a row: a valid
+# text token 1 on all axes, a vision token 0 on axes t and h and 1 on axis w, corrected at
+# the last token of every (grid, t, h) row: there the w index wraps, h steps, t steps at a
+# frame end, and at the block end all three jump to start + advance (block max - block
+# start + 1). Stored shifted by one token (buf_a[x + 1] = d_a[x]), an inclusive cumsum per
+# row is the position; the element a row's shifted buffer spills into the next row (or
+# axis) is its first token, zeroed. Measured alternative (issue 18): one 1-D scan copied to
+# the three rows, vision tokens rewritten per axis by fancy index: a tie on the bench batches
+# (a row copied + its vision tokens rewritten costs what a row's advances + cumsum do).
 def _fill_advances(out: torch.Tensor, vis, mask_np, vis_pos, table: _GridTable) -> None:
     """Write the shifted advances of all three axes into ``out`` int64 [3*N + 1]."""
     N = vis.size
@@ -316,12 +326,12 @@ def _fill_advances(out: torch.Tensor, vis, mask_np, vis_pos, table: _GridTable) 
     else:
         out[2 * N + 1 :].fill_(1)
     if vis_pos.size:
-        tok, c_t, c_h, c_w = _row_corrections(table.gm, table.rows, table.adv, table.interval)
+        tok, t_rows, a_t, a_h, a_w = _row_corrections(table.gm, table.rows, table.adv, table.interval)
         r_last = vis_pos[tok]  # flat index of the last token of each (grid, t, h) row
-        # a valid vision token's base advance is (0, 0, 1): set base + correction
-        d[1:][r_last] = c_t
-        d[N + 1 :][r_last] = c_h
-        d[2 * N + 1 :][r_last] = c_w + 1
+        # a valid vision token's base advance is (0, 0, 1); set the row-end advances
+        d[1:][r_last if t_rows is None else r_last[t_rows]] = a_t
+        d[N + 1 :][r_last] = a_h
+        d[2 * N + 1 :][r_last] = a_w
 
 
 def _advances_to_positions(out: torch.Tensor, position_ids: torch.Tensor, mask_np) -> None:
@@ -352,38 +362,39 @@ def _arange(n: int) -> np.ndarray:
 
 
 def _row_corrections(gm, g_rows, g_adv, interval):
-    """Per (grid, t, h) row of every grid: the index (in grid-order vision tokens) of the
-    row's last token and the advance corrections (t, h, w axes) there, relative to the base
-    advance (0, 0, 1) of a vision token. int64 [n_rows] each."""
+    """Per (grid, t, h) row: index (grid-order vision tokens) of its last token, the advances there
+    on axes h, w int64 [n_rows], and on t at rows ``t_rows`` (None: all; elsewhere t's base 0)."""
     g_t, g_h, g_w = gm[:, 0], gm[:, 1], gm[:, 2]
     n_rows = int(g_rows.sum())
     r_w = np.repeat(g_w, g_rows)
     tok = np.cumsum(r_w) - 1  # grids, and rows within a grid, follow each other in grid order
-    c_w = -r_w  # w wraps to 0: -(w - 1), less the base 1
-    c_h = np.ones(n_rows, dtype=np.int64)  # h steps
-    c_t = np.zeros(n_rows, dtype=np.int64)
+    a_w = 1 - r_w  # w wraps to 0
+    a_h = np.ones(n_rows, dtype=np.int64)  # h steps
     row_end = np.cumsum(g_rows)  # one past each grid's last row
+    last = row_end - 1
+    # block ends (each grid's last row; h and t set after the frame ends): jump to start + advance
+    a_w[last] += g_adv
+    if not (g_t > 1).any():  # one frame per grid: t steps only at block ends, from T = 0
+        a_h[last] = g_adv - (g_h - 1)
+        return tok, last, g_adv, a_h, a_w
+    a_t = np.zeros(n_rows, dtype=np.int64)
     if interval is None:
         t_last = g_t - 1
     else:  # (arange(t) * interval).long() in the interval's dtype, as the chosen engine
         t_last = ((g_t - 1).astype(interval.dtype) * interval).astype(np.int64)
-    if (g_t > 1).any():  # frame ends: h wraps to 0, t steps to the next frame's T
-        r_grid = np.repeat(np.arange(gm.shape[0], dtype=np.int64), g_rows)
-        q = np.arange(n_rows, dtype=np.int64) - (row_end - g_rows)[r_grid]  # row index in its grid
-        r_h = g_h[r_grid]
-        r_t = q // r_h
-        f = np.flatnonzero(q - r_t * r_h == r_h - 1)
-        c_h[f] = 1 - r_h[f]
-        if interval is None:
-            c_t[f] = 1
-        else:
-            iv = interval[r_grid[f]]
-            ft = r_t[f]
-            c_t[f] = ((ft + 1).astype(iv.dtype) * iv).astype(np.int64) - (ft.astype(iv.dtype) * iv).astype(np.int64)
-    # block ends (each grid's last row; set after the frame ends it is also one of): all
-    # axes jump to start + advance
-    last = row_end - 1
-    c_w[last] += g_adv
-    c_h[last] = g_adv - (g_h - 1)
-    c_t[last] = g_adv - t_last
-    return tok, c_t, c_h, c_w
+    # frame ends: h wraps to 0, t steps to the next frame's T
+    r_grid = np.repeat(np.arange(gm.shape[0], dtype=np.int64), g_rows)
+    q = np.arange(n_rows, dtype=np.int64) - (row_end - g_rows)[r_grid]  # row index in its grid
+    r_h = g_h[r_grid]
+    r_t = q // r_h
+    f = np.flatnonzero(q - r_t * r_h == r_h - 1)
+    a_h[f] = 1 - r_h[f]
+    if interval is None:
+        a_t[f] = 1
+    else:
+        iv = interval[r_grid[f]]
+        ft = r_t[f]
+        a_t[f] = ((ft + 1).astype(iv.dtype) * iv).astype(np.int64) - (ft.astype(iv.dtype) * iv).astype(np.int64)
+    a_h[last] = g_adv - (g_h - 1)
+    a_t[last] = g_adv - t_last
+    return tok, None, a_t, a_h, a_w

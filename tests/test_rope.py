@@ -514,3 +514,34 @@ def test_shifted_image_boundaries_always_raise(family, data):
     b["mm_token_type_ids"] = tt
     with pytest.raises(ValueError, match=r"row \d+: image block"):
         ours(family, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.bool, torch.float32])
+def test_token_type_dtypes_give_the_int64_positions(dtype):
+    """The one-reduction type check (negatives wrap when viewed unsigned) keeps every dtype's
+    result equal to int64's; bool types are all images."""
+    tt = torch.tensor([[0, 0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0, 0]])
+    want = get_rope_index(tt, tt, [[1, 4, 4], [1, 4, 4]], attention_mask=torch.ones_like(tt))
+    got = get_rope_index(tt, tt.to(dtype), [[1, 4, 4], [1, 4, 4]], attention_mask=torch.ones_like(tt))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int64, torch.float32])
+@pytest.mark.parametrize("bad", [-1, 3])
+def test_negative_or_unknown_token_types_raise(dtype, bad):
+    tt = torch.tensor([[0, 1, 1, 1, bad, 0]], dtype=dtype)
+    with pytest.raises(ValueError, match="0 \\(text\\), 1 \\(image\\) or 2 \\(video\\)"):
+        get_rope_index(tt, tt, [[1, 4, 4]])
+
+
+def test_image_token_inside_a_video_block_raises():
+    """Token totals match the grids but one video token is typed image: the video-token count
+    check (images and videos in one batch) catches it."""
+    tt = torch.tensor([[0, 1, 1, 1, 1, 0, 2, 2, 2, 2, 2, 2, 2, 2, 0]])
+    grids = dict(image_grid_thw=[[1, 4, 4]], video_grid_thw=[[2, 4, 4]])
+    pos, _ = get_rope_index(tt, tt, family="qwen2_vl", **grids)
+    assert pos[:, 0, 6:14].tolist() == [[4, 4, 4, 4, 5, 5, 5, 5], [4, 4, 5, 5, 4, 4, 5, 5], [4, 5, 4, 5, 4, 5, 4, 5]]
+    bad = tt.clone()
+    bad[0, 9] = 1
+    with pytest.raises(ValueError, match=r"row 0: "):
+        get_rope_index(bad, bad, family="qwen2_vl", **grids)

@@ -150,41 +150,46 @@ class Encoder(CodeStamped):
     def render(self, messages: list[dict], add_generation_prompt: bool, tools: Optional[list] = None) -> str:
         """The chat template applied to ``messages`` (text, not tokenized), with ``tools``
         (None: the encoder's ``tools`` option) passed as ``tools=``."""
+        return self.render_many([messages], add_generation_prompt, tools)[0]
+
+    def render_many(self, conversations: list, add_generation_prompt: bool, tools: Optional[list] = None) -> list:
+        """`render` of each conversation in one batched ``apply_chat_template`` call (same strings)."""
         target = self.processor if hasattr(self.processor, "apply_chat_template") else self.tokenizer
         tools = self.tools if tools is None else tools
         extra = {"tools": tools} if tools is not None else {}
         try:
-            return target.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                              **extra, **self.chat_template_kwargs)
+            out = target.apply_chat_template([list(c) for c in conversations], tokenize=False, **extra,
+                                             add_generation_prompt=add_generation_prompt, **self.chat_template_kwargs)
         except Exception as e:  # jinja raises its own types (TemplateError, TypeError, ...)
             raise InputError(f"the chat template failed on these messages ({type(e).__name__}: {e})",
                              stage="template", column="messages",
                              fix="check the roles and their order against the model's chat template") from e
+        return [out] if isinstance(out, str) else list(out)
 
     def row_tools(self, example: dict, idx=None) -> Optional[list]:
         """Row ``example``'s ``tools_column`` value when not None, else the ``tools`` option (`parse_tools`)."""
         return parse_tools(example, idx=idx, column=self.tools_column, default=self.tools)
 
     def _assistant_spans(self, messages: list[dict], full: str, where: str,
-                         tools: Optional[list] = None) -> list[tuple[int, int]]:
-        """Character spans of assistant responses in ``full`` (content, tool calls and the
-        end-of-turn token; not the newline after it)."""
+                         tools: Optional[list] = None, full_agp: Optional[bool] = None) -> list[tuple[int, int]]:
+        """Character spans of assistant responses in ``full`` (content, tool calls and the end-of-turn token;
+        not the newline after it). ``full_agp``: the ``add_generation_prompt`` of ``full``; when False, ``full``
+        is the last prefix, not rendered again. The other prefixes: at most two batched renders."""
+        ks = [k for k, msg in enumerate(messages) if msg["role"] == "assistant"]
+        again = [k for k in ks if not (k == len(messages) - 1 and full_agp is False)]
+        befores = iter(self.render_many([messages[:k] for k in ks if k], True, tools) if ks and ks[-1] else [])
+        uptos = dict(zip(again, self.render_many([messages[: k + 1] for k in again], False, tools) if again else []))
         spans = []
-        for k, msg in enumerate(messages):
-            if msg["role"] != "assistant":
-                continue
-            before = self.render(messages[:k], True, tools) if k else ""
-            upto = self.render(messages[: k + 1], False, tools)
+        for k in ks:
+            before = next(befores) if k else ""
+            upto = uptos.get(k, full)
             if not (full.startswith(before) and full.startswith(upto) and upto.startswith(before)):
                 raise InputError(
                     "the chat template does not render conversation prefixes as prefixes of the "
                     "whole conversation, so assistant tokens cannot be located", where=where, stage="template",
-                    fix="pass labels=False or a prefix-stable chat template",
-                )
-            end = len(upto)
-            while end > len(before) and upto[end - 1] in "\n ":
-                end -= 1
-            spans.append((len(before), end))
+                    fix="pass labels=False or a prefix-stable chat template")
+            # up to the end-of-turn token: trailing newlines/spaces dropped, never into ``before``
+            spans.append((len(before), max(len(before), len(upto.rstrip("\n ")))))
         return spans
 
     # -- one row --------------------------------------------------------------------
@@ -239,7 +244,7 @@ class Encoder(CodeStamped):
         text = self.render(messages, agp, tools)
         self._warn_ignored_tools(messages, agp, tools, text)
         check_text(text, where=where, column="messages", what="the rendered prompt")  # tool calls, tools
-        spans = self._assistant_spans(messages, text, where, tools) if self.labels else []
+        spans = self._assistant_spans(messages, text, where, tools, agp) if self.labels else []
         # memory (a 10 MB row): long texts are tokenized in verified pieces (encoding/tokenize.py)
         ids, offsets = tokenize_text(self.tokenizer, text, bool(spans))
         if not self.labels:

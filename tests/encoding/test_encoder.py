@@ -1,0 +1,86 @@
+"""`Encoder.render_many` and `Encoder._assistant_spans` (issue 18: the chat template is rendered
+at most twice per single-turn row, in batched calls): the same strings and spans as one
+unbatched ``apply_chat_template`` call per prefix, for every family's real template."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mmpipe
+from mmpipe import testing
+from mmpipe.encoding.encoder import Encoder
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "look a word up",
+                                           "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
+
+
+def _conversations():
+    img = {"type": "image"}
+    return [
+        [{"role": "user", "content": [img, {"type": "text", "text": "What is this?"}]},
+         {"role": "assistant", "content": "\nA cat."}],
+        [{"role": "system", "content": "Be brief."},
+         {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+         {"role": "user", "content": [{"type": "text", "text": "and this?"}, img]},
+         {"role": "assistant", "content": "A dog.  \n"}],
+        [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "1"},
+         {"role": "user", "content": "more"}],
+    ]
+
+
+def _reference_spans(proc, messages, full, tools):
+    """The rule, rendered one prefix per unbatched library call (mmpipe before issue 18)."""
+    render = lambda m, agp: proc.apply_chat_template(m, tokenize=False, add_generation_prompt=agp,  # noqa: E731
+                                                     **({"tools": tools} if tools is not None else {}))
+    spans = []
+    for k, msg in enumerate(messages):
+        if msg["role"] == "assistant":
+            before = render(messages[:k], True) if k else ""
+            upto = render(messages[: k + 1], False)
+            assert full.startswith(before) and full.startswith(upto)
+            end = len(upto)
+            while end > len(before) and upto[end - 1] in "\n ":
+                end -= 1
+            spans.append((len(before), end))
+    return spans
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("tools", [None, TOOLS])
+def test_render_many_and_spans_match_one_call_per_prefix(family, tools):
+    proc = testing.build_processor(family)
+    enc = Encoder(proc, tools=tools)
+    convs = _conversations()
+    for agp in (True, False):
+        one_each = [proc.apply_chat_template(c, tokenize=False, add_generation_prompt=agp,
+                                             **({"tools": tools} if tools else {})) for c in convs]
+        assert enc.render_many(convs, agp) == one_each
+        assert [enc.render(c, agp) for c in convs] == one_each
+    for messages in convs:
+        agp = messages[-1]["role"] != "assistant"
+        full = enc.render(messages, agp)
+        ref = _reference_spans(proc, messages, full, tools)
+        assert enc._assistant_spans(messages, full, "row 0", None, agp) == ref
+        assert enc._assistant_spans(messages, full, "row 0", None) == ref  # full_agp unknown: rendered again
+
+
+def test_single_turn_row_renders_the_template_twice():
+    """full + the prompt before the reply: the reply's prefix render is the full text itself."""
+    proc = testing.build_processor("qwen2_vl")
+    calls = []
+    real = proc.apply_chat_template
+
+    def counting(conversation, **kw):  # the library's own call, counted
+        calls.append(len(conversation))
+        return real(conversation, **kw)
+
+    row = {"messages": _conversations()[0], "images": [testing.sample_photos()[0][1]]}
+    proc.apply_chat_template = counting
+    try:
+        out = mmpipe.encode(row, processor=proc)
+    finally:
+        proc.apply_chat_template = real
+    assert len(calls) == 2
+    np.testing.assert_array_equal(mmpipe.encode(row, processor=proc)["labels"], out["labels"])
