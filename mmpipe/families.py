@@ -177,8 +177,10 @@ _PROCESSOR_CLASSES = {cls: f.name for f in FAMILIES.values() for cls in f.proces
 # Model types -> family (a model or a model config).
 _MODEL_TYPES = {t: f.name for f in FAMILIES.values() for t in f.model_types}
 
-# Where a processor of a family without a table row goes instead (not wired into encode yet).
+# Where a processor of a family without a table row goes instead: mmpipe.encode, encode_row,
+# encode_dataset, collate and Collator take it there by themselves (takes_generic_path).
 GENERIC_PATH = "mmpipe.encoding.generic.GenericEncoder"
+GENERIC_FAMILY = "generic"  # the stored ``family`` of rows encoded through the generic path
 
 
 class UnsupportedProcessorError(ArgumentError):
@@ -254,3 +256,15 @@ def family_of(obj) -> ModelFamily:
     if hasattr(obj, "convert_tokens_to_ids"):
         return TEXT
     raise TypeError(f"cannot tell the model family of {type(obj).__name__}")
+
+
+def takes_generic_path(obj) -> bool:
+    """Whether ``obj`` is a vision-language processor of a family without a table row (the
+    generic path, `GENERIC_PATH`), found from its class as `family_of` does."""
+    if not hasattr(obj, "image_processor") or isinstance(obj, (str, ModelFamily)):
+        return False
+    try:
+        family_of(obj)
+    except UnsupportedProcessorError:
+        return True
+    return False

@@ -176,3 +176,23 @@ class FakeSamplingParams:
     seed: Optional[int] = None
     stop_token_ids: list = field(default_factory=list)
     logprobs: Optional[int] = None
+
+
+GENERIC_SIZES = [(40, 56), (70, 30), (33, 33), (64, 100)]
+
+
+def generic_chat_rows(counts, sizes=GENERIC_SIZES):
+    """Chat rows for the generic path (tests/encoding/test_generic_*.py): row i holds
+    ``counts[i]`` images of varied sizes (varied tile counts), a user turn, an assistant reply
+    and an ``id``."""
+    from mmpipe.offline import tiny_image
+
+    out, k = [], 0
+    for i, n in enumerate(counts):
+        images = [tiny_image(*sizes[(k + j) % len(sizes)]) for j in range(n)]
+        k += n
+        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": f"what is in row {i}?" + " so" * i}]
+        reply = [{"type": "text", "text": f"a cat {i}" * (i + 1)}]
+        out.append({"id": f"r{i}", "messages": [{"role": "user", "content": content},
+                                                {"role": "assistant", "content": reply}], "images": images})
+    return out

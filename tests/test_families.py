@@ -13,7 +13,7 @@ from mmpipe.offline import build_model, build_processor, build_tokenizer, tiny_i
 from mmpipe.offline.generic import FOREIGN_PROCESSORS, build_foreign_processor
 
 STOCK = {"glm4v": "Glm4vProcessor", "gemma3": "Gemma3Processor", "idefics3": "Idefics3Processor",
-         "llava_onevision": "LlavaOnevisionProcessor", "internvl": "InternVLProcessor"}
+         "llava_onevision": "LlavaOnevisionProcessor", "internvl": "InternVLProcessor", "llava": "LlavaProcessor"}
 
 
 @pytest.mark.parametrize("name", FOREIGN_PROCESSORS)

@@ -21,6 +21,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mmpipe.batching.checks import arrow_table, check_finite, check_vision_tokens, checked_records
+from mmpipe.batching.generic import generic_collate, generic_collator, generic_records, refuse_packing
 from mmpipe.encoding.sources import with_pixels
 from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, PixelDataError
@@ -85,6 +86,9 @@ def collate(
     """
     if padding_side not in PADDING_SIDES:
         raise ArgumentError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    if (generic := generic_records(rows)) is not None:  # rows of the generic path: a GenericBatch
+        return generic_collate(generic, rows, processor=processor, padding_side=padding_side, keep_columns=keep_columns,
+                               pad_token_id=pad_token_id, pad_to_length=pad_to_length, pad_to_multiple_of=pad_to_multiple_of)
     table = arrow_table(rows)  # Arrow rows concatenated once, for the records and the kept columns
     if table is not None:
         rows = table
@@ -358,6 +362,7 @@ def collator_constants(who: str, processor, family, pad_token_id) -> tuple[Model
     ``pad_token_id`` override; one of ``processor`` / ``family`` is required."""
     if processor is None and family is None:
         raise ArgumentError(f"{who} needs a processor (or family=...) to know the model family; got neither")
+    refuse_packing(who, processor)  # Collator takes the generic path before; PackingCollator cannot
     fam = family_of(family if family is not None else processor)
     if pad_token_id is None:
         return fam, _vision_spec(fam, processor), _pad_token_id(processor)
@@ -376,6 +381,9 @@ class Collator:
     def __init__(self, processor=None, *, padding_side: str = "left", pad_to_multiple_of: Optional[int] = None,
                  family: Any = None, pad_token_id: Optional[int] = None, keep_columns: Sequence[str] = (),
                  verify_pixels: bool = False):
+        self.generic = generic_collator(processor, family, pad_token_id, padding_side, pad_to_multiple_of, keep_columns)
+        if self.generic is not None:  # a processor on the generic path (mmpipe.batching.generic)
+            return
         self.family, self.spec, self.pad_token_id = collator_constants("Collator", processor, family, pad_token_id)
         kept_columns([], keep_columns)  # a string is refused here, not at the first batch
         self.keep_columns = tuple(keep_columns)
@@ -385,7 +393,7 @@ class Collator:
         self.vision_tokens = None if processor is None else VisionTokens.from_processor(processor, family=self.family)
 
     def __call__(self, rows: Sequence[Any]) -> BatchedMultiModalInputs:
-        return collate(
+        return self.generic(rows) if self.generic is not None else collate(
             rows, spec=self.spec, family=self.family, padding_side=self.padding_side,
             pad_to_multiple_of=self.pad_to_multiple_of, pad_token_id=self.pad_token_id,
             vision_tokens=self.vision_tokens, keep_columns=self.keep_columns, verify_pixels=self.verify_pixels,

@@ -43,6 +43,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from mmpipe.batching.collate import collate, collator_constants
+from mmpipe.batching.generic import refuse_packing
 from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import InputError
 from mmpipe.families import get_family
@@ -80,6 +81,7 @@ def pack(
 
     b = collate(rows, processor=processor, spec=spec, family=family, padding_side="right", pad_token_id=pad_token_id,
                 vision_tokens=vision_tokens)
+    refuse_packing("pack", b)  # generic-path rows (mmpipe.batching.generic)
     lengths = b.seq_lengths
     n, L = b.batch_size, b.input_ids.shape[1]
     valid = torch.arange(L)[None, :] < lengths[:, None]  # [n, L], right padding

@@ -13,6 +13,8 @@ module                 step
 ``dataset``            `encode` (the map function), `encode_row`, `encode_dataset`,
                        `EncodeReport`, `drop_failed`, `undecoded_images`
 ``processor_rows``     `rows_from_processor_output` (processor-built rows, videos), `compact`
+``generic``            `GenericEncoder`: any other VLM processor through its own template
+                       and call (the generic path; `encode` takes it there by itself)
 =====================  ==================================================================
 """
 

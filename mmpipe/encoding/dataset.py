@@ -29,12 +29,14 @@ from typing import Optional, Sequence
 
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.fingerprint import StampedFunction
+from mmpipe.encoding.generic import GenericEncoder
 from mmpipe.encoding.mapping import DROP_REASON_COLUMN
 from mmpipe.errors import ArgumentError
+from mmpipe.families import takes_generic_path
 from mmpipe.records.columns import ERROR_COLUMN, ROW_COLUMNS
 from mmpipe.records.row import MultiModalInputs
 
-__all__ = ["EncodeReport", "ROW_BUFFER_BYTES", "map_kwargs", "max_images_per_row", "row_byte_bound", "encode", "encode_row", "encode_dataset", "drop_failed", "undecoded_images"]
+__all__ = ["make_encoder", "EncodeReport", "ROW_BUFFER_BYTES", "map_kwargs", "max_images_per_row", "row_byte_bound", "encode", "encode_row", "encode_dataset", "drop_failed", "undecoded_images"]
 
 
 @dataclass
@@ -83,7 +85,10 @@ def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optiona
     """
     if buffer_bytes < 1:
         raise ArgumentError(f"buffer_bytes must be positive, got {buffer_bytes!r}")
-    enc = Encoder(processor, pixels=pixels, max_pixels=max_pixels, images_column=images_column)
+    if takes_generic_path(processor):  # the processor's own outputs: pixels / max_pixels do not apply
+        enc = GenericEncoder(processor, images_column=images_column)
+    else:
+        enc = Encoder(processor, pixels=pixels, max_pixels=max_pixels, images_column=images_column)
     n_images = images_per_row if images_per_row is not None else max_images_per_row(ds, images_column)
     k = max(1, min(1000, buffer_bytes // row_byte_bound(enc, n_images)))
     return {"writer_batch_size": k, "batch_size": k}
@@ -91,7 +96,10 @@ def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optiona
 
 def row_byte_bound(enc: Encoder, n_images: int) -> int:
     """Most bytes one encoded row of ``enc`` with ``n_images`` images can hold: each image at
-    the encoder's ``max_pixels`` in its stored pixel format, plus the token arrays' allowance."""
+    the encoder's ``max_pixels`` in its stored pixel format, plus the token arrays' allowance
+    (a `GenericEncoder`: its processor's outputs for one 2048x2048 image)."""
+    if isinstance(enc, GenericEncoder):
+        return _TEXT_ROW_BYTES + enc.image_bytes() * max(1, n_images)
     per_image = 0
     if enc.spec is not None:  # a vision family
         temporal = enc.spec.temporal_patch_size if enc.pixels == "float32" else 1
@@ -118,6 +126,13 @@ def max_images_per_row(ds, images_column: str = "images") -> int:
 _ENCODERS: dict[tuple, Encoder] = {}
 
 
+def make_encoder(processor, **options):
+    """`Encoder` for a processor of a family in the table (or a tokenizer); `GenericEncoder`
+    for a vision-language processor of any other family (`mmpipe.families.takes_generic_path`:
+    its own chat template and call; it logs one line saying so)."""
+    return GenericEncoder(processor, **options) if takes_generic_path(processor) else Encoder(processor, **options)
+
+
 def _encode(example: dict, idx=None, *, processor, **options) -> dict:
     """``dataset.map`` function: raw row(s) -> encoded row(s) (see `Encoder` for options).
 
@@ -132,7 +147,7 @@ def _encode(example: dict, idx=None, *, processor, **options) -> dict:
     if enc is None or enc.processor is not processor:
         if len(_ENCODERS) > 16:
             _ENCODERS.clear()
-        enc = _ENCODERS[key] = Encoder(processor, **options)
+        enc = _ENCODERS[key] = make_encoder(processor, **options)
     return enc(example, idx)
 
 
@@ -142,8 +157,9 @@ encode = StampedFunction(_encode, "encode")
 
 
 def encode_row(example: dict, processor, idx=None, **options) -> MultiModalInputs:
-    """One raw row -> a `MultiModalInputs` (the typed record, not the stored dict)."""
-    return Encoder(processor, **options).encode_row(example, idx)
+    """One raw row -> a `MultiModalInputs` (the typed record, not the stored dict); a
+    `mmpipe.records.generic.GenericInputs` for a processor on the generic path."""
+    return make_encoder(processor, **options).encode_row(example, idx)
 
 
 def drop_failed(ds, *, num_proc: Optional[int] = None):
@@ -224,7 +240,7 @@ def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size:
     ``ROW_BUFFER_BYTES`` of encoded rows.
     """
     check_keep_columns(keep_columns, ds.column_names)
-    enc = Encoder(processor, **options)
+    enc = make_encoder(processor, **options)
     enc.mark_dropped = True
     k = max(1, min(1000, ROW_BUFFER_BYTES // row_byte_bound(enc, max_images_per_row(ds, enc.images_column))))
     batch_size = batch_size or min(64, k)

@@ -79,6 +79,8 @@ def as_input_error(e: Exception, row=None) -> InputError:
 
 def empty_row_dict(enc) -> dict:
     """The stored dict of an empty row (0 tokens) in ``enc``'s family, pixel format and labels."""
+    if hasattr(enc, "empty_row_dict"):  # the generic path's encoder knows its own columns
+        return enc.empty_row_dict()
     fam = enc.family
     row = MultiModalInputs(
         input_ids=np.zeros(0, np.int64), attention_mask=np.zeros(0, np.int64),

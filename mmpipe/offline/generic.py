@@ -1,6 +1,6 @@
 """Offline fixtures for families mmpipe has no table row for: real transformers processors of
-GLM-4.1V, Gemma 3, Idefics3, LLaVA-OneVision and InternVL, and a tiny Idefics3 model, built
-locally with no download and no torchvision.
+GLM-4.1V, Gemma 3, Idefics3, LLaVA-OneVision, InternVL and LLaVA 1.5, and tiny Idefics3,
+Gemma 3 and LLaVA models, built locally with no download and no torchvision.
 
 Each processor is the stock transformers class (an image-only subclass where the stock
 ``__init__`` takes a video processor, which needs torchvision) around the family's real PIL
@@ -23,9 +23,10 @@ from mmpipe.offline.chat_templates import QWEN2_VL_CHAT_TEMPLATE
 from mmpipe.families import DEFAULT_FAMILY
 from mmpipe.offline.tokenizer import build_tokenizer
 
-__all__ = ["FOREIGN_PROCESSORS", "IDEFICS3_TILE", "build_foreign_processor", "build_foreign_model"]
+__all__ = ["FOREIGN_PROCESSORS", "IDEFICS3_TILE", "MODELS", "TINY_IMAGE", "build_foreign_processor", "build_foreign_model"]
 
 IDEFICS3_TILE = 32  # tiny tiles: 32x32 pixels, 2x2 patches of 16, one token per tile (scale 2)
+TINY_IMAGE = 32  # Gemma 3 / LLaVA images are resized to 32x32 (the tiny vision towers' image_size)
 
 # name -> (processor class, image processor class, added tokens {attribute: token},
 #          the chat template's text for one image, processor keyword arguments)
@@ -48,12 +49,17 @@ _SPECS = {
                  dict(start_image_token="<img>", end_image_token="</img>", context_image_token="<IMG_CONTEXT>",
                       video_token="<video>"),
                  "<IMG_CONTEXT>", dict(image_seq_length=4)),
+    "llava": ("LlavaProcessor", "CLIPImageProcessorPil", dict(image_token="<image>"), "<image>",
+              dict(patch_size=16, vision_feature_select_strategy="default", num_additional_image_tokens=1)),
 }
 FOREIGN_PROCESSORS = tuple(_SPECS)
 # image-processor settings that keep tests fast (Idefics3: tiny tiles, see IDEFICS3_TILE)
 _IMAGE_KWARGS = {
     "idefics3": dict(size={"longest_edge": 2 * IDEFICS3_TILE}, max_image_size={"longest_edge": IDEFICS3_TILE}),
+    "gemma3": dict(size={"height": TINY_IMAGE, "width": TINY_IMAGE}),
+    "llava": dict(size={"shortest_edge": TINY_IMAGE}, crop_size={"height": TINY_IMAGE, "width": TINY_IMAGE}),
 }
+MODELS = ("idefics3", "gemma3", "llava")  # build_foreign_model's families
 
 
 @functools.lru_cache(maxsize=None)
@@ -96,32 +102,54 @@ def build_foreign_processor(name: str):
                                   chat_template=template, **kwargs)
 
 
+def _config(name: str):
+    """The tiny config of ``name``: text hidden 64, 2 layers; vision hidden 32, 1 layer, 16x16 patches."""
+    import transformers
+
+    tok = _named_tokenizer(name)
+    pad = tok.convert_tokens_to_ids("<|endoftext|>")
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, pad_token_id=pad)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, patch_size=16)
+    if name == "idefics3":
+        return transformers.Idefics3Config(text_config=dict(text, model_type="llama"),
+                                           vision_config=dict(vision, image_size=IDEFICS3_TILE), scale_factor=2,
+                                           image_token_id=tok.convert_tokens_to_ids("<image>"), pad_token_id=pad)
+    if name == "llava":  # 2x2 patches, CLS dropped ("default"): 4 tokens per image
+        return transformers.LlavaConfig(text_config=dict(text, model_type="llama"),
+                                        vision_config=dict(vision, model_type="clip_vision_model", image_size=TINY_IMAGE),
+                                        image_token_index=tok.convert_tokens_to_ids("<image>"), image_seq_length=4,
+                                        vision_feature_layer=-1, vision_feature_select_strategy="default")
+    # gemma3: 4x4 patches of 8 pooled to 2x2 = 4 tokens per image (image_seq_length=4); sliding window 8
+    return transformers.Gemma3Config(
+        text_config=dict(text, model_type="gemma3_text", head_dim=16, sliding_window=8,
+                         layer_types=["sliding_attention", "full_attention"]),
+        vision_config=dict(vision, model_type="siglip_vision_model", image_size=TINY_IMAGE, patch_size=8),
+        mm_tokens_per_image=4, image_token_index=tok.convert_tokens_to_ids("<image_soft_token>"),
+        boi_token_index=tok.convert_tokens_to_ids("<start_of_image>"),
+        eoi_token_index=tok.convert_tokens_to_ids("<end_of_image>"))
+
+
 @functools.lru_cache(maxsize=4)
 def _cached_model(name: str, seed: int):
     import torch
     import transformers
 
-    tok = _named_tokenizer(name)
-    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  image_size=IDEFICS3_TILE, patch_size=16)
-    config = transformers.Idefics3Config(text_config=dict(text, model_type="llama"), vision_config=vision,
-                                         scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"),
-                                         pad_token_id=text["pad_token_id"])
+    cls = {"idefics3": "Idefics3ForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration",
+           "llava": "LlavaForConditionalGeneration"}[name]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = transformers.Idefics3ForConditionalGeneration._from_config(
-            config, attn_implementation="eager", dtype=torch.float32)
+        model = getattr(transformers, cls)._from_config(_config(name), attn_implementation="eager",
+                                                        dtype=torch.float32)
     return model.eval()
 
 
 def build_foreign_model(name: str = "idefics3", seed: int = 0):
-    """A tiny randomly initialised model matching `build_foreign_processor` (``"idefics3"``
-    only: Llama text hidden 64, 2 layers; SigLIP vision hidden 32, 1 layer, 32x32 tiles of
-    16x16 patches, scale factor 2 -> 1 token per tile), fp32, eval mode, eager attention.
-    A deep copy of a cached model per call."""
-    if name != "idefics3":
-        raise ArgumentError(f"no offline model for {name!r}; build_foreign_model builds 'idefics3'")
+    """A tiny randomly initialised model matching `build_foreign_processor` (one of `MODELS`):
+    text hidden 64, 2 layers (Llama; Gemma 3: one sliding-window and one global layer);
+    vision hidden 32, 1 layer, 16x16 patches (Gemma 3: 8x8). Idefics3: 32x32 tiles, scale
+    factor 2 -> 1 token per tile; LLaVA (CLIP) and Gemma 3 (SigLIP): 32x32 images, 4 tokens
+    each. fp32, eval mode, eager attention. A deep copy of a cached model per call."""
+    if name not in MODELS:
+        raise ArgumentError(f"no offline model for {name!r}; build_foreign_model builds one of {MODELS}")
     return copy.deepcopy(_cached_model(name, int(seed)))

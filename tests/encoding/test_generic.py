@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from mmpipe.encoding.generic import GenericEncoder, collate_generic, unbatch_generic
+from mmpipe.batching.generic import collate_generic, unbatch_generic
+from mmpipe.encoding.generic import GenericEncoder
 from mmpipe.errors import ArgumentError
 from mmpipe.offline import build_processor, tiny_image
 from mmpipe.offline.generic import FOREIGN_PROCESSORS, build_foreign_model, build_foreign_processor
@@ -53,11 +54,11 @@ def test_rows_equal_the_processor_and_round_trip(name):
     proc = build_foreign_processor(name)
     enc = GenericEncoder(proc, log=lambda _: None)
     raw = _rows([1, 0, 2])
-    rows = [enc(r, i) for i, r in enumerate(raw)]
+    rows = [enc.encode_row(r, i) for i, r in enumerate(raw)]
     text = proc.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}],
-                                    tokenize=False)
+                                    tokenize=False, add_generation_prompt=True)
     direct = proc(text=[text], images=[tiny_image(40, 56)], return_tensors="np")
-    one = enc({"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}],
+    one = enc.encode_row({"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}],
                "images": [tiny_image(40, 56)]})
     assert np.array_equal(one.input_ids, direct["input_ids"][0])
     assert one.vision["pixel_values"].dtype == np.asarray(direct["pixel_values"]).dtype == np.float32
@@ -70,7 +71,7 @@ def test_rows_equal_the_processor_and_round_trip(name):
 def test_idefics3_row_keys_and_ragged_tiles(idefics3):
     enc, _ = idefics3
     assert enc.row_keys() == ("pixel_attention_mask", "pixel_values")
-    rows = [enc(r) for r in _rows([1, 0, 3])]
+    rows = [enc.encode_row(r) for r in _rows([1, 0, 3])]
     batch = collate_generic(rows, pad_token_id=enc.pad_token_id)
     tiles = [r.vision["pixel_values"].shape[1] if "pixel_values" in r.vision else 0 for r in rows]
     assert len(set(tiles)) > 1 and batch.vision["pixel_values"].shape[:2] == (3, max(tiles))
@@ -81,7 +82,7 @@ def test_idefics3_row_keys_and_ragged_tiles(idefics3):
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_idefics3_batched_logits_equal_per_row(idefics3, side):
     enc, model = idefics3
-    rows = [enc(r) for r in _rows([2, 0, 1, 3])]
+    rows = [enc.encode_row(r) for r in _rows([2, 0, 1, 3])]
     batch = collate_generic(rows, pad_token_id=enc.pad_token_id, padding_side=side)
     with torch.no_grad():
         batched = model(**batch.model_inputs()).logits
@@ -103,7 +104,7 @@ def test_idefics3_collate_equals_the_processors_own_batch(idefics3):
     proc = build("idefics3")
     proc.tokenizer.padding_side = "right"
     raw = _rows([2, 0, 1, 3])
-    batch = collate_generic([enc(r) for r in raw], pad_token_id=enc.pad_token_id)
+    batch = collate_generic([enc.encode_row(r) for r in raw], pad_token_id=enc.pad_token_id)
     texts = [proc.apply_chat_template(r["messages"], tokenize=False) for r in raw]
     out = proc(text=texts, images=[r["images"] for r in raw], return_tensors="np", padding=True)
     assert np.array_equal(out["input_ids"], batch.input_ids) and np.array_equal(out["attention_mask"], batch.attention_mask)

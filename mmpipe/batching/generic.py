@@ -1,0 +1,251 @@
+"""Collate and unbatch on the generic path: `GenericInputs` rows (a processor mmpipe has no
+family table for, `mmpipe.encoding.generic`) <-> one padded `GenericBatch`.
+
+`mmpipe.collate` and `mmpipe.Collator` come here for such rows or processors
+(`generic_collate`): stored dicts, Arrow tables (`mmpipe.ArrowRows`) or records. Padding
+is what the processor's own batch call gives (right padding: equal to it, checked on
+Idefics3); ragged tiles and images are zero-padded; positions are ``0..n-1`` per row::
+
+    >>> batch = collate_generic(rows, pad_token_id=0, padding_side="left")  # doctest: +SKIP
+    >>> model(**batch.model_inputs()).logits                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
+from mmpipe.families import GENERIC_FAMILY, processor_class_name, takes_generic_path
+from mmpipe.records.columns import ERROR_COLUMN
+from mmpipe.records.generic import (
+    LAYOUT_COLUMN, GenericBatch, GenericInputs, generic_rows_from_arrow, is_generic_row,
+)
+
+__all__ = ["collate_generic", "unbatch_generic", "generic_collate", "generic_collator", "generic_records",
+           "refuse_packing", "GenericCollator"]
+
+
+def _padded(arr: np.ndarray, shape: tuple) -> np.ndarray:
+    """``arr`` zero-padded at the end of every axis to ``shape``."""
+    if arr.shape == tuple(shape):
+        return arr
+    out = np.zeros(shape, arr.dtype)
+    out[tuple(slice(0, n) for n in arr.shape)] = arr
+    return out
+
+
+def _collate_vision(rows: list[GenericInputs], key: str, row_key: bool) -> tuple[np.ndarray, list]:
+    present = [r.vision[key] for r in rows if key in r.vision]
+    trailing = tuple(np.max([a.shape[1:] for a in present], axis=0))
+    if row_key:  # [1, n, ...] per row; a row without it is all padding, as the processor pads
+        blocks = [_padded(r.vision[key], (1, *trailing)) if key in r.vision else np.zeros((1, *trailing), present[0].dtype)
+                  for r in rows]
+    else:
+        blocks = [_padded(a, (a.shape[0], *trailing)) for a in present]
+    return np.concatenate(blocks), [r.vision[key].shape if key in r.vision else None for r in rows]
+
+
+def _padded_length(lengths: np.ndarray, pad_to_length: Optional[int], pad_to_multiple_of: Optional[int]) -> int:
+    L = int(lengths.max())
+    if pad_to_length is not None:
+        if pad_to_length < L:
+            raise InputError(f"row {int(lengths.argmax())} has {L} tokens, more than pad_to_length={pad_to_length}",
+                             row=int(lengths.argmax()), column="input_ids", stage="collate",
+                             fix="compute pad_to_length from these rows")
+        L = pad_to_length
+    if pad_to_multiple_of:
+        L = -(-L // pad_to_multiple_of) * pad_to_multiple_of
+    return L
+
+
+def collate_generic(rows: list[GenericInputs], *, pad_token_id: int = 0, padding_side: str = "right",
+                    pad_to_length: Optional[int] = None, pad_to_multiple_of: Optional[int] = None) -> GenericBatch:
+    """`GenericInputs` rows -> one padded `GenericBatch` (see its doc for the shapes).
+
+    Every row must come from the same processor class. ``position_ids`` are ``0..n-1`` over
+    each row's own tokens (pads 0), so left and right padding give the per-row positions.
+    """
+    if not rows:
+        raise ArgumentError("collate_generic needs at least one row")
+    if padding_side not in ("left", "right"):
+        raise ArgumentError(f"padding_side must be 'left' or 'right', found {padding_side!r}")
+    for i, r in enumerate(rows):
+        if r.processor_class != rows[0].processor_class:
+            raise InputError("rows of different processors in one batch", row=i, column="processor_class",
+                             stage="collate", expected=rows[0].processor_class, found=r.processor_class,
+                             fix="batch rows encoded by one processor")
+    lengths = np.array([len(r) for r in rows], np.int64)
+    B, L = len(rows), _padded_length(lengths, pad_to_length, pad_to_multiple_of)
+
+    def pad(get, fill):
+        out = np.full((B, L), fill, np.int64)
+        for b, r in enumerate(rows):
+            cols = slice(0, lengths[b]) if padding_side == "right" else slice(L - lengths[b], L)
+            out[b, cols] = get(r)
+        return out
+
+    row_keys = tuple(sorted({k for r in rows for k in r.row_keys}))
+    vision, shapes = {}, {}
+    for key in sorted({k for r in rows for k in r.vision}):
+        vision[key], shapes[key] = _collate_vision(rows, key, key in row_keys)
+    with_labels = any(r.labels is not None for r in rows)
+    return GenericBatch(
+        input_ids=pad(lambda r: r.input_ids, pad_token_id), attention_mask=pad(lambda r: r.attention_mask, 0),
+        position_ids=pad(lambda r: r.position_ids, 0), processor_class=rows[0].processor_class,
+        padding_side=padding_side, lengths=lengths, row_keys=row_keys, shapes=shapes, vision=vision,
+        sequence={k: pad(lambda r, k=k: r.sequence[k], 0) for k in sorted({k for r in rows for k in r.sequence})},
+        labels=pad(lambda r: r.labels if r.labels is not None else np.full(len(r), -100), -100) if with_labels else None,
+    )
+
+
+def unbatch_generic(batch: GenericBatch) -> list[GenericInputs]:
+    """`GenericBatch` -> its rows, exactly as collated (``unbatch_generic(collate_generic(rows))``
+    equals ``rows``)."""
+    rows, offsets = [], {k: 0 for k in batch.vision}
+    L = batch.input_ids.shape[1]
+    for b, n in enumerate(batch.lengths):
+        cols = slice(0, n) if batch.padding_side == "right" else slice(L - n, L)
+        vision = {}
+        for key, arr in batch.vision.items():
+            shape = batch.shapes[key][b]
+            if shape is None:
+                continue
+            start = b if key in batch.row_keys else offsets[key]
+            vision[key] = arr[start:start + shape[0]][tuple(slice(0, s) for s in shape)]
+            offsets[key] += 0 if key in batch.row_keys else shape[0]
+        rows.append(GenericInputs(
+            input_ids=batch.input_ids[b, cols], attention_mask=batch.attention_mask[b, cols],
+            processor_class=batch.processor_class, sequence={k: v[b, cols] for k, v in batch.sequence.items()},
+            vision=vision, row_keys=tuple(k for k in batch.row_keys if k in vision),
+            labels=batch.labels[b, cols] if batch.labels is not None else None))
+    return rows
+
+
+# ---- the dispatch from mmpipe.collate / mmpipe.Collator ----------------------------------------
+def generic_records(rows: Any) -> Optional[list[GenericInputs]]:
+    """``rows`` as `GenericInputs` when they come from the generic path (records, stored dicts
+    of the generic family, or an Arrow table of them), else None (native rows). A batch
+    mixing both, or holding a row that failed under ``on_error="skip"``, raises `InputError`."""
+    import pyarrow as pa
+
+    if isinstance(rows, (list, tuple)) and rows and isinstance(rows[0], (pa.Table, pa.RecordBatch)):
+        first = rows[0]  # one-row tables (ArrowRows): native batches are not concatenated here (collate does)
+        if "family" not in first.column_names or first.column("family")[0].as_py() != GENERIC_FAMILY:
+            return None
+        rows = pa.concat_tables([r if isinstance(r, pa.Table) else pa.Table.from_batches([r]) for r in rows])
+    if isinstance(rows, (pa.Table, pa.RecordBatch)):
+        if "family" not in rows.column_names:
+            return None
+        fams = rows.column("family").to_pylist()
+        flags = [f == GENERIC_FAMILY for f in fams]
+        errors = rows.column(ERROR_COLUMN).to_pylist() if ERROR_COLUMN in rows.column_names else [None] * len(fams)
+        records = None
+    else:
+        if not len(rows):
+            return None
+        flags = [is_generic_row(r) for r in rows]
+        errors = [r.get(ERROR_COLUMN) if isinstance(r, dict) else None for r in rows]
+        records = rows
+    if not any(flags):
+        return None
+    for i, (flag, err) in enumerate(zip(flags, errors)):
+        if err:
+            raise InputError(f"this row failed to encode ({err})", row=i, stage="collate", column=ERROR_COLUMN,
+                             fix="filter failed rows first: ds, errors = mmpipe.drop_failed(ds), or use "
+                                 "mmpipe.encode_dataset")
+        if not flag:
+            raise InputError("a natively encoded row in a batch of generic-path rows", row=i, column="family",
+                             stage="collate", expected=repr(GENERIC_FAMILY), found="a native family",
+                             fix="encode every row of the dataset with one processor")
+    if records is None:
+        return generic_rows_from_arrow(rows if isinstance(rows, pa.Table) else pa.Table.from_batches([rows]))
+    return [r if isinstance(r, GenericInputs) else GenericInputs.from_dict(r, i) for i, r in enumerate(records)]
+
+
+def pad_id(processor, pad_token_id: Optional[int] = None) -> int:
+    """``pad_token_id``, else the processor's tokenizer's pad id, else 0."""
+    if pad_token_id is not None:
+        return int(pad_token_id)
+    tok = getattr(processor, "tokenizer", processor)
+    pad = getattr(tok, "pad_token_id", None) if tok is not None else None
+    return 0 if pad is None else int(pad)
+
+
+def generic_collate(records: list[GenericInputs], rows: Any, *, processor=None, padding_side: str,
+                    pad_token_id: Optional[int] = None, pad_to_length: Optional[int] = None,
+                    pad_to_multiple_of: Optional[int] = None, keep_columns: Sequence[str] = ()) -> GenericBatch:
+    """`collate_generic` with `mmpipe.collate`'s arguments (the pad id from ``processor`` unless
+    given) and its pass-through ``keep_columns`` (read from ``rows``)."""
+    from mmpipe.batching.checks import arrow_table
+
+    if processor is not None and processor_class_name(processor) != records[0].processor_class:
+        raise FamilyMismatchError(f"encoded by {records[0].processor_class} (the generic path) but collated with "
+                                  f"{processor_class_name(processor)}", row=0, column=LAYOUT_COLUMN,
+                                  expected=processor_class_name(processor), found=records[0].processor_class,
+                                  fix="collate with the processor that encoded the rows, or re-encode them")
+    batch = collate_generic(records, pad_token_id=pad_id(processor, pad_token_id),
+                            padding_side=padding_side, pad_to_length=pad_to_length,
+                            pad_to_multiple_of=pad_to_multiple_of)
+    if keep_columns:
+        table = arrow_table(rows)
+        source = table.to_pylist() if table is not None else rows
+        missing = [(i, n) for n in keep_columns for i, r in enumerate(source) if n not in r]
+        if missing:
+            i, n = missing[0]
+            raise InputError(f"has no column {n!r} to keep", row=i, column=n, stage="collate",
+                             fix="keep the column when encoding, or drop it from keep_columns")
+        batch.columns = {n: [r[n] for r in source] for n in keep_columns}
+    return batch
+
+
+class GenericCollator:
+    """`mmpipe.Collator` for a processor on the generic path: picklable, holds the processor
+    class name and pad id only. Rows must come from that processor class."""
+
+    def __init__(self, processor_class: str, pad_token_id: int, *, padding_side: str = "left",
+                 pad_to_multiple_of: Optional[int] = None, keep_columns: Sequence[str] = ()):
+        self.processor_class = processor_class
+        self.pad_token_id = pad_token_id
+        self.padding_side = padding_side
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.keep_columns = tuple(keep_columns)
+
+    def __call__(self, rows: Sequence[Any]) -> GenericBatch:
+        records = generic_records(rows)
+        if records is None:
+            raise InputError("natively encoded rows for a processor on the generic path", row=0, column="family",
+                             stage="collate", expected=repr(GENERIC_FAMILY), found="a native family",
+                             fix=f"encode the dataset with this {self.processor_class} processor (mmpipe.encode)")
+        for i, r in enumerate(records):
+            if r.processor_class != self.processor_class:
+                raise InputError("encoded by another processor", row=i, column="generic_layout", stage="collate",
+                                 expected=self.processor_class, found=r.processor_class,
+                                 fix="collate with the processor that encoded the rows")
+        return generic_collate(records, rows, padding_side=self.padding_side, pad_token_id=self.pad_token_id,
+                               pad_to_multiple_of=self.pad_to_multiple_of, keep_columns=self.keep_columns)
+
+
+def generic_collator(processor, family, pad_token_id: Optional[int], padding_side: str,
+                     pad_to_multiple_of: Optional[int], keep_columns: Sequence[str]) -> Optional[GenericCollator]:
+    """`mmpipe.Collator`'s generic twin for a processor on the generic path (None otherwise)."""
+    if family is not None or not takes_generic_path(processor):
+        return None
+    return GenericCollator(processor_class_name(processor), pad_id(processor, pad_token_id), padding_side=padding_side,
+                           pad_to_multiple_of=pad_to_multiple_of, keep_columns=keep_columns)
+
+
+def refuse_packing(who: str, obj) -> None:
+    """Raise `ArgumentError` when ``obj`` (a processor, or the batch `mmpipe.pack` collated) is
+    on the generic path: mmpipe cannot know whether an unlisted model's attention allows packed
+    rows (Gemma 3's bidirectional image attention, cross-attention models)."""
+    if isinstance(obj, GenericBatch):
+        cls = obj.processor_class
+    elif takes_generic_path(obj):
+        cls = processor_class_name(obj)
+    else:
+        return
+    raise ArgumentError(f"{who}: packing is not available for {cls}: it has no mmpipe family table and takes the "
+                        f"generic path (whether its model's attention allows packed rows is unknown); use "
+                        f"mmpipe.Collator(processor) for padded batches")
