@@ -265,6 +265,7 @@ from .collate_case import case_collate  # noqa: E402,F401
 from .encode_cases import case_bytes, case_encode, case_layout  # noqa: E402,F401
 from .job import case_job  # noqa: E402,F401
 from .rss_real import case_rss_real  # noqa: E402,F401
+from .video_case import case_video  # noqa: E402,F401
 
 
 # ---- 8. packed vs padded token efficiency (issue 7; an info case, no speed target) ----------

@@ -156,7 +156,7 @@ def _rebuild(cls, detail, kwargs):
 
 
 class ParseError(InputError):
-    """The raw row has the wrong shape: no messages, empty list, non-string text, a video."""
+    """The raw row has the wrong shape: no messages, empty list, non-string text."""
 
     default_stage = "parse"
 
@@ -201,9 +201,9 @@ class FamilyMismatchError(InputError):
 # What the public stages (encode, Collator, records validation) raise for bad input.
 # Anything else escaping them is a bug in mmpipe - the fuzz tests hold us to that.
 DOCUMENTED_ERRORS = (
-    InputError, ParseError, PlaceholderError, ImageError, TruncationError, PixelDataError,
+    InputError, ParseError, PlaceholderError, ImageError, VideoError, TruncationError, PixelDataError,
     FamilyMismatchError,
-)  # VideoError is an ImageError; list it here once encode takes raw videos (bad-input corpus)
+)
 
 __all__ = [
     "STAGES", "MMPipeError", "ArgumentError", "InputError", "ParseError", "PlaceholderError", "ImageError",

@@ -9,7 +9,7 @@
 # Exits non-zero when a case fails or its outputs differ from the
 # baseline's (a missed speed target is reported in the table, not in the exit code).
 #
-#   bash scripts/bench.sh --torchvision    # encode and collate against the torchvision processor,
+#   bash scripts/bench.sh --torchvision    # encode, collate and video against the torchvision processors,
 #                                          # in the vLLM test environment (the only one with torchvision;
 #                                          # set up by scripts/envs/vllm.sh, plus TRL for the collate
 #                                          # baseline); writes bench/results/torchvision.json
@@ -23,7 +23,7 @@ if [ "${1:-}" = --torchvision ]; then
         "$PY" -m pip install --quiet --disable-pip-version-check -c "$ROOT/.venv-vllm/constraints.txt" "trl==1.16.0"
     fi
     PYTHONPATH="$ROOT:$ROOT/.venv-vllm/torchvision-transforms${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m bench \
-        --backend torchvision --only encode,collate --json "$ROOT/bench/results/torchvision.json" "$@"
+        --backend torchvision --only encode,collate,video --json "$ROOT/bench/results/torchvision.json" "$@"
 fi
 bash "$ROOT/scripts/setup.sh"
 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$ROOT/.venv/bin/python" -m bench "$@"

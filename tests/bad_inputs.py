@@ -35,6 +35,7 @@ from mmpipe.errors import (
     PixelDataError,
     PlaceholderError,
     TruncationError,
+    VideoError,
 )
 from mmpipe.testing import tiny_image
 
@@ -368,7 +369,17 @@ CASES: list[Case] = [
     Case("unknown_role", lambda tmp: {"messages": [{"role": "narrator", "content": "hi"}]},
          holds="rendered by the template as given", check=lambda r, row, p: r.validate()),
     Case("video_item", lambda tmp: {"messages": [{"role": "user", "content": [{"type": "video", "video": "v.mp4"}]}]},
-         ParseError, ("video items are not supported",), err_stage="parse", column="messages"),
+         VideoError, ("video 0: video path 'v.mp4' is a missing path",), err_stage="image", column="videos"),
+    Case("video_corrupt", lambda tmp: {"messages": [{"role": "user", "content": [{"type": "video"}]}],
+                                       "videos": [b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 8]},
+         VideoError, ("video 0: the video container cannot be opened",), err_stage="image", column="videos"),
+    Case("video_no_frames", lambda tmp: {"messages": [{"role": "user", "content": [{"type": "video"}]}],
+                                         "videos": [{"frames": [], "fps": 2.0}]},
+         VideoError, ("video 0: the video has no frames",), err_stage="image", column="videos"),
+    Case("video_without_placeholder", lambda tmp: {"messages": [{"role": "user", "content": "hi"}],
+                                                   "videos": [[np.zeros((28, 28, 3), np.uint8)] * 2]},
+         PlaceholderError, ("holds 1 video(s) but the messages hold 0 placeholder(s)",), err_stage="template",
+         column="videos"),
     Case("none_content", lambda tmp: {"messages": [{"role": "user", "content": None}]},
          holds="None content is empty text", check=lambda r, row, p: r.validate()),
     # truncation

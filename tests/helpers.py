@@ -91,7 +91,7 @@ def video_row(family, grid, seed=0, sec=1.0):
     ids = np.asarray(ids)
     rng = np.random.default_rng(seed)
     u8 = rng.integers(0, 256, size=(t * h * w, fam.patch_dim), dtype=np.uint8)
-    pv = mmpipe.images.u8_video_to_pixel_values(u8, spec.lut())
+    pv = mmpipe.images.u8_video_to_pixel_values(u8, spec.for_videos().lut())  # the video processor's table
     out = {"input_ids": ids[None], "attention_mask": np.ones((1, len(ids)), np.int64),
            "mm_token_type_ids": 2 * (ids == vp).astype(np.int64)[None], "video_grid_thw": np.asarray([grid]),
            "pixel_values_videos": pv, "second_per_grid_ts": np.asarray([sec], np.float32)}
@@ -178,6 +178,67 @@ class FakeSamplingParams:
     logprobs: Optional[int] = None
 
 
+# ---- videos (tests/images/test_video.py, tests/encoding/test_video_encode.py) -------------------
+def make_video(n: int, fps: float, h: int, w: int, *, seed: int = 0, fmt: str = "mp4") -> bytes:
+    """n frames of moving shapes and noise, h264 in mp4 (mpeg4 where libx264 is missing), made with PyAV."""
+    import io
+    from fractions import Fraction
+
+    import av
+
+    codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=fmt) as c:
+        s = c.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
+        s.height, s.width, s.pix_fmt = h, w, "yuv420p"
+        base = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        for i in range(n):
+            a = np.roll(base, i * 3, axis=1)
+            a[(i * 2) % h: (i * 2) % h + 4, :, 1] = 255
+            for p in s.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return buf.getvalue()
+
+
+def all_frames(data: bytes) -> list:
+    """Every frame of an encoded video, uint8 [H, W, 3] RGB (PyAV)."""
+    import io
+
+    import av
+
+    with av.open(io.BytesIO(data)) as c:
+        return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+
+
+def image_processor_video(family: str, frames: list, min_px: int, max_px: int) -> tuple:
+    """The main-env video pixel oracle: the torchvision rule of the stock video processors
+    (transformers has only torchvision ones: ``Qwen2VLVideoProcessor`` / ``Qwen3VLVideoProcessor``)
+    run here as mmpipe's torchvision-backend IMAGE path (`encode_image` with
+    ``image_backend="torchvision"``: torch's uint8 antialiased bicubic resize, fused float32
+    table) on each frame with the video's bounds, frames paired into temporal patches as the
+    video processor lays them out. That path equals transformers' torchvision image processor
+    bit for bit (tests/images/test_backends.py in the vLLM env), and mmpipe's videos equal the
+    stock video processors (tests/rollout/test_video_pixel_oracle.py, vLLM env): torchvision
+    cannot be installed in the main env. Returns (float32 [Nv, 3*T*p*p], [grid_t, gh, gw])."""
+    from PIL import Image
+
+    from mmpipe.images.pixels import encode_image, u8_to_pixel_values
+
+    spec = VisionSpec.from_processor(processor_for(family), min_pixels=min_px, max_pixels=max_px,
+                                     backend="torchvision")
+    T = spec.temporal_patch_size
+    outs = [encode_image(Image.fromarray(np.asarray(f)), spec) for f in frames]
+    grid = list(outs[0][1])
+    pvs = [u8_to_pixel_values(u8, spec.lut(), T) for u8, _ in outs]
+    n, d = pvs[0].shape
+    per = [pv.reshape(n, 3, T, d // (3 * T))[:, :, 0] for pv in pvs]  # [n, 3, pp] per frame
+    groups = [np.stack(per[g * T:(g + 1) * T], axis=2).reshape(n, d) for g in range(len(frames) // T)]
+    return np.concatenate(groups), [len(frames) // T] + grid[1:]
+
+
 GENERIC_SIZES = [(40, 56), (70, 30), (33, 33), (64, 100)]
 
 
@@ -196,3 +257,42 @@ def generic_chat_rows(counts, sizes=GENERIC_SIZES):
         out.append({"id": f"r{i}", "messages": [{"role": "user", "content": content},
                                                 {"role": "assistant", "content": reply}], "images": images})
     return out
+
+
+# ---- mixed image + video rows (tests/rollout/test_video_*.py, tests/batching/test_video_batching.py) ----
+VIDEO_BOUNDS = {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 16}  # small frames: few tokens per group
+
+
+def video_frames_list(n: int, h: int, w: int, seed: int) -> list:
+    """n random uint8 [h, w, 3] frames (a frame-list video, no decoder needed)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def mixed_media_raws(layout, *, answer: bool = True, seed: int = 0) -> list[dict]:
+    """Raw chat rows; ``layout[i]`` is row i's media in order, e.g. ``"vIv"`` (video, image,
+    video), ``""`` for none. Video k of a row: 3 + k frames of (40 + 40k)x56 pixels at 2 fps
+    (odd counts: the last frame repeats); images `testing.tiny_image` of varied sizes."""
+    raws = []
+    for i, kinds in enumerate(layout):
+        content, videos, images = [{"type": "text", "text": f"Row {i}."}], [], []
+        for j, kind in enumerate(kinds):
+            if kind == "v":
+                videos.append({"frames": video_frames_list(3 + len(videos), 40 + 40 * len(videos), 56,
+                                                           seed=seed + 10 * i + j), "fps": 2.0})
+                content += [{"type": "video"}, {"type": "text", "text": f" clip {len(videos) - 1}."}]
+            else:
+                images.append(testing.tiny_image(36 + 6 * j, 44 + 4 * i, seed=seed + 10 * i + j))
+                content += [{"type": "image"}, {"type": "text", "text": f" picture {len(images) - 1}."}]
+        messages = [{"role": "user", "content": content}]
+        if answer:
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": "seen " * (i + 1)}]})
+        raws.append({"messages": messages, "images": images, "videos": videos})
+    return raws
+
+
+def encode_mixed(layout, proc, **kw) -> list:
+    """`mixed_media_raws` encoded with `VIDEO_BOUNDS` (``kw`` go to ``mmpipe.encode_row``)."""
+    answer = kw.pop("answer", True)
+    return [mmpipe.encode_row(r, proc, idx=i, video_options=VIDEO_BOUNDS, **kw)
+            for i, r in enumerate(mixed_media_raws(layout, answer=answer))]

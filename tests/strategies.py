@@ -453,3 +453,39 @@ def vision_token_injections(draw, vision_ids, text_ids, max_len: int = 24, max_i
     for p in positions:
         ids[p] = draw(st.sampled_from(list(vision_ids)))
     return ids, positions
+
+
+# ---- raw rows with videos (frame lists: no container needed) ----------------------------------
+
+
+@st.composite
+def video_raw_rows(draw, max_frames: int = 7):
+    """``(raw row, n_frames)``: one user turn holding a video given as a frame list (1..max_frames
+    PIL frames of one random size, 20-90 px a side, with a random rate), in one of the three row
+    conventions (``"column"``, ``"inline"``, ``"prompt"``), before or after the text, with or
+    without an image, and an optional assistant reply."""
+    n = draw(st.integers(1, max_frames))
+    h, w = draw(st.integers(20, 90)), draw(st.integers(20, 90))
+    seed = draw(st.integers(0, 2**16))
+    video = {"frames": [testing.tiny_image(h, w, seed=seed + i) for i in range(n)],
+             "fps": draw(st.sampled_from([0.5, 1.0, 2.0, 3.3, 25.0]))}
+    image = [testing.tiny_image(draw(st.integers(28, 70)), draw(st.integers(28, 70)), seed=seed)] if draw(
+        st.booleans()) else []
+    convention = draw(st.sampled_from(["column", "inline", "prompt"]))
+    video_first = draw(st.booleans())
+    text = {"type": "text", "text": draw(st.sampled_from(["what happens?", "describe", "x"]))}
+    vid_item = {"type": "video", "video": video} if convention == "inline" else {"type": "video"}
+    items = [vid_item, text] if video_first else [text, vid_item]
+    items += [{"type": "image"}] * len(image)
+    if convention == "prompt":
+        prompt = "".join("<video>" if it["type"] == "video" else "<image>" if it["type"] == "image" else it["text"]
+                         for it in items)
+        row = {"prompt": prompt, "videos": [video], "images": image}
+    else:
+        row = {"messages": [{"role": "user", "content": items}], "images": image}
+        if convention == "column":
+            row["videos"] = [video]
+    if draw(st.booleans()):
+        reply = [{"role": "assistant", "content": "it moves"}]
+        row["messages" if "messages" in row else "completion"] = (row["messages"] + reply) if "messages" in row else "it moves"
+    return row, n

@@ -21,7 +21,7 @@ from PIL import Image
 
 import mmpipe
 from mmpipe.encoding.mapping import ERROR_COLUMN, as_input_error
-from mmpipe.errors import DOCUMENTED_ERRORS, STAGES, ImageError, InputError, ParseError
+from mmpipe.errors import DOCUMENTED_ERRORS, STAGES, ImageError, InputError, ParseError, VideoError
 
 
 def _run(c, tmp_path, pixels="float32"):
@@ -56,7 +56,9 @@ def test_corpus_case(c, tmp_path, monkeypatch):
         if c.stage == "encode":
             assert e.row == ROW and msg.startswith(f"row {ROW}")
             assert e.record() == {"row": ROW, "stage": c.err_stage, "column": e.column, "reason": msg}
-            if c.err_stage == "image":  # which image of the row
+            if isinstance(e, VideoError):  # which video of the row
+                assert msg.startswith(f"row {ROW}, video ")
+            elif c.err_stage == "image":  # which image of the row
                 assert isinstance(e.image, int) and msg.startswith(f"row {ROW}, image {e.image}: ")
         elif "row" in " ".join(c.contains):
             assert e.row in (None, 0, BAD)

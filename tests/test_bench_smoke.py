@@ -20,7 +20,8 @@ def test_bench_quick_runs_every_case_with_identical_outputs(tmp_path):
     assert report["mode"] == "quick"
     results = report["results"]
     cases = {r["detail"]["case_id"] for r in results}
-    assert cases == {"rope", "layout", "encode", "bytes", "collate", "job", "map_scaling", "rss", "rss_real", "packing"}
+    assert cases == {"rope", "layout", "encode", "bytes", "collate", "video", "job", "map_scaling", "rss", "rss_real",
+                     "packing"}
     for r in results:
         assert r["identical"] is True, f"{r['case']}: outputs differ from the baseline ({r['detail']})"
         assert r["mmpipe"] != "error", r["detail"]

@@ -105,7 +105,7 @@ def collate(
     tokens = _pad_tokens(recs, padding_side, pad_token_id, pad_to_length, pad_to_multiple_of)
     media = _media_layout(recs)
     pixel_format, layout_only = _pixel_format(recs)
-    spec = spec.for_rows([r.image_backend if r.has_pixels else None for r in recs])  # the rows' image backend
+    spec = spec.for_rows([r.image_backend if r.has_pixels and r.num_images else None for r in recs])  # images only
     pixels = {} if layout_only else _assemble_pixels(recs, spec, pixel_format, media)
     batch = _batch_record(recs, tokens, media, pixels, padding_side=padding_side, family=fam.name,
                           pixel_format=pixel_format, spec=spec)
@@ -259,12 +259,10 @@ def _assemble_pixels(recs: list[MultiModalInputs], spec: VisionSpec, pixel_forma
     compact uint8 rows bit for bit, kept as pixel_values_u8), and the same for videos. Float
     rows are checked for NaN/inf in one vectorised pass."""
     out: dict[str, np.ndarray] = {}
-    lut = None
     if media["image_grid_thw"].shape[0]:
         if pixel_format == "uint8":
             pv_u8 = out["pixel_values_u8"] = np.concatenate([r.pixel_values_u8 for r in recs if r.num_images])
-            lut = spec.lut()
-            out["pixel_values"] = u8_to_pixel_values(pv_u8, lut, spec.temporal_patch_size)
+            out["pixel_values"] = u8_to_pixel_values(pv_u8, spec.lut(), spec.temporal_patch_size)
         else:
             pv = out["pixel_values"] = np.concatenate([_float_images(r, spec) for r in recs])
             check_finite(pv, media["patch_offsets"], "pixel_values")
@@ -272,7 +270,7 @@ def _assemble_pixels(recs: list[MultiModalInputs], spec: VisionSpec, pixel_forma
         if pixel_format == "uint8":
             pvv_u8 = out["pixel_values_videos_u8"] = np.concatenate(
                 [r.pixel_values_videos_u8 for r in recs if r.num_videos])
-            out["pixel_values_videos"] = u8_video_to_pixel_values(pvv_u8, spec.lut() if lut is None else lut)
+            out["pixel_values_videos"] = u8_video_to_pixel_values(pvv_u8, spec.for_videos().lut())  # videos: torchvision rule
         else:
             pvv = out["pixel_values_videos"] = np.concatenate([_float_videos(r, spec) for r in recs])
             check_finite(pvv, media["video_patch_offsets"], "pixel_values_videos")
@@ -329,7 +327,7 @@ def _float_videos(r: MultiModalInputs, spec: VisionSpec) -> np.ndarray:
     if r.pixel_values_videos is not None:
         return r.pixel_values_videos
     if r.pixel_values_videos_u8 is not None:
-        return u8_video_to_pixel_values(r.pixel_values_videos_u8, spec.lut())
+        return u8_video_to_pixel_values(r.pixel_values_videos_u8, spec.for_videos().lut())
     return np.zeros((0, r.fam.patch_dim), np.float32)
 
 

@@ -89,6 +89,8 @@ def unbatch(batch: BatchedMultiModalInputs) -> list[MultiModalInputs]:
                 row.pixel_values_u8 = np.zeros((0, fam.patch_dim_u8), np.uint8)
             if pvv_u8 is not None and videos:
                 row.pixel_values_videos_u8 = pvv_u8[vp].copy()
+            elif pvv is not None and videos:  # a mixed-storage batch kept only float32 videos too
+                row.pixel_values_videos_u8 = video_pixel_values_to_u8(pvv[vp], batch.spec.for_videos().lut(), stage="validate")
         elif formats[b] == "float32":
             row.pixel_values = pv[ip].copy() if pv is not None else np.zeros((0, fam.patch_dim), np.float32)
             if pvv is not None and videos:

@@ -31,6 +31,7 @@ from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.fingerprint import StampedFunction
 from mmpipe.encoding.generic import GenericEncoder
 from mmpipe.encoding.mapping import DROP_REASON_COLUMN
+from mmpipe.encoding.videos import video_row_bytes
 from mmpipe.errors import ArgumentError
 from mmpipe.families import takes_generic_path
 from mmpipe.records.columns import ERROR_COLUMN, ROW_COLUMNS
@@ -71,6 +72,7 @@ _PIXEL_BYTES = {"uint8": 1, "float32": 4, "none": 0, "source": 1}  # per pixel (
 
 def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optional[int] = None,
                images_column: str = "images", images_per_row: Optional[int] = None,
+               videos_column: str = "videos", video_options=None,
                buffer_bytes: int = ROW_BUFFER_BYTES) -> dict:
     """``{"writer_batch_size": k, "batch_size": k}`` for ``ds.map(mmpipe.encode, ...)``: ``k``
     rows of the largest possible encoded row fit in ``buffer_bytes`` (default 256 MiB) per
@@ -81,16 +83,20 @@ def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optiona
     list lengths without touching the bytes; else ``images_per_row``, default 1) x the pixels
     of an image at ``max_pixels`` (the processor's, or the override you pass to the encoder)
     x the bytes per stored value (``pixels``: uint8 1, float32 ``4 * temporal_patch_size``,
-    none 0), plus 1 MiB for token arrays. ``batch_size`` is ignored by per-row maps.
+    none 0), plus 1 MiB for token arrays, plus the videos: the most any row holds in
+    ``ds[videos_column]`` x the largest video ``video_options`` (the encoder's; Qwen defaults)
+    allow (`mmpipe.encoding.videos.video_row_bytes`; pass the same ``video_options`` as to the
+    encoder). ``batch_size`` is ignored by per-row maps.
     """
     if buffer_bytes < 1:
         raise ArgumentError(f"buffer_bytes must be positive, got {buffer_bytes!r}")
     if takes_generic_path(processor):  # the processor's own outputs: pixels / max_pixels do not apply
         enc = GenericEncoder(processor, images_column=images_column)
     else:
-        enc = Encoder(processor, pixels=pixels, max_pixels=max_pixels, images_column=images_column)
+        enc = Encoder(processor, pixels=pixels, max_pixels=max_pixels, images_column=images_column,
+                      videos_column=videos_column, video_options=video_options)
     n_images = images_per_row if images_per_row is not None else max_images_per_row(ds, images_column)
-    k = max(1, min(1000, buffer_bytes // row_byte_bound(enc, n_images)))
+    k = max(1, min(1000, buffer_bytes // (row_byte_bound(enc, n_images) + video_row_bytes(enc, ds))))
     return {"writer_batch_size": k, "batch_size": k}
 
 
@@ -174,8 +180,9 @@ def drop_failed(ds, *, num_proc: Optional[int] = None):
 
 
 def _undecode(f) -> bool:
-    """Set ``decode=False`` on every ``datasets.Image()`` inside feature ``f``; whether any."""
-    if type(f).__name__ == "Image":
+    """Set ``decode=False`` on every ``datasets.Image()`` / ``datasets.Video()`` inside feature
+    ``f``; whether any (mmpipe decodes videos with PyAV, not datasets' torchcodec)."""
+    if type(f).__name__ in ("Image", "Video"):
         if getattr(f, "decode", False) and getattr(f, "mode", None) is None:
             f.decode = False
             return True
@@ -242,7 +249,8 @@ def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size:
     check_keep_columns(keep_columns, ds.column_names)
     enc = make_encoder(processor, **options)
     enc.mark_dropped = True
-    k = max(1, min(1000, ROW_BUFFER_BYTES // row_byte_bound(enc, max_images_per_row(ds, enc.images_column))))
+    row_bytes = row_byte_bound(enc, max_images_per_row(ds, enc.images_column)) + video_row_bytes(enc, ds)
+    k = max(1, min(1000, ROW_BUFFER_BYTES // row_bytes))
     batch_size = batch_size or min(64, k)
     ds = undecoded_images(ds)
     out = ds.map(StampedFunction(enc), batched=True, batch_size=batch_size, num_proc=num_proc, with_indices=True,

@@ -4,12 +4,14 @@
 Per row: parse (`mmpipe.encoding.parse`) -> render the chat template (with the row's tool
 calls, tool turns and ``tools``) -> tokenize (labels from the assistant spans) -> decode and
 resize the images on threads, expand each image's single ``<|image_pad|>`` to its
-``t*h*w/merge^2`` pads (`mmpipe.encoding.placeholders`) -> truncate -> M-RoPE positions. The encoded row holds::
+``t*h*w/merge^2`` pads (`mmpipe.encoding.placeholders`; videos: `mmpipe.encoding.videos`) ->
+truncate -> M-RoPE positions. The encoded row holds::
 
     input_ids, attention_mask, mm_token_type_ids, labels   int64 [L]
     position_ids                                           int64 [3, L], rope_delta int
-    image_grid_thw                                         int64 [I, 3]
+    image_grid_thw, video_grid_thw                         int64 [I, 3], [V, 3]; second_per_grid_ts float32 [V]
     pixel_values_u8  uint8 [N, 3*p*p]  (or pixel_values float32 [N, 3*T*p*p], or none)
+    pixel_values_videos_u8  uint8 [Nv, 3*T*p*p]  (or pixel_values_videos float32, or none)
 
 The ``datasets.map`` side (batches, drops, ``on_error="skip"``) is `mmpipe.encoding.mapping`;
 ``dataset.map(mmpipe.encode, ...)`` and `encode_dataset` are in `mmpipe.encoding.dataset`.
@@ -23,12 +25,13 @@ from typing import Optional
 import numpy as np
 
 from mmpipe.encoding.fingerprint import CodeStamped
-from mmpipe.encoding.mapping import EncodeStats, RowDropped, encode_or_drop, map_call
-from mmpipe.encoding.options import ERROR_POLICIES, TRUNCATION_POLICIES, check_choice, check_options
-from mmpipe.encoding.parse import check_text, parse_row, parse_tools, row_where
+from mmpipe.encoding.mapping import EncodeStats, encode_or_drop, map_call
+from mmpipe.encoding.options import ERROR_POLICIES, TRUNCATION_POLICIES, check_choice, check_options, truncate_row
+from mmpipe.encoding.parse import check_text, parse_media, parse_tools, row_where
 from mmpipe.encoding.placeholders import expand_image_pads
 from mmpipe.encoding.tokenize import tokenize_text
-from mmpipe.errors import ArgumentError, ImageError, InputError, ParseError, PlaceholderError, TruncationError
+from mmpipe.encoding.videos import add_videos, video_options as check_video_options
+from mmpipe.errors import ArgumentError, ImageError, InputError, PlaceholderError
 from mmpipe.families import ModelFamily, family_of
 from mmpipe.images.load import check_image_root, confine_image
 from mmpipe.images.pixels import encode_image, image_grid
@@ -75,6 +78,9 @@ class Encoder(CodeStamped):
             `Collator` refuses rows that carry an error.
         image_root: a directory (None: no limit); an image path resolving (symlinks, ``..``) outside
             it raises `ImageError` (`mmpipe.images.confine_image`), for untrusted datasets.
+        videos_column: the column ``{"type": "video"}`` items / ``<video>`` markers take videos from.
+        video_options: frame sampling and sizing (`mmpipe.images.video.VideoOptions` or a dict of
+            its fields); None: qwen-vl-utils' defaults. See `mmpipe.encoding.videos`.
 
     Bad option values raise `mmpipe.errors.ArgumentError` naming the accepted values.
     """
@@ -98,6 +104,8 @@ class Encoder(CodeStamped):
         tools_column: str = "tools",
         image_root: Optional[str] = None,
         image_backend: str = "auto",
+        videos_column: str = "videos",
+        video_options=None,
     ):
         check_choice("on_error", on_error, ERROR_POLICIES)
         check_choice("truncation", truncation, TRUNCATION_POLICIES)
@@ -113,6 +121,8 @@ class Encoder(CodeStamped):
         self.add_generation_prompt = add_generation_prompt
         self.labels = labels
         self.images_column = images_column
+        self.videos_column = videos_column
+        self.video_opts = check_video_options(video_options)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         if "tools" in self.chat_template_kwargs:  # tools have their own option (and a column)
             if tools is not None:
@@ -132,6 +142,7 @@ class Encoder(CodeStamped):
         self.image_token_id = token_ids["image"]
         self.video_token_id = token_ids["video"]
         self.vision_start_id = token_ids["vision_start"]
+        self.vision_end_id = token_ids["vision_end"]
         self.fresh_runtime_state()
 
     RUNTIME_STATE = ("stats", "_checked_tool_fields", "_lut_cache")  # not hashed, not shipped (CodeStamped)
@@ -209,27 +220,32 @@ class Encoder(CodeStamped):
 
     def _encode_row(self, example: dict, idx=None, prefetched=None) -> MultiModalInputs:
         where = row_where(idx)
-        messages, images = parse_row(example, idx=idx, images_column=self.images_column)
-        if images and not self.family.is_vision:
-            raise PlaceholderError(f"holds {len(images)} image(s) but the processor is a text-only tokenizer",
-                                   where=where, column=self.images_column,
-                                   fix="encode with a vision-language processor, or drop the images")
+        messages, images, videos = parse_media(example, idx=idx, images_column=self.images_column,
+                                               videos_column=self.videos_column)
+        if (images or videos) and not self.family.is_vision:
+            kind, column = ("image", self.images_column) if images else ("video", self.videos_column)
+            raise PlaceholderError(f"holds {len(images or videos)} {kind}(s) but the processor is a text-only tokenizer",
+                                   where=where, column=column, fix=f"encode with a vision-language processor, or drop the {kind}s")
         ids, labels = self._tokenize(messages, where, self.row_tools(example, idx))
         grids = np.zeros((0, 3), dtype=np.int64)
         u8_blocks: list[np.ndarray] = []
-        if self.family.is_vision:
+        vid = None
+        if self.family.is_vision:  # videos first: their pads are found in the unexpanded ids
+            ids, labels, *vid = add_videos(self, ids, labels, videos, where)
             ids, labels, grids, u8_blocks = self._add_images(ids, labels, images, where, prefetched)
         mm = self.token_types(ids)
         if labels is not None:
-            labels[mm == 1] = IGNORE_INDEX  # image pads are inputs, never targets
-        ids, labels, mm, grids, u8_blocks = self._truncate(ids, labels, mm, grids, u8_blocks, where)
-        return self._finish(ids, labels, mm, grids, u8_blocks)
+            labels[mm > 0] = IGNORE_INDEX  # image / video pads are inputs, never targets
+        ids, labels, mm = truncate_row(self, ids, labels, mm, where)
+        return self._finish(ids, labels, mm, grids, u8_blocks, vid)
 
     def token_types(self, ids: np.ndarray) -> np.ndarray:
-        """``mm_token_type_ids`` int64 [L] of ids int64 [L]: 1 at image pads, else 0 (all 0: text family)."""
+        """``mm_token_type_ids`` int64 [L] of ids int64 [L]: 1 at image pads, 2 at video pads, else 0."""
         mm = np.zeros(ids.shape, dtype=np.int64)
         if self.image_token_id is not None:
             mm[ids == self.image_token_id] = 1
+        if self.video_token_id is not None:
+            mm[ids == self.video_token_id] = 2
         return mm
 
     def _tokenize(self, messages: list[dict], where: str,
@@ -287,9 +303,6 @@ class Encoder(CodeStamped):
                      else "the chat template did not render every image item (Qwen3-VL's template drops "
                           "images in system messages): move those images to a user turn"),
             )
-        if (ids == self.video_token_id).any():
-            raise ParseError(f"the prompt holds {fam.video_token} but videos are not supported by encode yet",
-                             where=where, column="messages", fix=f"remove literal {fam.video_token} text")
         return pad_pos
 
     def _add_images(self, ids, labels, images: list, where: str, prefetched):
@@ -354,42 +367,29 @@ class Encoder(CodeStamped):
         return self._lut_cache
 
     # -- truncation and the record ----------------------------------------------------
-    def _truncate(self, ids, labels, mm, grids, u8_blocks, where):
-        L, cap = len(ids), self.max_length
-        if cap is None or L <= cap:
-            return ids, labels, mm, grids, u8_blocks
-        detail = f"{where}: {L} tokens (text + {int((mm > 0).sum())} image tokens) exceed max_length={cap}"
-        if self.truncation == "raise":
-            raise TruncationError(detail, where="", column="input_ids",
-                                  fix="raise max_length, lower max_pixels, or pass truncation='drop' / 'truncate_text'")
-        if self.truncation == "drop":
-            raise RowDropped("too_long", detail)
-        # truncate_text: cut at `cap` unless that reaches into an image block (its
-        # <|vision_start|> ... tokens ... <|vision_end|> span).
-        vis = np.flatnonzero(mm > 0)
-        if len(vis):
-            last_block_end = int(vis[-1]) + 2  # image tokens, then <|vision_end|>
-            if cap < last_block_end:
-                raise TruncationError(detail + f"; truncating text only would cut into an image (its tokens end at "
-                                      f"{last_block_end})", where="", column="input_ids",
-                                      fix="use truncation='drop' or a larger max_length")
-        lab = labels[:cap] if labels is not None else None
-        return ids[:cap], lab, mm[:cap], grids, u8_blocks
-
-    def _finish(self, ids, labels, mm, grids, u8_blocks) -> MultiModalInputs:
+    def _finish(self, ids, labels, mm, grids, u8_blocks, vid=None) -> MultiModalInputs:
+        """The record; ``vid``: (video grids int64 [V, 3], second_per_grid_ts float32 [V], uint8 blocks)."""
         from mmpipe.rope import get_rope_index
 
         fam = self.family
-        pos, delta = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None, family=fam)
+        vgrids, seconds, vblocks = vid if vid else (np.zeros((0, 3), np.int64), np.zeros(0, np.float32), [])
+        pos, delta = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None,
+                                    video_grid_thw=vgrids if len(vgrids) else None,
+                                    second_per_grid_ts=seconds if len(vgrids) else None, family=fam)
         row = MultiModalInputs(input_ids=ids, attention_mask=np.ones(ids.shape, dtype=np.int64), mm_token_type_ids=mm,
                                position_ids=pos[:, 0, :].numpy(), rope_delta=int(delta.reshape(-1)[0]),
-                               family=fam.name, labels=labels, image_grid_thw=grids)
+                               family=fam.name, labels=labels, image_grid_thw=grids, video_grid_thw=vgrids,
+                               second_per_grid_ts=seconds)
         if self.pixels == "source":
             row.image_sources = list(u8_blocks)
         elif self.pixels == "uint8":
             row.pixel_values_u8 = np.concatenate(u8_blocks) if u8_blocks else np.zeros((0, fam.patch_dim_u8), np.uint8)
+            row.pixel_values_videos_u8 = np.concatenate(vblocks) if vblocks else None  # None as from_dict reads it
         elif self.pixels == "float32":
-            from mmpipe.images.pixels import u8_to_pixel_values
+            from mmpipe.images.pixels import u8_to_pixel_values, u8_video_to_pixel_values
+
+            if vblocks:
+                row.pixel_values_videos = u8_video_to_pixel_values(np.concatenate(vblocks), self.spec.for_videos().lut())
 
             # one expansion into one output array (expanding per image and concatenating would
             # write the 8x larger float32 data twice)

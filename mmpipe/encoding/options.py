@@ -1,10 +1,12 @@
-"""The `Encoder`'s option checks: accepted policies and the values refused before any work."""
+"""The `Encoder`'s option checks (accepted policies, values refused before any work) and its
+truncation policies (`truncate_row`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from mmpipe.errors import ArgumentError
+from mmpipe.encoding.mapping import RowDropped  # the map protocol's drop signal
+from mmpipe.errors import ArgumentError, TruncationError
 
 TRUNCATION_POLICIES = ("raise", "drop", "truncate_text")
 ERROR_POLICIES = ("raise", "skip")
@@ -24,3 +26,32 @@ def check_options(o: dict) -> None:
     for name in ("images_column", "tools_column"):
         if not isinstance(o[name], str) or not o[name]:
             raise ArgumentError(f"{name} must be a column name (a non-empty str), got {o[name]!r}")
+
+
+def truncate_row(enc, ids: np.ndarray, labels, mm: np.ndarray, where: str) -> tuple:
+    """``enc.truncation`` applied to a row over ``enc.max_length``: ``"raise"`` (`TruncationError`),
+    ``"drop"`` (`RowDropped`), or ``"truncate_text"``: cut ids int64 [L] / labels / mm to the cap
+    unless that reaches into a vision block - its pads and the ``<|vision_end|>`` token(s) after
+    them (Qwen3-VL videos close each frame group and then the video: two) - then raise.
+    Returns ``(ids, labels, mm)``."""
+    L, cap = len(ids), enc.max_length
+    if cap is None or L <= cap:
+        return ids, labels, mm
+    detail = (f"{where}: {L} tokens (text + {int((mm == 1).sum())} image tokens + {int((mm == 2).sum())} video "
+              f"tokens) exceed max_length={cap}") if (mm == 2).any() else (
+              f"{where}: {L} tokens (text + {int((mm > 0).sum())} image tokens) exceed max_length={cap}")
+    if enc.truncation == "raise":
+        raise TruncationError(detail, where="", column="input_ids",
+                              fix="raise max_length, lower max_pixels, or pass truncation='drop' / 'truncate_text'")
+    if enc.truncation == "drop":
+        raise RowDropped("too_long", detail)
+    vis = np.flatnonzero(mm > 0)
+    if len(vis):
+        end = int(vis[-1]) + 2  # the block's pads, then <|vision_end|>
+        if mm[vis[-1]] == 2 and end < L and ids[end] == enc.vision_end_id:
+            end += 1  # a Qwen3-VL video: the video's own <|vision_end|> after its last frame group's
+        if cap < end:
+            kind = "a video" if mm[vis[-1]] == 2 else "an image"
+            raise TruncationError(detail + f"; truncating text only would cut into {kind} (its tokens end at {end})",
+                                  where="", column="input_ids", fix="use truncation='drop' or a larger max_length")
+    return ids[:cap], (labels[:cap] if labels is not None else None), mm[:cap]

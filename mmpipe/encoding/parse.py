@@ -9,7 +9,10 @@ Accepted raw rows (the format is found by looking at the row):
     ``<image>`` placeholders, plus an ``images`` column.
 
 An image may be a ``datasets.Image()`` value (dict with bytes/path, or PIL), a path, raw
-bytes, a PIL image or a uint8 array. Rows may also carry a ``completion`` (TRL
+bytes, a PIL image or a uint8 array. Videos follow the same three conventions (``{"type": "video"}`` + a
+``videos`` column, inline ``{"type": "video", "video": ...}``, ``<video>`` in prompt text;
+`mmpipe.encoding.media`); a video is a path, bytes, a ``datasets.Video(decode=False)`` dict,
+a list of frames, or ``{"frames": [...], "fps": float}`` (`mmpipe.encoding.videos`). Rows may also carry a ``completion`` (TRL
 prompt-completion style) appended as the assistant turn.
 
 Tool use (OpenAI format, what transformers' ``apply_chat_template`` takes): an assistant
@@ -35,9 +38,10 @@ import re
 
 import numpy as np
 
+from mmpipe.encoding.media import MediaQueue, UnreadableImages, column_values, inline_video, is_video_item
 from mmpipe.encoding.row_checks import check_completion, check_one_source, check_row, is_image_item
-from mmpipe.errors import ImageError, ParseError, PlaceholderError
-from mmpipe.records.columns import IMAGE_PLACEHOLDER
+from mmpipe.errors import ParseError
+from mmpipe.records.columns import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
 # The roles the Qwen-VL chat templates render as turns. Another string is rendered as given
 # (a documented corpus case); a non-string or empty role is refused.
@@ -45,7 +49,7 @@ KNOWN_ROLES = ("system", "user", "assistant", "tool")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 __all__ = ["KNOWN_ROLES", "UnreadableImages", "row_where", "check_text", "is_image_item", "inline_image",
-           "split_placeholders", "parse_tool_calls", "parse_tools", "parse_row"]
+           "split_placeholders", "parse_tool_calls", "parse_tools", "parse_row", "parse_media"]
 
 
 def row_where(idx: Optional[int]) -> str:
@@ -79,15 +83,17 @@ def check_text(text: str, *, where: str, column: str, what: str) -> str:
     return text
 
 
-def split_placeholders(text: str) -> list[dict]:
-    """Prompt text with ``<image>`` markers -> content items, one ``{"type": "image"}`` per
-    marker and ``{"type": "text", "text": ...}`` for the (non-empty) text between them."""
-    parts = text.split(IMAGE_PLACEHOLDER)
+def split_placeholders(text: str, markers=(IMAGE_PLACEHOLDER,)) -> list[dict]:
+    """Prompt text with ``<image>`` (and, when ``markers`` name it, ``<video>``) markers ->
+    content items, one ``{"type": "image"}`` / ``{"type": "video"}`` per marker and
+    ``{"type": "text", "text": ...}`` for the (non-empty) text between them."""
+    kinds = {IMAGE_PLACEHOLDER: "image", VIDEO_PLACEHOLDER: "video"}
+    parts = re.split("(" + "|".join(re.escape(m) for m in markers) + ")", text)
     items: list[dict] = []
     for i, part in enumerate(parts):
-        if i:
-            items.append({"type": "image"})
-        if part:
+        if i % 2:
+            items.append({"type": kinds[part]})
+        elif part:
             items.append({"type": "text", "text": part})
     return items
 
@@ -124,80 +130,23 @@ def _raw_messages(example: dict, where: str) -> tuple[list, str, int]:
     return raw, column, n_main
 
 
-class UnreadableImages:
-    """A row's ``column`` that ``datasets`` failed to decode lazily (a corrupt ``datasets.Image()``
-    file): its stored value (``{"bytes", "path"}`` dicts; None: unknown) and the exception."""
+class _Media:
+    """A row's image and video queues and the values taken so far, in order of appearance."""
 
-    def __init__(self, example, column: str, exc: Exception):
-        table = getattr(example, "pa_table", None)  # a one-row datasets row object holds the stored value
-        ok = table is not None and column in table.column_names and table.num_rows == 1
-        self.stored, self.exc = table.column(column)[0].as_py() if ok else None, exc
+    def __init__(self, example: dict, images_column: str, videos_column: str, where: str):
+        self.iq = MediaQueue(column_values(example, images_column, where), images_column, where)
+        self.vq = MediaQueue(column_values(example, videos_column, where, "video"), videos_column, where, "video")
+        self.images: list = []
+        self.videos: list = []
 
-    def error(self, where: str, column: str) -> ImageError:
-        """The `ImageError` naming the row, the column and the bad image (decoding them one by one)."""
-        from mmpipe.images.load import load_image
-
-        bad, why = None, f"{type(self.exc).__name__}: {self.exc}"
-        stored = self.stored if isinstance(self.stored, (list, tuple)) else [self.stored]
-        for j, value in enumerate(stored if self.stored is not None else ()):
-            try:
-                load_image(value, where=f"image {j}").load()
-            except Exception as e:  # noqa: BLE001 - the first image that does not decode is the bad one
-                bad, why = j, f"{type(e).__name__}: {e}"
-                break
-        return ImageError(f"datasets could not decode {'an image' if bad is None else f'image {bad}'} of column "
-                          f"{column!r} ({why:.200})", where=where, column=column, image=bad,
-                          expected="decodable images", found="a corrupt or unreadable image",
-                          fix="read the column undecoded so mmpipe decodes (and names) each image: "
-                              "ds = mmpipe.encoding.undecoded_images(ds), or use mmpipe.encode_dataset; "
-                              "skip such rows with on_error='skip'")
+    def markers(self, text: str) -> list[str]:
+        """The placeholder markers in ``text`` that have a non-empty column to take from."""
+        return [m for m, q in ((IMAGE_PLACEHOLDER, self.iq), (VIDEO_PLACEHOLDER, self.vq)) if q.images and m in text]
 
 
-def _column_images(example: dict, images_column: str, where: str) -> list:
-    """The images column as a list ([] when absent)."""
-    try:
-        column_images = example.get(images_column)
-    except Exception as e:  # noqa: BLE001 - datasets decodes datasets.Image() values lazily, on this read
-        column_images = UnreadableImages(example, images_column, e)
-    if isinstance(column_images, UnreadableImages):
-        raise column_images.error(where, images_column)
-    if column_images is not None and not isinstance(column_images, (list, tuple)) and not (
-            isinstance(column_images, np.ndarray) and column_images.dtype == object and column_images.ndim == 1):
-        # one bare image (or a string) instead of a list: iterating it would crash or split it (found by fuzzing)
-        raise ParseError(f"column {images_column!r} must hold a list of images", where=where, column=images_column,
-                         expected="a list (datasets.Sequence(datasets.Image()))", found=type(column_images).__name__,
-                         fix=f"wrap it: {{{images_column!r}: [image]}}")
-    return list(column_images) if column_images is not None else []
-
-
-class _ImageQueue:
-    """The images column, consumed in order by the placeholders of the messages."""
-
-    def __init__(self, images: list, column: str, where: str):
-        self.images, self.column, self.where, self.used = images, column, where, 0
-
-    def take(self) -> Any:
-        if self.used >= len(self.images):
-            raise PlaceholderError(
-                f"the messages hold more image placeholders than the "
-                f"{len(self.images)} image(s) of column {self.column!r}", where=self.where,
-                column=self.column, fix="give one image per placeholder",
-            )
-        self.used += 1
-        return self.images[self.used - 1]
-
-    def check_all_used(self) -> None:
-        if self.used != len(self.images):
-            raise PlaceholderError(
-                f"column {self.column!r} holds {len(self.images)} image(s) but the messages hold "
-                f"{self.used} placeholder(s) for them", where=self.where, column=self.column,
-                fix=f"every image needs exactly one placeholder ({{'type': 'image'}} in a content list, or "
-                    f"{IMAGE_PLACEHOLDER} in prompt text)",
-            )
-
-
-def _parse_item(item, m_i: int, queue: _ImageQueue, images: list, column: str, where: str) -> dict:
-    """One content item -> its template item; an image item appends its image to ``images``."""
+def _parse_item(item, m_i: int, media: _Media, column: str, where: str) -> dict:
+    """One content item -> its template item; an image / video item appends its value to
+    ``media.images`` / ``media.videos``."""
     if isinstance(item, str):
         return {"type": "text", "text": item}
     if not isinstance(item, dict):
@@ -206,13 +155,12 @@ def _parse_item(item, m_i: int, queue: _ImageQueue, images: list, column: str, w
                          found=type(item).__name__, fix="wrap the item in a dict")
     if is_image_item(item):
         inline = inline_image(item)
-        images.append(queue.take() if inline is None else inline)
+        media.images.append(media.iq.take() if inline is None else inline)
         return {"type": "image"}
-    if item.get("type") == "video" or item.get("video") is not None:
-        raise ParseError(
-            f"message {m_i}: video items are not supported by mmpipe.encode yet", where=where, column=column,
-            fix="encode videos with the transformers processor and mmpipe.rows_from_processor_output",
-        )
+    if is_video_item(item):
+        inline = inline_video(item)
+        media.videos.append(media.vq.take() if inline is None else inline)
+        return {"type": "video"}
     text = item.get("text")
     if text is None:
         raise ParseError(f"message {m_i}: content item {item!r:.80} has neither text nor an image",
@@ -224,7 +172,7 @@ def _parse_item(item, m_i: int, queue: _ImageQueue, images: list, column: str, w
     return {"type": "text", "text": check_text(text, where=where, column=column, what=f"message {m_i}")}
 
 
-def _parse_message(msg, m_i: int, queue: _ImageQueue, images: list, column: str, where: str) -> dict:
+def _parse_message(msg, m_i: int, media: _Media, column: str, where: str) -> dict:
     """One raw message -> ``{"role", "content"}`` for the chat template."""
     if isinstance(msg, str) and column == "prompt":
         raise ParseError(f"column 'prompt', message {m_i}: a prompt must be a string or a list of chat messages, "
@@ -245,16 +193,17 @@ def _parse_message(msg, m_i: int, queue: _ImageQueue, images: list, column: str,
         content = ""
     if isinstance(content, str):
         check_text(content, where=where, column=column, what=f"message {m_i}")
-        if not (IMAGE_PLACEHOLDER in content and queue.images):
+        markers = media.markers(content)
+        if not markers:
             return {"role": msg["role"], "content": content}
-        content = split_placeholders(content)
+        content = split_placeholders(content, markers)
     if not isinstance(content, (list, tuple)):
         raise ParseError(
             f"column {column!r}, message {m_i}: content must be a string or a list of items, "
             f"found {type(content).__name__}", where=where, column=column,
             fix="store text as a string, or as [{'type': 'text', 'text': ...}] items",
         )
-    items = [_parse_item(item, m_i, queue, images, column, where) for item in content]
+    items = [_parse_item(item, m_i, media, column, where) for item in content]
     return {"role": msg["role"], "content": items}
 
 
@@ -346,21 +295,33 @@ def parse_tools(example: dict, *, idx=None, column: str = "tools", default: Opti
     return list(value)
 
 
-def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tuple[list[dict], list[Any]]:
-    """Raw row -> (messages for the chat template, images in order of appearance).
+def parse_media(example: dict, *, idx=None, images_column: str = "images",
+                videos_column: str = "videos") -> tuple[list[dict], list[Any], list[Any]]:
+    """Raw row -> (messages for the chat template, images, videos), each in order of appearance.
 
-    Returned messages carry only ``{"type": "image"}`` / ``{"type": "text", "text": ...}``
-    items (or plain string contents), and the tool fields (``tool_calls`` on assistant
-    messages, ``tool_call_id`` / ``name``); image values are returned separately. The row's
-    ``tools`` are read by `parse_tools`.
+    Returned messages carry only ``{"type": "image"}`` / ``{"type": "video"}`` /
+    ``{"type": "text", "text": ...}`` items (or plain string contents), and the tool fields
+    (``tool_calls`` on assistant messages, ``tool_call_id`` / ``name``); image and video values
+    are returned separately (a video item's per-video options ride with its value, see
+    `mmpipe.encoding.media`). The row's ``tools`` are read by `parse_tools`.
     """
     where = row_where(idx)
     raw, column, n_main = _raw_messages(example, where)
-    queue = _ImageQueue(_column_images(example, images_column, where), images_column, where)
-    images: list[Any] = []
+    media = _Media(example, images_column, videos_column, where)
     columns = [column if m_i < n_main else "completion" for m_i in range(len(raw))]
-    messages = [_parse_message(msg, m_i, queue, images, columns[m_i], where) for m_i, msg in enumerate(raw)]
+    messages = [_parse_message(msg, m_i, media, columns[m_i], where) for m_i, msg in enumerate(raw)]
     for m_i, (msg, raw_msg) in enumerate(zip(messages, raw)):
         msg.update(_tool_fields(raw_msg, m_i, columns[m_i], where))
-    queue.check_all_used()
+    media.iq.check_all_used()
+    media.vq.check_all_used()
+    return messages, media.images, media.videos
+
+
+def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tuple[list[dict], list[Any]]:
+    """Raw row -> (messages for the chat template, images in order of appearance): `parse_media`
+    for the stages that take images only (a row with videos raises `ParseError`)."""
+    messages, images, videos = parse_media(example, idx=idx, images_column=images_column)
+    if videos:
+        raise ParseError(f"the row holds {len(videos)} video(s) but this stage takes images only", where=row_where(idx),
+                         column="videos", fix="encode rows with videos with mmpipe.encode / mmpipe.Encoder")
     return messages, images

@@ -28,12 +28,13 @@ from mmpipe.encoding.parse import row_where
 from mmpipe.errors import ArgumentError, InputError, PlaceholderError
 from mmpipe.families import family_of
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.records.columns import to_numpy
+from mmpipe.records.columns import IGNORE_INDEX, to_numpy
 
 __all__ = [
     "block_tokens",
     "repeat_pads",
     "expand_image_pads",
+    "expand_video_pads",
     "collapse_placeholders",
     "expand_placeholders",
     "check_roundtrip",
@@ -80,6 +81,44 @@ def expand_image_pads(ids: np.ndarray, pad_positions, grids, family, *aligned: O
     """`repeat_pads` for images: the pad of image ``i`` (``pad_positions[i]``) becomes
     ``tokens_per_grid(grids[i])`` pads. ``grids``: int [I, 3]; returns ``(ids, *aligned)``."""
     return repeat_pads(ids, pad_positions, family_of(family).tokens_per_grid(grids), *aligned)
+
+
+def expand_video_pads(ids: np.ndarray, pad_positions, grids, family, labels: Optional[np.ndarray] = None, *,
+                      times_ids: Optional[list] = None, vision_start_id: Optional[int] = None,
+                      vision_end_id: Optional[int] = None) -> tuple:
+    """Expand each video's single ``<|video_pad|>`` (at ``pad_positions``, int [V]) into its
+    blocks, as the family's processor writes them (``replace_video_token``).
+
+    ``grids``: int [V, 3]. One block of ``t*h*w/merge^2`` pads per video; in families whose
+    frame groups are blocks (`ModelFamily.video_frames_are_blocks`, Qwen3-VL) ``t`` times
+    ``<timestamp ids> <|vision_start|> h*w/merge^2 pads <|vision_end|>``, the timestamp ids of
+    video ``v``'s group ``g`` being ``times_ids[v][g]`` (the tokenized ``"<1.5 seconds>"``).
+    ``labels`` int64 [L] (or None): a video is input, never a target: its pads are repeated
+    with their label (the encoder masks pads), the tokens Qwen3-VL inserts get -100.
+    Returns ``(ids, labels)``, each [L - V + expanded length].
+    """
+    fam = family_of(family)
+    g = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+    pad_positions = np.asarray(pad_positions, dtype=np.int64).reshape(-1)
+    if not fam.video_frames_are_blocks:
+        out_ids, out_lab = repeat_pads(ids, pad_positions, fam.tokens_per_grid(g), labels)
+        return out_ids, out_lab
+    pieces, lab_pieces, prev = [], [], 0
+    for v, pos in enumerate(pad_positions.tolist()):
+        pad = int(ids[pos])
+        n = int(fam.tokens_per_grid(np.asarray([[1, g[v, 1], g[v, 2]]]))[0])
+        block = np.concatenate([np.concatenate([np.asarray(times_ids[v][k], np.int64),
+                                                np.asarray([vision_start_id] + [pad] * n + [vision_end_id], np.int64)])
+                                for k in range(int(g[v, 0]))])
+        pieces += [ids[prev:pos], block]
+        if labels is not None:
+            lab_pieces += [labels[prev:pos], np.full(len(block), IGNORE_INDEX, np.int64)]
+        prev = pos + 1
+    pieces.append(ids[prev:])
+    out = np.concatenate(pieces).astype(np.int64)
+    if labels is None:
+        return out, None
+    return out, np.concatenate(lab_pieces + [labels[prev:]]).astype(np.int64)
 
 
 # ---- training ids <-> one pad per block (rollout inputs) ------------------------------------

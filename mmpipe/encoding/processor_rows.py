@@ -114,5 +114,6 @@ def compact(row: MultiModalInputs, spec: Optional[VisionSpec] = None) -> MultiMo
     fam = row.fam
     u8 = pixel_values_to_u8(row.pixel_values, lut, spec.temporal_patch_size, stage="validate") if row.pixel_values is not None \
         else np.zeros((0, fam.patch_dim_u8), np.uint8)
-    vu8 = video_pixel_values_to_u8(row.pixel_values_videos, lut, stage="validate") if row.pixel_values_videos is not None else None
+    vu8 = None if row.pixel_values_videos is None else \
+        video_pixel_values_to_u8(row.pixel_values_videos, spec.for_videos().lut(), stage="validate")  # torchvision rule
     return replace(row, pixel_values=None, pixel_values_videos=None, pixel_values_u8=u8, pixel_values_videos_u8=vu8)

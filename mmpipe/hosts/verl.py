@@ -13,8 +13,9 @@ Each row dict (left-padded to ``max_prompt_length``, as verl pads prompts) holds
   M-RoPE, the row's own positions; pads 1 on every row, as verl's ``get_rope_index`` and its
   agent loop write them); [Lp] for a text-only family (verl's ``compute_position_id_with_mask``);
 - ``raw_prompt_ids``: list[int], ONE ``<|image_pad|>`` per image (what vLLM / SGLang take);
-- ``multi_modal_data``: ``{"image": [PIL.Image, ...]}``, the processor's resized images
-  (``{}`` for a row without images, so every row has the key);
+- ``multi_modal_data``: ``{"image": [PIL.Image, ...]}``, the processor's resized images, and
+  ``"video"``: the stored frames as vLLM takes them (see `verl_rows`) (``{}`` for a row
+  without media, so every row has the key);
 - ``multi_modal_inputs``: ``{"pixel_values": float32 [N, D], "image_grid_thw": int64 [I, 3],
   "images_seqlens": int64 [sum t]}`` (``{}`` without images): verl's actor concatenates these
   over the micro-batch (``verl.utils.model.extract_multi_modal_inputs``) and its trainer reads
@@ -61,8 +62,11 @@ def verl_rows(rows_or_batch, processor=None, *, max_prompt_length: Optional[int]
         keep_columns: pass-through columns copied from each dict row; default none for rows,
             every ``batch.columns`` entry for a batch.
 
-    Rows holding videos raise NotImplementedError (their ``raw_prompt_ids`` / ``multi_modal_data``
-    are not built yet, see `mmpipe.rollout.inputs.to_vllm_prompts`).
+    Rows with videos: ``raw_prompt_ids`` hold one ``<|video_pad|>`` per video and
+    ``multi_modal_data["video"]`` the frames as vLLM takes them (`mmpipe.rollout.videos`: uint8
+    [t*T, H, W, 3], with a metadata dict for Qwen2.5-VL / Qwen3-VL), which verl's vLLM server
+    passes on as ``multi_modal_data["video"]``; ``multi_modal_inputs`` adds
+    ``pixel_values_videos`` / ``video_grid_thw`` (+ ``second_per_grid_ts`` for Qwen2.5-VL).
     """
     recs, kept = _inputs(rows_or_batch, keep_columns)
     fam_src = family if family is not None else (None if processor is not None else recs[0].family)
@@ -70,13 +74,14 @@ def verl_rows(rows_or_batch, processor=None, *, max_prompt_length: Optional[int]
     batch = collate(recs, spec=spec, family=fam, padding_side="left", pad_token_id=pad_id,
                     pad_to_length=max_prompt_length)
     positions = _verl_positions(batch, fam.is_vision)
-    prompts = to_vllm_prompts(recs, spec)
+    prompts = to_vllm_prompts(recs, spec, tokenizer=processor)
     out = []
     for b, prompt in enumerate(prompts):
         row = {"input_ids": batch.input_ids[b].clone(), "attention_mask": batch.attention_mask[b].clone(),
                "position_ids": positions[b].clone(), "raw_prompt_ids": prompt["prompt_token_ids"]}
         if fam.is_vision:
-            row["multi_modal_data"] = {"image": prompt["multi_modal_data"]["image"]} if recs[b].num_images else {}
+            row["multi_modal_data"] = {k: prompt["multi_modal_data"][k] for k in ("image", "video")
+                                       if k in prompt.get("multi_modal_data", {})}
             row["multi_modal_inputs"] = _row_vision_inputs(batch, b)
         row.update({name: values[b] for name, values in kept.items()})
         row.update(_extra_info_fields(row))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Optional, Sequence
 
 import numpy as np
@@ -80,7 +81,8 @@ class VisionSpec:
     def for_rows(self, backends: Sequence[Optional[str]]) -> "VisionSpec":
         """This spec with the backend the rows' pixels were made with: the rows win over the
         processor, since their stored uint8 pixels are that backend's resize and expand to its
-        floats with its table. ``backends``: each row's ``image_backend`` (None: no pixels).
+        floats with its table. ``backends``: each row's ``image_backend`` (None: no image pixels;
+        videos do not depend on it, `for_videos`).
         Rows of different backends in one batch are a `PixelDataError` naming the first odd row."""
         found = [(i, b) for i, b in enumerate(backends) if b is not None]
         if all(b == self.backend for _, b in found):
@@ -93,12 +95,46 @@ class VisionSpec:
                 fix="encode every row with the same Encoder(image_backend=...): the engine's backend")
         return replace(self, backend=found[0][1])
 
+    def for_videos(self) -> "VisionSpec":
+        """The spec videos are made with: this one with ``backend="torchvision"``, whatever
+        the image backend. transformers has only torchvision video processors
+        (``Qwen2VLVideoProcessor``, ``Qwen3VLVideoProcessor``; no PIL one), so the stock video
+        path always resizes with torchvision's rule (`backends.resize_u8_torch`) and expands
+        with its fused float32 table; ``backend`` governs images only. Cached."""
+        if self.backend == "torchvision":
+            return self
+        try:
+            return _video_spec(self)
+        except TypeError:  # unhashable (list constants)
+            return replace(self, backend="torchvision")
+
     def lut(self) -> np.ndarray:
-        """float32 [3, 256]: the processor's value for each uint8 value of each channel,
-        computed with the backend's own float ops (`mmpipe.images.backends.lut`; PIL: float64
-        rescale, float32 normalise; torchvision: fused float32 rescale + normalise)."""
-        return backend_lut(self.backend, self.rescale_factor, self.do_rescale, self.do_normalize,
-                            self.image_mean, self.image_std)
+        """float32 [3, 256], read-only and cached: the processor's value for each uint8 value
+        of each channel, computed with the backend's own float ops (`mmpipe.images.backends.lut`;
+        PIL: float64 rescale, float32 normalise; torchvision: fused float32 rescale + normalise).
+        Videos: ``spec.for_videos().lut()``."""
+        try:
+            hash(self)
+        except TypeError:  # built by hand with list constants: not cacheable
+            return _make_lut(self)
+        return _lut(self)
+
+
+@lru_cache(maxsize=64)
+def _video_spec(spec: VisionSpec) -> VisionSpec:
+    return replace(spec, backend="torchvision")
+
+
+@lru_cache(maxsize=64)
+def _lut(spec: VisionSpec) -> np.ndarray:
+    return _make_lut(spec)
+
+
+def _make_lut(spec: VisionSpec) -> np.ndarray:
+    table = backend_lut(spec.backend, spec.rescale_factor, spec.do_rescale, spec.do_normalize,
+                        spec.image_mean, spec.image_std)
+    table.flags.writeable = False  # shared by every caller
+    return table
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int, *,

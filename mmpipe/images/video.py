@@ -14,13 +14,14 @@ sampled and sized by the published Qwen rules (qwen-vl-utils 0.0.14 ``vision_pro
 - ``second_per_grid_ts = temporal_patch_size / sample_fps`` with ``sample_fps = n / total *
   video_fps`` (what the Qwen2.5-VL processor computes from qwen-vl-utils' metadata).
 
-Frames are resized as the image path resizes (`VisionSpec.backend`: ``"pil"`` as the PIL image
-processor, ``"torchvision"`` as the stock Qwen video processor and vLLM) and stored as uint8
-patches [grid_t * gh * gw, 3 * T * p * p] in the processor's ``pixel_values_videos`` layout
-(T = temporal_patch_size consecutive frames per patch); `u8_video_to_pixel_values` expands
-them to float32. Decoding (PyAV, imported lazily) walks the stream once and keeps only the
-sampled frames, already resized: memory is the output plus one decoded frame, never the clip.
-Every failure is a `mmpipe.errors.VideoError` naming the video.
+Frames are always resized by the torchvision rule (`backends.resize_u8_torch`), whatever the
+image backend: transformers has only torchvision video processors (no PIL one), so that is what
+the stock Qwen video processors and vLLM compute (`VisionSpec.for_videos`). They are stored as
+uint8 patches [grid_t * gh * gw, 3 * T * p * p] in the processor's ``pixel_values_videos``
+layout (T = temporal_patch_size consecutive frames per patch); `u8_video_to_pixel_values` with
+``spec.for_videos().lut()`` expands them to float32. Decoding (PyAV, imported lazily) walks
+the stream once and keeps only the sampled frames, already resized: memory is the output plus
+one decoded frame, never the clip. Every failure is a `mmpipe.errors.VideoError` naming the video.
 """
 
 from __future__ import annotations
@@ -32,17 +33,14 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
-from PIL import Image
 
 from mmpipe.errors import ArgumentError, ImageError, VideoError
 from mmpipe.images.backends import resize_u8_torch
 from mmpipe.images.load import load_image
 from mmpipe.images.spec import VisionSpec, smart_resize
 
-__all__ = [
-    "FRAME_FACTOR", "VideoOptions", "VideoPatches", "sample_count", "sample_indices", "frame_bounds",
-    "encode_video", "video_layout", "patchify_video_u8",
-]
+__all__ = ["FRAME_FACTOR", "VideoOptions", "VideoPatches", "sample_count", "sample_indices", "frame_bounds",
+           "group_times", "encode_video", "video_layout", "patchify_video_u8"]
 
 FRAME_FACTOR = 2  # qwen-vl-utils: sampled frame counts are multiples of this
 VIDEO_MIN_TOKENS, VIDEO_MAX_TOKENS = 128, 768  # per-frame pixel bounds, in merged tokens
@@ -87,9 +85,20 @@ class VideoPatches:
     second_per_grid_ts: float
     sample_fps: float
     size: tuple[int, int]
+    timestamps: tuple = ()  # seconds per frame group (Qwen3-VL's "<t seconds>" text), `group_times`
 
 
 # ---- sampling and sizing (pure functions of the metadata) ------------------------------
+def group_times(indices, video_fps: float, T: int) -> tuple:
+    """Seconds of each temporal patch (frame group), transformers' Qwen3-VL
+    ``_calculate_timestamps``: indices padded with the last to a multiple of ``T``, each
+    ``index / video_fps``, then the mean of each group's first and last."""
+    idx = [int(i) for i in indices]
+    idx += [idx[-1]] * (-len(idx) % T)
+    ts = [i / video_fps for i in idx]
+    return tuple((ts[i] + ts[i + T - 1]) / 2 for i in range(0, len(ts), T))
+
+
 def sample_count(total_frames: int, video_fps: float, opts: VideoOptions, *, where: str = "video") -> int:
     """qwen-vl-utils ``smart_nframes``: the number of frames to sample."""
     if opts.nframes is not None:
@@ -140,12 +149,9 @@ def _target_size(h: int, w: int, n_frames: int, spec: VisionSpec, opts: VideoOpt
 
 
 def _resize(frame: np.ndarray, th: int, tw: int, spec: VisionSpec) -> np.ndarray:
-    """uint8 [H, W, 3] -> uint8 [th, tw, 3], as the image path resizes (`resize_image`)."""
-    if spec.backend == "torchvision":
-        return resize_u8_torch(frame, th, tw)
-    if frame.shape[:2] == (th, tw):
-        return frame
-    return np.asarray(Image.fromarray(frame).resize((tw, th), resample=spec.resample))
+    """uint8 [H, W, 3] -> uint8 [th, tw, 3] as the video processors resize: torchvision's rule
+    for every ``spec.backend`` (the backend is for images only)."""
+    return resize_u8_torch(frame, th, tw)
 
 
 def patchify_video_u8(frames: np.ndarray, spec: VisionSpec) -> np.ndarray:
@@ -161,7 +167,7 @@ def patchify_video_u8(frames: np.ndarray, spec: VisionSpec) -> np.ndarray:
     return np.ascontiguousarray(x).reshape(gt * gh * gw, C * T * p * p)
 
 
-def _finish(frames: list, indices: np.ndarray, sample_fps: float, spec: VisionSpec) -> VideoPatches:
+def _finish(frames: list, indices: np.ndarray, sample_fps: float, spec: VisionSpec, times: tuple) -> VideoPatches:
     T = spec.temporal_patch_size
     pad = -len(frames) % T  # the video processor repeats the last frame up to a multiple of T
     frames = frames + [frames[-1]] * pad
@@ -169,7 +175,7 @@ def _finish(frames: list, indices: np.ndarray, sample_fps: float, spec: VisionSp
     stack = np.stack(frames)
     grid = (stack.shape[0] // T, stack.shape[1] // spec.patch_size, stack.shape[2] // spec.patch_size)
     return VideoPatches(patchify_video_u8(stack, spec), grid, indices.astype(np.int64), T / sample_fps,
-                        sample_fps, stack.shape[1:3])
+                        sample_fps, stack.shape[1:3], times)
 
 
 # ---- frame lists -----------------------------------------------------------------------
@@ -198,13 +204,18 @@ def _encode_frames(frames: Sequence, spec: VisionSpec, opts: VideoOptions, where
     idx = np.minimum(np.arange(n), len(arrs) - 1)
     th, tw = _target_size(*arrs[0].shape[:2], n, spec, opts, where)
     resized = [_resize(arrs[i], th, tw, spec) for i in idx]
-    return _finish(resized, idx, float(opts.frames_fps), spec)
+    return _finish(resized, idx, float(opts.frames_fps), spec, _list_times(n, opts, spec))
+
+
+def _list_times(n: int, opts: VideoOptions, spec: VisionSpec) -> tuple:
+    """A frame list's group times (qwen-vl-utils' list metadata: indices 0..n-1, the list's fps)."""
+    return group_times(range(n), float(opts.frames_fps), spec.temporal_patch_size)
 
 
 # ---- containers (PyAV) -----------------------------------------------------------------
 def _import_av():
     try:
-        import av
+        import av  # noqa: PLC0415 - optional, lazily
     except ImportError:
         raise ImportError("decoding videos needs PyAV: pip install av") from None
     return av
@@ -339,7 +350,7 @@ def _encode_container(value: Any, spec: VisionSpec, opts: VideoOptions, where: s
     if len(out) < n:  # the header promised more frames than the stream holds
         raise VideoError("the video stream ends early", where=where, expected=f"{total} frames (header)",
                          found=f"{len(out)} of {n} sampled frames decoded", fix="re-encode the video")
-    return _finish(out, idx, n / total * c.fps, spec)
+    return _finish(out, idx, n / total * c.fps, spec, group_times(idx, c.fps, spec.temporal_patch_size))
 
 
 # ---- public entry points ---------------------------------------------------------------
@@ -368,6 +379,7 @@ def video_layout(value: Any, spec: VisionSpec, opts: Optional[VideoOptions] = No
         first = _list_frames(value[:1], where)[0]
         n = math.ceil(len(value) / FRAME_FACTOR) * FRAME_FACTOR
         idx, (h, w), sample_fps = np.minimum(np.arange(n), len(value) - 1), first.shape[:2], float(opts.frames_fps)
+        times = _list_times(n, opts, spec)
     else:
         c = _Container(value, where)
         try:
@@ -375,10 +387,11 @@ def video_layout(value: Any, spec: VisionSpec, opts: Optional[VideoOptions] = No
             total = c.total_frames()
             n = sample_count(total, c.fps, opts, where=where)
             idx, (h, w), sample_fps = sample_indices(total, n), (c.height, c.width), n / total * c.fps
+            times = group_times(idx, c.fps, T)
         finally:
             c.close()
     th, tw = _target_size(h, w, n, spec, opts, where)
     n_pad = n + (-n % T)
     idx = np.concatenate([idx, np.repeat(idx[-1:], n_pad - n)]).astype(np.int64)
     grid = (n_pad // T, th // spec.patch_size, tw // spec.patch_size)
-    return VideoPatches(None, grid, idx, T / sample_fps, sample_fps, (th, tw))
+    return VideoPatches(None, grid, idx, T / sample_fps, sample_fps, (th, tw), times)

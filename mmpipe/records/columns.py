@@ -27,6 +27,7 @@ def to_numpy(value) -> np.ndarray:
     """A torch tensor (any device, no torch import here) or any array-like -> numpy."""
     return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
 IMAGE_PLACEHOLDER = "<image>"  # one image in verl-style raw text (and in ReMA's question column)
+VIDEO_PLACEHOLDER = "<video>"  # one video in verl-style raw text
 
 
 def offsets(counts) -> np.ndarray:

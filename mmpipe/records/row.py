@@ -91,8 +91,10 @@ class MultiModalInputs:
         pixel_values_videos_u8: uint8 [Nv, 3*T*p*p] or None (frames differ, so all T kept).
         family:             model family name (``mmpipe.families``).
         image_backend:      ``"pil"`` or ``"torchvision"``: the transformers image-processor
-                            backend whose resize and float values the pixels reproduce
-                            (`mmpipe.images.backends`); stored only when not ``"pil"``.
+                            backend whose resize and float values the image pixels reproduce
+                            (`mmpipe.images.backends`); stored only when not ``"pil"``. Images
+                            only; videos always follow the video processor's torchvision rule
+                            (`VisionSpec.for_videos`).
     """
 
     input_ids: np.ndarray

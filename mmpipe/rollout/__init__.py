@@ -2,15 +2,17 @@
 
 Steps, in the order data flows (one module each)::
 
-    inputs.py               rows / batch -> vLLM prompts (one pad per image) or ``generate`` kwargs
+    inputs.py               rows / batch -> vLLM prompts (one pad per image / video) or ``generate`` kwargs
     images.py               a stored row's images rebuilt for the engine + vLLM's mm_processor_kwargs
+    videos.py               a stored row's videos as vLLM takes them (frames + metadata, one pad each)
     data_parallel.py        pad a batch to a multiple of the data-parallel size, trim outputs back
     transformers_engine.py  engine over any transformers model; teacher-forced logprobs
     vllm_engine.py          engine over ``vllm.LLM`` (vLLM imported lazily, inside generate)
     async_engine.py         ``async generate``: any engine in a thread (bounded, merging waiting calls), vLLM AsyncLLM
     openai_engine.py        engine over an OpenAI-compatible server (vllm serve, transformers serve)
     results.py              engine outputs -> one `RolloutSample` per completion
-    multiturn.py            multi-turn appends: response, then observation turns with new images
+    multiturn.py            multi-turn appends: response, then observation turns with new images / videos
+    turn_media.py           an appended turn's images and videos, encoded and their pads expanded
     multiturn_batch.py      `MultiTurnBatch`: B conversations in one agent loop
     tool_calls.py           parse <tool_call> blocks, run tools, tool results -> a tool turn
     agent.py                `AgentLoop`: generate, call tools, append text + images, until done
@@ -28,6 +30,7 @@ Placeholder collapse/expand (training ids <-> one pad per image) is the encoding
 from mmpipe.rollout.data_parallel import pad_to_multiple, trim
 from mmpipe.rollout.images import row_images, row_video_frames, vision_spec_for, vllm_processor_kwargs
 from mmpipe.rollout.inputs import as_rows, to_generate_kwargs, to_vllm_prompts
+from mmpipe.rollout.videos import video_fps_for, vllm_video_prompt
 from mmpipe.rollout.multiturn import (
     Conversation,
     append_messages,
@@ -47,6 +50,7 @@ from mmpipe.rollout.openai_engine import OpenAIEngine
 
 __all__ = [
     "to_vllm_prompts", "to_generate_kwargs", "as_rows", "row_images", "row_video_frames", "vision_spec_for", "vllm_processor_kwargs",
+    "vllm_video_prompt", "video_fps_for",
     "pad_to_multiple", "trim", "TransformersEngine", "teacher_forced_logprobs", "VLLMEngine",
     "generation_from_request_output", "unbatch_rollout", "Conversation", "start", "conversation_encoder",
     "append_response", "append_observation", "append_messages", "MultiTurnBatch", "DataPacker",

@@ -249,7 +249,7 @@ class AsyncVLLMEngine:
         from mmpipe.rollout.inputs import as_rows, to_vllm_prompts
 
         spec = self._sync.spec if self._sync.spec is not None else self._sync.family
-        prompts = to_vllm_prompts(as_rows(rows), spec)
+        prompts = to_vllm_prompts(as_rows(rows), spec, tokenizer=self._sync.processor)
         sp = self._sync.sampling_params(params)
         return [(p, sp, f"mmpipe-{next(self._ids)}") for p in prompts]
 

@@ -119,7 +119,7 @@ def row_video_frames(row, spec: VisionSpec, *, index: Any = None) -> list[np.nda
     if r.pixel_values_videos_u8 is not None:
         u8 = r.pixel_values_videos_u8
     elif r.pixel_values_videos is not None:
-        u8 = video_pixel_values_to_u8(r.pixel_values_videos, spec.lut())
+        u8 = _video_u8(r.pixel_values_videos, spec, index)
     else:
         raise PixelDataError(
             f"holds {r.num_videos} video(s) but no pixel data", row=index, stage="rollout",
@@ -133,6 +133,19 @@ def row_video_frames(row, spec: VisionSpec, *, index: Any = None) -> list[np.nda
         out.append(np.ascontiguousarray(x).reshape(t * T, h * p, w * p, 3))
         start += t * h * w
     return out
+
+
+def _video_u8(pixel_values_videos: np.ndarray, spec: VisionSpec, index: Any) -> np.ndarray:
+    """float32 video patches -> uint8, exactly. The stock video processors exist only as
+    torchvision implementations (fused rescale + normalise), and mmpipe's video floats follow
+    them whatever the image backend: they invert with ``spec.for_videos().lut()``."""
+    try:
+        return video_pixel_values_to_u8(pixel_values_videos, spec.for_videos().lut(), stage="rollout")
+    except PixelDataError:
+        raise PixelDataError(
+            "cannot recover the video frames from float32 pixel_values_videos; were they made with other "
+            "normalisation constants?", row=index, stage="rollout", column="pixel_values_videos",
+            fix="pass the processor the row was encoded with") from None
 
 
 # ---- vLLM ------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from mmpipe.errors import ArgumentError, PixelDataError
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.rollout.images import row_images, vision_spec_for, vllm_processor_kwargs
+from mmpipe.rollout.videos import vllm_video_prompt
 from mmpipe.encoding.placeholders import collapse_placeholders
 
 __all__ = [
@@ -57,14 +58,14 @@ def as_rows(rows_or_batch) -> list[MultiModalInputs]:
     return [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(rows_or_batch)]
 
 
-def to_vllm_prompts(rows_or_batch, processor_or_spec=None) -> list[dict]:
+def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None) -> list[dict]:
     """Rows (or a batch) -> vLLM prompt dicts, one per row, in order.
 
     Each prompt is a dict with
     ``"prompt_token_ids"``: list[int] (collapsed: one ``<|image_pad|>`` per image),
     ``"multi_modal_data"``: ``{"image": [PIL.Image RGB, ...]}`` (the stored resized images) and
     ``"mm_processor_kwargs"``: ``{"min_pixels", "max_pixels"[, "do_resize"]}`` (see
-    `vllm_processor_kwargs`); rows without images carry only ``"prompt_token_ids"``.
+    `vllm_processor_kwargs`); rows without images or videos carry only ``"prompt_token_ids"``.
     vLLM re-expands the pads to exactly the row's training ``input_ids``::
 
         prompts = to_vllm_prompts(rows, processor)
@@ -72,25 +73,35 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None) -> list[dict]:
 
     processor_or_spec: the processor the rows were encoded with, or its `VisionSpec`
     (None: the family's defaults; only patch size and normalisation matter here).
-    Rows holding videos raise NotImplementedError (see the message).
+
+    Rows with videos also get one ``<|video_pad|>`` per video (inside the row's own
+    ``<|vision_start|>``/``<|vision_end|>``), ``multi_modal_data["video"]``: per video the
+    stored frames uint8 [t*T, H, W, 3], with a metadata dict for Qwen2.5-VL (``fps`` giving
+    back ``second_per_grid_ts``) and Qwen3-VL (``fps`` and ``frames_indices`` re-creating the
+    timestamps, read from the row's text with ``tokenizer``, default the processor's), and
+    ``mm_processor_kwargs["videos_kwargs"] = {"do_resize": False, "do_sample_frames": False}``
+    (`mmpipe.rollout.videos`).
     """
     rows = as_rows(rows_or_batch)
     prompts = []
     for i, r in enumerate(rows):
         fam = r.fam
+        spec = vision_spec_for(processor_or_spec, fam) if (r.num_images or r.num_videos) else None
         if r.num_videos:
-            raise NotImplementedError(
-                f"row {i} holds {r.num_videos} video(s): vLLM video prompts are not built yet. vLLM wants "
-                "one '<|vision_start|><|video_pad|><|vision_end|>' per video plus the frames and (Qwen3-VL) "
-                "frame metadata to re-create timestamps, and re-samples/resizes frames with its own video "
-                "settings; the stored frames are available from mmpipe.rollout.images.row_video_frames"
-            )
-        ids = collapse_placeholders(r.input_ids, r.mm_token_type_ids, r.image_grid_thw, family=fam, row=i)
+            tok = tokenizer if tokenizer is not None else processor_or_spec
+            ids, videos, videos_kwargs = vllm_video_prompt(r, spec, tok, index=i)
+        else:
+            ids = collapse_placeholders(r.input_ids, r.mm_token_type_ids, r.image_grid_thw, family=fam, row=i)
         prompt: dict = {"prompt_token_ids": [int(t) for t in ids]}
+        if r.num_images or r.num_videos:
+            prompt["multi_modal_data"] = {}
+            prompt["mm_processor_kwargs"] = {}
         if r.num_images:
-            spec = vision_spec_for(processor_or_spec, fam)
-            prompt["multi_modal_data"] = {"image": row_images(r, spec, index=i)}
-            prompt["mm_processor_kwargs"] = vllm_processor_kwargs(r.image_grid_thw, spec, index=i, family=fam)
+            prompt["multi_modal_data"]["image"] = row_images(r, spec, index=i)
+            prompt["mm_processor_kwargs"].update(vllm_processor_kwargs(r.image_grid_thw, spec, index=i, family=fam))
+        if r.num_videos:
+            prompt["multi_modal_data"]["video"] = videos
+            prompt["mm_processor_kwargs"]["videos_kwargs"] = videos_kwargs
         prompts.append(prompt)
     return prompts
 
@@ -100,8 +111,9 @@ def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_
     """Kwargs for a transformers Qwen-VL ``model.generate`` from a LEFT-padded batch.
 
     Returns input_ids / attention_mask / mm_token_type_ids int64 [B, L], pixel_values float32
-    [N, 3*T*p*p] + image_grid_thw int64 [I, 3] (and pixel_values_videos, video_grid_thw,
-    second_per_grid_ts [V] for Qwen2.5-VL) when the batch holds them.
+    [N, 3*T*p*p] + image_grid_thw int64 [I, 3] and pixel_values_videos float32 [Nv, 3*T*p*p] +
+    video_grid_thw int64 [V, 3] (+ second_per_grid_ts float32 [V] for Qwen2.5-VL) when the
+    batch holds them (any mix of images and videos per row, zero included).
 
     No ``position_ids`` by default: ``generate`` builds the 3-D positions and rope deltas
     itself at prefill (``_prepare_position_ids_for_generation`` -> ``get_rope_index``) and
@@ -131,10 +143,11 @@ def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_
         )
     has_vision = bool(batch.image_grid_thw.shape[0]) or bool(batch.video_grid_thw.shape[0])
     if has_vision and batch.pixel_values is None and batch.pixel_values_videos is None:
-        rows = [b for b, idx in enumerate(batch.sample_to_image_indices) if idx]
+        rows = [b for b, (i, v) in enumerate(zip(batch.sample_to_image_indices, batch.sample_to_video_indices))
+                if i or v]
         raise PixelDataError(
-            f"rows {rows} hold images but the batch has no pixel data (layout-only encoding?): the model "
-            "would answer without seeing them", where="", stage="rollout", column="pixel_values",
+            f"rows {rows} hold images or videos but the batch has no pixel data (layout-only encoding?): the "
+            "model would answer without seeing them", where="", stage="rollout", column="pixel_values",
             fix="re-encode with pixels='uint8'",
         )
     out = batch.model_inputs(device, positions="verl" if position_ids else "none", labels=False)

@@ -34,13 +34,12 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mmpipe.encoding.encoder import Encoder
-from mmpipe.encoding.parse import parse_row
-from mmpipe.encoding.placeholders import expand_image_pads
+from mmpipe.encoding.parse import parse_media
 from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, InputError, ParseError, PlaceholderError
-from mmpipe.images.pixels import encode_image, image_grid, u8_to_pixel_values
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.conversation import Conversation
+from mmpipe.rollout.turn_media import add_turn_images, add_turn_videos
 
 __all__ = ["Conversation", "start", "conversation_encoder", "append_response", "append_observation", "append_messages"]
 
@@ -56,7 +55,8 @@ def start(raw_row: dict, processor, *, index: Any = None, **encode_options) -> C
     would cut its generation prompt.
     """
     enc = conversation_encoder(processor, encode_options)
-    messages, images = parse_row(raw_row, idx=index, images_column=enc.images_column)
+    messages, images, _ = parse_media(raw_row, idx=index, images_column=enc.images_column,
+                                      videos_column=enc.videos_column)
     row = enc.encode_row(raw_row, index)
     tools = enc.row_tools(raw_row, index)
     return Conversation(row=row, messages=tuple(messages), images=tuple(images),
@@ -198,7 +198,7 @@ def _refuse_vision_tokens(conv: Conversation, ids: np.ndarray) -> None:
 
 # ---- observations ------------------------------------------------------------------------
 def append_observation(conv: Conversation, content, images: Sequence = (), *, role: str = "user",
-                       add_generation_prompt: bool = True) -> Conversation:
+                       add_generation_prompt: bool = True, videos: Sequence = ()) -> Conversation:
     """Append one observation (tool result) turn, then the next generation prompt.
 
     Args:
@@ -206,20 +206,24 @@ def append_observation(conv: Conversation, content, images: Sequence = (), *, ro
             list of ``{"type": "text", "text": ...}`` / ``{"type": "image"}`` (or inline
             ``{"type": "image", "image": img}``) items.
         images: images for the ``{"type": "image"}`` placeholders, in order.
+        videos: videos for the ``{"type": "video"}`` placeholders (``<video>`` in a string), in
+            order; any value `mmpipe.encode` takes (path, bytes, frame list, ``{"frames", "fps"}``).
         role: ``"user"`` (the VRAG convention) or ``"tool"`` (Qwen3-VL wraps tool turns in
             ``<tool_response>`` inside a user turn; Qwen2-VL renders ``<|im_start|>tool``).
         add_generation_prompt: end with ``<|im_start|>assistant\\n`` (label -100) so the row
             is the next prompt.
 
     Every added token has label -100. New images: grids appended to ``image_grid_thw``
-    [I, 3], pixels to ``pixel_values_u8`` [N, 3*p*p] (or the encoder's pixel format).
+    [I, 3], pixels to ``pixel_values_u8`` [N, 3*p*p] (or the encoder's pixel format); new
+    videos likewise to ``video_grid_thw`` [V, 3], ``second_per_grid_ts`` [V] and
+    ``pixel_values_videos_u8`` [Nv, 3*T*p*p], sampled and sized with the encoder's video options.
     """
     return append_messages(conv, [{"role": role, "content": content}], images,
-                           add_generation_prompt=add_generation_prompt)
+                           add_generation_prompt=add_generation_prompt, videos=videos)
 
 
 def append_messages(conv: Conversation, messages: Sequence[dict], images: Sequence = (), *,
-                    add_generation_prompt: bool = True) -> Conversation:
+                    add_generation_prompt: bool = True, videos: Sequence = ()) -> Conversation:
     """Append non-assistant messages (observations, several tool results at once, a new
     user question) with their images; all added tokens get label -100.
 
@@ -241,53 +245,22 @@ def append_messages(conv: Conversation, messages: Sequence[dict], images: Sequen
             fix="append model replies with append_response",
         )
     enc = conv.encoder
-    new_msgs, new_images = parse_row({"messages": list(messages), enc.images_column: list(images)},
-                                     idx=conv.index, images_column=enc.images_column)
-    if new_images and not enc.family.is_vision:
+    new_msgs, new_images, new_videos = parse_media(
+        {"messages": list(messages), enc.images_column: list(images), enc.videos_column: list(videos)},
+        idx=conv.index, images_column=enc.images_column, videos_column=enc.videos_column)
+    if (new_images or new_videos) and not enc.family.is_vision:
         raise PlaceholderError(
-            f"the observation holds {len(new_images)} image(s) but the model is text-only", where=conv.where,
-            row=conv.index, column="images", fix="send text-only observations to a text model",
+            f"the observation holds {len(new_images)} image(s) and {len(new_videos)} video(s) but the model is "
+            "text-only", where=conv.where, row=conv.index, column="images", fix="send text-only observations to a text model",
         )
     all_msgs = conv.messages + tuple(new_msgs)
     full = _render_checked(conv, all_msgs, add_generation_prompt, "the observation")
     ids, _ = _tokenize_suffix(conv, conv.text, full[len(conv.text):], "the observation")
-    ids, grids, blocks = _add_images(conv, ids, new_images)
+    ids, video = add_turn_videos(conv, ids, new_videos)
+    ids, grids, blocks = add_turn_images(conv, ids, new_images)
     labels = np.full(ids.shape, IGNORE_INDEX, np.int64)
     return _extend(conv, ids, labels, grids, blocks, full, all_msgs, awaiting=add_generation_prompt,
-                   images_added=tuple(new_images))
-
-
-def _add_images(conv: Conversation, ids: np.ndarray, images: Sequence):
-    """Encode the new turn's images (the row's pixel format) and expand each one's pad id to
-    its t*h*w/merge^2 ids (`mmpipe.encoding.placeholders`) -> (ids int64 [n], grids, pixel blocks)."""
-    enc, fam = conv.encoder, conv.encoder.family
-    if not fam.is_vision:
-        return ids, [], []
-    pad_pos = np.flatnonzero(ids == enc.image_token_id)
-    if len(pad_pos) != len(images):
-        raise PlaceholderError(
-            f"the new turn renders {len(pad_pos)} {fam.image_token} token(s) for {len(images)} image(s)",
-            where=conv.where, row=conv.index, stage="rollout", column="messages",
-            fix=f"give one image per placeholder (does the text hold a literal {fam.image_token}?)",
-        )
-    if (ids == enc.video_token_id).any():
-        raise ParseError(f"the new turn holds {fam.video_token}; videos cannot be appended yet",
-                         where=conv.where, row=conv.index, stage="rollout", column="messages",
-                         fix=f"remove literal {fam.video_token} text from the new turn")
-    grids, blocks = [], []
-    first = conv.row.num_images
-    for k, img in enumerate(images):
-        w = f"{conv.where}, image {first + k}"
-        if enc.pixels == "none":
-            grids.append(image_grid(img, enc.spec, where=w))
-        else:
-            u8, g = encode_image(img, enc.spec, where=w)
-            grids.append(g)
-            blocks.append(u8 if enc.pixels == "uint8" else
-                          u8_to_pixel_values(u8, enc.lut(), enc.spec.temporal_patch_size))
-    if grids:
-        ids, = expand_image_pads(ids, pad_pos, grids, fam)
-    return ids, grids, blocks
+                   images_added=tuple(new_images), video=video)
 
 
 # ---- shared machinery --------------------------------------------------------------------
@@ -356,17 +329,21 @@ def _tokenize_suffix(conv: Conversation, before: str, suffix: str, what: str):
     return np.asarray(ids[n:], np.int64), starts
 
 
-def _extend(conv: Conversation, ids, labels, grids, blocks, text, messages, *, awaiting, images_added):
-    """Concatenate new tokens (and images) onto the row; positions continue after the max.
+def _extend(conv: Conversation, ids, labels, grids, blocks, text, messages, *, awaiting, images_added, video=None):
+    """Concatenate new tokens (and images, videos) onto the row; positions continue after the max.
 
     ids / labels: int64 [n] new tokens; grids: int [k, 3] new image grids; blocks: their pixel
-    rows (the encoder's pixel format). Returns the new `Conversation`."""
+    rows (the encoder's pixel format); video: None or (grids [v, 3], second_per_grid_ts [v],
+    pixel blocks) of new videos. Returns the new `Conversation`."""
     from mmpipe.rope import get_rope_index
 
     row, fam = conv.row, conv.encoder.family
     mm = conv.encoder.token_types(ids)
     grids = np.asarray(grids, np.int64).reshape(-1, 3)
-    pos, _ = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None, family=fam)
+    vgrids, secs, vblocks = video if video is not None else (np.zeros((0, 3), np.int64), np.zeros(0, np.float32), [])
+    pos, _ = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None, family=fam,
+                            video_grid_thw=vgrids if len(vgrids) else None,
+                            second_per_grid_ts=secs if len(vgrids) else None)
     offset = int(row.position_ids.max()) + 1 if row.num_tokens else 0
     pos = pos[:, 0, :].numpy() + offset
     all_pos = np.concatenate([row.position_ids, pos], axis=1)
@@ -380,9 +357,16 @@ def _extend(conv: Conversation, ids, labels, grids, blocks, text, messages, *, a
         rope_delta=int(all_pos.max()) + 1 - L if L else 0,
         labels=None if row.labels is None else np.concatenate([row.labels, labels]),
         image_grid_thw=np.concatenate([row.image_grid_thw, grids]) if len(grids) else row.image_grid_thw,
+        video_grid_thw=np.concatenate([row.video_grid_thw, vgrids]).astype(np.int64) if len(vgrids) else row.video_grid_thw,
+        second_per_grid_ts=(np.concatenate([row.second_per_grid_ts, secs]).astype(np.float32) if len(vgrids)
+                            else row.second_per_grid_ts),
     )
     if blocks:
         name = "pixel_values_u8" if conv.encoder.pixels == "uint8" else "pixel_values"
         setattr(new, name, np.concatenate([getattr(row, name), *blocks]))
+    if vblocks:
+        name = "pixel_values_videos_u8" if conv.encoder.pixels == "uint8" else "pixel_values_videos"
+        old = getattr(row, name)
+        setattr(new, name, np.concatenate(([old] if old is not None else []) + list(vblocks)))
     return replace(conv, row=new, text=text, messages=tuple(messages), awaiting_response=awaiting,
                    images=conv.images + tuple(images_added))

@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from mmpipe.batching.collate import Collator
+from mmpipe.compat import is_transformers_5
 from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.records.generation import Completion, Generation, SamplingParams
 from mmpipe.records.row import MultiModalInputs
@@ -66,7 +67,10 @@ class TransformersEngine:
         expanded = [r for r in recs for _ in range(params.n)]
         batch = self.collator(expanded)
         device = next(self.model.parameters()).device
-        kw = to_generate_kwargs(batch, device, model=self.model)
+        # videos: pass mmpipe's positions (the original Qwen rule, what training and vLLM use);
+        # transformers 5's own get_rope_index differs for clips longer than max(h, w)/merge
+        videos = bool(batch.video_grid_thw.shape[0]) and is_transformers_5()
+        kw = to_generate_kwargs(batch, device, model=self.model, position_ids=videos)
         if not self.see_images:
             for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
                 kw.pop(k, None)

@@ -210,7 +210,7 @@ class VLLMEngine:
         """rows: prompt `MultiModalInputs`, stored dicts, or a `BatchedMultiModalInputs`;
         returns one `Generation` per row, in order (``prompt_index`` = position)."""
         recs = as_rows(rows)
-        prompts = to_vllm_prompts(recs, self.spec if self.spec is not None else self.family)
+        prompts = to_vllm_prompts(recs, self.spec if self.spec is not None else self.family, tokenizer=self.processor)
         outputs = list(self.llm.generate(prompts, self.sampling_params(params), use_tqdm=False))
         if len(outputs) != len(prompts):
             raise InputError(

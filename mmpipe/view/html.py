@@ -256,8 +256,9 @@ def batch_html(batch: BatchedMultiModalInputs, *, tokenizer=None, max_tokens: Op
     info = batch_table_rows(batch)
     B, L = batch.input_ids.shape
     toks = TokenText(tokenizer)
+    n_vid = int(to_numpy(batch.video_grid_thw).shape[0])
     head = (f"BatchedMultiModalInputs · {batch.family} · B={B} rows × L={L} · {int(to_numpy(batch.image_grid_thw).shape[0])} "
-            f"images · padding {batch.padding_side} · pixels {batch.pixel_format}")
+            f"images{f' · {n_vid} videos' if n_vid else ''} · padding {batch.padding_side} · pixels {batch.pixel_format}")
     trs = []
     for r in info:
         imgs = ", ".join(str(i) for i in r["images"]) or "–"

@@ -113,7 +113,7 @@ def video_frames(row, *, spec=None) -> list[list]:
     elif row.pixel_values_videos is not None:
         pv = np.asarray(row.pixel_values_videos, np.float32)
         try:
-            patches = video_pixel_values_to_u8(pv, spec.lut())
+            patches = video_pixel_values_to_u8(pv, spec.for_videos().lut())
         except ValueError:
             patches = _approx_u8(pv.reshape(len(pv), 3, -1), spec).reshape(len(pv), -1)
     else:

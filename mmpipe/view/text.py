@@ -88,8 +88,9 @@ def describe(obj, *, tokenizer=None, max_tokens: Optional[int] = 120) -> str:
     if isinstance(obj, BatchedMultiModalInputs):
         info = batch_table_rows(obj)
         B, L = obj.input_ids.shape
+        n_vid = sum(len(r["videos"]) for r in info)
         lines = [f"BatchedMultiModalInputs: {obj.family}, B={B} rows x L={L}, {sum(len(r['images']) for r in info)} "
-                 f"images, padding {obj.padding_side}, pixels {obj.pixel_format}"]
+                 f"images{f', {n_vid} videos' if n_vid else ''}, padding {obj.padding_side}, pixels {obj.pixel_format}"]
         head = ("row", "length", "padding", "images", "tokens/image", "grids", "labels")
         table = [head]
         for r in info:

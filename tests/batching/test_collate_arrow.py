@@ -73,7 +73,7 @@ def video_row(proc, grid=(4, 4, 6)):
     u8 = np.random.default_rng(0).integers(0, 256, size=(t * h * w, fam.patch_dim), dtype=np.uint8)
     out = {"input_ids": ids[None], "attention_mask": np.ones((1, len(ids)), np.int64),
            "mm_token_type_ids": 2 * (ids == vp).astype(np.int64)[None], "video_grid_thw": np.asarray([grid]),
-           "pixel_values_videos": mmpipe.images.u8_video_to_pixel_values(u8, spec.lut()),
+           "pixel_values_videos": mmpipe.images.u8_video_to_pixel_values(u8, spec.for_videos().lut()),
            "second_per_grid_ts": np.asarray([1.0], np.float32)}
     return mmpipe.compact(mmpipe.rows_from_processor_output(out, proc)[0], spec)
 

@@ -129,6 +129,26 @@ def test_map_kwargs_follow_the_row_byte_bound(raw):
         mmpipe.map_kwargs(real, pixels="u8")
 
 
+def test_map_kwargs_count_the_videos_of_a_row():
+    """A ``videos`` column: the bound adds the most videos any row holds (Arrow list lengths) x
+    the largest video the encoder's video options allow, so a row of long clips is written alone."""
+    import datasets
+
+    from mmpipe.encoding.dataset import row_byte_bound
+    from mmpipe.encoding.videos import video_row_bytes
+
+    proc = processor_for("qwen2_vl")
+    ds = datasets.Dataset.from_dict({"videos": [["a.mp4"], ["b.mp4", "c.mp4"], []],
+                                     "images": [[], [], []]})
+    enc = mmpipe.Encoder(proc, video_options={"max_frames": 16})
+    per_video = video_row_bytes(enc, ds) // 2
+    assert per_video > 0 and video_row_bytes(enc, ds) == 2 * per_video  # two videos in the fullest row
+    got = mmpipe.map_kwargs(proc, ds, video_options={"max_frames": 16})["writer_batch_size"]
+    assert got == max(1, min(1000, 256 * 2**20 // (row_byte_bound(enc, 1) + 2 * per_video)))
+    assert got < mmpipe.map_kwargs(proc, ds.remove_columns("videos"))["writer_batch_size"]
+    assert mmpipe.map_kwargs(proc, ds)["writer_batch_size"] <= got  # the defaults allow up to 768 frames
+
+
 @pytest.mark.parametrize("batched", [False, True])
 def test_documented_map_flushes_every_k_rows(raw, tmp_path, batched):
     """The README's call with ``**mmpipe.map_kwargs(processor, ds)``: each process's writer

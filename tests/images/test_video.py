@@ -5,11 +5,16 @@ Oracles:
   published Qwen rule), its functions executed from the registry wheel (it imports torchvision
   at module top, which the main environment must not have, so the functions are taken out of
   the file with ``ast`` and run as written);
-- pixel values: transformers' PIL Qwen image processor on the same sampled frames with the
-  video's bounds (the stock video processor needs torchvision). Per frame the video processor
-  runs the same resize, rescale and normalise as the image processor of its backend; its
-  patch layout puts the T frames of a temporal patch where the image processor puts the T
-  copies of a still image, so frame pairs are assembled from the image processor's output.
+- pixel values: the torchvision rule, since transformers' Qwen video processors exist only as
+  torchvision implementations (whatever the image backend, `VisionSpec.for_videos`). The
+  stock video processor needs torchvision, which the main environment must not have, so the
+  oracle here is mmpipe's torchvision-backend image path on the same sampled frames with the
+  video's bounds (`helpers.image_processor_video`); that path equals transformers'
+  torchvision image processor, and mmpipe's videos the stock video processors, bit for bit in
+  the vLLM env (tests/images/test_backends.py, tests/rollout/test_video_pixel_oracle.py). Per
+  frame the video processor runs the same resize, rescale and normalise as the image
+  processor; its patch layout puts the T frames of a temporal patch where the image
+  processor puts the T copies of a still image, so frame pairs are assembled from per-frame output.
 Test videos are made here with PyAV (h264, else mpeg4).
 """
 
@@ -30,12 +35,13 @@ import numpy as np
 import pytest
 import torch
 
-from mmpipe import testing
 from mmpipe.errors import VideoError
 from mmpipe.images import video as V
 from mmpipe.images.pixels import u8_video_to_pixel_values
 from mmpipe.images.spec import VisionSpec
 from mmpipe.images.video import VideoOptions, encode_video, frame_bounds, sample_count, sample_indices, video_layout
+
+from helpers import all_frames, image_processor_video, make_video
 
 av = pytest.importorskip("av", reason="PyAV is a test extra (pip install mmpipe[test])")
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,45 +134,6 @@ def src_has(qvu, text: str) -> bool:
 
 
 # ---------------------------------------------------------------- test videos
-def make_video(n: int, fps: float, h: int, w: int, *, seed: int = 0, fmt: str = "mp4") -> bytes:
-    """n frames of moving shapes and noise, h264 in mp4 (mpeg4 where libx264 is missing)."""
-    codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    from fractions import Fraction
-
-    with av.open(buf, "w", format=fmt) as c:
-        s = c.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
-        s.height, s.width, s.pix_fmt = h, w, "yuv420p"
-        base = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-        for i in range(n):
-            a = np.roll(base, i * 3, axis=1)
-            a[(i * 2) % h: (i * 2) % h + 4, :, 1] = 255
-            for p in s.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
-    return buf.getvalue()
-
-
-def all_frames(data: bytes) -> list[np.ndarray]:
-    with av.open(io.BytesIO(data)) as c:
-        return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
-
-
-def image_processor_video(family: str, frames: list, min_px: int, max_px: int) -> tuple[np.ndarray, list]:
-    """The oracle: transformers' PIL Qwen image processor on each frame with the video's
-    bounds, frames paired into temporal patches as the video processor lays them out."""
-    ip = testing.build_image_processor(family, min_pixels=min_px, max_pixels=max_px)
-    T = ip.temporal_patch_size
-    outs = [ip(images=[f], return_tensors="np") for f in frames]
-    grid = outs[0]["image_grid_thw"][0].tolist()
-    n, d = outs[0]["pixel_values"].shape
-    per = [o["pixel_values"].reshape(n, 3, T, d // (3 * T))[:, :, 0] for o in outs]  # [n, 3, pp] per frame
-    groups = [np.stack(per[g * T:(g + 1) * T], axis=2).reshape(n, d) for g in range(len(frames) // T)]
-    return np.concatenate(groups), [len(frames) // T] + grid[1:]
-
-
 CASES = [(9, 10.0, 48, 64, VideoOptions(**SMALL)), (40, 25.0, 56, 40, VideoOptions(fps=1.0, **SMALL)),
          (31, 29.97, 30, 90, VideoOptions(nframes=7, **SMALL)), (12, 2.0, 64, 64, VideoOptions(max_frames=4, **SMALL))]
 
@@ -188,7 +155,7 @@ def test_video_pixels_equal_image_processor_on_sampled_frames(qvu, family, case)
     assert qvu["smart_resize"](h, w, spec.factor, min_px, max_px) == got.size
     ref, grid = image_processor_video(family, [frames[i] for i in idx], min_px, max_px)
     assert list(got.grid) == grid
-    pv = u8_video_to_pixel_values(got.patches, spec.lut())
+    pv = u8_video_to_pixel_values(got.patches, spec.for_videos().lut())
     assert pv.dtype == np.float32 and np.array_equal(pv, ref)
     sample_fps = k / total * fps
     assert got.second_per_grid_ts == spec.temporal_patch_size / sample_fps
@@ -208,9 +175,21 @@ def test_frame_list_uses_every_frame_and_pads_to_frame_factor():
     assert got.frame_indices.tolist() == [0, 1, 2, 3, 4, 4]
     min_px, max_px = frame_bounds(6, spec, opts)
     ref, grid = image_processor_video("qwen2_5_vl", frames + [frames[-1]], min_px, max_px)
-    assert list(got.grid) == grid and np.array_equal(u8_video_to_pixel_values(got.patches, spec.lut()), ref)
+    assert list(got.grid) == grid and np.array_equal(u8_video_to_pixel_values(got.patches, spec.for_videos().lut()), ref)
     assert got.second_per_grid_ts == 2 / 4.0
     assert video_layout(frames, spec, opts).grid == got.grid
+
+
+def test_videos_follow_the_torchvision_rule_whatever_the_image_backend():
+    """Videos: torchvision's resize and table for both image backends (images differ)."""
+    data = make_video(6, 6.0, 50, 70, seed=5)
+    pil, tv = (VisionSpec.from_family(_fam("qwen2_vl"), backend=b) for b in ("pil", "torchvision"))
+    assert pil.for_videos() == tv and pil.for_videos() is pil.for_videos() and tv.for_videos() is tv
+    assert not np.array_equal(pil.lut(), tv.lut()) and pil.for_videos().lut() is tv.lut()
+    with pytest.raises(ValueError):
+        tv.lut()[0, 0] = 0.0  # the cached table is shared: read-only
+    a, b = encode_video(data, pil, VideoOptions(**SMALL)), encode_video(data, tv, VideoOptions(**SMALL))
+    assert np.array_equal(a.patches, b.patches) and a.grid == b.grid
 
 
 def test_layout_decodes_no_frame(monkeypatch):

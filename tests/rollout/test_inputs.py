@@ -126,7 +126,7 @@ def video_row(family, grids, seed=0):
     u8 = np.random.default_rng(seed).integers(0, 256, size=(n, fam.patch_dim), dtype=np.uint8)
     out = {"input_ids": ids[None], "attention_mask": np.ones((1, len(ids)), np.int64),
            "mm_token_type_ids": 2 * (ids == vp).astype(np.int64)[None], "video_grid_thw": np.asarray(grids),
-           "pixel_values_videos": mmpipe.images.u8_video_to_pixel_values(u8, spec.lut()),
+           "pixel_values_videos": mmpipe.images.u8_video_to_pixel_values(u8, spec.for_videos().lut()),
            "second_per_grid_ts": np.ones(len(grids), np.float32)}
     return mmpipe.rows_from_processor_output(out, proc)[0], u8
 
@@ -153,8 +153,10 @@ def test_videos_collapse_per_block_and_frames_invert_the_patch_layout(family):
     p = spec.patch_size
     assert [f.shape for f in frames] == [(4, 4 * p, 6 * p, 3), (6, 2 * p, 4 * p, 3)]
     assert np.array_equal(np.concatenate([_patchify_video_reference(f, spec) for f in frames]), u8)
-    with pytest.raises(NotImplementedError, match="row_video_frames"):
-        to_vllm_prompts([row], proc)
+    prompt = to_vllm_prompts([row], proc)[0]  # one pad per video, the stored frames (tests/rollout/test_video_inputs.py)
+    assert prompt["prompt_token_ids"].count(_tok_ids(proc)["<|video_pad|>"]) == 2
+    got = [v[0] if isinstance(v, tuple) else v for v in prompt["multi_modal_data"]["video"]]
+    assert all(np.array_equal(a, b) for a, b in zip(got, frames))
 
 
 # ---- images re-processed by the real processor -------------------------------------------

@@ -287,7 +287,7 @@ def video_row(family, t_groups=2, gh=4, gw=6, seed=0):
     ids = np.asarray(ids + tok("?<|im_end|>\n", add_special_tokens=False)["input_ids"])
     out = {"input_ids": ids[None], "attention_mask": np.ones((1, len(ids)), np.int64),
            "mm_token_type_ids": 2 * (ids == vp).astype(np.int64)[None], "video_grid_thw": np.asarray([[t_groups, gh, gw]]),
-           "pixel_values_videos": mmpipe.images.u8_video_to_pixel_values(u8, spec.lut()),
+           "pixel_values_videos": mmpipe.images.u8_video_to_pixel_values(u8, spec.for_videos().lut()),
            "second_per_grid_ts": np.asarray([1.0], np.float32)}
     return mmpipe.rows_from_processor_output(out, proc)[0], frames
 

@@ -1,0 +1,157 @@
+"""Encode, the video side: a row's videos -> grids, ``second_per_grid_ts``, uint8 frame patches,
+and their pads expanded in the ids, as the Qwen processors lay them out.
+
+A video value (a ``videos`` column entry, or the value of an inline video item) is one of:
+
+- a file path (or ``file://``), encoded bytes, or a ``datasets.Video(decode=False)`` dict
+  ``{"path", "bytes"}`` (a decoded ``datasets`` video decoder is read from the file it came from);
+- a list of frames (PIL images or uint8 [H, W, 3] arrays; a uint8 [n, H, W, 3] array) whose
+  rate is the ``frames_fps`` option (default 2.0), or ``{"frames": [...], "fps": float}``;
+- ``{"video": <one of the above>, **options}``: per-video options with qwen-vl-utils' names
+  (what an inline item's extra keys give, `mmpipe.encoding.media`).
+
+Frames are sampled and sized by the published Qwen rules (`mmpipe.images.video`: qwen-vl-utils
+``fetch_video``, the pipeline the Qwen model cards use), decoded with PyAV with bounded memory.
+The ids equal the processor's for the same frames: Qwen2-VL / Qwen2.5-VL expand the template's
+one ``<|video_pad|>`` into ``t*h*w/merge^2`` pads; Qwen3-VL writes ``<{t:.1f} seconds>``
+``<|vision_start|>`` ``h*w/merge^2`` pads ``<|vision_end|>`` per frame group (its processor's
+``replace_video_token``; the times are `mmpipe.images.video.group_times`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from mmpipe.encoding.media import VIDEO_ITEM_OPTIONS
+from mmpipe.encoding.placeholders import expand_video_pads
+from mmpipe.errors import ArgumentError, ImageError, PlaceholderError, VideoError
+from mmpipe.images.load import confine_image
+from mmpipe.images.video import VideoOptions, encode_video, frame_bounds, video_layout
+from mmpipe.records.arrow import list_lengths
+
+__all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes"]
+
+
+def video_options(value: Any) -> VideoOptions:
+    """The encoder's ``video_options`` (None, a dict of `VideoOptions` fields, or a
+    `VideoOptions`) -> `VideoOptions`; unknown keys raise `ArgumentError`."""
+    if value is None:
+        return VideoOptions()
+    if isinstance(value, VideoOptions):
+        return value
+    if not isinstance(value, dict):
+        raise ArgumentError(f"video_options must be a dict or mmpipe.images.video.VideoOptions, got {value!r:.80}")
+    known = {f.name for f in dataclasses.fields(VideoOptions)}
+    bad = sorted(set(value) - known)
+    if bad:
+        raise ArgumentError(f"unknown video_options {bad}; accepted: {sorted(known)}")
+    return VideoOptions(**value)
+
+
+def resolve_video(value: Any, opts: VideoOptions, where: str) -> tuple[Any, VideoOptions]:
+    """A video value (any form above) -> (what `encode_video` takes, the options for it)."""
+    if isinstance(value, dict) and "video" in value:
+        extra = {k: value[k] for k in VIDEO_ITEM_OPTIONS if value.get(k) is not None}
+        if "sample_fps" in extra:
+            extra["frames_fps"] = extra.pop("sample_fps")
+        if extra.get("nframes") is not None:  # an item's nframes replaces the encoder's fps
+            extra.setdefault("fps", None)
+        elif extra.get("fps") is not None:
+            extra.setdefault("nframes", None)
+        try:
+            opts = dataclasses.replace(opts, **extra)
+        except (ArgumentError, TypeError) as e:
+            raise VideoError(f"bad per-video options {extra}: {e}", where=where, expected="qwen-vl-utils' video "
+                             "options (fps or nframes, min/max_frames, min/max/total_pixels)", found=str(extra),
+                             fix="fix the video item's options") from None
+        value = value["video"]
+    if isinstance(value, dict) and "frames" in value:
+        fps = value.get("fps")
+        if fps is not None:
+            opts = dataclasses.replace(opts, frames_fps=float(fps))
+        value = value["frames"]
+    if hasattr(value, "_hf_encoded"):  # a datasets.Video() value decoded by torchcodec: its file
+        value = value._hf_encoded
+    if isinstance(value, np.ndarray) and value.ndim == 4:
+        value = list(value)
+    return value, opts
+
+
+def timestamp_text(seconds: float) -> str:
+    """Qwen3-VL's text before a frame group: ``f"<{seconds:.1f} seconds>"``."""
+    return f"<{seconds:.1f} seconds>"
+
+
+def _one(enc, i: int, value: Any, where: str):
+    """Video ``i`` of the row -> `VideoPatches` (patches None under ``pixels="none"``)."""
+    at = f"{where}, video {i}"
+    try:
+        value, opts = resolve_video(value, enc.video_opts, at)
+        if enc.image_root is not None and not isinstance(value, (list, tuple)):
+            confine_image(value, enc.image_root, where=at)
+        if enc.pixels == "source":
+            raise VideoError("pixels='source' keeps image files only; videos are not stored that way", where=at,
+                             expected="pixels='uint8', 'float32' or 'none' for rows with videos",
+                             found="pixels='source'", fix="encode rows with videos with pixels='uint8'")
+        fn = video_layout if enc.pixels == "none" else encode_video
+        return fn(value, enc.spec, opts, where=at)
+    except ImageError as e:  # a VideoError, or confine_image's ImageError about the video's path
+        if not isinstance(e, VideoError):
+            e = VideoError(e.detail.replace("image path", "video path"), where=at, expected=e.expected,
+                           found=e.found, fix=e.fix)
+        raise e.locate(column=enc.videos_column) from None
+
+
+def add_videos(enc, ids: np.ndarray, labels: Optional[np.ndarray], videos: list, where: str) -> tuple:
+    """Encode a row's videos and expand their pads (one ``<|video_pad|>`` per video in ``ids``).
+
+    Returns ``(ids, labels, grids int64 [V, 3], second_per_grid_ts float32 [V], uint8 patch
+    blocks [grid_t*gh*gw, 3*T*p*p] per video (none under ``pixels="none"``))``."""
+    fam = enc.family
+    pads = np.flatnonzero(ids == enc.video_token_id) if enc.video_token_id is not None else np.zeros(0, np.int64)
+    if len(pads) != len(videos):
+        raise PlaceholderError(
+            f"the rendered prompt holds {len(pads)} {fam.video_token} token(s) but the row has {len(videos)} video(s)",
+            where=where, column="messages", expected=f"one {fam.video_token} per video", found=f"{len(pads)}",
+            fix=(f"remove literal {fam.video_token} text from the messages" if len(pads) > len(videos)
+                 else "the chat template did not render every video item: move videos to a user turn"))
+    if not videos:
+        return ids, labels, np.zeros((0, 3), np.int64), np.zeros(0, np.float32), []
+    encoded = [_one(enc, i, v, where) for i, v in enumerate(videos)]
+    grids = np.asarray([v.grid for v in encoded], dtype=np.int64)
+    seconds = np.asarray([v.second_per_grid_ts for v in encoded], dtype=np.float32)
+    times_ids = None
+    if fam.video_frames_are_blocks:
+        cache: dict[str, list] = {}
+        tok = enc.tokenizer
+        times_ids = [[cache.setdefault(s, tok(s, add_special_tokens=False)["input_ids"])
+                      for s in map(timestamp_text, v.timestamps)] for v in encoded]
+    ids, labels = expand_video_pads(ids, pads, grids, fam, labels, times_ids=times_ids,
+                                    vision_start_id=enc.vision_start_id, vision_end_id=enc.vision_end_id)
+    blocks = [v.patches for v in encoded if v.patches is not None]
+    return ids, labels, grids, seconds, blocks
+
+
+def video_row_bytes(enc, ds=None) -> int:
+    """Most stored pixel bytes of one row's videos under ``enc``'s options: the most videos any
+    row of ``ds`` holds in ``enc.videos_column`` (0 without that column) x the largest video
+    (frames x per-frame ``max_pixels`` x 3 channels, in the stored format), for the writer
+    buffer bound of `mmpipe.encode_dataset`. 0 for encoders without videos or pixels. Not
+    covered: inline videos (in the messages) and frame lists longer than ``max_frames``."""
+    opts, spec = getattr(enc, "video_opts", None), getattr(enc, "spec", None)
+    column = getattr(enc, "videos_column", None)
+    if opts is None or spec is None or enc.pixels not in ("uint8", "float32") or ds is None \
+            or column not in getattr(ds, "column_names", ()):
+        return 0
+    data = getattr(ds, "data", None)
+    col = data.table.column(column) if hasattr(data, "table") else None
+    if col is None or not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) or not len(col):
+        return 0
+    n_videos = int(list_lengths(col).max())  # Arrow list lengths only: nothing decoded
+    hi = opts.nframes + 1 if opts.nframes is not None else opts.max_frames
+    frames_pixels = max(n * frame_bounds(n, spec, opts)[1] for n in range(2, max(2, hi) + 1, 2))
+    return int(3 * frames_pixels * (4 if enc.pixels == "float32" else 1)) * n_videos

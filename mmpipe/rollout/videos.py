@@ -1,0 +1,156 @@
+"""A stored row's videos as a vLLM prompt takes them (rollout inputs stage).
+
+vLLM (0.32) wants, per video, ONE ``<|video_pad|>`` in the prompt ids (inside the row's own
+``<|vision_start|>``/``<|vision_end|>``) and, in ``multi_modal_data["video"]``, the frames
+(uint8 [n, H, W, 3]) plus, for the families whose text or positions depend on time, metadata
+it hands to the transformers processor (``VideoMetadata`` fields):
+
+- Qwen2-VL: the frames alone.
+- Qwen2.5-VL: ``(frames, metadata)``; the processor computes ``second_per_grid_ts =
+  temporal_patch_size / sampled_fps`` with ``sampled_fps = len(frames_indices) /
+  total_num_frames * fps``. mmpipe gives ``frames_indices = range(n)``, ``total_num_frames = n``
+  and the ``fps`` (searched among neighbouring doubles) for which that division gives back the
+  row's stored ``second_per_grid_ts`` (float32, as a double) exactly where such a double exists
+  (every common frame rate), else to one float64 ulp.
+- Qwen3-VL: ``(frames, metadata)``; vLLM writes ``<{t:.1f} seconds>`` before each frame
+  group itself, ``t`` the mean of the group's ``frames_indices / fps``. The row holds those
+  timestamps as text: they are read back (the tokenizer decodes them), the whole expanded span
+  (timestamps and per-group blocks) becomes the one pad, and ``fps = 10`` with each group's
+  two indices ``= round(10 * t)`` re-creates the same text. The timestamp text must start a
+  token (the processor's layout puts ``<|vision_start|>`` / ``<|vision_end|>`` before each).
+
+The stored frames are already the processor's resize (sides multiples of ``patch * merge``,
+``t * T`` frames), so the prompt carries ``videos_kwargs = {"do_resize": False,
+"do_sample_frames": False}``: the processor keeps them as they are, and vLLM's expanded prompt
+ids and grids equal the row's (checked in tests/rollout/test_video_vllm.py with the engine).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from mmpipe.encoding.placeholders import collapse_placeholders
+from mmpipe.errors import ArgumentError, PlaceholderError
+from mmpipe.families import ModelFamily
+from mmpipe.images.spec import VisionSpec
+from mmpipe.records.row import MultiModalInputs
+from mmpipe.rollout.images import row_video_frames
+
+__all__ = ["vllm_video_prompt", "video_fps_for", "TIMESTAMP_FPS"]
+
+TIMESTAMP_FPS = 10.0  # Qwen3-VL timestamps are printed with one decimal: tenths are exact indices
+VIDEO_KWARGS = {"do_resize": False, "do_sample_frames": False}
+_TIMESTAMP = re.compile(r"^<(\d+(?:\.\d+)?) seconds>$")
+_MAX_TIMESTAMP_TOKENS = 32  # "<123456.7 seconds>" is 18 characters; a byte-level tokenizer: 18 tokens
+
+
+def video_fps_for(second_per_grid_ts: float, temporal_patch_size: int) -> float:
+    """The fps whose ``temporal_patch_size / fps`` is ``second_per_grid_ts`` (as float64)
+    exactly, when a double near ``T / s`` has that property (else the nearest): what the
+    Qwen2.5-VL processor divides to recover the row's ``second_per_grid_ts``."""
+    s, T = float(second_per_grid_ts), float(temporal_patch_size)
+    fps = T / s
+    for cand in (fps, *_neighbours(fps, 4)):
+        if T / cand == s:
+            return float(cand)
+    return float(fps)
+
+
+def _neighbours(x: float, k: int) -> list[float]:
+    out, lo, hi = [], x, x
+    for _ in range(k):
+        lo, hi = np.nextafter(lo, -np.inf), np.nextafter(hi, np.inf)
+        out += [float(lo), float(hi)]
+    return out
+
+
+def vllm_video_prompt(row: MultiModalInputs, spec: VisionSpec, tokenizer: Any = None, *,
+                      index: Any = None) -> tuple[list[int], list, dict]:
+    """``(prompt_token_ids, videos, videos_kwargs)`` for one row holding videos (and maybe images).
+
+    ``prompt_token_ids``: the row's ids with one pad per image and per video; ``videos``: per
+    video, uint8 frames [t*T, gh*p, gw*p, 3] or ``(frames, metadata dict)`` (see the module
+    docstring); ``videos_kwargs``: the per-prompt video processor kwargs. ``tokenizer`` is
+    needed for Qwen3-VL rows (their timestamps are read from the text), else an ArgumentError.
+    """
+    fam = row.fam
+    ids = collapse_placeholders(row.input_ids, row.mm_token_type_ids, row.image_grid_thw, row.video_grid_thw,
+                                family=fam, row=index)
+    frames = row_video_frames(row, spec, index=index)
+    grids = row.video_grid_thw.tolist()
+    if fam.video_frames_are_blocks:
+        ids, stamps = _collapse_timestamps(ids, grids, fam, tokenizer, index)
+        videos = [(f, _timestamp_metadata(ts, spec.temporal_patch_size)) for f, ts in zip(frames, stamps)]
+    elif fam.takes_second_per_grid_ts:
+        videos = [(f, _fps_metadata(len(f), float(s), spec.temporal_patch_size))
+                  for f, s in zip(frames, row.second_per_grid_ts.tolist())]
+    else:
+        videos = list(frames)
+    return [int(t) for t in ids], videos, dict(VIDEO_KWARGS)
+
+
+def _fps_metadata(n: int, second_per_grid_ts: float, T: int) -> dict:
+    fps = video_fps_for(second_per_grid_ts, T)
+    return {"fps": fps, "frames_indices": list(range(n)), "total_num_frames": n, "duration": n / fps,
+            "do_sample_frames": False}
+
+
+def _timestamp_metadata(stamps: list[float], T: int) -> dict:
+    idx = [int(round(t * TIMESTAMP_FPS)) for t in stamps for _ in range(T)]
+    total = max(idx) + 1
+    return {"fps": TIMESTAMP_FPS, "frames_indices": idx, "total_num_frames": total,
+            "duration": total / TIMESTAMP_FPS, "do_sample_frames": False}
+
+
+def _collapse_timestamps(ids: np.ndarray, grids: list, fam: ModelFamily, tokenizer: Any,
+                         index: Any) -> tuple[np.ndarray, list[list[float]]]:
+    """Qwen3-VL collapsed ids (per video ``t`` blocks ``<ts><vs><vp><ve>``) -> one ``<vp>`` per
+    video, and each video's timestamps read from the text."""
+    tok = getattr(tokenizer, "tokenizer", tokenizer)
+    if tok is None or not hasattr(tok, "decode"):
+        raise ArgumentError(
+            f"row {index}: {fam.name} video prompts need the tokenizer to read the frame timestamps from "
+            "the text: pass the processor (to_vllm_prompts(rows, processor))")
+    vt = fam.vision_token_ids(tok)
+    pads = np.flatnonzero(ids == vt["video"]).tolist()
+    out, stamps, cursor, k = [], [], 0, 0
+    for v, (t, _, _) in enumerate(grids):
+        blocks = pads[k:k + t]
+        k += t
+        if len(blocks) != t or any(ids[b - 1] != vt["vision_start"] or ids[b + 1] != vt["vision_end"] for b in blocks):
+            raise PlaceholderError(f"video {v}: expected {t} frame-group blocks <|vision_start|><|video_pad|>"
+                                   "<|vision_end|>", row=index, stage="rollout", column="input_ids",
+                                   fix="re-encode the row")
+        start, first = _timestamp_before(ids, blocks[0] - 1, cursor, tok, index, v)
+        ts = [first]
+        for g in range(1, t):
+            ts.append(_parse_timestamp(ids[blocks[g - 1] + 2:blocks[g] - 1], tok, index, v))
+        out += [ids[cursor:start], np.asarray([vt["video"]], np.int64)]
+        cursor = blocks[-1] + 2
+        stamps.append(ts)
+    out.append(ids[cursor:])
+    return np.concatenate(out), stamps
+
+
+def _timestamp_before(ids: np.ndarray, end: int, floor: int, tok, index, v) -> tuple[int, float]:
+    """The shortest token run ``ids[j:end]`` (``j >= floor``) decoding to ``<x seconds>``."""
+    for j in range(end - 1, max(floor, end - _MAX_TIMESTAMP_TOKENS) - 1, -1):
+        m = _TIMESTAMP.match(tok.decode(ids[j:end].tolist()))
+        if m:
+            return j, float(m.group(1))
+    raise PlaceholderError(f"video {v}: no '<x seconds>' timestamp text before its first frame group",
+                           row=index, stage="rollout", column="input_ids",
+                           fix="encode the row with the Qwen3-VL processor's layout (mmpipe.encode)")
+
+
+def _parse_timestamp(span: np.ndarray, tok, index, v) -> float:
+    text = tok.decode(span.tolist())
+    m = _TIMESTAMP.match(text)
+    if not m:
+        raise PlaceholderError(f"video {v}: expected '<x seconds>' between frame groups, found {text[:40]!r}",
+                               row=index, stage="rollout", column="input_ids", fix="re-encode the row")
+    return float(m.group(1))
+
