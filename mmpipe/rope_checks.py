@@ -30,8 +30,8 @@ def as_tensor(x, device=None) -> torch.Tensor | None:
         return None
     if isinstance(x, torch.Tensor):
         t = x
-    elif isinstance(x, np.ndarray):
-        t = torch.from_numpy(np.ascontiguousarray(x))
+    elif isinstance(x, np.ndarray):  # read-only arrays (Arrow-backed rows): copied, never written through
+        t = torch.from_numpy(np.ascontiguousarray(x) if x.flags.writeable else np.array(x))
     else:
         t = torch.as_tensor(x)
     if device is not None and t.device != device:

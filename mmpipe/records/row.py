@@ -290,12 +290,21 @@ class MultiModalInputs:
         found = self.stored_pixel_digest()
         want = int(np.asarray(stored).reshape(-1)[0]) if not isinstance(stored, int) else stored
         if found is not None and found != want:
-            col = {"uint8": "pixel_values_u8", "source": "image_sources"}.get(self.pixel_format, "pixel_values")
+            col = self._pixel_columns()
             raise PixelDataError(
                 f"the stored pixel data hash to {found & (2**64 - 1):#018x} but the row's pixel_digest says {want & (2**64 - 1):#018x}: "
                 "bytes changed after encoding (disk or copy damage, or an edit)", row=row, column=col,
                 stage="validate", fix="re-encode the row (or restore the file from a good copy)",
             )
+
+    def _pixel_columns(self) -> str:
+        """The stored pixel column(s) the row's digest covers, for error messages."""
+        fmt = self.pixel_format
+        if fmt == "source":
+            return "image_sources"
+        suffix = "_u8" if fmt == "uint8" else ""
+        cols = [f"pixel_values{suffix}"] * bool(self.num_images) + [f"pixel_values_videos{suffix}"] * bool(self.num_videos)
+        return " / ".join(cols) or f"pixel_values{suffix}"
 
     def to_dict(self) -> dict[str, Any]:
         """The row as stored: numpy arrays in the Arrow storage dtypes (see `arrow_schema`).
