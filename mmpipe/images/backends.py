@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mmpipe._fork import torch_fork_safe
 from mmpipe.errors import ArgumentError
 
 BACKENDS = ("pil", "torchvision")
@@ -61,6 +62,7 @@ def resize_u8_torch(img: np.ndarray, height: int, width: int) -> np.ndarray:
 
     if img.shape[:2] == (height, width):
         return img
+    torch_fork_safe()  # a parallel op in a forked map worker deadlocks otherwise (every video frame runs here)
     t = torch.from_numpy(np.require(img, requirements=["C", "W"])).permute(2, 0, 1).contiguous()[None]
     out = F.interpolate(t, size=[height, width], mode="bicubic", align_corners=False, antialias=True)
     return np.ascontiguousarray(out[0].permute(1, 2, 0).numpy())

@@ -81,9 +81,12 @@ def test_the_readme_flow_end_to_end(raw):
     assert_roundtrip([enc[i] for i in range(8)], batch=batch)
 
 
-def test_num_proc_map_after_parallel_torch_in_parent_does_not_hang(tmp_path):
+@pytest.mark.parametrize("media", ["image", "image_torchvision", "video"])
+def test_num_proc_map_after_parallel_torch_in_parent_does_not_hang(tmp_path, media):
     """Regression: forked datasets.map workers deadlocked in their first parallel torch op
-    when the parent had already used torch's thread pool (building a model does)."""
+    when the parent had already used torch's thread pool (building a model does): positions,
+    and the torch resize that every video frame and torchvision-backend image goes through
+    (it ran before the row's positions, so a video row hung its worker)."""
     import subprocess
     import sys
     import textwrap
@@ -95,18 +98,22 @@ def test_num_proc_map_after_parallel_torch_in_parent_does_not_hang(tmp_path):
         torch.set_num_threads(2)
         torch.repeat_interleave(torch.arange(400000), torch.full((400000,), 2))  # warm the pool
         proc = testing.build_processor("qwen2_vl")
-        im = testing.tiny_image(60, 80)
+        media = MEDIA
+        im = testing.tiny_image(60, 80) if media == "image" else testing.tiny_image(250, 330)  # resized: torch works
+        item = "video" if media == "video" else "image"
         ds = datasets.Dataset.from_dict({
-            "messages": [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": str(i)}]}]
+            "messages": [[{"role": "user", "content": [{"type": item}, {"type": "text", "text": str(i)}]}]
                          for i in range(8)],
-            "images": [[im]] * 8})
-        enc = ds.map(mmpipe.encode, fn_kwargs={"processor": proc}, num_proc=2)
-        print("done", len(enc))
-    """)
+            "images": [[im] if item == "image" else [] for _ in range(8)],
+            "videos": [[[im, im, im, im]] if item == "video" else [] for _ in range(8)]})
+        kw = {"image_backend": "torchvision"} if media == "image_torchvision" else {}
+        enc = ds.map(mmpipe.encode, fn_kwargs={"processor": proc, **kw}, num_proc=2)
+        print("done", len(enc), sum(len(g) for g in enc["video_grid_thw"]))
+    """).replace("MEDIA", repr(media))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90,
                          cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "done 8" in out.stdout
+    assert f"done 8 {8 if media == 'video' else 0}" in out.stdout, out.stdout
 
 
 # ---- bounded memory: mmpipe.map_kwargs (issue 18) ------------------------------------------
