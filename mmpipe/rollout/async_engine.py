@@ -216,6 +216,23 @@ class AsyncTransformersEngine(ThreadedEngine):
                          max_batch_rows=max_batch_rows)
 
 
+def final_only(sp: Any) -> Any:
+    """vLLM params whose request yields one output holding all ``n`` completions: a copy with
+    ``output_kind=FINAL_ONLY``. With vLLM's default (CUMULATIVE) an ``n > 1`` request streams
+    each sample's output on its own and the last one carries only the sample that finished
+    last, unless the consumer lagged and outputs were merged: rows came back with fewer
+    completions than ``n`` depending on timing. Objects without ``output_kind`` pass as they are."""
+    if getattr(sp, "output_kind", None) is None:
+        return sp
+    from vllm.sampling_params import RequestOutputKind
+
+    if sp.output_kind == RequestOutputKind.FINAL_ONLY:
+        return sp
+    sp = sp.clone()
+    sp.output_kind = RequestOutputKind.FINAL_ONLY
+    return sp
+
+
 class AsyncVLLMEngine:
     """`AsyncRolloutEngine` over ``vllm.AsyncLLM`` (vLLM imported lazily, only by the default factory).
 
@@ -250,7 +267,7 @@ class AsyncVLLMEngine:
 
         spec = self._sync.spec if self._sync.spec is not None else self._sync.family
         prompts = to_vllm_prompts(as_rows(rows), spec, tokenizer=self._sync.processor)
-        sp = self._sync.sampling_params(params)
+        sp = final_only(self._sync.sampling_params(params))
         return [(p, sp, f"mmpipe-{next(self._ids)}") for p in prompts]
 
     async def _one(self, prompt: dict, sp: Any, request_id: str) -> Any:

@@ -125,3 +125,21 @@ def test_async_engine_on_async_llm(tmp_path_factory):
     assert r["long_call"] == "cancelled" and r["after_cancel"] == 4
     assert r["completions_per_row"] == [2] * 5 and r["max_in_flight"] == 4
     assert r["gap"] <= GAP_MATCHED
+
+
+def test_async_requests_ask_vllm_for_the_final_output_only():
+    """An ``n > 1`` request streamed with vLLM's default (CUMULATIVE) output kind yields each
+    sample's output on its own, so the last output held one completion when the consumer kept
+    up (a row came back with 1 of n=2 completions, depending on timing). The async engine's
+    requests ask for FINAL_ONLY, on a copy: the caller's params are left as they were."""
+    if os.environ.get("MMPIPE_VLLM_UNSUPPORTED"):
+        pytest.skip(f"no vLLM environment on this platform: {os.environ['MMPIPE_VLLM_UNSUPPORTED']}")
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    from mmpipe.rollout.async_engine import final_only
+
+    sp = SamplingParams(n=2, max_tokens=4)
+    got = final_only(sp)
+    assert got.output_kind == RequestOutputKind.FINAL_ONLY and got.n == 2 and got.max_tokens == 4
+    assert sp.output_kind == RequestOutputKind.CUMULATIVE  # not mutated
+    assert final_only(got) is got
