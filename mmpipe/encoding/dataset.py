@@ -34,6 +34,7 @@ from mmpipe.encoding.mapping import DROP_REASON_COLUMN
 from mmpipe.encoding.videos import video_row_bytes
 from mmpipe.errors import ArgumentError
 from mmpipe.families import takes_generic_path
+from mmpipe.records.arrow import most_per_row
 from mmpipe.records.columns import ERROR_COLUMN, ROW_COLUMNS
 from mmpipe.records.row import MultiModalInputs
 
@@ -116,17 +117,7 @@ def row_byte_bound(enc: Encoder, n_images: int) -> int:
 def max_images_per_row(ds, images_column: str = "images") -> int:
     """The most images any row of ``ds`` holds in ``images_column`` (1 when unknown: no
     dataset, no such list column, an IterableDataset). Reads Arrow list lengths only."""
-    data = getattr(ds, "data", None)
-    if data is None or images_column not in getattr(ds, "column_names", ()) or len(ds) == 0:
-        return 1
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    col = data.table.column(images_column) if hasattr(data, "table") else data.column(images_column)
-    if not pa.types.is_list(col.type) and not pa.types.is_large_list(col.type):
-        return 1
-    most = pc.max(pc.list_value_length(col)).as_py()
-    return int(most or 1)
+    return most_per_row(ds, images_column) or 1
 
 
 _ENCODERS: dict[tuple, Encoder] = {}

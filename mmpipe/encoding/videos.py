@@ -24,14 +24,13 @@ import dataclasses
 from typing import Any, Optional
 
 import numpy as np
-import pyarrow as pa
 
 from mmpipe.encoding.media import VIDEO_ITEM_OPTIONS
 from mmpipe.encoding.placeholders import expand_video_pads
 from mmpipe.errors import ArgumentError, ImageError, PlaceholderError, VideoError
 from mmpipe.images.load import confine_image
 from mmpipe.images.video import VideoOptions, encode_video, frame_bounds, video_layout
-from mmpipe.records.arrow import list_lengths
+from mmpipe.records.arrow import most_per_row
 
 __all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes"]
 
@@ -144,14 +143,9 @@ def video_row_bytes(enc, ds=None) -> int:
     covered: inline videos (in the messages) and frame lists longer than ``max_frames``."""
     opts, spec = getattr(enc, "video_opts", None), getattr(enc, "spec", None)
     column = getattr(enc, "videos_column", None)
-    if opts is None or spec is None or enc.pixels not in ("uint8", "float32") or ds is None \
-            or column not in getattr(ds, "column_names", ()):
+    n_videos = most_per_row(ds, column) if column else 0  # Arrow list lengths only: nothing decoded
+    if opts is None or spec is None or enc.pixels not in ("uint8", "float32") or not n_videos:
         return 0
-    data = getattr(ds, "data", None)
-    col = data.table.column(column) if hasattr(data, "table") else None
-    if col is None or not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) or not len(col):
-        return 0
-    n_videos = int(list_lengths(col).max())  # Arrow list lengths only: nothing decoded
     hi = opts.nframes + 1 if opts.nframes is not None else opts.max_frames
     frames_pixels = max(n * frame_bounds(n, spec, opts)[1] for n in range(2, max(2, hi) + 1, 2))
     return int(3 * frames_pixels * (4 if enc.pixels == "float32" else 1)) * n_videos

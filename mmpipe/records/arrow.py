@@ -31,6 +31,20 @@ def list_lengths(column: Union[pa.Array, pa.ChunkedArray]) -> np.ndarray:
     return pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
+def most_per_row(ds, column: str) -> int:
+    """The most items any row of ``ds`` (a ``datasets.Dataset``) holds in list column
+    ``column``, from the Arrow list lengths (nothing decoded); 0 when there is no such list
+    column, no row, or no Arrow table (an IterableDataset, None)."""
+    data = getattr(ds, "data", None)
+    if data is None or column not in getattr(ds, "column_names", ()) or len(ds) == 0:
+        return 0
+    col = data.table.column(column) if hasattr(data, "table") else data.column(column)
+    if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+        return 0
+    lengths = list_lengths(col)
+    return int(lengths.max()) if lengths.size else 0
+
+
 def _values_np(arr: pa.Array) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False)  # zero-copy for primitive values without nulls
 
