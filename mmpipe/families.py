@@ -57,6 +57,14 @@ class ModelFamily:
     processor_classes: tuple[str, ...] = ()
     model_class: str = ""
     mrope_section: tuple[int, int, int] = (16, 24, 24)  # real checkpoints' (t, h, w) split of head_dim / 2
+    # the image resize rule (`mmpipe.images.spec.RESIZE_RULES`): "qwen" (Qwen's smart_resize) or
+    # "glm4v" (GLM-4.1V's: the pixel bounds count temporal_patch_size frames of the image, and a
+    # side below patch * merge is first scaled up)
+    resize_rule: str = "qwen"
+    # how a processor call takes pixel bounds (vLLM's mm_processor_kwargs): "pixels"
+    # ({"min_pixels", "max_pixels"}) or "size" ({"size": {"shortest_edge", "longest_edge"}})
+    processor_bounds: str = "pixels"
+    encodes_videos: bool = True  # False: the encoder refuses video items (VideoError naming the family)
 
     @property
     def is_vision(self) -> bool:
@@ -132,6 +140,13 @@ class ModelFamily:
             return position_ids
         return position_ids[(slice(None),) * axis + (0,)]
 
+    def bounds_kwargs(self, min_pixels: int, max_pixels: int) -> dict:
+        """Pixel bounds in the form the family's processor call takes them (``processor_bounds``):
+        ``{"min_pixels", "max_pixels"}`` or ``{"size": {"shortest_edge", "longest_edge"}}``."""
+        if self.processor_bounds == "size":
+            return {"size": {"shortest_edge": int(min_pixels), "longest_edge": int(max_pixels)}}
+        return {"min_pixels": int(min_pixels), "max_pixels": int(max_pixels)}
+
     def aspect_ok(self, height: int, width: int) -> bool:
         """Whether the image processor accepts an image of this size (aspect-ratio limit)."""
         return max(height, width) / min(height, width) <= self.max_aspect_ratio
@@ -163,12 +178,33 @@ QWEN3_VL = ModelFamily(
     model_class="Qwen3VLForConditionalGeneration",
     mrope_section=(24, 20, 20),
 )
+# GLM-4.1V: Qwen-like patches ([N, 1176], merge 2) and 3-D rope. Its rope is Qwen3-VL's
+# "frames" rule: images as Qwen; each video frame its own block (text after a block starts at
+# start + max(h, w) / merge = block max + 1). Its videos put the timestamp AFTER each frame and
+# reuse <|image|> inside <|begin_of_video|>...: not encoded (encodes_videos=False).
+GLM4V = ModelFamily(
+    name="glm4v",
+    model_types=("glm4v", "glm4v_moe"),
+    rope="mrope_frames",
+    image_token="<|image|>",
+    video_token="<|video|>",
+    vision_start_token="<|begin_of_image|>",
+    vision_end_token="<|end_of_image|>",
+    min_pixels=112 * 112,
+    max_pixels=28 * 28 * 15000,
+    processor_classes=("Glm4vProcessor",),
+    model_class="Glm4vForConditionalGeneration",
+    mrope_section=(8, 12, 12),
+    resize_rule="glm4v",
+    processor_bounds="size",
+    encodes_videos=False,
+)
 TEXT = ModelFamily(
     name="text", model_types=(), rope="1d",
     image_token=None, video_token=None, vision_start_token=None, vision_end_token=None,
 )
 
-FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, TEXT)}
+FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GLM4V, TEXT)}
 VISION_FAMILIES: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if f.is_vision)
 DEFAULT_FAMILY = QWEN2_VL.name
 

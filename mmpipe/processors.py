@@ -79,11 +79,12 @@ def load_processor(spec: Any, *, log: Optional[Callable[[str], None]] = None):
 def _load_testing(spec: str):
     """``testing:FAMILY``: the offline processor of `mmpipe.offline`."""
     from mmpipe.offline import FAMILY_NAMES, build_processor
+    from mmpipe.offline.tokenizer import OWN_BUILDERS
 
-    family = spec[len(TESTING_PREFIX):]
-    if family not in FAMILY_NAMES:
+    family, known = spec[len(TESTING_PREFIX):], (*FAMILY_NAMES, *OWN_BUILDERS)
+    if family not in known:
         raise ProcessorLoadError(f"processor {spec!r}: unknown offline family {family!r}; use one of "
-                                 + ", ".join(TESTING_PREFIX + f for f in FAMILY_NAMES))
+                                 + ", ".join(TESTING_PREFIX + f for f in known))
     return build_processor(family)
 
 

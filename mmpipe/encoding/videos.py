@@ -111,6 +111,13 @@ def add_videos(enc, ids: np.ndarray, labels: Optional[np.ndarray], videos: list,
     Returns ``(ids, labels, grids int64 [V, 3], second_per_grid_ts float32 [V], uint8 patch
     blocks [grid_t*gh*gw, 3*T*p*p] per video (none under ``pixels="none"``))``."""
     fam = enc.family
+    if videos and not fam.encodes_videos:
+        raise VideoError(
+            f"holds {len(videos)} video(s), but mmpipe does not encode {fam.name} videos (its processor lays out "
+            "each frame as an image block followed by its timestamp, inside <|begin_of_video|>...)", where=where,
+            column=enc.videos_column, expected="images only", found=f"{len(videos)} video(s)",
+            fix=f"drop the videos, or pass sampled frames as image items; {fam.name} video rows need the "
+                "processor's own call for now")
     pads = np.flatnonzero(ids == enc.video_token_id) if enc.video_token_id is not None else np.zeros(0, np.int64)
     if len(pads) != len(videos):
         raise PlaceholderError(

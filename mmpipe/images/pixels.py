@@ -11,7 +11,7 @@ from PIL import Image
 from mmpipe.errors import ImageError, PixelDataError
 from mmpipe.images.load import bomb_error, image_hw, load_image, to_rgb_image, unreadable_error, upright
 from mmpipe.images.backends import resize_u8_torch
-from mmpipe.images.spec import VisionSpec, smart_resize
+from mmpipe.images.spec import VisionSpec
 from mmpipe.images.threads import CHUNK_ROWS, parallel_rows
 
 
@@ -30,7 +30,7 @@ def resize_image(img: Image.Image, spec: VisionSpec) -> np.ndarray:
     bicubic instead, as transformers' torchvision backend does (`backends.resize_u8_torch`)."""
     img = upright(img)
     w, h = img.size
-    th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels, max_ratio=spec.max_aspect_ratio)
+    th, tw = spec.target_size(h, w)
     if spec.backend == "torchvision":
         return resize_u8_torch(np.asarray(to_rgb_image(img)), th, tw)
     if img.mode == "L" and img.info.get("transparency") is None:
@@ -185,7 +185,7 @@ def image_grid(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple[i
     """Grid (1, gh, gw) from the image size alone (layout-only path)."""
     h, w = image_hw(value, where=where)
     try:
-        th, tw = smart_resize(h, w, spec.factor, spec.min_pixels, spec.max_pixels, max_ratio=spec.max_aspect_ratio)
+        th, tw = spec.target_size(h, w)
     except ImageError as e:
         e.where = where if e.where == "" else e.where
         raise

@@ -1,5 +1,6 @@
 """`VisionSpec`: a family's image-processor settings (patch, merge, temporal sizes, bounds,
-mean/std, backend) and the per-channel uint8 -> float32 table; `smart_resize`: the Qwen resize rule."""
+mean/std, backend) and the per-channel uint8 -> float32 table; `smart_resize`: the Qwen resize rule,
+`glm4v_smart_resize`: GLM-4.1V's; `VisionSpec.target_size` applies the spec's own rule."""
 
 from __future__ import annotations
 
@@ -35,17 +36,34 @@ class VisionSpec:
     resample: int = 3  # PIL.Image.BICUBIC, the Qwen processors' filter
     max_aspect_ratio: float = ModelFamily.max_aspect_ratio  # the family table's default
     backend: str = "pil"
+    resize_rule: str = "qwen"  # `RESIZE_RULES`: the family's ``ModelFamily.resize_rule``
 
     @property
     def factor(self) -> int:
         return self.patch_size * self.merge_size
+
+    @property
+    def bound_frames(self) -> int:
+        """How many copies of an image the pixel bounds count: 1 (Qwen), ``temporal_patch_size``
+        (GLM-4.1V, whose rule bounds ``t * h * w``). An image of area A fits bounds [lo, hi]
+        unchanged when ``lo <= bound_frames * A <= hi``."""
+        return self.temporal_patch_size if self.resize_rule == "glm4v" else 1
+
+    def target_size(self, height: int, width: int) -> tuple[int, int]:
+        """(H', W') an image of ``height`` x ``width`` is resized to under this spec's bounds and
+        its family's resize rule (`smart_resize` or `glm4v_smart_resize`); ImageError when refused."""
+        if self.resize_rule == "glm4v":
+            return glm4v_smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels,
+                                      temporal_factor=self.temporal_patch_size, max_ratio=self.max_aspect_ratio)
+        return smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels,
+                            max_ratio=self.max_aspect_ratio)
 
     @classmethod
     def from_family(cls, fam: ModelFamily, backend: str = "pil") -> "VisionSpec":
         return cls(
             fam.patch_size, fam.temporal_patch_size, fam.merge_size, fam.min_pixels, fam.max_pixels,
             tuple(fam.image_mean), tuple(fam.image_std), max_aspect_ratio=fam.max_aspect_ratio,
-            backend=resolve_backend(backend),
+            backend=resolve_backend(backend), resize_rule=fam.resize_rule,
         )
 
     @classmethod
@@ -76,6 +94,7 @@ class VisionSpec:
             int(getattr(ip, "resample", None) if getattr(ip, "resample", None) is not None else 3),
             fam.max_aspect_ratio,
             backend,
+            fam.resize_rule,
         )
 
     def for_rows(self, backends: Sequence[Optional[str]]) -> "VisionSpec":
@@ -168,3 +187,32 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
 
+
+
+RESIZE_RULES = ("qwen", "glm4v")  # the values of ModelFamily.resize_rule / VisionSpec.resize_rule
+
+
+def glm4v_smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int, *,
+                       temporal_factor: int = 2, max_ratio: float = ModelFamily.max_aspect_ratio) -> tuple[int, int]:
+    """GLM-4.1V's resize target (transformers ``glm4v`` ``smart_resize`` with an image's
+    ``num_frames = temporal_factor``): a side below ``factor`` first scales the image up (``int``
+    of the scaled sides), then Qwen's rounding, with the bounds applied to ``temporal_factor``
+    frames of the image (``t * h * w``, so an image may hold half the pixels of the bound)."""
+    if min(height, width) <= 0:
+        return smart_resize(height, width, factor, min_pixels, max_pixels, max_ratio=max_ratio)  # its ImageError
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    smart_resize(height, width, factor, max_pixels, max_pixels, max_ratio=max_ratio)  # the aspect check only
+    t = temporal_factor  # an image is num_frames = temporal_factor frames: round(t / t) * t
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if t * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((temporal_factor * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (temporal_factor * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 from typing import TYPE_CHECKING
 
 from mmpipe.compat import is_transformers_5
 from mmpipe.families import DEFAULT_FAMILY, QWEN2_5_VL, QWEN2_VL, QWEN3_VL, get_family
-from mmpipe.offline.tokenizer import build_tokenizer, check_family, special_token_ids
+from mmpipe.offline.tokenizer import OWN_BUILDERS, build_tokenizer, check_family, special_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel
@@ -132,4 +133,6 @@ def build_model(family: str = DEFAULT_FAMILY, seed: int = 0) -> "PreTrainedModel
     The same ``(family, seed)`` gives the same weights; the model is built once and each call
     returns a deep copy, so callers may train or modify it freely.
     """
+    if family in OWN_BUILDERS:  # a family with a builder module of its own (mmpipe.offline.glm4v)
+        return importlib.import_module(OWN_BUILDERS[family]).build_model(seed)
     return copy.deepcopy(_cached_model(check_family(family), int(seed)))

@@ -6,13 +6,14 @@ class (no video processor, so no torchvision needed)."""
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import TYPE_CHECKING
 
 from mmpipe.compat import is_transformers_5
 from mmpipe.errors import ArgumentError
 from mmpipe.families import DEFAULT_FAMILY, get_family
 from mmpipe.offline.chat_templates import chat_template
-from mmpipe.offline.tokenizer import FAMILY_NAMES, build_tokenizer, check_family
+from mmpipe.offline.tokenizer import FAMILY_NAMES, OWN_BUILDERS, build_tokenizer, check_family
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import ProcessorMixin
@@ -136,6 +137,9 @@ def build_processor(
     ``image_grid_thw`` and ``mm_token_type_ids``. A fresh processor (with its own tokenizer
     copy) is returned on every call.
     """
+    if family in OWN_BUILDERS:  # a family with a builder module of its own (mmpipe.offline.glm4v)
+        own = importlib.import_module(OWN_BUILDERS[family])
+        return own.build_processor(min_pixels=min_pixels, max_pixels=max_pixels)
     cls = image_only_processor_class(family)
     return cls(
         image_processor=build_image_processor(family, min_pixels=min_pixels, max_pixels=max_pixels),

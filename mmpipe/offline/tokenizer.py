@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from mmpipe.compat import extra_special_tokens_key, is_transformers_5
 from mmpipe.errors import ArgumentError
-from mmpipe.families import DEFAULT_FAMILY, VISION_FAMILIES
+from mmpipe.families import DEFAULT_FAMILY, GLM4V, VISION_FAMILIES
 from mmpipe.offline.chat_templates import chat_template
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,10 +28,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "FAMILY_NAMES", "SPECIAL_TOKENS", "EXTRA_TOKENS", "MERGE_SETS", "build_tokenizer", "special_token_ids",
-    "check_family",
+    "check_family", "OWN_BUILDERS", "base_tokenizer",
 ]
 
-FAMILY_NAMES = VISION_FAMILIES  # the families the offline builders make (every vision family)
+# Vision families whose offline tokenizer / processor / model come from a module of their own
+# (its build_tokenizer / build_processor / build_model); build_processor and build_model hand over.
+OWN_BUILDERS = {GLM4V.name: "mmpipe.offline.glm4v"}
+# the families the Qwen builders here make (every other vision family)
+FAMILY_NAMES = tuple(f for f in VISION_FAMILIES if f not in OWN_BUILDERS)
 
 # Special tokens in the order of the real Qwen2-VL / Qwen2.5-VL / Qwen3-VL vocabularies
 # (151643 ... 151656 there); here they follow the BPE vocabulary directly.
@@ -189,16 +193,22 @@ def _qwen2_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]]):
     return Qwen2TokenizerFast(tokenizer_object=tk, **kwargs)
 
 
-@functools.lru_cache(maxsize=None)
-def _cached_tokenizer(family: str, merge_set: str = "default"):
-    from tokenizers import AddedToken
-
+def base_tokenizer(merge_set: str = "default"):
+    """A fresh fast tokenizer of the learned byte-level BPE alone (no special tokens, no chat
+    template): what each family's offline tokenizer adds its own special tokens to."""
     vocab, merges = _bpe_vocab_and_merges()
     vocab, merges = dict(vocab), list(merges)
     for a, b in _EXTRA_MERGES[merge_set]:
         vocab.setdefault(a + b, len(vocab))
         merges.append((a, b))
-    tok = _qwen2_tokenizer(vocab, merges)
+    return _qwen2_tokenizer(vocab, merges)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_tokenizer(family: str, merge_set: str = "default"):
+    from tokenizers import AddedToken
+
+    tok = base_tokenizer(merge_set)
     # Add the special tokens in Qwen order so their ids are fixed, then name eos / pad.
     tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS], special_tokens=True)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in EXTRA_TOKENS])

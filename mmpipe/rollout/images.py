@@ -7,6 +7,7 @@ under which re-processing them is the identity (see `mmpipe.rollout.inputs` for 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy as np
 from mmpipe.errors import FamilyMismatchError, ImageError, InputError, PixelDataError
 from mmpipe.families import DEFAULT_FAMILY, ModelFamily, family_of
 from mmpipe.images.pixels import pixel_values_to_u8, unpatchify_u8, video_pixel_values_to_u8
-from mmpipe.images.spec import VisionSpec, smart_resize
+from mmpipe.images.spec import VisionSpec
 from mmpipe.records.row import MultiModalInputs
 
 __all__ = ["vision_spec_for", "row_images", "row_video_frames", "vllm_processor_kwargs"]
@@ -152,24 +153,26 @@ def _video_u8(pixel_values_videos: np.ndarray, spec: VisionSpec, index: Any) -> 
 def vllm_processor_kwargs(grids, spec: VisionSpec, *, index: Any = None, family=DEFAULT_FAMILY) -> dict:
     """``mm_processor_kwargs`` under which the processor re-creates these stored images as-is.
 
-    grids: int [I, 3] image grids of one prompt. Returns ``{"min_pixels", "max_pixels"}``:
-    the spec's bounds widened to contain every stored image's area (so ``smart_resize`` is
-    the identity for each), plus ``"do_resize": False`` when a stored image's aspect ratio
+    grids: int [I, 3] image grids of one prompt. Returns ``{"min_pixels", "max_pixels"}`` (GLM-4.1V:
+    ``{"size": {"shortest_edge", "longest_edge"}}``, `ModelFamily.bounds_kwargs`): the spec's bounds
+    widened to contain every stored image's area (times `VisionSpec.bound_frames`; so the resize
+    rule is the identity for each), plus ``"do_resize": False`` when a stored image's aspect ratio
     exceeds the family's limit (``fam.max_aspect_ratio``, 200: the processor would refuse it;
     the stored image needs no resize anyway). ``family``: the rows' family (name,
     `ModelFamily` or processor).
     """
     fam = family_of(family)
     g = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
-    p, f = spec.patch_size, spec.factor
+    p = spec.patch_size
     hw = [(h * p, w * p) for _, h, w in g.tolist()]
-    areas = [H * W for H, W in hw]
-    kw: dict = {"min_pixels": int(min([spec.min_pixels, *areas])), "max_pixels": int(max([spec.max_pixels, *areas]))}
+    areas = [H * W * spec.bound_frames for H, W in hw]
+    bounded = replace(spec, min_pixels=int(min([spec.min_pixels, *areas])), max_pixels=int(max([spec.max_pixels, *areas])))
+    kw: dict = fam.bounds_kwargs(bounded.min_pixels, bounded.max_pixels)
     for i, (H, W) in enumerate(hw):
         if not fam.aspect_ok(H, W):
             kw["do_resize"] = False
             continue
-        got = smart_resize(H, W, f, kw["min_pixels"], kw["max_pixels"])
+        got = bounded.target_size(H, W)
         if got != (H, W):  # cannot happen for sides that are multiples of the factor; keep the guard
             raise ImageError(
                 "re-processing the stored image would resize it", row=index, image=i, stage="rollout",
