@@ -213,6 +213,94 @@ _PROCESSOR_CLASSES = {cls: f.name for f in FAMILIES.values() for cls in f.proces
 # Model types -> family (a model or a model config).
 _MODEL_TYPES = {t: f.name for f in FAMILIES.values() for t in f.model_types}
 
+
+
+@dataclass(frozen=True)
+class TiledFamily:
+    """Constants of a tiled family (Gemma 3, InternVL, LLaVA-OneVision): the processor resizes
+    each image to fixed-size tiles (uint8 [n, S, S, 3] before its per-pixel normalisation) and
+    replaces the one ``image_token`` the chat template renders per image with a text holding
+    ``feature_token`` once per image feature; positions are 1-D. The image rules (tile count,
+    tiles, the placeholder's text) live in the family's image module ``module``
+    (`mmpipe.images.tiles` says what it exposes); `mmpipe.encoding.tiled` encodes the rows.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    processor_classes: tuple[str, ...]
+    model_class: str
+    image_token: str  # what the chat template renders per image (the processor's ``image_token``)
+    feature_token: str  # the token the model fills with image features
+    module: str  # the image module: tile_count, image_tokens, tiles_u8, expand_placeholder
+    token_type_key: Optional[str] = None  # model input holding 1 at feature tokens (Gemma 3: token_type_ids)
+    # why pack refuses the rows; None: the model takes packed rows (mmpipe.batching.tiled_packing)
+    no_packing: Optional[str] = "packed rows of this tiled family are not implemented"
+    rope: str = "1d"
+    is_vision = True
+
+    def model_positions(self, position_ids, axis: int = 0):
+        """Positions as the model takes them: [L] / [B, L] as given (1-D positions)."""
+        return position_ids
+
+    def accepts(self, family_name: str) -> bool:
+        return family_name == self.name
+
+    def images(self):
+        """The family's image module (imported on first use)."""
+        import importlib
+
+        return importlib.import_module(self.module)
+
+    def token_ids(self, tokenizer) -> dict[str, int]:
+        """``{"image": id of image_token, "feature": id of feature_token}`` in ``tokenizer``."""
+        return {"image": tokenizer.convert_tokens_to_ids(self.image_token),
+                "feature": tokenizer.convert_tokens_to_ids(self.feature_token)}
+
+
+# Gemma 3: each image one 896x896 SigLIP tile (pan-and-scan adds crops, each its own tile and
+# text); bidirectional attention inside each image's feature tokens (token_type_ids), which transformers'
+# packed-rows mask breaks in the sliding-window layers (measured in tests/batching/test_tiled_packing.py).
+GEMMA3 = TiledFamily(
+    name="gemma3", model_types=("gemma3",), processor_classes=("Gemma3Processor",),
+    model_class="Gemma3ForConditionalGeneration", image_token="<start_of_image>", feature_token="<image_soft_token>",
+    module="mmpipe.images.gemma3", token_type_key="token_type_ids",
+    no_packing="Gemma 3 attends both ways inside each image's tokens (token_type_ids), and transformers builds "
+               "that mask wrong for packed rows: its sliding-window layers test the image blocks at each token's "
+               "position within its row instead of its place in the pack, so from the second row on image "
+               "tokens lose attention to later tokens of their image and text tokens see later tokens "
+               "(measured: logits off by up to 0.41 vs each row alone; the global layers are right)")
+# InternVL (transformers format): dynamic tiling + thumbnail, each tile image_seq_length
+# <IMG_CONTEXT> tokens inside <img>...</img>; causal attention, 1-D positions.
+INTERNVL = TiledFamily(
+    name="internvl", model_types=("internvl",), processor_classes=("InternVLProcessor",),
+    model_class="InternVLForConditionalGeneration", image_token="<IMG_CONTEXT>", feature_token="<IMG_CONTEXT>",
+    module="mmpipe.images.internvl",
+    no_packing=None)  # packed rows: 1-D positions restarting per row, no mask -> each row's own logits
+# LLaVA-OneVision: anyres tiles (base + pinpoint grid), unpadded feature count, image_sizes;
+# causal attention, 1-D positions.
+LLAVA_ONEVISION = TiledFamily(
+    name="llava_onevision", model_types=("llava_onevision",), processor_classes=("LlavaOnevisionProcessor",),
+    model_class="LlavaOnevisionForConditionalGeneration", image_token="<image>", feature_token="<image>",
+    module="mmpipe.images.onevision",
+    no_packing=None)  # packed rows: as InternVL (image_sizes per image, pixels per image)
+TILED_FAMILIES: dict[str, TiledFamily] = {f.name: f for f in (GEMMA3, INTERNVL, LLAVA_ONEVISION)}
+_TILED_PROCESSORS = {cls: f for f in TILED_FAMILIES.values() for cls in f.processor_classes}
+_TILED_TYPES = {t: f for f in TILED_FAMILIES.values() for t in f.model_types}
+
+
+def tiled_family_of(obj) -> Optional[TiledFamily]:
+    """The `TiledFamily` of a processor (by class), model or config (by ``model_type``), family
+    name or TiledFamily; None for anything else (no error)."""
+    if isinstance(obj, TiledFamily):
+        return obj
+    if isinstance(obj, str):
+        return TILED_FAMILIES.get(obj)
+    if hasattr(obj, "image_processor"):
+        return _TILED_PROCESSORS.get(processor_class_name(obj))
+    model_type = getattr(getattr(obj, "config", obj), "model_type", None)
+    return _TILED_TYPES.get(model_type) if isinstance(model_type, str) else None
+
+
 # Where a processor of a family without a table row goes instead: mmpipe.encode, encode_row,
 # encode_dataset, collate and Collator take it there by themselves (takes_generic_path).
 GENERIC_PATH = "mmpipe.encoding.generic.GenericEncoder"
@@ -232,10 +320,11 @@ class UnsupportedProcessorError(ArgumentError):
 
 
 def get_family(name: str) -> ModelFamily:
+    """The family named ``name``: a `ModelFamily`, or a `TiledFamily` (`TILED_FAMILIES`)."""
     try:
-        return FAMILIES[name]
+        return FAMILIES[name] if name not in TILED_FAMILIES else TILED_FAMILIES[name]
     except KeyError:
-        raise ArgumentError(f"unknown model family {name!r}; known: {sorted(FAMILIES)}") from None
+        raise ArgumentError(f"unknown model family {name!r}; known: {sorted(FAMILIES) + sorted(TILED_FAMILIES)}") from None
 
 
 def processor_class_name(processor) -> str:
@@ -252,7 +341,7 @@ def processor_class_name(processor) -> str:
 
 
 def _unsupported(kind: str, name: str, detail: str = "") -> UnsupportedProcessorError:
-    known = sorted(_PROCESSOR_CLASSES) if kind == "processor" else sorted(_MODEL_TYPES)
+    known = sorted([*_PROCESSOR_CLASSES, *_TILED_PROCESSORS] if kind == "processor" else [*_MODEL_TYPES, *_TILED_TYPES])
     return UnsupportedProcessorError(
         f"{kind} {name}{detail} is not a model family mmpipe encodes natively (known {kind}s: "
         f"{', '.join(known)}); it takes the generic path {GENERIC_PATH} (the processor's own chat "
@@ -264,15 +353,18 @@ def family_of(obj) -> ModelFamily:
 
     From classes only, never from attributes: a processor by its transformers class
     (`processor_class_name`, looked up in `ModelFamily.processor_classes`), a model or config
-    by ``model_type`` (`ModelFamily.model_types`), a tokenizer alone is a text-only decoder.
+    by ``model_type`` (`ModelFamily.model_types`), a tokenizer alone is a text-only decoder; a
+    `TiledFamily` for the tiled families (`tiled_family_of`).
     Raises `UnsupportedProcessorError` (naming the class and the generic path) for a
     processor with an image processor, or a config with a ``vision_config``, of any other
     family; `ArgumentError` for an unknown family name.
     """
-    if isinstance(obj, ModelFamily):
+    if isinstance(obj, (ModelFamily, TiledFamily)):
         return obj
     if isinstance(obj, str):
         return get_family(obj)
+    if (tiled := tiled_family_of(obj)) is not None:  # a tiled family (TILED_FAMILIES)
+        return tiled
     if hasattr(obj, "image_processor"):
         name = processor_class_name(obj)
         if name in _PROCESSOR_CLASSES:

@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mmpipe.batching.checks import arrow_table, check_finite, check_vision_tokens, checked_records
-from mmpipe.batching.generic import generic_collate, generic_collator, generic_records, refuse_packing
+from mmpipe.batching.tiled import other_path_collate, other_path_collator, refuse_packing
 from mmpipe.encoding.sources import with_pixels
 from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, PixelDataError
@@ -86,9 +86,10 @@ def collate(
     """
     if padding_side not in PADDING_SIDES:
         raise ArgumentError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-    if (generic := generic_records(rows)) is not None:  # rows of the generic path: a GenericBatch
-        return generic_collate(generic, rows, processor=processor, padding_side=padding_side, keep_columns=keep_columns,
-                               pad_token_id=pad_token_id, pad_to_length=pad_to_length, pad_to_multiple_of=pad_to_multiple_of)
+    if (other := other_path_collate(rows, processor=processor, padding_side=padding_side, keep_columns=keep_columns,
+                                    pad_token_id=pad_token_id, pad_to_length=pad_to_length,
+                                    pad_to_multiple_of=pad_to_multiple_of)) is not None:  # tiled / generic rows
+        return other
     table = arrow_table(rows)  # Arrow rows concatenated once, for the records and the kept columns
     if table is not None:
         rows = table
@@ -379,8 +380,8 @@ class Collator:
     def __init__(self, processor=None, *, padding_side: str = "left", pad_to_multiple_of: Optional[int] = None,
                  family: Any = None, pad_token_id: Optional[int] = None, keep_columns: Sequence[str] = (),
                  verify_pixels: bool = False):
-        self.generic = generic_collator(processor, family, pad_token_id, padding_side, pad_to_multiple_of, keep_columns)
-        if self.generic is not None:  # a processor on the generic path (mmpipe.batching.generic)
+        self.generic = other_path_collator(processor, family, pad_token_id, padding_side, pad_to_multiple_of, keep_columns)
+        if self.generic is not None:  # a tiled family's processor, or one on the generic path
             return
         self.family, self.spec, self.pad_token_id = collator_constants("Collator", processor, family, pad_token_id)
         kept_columns([], keep_columns)  # a string is refused here, not at the first batch

@@ -17,11 +17,12 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
-from mmpipe.families import GENERIC_FAMILY, processor_class_name, takes_generic_path
+from mmpipe.families import GENERIC_FAMILY, processor_class_name, takes_generic_path, tiled_family_of
 from mmpipe.records.columns import ERROR_COLUMN
 from mmpipe.records.generic import (
     LAYOUT_COLUMN, GenericBatch, GenericInputs, generic_rows_from_arrow, is_generic_row,
 )
+from mmpipe.records.tiled import TiledBatch
 
 __all__ = ["collate_generic", "unbatch_generic", "generic_collate", "generic_collator", "generic_records",
            "refuse_packing", "GenericCollator"]
@@ -239,7 +240,14 @@ def generic_collator(processor, family, pad_token_id: Optional[int], padding_sid
 def refuse_packing(who: str, obj) -> None:
     """Raise `ArgumentError` when ``obj`` (a processor, or the batch `mmpipe.pack` collated) is
     on the generic path: mmpipe cannot know whether an unlisted model's attention allows packed
-    rows (Gemma 3's bidirectional image attention, cross-attention models)."""
+    rows (Gemma 3's bidirectional image attention, cross-attention models); or is a tiled
+    family's whose row refuses packing (`mmpipe.families.TiledFamily.no_packing` says why)."""
+    tiled = tiled_family_of(obj.family if isinstance(obj, TiledBatch) else obj) if obj is not None else None
+    if tiled is not None:  # a tiled family packs unless its row says why not (mmpipe.batching.tiled_packing)
+        if tiled.no_packing:
+            raise ArgumentError(f"{who}: packing is not available for {tiled.name}: {tiled.no_packing}; use "
+                                f"mmpipe.Collator(processor) for padded batches")
+        return
     if isinstance(obj, GenericBatch):
         cls = obj.processor_class
     elif takes_generic_path(obj):

@@ -44,6 +44,7 @@ from typing import Any, Optional, Sequence
 
 from mmpipe.batching.collate import collate, collator_constants
 from mmpipe.batching.generic import refuse_packing
+from mmpipe.batching.tiled_packing import tiled_pack, tiled_packing_collator, tiled_to_padded, unpack_tiled
 from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import InputError
 from mmpipe.families import get_family
@@ -53,6 +54,7 @@ from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.batching.unbatch import unbatch
 from mmpipe.records.packed import PackedMultiModalInputs
+from mmpipe.records.tiled_packed import TiledPackedInputs
 
 
 def pack(
@@ -76,8 +78,15 @@ def pack(
 
     The steps: collate right-padded, check the budgets and that rows are unpadded
     (`_check_pack`), take the valid tokens end to end (`_packed_positions`, `_packed_labels`).
+    Tiled-family rows (InternVL, LLaVA-OneVision) give a `TiledPackedInputs`
+    (`mmpipe.batching.tiled_packing`; Gemma 3 is refused with the reason).
     """
     import torch
+
+    tiled = tiled_pack(rows, processor=processor, family=family, pad_token_id=pad_token_id, max_tokens=max_tokens,
+                       max_images=max_images)
+    if tiled is not None:
+        return tiled
 
     b = collate(rows, processor=processor, spec=spec, family=family, padding_side="right", pad_token_id=pad_token_id,
                 vision_tokens=vision_tokens)
@@ -152,8 +161,12 @@ def _packed_labels(b: BatchedMultiModalInputs, valid, starts):
 
 
 def to_padded(packed: PackedMultiModalInputs, padding_side: str = "right") -> BatchedMultiModalInputs:
-    """The same rows as a padded `BatchedMultiModalInputs` (what `mmpipe.collate` would build)."""
+    """The same rows as a padded `BatchedMultiModalInputs` (what `mmpipe.collate` would build);
+    a `TiledPackedInputs` gives a `TiledBatch`."""
     import torch
+
+    if isinstance(packed, TiledPackedInputs):
+        return tiled_to_padded(packed, padding_side)
 
     m = packed.meta
     lengths = m.seq_lengths
@@ -185,6 +198,8 @@ def to_padded(packed: PackedMultiModalInputs, padding_side: str = "right") -> Ba
 
 def unpack(packed: PackedMultiModalInputs) -> list[MultiModalInputs]:
     """The packed rows back, exactly: ``unpack(pack(rows)) == rows``."""
+    if isinstance(packed, TiledPackedInputs):
+        return unpack_tiled(packed)
     return unbatch(to_padded(packed))
 
 
@@ -198,6 +213,10 @@ class PackingCollator:
 
     def __init__(self, processor=None, *, max_tokens: Optional[int] = None, max_images: Optional[int] = None,
                  family: Any = None, pad_token_id: Optional[int] = None):
+        # a tiled family's processor: its own collator (mmpipe.batching.tiled_packing), or its refusal
+        self.tiled = tiled_packing_collator(processor, family, pad_token_id, max_tokens, max_images)
+        if self.tiled is not None:
+            return
         self.family, self.spec, self.pad_token_id = collator_constants(
             "PackingCollator", processor, family, pad_token_id)
         self.max_tokens = max_tokens
@@ -205,5 +224,7 @@ class PackingCollator:
         self.vision_tokens = None if processor is None else VisionTokens.from_processor(processor, family=self.family)
 
     def __call__(self, rows: Sequence[Any]) -> PackedMultiModalInputs:
+        if self.tiled is not None:
+            return self.tiled(rows)
         return pack(rows, spec=self.spec, family=self.family, pad_token_id=self.pad_token_id,
                     max_tokens=self.max_tokens, max_images=self.max_images, vision_tokens=self.vision_tokens)

@@ -272,10 +272,12 @@ def token_counts(dataset) -> tuple[np.ndarray, np.ndarray]:
             found=f"columns {sorted(names)}",
             fix="encode first, e.g. layout-only: ds.map(mmpipe.encode, fn_kwargs={'processor': p, 'pixels': 'none'})",
         )
-    cols = [c for c in ("input_ids", "image_grid_thw") if c in names]
+    # images: one image_grid_thw entry (Qwen / GLM) or one tiles_per_image entry (tiled families) each
+    cols = [c for c in ("input_ids", "image_grid_thw", "tiles_per_image") if c in names]
     table = dataset.select_columns(cols).with_format("arrow")[:]  # honours select/shuffle indices
     lengths = list_lengths(table.column("input_ids"))
-    num_images = list_lengths(table.column("image_grid_thw")) if "image_grid_thw" in cols else np.zeros_like(lengths)
+    image_col = next((c for c in cols[1:]), None)
+    num_images = list_lengths(table.column(image_col)) if image_col is not None else np.zeros_like(lengths)
     return lengths, num_images
 
 

@@ -20,12 +20,14 @@ from __future__ import annotations
 import numpy as np
 
 from mmpipe.batching.generic import unbatch_generic
+from mmpipe.batching.tiled import unbatch_tiled
 from mmpipe.errors import InputError, PixelDataError
 from mmpipe.images.pixels import pixel_values_to_u8, video_pixel_values_to_u8
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.columns import to_numpy
 from mmpipe.records.generic import GenericBatch
+from mmpipe.records.tiled import TiledBatch
 
 def _arrays(batch: BatchedMultiModalInputs) -> dict:
     """The batch's fields as numpy arrays (None where absent)."""
@@ -45,9 +47,12 @@ def _arrays(batch: BatchedMultiModalInputs) -> dict:
 
 def unbatch(batch: BatchedMultiModalInputs) -> list[MultiModalInputs]:
     """Split a batch back into its rows: ``unbatch(collate(rows)) == rows`` (a generic-path
-    `GenericBatch` into `GenericInputs`, `mmpipe.batching.generic.unbatch_generic`)."""
+    `GenericBatch` into `GenericInputs`, `mmpipe.batching.generic.unbatch_generic`; a tiled
+    family's `TiledBatch` into `TiledInputs`, `mmpipe.batching.tiled.unbatch_tiled`)."""
     if isinstance(batch, GenericBatch):
         return unbatch_generic(batch)
+    if isinstance(batch, TiledBatch):
+        return unbatch_tiled(batch)
     a = _arrays(batch)
     check_batch(batch, a)
     ids, att, mm, pos, deltas, lengths = a["ids"], a["att"], a["mm"], a["pos"], a["deltas"], a["lengths"]

@@ -15,6 +15,8 @@ module                 step
 ``processor_rows``     `rows_from_processor_output` (processor-built rows, videos), `compact`
 ``generic``            `GenericEncoder`: any other VLM processor through its own template
                        and call (the generic path; `encode` takes it there by itself)
+``tiled``              `TiledEncoder`: the tiled families (Gemma 3, InternVL, LLaVA-OneVision)
+                       natively: placeholder texts, one tokenizer call, uint8 tiles or layout-only
 =====================  ==================================================================
 """
 

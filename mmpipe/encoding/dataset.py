@@ -30,10 +30,11 @@ from typing import Optional, Sequence
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.fingerprint import StampedFunction
 from mmpipe.encoding.generic import GenericEncoder
+from mmpipe.encoding.tiled import TiledEncoder
 from mmpipe.encoding.mapping import DROP_REASON_COLUMN
 from mmpipe.encoding.videos import video_row_bytes
 from mmpipe.errors import ArgumentError
-from mmpipe.families import takes_generic_path
+from mmpipe.families import takes_generic_path, tiled_family_of
 from mmpipe.records.arrow import most_per_row
 from mmpipe.records.columns import ERROR_COLUMN, ROW_COLUMNS
 from mmpipe.records.row import MultiModalInputs
@@ -93,6 +94,8 @@ def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optiona
         raise ArgumentError(f"buffer_bytes must be positive, got {buffer_bytes!r}")
     if takes_generic_path(processor):  # the processor's own outputs: pixels / max_pixels do not apply
         enc = GenericEncoder(processor, images_column=images_column)
+    elif tiled_family_of(processor) is not None:  # fixed-size tiles: max_pixels does not apply
+        enc = TiledEncoder(processor, pixels=pixels if pixels in ("uint8", "none") else None, images_column=images_column)
     else:
         enc = Encoder(processor, pixels=pixels, max_pixels=max_pixels, images_column=images_column,
                       videos_column=videos_column, video_options=video_options)
@@ -105,7 +108,7 @@ def row_byte_bound(enc: Encoder, n_images: int) -> int:
     """Most bytes one encoded row of ``enc`` with ``n_images`` images can hold: each image at
     the encoder's ``max_pixels`` in its stored pixel format, plus the token arrays' allowance
     (a `GenericEncoder`: its processor's outputs for one 2048x2048 image)."""
-    if isinstance(enc, GenericEncoder):
+    if isinstance(enc, (GenericEncoder, TiledEncoder)):
         return _TEXT_ROW_BYTES + enc.image_bytes() * max(1, n_images)
     per_image = 0
     if enc.spec is not None:  # a vision family
@@ -127,6 +130,8 @@ def make_encoder(processor, **options):
     """`Encoder` for a processor of a family in the table (or a tokenizer); `GenericEncoder`
     for a vision-language processor of any other family (`mmpipe.families.takes_generic_path`:
     its own chat template and call; it logs one line saying so)."""
+    if tiled_family_of(processor) is not None:  # Gemma 3, InternVL, LLaVA-OneVision (mmpipe.encoding.tiled)
+        return TiledEncoder(processor, **options)
     return GenericEncoder(processor, **options) if takes_generic_path(processor) else Encoder(processor, **options)
 
 
@@ -155,7 +160,8 @@ encode = StampedFunction(_encode, "encode")
 
 def encode_row(example: dict, processor, idx=None, **options) -> MultiModalInputs:
     """One raw row -> a `MultiModalInputs` (the typed record, not the stored dict); a
-    `mmpipe.records.generic.GenericInputs` for a processor on the generic path."""
+    `mmpipe.records.generic.GenericInputs` for a processor on the generic path, a
+    `mmpipe.records.tiled.TiledInputs` for a tiled family's (`mmpipe.families.TILED_FAMILIES`)."""
     return make_encoder(processor, **options).encode_row(example, idx)
 
 

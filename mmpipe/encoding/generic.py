@@ -27,7 +27,7 @@ from mmpipe.encoding.mapping import EncodeStats, RowDropped, map_call
 from mmpipe.encoding.options import ERROR_POLICIES, check_choice
 from mmpipe.encoding.parse import parse_row, parse_tools, row_where
 from mmpipe.errors import ArgumentError, InputError, TruncationError
-from mmpipe.families import GENERIC_FAMILY, UnsupportedProcessorError, family_of, processor_class_name
+from mmpipe.families import GENERIC_FAMILY, UnsupportedProcessorError, family_of, processor_class_name, tiled_family_of
 from mmpipe.images.load import load_image, to_rgb_image, upright
 from mmpipe.records.columns import IGNORE_INDEX, to_numpy
 from mmpipe.records.generic import GenericInputs, GenericLayout
@@ -96,7 +96,7 @@ class GenericEncoder(CodeStamped):
         except UnsupportedProcessorError:
             fam = None
         cls = processor_class_name(processor)
-        if fam is not None:
+        if fam is not None and tiled_family_of(fam) is None:  # a tiled family may still take it explicitly
             raise ArgumentError(f"processor {cls} is mmpipe's native family {fam.name!r}; "
                                 f"encode it with mmpipe.encoding.Encoder (the generic path gives 1-D positions)")
         for name in refused:

@@ -19,6 +19,9 @@ module             records
 ``conversation``   `Conversation`: one multi-turn agent conversation so far
 ``trajectory``     agent loop: `ToolCall`, `AgentTurn`, `Trajectory` (policy row + per-turn logprobs)
 ``rema``           ReMA `Episode`, `RoleEncoding`, `ReMABatch`
+``generic``        `GenericInputs`, `GenericBatch`: the generic path's rows and batches
+``tiled``          `TiledInputs`, `TiledBatch`: the tiled families' rows (uint8 tiles) and batches
+``tiled_packed``   `TiledPackedInputs`: tiled-family rows packed into one ``[1, T]`` sequence
 ``reward``         VLM-judge records (`JudgeResult`, `StepScore`, ...)
 ``display_hooks``  where `mmpipe.view` registers the records' Jupyter/text renderers
 =================  ===============================================================
@@ -32,6 +35,8 @@ from mmpipe.records.generation import AsyncRolloutEngine, Completion, Generation
 from mmpipe.records.packed import PackedMultiModalInputs
 from mmpipe.records.rema import Episode, ReMABatch, RoleEncoding
 from mmpipe.records.rollout import RolloutSample
+from mmpipe.records.tiled import TiledBatch, TiledInputs
+from mmpipe.records.tiled_packed import TiledPackedInputs
 from mmpipe.records.trajectory import AgentTurn, ToolCall, Trajectory
 from mmpipe.records.row import MultiModalInputs
 
@@ -39,4 +44,5 @@ __all__ = [
     "IGNORE_INDEX", "PIXEL_FORMATS", "BatchedMultiModalInputs", "Completion", "Conversation", "Episode",
     "Generation", "MultiModalInputs", "PackedMultiModalInputs", "ReMABatch", "RoleEncoding", "RolloutEngine",
     "RolloutSample", "SamplingParams", "AsyncRolloutEngine", "list_lengths", "rows_from_arrow", "AgentTurn", "ToolCall", "Trajectory",
+    "TiledBatch", "TiledInputs", "TiledPackedInputs",
 ]

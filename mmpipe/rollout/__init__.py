@@ -3,6 +3,7 @@
 Steps, in the order data flows (one module each)::
 
     inputs.py               rows / batch -> vLLM prompts (one pad per image / video) or ``generate`` kwargs
+    tiled.py                the tiled families' rows (Gemma 3) -> vLLM prompts (one <start_of_image> + the tile)
     images.py               a stored row's images rebuilt for the engine + vLLM's mm_processor_kwargs
     videos.py               a stored row's videos as vLLM takes them (frames + metadata, one pad each)
     data_parallel.py        pad a batch to a multiple of the data-parallel size, trim outputs back

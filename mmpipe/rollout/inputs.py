@@ -37,6 +37,7 @@ from mmpipe.errors import ArgumentError, PixelDataError
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.rollout.images import row_images, vision_spec_for, vllm_processor_kwargs
+from mmpipe.rollout.tiled import is_tiled_input, tiled_vllm_prompts
 from mmpipe.rollout.videos import vllm_video_prompt
 from mmpipe.encoding.placeholders import collapse_placeholders
 
@@ -73,6 +74,8 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None) ->
 
     processor_or_spec: the processor the rows were encoded with, or its `VisionSpec`
     (None: the family's defaults; only patch size and normalisation matter here).
+    Tiled-family rows (Gemma 3, `mmpipe.records.tiled.TiledInputs`) go to
+    `mmpipe.rollout.tiled.tiled_vllm_prompts` (the processor is required there).
 
     Rows with videos also get one ``<|video_pad|>`` per video (inside the row's own
     ``<|vision_start|>``/``<|vision_end|>``), ``multi_modal_data["video"]``: per video the
@@ -82,6 +85,8 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None) ->
     ``mm_processor_kwargs["videos_kwargs"] = {"do_resize": False, "do_sample_frames": False}``
     (`mmpipe.rollout.videos`).
     """
+    if is_tiled_input(rows_or_batch):  # Gemma 3 and the other tiled families (mmpipe.rollout.tiled)
+        return tiled_vllm_prompts(rows_or_batch, processor_or_spec)
     rows = as_rows(rows_or_batch)
     prompts = []
     for i, r in enumerate(rows):

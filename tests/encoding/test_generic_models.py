@@ -1,5 +1,6 @@
-"""The generic path end to end on three real model classes (issue 20.1): Idefics3 (row keys,
-ragged tiles), LLaVA 1.5 (CLIP) and Gemma 3 (SigLIP, token_type_ids) - encode -> dataset.map ->
+"""The generic path end to end on real model classes (issue 20.1): Idefics3 (row keys, ragged
+tiles), LLaVA 1.5 (CLIP) and Gemma 3 (SigLIP, token_type_ids; a tiled family since issue 20.2, its
+generic rows made by GenericEncoder explicitly) - encode -> dataset.map ->
 Arrow rows -> Collator -> model, with 0..3 images per row: batched logits == per-row logits,
 left and right padding; Gemma 3's bidirectional image attention survives collate."""
 
@@ -19,7 +20,7 @@ from helpers import generic_chat_rows as chat_rows
 COUNTS = [2, 0, 3, 1]  # images per row
 
 
-@pytest.fixture(scope="module", params=MODELS)
+@pytest.fixture(scope="module", params=[m for m in MODELS if mmpipe.families.takes_generic_path(build_foreign_processor(m))])
 def stored(request):
     """(name, processor, model, stored rows as an encoded datasets.Dataset)."""
     name = request.param
@@ -77,8 +78,9 @@ def test_gemma3_bidirectional_image_attention_survives_collate(side):
     """token_type_ids make Gemma 3 attend both ways inside each image's soft tokens; the
     batched mask at each row's real tokens equals the row's own mask (and is not causal)."""
     proc, model = build_foreign_processor("gemma3"), build_foreign_model("gemma3")
-    rows = [mmpipe.encode_row(r, proc) for r in chat_rows(COUNTS)]
-    batch = mmpipe.Collator(proc, padding_side=side)(rows)
+    enc = mmpipe.encoding.generic.GenericEncoder(proc, log=lambda _: None)  # a tiled family, taken explicitly
+    rows = [enc.encode_row(r) for r in chat_rows(COUNTS)]
+    batch = mmpipe.collate(rows, processor=proc, padding_side=side)
     assert "token_type_ids" in batch.sequence
     batched = _masks(model, batch.model_inputs())
     L = batch.input_ids.shape[1]

@@ -1,0 +1,252 @@
+"""Collate and unbatch for the tiled families (`mmpipe.families.TiledFamily`): `TiledInputs`
+rows <-> one padded `TiledBatch`, the compact uint8 tiles expanded here to the processor's
+float32 ``pixel_values`` (`mmpipe.images.tiles.normalise_tiles`, bit-exact).
+
+`mmpipe.collate` and `mmpipe.Collator` come here by themselves for tiled rows or processors
+(`other_path_collate` / `other_path_collator`, which also route the generic path's rows and
+processors to `mmpipe.batching.generic`)::
+
+    >>> batch = mmpipe.Collator(processor)(rows)              # doctest: +SKIP
+    >>> model(**batch.model_inputs()).logits                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from mmpipe.batching.checks import arrow_table
+from mmpipe.batching.generic import generic_collate, generic_collator, generic_records, pad_id, refuse_packing
+from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
+from mmpipe.families import get_family, tiled_family_of
+from mmpipe.images.tiles import effective_image_processor, normalise_table, normalise_tiles
+from mmpipe.records.columns import ERROR_COLUMN, IGNORE_INDEX
+from mmpipe.records.tiled import TiledBatch, TiledInputs, is_tiled_row, tiled_rows_from_arrow
+
+__all__ = ["collate_tiled", "unbatch_tiled", "tiled_records", "TiledCollator", "other_path_collate",
+           "other_path_collator", "processor_table", "refuse_packing"]
+
+
+def processor_table(processor) -> np.ndarray:
+    """float32 [3, 256]: the pixel table of ``processor``'s image processor as its call uses it."""
+    return normalise_table(effective_image_processor(processor))
+
+
+def _length(lengths: np.ndarray, pad_to_length: Optional[int], pad_to_multiple_of: Optional[int]) -> int:
+    L = int(lengths.max())
+    if pad_to_length is not None:
+        if pad_to_length < L:
+            raise InputError(f"row {int(lengths.argmax())} has {L} tokens, more than pad_to_length={pad_to_length}",
+                             row=int(lengths.argmax()), column="input_ids", stage="collate",
+                             fix="compute pad_to_length from these rows")
+        L = pad_to_length
+    return -(-L // pad_to_multiple_of) * pad_to_multiple_of if pad_to_multiple_of else L
+
+
+def _pixels(rows: list[TiledInputs], table: Optional[np.ndarray], fam) -> tuple:
+    """(uint8 tiles [N, S, S, 3], float32 pixel_values in the family's layout), or (None, None)
+    for layout-only rows."""
+    with_pixels = [r.has_pixels for r in rows]
+    if not any(with_pixels):
+        return None, None
+    if not all(with_pixels):
+        i = with_pixels.index(False)
+        raise InputError("a layout-only row (no pixels) in a batch of rows with pixels", row=i,
+                         column="pixel_values_u8", stage="collate", fix="encode every row with the same pixels= option")
+    shapes = {r.pixel_values_u8.shape[1:] for r in rows if r.num_images}
+    if len(shapes) > 1:
+        raise InputError(f"tiles of different sizes in one batch: {sorted(shapes)}", row=0, column="pixel_values_u8",
+                         stage="collate", fix="encode every row with the same processor")
+    u8 = np.concatenate([r.pixel_values_u8 for r in rows])
+    if not len(u8):
+        return u8, np.zeros((0, 3, *u8.shape[1:3]), np.float32)
+    if table is None:
+        raise ArgumentError("collating tiled rows with pixels needs the processor (its normalisation): "
+                            "mmpipe.collate(rows, processor=processor) or mmpipe.Collator(processor)")
+    pv = normalise_tiles(u8, table)
+    reshape = getattr(fam.images(), "batch_pixel_values", None)
+    tiles = np.concatenate([r.tiles_per_image for r in rows])
+    return u8, (reshape(pv, tiles) if reshape is not None else pv)
+
+
+def collate_tiled(rows: list[TiledInputs], *, table: Optional[np.ndarray] = None, pad_token_id: int = 0,
+                  padding_side: str = "right", pad_to_length: Optional[int] = None,
+                  pad_to_multiple_of: Optional[int] = None) -> TiledBatch:
+    """`TiledInputs` rows of one family -> a padded `TiledBatch` (see its doc for the shapes).
+
+    ``table``: float32 [3, 256] (`processor_table`), needed when the rows hold pixels. Positions
+    are ``0..n-1`` over each row's own tokens (pads 0), so either padding side gives the rows'
+    own positions; token types pad with 0, labels with -100.
+    """
+    if not rows:
+        raise ArgumentError("collate_tiled needs at least one row")
+    if padding_side not in ("left", "right"):
+        raise ArgumentError(f"padding_side must be 'left' or 'right', found {padding_side!r}")
+    fam = get_family(rows[0].family)
+    for i, r in enumerate(rows):
+        if not fam.accepts(r.family):
+            raise FamilyMismatchError("rows of different model families in one batch", row=i, column="family",
+                                      expected=repr(rows[0].family), found=repr(r.family),
+                                      fix="batch rows encoded by one processor")
+    lengths = np.array([len(r) for r in rows], np.int64)
+    B, L = len(rows), _length(lengths, pad_to_length, pad_to_multiple_of)
+
+    def pad(get, fill):
+        out = np.full((B, L), fill, np.int64)
+        for b, r in enumerate(rows):
+            out[b, slice(0, lengths[b]) if padding_side == "right" else slice(L - lengths[b], L)] = get(r)
+        return out
+
+    u8, pv = _pixels(rows, table, fam)
+    image_hw = np.concatenate([r.image_hw for r in rows]).astype(np.int64).reshape(-1, 2)
+    extra = getattr(fam.images(), "extra_inputs", None)
+    with_labels = any(r.labels is not None for r in rows)
+    return TiledBatch(
+        family=fam.name, input_ids=pad(lambda r: r.input_ids, pad_token_id),
+        attention_mask=pad(lambda r: r.attention_mask, 0), position_ids=pad(lambda r: r.position_ids, 0),
+        mm_token_type_ids=pad(lambda r: r.mm_token_type_ids, 0), padding_side=padding_side, lengths=lengths,
+        image_hw=image_hw, tiles_per_image=np.concatenate([r.tiles_per_image for r in rows]).astype(np.int64),
+        images_per_row=np.array([r.num_images for r in rows], np.int64), pixel_values_u8=u8, pixel_values=pv,
+        extras=dict(extra(image_hw)) if extra is not None and len(image_hw) else {},
+        labels=pad(lambda r: r.labels if r.labels is not None else np.full(len(r), IGNORE_INDEX), IGNORE_INDEX)
+        if with_labels else None)
+
+
+def unbatch_tiled(batch: TiledBatch) -> list[TiledInputs]:
+    """`TiledBatch` -> its rows, exactly as collated (``unbatch_tiled(collate_tiled(rows))``
+    equals ``rows``; a row collated without labels comes back with all -100 labels only when
+    another row of the batch had labels)."""
+    rows, img, tile = [], 0, 0
+    L = batch.input_ids.shape[1]
+    for b, n in enumerate(batch.lengths):
+        cols = slice(0, n) if batch.padding_side == "right" else slice(L - n, L)
+        k = int(batch.images_per_row[b])
+        tiles = batch.tiles_per_image[img:img + k]
+        t = int(tiles.sum())
+        rows.append(TiledInputs(
+            family=batch.family, input_ids=batch.input_ids[b, cols], attention_mask=batch.attention_mask[b, cols],
+            mm_token_type_ids=batch.mm_token_type_ids[b, cols], image_hw=batch.image_hw[img:img + k],
+            tiles_per_image=tiles, labels=batch.labels[b, cols] if batch.labels is not None else None,
+            pixel_values_u8=batch.pixel_values_u8[tile:tile + t] if batch.pixel_values_u8 is not None else None))
+        img, tile = img + k, tile + t
+    return rows
+
+
+# ---- the dispatch from mmpipe.collate / mmpipe.Collator ----------------------------------------
+def tiled_records(rows: Any) -> Optional[list[TiledInputs]]:
+    """``rows`` as `TiledInputs` when they are a tiled family's (records, stored dicts or Arrow),
+    else None. A batch mixing them with other rows, or holding a row that failed under
+    ``on_error="skip"``, raises `InputError`."""
+    table = arrow_table(rows)
+    if table is not None:
+        if "family" not in table.column_names or not table.num_rows:
+            return None
+        flags = [is_tiled_row({"family": f}) for f in table.column("family").to_pylist()]
+        errors = table.column(ERROR_COLUMN).to_pylist() if ERROR_COLUMN in table.column_names else [None] * len(flags)
+    else:
+        if not len(rows):
+            return None
+        flags = [is_tiled_row(r) for r in rows]
+        errors = [r.get(ERROR_COLUMN) if isinstance(r, dict) else None for r in rows]
+    if not any(flags):
+        return None
+    for i, (flag, err) in enumerate(zip(flags, errors)):
+        if err:
+            raise InputError(f"this row failed to encode ({err})", row=i, stage="collate", column=ERROR_COLUMN,
+                             fix="filter failed rows first: ds, errors = mmpipe.drop_failed(ds), or use "
+                                 "mmpipe.encode_dataset")
+        if not flag:
+            raise InputError("a row of another family in a batch of tiled-family rows", row=i, column="family",
+                             stage="collate", fix="encode every row of the dataset with one processor")
+    if table is not None:
+        return tiled_rows_from_arrow(table)
+    return [r if isinstance(r, TiledInputs) else TiledInputs.from_dict(r, i) for i, r in enumerate(rows)]
+
+
+def _kept(rows: Any, names: Sequence[str]) -> Optional[dict]:
+    if isinstance(names, str):
+        raise ArgumentError(f"keep_columns must be a list of column names, got the string {names!r}")
+    if not names:
+        return None
+    table = arrow_table(rows)
+    source = table.to_pylist() if table is not None else rows
+    for n in names:
+        for i, r in enumerate(source):
+            if not hasattr(r, "keys") or n not in r:
+                raise InputError(f"has no column {n!r} to keep", row=i, column=n, stage="collate",
+                                 fix="keep the column when encoding, or drop it from keep_columns")
+    return {n: [r[n] for r in source] for n in names}
+
+
+class TiledCollator:
+    """`mmpipe.Collator` for a tiled family's processor: picklable, holds the family name, the
+    pixel table float32 [3, 256] and the pad id only."""
+
+    def __init__(self, family: str, table: np.ndarray, pad_token_id: int, *, padding_side: str = "left",
+                 pad_to_multiple_of: Optional[int] = None, keep_columns: Sequence[str] = ()):
+        _kept([], keep_columns)  # a string is refused here, not at the first batch
+        self.family, self.table, self.pad_token_id = family, table, pad_token_id
+        self.padding_side, self.pad_to_multiple_of, self.keep_columns = padding_side, pad_to_multiple_of, tuple(keep_columns)
+
+    def __call__(self, rows: Sequence[Any]) -> TiledBatch:
+        records = tiled_records(rows)
+        if records is None and (generic := generic_records(rows)) is not None:  # GenericEncoder taken explicitly
+            return generic_collate(generic, rows, padding_side=self.padding_side, pad_token_id=self.pad_token_id,
+                                   pad_to_multiple_of=self.pad_to_multiple_of, keep_columns=self.keep_columns)
+        if records is None:
+            raise FamilyMismatchError(f"rows not encoded for {self.family!r}", row=0, column="family",
+                                      expected=repr(self.family), found="rows of another family",
+                                      fix="encode the dataset with this processor (mmpipe.encode)")
+        _check_family(records, self.family)
+        batch = collate_tiled(records, table=self.table, pad_token_id=self.pad_token_id, padding_side=self.padding_side,
+                              pad_to_multiple_of=self.pad_to_multiple_of)
+        batch.columns = _kept(rows, self.keep_columns)
+        return batch
+
+
+def _check_family(records: list[TiledInputs], family: str) -> None:
+    for i, r in enumerate(records):
+        if not get_family(family).accepts(r.family):
+            raise FamilyMismatchError(f"encoded for model family {r.family!r} but this batch is for {family!r}",
+                                      row=i, column="family", expected=repr(family), found=repr(r.family),
+                                      fix="re-encode the dataset with this model's processor")
+
+
+def other_path_collate(rows: Any, *, processor=None, padding_side: str, keep_columns: Sequence[str] = (),
+                       pad_token_id: Optional[int] = None, pad_to_length: Optional[int] = None,
+                       pad_to_multiple_of: Optional[int] = None):
+    """`mmpipe.collate` for rows that are not a table family's: a `TiledBatch` for tiled rows, a
+    `GenericBatch` for the generic path's; None for native (Qwen / text) rows."""
+    if (generic := generic_records(rows)) is not None:
+        return generic_collate(generic, rows, processor=processor, padding_side=padding_side, keep_columns=keep_columns,
+                               pad_token_id=pad_token_id, pad_to_length=pad_to_length, pad_to_multiple_of=pad_to_multiple_of)
+    records = tiled_records(rows)
+    if records is None:
+        return None
+    table = None
+    if processor is not None:
+        fam = tiled_family_of(processor)
+        if fam is None:
+            raise FamilyMismatchError(f"rows of {records[0].family!r} collated with another family's processor", row=0,
+                                      column="family", expected=repr(records[0].family), found=type(processor).__name__,
+                                      fix="collate with the processor that encoded the rows")
+        _check_family(records, fam.name)
+        table = processor_table(processor) if any(r.has_pixels and r.num_images for r in records) else None
+    batch = collate_tiled(records, table=table, pad_token_id=pad_id(processor, pad_token_id), padding_side=padding_side,
+                          pad_to_length=pad_to_length, pad_to_multiple_of=pad_to_multiple_of)
+    batch.columns = _kept(rows, keep_columns)
+    return batch
+
+
+def other_path_collator(processor, family, pad_token_id: Optional[int], padding_side: str,
+                        pad_to_multiple_of: Optional[int], keep_columns: Sequence[str]):
+    """`mmpipe.Collator`'s twin for a tiled family's processor (`TiledCollator`) or one on the
+    generic path (`GenericCollator`); None for a table family's."""
+    fam = tiled_family_of(family if family is not None else processor)
+    if fam is None:
+        return generic_collator(processor, family, pad_token_id, padding_side, pad_to_multiple_of, keep_columns)
+    if processor is None:
+        raise ArgumentError(f"Collator for {fam.name!r} needs the processor (its pixel normalisation)")
+    return TiledCollator(fam.name, processor_table(processor), pad_id(processor, pad_token_id),
+                         padding_side=padding_side, pad_to_multiple_of=pad_to_multiple_of, keep_columns=keep_columns)

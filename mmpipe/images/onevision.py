@@ -1,0 +1,205 @@
+"""LLaVA-OneVision (`LlavaOnevisionProcessor` + `LlavaOnevisionImageProcessorPil`): anyres
+tiling, ``image_sizes`` and the unpadded token count, from the image's size alone.
+
+Each image gets anyres tiling: the base tile (the whole image bicubic-resized to ``S x S``),
+then the image resized into the best grid pinpoint keeping its aspect ratio (``ceil``),
+zero-padded to the pinpoint (centred, the odd pixel at the bottom/right) and cut into ``S x S``
+patches row-major. Every tile is then rescaled and normalised per value and channel:
+``pixel_values`` float32 ``[n_images, max_tiles, 3, S, S]`` is a per-pixel function of the
+uint8 tiles `tiles_u8` returns (the processor pads the tile axis with float 0.0 up to the
+batch's most tiles, `batch_pixel_values`; the model slices them off by ``image_sizes``). Each
+``<image>`` becomes ``<image>`` x `image_tokens`.
+
+Multi-image rows: called with a FLAT image list (as vLLM and mmpipe's generic path call it),
+the processor tiles every image so (``batch_num_images`` all 1) - the default here. Called with
+one image LIST per prompt, it gives each image of a row holding several (``images_in_row !=
+1``) one tile instead (padded to a square of the mean colour ``int(mean * 255)``, resized to
+``S x S``; base tokens + one newline) and the model needs ``batch_num_images``: pass
+``images_in_row`` for that rule::
+
+    >>> tile_count(600, 800, processor)                     # doctest: +SKIP  (stock settings)
+    7
+    >>> image_tokens(600, 800, processor, processor)        # doctest: +SKIP
+    4725
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from PIL import Image
+
+from mmpipe.images.tiles import effective_image_processor
+
+__all__ = ["settings", "best_resolution", "tile_count", "image_tokens", "tiles_u8", "placeholder_text",
+           "expand_placeholder", "max_tiles", "extra_inputs", "batch_pixel_values", "image_sizes", "batch_num_images"]
+
+
+def settings(image_processor) -> dict:
+    """``{"tile": (S_h, S_w), "patch": int, "pinpoints": tuple, "resample": int, "fill":
+    (r, g, b)}`` of an image processor whose attributes are the call's settings
+    (`mmpipe.images.tiles.effective_image_processor`), or of a processor (its effective one)."""
+    if hasattr(image_processor, "image_processor"):
+        image_processor = effective_image_processor(image_processor)
+    ip = image_processor
+    size, crop = ip.size, getattr(ip, "crop_size", None)
+    tile = (size.height, size.width) if size.height and size.width else (size.shortest_edge, size.shortest_edge)
+    patch = crop.height if crop is not None and crop.height else tile[0]
+    return {"tile": (int(tile[0]), int(tile[1])), "patch": int(patch),
+            "pinpoints": tuple((int(h), int(w)) for h, w in ip.image_grid_pinpoints), "resample": int(ip.resample),
+            "fill": tuple(int(x * 255) for x in ip.image_mean)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _best(height: int, width: int, pinpoints: tuple) -> tuple[int, int]:
+    # transformers' select_best_resolution: most effective pixels, then least waste
+    best, most, least = None, 0, float("inf")
+    for h, w in pinpoints:
+        scale = min(w / width, h / height)
+        effective = min(int(width * scale) * int(height * scale), width * height)
+        wasted = w * h - effective
+        if effective > most or (effective == most and wasted < least):
+            best, most, least = (h, w), effective, wasted
+    return best
+
+
+def best_resolution(height: int, width: int, image_processor) -> tuple[int, int]:
+    """(height, width) of the grid pinpoint a single ``height x width`` image is tiled into."""
+    return _best(int(height), int(width), settings(image_processor)["pinpoints"])
+
+
+def tile_count(height: int, width: int, image_processor, images_in_row: int = 1) -> int:
+    """Tiles of one image: base + patches of its pinpoint (a row with one image), else 1."""
+    if images_in_row != 1:
+        return 1
+    bh, bw = best_resolution(height, width, image_processor)
+    p = settings(image_processor)["patch"]
+    return 1 + math.ceil(bh / p) * math.ceil(bw / p)
+
+
+def max_tiles(image_processor) -> int:
+    """The most tiles one image can have: the base tile + the largest pinpoint's patches."""
+    s = settings(image_processor)
+    return 1 + max(math.ceil(h / s["patch"]) * math.ceil(w / s["patch"]) for h, w in s["pinpoints"])
+
+
+def _unpadded(height: int, width: int, side: int, scale_h: int, scale_w: int, max_patches: int) -> tuple[int, int]:
+    # the processor's _get_unpadded_features: (features, newline features) of the patch grid
+    cur_h, cur_w = side * scale_h, side * scale_w
+    if width / height > cur_w / cur_h:
+        new_h = int(round(height * (cur_w / width), 7))
+        cur_h -= (cur_h - new_h) // 2 * 2
+    else:
+        new_w = int(round(width * (cur_h / height), 7))
+        cur_w -= (cur_w - new_w) // 2 * 2
+    ratio = math.sqrt(cur_h * cur_w / (max_patches * side**2))
+    if ratio > 1.1:
+        return int(cur_h // ratio) * int(cur_w // ratio), int(cur_h // ratio)
+    return cur_h * cur_w, cur_h
+
+
+def image_tokens(height: int, width: int, image_processor, processor, images_in_row: int = 1) -> int:
+    """LLM tokens one ``<image>`` expands to. One image in the row: base tokens + the unpadded
+    patch grid's tokens + one newline per grid row (grids beyond ``anyres_max_N`` shrunk as the
+    model interpolates them); several: base tokens + one newline. Minus one each with the
+    ``"default"`` feature strategy (CLS dropped)."""
+    base = int(processor.num_image_tokens)
+    if images_in_row != 1:
+        n = base + 1
+    else:
+        s = settings(image_processor)
+        bh, bw = best_resolution(height, width, image_processor)
+        side = int(math.sqrt(base))
+        max_patches = int(processor.vision_aspect_ratio.strip("anyres_max_"))
+        feats, newlines = _unpadded(int(height), int(width), side, bh // s["tile"][0], bw // s["tile"][1], max_patches)
+        n = feats + newlines + base
+    return n - 1 if processor.vision_feature_select_strategy == "default" else n
+
+
+def placeholder_text(height: int, width: int, processor, image_processor=None, images_in_row: int = 1) -> str:
+    """Exactly the text `LlavaOnevisionProcessor` puts in place of one ``<image>``
+    (``image_processor``: default the processor's effective one)."""
+    ip = processor if image_processor is None else image_processor
+    return processor.image_token * image_tokens(height, width, ip, processor, images_in_row)
+
+
+def _resize(image: Image.Image, h: int, w: int, resample: int) -> np.ndarray:
+    return np.asarray(image if image.size == (w, h) else image.resize((w, h), resample=resample))
+
+
+def _square(image: Image.Image, fill: tuple) -> Image.Image:
+    # the processor's pad_to_square: centred on a square of the mean colour
+    w, h = image.size
+    if w == h:
+        return image
+    side = max(w, h)
+    out = Image.new("RGB", (side, side), fill)
+    out.paste(image, (0, (side - h) // 2) if w > h else ((side - w) // 2, 0))
+    return out
+
+
+def tiles_u8(image: Image.Image, image_processor, images_in_row: int = 1) -> np.ndarray:
+    """uint8 ``[n, S_h, S_w, 3]``: the tiles the processor normalises, in its order (base tile,
+    then the anyres patches row-major; one padded-square tile when ``images_in_row != 1``).
+    ``image``: PIL RGB (the processor's RGB conversion already applied)."""
+    s = settings(image_processor)
+    (th, tw), p, resample = s["tile"], s["patch"], s["resample"]
+    if images_in_row != 1:
+        return _resize(_square(image, s["fill"]), th, tw, resample)[None]
+    height, width = image.height, image.width
+    bh, bw = _best(height, width, s["pinpoints"])
+    # the processor's get_patch_output_size: fit inside the pinpoint, keep the aspect ratio
+    if bw / width < bh / height:
+        nh, nw = min(math.ceil(height * (bw / width)), bh), bw
+    else:
+        nh, nw = bh, min(math.ceil(width * (bh / height)), bw)
+    canvas = np.zeros((bh, bw, 3), np.uint8)
+    top, left = (bh - nh) // 2, (bw - nw) // 2
+    canvas[top:top + nh, left:left + nw] = _resize(image, nh, nw, resample)
+    tiles = [_resize(image, th, tw, resample)]
+    for i in range(0, bh, p):
+        for j in range(0, bw, p):
+            patch = canvas[i:i + p, j:j + p]
+            if patch.shape[:2] != (th, tw):  # a pinpoint not a multiple of the patch: resized as the processor does
+                patch = _resize(Image.fromarray(np.ascontiguousarray(patch)), th, tw, resample)
+            tiles.append(patch)
+    return np.stack(tiles)
+
+
+def image_sizes(sizes) -> np.ndarray:
+    """int64 ``[n_images, 2]``: each image's ORIGINAL (height, width), the model input that
+    tells the model each image's tile grid and unpadding (``sizes``: (h, w) pairs)."""
+    return np.asarray([(int(h), int(w)) for h, w in sizes], dtype=np.int64).reshape(-1, 2)
+
+
+def extra_inputs(image_hw) -> dict:
+    """The model inputs besides ``pixel_values`` of a row's images (``image_hw``: int64 [I, 2]
+    original (height, width)): ``{"image_sizes": int64 [I, 2]}``."""
+    return {"image_sizes": image_sizes(np.asarray(image_hw).reshape(-1, 2))}
+
+
+def batch_pixel_values(pixel_values: np.ndarray, tiles_per_image) -> np.ndarray:
+    """The processor's layout of a batch's pixels: float32 [N, 3, S, S] (every image's tiles,
+    concatenated) -> float32 [I, max tiles, 3, S, S], each image's tiles first and float 0.0
+    after them (the model slices them off by ``image_sizes``)."""
+    counts = [int(n) for n in tiles_per_image]
+    out = np.zeros((len(counts), max(counts, default=0), *pixel_values.shape[1:]), pixel_values.dtype)
+    start = 0
+    for i, n in enumerate(counts):
+        out[i, :n] = pixel_values[start:start + n]
+        start += n
+    return out
+
+
+def batch_num_images(images_per_row) -> np.ndarray:
+    """int64 ``[rows with images]``: the model's ``batch_num_images`` (rows without images are
+    left out, as the processor does); it decides which images were tiled (rows with exactly
+    one)."""
+    return np.asarray([int(n) for n in images_per_row if n], dtype=np.int64)
+
+
+# The interface name (`mmpipe.images.tiles`); the placeholder mechanics themselves (finding the
+# placeholders, splicing the text) are written once, in mmpipe.encoding.tiled.
+expand_placeholder = placeholder_text

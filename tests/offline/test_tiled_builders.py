@@ -1,0 +1,32 @@
+"""mmpipe.offline.tiled: the Gemma 3 processor and tiny model built offline match each other
+(soft tokens per image, token ids), the real-settings processor has the checkpoints' tile and
+token count, and the model runs on the processor's own outputs."""
+
+from __future__ import annotations
+
+import torch
+
+from mmpipe.families import GEMMA3, family_of
+from mmpipe.offline import tiny_image
+from mmpipe.offline.tiled import GEMMA3_REAL_TILE, GEMMA3_REAL_TOKENS, build_gemma3_model, build_gemma3_processor
+
+
+def test_processor_and_model_match():
+    proc, model = build_gemma3_processor(), build_gemma3_model()
+    assert family_of(proc) is GEMMA3 and family_of(model) is GEMMA3
+    tok = proc.tokenizer
+    assert model.config.mm_tokens_per_image == proc.image_seq_length == 4
+    assert model.config.image_token_id == tok.convert_tokens_to_ids(GEMMA3.feature_token)
+    assert model.config.boi_token_id == tok.convert_tokens_to_ids(GEMMA3.image_token)
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}]
+    text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    with torch.no_grad():
+        out = model(**proc(text=[text], images=[tiny_image(40, 56)], return_tensors="pt"))
+    assert torch.isfinite(out.logits).all()
+
+
+def test_real_settings():
+    proc = build_gemma3_processor(real=True)
+    assert proc.image_seq_length == GEMMA3_REAL_TOKENS and proc.full_image_sequence.count("<image_soft_token>") == 256
+    size = proc.image_processor.size
+    assert (size.height, size.width) == (GEMMA3_REAL_TILE, GEMMA3_REAL_TILE)
