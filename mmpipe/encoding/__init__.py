@@ -10,6 +10,8 @@ module                 step
 ``encoder``            `Encoder`: render, tokenize, labels, images, expand, truncate, positions
 ``mapping``            the ``datasets.map`` protocol: batches, drops, ``on_error="skip"``,
                        image prefetch across a batch
+``layout_batch``       the batched layout-only path (``pixels="none"``): batched renders, one
+                       tokenizer call, pads expanded and M-RoPE over the whole batch
 ``dataset``            `encode` (the map function), `encode_row`, `encode_dataset`,
                        `EncodeReport`, `drop_failed`, `undecoded_images`
 ``processor_rows``     `rows_from_processor_output` (processor-built rows, videos), `compact`

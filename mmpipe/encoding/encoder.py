@@ -149,7 +149,7 @@ class Encoder(CodeStamped):
 
     def fresh_runtime_state(self) -> None:
         self.stats = EncodeStats()
-        self._checked_tool_fields: set = set()  # "tool_calls" / "tools" once checked (see _warn_ignored_tools)
+        self._checked_tool_fields: set = set()  # "tool_calls" / "tools" once checked (see warn_ignored_tools)
         self.__dict__.pop("_lut_cache", None)
 
     # -- datasets.map entry point ----------------------------------------------------
@@ -258,7 +258,7 @@ class Encoder(CodeStamped):
         if agp is None:
             agp = messages[-1]["role"] != "assistant"
         text = self.render(messages, agp, tools)
-        self._warn_ignored_tools(messages, agp, tools, text)
+        self.warn_ignored_tools(messages, agp, tools, text)
         check_text(text, where=where, column="messages", what="the rendered prompt")  # tool calls, tools
         spans = self._assistant_spans(messages, text, where, tools, agp) if self.labels else []
         # memory (a 10 MB row): long texts are tokenized in verified pieces (encoding/tokenize.py)
@@ -273,7 +273,7 @@ class Encoder(CodeStamped):
                 labels[sel] = ids[sel]
         return ids, labels
 
-    def _warn_ignored_tools(self, messages: list[dict], agp: bool, tools: Optional[list], text: str) -> None:
+    def warn_ignored_tools(self, messages: list[dict], agp: bool, tools: Optional[list], text: str) -> None:
         """Log once per encoder when the chat template renders a row's ``tool_calls`` or
         ``tools`` as nothing (Qwen2-VL's / Qwen2.5-VL's processor templates ignore both, so the
         model would be trained on conversations without them)."""

@@ -9,6 +9,9 @@ or a batch (dict of lists) -> output columns.
   encoded rows).
 - A batch's images are decoded ahead on the image threads (`prefetch_images`), a bounded
   window of rows at a time; results, errors and their order equal encoding row by row.
+- A ``pixels="none"`` batch of an M-RoPE family takes the batched layout path
+  (`mmpipe.encoding.layout_batch`); the rows it leaves (bad, long, with videos) are encoded
+  row by row and merged back in order: the same columns, values and errors either way.
 
 The functions take the encoder as their first argument (any object with the `Encoder`
 attributes: ``stats``, ``mark_dropped``, ``on_error``, ``encode_row`` ...).
@@ -25,6 +28,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from mmpipe.encoding.layout_batch import encode_layout, takes_layout_batch
 from mmpipe.encoding.parse import UnreadableImages, parse_row, row_where
 from mmpipe.errors import InputError, TruncationError
 from mmpipe.images.threads import thread_pool
@@ -166,21 +170,52 @@ def _map_batch(enc, batch: dict, idx) -> dict:
     examples = _batch_examples(batch)
     n = len(examples)
     rows_idx = [idx[i] if isinstance(idx, (list, tuple, range)) else None for i in range(n)]
-    out_rows, kept = [], []
-    for i, images in enumerate(prefetch_images(enc, examples, rows_idx)):
-        row, _ = encode_or_drop(enc, examples[i], rows_idx[i], images)
-        if row is not None:
-            out_rows.append(row)
-            kept.append(i)
+    if takes_layout_batch(enc):
+        out, kept = _layout_batch(enc, examples, rows_idx)
+    else:
+        out_rows, kept = [], []
+        for i, images in enumerate(prefetch_images(enc, examples, rows_idx)):
+            row, _ = encode_or_drop(enc, examples[i], rows_idx[i], images)
+            if row is not None:
+                out_rows.append(row)
+                kept.append(i)
+        out = _columns_of(enc, out_rows)
+    if len(kept) != n:
+        _shorten_inputs(batch, out, kept)
+    return out
+
+
+def _columns_of(enc, out_rows: list) -> dict:
+    """Output rows (dicts) -> the batch's output columns (those of an empty row when none is left)."""
     if out_rows:
         keys = list(out_rows[0])
     else:
         keys = list(empty_row_dict(enc)) + ([DROP_REASON_COLUMN] if enc.mark_dropped else []) \
             + ([ERROR_COLUMN] if enc.on_error == "skip" else [])
-    out = {k: [r[k] for r in out_rows] for k in keys}
-    if len(kept) != n:
-        _shorten_inputs(batch, out, kept)
-    return out
+    return {k: [r[k] for r in out_rows] for k in keys}
+
+
+def _layout_batch(enc, examples: list[dict], rows_idx: list) -> tuple[dict, list]:
+    """`mmpipe.encoding.layout_batch` over the batch; the rows it leaves go through `encode_or_drop`,
+    merged in batch order (same columns, values and errors as encoding row by row)."""
+    columns, fast = encode_layout(enc, examples, rows_idx)
+    marks = ([DROP_REASON_COLUMN] if enc.mark_dropped else []) + ([ERROR_COLUMN] if enc.on_error == "skip" else [])
+    cols = dict(columns, **{k: [""] * len(fast) for k in marks})
+    if fast and len(fast) == len(examples):
+        return cols, list(range(len(examples)))
+    good = dict(zip(fast, range(len(fast))))
+    picks, kept = [], []  # per kept row: its index in cols, or its own dict
+    for i in range(len(examples)):
+        row = good.get(i)
+        if row is None:
+            row, _ = encode_or_drop(enc, examples[i], rows_idx[i])
+        if row is not None:
+            picks.append(row)
+            kept.append(i)
+    if not fast:
+        return _columns_of(enc, picks), kept
+    keys = list(cols) if isinstance(picks[0], int) else list(picks[0])
+    return {k: [cols[k][p] if isinstance(p, int) else p[k] for p in picks] for k in keys}, kept
 
 
 def _batch_examples(batch) -> list[dict]:
