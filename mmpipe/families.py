@@ -236,6 +236,8 @@ class TiledFamily:
     # why pack refuses the rows; None: the model takes packed rows (mmpipe.batching.tiled_packing)
     no_packing: Optional[str] = "packed rows of this tiled family are not implemented"
     rope: str = "1d"
+    vllm_processor_kwargs: tuple[str, ...] = ()  # image options vLLM's processor takes (mm_processor_kwargs)
+    vllm_tile_prompts: bool = False  # a stored one-tile image re-creates its vLLM prompt (size-free text)
     is_vision = True
 
     def model_positions(self, position_ids, axis: int = 0):
@@ -263,7 +265,9 @@ class TiledFamily:
 GEMMA3 = TiledFamily(
     name="gemma3", model_types=("gemma3",), processor_classes=("Gemma3Processor",),
     model_class="Gemma3ForConditionalGeneration", image_token="<start_of_image>", feature_token="<image_soft_token>",
-    module="mmpipe.images.gemma3", token_type_key="token_type_ids",
+    module="mmpipe.images.gemma3", token_type_key="token_type_ids", vllm_tile_prompts=True,
+    vllm_processor_kwargs=("do_pan_and_scan", "pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops",
+                           "pan_and_scan_min_ratio_to_activate"),
     no_packing="Gemma 3 attends both ways inside each image's tokens (token_type_ids), and transformers builds "
                "that mask wrong for packed rows: its sliding-window layers test the image blocks at each token's "
                "position within its row instead of its place in the pack, so from the second row on image "
@@ -274,10 +278,8 @@ GEMMA3 = TiledFamily(
 INTERNVL = TiledFamily(
     name="internvl", model_types=("internvl",), processor_classes=("InternVLProcessor",),
     model_class="InternVLForConditionalGeneration", image_token="<IMG_CONTEXT>", feature_token="<IMG_CONTEXT>",
-    module="mmpipe.images.internvl",
-    no_packing=None)  # packed rows: 1-D positions restarting per row, no mask -> each row's own logits
-# LLaVA-OneVision: anyres tiles (base + pinpoint grid), unpadded feature count, image_sizes;
-# causal attention, 1-D positions.
+    module="mmpipe.images.internvl", no_packing=None)  # packed rows: 1-D positions restarting per row, no mask
+# LLaVA-OneVision: anyres tiles (base + pinpoint grid), unpadded feature count, image_sizes; causal, 1-D positions.
 LLAVA_ONEVISION = TiledFamily(
     name="llava_onevision", model_types=("llava_onevision",), processor_classes=("LlavaOnevisionProcessor",),
     model_class="LlavaOnevisionForConditionalGeneration", image_token="<image>", feature_token="<image>",

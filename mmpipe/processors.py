@@ -5,6 +5,7 @@ One loader for every place that takes a processor by name (``mmpipe encode --pro
 
     load_processor("/models/Qwen2.5-VL-3B-Instruct")   # AutoProcessor, local files only
     load_processor("testing:qwen3_vl")                  # the offline processors of mmpipe.offline
+    load_processor("testing:gemma3")                    # ... also internvl, llava_onevision
     load_processor(lambda: build_my_processor())        # a zero-argument factory, called here
     load_processor(processor)                           # a processor / tokenizer, returned as is
 
@@ -26,6 +27,10 @@ from mmpipe.errors import ArgumentError
 from mmpipe.families import DEFAULT_FAMILY
 
 TESTING_PREFIX = "testing:"
+# the tiled families' offline processors: family -> (module, builder); small 32x32 tiles
+TILED_TESTING = {"gemma3": ("mmpipe.offline.tiled", "build_gemma3_processor"),
+                 "internvl": ("mmpipe.offline.tiled2", "build_tiled2_processor"),
+                 "llava_onevision": ("mmpipe.offline.tiled2", "build_tiled2_processor")}
 
 
 class ProcessorLoadError(ArgumentError):
@@ -77,14 +82,21 @@ def load_processor(spec: Any, *, log: Optional[Callable[[str], None]] = None):
 
 
 def _load_testing(spec: str):
-    """``testing:FAMILY``: the offline processor of `mmpipe.offline`."""
+    """``testing:FAMILY``: the offline processor of `mmpipe.offline` (the tiled families':
+    `mmpipe.offline.tiled.build_gemma3_processor`, `mmpipe.offline.tiled2.build_tiled2_processor`)."""
     from mmpipe.offline import FAMILY_NAMES, build_processor
     from mmpipe.offline.tokenizer import OWN_BUILDERS
 
-    family, known = spec[len(TESTING_PREFIX):], (*FAMILY_NAMES, *OWN_BUILDERS)
+    family, known = spec[len(TESTING_PREFIX):], (*FAMILY_NAMES, *OWN_BUILDERS, *TILED_TESTING)
     if family not in known:
         raise ProcessorLoadError(f"processor {spec!r}: unknown offline family {family!r}; use one of "
                                  + ", ".join(TESTING_PREFIX + f for f in known))
+    if family in TILED_TESTING:
+        import importlib
+
+        module, name = TILED_TESTING[family]
+        builder = getattr(importlib.import_module(module), name)
+        return builder() if name == "build_gemma3_processor" else builder(family)
     return build_processor(family)
 
 
@@ -104,6 +116,15 @@ def _load_cached_hub_name(spec: str):
         f"(or a model checkpoint), or {TESTING_PREFIX}{DEFAULT_FAMILY} for the offline test processor")
 
 
+def _tiled_image_only(cls_name: Optional[str]) -> Optional[str]:
+    """The tiled family whose offline image-only processor class (``ImageOnly`` + its stock
+    class, `mmpipe.offline.generic`) saved these files, else None."""
+    from mmpipe.families import TILED_FAMILIES
+
+    return next((name for name, fam in TILED_FAMILIES.items() if name in TILED_TESTING and cls_name in
+                 {"ImageOnly" + c for c in fam.processor_classes}), None)
+
+
 def _load_directory(spec: str, path: Path, log: Callable[[str], None]):
     """A processor directory: AutoProcessor, or the image-only offline class of its family
     when that is what was saved or AutoProcessor cannot build the stock class here."""
@@ -118,6 +139,9 @@ def _load_directory(spec: str, path: Path, log: Callable[[str], None]):
     family = image_only_family(cls_name)
     if family is not None and cls_name == image_only_class_name(family):
         return _image_only(family, path)
+    tiled = _tiled_image_only(cls_name)
+    if tiled is not None:  # saved from testing:internvl / testing:llava_onevision (image-only subclasses)
+        return type(_load_testing(TESTING_PREFIX + tiled)).from_pretrained(str(path), local_files_only=True)
     try:
         proc = AutoProcessor.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # noqa: BLE001

@@ -296,3 +296,43 @@ def encode_mixed(layout, proc, **kw) -> list:
     answer = kw.pop("answer", True)
     return [mmpipe.encode_row(r, proc, idx=i, video_options=VIDEO_BOUNDS, **kw)
             for i, r in enumerate(mixed_media_raws(layout, answer=answer))]
+
+
+def photo_paths() -> list[str]:
+    """The sample photos (`testing.sample_photos`) as their files (JPEG and PNG), sorted by name."""
+    import matplotlib
+
+    root = Path(matplotlib.get_data_path()) / "sample_data"
+    return sorted(str(p) for p in root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+
+
+def exif_rotated_jpeg(h: int = 40, w: int = 90, orientation: int = 6) -> bytes:
+    """A JPEG stored ``w`` x ``h`` whose EXIF orientation turns it upright (6: 90 degrees)."""
+    import io
+
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    out = io.BytesIO()
+    testing.tiny_image(h, w, seed=5).save(out, "JPEG", exif=exif, quality=90)
+    return out.getvalue()
+
+
+def odd_images() -> list:
+    """Odd sizes and modes, each in a form rows take: 1x1 PNG as ``{"bytes"}``, 1x300 PNG bytes,
+    RGBA PIL, P PIL with a transparent index, L PIL, EXIF-rotated JPEGs (``{"bytes"}``, bytes)."""
+    import io
+
+    from PIL import Image
+
+    def png(img):
+        out = io.BytesIO()
+        img.save(out, "PNG")
+        return out.getvalue()
+
+    pal = testing.tiny_image(50, 31, seed=2).convert("P", palette=Image.ADAPTIVE, colors=16)
+    pal.info["transparency"] = 3
+    return [{"bytes": png(testing.tiny_image(1, 1, seed=1)), "path": None}, png(testing.tiny_image(1, 300, seed=2)),
+            testing.tiny_image(90, 70, seed=3, mode="RGBA"), pal, testing.tiny_image(64, 130, seed=4, mode="L"),
+            {"bytes": exif_rotated_jpeg(), "path": None}, exif_rotated_jpeg(33, 97, orientation=8)]

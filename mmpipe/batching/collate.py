@@ -25,7 +25,7 @@ from mmpipe.batching.tiled import other_path_collate, other_path_collator, refus
 from mmpipe.encoding.sources import with_pixels
 from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, PixelDataError
-from mmpipe.families import ModelFamily, family_of, get_family
+from mmpipe.families import ModelFamily, family_of, get_family, tiled_family_of
 from mmpipe.images.spec import VisionSpec
 from mmpipe.images.pixels import u8_to_pixel_values, u8_video_to_pixel_values
 from mmpipe.records.columns import IGNORE_INDEX, offsets
@@ -361,11 +361,12 @@ def collator_constants(who: str, processor, family, pad_token_id) -> tuple[Model
     ``pad_token_id`` override; one of ``processor`` / ``family`` is required."""
     if processor is None and family is None:
         raise ArgumentError(f"{who} needs a processor (or family=...) to know the model family; got neither")
+    if tiled_family_of(family if family is not None else processor) is not None:  # no VisionSpec: tiles, not grids
+        raise ArgumentError(f"{who} takes the Qwen-VL and text families, not {tiled_family_of(family or processor).name}"
+                            " rows: batch them with mmpipe.Collator(processor) (TiledBatch.model_inputs())")
     refuse_packing(who, processor)  # Collator takes the generic path before; PackingCollator cannot
     fam = family_of(family if family is not None else processor)
-    if pad_token_id is None:
-        return fam, _vision_spec(fam, processor), _pad_token_id(processor)
-    return fam, _vision_spec(fam, processor), int(pad_token_id)
+    return fam, _vision_spec(fam, processor), _pad_token_id(processor) if pad_token_id is None else int(pad_token_id)
 
 
 class Collator:

@@ -1,6 +1,8 @@
 """Collate and unbatch for the tiled families (`mmpipe.families.TiledFamily`): `TiledInputs`
 rows <-> one padded `TiledBatch`, the compact uint8 tiles expanded here to the processor's
-float32 ``pixel_values`` (`mmpipe.images.tiles.normalise_tiles`, bit-exact).
+float32 ``pixel_values`` (`mmpipe.images.tiles.normalise_tiles`, bit-exact); ``pixels="source"``
+rows' image files are decoded and tiled first (`decoded_rows`: in the DataLoader worker that
+builds the batch), bit for bit the tiles a ``"uint8"`` encode stores.
 
 `mmpipe.collate` and `mmpipe.Collator` come here by themselves for tiled rows or processors
 (`other_path_collate` / `other_path_collator`, which also route the generic path's rows and
@@ -12,25 +14,66 @@ processors to `mmpipe.batching.generic`)::
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from mmpipe.batching.checks import arrow_table
 from mmpipe.batching.generic import generic_collate, generic_collator, generic_records, pad_id, refuse_packing
-from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
+from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, PixelDataError
 from mmpipe.families import get_family, tiled_family_of
-from mmpipe.images.tiles import effective_image_processor, normalise_table, normalise_tiles
+from mmpipe.images.tiles import effective_image_processor, image_tiles, normalise_table, normalise_tiles, with_images_kwargs
 from mmpipe.records.columns import ERROR_COLUMN, IGNORE_INDEX
 from mmpipe.records.tiled import TiledBatch, TiledInputs, is_tiled_row, tiled_rows_from_arrow
 
 __all__ = ["collate_tiled", "unbatch_tiled", "tiled_records", "TiledCollator", "other_path_collate",
-           "other_path_collator", "processor_table", "refuse_packing"]
+           "other_path_collator", "processor_table", "refuse_packing", "decoded_rows"]
 
 
 def processor_table(processor) -> np.ndarray:
     """float32 [3, 256]: the pixel table of ``processor``'s image processor as its call uses it."""
     return normalise_table(effective_image_processor(processor))
+
+
+def decoded_rows(rows: list[TiledInputs], image_processor) -> list[TiledInputs]:
+    """``pixels="source"`` rows -> the same rows with uint8 tiles (other rows as they are): each
+    image file decoded, turned upright and tiled as the ``"uint8"`` encode does
+    (`mmpipe.images.tiles.image_tiles`) with ``image_processor`` (`effective_image_processor` of
+    the processor that encoded the rows) and the row's own ``images_kwargs``; each image's size
+    and tile count checked against the row's."""
+    if not any(r.image_sources is not None for r in rows):
+        return rows
+    if image_processor is None:
+        raise ArgumentError("collating pixels='source' tiled rows needs the processor (their files are tiled here): "
+                            "mmpipe.collate(rows, processor=processor) or mmpipe.Collator(processor)")
+    own, out = getattr(image_processor, "backend", "pil"), []
+    for i, r in enumerate(rows):
+        if r.image_sources is None:
+            out.append(r)
+            continue
+        if r.image_backend != own:
+            raise InputError(f"the row was encoded for the {r.image_backend} image backend, collated with a {own} "
+                             "image processor", row=i, column="image_backend", stage="collate",
+                             expected=repr(own), found=repr(r.image_backend),
+                             fix="collate with the processor (image backend) the rows were encoded with")
+        ip, module = with_images_kwargs(image_processor, r.images_kwargs), get_family(r.family).images()
+        blocks = []
+        for k, data in enumerate(r.image_sources):
+            hw, tiles = image_tiles({"bytes": bytes(data), "path": None}, ip, module, where=f"row {i}, image {k}")
+            want = (tuple(int(x) for x in r.image_hw[k]), int(r.tiles_per_image[k]))
+            if (hw, len(tiles)) != want:
+                raise PixelDataError(f"image {k}'s file decodes to size {hw} in {len(tiles)} tile(s) but the row "
+                                     f"stores {want[0]} in {want[1]}", row=i, column="image_sources",
+                                     stage="collate", expected=str(want), found=str((hw, len(tiles))),
+                                     fix="collate with the processor (and its settings) the rows were encoded with")
+            blocks.append(tiles)
+        if not blocks:  # no images: an empty block of this processor's tile size
+            from PIL import Image
+
+            blocks = [module.tiles_u8(Image.new("RGB", (8, 8)), ip)[:0]]
+        out.append(dataclasses.replace(r, image_sources=None, pixel_values_u8=np.concatenate(blocks)))
+    return out
 
 
 def _length(lengths: np.ndarray, pad_to_length: Optional[int], pad_to_multiple_of: Optional[int]) -> int:
@@ -72,10 +115,12 @@ def _pixels(rows: list[TiledInputs], table: Optional[np.ndarray], fam) -> tuple:
 
 def collate_tiled(rows: list[TiledInputs], *, table: Optional[np.ndarray] = None, pad_token_id: int = 0,
                   padding_side: str = "right", pad_to_length: Optional[int] = None,
-                  pad_to_multiple_of: Optional[int] = None) -> TiledBatch:
+                  pad_to_multiple_of: Optional[int] = None, image_processor=None) -> TiledBatch:
     """`TiledInputs` rows of one family -> a padded `TiledBatch` (see its doc for the shapes).
 
-    ``table``: float32 [3, 256] (`processor_table`), needed when the rows hold pixels. Positions
+    ``table``: float32 [3, 256] (`processor_table`), needed when the rows hold pixels;
+    ``image_processor`` (`effective_image_processor`), needed for ``pixels="source"`` rows
+    (`decoded_rows`; the batch then holds their tiles). Positions
     are ``0..n-1`` over each row's own tokens (pads 0), so either padding side gives the rows'
     own positions; token types pad with 0, labels with -100.
     """
@@ -83,6 +128,7 @@ def collate_tiled(rows: list[TiledInputs], *, table: Optional[np.ndarray] = None
         raise ArgumentError("collate_tiled needs at least one row")
     if padding_side not in ("left", "right"):
         raise ArgumentError(f"padding_side must be 'left' or 'right', found {padding_side!r}")
+    rows = decoded_rows(list(rows), image_processor)
     fam = get_family(rows[0].family)
     for i, r in enumerate(rows):
         if not fam.accepts(r.family):
@@ -184,9 +230,10 @@ class TiledCollator:
     pixel table float32 [3, 256] and the pad id only."""
 
     def __init__(self, family: str, table: np.ndarray, pad_token_id: int, *, padding_side: str = "left",
-                 pad_to_multiple_of: Optional[int] = None, keep_columns: Sequence[str] = ()):
+                 pad_to_multiple_of: Optional[int] = None, keep_columns: Sequence[str] = (), image_processor=None):
         _kept([], keep_columns)  # a string is refused here, not at the first batch
         self.family, self.table, self.pad_token_id = family, table, pad_token_id
+        self.image_processor = image_processor  # pixels="source" rows are tiled with it (decoded_rows)
         self.padding_side, self.pad_to_multiple_of, self.keep_columns = padding_side, pad_to_multiple_of, tuple(keep_columns)
 
     def __call__(self, rows: Sequence[Any]) -> TiledBatch:
@@ -200,7 +247,7 @@ class TiledCollator:
                                       fix="encode the dataset with this processor (mmpipe.encode)")
         _check_family(records, self.family)
         batch = collate_tiled(records, table=self.table, pad_token_id=self.pad_token_id, padding_side=self.padding_side,
-                              pad_to_multiple_of=self.pad_to_multiple_of)
+                              pad_to_multiple_of=self.pad_to_multiple_of, image_processor=self.image_processor)
         batch.columns = _kept(rows, self.keep_columns)
         return batch
 
@@ -224,7 +271,7 @@ def other_path_collate(rows: Any, *, processor=None, padding_side: str, keep_col
     records = tiled_records(rows)
     if records is None:
         return None
-    table = None
+    table = image_processor = None
     if processor is not None:
         fam = tiled_family_of(processor)
         if fam is None:
@@ -233,8 +280,11 @@ def other_path_collate(rows: Any, *, processor=None, padding_side: str, keep_col
                                       fix="collate with the processor that encoded the rows")
         _check_family(records, fam.name)
         table = processor_table(processor) if any(r.has_pixels and r.num_images for r in records) else None
+        if any(r.image_sources is not None for r in records):
+            image_processor = effective_image_processor(processor)
     batch = collate_tiled(records, table=table, pad_token_id=pad_id(processor, pad_token_id), padding_side=padding_side,
-                          pad_to_length=pad_to_length, pad_to_multiple_of=pad_to_multiple_of)
+                          pad_to_length=pad_to_length, pad_to_multiple_of=pad_to_multiple_of,
+                          image_processor=image_processor)
     batch.columns = _kept(rows, keep_columns)
     return batch
 
@@ -249,4 +299,5 @@ def other_path_collator(processor, family, pad_token_id: Optional[int], padding_
     if processor is None:
         raise ArgumentError(f"Collator for {fam.name!r} needs the processor (its pixel normalisation)")
     return TiledCollator(fam.name, processor_table(processor), pad_id(processor, pad_token_id),
-                         padding_side=padding_side, pad_to_multiple_of=pad_to_multiple_of, keep_columns=keep_columns)
+                         padding_side=padding_side, pad_to_multiple_of=pad_to_multiple_of, keep_columns=keep_columns,
+                         image_processor=effective_image_processor(processor))

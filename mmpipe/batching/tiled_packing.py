@@ -33,6 +33,7 @@ from mmpipe.batching.generic import pad_id
 from mmpipe.batching.tiled import collate_tiled, processor_table, tiled_records, unbatch_tiled
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
 from mmpipe.families import TiledFamily, tiled_family_of
+from mmpipe.images.tiles import effective_image_processor
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.tiled import TiledBatch, TiledInputs
 from mmpipe.records.tiled_packed import TiledPackedInputs
@@ -75,16 +76,19 @@ def _check_unpadded(rows: Sequence[TiledInputs]) -> None:
 
 
 def pack_tiled(rows: Sequence[TiledInputs], *, table: Optional[np.ndarray] = None, pad_token_id: int = 0,
-               max_tokens: Optional[int] = None, max_images: Optional[int] = None) -> TiledPackedInputs:
+               max_tokens: Optional[int] = None, max_images: Optional[int] = None,
+               image_processor=None) -> TiledPackedInputs:
     """`TiledInputs` rows of one family -> one `TiledPackedInputs` (see its doc for shapes).
 
     ``table``: float32 [3, 256] (`mmpipe.batching.tiled.processor_table`), needed when the rows
-    hold pixels. ``max_tokens`` / ``max_images``: the pack's budgets; a batch over either raises.
+    hold pixels (and ``image_processor`` for ``pixels="source"`` rows, as `collate_tiled`).
+    ``max_tokens`` / ``max_images``: the pack's budgets; a batch over either raises.
     Rows must be unpadded (attention_mask all ones), as ``mmpipe.encode`` stores them.
     """
     if not rows:
         raise ArgumentError("pack needs at least one row")
-    b = collate_tiled(list(rows), table=table, pad_token_id=pad_token_id, padding_side="right")
+    b = collate_tiled(list(rows), table=table, pad_token_id=pad_token_id, padding_side="right",
+                      image_processor=image_processor)
     check_packing_allowed("pack", b.family_table)
     _check_budgets(b, max_tokens, max_images)
     _check_unpadded(rows)
@@ -142,9 +146,10 @@ class TiledPackingCollator:
     name, the pixel table float32 [3, 256], the pad id and the budgets only."""
 
     def __init__(self, family: TiledFamily, table: np.ndarray, pad_token_id: int, *,
-                 max_tokens: Optional[int] = None, max_images: Optional[int] = None):
+                 max_tokens: Optional[int] = None, max_images: Optional[int] = None, image_processor=None):
         check_packing_allowed("PackingCollator", family)
         self.family, self.table, self.pad_token_id = family.name, table, pad_token_id
+        self.image_processor = image_processor  # pixels="source" rows (mmpipe.batching.tiled.decoded_rows)
         self.max_tokens, self.max_images = max_tokens, max_images
 
     def __call__(self, rows: Sequence[Any]) -> TiledPackedInputs:
@@ -155,7 +160,7 @@ class TiledPackingCollator:
                                       fix="encode the dataset with this processor (mmpipe.encode)")
         _check_family(records, self.family)
         return pack_tiled(records, table=self.table, pad_token_id=self.pad_token_id, max_tokens=self.max_tokens,
-                          max_images=self.max_images)
+                          max_images=self.max_images, image_processor=self.image_processor)
 
 
 def _check_family(records: Sequence[TiledInputs], family: str) -> None:
@@ -185,7 +190,8 @@ def tiled_pack(rows: Any, *, processor=None, family: Any = None, pad_token_id: O
     _check_family(records, fam.name)
     needs_table = processor is not None and any(r.has_pixels and r.num_images for r in records)
     return pack_tiled(records, table=processor_table(processor) if needs_table else None,
-                      pad_token_id=pad_id(processor, pad_token_id), max_tokens=max_tokens, max_images=max_images)
+                      pad_token_id=pad_id(processor, pad_token_id), max_tokens=max_tokens, max_images=max_images,
+                      image_processor=effective_image_processor(processor) if needs_table else None)
 
 
 def tiled_packing_collator(processor, family: Any, pad_token_id: Optional[int], max_tokens: Optional[int],
@@ -198,4 +204,5 @@ def tiled_packing_collator(processor, family: Any, pad_token_id: Optional[int], 
     if processor is None:
         raise ArgumentError(f"PackingCollator for {fam.name!r} needs the processor (its pixel normalisation)")
     return TiledPackingCollator(fam, processor_table(processor), pad_id(processor, pad_token_id),
-                                max_tokens=max_tokens, max_images=max_images)
+                                max_tokens=max_tokens, max_images=max_images,
+                                image_processor=effective_image_processor(processor))

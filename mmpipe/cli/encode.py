@@ -334,8 +334,8 @@ def encode_to_disk(args, src: Path, fmt: str, out: Path, processor, options: dic
             try:
                 enc, report = mmpipe.encode_dataset(raw, processor, num_proc=num_proc, batch_size=args.batch_size,
                                                     keep_columns=getattr(args, "keep_columns", []), **options)
-            except mmpipe.errors.ArgumentError as e:  # --keep-columns naming no input column
-                raise CLIError(f"--keep-columns: {e}") from None
+            except mmpipe.errors.ArgumentError as e:  # --keep-columns naming no input column, an option refused
+                raise CLIError(("--keep-columns: " if "keep_columns" in str(e) else "") + str(e)) from None
             if out.exists() and args.overwrite:
                 shutil.rmtree(out)
             enc.save_to_disk(str(out), num_proc=num_proc)
@@ -375,7 +375,7 @@ def add_encode_parser(sub) -> None:
                                    "positions, compact pixels) and save them with Dataset.save_to_disk.")
     p.add_argument("input", help="a .jsonl/.json/.parquet file or a directory written by Dataset.save_to_disk")
     p.add_argument("--processor", required=True, metavar="DIR",
-                   help="saved processor/model directory, or testing:qwen2_vl|qwen2_5_vl|qwen3_vl (offline test processors)")
+                   help="saved processor/model directory, or testing:FAMILY (offline test processors: qwen2_vl ... gemma3)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory to save the encoded dataset to")
     p.add_argument("--split", default=None, help="split of a saved DatasetDict")
     p.add_argument("--num-proc", type=int, default=None, help="datasets.map processes (default: in-process)")

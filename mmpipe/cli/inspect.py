@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 
 from mmpipe.cli.encode import REPORT_FILE, CLIError, dir_bytes
+from mmpipe.cli.tiled_stats import tiled_counts
 from mmpipe.records.arrow import list_lengths
 from mmpipe.records.columns import stored_pixel_format
 
@@ -95,6 +96,7 @@ class DatasetStats:
     # rows of a plain ``ds.map(encode, on_error="skip")`` that failed: still in the dataset as
     # empty rows, their errors in the ``mmpipe_error`` column ({"row", "stage", "column", "reason"})
     failed_rows: list = field(default_factory=list)
+    image_unit: str = "patches"  # what image_patches counts: "tiles" for a tiled family's rows
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -163,7 +165,8 @@ def open_encoded(path: Path, split: Optional[str] = None):
         if split not in ds:
             raise CLIError(f"{str(path)!r} holds splits {sorted(ds)}; pick one with --split")
         ds = ds[split]
-    missing = [c for c in ("input_ids", "mm_token_type_ids", "image_grid_thw", "family") if c not in ds.column_names]
+    images = "tiles_per_image" if "tiles_per_image" in ds.column_names else "image_grid_thw"  # tiled rows: tiles
+    missing = [c for c in ("input_ids", "mm_token_type_ids", images, "family") if c not in ds.column_names]
     if missing:
         raise CLIError(f"{str(path)!r} is not an mmpipe-encoded dataset: column(s) {missing} missing "
                        f"(found {ds.column_names}); encode it first with `mmpipe encode`")
@@ -197,12 +200,19 @@ class _Tally:
         if ERROR_COLUMN in cols:
             self.failed.extend(json.loads(x) for x in col(ERROR_COLUMN).to_pylist() if x)
         self.families.update(fam_col)
-        patch_dim = np.asarray([get_family(f).patch_dim for f in fam_col], dtype=np.int64)
         self.tokens.append(pc.list_value_length(col("input_ids")).to_numpy(zero_copy_only=False))
         self.img_tok.append(_per_row_count(col("mm_token_type_ids"), 1))
         self.vid_tok.append(_per_row_count(col("mm_token_type_ids"), 2))
         if "labels" in cols:
             self.targets.append(_per_row_count(col("labels"), -100, negate=True))
+        if "tiles_per_image" in cols:  # a tiled family's rows: tiles, no grids (mmpipe.cli.tiled_stats)
+            t = tiled_counts(table)
+            self.n_img.append(t.images_per_row)
+            self.per_image.append(t.tokens_per_image)
+            self.patches, self.pixel_bytes, self.f32_bytes = (self.patches + t.tiles, self.pixel_bytes + t.pixel_bytes,
+                                                              self.f32_bytes + t.float32_bytes)
+            return
+        patch_dim = np.asarray([get_family(f).patch_dim for f in fam_col], dtype=np.int64)
         counts, grids = _grids(col("image_grid_thw"))
         self.n_img.append(counts)
         row_of_image = np.repeat(np.arange(len(counts)), counts)
@@ -240,7 +250,7 @@ class _Tally:
             disk_bytes=dir_bytes(path),
             tokens_per_row=Distribution.of(tok, bins), images_per_row=Distribution.of(nimg, bins),
             tokens_per_image=Distribution.of(cat(self.per_image), bins), encode_report=_run_record(path),
-            failed_rows=self.failed,
+            failed_rows=self.failed, image_unit="tiles" if "tiles_per_image" in self.cols else "patches",
         )
 
 
@@ -305,15 +315,17 @@ def _error_line(e) -> str:
 def format_stats(s: DatasetStats) -> str:
     fams = ", ".join(f"{k} ({v} row{'s' * (v != 1)})" for k, v in sorted(s.families.items())) or "-"
     ratio = (f", {s.float32_pixel_bytes / s.pixel_bytes:.1f}x smaller than float32"
-             if s.pixel_format in ("uint8", "source") and s.pixel_bytes else "")
+             if s.pixel_format in ("uint8", "source") and s.pixel_bytes and s.float32_pixel_bytes else "")
+    f32 = (_size(s.float32_pixel_bytes) if s.float32_pixel_bytes or s.image_unit != "tiles" or not s.images
+           else "an unknown size (the tile size is not stored with these rows)")
     stored = " (the image files; decoded at collate time)" if s.pixel_format == "source" else ""
     lines = [
         f"dataset      {s.path}  ({_size(s.disk_bytes)} on disk)",
         f"rows         {s.rows}  ({s.rows_without_images} without images)",
         f"family       {fams}",
         f"pixels       {s.pixel_format}: {_size(s.pixel_bytes)} stored{stored}; float32 pixel_values would take "
-        f"{_size(s.float32_pixel_bytes)}{ratio}",
-        f"images       {s.images}  ({s.image_patches} patches)" + (f"; videos {s.videos}" if s.videos else ""),
+        f"{f32}{ratio}",
+        f"images       {s.images}  ({s.image_patches} {s.image_unit})" + (f"; videos {s.videos}" if s.videos else ""),
         f"tokens       {s.tokens} = text {s.text_tokens} + image {s.image_tokens}"
         + (f" + video {s.video_tokens}" if s.video_tokens else "")
         + (f"; targets (labels != -100) {s.target_tokens}" if s.target_tokens is not None else "; no labels"),

@@ -2,6 +2,7 @@
 
     mmpipe encode rows.jsonl --processor DIR --out enc/ [--num-proc 4 --max-length 4096 ...]
     mmpipe inspect enc/ [--json]
+    mmpipe validate enc/ [--processor DIR]             # mmpipe.validate_dataset; exit 1 on errors
     mmpipe demo [--family qwen3_vl --rows 20 ...]      # python -m mmpipe.cli.demo's arguments
 
 ``encode`` turns a local dataset (.jsonl/.json/.parquet or a ``save_to_disk`` directory) into
@@ -34,9 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     from mmpipe.cli.encode import add_encode_parser
     from mmpipe.cli.inspect import add_inspect_parser
+    from mmpipe.cli.validate import add_validate_parser
 
     add_encode_parser(sub)
     add_inspect_parser(sub)
+    add_validate_parser(sub)
     sub.add_parser("demo", help="run the offline demo (python -m mmpipe.cli.demo; arguments passed through)",
                    add_help=False)
     judge = sub.add_parser("judge", help="VLM judge (reward) tools").add_subparsers(dest="judge_command", required=True)
@@ -111,9 +114,10 @@ def _ping(args: argparse.Namespace) -> int:
 def _run_data_command(args: argparse.Namespace) -> int:
     from mmpipe.cli.encode import CLIError, run_encode
     from mmpipe.cli.inspect import run_inspect
+    from mmpipe.cli.validate import run_validate
 
     try:
-        return run_encode(args) if args.command == "encode" else run_inspect(args)
+        return {"encode": run_encode, "inspect": run_inspect, "validate": run_validate}[args.command](args)
     except CLIError as e:
         print(f"mmpipe {args.command}: {e}", file=sys.stderr)
         return 2
@@ -140,7 +144,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "judge" and args.judge_command == "ping":
         return _ping(args)
-    if args.command in ("encode", "inspect"):
+    if args.command in ("encode", "inspect", "validate"):
         return _run_data_command(args)
     return 2  # pragma: no cover - argparse rejects unknown commands
 

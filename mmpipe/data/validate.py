@@ -24,8 +24,7 @@ tokens, inconsistent rows) needs a re-encode: the report says so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import pyarrow as pa
@@ -39,8 +38,10 @@ from mmpipe.data.repair import (
     recompute_rope_deltas,
     u8_list_to_binary,
 )
+from mmpipe.data.report import REENCODE, Issue, SchemaError, ValidationReport  # noqa: F401 (re-exported)
 from mmpipe.data.loading import DamagedDatasetError, load_table, table_to_dataset  # noqa: F401 (re-exported)
 from mmpipe.data.sources_check import unreadable_sources
+from mmpipe.data.validate_tiled import is_tiled_table, validate_tiled
 from mmpipe.errors import InputError
 from mmpipe.families import FAMILIES
 from mmpipe.records.columns import OPTIONAL_ROW_COLUMNS, STORED_PIXEL_COLUMN, stored_pixel_format
@@ -54,77 +55,6 @@ REQUIRED = ("input_ids", "attention_mask", "mm_token_type_ids", "position_ids", 
 DEFAULTABLE = ("video_grid_thw", "second_per_grid_ts")
 # columns the encoder adds for bookkeeping (encode_dataset / on_error="skip")
 BOOKKEEPING = ("mmpipe_error", "mmpipe_drop_reason")
-REENCODE = "re-encode the raw rows with mmpipe.encode (this mmpipe version)"
-
-
-class SchemaError(InputError):
-    """An encoded dataset does not match the stored-row schema (see `ValidationReport`)."""
-
-    default_stage = "validate"
-
-
-@dataclass
-class Issue:
-    """One problem: ``severity`` "error" (training on it would fail or be wrong), "warning"
-    (works, but differs from the schema) or "fixed" (repaired by ``fix=True``)."""
-
-    severity: str
-    kind: str  # missing_column, extra_column, type, shape, content, family, failed_rows
-    column: Optional[str]
-    message: str
-    fix: str = ""
-    rows: list = field(default_factory=list)  # row indexes (the first `max_rows_listed`)
-    num_rows: int = 0  # rows affected (0: the whole column)
-
-    def __str__(self) -> str:
-        where = f"column {self.column!r}" if self.column else "dataset"
-        if self.rows:
-            more = f" (+{self.num_rows - len(self.rows)} more)" if self.num_rows > len(self.rows) else ""
-            where += f", rows {self.rows}{more}"
-        return f"[{self.severity}] {where}: {self.message}" + (f" - fix: {self.fix}" if self.fix else "")
-
-
-@dataclass
-class ValidationReport:
-    """What `validate_dataset` found. ``ok`` when no issue is an error; ``data`` is the
-    repaired table / dataset when ``fix=True`` (else the input as loaded)."""
-
-    num_rows: int
-    pixel_format: str
-    labels: bool
-    issues: list = field(default_factory=list)
-    data: Any = None
-
-    @property
-    def errors(self) -> list:
-        return [i for i in self.issues if i.severity == "error"]
-
-    @property
-    def warnings(self) -> list:
-        return [i for i in self.issues if i.severity == "warning"]
-
-    @property
-    def fixed(self) -> list:
-        return [i for i in self.issues if i.severity == "fixed"]
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    def __str__(self) -> str:
-        head = (f"mmpipe encoded dataset: {self.num_rows} rows, pixels={self.pixel_format}, "
-                f"labels={'yes' if self.labels else 'no'}: "
-                + ("OK" if self.ok else f"{len(self.errors)} error(s)")
-                + (f", {len(self.warnings)} warning(s)" if self.warnings else "")
-                + (f", {len(self.fixed)} fixed" if self.fixed else ""))
-        return "\n".join([head] + [f"  {i}" for i in self.issues])
-
-    def raise_if_errors(self) -> "ValidationReport":
-        if self.errors:
-            first = self.errors[0]
-            raise SchemaError(str(self), where="", column=first.column, row=(first.rows or [None])[0],
-                              fix="see the report lines; validate_dataset(..., fix=True) applies the safe repairs")
-        return self
 
 
 # ---- schema comparison -------------------------------------------------------------------------
@@ -337,7 +267,8 @@ def _check_positions(rows: list, first: int) -> None:
 
 # ---- public API --------------------------------------------------------------------------------
 def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: bool = True,
-                     max_rows_listed: int = 10, chunk: int = 1024) -> ValidationReport:
+                     max_rows_listed: int = 10, chunk: int = 1024, processor=None,
+                     images_kwargs: Optional[dict] = None) -> ValidationReport:
     """Check an encoded dataset against the stored-row schema and its rows' invariants.
 
     Args:
@@ -349,6 +280,9 @@ def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: b
             grids, token types, families); ``positions``: also recompute M-RoPE positions
             (about a millisecond per row; pass False for a quick look at a large dataset).
         max_rows_listed: row indexes listed per issue.
+        processor, images_kwargs: tiled-family rows only (Gemma 3, InternVL, LLaVA-OneVision,
+            checked by `mmpipe.data.validate_tiled`, which has no repairs): with the processor
+            the rows were encoded with, each image's tile and feature-token counts are checked.
 
     Returns a `ValidationReport` (``report.ok``, ``report.errors``, ``print(report)``). Raises
     `ArgumentError` for a path that does not exist or is not an encoded dataset (a ``.jsonl``
@@ -357,6 +291,11 @@ def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: b
     missing), naming the file and the rows readable before the damage.
     """
     table, ds = load_table(data)
+    if is_tiled_table(table):
+        report = validate_tiled(table, processor=processor, images_kwargs=images_kwargs, rows=rows,
+                                max_rows_listed=max_rows_listed, chunk=chunk)
+        report.data = table if ds is None else ds
+        return report
     fmt, labels = _detect(table)
     report = ValidationReport(num_rows=table.num_rows, pixel_format=fmt, labels=labels)
     hint = (f"ds = ds.cast(mmpipe.MultiModalInputs.features({None if fmt == 'mixed' else fmt!r}, labels={labels}))")

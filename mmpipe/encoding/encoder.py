@@ -32,7 +32,7 @@ from mmpipe.encoding.placeholders import expand_image_pads
 from mmpipe.encoding.tokenize import tokenize_text
 from mmpipe.encoding.videos import add_videos, video_options as check_video_options
 from mmpipe.errors import ArgumentError, ImageError, InputError, PlaceholderError
-from mmpipe.families import ModelFamily, family_of
+from mmpipe.families import ModelFamily, TiledFamily, family_of
 from mmpipe.images.load import check_image_root, confine_image
 from mmpipe.images.pixels import encode_image, image_grid
 from mmpipe.images.spec import VisionSpec
@@ -113,10 +113,11 @@ class Encoder(CodeStamped):
         check_options(locals())  # pixel bounds 0: the processor's, as before
         self.processor = processor
         self.family: ModelFamily = family_of(processor)
+        if isinstance(self.family, TiledFamily):  # Gemma 3, InternVL, LLaVA-OneVision: tiles, not patch grids
+            raise ArgumentError(f"mmpipe.Encoder does not take {self.family.name} processors: use mmpipe.encode / encode_dataset (they pick mmpipe.encoding.tiled.TiledEncoder) or TiledEncoder(processor)")
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.spec = VisionSpec.from_processor(processor, min_pixels, max_pixels, image_backend) if self.family.is_vision else None
-        self.max_length = max_length
-        self.truncation = truncation
+        self.max_length, self.truncation = max_length, truncation
         self.pixels = pixels
         self.add_generation_prompt = add_generation_prompt
         self.labels = labels
@@ -131,8 +132,7 @@ class Encoder(CodeStamped):
         if tools is not None and (not isinstance(tools, (list, tuple)) or not all(isinstance(t, dict) for t in tools)):
             raise ArgumentError(f"tools must be a list of tool spec dicts, got {tools!r:.80}")
         self.tools = list(tools) if tools is not None else None
-        self.tools_column = tools_column
-        self.threads = threads
+        self.tools_column, self.threads = tools_column, threads
         self.on_error = on_error
         self.image_root = check_image_root(image_root)
         # encode_dataset sets this: dropped rows stay as empty rows with their reason in

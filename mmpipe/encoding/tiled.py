@@ -5,9 +5,12 @@ raw chat row -> the chat template (rendered once, one placeholder per image) -> 
 placeholder replaced by the family's text (`mmpipe.images.<family>.expand_placeholder`, from
 the image's (height, width) alone) -> one tokenizer call -> `TiledInputs`: ids, token types
 (1 at the feature tokens), labels, and the images as compact uint8 tiles
-(``tiles_u8``: uint8 [n, S, S, 3]; 1/4 of the processor's float32 bytes) or, with
-``pixels="none"``, nothing but their sizes (layout-only: headers only, no decode) ->
-`mmpipe.collate` expands the tiles to the processor's float32 ``pixel_values``, bit-exact.
+(``tiles_u8``: uint8 [n, S, S, 3]; 1/4 of the processor's float32 bytes), with
+``pixels="source"`` each image's encoded file as given (`mmpipe.encoding.sources.source_bytes`;
+sizes and tile counts from the headers, ~1.0x the source files) or, with ``pixels="none"``,
+nothing but their sizes (layout-only: headers only, no decode) -> `mmpipe.collate` expands the
+tiles (decoding and tiling the source files first, in the DataLoader worker) to the processor's
+float32 ``pixel_values``, bit-exact.
 
 ``mmpipe.encode`` / ``encode_row`` / ``encode_dataset`` come here by themselves for such a
 processor (`mmpipe.encoding.dataset.make_encoder`)::
@@ -18,28 +21,27 @@ processor (`mmpipe.encoding.dataset.make_encoder`)::
 
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 import numpy as np
-from PIL import Image
 
 from mmpipe.encoding.fingerprint import CodeStamped
 from mmpipe.encoding.mapping import EncodeStats, RowDropped, map_call
 from mmpipe.encoding.options import ERROR_POLICIES, check_choice
 from mmpipe.encoding.parse import check_text, parse_row, parse_tools, row_where
+from mmpipe.encoding.sources import source_bytes
 from mmpipe.errors import ArgumentError, ImageError, InputError, PlaceholderError, TruncationError
 from mmpipe.families import TiledFamily, processor_class_name, tiled_family_of
-from mmpipe.images.load import (
-    bomb_error, check_image_root, confine_image, image_hw, load_image, to_rgb_image, unreadable_error, upright,
-)
+from mmpipe.images.load import check_image_root, confine_image, image_hw
 from mmpipe.images.threads import default_threads, thread_pool
-from mmpipe.images.tiles import effective_image_processor
+from mmpipe.images.tiles import effective_image_processor, image_tiles
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.tiled import TiledInputs
 
 __all__ = ["TiledEncoder", "TILED_PIXELS"]
 
-TILED_PIXELS = ("uint8", "none")  # compact tiles, or layout-only (float32 would be the same values, 4x the bytes)
+TILED_PIXELS = ("uint8", "source", "none")  # tiles, source files, layout-only (float32: the same values, 4x the bytes)
 _REFUSED = {  # Encoder options without a meaning here -> what to do instead
     "min_pixels": "the family resizes to its fixed tile size: set size on the processor's image processor",
     "max_pixels": "the family resizes to its fixed tile size: set size on the processor's image processor",
@@ -54,7 +56,8 @@ class TiledEncoder(CodeStamped):
     ``add_generation_prompt``, ``labels`` (-100 except the tokens overlapping an assistant
     reply; image texts never), ``images_column``, ``chat_template_kwargs``, ``on_error``,
     ``tools`` / ``tools_column``, ``image_root``, ``threads`` (unused). ``pixels``: ``"uint8"``
-    (compact tiles) or ``"none"`` (layout-only). ``images_kwargs``: the processor call's image
+    (compact tiles), ``"source"`` (each image's file bytes, tiled at collate) or ``"none"``
+    (layout-only). ``images_kwargs``: the processor call's image
     options (e.g. Gemma 3 ``{"do_pan_and_scan": True}``), as ``processor(..., **images_kwargs)``.
     ``image_backend``: ``"auto"`` (or the processor's own backend, ``"pil"`` / ``"torchvision"``:
     the tiles are resized as that backend resizes them, `mmpipe.images.tiles.resize_tile`).
@@ -100,6 +103,10 @@ class TiledEncoder(CodeStamped):
         self.processor, self.processor_class, self.family = processor, cls, fam
         self.tokenizer = processor.tokenizer
         self.images_kwargs = dict(images_kwargs or {})
+        try:  # rows keep them (a JSON column): collate of source rows and vLLM prompts re-apply them
+            json.dumps(self.images_kwargs)
+        except (TypeError, ValueError) as e:
+            raise ArgumentError(f"images_kwargs must be JSON values (numbers, strings, bools, lists, dicts): {e}") from e
         self.image_processor = effective_image_processor(processor, **self.images_kwargs)
         self.pixels, self.max_length, self.truncation, self.labels = pixels, max_length, truncation, labels
         self.add_generation_prompt = add_generation_prompt
@@ -124,8 +131,9 @@ class TiledEncoder(CodeStamped):
         return map_call(self, example, idx)
 
     def image_threads(self) -> int:
-        """Threads decoding and tiling images (``threads``, or `default_threads`; layout-only: 1)."""
-        if self.pixels == "none":
+        """Threads decoding and tiling images (``threads``, or `default_threads`; layout-only and
+        source rows, which decode nothing: 1)."""
+        if self.pixels != "uint8":
             return 1
         return default_threads() if self.threads is None else max(1, int(self.threads))
 
@@ -148,7 +156,13 @@ class TiledEncoder(CodeStamped):
         u8 = np.zeros((0, th, tw, 3), np.uint8) if self.pixels == "uint8" else None
         return TiledInputs(family=self.family.name, input_ids=z, attention_mask=z, mm_token_type_ids=z,
                            image_hw=np.zeros((0, 2), np.int64), tiles_per_image=z, pixel_values_u8=u8,
+                           image_sources=[] if self.pixels == "source" else None, **self._row_settings(),
                            labels=z if self.labels else None).to_dict()
+
+    def _row_settings(self) -> dict:
+        """What every row of this encoder records: its ``images_kwargs``; source rows their backend."""
+        backend = getattr(self.image_processor, "backend", "pil") if self.pixels == "source" else "pil"
+        return {"images_kwargs": self.images_kwargs or None, "image_backend": backend}
 
     def tile_hw(self) -> tuple[int, int]:
         """(S_h, S_w) of this processor's tiles (one tiny probe image)."""
@@ -158,7 +172,8 @@ class TiledEncoder(CodeStamped):
 
     def image_bytes(self) -> int:
         """Most stored pixel bytes of one image (`mmpipe.map_kwargs` sizing): the most tiles an
-        image can have (the module's ``max_tiles``, else a 2048x2048 image's) x S x S x 3."""
+        image can have (the module's ``max_tiles``, else a 2048x2048 image's) x S x S x 3 (source
+        rows: the same bound; an image file is rarely larger than its uint8 tiles)."""
         if self.pixels == "none":
             return 0
         most = getattr(self.module, "max_tiles", None)
@@ -186,7 +201,8 @@ class TiledEncoder(CodeStamped):
         tools = parse_tools(example, idx=idx, column=self.tools_column, default=self.tools)
         agp = self.add_generation_prompt if self.add_generation_prompt is not None else messages[-1]["role"] != "assistant"
         text = check_text(self._render(messages, agp, tools), where=where, column="messages", what="the rendered prompt")
-        sizes, tiles = self._images(raw_images, where, prefetched)
+        sizes, payloads = self._images(raw_images, where, prefetched)
+        tiles = payloads if self.pixels == "uint8" else None
         pieces, spans, images_at = self._spliced(text, sizes, where)
         expanded = "".join(pieces)
         enc = self.tokenizer(expanded, return_offsets_mapping=self.labels)
@@ -209,6 +225,7 @@ class TiledEncoder(CodeStamped):
                                                       [self.module.tile_count(h, w, self.image_processor)
                                                        for h, w in sizes], np.int64),
                            pixel_values_u8=None if tiles is None else self._stacked(tiles),
+                           image_sources=payloads if self.pixels == "source" else None, **self._row_settings(),
                            labels=labels).validate(idx)
 
     def _stacked(self, tiles: list) -> np.ndarray:
@@ -218,8 +235,8 @@ class TiledEncoder(CodeStamped):
         return np.zeros((0, th, tw, 3), np.uint8)
 
     def _images(self, raw_images: list, where: str, prefetched=None) -> tuple[list, Optional[list]]:
-        """([(height, width)] per image, [uint8 tiles [n, S, S, 3]] per image or None for
-        layout-only); several images on the image threads."""
+        """([(height, width)] per image, [uint8 tiles [n, S, S, 3]] or [source bytes] per image,
+        or None for layout-only); several images on the image threads."""
         if self.pixels == "none":
             return [self._image(i, value, where)[0] for i, value in enumerate(raw_images)], None
         if prefetched is None and self.image_threads() > 1 and len(raw_images) > 1:
@@ -229,21 +246,17 @@ class TiledEncoder(CodeStamped):
         return [hw for hw, _ in done], [t for _, t in done]
 
     def _image(self, i: int, value, where: str) -> tuple[tuple[int, int], Optional[np.ndarray]]:
-        """Image ``i``: ((height, width) upright, its uint8 tiles or None for layout-only)."""
+        """Image ``i``: ((height, width) upright, its uint8 tiles, its source bytes (headers
+        read, nothing decoded), or None for layout-only)."""
         at = f"{where}, image {i}"
         try:
             if self.image_root is not None:
                 confine_image(value, self.image_root, where=at)
             if self.pixels == "none":
                 return image_hw(value, where=at), None
-            img = load_image(value, where=at)
-            try:  # PIL decodes here (it opens lazily)
-                rgb = to_rgb_image(upright(img))
-                return (rgb.height, rgb.width), self.module.tiles_u8(rgb, self.image_processor)
-            except Image.DecompressionBombError as e:
-                raise bomb_error(e, at) from e
-            except (OSError, ValueError, SyntaxError) as e:
-                raise unreadable_error(e, at, getattr(img, "format", None) and f"a {img.format} image") from e
+            if self.pixels == "source":
+                return image_hw(value, where=at), source_bytes(value, where=at)
+            return image_tiles(value, self.image_processor, self.module, where=at)
         except ImageError as e:
             raise e.locate(column=self.images_column, image=i)
 

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 from mmpipe.batching.collate import Collator
 from mmpipe.errors import ArgumentError
+from mmpipe.records.tiled import TiledBatch
 
 __all__ = ["TrainerCollator", "trainer_settings", "sft_settings"]
 
@@ -56,6 +57,9 @@ class TrainerCollator:
 
     ``collator_options`` go to `mmpipe.Collator` (``pad_to_multiple_of``, ``family``,
     ``pad_token_id``, ``verify_pixels``); ``padding_side`` defaults to ``"right"`` here (training).
+    A tiled family's processor (Gemma 3, InternVL, LLaVA-OneVision) gives its `TiledBatch`'s
+    inputs instead: ``position_ids`` int64 [B, L] (1-D), ``pixel_values`` float32 [N, 3, S, S],
+    Gemma 3's ``token_type_ids``, LLaVA-OneVision's ``image_sizes``.
     Picklable (``dataloader_num_workers > 0``). Rows stripped by ``remove_unused_columns=True``
     or rows without labels raise `ArgumentError` saying what to change.
     """
@@ -73,8 +77,14 @@ class TrainerCollator:
             raise ArgumentError(
                 "the rows carry no labels (encoded with labels=False, e.g. RL prompts): the Trainer's loss "
                 "needs them; re-encode with labels=True (the default) for SFT")
-        out = batch.model_inputs(positions=self.positions, labels=False)
+        # a tiled family's TiledBatch (Gemma 3, InternVL, LLaVA-OneVision): 1-D positions [B, L]
+        positions = "1d" if isinstance(batch, TiledBatch) else self.positions
+        out = batch.model_inputs(positions=positions, labels=False)
         out["labels"] = batch.labels
+        if isinstance(batch, TiledBatch):  # its fields are numpy; model_inputs gave torch tensors
+            import torch
+
+            out["labels"] = torch.from_numpy(batch.labels)
         return out
 
 

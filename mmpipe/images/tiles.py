@@ -43,7 +43,8 @@ import numpy as np
 from mmpipe.errors import ArgumentError
 from mmpipe.images.pixels import u8_video_to_pixel_values
 
-__all__ = ["effective_image_processor", "normalise_table", "normalise_tiles", "resize_tile", "tiles_to_u8"]
+__all__ = ["effective_image_processor", "normalise_table", "normalise_tiles", "resize_tile", "tiles_to_u8",
+           "image_tiles", "with_images_kwargs"]
 
 
 def effective_image_processor(processor, **images_kwargs):
@@ -58,6 +59,38 @@ def effective_image_processor(processor, **images_kwargs):
         if v is not None:
             setattr(out, k, v)
     return out
+
+
+def with_images_kwargs(image_processor, images_kwargs: Optional[dict]):
+    """``image_processor`` (an `effective_image_processor` copy) with a row's ``images_kwargs``
+    set on a shallow copy (the caller's kwargs override the processor's defaults, as in
+    `effective_image_processor`); the same object when there are none."""
+    if not images_kwargs:
+        return image_processor
+    out = copy.copy(image_processor)
+    for k, v in images_kwargs.items():
+        if v is not None:
+            setattr(out, k, v)
+    return out
+
+
+def image_tiles(value, image_processor, module, *, where: str = "image") -> tuple[tuple[int, int], np.ndarray]:
+    """One image (any form `mmpipe.images.load_image` takes: a path, bytes, ``{"bytes"}``, PIL,
+    array) -> ((height, width) upright, uint8 tiles [n, S, S, 3] of the family ``module``): the
+    decode, EXIF orientation, RGB conversion and tiling of both the ``"uint8"`` encode and the
+    ``"source"`` rows' collate, so the two give the same tiles."""
+    from PIL import Image
+
+    from mmpipe.images.load import bomb_error, load_image, to_rgb_image, unreadable_error, upright
+
+    img = load_image(value, where=where)
+    try:  # PIL decodes here (it opens lazily)
+        rgb = to_rgb_image(upright(img))
+        return (rgb.height, rgb.width), module.tiles_u8(rgb, image_processor)
+    except Image.DecompressionBombError as e:
+        raise bomb_error(e, where) from e
+    except (OSError, ValueError, SyntaxError) as e:
+        raise unreadable_error(e, where, getattr(img, "format", None) and f"a {img.format} image") from e
 
 
 def resize_tile(image, height: int, width: int, image_processor) -> np.ndarray:

@@ -10,7 +10,11 @@ Stored (``dataset.map(mmpipe.encode, ...)``), a row is `TiledInputs.to_dict`: ``
 int32 [L], ``attention_mask`` int8 [L], ``labels`` int32 [L] (with labels),
 ``mm_token_type_ids`` int32 [L] (1 at the family's feature tokens), ``image_hw`` int64 [2*I]
 (each image's upright (height, width), flat), ``tiles_per_image`` int64 [I], ``family``; with
-pixels also ``pixel_values_u8`` uint8 [N*S*S*3] (flat) and ``tile_hw`` int64 [2] (S, S).
+pixels also ``pixel_values_u8`` uint8 [N*S*S*3] (flat) and ``tile_hw`` int64 [2] (S, S); with
+``pixels="source"`` instead ``image_sources`` list<binary> [I] (each image's encoded file, as the
+Qwen rows' source mode stores it: `mmpipe.encoding.sources`), ``pixel_digest`` int64 (of the
+sources) and, for a torchvision-backend processor, ``image_backend``; rows encoded with
+``images_kwargs`` (e.g. Gemma 3 pan-and-scan) also ``images_kwargs`` (JSON string).
 """
 
 from __future__ import annotations
@@ -18,17 +22,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import json
+
 import numpy as np
 
-from mmpipe.errors import ArgumentError, InputError
+from mmpipe.errors import ArgumentError, InputError, PixelDataError
 from mmpipe.families import TILED_FAMILIES, TiledFamily, get_family
-from mmpipe.records.columns import IGNORE_INDEX, as_array
+from mmpipe.records.columns import IGNORE_INDEX, as_array, source_list, sources_digest
+from mmpipe.records.display_hooks import render
 
 __all__ = ["TiledInputs", "TiledBatch", "is_tiled_row", "tiled_rows_from_arrow", "TILED_COLUMNS"]
 
 # the stored columns of a tiled row (pixels: the last two)
 TILED_COLUMNS = ("input_ids", "attention_mask", "labels", "mm_token_type_ids", "image_hw", "tiles_per_image",
-                 "family", "pixel_values_u8", "tile_hw")
+                 "family", "pixel_values_u8", "tile_hw", "image_sources", "pixel_digest", "image_backend",
+                 "images_kwargs")
 
 
 def is_tiled_row(row: Any) -> bool:
@@ -56,6 +64,10 @@ class TiledInputs:
         tiles_per_image:   int64 [I].
         pixel_values_u8:   uint8 [N, S, S, 3] (N = tiles_per_image.sum()), or None (layout-only).
         labels:            optional int64 [L], -100 where not trained.
+        image_sources:     ``pixels="source"``: each image's encoded file (bytes [I]); collate
+                           decodes and tiles them (`mmpipe.batching.tiled`). None otherwise.
+        images_kwargs:     the encoder's ``images_kwargs`` (None: the processor's defaults).
+        image_backend:     the image processor backend the tiles reproduce (``"pil"`` / ``"torchvision"``).
     """
 
     family: str
@@ -66,9 +78,20 @@ class TiledInputs:
     tiles_per_image: np.ndarray
     pixel_values_u8: Optional[np.ndarray] = None
     labels: Optional[np.ndarray] = None
+    image_sources: Optional[list] = None
+    images_kwargs: Optional[dict] = None
+    image_backend: str = "pil"
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    def _repr_html_(self) -> str:
+        """Jupyter display (`mmpipe.view`, found through `mmpipe.records.display_hooks`)."""
+        return render("row_html", self)
+
+    def describe(self, *, tokenizer: Any = None) -> str:
+        """Plain-text description for terminals (`mmpipe.view.describe`)."""
+        return render("describe", self, tokenizer=tokenizer)
 
     @property
     def num_images(self) -> int:
@@ -76,7 +99,8 @@ class TiledInputs:
 
     @property
     def has_pixels(self) -> bool:
-        return self.pixel_values_u8 is not None
+        """Stored tiles or stored source files (collate decodes those)."""
+        return self.pixel_values_u8 is not None or self.image_sources is not None
 
     @property
     def position_ids(self) -> np.ndarray:
@@ -101,6 +125,8 @@ class TiledInputs:
         u8 = self.pixel_values_u8
         if u8 is not None and (u8.ndim != 4 or u8.shape[0] != int(self.tiles_per_image.sum()) or u8.shape[3] != 3):
             raise bad("pixel_values_u8", f"[{int(self.tiles_per_image.sum())}, S, S, 3]", f"shape {u8.shape}")
+        if self.image_sources is not None and len(self.image_sources) != self.num_images:
+            raise bad("image_sources", f"{self.num_images} sources", str(len(self.image_sources)))
         return self
 
     def to_dict(self) -> dict:
@@ -115,6 +141,13 @@ class TiledInputs:
         if self.pixel_values_u8 is not None:
             out["pixel_values_u8"] = self.pixel_values_u8.reshape(-1)
             out["tile_hw"] = np.asarray(self.pixel_values_u8.shape[1:3], np.int64)
+        if self.image_sources is not None:
+            out["image_sources"] = [bytes(b) for b in self.image_sources]
+            out["pixel_digest"] = np.int64(sources_digest(self.image_sources))
+            if self.image_backend != "pil":
+                out["image_backend"] = self.image_backend
+        if self.images_kwargs:
+            out["images_kwargs"] = json.dumps(self.images_kwargs, sort_keys=True)
         return out
 
     @classmethod
@@ -132,17 +165,26 @@ class TiledInputs:
                                  stage="validate", expected=f"{want} ({int(tiles.sum())} tiles of {hw.tolist()} x 3)",
                                  found=str(flat.size), fix="re-encode the row with mmpipe.encode")
             u8 = flat.reshape(int(tiles.sum()), int(hw[0]), int(hw[1]), 3)
-        labels = d.get("labels")
+        labels, sources = d.get("labels"), source_list(d.get("image_sources"), len(tiles), row)
+        if sources is not None and d.get("pixel_digest") is not None and \
+                int(d["pixel_digest"]) != int(np.int64(sources_digest(sources))):
+            raise PixelDataError("the stored image files do not hash to the row's pixel_digest: a byte changed "
+                                 "after encoding", row=row, column="image_sources", stage="validate",
+                                 fix="re-encode the row with pixels='source'")
+        kwargs = d.get("images_kwargs")
         return cls(family=str(d.get("family")), input_ids=as_array(d.get("input_ids"), np.int64, 1, "input_ids", row),
                    attention_mask=as_array(d.get("attention_mask"), np.int64, 1, "attention_mask", row),
                    mm_token_type_ids=as_array(d.get("mm_token_type_ids"), np.int64, 1, "mm_token_type_ids", row),
                    image_hw=as_array(d.get("image_hw"), np.int64, 1, "image_hw", row).reshape(-1, 2),
-                   tiles_per_image=tiles, pixel_values_u8=u8,
+                   tiles_per_image=tiles, pixel_values_u8=u8, image_sources=sources,
+                   images_kwargs=json.loads(kwargs) if isinstance(kwargs, str) and kwargs else None,
+                   image_backend=str(d.get("image_backend") or "pil"),
                    labels=None if labels is None else as_array(labels, np.int64, 1, "labels", row)).validate(row)
 
     def diff(self, other: "TiledInputs") -> list[str]:
         """Names of the fields whose shapes, dtypes or values differ."""
         out = [] if get_family(self.family).accepts(other.family) else ["family"]
+        out += [n for n in ("image_sources", "images_kwargs", "image_backend") if getattr(self, n) != getattr(other, n)]
         return out + [n for n in ("input_ids", "attention_mask", "mm_token_type_ids", "image_hw", "tiles_per_image",
                                   "pixel_values_u8", "labels") if not _same(getattr(self, n), getattr(other, n))]
 
@@ -183,6 +225,14 @@ class TiledBatch:
     extras: dict[str, np.ndarray] = field(default_factory=dict)
     labels: Optional[np.ndarray] = None
     columns: Optional[dict] = None
+
+    def _repr_html_(self) -> str:
+        """Jupyter display (`mmpipe.view`, found through `mmpipe.records.display_hooks`)."""
+        return render("batch_html", self)
+
+    def describe(self, *, tokenizer: Any = None) -> str:
+        """Plain-text description for terminals (`mmpipe.view.describe`)."""
+        return render("describe", self, tokenizer=tokenizer)
 
     @property
     def seq_lengths(self) -> np.ndarray:
@@ -249,9 +299,12 @@ def tiled_rows_from_arrow(table) -> list[TiledInputs]:
             raise InputError(f"column {name!r} is missing", row=0, column=name, stage="validate",
                              fix="re-encode the rows with mmpipe.encode")
     families = table.column("family").to_pylist()
+    scalars = {n: table.column(n).to_pylist() for n in ("image_sources", "pixel_digest", "image_backend", "images_kwargs")
+               if n in table.column_names}  # pixels="source" and images_kwargs rows
     rows = []
     for i, fam in enumerate(families):
         cell = {name: (None if c is None else c[0][c[1][i]:c[1][i + 1]]) for name, c in cols.items()}
+        cell.update({n: v[i] for n, v in scalars.items()})
         cell["family"] = fam
         rows.append(TiledInputs.from_dict(cell, i))
     return rows

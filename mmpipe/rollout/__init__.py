@@ -44,6 +44,7 @@ from mmpipe.rollout.multiturn_batch import MultiTurnBatch
 from mmpipe.rollout.agent import AgentLoop, logprob_gaps, policy_logprobs_of, run_agent
 from mmpipe.rollout.tool_calls import parse_qwen_tool_calls
 from mmpipe.rollout.results import unbatch_rollout
+from mmpipe.rollout.tiled_generate import tiled_rollout_rows
 from mmpipe.rollout.transformers_engine import TransformersEngine, teacher_forced_logprobs
 from mmpipe.rollout.vllm_engine import VLLMEngine, generation_from_request_output
 from mmpipe.rollout.async_engine import AsyncTransformersEngine, AsyncVLLMEngine, ThreadedEngine, run_sync
@@ -53,7 +54,7 @@ __all__ = [
     "to_vllm_prompts", "to_generate_kwargs", "as_rows", "row_images", "row_video_frames", "vision_spec_for", "vllm_processor_kwargs",
     "vllm_video_prompt", "video_fps_for",
     "pad_to_multiple", "trim", "TransformersEngine", "teacher_forced_logprobs", "VLLMEngine",
-    "generation_from_request_output", "unbatch_rollout", "Conversation", "start", "conversation_encoder",
+    "generation_from_request_output", "unbatch_rollout", "tiled_rollout_rows", "Conversation", "start", "conversation_encoder",
     "append_response", "append_observation", "append_messages", "MultiTurnBatch", "DataPacker",
     "DecoderOnlyLLMDataPacker", "QwenVLDataPacker", "AgentLoop", "run_agent", "logprob_gaps", "policy_logprobs_of",
     "parse_qwen_tool_calls", "ThreadedEngine", "AsyncTransformersEngine", "AsyncVLLMEngine", "run_sync", "OpenAIEngine",

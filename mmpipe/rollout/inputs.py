@@ -59,7 +59,7 @@ def as_rows(rows_or_batch) -> list[MultiModalInputs]:
     return [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(rows_or_batch)]
 
 
-def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None) -> list[dict]:
+def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, images=None) -> list[dict]:
     """Rows (or a batch) -> vLLM prompt dicts, one per row, in order.
 
     Each prompt is a dict with
@@ -74,8 +74,9 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None) ->
 
     processor_or_spec: the processor the rows were encoded with, or its `VisionSpec`
     (None: the family's defaults; only patch size and normalisation matter here).
-    Tiled-family rows (Gemma 3, `mmpipe.records.tiled.TiledInputs`) go to
-    `mmpipe.rollout.tiled.tiled_vllm_prompts` (the processor is required there).
+    Tiled-family rows (Gemma 3, InternVL, LLaVA-OneVision: `mmpipe.records.tiled.TiledInputs`)
+    go to `mmpipe.rollout.tiled.tiled_vllm_prompts` (the processor is required there; ``images``:
+    each row's source images, for rows encoded without ``pixels="source"``).
 
     Rows with videos also get one ``<|video_pad|>`` per video (inside the row's own
     ``<|vision_start|>``/``<|vision_end|>``), ``multi_modal_data["video"]``: per video the
@@ -86,7 +87,10 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None) ->
     (`mmpipe.rollout.videos`).
     """
     if is_tiled_input(rows_or_batch):  # Gemma 3 and the other tiled families (mmpipe.rollout.tiled)
-        return tiled_vllm_prompts(rows_or_batch, processor_or_spec)
+        return tiled_vllm_prompts(rows_or_batch, processor_or_spec, images=images)
+    if images is not None:
+        raise ArgumentError("images= is for tiled-family rows (Gemma 3, InternVL, LLaVA-OneVision); these rows "
+                            "carry their own resized images")
     rows = as_rows(rows_or_batch)
     prompts = []
     for i, r in enumerate(rows):

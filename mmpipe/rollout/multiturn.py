@@ -37,6 +37,7 @@ from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.parse import parse_media
 from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, InputError, ParseError, PlaceholderError
+from mmpipe.families import tiled_family_of
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.conversation import Conversation
 from mmpipe.rollout.turn_media import add_turn_images, add_turn_videos
@@ -73,6 +74,10 @@ def conversation_encoder(processor, options: dict) -> Encoder:
                                 "start() accepts options only with a processor")
         enc = processor
     else:
+        if tiled_family_of(processor) is not None:  # Gemma 3, InternVL, LLaVA-OneVision: no multi-turn appends yet
+            raise ArgumentError(f"multi-turn conversations (start / append_observation) are not available for "
+                                f"{tiled_family_of(processor).name} rows: encode each turn's whole conversation with "
+                                "mmpipe.encode and generate with TransformersEngine (mmpipe.rollout.tiled_generate)")
         enc = Encoder(processor, **options)
     if enc.truncation != "raise":
         raise ArgumentError(

@@ -19,10 +19,12 @@ import numpy as np
 
 from mmpipe.encoding.vision_tokens import VisionTokens, check_policy
 from mmpipe.errors import ArgumentError
+from mmpipe.families import tiled_family_of
 from mmpipe.records.generation import Generation
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.rollout import RolloutSample
+from mmpipe.records.tiled import TiledBatch, is_tiled_row
 
 
 def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=None,
@@ -41,6 +43,11 @@ def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=Non
             each such token becomes the pad id with label -100, and ``response_mask`` 0);
             see `mmpipe.encoding.vision_tokens`.
     """
+    if is_tiled_row(prompts[0] if isinstance(prompts, (list, tuple)) and prompts else prompts) \
+            or isinstance(prompts, TiledBatch) or (processor is not None and tiled_family_of(processor) is not None):
+        raise ArgumentError("unbatch_rollout takes rows of the patch-grid families; for tiled-family prompts (Gemma 3, "
+                            "InternVL, LLaVA-OneVision) use mmpipe.rollout.tiled_generate.tiled_rollout_rows(prompts, "
+                            "generations, processor)")
     if processor is not None:
         vt = VisionTokens.from_processor(processor, policy=on_vision_token)
     elif check_policy(on_vision_token) == "mask":

@@ -1,17 +1,26 @@
-"""vLLM prompts for the tiled families' rows (`mmpipe.records.tiled.TiledInputs`; Gemma 3).
+"""vLLM prompts for the tiled families' rows (`mmpipe.records.tiled.TiledInputs`: Gemma 3,
+InternVL, LLaVA-OneVision).
 
-vLLM's Gemma 3 (``gemma3_mm``) takes the prompt as the chat template renders it - ONE
-``<start_of_image>`` per image - plus the images, and writes each image's text itself (the
-processor's ``"\\n\\n<start_of_image>" + soft tokens + "<end_of_image>\\n\\n"``). A training row
-holds that text expanded, so its prompt is the row's text with each image's text put back to
-``<start_of_image>``, tokenized (``prompt_token_ids``), and the row's stored tile per image (the
-image as the processor resized it: resizing it again to the same size changes nothing)::
+vLLM takes a tiled model's prompt as the chat template renders it - ONE image token per image
+(the family's ``image_token``: ``<start_of_image>``, ``<IMG_CONTEXT>``, ``<image>``) - plus the
+ORIGINAL images, and writes each image's text itself after tiling the image again (InternVL's
+thumbnail, LLaVA-OneVision's base tile and unpadded feature count, Gemma 3's pan-and-scan crops
+all come from the original image). A training row holds that text expanded, so its prompt is
+the row's text with each image's text put back to the image token, tokenized
+(``prompt_token_ids``), and its source images::
 
-    prompts = tiled_vllm_prompts(rows, processor)   # what to_vllm_prompts gives for tiled rows
+    prompts = tiled_vllm_prompts(rows, processor)                  # pixels="source" rows
+    prompts = tiled_vllm_prompts(rows, processor, images=images)   # any rows: images per row
     outs = llm.generate(prompts, sampling_params)
 
-Rows whose images were panned and scanned (more than one tile per image) are refused: the
-crops come from the original image, which a row does not keep.
+The source images come from the row (``pixels="source"``: its stored files), from ``images=``
+(per row, the images it was encoded from: PIL, bytes, ``{"bytes"}``, paths), or - where the
+family's ``vllm_tile_prompts`` says the stored tile re-creates the prompt (Gemma 3 without
+pan-and-scan: one tile per image, the whole image resized) - from the row's uint8 tiles.
+``mm_processor_kwargs`` carries the image options the family's vLLM processor takes
+(`mmpipe.families.TiledFamily.vllm_processor_kwargs`: Gemma 3's pan-and-scan settings, as the
+row was encoded); none for InternVL / LLaVA-OneVision, whose vLLM processors take the
+checkpoint's own settings.
 """
 
 from __future__ import annotations
@@ -20,8 +29,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mmpipe.errors import ArgumentError, InputError
-from mmpipe.families import get_family, tiled_family_of
+from mmpipe.errors import ArgumentError, ImageError, InputError
+from mmpipe.families import TiledFamily, get_family, tiled_family_of
+from mmpipe.images.load import load_image, to_rgb_image, upright
+from mmpipe.images.tiles import effective_image_processor, with_images_kwargs
 from mmpipe.records.tiled import TiledBatch, TiledInputs, is_tiled_row
 
 __all__ = ["tiled_vllm_prompts", "is_tiled_input"]
@@ -44,20 +55,24 @@ def _rows(rows_or_batch: Any) -> list[TiledInputs]:
     return [r if isinstance(r, TiledInputs) else TiledInputs.from_dict(r, i) for i, r in enumerate(rows_or_batch)]
 
 
-def tiled_vllm_prompts(rows_or_batch: Any, processor) -> list[dict]:
+def tiled_vllm_prompts(rows_or_batch: Any, processor, *, images: Optional[list] = None) -> list[dict]:
     """Tiled rows (or a `TiledBatch`) -> vLLM prompt dicts, one per row, in order:
     ``"prompt_token_ids"`` (one ``image_token`` per image, the rest of the row's tokens as they
     are), and for rows with images ``"multi_modal_data": {"image": [PIL RGB per image]}`` (the
-    stored tile) and ``"mm_processor_kwargs"`` (pan-and-scan off). ``processor``: the one the
-    rows were encoded with (its tokenizer and image texts)."""
-    from PIL import Image
-
+    source images, upright, see the module doc) and, where the family's vLLM processor takes
+    image options, ``"mm_processor_kwargs"``. ``processor``: the one the rows were encoded with
+    (its tokenizer and image texts). ``images``: optional, one list per row of the images it was
+    encoded from (needed for rows that keep neither their files nor a re-usable tile)."""
     fam = tiled_family_of(processor)
     if fam is None:
         raise ArgumentError(f"tiled_vllm_prompts needs the tiled family's processor, got {type(processor).__name__}")
-    tok, module = processor.tokenizer, fam.images()
+    rows = _rows(rows_or_batch)
+    if images is not None and (isinstance(images, (str, bytes)) or len(images) != len(rows)):
+        raise ArgumentError(f"images= must hold one list of images per row ({len(rows)} rows), got "
+                            f"{type(images).__name__}{'' if isinstance(images, (str, bytes)) else f' of {len(images)}'}")
+    tok, module, base_ip = processor.tokenizer, fam.images(), effective_image_processor(processor)
     prompts = []
-    for i, r in enumerate(_rows(rows_or_batch)):
+    for i, r in enumerate(rows):
         if not get_family(r.family).accepts(fam.name):
             raise InputError(f"row encoded for {r.family!r}, prompted with a {fam.name} processor", row=i,
                              column="family", stage="rollout", fix="use the processor that encoded the rows")
@@ -65,24 +80,68 @@ def tiled_vllm_prompts(rows_or_batch: Any, processor) -> list[dict]:
         if not r.num_images:
             prompts.append({"prompt_token_ids": ids})
             continue
-        if (r.tiles_per_image != 1).any() or r.pixel_values_u8 is None:
-            raise InputError("the row's images were panned and scanned (several tiles each) or not stored", row=i,
-                             column="pixel_values_u8" if r.pixel_values_u8 is None else "tiles_per_image",
-                             stage="rollout", expected="one stored tile per image", found=r.tiles_per_image.tolist(),
-                             fix="encode rollout prompts with pixels='uint8' and without do_pan_and_scan")
+        pictures = _source_images(r, fam, None if images is None else images[i], i)
         text = tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        pieces = [module.expand_placeholder(int(h), int(w), processor) for h, w in r.image_hw]
+        ip = with_images_kwargs(base_ip, r.images_kwargs)
+        pieces = [module.expand_placeholder(int(h), int(w), processor, ip) for h, w in r.image_hw]
         prompt_text = _one_token_per_image(text, pieces, fam.image_token, i)
         out = np.asarray(tok(prompt_text, add_special_tokens=False)["input_ids"], np.int64)
         starts = np.asarray(tok(text, add_special_tokens=False)["input_ids"], np.int64)
         if not np.array_equal(starts, r.input_ids):  # the row's text must tokenize back to its ids
             raise InputError("the row's ids do not decode to a text that tokenizes back to them", row=i,
                              column="input_ids", stage="rollout", fix="encode the rows with this processor")
-        tiles = r.pixel_values_u8
-        prompts.append({"prompt_token_ids": [int(t) for t in out],
-                        "multi_modal_data": {"image": [Image.fromarray(np.ascontiguousarray(t)) for t in tiles]},
-                        "mm_processor_kwargs": {"do_pan_and_scan": False}})
+        prompt = {"prompt_token_ids": [int(t) for t in out], "multi_modal_data": {"image": pictures}}
+        kwargs = _processor_kwargs(r, fam, ip, i)
+        if kwargs:
+            prompt["mm_processor_kwargs"] = kwargs
+        prompts.append(prompt)
     return prompts
+
+
+def _source_images(r: TiledInputs, fam: TiledFamily, given: Optional[list], i: int) -> list:
+    """The row's images as vLLM takes them (upright RGB PIL), checked against its sizes."""
+    from PIL import Image
+
+    if given is not None:
+        if isinstance(given, (str, bytes, dict)) or len(given) != r.num_images:
+            raise InputError(f"images= gives {1 if isinstance(given, (str, bytes, dict)) else len(given)} image(s) "
+                             f"for a row of {r.num_images}", row=i, column="images", stage="rollout",
+                             expected=f"a list of {r.num_images}", fix="pass each row's images as a list, in order")
+        values = list(given)
+    elif r.image_sources is not None:
+        values = [{"bytes": bytes(b), "path": None} for b in r.image_sources]
+    elif fam.vllm_tile_prompts and r.pixel_values_u8 is not None and bool((r.tiles_per_image == 1).all()):
+        return [Image.fromarray(np.ascontiguousarray(t)) for t in r.pixel_values_u8]  # resized again: unchanged
+    else:
+        held = "uint8 tiles" if r.pixel_values_u8 is not None else "no pixels (layout-only)"
+        raise InputError(f"vLLM tiles each {fam.name} image again from the original image, and this row holds "
+                         f"{held}, not its images ({r.tiles_per_image.tolist()} tile(s) per image)", row=i,
+                         column="image_sources", stage="rollout", expected="the row's source images",
+                         found=held, fix="encode rollout rows with pixels='source', or pass images= (each row's "
+                                         "images, as encoded) to to_vllm_prompts / tiled_vllm_prompts; a collated "
+                                         "TiledBatch holds tiles only: pass the rows")
+    out = []
+    for k, value in enumerate(values):
+        where = f"row {i}, image {k}"
+        rgb = to_rgb_image(upright(load_image(value, where=where)))
+        if (rgb.height, rgb.width) != tuple(int(x) for x in r.image_hw[k]):
+            raise ImageError(f"image {k} is {rgb.height}x{rgb.width} (upright) but the row was encoded from a "
+                             f"{int(r.image_hw[k][0])}x{int(r.image_hw[k][1])} image", where=where,
+                             expected=str(tuple(int(x) for x in r.image_hw[k])), found=str((rgb.height, rgb.width)),
+                             fix="pass the images each row was encoded from, in order")
+        out.append(rgb)
+    return out
+
+
+def _processor_kwargs(r: TiledInputs, fam: TiledFamily, ip, i: int) -> dict:
+    """The image options vLLM's processor for ``fam`` takes, as the row was encoded."""
+    extra = sorted(set(r.images_kwargs or {}) - set(fam.vllm_processor_kwargs))
+    if extra:
+        raise InputError(f"the row was encoded with images_kwargs {extra}, which vLLM's {fam.name} processor does not "
+                         "take (it uses the checkpoint's image processor settings)", row=i, column="images_kwargs",
+                         stage="rollout", fix="put these settings in the checkpoint's preprocessor_config.json and "
+                                              "encode without images_kwargs")
+    return {k: getattr(ip, k) for k in fam.vllm_processor_kwargs if hasattr(ip, k)}
 
 
 def _one_token_per_image(text: str, pieces: list, token: str, row: Optional[int]) -> str:

@@ -21,6 +21,7 @@ from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.records.generation import Completion, Generation, SamplingParams
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.rollout.inputs import to_generate_kwargs
+from mmpipe.rollout.tiled_generate import check_tiled_engine, tiled_generate
 
 
 class TransformersEngine:
@@ -41,6 +42,10 @@ class TransformersEngine:
     those ids) with the family's ids in this tokenizer (`VisionTokens`, ``self.vision_tokens``).
     The processor works on a copy of the logits, so the reported logprobs are still the raw
     ones above (the unconstrained model's, as teacher forcing computes them).
+
+    A tiled family's processor (Gemma 3, InternVL, LLaVA-OneVision) generates through
+    `mmpipe.rollout.tiled_generate.tiled_generate` (prompt `TiledInputs`, 1-D positions, the
+    family's image and feature tokens banned); `teacher_forced_logprobs` takes its `TiledBatch`.
     """
 
     def __init__(self, model, processor, *, see_images: bool = True):
@@ -53,7 +58,9 @@ class TransformersEngine:
             eos = tok.eos_token_id
         self.eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_ids[0]
-        self.vision_tokens = VisionTokens.from_processor(processor)
+        # a tiled family (Gemma 3, InternVL, LLaVA-OneVision): mmpipe.rollout.tiled_generate
+        self.tiled_family = check_tiled_engine(processor)
+        self.vision_tokens = None if self.tiled_family else VisionTokens.from_processor(processor)
         # see_images=False exists for tests that prove the model really uses the images
         self.see_images = see_images
 
@@ -63,6 +70,9 @@ class TransformersEngine:
         stop token; per-token logprobs float when ``params.logprobs``)."""
         import torch
 
+        if self.tiled_family is not None:
+            return tiled_generate(self.model, self.processor, self.collator, rows, params, eos_ids=self.eos_ids,
+                                  pad_id=self.pad_id, see_images=self.see_images)
         recs = [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(rows)]
         expanded = [r for r in recs for _ in range(params.n)]
         batch = self.collator(expanded)
@@ -123,6 +133,7 @@ def teacher_forced_logprobs(model, batch, device=None) -> "object":
     import torch
 
     kw = batch.model_inputs(device if device is not None else next(model.parameters()).device, labels=False)
+    # (a TiledBatch gives 1-D position_ids [B, L], its token types and pixels likewise)
     with torch.no_grad():
         logits = model(**kw).logits.float()
     ids = kw["input_ids"]

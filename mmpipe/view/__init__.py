@@ -35,6 +35,8 @@ module         what it shows
 ``html``       `row_html`, `batch_html`, `rollout_html`, `to_html`, `html_page`
 ``text``       `describe`
 ``plots``      `plot_positions`, `plot_image_grid` (matplotlib, imported when a plot is drawn)
+``tiled``      tiled-family rows / batches (Gemma 3, InternVL, LLaVA-OneVision): their tiles, image runs
+``style``      the one inline ``<style>`` block
 =============  ==============================================================================
 
 Importing this package registers `row_html`, `batch_html`, `rollout_html` and `describe` in

@@ -20,6 +20,8 @@ from mmpipe.records.rollout import RolloutSample
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.view.images import image_arrays, media_colour, png_data_uri, shown_size, spec_for, tint, video_frames
 from mmpipe.view.spans import Span, TokenText, collapse_plan, span_label, token_spans, value_range
+from mmpipe.view.style import style_block
+from mmpipe.view.tiled import as_tiled, tiled_html
 from mmpipe.view.summary import as_row, batch_table_rows, grid_str, row_summary
 from mmpipe.records.columns import to_numpy
 
@@ -27,44 +29,12 @@ DEFAULT_MAX_TOKENS = 400  # text tokens shown per row before text runs collapse
 DEFAULT_MAX_ROWS = 16  # rows of a batch shown in full (the table lists every row)
 
 
-_CSS = """
-.mmpipe{font-family:system-ui,-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;font-size:13px;color:#222;
-  background:#fff;line-height:1.45;margin:6px 0;padding:6px 8px;border:1px solid #ddd;border-radius:6px}
-.mmpipe .mmpipe{border:none;padding:0;margin:10px 0 0 0}
-.mmpipe-head{font-weight:600;margin:2px 0 6px 0}
-.mmpipe-note{color:#8a5a00;font-size:12px;margin:2px 0}
-.mmpipe-images{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-end;margin:6px 0}
-.mmpipe-figure{margin:0;display:flex;flex-direction:column;align-items:flex-start}
-.mmpipe-figure img{border:4px solid;display:block}
-.mmpipe-pixelated{image-rendering:pixelated}
-.mmpipe-figure figcaption{font-size:11px;color:#444;max-width:340px;margin-top:2px}
-.mmpipe-frames{display:flex;gap:3px;padding:3px;border:4px dashed}
-.mmpipe-placeholder{border:3px dashed #888;box-sizing:border-box;display:flex;align-items:center;
-  justify-content:center;text-align:center;font-size:11px;color:#444;padding:4px;
-  background:repeating-linear-gradient(45deg,#f3f3f3,#f3f3f3 6px,#e6e6e6 6px,#e6e6e6 12px)}
-.mmpipe-strip{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;line-height:2.2;
-  word-break:break-all;margin:6px 0}
-.mmpipe-tok{white-space:pre;background:#eef0f3;border-radius:3px;padding:1px 2px;margin:0 1px}
-.mmpipe-special{background:#e6e0f8;color:#4b2f99}
-.mmpipe-trained{background:#dcf3e2;box-shadow:inset 0 -3px 0 #1f8a3b}
-.mmpipe-image-span,.mmpipe-video-span{border:2px solid;border-radius:4px;padding:1px 6px;margin:0 2px;
-  font-weight:600;white-space:nowrap;font-family:system-ui,sans-serif;font-size:11px}
-.mmpipe-video-span{border-style:dashed}
-.mmpipe-gap{color:#777;font-style:italic;padding:0 4px;white-space:nowrap}
-.mmpipe-legend{font-size:11px;color:#555;margin:4px 0}
-.mmpipe-legend span{margin-right:10px}
-.mmpipe-table{border-collapse:collapse;margin:6px 0;font-size:12px}
-.mmpipe-table th,.mmpipe-table td{border:1px solid #ccc;padding:2px 7px;text-align:left;vertical-align:top}
-.mmpipe-table th{background:#f4f4f4}
-.mmpipe-response{white-space:pre-wrap;background:#f7f7f7;border-left:3px solid #1f8a3b;padding:4px 8px;
-  font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
-"""
 
 _esc = html.escape
 
 
 def _style() -> str:
-    return f"<style>{_CSS}</style>"
+    return style_block()
 
 
 def _thumb_html(img_arr: Optional[np.ndarray], label_index: int, grid, n_tokens: int, first_token: Optional[int],
@@ -243,6 +213,8 @@ def row_html(row, *, tokenizer=None, max_tokens: Optional[int] = DEFAULT_MAX_TOK
     Each image is an ``<img data-mmpipe-image="k">`` (a ``data-mmpipe-placeholder`` box for a
     layout-only row) and one ``<span class="mmpipe-image-span" data-image="k">``.
     """
+    if as_tiled(row) is not None:  # a tiled family's row (mmpipe.view.tiled): its tiles, no grids
+        return tiled_html(row, tokenizer=tokenizer, max_tokens=max_tokens)
     return _style() + _row_body(as_row(row), tokenizer=tokenizer, max_tokens=max_tokens, spec=spec)
 
 
@@ -251,7 +223,10 @@ def batch_html(batch: BatchedMultiModalInputs, *, tokenizer=None, max_tokens: Op
     """HTML of a batch: a per-row table (length, padding, images, tokens per image, grids,
     labels) of every row, then the thumbnails and token strip of the first ``max_rows`` rows
     (None: all; the page says how many are left out). Images carry their index in the batch
-    (``image_grid_thw`` row); ``sample_to_image_indices`` says which row owns which."""
+    (``image_grid_thw`` row); ``sample_to_image_indices`` says which row owns which. A
+    `TiledBatch`: `mmpipe.view.tiled.tiled_html`."""
+    if as_tiled(batch) is not None:
+        return tiled_html(batch, tokenizer=tokenizer, max_tokens=max_tokens)
     rows = unbatch(batch)
     info = batch_table_rows(batch)
     B, L = batch.input_ids.shape
@@ -314,6 +289,8 @@ def to_html(obj, *, tokenizer=None, max_tokens: Optional[int] = DEFAULT_MAX_TOKE
     """HTML fragment of a row, batch, rollout sample, stored row dict, or a list of them."""
     if isinstance(obj, BatchedMultiModalInputs):
         return batch_html(obj, tokenizer=tokenizer, max_tokens=max_tokens)
+    if as_tiled(obj) is not None:
+        return tiled_html(obj, tokenizer=tokenizer, max_tokens=max_tokens)
     if isinstance(obj, RolloutSample):
         return rollout_html(obj, tokenizer=tokenizer, max_tokens=max_tokens)
     if isinstance(obj, (MultiModalInputs, dict)):

@@ -13,6 +13,7 @@ from mmpipe.records.rollout import RolloutSample
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.view.spans import Span, TokenText, collapse_plan, span_label, token_spans, value_range
 from mmpipe.view.summary import as_row, batch_table_rows, grid_str, row_summary
+from mmpipe.view.tiled import as_tiled, describe_tiled
 
 
 def _token_line(row: MultiModalInputs, row_spans: list[Span], toks: TokenText, max_tokens: Optional[int],
@@ -85,6 +86,8 @@ def describe(obj, *, tokenizer=None, max_tokens: Optional[int] = 120) -> str:
     toks = TokenText(tokenizer)
     if isinstance(obj, (list, tuple)):
         return "\n".join(describe(o, tokenizer=tokenizer, max_tokens=max_tokens) for o in obj)
+    if as_tiled(obj) is not None:  # a tiled family's row or batch: tiles, no grids (mmpipe.view.tiled)
+        return describe_tiled(obj, tokenizer=tokenizer, max_tokens=max_tokens)
     if isinstance(obj, BatchedMultiModalInputs):
         info = batch_table_rows(obj)
         B, L = obj.input_ids.shape

@@ -1,6 +1,8 @@
 """vLLM prompts of Gemma 3 rows (mmpipe.rollout.tiled via to_vllm_prompts): one <start_of_image>
 per image plus the stored tile; the processor run on that prompt (what vLLM's Gemma 3 does with
-it) gives back the row's ids and its pixel_values bit for bit. Pan-and-scan rows are refused."""
+it) gives back the row's ids and its pixel_values bit for bit. Pan-and-scan uint8 rows are refused
+(their crops come from the original image): tests/rollout/test_tiled_source_prompts.py prompts
+them from source rows or images=."""
 
 from __future__ import annotations
 
@@ -44,9 +46,9 @@ def test_prompts_give_the_rows_back_through_the_processor(real):
             assert np.array_equal(again["pixel_values"], mmpipe.collate([r], processor=proc).pixel_values)
 
 
-def test_pan_and_scan_rows_are_refused():
+def test_pan_and_scan_uint8_rows_are_refused():
     proc = build_gemma3_processor()
     row = mmpipe.encode_row(_raw(1, 3), proc, images_kwargs={"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8})
     assert row.tiles_per_image.tolist() == [4]  # the image and 3 crops
-    with pytest.raises(InputError, match="panned and scanned"):
+    with pytest.raises(InputError, match="from the original image.*pixels='source', or pass images="):
         to_vllm_prompts([row], proc)

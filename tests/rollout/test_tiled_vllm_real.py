@@ -21,7 +21,7 @@ import mmpipe
 from mmpipe import testing
 
 
-def _rows(proc):
+def _rows(proc, **kw):
     photos = [im.convert("RGB") for _, im in testing.sample_photos()]
     sets = [[], [photos[0]], [testing.tiny_image(13, 200), testing.tiny_image(97, 211)],
             [photos[1], photos[2], testing.tiny_image(30, 60)]]
@@ -31,8 +31,11 @@ def _rows(proc):
         for j in range(len(images)):
             content += [{"type": "image"}, {"type": "text", "text": f" (image {j})"}]
         rows.append(mmpipe.encode_row({"messages": [{"role": "user", "content": content}], "images": images}, proc,
-                                      labels=False))
+                                      labels=False, **kw))
     return rows
+
+
+PAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8}  # crops of the tiny 32x32 tiles
 
 
 @pytest.mark.needs_env("vllm")
@@ -50,6 +53,9 @@ def test_real_vllm_expands_gemma3_prompts_to_the_rows(tmp_path):
     assert result["images_per_row"] == [0, 1, 2, 3]
     assert result["prompt_ids_equal_rows"] == [True] * 4
     assert result["gap"] < 1e-4
+    # pixels="source" rows panned and scanned (several tiles per image): prompts from their files
+    assert result["pan_and_scan_tiles"] == [0, 1, 8, 9]  # images of 1, 5 and 3 tiles
+    assert result["pan_and_scan_ids_equal_rows"] == [True] * 4
 
 
 @pytest.mark.needs_env("vllm")
@@ -121,7 +127,11 @@ def _vllm_worker(ckpt: str, out: str) -> None:
         done = req.outputs[0]
         want = np.array([done.logprobs[k][t].logprob for k, t in enumerate(done.token_ids)])
         gaps.append(float(np.abs(_teacher_forced(model, proc, row, list(done.token_ids)) - want).max()))
+    pan = _rows(proc, images_kwargs=PAN, pixels="source")
+    pan_outs = llm.generate(to_vllm_prompts(pan, proc), vllm.SamplingParams(max_tokens=1), use_tqdm=False)
     Path(out).write_text(json.dumps({
+        "pan_and_scan_ids_equal_rows": [list(o.prompt_token_ids) == r.input_ids.tolist() for o, r in zip(pan_outs, pan)],
+        "pan_and_scan_tiles": [int(r.tiles_per_image.sum()) for r in pan],
         "start_s": start_s, "prompt_ids_equal_rows": [list(o.prompt_token_ids) == r.input_ids.tolist()
                                                       for o, r in zip(reqs, rows)],
         "gap": max(gaps), "gaps": gaps, "images_per_row": [r.num_images for r in rows]}))

@@ -6,9 +6,10 @@ the ids mmpipe writes (`mmpipe.images.internvl` / `onevision` placeholder texts)
 checkpoint on the processor's own inputs (vLLM's processor is the torchvision backend there,
 so the forward uses that backend's pixels too).
 
-The stored rows cannot be turned back into these prompts: vLLM re-tiles from the original
-image (InternVL's thumbnail and OneVision's base tile are resizes of it), so the rollout side
-needs the source images, not the uint8 tiles.
+The uint8 tiles cannot stand in for the originals (vLLM re-tiles from the original image:
+InternVL's thumbnail and OneVision's base tile are resizes of it), so mmpipe's prompts
+(`to_vllm_prompts`) carry the source images: rows encoded with ``pixels="source"`` give
+prompts that real vLLM expands to exactly the rows' ids too.
 
 vLLM runs in its own process (this file as a script: ``vllm.LLM`` spawns its engine).
 """
@@ -41,6 +42,7 @@ def test_real_vllm_expands_one_placeholder_per_image_to_the_rows(name, tmp_path)
           f"(the forward on PIL-backend pixels, mmpipe's: {result['gap_pil']:.2e})")
     assert result["images_per_row"] == [0, 1, 2, 3]
     assert result["prompt_ids_equal_rows"] == [True] * 4
+    assert result["mmpipe_prompts_equal_rows"] == [True] * 4  # to_vllm_prompts of pixels="source" rows
     assert result["gap"] < 1e-4
 
 
@@ -65,8 +67,10 @@ def _vllm_worker(name: str, ckpt: str, out: str) -> None:
     import transformers
     import vllm
 
+    import mmpipe
     from mmpipe import testing
     from mmpipe.offline.tiled2 import build_tiled2_processor, save_tiled2_checkpoint
+    from mmpipe.rollout import to_vllm_prompts
 
     path = str(save_tiled2_checkpoint(name, ckpt))
     proc = transformers.AutoProcessor.from_pretrained(path)
@@ -75,9 +79,11 @@ def _vllm_worker(name: str, ckpt: str, out: str) -> None:
     model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
     photos = [im.convert("RGB") for _, im in testing.sample_photos()]
     sets = [[], [photos[1]], [photos[0], testing.tiny_image(13, 200)], [photos[2], photos[1], testing.tiny_image(70, 30)]]
-    texts, prompts, rows = [], [], []
+    texts, prompts, rows, src_rows = [], [], [], []
+    pil = build_tiled2_processor(name)  # mmpipe's rows (the PIL backend: the same ids)
     for k, images in enumerate(sets):
         msgs = [{"role": "user", "content": [{"type": "image"}] * len(images) + [{"type": "text", "text": f"Q{k}?"}]}]
+        src_rows.append(mmpipe.encode_row({"messages": msgs, "images": images}, pil, pixels="source", labels=False))
         text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         texts.append(text)
         rows.append(_expanded_ids(proc, module, name, text, images))
@@ -91,6 +97,8 @@ def _vllm_worker(name: str, ckpt: str, out: str) -> None:
     start_s = time.perf_counter() - t
     outs = llm.generate(prompts, vllm.SamplingParams(max_tokens=6, temperature=1.0, logprobs=0, seed=3), use_tqdm=False)
     same = [list(o.prompt_token_ids) == ids for o, ids in zip(outs, rows)]
+    mm_outs = llm.generate(to_vllm_prompts(src_rows, pil), vllm.SamplingParams(max_tokens=1), use_tqdm=False)
+    mmpipe_same = [list(o.prompt_token_ids) == r.input_ids.tolist() == ids for o, r, ids in zip(mm_outs, src_rows, rows)]
     gaps = {"torchvision": 0.0, "pil": 0.0}  # vLLM's image backend here, and mmpipe's (the PIL processor)
     for backend, p in (("torchvision", proc), ("pil", build_tiled2_processor(name))):
         for o, text, images in zip(outs, texts, sets):
@@ -105,6 +113,7 @@ def _vllm_worker(name: str, ckpt: str, out: str) -> None:
             theirs = [lp[tok].logprob for lp, tok in zip(o.outputs[0].logprobs, gen)]
             gaps[backend] = max(gaps[backend], float(np.max(np.abs(np.asarray(mine) - np.asarray(theirs)))))
     Path(out).write_text(json.dumps({"start_s": start_s, "prompt_ids_equal_rows": same, "gap": gaps["torchvision"],
+                                     "mmpipe_prompts_equal_rows": mmpipe_same,
                                      "gap_pil": gaps["pil"], "images_per_row": [len(s) for s in sets]}))
 
 

@@ -1,0 +1,129 @@
+"""Rollouts on tiled-family rows (Gemma 3, InternVL, LLaVA-OneVision) with TransformersEngine and
+the tiny offline models: sampled at temperature 1.0 (long-ish generations, n=2), the sampled
+tokens' logprobs == teacher forcing over prompt + response (tiled_rollout_rows -> Collator ->
+teacher_forced_logprobs); the model sees the images; the family's image tokens are banned from
+responses (and refused in training rows when allowed); layout-only prompts are refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import mmpipe
+from mmpipe.errors import InputError
+from mmpipe.families import tiled_family_of
+from mmpipe.offline.tiled import build_gemma3_model, build_gemma3_processor
+from mmpipe.offline.tiled2 import build_tiled2_model, build_tiled2_processor
+from mmpipe.records.generation import SamplingParams
+from mmpipe.rollout.tiled_generate import banned_tokens, response_logprobs, tiled_rollout_rows
+from mmpipe.rollout.transformers_engine import TransformersEngine, teacher_forced_logprobs
+
+FAMILIES = ("gemma3", "internvl", "llava_onevision")
+RNG = np.random.default_rng(17)
+IMAGES = [Image.fromarray(RNG.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in [(40, 56), (70, 30), (33, 97)]]
+MAX_DIFF = 1e-4  # measured: <= 1e-6 (fp32, CPU)
+
+
+def _prompts(proc, counts=(1, 0, 2), **kw):
+    return [mmpipe.encode_row({"messages": [{"role": "user", "content": [{"type": "image"}] * n
+                                             + [{"type": "text", "text": "describe" + " it" * k}]}],
+                               "images": IMAGES[:n]}, proc, labels=False, **kw) for k, n in enumerate(counts)]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def fam(request):
+    name = request.param
+    proc = build_gemma3_processor() if name == "gemma3" else build_tiled2_processor(name)
+    model = build_gemma3_model() if name == "gemma3" else build_tiled2_model(name)
+    return name, proc, model
+
+
+def _check_teacher_forced(model, proc, prompts, gens) -> list:
+    rows = tiled_rollout_rows(prompts, gens, proc)
+    lengths = [len(c.token_ids) for g in gens for c in g.completions]
+    for side in ("right", "left"):
+        tf = teacher_forced_logprobs(model, mmpipe.Collator(proc, padding_side=side)(rows)).numpy()
+        got = response_logprobs(tf, rows, lengths, side)
+        want = [np.asarray(c.logprobs, np.float32) for g in gens for c in g.completions]
+        assert max(float(np.abs(a - b).max()) for a, b in zip(got, want)) < MAX_DIFF
+    return rows
+
+
+def test_sampled_logprobs_equal_teacher_forcing(fam):
+    name, proc, model = fam
+    prompts = _prompts(proc)
+    gens = TransformersEngine(model, proc).generate(
+        prompts, SamplingParams(max_new_tokens=48, n=2, temperature=1.0, seed=3, logprobs=True))
+    assert [len(g.completions) for g in gens] == [2, 2, 2]
+    assert sum(len(c.token_ids) for g in gens for c in g.completions) > 6 * 24  # long-ish, mostly to the limit
+    rows = _check_teacher_forced(model, proc, prompts, gens)
+    assert len(rows) == 6 and all(r.num_images == p.num_images for r, p in zip(rows, [p for p in prompts for _ in "ab"]))
+    r = rows[0]
+    assert np.array_equal(r.input_ids[:len(prompts[0])], prompts[0].input_ids)
+    assert (r.labels[:len(prompts[0])] == -100).all() and np.array_equal(r.labels[len(prompts[0]):],
+                                                                         gens[0].completions[0].token_ids)
+    assert np.array_equal(r.pixel_values_u8, prompts[0].pixel_values_u8)
+
+
+def test_the_model_sees_the_images(fam):
+    name, proc, model = fam
+    prompts = _prompts(proc, counts=(2,))
+    params = SamplingParams(max_new_tokens=4, n=1, temperature=0.0, logprobs=True)
+    seen = TransformersEngine(model, proc).generate(prompts, params)[0].completions[0]
+    blind = TransformersEngine(model, proc, see_images=False).generate(prompts, params)[0].completions[0]
+    assert seen.token_ids != blind.token_ids or not np.allclose(seen.logprobs, blind.logprobs, atol=1e-4)
+    with pytest.raises(InputError, match="no pixels"):
+        TransformersEngine(model, proc).generate(_prompts(proc, counts=(1,), pixels="none"), params)
+
+
+def test_image_tokens_banned_and_refused(fam):
+    """A hook on the LM head pushes the family's feature token up: banned (the default), it never
+    appears and the logprobs still match teacher forcing (raw logits); allowed, it does, and the
+    training rows refuse the response."""
+    name, proc, model = fam
+    feature = tiled_family_of(proc).token_ids(proc.tokenizer)["feature"]
+    assert feature in banned_tokens(proc)
+    head = model.get_output_embeddings()
+
+    def push(module, args, out):
+        out = out.clone()
+        out[..., feature] += 12.0
+        return out
+
+    handle = head.register_forward_hook(push)
+    try:
+        prompts = _prompts(proc, counts=(1, 2))
+        engine = TransformersEngine(model, proc)
+        gens = engine.generate(prompts, SamplingParams(max_new_tokens=16, n=2, temperature=1.0, seed=1, logprobs=True))
+        ids = [t for g in gens for c in g.completions for t in c.token_ids]
+        assert not set(ids) & set(banned_tokens(proc))
+        _check_teacher_forced(model, proc, prompts, gens)
+        allowed = engine.generate(prompts, SamplingParams(max_new_tokens=16, n=2, temperature=1.0, seed=1,
+                                                          allow_vision_tokens=True))
+        assert feature in [t for g in allowed for c in g.completions for t in c.token_ids]
+        with pytest.raises(InputError, match="prompt .* sample .* image token"):
+            tiled_rollout_rows(prompts, allowed, proc)
+    finally:
+        handle.remove()
+    assert torch.isfinite(head.weight).all()
+
+
+def test_patch_grid_rollout_helpers_refuse_tiled_rows_and_name_the_tiled_ones(fam):
+    """`unbatch_rollout` and multi-turn `start` are the patch-grid families' paths: with tiled prompts
+    or a tiled processor they raise an ArgumentError naming what to use (not a TypeError or a
+    misleading missing-column error)."""
+    from mmpipe.errors import ArgumentError
+    from mmpipe.rollout import start, unbatch_rollout
+
+    name, proc, model = fam
+    prompts = _prompts(proc, counts=(1,))
+    gens = TransformersEngine(model, proc).generate(prompts, SamplingParams(max_new_tokens=4, temperature=1.0, seed=0))
+    for p, kw in [(prompts, {}), ([r.to_dict() for r in prompts], {}), (prompts, {"processor": proc})]:
+        with pytest.raises(ArgumentError, match="tiled_rollout_rows"):
+            unbatch_rollout(p, gens, **kw)
+    raw = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}],
+           "images": IMAGES[:1]}
+    with pytest.raises(ArgumentError, match=f"not available for {name}"):
+        start(raw, proc)
