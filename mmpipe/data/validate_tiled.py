@@ -17,9 +17,9 @@ Checked on every row (each problem an `Issue` naming the column and the rows):
   pan-and-scan): each image's feature tokens and tile count vs its stored (height, width),
   as `mmpipe.encoding.tiled.TiledEncoder` computes them.
 
-Not checkable: rows with uint8 tiles carry no pixel digest (unlike the Qwen families' rows),
-so a changed byte inside ``pixel_values_u8`` is not detected; its byte count is. Rows encoded
-with ``pixels="source"`` carry one over their image files, which the reader checks.
+Pixel bytes: rows with uint8 tiles carry a ``pixel_digest`` of the tile bytes and rows encoded
+with ``pixels="source"`` one over their image files; the reader checks it, so a changed byte is
+reported for its row.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ Stored (``dataset.map(mmpipe.encode, ...)``), a row is `TiledInputs.to_dict`: ``
 int32 [L], ``attention_mask`` int8 [L], ``labels`` int32 [L] (with labels),
 ``mm_token_type_ids`` int32 [L] (1 at the family's feature tokens), ``image_hw`` int64 [2*I]
 (each image's upright (height, width), flat), ``tiles_per_image`` int64 [I], ``family``; with
-pixels also ``pixel_values_u8`` uint8 [N*S*S*3] (flat) and ``tile_hw`` int64 [2] (S, S); with
+pixels also ``pixel_values_u8`` uint8 [N*S*S*3] (flat), ``tile_hw`` int64 [2] (S, S) and
+``pixel_digest`` int64 (xxh3-64 of the tile bytes, checked when a row is read back); with
 ``pixels="source"`` instead ``image_sources`` list<binary> [I] (each image's encoded file, as the
 Qwen rows' source mode stores it: `mmpipe.encoding.sources`), ``pixel_digest`` int64 (of the
 sources) and, for a torchvision-backend processor, ``image_backend``; rows encoded with
@@ -28,7 +29,7 @@ import numpy as np
 
 from mmpipe.errors import ArgumentError, InputError, PixelDataError
 from mmpipe.families import TILED_FAMILIES, TiledFamily, get_family
-from mmpipe.records.columns import IGNORE_INDEX, as_array, source_list, sources_digest
+from mmpipe.records.columns import IGNORE_INDEX, as_array, pixel_digest, source_list, sources_digest
 from mmpipe.records.display_hooks import render
 
 __all__ = ["TiledInputs", "TiledBatch", "is_tiled_row", "tiled_rows_from_arrow", "TILED_COLUMNS"]
@@ -141,6 +142,7 @@ class TiledInputs:
         if self.pixel_values_u8 is not None:
             out["pixel_values_u8"] = self.pixel_values_u8.reshape(-1)
             out["tile_hw"] = np.asarray(self.pixel_values_u8.shape[1:3], np.int64)
+            out["pixel_digest"] = np.int64(pixel_digest(self.pixel_values_u8))
         if self.image_sources is not None:
             out["image_sources"] = [bytes(b) for b in self.image_sources]
             out["pixel_digest"] = np.int64(sources_digest(self.image_sources))
@@ -165,6 +167,10 @@ class TiledInputs:
                                  stage="validate", expected=f"{want} ({int(tiles.sum())} tiles of {hw.tolist()} x 3)",
                                  found=str(flat.size), fix="re-encode the row with mmpipe.encode")
             u8 = flat.reshape(int(tiles.sum()), int(hw[0]), int(hw[1]), 3)
+            if d.get("pixel_digest") is not None and int(d["pixel_digest"]) != int(np.int64(pixel_digest(u8))):
+                raise PixelDataError("the stored tiles do not hash to the row's pixel_digest: a byte changed after "
+                                     "encoding", row=row, column="pixel_values_u8", stage="validate",
+                                     fix="re-encode the row with mmpipe.encode")
         labels, sources = d.get("labels"), source_list(d.get("image_sources"), len(tiles), row)
         if sources is not None and d.get("pixel_digest") is not None and \
                 int(d["pixel_digest"]) != int(np.int64(sources_digest(sources))):

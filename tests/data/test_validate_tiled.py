@@ -156,7 +156,7 @@ def test_wrong_processor_and_wrong_types(saved, tmp_path):
 
 def test_a_flipped_byte_in_stored_source_files(tmp_path):
     """Rows with pixels="source" carry a digest of their image files: one flipped byte is reported
-    by row and column. (Rows with uint8 tiles carry none: their byte count is what is checked.)"""
+    by row and column (uint8 tile rows: test_a_flipped_byte_in_stored_tiles)."""
     import io
 
     def png(img):
@@ -176,3 +176,23 @@ def test_a_flipped_byte_in_stored_source_files(tmp_path):
         rows[2]["image_sources"][1] = bytes(flipped)
         report = mmpipe.validate_dataset(datasets.Dataset.from_list(rows, features=enc.features))
         assert "pixel_digest" in _only_error(report, "image_sources", [2])
+
+
+def test_a_flipped_byte_in_stored_tiles(saved, tmp_path):
+    """Rows with uint8 tiles carry a digest of the tile bytes: one flipped byte inside a tile is
+    reported for its row and column, and reading the row back refuses it."""
+    from mmpipe.errors import PixelDataError
+    from mmpipe.records.tiled import TiledInputs
+
+    name, proc, dirs = saved
+
+    def flip(row):
+        row["pixel_values_u8"][len(row["pixel_values_u8"]) // 3] ^= 1
+
+    ds = datasets.load_from_disk(str(dirs["uint8"]))
+    assert all(r["pixel_digest"] is not None for r in ds.select_columns(["pixel_digest"]).to_list())
+    bad = _damaged(dirs["uint8"], tmp_path, 2, flip)
+    report = mmpipe.validate_dataset(bad, processor=proc)
+    assert "pixel_digest" in _only_error(report, "pixel_values_u8", [2])
+    with pytest.raises(PixelDataError, match="pixel_digest"):
+        TiledInputs.from_dict(datasets.load_from_disk(bad)[2], row=2)
