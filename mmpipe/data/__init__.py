@@ -10,6 +10,7 @@ One module per step::
     loading.py    any stored dataset (directory, parquet, Arrow, table) -> one Arrow table
     validate.py   stored rows vs the schema and their invariants (validate_dataset, load_encoded)
     validate_tiled.py  the same for tiled-family rows (Gemma 3, InternVL, LLaVA-OneVision)
+    validate_generic.py  the same for generic-path rows (processors without a family table)
     report.py     what validation returns (ValidationReport, Issue, SchemaError)
     repair.py     the safe repairs of validate_dataset(fix=True): lossless casts, older layouts
     schemas.py    the stored-row schemas as JSON documents (write_schemas)
@@ -31,6 +32,7 @@ _EXPORTS = {
     "mmpipe.data.validate": ("REQUIRED", "DEFAULTABLE", "BOOKKEEPING", "REENCODE", "SchemaError", "Issue",
         "ValidationReport", "validate_dataset", "check_dataset", "load_encoded"),
     "mmpipe.data.validate_tiled": ("is_tiled_table", "validate_tiled"),
+    "mmpipe.data.validate_generic": ("is_generic_table", "validate_generic"),
     "mmpipe.data.repair": ("lossless_cast", "is_u8_list", "u8_list_to_binary", "add_empty_column",
         "recompute_rope_deltas"),
     "mmpipe.data.schemas": ("SCHEMA_VERSION", "schema_documents", "render", "write_schemas"),

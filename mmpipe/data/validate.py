@@ -41,6 +41,7 @@ from mmpipe.data.repair import (
 from mmpipe.data.report import REENCODE, Issue, SchemaError, ValidationReport  # noqa: F401 (re-exported)
 from mmpipe.data.loading import DamagedDatasetError, load_table, table_to_dataset  # noqa: F401 (re-exported)
 from mmpipe.data.sources_check import unreadable_sources
+from mmpipe.data.validate_generic import is_generic_table, validate_generic
 from mmpipe.data.validate_tiled import is_tiled_table, validate_tiled
 from mmpipe.errors import InputError
 from mmpipe.families import FAMILIES
@@ -294,6 +295,10 @@ def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: b
     if is_tiled_table(table):
         report = validate_tiled(table, processor=processor, images_kwargs=images_kwargs, rows=rows,
                                 max_rows_listed=max_rows_listed, chunk=chunk)
+        report.data = table if ds is None else ds
+        return report
+    if is_generic_table(table):  # the generic path's rows (mmpipe.data.validate_generic; no repairs)
+        report = validate_generic(table, rows=rows, max_rows_listed=max_rows_listed, chunk=chunk)
         report.data = table if ds is None else ds
         return report
     fmt, labels = _detect(table)
