@@ -274,3 +274,7 @@ from .packing import case_packing  # noqa: E402,F401  (bench/run.py finds cases 
 
 # ---- 9. peak memory of one big row: a 10 MB text row, a 100 MP image (issue 15) ------------
 from .memory import case_memory  # noqa: E402,F401
+
+
+# ---- 10. per-family figures: encode, layout-only and bytes vs each family's processor (issue 20) --
+from .families_case import case_families  # noqa: E402,F401

@@ -17,7 +17,7 @@ import time
 import traceback
 
 CASES = ("rope", "layout", "encode", "bytes", "collate", "video", "job", "map_scaling", "rss", "rss_real", "packing",
-         "memory")
+         "memory", "families")
 NOT_QUICK = ("memory",)  # a minute of 10 MB rows: in --quick runs only when named in --only
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "latest.json")
 
