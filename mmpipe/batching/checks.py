@@ -77,6 +77,19 @@ def _check_error_column(values) -> None:
             )
 
 
+def check_path_rows(flags: Sequence[bool], errors: Sequence[Any], path: str, found: str) -> None:
+    """Rows that an encoding path (``path``: "generic-path", "tiled-family") collates on its own:
+    ``flags[i]`` whether row i is one of its rows, ``errors[i]`` the row's error column. Raises
+    `InputError` naming the first row that failed under ``on_error="skip"`` or that another path
+    encoded (``found``: what such a row is)."""
+    for i, (flag, err) in enumerate(zip(flags, errors)):
+        if err:
+            _check_error_column([None] * i + [err])
+        if not flag:
+            raise InputError(f"{found} in a batch of {path} rows", row=i, column="family", stage="collate",
+                             fix="encode every row of the dataset with one processor")
+
+
 def _dtype_of(value):
     dt = getattr(value, "dtype", None)  # numpy or torch; python lists are typed by their Arrow schema
     return None if dt is None else str(dt).replace("torch.", "")

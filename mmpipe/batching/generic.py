@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from mmpipe.batching.checks import check_path_rows
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
 from mmpipe.families import GENERIC_FAMILY, processor_class_name, takes_generic_path, tiled_family_of
 from mmpipe.records.columns import ERROR_COLUMN
@@ -151,15 +152,7 @@ def generic_records(rows: Any) -> Optional[list[GenericInputs]]:
         records = rows
     if not any(flags):
         return None
-    for i, (flag, err) in enumerate(zip(flags, errors)):
-        if err:
-            raise InputError(f"this row failed to encode ({err})", row=i, stage="collate", column=ERROR_COLUMN,
-                             fix="filter failed rows first: ds, errors = mmpipe.drop_failed(ds), or use "
-                                 "mmpipe.encode_dataset")
-        if not flag:
-            raise InputError("a natively encoded row in a batch of generic-path rows", row=i, column="family",
-                             stage="collate", expected=repr(GENERIC_FAMILY), found="a native family",
-                             fix="encode every row of the dataset with one processor")
+    check_path_rows(flags, errors, "generic-path", "a natively encoded row")
     if records is None:
         return generic_rows_from_arrow(rows if isinstance(rows, pa.Table) else pa.Table.from_batches([rows]))
     return [r if isinstance(r, GenericInputs) else GenericInputs.from_dict(r, i) for i, r in enumerate(records)]

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.batching.checks import arrow_table
+from mmpipe.batching.checks import arrow_table, check_path_rows
 from mmpipe.batching.generic import generic_collate, generic_collator, generic_records, pad_id, refuse_packing
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, PixelDataError
 from mmpipe.families import get_family, tiled_family_of
@@ -197,14 +197,7 @@ def tiled_records(rows: Any) -> Optional[list[TiledInputs]]:
         errors = [r.get(ERROR_COLUMN) if isinstance(r, dict) else None for r in rows]
     if not any(flags):
         return None
-    for i, (flag, err) in enumerate(zip(flags, errors)):
-        if err:
-            raise InputError(f"this row failed to encode ({err})", row=i, stage="collate", column=ERROR_COLUMN,
-                             fix="filter failed rows first: ds, errors = mmpipe.drop_failed(ds), or use "
-                                 "mmpipe.encode_dataset")
-        if not flag:
-            raise InputError("a row of another family in a batch of tiled-family rows", row=i, column="family",
-                             stage="collate", fix="encode every row of the dataset with one processor")
+    check_path_rows(flags, errors, "tiled-family", "a row of another family")
     if table is not None:
         return tiled_rows_from_arrow(table)
     return [r if isinstance(r, TiledInputs) else TiledInputs.from_dict(r, i) for i, r in enumerate(rows)]

@@ -17,8 +17,33 @@ if TYPE_CHECKING:  # records never import torch: the tensors are made by the pac
     import torch
 
 
+class PackedFacts:
+    """What every packed record derives the same way from its ``input_ids`` [1, T],
+    ``cu_seqlens`` [n+1], ``seq_lengths`` and ``meta`` (the padded batch of its rows)."""
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.cu_seqlens.shape[0]) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    @property
+    def max_seqlen(self) -> int:
+        return int(self.seq_lengths.max()) if self.num_rows else 0
+
+    @property
+    def family(self) -> str:
+        return self.meta.family
+
+    @property
+    def pixel_values(self):
+        return self.meta.pixel_values
+
+
 @dataclass(eq=False)
-class PackedMultiModalInputs:
+class PackedMultiModalInputs(PackedFacts):
     """n rows packed into one sequence of T tokens (torch tensors, no padding).
 
     Attributes (torch tensors; n rows, T = sum of their lengths, I images, N image patches):
@@ -47,33 +72,13 @@ class PackedMultiModalInputs:
 
     # ---- derived facts -----------------------------------------------------------------
     @property
-    def num_rows(self) -> int:
-        return int(self.cu_seqlens.shape[0]) - 1
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[1])
-
-    @property
     def seq_lengths(self) -> torch.Tensor:
         """int64 [n] the packed rows' lengths."""
         return self.meta.seq_lengths
 
     @property
-    def max_seqlen(self) -> int:
-        return int(self.seq_lengths.max()) if self.num_rows else 0
-
-    @property
-    def family(self) -> str:
-        return self.meta.family
-
-    @property
     def image_grid_thw(self) -> torch.Tensor:
         return self.meta.image_grid_thw
-
-    @property
-    def pixel_values(self) -> Optional[torch.Tensor]:
-        return self.meta.pixel_values
 
     @property
     def num_images(self) -> int:

@@ -16,6 +16,7 @@ import numpy as np
 
 from mmpipe.errors import ArgumentError
 from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.packed import PackedFacts
 from mmpipe.records.tiled import TiledBatch
 
 if TYPE_CHECKING:  # records never import torch at module level
@@ -25,7 +26,7 @@ __all__ = ["TiledPackedInputs"]
 
 
 @dataclass(eq=False)
-class TiledPackedInputs:
+class TiledPackedInputs(PackedFacts):
     """n tiled-family rows packed into one sequence of T tokens (numpy arrays, no padding).
 
     Attributes (n rows, T = sum of their lengths):
@@ -53,29 +54,9 @@ class TiledPackedInputs:
     meta: TiledBatch
 
     @property
-    def num_rows(self) -> int:
-        return int(self.cu_seqlens.shape[0]) - 1
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[1])
-
-    @property
     def seq_lengths(self) -> np.ndarray:
         """int64 [n] the packed rows' lengths."""
         return self.meta.lengths
-
-    @property
-    def max_seqlen(self) -> int:
-        return int(self.seq_lengths.max()) if self.num_rows else 0
-
-    @property
-    def family(self) -> str:
-        return self.meta.family
-
-    @property
-    def pixel_values(self) -> Optional[np.ndarray]:
-        return self.meta.pixel_values
 
     @property
     def num_images(self) -> int:
