@@ -29,8 +29,9 @@ import numpy as np
 from mmpipe.errors import ArgumentError, InputError
 from mmpipe.families import tiled_family_of
 from mmpipe.records.columns import IGNORE_INDEX
-from mmpipe.records.generation import Completion, Generation, SamplingParams
+from mmpipe.records.generation import Generation, SamplingParams
 from mmpipe.records.tiled import TiledInputs
+from mmpipe.rollout.sampling import sample
 
 __all__ = ["banned_tokens", "tiled_generate", "tiled_rollout_rows"]
 
@@ -52,8 +53,6 @@ def tiled_generate(model, processor, collator, rows: Sequence, params: SamplingP
     """`TransformersEngine.generate` for tiled rows (module doc): ``rows`` prompt `TiledInputs`
     or stored dicts; one `Generation` per row with ``params.n`` completions (ids up to and
     including the first stop token; float logprobs when ``params.logprobs``)."""
-    import torch
-
     recs = _rows(rows)
     blind = [i for i, r in enumerate(recs) if r.num_images and not r.has_pixels]
     if blind and see_images:  # the failure this layer exists to prevent: answering without the images
@@ -66,32 +65,8 @@ def tiled_generate(model, processor, collator, rows: Sequence, params: SamplingP
     if not see_images:  # tests: prove the model uses the images
         kw = {k: v for k, v in kw.items() if k in ("input_ids", "attention_mask")}
     stop = tuple(eos_ids) + tuple(params.stop_token_ids)
-    gen_kw = dict(max_new_tokens=params.max_new_tokens, eos_token_id=list(stop), pad_token_id=pad_id,
-                  return_dict_in_generate=True, output_logits=params.logprobs)
-    if not params.allow_vision_tokens:
-        gen_kw["suppress_tokens"] = banned_tokens(processor)
-    if params.temperature > 0:
-        gen_kw.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
-    else:
-        gen_kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    if params.seed is not None:
-        torch.manual_seed(params.seed)
-    with torch.no_grad():
-        out = model.generate(**kw, **gen_kw)
-    P = kw["input_ids"].shape[1]
-    new = out.sequences[:, P:].cpu().numpy()
-    lp = None
-    if params.logprobs:
-        logits = torch.stack(out.logits, dim=1).float()  # [B*n, T, V]
-        lp = torch.log_softmax(logits, -1).gather(-1, out.sequences[:, P:, None].to(logits.device))[..., 0].cpu().numpy()
-    gens = [Generation(prompt_index=i) for i in range(len(recs))]
-    for k, ids in enumerate(new):
-        hits = np.flatnonzero(np.isin(ids, list(stop)))
-        end = int(hits[0]) + 1 if len(hits) else len(ids)
-        gens[k // params.n].completions.append(Completion(
-            token_ids=[int(x) for x in ids[:end]], logprobs=None if lp is None else [float(x) for x in lp[k, :end]],
-            finish_reason="stop" if len(hits) else "length", stop_reason=int(ids[end - 1]) if len(hits) else None))
-    return gens
+    suppress = [] if params.allow_vision_tokens else banned_tokens(processor)
+    return sample(model, kw, params, stop=stop, pad_id=pad_id, suppress=suppress, num_prompts=len(recs))
 
 
 def tiled_rollout_rows(prompts: Sequence, generations: Sequence[Generation], processor=None) -> list[TiledInputs]:

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
 from mmpipe.batching.collate import Collator
 from mmpipe.compat import is_transformers_5
 from mmpipe.encoding.vision_tokens import VisionTokens
-from mmpipe.records.generation import Completion, Generation, SamplingParams
+from mmpipe.records.generation import Generation, SamplingParams
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.rollout.inputs import to_generate_kwargs
+from mmpipe.rollout.sampling import sample
 from mmpipe.rollout.tiled_generate import check_tiled_engine, tiled_generate
 
 
@@ -68,8 +67,6 @@ class TransformersEngine:
         """rows: prompt `MultiModalInputs` or stored dicts; returns one `Generation` per row, in
         order, each with ``params.n`` completions (generated ids up to and including the first
         stop token; per-token logprobs float when ``params.logprobs``)."""
-        import torch
-
         if self.tiled_family is not None:
             return tiled_generate(self.model, self.processor, self.collator, rows, params, eos_ids=self.eos_ids,
                                   pad_id=self.pad_id, see_images=self.see_images)
@@ -85,45 +82,8 @@ class TransformersEngine:
             for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
                 kw.pop(k, None)
         stop = tuple(self.eos_ids) + tuple(params.stop_token_ids)
-        gen_kw = dict(
-            max_new_tokens=params.max_new_tokens,
-            eos_token_id=list(stop),
-            pad_token_id=self.pad_id,
-            return_dict_in_generate=True,
-            output_logits=params.logprobs,
-        )
-        if self.vision_tokens.ids and not params.allow_vision_tokens:
-            gen_kw["suppress_tokens"] = list(self.vision_tokens.ids)
-        if params.temperature > 0:
-            gen_kw.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
-        else:
-            gen_kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
-        with torch.no_grad():
-            out = self.model.generate(**kw, **gen_kw)
-        P = kw["input_ids"].shape[1]
-        new = out.sequences[:, P:].cpu().numpy()
-        if params.logprobs:
-            logits = torch.stack(out.logits, dim=1).float()  # [B*n, T, V]
-            lp = torch.log_softmax(logits, dim=-1).gather(-1, out.sequences[:, P:, None].to(logits.device))[..., 0]
-            lp = lp.cpu().numpy()
-        gens = [Generation(prompt_index=i) for i in range(len(recs))]
-        stop_set = set(stop)
-        for k in range(new.shape[0]):
-            ids = new[k]
-            hits = np.flatnonzero(np.isin(ids, list(stop_set)))
-            end = int(hits[0]) + 1 if len(hits) else len(ids)
-            finish = "stop" if len(hits) else "length"
-            gens[k // params.n].completions.append(
-                Completion(
-                    token_ids=[int(x) for x in ids[:end]],
-                    logprobs=[float(x) for x in lp[k, :end]] if params.logprobs else None,
-                    finish_reason=finish,
-                    stop_reason=int(ids[end - 1]) if len(hits) else None,
-                )
-            )
-        return gens
+        suppress = [] if params.allow_vision_tokens else list(self.vision_tokens.ids)
+        return sample(self.model, kw, params, stop=stop, pad_id=self.pad_id, suppress=suppress, num_prompts=len(recs))
 
 
 def teacher_forced_logprobs(model, batch, device=None) -> "object":
