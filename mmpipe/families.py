@@ -65,6 +65,7 @@ class ModelFamily:
     # ({"min_pixels", "max_pixels"}) or "size" ({"size": {"shortest_edge", "longest_edge"}})
     processor_bounds: str = "pixels"
     encodes_videos: bool = True  # False: the encoder refuses video items (VideoError naming the family)
+    video_rule: str = "qwen"  # video sampling/sizing/text: "qwen" (qwen-vl-utils) or "glm4v" (encoding.glm_videos)
 
     @property
     def is_vision(self) -> bool:
@@ -178,10 +179,8 @@ QWEN3_VL = ModelFamily(
     model_class="Qwen3VLForConditionalGeneration",
     mrope_section=(24, 20, 20),
 )
-# GLM-4.1V: Qwen-like patches ([N, 1176], merge 2) and 3-D rope. Its rope is Qwen3-VL's
-# "frames" rule: images as Qwen; each video frame its own block (text after a block starts at
-# start + max(h, w) / merge = block max + 1). Its videos put the timestamp AFTER each frame and
-# reuse <|image|> inside <|begin_of_video|>...: not encoded (encodes_videos=False).
+# GLM-4.1V: Qwen-like patches ([N, 1176], merge 2); rope: Qwen3-VL's "frames" rule. Its videos
+# (video_rule "glm4v"): each frame group an <|image|> block, then its time, in <|begin_of_video|>...
 GLM4V = ModelFamily(
     name="glm4v",
     model_types=("glm4v", "glm4v_moe"),
@@ -197,7 +196,7 @@ GLM4V = ModelFamily(
     mrope_section=(8, 12, 12),
     resize_rule="glm4v",
     processor_bounds="size",
-    encodes_videos=False,
+    video_rule="glm4v",
 )
 TEXT = ModelFamily(
     name="text", model_types=(), rope="1d",

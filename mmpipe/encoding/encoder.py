@@ -25,6 +25,7 @@ from typing import Optional
 import numpy as np
 
 from mmpipe.encoding.fingerprint import CodeStamped
+from mmpipe.encoding.glm_videos import token_types
 from mmpipe.encoding.mapping import EncodeStats, encode_or_drop, map_call
 from mmpipe.encoding.options import ERROR_POLICIES, TRUNCATION_POLICIES, check_choice, check_options, truncate_row
 from mmpipe.encoding.parse import check_text, parse_media, parse_tools, row_where
@@ -241,12 +242,7 @@ class Encoder(CodeStamped):
 
     def token_types(self, ids: np.ndarray) -> np.ndarray:
         """``mm_token_type_ids`` int64 [L] of ids int64 [L]: 1 at image pads, 2 at video pads, else 0."""
-        mm = np.zeros(ids.shape, dtype=np.int64)
-        if self.image_token_id is not None:
-            mm[ids == self.image_token_id] = 1
-        if self.video_token_id is not None:
-            mm[ids == self.video_token_id] = 2
-        return mm
+        return token_types(self, ids)
 
     def _tokenize(self, messages: list[dict], where: str,
                   tools: Optional[list] = None) -> tuple[np.ndarray, Optional[np.ndarray]]:
@@ -293,7 +289,7 @@ class Encoder(CodeStamped):
     def _image_pads(self, ids: np.ndarray, n_images: int, where: str) -> np.ndarray:
         """Positions int [I] of the one ``<|image_pad|>`` per image the template rendered."""
         fam = self.family
-        pad_pos = np.flatnonzero(ids == self.image_token_id)
+        pad_pos = np.flatnonzero(self.token_types(ids) == 1)  # GLM-4.1V's videos hold <|image|> too
         if len(pad_pos) != n_images:
             raise PlaceholderError(
                 f"the rendered prompt holds {len(pad_pos)} {fam.image_token} token(s) but the row "

@@ -14,6 +14,7 @@ merges with its neighbours, and avoids tokenizing thousands of special tokens pe
   (labels, step ids: int64 [L]) are repeated the same way. Used by encode, multi-turn
   appends (`mmpipe.rollout.multiturn`) and ReMA (`mmpipe.rema.encode`).
 - `expand_image_pads`: `repeat_pads` with the counts of image grids.
+- `expand_video_pads` / `expand_glm_video_pads`: a video's pad -> its blocks (Qwen / GLM-4.1V layout).
 - `collapse_placeholders` / `expand_placeholders`: training ids <-> ids with one pad per block
   (what vLLM takes, `mmpipe.rollout.inputs`); `check_roundtrip` asserts they invert exactly.
 """
@@ -35,6 +36,7 @@ __all__ = [
     "repeat_pads",
     "expand_image_pads",
     "expand_video_pads",
+    "expand_glm_video_pads",
     "collapse_placeholders",
     "expand_placeholders",
     "check_roundtrip",
@@ -119,6 +121,24 @@ def expand_video_pads(ids: np.ndarray, pad_positions, grids, family, labels: Opt
     if labels is None:
         return out, None
     return out, np.concatenate(lab_pieces + [labels[prev:]]).astype(np.int64)
+
+
+def expand_glm_video_pads(enc, ids: np.ndarray, pads, grids, labels: Optional[np.ndarray], times_ids) -> tuple:
+    """Each video's ``<|video|>`` (at ``pads``, int [V]) -> per frame group ``<|begin_of_image|>``,
+    ``h*w/merge^2`` ``<|image|>``, ``<|end_of_image|>``, the group's time ids (``times_ids[v][g]``).
+    ``labels`` (or None): the inserted tokens get -100. Returns ``(ids, labels)``."""
+    fam, g = enc.family, np.asarray(grids, dtype=np.int64).reshape(-1, 3)
+    pieces, lab, prev = [], [], 0
+    for v, pos in enumerate(np.asarray(pads, dtype=np.int64).reshape(-1).tolist()):
+        n = int(fam.tokens_per_grid(np.asarray([[1, g[v, 1], g[v, 2]]]))[0])
+        one = [enc.vision_start_id] + [enc.image_token_id] * n + [enc.vision_end_id]
+        block = np.asarray([t for k in range(int(g[v, 0])) for t in one + list(times_ids[v][k])], np.int64)
+        pieces += [ids[prev:pos], block]
+        if labels is not None:
+            lab += [labels[prev:pos], np.full(len(block), IGNORE_INDEX, np.int64)]
+        prev = pos + 1
+    out = np.concatenate(pieces + [ids[prev:]]).astype(np.int64)
+    return out, (None if labels is None else np.concatenate(lab + [labels[prev:]]).astype(np.int64))
 
 
 # ---- training ids <-> one pad per block (rollout inputs) ------------------------------------

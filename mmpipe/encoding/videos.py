@@ -26,10 +26,11 @@ from typing import Any, Optional
 import numpy as np
 
 from mmpipe.encoding.media import VIDEO_ITEM_OPTIONS
-from mmpipe.encoding.placeholders import expand_video_pads
+from mmpipe.encoding.placeholders import expand_glm_video_pads, expand_video_pads
 from mmpipe.errors import ArgumentError, ImageError, PlaceholderError, VideoError
 from mmpipe.images.load import confine_image
-from mmpipe.images.video import VideoOptions, encode_video, frame_bounds, video_layout
+from mmpipe.encoding.glm_videos import glm_plan, glm_time_text
+from mmpipe.images.video import VideoOptions, encode_video, frame_bounds, qwen_plan, video_layout
 from mmpipe.records.arrow import most_per_row
 
 __all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes"]
@@ -85,6 +86,16 @@ def timestamp_text(seconds: float) -> str:
     return f"<{seconds:.1f} seconds>"
 
 
+def _expand_qwen(enc, ids, pads, grids, labels, times_ids) -> tuple:
+    return expand_video_pads(ids, pads, grids, enc.family, labels, times_ids=times_ids,
+                             vision_start_id=enc.vision_start_id, vision_end_id=enc.vision_end_id)
+
+
+# `ModelFamily.video_rule` -> (sampling/sizing plan, a frame group's time text, pad expansion)
+VIDEO_RULES = {"qwen": (qwen_plan, timestamp_text, _expand_qwen),
+               "glm4v": (glm_plan, glm_time_text, expand_glm_video_pads)}
+
+
 def _one(enc, i: int, value: Any, where: str):
     """Video ``i`` of the row -> `VideoPatches` (patches None under ``pixels="none"``)."""
     at = f"{where}, video {i}"
@@ -97,7 +108,7 @@ def _one(enc, i: int, value: Any, where: str):
                              expected="pixels='uint8', 'float32' or 'none' for rows with videos",
                              found="pixels='source'", fix="encode rows with videos with pixels='uint8'")
         fn = video_layout if enc.pixels == "none" else encode_video
-        return fn(value, enc.spec, opts, where=at)
+        return fn(value, enc.spec, opts, where=at, plan=VIDEO_RULES[enc.family.video_rule][0])
     except ImageError as e:  # a VideoError, or confine_image's ImageError about the video's path
         if not isinstance(e, VideoError):
             e = VideoError(e.detail.replace("image path", "video path"), where=at, expected=e.expected,
@@ -131,13 +142,13 @@ def add_videos(enc, ids: np.ndarray, labels: Optional[np.ndarray], videos: list,
     grids = np.asarray([v.grid for v in encoded], dtype=np.int64)
     seconds = np.asarray([v.second_per_grid_ts for v in encoded], dtype=np.float32)
     times_ids = None
+    _, time_text, expand = VIDEO_RULES[fam.video_rule]
     if fam.video_frames_are_blocks:
         cache: dict[str, list] = {}
         tok = enc.tokenizer
         times_ids = [[cache.setdefault(s, tok(s, add_special_tokens=False)["input_ids"])
-                      for s in map(timestamp_text, v.timestamps)] for v in encoded]
-    ids, labels = expand_video_pads(ids, pads, grids, fam, labels, times_ids=times_ids,
-                                    vision_start_id=enc.vision_start_id, vision_end_id=enc.vision_end_id)
+                      for s in map(time_text, v.timestamps)] for v in encoded]
+    ids, labels = expand(enc, ids, pads, grids, labels, times_ids)
     blocks = [v.patches for v in encoded if v.patches is not None]
     return ids, labels, grids, seconds, blocks
 

@@ -40,7 +40,7 @@ from mmpipe.images.load import load_image
 from mmpipe.images.spec import VisionSpec, smart_resize
 
 __all__ = ["FRAME_FACTOR", "VideoOptions", "VideoPatches", "sample_count", "sample_indices", "frame_bounds",
-           "group_times", "encode_video", "video_layout", "patchify_video_u8"]
+           "group_times", "qwen_plan", "encode_video", "video_layout", "patchify_video_u8"]
 
 FRAME_FACTOR = 2  # qwen-vl-utils: sampled frame counts are multiples of this
 VIDEO_MIN_TOKENS, VIDEO_MAX_TOKENS = 128, 768  # per-frame pixel bounds, in merged tokens
@@ -196,20 +196,27 @@ def _list_frames(frames: Sequence, where: str) -> list[np.ndarray]:
     return out
 
 
-def _encode_frames(frames: Sequence, spec: VisionSpec, opts: VideoOptions, where: str) -> VideoPatches:
-    """qwen-vl-utils for a frame list: every frame, the last repeated to a multiple of
-    FRAME_FACTOR; sample fps = ``opts.frames_fps``."""
+def _encode_frames(frames: Sequence, spec: VisionSpec, opts: VideoOptions, where: str, plan) -> VideoPatches:
+    """A frame list (its fps ``opts.frames_fps``): the frames ``plan`` picks (qwen-vl-utils: every
+    frame, the last repeated to a multiple of FRAME_FACTOR)."""
     arrs = _list_frames(frames, where)
-    n = math.ceil(len(arrs) / FRAME_FACTOR) * FRAME_FACTOR
-    idx = np.minimum(np.arange(n), len(arrs) - 1)
-    th, tw = _target_size(*arrs[0].shape[:2], n, spec, opts, where)
+    idx, (th, tw), sample_fps, times = plan(len(arrs), float(opts.frames_fps), *arrs[0].shape[:2], spec, opts, where, True)
     resized = [_resize(arrs[i], th, tw, spec) for i in idx]
-    return _finish(resized, idx, float(opts.frames_fps), spec, _list_times(n, opts, spec))
+    return _finish(resized, np.asarray(idx), sample_fps, spec, times)
 
 
-def _list_times(n: int, opts: VideoOptions, spec: VisionSpec) -> tuple:
-    """A frame list's group times (qwen-vl-utils' list metadata: indices 0..n-1, the list's fps)."""
-    return group_times(range(n), float(opts.frames_fps), spec.temporal_patch_size)
+def qwen_plan(total: int, fps: float, h: int, w: int, spec: VisionSpec, opts: VideoOptions, where: str,
+              frame_list: bool) -> tuple:
+    """qwen-vl-utils' plan for ``total`` frames at ``fps`` of ``h`` x ``w``: (indices int64 [n], resized
+    (height, width), sample fps, group times); `mmpipe.encoding.glm_videos.glm_plan` is another."""
+    if frame_list:
+        n = math.ceil(total / FRAME_FACTOR) * FRAME_FACTOR
+        idx, sample_fps, times = np.minimum(np.arange(n), total - 1), fps, group_times(range(n), fps, spec.temporal_patch_size)
+    else:
+        n = sample_count(total, fps, opts, where=where)
+        idx = sample_indices(total, n)
+        sample_fps, times = n / total * fps, group_times(idx, fps, spec.temporal_patch_size)
+    return idx, _target_size(h, w, n, spec, opts, where), sample_fps, times
 
 
 # ---- containers (PyAV) -----------------------------------------------------------------
@@ -328,14 +335,13 @@ def _check_codec(c: _Container) -> None:
                          found=f"{c.height}x{c.width}", fix="re-encode the video or drop the row")
 
 
-def _encode_container(value: Any, spec: VisionSpec, opts: VideoOptions, where: str) -> VideoPatches:
+def _encode_container(value: Any, spec: VisionSpec, opts: VideoOptions, where: str, plan) -> VideoPatches:
     c = _Container(value, where)
     try:
         _check_codec(c)
         total = c.total_frames()
-        n = sample_count(total, c.fps, opts, where=where)
-        idx = sample_indices(total, n)
-        th, tw = _target_size(c.height, c.width, n, spec, opts, where)
+        idx, (th, tw), sample_fps, times = plan(total, c.fps, c.height, c.width, spec, opts, where, False)
+        idx, n = np.asarray(idx), len(idx)
         want = np.bincount(idx, minlength=total)  # how often each source frame is used
         out: list[np.ndarray] = []
         last = int(idx[-1])
@@ -350,47 +356,44 @@ def _encode_container(value: Any, spec: VisionSpec, opts: VideoOptions, where: s
     if len(out) < n:  # the header promised more frames than the stream holds
         raise VideoError("the video stream ends early", where=where, expected=f"{total} frames (header)",
                          found=f"{len(out)} of {n} sampled frames decoded", fix="re-encode the video")
-    return _finish(out, idx, n / total * c.fps, spec, group_times(idx, c.fps, spec.temporal_patch_size))
+    return _finish(out, idx, sample_fps, spec, times)
 
 
 # ---- public entry points ---------------------------------------------------------------
 def encode_video(value: Any, spec: VisionSpec, opts: Optional[VideoOptions] = None, *,
-                 where: str = "video") -> VideoPatches:
+                 where: str = "video", plan=None) -> VideoPatches:
     """One video -> `VideoPatches` (uint8 patches [grid_t*gh*gw, 3*T*p*p], grid, indices,
     ``second_per_grid_ts``). ``value``: a path, bytes, a ``{"path", "bytes"}`` dict, or a list
-    of frames (PIL / uint8 [H, W, 3]) whose rate is ``opts.frames_fps``."""
-    opts = opts or VideoOptions()
+    of frames (PIL / uint8 [H, W, 3]) whose rate is ``opts.frames_fps``. ``plan``: the sampling
+    and sizing rule (default `qwen_plan`)."""
+    opts, plan = opts or VideoOptions(), plan or qwen_plan
     if isinstance(value, (list, tuple)):
-        return _encode_frames(value, spec, opts, where)
-    return _encode_container(value, spec, opts, where)
+        return _encode_frames(value, spec, opts, where, plan)
+    return _encode_container(value, spec, opts, where, plan)
 
 
 def video_layout(value: Any, spec: VisionSpec, opts: Optional[VideoOptions] = None, *,
-                 where: str = "video") -> VideoPatches:
+                 where: str = "video", plan=None) -> VideoPatches:
     """The grid, sampled indices and ``second_per_grid_ts`` of `encode_video` from the
     container's metadata alone (no frame decoded; ``patches`` is None). For a frame list, from
     the first frame's size."""
-    opts = opts or VideoOptions()
-    T = spec.temporal_patch_size
+    opts, plan, T = opts or VideoOptions(), plan or qwen_plan, spec.temporal_patch_size
     if isinstance(value, (list, tuple)):
         if not value:
             raise VideoError("the video has no frames", where=where, expected="at least one frame",
                              found="an empty frame list", fix="drop the row or give the video's frames")
         first = _list_frames(value[:1], where)[0]
-        n = math.ceil(len(value) / FRAME_FACTOR) * FRAME_FACTOR
-        idx, (h, w), sample_fps = np.minimum(np.arange(n), len(value) - 1), first.shape[:2], float(opts.frames_fps)
-        times = _list_times(n, opts, spec)
+        idx, (th, tw), sample_fps, times = plan(len(value), float(opts.frames_fps), *first.shape[:2], spec, opts,
+                                                where, True)
     else:
         c = _Container(value, where)
         try:
             _check_codec(c)
-            total = c.total_frames()
-            n = sample_count(total, c.fps, opts, where=where)
-            idx, (h, w), sample_fps = sample_indices(total, n), (c.height, c.width), n / total * c.fps
-            times = group_times(idx, c.fps, T)
+            idx, (th, tw), sample_fps, times = plan(c.total_frames(), c.fps, c.height, c.width, spec, opts, where,
+                                                    False)
         finally:
             c.close()
-    th, tw = _target_size(h, w, n, spec, opts, where)
+    idx, n = np.asarray(idx), len(idx)
     n_pad = n + (-n % T)
     idx = np.concatenate([idx, np.repeat(idx[-1:], n_pad - n)]).astype(np.int64)
     grid = (n_pad // T, th // spec.patch_size, tw // spec.patch_size)

@@ -12,6 +12,8 @@ it hands to the transformers processor (``VideoMetadata`` fields):
   and the ``fps`` (searched among neighbouring doubles) for which that division gives back the
   row's stored ``second_per_grid_ts`` (float32, as a double) exactly where such a double exists
   (every common frame rate), else to one float64 ulp.
+- GLM-4.1V: ``(frames, metadata)`` whose indices re-create each group's whole seconds
+  (`mmpipe.rollout.glm_video_prompts`).
 - Qwen3-VL: ``(frames, metadata)``; vLLM writes ``<{t:.1f} seconds>`` before each frame
   group itself, ``t`` the mean of the group's ``frames_indices / fps``. The row holds those
   timestamps as text: they are read back (the tokenizer decodes them), the whole expanded span
@@ -37,12 +39,14 @@ from mmpipe.errors import ArgumentError, PlaceholderError
 from mmpipe.families import ModelFamily
 from mmpipe.images.spec import VisionSpec
 from mmpipe.records.row import MultiModalInputs
+from mmpipe.rollout.glm_video_prompts import glm_prompt_videos
 from mmpipe.rollout.images import row_video_frames
 
 __all__ = ["vllm_video_prompt", "video_fps_for", "TIMESTAMP_FPS"]
 
 TIMESTAMP_FPS = 10.0  # Qwen3-VL timestamps are printed with one decimal: tenths are exact indices
 VIDEO_KWARGS = {"do_resize": False, "do_sample_frames": False}
+PROMPT_RULES = {"glm4v": glm_prompt_videos}  # `ModelFamily.video_rule` -> its prompt builder (else Qwen's)
 _TIMESTAMP = re.compile(r"^<(\d+(?:\.\d+)?) seconds>$")
 _MAX_TIMESTAMP_TOKENS = 32  # "<123456.7 seconds>" is 18 characters; a byte-level tokenizer: 18 tokens
 
@@ -81,7 +85,9 @@ def vllm_video_prompt(row: MultiModalInputs, spec: VisionSpec, tokenizer: Any = 
                                 family=fam, row=index)
     frames = row_video_frames(row, spec, index=index)
     grids = row.video_grid_thw.tolist()
-    if fam.video_frames_are_blocks:
+    if fam.video_rule in PROMPT_RULES:  # GLM-4.1V: frame times after each block, in whole seconds
+        ids, videos = PROMPT_RULES[fam.video_rule](ids, frames, grids, fam, tokenizer, index)
+    elif fam.video_frames_are_blocks:
         ids, stamps = _collapse_timestamps(ids, grids, fam, tokenizer, index)
         videos = [(f, _timestamp_metadata(ts, spec.temporal_patch_size)) for f, ts in zip(frames, stamps)]
     elif fam.takes_second_per_grid_ts:

@@ -1,6 +1,7 @@
 """GLM-4.1V as a native family: encode == the real Glm4vProcessor (ids, pixels, grids, token
 types), positions == Glm4vModel.get_rope_index, batched / packed logits == per-row logits,
-collate / unbatch round trips (the invariant harness), layout-only == full path; videos are refused."""
+collate / unbatch round trips (the invariant harness), layout-only == full path; videos encode
+(checked in test_glm4v_video.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import transformers
 
 import mmpipe
 from mmpipe import testing
-from mmpipe.errors import ImageError, VideoError
+from mmpipe.errors import ImageError
 from mmpipe.families import GLM4V, family_of, takes_generic_path
 from mmpipe.images.spec import VisionSpec, glm4v_smart_resize
 from mmpipe.testing import invariants
@@ -190,12 +191,13 @@ def test_compact_bytes_vs_float32(proc, photos, capsys):
               f"{f32.pixel_values.nbytes / n:.0f} B/image float32 ({f32.pixel_values.nbytes / u8.pixel_values_u8.nbytes:.0f}x)")
 
 
-def test_videos_are_refused_with_a_typed_error(proc):
+def test_videos_encode_as_frame_blocks(proc):
+    """GLM-4.1V videos encode (tests/encoding/test_glm4v_video.py checks them against the processor):
+    per frame group an <|image|> block with token type 2, inside <|begin_of_video|>...<|end_of_video|>."""
     msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}]
     frames = [np.zeros((56, 56, 3), np.uint8)] * 4
-    with pytest.raises(VideoError, match="does not encode glm4v videos") as e:
-        mmpipe.encode_row({"messages": msgs, "videos": [frames]}, proc)
-    assert e.value.column == "videos" and "image items" in str(e.value)
+    row = mmpipe.encode_row({"messages": msgs, "videos": [frames]}, proc, video_options={"max_pixels": 28 * 28 * 16})
+    assert row.video_grid_thw.tolist() == [[2, 4, 4]] and (row.mm_token_type_ids == 2).sum() == 2 * 4
 
 
 def test_load_processor_testing_glm4v():
