@@ -244,7 +244,8 @@ def _layout_floor(name: str, t: dict, n_tokens: int) -> str:
     """Where the layout time goes: the tokenizer over the expanded vs the rendered texts."""
     te, tr, mm = t["tokenize_expanded"].best, t["tokenize_rendered"].best, t["mmpipe_layout_no_labels"].median
     how = ("mmpipe expands the pads on ids (tokenizes the rendered texts)" if name in QWEN_LIKE else
-           "mmpipe's tiled encoder tokenizes each row's expanded text, so it pays at least the first")
+           "mmpipe's tiled encoder tokenizes each row's text with every feature-token run written once, then "
+           "repeats the run's id (one tokenizer call per row, not per batch)")
     return (f"one batched tokenizer call over the expanded texts ({n_tokens:,} tokens; the header-only path's own) "
             f"takes {fmt_time(te)}, over the rendered texts before expansion {fmt_time(tr)} (fastest samples); "
             f"{how}; mmpipe's layout call (labels=False) {fmt_time(mm)}")

@@ -23,10 +23,10 @@ from typing import Callable, Optional
 import numpy as np
 
 from mmpipe.encoding.fingerprint import CodeStamped
-from mmpipe.encoding.mapping import EncodeStats, RowDropped, map_call
+from mmpipe.encoding.mapping import EncodeStats, check_max_length, map_call
 from mmpipe.encoding.options import ERROR_POLICIES, check_choice
 from mmpipe.encoding.parse import parse_row, parse_tools, row_where
-from mmpipe.errors import ArgumentError, InputError, TruncationError
+from mmpipe.errors import ArgumentError, InputError
 from mmpipe.families import GENERIC_FAMILY, UnsupportedProcessorError, family_of, processor_class_name, tiled_family_of
 from mmpipe.images.load import load_image, to_rgb_image, upright
 from mmpipe.records.columns import IGNORE_INDEX, to_numpy
@@ -297,10 +297,4 @@ class GenericEncoder(CodeStamped):
         return to_numpy(out["input_ids"])[0].astype(np.int64)
 
     def _check_length(self, ids: np.ndarray, where: str) -> None:
-        if self.max_length is None or len(ids) <= self.max_length:
-            return
-        detail = f"{where}: {len(ids)} tokens exceed max_length={self.max_length}"
-        if self.truncation == "drop":
-            raise RowDropped("too_long", detail)
-        raise TruncationError(detail, where="", column="input_ids",
-                              fix="raise max_length, shrink the images, or pass truncation='drop'")
+        check_max_length(len(ids), self.max_length, self.truncation, where, "raise max_length, shrink the images, or pass truncation='drop'")

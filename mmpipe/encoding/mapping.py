@@ -56,6 +56,18 @@ class RowDropped(Exception):
         self.reason = reason
 
 
+def check_max_length(n_tokens: int, max_length, truncation: str, where: str, fix: str) -> None:
+    """A row of ``n_tokens`` over ``max_length`` (None: no limit): `RowDropped` ("too_long") under
+    ``truncation="drop"``, else `TruncationError` (column ``input_ids``) with ``fix``. For the
+    encoders that cannot cut a row (the tiled and the generic path)."""
+    if max_length is None or n_tokens <= max_length:
+        return
+    detail = f"{where}: {n_tokens} tokens exceed max_length={max_length}"
+    if truncation == "drop":
+        raise RowDropped("too_long", detail)
+    raise TruncationError(detail, where="", column="input_ids", fix=fix)
+
+
 @dataclass
 class EncodeStats:
     """Counts of this process's encoder: rows seen, encoded, dropped by reason."""

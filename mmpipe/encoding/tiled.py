@@ -3,7 +3,10 @@ LLaVA-OneVision), with no processor call per row.
 
 raw chat row -> the chat template (rendered once, one placeholder per image) -> each
 placeholder replaced by the family's text (`mmpipe.images.<family>.expand_placeholder`, from
-the image's (height, width) alone) -> one tokenizer call -> `TiledInputs`: ids, token types
+the image's (height, width) alone) with each run of K feature tokens written ONCE
+(``placeholder_runs``) -> one tokenizer call on that short text -> each run's feature id
+repeated K times (the feature token is an added token: atomic, so the ids equal those of the
+fully written text, which `TiledEncoder.__init__` checks on probe texts) -> `TiledInputs`: ids, token types
 (1 at the feature tokens), labels, and the images as compact uint8 tiles
 (``tiles_u8``: uint8 [n, S, S, 3]; 1/4 of the processor's float32 bytes), with
 ``pixels="source"`` each image's encoded file as given (`mmpipe.encoding.sources.source_bytes`;
@@ -22,17 +25,18 @@ processor (`mmpipe.encoding.dataset.make_encoder`)::
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Optional
 
 import numpy as np
 
 from mmpipe.encoding.fingerprint import CodeStamped
-from mmpipe.encoding.mapping import EncodeStats, RowDropped, map_call
+from mmpipe.encoding.mapping import EncodeStats, check_max_length, map_call
 from mmpipe.encoding.options import ERROR_POLICIES, check_choice
 from mmpipe.encoding.parse import check_text, parse_row, parse_tools, row_where
 from mmpipe.encoding.sources import source_bytes
-from mmpipe.errors import ArgumentError, ImageError, InputError, PlaceholderError, TruncationError
-from mmpipe.families import TiledFamily, processor_class_name, tiled_family_of
+from mmpipe.errors import ArgumentError, ImageError, InputError, PlaceholderError
+from mmpipe.families import processor_class_name, tiled_family_of
 from mmpipe.images.load import check_image_root, confine_image, image_hw
 from mmpipe.images.threads import default_threads, thread_pool
 from mmpipe.images.tiles import effective_image_processor, image_tiles
@@ -42,6 +46,7 @@ from mmpipe.records.tiled import TiledInputs
 __all__ = ["TiledEncoder", "TILED_PIXELS"]
 
 TILED_PIXELS = ("uint8", "source", "none")  # tiles, source files, layout-only (float32: the same values, 4x the bytes)
+_COLLAPSE_CHECKED = weakref.WeakKeyDictionary()  # tokenizer -> {probe text: exact} (TiledEncoder._collapse_is_exact)
 _REFUSED = {  # Encoder options without a meaning here -> what to do instead
     "min_pixels": "the family resizes to its fixed tile size: set size on the processor's image processor",
     "max_pixels": "the family resizes to its fixed tile size: set size on the processor's image processor",
@@ -120,6 +125,7 @@ class TiledEncoder(CodeStamped):
         self.on_error, self.threads = on_error, threads
         self.mark_dropped = False  # encode_dataset sets it, as for mmpipe.Encoder
         self.feature_id = fam.token_ids(self.tokenizer)["feature"]
+        self.collapse = self._collapse_is_exact()
         self.fresh_runtime_state()
 
     def fresh_runtime_state(self) -> None:
@@ -203,21 +209,23 @@ class TiledEncoder(CodeStamped):
         text = check_text(self._render(messages, agp, tools), where=where, column="messages", what="the rendered prompt")
         sizes, payloads = self._images(raw_images, where, prefetched)
         tiles = payloads if self.pixels == "uint8" else None
-        pieces, spans, images_at = self._spliced(text, sizes, where)
-        expanded = "".join(pieces)
-        enc = self.tokenizer(expanded, return_offsets_mapping=self.labels)
-        ids = np.asarray(enc["input_ids"], np.int64)
-        types = (ids == self.feature_id).astype(np.int64)
+        pieces, spans, images_at, runs = self._spliced(text, sizes, where)
+        enc = self.tokenizer("".join(pieces), return_offsets_mapping=self.labels)
+        short = np.asarray(enc["input_ids"], np.int64)  # each run of feature tokens as one id (collapse on)
+        repeat, found = self._repeats(short, runs)
         want = sum(self.module.image_tokens(h, w, self.image_processor, self.processor) for h, w in sizes)
-        if int(types.sum()) != want:
-            raise PlaceholderError(f"the expanded prompt holds {int(types.sum())} {self.family.feature_token} tokens "
+        if found != want:
+            raise PlaceholderError(f"the expanded prompt holds {found} {self.family.feature_token} tokens "
                                    f"for {len(sizes)} image(s)", where=where, column="messages",
-                                   expected=str(want), found=str(int(types.sum())),
+                                   expected=str(want), found=str(found),
                                    fix=f"remove literal {self.family.feature_token} text from the messages")
+        ids = short if repeat is None else np.repeat(short, repeat)
+        types = (ids == self.feature_id).astype(np.int64)
         labels = None
         if self.labels:
-            labels = self._labels(ids, np.asarray(enc["offset_mapping"], np.int64).reshape(-1, 2),
+            labels = self._labels(short, np.asarray(enc["offset_mapping"], np.int64).reshape(-1, 2),
                                   self._assistant_spans(messages, text, where, tools, agp), spans, images_at)
+            labels = labels if repeat is None else np.repeat(labels, repeat)
         self._check_length(ids, where)
         return TiledInputs(family=self.family.name, input_ids=ids, attention_mask=np.ones(len(ids), np.int64),
                            mm_token_type_ids=types, image_hw=np.asarray(sizes, np.int64).reshape(-1, 2),
@@ -270,10 +278,44 @@ class TiledEncoder(CodeStamped):
                              stage="template", column="messages",
                              fix="check the roles and their order against the model's chat template") from e
 
-    def _spliced(self, text: str, sizes: list, where: str) -> tuple[list, list, list]:
+    def _collapse_is_exact(self) -> bool:
+        """Whether tokenizing an image text with each feature-token run written once, then
+        repeating the feature id, gives the ids of the fully written text: the family's text of
+        a probe image between varied neighbours (spaces, newlines, letters, none), runs of 1
+        and 3 against 1 (an added token is atomic; a tokenizer where it is not keeps the
+        fully written path)."""
+        text, runs = self.module.placeholder_runs(8, 8, self.processor, self.image_processor)
+        tok = self.family.feature_token
+        if not runs or text.count(tok) != len(runs):
+            return bool(not runs)
+        try:  # once per tokenizer and probe text
+            return _COLLAPSE_CHECKED.setdefault(self.tokenizer, {})[text]
+        except KeyError:
+            pass
+        except TypeError:  # a tokenizer that is no weakref-able dict key: probe every time
+            return _collapse_exact(self.tokenizer, self.feature_id, tok, text)
+        exact = _COLLAPSE_CHECKED[self.tokenizer][text] = _collapse_exact(self.tokenizer, self.feature_id, tok, text)
+        return exact
+
+    def _repeats(self, short: np.ndarray, runs: Optional[list]) -> tuple[Optional[np.ndarray], int]:
+        """(how many times each id of ``short`` stands, or None for ids already written out;
+        the feature tokens the written-out ids hold)."""
+        at = np.flatnonzero(short == self.feature_id)
+        if runs is None:
+            return None, len(at)
+        found = len(at) - len(runs) + sum(runs)  # a literal feature token in the text counts once
+        if len(at) != len(runs):
+            return None, found
+        repeat = np.ones(len(short), np.int64)
+        repeat[at] = runs
+        return repeat, found
+
+    def _spliced(self, text: str, sizes: list, where: str) -> tuple[list, list, list, Optional[list]]:
         """The rendered text cut at its image placeholders, each replaced by its image's text:
         (pieces, [(start, end) of each image text in the expanded text], [start of each
-        placeholder in ``text``])."""
+        placeholder in ``text``], the feature-token run lengths in order or None). With
+        ``collapse`` each image's text has its runs of feature tokens written once
+        (``placeholder_runs``); spans are then in that short text."""
         token = self.family.image_token
         at, k = [], text.find(token)
         while k >= 0:
@@ -285,16 +327,20 @@ class TiledEncoder(CodeStamped):
                                    expected=f"one {token} per image", found=str(len(at)),
                                    fix=(f"remove literal {token} text from the messages" if len(at) > len(sizes)
                                         else "the chat template did not render every image item"))
-        pieces, spans, last, pos = [], [], 0, 0
+        pieces, spans, last, pos, runs = [], [], 0, 0, [] if self.collapse else None
         for k, (h, w) in zip(at, sizes):
             pieces.append(text[last:k])
             pos += k - last
-            image_text = self.module.expand_placeholder(h, w, self.processor, self.image_processor)
+            if self.collapse:
+                image_text, image_runs = self.module.placeholder_runs(h, w, self.processor, self.image_processor)
+                runs += image_runs
+            else:
+                image_text = self.module.expand_placeholder(h, w, self.processor, self.image_processor)
             pieces.append(image_text)
             spans.append((pos, pos + len(image_text)))
             pos, last = pos + len(image_text), k + len(token)
         pieces.append(text[last:])
-        return pieces, spans, at
+        return pieces, spans, at, runs
 
     def _assistant_spans(self, messages: list, full: str, where: str, tools, agp: bool) -> list[tuple[int, int]]:
         """Character spans of the assistant replies in the rendered (unexpanded) ``full`` text:
@@ -332,10 +378,17 @@ class TiledEncoder(CodeStamped):
         return labels
 
     def _check_length(self, ids: np.ndarray, where: str) -> None:
-        if self.max_length is None or len(ids) <= self.max_length:
-            return
-        detail = f"{where}: {len(ids)} tokens exceed max_length={self.max_length}"
-        if self.truncation == "drop":
-            raise RowDropped("too_long", detail)
-        raise TruncationError(detail, where="", column="input_ids",
-                              fix="raise max_length, use fewer images, or pass truncation='drop'")
+        check_max_length(len(ids), self.max_length, self.truncation, where, "raise max_length, use fewer images, or pass truncation='drop'")
+
+
+def _collapse_exact(tokenizer, feature_id: int, tok: str, text: str) -> bool:
+    """``text`` and ``tok`` alone, between varied neighbours: tokenized with each ``tok`` once,
+    the feature id repeated 3 times == tokenized with each ``tok`` written 3 times."""
+    sides = ["", "a", " ", "\n", "\n\n", "x \n\n", ". "]
+    shorts = [left + body + right for body in (text, tok) for left in sides for right in sides[::-1]]
+    one, three = (tokenizer(texts)["input_ids"] for texts in (shorts, [t.replace(tok, tok * 3) for t in shorts]))
+    for t, a, b in zip(shorts, one, three):
+        feature = np.asarray(a, np.int64) == feature_id
+        if int(feature.sum()) != t.count(tok) or np.repeat(a, np.where(feature, 3, 1)).tolist() != list(b):
+            return False
+    return True

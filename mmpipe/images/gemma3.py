@@ -26,7 +26,8 @@ from mmpipe.images.tiles import effective_image_processor, resize_tile
 
 BACKENDS = ("pil", "torchvision")  # image-processor backends tiles_u8 reproduces (mmpipe.images.tiles.resize_tile)
 
-__all__ = ["BACKENDS", "tile_count", "image_tokens", "tiles_u8", "expand_placeholder", "crop_boxes", "tile_size", "max_tiles"]
+__all__ = ["BACKENDS", "tile_count", "image_tokens", "tiles_u8", "expand_placeholder", "placeholder_runs", "crop_boxes",
+           "tile_size", "max_tiles"]
 
 
 def tile_size(image_processor) -> tuple[int, int]:
@@ -100,6 +101,20 @@ def placeholder_text(height: int, width: int, processor, image_processor=None) -
     if not crops:
         return seq
     return f"Here is the original image {seq} and here are some crops to help you see better " + " ".join([seq] * crops)
+
+
+def placeholder_runs(height: int, width: int, processor, image_processor=None) -> tuple[str, list[int]]:
+    """`placeholder_text` with each run of ``<image_soft_token>`` written once, and the run
+    lengths (``image_seq_length`` per tile): writing token ``i`` of the text ``runs[i]`` times
+    gives `placeholder_text` (`mmpipe.encoding.tiled` tokenizes this short text)."""
+    ip = image_processor if image_processor is not None else effective_image_processor(processor)
+    tok, n = processor.tokenizer, int(processor.image_seq_length)
+    seq = f"\n\n{tok.boi_token}{tok.image_token if n else ''}{tok.eoi_token}\n\n"
+    tiles = tile_count(height, width, ip)
+    crops = " ".join([seq] * (tiles - 1))
+    text = seq if tiles == 1 else \
+        f"Here is the original image {seq} and here are some crops to help you see better {crops}"
+    return text, [n] * tiles if n else []
 
 
 # The interface name (`mmpipe.images.tiles`); the placeholder mechanics themselves (finding the

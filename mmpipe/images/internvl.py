@@ -32,7 +32,7 @@ from PIL import Image
 from mmpipe.images.tiles import effective_image_processor
 
 __all__ = ["settings", "grid", "tile_count", "image_tokens", "tiles_u8", "placeholder_text", "expand_placeholder",
-           "max_tiles"]
+           "placeholder_runs", "max_tiles"]
 
 
 def settings(image_processor) -> dict:
@@ -104,6 +104,15 @@ def placeholder_text(height: int, width: int, processor, image_processor=None) -
     ip = processor if image_processor is None else image_processor
     n = image_tokens(height, width, ip, processor)
     return f"{processor.start_image_token}{processor.image_token * n}{processor.end_image_token}"
+
+
+def placeholder_runs(height: int, width: int, processor, image_processor=None) -> tuple[str, list[int]]:
+    """`placeholder_text` with its run of ``<IMG_CONTEXT>`` written once, and the run's length
+    (`image_tokens`): ``<img><IMG_CONTEXT></img>``, [n] (`mmpipe.encoding.tiled` tokenizes this)."""
+    ip = processor if image_processor is None else image_processor
+    n = image_tokens(height, width, ip, processor)
+    body = processor.image_token if n else ""
+    return f"{processor.start_image_token}{body}{processor.end_image_token}", [n] if n else []
 
 
 def tiles_u8(image: Image.Image, image_processor) -> np.ndarray:

@@ -34,7 +34,8 @@ from PIL import Image
 from mmpipe.images.tiles import effective_image_processor
 
 __all__ = ["settings", "best_resolution", "tile_count", "image_tokens", "tiles_u8", "placeholder_text",
-           "expand_placeholder", "max_tiles", "extra_inputs", "batch_pixel_values", "image_sizes", "batch_num_images"]
+           "expand_placeholder", "placeholder_runs", "max_tiles", "extra_inputs", "batch_pixel_values", "image_sizes",
+           "batch_num_images"]
 
 
 def settings(image_processor) -> dict:
@@ -123,6 +124,15 @@ def placeholder_text(height: int, width: int, processor, image_processor=None, i
     (``image_processor``: default the processor's effective one)."""
     ip = processor if image_processor is None else image_processor
     return processor.image_token * image_tokens(height, width, ip, processor, images_in_row)
+
+
+def placeholder_runs(height: int, width: int, processor, image_processor=None,
+                     images_in_row: int = 1) -> tuple[str, list[int]]:
+    """`placeholder_text` as one ``<image>`` and its run length (`image_tokens`), for
+    `mmpipe.encoding.tiled` to tokenize the short text and repeat the id."""
+    ip = processor if image_processor is None else image_processor
+    n = image_tokens(height, width, ip, processor, images_in_row)
+    return (processor.image_token, [n]) if n else ("", [])
 
 
 def _resize(image: Image.Image, h: int, w: int, resample: int) -> np.ndarray:
