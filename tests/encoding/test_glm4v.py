@@ -207,3 +207,22 @@ def test_load_processor_testing_glm4v():
 
     proc = load_processor("testing:glm4v")
     assert family_of(proc) is GLM4V and not takes_generic_path(proc)
+
+
+def test_source_rows_collate_to_the_uint8_rows(proc, photos):
+    """pixels="source" (the files, decoded and resized at collate) gives GLM-4.1V rows the same
+    batch as the uint8 rows, as for the Qwen families."""
+    import io
+
+    def jpeg(img):
+        buf = io.BytesIO()
+        img.convert("RGB").save(buf, format="JPEG", quality=90)
+        return {"bytes": buf.getvalue()}
+
+    raw = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "hi"}]},
+                        {"role": "assistant", "content": [{"type": "text", "text": "two photos"}]}],
+           "images": [jpeg(p) for p in photos[:2]]}
+    u8, src = mmpipe.encode_row(raw, proc), mmpipe.encode_row(raw, proc, pixels="source")
+    a, b = mmpipe.collate([u8.to_dict()], processor=proc), mmpipe.collate([src.to_dict()], processor=proc)
+    for k in ("input_ids", "image_grid_thw", "pixel_values", "position_ids"):
+        np.testing.assert_array_equal(getattr(a, k).numpy(), getattr(b, k).numpy())
