@@ -26,7 +26,7 @@ from mmpipe.records.generic import (
 from mmpipe.records.tiled import TiledBatch
 
 __all__ = ["collate_generic", "unbatch_generic", "generic_collate", "generic_collator", "generic_records",
-           "refuse_packing", "GenericCollator"]
+           "refuse_packing", "GenericCollator", "padded_length"]
 
 
 def _padded(arr: np.ndarray, shape: tuple) -> np.ndarray:
@@ -49,7 +49,10 @@ def _collate_vision(rows: list[GenericInputs], key: str, row_key: bool) -> tuple
     return np.concatenate(blocks), [r.vision[key].shape if key in r.vision else None for r in rows]
 
 
-def _padded_length(lengths: np.ndarray, pad_to_length: Optional[int], pad_to_multiple_of: Optional[int]) -> int:
+def padded_length(lengths: np.ndarray, pad_to_length: Optional[int], pad_to_multiple_of: Optional[int]) -> int:
+    """The padded length L of a batch whose rows have ``lengths`` (int [B]): the longest, or
+    ``pad_to_length`` (`InputError` naming the row when a row is longer), rounded up to
+    ``pad_to_multiple_of``."""
     L = int(lengths.max())
     if pad_to_length is not None:
         if pad_to_length < L:
@@ -79,7 +82,7 @@ def collate_generic(rows: list[GenericInputs], *, pad_token_id: int = 0, padding
                              stage="collate", expected=rows[0].processor_class, found=r.processor_class,
                              fix="batch rows encoded by one processor")
     lengths = np.array([len(r) for r in rows], np.int64)
-    B, L = len(rows), _padded_length(lengths, pad_to_length, pad_to_multiple_of)
+    B, L = len(rows), padded_length(lengths, pad_to_length, pad_to_multiple_of)
 
     def pad(get, fill):
         out = np.full((B, L), fill, np.int64)

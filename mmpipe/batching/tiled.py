@@ -20,7 +20,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mmpipe.batching.checks import arrow_table, check_path_rows
-from mmpipe.batching.generic import generic_collate, generic_collator, generic_records, pad_id, refuse_packing
+from mmpipe.batching.generic import (
+    generic_collate, generic_collator, generic_records, pad_id, padded_length, refuse_packing,
+)
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, PixelDataError
 from mmpipe.families import get_family, tiled_family_of
 from mmpipe.images.tiles import effective_image_processor, image_tiles, normalise_table, normalise_tiles, with_images_kwargs
@@ -76,17 +78,6 @@ def decoded_rows(rows: list[TiledInputs], image_processor) -> list[TiledInputs]:
     return out
 
 
-def _length(lengths: np.ndarray, pad_to_length: Optional[int], pad_to_multiple_of: Optional[int]) -> int:
-    L = int(lengths.max())
-    if pad_to_length is not None:
-        if pad_to_length < L:
-            raise InputError(f"row {int(lengths.argmax())} has {L} tokens, more than pad_to_length={pad_to_length}",
-                             row=int(lengths.argmax()), column="input_ids", stage="collate",
-                             fix="compute pad_to_length from these rows")
-        L = pad_to_length
-    return -(-L // pad_to_multiple_of) * pad_to_multiple_of if pad_to_multiple_of else L
-
-
 def _pixels(rows: list[TiledInputs], table: Optional[np.ndarray], fam) -> tuple:
     """(uint8 tiles [N, S, S, 3], float32 pixel_values in the family's layout), or (None, None)
     for layout-only rows."""
@@ -136,7 +127,7 @@ def collate_tiled(rows: list[TiledInputs], *, table: Optional[np.ndarray] = None
                                       expected=repr(rows[0].family), found=repr(r.family),
                                       fix="batch rows encoded by one processor")
     lengths = np.array([len(r) for r in rows], np.int64)
-    B, L = len(rows), _length(lengths, pad_to_length, pad_to_multiple_of)
+    B, L = len(rows), padded_length(lengths, pad_to_length, pad_to_multiple_of)
 
     def pad(get, fill):
         out = np.full((B, L), fill, np.int64)
