@@ -12,6 +12,7 @@ Idefics3); ragged tiles and images are zero-padded; positions are ``0..n-1`` per
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -25,8 +26,10 @@ from mmpipe.records.generic import (
 )
 from mmpipe.records.tiled import TiledBatch
 
+logger = logging.getLogger("mmpipe")
+
 __all__ = ["collate_generic", "unbatch_generic", "generic_collate", "generic_collator", "generic_records",
-           "refuse_packing", "GenericCollator", "padded_length"]
+           "refuse_packing", "GenericCollator", "padded_length", "token_aligned"]
 
 
 def _padded(arr: np.ndarray, shape: tuple) -> np.ndarray:
@@ -38,12 +41,35 @@ def _padded(arr: np.ndarray, shape: tuple) -> np.ndarray:
     return out
 
 
-def _collate_vision(rows: list[GenericInputs], key: str, row_key: bool) -> tuple[np.ndarray, list]:
+def token_aligned(rows: list[GenericInputs], key: str) -> bool:
+    """Whether row key ``key`` is ``[1, L, ...]`` in every row holding it, L the row's tokens
+    (Mllama's ``cross_attention_mask`` ``[1, L, images, tiles]``): its axis 1 is padded as the tokens."""
+    present = [(r.vision[key], len(r)) for r in rows if key in r.vision]
+    return bool(present) and all(a.ndim >= 2 and a.shape[1] == n for a, n in present)
+
+
+def _collate_vision(rows: list[GenericInputs], key: str, row_key: bool, L: int = 0,
+                    padding_side: str = "right") -> tuple[np.ndarray, list]:
     present = [r.vision[key] for r in rows if key in r.vision]
     trailing = tuple(np.max([a.shape[1:] for a in present], axis=0))
+    if row_key and token_aligned(rows, key):  # axis 1 on the tokens' side and length
+        out = np.zeros((len(rows), L, *trailing[1:]), present[0].dtype)
+        for b, r in enumerate(rows):
+            if key in r.vision:
+                a, n = r.vision[key], len(r)
+                start = 0 if padding_side == "right" else L - n
+                out[b:b + 1, start:start + n][tuple(slice(0, k) for k in (1, n, *a.shape[2:]))] = a
+        return out, [r.vision[key].shape if key in r.vision else None for r in rows]
     if row_key:  # [1, n, ...] per row; a row without it is all padding, as the processor pads
         blocks = [_padded(r.vision[key], (1, *trailing)) if key in r.vision else np.zeros((1, *trailing), present[0].dtype)
                   for r in rows]
+        fill = dict(rows[0].layout.pads if rows[0].layout is not None else ()).get(key)
+        if fill is not None and len(trailing) >= 2 and len(fill) == int(np.prod(trailing[1:])):
+            for b, r in enumerate(rows):  # missing items (axis 1) as the processor pads them
+                start = r.vision[key].shape[1] if key in r.vision else 0
+                if start < trailing[0]:
+                    blocks[b] = blocks[b].copy()
+                    blocks[b][0, start:] = np.reshape(fill, trailing[1:])
     else:
         blocks = [_padded(a, (a.shape[0], *trailing)) for a in present]
     return np.concatenate(blocks), [r.vision[key].shape if key in r.vision else None for r in rows]
@@ -63,6 +89,24 @@ def padded_length(lengths: np.ndarray, pad_to_length: Optional[int], pad_to_mult
     if pad_to_multiple_of:
         L = -(-L // pad_to_multiple_of) * pad_to_multiple_of
     return L
+
+
+CROSS_ATTENTION_WARNED: set = set()  # processor classes warned about (once per process)
+
+
+def _warn_cross_attention_counts(rows: list[GenericInputs]) -> None:
+    """A cross-attention model (Mllama: ``cross_attention_mask`` [1, L, images, tiles]) attends
+    from a row's text before its first image to every image slot of the batch, padding images
+    included, so a batch of rows with different image counts differs from each row alone (the
+    processor's own batch does the same). Logged once per processor class."""
+    counts = {r.vision["cross_attention_mask"].shape[2] for r in rows if "cross_attention_mask" in r.vision}
+    cls = rows[0].processor_class
+    if len(counts) > 1 and cls not in CROSS_ATTENTION_WARNED:
+        CROSS_ATTENTION_WARNED.add(cls)
+        logger.warning("mmpipe: %s batch with %s images per row: its cross-attention sees the batch's padding "
+                       "images, so logits differ from each row alone (as with the processor's own batch); batch "
+                       "rows of equal image counts for per-row results (e.g. group the dataset by image count)",
+                       cls, sorted(counts))
 
 
 def collate_generic(rows: list[GenericInputs], *, pad_token_id: int = 0, padding_side: str = "right",
@@ -91,10 +135,11 @@ def collate_generic(rows: list[GenericInputs], *, pad_token_id: int = 0, padding
             out[b, cols] = get(r)
         return out
 
+    _warn_cross_attention_counts(rows)
     row_keys = tuple(sorted({k for r in rows for k in r.row_keys}))
     vision, shapes = {}, {}
     for key in sorted({k for r in rows for k in r.vision}):
-        vision[key], shapes[key] = _collate_vision(rows, key, key in row_keys)
+        vision[key], shapes[key] = _collate_vision(rows, key, key in row_keys, L, padding_side)
     with_labels = any(r.labels is not None for r in rows)
     return GenericBatch(
         input_ids=pad(lambda r: r.input_ids, pad_token_id), attention_mask=pad(lambda r: r.attention_mask, 0),
@@ -118,7 +163,10 @@ def unbatch_generic(batch: GenericBatch) -> list[GenericInputs]:
             if shape is None:
                 continue
             start = b if key in batch.row_keys else offsets[key]
-            vision[key] = arr[start:start + shape[0]][tuple(slice(0, s) for s in shape)]
+            cut = [slice(0, s) for s in shape]
+            if key in batch.row_keys and len(shape) >= 2 and shape[1] == n:  # token-aligned (see token_aligned)
+                cut[1] = cols
+            vision[key] = arr[start:start + shape[0]][tuple(cut)]
             offsets[key] += 0 if key in batch.row_keys else shape[0]
         rows.append(GenericInputs(
             input_ids=batch.input_ids[b, cols], attention_mask=batch.attention_mask[b, cols],

@@ -39,6 +39,7 @@ logger = logging.getLogger("mmpipe")
 GENERIC_LOG = ("mmpipe: {cls} has no model-family table; encoding through the generic path (its own chat "
                "template and processor call, float pixel values as the processor returns them). It lacks: "
                "compact uint8 storage, layout-only encoding, packing; positions are 1-D (0..n-1 per row)")
+_OWN = ("input_ids", "attention_mask", "labels")  # processor outputs mmpipe makes itself (labels: the replies)
 LOGGED_CLASSES: set = set()  # processor classes this process has logged the line for
 
 # Encoder options that have no meaning here: option -> what to do instead
@@ -169,16 +170,35 @@ class GenericEncoder(CodeStamped):
             im = Image.new("RGB", (64, 64), (120, 60, 30))
             msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "a"}]}]
             out = self._call(msgs, [im, im], True)
-            text_only = self._call([{"role": "user", "content": [{"type": "text", "text": "a"}]}], [], True)
+            try:
+                text_only = self._call([{"role": "user", "content": [{"type": "text", "text": "a"}]}], [], True)
+            except (ValueError, TypeError, IndexError, KeyError):  # PaliGemma takes no row without an image
+                text_only = {}
             seq = len(to_numpy(out["input_ids"])[0])
-            arrays = {k: np.asarray(to_numpy(v)) for k, v in out.items() if k not in ("input_ids", "attention_mask")}
+            arrays = {k: np.asarray(to_numpy(v)) for k, v in out.items() if k not in _OWN}
             sequence = {k for k, v in arrays.items() if v.shape == (1, seq)}
-            sequence |= {k for k, v in text_only.items() if k not in ("input_ids", "attention_mask")
+            sequence |= {k for k, v in text_only.items() if k not in _OWN
                          and np.shape(v) == np.shape(text_only["input_ids"])}
             row_keys = sorted(k for k, v in arrays.items() if k not in sequence and v.ndim >= 1 and v.shape[0] == 1)
             vision = tuple((k, str(v.dtype), v.ndim) for k, v in sorted(arrays.items()) if k not in sequence)
-            self._layout = GenericLayout(self.processor_class, tuple(sorted(sequence)), vision, tuple(row_keys))
+            self._layout = GenericLayout(self.processor_class, tuple(sorted(sequence)), vision, tuple(row_keys),
+                                         self._pads(row_keys, im))
         return self._layout
+
+    def _pads(self, row_keys: list, im) -> tuple:
+        """Row keys whose missing items the processor pads with other values than 0 (Mllama's
+        ``aspect_ratio_mask``: first tile 1): its batch of a 1-image and a 2-image row, the
+        first row's slot 1 (axis 1; token-aligned keys skipped). () where the batch call fails."""
+        msgs = [[{"role": "user", "content": [{"type": "image"}] * n + [{"type": "text", "text": "a"}]}] for n in (1, 2)]
+        try:
+            out = self.processor(text=[self._render(m, True, None) for m in msgs], images=[[im], [im, im]],
+                                 padding=True, return_tensors="np")
+        except (ValueError, TypeError, IndexError, KeyError):
+            return ()
+        L = np.shape(out["input_ids"])[1]
+        slots = {k: np.asarray(to_numpy(out[k]))[0, 1] for k in row_keys
+                 if k in out and np.ndim(out[k]) >= 3 and np.shape(out[k])[1] == 2 != L}
+        return tuple((k, tuple(v.reshape(-1).tolist())) for k, v in sorted(slots.items()) if v.any())
 
     def row_keys(self) -> tuple[str, ...]:
         """Output names whose axis 0 is the row (see `layout`)."""
@@ -224,7 +244,7 @@ class GenericEncoder(CodeStamped):
         sequence, vision = {}, {}
         vision_keys = {name for name, _, _ in layout.vision}
         for k, v in out.items():
-            if k in ("input_ids", "attention_mask"):
+            if k in _OWN:
                 continue
             v = np.asarray(to_numpy(v))
             if k in layout.sequence:
@@ -239,6 +259,12 @@ class GenericEncoder(CodeStamped):
         for k in layout.sequence:
             sequence.setdefault(k, np.zeros(len(ids), np.int64))
         labels = self._labels(messages, images, agp, tools, ids) if self.labels else None
+        trained = np.flatnonzero(labels != IGNORE_INDEX) if labels is not None else ()
+        if len(trained) and "labels" in out and "token_type_ids" in sequence:
+            # the processor's labels are its token type 1 (PaliGemma's suffix: causal, trained; type 0 is the
+            # bidirectional prefix): the suffix runs from the first labelled token (a reply) to the end
+            sequence["token_type_ids"] = sequence["token_type_ids"].copy()
+            sequence["token_type_ids"][trained[0]:] = 1
         self._check_length(ids, where)
         row = GenericInputs(input_ids=ids, attention_mask=np.ones(len(ids), np.int64),
                             processor_class=self.processor_class, sequence=sequence, vision=vision,

@@ -1,6 +1,7 @@
 """Offline fixtures for families mmpipe has no table row for: real transformers processors of
-GLM-4.1V, Gemma 3, Idefics3, LLaVA-OneVision, InternVL and LLaVA 1.5, and tiny Idefics3,
-Gemma 3 and LLaVA models, built locally with no download and no torchvision.
+GLM-4.1V, Gemma 3, Idefics3, LLaVA-OneVision, InternVL, LLaVA 1.5, Mllama and PaliGemma, and
+tiny Idefics3, Gemma 3, LLaVA, Mllama and PaliGemma models, built locally with no download and
+no torchvision.
 
 Each processor is the stock transformers class (an image-only subclass where the stock
 ``__init__`` takes a video processor, which needs torchvision) around the family's real PIL
@@ -23,7 +24,7 @@ from mmpipe.offline.chat_templates import QWEN2_VL_CHAT_TEMPLATE
 from mmpipe.families import DEFAULT_FAMILY, FAMILIES
 from mmpipe.offline.tokenizer import build_tokenizer
 
-__all__ = ["FOREIGN_PROCESSORS", "IDEFICS3_TILE", "MODELS", "TINY_IMAGE", "build_foreign_processor", "build_foreign_model"]
+__all__ = ["FOREIGN_PROCESSORS", "IDEFICS3_TILE", "MODELS", "MORE_MODELS", "TINY_IMAGE", "build_foreign_processor", "build_foreign_model"]
 
 IDEFICS3_TILE = 32  # tiny tiles: 32x32 pixels, 2x2 patches of 16, one token per tile (scale 2)
 TINY_IMAGE = 32  # Gemma 3 / LLaVA images are resized to 32x32 (the tiny vision towers' image_size)
@@ -51,17 +52,23 @@ _SPECS = {
                  "<IMG_CONTEXT>", dict(image_seq_length=4)),
     "llava": ("LlavaProcessor", "CLIPImageProcessorPil", dict(image_token="<image>"), "<image>",
               dict(patch_size=16, vision_feature_select_strategy="default", num_additional_image_tokens=1)),
+    "mllama": ("MllamaProcessor", "MllamaImageProcessorPil", dict(image_token="<|image|>"), "<|image|>", {}),
+    "paligemma": ("PaliGemmaProcessor", "SiglipImageProcessorPil", dict(image_token="<image>"), "<image>", {}),
 }
+_BOS = {"mllama": "<|begin_of_text|>", "paligemma": "<bos>"}  # processors that read tokenizer.bos_token (Mllama prepends it)
 # the generic path's test processors: those of no native family (glm4v has a table row now;
 # build_foreign_processor("glm4v") still builds it)
-FOREIGN_PROCESSORS = tuple(n for n in _SPECS if n not in FAMILIES)
+FOREIGN_PROCESSORS = tuple(n for n in _SPECS if n not in FAMILIES and n not in ("mllama", "paligemma"))  # MORE_MODELS
 # image-processor settings that keep tests fast (Idefics3: tiny tiles, see IDEFICS3_TILE)
 _IMAGE_KWARGS = {
     "idefics3": dict(size={"longest_edge": 2 * IDEFICS3_TILE}, max_image_size={"longest_edge": IDEFICS3_TILE}),
     "gemma3": dict(size={"height": TINY_IMAGE, "width": TINY_IMAGE}),
     "llava": dict(size={"shortest_edge": TINY_IMAGE}, crop_size={"height": TINY_IMAGE, "width": TINY_IMAGE}),
+    "mllama": dict(size={"height": TINY_IMAGE, "width": TINY_IMAGE}, max_image_tiles=4),  # 32x32 tiles, up to 4
+    "paligemma": dict(size={"height": TINY_IMAGE, "width": TINY_IMAGE}),
 }
-MODELS = ("idefics3", "gemma3", "llava")  # build_foreign_model's families
+MODELS = ("idefics3", "gemma3", "llava")  # build_foreign_model's families (tests/encoding/test_generic_models.py)
+MORE_MODELS = ("mllama", "paligemma")  # and these (cross-attention; prefix-LM): test_generic_more_models.py
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,7 +79,8 @@ def _named_tokenizer(name: str):
     named = _SPECS[name][2]
     with tempfile.TemporaryDirectory() as d:
         tok.save_pretrained(d)
-        return type(tok).from_pretrained(d, extra_special_tokens=dict(named))
+        bos = {"bos_token": _BOS[name]} if name in _BOS else {}
+        return type(tok).from_pretrained(d, extra_special_tokens=dict(named), **bos)
 
 
 def _processor_class(name: str) -> type:
@@ -100,6 +108,8 @@ def build_foreign_processor(name: str):
     _, ip_name, _, image_text, kwargs = _SPECS[name]
     template = QWEN2_VL_CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", image_text)
     image_processor = getattr(transformers, ip_name)(**_IMAGE_KWARGS.get(name, {}))
+    if name == "paligemma":  # read by PaliGemmaProcessor: 2x2 patches of 16 -> 4 tokens per image
+        image_processor.image_seq_length = 4
     return _processor_class(name)(image_processor=image_processor, tokenizer=copy.deepcopy(_named_tokenizer(name)),
                                   chat_template=template, **kwargs)
 
@@ -122,6 +132,19 @@ def _config(name: str):
                                         vision_config=dict(vision, model_type="clip_vision_model", image_size=TINY_IMAGE),
                                         image_token_index=tok.convert_tokens_to_ids("<image>"), image_seq_length=4,
                                         vision_feature_layer=-1, vision_feature_select_strategy="default")
+    if name == "mllama":  # 32x32 tiles of 2x2 patches (+CLS, padded to 8); layer 1 of 3 cross-attends
+        return transformers.MllamaConfig(
+            text_config=dict(text, model_type="mllama_text_model", num_hidden_layers=3, cross_attention_layers=[1],
+                             bos_token_id=tok.convert_tokens_to_ids("<|begin_of_text|>"), eos_token_id=None),
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_global_layers=1,
+                               attention_heads=2, image_size=TINY_IMAGE, patch_size=16, max_num_tiles=4,
+                               intermediate_layers_indices=[0], vision_output_dim=64),
+            image_token_index=tok.convert_tokens_to_ids("<|image|>"))
+    if name == "paligemma":  # its processor adds 1152 <locNNNN>/<segNNN> tokens: the vocabulary is its tokenizer's
+        return transformers.PaliGemmaConfig(
+            text_config=dict(text, model_type="gemma", head_dim=16, vocab_size=len(build_foreign_processor(name).tokenizer)),
+            vision_config=dict(vision, model_type="siglip_vision_model", image_size=TINY_IMAGE),
+            image_token_index=tok.convert_tokens_to_ids("<image>"), projection_dim=64, hidden_size=64)
     # gemma3: 4x4 patches of 8 pooled to 2x2 = 4 tokens per image (image_seq_length=4); sliding window 8
     return transformers.Gemma3Config(
         text_config=dict(text, model_type="gemma3_text", head_dim=16, sliding_window=8,
@@ -138,11 +161,16 @@ def _cached_model(name: str, seed: int):
     import transformers
 
     cls = {"idefics3": "Idefics3ForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration",
-           "llava": "LlavaForConditionalGeneration"}[name]
+           "llava": "LlavaForConditionalGeneration", "mllama": "MllamaForConditionalGeneration",
+           "paligemma": "PaliGemmaForConditionalGeneration"}[name]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = getattr(transformers, cls)._from_config(_config(name), attn_implementation="eager",
                                                         dtype=torch.float32)
+        if name == "mllama":  # its tanh gates start at 0 (vision unused): open them so images count
+            for pname, param in model.named_parameters():
+                if "gate" in pname and param.numel() == 1:
+                    param.data.fill_(0.5)
     return model.eval()
 
 
@@ -151,7 +179,10 @@ def build_foreign_model(name: str = "idefics3", seed: int = 0):
     text hidden 64, 2 layers (Llama; Gemma 3: one sliding-window and one global layer);
     vision hidden 32, 1 layer, 16x16 patches (Gemma 3: 8x8). Idefics3: 32x32 tiles, scale
     factor 2 -> 1 token per tile; LLaVA (CLIP) and Gemma 3 (SigLIP): 32x32 images, 4 tokens
-    each. fp32, eval mode, eager attention. A deep copy of a cached model per call."""
-    if name not in MODELS:
-        raise ArgumentError(f"no offline model for {name!r}; build_foreign_model builds one of {MODELS}")
+    each; Mllama: 32x32 tiles (up to 4 per image), 2 vision layers + 1 global, text layer 1 of 3
+    cross-attends, its tanh gates set to 0.5 (0 at init: images would not count); PaliGemma
+    (Gemma + SigLIP): 32x32 images, 4 tokens each. fp32, eval
+    mode, eager attention. A deep copy of a cached model per call."""
+    if name not in MODELS + MORE_MODELS:
+        raise ArgumentError(f"no offline model for {name!r}; build_foreign_model builds one of {MODELS + MORE_MODELS}")
     return copy.deepcopy(_cached_model(name, int(seed)))

@@ -53,17 +53,19 @@ class GenericLayout:
     sequence: tuple[str, ...] = ()
     vision: tuple[tuple[str, str, int], ...] = ()
     row_keys: tuple[str, ...] = ()
+    pads: tuple = ()  # (row key, values): the processor's fill of one missing item (axis 1) where not 0
 
     def to_json(self) -> str:
-        return json.dumps({"processor_class": self.processor_class, "sequence": list(self.sequence),
-                           "vision": [list(v) for v in self.vision], "row_keys": list(self.row_keys)})
+        d = {"processor_class": self.processor_class, "sequence": list(self.sequence),
+             "vision": [list(v) for v in self.vision], "row_keys": list(self.row_keys)}
+        return json.dumps({**d, "pads": [[k, list(v)] for k, v in self.pads]} if self.pads else d)
 
     @classmethod
     def from_json(cls, text: str, row: Any = None) -> "GenericLayout":
         try:
             d = json.loads(text)
             return cls(d["processor_class"], tuple(d["sequence"]), tuple((n, t, int(k)) for n, t, k in d["vision"]),
-                       tuple(d["row_keys"]))
+                       tuple(d["row_keys"]), tuple((k, tuple(v)) for k, v in d.get("pads", ())))
         except (TypeError, ValueError, KeyError) as e:
             raise InputError(f"unreadable {LAYOUT_COLUMN} ({type(e).__name__}: {e})", row=row, column=LAYOUT_COLUMN,
                              stage="validate", expected="the JSON mmpipe.encode wrote", found=repr(text)[:80],
@@ -178,7 +180,7 @@ class GenericInputs:
         return cls(input_ids=ids, attention_mask=as_array(d.get("attention_mask"), np.int64, 1, "attention_mask", row),
                    processor_class=layout.processor_class,
                    sequence={k: as_array(d.get(k), np.int64, 1, k, row) for k in layout.sequence},
-                   vision=vision, row_keys=tuple(k for k in layout.row_keys if k in vision),
+                   vision=vision, row_keys=tuple(k for k in layout.row_keys if k in vision), layout=layout,
                    labels=None if labels is None else as_array(labels, np.int64, 1, "labels", row)).validate(row)
 
     def diff(self, other: "GenericInputs") -> list[str]:
@@ -285,5 +287,6 @@ def generic_rows_from_arrow(table) -> list[GenericInputs]:
         rows.append(GenericInputs(
             input_ids=cell("input_ids", "int64"), attention_mask=cell("attention_mask", "int64"),
             processor_class=layout.processor_class, sequence={k: cell(k, "int64") for k in layout.sequence},
-            vision=vision, row_keys=tuple(k for k in layout.row_keys if k in vision), labels=labels).validate(i))
+            vision=vision, row_keys=tuple(k for k in layout.row_keys if k in vision), labels=labels,
+            layout=layout).validate(i))
     return rows
