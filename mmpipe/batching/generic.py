@@ -29,7 +29,7 @@ from mmpipe.records.tiled import TiledBatch
 logger = logging.getLogger("mmpipe")
 
 __all__ = ["collate_generic", "unbatch_generic", "generic_collate", "generic_collator", "generic_records",
-           "refuse_packing", "GenericCollator", "padded_length", "token_aligned"]
+           "refuse_packing", "GenericCollator", "padded_length", "pad_sequences", "token_aligned"]
 
 
 def _padded(arr: np.ndarray, shape: tuple) -> np.ndarray:
@@ -91,6 +91,16 @@ def padded_length(lengths: np.ndarray, pad_to_length: Optional[int], pad_to_mult
     return L
 
 
+def pad_sequences(seqs: Sequence[np.ndarray], length: int, fill: int, padding_side: str) -> np.ndarray:
+    """int64 [B, length]: each int [n_b] sequence at the start (``padding_side="right"``) or the
+    end (``"left"``) of its row, ``fill`` elsewhere."""
+    out = np.full((len(seqs), length), fill, np.int64)
+    for b, seq in enumerate(seqs):
+        n = len(seq)
+        out[b, slice(0, n) if padding_side == "right" else slice(length - n, length)] = seq
+    return out
+
+
 CROSS_ATTENTION_WARNED: set = set()  # processor classes warned about (once per process)
 
 
@@ -126,14 +136,10 @@ def collate_generic(rows: list[GenericInputs], *, pad_token_id: int = 0, padding
                              stage="collate", expected=rows[0].processor_class, found=r.processor_class,
                              fix="batch rows encoded by one processor")
     lengths = np.array([len(r) for r in rows], np.int64)
-    B, L = len(rows), padded_length(lengths, pad_to_length, pad_to_multiple_of)
+    L = padded_length(lengths, pad_to_length, pad_to_multiple_of)
 
     def pad(get, fill):
-        out = np.full((B, L), fill, np.int64)
-        for b, r in enumerate(rows):
-            cols = slice(0, lengths[b]) if padding_side == "right" else slice(L - lengths[b], L)
-            out[b, cols] = get(r)
-        return out
+        return pad_sequences([get(r) for r in rows], L, fill, padding_side)
 
     _warn_cross_attention_counts(rows)
     row_keys = tuple(sorted({k for r in rows for k in r.row_keys}))

@@ -21,7 +21,7 @@ import numpy as np
 
 from mmpipe.batching.checks import arrow_table, check_path_rows
 from mmpipe.batching.generic import (
-    generic_collate, generic_collator, generic_records, pad_id, padded_length, refuse_packing,
+    generic_collate, generic_collator, generic_records, pad_id, pad_sequences, padded_length, refuse_packing,
 )
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, PixelDataError
 from mmpipe.families import get_family, tiled_family_of
@@ -127,13 +127,10 @@ def collate_tiled(rows: list[TiledInputs], *, table: Optional[np.ndarray] = None
                                       expected=repr(rows[0].family), found=repr(r.family),
                                       fix="batch rows encoded by one processor")
     lengths = np.array([len(r) for r in rows], np.int64)
-    B, L = len(rows), padded_length(lengths, pad_to_length, pad_to_multiple_of)
+    L = padded_length(lengths, pad_to_length, pad_to_multiple_of)
 
     def pad(get, fill):
-        out = np.full((B, L), fill, np.int64)
-        for b, r in enumerate(rows):
-            out[b, slice(0, lengths[b]) if padding_side == "right" else slice(L - lengths[b], L)] = get(r)
-        return out
+        return pad_sequences([get(r) for r in rows], L, fill, padding_side)
 
     u8, pv = _pixels(rows, table, fam)
     image_hw = np.concatenate([r.image_hw for r in rows]).astype(np.int64).reshape(-1, 2)
