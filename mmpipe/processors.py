@@ -27,10 +27,6 @@ from mmpipe.errors import ArgumentError
 from mmpipe.families import DEFAULT_FAMILY
 
 TESTING_PREFIX = "testing:"
-# the tiled families' offline processors: family -> (module, builder); small 32x32 tiles
-TILED_TESTING = {"gemma3": ("mmpipe.offline.tiled", "build_gemma3_processor"),
-                 "internvl": ("mmpipe.offline.tiled2", "build_tiled2_processor"),
-                 "llava_onevision": ("mmpipe.offline.tiled2", "build_tiled2_processor")}
 
 
 class ProcessorLoadError(ArgumentError):
@@ -82,21 +78,15 @@ def load_processor(spec: Any, *, log: Optional[Callable[[str], None]] = None):
 
 
 def _load_testing(spec: str):
-    """``testing:FAMILY``: the offline processor of `mmpipe.offline` (the tiled families':
-    `mmpipe.offline.tiled.build_gemma3_processor`, `mmpipe.offline.tiled2.build_tiled2_processor`)."""
+    """``testing:FAMILY``: the offline processor of `mmpipe.offline` (`mmpipe.offline.build_processor`,
+    which hands GLM-4.1V and the tiled families to their own builder modules)."""
     from mmpipe.offline import FAMILY_NAMES, build_processor
     from mmpipe.offline.tokenizer import OWN_BUILDERS
 
-    family, known = spec[len(TESTING_PREFIX):], (*FAMILY_NAMES, *OWN_BUILDERS, *TILED_TESTING)
+    family, known = spec[len(TESTING_PREFIX):], (*FAMILY_NAMES, *OWN_BUILDERS)
     if family not in known:
         raise ProcessorLoadError(f"processor {spec!r}: unknown offline family {family!r}; use one of "
                                  + ", ".join(TESTING_PREFIX + f for f in known))
-    if family in TILED_TESTING:
-        import importlib
-
-        module, name = TILED_TESTING[family]
-        builder = getattr(importlib.import_module(module), name)
-        return builder() if name == "build_gemma3_processor" else builder(family)
     return build_processor(family)
 
 
@@ -120,8 +110,9 @@ def _tiled_image_only(cls_name: Optional[str]) -> Optional[str]:
     """The tiled family whose offline image-only processor class (``ImageOnly`` + its stock
     class, `mmpipe.offline.generic`) saved these files, else None."""
     from mmpipe.families import TILED_FAMILIES
+    from mmpipe.offline.tokenizer import OWN_BUILDERS
 
-    return next((name for name, fam in TILED_FAMILIES.items() if name in TILED_TESTING and cls_name in
+    return next((name for name, fam in TILED_FAMILIES.items() if name in OWN_BUILDERS and cls_name in
                  {"ImageOnly" + c for c in fam.processor_classes}), None)
 
 

@@ -16,7 +16,8 @@ the functions, so importing this package stays cheap.
   family's model class (fp32, eval mode).
 - `mmpipe.offline.glm4v`: GLM-4.1V's tokenizer (its special tokens, a GLM-like chat template),
   ``Glm4vProcessor`` and tiny ``Glm4vForConditionalGeneration``; ``build_processor("glm4v")`` /
-  ``build_model("glm4v")`` hand over to it (`mmpipe.offline.tokenizer.OWN_BUILDERS`).
+  ``build_model("glm4v")`` hand over to it, as they hand ``"gemma3"`` to `mmpipe.offline.tiled` and
+  ``"internvl"`` / ``"llava_onevision"`` to `mmpipe.offline.tiled2` (`mmpipe.offline.tokenizer.OWN_BUILDERS`).
 - `mmpipe.offline.images`: :func:`sample_photos`, :func:`generated_images`,
   :func:`tiny_image` - real photographs that ship with matplotlib, and deterministic
   synthetic images.

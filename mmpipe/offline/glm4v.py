@@ -215,3 +215,13 @@ def save_checkpoint(path, *, seed: int = 0):
     build_model(seed).save_pretrained(path)
     processor.save_pretrained(path)
     return path
+
+
+def offline_processor(family: str, *, min_pixels: int | None = None, max_pixels: int | None = None):
+    """`mmpipe.offline.build_processor` for ``family`` "glm4v" (`mmpipe.offline.tokenizer.OWN_BUILDERS`)."""
+    return build_processor(min_pixels=min_pixels, max_pixels=max_pixels)
+
+
+def offline_model(family: str, seed: int = 0):
+    """`mmpipe.offline.build_model` for ``family`` "glm4v"."""
+    return build_model(seed)

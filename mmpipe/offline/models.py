@@ -134,5 +134,5 @@ def build_model(family: str = DEFAULT_FAMILY, seed: int = 0) -> "PreTrainedModel
     returns a deep copy, so callers may train or modify it freely.
     """
     if family in OWN_BUILDERS:  # a family with a builder module of its own (mmpipe.offline.glm4v)
-        return importlib.import_module(OWN_BUILDERS[family]).build_model(seed)
+        return importlib.import_module(OWN_BUILDERS[family]).offline_model(family, seed)
     return copy.deepcopy(_cached_model(check_family(family), int(seed)))

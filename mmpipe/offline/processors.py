@@ -139,7 +139,7 @@ def build_processor(
     """
     if family in OWN_BUILDERS:  # a family with a builder module of its own (mmpipe.offline.glm4v)
         own = importlib.import_module(OWN_BUILDERS[family])
-        return own.build_processor(min_pixels=min_pixels, max_pixels=max_pixels)
+        return own.offline_processor(family, min_pixels=min_pixels, max_pixels=max_pixels)
     cls = image_only_processor_class(family)
     return cls(
         image_processor=build_image_processor(family, min_pixels=min_pixels, max_pixels=max_pixels),

@@ -16,6 +16,7 @@ download (`mmpipe.offline.generic` makes both)::
 
 from __future__ import annotations
 
+from mmpipe.errors import ArgumentError
 from mmpipe.offline.generic import build_foreign_model, build_foreign_processor
 
 __all__ = ["GEMMA3_REAL_TILE", "GEMMA3_REAL_TOKENS", "build_gemma3_processor", "build_gemma3_model",
@@ -82,3 +83,17 @@ def save_gemma3_checkpoint(path, *, seed: int = 0):
              for k, v in load_file(str(weights)).items()}
     save_file(state, str(weights), metadata={"format": "pt"})
     return path
+
+
+def offline_processor(family: str, *, min_pixels: int | None = None, max_pixels: int | None = None):
+    """`mmpipe.offline.build_processor` for this module's tiled families (`mmpipe.offline.tokenizer.OWN_BUILDERS`):
+    fixed-size tiles, so pixel bounds do not apply."""
+    if min_pixels is not None or max_pixels is not None:
+        raise ArgumentError(f"{family} resizes to fixed-size tiles: min_pixels / max_pixels do not apply; set size "
+                            "on the processor's image processor")
+    return build_gemma3_processor()
+
+
+def offline_model(family: str, seed: int = 0):
+    """`mmpipe.offline.build_model` for this module's tiled families."""
+    return build_gemma3_model(seed)

@@ -145,3 +145,17 @@ def save_tiled2_checkpoint(name: str, path, *, seed: int = 0):
                    for k, v in load_file(file).items()}
         save_file(weights, file, metadata={"format": "pt"})
     return path
+
+
+def offline_processor(family: str, *, min_pixels: int | None = None, max_pixels: int | None = None):
+    """`mmpipe.offline.build_processor` for this module's tiled families (`mmpipe.offline.tokenizer.OWN_BUILDERS`):
+    fixed-size tiles, so pixel bounds do not apply."""
+    if min_pixels is not None or max_pixels is not None:
+        raise ArgumentError(f"{family} resizes to fixed-size tiles: min_pixels / max_pixels do not apply; set size "
+                            "on the processor's image processor")
+    return build_tiled2_processor(family)
+
+
+def offline_model(family: str, seed: int = 0):
+    """`mmpipe.offline.build_model` for this module's tiled families."""
+    return build_tiled2_model(family, seed)

@@ -11,9 +11,8 @@ import pytest
 from PIL import Image
 
 import mmpipe
+from mmpipe.offline import build_processor
 from mmpipe.data.validate import SchemaError
-from mmpipe.offline.tiled import build_gemma3_processor
-from mmpipe.offline.tiled2 import build_tiled2_processor
 
 RNG = np.random.default_rng(11)
 IMAGES = [Image.fromarray(RNG.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in [(40, 56), (70, 30), (33, 97)]]
@@ -21,7 +20,7 @@ FAMILIES = ("gemma3", "internvl", "llava_onevision")
 
 
 def _processor(name: str):
-    return build_gemma3_processor() if name == "gemma3" else build_tiled2_processor(name)
+    return build_processor(name)
 
 
 def _raw(n: int, k: int) -> dict:

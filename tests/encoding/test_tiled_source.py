@@ -16,8 +16,8 @@ import torch
 from PIL import Image
 
 import mmpipe
+from mmpipe.offline import build_processor
 from mmpipe.errors import ArgumentError, InputError, PixelDataError
-from mmpipe.offline.tiled import build_gemma3_processor
 from mmpipe.offline.tiled2 import build_tiled2_processor
 from mmpipe.records.tiled import TiledInputs
 
@@ -29,7 +29,7 @@ CASES = {"gemma3": ("gemma3", {}), "gemma3_pan_and_scan": ("gemma3", PAN),
 
 
 def _processor(family: str):
-    return build_gemma3_processor() if family == "gemma3" else build_tiled2_processor(family)
+    return build_processor(family)
 
 
 def _raw(images: list, k: int) -> dict:

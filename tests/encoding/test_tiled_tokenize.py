@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import mmpipe
+from mmpipe.offline import build_processor
 from mmpipe import testing
 from mmpipe.encoding.mapping import RowDropped
 from mmpipe.encoding.tiled import TiledEncoder
 from mmpipe.errors import PlaceholderError, TruncationError
 from mmpipe.offline.tiled import build_gemma3_processor
-from mmpipe.offline.tiled2 import build_tiled2_processor
 
 from helpers import photo_paths
 
@@ -34,7 +34,7 @@ _PROCESSORS: dict = {}
 
 def _processor(family: str):
     if family not in _PROCESSORS:
-        _PROCESSORS[family] = build_gemma3_processor() if family == "gemma3" else build_tiled2_processor(family)
+        _PROCESSORS[family] = build_processor(family)
     return _PROCESSORS[family]
 
 

@@ -13,12 +13,13 @@ import torch
 from PIL import Image
 
 import mmpipe
+from mmpipe.offline import build_processor
 from mmpipe.batching.collate import collator_constants
 from mmpipe.errors import ArgumentError
 from mmpipe.hosts.trainer import TrainerCollator, trainer_settings
 from mmpipe.hosts.verl import verl_batch, verl_rows
-from mmpipe.offline.tiled import build_gemma3_model, build_gemma3_processor
-from mmpipe.offline.tiled2 import build_tiled2_model, build_tiled2_processor
+from mmpipe.offline.tiled import build_gemma3_model
+from mmpipe.offline.tiled2 import build_tiled2_model
 
 FAMILIES = ("gemma3", "internvl", "llava_onevision")
 RNG = np.random.default_rng(21)
@@ -26,7 +27,7 @@ IMAGES = [Image.fromarray(RNG.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h
 
 
 def _processor(name):
-    return build_gemma3_processor() if name == "gemma3" else build_tiled2_processor(name)
+    return build_processor(name)
 
 
 def _model(name):

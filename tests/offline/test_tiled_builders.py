@@ -4,6 +4,7 @@ token count, and the model runs on the processor's own outputs."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mmpipe.families import GEMMA3, family_of
@@ -30,3 +31,17 @@ def test_real_settings():
     assert proc.image_seq_length == GEMMA3_REAL_TOKENS and proc.full_image_sequence.count("<image_soft_token>") == 256
     size = proc.image_processor.size
     assert (size.height, size.width) == (GEMMA3_REAL_TILE, GEMMA3_REAL_TILE)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "internvl", "llava_onevision"])
+def test_build_processor_and_model_take_the_tiled_families(name):
+    """`mmpipe.offline.build_processor` / `build_model` (and so ``testing:NAME``) hand the tiled
+    families to their builder modules; pixel bounds do not apply to fixed-size tiles."""
+    from mmpipe.errors import ArgumentError
+    from mmpipe.families import tiled_family_of
+    from mmpipe.offline import build_model, build_processor
+
+    assert tiled_family_of(build_processor(name)).name == name
+    assert build_model(name) is not None
+    with pytest.raises(ArgumentError, match="fixed-size tiles"):
+        build_processor(name, max_pixels=4096)

@@ -12,10 +12,11 @@ import torch
 from PIL import Image
 
 import mmpipe
+from mmpipe.offline import build_processor
 from mmpipe.errors import InputError
 from mmpipe.families import tiled_family_of
-from mmpipe.offline.tiled import build_gemma3_model, build_gemma3_processor
-from mmpipe.offline.tiled2 import build_tiled2_model, build_tiled2_processor
+from mmpipe.offline.tiled import build_gemma3_model
+from mmpipe.offline.tiled2 import build_tiled2_model
 from mmpipe.records.generation import SamplingParams
 from mmpipe.rollout.tiled_generate import banned_tokens, response_logprobs, tiled_rollout_rows
 from mmpipe.rollout.transformers_engine import TransformersEngine, teacher_forced_logprobs
@@ -35,7 +36,7 @@ def _prompts(proc, counts=(1, 0, 2), **kw):
 @pytest.fixture(scope="module", params=FAMILIES)
 def fam(request):
     name = request.param
-    proc = build_gemma3_processor() if name == "gemma3" else build_tiled2_processor(name)
+    proc = build_processor(name)
     model = build_gemma3_model() if name == "gemma3" else build_tiled2_model(name)
     return name, proc, model
 

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 import mmpipe
+from mmpipe.offline import build_processor
 from mmpipe import testing
 from mmpipe.errors import ArgumentError, ImageError, InputError
 from mmpipe.families import tiled_family_of
 from mmpipe.offline.tiled2 import build_tiled2_processor
 from mmpipe.rollout import to_vllm_prompts
 from helpers import odd_images, photo_paths
-from mmpipe.offline.tiled import build_gemma3_processor
 
 PAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8}
 CASES = {"gemma3": ("gemma3", {}), "gemma3_pan_and_scan": ("gemma3", PAN),
@@ -26,7 +26,7 @@ CASES = {"gemma3": ("gemma3", {}), "gemma3_pan_and_scan": ("gemma3", PAN),
 
 
 def _processor(family: str):
-    return build_gemma3_processor() if family == "gemma3" else build_tiled2_processor(family)
+    return build_processor(family)
 
 
 def _raw(images: list, k: int) -> dict:

@@ -12,8 +12,7 @@ import pytest
 from PIL import Image
 
 import mmpipe
-from mmpipe.offline.tiled import build_gemma3_processor
-from mmpipe.offline.tiled2 import build_tiled2_processor
+from mmpipe.offline import build_processor
 from mmpipe.records.tiled import TiledInputs
 from mmpipe.view.tiled import tiled_spans
 
@@ -24,7 +23,7 @@ FAMILIES = ("gemma3", "internvl", "llava_onevision")
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def fam(request):
-    proc = build_gemma3_processor() if request.param == "gemma3" else build_tiled2_processor(request.param)
+    proc = build_processor(request.param)
     raw = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "look"},
                                                      {"type": "image"}, {"type": "text", "text": "hi " * 60}]},
                         {"role": "assistant", "content": [{"type": "text", "text": "ok cat"}]}], "images": IMAGES}
