@@ -60,12 +60,12 @@ def family_processor(name: str, quick: bool):
         lo, hi = REAL_BOUNDS[name]
         return testing.build_processor(name, min_pixels=lo, max_pixels=hi)
     if name == "gemma3":
-        from mmpipe.offline.tiled import build_gemma3_processor
+        from mmpipe.offline.gemma3 import build_gemma3_processor
 
         return build_gemma3_processor(real=not quick)
     import transformers
 
-    from mmpipe.offline.tiled2 import build_tiled2_processor
+    from mmpipe.offline.tile_builders import build_tiled2_processor
 
     if quick:
         return build_tiled2_processor(name)

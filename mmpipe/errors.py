@@ -209,3 +209,15 @@ __all__ = [
     "STAGES", "MMPipeError", "ArgumentError", "InputError", "ParseError", "PlaceholderError", "ImageError",
     "VideoError", "TruncationError", "PixelDataError", "FamilyMismatchError", "DOCUMENTED_ERRORS",
 ]
+
+
+class UnsupportedProcessorError(ArgumentError):
+    """A vision-language processor (or model config) of a family mmpipe has no table row for.
+
+    The message names the class and the path such a processor takes (`GENERIC_PATH`: the
+    processor's own chat template and call, 1-D positions). ``class_name`` holds the class.
+    """
+
+    def __init__(self, message: str, class_name: str):
+        super().__init__(message)
+        self.class_name = class_name

@@ -1,6 +1,8 @@
-"""Model-family table: everything that differs between Qwen2-VL, Qwen2.5-VL, Qwen3-VL and
-plain decoder LLMs lives here, one small record per family. Stages look a family up and
-never branch on its name.
+"""Model-family table: everything that differs between the model families (Qwen2/2.5/3-VL,
+GLM-4.1V, Gemma 3, InternVL, LLaVA-OneVision, plain decoder LLMs, and the generic path for any
+other VLM processor) lives here, one `ModelFamily` row per family. Stages look a family up and
+never branch on its name; what differs in how a family's media are laid out and stored is its
+``kind`` (`ModelFamily.media`: one strategy per kind in `mmpipe.media`).
 
 The family is found from the processor or model config CLASS, never asked of the user and
 never guessed from attributes (`family_of`); other families raise `UnsupportedProcessorError`::
@@ -15,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from mmpipe.errors import ArgumentError
+from mmpipe.errors import ArgumentError, UnsupportedProcessorError
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -39,6 +41,10 @@ class ModelFamily:
     name: str
     model_types: tuple[str, ...]
     rope: str
+    # how the family's images are laid out and stored (`mmpipe.media`): "patches" (patch grids,
+    # uint8 patches expanded at collate), "tiles" (fixed-size tiles, a placeholder text per image)
+    # or "processor" (the generic path: whatever the processor's own call returns)
+    kind: str = "patches"
     patch_size: int = 14
     temporal_patch_size: int = 2
     merge_size: int = 2
@@ -66,10 +72,38 @@ class ModelFamily:
     processor_bounds: str = "pixels"
     encodes_videos: bool = True  # False: the encoder refuses video items (VideoError naming the family)
     video_rule: str = "qwen"  # video sampling/sizing/text: "qwen" (qwen-vl-utils) or "glm4v" (encoding.glm_videos)
+    # ---- tiles kind (Gemma 3, InternVL, LLaVA-OneVision) ------------------------------------
+    feature_token: Optional[str] = None  # the token the model fills with image features
+    module: Optional[str] = None  # the image module: tile_count, image_tokens, tiles_u8, expand_placeholder
+    token_type_key: Optional[str] = None  # model input holding 1 at feature tokens (Gemma 3: token_type_ids)
+    # why packing is refused (None: the model takes packed rows)
+    no_packing: Optional[str] = None
+    vllm_processor_kwargs: tuple[str, ...] = ()  # image options vLLM's processor takes (mm_processor_kwargs)
+    vllm_tile_prompts: bool = False  # a stored one-tile image re-creates its vLLM prompt (size-free text)
 
     @property
     def is_vision(self) -> bool:
-        return self.rope != "1d"
+        return self.rope != "1d" or self.kind != "patches"
+
+    @property
+    def media(self):
+        """The family's media strategy (`mmpipe.media`: layout, storage, model tensors)."""
+        from mmpipe.media import strategy
+
+        return strategy(self.kind)
+
+    def images(self):
+        """The family's image module (tiles kind; imported on first use)."""
+        import importlib
+
+        if self.module is None:
+            raise ArgumentError(f"family {self.name!r} has no image module")
+        return importlib.import_module(self.module)
+
+    def token_ids(self, tokenizer) -> dict[str, int]:
+        """``{"image": id of image_token, "feature": id of feature_token}`` in ``tokenizer``."""
+        return {"image": tokenizer.convert_tokens_to_ids(self.image_token),
+                "feature": tokenizer.convert_tokens_to_ids(self.feature_token)}
 
     @property
     def takes_second_per_grid_ts(self) -> bool:
@@ -137,7 +171,7 @@ class ModelFamily:
         alone (the text positions, which the layout repeats on every row): returned without
         ``axis`` ([L], [B, L]), a view.
         """
-        if self.rope != "1d":
+        if self.rope != "1d" or self.kind != "patches":  # other kinds store [1, L]: given as they are
             return position_ids
         return position_ids[(slice(None),) * axis + (0,)]
 
@@ -207,62 +241,14 @@ FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (QWEN2_VL, QWEN2_5_VL, QW
 VISION_FAMILIES: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if f.is_vision)
 DEFAULT_FAMILY = QWEN2_VL.name
 
-# Processor class name -> family, for processors that carry no model config.
-_PROCESSOR_CLASSES = {cls: f.name for f in FAMILIES.values() for cls in f.processor_classes}
-# Model types -> family (a model or a model config).
-_MODEL_TYPES = {t: f.name for f in FAMILIES.values() for t in f.model_types}
 
-
-
-@dataclass(frozen=True)
-class TiledFamily:
-    """Constants of a tiled family (Gemma 3, InternVL, LLaVA-OneVision): the processor resizes
-    each image to fixed-size tiles (uint8 [n, S, S, 3] before its per-pixel normalisation) and
-    replaces the one ``image_token`` the chat template renders per image with a text holding
-    ``feature_token`` once per image feature; positions are 1-D. The image rules (tile count,
-    tiles, the placeholder's text) live in the family's image module ``module``
-    (`mmpipe.images.tiles` says what it exposes); `mmpipe.encoding.tiled` encodes the rows.
-    """
-
-    name: str
-    model_types: tuple[str, ...]
-    processor_classes: tuple[str, ...]
-    model_class: str
-    image_token: str  # what the chat template renders per image (the processor's ``image_token``)
-    feature_token: str  # the token the model fills with image features
-    module: str  # the image module: tile_count, image_tokens, tiles_u8, expand_placeholder
-    token_type_key: Optional[str] = None  # model input holding 1 at feature tokens (Gemma 3: token_type_ids)
-    # why pack refuses the rows; None: the model takes packed rows (mmpipe.batching.tiled_packing)
-    no_packing: Optional[str] = "packed rows of this tiled family are not implemented"
-    rope: str = "1d"
-    vllm_processor_kwargs: tuple[str, ...] = ()  # image options vLLM's processor takes (mm_processor_kwargs)
-    vllm_tile_prompts: bool = False  # a stored one-tile image re-creates its vLLM prompt (size-free text)
-    is_vision = True
-
-    def model_positions(self, position_ids, axis: int = 0):
-        """Positions as the model takes them: [L] / [B, L] as given (1-D positions)."""
-        return position_ids
-
-    def accepts(self, family_name: str) -> bool:
-        return family_name == self.name
-
-    def images(self):
-        """The family's image module (imported on first use)."""
-        import importlib
-
-        return importlib.import_module(self.module)
-
-    def token_ids(self, tokenizer) -> dict[str, int]:
-        """``{"image": id of image_token, "feature": id of feature_token}`` in ``tokenizer``."""
-        return {"image": tokenizer.convert_tokens_to_ids(self.image_token),
-                "feature": tokenizer.convert_tokens_to_ids(self.feature_token)}
 
 
 # Gemma 3: each image one 896x896 SigLIP tile (pan-and-scan adds crops, each its own tile and
 # text); bidirectional attention inside each image's feature tokens (token_type_ids), which transformers'
 # packed-rows mask breaks in the sliding-window layers (measured in tests/batching/test_tiled_packing.py).
-GEMMA3 = TiledFamily(
-    name="gemma3", model_types=("gemma3",), processor_classes=("Gemma3Processor",),
+GEMMA3 = ModelFamily(
+    name="gemma3", kind="tiles", rope="1d", model_types=("gemma3",), processor_classes=("Gemma3Processor",),
     model_class="Gemma3ForConditionalGeneration", image_token="<start_of_image>", feature_token="<image_soft_token>",
     module="mmpipe.images.gemma3", token_type_key="token_type_ids", vllm_tile_prompts=True,
     vllm_processor_kwargs=("do_pan_and_scan", "pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops",
@@ -274,58 +260,60 @@ GEMMA3 = TiledFamily(
                "(measured: logits off by up to 0.41 vs each row alone; the global layers are right)")
 # InternVL (transformers format): dynamic tiling + thumbnail, each tile image_seq_length
 # <IMG_CONTEXT> tokens inside <img>...</img>; causal attention, 1-D positions.
-INTERNVL = TiledFamily(
-    name="internvl", model_types=("internvl",), processor_classes=("InternVLProcessor",),
+INTERNVL = ModelFamily(
+    name="internvl", kind="tiles", rope="1d", model_types=("internvl",), processor_classes=("InternVLProcessor",),
     model_class="InternVLForConditionalGeneration", image_token="<IMG_CONTEXT>", feature_token="<IMG_CONTEXT>",
     module="mmpipe.images.internvl", no_packing=None)  # packed rows: 1-D positions restarting per row, no mask
 # LLaVA-OneVision: anyres tiles (base + pinpoint grid), unpadded feature count, image_sizes; causal, 1-D positions.
-LLAVA_ONEVISION = TiledFamily(
-    name="llava_onevision", model_types=("llava_onevision",), processor_classes=("LlavaOnevisionProcessor",),
+LLAVA_ONEVISION = ModelFamily(
+    name="llava_onevision", kind="tiles", rope="1d", model_types=("llava_onevision",), processor_classes=("LlavaOnevisionProcessor",),
     model_class="LlavaOnevisionForConditionalGeneration", image_token="<image>", feature_token="<image>",
     module="mmpipe.images.onevision",
     no_packing=None)  # packed rows: as InternVL (image_sizes per image, pixels per image)
-TILED_FAMILIES: dict[str, TiledFamily] = {f.name: f for f in (GEMMA3, INTERNVL, LLAVA_ONEVISION)}
-_TILED_PROCESSORS = {cls: f for f in TILED_FAMILIES.values() for cls in f.processor_classes}
-_TILED_TYPES = {t: f for f in TILED_FAMILIES.values() for t in f.model_types}
+# The generic path: a VLM processor without a row of its own (Idefics3, LLaVA 1.5, Mllama, ...).
+# Its rows hold what the processor's own call returns (kind "processor"); stored family "generic".
+GENERIC = ModelFamily(
+    name="generic", kind="processor", rope="1d", model_types=(),
+    image_token=None, video_token=None, vision_start_token=None, vision_end_token=None,
+    no_packing="it has no mmpipe family table and takes the generic path (whether its model's attention "
+               "allows packed rows is unknown)")
+
+# The whole table, and views of it by kind (names kept by the stages that take one kind's rows).
+ALL_FAMILIES: dict[str, ModelFamily] = {
+    f.name: f for f in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GLM4V, TEXT, GEMMA3, INTERNVL, LLAVA_ONEVISION, GENERIC)}
+TILED_FAMILIES: dict[str, ModelFamily] = {n: f for n, f in ALL_FAMILIES.items() if f.kind == "tiles"}
+# Processor class name -> family (for processors that carry no model config); model type -> family.
+_PROCESSOR_CLASSES = {cls: f for f in ALL_FAMILIES.values() for cls in f.processor_classes}
+_MODEL_TYPES = {t: f for f in ALL_FAMILIES.values() for t in f.model_types}
 
 
-def tiled_family_of(obj) -> Optional[TiledFamily]:
-    """The `TiledFamily` of a processor (by class), model or config (by ``model_type``), family
-    name or TiledFamily; None for anything else (no error)."""
-    if isinstance(obj, TiledFamily):
-        return obj
+def tiled_family_of(obj) -> Optional[ModelFamily]:
+    """The family of a processor (by class), model or config (by ``model_type``), family name or
+    `ModelFamily` when it is of the tiles kind; None for anything else (no error)."""
+    if isinstance(obj, ModelFamily):
+        return obj if obj.kind == "tiles" else None
     if isinstance(obj, str):
         return TILED_FAMILIES.get(obj)
     if hasattr(obj, "image_processor"):
-        return _TILED_PROCESSORS.get(processor_class_name(obj))
+        fam = _PROCESSOR_CLASSES.get(processor_class_name(obj))
+        return fam if fam is not None and fam.kind == "tiles" else None
     model_type = getattr(getattr(obj, "config", obj), "model_type", None)
-    return _TILED_TYPES.get(model_type) if isinstance(model_type, str) else None
+    fam = _MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
+    return fam if fam is not None and fam.kind == "tiles" else None
 
 
 # Where a processor of a family without a table row goes instead: mmpipe.encode, encode_row,
 # encode_dataset, collate and Collator take it there by themselves (takes_generic_path).
 GENERIC_PATH = "mmpipe.encoding.generic.GenericEncoder"
-GENERIC_FAMILY = "generic"  # the stored ``family`` of rows encoded through the generic path
-
-
-class UnsupportedProcessorError(ArgumentError):
-    """A vision-language processor (or model config) of a family mmpipe has no table row for.
-
-    The message names the class and the path such a processor takes (`GENERIC_PATH`: the
-    processor's own chat template and call, 1-D positions). ``class_name`` holds the class.
-    """
-
-    def __init__(self, message: str, class_name: str):
-        super().__init__(message)
-        self.class_name = class_name
+GENERIC_FAMILY = GENERIC.name  # the stored ``family`` of rows encoded through the generic path
 
 
 def get_family(name: str) -> ModelFamily:
-    """The family named ``name``: a `ModelFamily`, or a `TiledFamily` (`TILED_FAMILIES`)."""
+    """The family named ``name`` (any row of `ALL_FAMILIES`, ``"generic"`` included)."""
     try:
-        return FAMILIES[name] if name not in TILED_FAMILIES else TILED_FAMILIES[name]
-    except KeyError:
-        raise ArgumentError(f"unknown model family {name!r}; known: {sorted(FAMILIES) + sorted(TILED_FAMILIES)}") from None
+        return ALL_FAMILIES[name]
+    except (KeyError, TypeError):
+        raise ArgumentError(f"unknown model family {name!r}; known: {sorted(ALL_FAMILIES)}") from None
 
 
 def processor_class_name(processor) -> str:
@@ -342,7 +330,7 @@ def processor_class_name(processor) -> str:
 
 
 def _unsupported(kind: str, name: str, detail: str = "") -> UnsupportedProcessorError:
-    known = sorted([*_PROCESSOR_CLASSES, *_TILED_PROCESSORS] if kind == "processor" else [*_MODEL_TYPES, *_TILED_TYPES])
+    known = sorted(_PROCESSOR_CLASSES if kind == "processor" else _MODEL_TYPES)
     return UnsupportedProcessorError(
         f"{kind} {name}{detail} is not a model family mmpipe encodes natively (known {kind}s: "
         f"{', '.join(known)}); it takes the generic path {GENERIC_PATH} (the processor's own chat "
@@ -355,12 +343,12 @@ def family_of(obj) -> ModelFamily:
     From classes only, never from attributes: a processor by its transformers class
     (`processor_class_name`, looked up in `ModelFamily.processor_classes`), a model or config
     by ``model_type`` (`ModelFamily.model_types`), a tokenizer alone is a text-only decoder; a
-    `TiledFamily` for the tiled families (`tiled_family_of`).
+    the tiles-kind row for Gemma 3, InternVL and LLaVA-OneVision (`tiled_family_of`).
     Raises `UnsupportedProcessorError` (naming the class and the generic path) for a
     processor with an image processor, or a config with a ``vision_config``, of any other
     family; `ArgumentError` for an unknown family name.
     """
-    if isinstance(obj, (ModelFamily, TiledFamily)):
+    if isinstance(obj, ModelFamily):
         return obj
     if isinstance(obj, str):
         return get_family(obj)
@@ -369,7 +357,7 @@ def family_of(obj) -> ModelFamily:
     if hasattr(obj, "image_processor"):
         name = processor_class_name(obj)
         if name in _PROCESSOR_CLASSES:
-            return FAMILIES[_PROCESSOR_CLASSES[name]]
+            return _PROCESSOR_CLASSES[name]
         ip = getattr(obj, "image_processor", None)
         if ip is None:  # a processor without an image processor: its tokenizer is a text decoder
             return TEXT
@@ -378,7 +366,7 @@ def family_of(obj) -> ModelFamily:
     model_type = getattr(config, "model_type", None)
     if model_type is not None:
         if model_type in _MODEL_TYPES:
-            return FAMILIES[_MODEL_TYPES[model_type]]
+            return _MODEL_TYPES[model_type]
         if getattr(config, "vision_config", None) is not None:
             raise _unsupported("model type", repr(model_type), f" ({type(config).__name__})")
         return TEXT
@@ -397,3 +385,12 @@ def takes_generic_path(obj) -> bool:
     except UnsupportedProcessorError:
         return True
     return False
+
+
+def resolve_family(obj) -> ModelFamily:
+    """`family_of`, with the generic path resolved too: a VLM processor (or config) without a
+    row of its own gives `GENERIC` instead of raising. The one lookup a stage makes."""
+    try:
+        return family_of(obj)
+    except UnsupportedProcessorError:
+        return GENERIC

@@ -108,7 +108,7 @@ def _load_cached_hub_name(spec: str):
 
 def _tiled_image_only(cls_name: Optional[str]) -> Optional[str]:
     """The tiled family whose offline image-only processor class (``ImageOnly`` + its stock
-    class, `mmpipe.offline.generic`) saved these files, else None."""
+    class, `mmpipe.offline.other_vlms`) saved these files, else None."""
     from mmpipe.families import TILED_FAMILIES
     from mmpipe.offline.tokenizer import OWN_BUILDERS
 

@@ -11,7 +11,7 @@ from mmpipe.families import (
     processor_class_name,
 )
 from mmpipe.offline import build_model, build_processor, build_tokenizer, tiny_image
-from mmpipe.offline.generic import FOREIGN_PROCESSORS, build_foreign_processor
+from mmpipe.offline.other_vlms import FOREIGN_PROCESSORS, build_foreign_processor
 
 STOCK = {"glm4v": "Glm4vProcessor", "gemma3": "Gemma3Processor", "idefics3": "Idefics3Processor",
          "llava_onevision": "LlavaOnevisionProcessor", "internvl": "InternVLProcessor", "llava": "LlavaProcessor"}

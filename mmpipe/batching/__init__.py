@@ -8,7 +8,7 @@ One module per step, in the order rows flow::
     collate.py  MultiModalInputs rows -> padded BatchedMultiModalInputs (collate, Collator, ArrowRows)
     packing.py  rows -> one padding-free [1, T] PackedMultiModalInputs, and back
                 (pack, unpack, to_padded, PackingCollator)
-    tiled_packing.py  the same for tiled-family rows (InternVL, LLaVA-OneVision) -> TiledPackedInputs
+    tiled_packing.py  the same for tiled-family rows (InternVL, LLaVA-OneVision) -> PackedMultiModalInputs
     unbatch.py  BatchedMultiModalInputs -> the rows, exactly (unbatch)
 
 The functions ``collate`` and ``unbatch`` are not re-exported here: those names are the

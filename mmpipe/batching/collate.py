@@ -363,7 +363,7 @@ def collator_constants(who: str, processor, family, pad_token_id) -> tuple[Model
         raise ArgumentError(f"{who} needs a processor (or family=...) to know the model family; got neither")
     if tiled_family_of(family if family is not None else processor) is not None:  # no VisionSpec: tiles, not grids
         raise ArgumentError(f"{who} takes the Qwen-VL and text families, not {tiled_family_of(family or processor).name}"
-                            " rows: batch them with mmpipe.Collator(processor) (TiledBatch.model_inputs())")
+                            " rows: batch them with mmpipe.Collator(processor) (BatchedMultiModalInputs.model_inputs())")
     refuse_packing(who, processor)  # Collator takes the generic path before; PackingCollator cannot
     fam = family_of(family if family is not None else processor)
     return fam, _vision_spec(fam, processor), _pad_token_id(processor) if pad_token_id is None else int(pad_token_id)

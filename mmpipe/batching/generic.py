@@ -1,5 +1,5 @@
-"""Collate and unbatch on the generic path: `GenericInputs` rows (a processor mmpipe has no
-family table for, `mmpipe.encoding.generic`) <-> one padded `GenericBatch`.
+"""Collate and unbatch on the generic path: `MultiModalInputs` rows (a processor mmpipe has no
+family table for, `mmpipe.encoding.generic`) <-> one padded `BatchedMultiModalInputs`.
 
 `mmpipe.collate` and `mmpipe.Collator` come here for such rows or processors
 (`generic_collate`): stored dicts, Arrow tables (`mmpipe.ArrowRows`) or records. Padding
@@ -18,13 +18,15 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mmpipe.batching.checks import check_path_rows
+from mmpipe.batching.text import pad_sequences, text_fields, text_row_fields
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
 from mmpipe.families import GENERIC_FAMILY, processor_class_name, takes_generic_path, tiled_family_of
 from mmpipe.records.columns import ERROR_COLUMN
-from mmpipe.records.generic import (
-    LAYOUT_COLUMN, GenericBatch, GenericInputs, generic_rows_from_arrow, is_generic_row,
-)
-from mmpipe.records.tiled import TiledBatch
+from mmpipe.media.processor import LAYOUT_COLUMN
+from mmpipe.records.arrow import rows_from_arrow
+from mmpipe.records.batch import BatchedMultiModalInputs
+from mmpipe.records.kinds import is_generic_row
+from mmpipe.records.row import MultiModalInputs
 
 logger = logging.getLogger("mmpipe")
 
@@ -41,14 +43,14 @@ def _padded(arr: np.ndarray, shape: tuple) -> np.ndarray:
     return out
 
 
-def token_aligned(rows: list[GenericInputs], key: str) -> bool:
+def token_aligned(rows: list[MultiModalInputs], key: str) -> bool:
     """Whether row key ``key`` is ``[1, L, ...]`` in every row holding it, L the row's tokens
     (Mllama's ``cross_attention_mask`` ``[1, L, images, tiles]``): its axis 1 is padded as the tokens."""
     present = [(r.vision[key], len(r)) for r in rows if key in r.vision]
     return bool(present) and all(a.ndim >= 2 and a.shape[1] == n for a, n in present)
 
 
-def _collate_vision(rows: list[GenericInputs], key: str, row_key: bool, L: int = 0,
+def _collate_vision(rows: list[MultiModalInputs], key: str, row_key: bool, L: int = 0,
                     padding_side: str = "right") -> tuple[np.ndarray, list]:
     present = [r.vision[key] for r in rows if key in r.vision]
     trailing = tuple(np.max([a.shape[1:] for a in present], axis=0))
@@ -91,20 +93,10 @@ def padded_length(lengths: np.ndarray, pad_to_length: Optional[int], pad_to_mult
     return L
 
 
-def pad_sequences(seqs: Sequence[np.ndarray], length: int, fill: int, padding_side: str) -> np.ndarray:
-    """int64 [B, length]: each int [n_b] sequence at the start (``padding_side="right"``) or the
-    end (``"left"``) of its row, ``fill`` elsewhere."""
-    out = np.full((len(seqs), length), fill, np.int64)
-    for b, seq in enumerate(seqs):
-        n = len(seq)
-        out[b, slice(0, n) if padding_side == "right" else slice(length - n, length)] = seq
-    return out
-
-
 CROSS_ATTENTION_WARNED: set = set()  # processor classes warned about (once per process)
 
 
-def _warn_cross_attention_counts(rows: list[GenericInputs]) -> None:
+def _warn_cross_attention_counts(rows: list[MultiModalInputs]) -> None:
     """A cross-attention model (Mllama: ``cross_attention_mask`` [1, L, images, tiles]) attends
     from a row's text before its first image to every image slot of the batch, padding images
     included, so a batch of rows with different image counts differs from each row alone (the
@@ -119,9 +111,9 @@ def _warn_cross_attention_counts(rows: list[GenericInputs]) -> None:
                        cls, sorted(counts))
 
 
-def collate_generic(rows: list[GenericInputs], *, pad_token_id: int = 0, padding_side: str = "right",
-                    pad_to_length: Optional[int] = None, pad_to_multiple_of: Optional[int] = None) -> GenericBatch:
-    """`GenericInputs` rows -> one padded `GenericBatch` (see its doc for the shapes).
+def collate_generic(rows: list[MultiModalInputs], *, pad_token_id: int = 0, padding_side: str = "right",
+                    pad_to_length: Optional[int] = None, pad_to_multiple_of: Optional[int] = None) -> BatchedMultiModalInputs:
+    """`MultiModalInputs` rows -> one padded `BatchedMultiModalInputs` (see its doc for the shapes).
 
     Every row must come from the same processor class. ``position_ids`` are ``0..n-1`` over
     each row's own tokens (pads 0), so left and right padding give the per-row positions.
@@ -137,54 +129,60 @@ def collate_generic(rows: list[GenericInputs], *, pad_token_id: int = 0, padding
                              fix="batch rows encoded by one processor")
     lengths = np.array([len(r) for r in rows], np.int64)
     L = padded_length(lengths, pad_to_length, pad_to_multiple_of)
-
-    def pad(get, fill):
-        return pad_sequences([get(r) for r in rows], L, fill, padding_side)
-
     _warn_cross_attention_counts(rows)
+    from mmpipe.media.processor import ProcessorLayout
+
     row_keys = tuple(sorted({k for r in rows for k in r.row_keys}))
     vision, shapes = {}, {}
     for key in sorted({k for r in rows for k in r.vision}):
         vision[key], shapes[key] = _collate_vision(rows, key, key in row_keys, L, padding_side)
-    with_labels = any(r.labels is not None for r in rows)
-    return GenericBatch(
-        input_ids=pad(lambda r: r.input_ids, pad_token_id), attention_mask=pad(lambda r: r.attention_mask, 0),
-        position_ids=pad(lambda r: r.position_ids, 0), processor_class=rows[0].processor_class,
-        padding_side=padding_side, lengths=lengths, row_keys=row_keys, shapes=shapes, vision=vision,
-        sequence={k: pad(lambda r, k=k: r.sequence[k], 0) for k in sorted({k for r in rows for k in r.sequence})},
-        labels=pad(lambda r: r.labels if r.labels is not None else np.full(len(r), -100), -100) if with_labels else None,
-    )
+    layout = rows[0].layout if all(r.layout == rows[0].layout for r in rows) else ProcessorLayout.of(
+        rows[0].processor_class, rows[0].sequence, {k: v[:0] for k, v in vision.items()}, row_keys)
+    return BatchedMultiModalInputs(
+        **text_fields(rows, L, pad_token_id, padding_side), family=rows[0].family, padding_side=padding_side,
+        pixel_format="float32" if vision else "none", patch_offsets=np.zeros(len(rows) + 1, np.int64),
+        image_hw=(np.concatenate([r.image_hw if r.image_hw is not None else np.zeros((0, 2), np.int64)
+                                                  for r in rows]).astype(np.int64).reshape(-1, 2)),
+        layout=layout, shapes=shapes, vision=vision,
+        sequence={k: (pad_sequences([r.sequence[k] for r in rows], L, 0, padding_side))
+                  for k in sorted({k for r in rows for k in r.sequence})})
 
 
-def unbatch_generic(batch: GenericBatch) -> list[GenericInputs]:
-    """`GenericBatch` -> its rows, exactly as collated (``unbatch_generic(collate_generic(rows))``
-    equals ``rows``)."""
+def unbatch_generic(batch: BatchedMultiModalInputs) -> list[MultiModalInputs]:
+    """A generic-path batch -> its rows, exactly as collated (``unbatch_generic(collate_generic(rows))``
+    equals ``rows``, their `ProcessorLayout` included, so written back they store as before)."""
+    from mmpipe.records.columns import to_numpy
+
     rows, offsets = [], {k: 0 for k in batch.vision}
     L = batch.input_ids.shape[1]
-    for b, n in enumerate(batch.lengths):
+    io = to_numpy(batch.image_offsets).tolist()
+    hw = to_numpy(batch.image_hw) if batch.image_hw is not None else None
+    vision_np = {k: to_numpy(v) for k, v in batch.vision.items()}
+    row_keys = set(batch.layout.row_keys) if batch.layout is not None else set()
+    for b, text in enumerate(text_row_fields(batch)):
+        n = len(text["input_ids"])
         cols = slice(0, n) if batch.padding_side == "right" else slice(L - n, L)
         vision = {}
-        for key, arr in batch.vision.items():
+        for key, arr in vision_np.items():
             shape = batch.shapes[key][b]
             if shape is None:
                 continue
-            start = b if key in batch.row_keys else offsets[key]
+            start = b if key in row_keys else offsets[key]
             cut = [slice(0, s) for s in shape]
-            if key in batch.row_keys and len(shape) >= 2 and shape[1] == n:  # token-aligned (see token_aligned)
+            if key in row_keys and len(shape) >= 2 and shape[1] == n:  # token-aligned (see token_aligned)
                 cut[1] = cols
-            vision[key] = arr[start:start + shape[0]][tuple(cut)]
-            offsets[key] += 0 if key in batch.row_keys else shape[0]
-        rows.append(GenericInputs(
-            input_ids=batch.input_ids[b, cols], attention_mask=batch.attention_mask[b, cols],
-            processor_class=batch.processor_class, sequence={k: v[b, cols] for k, v in batch.sequence.items()},
-            vision=vision, row_keys=tuple(k for k in batch.row_keys if k in vision),
-            labels=batch.labels[b, cols] if batch.labels is not None else None))
+            vision[key] = arr[start:start + shape[0]][tuple(cut)].copy()
+            offsets[key] += 0 if key in row_keys else shape[0]
+        rows.append(MultiModalInputs(
+            family=batch.family, layout=batch.layout, vision=vision,
+            sequence={k: to_numpy(v)[b, cols].copy() for k, v in batch.sequence.items()},
+            image_hw=None if hw is None else hw[io[b]:io[b + 1]].copy(), **text))
     return rows
 
 
 # ---- the dispatch from mmpipe.collate / mmpipe.Collator ----------------------------------------
-def generic_records(rows: Any) -> Optional[list[GenericInputs]]:
-    """``rows`` as `GenericInputs` when they come from the generic path (records, stored dicts
+def generic_records(rows: Any) -> Optional[list[MultiModalInputs]]:
+    """``rows`` as `MultiModalInputs` when they come from the generic path (records, stored dicts
     of the generic family, or an Arrow table of them), else None (native rows). A batch
     mixing both, or holding a row that failed under ``on_error="skip"``, raises `InputError`."""
     import pyarrow as pa
@@ -211,8 +209,8 @@ def generic_records(rows: Any) -> Optional[list[GenericInputs]]:
         return None
     check_path_rows(flags, errors, "generic-path", "a natively encoded row")
     if records is None:
-        return generic_rows_from_arrow(rows if isinstance(rows, pa.Table) else pa.Table.from_batches([rows]))
-    return [r if isinstance(r, GenericInputs) else GenericInputs.from_dict(r, i) for i, r in enumerate(records)]
+        return rows_from_arrow(rows if isinstance(rows, pa.Table) else pa.Table.from_batches([rows]))
+    return [r if isinstance(r, MultiModalInputs) else MultiModalInputs.from_dict(r, i) for i, r in enumerate(records)]
 
 
 def pad_id(processor, pad_token_id: Optional[int] = None) -> int:
@@ -224,9 +222,9 @@ def pad_id(processor, pad_token_id: Optional[int] = None) -> int:
     return 0 if pad is None else int(pad)
 
 
-def generic_collate(records: list[GenericInputs], rows: Any, *, processor=None, padding_side: str,
+def generic_collate(records: list[MultiModalInputs], rows: Any, *, processor=None, padding_side: str,
                     pad_token_id: Optional[int] = None, pad_to_length: Optional[int] = None,
-                    pad_to_multiple_of: Optional[int] = None, keep_columns: Sequence[str] = ()) -> GenericBatch:
+                    pad_to_multiple_of: Optional[int] = None, keep_columns: Sequence[str] = ()) -> BatchedMultiModalInputs:
     """`collate_generic` with `mmpipe.collate`'s arguments (the pad id from ``processor`` unless
     given) and its pass-through ``keep_columns`` (read from ``rows``)."""
     from mmpipe.batching.checks import arrow_table
@@ -263,7 +261,7 @@ class GenericCollator:
         self.pad_to_multiple_of = pad_to_multiple_of
         self.keep_columns = tuple(keep_columns)
 
-    def __call__(self, rows: Sequence[Any]) -> GenericBatch:
+    def __call__(self, rows: Sequence[Any]) -> BatchedMultiModalInputs:
         records = generic_records(rows)
         if records is None:
             raise InputError("natively encoded rows for a processor on the generic path", row=0, column="family",
@@ -291,14 +289,16 @@ def refuse_packing(who: str, obj) -> None:
     """Raise `ArgumentError` when ``obj`` (a processor, or the batch `mmpipe.pack` collated) is
     on the generic path: mmpipe cannot know whether an unlisted model's attention allows packed
     rows (Gemma 3's bidirectional image attention, cross-attention models); or is a tiled
-    family's whose row refuses packing (`mmpipe.families.TiledFamily.no_packing` says why)."""
-    tiled = tiled_family_of(obj.family if isinstance(obj, TiledBatch) else obj) if obj is not None else None
+    family's whose row refuses packing (`mmpipe.families.ModelFamily.no_packing` says why)."""
+    tiled = tiled_family_of(obj.family if isinstance(obj, BatchedMultiModalInputs) else obj) if obj is not None else None
     if tiled is not None:  # a tiled family packs unless its row says why not (mmpipe.batching.tiled_packing)
         if tiled.no_packing:
             raise ArgumentError(f"{who}: packing is not available for {tiled.name}: {tiled.no_packing}; use "
                                 f"mmpipe.Collator(processor) for padded batches")
         return
-    if isinstance(obj, GenericBatch):
+    if isinstance(obj, BatchedMultiModalInputs):
+        if obj.fam.kind != "processor":
+            return
         cls = obj.processor_class
     elif takes_generic_path(obj):
         cls = processor_class_name(obj)

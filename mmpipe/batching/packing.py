@@ -44,7 +44,8 @@ from typing import Any, Optional, Sequence
 
 from mmpipe.batching.collate import collate, collator_constants
 from mmpipe.batching.generic import refuse_packing
-from mmpipe.batching.tiled_packing import tiled_pack, tiled_packing_collator, tiled_to_padded, unpack_tiled
+from mmpipe.batching.pack_batch import pack_batch
+from mmpipe.batching.tiled_packing import tiled_pack, tiled_packing_collator
 from mmpipe.encoding.vision_tokens import VisionTokens
 from mmpipe.errors import InputError
 from mmpipe.families import get_family
@@ -54,7 +55,6 @@ from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.batching.unbatch import unbatch
 from mmpipe.records.packed import PackedMultiModalInputs
-from mmpipe.records.tiled_packed import TiledPackedInputs
 
 
 def pack(
@@ -78,7 +78,7 @@ def pack(
 
     The steps: collate right-padded, check the budgets and that rows are unpadded
     (`_check_pack`), take the valid tokens end to end (`_packed_positions`, `_packed_labels`).
-    Tiled-family rows (InternVL, LLaVA-OneVision) give a `TiledPackedInputs`
+    Tiled-family rows (InternVL, LLaVA-OneVision) give a `PackedMultiModalInputs`
     (`mmpipe.batching.tiled_packing`; Gemma 3 is refused with the reason).
     """
     import torch
@@ -91,82 +91,13 @@ def pack(
     b = collate(rows, processor=processor, spec=spec, family=family, padding_side="right", pad_token_id=pad_token_id,
                 vision_tokens=vision_tokens)
     refuse_packing("pack", b)  # generic-path rows (mmpipe.batching.generic)
-    lengths = b.seq_lengths
-    n, L = b.batch_size, b.input_ids.shape[1]
-    valid = torch.arange(L)[None, :] < lengths[:, None]  # [n, L], right padding
-    _check_pack(b, valid, max_tokens, max_images)
-    cu = torch.zeros(n + 1, dtype=torch.int32)
-    cu[1:] = lengths.cumsum(0)
-    labels, first_labels = _packed_labels(b, valid, cu[:-1].long())
-    # the pack owns the tokens; `meta` keeps the rest with zero-width token tensors [n, 0]
-    none = torch.zeros((n, 0), dtype=torch.int64)
-    meta = BatchedMultiModalInputs(**{**b.__dict__, "input_ids": none, "attention_mask": none,
-                                      "mm_token_type_ids": none, "position_ids": none[None].expand(3, n, 0),
-                                      "labels": None})
-    return PackedMultiModalInputs(
-        input_ids=b.input_ids[valid][None], mm_token_type_ids=b.mm_token_type_ids[valid][None],
-        position_ids=_packed_positions(b, valid), cu_seqlens=cu, labels=labels, first_labels=first_labels, meta=meta,
-    )
-
-
-def _check_pack(b: BatchedMultiModalInputs, valid, max_tokens: Optional[int], max_images: Optional[int]) -> None:
-    """The batch fits the pack budgets and every row is unpadded (``valid``: bool [n, L])."""
-    lengths = b.seq_lengths
-    n, total = b.batch_size, int(lengths.sum())
-    if max_tokens is not None and total > max_tokens:
-        raise InputError(
-            f"the {n} rows hold {total} tokens (lengths {lengths.tolist()}), over the pack budget "
-            f"max_tokens={max_tokens}", where="", column="input_ids", stage="collate",
-            fix=f"build batches with TokenBudgetBatchSampler(cost='packed', max_tokens={max_tokens}) or raise max_tokens",
-        )
-    n_img = int(b.image_grid_thw.shape[0])
-    if max_images is not None and n_img > max_images:
-        raise InputError(
-            f"the {n} rows hold {n_img} images (per row {[len(x) for x in b.sample_to_image_indices]}), over the "
-            f"pack budget max_images={max_images}", where="", column="image_grid_thw", stage="collate",
-            fix=f"build batches with TokenBudgetBatchSampler(max_images={max_images})",
-        )
-    holes = (b.attention_mask == 0) & valid
-    if bool(holes.any()):
-        r = int(holes.any(1).nonzero()[0, 0])
-        raise InputError(
-            f"attention_mask has {int(holes[r].sum())} zero(s) inside the row; packing attends every token of a "
-            "row, so the row must be unpadded (attention_mask all ones)", row=r, column="attention_mask",
-            stage="collate", fix="strip the masked tokens",
-        )
-
-
-def _packed_positions(b: BatchedMultiModalInputs, valid):
-    """int64 [4, 1, T]: text positions restarting at 0 per row, then the rows' M-RoPE rows;
-    int64 [1, T] (text positions only) for a text-only family."""
-    import torch
-
-    n, L = valid.shape
-    text_pos = (torch.arange(L)[None, :].expand(n, L))[valid]
-    if get_family(b.family).is_vision:
-        mrope = b.position_ids[:, valid]  # [3, T]
-        return torch.cat([text_pos[None], mrope], 0)[:, None, :]  # [4, 1, T]
-    return text_pos[None]  # [1, T]
-
-
-def _packed_labels(b: BatchedMultiModalInputs, valid, starts):
-    """``(labels int64 [1, T] with -100 on each row's first token, first_labels int64 [n])``,
-    or ``(None, None)`` without labels (``starts``: int64 [n] each row's first token)."""
-    if b.labels is None:
-        return None, None
-    labels = b.labels[valid][None].clone()
-    first_labels = labels[0, starts].clone()
-    labels[0, starts] = IGNORE_INDEX
-    return labels, first_labels
+    return pack_batch(b, max_tokens, max_images)
 
 
 def to_padded(packed: PackedMultiModalInputs, padding_side: str = "right") -> BatchedMultiModalInputs:
     """The same rows as a padded `BatchedMultiModalInputs` (what `mmpipe.collate` would build);
-    a `TiledPackedInputs` gives a `TiledBatch`."""
+    a `PackedMultiModalInputs` gives a `BatchedMultiModalInputs`."""
     import torch
-
-    if isinstance(packed, TiledPackedInputs):
-        return tiled_to_padded(packed, padding_side)
 
     m = packed.meta
     lengths = m.seq_lengths
@@ -179,7 +110,9 @@ def to_padded(packed: PackedMultiModalInputs, padding_side: str = "right") -> Ba
         out[..., valid] = flat
         return out
 
-    pos3 = packed.position_ids[1:, 0] if packed.position_ids.shape[0] == 4 else packed.position_ids.expand(3, -1)
+    lead = (3,) if m.position_ids.ndim == 3 else ()  # the M-RoPE rows, or 1-D positions [n, L]
+    pos = packed.position_ids[1:, 0] if packed.position_ids.shape[0] == 4 else \
+        packed.position_ids.expand(3, -1) if lead else packed.position_ids[0]
     labels = None
     if packed.labels is not None:
         flat = packed.labels[0].clone()
@@ -190,7 +123,7 @@ def to_padded(packed: PackedMultiModalInputs, padding_side: str = "right") -> Ba
         "input_ids": place(packed.input_ids[0], 0),  # pad id: unbatch strips pads by length
         "attention_mask": valid.long(),
         "mm_token_type_ids": place(packed.mm_token_type_ids[0], 0),
-        "position_ids": place(pos3, 0, (3,)),
+        "position_ids": place(pos, 0, lead),
         "labels": labels,
         "padding_side": padding_side,
     })
@@ -198,8 +131,6 @@ def to_padded(packed: PackedMultiModalInputs, padding_side: str = "right") -> Ba
 
 def unpack(packed: PackedMultiModalInputs) -> list[MultiModalInputs]:
     """The packed rows back, exactly: ``unpack(pack(rows)) == rows``."""
-    if isinstance(packed, TiledPackedInputs):
-        return unpack_tiled(packed)
     return unbatch(to_padded(packed))
 
 

@@ -1,5 +1,5 @@
-"""Collate and unbatch for the tiled families (`mmpipe.families.TiledFamily`): `TiledInputs`
-rows <-> one padded `TiledBatch`, the compact uint8 tiles expanded here to the processor's
+"""Collate and unbatch for the tiled families (`mmpipe.families.ModelFamily`): `MultiModalInputs`
+rows <-> one padded `BatchedMultiModalInputs`, the compact uint8 tiles expanded here to the processor's
 float32 ``pixel_values`` (`mmpipe.images.tiles.normalise_tiles`, bit-exact); ``pixels="source"``
 rows' image files are decoded and tiled first (`decoded_rows`: in the DataLoader worker that
 builds the batch), bit for bit the tiles a ``"uint8"`` encode stores.
@@ -26,8 +26,12 @@ from mmpipe.batching.generic import (
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, PixelDataError
 from mmpipe.families import get_family, tiled_family_of
 from mmpipe.images.tiles import effective_image_processor, image_tiles, normalise_table, normalise_tiles, with_images_kwargs
-from mmpipe.records.columns import ERROR_COLUMN, IGNORE_INDEX
-from mmpipe.records.tiled import TiledBatch, TiledInputs, is_tiled_row, tiled_rows_from_arrow
+from mmpipe.batching.text import text_fields, text_row_fields
+from mmpipe.records.columns import ERROR_COLUMN, offsets, to_numpy
+from mmpipe.records.arrow import rows_from_arrow
+from mmpipe.records.batch import BatchedMultiModalInputs
+from mmpipe.records.kinds import is_tiled_row
+from mmpipe.records.row import MultiModalInputs
 
 __all__ = ["collate_tiled", "unbatch_tiled", "tiled_records", "TiledCollator", "other_path_collate",
            "other_path_collator", "processor_table", "refuse_packing", "decoded_rows"]
@@ -38,7 +42,7 @@ def processor_table(processor) -> np.ndarray:
     return normalise_table(effective_image_processor(processor))
 
 
-def decoded_rows(rows: list[TiledInputs], image_processor) -> list[TiledInputs]:
+def decoded_rows(rows: list[MultiModalInputs], image_processor) -> list[MultiModalInputs]:
     """``pixels="source"`` rows -> the same rows with uint8 tiles (other rows as they are): each
     image file decoded, turned upright and tiled as the ``"uint8"`` encode does
     (`mmpipe.images.tiles.image_tiles`) with ``image_processor`` (`effective_image_processor` of
@@ -78,7 +82,7 @@ def decoded_rows(rows: list[TiledInputs], image_processor) -> list[TiledInputs]:
     return out
 
 
-def _pixels(rows: list[TiledInputs], table: Optional[np.ndarray], fam) -> tuple:
+def _pixels(rows: list[MultiModalInputs], table: Optional[np.ndarray], fam) -> tuple:
     """(uint8 tiles [N, S, S, 3], float32 pixel_values in the family's layout), or (None, None)
     for layout-only rows."""
     with_pixels = [r.has_pixels for r in rows]
@@ -104,10 +108,10 @@ def _pixels(rows: list[TiledInputs], table: Optional[np.ndarray], fam) -> tuple:
     return u8, (reshape(pv, tiles) if reshape is not None else pv)
 
 
-def collate_tiled(rows: list[TiledInputs], *, table: Optional[np.ndarray] = None, pad_token_id: int = 0,
+def collate_tiled(rows: list[MultiModalInputs], *, table: Optional[np.ndarray] = None, pad_token_id: int = 0,
                   padding_side: str = "right", pad_to_length: Optional[int] = None,
-                  pad_to_multiple_of: Optional[int] = None, image_processor=None) -> TiledBatch:
-    """`TiledInputs` rows of one family -> a padded `TiledBatch` (see its doc for the shapes).
+                  pad_to_multiple_of: Optional[int] = None, image_processor=None) -> BatchedMultiModalInputs:
+    """`MultiModalInputs` rows of one family -> a padded `BatchedMultiModalInputs` (see its doc for the shapes).
 
     ``table``: float32 [3, 256] (`processor_table`), needed when the rows hold pixels;
     ``image_processor`` (`effective_image_processor`), needed for ``pixels="source"`` rows
@@ -128,48 +132,37 @@ def collate_tiled(rows: list[TiledInputs], *, table: Optional[np.ndarray] = None
                                       fix="batch rows encoded by one processor")
     lengths = np.array([len(r) for r in rows], np.int64)
     L = padded_length(lengths, pad_to_length, pad_to_multiple_of)
-
-    def pad(get, fill):
-        return pad_sequences([get(r) for r in rows], L, fill, padding_side)
-
     u8, pv = _pixels(rows, table, fam)
     image_hw = np.concatenate([r.image_hw for r in rows]).astype(np.int64).reshape(-1, 2)
+    tiles = np.concatenate([r.tiles_per_image for r in rows]).astype(np.int64)
     extra = getattr(fam.images(), "extra_inputs", None)
-    with_labels = any(r.labels is not None for r in rows)
-    return TiledBatch(
-        family=fam.name, input_ids=pad(lambda r: r.input_ids, pad_token_id),
-        attention_mask=pad(lambda r: r.attention_mask, 0), position_ids=pad(lambda r: r.position_ids, 0),
-        mm_token_type_ids=pad(lambda r: r.mm_token_type_ids, 0), padding_side=padding_side, lengths=lengths,
-        image_hw=image_hw, tiles_per_image=np.concatenate([r.tiles_per_image for r in rows]).astype(np.int64),
-        images_per_row=np.array([r.num_images for r in rows], np.int64), pixel_values_u8=u8, pixel_values=pv,
-        extras=dict(extra(image_hw)) if extra is not None and len(image_hw) else {},
-        labels=pad(lambda r: r.labels if r.labels is not None else np.full(len(r), IGNORE_INDEX), IGNORE_INDEX)
-        if with_labels else None)
+    def tensor(a):  # numpy fields, as the 1-D kinds' batches keep them (model_inputs makes torch)
+        return a
+
+    return BatchedMultiModalInputs(
+        **text_fields(rows, L, pad_token_id, padding_side), family=fam.name, padding_side=padding_side,
+        pixel_format="uint8" if u8 is not None else "none", image_hw=tensor(image_hw), tiles_per_image=tensor(tiles),
+        patch_offsets=tensor(offsets([int(r.tiles_per_image.sum()) for r in rows])),
+        pixel_values_u8=None if u8 is None else tensor(u8), pixel_values=None if pv is None else tensor(pv),
+        extras={k: tensor(np.asarray(v)) for k, v in extra(image_hw).items()} if extra is not None and len(image_hw)
+        else {})
 
 
-def unbatch_tiled(batch: TiledBatch) -> list[TiledInputs]:
-    """`TiledBatch` -> its rows, exactly as collated (``unbatch_tiled(collate_tiled(rows))``
-    equals ``rows``; a row collated without labels comes back with all -100 labels only when
-    another row of the batch had labels)."""
-    rows, img, tile = [], 0, 0
-    L = batch.input_ids.shape[1]
-    for b, n in enumerate(batch.lengths):
-        cols = slice(0, n) if batch.padding_side == "right" else slice(L - n, L)
-        k = int(batch.images_per_row[b])
-        tiles = batch.tiles_per_image[img:img + k]
-        t = int(tiles.sum())
-        rows.append(TiledInputs(
-            family=batch.family, input_ids=batch.input_ids[b, cols], attention_mask=batch.attention_mask[b, cols],
-            mm_token_type_ids=batch.mm_token_type_ids[b, cols], image_hw=batch.image_hw[img:img + k],
-            tiles_per_image=tiles, labels=batch.labels[b, cols] if batch.labels is not None else None,
-            pixel_values_u8=batch.pixel_values_u8[tile:tile + t] if batch.pixel_values_u8 is not None else None))
-        img, tile = img + k, tile + t
-    return rows
+def unbatch_tiled(batch: BatchedMultiModalInputs) -> list[MultiModalInputs]:
+    """A tiles-kind batch -> its rows, exactly as collated (``unbatch_tiled(collate_tiled(rows))``
+    equals ``rows``)."""
+    io, to = to_numpy(batch.image_offsets).tolist(), to_numpy(batch.patch_offsets).tolist()
+    hw, tiles = to_numpy(batch.image_hw), to_numpy(batch.tiles_per_image)
+    u8 = to_numpy(batch.pixel_values_u8) if batch.pixel_values_u8 is not None else None
+    return [MultiModalInputs(family=batch.family, image_hw=hw[io[b]:io[b + 1]].copy(),
+                             tiles_per_image=tiles[io[b]:io[b + 1]].copy(),
+                             pixel_values_u8=None if u8 is None else u8[to[b]:to[b + 1]].copy(), **text)
+            for b, text in enumerate(text_row_fields(batch))]
 
 
 # ---- the dispatch from mmpipe.collate / mmpipe.Collator ----------------------------------------
-def tiled_records(rows: Any) -> Optional[list[TiledInputs]]:
-    """``rows`` as `TiledInputs` when they are a tiled family's (records, stored dicts or Arrow),
+def tiled_records(rows: Any) -> Optional[list[MultiModalInputs]]:
+    """``rows`` as `MultiModalInputs` when they are a tiled family's (records, stored dicts or Arrow),
     else None. A batch mixing them with other rows, or holding a row that failed under
     ``on_error="skip"``, raises `InputError`."""
     table = arrow_table(rows)
@@ -187,8 +180,8 @@ def tiled_records(rows: Any) -> Optional[list[TiledInputs]]:
         return None
     check_path_rows(flags, errors, "tiled-family", "a row of another family")
     if table is not None:
-        return tiled_rows_from_arrow(table)
-    return [r if isinstance(r, TiledInputs) else TiledInputs.from_dict(r, i) for i, r in enumerate(rows)]
+        return rows_from_arrow(table)
+    return [r if isinstance(r, MultiModalInputs) else MultiModalInputs.from_dict(r, i) for i, r in enumerate(rows)]
 
 
 def _kept(rows: Any, names: Sequence[str]) -> Optional[dict]:
@@ -217,7 +210,7 @@ class TiledCollator:
         self.image_processor = image_processor  # pixels="source" rows are tiled with it (decoded_rows)
         self.padding_side, self.pad_to_multiple_of, self.keep_columns = padding_side, pad_to_multiple_of, tuple(keep_columns)
 
-    def __call__(self, rows: Sequence[Any]) -> TiledBatch:
+    def __call__(self, rows: Sequence[Any]) -> BatchedMultiModalInputs:
         records = tiled_records(rows)
         if records is None and (generic := generic_records(rows)) is not None:  # GenericEncoder taken explicitly
             return generic_collate(generic, rows, padding_side=self.padding_side, pad_token_id=self.pad_token_id,
@@ -233,7 +226,7 @@ class TiledCollator:
         return batch
 
 
-def _check_family(records: list[TiledInputs], family: str) -> None:
+def _check_family(records: list[MultiModalInputs], family: str) -> None:
     for i, r in enumerate(records):
         if not get_family(family).accepts(r.family):
             raise FamilyMismatchError(f"encoded for model family {r.family!r} but this batch is for {family!r}",
@@ -244,8 +237,8 @@ def _check_family(records: list[TiledInputs], family: str) -> None:
 def other_path_collate(rows: Any, *, processor=None, padding_side: str, keep_columns: Sequence[str] = (),
                        pad_token_id: Optional[int] = None, pad_to_length: Optional[int] = None,
                        pad_to_multiple_of: Optional[int] = None):
-    """`mmpipe.collate` for rows that are not a table family's: a `TiledBatch` for tiled rows, a
-    `GenericBatch` for the generic path's; None for native (Qwen / text) rows."""
+    """`mmpipe.collate` for rows that are not a table family's: a `BatchedMultiModalInputs` for tiled rows, a
+    `BatchedMultiModalInputs` for the generic path's; None for native (Qwen / text) rows."""
     if (generic := generic_records(rows)) is not None:
         return generic_collate(generic, rows, processor=processor, padding_side=padding_side, keep_columns=keep_columns,
                                pad_token_id=pad_token_id, pad_to_length=pad_to_length, pad_to_multiple_of=pad_to_multiple_of)

@@ -26,8 +26,6 @@ from mmpipe.images.pixels import pixel_values_to_u8, video_pixel_values_to_u8
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.columns import to_numpy
-from mmpipe.records.generic import GenericBatch
-from mmpipe.records.tiled import TiledBatch
 
 def _arrays(batch: BatchedMultiModalInputs) -> dict:
     """The batch's fields as numpy arrays (None where absent)."""
@@ -46,12 +44,13 @@ def _arrays(batch: BatchedMultiModalInputs) -> dict:
 
 
 def unbatch(batch: BatchedMultiModalInputs) -> list[MultiModalInputs]:
-    """Split a batch back into its rows: ``unbatch(collate(rows)) == rows`` (a generic-path
-    `GenericBatch` into `GenericInputs`, `mmpipe.batching.generic.unbatch_generic`; a tiled
-    family's `TiledBatch` into `TiledInputs`, `mmpipe.batching.tiled.unbatch_tiled`)."""
-    if isinstance(batch, GenericBatch):
+    """Split a batch of any family back into its rows: ``unbatch(collate(rows)) == rows`` (the
+    tiles and processor kinds: `mmpipe.batching.tiled.unbatch_tiled`,
+    `mmpipe.batching.generic.unbatch_generic`)."""
+    kind = batch.fam.kind
+    if kind == "processor":
         return unbatch_generic(batch)
-    if isinstance(batch, TiledBatch):
+    if kind == "tiles":
         return unbatch_tiled(batch)
     a = _arrays(batch)
     check_batch(batch, a)

@@ -1,5 +1,5 @@
 """``mmpipe inspect``'s counts for one Arrow batch of a tiled family's stored rows (Gemma 3,
-InternVL, LLaVA-OneVision: `mmpipe.records.tiled.TiledInputs.to_dict`), from the columns alone.
+InternVL, LLaVA-OneVision: `mmpipe.records.tiled.MultiModalInputs.to_dict`), from the columns alone.
 
 Tiled rows have no patch grids: an image is ``tiles_per_image`` tiles of ``tile_hw`` (S, S)
 pixels, stored as uint8 (``pixel_values_u8``) or not at all (layout-only), and its feature

@@ -43,10 +43,14 @@ def schema_documents() -> dict[str, dict]:
     return {
         "multimodal_inputs.json": _document(
             "MultiModalInputs",
-            MultiModalInputs.arrow_schema(),
-            "One encoded row as stored in Arrow. A dataset holds the pixel columns of one "
-            "pixel format only: uint8 (pixel_values_u8, pixel_values_videos_u8), float32 "
-            "(pixel_values, pixel_values_videos) or none (layout only).",
+            MultiModalInputs.arrow_schema(kind=None),
+            "One encoded row of any family as stored in Arrow (the union of the columns every "
+            "family kind writes; each field's doc names the kinds that write it where not all: "
+            "patches = Qwen2/2.5/3-VL, GLM-4.1V, text; tiles = Gemma 3, InternVL, LLaVA-OneVision; "
+            "processor = the generic path, whose processor outputs are further columns named by "
+            "generic_layout). A dataset holds the pixel columns of one pixel format only: uint8 "
+            "(pixel_values_u8, pixel_values_videos_u8), float32 (pixel_values, pixel_values_videos), "
+            "source (image_sources) or none (layout only).",
         ),
         "batched_multimodal_inputs.json": _document(
             "BatchedMultiModalInputs",

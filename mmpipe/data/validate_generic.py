@@ -1,5 +1,5 @@
 """Validate a stored dataset of the generic path (rows of a processor mmpipe has no family
-table for: `mmpipe.records.generic.GenericInputs.to_dict`); `mmpipe.validate_dataset` comes
+table for: `mmpipe.records.generic.MultiModalInputs.to_dict`); `mmpipe.validate_dataset` comes
 here by itself when the rows' ``family`` is ``"generic"``::
 
     report = mmpipe.validate_dataset("/data/encoded_idefics3")
@@ -11,7 +11,7 @@ Checked (each problem an `Issue` naming the column and the rows):
   sequences, a string layout);
 - one processor per dataset: every row's ``generic_layout`` names the same processor class and
   outputs (collate reads a batch with one layout);
-- each row read as collate reads it (`generic_rows_from_arrow`): each vision key's flat values
+- each row read as collate reads it (`rows_from_arrow`): each vision key's flat values
   fill its stored shape, the sequence keys and labels are as long as ``input_ids``.
 
 Not checkable here: the image-token counts against the pixels (only the processor's own model
@@ -26,7 +26,8 @@ import pyarrow as pa
 from mmpipe.data.report import REENCODE, Issue, ValidationReport
 from mmpipe.errors import InputError
 from mmpipe.families import GENERIC_FAMILY
-from mmpipe.records.generic import LAYOUT_COLUMN, SHAPES_COLUMN, GenericLayout, generic_rows_from_arrow
+from mmpipe.media.processor import LAYOUT_COLUMN, ProcessorLayout, SHAPES_COLUMN
+from mmpipe.records.arrow import rows_from_arrow
 
 __all__ = ["is_generic_table", "validate_generic"]
 
@@ -76,7 +77,7 @@ def _layout_issues(table: pa.Table) -> list[Issue]:
     for i, text in enumerate(texts):
         first.setdefault(text, i)
     if len(first) > 1:
-        classes = sorted({GenericLayout.from_json(t, i).processor_class for t, i in first.items()})
+        classes = sorted({ProcessorLayout.from_json(t, i).processor_class for t, i in first.items()})
         rows = sorted(first.values())[1:]
         out.append(Issue("error", "content", LAYOUT_COLUMN,
                          f"rows encoded by {len(first)} different processor layouts ({', '.join(classes)}): a batch "
@@ -90,13 +91,13 @@ def _row_issues(table: pa.Table, chunk: int, max_rows_listed: int) -> list[Issue
     for start in range(0, table.num_rows, chunk):
         part = table.slice(start, chunk)
         try:
-            generic_rows_from_arrow(part)
+            rows_from_arrow(part)
             continue
         except (InputError, ValueError):
             pass
         for i in range(part.num_rows):  # the chunk holds a bad row: find each
             try:
-                generic_rows_from_arrow(part.slice(i, 1))
+                rows_from_arrow(part.slice(i, 1))
             except InputError as e:
                 problems.setdefault((e.column, e.message_body()), []).append(start + i)
             except ValueError as e:
@@ -109,7 +110,7 @@ def validate_generic(table: pa.Table, *, rows: bool = True, max_rows_listed: int
                      chunk: int = 1024) -> ValidationReport:
     """`ValidationReport` of a table of generic-path rows (module doc); ``report.data`` is ``table``."""
     vision = table.num_rows and LAYOUT_COLUMN in table.column_names and \
-        GenericLayout.from_json(table.column(LAYOUT_COLUMN)[0].as_py(), 0).vision
+        ProcessorLayout.from_json(table.column(LAYOUT_COLUMN)[0].as_py(), 0).vision
     report = ValidationReport(num_rows=table.num_rows, pixel_format="float32" if vision else "none",
                               labels="labels" in table.column_names)
     report.data = table

@@ -1,5 +1,5 @@
 """Validate a stored dataset of a tiled family (Gemma 3, InternVL, LLaVA-OneVision:
-`mmpipe.records.tiled.TiledInputs.to_dict` rows); `mmpipe.validate_dataset` comes here by itself
+`mmpipe.records.tiled.MultiModalInputs.to_dict` rows); `mmpipe.validate_dataset` comes here by itself
 when the rows' ``family`` is a tiled one::
 
     report = mmpipe.validate_dataset("/data/encoded_gemma3")                   # structure
@@ -8,7 +8,7 @@ when the rows' ``family`` is a tiled one::
 Checked on every row (each problem an `Issue` naming the column and the rows):
 
 - the columns and their Arrow types (lists of integers; ``pixel_values_u8`` a list of uint8);
-- each row read as collate reads it (`tiled_rows_from_arrow`): lengths line up, the stored
+- each row read as collate reads it (`rows_from_arrow`): lengths line up, the stored
   pixel bytes are exactly ``tiles_per_image.sum()`` tiles of ``tile_hw``;
 - the feature tokens: every token marked 1 in ``mm_token_type_ids`` holds the family's
   feature token and no unmarked token does; the marked tokens form one run per image (per
@@ -32,7 +32,7 @@ import pyarrow as pa
 from mmpipe.data.report import REENCODE, Issue, ValidationReport
 from mmpipe.errors import InputError
 from mmpipe.families import TILED_FAMILIES, tiled_family_of
-from mmpipe.records.tiled import tiled_rows_from_arrow
+from mmpipe.records.arrow import rows_from_arrow
 
 __all__ = ["is_tiled_table", "validate_tiled"]
 
@@ -131,12 +131,12 @@ def _check_rows(table: pa.Table, exact, chunk: int) -> dict[tuple, list]:
     for start in range(0, table.num_rows, chunk):
         part = table.slice(start, chunk)
         try:
-            rows = tiled_rows_from_arrow(part)
+            rows = rows_from_arrow(part)
         except ValueError:
             rows = None
         for i in range(part.num_rows):
             try:
-                r = rows[i] if rows is not None else tiled_rows_from_arrow(part.slice(i, 1))[0]
+                r = rows[i] if rows is not None else rows_from_arrow(part.slice(i, 1))[0]
                 if feature_id is not None:
                     _check_features(r, start + i, feature_id, exact)
             except InputError as e:

@@ -160,8 +160,8 @@ encode = StampedFunction(_encode, "encode")
 
 def encode_row(example: dict, processor, idx=None, **options) -> MultiModalInputs:
     """One raw row -> a `MultiModalInputs` (the typed record, not the stored dict); a
-    `mmpipe.records.generic.GenericInputs` for a processor on the generic path, a
-    `mmpipe.records.tiled.TiledInputs` for a tiled family's (`mmpipe.families.TILED_FAMILIES`)."""
+    `mmpipe.records.generic.MultiModalInputs` for a processor on the generic path, a
+    `mmpipe.records.tiled.MultiModalInputs` for a tiled family's (`mmpipe.families.TILED_FAMILIES`)."""
     return make_encoder(processor, **options).encode_row(example, idx)
 
 

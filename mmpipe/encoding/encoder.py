@@ -33,7 +33,7 @@ from mmpipe.encoding.placeholders import expand_image_pads
 from mmpipe.encoding.tokenize import tokenize_text
 from mmpipe.encoding.videos import add_videos, video_options as check_video_options
 from mmpipe.errors import ArgumentError, ImageError, InputError, PlaceholderError
-from mmpipe.families import ModelFamily, TiledFamily, family_of
+from mmpipe.families import ModelFamily, ModelFamily, family_of
 from mmpipe.images.load import check_image_root, confine_image
 from mmpipe.images.pixels import encode_image, image_grid
 from mmpipe.images.spec import VisionSpec
@@ -114,7 +114,7 @@ class Encoder(CodeStamped):
         check_options(locals())  # pixel bounds 0: the processor's, as before
         self.processor = processor
         self.family: ModelFamily = family_of(processor)
-        if isinstance(self.family, TiledFamily):  # Gemma 3, InternVL, LLaVA-OneVision: tiles, not patch grids
+        if self.family.kind == "tiles":  # Gemma 3, InternVL, LLaVA-OneVision: tiles, not patch grids
             raise ArgumentError(f"mmpipe.Encoder does not take {self.family.name} processors: use mmpipe.encode / encode_dataset (they pick mmpipe.encoding.tiled.TiledEncoder) or TiledEncoder(processor)")
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.spec = VisionSpec.from_processor(processor, min_pixels, max_pixels, image_backend) if self.family.is_vision else None

@@ -28,7 +28,7 @@ __all__ = ["CODE_SOURCES", "CodeStamped", "StampedFunction", "code_hash", "code_
 # family table, error texts stored under on_error="skip"). Folders mean their *.py files.
 # tests/encoding/test_fingerprint.py checks this list against the import graph, so a new
 # import from the encode path that is not covered here fails a test.
-CODE_SOURCES = ("encoding", "images", "records", "families.py", "rope.py", "rope_checks.py", "errors.py",
+CODE_SOURCES = ("encoding", "images", "media", "records", "families.py", "rope.py", "rope_checks.py", "errors.py",
                 "_fork.py")
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the mmpipe/ folder

@@ -1,8 +1,8 @@
 """The generic path: any transformers VLM processor mmpipe has no family table for.
 
-raw chat row -> the processor's own chat template + processor call -> `GenericInputs`
+raw chat row -> the processor's own chat template + processor call -> `MultiModalInputs`
 (its outputs, its dtypes; labels from the assistant spans) -> stored row
-(`GenericInputs.to_dict`, ``family="generic"``) -> `mmpipe.collate` / `mmpipe.Collator`
+(`MultiModalInputs.to_dict`, ``family="generic"``) -> `mmpipe.collate` / `mmpipe.Collator`
 (`mmpipe.batching.generic`: padding, ragged tiles, 1-D positions) -> ``model(**batch.model_inputs())``.
 
 ``mmpipe.encode`` / ``encode_row`` / ``encode_dataset`` / ``Collator`` come here by themselves
@@ -30,7 +30,8 @@ from mmpipe.errors import ArgumentError, InputError
 from mmpipe.families import GENERIC_FAMILY, UnsupportedProcessorError, family_of, processor_class_name, tiled_family_of
 from mmpipe.images.load import load_image, to_rgb_image, upright
 from mmpipe.records.columns import IGNORE_INDEX, to_numpy
-from mmpipe.records.generic import GenericInputs, GenericLayout
+from mmpipe.media.processor import ProcessorLayout
+from mmpipe.records.row import MultiModalInputs
 
 __all__ = ["GenericEncoder", "GENERIC_LOG", "generic_log_line"]
 
@@ -68,7 +69,7 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class GenericEncoder(CodeStamped):
-    """Raw chat rows -> `GenericInputs` through ``processor``'s own chat template and call.
+    """Raw chat rows -> `MultiModalInputs` through ``processor``'s own chat template and call.
 
     ``processor``: a transformers VLM processor of a family mmpipe has no table for (a native
     family is refused: its rows need `mmpipe.Encoder` and M-RoPE positions). The options are
@@ -82,7 +83,7 @@ class GenericEncoder(CodeStamped):
     once per processor class and process).
 
     Rows are those `mmpipe.encode` takes (``messages`` with image items, an ``images`` column).
-    Called as a ``datasets.map`` function it returns stored dicts (`GenericInputs.to_dict`).
+    Called as a ``datasets.map`` function it returns stored dicts (`MultiModalInputs.to_dict`).
     """
 
     RUNTIME_STATE = ("stats", "_layout", "_image_bytes")
@@ -138,7 +139,7 @@ class GenericEncoder(CodeStamped):
 
     def fresh_runtime_state(self) -> None:
         self.stats = EncodeStats()
-        self._layout: Optional[GenericLayout] = None
+        self._layout: Optional[ProcessorLayout] = None
         self._image_bytes: Optional[int] = None
 
     # -- datasets.map entry point (the protocol of mmpipe.encoding.mapping) ----------------
@@ -151,16 +152,16 @@ class GenericEncoder(CodeStamped):
 
     def empty_row_dict(self) -> dict:
         """The stored dict of an empty row (0 tokens): every column of the layout, empty."""
-        row = GenericInputs(input_ids=np.zeros(0, np.int64), attention_mask=np.zeros(0, np.int64),
-                            processor_class=self.processor_class,
-                            labels=np.zeros(0, np.int64) if self.labels else None)
-        return row.to_dict(self.layout())
+        row = MultiModalInputs(input_ids=np.zeros(0, np.int64), attention_mask=np.zeros(0, np.int64),
+                               family=GENERIC_FAMILY, layout=self.layout(), image_hw=np.zeros((0, 2), np.int64),
+                               labels=np.zeros(0, np.int64) if self.labels else None)
+        return row.to_dict()
 
     # -- the processor's layout ------------------------------------------------------------
     def _call(self, messages: list, images: list, agp: bool, tools=None):
         return self.processor(text=[self._render(messages, agp, tools)], images=images or None, return_tensors="np")
 
-    def layout(self) -> GenericLayout:
+    def layout(self) -> ProcessorLayout:
         """The processor's outputs, found once by two probes: a text-only row and one row
         holding two small images. Row keys: axis 0 of length 1 for the row (not a sequence);
         sequence keys: ``[1, L]``; the other outputs are vision keys (axis 0: images/patches)."""
@@ -181,7 +182,7 @@ class GenericEncoder(CodeStamped):
                          and np.shape(v) == np.shape(text_only["input_ids"])}
             row_keys = sorted(k for k, v in arrays.items() if k not in sequence and v.ndim >= 1 and v.shape[0] == 1)
             vision = tuple((k, str(v.dtype), v.ndim) for k, v in sorted(arrays.items()) if k not in sequence)
-            self._layout = GenericLayout(self.processor_class, tuple(sorted(sequence)), vision, tuple(row_keys),
+            self._layout = ProcessorLayout(self.processor_class, tuple(sorted(sequence)), vision, tuple(row_keys),
                                          self._pads(row_keys, im))
         return self._layout
 
@@ -217,15 +218,15 @@ class GenericEncoder(CodeStamped):
         return self._image_bytes
 
     # -- one row ----------------------------------------------------------------------------
-    def encode_row(self, example: dict, idx=None, *, _images=None) -> GenericInputs:
-        """One raw row -> `GenericInputs`; bad input raises `mmpipe.errors.InputError` naming
+    def encode_row(self, example: dict, idx=None, *, _images=None) -> MultiModalInputs:
+        """One raw row -> `MultiModalInputs`; bad input raises `mmpipe.errors.InputError` naming
         row ``idx``; a row over ``max_length`` raises `TruncationError` (or `RowDropped`)."""
         try:
             return self._encode_row(example, idx)
         except InputError as e:
             raise e.locate(row=idx)
 
-    def _encode_row(self, example: dict, idx) -> GenericInputs:
+    def _encode_row(self, example: dict, idx) -> MultiModalInputs:
         where = row_where(idx)
         messages, raw_images = parse_row(example, idx=idx, images_column=self.images_column)
         images = [to_rgb_image(upright(load_image(v, where=f"{where}, image {i}"))) for i, v in enumerate(raw_images)]
@@ -266,10 +267,9 @@ class GenericEncoder(CodeStamped):
             sequence["token_type_ids"] = sequence["token_type_ids"].copy()
             sequence["token_type_ids"][trained[0]:] = 1
         self._check_length(ids, where)
-        row = GenericInputs(input_ids=ids, attention_mask=np.ones(len(ids), np.int64),
-                            processor_class=self.processor_class, sequence=sequence, vision=vision,
-                            row_keys=tuple(k for k in layout.row_keys if k in vision), labels=labels,
-                            layout=layout)
+        hw = np.asarray([(im.height, im.width) for im in images], np.int64).reshape(-1, 2)
+        row = MultiModalInputs(input_ids=ids, attention_mask=np.ones(len(ids), np.int64), family=GENERIC_FAMILY,
+                               sequence=sequence, vision=vision, labels=labels, layout=layout, image_hw=hw)
         return row.validate(idx)
 
     def _render(self, messages: list, agp: bool, tools) -> str:

@@ -46,7 +46,7 @@ def takes_layout_batch(enc) -> bool:
     """Whether a batch of encoder ``enc`` takes the batched layout path: ``pixels="none"``, a
     vision family of the table with the Qwen M-RoPE machinery (not a tiled or generic one)."""
     fam = getattr(enc, "family", None)
-    return (getattr(enc, "pixels", None) == "none" and isinstance(fam, ModelFamily) and fam.is_vision
+    return (getattr(enc, "pixels", None) == "none" and isinstance(fam, ModelFamily) and fam.kind == "patches" and fam.is_vision
             and getattr(enc, "spec", None) is not None and hasattr(enc, "render_many"))
 
 

@@ -1,4 +1,4 @@
-"""Native encoding of the tiled families (`mmpipe.families.TiledFamily`: Gemma 3, InternVL,
+"""Native encoding of the tiled families (`mmpipe.families.ModelFamily`: Gemma 3, InternVL,
 LLaVA-OneVision), with no processor call per row.
 
 raw chat row -> the chat template (rendered once, one placeholder per image) -> each
@@ -6,7 +6,7 @@ placeholder replaced by the family's text (`mmpipe.images.<family>.expand_placeh
 the image's (height, width) alone) with each run of K feature tokens written ONCE
 (``placeholder_runs``) -> one tokenizer call on that short text -> each run's feature id
 repeated K times (the feature token is an added token: atomic, so the ids equal those of the
-fully written text, which `TiledEncoder.__init__` checks on probe texts) -> `TiledInputs`: ids, token types
+fully written text, which `TiledEncoder.__init__` checks on probe texts) -> `MultiModalInputs`: ids, token types
 (1 at the feature tokens), labels, and the images as compact uint8 tiles
 (``tiles_u8``: uint8 [n, S, S, 3]; 1/4 of the processor's float32 bytes), with
 ``pixels="source"`` each image's encoded file as given (`mmpipe.encoding.sources.source_bytes`;
@@ -41,7 +41,7 @@ from mmpipe.images.load import check_image_root, confine_image, image_hw
 from mmpipe.images.threads import default_threads, thread_pool
 from mmpipe.images.tiles import effective_image_processor, image_tiles
 from mmpipe.records.columns import IGNORE_INDEX
-from mmpipe.records.tiled import TiledInputs
+from mmpipe.records.row import MultiModalInputs
 
 __all__ = ["TiledEncoder", "TILED_PIXELS"]
 
@@ -55,7 +55,7 @@ _REFUSED = {  # Encoder options without a meaning here -> what to do instead
 
 
 class TiledEncoder(CodeStamped):
-    """Raw chat rows -> `TiledInputs` for a tiled family's processor (module doc).
+    """Raw chat rows -> `MultiModalInputs` for a tiled family's processor (module doc).
 
     Options as `mmpipe.Encoder`'s: ``max_length`` with ``truncation`` ``"raise"`` / ``"drop"``,
     ``add_generation_prompt``, ``labels`` (-100 except the tokens overlapping an assistant
@@ -160,7 +160,7 @@ class TiledEncoder(CodeStamped):
         z = np.zeros(0, np.int64)
         th, tw = self.tile_hw()
         u8 = np.zeros((0, th, tw, 3), np.uint8) if self.pixels == "uint8" else None
-        return TiledInputs(family=self.family.name, input_ids=z, attention_mask=z, mm_token_type_ids=z,
+        return MultiModalInputs(family=self.family.name, input_ids=z, attention_mask=z, mm_token_type_ids=z,
                            image_hw=np.zeros((0, 2), np.int64), tiles_per_image=z, pixel_values_u8=u8,
                            image_sources=[] if self.pixels == "source" else None, **self._row_settings(),
                            labels=z if self.labels else None).to_dict()
@@ -192,8 +192,8 @@ class TiledEncoder(CodeStamped):
         return self.family.images()
 
     # -- one row ----------------------------------------------------------------------------
-    def encode_row(self, example: dict, idx=None, *, _images=None) -> TiledInputs:
-        """One raw row -> `TiledInputs`; bad input raises `mmpipe.errors.InputError` naming row
+    def encode_row(self, example: dict, idx=None, *, _images=None) -> MultiModalInputs:
+        """One raw row -> `MultiModalInputs`; bad input raises `mmpipe.errors.InputError` naming row
         ``idx``; a row over ``max_length`` raises `TruncationError` (or is dropped).
         (``_images``: the row's image futures started by a batched call, `submit_images`.)"""
         try:
@@ -201,7 +201,7 @@ class TiledEncoder(CodeStamped):
         except InputError as e:
             raise e.locate(row=idx)
 
-    def _encode_row(self, example: dict, idx, prefetched=None) -> TiledInputs:
+    def _encode_row(self, example: dict, idx, prefetched=None) -> MultiModalInputs:
         where = row_where(idx)
         messages, raw_images = parse_row(example, idx=idx, images_column=self.images_column)
         tools = parse_tools(example, idx=idx, column=self.tools_column, default=self.tools)
@@ -227,7 +227,7 @@ class TiledEncoder(CodeStamped):
                                   self._assistant_spans(messages, text, where, tools, agp), spans, images_at)
             labels = labels if repeat is None else np.repeat(labels, repeat)
         self._check_length(ids, where)
-        return TiledInputs(family=self.family.name, input_ids=ids, attention_mask=np.ones(len(ids), np.int64),
+        return MultiModalInputs(family=self.family.name, input_ids=ids, attention_mask=np.ones(len(ids), np.int64),
                            mm_token_type_ids=types, image_hw=np.asarray(sizes, np.int64).reshape(-1, 2),
                            tiles_per_image=np.asarray([len(t) for t in tiles] if tiles is not None else
                                                       [self.module.tile_count(h, w, self.image_processor)

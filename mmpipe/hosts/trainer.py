@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from mmpipe.batching.collate import Collator
 from mmpipe.errors import ArgumentError
-from mmpipe.records.tiled import TiledBatch
+from mmpipe.records.batch import BatchedMultiModalInputs
 
 __all__ = ["TrainerCollator", "trainer_settings", "sft_settings"]
 
@@ -57,7 +57,7 @@ class TrainerCollator:
 
     ``collator_options`` go to `mmpipe.Collator` (``pad_to_multiple_of``, ``family``,
     ``pad_token_id``, ``verify_pixels``); ``padding_side`` defaults to ``"right"`` here (training).
-    A tiled family's processor (Gemma 3, InternVL, LLaVA-OneVision) gives its `TiledBatch`'s
+    A tiled family's processor (Gemma 3, InternVL, LLaVA-OneVision) gives its `BatchedMultiModalInputs`'s
     inputs instead: ``position_ids`` int64 [B, L] (1-D), ``pixel_values`` float32 [N, 3, S, S],
     Gemma 3's ``token_type_ids``, LLaVA-OneVision's ``image_sizes``.
     Picklable (``dataloader_num_workers > 0``). Rows stripped by ``remove_unused_columns=True``
@@ -77,14 +77,10 @@ class TrainerCollator:
             raise ArgumentError(
                 "the rows carry no labels (encoded with labels=False, e.g. RL prompts): the Trainer's loss "
                 "needs them; re-encode with labels=True (the default) for SFT")
-        # a tiled family's TiledBatch (Gemma 3, InternVL, LLaVA-OneVision): 1-D positions [B, L]
-        positions = "1d" if isinstance(batch, TiledBatch) else self.positions
+        # the 1-D families (tiles, generic path) take their own positions [B, L]
+        positions = self.positions if batch.position_ids.ndim == 3 else None
         out = batch.model_inputs(positions=positions, labels=False)
-        out["labels"] = batch.labels
-        if isinstance(batch, TiledBatch):  # its fields are numpy; model_inputs gave torch tensors
-            import torch
-
-            out["labels"] = torch.from_numpy(batch.labels)
+        out["labels"] = batch.as_torch().labels  # the 1-D kinds' batches hold numpy fields
         return out
 
 

@@ -130,11 +130,13 @@ def _refuse_tiled(rows_or_batch, processor, family) -> None:
     import pyarrow as pa
 
     from mmpipe.families import tiled_family_of
-    from mmpipe.records.tiled import TiledBatch, TiledInputs, is_tiled_row
+    from mmpipe.records.batch import BatchedMultiModalInputs
+    from mmpipe.records.kinds import is_tiled_row
+    from mmpipe.records.row import MultiModalInputs
 
     x, first = rows_or_batch, None
-    if isinstance(x, (TiledBatch, TiledInputs)):
-        first = x.family
+    if isinstance(x, (BatchedMultiModalInputs, MultiModalInputs)):
+        first = x.family if x.fam.kind == "tiles" else None
     elif isinstance(x, (pa.Table, pa.RecordBatch)):
         first = x.column("family")[0].as_py() if "family" in x.column_names and x.num_rows else None
     elif isinstance(x, Sequence) or hasattr(x, "column_names"):  # a list of rows or a datasets.Dataset
@@ -143,7 +145,7 @@ def _refuse_tiled(rows_or_batch, processor, family) -> None:
     if fam is not None:
         raise ArgumentError(f"verl_rows takes the Qwen-VL and text families; {fam.name} rows (a tiled family) have "
                             "no verl row layout here: batch them with mmpipe.Collator(processor) "
-                            "(TiledBatch.model_inputs() for the actor's forward), make rollout prompts with "
+                            "(BatchedMultiModalInputs.model_inputs() for the actor's forward), make rollout prompts with "
                             "mmpipe.rollout.tiled.tiled_vllm_prompts(rows, processor)")
 
 

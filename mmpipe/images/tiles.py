@@ -1,4 +1,4 @@
-"""Tiled families (`mmpipe.families.TiledFamily`: Gemma 3, InternVL, LLaVA-OneVision): compact
+"""Tiled families (`mmpipe.families.ModelFamily`: Gemma 3, InternVL, LLaVA-OneVision): compact
 uint8 tiles <-> the processor's float32 ``pixel_values``, and the image processor a processor
 call really uses.
 
@@ -8,15 +8,15 @@ tile. So mmpipe stores the tiles (uint8 [n, S, S, 3], 1/4 of the float32 bytes) 
 them at collate time through a 256-entry table per channel (`normalise_table`) computed with
 the image processor's OWN ``rescale`` / ``normalize`` methods: bit-exact by construction.
 
-A family's image module (``mmpipe.images.<family>``, named in its `TiledFamily.module`) exposes:
+A family's image module (``mmpipe.images.<family>``, named in its `ModelFamily.module`) exposes:
 
 - ``tile_count(height, width, image_processor) -> int``: tiles of one image (header size only);
 - ``image_tokens(height, width, image_processor, processor) -> int``: the feature tokens
-  (``TiledFamily.feature_token``) its placeholder text holds (header size only);
+  (``ModelFamily.feature_token``) its placeholder text holds (header size only);
 - ``tiles_u8(image: PIL RGB, image_processor) -> uint8 [n, S, S, 3]``: the resized tiles, in
   the processor's order (what it normalises into ``pixel_values``);
 - ``expand_placeholder(height, width, processor, image_processor=None) -> str``: the text one
-  ``TiledFamily.image_token`` becomes, exactly as the processor writes it;
+  ``ModelFamily.image_token`` becomes, exactly as the processor writes it;
 - optionally ``BACKENDS``: the image-processor backends ``tiles_u8`` reproduces (default
   ``("pil",)``; `resize_tile` resizes as either backend does);
 - optionally ``max_tiles(image_processor) -> int``: the most tiles one image can have (memory

@@ -16,8 +16,15 @@ the functions, so importing this package stays cheap.
   family's model class (fp32, eval mode).
 - `mmpipe.offline.glm4v`: GLM-4.1V's tokenizer (its special tokens, a GLM-like chat template),
   ``Glm4vProcessor`` and tiny ``Glm4vForConditionalGeneration``; ``build_processor("glm4v")`` /
-  ``build_model("glm4v")`` hand over to it, as they hand ``"gemma3"`` to `mmpipe.offline.tiled` and
-  ``"internvl"`` / ``"llava_onevision"`` to `mmpipe.offline.tiled2` (`mmpipe.offline.tokenizer.OWN_BUILDERS`).
+  ``build_model("glm4v")`` hand over to it, as they do to the three modules below
+  (`mmpipe.offline.tokenizer.OWN_BUILDERS`).
+- `mmpipe.offline.gemma3`, `mmpipe.offline.internvl`, `mmpipe.offline.onevision`: Gemma 3,
+  InternVL and LLaVA-OneVision - their real processors with small fixed-size tiles and tiny
+  matching models (the last two share `mmpipe.offline.tiny_towers`;
+  `mmpipe.offline.tile_builders` picks either by name).
+- `mmpipe.offline.other_vlms`: the stock processors and tiny models of VLMs mmpipe has no
+  family-table row for (Idefics3, LLaVA 1.5, Mllama, PaliGemma), the base the modules above
+  adjust.
 - `mmpipe.offline.images`: :func:`sample_photos`, :func:`generated_images`,
   :func:`tiny_image` - real photographs that ship with matplotlib, and deterministic
   synthetic images.

@@ -1,8 +1,13 @@
 """Every record type mmpipe passes between stages, and their Arrow codecs.
 
-One position layout, stated once: a row's ``position_ids`` are int64 ``[3, L]`` (t, h, w
-M-RoPE; a text-only family has three equal rows) and a batch's are ``[3, B, L]`` (the layout
-transformers' Qwen-VL ``forward`` takes; ``model_inputs(positions="verl")`` prepends the plain
+One record per stage for every family (Qwen-VL, GLM-4.1V, Gemma 3, InternVL, LLaVA-OneVision,
+text, the generic path): `MultiModalInputs` (a row), `BatchedMultiModalInputs` (a padded batch),
+`PackedMultiModalInputs` (a padding-free pack). What differs per kind of family is answered by
+the family's media strategy (`mmpipe.media`).
+
+One position layout, stated once: a row's ``position_ids`` are int64 ``[P, L]``: P = 3 for the
+patch-grid families (t, h, w M-RoPE; the text family has three equal rows), P = 1 for the others
+(``0..L-1``); a batch's are ``[P, B, L]`` (the layout transformers' Qwen-VL ``forward`` takes; ``model_inputs(positions="verl")`` prepends the plain
 text row for verl's ``[4, B, L]``). Batch-first containers (`ReMABatch`, like verl's
 DataProto) hold ``[B, 3, L]``, i.e. the model layout with the first two axes swapped.
 
@@ -10,7 +15,7 @@ DataProto) hold ``[B, 3, L]``, i.e. the model layout with the first two axes swa
 module             records
 =================  ===============================================================
 ``columns``        stored-column codecs shared by every record (dtypes, uint8 pixel bytes)
-``row``            `MultiModalInputs`: one encoded row
+``row``            `MultiModalInputs`: one encoded row of any family (its media: `mmpipe.media`)
 ``arrow``          `rows_from_arrow`: stored Arrow rows -> `MultiModalInputs`, zero-copy
 ``batch``          `BatchedMultiModalInputs`: a padded batch
 ``packed``         `PackedMultiModalInputs`: a padding-free ``[1, T]`` pack
@@ -19,9 +24,6 @@ module             records
 ``conversation``   `Conversation`: one multi-turn agent conversation so far
 ``trajectory``     agent loop: `ToolCall`, `AgentTurn`, `Trajectory` (policy row + per-turn logprobs)
 ``rema``           ReMA `Episode`, `RoleEncoding`, `ReMABatch`
-``generic``        `GenericInputs`, `GenericBatch`: the generic path's rows and batches
-``tiled``          `TiledInputs`, `TiledBatch`: the tiled families' rows (uint8 tiles) and batches
-``tiled_packed``   `TiledPackedInputs`: tiled-family rows packed into one ``[1, T]`` sequence
 ``reward``         VLM-judge records (`JudgeResult`, `StepScore`, ...)
 ``display_hooks``  where `mmpipe.view` registers the records' Jupyter/text renderers
 =================  ===============================================================
@@ -35,8 +37,6 @@ from mmpipe.records.generation import AsyncRolloutEngine, Completion, Generation
 from mmpipe.records.packed import PackedMultiModalInputs
 from mmpipe.records.rema import Episode, ReMABatch, RoleEncoding
 from mmpipe.records.rollout import RolloutSample
-from mmpipe.records.tiled import TiledBatch, TiledInputs
-from mmpipe.records.tiled_packed import TiledPackedInputs
 from mmpipe.records.trajectory import AgentTurn, ToolCall, Trajectory
 from mmpipe.records.row import MultiModalInputs
 
@@ -44,5 +44,4 @@ __all__ = [
     "IGNORE_INDEX", "PIXEL_FORMATS", "BatchedMultiModalInputs", "Completion", "Conversation", "Episode",
     "Generation", "MultiModalInputs", "PackedMultiModalInputs", "ReMABatch", "RoleEncoding", "RolloutEngine",
     "RolloutSample", "SamplingParams", "AsyncRolloutEngine", "list_lengths", "rows_from_arrow", "AgentTurn", "ToolCall", "Trajectory",
-    "TiledBatch", "TiledInputs", "TiledPackedInputs",
 ]

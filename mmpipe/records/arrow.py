@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from mmpipe.errors import InputError, PixelDataError
-from mmpipe.families import ModelFamily
+from mmpipe.families import ALL_FAMILIES, ModelFamily, get_family
 from mmpipe.records.columns import END_MARKER
 from mmpipe.records.row import MultiModalInputs, row_family
 
@@ -66,6 +66,10 @@ def rows_from_arrow(table: Union[pa.Table, pa.RecordBatch], *, verify_pixels: bo
     ``table``: what ``dataset.with_format("arrow")[indices]`` returns for a dataset made by
     ``mmpipe.encode`` (see `mmpipe.collate.ArrowRows`). ``verify_pixels``: check each row's
     pixel data against its ``pixel_digest`` (see `MultiModalInputs.from_dict`)."""
+    kind = _table_kind(table)
+    if kind not in (None, "patches"):  # tiles and processor rows: their strategy reads them
+        table = table if isinstance(table, pa.Table) else pa.Table.from_batches([table])
+        return get_family(_first_family(table)).media.rows_from_arrow(MultiModalInputs, table)
     if isinstance(table, pa.Table):
         # a gathered table is often many small chunks (slices of the memory-mapped file):
         # read chunk by chunk rather than copy them into one
@@ -74,6 +78,18 @@ def rows_from_arrow(table: Union[pa.Table, pa.RecordBatch], *, verify_pixels: bo
             rows += _rows_from_batch(batch, len(rows), verify_pixels)
         return rows
     return _rows_from_batch(table, 0, verify_pixels)
+
+
+def _first_family(table) -> Optional[str]:
+    if "family" not in table.column_names or not table.num_rows:
+        return None
+    return table.column("family")[0].as_py()
+
+
+def _table_kind(table) -> Optional[str]:
+    """The kind of the table's first row's family (None: no family column, no rows, unknown)."""
+    fam = ALL_FAMILIES.get(_first_family(table))
+    return None if fam is None else fam.kind
 
 
 def _need_list(c: pa.Array, name: str, depth: int) -> bool:

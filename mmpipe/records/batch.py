@@ -1,14 +1,16 @@
-"""`BatchedMultiModalInputs`: B encoded rows padded to one length, as torch tensors (the
-collate stage's output, the forward pass's input), with its one-row Arrow schema.
+"""`BatchedMultiModalInputs`: B encoded rows of one family padded to one length, as torch
+tensors (the collate stage's output, the forward pass's input), with its one-row Arrow schema.
 
-Positions follow the layout stated in `mmpipe.records`: ``position_ids`` int64 ``[3, B, L]``.
+Positions follow the layout stated in `mmpipe.records`: ``position_ids`` int64 ``[P, B, L]``
+(3 M-RoPE rows for the patch-grid families, 1 for the others).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
+import numpy as np
 import pyarrow as pa
 
 from mmpipe.errors import ArgumentError
@@ -20,27 +22,39 @@ from mmpipe.records.display_hooks import render
 if TYPE_CHECKING:  # records never import torch: the tensors are made by collate
     import torch
 
+    from mmpipe.media.processor import ProcessorLayout
+
 
 @dataclass(eq=False)
 class BatchedMultiModalInputs:
-    """A padded batch of B rows (torch tensors).
+    """A padded batch of B rows of one family (torch tensors), whatever its kind
+    (`mmpipe.families.ModelFamily.kind`; `mmpipe.media`).
 
-    Attributes (all torch tensors; L = padded length, I = images in the batch, N = their
-    patches, V = videos, Nv = their patches, p = patch size, T = temporal patch size):
+    The patch-grid families' collate gives torch tensors; the 1-D kinds' (tiles, processor)
+    numpy arrays, as their collates always did (`as_torch` converts; `model_inputs` gives torch).
+
+    Attributes (L = padded length, I = images
+    in the batch, N = their patches or tiles, V = videos, Nv = their patches, p = patch size,
+    T = temporal patch size):
         input_ids:          int64 [B, L]
         attention_mask:     int64 [B, L]
-        mm_token_type_ids:  int64 [B, L] 0 text, 1 image, 2 video
-        position_ids:       int64 [3, B, L] M-RoPE, pads 0 (the batch layout of `mmpipe.records`);
-                            `model_inputs(positions="verl")` gives the [4, B, L] form with the
-                            plain text row first.
+        mm_token_type_ids:  int64 [B, L] 0 text, 1 image, 2 video (tiles: 1 at feature tokens)
+        position_ids:       pads 0: int64 [3, B, L] M-RoPE (the batch layout of `mmpipe.records`;
+                            `model_inputs(positions="verl")` gives [4, B, L] with the plain text
+                            row first); int64 [B, L] ``0..n-1`` per row for the 1-D families.
         rope_deltas:        int64 [B, 1]
         labels:             int64 [B, L] or None (-100 on pads)
-        pixel_values:       float32 [N, 3*T*p*p] or None (no image in the batch / no pixels)
-        image_grid_thw:     int64 [I, 3]
         image_offsets:      int64 [B+1]; row b owns images image_offsets[b]:image_offsets[b+1]
-        patch_offsets:      int64 [B+1]; row b owns pixel rows patch_offsets[b]:patch_offsets[b+1]
-        pixel_values_u8:    uint8 [N, 3*p*p] or None, kept when rows were compact (exact unbatch,
-                            and the resized images for rollout engines)
+                            (`sample_to_image_indices`), every kind.
+        image_grid_thw:     int64 [I, 3] (kind ``patches``; [0, 3] otherwise)
+        image_hw:           int64 [I, 2] or None: upright sizes (kinds ``tiles``, ``processor``)
+        tiles_per_image:    int64 [I] or None (kind ``tiles``)
+        patch_offsets:      int64 [B+1]; row b owns pixel rows (patches, or tiles)
+                            patch_offsets[b]:patch_offsets[b+1]
+        pixel_values:       float32 [N, 3*T*p*p] (patches), the processor's layout for tiles
+                            (e.g. [N, 3, S, S]), or None (no image in the batch / no pixels)
+        pixel_values_u8:    uint8 [N, 3*p*p] patches or [N, S, S, 3] tiles, or None, kept when
+                            rows were compact (exact unbatch, and the images for rollout engines)
         pixel_values_videos:    float32 [Nv, 3*T*p*p] or None.
         pixel_values_videos_u8: uint8 [Nv, 3*T*p*p] or None (compact video rows).
         video_grid_thw:     int64 [V, 3]
@@ -48,6 +62,13 @@ class BatchedMultiModalInputs:
         video_offsets:      int64 [B+1]; row b owns videos video_offsets[b]:video_offsets[b+1]
         video_patch_offsets: int64 [B+1]; row b owns video pixel rows likewise.
         seq_lengths:        int64 [B], each row's unpadded length.
+        extras:             further model inputs by name, typed by the family (LLaVA-OneVision
+                            ``image_sizes`` int64 [I, 2], ...).
+        sequence, vision:   kind ``processor``: the processor's other [B, L] outputs and its
+                            vision outputs by name (`mmpipe.media.processor`), typed by ``layout``.
+        layout:             kind ``processor``: the rows' `ProcessorLayout` (unbatch gives it back).
+        shapes:             kind ``processor``: each row's own shape per vision key (None where
+                            the row lacks it), what unbatch cuts back to.
         row_has_labels:     bool [B] or None, which rows carried labels.
         row_pixel_formats:  list[str] of B or None, each row's pixel storage (for an exact unbatch).
         spec:               the `VisionSpec` used to build float32 pixels, or None.
@@ -83,6 +104,13 @@ class BatchedMultiModalInputs:
     row_pixel_formats: Optional[list[str]] = None
     spec: Optional[VisionSpec] = None
     columns: Optional[dict[str, list]] = None
+    image_hw: Optional[torch.Tensor] = None
+    tiles_per_image: Optional[torch.Tensor] = None
+    extras: dict = field(default_factory=dict)
+    sequence: dict = field(default_factory=dict)
+    vision: dict = field(default_factory=dict)
+    layout: Optional["ProcessorLayout"] = None
+    shapes: dict = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -93,8 +121,32 @@ class BatchedMultiModalInputs:
         return get_family(self.family)
 
     @property
+    def family_table(self) -> ModelFamily:
+        return self.fam
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """int64 [B] tokens per row (`seq_lengths`)."""
+        return self.seq_lengths
+
+    @property
+    def images_per_row(self) -> torch.Tensor:
+        """int64 [B] images of each row."""
+        return self.image_offsets[1:] - self.image_offsets[:-1]
+
+    @property
+    def processor_class(self) -> Optional[str]:
+        """Kind ``processor``: the transformers class of the processor that encoded the rows."""
+        return None if self.layout is None else self.layout.processor_class
+
+    @property
+    def row_keys(self) -> tuple:
+        """Kind ``processor``: the ``vision`` keys whose axis 0 is the row."""
+        return () if self.layout is None else tuple(k for k in self.layout.row_keys if k in self.vision)
+
+    @property
     def sample_to_image_indices(self) -> list[list[int]]:
-        """Per row, the indices of its images in ``image_grid_thw`` (and pixel blocks)."""
+        """Per row, the indices of its images (in ``image_grid_thw`` / ``image_hw`` and the pixel blocks)."""
         off = self.image_offsets.tolist()
         return [list(range(off[b], off[b + 1])) for b in range(self.batch_size)]
 
@@ -111,21 +163,28 @@ class BatchedMultiModalInputs:
         counts = self.image_offsets[1:] - self.image_offsets[:-1]
         return torch.repeat_interleave(torch.arange(self.batch_size), counts)
 
-    def model_inputs(self, device=None, *, positions: str = "mrope", labels: bool = True) -> dict[str, Any]:
-        """Exactly the kwargs a transformers Qwen-VL (or text LLM) ``forward`` accepts.
+    def model_inputs(self, device=None, *, positions: Optional[str] = None, labels: bool = True) -> dict[str, Any]:
+        """Exactly the kwargs the family's transformers ``forward`` accepts.
 
         Pixel data goes to the device of ``input_ids`` (or ``device``). Keys without data
         (no image in the batch) are left out, so a text-only batch runs a text-only forward.
-        ``positions``: ``"mrope"`` -> position_ids [3, B, L]; ``"verl"`` -> [4, B, L] with the
-        plain text positions first; ``"none"`` -> let the model compute them.
+        ``positions``: ``"mrope"`` (the default of the M-RoPE families) -> position_ids [3, B, L];
+        ``"verl"`` -> [4, B, L] with the plain text positions first; ``"1d"`` (the default of the
+        others) -> [B, L]; ``"none"`` -> let the model compute them.
         """
         from mmpipe.rope import text_positions
 
-        dev = device if device is not None else self.input_ids.device
+        dev = device if device is not None else getattr(self.input_ids, "device", None)
         fam = self.fam
         out: dict[str, Any] = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
-        if fam.is_vision:
+        if fam.kind != "patches":  # 1-D positions
+            if (positions or "1d") not in ("1d", "none"):
+                raise ArgumentError(f"positions must be '1d' or 'none' for {fam.name}, got {positions!r}")
+            if positions != "none":
+                out["position_ids"] = self.position_ids
+        elif fam.is_vision:
             out["mm_token_type_ids"] = self.mm_token_type_ids
+            positions = positions or "mrope"
             if positions == "mrope":
                 out["position_ids"] = self.position_ids
             elif positions == "verl":
@@ -134,31 +193,33 @@ class BatchedMultiModalInputs:
                 out["position_ids"] = torch.cat([text_positions(self.attention_mask)[None], self.position_ids], 0)
             elif positions != "none":
                 raise ArgumentError(f"positions must be 'mrope', 'verl' or 'none', got {positions!r}")
-            out.update(self.vision_inputs())
         elif positions != "none":
             out["position_ids"] = self.position_ids[0]
+        out.update(self.vision_inputs())
         # a batch with no target token (RL prompts) gets no labels: the loss would be NaN
         if labels and self.labels is not None and bool((self.labels != IGNORE_INDEX).any()):
             out["labels"] = self.labels
-        return {k: v.to(dev) for k, v in out.items()}
+        return {k: _torch(v) if dev is None else _torch(v).to(dev) for k, v in out.items()}
 
-    def vision_inputs(self) -> dict[str, Any]:
-        """The pixel kwargs of ``forward``, only those with data: ``pixel_values`` float32
-        [N, patch_dim] + ``image_grid_thw`` int64 [I, 3] when the batch holds images, likewise
-        ``pixel_values_videos`` / ``video_grid_thw`` (+ ``second_per_grid_ts`` [V] for
-        Qwen2.5-VL) for videos. Empty for a text-only batch or family."""
-        out: dict[str, Any] = {}
-        if not self.fam.is_vision:
-            return out
-        if self.pixel_values is not None and self.image_grid_thw.shape[0]:
-            out["pixel_values"] = self.pixel_values
-            out["image_grid_thw"] = self.image_grid_thw
-        if self.pixel_values_videos is not None and self.video_grid_thw.shape[0]:
-            out["pixel_values_videos"] = self.pixel_values_videos
-            out["video_grid_thw"] = self.video_grid_thw
-            if self.fam.takes_second_per_grid_ts:
-                out["second_per_grid_ts"] = self.second_per_grid_ts
-        return out
+    def as_torch(self) -> "BatchedMultiModalInputs":
+        """The same batch with every numpy field (and ``extras`` / ``sequence`` / ``vision``
+        value) as a torch tensor (zero-copy); a torch batch is returned as it is."""
+        import dataclasses
+
+        if not isinstance(self.input_ids, np.ndarray):
+            return self
+        change = {f.name: _torch(v) for f in dataclasses.fields(self)
+                  if isinstance(v := getattr(self, f.name), np.ndarray)}
+        change.update({n: {k: _torch(v) for k, v in getattr(self, n).items()} for n in ("extras", "sequence", "vision")})
+        return dataclasses.replace(self, **change)
+
+    def vision_inputs(self, token_types: Optional[torch.Tensor] = None) -> dict[str, Any]:
+        """The family's media kwargs of ``forward``, only those with data (`mmpipe.media`:
+        ``pixel_values`` + ``image_grid_thw`` for the patch grids, ``pixel_values`` + the family's
+        extras for tiles, the processor's own outputs on the generic path). Empty for a text-only
+        batch or family. ``token_types``: the token types to hand over where the family takes
+        them as a media input (a pack's [1, T]; default the batch's ``mm_token_type_ids``)."""
+        return self.fam.media.model_inputs(self, self.mm_token_type_ids if token_types is None else token_types)
 
     def __repr__(self) -> str:
         return (
@@ -202,6 +263,15 @@ class BatchedMultiModalInputs:
         import datasets
 
         return datasets.Features.from_arrow_schema(BatchedMultiModalInputs.arrow_schema())
+
+
+def _torch(v):
+    """A numpy array -> a torch tensor (zero-copy where contiguous); a tensor as it is."""
+    if isinstance(v, np.ndarray):
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(v))
+    return v
 
 
 _I64_2D = pa.list_(pa.list_(pa.int64()))

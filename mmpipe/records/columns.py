@@ -146,16 +146,27 @@ ROW_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("second_per_grid_ts", pa.list_(pa.float32()), "float32 [V] seconds per temporal grid step"),
     ("pixel_values", pa.list_(pa.list_(pa.float32())), "float32 [N, 3*T*p*p] processor pixel_values"),
     ("pixel_values_videos", pa.list_(pa.list_(pa.float32())), "float32 [Nv, 3*T*p*p]"),
-    ("pixel_values_u8", pa.binary(), "uint8 [N, 3*p*p] raw bytes + one 0xFF end marker: resized image in patch order, one temporal copy"),
+    ("pixel_values_u8", pa.binary(), "uint8 [N, 3*p*p] raw bytes + one 0xFF end marker: resized image in patch order, one temporal copy "
+                                     "(kind tiles: list<uint8> [N*S*S*3], the resized tiles, flat)"),
     ("pixel_values_videos_u8", pa.binary(), "uint8 [Nv, 3*T*p*p] raw bytes + one 0xFF end marker: resized video frames in patch order"),
-    ("family", pa.string(), "model family name: qwen2_vl, qwen2_5_vl, qwen3_vl, text"),
+    ("family", pa.string(), "model family name (mmpipe.families.ALL_FAMILIES): qwen2_vl, qwen2_5_vl, qwen3_vl, "
+                            "glm4v, text (kind patches); gemma3, internvl, llava_onevision (tiles); generic (processor)"),
+    ("image_hw", pa.list_(pa.int64()), "kinds tiles, processor: int64 [2*I] each image's upright (height, width), flat"),
+    ("tiles_per_image", pa.list_(pa.int64()), "kind tiles: int64 [I] tiles of each image"),
+    ("tile_hw", pa.list_(pa.int64()), "kind tiles with pixels: int64 [2] (S, S), the tile size of pixel_values_u8"),
+    ("images_kwargs", pa.string(), "kind tiles: the encoder's images_kwargs as JSON (e.g. pan-and-scan), when given"),
+    ("generic_layout", pa.string(), "kind processor: the processor's ProcessorLayout as JSON (its class, its sequence "
+                                    "keys, its vision keys with dtype and ndim, its row keys); each key is a column"),
+    ("generic_shapes", pa.list_(pa.list_(pa.int64())), "kind processor: each vision key's shape in this row "
+                                                       "(layout order; [0] where the row has none)"),
     ("pixel_digest", pa.int64(), "xxh3-64 (as a signed int64) of the stored pixel data (image then video bytes, end markers excluded; "
                                   "float32 values as little-endian bytes; pixels='source': each file's length and bytes); null in rows written without one (older mmpipe)"),
 ]
 
 
 NULLABLE_ROW_COLUMNS = {"labels", "pixel_values", "pixel_values_videos", "pixel_values_u8", "pixel_values_videos_u8",
-                        "pixel_digest"}
+                        "pixel_digest", "image_hw", "tiles_per_image", "tile_hw", "images_kwargs", "generic_layout",
+                        "generic_shapes"}
 
 
 # Columns a stored row carries only when it needs them (not part of every row's schema).
@@ -212,8 +223,26 @@ def sources_digest(sources: list) -> int:
     return pixel_digest(*blocks)
 
 
-def row_column_wanted(name: str, pixel_format: Optional[str], labels: bool) -> bool:
-    """Whether stored rows of ``pixel_format`` (None: any) and ``labels`` have column ``name``."""
+# The family kinds (mmpipe.media) that write each column; a column not named here: every kind.
+COLUMN_KINDS: dict[str, frozenset] = {
+    **{c: frozenset({"patches"}) for c in ("position_ids", "rope_delta", "image_grid_thw", "video_grid_thw",
+                                           "second_per_grid_ts", "pixel_values", "pixel_values_videos",
+                                           "pixel_values_videos_u8")},
+    "image_hw": frozenset({"tiles", "processor"}),
+    **{c: frozenset({"tiles"}) for c in ("tiles_per_image", "tile_hw", "images_kwargs")},
+    **{c: frozenset({"processor"}) for c in ("generic_layout", "generic_shapes")},
+}
+KIND_TYPES = {("tiles", "pixel_values_u8"): pa.list_(pa.uint8()),  # the same column, stored flat per kind
+              ("tiles", "mm_token_type_ids"): pa.list_(pa.int8())}
+
+
+def row_column_wanted(name: str, pixel_format: Optional[str], labels: bool, kind: Optional[str] = "patches") -> bool:
+    """Whether stored rows of family ``kind`` (None: any), ``pixel_format`` (None: any) and
+    ``labels`` have column ``name``."""
+    if kind is not None and kind not in COLUMN_KINDS.get(name, {kind}):
+        return False
+    if kind == "processor" and name in ("mm_token_type_ids", "pixel_values_u8", "pixel_digest"):
+        return False  # the processor's own outputs are its columns (generic_layout names them)
     if name == "labels":
         return labels
     if pixel_format is None:

@@ -1,6 +1,8 @@
-"""`PackedMultiModalInputs`: n rows packed into one padding-free ``[1, T]`` sequence (the
-packing collator's output). Positions: the batch layout of `mmpipe.records` with B = 1, i.e.
-``[3, 1, T]``, plus verl's plain text row in front: ``[4, 1, T]``.
+"""`PackedMultiModalInputs`: n rows of one family packed into one padding-free ``[1, T]``
+sequence (the packing collator's output), whatever the family's kind. Positions: for the M-RoPE
+families the batch layout of `mmpipe.records` with B = 1, i.e. ``[3, 1, T]``, plus verl's plain
+text row in front: ``[4, 1, T]``; for 1-D families ``[1, T]``, restarting at 0 per row (how
+transformers finds the packed rows when no attention mask is given).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class PackedMultiModalInputs(PackedFacts):
         mm_token_type_ids:  int64 [1, T] 0 text, 1 image, 2 video
         position_ids:       int64 [4, 1, T]: row 0 the text positions restarting at 0 per row
                             (how transformers finds the packed rows), rows 1-3 the batch layout
-                            [3, 1, T] of `mmpipe.records` (M-RoPE t, h, w). Text family: [1, T].
+                            [3, 1, T] of `mmpipe.records` (M-RoPE t, h, w). Text family and
+                            the 1-D families (tiles kind): [1, T], restarting at 0 per row.
         cu_seqlens:         int32 [n+1] row k owns tokens cu_seqlens[k]:cu_seqlens[k+1]
         labels:             int64 [1, T] or None; -100 on every row's first token
         first_labels:       int64 [n] or None, each row's own label at its first token (for `unpack`)
@@ -82,7 +85,7 @@ class PackedMultiModalInputs(PackedFacts):
 
     @property
     def num_images(self) -> int:
-        return int(self.meta.image_grid_thw.shape[0])
+        return int(self.meta.image_offsets[-1])
 
     @property
     def sequence_ids(self) -> torch.Tensor:
@@ -101,9 +104,9 @@ class PackedMultiModalInputs(PackedFacts):
         dev = device if device is not None else self.input_ids.device
         m, fam = self.meta, get_family(self.meta.family)
         out: dict[str, Any] = {"input_ids": self.input_ids, "position_ids": self.position_ids}
-        if fam.is_vision:
+        if fam.is_vision and fam.kind == "patches":
             out["mm_token_type_ids"] = self.mm_token_type_ids
-            out.update(m.vision_inputs())
+        out.update(m.vision_inputs(self.mm_token_type_ids))
         if labels and self.labels is not None and bool((self.labels != IGNORE_INDEX).any()):
             out["labels"] = self.labels
         out = {k: v.to(dev) for k, v in out.items()}
@@ -114,12 +117,13 @@ class PackedMultiModalInputs(PackedFacts):
         """Per-row views of a packed ``[1, T, ...]`` or ``[T, ...]`` tensor, e.g. the logits:
         ``packed.split(out.logits)[k]`` is row k's ``[L_k, ...]``."""
         T = self.num_tokens
-        if values.dim() >= 2 and values.shape[0] == 1 and values.shape[1] == T:
+        if values.ndim >= 2 and values.shape[0] == 1 and values.shape[1] == T:
             values = values[0]
         if values.shape[0] != T:
             raise ArgumentError(f"split expects a [1, {T}, ...] or [{T}, ...] tensor (this pack's {T} tokens), "
                              f"found shape {tuple(values.shape)}")
-        return list(values.split(self.seq_lengths.tolist(), dim=0))
+        bounds = [int(x) for x in self.cu_seqlens]
+        return [values[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
     def __repr__(self) -> str:
         return (

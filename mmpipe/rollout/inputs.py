@@ -74,7 +74,7 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
 
     processor_or_spec: the processor the rows were encoded with, or its `VisionSpec`
     (None: the family's defaults; only patch size and normalisation matter here).
-    Tiled-family rows (Gemma 3, InternVL, LLaVA-OneVision: `mmpipe.records.tiled.TiledInputs`)
+    Tiled-family rows (Gemma 3, InternVL, LLaVA-OneVision: `mmpipe.records.tiled.MultiModalInputs`)
     go to `mmpipe.rollout.tiled.tiled_vllm_prompts` (the processor is required there; ``images``:
     each row's source images, for rows encoded without ``pixels="source"``).
 

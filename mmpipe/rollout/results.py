@@ -24,7 +24,7 @@ from mmpipe.records.generation import Generation
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.rollout import RolloutSample
-from mmpipe.records.tiled import TiledBatch, is_tiled_row
+from mmpipe.records.kinds import is_tiled_row
 
 
 def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=None,
@@ -44,7 +44,7 @@ def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=Non
             see `mmpipe.encoding.vision_tokens`.
     """
     if is_tiled_row(prompts[0] if isinstance(prompts, (list, tuple)) and prompts else prompts) \
-            or isinstance(prompts, TiledBatch) or (processor is not None and tiled_family_of(processor) is not None):
+            or (processor is not None and tiled_family_of(processor) is not None):
         raise ArgumentError("unbatch_rollout takes rows of the patch-grid families; for tiled-family prompts (Gemma 3, "
                             "InternVL, LLaVA-OneVision) use mmpipe.rollout.tiled_generate.tiled_rollout_rows(prompts, "
                             "generations, processor)")

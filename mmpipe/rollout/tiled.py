@@ -1,4 +1,4 @@
-"""vLLM prompts for the tiled families' rows (`mmpipe.records.tiled.TiledInputs`: Gemma 3,
+"""vLLM prompts for the tiled families' rows (`mmpipe.records.tiled.MultiModalInputs`: Gemma 3,
 InternVL, LLaVA-OneVision).
 
 vLLM takes a tiled model's prompt as the chat template renders it - ONE image token per image
@@ -18,7 +18,7 @@ The source images come from the row (``pixels="source"``: its stored files), fro
 family's ``vllm_tile_prompts`` says the stored tile re-creates the prompt (Gemma 3 without
 pan-and-scan: one tile per image, the whole image resized) - from the row's uint8 tiles.
 ``mm_processor_kwargs`` carries the image options the family's vLLM processor takes
-(`mmpipe.families.TiledFamily.vllm_processor_kwargs`: Gemma 3's pan-and-scan settings, as the
+(`mmpipe.families.ModelFamily.vllm_processor_kwargs`: Gemma 3's pan-and-scan settings, as the
 row was encoded); none for InternVL / LLaVA-OneVision, whose vLLM processors take the
 checkpoint's own settings.
 """
@@ -30,33 +30,35 @@ from typing import Any, Optional
 import numpy as np
 
 from mmpipe.errors import ArgumentError, ImageError, InputError
-from mmpipe.families import TiledFamily, get_family, tiled_family_of
+from mmpipe.families import ModelFamily, get_family, tiled_family_of
 from mmpipe.images.load import load_image, to_rgb_image, upright
 from mmpipe.images.tiles import effective_image_processor, with_images_kwargs
-from mmpipe.records.tiled import TiledBatch, TiledInputs, is_tiled_row
+from mmpipe.records.batch import BatchedMultiModalInputs
+from mmpipe.records.kinds import is_tiled_row
+from mmpipe.records.row import MultiModalInputs
 
 __all__ = ["tiled_vllm_prompts", "is_tiled_input"]
 
 
 def is_tiled_input(rows_or_batch: Any) -> bool:
-    """Whether ``rows_or_batch`` (a `TiledBatch`, a `TiledInputs`, or a list of rows) holds tiled rows."""
-    if isinstance(rows_or_batch, (TiledBatch, TiledInputs)):
-        return True
+    """Whether ``rows_or_batch`` (a `BatchedMultiModalInputs`, a `MultiModalInputs`, or a list of rows) holds tiled rows."""
+    if isinstance(rows_or_batch, (BatchedMultiModalInputs, MultiModalInputs)):
+        return rows_or_batch.fam.kind == "tiles"
     return isinstance(rows_or_batch, (list, tuple)) and bool(rows_or_batch) and is_tiled_row(rows_or_batch[0])
 
 
-def _rows(rows_or_batch: Any) -> list[TiledInputs]:
-    if isinstance(rows_or_batch, TiledBatch):
+def _rows(rows_or_batch: Any) -> list[MultiModalInputs]:
+    if isinstance(rows_or_batch, BatchedMultiModalInputs):
         from mmpipe.batching.tiled import unbatch_tiled
 
         return unbatch_tiled(rows_or_batch)
-    if isinstance(rows_or_batch, TiledInputs):
+    if isinstance(rows_or_batch, MultiModalInputs):
         return [rows_or_batch]
-    return [r if isinstance(r, TiledInputs) else TiledInputs.from_dict(r, i) for i, r in enumerate(rows_or_batch)]
+    return [r if isinstance(r, MultiModalInputs) else MultiModalInputs.from_dict(r, i) for i, r in enumerate(rows_or_batch)]
 
 
 def tiled_vllm_prompts(rows_or_batch: Any, processor, *, images: Optional[list] = None) -> list[dict]:
-    """Tiled rows (or a `TiledBatch`) -> vLLM prompt dicts, one per row, in order:
+    """Tiled rows (or a `BatchedMultiModalInputs`) -> vLLM prompt dicts, one per row, in order:
     ``"prompt_token_ids"`` (one ``image_token`` per image, the rest of the row's tokens as they
     are), and for rows with images ``"multi_modal_data": {"image": [PIL RGB per image]}`` (the
     source images, upright, see the module doc) and, where the family's vLLM processor takes
@@ -98,7 +100,7 @@ def tiled_vllm_prompts(rows_or_batch: Any, processor, *, images: Optional[list] 
     return prompts
 
 
-def _source_images(r: TiledInputs, fam: TiledFamily, given: Optional[list], i: int) -> list:
+def _source_images(r: MultiModalInputs, fam: ModelFamily, given: Optional[list], i: int) -> list:
     """The row's images as vLLM takes them (upright RGB PIL), checked against its sizes."""
     from PIL import Image
 
@@ -119,7 +121,7 @@ def _source_images(r: TiledInputs, fam: TiledFamily, given: Optional[list], i: i
                          column="image_sources", stage="rollout", expected="the row's source images",
                          found=held, fix="encode rollout rows with pixels='source', or pass images= (each row's "
                                          "images, as encoded) to to_vllm_prompts / tiled_vllm_prompts; a collated "
-                                         "TiledBatch holds tiles only: pass the rows")
+                                         "BatchedMultiModalInputs holds tiles only: pass the rows")
     out = []
     for k, value in enumerate(values):
         where = f"row {i}, image {k}"
@@ -133,7 +135,7 @@ def _source_images(r: TiledInputs, fam: TiledFamily, given: Optional[list], i: i
     return out
 
 
-def _processor_kwargs(r: TiledInputs, fam: TiledFamily, ip, i: int) -> dict:
+def _processor_kwargs(r: MultiModalInputs, fam: ModelFamily, ip, i: int) -> dict:
     """The image options vLLM's processor for ``fam`` takes, as the row was encoded."""
     extra = sorted(set(r.images_kwargs or {}) - set(fam.vllm_processor_kwargs))
     if extra:

@@ -6,12 +6,12 @@ family's processor::
 
     engine = TransformersEngine(model, processor)          # a Gemma3Processor, InternVLProcessor ...
     gens = engine.generate(prompt_rows, SamplingParams(max_new_tokens=64, n=4, temperature=1.0))
-    rows = tiled_rollout_rows(prompt_rows, gens, processor)  # TiledInputs: prompt + response, labels
+    rows = tiled_rollout_rows(prompt_rows, gens, processor)  # MultiModalInputs: prompt + response, labels
     batch = mmpipe.Collator(processor, padding_side="right")(rows)
     lp = teacher_forced_logprobs(model, batch)              # == the sampled tokens' logprobs
 
 The model gets the rows' images (``pixel_values`` [N, 3, S, S] from the stored tiles, Gemma 3's
-``token_type_ids``, LLaVA-OneVision's ``image_sizes``) through `TiledBatch.model_inputs`, with
+``token_type_ids``, LLaVA-OneVision's ``image_sizes``) through `BatchedMultiModalInputs.model_inputs`, with
 no ``position_ids``: ``generate`` numbers a left-padded row's tokens from its attention mask,
 ``0..n-1`` as training does. Sampling bans the family's image and feature tokens (the model
 would otherwise emit them at temperature 1.0 and break the image-token count of the row fed
@@ -30,7 +30,7 @@ from mmpipe.errors import ArgumentError, InputError
 from mmpipe.families import tiled_family_of
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.generation import Generation, SamplingParams
-from mmpipe.records.tiled import TiledInputs
+from mmpipe.records.row import MultiModalInputs
 from mmpipe.rollout.sampling import sample
 
 __all__ = ["banned_tokens", "tiled_generate", "tiled_rollout_rows"]
@@ -44,13 +44,13 @@ def banned_tokens(processor) -> list[int]:
     return sorted({int(i) for i in ids.values() if i is not None and i >= 0})
 
 
-def _rows(rows: Sequence) -> list[TiledInputs]:
-    return [r if isinstance(r, TiledInputs) else TiledInputs.from_dict(r, i) for i, r in enumerate(rows)]
+def _rows(rows: Sequence) -> list[MultiModalInputs]:
+    return [r if isinstance(r, MultiModalInputs) else MultiModalInputs.from_dict(r, i) for i, r in enumerate(rows)]
 
 
 def tiled_generate(model, processor, collator, rows: Sequence, params: SamplingParams, *, eos_ids: tuple,
                    pad_id: int, see_images: bool = True) -> list[Generation]:
-    """`TransformersEngine.generate` for tiled rows (module doc): ``rows`` prompt `TiledInputs`
+    """`TransformersEngine.generate` for tiled rows (module doc): ``rows`` prompt `MultiModalInputs`
     or stored dicts; one `Generation` per row with ``params.n`` completions (ids up to and
     including the first stop token; float logprobs when ``params.logprobs``)."""
     recs = _rows(rows)
@@ -69,7 +69,7 @@ def tiled_generate(model, processor, collator, rows: Sequence, params: SamplingP
     return sample(model, kw, params, stop=stop, pad_id=pad_id, suppress=suppress, num_prompts=len(recs))
 
 
-def tiled_rollout_rows(prompts: Sequence, generations: Sequence[Generation], processor=None) -> list[TiledInputs]:
+def tiled_rollout_rows(prompts: Sequence, generations: Sequence[Generation], processor=None) -> list[MultiModalInputs]:
     """Prompt rows + their `Generation` s -> one training row per completion, prompt-major:
     the prompt's tokens and images, then the response (``mm_token_type_ids`` 0, labels on the
     response only). With ``processor``, a response holding the family's image or feature token
@@ -91,7 +91,7 @@ def tiled_rollout_rows(prompts: Sequence, generations: Sequence[Generation], pro
                                  fix="sample with allow_vision_tokens=False (the default bans them)")
             zeros = np.zeros(len(resp), np.int64)
             prompt_labels = np.full(len(r), IGNORE_INDEX, np.int64)
-            out.append(TiledInputs(family=r.family, input_ids=np.concatenate([r.input_ids, resp]),
+            out.append(MultiModalInputs(family=r.family, input_ids=np.concatenate([r.input_ids, resp]),
                                    attention_mask=np.ones(len(r) + len(resp), np.int64),
                                    mm_token_type_ids=np.concatenate([r.mm_token_type_ids, zeros]),
                                    image_hw=r.image_hw, tiles_per_image=r.tiles_per_image,
@@ -100,7 +100,7 @@ def tiled_rollout_rows(prompts: Sequence, generations: Sequence[Generation], pro
     return out
 
 
-def response_logprobs(teacher: np.ndarray, rows: Sequence[TiledInputs], lengths: Sequence[int],
+def response_logprobs(teacher: np.ndarray, rows: Sequence[MultiModalInputs], lengths: Sequence[int],
                       padding_side: str = "right") -> list[np.ndarray]:
     """The response part of `teacher_forced_logprobs` [B, L] for rows from `tiled_rollout_rows`
     (``lengths``: each row's response length): float32 [R] per row."""

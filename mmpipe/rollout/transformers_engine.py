@@ -43,8 +43,8 @@ class TransformersEngine:
     ones above (the unconstrained model's, as teacher forcing computes them).
 
     A tiled family's processor (Gemma 3, InternVL, LLaVA-OneVision) generates through
-    `mmpipe.rollout.tiled_generate.tiled_generate` (prompt `TiledInputs`, 1-D positions, the
-    family's image and feature tokens banned); `teacher_forced_logprobs` takes its `TiledBatch`.
+    `mmpipe.rollout.tiled_generate.tiled_generate` (prompt `MultiModalInputs`, 1-D positions, the
+    family's image and feature tokens banned); `teacher_forced_logprobs` takes its `BatchedMultiModalInputs`.
     """
 
     def __init__(self, model, processor, *, see_images: bool = True):
@@ -93,7 +93,7 @@ def teacher_forced_logprobs(model, batch, device=None) -> "object":
     import torch
 
     kw = batch.model_inputs(device if device is not None else next(model.parameters()).device, labels=False)
-    # (a TiledBatch gives 1-D position_ids [B, L], its token types and pixels likewise)
+    # (a BatchedMultiModalInputs gives 1-D position_ids [B, L], its token types and pixels likewise)
     with torch.no_grad():
         logits = model(**kw).logits.float()
     ids = kw["input_ids"]

@@ -33,10 +33,8 @@ from mmpipe.batching.unbatch import unbatch
 from mmpipe.errors import ArgumentError
 from mmpipe.records.arrow import rows_from_arrow
 from mmpipe.records.batch import BatchedMultiModalInputs
-from mmpipe.records.generic import GenericBatch, GenericInputs, is_generic_row
-from mmpipe.records.tiled import TiledBatch, TiledInputs, is_tiled_row
-from mmpipe.records.packed import PackedMultiModalInputs
 from mmpipe.records.row import MultiModalInputs
+from mmpipe.records.packed import PackedMultiModalInputs
 
 if TYPE_CHECKING:
     import torch
@@ -57,11 +55,9 @@ def _prefix(label: str) -> str:
 
 # ---- rows in, rows out ----------------------------------------------------------------------
 def as_rows(rows: Sequence[RowLike]) -> list[MultiModalInputs]:
-    """The rows as `MultiModalInputs` (stored dicts are read with ``from_dict(d, row=i)``);
-    generic-path rows (`mmpipe.records.generic`) as `GenericInputs`, tiled-family rows as `TiledInputs`."""
-    return [(r if isinstance(r, GenericInputs) else GenericInputs.from_dict(r, row=i)) if is_generic_row(r)
-            else (r if isinstance(r, TiledInputs) else TiledInputs.from_dict(r, row=i)) if is_tiled_row(r)
-            else MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(rows)]
+    """The rows as `MultiModalInputs`, of any family (stored dicts are read with
+    ``from_dict(d, row=i)``)."""
+    return [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(rows)]
 
 
 def assert_rows_equal(got: Sequence[RowLike], want: Sequence[RowLike], *, what: str = "the round trip",
@@ -75,7 +71,7 @@ def assert_rows_equal(got: Sequence[RowLike], want: Sequence[RowLike], *, what: 
     pre = _prefix(label)
     assert len(got) == len(want), f"{pre}{what} gave {len(got)} rows, expected {len(want)}"
     for b, (g, w) in enumerate(zip(got, want)):
-        assert not g.diff(w) if isinstance(g, (GenericInputs, TiledInputs)) else g == w, \
+        assert not g.diff(w), \
             f"{pre}row {b} changed through {what}: fields {g.diff(w)} differ"
 
 
@@ -97,7 +93,7 @@ def assert_roundtrip(rows: Sequence[RowLike], batch: Any = None, *, label: str =
     elif collate_kwargs:
         raise ArgumentError(f"assert_roundtrip takes collate arguments or a ready batch, not both; "
                             f"got batch= and {sorted(collate_kwargs)}")
-    batches = [batch] if isinstance(batch, (BatchedMultiModalInputs, GenericBatch, TiledBatch)) else list(batch)
+    batches = [batch] if isinstance(batch, BatchedMultiModalInputs) else list(batch)
     back = [r for b in batches for r in unbatch(b)]
     assert_rows_equal(back, rows, what="collate/unbatch", label=label)
     return batch

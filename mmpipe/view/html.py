@@ -224,7 +224,7 @@ def batch_html(batch: BatchedMultiModalInputs, *, tokenizer=None, max_tokens: Op
     labels) of every row, then the thumbnails and token strip of the first ``max_rows`` rows
     (None: all; the page says how many are left out). Images carry their index in the batch
     (``image_grid_thw`` row); ``sample_to_image_indices`` says which row owns which. A
-    `TiledBatch`: `mmpipe.view.tiled.tiled_html`."""
+    `BatchedMultiModalInputs`: `mmpipe.view.tiled.tiled_html`."""
     if as_tiled(batch) is not None:
         return tiled_html(batch, tokenizer=tokenizer, max_tokens=max_tokens)
     rows = unbatch(batch)

@@ -1,5 +1,5 @@
 """Tiled-family rows and batches in the view stage (Gemma 3, InternVL, LLaVA-OneVision:
-`mmpipe.records.tiled.TiledInputs` / `TiledBatch`, or their stored dicts): `mmpipe.view.describe`
+`mmpipe.records.tiled.MultiModalInputs` / `BatchedMultiModalInputs`, or their stored dicts): `mmpipe.view.describe`
 and `row_html` / `batch_html` / `to_html` come here for them.
 
 - **Images**: each image's stored uint8 tiles (what the processor normalises into
@@ -21,7 +21,9 @@ import numpy as np
 from PIL import Image
 
 from mmpipe.records.columns import IGNORE_INDEX
-from mmpipe.records.tiled import TiledBatch, TiledInputs, is_tiled_row
+from mmpipe.records.batch import BatchedMultiModalInputs
+from mmpipe.records.kinds import is_tiled_row
+from mmpipe.records.row import MultiModalInputs
 from mmpipe.view.images import media_colour, png_data_uri, shown_size, tint
 from mmpipe.view.spans import Span, TokenText, collapse_plan
 from mmpipe.view.style import style_block
@@ -32,15 +34,15 @@ _esc = html.escape
 
 
 def as_tiled(obj: Any):
-    """``obj`` as a `TiledInputs` / `TiledBatch` (a stored tiled dict is read), else None."""
-    if isinstance(obj, (TiledInputs, TiledBatch)):
-        return obj
+    """``obj`` as a `MultiModalInputs` / `BatchedMultiModalInputs` (a stored tiled dict is read), else None."""
+    if isinstance(obj, (MultiModalInputs, BatchedMultiModalInputs)):
+        return obj if is_tiled_row(obj) else None
     if isinstance(obj, dict) and is_tiled_row(obj):
-        return TiledInputs.from_dict(obj)
+        return MultiModalInputs.from_dict(obj)
     return None
 
 
-def tiled_spans(row: TiledInputs) -> list[Span]:
+def tiled_spans(row: MultiModalInputs) -> list[Span]:
     """The row's tokens cut into text spans and one span per image (``index`` k; ``part`` the
     last image of a span covering touching images, else k)."""
     marked = np.asarray(row.mm_token_type_ids) == 1
@@ -65,29 +67,29 @@ def tiled_spans(row: TiledInputs) -> list[Span]:
     return out
 
 
-def _label(row: TiledInputs, s: Span) -> str:
+def _label(row: MultiModalInputs, s: Span) -> str:
     if s.part != s.index:
         return f"images {s.index}-{s.part} · {int(row.tiles_per_image[s.index:s.part + 1].sum())} tiles · {s.length} tokens"
     h, w = (int(x) for x in row.image_hw[s.index])
     return f"image {s.index} · {h}×{w} px · {int(row.tiles_per_image[s.index])} tiles · {s.length} tokens"
 
 
-def _rows_of(obj) -> list[TiledInputs]:
-    if isinstance(obj, TiledBatch):
+def _rows_of(obj) -> list[MultiModalInputs]:
+    if isinstance(obj, BatchedMultiModalInputs):
         from mmpipe.batching.tiled import unbatch_tiled
 
         return unbatch_tiled(obj)
     return [obj]
 
 
-def _head(row: TiledInputs, title: str) -> str:
+def _head(row: MultiModalInputs, title: str) -> str:
     trained = "no labels" if row.labels is None else f"{int((row.labels != IGNORE_INDEX).sum())} trained tokens"
     pixels = "uint8 tiles" if row.has_pixels else "layout-only (no pixels)"
     return (f"{title}: {row.family}, {len(row)} tokens ({int(row.mm_token_type_ids.sum())} image), "
             f"{row.num_images} images ({int(row.tiles_per_image.sum())} tiles), {pixels}, {trained}")
 
 
-def _token_line(row: TiledInputs, spans: list[Span], toks: TokenText, max_tokens: Optional[int]) -> str:
+def _token_line(row: MultiModalInputs, spans: list[Span], toks: TokenText, max_tokens: Optional[int]) -> str:
     labels, ids, out, open_ = row.labels, row.input_ids, [], False
     sep = "" if toks.tok is not None else " "
     for item in collapse_plan(spans, max_tokens):
@@ -110,14 +112,14 @@ def describe_tiled(obj, *, tokenizer=None, max_tokens: Optional[int] = 120) -> s
     """Plain text of a tiled row or batch: a head line, one line per image (size, tiles, token
     range) and the token sequence with the image runs collapsed into ``[image k · ...]``."""
     obj, toks, lines = as_tiled(obj), TokenText(tokenizer), []
-    if isinstance(obj, TiledBatch):
-        lines.append(f"TiledBatch: {obj.family}, B={obj.batch_size} rows x L={obj.input_ids.shape[1]}, "
+    if isinstance(obj, BatchedMultiModalInputs):
+        lines.append(f"BatchedMultiModalInputs: {obj.family}, B={obj.batch_size} rows x L={obj.input_ids.shape[1]}, "
                      f"{len(obj.tiles_per_image)} images ({int(obj.tiles_per_image.sum())} tiles), "
                      f"padding {obj.padding_side}")
-    indent = "  " if isinstance(obj, TiledBatch) else ""
+    indent = "  " if isinstance(obj, BatchedMultiModalInputs) else ""
     for b, row in enumerate(_rows_of(obj)):
         spans = tiled_spans(row)
-        lines.append(indent + _head(row, f"row {b}" if indent else "TiledInputs"))
+        lines.append(indent + _head(row, f"row {b}" if indent else "MultiModalInputs"))
         for s in spans:
             if s.kind == "image":
                 lines.append(f"{indent}  {_label(row, s)}, tokens [{s.start}, {s.end})")
@@ -125,7 +127,7 @@ def describe_tiled(obj, *, tokenizer=None, max_tokens: Optional[int] = 120) -> s
     return "\n".join(lines)
 
 
-def _images_html(row: TiledInputs) -> str:
+def _images_html(row: MultiModalInputs) -> str:
     figs, first = [], np.concatenate([[0], np.cumsum(row.tiles_per_image)]).astype(int)
     for k, (h, w) in enumerate(row.image_hw.tolist()):
         colour = media_colour(k)
@@ -146,7 +148,7 @@ def _images_html(row: TiledInputs) -> str:
     return f'<div class="mmpipe-images">{"".join(figs)}</div>' if figs else ""
 
 
-def _strip_html(row: TiledInputs, spans: list[Span], toks: TokenText, max_tokens: Optional[int]) -> str:
+def _strip_html(row: MultiModalInputs, spans: list[Span], toks: TokenText, max_tokens: Optional[int]) -> str:
     ids, labels, out = row.input_ids, row.labels, []
     for item in collapse_plan(spans, max_tokens):
         if isinstance(item, Span):
@@ -168,11 +170,11 @@ def _strip_html(row: TiledInputs, spans: list[Span], toks: TokenText, max_tokens
 def tiled_html(obj, *, tokenizer=None, max_tokens: Optional[int] = 400) -> str:
     """HTML of a tiled row or batch (module doc): escaped, one inline style block."""
     obj, toks, parts = as_tiled(obj), TokenText(tokenizer), [style_block()]
-    batch = isinstance(obj, TiledBatch)
+    batch = isinstance(obj, BatchedMultiModalInputs)
     if batch:
         parts.append(f'<div class="mmpipe"><div class="mmpipe-head">{_esc(describe_tiled(obj).splitlines()[0])}</div>')
     for b, row in enumerate(_rows_of(obj)):
-        head = _head(row, f"row {b}" if batch else "TiledInputs")
+        head = _head(row, f"row {b}" if batch else "MultiModalInputs")
         parts.append(f'<div class="mmpipe"><div class="mmpipe-head">{_esc(head)}</div>{_images_html(row)}'
                      f'{_strip_html(row, tiled_spans(row), toks, max_tokens)}</div>')
     return "".join(parts) + ("</div>" if batch else "")

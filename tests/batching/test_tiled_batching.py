@@ -15,8 +15,9 @@ import mmpipe
 from mmpipe.batching.tiled import TiledCollator, collate_tiled, processor_table, unbatch_tiled
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
 from mmpipe.offline import build_processor, tiny_image
-from mmpipe.offline.tiled import build_gemma3_processor
-from mmpipe.records.tiled import TiledInputs, tiled_rows_from_arrow
+from mmpipe.offline.gemma3 import build_gemma3_processor
+from mmpipe.records.arrow import rows_from_arrow
+from mmpipe.records.row import MultiModalInputs
 from mmpipe.testing import invariants
 
 COUNTS = [0, 2, 1, 3]
@@ -66,8 +67,8 @@ def test_roundtrip_every_row_form(proc, raws, stored, side, multiple):
 
 def test_arrow_reader_reads_the_buffers(stored, proc, raws):
     table = stored.with_format("arrow")[:]
-    rows = tiled_rows_from_arrow(table)
-    invariants.assert_rows_equal(rows, [mmpipe.encode_row(r, proc) for r in raws], what="tiled_rows_from_arrow")
+    rows = rows_from_arrow(table)
+    invariants.assert_rows_equal(rows, [mmpipe.encode_row(r, proc) for r in raws], what="rows_from_arrow")
     assert rows[3].pixel_values_u8.shape == (3, 32, 32, 3) and rows[0].pixel_values_u8.shape == (0, 32, 32, 3)
 
 
@@ -103,4 +104,4 @@ def test_bad_batches_are_refused(proc, raws, stored):
         mmpipe.collate([rows[1], layout], processor=proc)
     broken = dict(stored[1], pixel_values_u8=stored[1]["pixel_values_u8"][:-1])
     with pytest.raises(InputError, match="pixel_values_u8"):
-        TiledInputs.from_dict(broken, 1)
+        MultiModalInputs.from_dict(broken, 1)

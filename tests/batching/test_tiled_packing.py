@@ -18,11 +18,12 @@ import mmpipe
 from mmpipe import testing
 from mmpipe.batching.packing import to_padded
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
-from mmpipe.offline.tiled import build_gemma3_model, build_gemma3_processor
-from mmpipe.offline.tiled2 import TILED2_FAMILIES, build_tiled2_model, build_tiled2_processor
+from mmpipe.offline.gemma3 import build_gemma3_model, build_gemma3_processor
+from mmpipe.offline.tile_builders import TILED2_FAMILIES, build_tiled2_model, build_tiled2_processor
 from mmpipe.records.columns import IGNORE_INDEX
-from mmpipe.records.tiled import TiledBatch, TiledInputs
-from mmpipe.records.tiled_packed import TiledPackedInputs
+from mmpipe.records.batch import BatchedMultiModalInputs
+from mmpipe.records.row import MultiModalInputs
+from mmpipe.records.packed import PackedMultiModalInputs
 from mmpipe.testing import invariants
 
 COUNTS = [0, 1, 2, 3, 1]  # images per row
@@ -53,7 +54,7 @@ def test_pack_roundtrip_and_logits_equal_each_row(name):
     raws = [_raw(n, k) for k, n in enumerate(COUNTS)]
     rows = [mmpipe.encode(r, processor=proc) for r in raws]
     packed = invariants.assert_pack_roundtrip(rows, processor=proc)
-    assert isinstance(packed, TiledPackedInputs) and packed.num_rows == len(rows)
+    assert isinstance(packed, PackedMultiModalInputs) and packed.num_rows == len(rows)
     lengths = [len(r["input_ids"]) for r in rows]
     assert packed.seq_lengths.tolist() == lengths and packed.cu_seqlens.tolist() == np.cumsum([0, *lengths]).tolist()
     # 1-D positions restarting per row; labels -100 at each row's first token, kept in first_labels
@@ -88,7 +89,7 @@ def test_to_padded_is_collate(name, side):
     rows = [mmpipe.encode(_raw(n, k), processor=proc) for k, n in enumerate([2, 0, 1])]
     got = to_padded(mmpipe.pack(rows, processor=proc), padding_side=side)
     want = mmpipe.collate(rows, processor=proc, padding_side=side, pad_token_id=0)
-    assert isinstance(got, TiledBatch)
+    assert isinstance(got, BatchedMultiModalInputs)
     for field in ("input_ids", "attention_mask", "position_ids", "mm_token_type_ids", "labels", "lengths", "image_hw",
                   "tiles_per_image", "images_per_row", "pixel_values_u8", "pixel_values"):
         assert np.array_equal(getattr(got, field), getattr(want, field)), field
@@ -105,7 +106,7 @@ def test_arrow_rows_through_a_pickled_packing_collator(name):
     collator = pickle.loads(pickle.dumps(mmpipe.PackingCollator(proc, max_tokens=4096, max_images=8)))
     for source in (mmpipe.ArrowRows(enc).__getitems__(range(len(enc))), list(enc)):
         packed = collator(source)
-        assert isinstance(packed, TiledPackedInputs)
+        assert isinstance(packed, PackedMultiModalInputs)
         invariants.assert_pack_roundtrip(rows, packed)
     invariants.assert_packed_logits_match(model, rows, proc, packed=packed)
 
@@ -123,14 +124,14 @@ def test_rows_without_labels_and_layout_only_rows(name):
 
 def test_budgets_and_bad_rows_are_refused(name):
     proc = build_tiled2_processor(name)
-    rows = [TiledInputs.from_dict(mmpipe.encode(_raw(n, k), processor=proc)) for k, n in enumerate([1, 2])]
+    rows = [MultiModalInputs.from_dict(mmpipe.encode(_raw(n, k), processor=proc)) for k, n in enumerate([1, 2])]
     total = sum(len(r) for r in rows)
     mmpipe.pack(rows, processor=proc, max_tokens=total, max_images=3)
     with pytest.raises(InputError, match=f"{total} tokens.*max_tokens={total - 1}"):
         mmpipe.pack(rows, processor=proc, max_tokens=total - 1)
     with pytest.raises(InputError, match="3 images.*max_images=2"):
         mmpipe.PackingCollator(proc, max_images=2)(rows)
-    holes = TiledInputs(**{**rows[1].__dict__, "attention_mask": np.r_[rows[1].attention_mask[:-1], 0]})
+    holes = MultiModalInputs(**{**rows[1].__dict__, "attention_mask": np.r_[rows[1].attention_mask[:-1], 0]})
     with pytest.raises(InputError, match="must be unpadded") as info:
         mmpipe.pack([rows[0], holes], processor=proc)
     assert info.value.row == 1
@@ -168,7 +169,7 @@ def test_gemma3_packed_rows_get_a_wrong_sliding_mask_so_packing_is_refused():
     each row's logits (the model's attention allows packing; the mask builder does not). pack /
     PackingCollator refuse with that reason."""
     proc, model = build_gemma3_processor(), build_gemma3_model()
-    rows = [TiledInputs.from_dict(mmpipe.encode(_raw(n, k), processor=proc)) for k, n in enumerate([1, 0, 2])]
+    rows = [MultiModalInputs.from_dict(mmpipe.encode(_raw(n, k), processor=proc)) for k, n in enumerate([1, 0, 2])]
     T = sum(len(r) for r in rows)
     kw = {k: v for k, v in mmpipe.collate(rows, processor=proc).model_inputs().items() if k == "pixel_values"}
     kw.update(input_ids=torch.cat([torch.from_numpy(r.input_ids) for r in rows])[None], use_cache=False,
@@ -211,7 +212,7 @@ def test_readme_block_runs_as_written():
     ns = {"ds": ds}
     exec(compile(readme_block("**Packing tiled rows**"), "README.md", "exec"), ns)
     packed, out = ns["packed"], ns["out"]
-    assert isinstance(packed, TiledPackedInputs) and set(packed.model_inputs()) == {
+    assert isinstance(packed, PackedMultiModalInputs) and set(packed.model_inputs()) == {
         "input_ids", "position_ids", "pixel_values", "labels", "use_cache"}
     assert out.logits.shape[:2] == (1, packed.num_tokens)
     invariants.assert_rows_equal(ns["rows"], list(ns["enc"]))

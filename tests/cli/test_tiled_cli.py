@@ -18,7 +18,7 @@ import mmpipe
 from mmpipe.cli.main import main
 from mmpipe.families import tiled_family_of
 from mmpipe.processors import ProcessorLoadError, load_processor
-from mmpipe.records.tiled import TiledInputs
+from mmpipe.records.row import MultiModalInputs
 
 FAMILIES = ("gemma3", "internvl", "llava_onevision")
 COUNTS = (0, 1, 2, 1)
@@ -38,7 +38,7 @@ def jsonl(tmp_path_factory) -> Path:
     return d / "rows.jsonl"
 
 
-def _reference(path: Path, proc) -> list[TiledInputs]:
+def _reference(path: Path, proc) -> list[MultiModalInputs]:
     raws = [json.loads(line) for line in path.read_text().splitlines()]
     for r in raws:
         r["images"] = [Image.open(path.parent / p) for p in r["images"]]
@@ -53,7 +53,7 @@ def test_encode_inspect_validate(name, jsonl, tmp_path, capsys):
     assert main(["encode", str(jsonl), "--processor", f"testing:{name}", "--out", str(out), "--quiet"]) == 0
     assert f"family {name}" in capsys.readouterr().out
     saved = datasets.load_from_disk(str(out))
-    got = [TiledInputs.from_dict(r, i) for i, r in enumerate(saved)]
+    got = [MultiModalInputs.from_dict(r, i) for i, r in enumerate(saved)]
     for a, b in zip(got, _reference(jsonl, proc)):
         assert a.equals(b), a.diff(b)
 

@@ -11,7 +11,7 @@ import pytest
 
 import mmpipe
 from mmpipe import testing
-from mmpipe.offline.generic import build_foreign_processor
+from mmpipe.offline.other_vlms import build_foreign_processor
 
 IMAGES = [testing.tiny_image(40, 60, seed=1), testing.tiny_image(52, 36, seed=2)]
 

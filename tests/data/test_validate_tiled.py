@@ -181,7 +181,7 @@ def test_a_flipped_byte_in_stored_tiles(saved, tmp_path):
     """Rows with uint8 tiles carry a digest of the tile bytes: one flipped byte inside a tile is
     reported for its row and column, and reading the row back refuses it."""
     from mmpipe.errors import PixelDataError
-    from mmpipe.records.tiled import TiledInputs
+    from mmpipe.records.row import MultiModalInputs
 
     name, proc, dirs = saved
 
@@ -194,4 +194,4 @@ def test_a_flipped_byte_in_stored_tiles(saved, tmp_path):
     report = mmpipe.validate_dataset(bad, processor=proc)
     assert "pixel_digest" in _only_error(report, "pixel_values_u8", [2])
     with pytest.raises(PixelDataError, match="pixel_digest"):
-        TiledInputs.from_dict(datasets.load_from_disk(bad)[2], row=2)
+        MultiModalInputs.from_dict(datasets.load_from_disk(bad)[2], row=2)

@@ -12,7 +12,7 @@ from mmpipe.batching.generic import collate_generic, unbatch_generic
 from mmpipe.encoding.generic import GenericEncoder
 from mmpipe.errors import ArgumentError
 from mmpipe.offline import build_processor, tiny_image
-from mmpipe.offline.generic import FOREIGN_PROCESSORS, build_foreign_model, build_foreign_processor
+from mmpipe.offline.other_vlms import FOREIGN_PROCESSORS, build_foreign_model, build_foreign_processor
 
 SIZES = [(40, 56), (70, 30), (33, 33), (64, 100)]
 
@@ -98,7 +98,7 @@ def test_idefics3_batched_logits_equal_per_row(idefics3, side):
 
 def test_idefics3_collate_equals_the_processors_own_batch(idefics3):
     """collate_generic(per-row encodes) == one processor call on the whole batch (right padding)."""
-    from mmpipe.offline.generic import build_foreign_processor as build
+    from mmpipe.offline.other_vlms import build_foreign_processor as build
 
     enc, _ = idefics3
     proc = build("idefics3")

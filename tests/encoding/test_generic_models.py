@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mmpipe
-from mmpipe.offline.generic import MODELS, build_foreign_model, build_foreign_processor
+from mmpipe.offline.other_vlms import MODELS, build_foreign_model, build_foreign_processor
 from mmpipe.testing import invariants
 
 from helpers import generic_chat_rows as chat_rows

@@ -1,5 +1,5 @@
 """The generic path on two more model classes (issue 20.1), tiny and offline
-(`mmpipe.offline.generic`), through encode -> dataset.map -> Arrow rows -> Collator -> model:
+(`mmpipe.offline.other_vlms`), through encode -> dataset.map -> Arrow rows -> Collator -> model:
 Mllama (cross-attention) and PaliGemma (prefix-LM attention from ``token_type_ids``).
 
 PaliGemma: its processor marks trained tokens with token type 1 (the ``suffix`` argument;
@@ -30,7 +30,7 @@ import torch
 
 import mmpipe
 from mmpipe.batching.generic import collate_generic
-from mmpipe.offline.generic import MORE_MODELS, build_foreign_model, build_foreign_processor
+from mmpipe.offline.other_vlms import MORE_MODELS, build_foreign_model, build_foreign_processor
 from mmpipe.testing import invariants
 
 from helpers import generic_chat_rows as chat_rows

@@ -19,8 +19,9 @@ from mmpipe.encoding import generic as generic_module
 from mmpipe.encoding.generic import GenericEncoder, generic_log_line
 from mmpipe.errors import ArgumentError, InputError
 from mmpipe.offline import tiny_image
-from mmpipe.offline.generic import FOREIGN_PROCESSORS, build_foreign_model, build_foreign_processor
-from mmpipe.records.generic import GenericBatch, GenericInputs
+from mmpipe.offline.other_vlms import FOREIGN_PROCESSORS, build_foreign_model, build_foreign_processor
+from mmpipe.records.batch import BatchedMultiModalInputs
+from mmpipe.records.row import MultiModalInputs
 from mmpipe.testing import invariants
 
 from helpers import generic_chat_rows as chat_rows
@@ -60,7 +61,7 @@ def test_one_log_line_per_processor_class(monkeypatch, caplog, idefics3):
 def test_encode_row_is_the_generic_encoder(idefics3):
     raw = chat_rows([2])[0]
     row = mmpipe.encode_row(raw, idefics3, idx=7)
-    assert isinstance(row, GenericInputs) and row.processor_class == "Idefics3Processor"
+    assert isinstance(row, MultiModalInputs) and row.processor_class == "Idefics3Processor"
     assert row.equals(GenericEncoder(idefics3, log=lambda _: None).encode_row(raw, 7))
     text = idefics3.apply_chat_template(raw["messages"], tokenize=False)
     direct = idefics3(text=[text], images=raw["images"], return_tensors="np")
@@ -127,7 +128,7 @@ def test_stored_rows_collate_back(mapped, idefics3, side):
     collator = mmpipe.Collator(idefics3, padding_side=side, keep_columns=["id"])
     for batch in (collator(enc.__getitems__(idx)), collator(mmpipe.ArrowRows(enc).__getitems__(idx)),
                   mmpipe.collate([enc[i] for i in idx], processor=idefics3, padding_side=side)):
-        assert isinstance(batch, GenericBatch)
+        assert isinstance(batch, BatchedMultiModalInputs)
         expect = collate_generic([want[i] for i in idx], pad_token_id=idefics3.tokenizer.pad_token_id,
                                  padding_side=side)
         for name in ("input_ids", "attention_mask", "position_ids", "labels"):

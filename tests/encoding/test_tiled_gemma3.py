@@ -19,8 +19,9 @@ from mmpipe import testing
 from mmpipe.errors import ArgumentError, PlaceholderError, TruncationError
 from mmpipe.families import GEMMA3, family_of, takes_generic_path, tiled_family_of
 from mmpipe.images import gemma3
-from mmpipe.offline.tiled import build_gemma3_model, build_gemma3_processor
-from mmpipe.records.tiled import TiledBatch, TiledInputs
+from mmpipe.offline.gemma3 import build_gemma3_model, build_gemma3_processor
+from mmpipe.records.batch import BatchedMultiModalInputs
+from mmpipe.records.row import MultiModalInputs
 from mmpipe.testing import invariants
 
 RNG = np.random.default_rng(3)
@@ -119,7 +120,7 @@ def test_batched_logits_equal_per_row_through_arrow(proc, model, side):
     rows = [mmpipe.encode_row(r, proc, idx=i) for i, r in enumerate(raws)]
     invariants.assert_rows_equal(list(enc), rows, what="dataset.map")
     batch = mmpipe.Collator(proc, padding_side=side)(mmpipe.ArrowRows(enc).__getitems__(range(len(enc))))
-    assert isinstance(batch, TiledBatch) and len(set(batch.lengths.tolist())) > 1
+    assert isinstance(batch, BatchedMultiModalInputs) and len(set(batch.lengths.tolist())) > 1
     refs = [{k: v for k, v in _processor_call(proc, r).items()} for r in raws]
     invariants.assert_batched_logits_match(model, rows, proc, batch=batch, atol=1e-5, rtol=1e-5)
     invariants.assert_batched_logits_match(model, rows, proc, batch=batch, references=refs, atol=1e-5, rtol=1e-5)
@@ -216,7 +217,7 @@ def test_bad_rows_and_options_are_refused(proc):
     ds = datasets.Dataset.from_list([{"messages": r["messages"], "images": r["images"]} for r in _rows_with([1, 0, 2])])
     enc, report = mmpipe.encode_dataset(ds, proc, max_length=60, truncation="drop")
     assert report.rows_in == 3 and report.rows_out + sum(report.dropped.values()) == 3 and len(enc) == report.rows_out
-    assert all(isinstance(r, TiledInputs) for r in invariants.as_rows(list(enc)))
+    assert all(isinstance(r, MultiModalInputs) for r in invariants.as_rows(list(enc)))
 
 
 def test_readme_block_runs_as_written():
@@ -226,7 +227,7 @@ def test_readme_block_runs_as_written():
     ns = {"ds": ds}
     exec(compile(readme_block("**Gemma 3 and the tiled families**"), "README.md", "exec"), ns)
     batch, out, rows = ns["batch"], ns["out"], ns["rows"]
-    assert isinstance(batch, TiledBatch) and set(batch.model_inputs()) == {
+    assert isinstance(batch, BatchedMultiModalInputs) and set(batch.model_inputs()) == {
         "input_ids", "attention_mask", "position_ids", "token_type_ids", "pixel_values", "labels"}
     assert out.logits.shape[:2] == tuple(batch.input_ids.shape)
     invariants.assert_rows_equal(rows, list(ns["enc"]))
@@ -244,7 +245,7 @@ def test_memory_bounds_and_the_explicit_generic_path(proc):
     generic = mmpipe.encoding.generic.GenericEncoder(proc, log=lambda _: None)
     rows = [generic.encode_row(r) for r in _rows_with([1, 0])]
     batch = mmpipe.Collator(proc)(rows)
-    assert type(batch).__name__ == "GenericBatch" and batch.vision["pixel_values"].shape == (1, 3, 32, 32)
+    assert type(batch).__name__ == "BatchedMultiModalInputs" and batch.vision["pixel_values"].shape == (1, 3, 32, 32)
 
 
 def test_a_corrupt_image_is_an_image_error_naming_row_and_image(proc):

@@ -18,8 +18,8 @@ from PIL import Image
 import mmpipe
 from mmpipe.offline import build_processor
 from mmpipe.errors import ArgumentError, InputError, PixelDataError
-from mmpipe.offline.tiled2 import build_tiled2_processor
-from mmpipe.records.tiled import TiledInputs
+from mmpipe.offline.tile_builders import build_tiled2_processor
+from mmpipe.records.row import MultiModalInputs
 
 from helpers import odd_images, photo_paths
 
@@ -61,7 +61,7 @@ def test_source_rows_collate_to_the_uint8_rows_and_the_processor(case):
     for a, b in zip(u8, src):  # the same layout from the headers alone; files instead of tiles
         assert a.diff(b) == ["image_sources", "pixel_values_u8"]
         assert b.pixel_values_u8 is None and len(b.image_sources) == b.num_images
-    stored = [TiledInputs.from_dict(r.to_dict(), i) for i, r in enumerate(src)]
+    stored = [MultiModalInputs.from_dict(r.to_dict(), i) for i, r in enumerate(src)]
     assert all(s.equals(r) for s, r in zip(stored, src))
     want, got = mmpipe.collate(u8, processor=proc), mmpipe.collate(stored, processor=proc)
     for name in ("input_ids", "attention_mask", "mm_token_type_ids", "tiles_per_image", "image_hw", "labels"):
@@ -114,7 +114,7 @@ def test_a_changed_byte_is_caught_by_the_digest():
     data = bytearray(row["image_sources"][0])
     data[len(data) // 2] ^= 0x40
     with pytest.raises(PixelDataError, match="pixel_digest"):
-        TiledInputs.from_dict({**row, "image_sources": [bytes(data)]}, 0)
+        MultiModalInputs.from_dict({**row, "image_sources": [bytes(data)]}, 0)
 
 
 def test_collating_source_rows_needs_the_encoding_processor():
@@ -151,7 +151,7 @@ def test_skipped_rows_keep_the_source_columns_and_images_kwargs():
     assert [len(s) for s in out["image_sources"]] == [1, 0, 0] and set(out["images_kwargs"]) == {
         '{"do_pan_and_scan": true, "pan_and_scan_min_crop_size": 8}'}
     ok, _ = mmpipe.drop_failed(out)
-    assert [TiledInputs.from_dict(r).images_kwargs for r in ok] == [PAN, PAN]
+    assert [MultiModalInputs.from_dict(r).images_kwargs for r in ok] == [PAN, PAN]
     want = mmpipe.collate([mmpipe.encode_row(_raw([photo_paths()[1]], 0), proc, images_kwargs=PAN)], processor=proc)
     assert np.array_equal(mmpipe.collate(ok.select([0]), processor=proc).pixel_values, want.pixel_values)
 

@@ -19,7 +19,7 @@ from mmpipe import testing
 from mmpipe.encoding.mapping import RowDropped
 from mmpipe.encoding.tiled import TiledEncoder
 from mmpipe.errors import PlaceholderError, TruncationError
-from mmpipe.offline.tiled import build_gemma3_processor
+from mmpipe.offline.gemma3 import build_gemma3_processor
 
 from helpers import photo_paths
 

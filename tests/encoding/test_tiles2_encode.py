@@ -15,8 +15,9 @@ from PIL import Image
 import mmpipe
 from mmpipe import testing
 from mmpipe.families import family_of, tiled_family_of
-from mmpipe.offline.tiled2 import TILED2_FAMILIES, build_tiled2_model, build_tiled2_processor
-from mmpipe.records.tiled import TiledBatch, TiledInputs
+from mmpipe.offline.tile_builders import TILED2_FAMILIES, build_tiled2_model, build_tiled2_processor
+from mmpipe.records.batch import BatchedMultiModalInputs
+from mmpipe.records.row import MultiModalInputs
 from mmpipe.testing.invariants import assert_batched_logits_match, assert_roundtrip, assert_rows_equal
 
 RNG = np.random.default_rng(7)
@@ -64,7 +65,7 @@ def test_encode_matches_the_processor(name, which):
     feature = fam.token_ids(proc.tokenizer)["feature"]
     raws = [_raw(1, i, images=[img]) for i, img in enumerate(images)] + [_raw(3, 9, images=images[:3])]
     for raw in raws:
-        row = TiledInputs.from_dict(mmpipe.encode(raw, processor=proc))
+        row = MultiModalInputs.from_dict(mmpipe.encode(raw, processor=proc))
         ref = _reference(proc, raw)
         assert row.input_ids.tolist() == ref["input_ids"][0].tolist()
         assert np.array_equal(row.mm_token_type_ids, row.input_ids == feature)
@@ -80,7 +81,7 @@ def test_internvl_images_kwargs_match_the_processor_call():
     proc = build_tiled2_processor("internvl")
     raw = _raw(2, images=[PHOTOS[1], ODD[2]])
     for kwargs in ({"crop_to_patches": False}, {"min_patches": 3, "max_patches": 8}):
-        row = TiledInputs.from_dict(mmpipe.encode(raw, processor=proc, images_kwargs=kwargs))
+        row = MultiModalInputs.from_dict(mmpipe.encode(raw, processor=proc, images_kwargs=kwargs))
         ref = _reference(proc, raw, **kwargs)
         assert row.input_ids.tolist() == ref["input_ids"][0].tolist()
         assert np.array_equal(mmpipe.collate([row], processor=proc).pixel_values, ref["pixel_values"])
@@ -128,7 +129,7 @@ def test_arrow_rows_through_the_collator(name, side):
     rows = [mmpipe.encode_row(r, proc, idx=i) for i, r in enumerate(raws)]
     assert_rows_equal(list(enc), rows, what="dataset.map")
     batch = mmpipe.Collator(proc, padding_side=side)(mmpipe.ArrowRows(enc).__getitems__(range(len(enc))))
-    assert isinstance(batch, TiledBatch)
+    assert isinstance(batch, BatchedMultiModalInputs)
     assert_batched_logits_match(model, rows, proc, batch=batch)
     assert_roundtrip(rows, batch)
 
@@ -137,7 +138,7 @@ def test_compact_bytes_are_a_quarter_of_float32(name):
     """uint8 tiles [N, S, S, 3] vs the processor's float32 pixel_values, on the real photos."""
     proc = build_tiled2_processor(name)
     for img in PHOTOS:
-        row = TiledInputs.from_dict(mmpipe.encode(_raw(1, images=[img]), processor=proc))
+        row = MultiModalInputs.from_dict(mmpipe.encode(_raw(1, images=[img]), processor=proc))
         ref = _reference(proc, _raw(1, images=[img]))
         assert row.pixel_values_u8.nbytes * 4 == ref["pixel_values"].nbytes
 
@@ -154,7 +155,7 @@ def test_the_models_take_packed_rows(name):
     """Why the refusal says the model itself would take packed rows: the rows end to end, 1-D
     positions restarting at 0 per row, no attention mask -> each row's own logits."""
     proc, model = build_tiled2_processor(name), build_tiled2_model(name)
-    rows = [TiledInputs.from_dict(mmpipe.encode(_raw(n, k), processor=proc)) for k, n in enumerate([1, 0, 2])]
+    rows = [MultiModalInputs.from_dict(mmpipe.encode(_raw(n, k), processor=proc)) for k, n in enumerate([1, 0, 2])]
     batch = mmpipe.collate(rows, processor=proc)
     kw = batch.model_inputs()
     pixels = {k: v for k, v in kw.items() if k in ("pixel_values", "image_sizes")}

@@ -1,6 +1,6 @@
 """The host integrations with a tiled family's processor and rows (Gemma 3, InternVL,
 LLaVA-OneVision): transformers' Trainer trains on them through TrainerCollator (its batch ==
-the TiledBatch's model inputs, same loss), verl_rows refuses them with an ArgumentError naming
+the BatchedMultiModalInputs's model inputs, same loss), verl_rows refuses them with an ArgumentError naming
 what to use, and so do mmpipe.Encoder and collator_constants (which used to fail with an
 AttributeError)."""
 
@@ -18,8 +18,8 @@ from mmpipe.batching.collate import collator_constants
 from mmpipe.errors import ArgumentError
 from mmpipe.hosts.trainer import TrainerCollator, trainer_settings
 from mmpipe.hosts.verl import verl_batch, verl_rows
-from mmpipe.offline.tiled import build_gemma3_model
-from mmpipe.offline.tiled2 import build_tiled2_model
+from mmpipe.offline.gemma3 import build_gemma3_model
+from mmpipe.offline.tile_builders import build_tiled2_model
 
 FAMILIES = ("gemma3", "internvl", "llava_onevision")
 RNG = np.random.default_rng(21)

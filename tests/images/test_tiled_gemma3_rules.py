@@ -10,7 +10,7 @@ from PIL import Image
 
 from mmpipe.images import gemma3
 from mmpipe.images.tiles import effective_image_processor, normalise_table, normalise_tiles
-from mmpipe.offline.tiled import GEMMA3_REAL_TILE, build_gemma3_processor
+from mmpipe.offline.gemma3 import GEMMA3_REAL_TILE, build_gemma3_processor
 
 SIZES = [(1, 1), (10, 11), (10, 12), (10, 13), (7, 40), (40, 7), (16, 100), (100, 16), (33, 97), (97, 33),
          (8, 17), (17, 8), (64, 200), (300, 31)]

@@ -9,7 +9,7 @@ import pytest
 
 from mmpipe.errors import ArgumentError
 from mmpipe.images.tiles import effective_image_processor, normalise_table, normalise_tiles, tiles_to_u8
-from mmpipe.offline.tiled import build_gemma3_processor
+from mmpipe.offline.gemma3 import build_gemma3_processor
 
 
 @pytest.fixture(scope="module")

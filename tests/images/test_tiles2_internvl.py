@@ -14,7 +14,8 @@ from PIL import Image
 from mmpipe import testing
 from mmpipe.images.tiles import effective_image_processor, normalise_table, normalise_tiles
 from mmpipe.images import internvl
-from mmpipe.offline.tiled2 import TILE, build_tiled2_processor
+from mmpipe.offline.tile_builders import build_tiled2_processor
+from mmpipe.offline.tiny_towers import TILE
 
 MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}]
 # odd sizes: 1x1, very wide / tall, exactly at grid multiples, one pixel off them, primes

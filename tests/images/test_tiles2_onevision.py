@@ -15,7 +15,9 @@ from PIL import Image
 from mmpipe import testing
 from mmpipe.images.tiles import effective_image_processor, normalise_table, normalise_tiles
 from mmpipe.images import onevision
-from mmpipe.offline.tiled2 import ONEVISION_PINPOINTS, TILE, build_tiled2_processor
+from mmpipe.offline.onevision import ONEVISION_PINPOINTS
+from mmpipe.offline.tile_builders import build_tiled2_processor
+from mmpipe.offline.tiny_towers import TILE
 
 # odd sizes: 1x1, very wide / tall, exactly at pinpoints (and one pixel off), primes
 ODD_SIZES = [(1, 1), (1, 700), (700, 1), (3, 2), (TILE, TILE), (TILE, 2 * TILE), (2 * TILE, TILE),

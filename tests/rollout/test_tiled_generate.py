@@ -15,8 +15,8 @@ import mmpipe
 from mmpipe.offline import build_processor
 from mmpipe.errors import InputError
 from mmpipe.families import tiled_family_of
-from mmpipe.offline.tiled import build_gemma3_model
-from mmpipe.offline.tiled2 import build_tiled2_model
+from mmpipe.offline.gemma3 import build_gemma3_model
+from mmpipe.offline.tile_builders import build_tiled2_model
 from mmpipe.records.generation import SamplingParams
 from mmpipe.rollout.tiled_generate import banned_tokens, response_logprobs, tiled_rollout_rows
 from mmpipe.rollout.transformers_engine import TransformersEngine, teacher_forced_logprobs

@@ -16,7 +16,7 @@ from mmpipe.offline import build_processor
 from mmpipe import testing
 from mmpipe.errors import ArgumentError, ImageError, InputError
 from mmpipe.families import tiled_family_of
-from mmpipe.offline.tiled2 import build_tiled2_processor
+from mmpipe.offline.tile_builders import build_tiled2_processor
 from mmpipe.rollout import to_vllm_prompts
 from helpers import odd_images, photo_paths
 

@@ -12,7 +12,7 @@ import pytest
 import mmpipe
 from mmpipe import testing
 from mmpipe.errors import InputError
-from mmpipe.offline.tiled import build_gemma3_processor
+from mmpipe.offline.gemma3 import build_gemma3_processor
 from mmpipe.rollout import to_vllm_prompts
 from mmpipe.testing import invariants
 

@@ -66,7 +66,7 @@ def test_torchvision_backend_rows_equal_its_processor(images_kwargs):
     expand with its fused table, bit for bit (transformers 5.19 here)."""
     import transformers
 
-    from mmpipe.offline.tiled import build_gemma3_processor
+    from mmpipe.offline.gemma3 import build_gemma3_processor
 
     proc = build_gemma3_processor()
     proc.image_processor = transformers.Gemma3ImageProcessor(size={"height": 32, "width": 32})
@@ -87,10 +87,10 @@ def _teacher_forced(model, proc, row, generated: list) -> np.ndarray:
     """float [len(generated)]: the transformers model's logprobs of ``generated`` after ``row``."""
     import torch
 
-    from mmpipe.records.tiled import TiledInputs
+    from mmpipe.records.row import MultiModalInputs
 
     ids = np.concatenate([row.input_ids, np.asarray(generated, np.int64)])
-    full = TiledInputs(family=row.family, input_ids=ids, attention_mask=np.ones(len(ids), np.int64),
+    full = MultiModalInputs(family=row.family, input_ids=ids, attention_mask=np.ones(len(ids), np.int64),
                        mm_token_type_ids=np.concatenate([row.mm_token_type_ids, np.zeros(len(generated), np.int64)]),
                        image_hw=row.image_hw, tiles_per_image=row.tiles_per_image, pixel_values_u8=row.pixel_values_u8)
     with torch.no_grad():
@@ -107,7 +107,7 @@ def _vllm_worker(ckpt: str, out: str) -> None:
     import transformers
     import vllm
 
-    from mmpipe.offline.tiled import save_gemma3_checkpoint
+    from mmpipe.offline.gemma3 import save_gemma3_checkpoint
     from mmpipe.rollout import to_vllm_prompts
 
     path = str(save_gemma3_checkpoint(ckpt))

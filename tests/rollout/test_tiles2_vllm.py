@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from mmpipe.offline.tiled2 import TILED2_FAMILIES
+from mmpipe.offline.tile_builders import TILED2_FAMILIES
 
 
 @pytest.mark.needs_env("vllm")
@@ -69,7 +69,7 @@ def _vllm_worker(name: str, ckpt: str, out: str) -> None:
 
     import mmpipe
     from mmpipe import testing
-    from mmpipe.offline.tiled2 import build_tiled2_processor, save_tiled2_checkpoint
+    from mmpipe.offline.tile_builders import build_tiled2_processor, save_tiled2_checkpoint
     from mmpipe.rollout import to_vllm_prompts
 
     path = str(save_tiled2_checkpoint(name, ckpt))

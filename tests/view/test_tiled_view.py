@@ -13,7 +13,7 @@ from PIL import Image
 
 import mmpipe
 from mmpipe.offline import build_processor
-from mmpipe.records.tiled import TiledInputs
+from mmpipe.records.row import MultiModalInputs
 from mmpipe.view.tiled import tiled_spans
 
 RNG = np.random.default_rng(9)
@@ -46,7 +46,7 @@ def test_describe_collapses_image_runs_and_long_text(fam):
     name, proc, row, layout = fam
     text = mmpipe.view.describe(row, tokenizer=proc, max_tokens=40)
     head, *rest = text.splitlines()
-    assert head.startswith(f"TiledInputs: {name}, {len(row)} tokens") and "uint8 tiles" in head
+    assert head.startswith(f"MultiModalInputs: {name}, {len(row)} tokens") and "uint8 tiles" in head
     for k, (h, w) in enumerate(row.image_hw.tolist()):
         assert f"image {k} · {h}×{w} px · {int(row.tiles_per_image[k])} tiles" in text
     tokens_line = rest[-1]
@@ -56,7 +56,7 @@ def test_describe_collapses_image_runs_and_long_text(fam):
     assert "layout-only (no pixels)" in mmpipe.view.describe(layout, tokenizer=proc)
     batch = mmpipe.Collator(proc)([row, row])
     btext = mmpipe.view.describe(batch, tokenizer=proc)
-    assert btext.startswith(f"TiledBatch: {name}, B=2 rows") and btext.count("  row ") == 2
+    assert btext.startswith(f"BatchedMultiModalInputs: {name}, B=2 rows") and btext.count("  row ") == 2
     assert mmpipe.view.describe(row.to_dict(), tokenizer=proc) == mmpipe.view.describe(row, tokenizer=proc)
 
 
@@ -75,8 +75,8 @@ def test_html_shows_the_tiles_or_a_box(fam):
     box = mmpipe.view.to_html(layout, tokenizer=proc)
     assert "<img" not in box and box.count("no pixels stored") == 2
     batch = mmpipe.view.to_html(mmpipe.Collator(proc)([row, row]))
-    assert batch.count("<img") == 2 * int(row.tiles_per_image.sum()) and "TiledBatch" in html.unescape(batch)
-    assert mmpipe.view.row_html(row.to_dict()) == mmpipe.view.row_html(TiledInputs.from_dict(row.to_dict()))
+    assert batch.count("<img") == 2 * int(row.tiles_per_image.sum()) and "BatchedMultiModalInputs" in html.unescape(batch)
+    assert mmpipe.view.row_html(row.to_dict()) == mmpipe.view.row_html(MultiModalInputs.from_dict(row.to_dict()))
 
 
 def test_readme_tiled_rows_after_encoding(tmp_path, monkeypatch, capsys):
@@ -100,7 +100,7 @@ def test_readme_tiled_rows_after_encoding(tmp_path, monkeypatch, capsys):
 def test_records_show_themselves_in_jupyter_and_terminals():
     """A tiled row's and batch's own ``_repr_html_`` / ``describe`` (Jupyter's plain display) are the
     views' output, as for the patch-grid records."""
-    from mmpipe.offline.tiled2 import build_tiled2_processor
+    from mmpipe.offline.tile_builders import build_tiled2_processor
     from mmpipe.view import batch_html, describe, row_html
 
     proc = build_tiled2_processor("internvl")

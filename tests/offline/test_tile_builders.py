@@ -1,6 +1,7 @@
-"""The InternVL / LLaVA-OneVision offline fixtures (mmpipe/offline/tiled2.py): real processor
-classes with 32x32 tiles, tiny models that take the processor's outputs, and the model's own
-image-token count == the processor's (so the tiny configs match the processors)."""
+"""The InternVL / LLaVA-OneVision offline fixtures (mmpipe/offline/internvl.py, onevision.py,
+by name through tile_builders.py): real processor classes with 32x32 tiles, tiny models that
+take the processor's outputs, and the model's own image-token count == the processor's (so the
+tiny configs match the processors)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 from mmpipe import testing
 from mmpipe.errors import ArgumentError
 from mmpipe.families import processor_class_name
-from mmpipe.offline.tiled2 import TILE, TILED2_FAMILIES, build_tiled2_model, build_tiled2_processor
+from mmpipe.offline.tile_builders import TILED2_FAMILIES, build_tiled2_model, build_tiled2_processor
+from mmpipe.offline.tiny_towers import TILE
 
 CLASSES = {"internvl": ("InternVLProcessor", "GotOcr2ImageProcessorPil", "InternVLForConditionalGeneration"),
            "llava_onevision": ("LlavaOnevisionProcessor", "LlavaOnevisionImageProcessorPil",

@@ -1,7 +1,8 @@
-"""Offline fixtures for families mmpipe has no table row for: real transformers processors of
-GLM-4.1V, Gemma 3, Idefics3, LLaVA-OneVision, InternVL, LLaVA 1.5, Mllama and PaliGemma, and
-tiny Idefics3, Gemma 3, LLaVA, Mllama and PaliGemma models, built locally with no download and
-no torchvision.
+"""Offline fixtures for the VLMs mmpipe has no family-table row for (Idefics3, LLaVA 1.5,
+Mllama, PaliGemma): their real transformers processors and tiny models, built locally with no
+download and no torchvision. The same table also builds the stock GLM-4.1V, Gemma 3,
+LLaVA-OneVision and InternVL processors (and a tiny Gemma 3 model): the base that
+`mmpipe.offline.gemma3`, `mmpipe.offline.internvl` and `mmpipe.offline.onevision` adjust.
 
 Each processor is the stock transformers class (an image-only subclass where the stock
 ``__init__`` takes a video processor, which needs torchvision) around the family's real PIL

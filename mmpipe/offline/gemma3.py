@@ -1,6 +1,6 @@
 """Offline fixtures for Gemma 3 as a native tiled family (`mmpipe.families.GEMMA3`): its real
 transformers processor and a tiny ``Gemma3ForConditionalGeneration``, built locally with no
-download (`mmpipe.offline.generic` makes both)::
+download (`mmpipe.offline.other_vlms` makes both)::
 
     >>> proc = build_gemma3_processor()                      # doctest: +SKIP
     >>> model = build_gemma3_model()                         # doctest: +SKIP
@@ -17,7 +17,7 @@ download (`mmpipe.offline.generic` makes both)::
 from __future__ import annotations
 
 from mmpipe.errors import ArgumentError
-from mmpipe.offline.generic import build_foreign_model, build_foreign_processor
+from mmpipe.offline.other_vlms import build_foreign_model, build_foreign_processor
 
 __all__ = ["GEMMA3_REAL_TILE", "GEMMA3_REAL_TOKENS", "build_gemma3_processor", "build_gemma3_model",
            "save_gemma3_checkpoint"]
@@ -86,7 +86,7 @@ def save_gemma3_checkpoint(path, *, seed: int = 0):
 
 
 def offline_processor(family: str, *, min_pixels: int | None = None, max_pixels: int | None = None):
-    """`mmpipe.offline.build_processor` for this module's tiled families (`mmpipe.offline.tokenizer.OWN_BUILDERS`):
+    """`mmpipe.offline.build_processor` for Gemma 3 (`mmpipe.offline.tokenizer.OWN_BUILDERS`):
     fixed-size tiles, so pixel bounds do not apply."""
     if min_pixels is not None or max_pixels is not None:
         raise ArgumentError(f"{family} resizes to fixed-size tiles: min_pixels / max_pixels do not apply; set size "
@@ -95,5 +95,5 @@ def offline_processor(family: str, *, min_pixels: int | None = None, max_pixels:
 
 
 def offline_model(family: str, seed: int = 0):
-    """`mmpipe.offline.build_model` for this module's tiled families."""
+    """`mmpipe.offline.build_model` for Gemma 3."""
     return build_gemma3_model(seed)

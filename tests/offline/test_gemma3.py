@@ -1,4 +1,4 @@
-"""mmpipe.offline.tiled: the Gemma 3 processor and tiny model built offline match each other
+"""mmpipe.offline.gemma3: the Gemma 3 processor and tiny model built offline match each other
 (soft tokens per image, token ids), the real-settings processor has the checkpoints' tile and
 token count, and the model runs on the processor's own outputs."""
 
@@ -9,7 +9,7 @@ import torch
 
 from mmpipe.families import GEMMA3, family_of
 from mmpipe.offline import tiny_image
-from mmpipe.offline.tiled import GEMMA3_REAL_TILE, GEMMA3_REAL_TOKENS, build_gemma3_model, build_gemma3_processor
+from mmpipe.offline.gemma3 import GEMMA3_REAL_TILE, GEMMA3_REAL_TOKENS, build_gemma3_model, build_gemma3_processor
 
 
 def test_processor_and_model_match():
