@@ -304,7 +304,7 @@ def tiled_family_of(obj) -> Optional[ModelFamily]:
 
 # Where a processor of a family without a table row goes instead: mmpipe.encode, encode_row,
 # encode_dataset, collate and Collator take it there by themselves (takes_generic_path).
-GENERIC_PATH = "mmpipe.encoding.generic.GenericEncoder"
+GENERIC_PATH = "mmpipe.Encoder (kind processor: mmpipe.media.processor)"
 GENERIC_FAMILY = GENERIC.name  # the stored ``family`` of rows encoded through the generic path
 
 

@@ -437,7 +437,7 @@ def token_budget_cases(draw, max_rows: int = 60):
     return lengths, num_images, kw
 
 
-# ---- vision tokens sampled into responses (mmpipe.encoding.vision_tokens) ---------------------
+# ---- vision tokens sampled into responses (mmpipe.records.vision_tokens) ---------------------
 
 
 @st.composite

@@ -5,11 +5,16 @@ One module per step, in the order rows flow::
     sampler.py  row lengths -> batches of row indices under a token/image budget
                 (TokenBudgetBatchSampler, token_counts, token_efficiency)
     checks.py   stored rows -> validated records, typed errors naming row and column (checked_records)
+    text.py     the text part of a padded batch (ids, masks, positions, labels), and back
     collate.py  MultiModalInputs rows -> padded BatchedMultiModalInputs (collate, Collator, ArrowRows)
+    pack_batch.py  one right-padded batch -> one pack (and which families refuse packing)
     packing.py  rows -> one padding-free [1, T] PackedMultiModalInputs, and back
                 (pack, unpack, to_padded, PackingCollator)
-    tiled_packing.py  the same for tiled-family rows (InternVL, LLaVA-OneVision) -> PackedMultiModalInputs
     unbatch.py  BatchedMultiModalInputs -> the rows, exactly (unbatch)
+
+Every stage is the same for every family; what differs between patch grids, tiles and the
+generic path's processor outputs is asked of the family's media strategy (``fam.media``:
+``collator_state``, ``collate_media``, ``unbatch_media``; `mmpipe.media`).
 
 The functions ``collate`` and ``unbatch`` are not re-exported here: those names are the
 submodules (``mmpipe.batching.collate``); use ``mmpipe.collate`` / ``mmpipe.unbatch``.
@@ -25,5 +30,6 @@ from mmpipe.batching.sampler import COSTS, OVERSIZE, TokenBudgetBatchSampler, to
 
 __all__ = [
     "COSTS", "ERROR_COLUMN", "OVERSIZE", "PADDING_SIDES", "ArrowRows", "Collator", "PackingCollator",
-    "TokenBudgetBatchSampler", "check_finite", "checked_records", "collator_constants", "pack", "to_padded", "token_counts", "token_efficiency", "unpack",
+    "TokenBudgetBatchSampler", "check_finite", "checked_records", "collator_constants", "pack", "to_padded",
+    "token_counts", "token_efficiency", "unpack",
 ]

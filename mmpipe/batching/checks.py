@@ -2,11 +2,12 @@
 
 Every check is O(rows) or vectorised and raises the typed errors of `mmpipe.errors` naming
 the row (its index in the batch) and the column: rows that failed to encode under
-``on_error="skip"``, values whose dtype would be cast silently (float token ids, integer
-pixel values), records-level inconsistencies (`MultiModalInputs.validate`), and NaN/inf in
-float pixel values (`check_finite`, once the batch's pixels are concatenated), and image /
-video pad tokens at text positions (`check_vision_tokens`: a sampled ``<|image_pad|>`` in a
-response, the "Image features and image tokens do not match" crash).
+``on_error="skip"``, rows of different kinds of family (`check_one_kind`), values whose dtype
+would be cast silently (float token ids, integer pixel values), records-level inconsistencies
+(`MultiModalInputs.validate`), NaN/inf in float pixel values (`check_finite`, once the batch's
+pixels are concatenated), and image / video pad tokens at text positions
+(`check_vision_tokens`: a sampled ``<|image_pad|>`` in a response, the "Image features and
+image tokens do not match" crash).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.encoding.vision_tokens import VisionTokens
+from mmpipe.records.vision_tokens import VisionTokens
 from mmpipe.errors import InputError, PixelDataError
+from mmpipe.families import ALL_FAMILIES
 from mmpipe.records.arrow import rows_from_arrow
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.columns import ERROR_COLUMN, IGNORE_INDEX
@@ -36,11 +38,14 @@ def checked_records(rows: Sequence[Any], verify_pixels: bool = False) -> list[Mu
     try:
         if table is not None:  # stored rows as Arrow (ArrowRows): numpy views of the column buffers
             _check_error_column(table.column(ERROR_COLUMN).to_pylist() if ERROR_COLUMN in table.column_names else ())
+            check_one_kind(_families(rows, table))
             return [_validated(r, i) for i, r in enumerate(rows_from_arrow(table, verify_pixels=verify_pixels))]
         _check_error_column([r.get(ERROR_COLUMN) if isinstance(r, dict) else None for r in rows])
+        media = check_one_kind(_families(rows, None))
         recs = []
         for i, r in enumerate(rows):
-            _check_dtypes(r, i)
+            if media is None or media.CHECK_STORED_DTYPES:
+                _check_dtypes(r, i)
             recs.append(_validated(MultiModalInputs.from_dict(r, row=i, verify_pixels=verify_pixels), i))
         return recs
     except PixelDataError as e:
@@ -77,17 +82,26 @@ def _check_error_column(values) -> None:
             )
 
 
-def check_path_rows(flags: Sequence[bool], errors: Sequence[Any], path: str, found: str) -> None:
-    """Rows that an encoding path (``path``: "generic-path", "tiled-family") collates on its own:
-    ``flags[i]`` whether row i is one of its rows, ``errors[i]`` the row's error column. Raises
-    `InputError` naming the first row that failed under ``on_error="skip"`` or that another path
-    encoded (``found``: what such a row is)."""
-    for i, (flag, err) in enumerate(zip(flags, errors)):
-        if err:
-            _check_error_column([None] * i + [err])
-        if not flag:
-            raise InputError(f"{found} in a batch of {path} rows", row=i, column="family", stage="collate",
-                             fix="encode every row of the dataset with one processor")
+def check_one_kind(families: Sequence[Any]):
+    """Every row of a batch of one kind of family (`mmpipe.families.ModelFamily.kind`): the
+    first row with a known ``family`` sets the kind; a row of another kind raises `InputError`
+    naming it, in the words of the batch's strategy (``BATCH_ROWS``, ``FOREIGN_ROW``). A row
+    whose family is unknown is left to the row reader (it names the bad value). Returns the
+    batch's strategy module (None when no row names a known family)."""
+    media = [ALL_FAMILIES[f].media if isinstance(f, str) and f in ALL_FAMILIES else None for f in families]
+    first = next((m for m in media if m is not None), None)
+    for i, m in enumerate(media):
+        if m is not None and m is not first:
+            raise InputError(f"{first.FOREIGN_ROW} in a batch of {first.BATCH_ROWS} rows", row=i, column="family",
+                             stage="collate", fix="encode every row of the dataset with one processor")
+    return first
+
+
+def _families(rows: Any, table: Any) -> list:
+    """The ``family`` value of each row (records, dicts or an Arrow table); None where absent."""
+    if table is not None:
+        return table.column("family").to_pylist() if "family" in table.column_names else [None] * table.num_rows
+    return [r.get("family") if isinstance(r, dict) else getattr(r, "family", None) for r in rows]
 
 
 def _dtype_of(value):

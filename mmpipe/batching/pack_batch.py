@@ -1,17 +1,27 @@
 """One right-padded batch -> one padding-free pack (`PackedMultiModalInputs`), for every
-family whose model takes packed rows: the budgets and holes checked, the valid tokens end to
-end, positions restarting per row, labels with -100 on each row's first token (see
-`mmpipe.batching.packing` for why), the rest of the batch kept in ``meta``."""
+family whose model takes packed rows (the others are refused with the reason,
+`refuse_packing`): the budgets and holes checked, the valid tokens end to end, positions
+restarting per row, labels with -100 on each row's first token (see `mmpipe.batching.packing`
+for why), the rest of the batch kept in ``meta``."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from mmpipe.errors import InputError
-from mmpipe.families import get_family
+from mmpipe.errors import ArgumentError, InputError
+from mmpipe.families import ModelFamily, get_family
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.packed import PackedMultiModalInputs
+
+
+def refuse_packing(who: str, fam: ModelFamily, processor_class: Optional[str] = None) -> None:
+    """Raise `ArgumentError` with the family's ``no_packing`` reason when its model's attention
+    does not allow packed rows (Gemma 3's bidirectional image attention; the generic path, named
+    by ``processor_class``: whether an unlisted model allows them is unknown)."""
+    if fam.no_packing is not None:
+        raise ArgumentError(f"{who}: packing is not available for {processor_class or fam.name}: {fam.no_packing}; "
+                            f"use mmpipe.Collator(processor) for padded batches")
 
 
 def pack_batch(b: BatchedMultiModalInputs, max_tokens: Optional[int] = None,

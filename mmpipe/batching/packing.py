@@ -23,6 +23,13 @@ its own span, and its pixels are concatenated in row order (what the vision towe
 rebuilt bit for bit, grids concatenated), so a packed batch feeds the model the same
 ``pixel_values`` / ``image_grid_thw`` as a padded batch of the same rows.
 
+The 1-D families (InternVL, LLaVA-OneVision) pack the same way with ``position_ids`` int64
+``[1, T]`` (``0..L_k-1`` per row k) and the padded batch's pixels (InternVL float32 [N, 3, S, S];
+LLaVA-OneVision [I, max tiles, 3, S, S] + ``image_sizes``); checked on the tiny offline models
+(fp32, eager and sdpa, 0..3 images per row): packed logits equal each row's alone. A family
+whose ``no_packing`` names a reason (Gemma 3's bidirectional image attention; the generic path,
+whose model's attention is unknown) is refused with it (`mmpipe.batching.pack_batch.refuse_packing`).
+
 ``model_inputs()`` leaves ``attention_mask`` out ON PURPOSE: transformers only looks for
 packed sequences in ``position_ids`` when the attention mask is None (a 2-D all-ones mask
 would make the rows attend to each other), and passes ``use_cache=False`` for the same
@@ -42,19 +49,17 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from mmpipe.batching.collate import collate, collator_constants
-from mmpipe.batching.generic import refuse_packing
-from mmpipe.batching.pack_batch import pack_batch
-from mmpipe.batching.tiled_packing import tiled_pack, tiled_packing_collator
-from mmpipe.encoding.vision_tokens import VisionTokens
-from mmpipe.errors import InputError
-from mmpipe.families import get_family
-from mmpipe.images.spec import VisionSpec
-from mmpipe.records.columns import IGNORE_INDEX
-from mmpipe.records.row import MultiModalInputs
-from mmpipe.records.batch import BatchedMultiModalInputs
+from mmpipe.batching.checks import checked_records
+from mmpipe.batching.collate import batch_family, batch_state, collate_records, collator_family
+from mmpipe.batching.pack_batch import pack_batch, refuse_packing
+from mmpipe.batching.text import pad_id
 from mmpipe.batching.unbatch import unbatch
+from mmpipe.images.spec import VisionSpec
+from mmpipe.records.batch import BatchedMultiModalInputs
+from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.packed import PackedMultiModalInputs
+from mmpipe.records.row import MultiModalInputs
+from mmpipe.records.vision_tokens import VisionTokens
 
 
 def pack(
@@ -76,21 +81,15 @@ def pack(
     An image / video pad at a text position is refused as in collate (``vision_tokens``: the
     processor's by default, else the pads the rows' image blocks show).
 
-    The steps: collate right-padded, check the budgets and that rows are unpadded
-    (`_check_pack`), take the valid tokens end to end (`_packed_positions`, `_packed_labels`).
-    Tiled-family rows (InternVL, LLaVA-OneVision) give a `PackedMultiModalInputs`
-    (`mmpipe.batching.tiled_packing`; Gemma 3 is refused with the reason).
+    The steps: the rows read and their family resolved as in `mmpipe.collate`; a family whose
+    model does not take packed rows refused with the reason (`refuse_packing`: Gemma 3, the
+    generic path); the rows collated right-padded, then the valid tokens end to end
+    (`mmpipe.batching.pack_batch`).
     """
-    import torch
-
-    tiled = tiled_pack(rows, processor=processor, family=family, pad_token_id=pad_token_id, max_tokens=max_tokens,
-                       max_images=max_images)
-    if tiled is not None:
-        return tiled
-
-    b = collate(rows, processor=processor, spec=spec, family=family, padding_side="right", pad_token_id=pad_token_id,
-                vision_tokens=vision_tokens)
-    refuse_packing("pack", b)  # generic-path rows (mmpipe.batching.generic)
+    recs = checked_records(rows)
+    fam, state = batch_state(recs, family, processor, spec=spec, vision_tokens=vision_tokens)
+    refuse_packing("pack", fam, state.get("processor_class") or recs[0].processor_class)
+    b = collate_records(recs, fam, state, padding_side="right", pad_token_id=pad_id(processor, pad_token_id))
     return pack_batch(b, max_tokens, max_images)
 
 
@@ -139,23 +138,19 @@ class PackingCollator:
 
     ``PackingCollator(processor, max_tokens=16384, max_images=64)``: a batch over a budget
     raises (use it with ``TokenBudgetBatchSampler(cost="packed")`` and the same budgets).
-    Holds only the family, `VisionSpec` and pad id, like `mmpipe.Collator`.
+    Holds only the family, its strategy's collator state and the pad id, like `mmpipe.Collator`;
+    a family whose model does not take packed rows is refused here, with the reason.
     """
 
     def __init__(self, processor=None, *, max_tokens: Optional[int] = None, max_images: Optional[int] = None,
                  family: Any = None, pad_token_id: Optional[int] = None):
-        # a tiled family's processor: its own collator (mmpipe.batching.tiled_packing), or its refusal
-        self.tiled = tiled_packing_collator(processor, family, pad_token_id, max_tokens, max_images)
-        if self.tiled is not None:
-            return
-        self.family, self.spec, self.pad_token_id = collator_constants(
-            "PackingCollator", processor, family, pad_token_id)
+        self.family, self.state = collator_family("PackingCollator", processor, family, packing=True)
+        self.pad_token_id = pad_id(processor, pad_token_id)
         self.max_tokens = max_tokens
         self.max_images = max_images
-        self.vision_tokens = None if processor is None else VisionTokens.from_processor(processor, family=self.family)
 
     def __call__(self, rows: Sequence[Any]) -> PackedMultiModalInputs:
-        if self.tiled is not None:
-            return self.tiled(rows)
-        return pack(rows, spec=self.spec, family=self.family, pad_token_id=self.pad_token_id,
-                    max_tokens=self.max_tokens, max_images=self.max_images, vision_tokens=self.vision_tokens)
+        recs = checked_records(rows)
+        fam = batch_family(recs, self.family)
+        b = collate_records(recs, fam, self.state, padding_side="right", pad_token_id=self.pad_token_id)
+        return pack_batch(b, self.max_tokens, self.max_images)

@@ -1,14 +1,45 @@
-"""The text part of a padded batch of 1-D-position rows (the tiles and processor kinds): ids,
-masks, token types, ``0..n-1`` positions and labels padded to one length, as the torch fields
-of `mmpipe.records.BatchedMultiModalInputs`; and the way back (`text_row_fields`)."""
+"""The text part of a padded batch, the same for every kind of family: ids, masks, token types,
+positions and labels placed under the padding (`text_fields`), the padded length
+(`padded_length`), the pad id (`pad_id`); and the way back, each row's own text fields cut out
+of a batch (`text_row_fields`)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
-from mmpipe.records.columns import IGNORE_INDEX, offsets, to_numpy
+from mmpipe.errors import InputError
+from mmpipe.records.columns import IGNORE_INDEX, to_numpy
+
+
+def pad_id(processor, pad_token_id: Optional[int] = None) -> int:
+    """``pad_token_id``, else the pad id of ``processor``'s tokenizer (or of the tokenizer
+    itself), else 0."""
+    if pad_token_id is not None:
+        return int(pad_token_id)
+    tok = getattr(processor, "tokenizer", processor)
+    pad = getattr(tok, "pad_token_id", None) if tok is not None else None
+    return 0 if pad is None else int(pad)
+
+
+def padded_length(lengths: np.ndarray, pad_to_length: Optional[int], pad_to_multiple_of: Optional[int]) -> int:
+    """The padded length L of a batch whose rows have ``lengths`` (int [B]): the longest, or
+    ``pad_to_length`` (`InputError` naming the row when a row is longer), rounded up to
+    ``pad_to_multiple_of``."""
+    L = int(lengths.max()) if len(lengths) else 0
+    if pad_to_length is not None:
+        if pad_to_length < L:
+            row = int(lengths.argmax())
+            raise InputError(
+                f"row {row} has {L} tokens, more than pad_to_length={pad_to_length}", where="", row=row,
+                column="input_ids", stage="collate",
+                fix="compute the length from these rows (e.g. DataPacker.policy_compute_max_len)",
+            )
+        L = pad_to_length
+    if pad_to_multiple_of:
+        L = -(-L // pad_to_multiple_of) * pad_to_multiple_of
+    return L
 
 
 def pad_sequences(seqs: Sequence[np.ndarray], length: int, fill: int, padding_side: str) -> np.ndarray:
@@ -21,40 +52,53 @@ def pad_sequences(seqs: Sequence[np.ndarray], length: int, fill: int, padding_si
     return out
 
 
+def _pad_positions(rows: Sequence, L: int, padding_side: str) -> np.ndarray:
+    """int64 [B, L] from 1-D positions [n], or [P, B, L] from [P, n] (M-RoPE: P = 3); pads 0.
+    The rows' own positions: they do not depend on the padding."""
+    lead = rows[0].position_ids.shape[:-1] if rows else ()
+    out = np.zeros((*lead, len(rows), L), np.int64)
+    for b, r in enumerate(rows):
+        n = len(r)
+        out[..., b, slice(0, n) if padding_side == "right" else slice(L - n, L)] = r.position_ids
+    return out
+
+
 def text_fields(rows: Sequence, L: int, pad_token_id: int, padding_side: str) -> dict:
-    """Records -> the batch's text fields (numpy, as the 1-D kinds' collates hand them over;
-    `BatchedMultiModalInputs.as_torch` converts): ``input_ids``, ``attention_mask``,
-    ``mm_token_type_ids`` int64 [B, L] (pads: the pad id, 0, 0), ``position_ids`` [B, L]
-    (pads 0), ``rope_deltas`` [B, 1] (zeros), ``seq_lengths`` [B], ``labels`` [B, L] (pads -100)
-    or None, ``row_has_labels`` bool [B], and empty video fields."""
+    """Records -> the batch's text fields (numpy; `BatchedMultiModalInputs.as_torch` converts):
+    ``input_ids``, ``attention_mask``, ``mm_token_type_ids`` int64 [B, L] (pads: the pad id, 0,
+    0), ``position_ids`` int64 [B, L] or [P, B, L] (pads 0), ``rope_deltas`` int64 [B, 1],
+    ``seq_lengths`` int64 [B], ``labels`` int64 [B, L] (pads and rows without labels -100) or
+    None when no row has labels, ``row_has_labels`` bool [B], and ``sequence``: the rows' other
+    int [n] outputs by name (the generic path's, e.g. ``token_type_ids``) int64 [B, L], pads 0."""
     def pad(get, fill):
         return pad_sequences([get(r) for r in rows], L, fill, padding_side)
 
-    lengths = np.array([len(r) for r in rows], np.int64)
     has_labels = [r.labels is not None for r in rows]
-    empty3, zeros = np.zeros((0, 3), np.int64), np.zeros(len(rows) + 1, np.int64)
     return dict(
         input_ids=pad(lambda r: r.input_ids, pad_token_id), attention_mask=pad(lambda r: r.attention_mask, 0),
-        mm_token_type_ids=pad(lambda r: r.mm_token_type_ids, 0), position_ids=pad(lambda r: r.position_ids, 0),
-        rope_deltas=np.zeros((len(rows), 1), np.int64), seq_lengths=lengths,
+        mm_token_type_ids=pad(lambda r: r.mm_token_type_ids, 0), position_ids=_pad_positions(rows, L, padding_side),
+        rope_deltas=np.asarray([[r.rope_delta] for r in rows], np.int64).reshape(len(rows), 1),
+        seq_lengths=np.array([len(r) for r in rows], np.int64),
         labels=pad(lambda r: r.labels if r.labels is not None else np.full(len(r), IGNORE_INDEX), IGNORE_INDEX)
         if any(has_labels) else None, row_has_labels=np.asarray(has_labels, bool),
-        image_grid_thw=empty3, video_grid_thw=empty3, second_per_grid_ts=np.zeros(0, np.float32),
-        video_offsets=zeros, video_patch_offsets=zeros,
-        image_offsets=offsets([r.num_images for r in rows]))
+        sequence={k: pad(lambda r: r.sequence[k], 0) for k in sorted({k for r in rows for k in r.sequence})})
 
 
 def text_row_fields(batch) -> list[dict]:
-    """A batch's text fields cut back into each row's own (numpy): ``input_ids``,
-    ``attention_mask``, ``mm_token_type_ids``, ``position_ids`` [n] and ``labels`` (only for
-    rows that carried labels)."""
+    """A batch's text fields cut back into each row's own (numpy copies): ``input_ids``,
+    ``attention_mask``, ``mm_token_type_ids`` [n], ``position_ids`` [n] or [P, n], ``rope_delta``,
+    ``labels`` (only for rows that carried labels) and ``sequence`` (its keys [n])."""
     ids, att, mm = to_numpy(batch.input_ids), to_numpy(batch.attention_mask), to_numpy(batch.mm_token_type_ids)
+    pos, deltas = to_numpy(batch.position_ids), to_numpy(batch.rope_deltas)[:, 0].tolist()
     labels = to_numpy(batch.labels) if batch.labels is not None else None
+    sequence = {k: to_numpy(v) for k, v in batch.sequence.items()}
     has = to_numpy(batch.row_has_labels).tolist() if batch.row_has_labels is not None else [True] * len(ids)
     L, out = ids.shape[1], []
     for b, n in enumerate(to_numpy(batch.seq_lengths).tolist()):
         cols = slice(0, n) if batch.padding_side == "right" else slice(L - n, L)
         out.append(dict(input_ids=ids[b, cols].copy(), attention_mask=att[b, cols].copy(),
-                        mm_token_type_ids=mm[b, cols].copy(), position_ids=np.arange(n, dtype=np.int64),
-                        labels=labels[b, cols].copy() if labels is not None and has[b] else None))
+                        mm_token_type_ids=mm[b, cols].copy(), position_ids=pos[..., b, cols].copy(),
+                        rope_delta=int(deltas[b]),
+                        labels=labels[b, cols].copy() if labels is not None and has[b] else None,
+                        sequence={k: v[b, cols].copy() for k, v in sequence.items()}))
     return out

@@ -252,14 +252,12 @@ def dir_bytes(path: Path) -> int:
 
 def encode_options(args) -> dict:
     """The `mmpipe.Encoder` options of the parsed ``mmpipe encode`` arguments."""
-    opts: dict[str, Any] = {"pixels": args.pixels, "truncation": args.truncation, "labels": not args.no_labels,
+    opts: dict[str, Any] = {"truncation": args.truncation, "labels": not args.no_labels,
                             "images_column": args.images_column}
-    if args.max_length is not None:
-        opts["max_length"] = args.max_length
-    if args.min_pixels is not None:
-        opts["min_pixels"] = args.min_pixels
-    if args.max_pixels is not None:
-        opts["max_pixels"] = args.max_pixels
+    # options not given are left to the encoder (no --pixels: uint8, the generic path's float32 outputs)
+    given = {"pixels": args.pixels, "max_length": args.max_length, "min_pixels": args.min_pixels,
+             "max_pixels": args.max_pixels}
+    opts.update({k: v for k, v in given.items() if v is not None})
     if args.on_error != "raise":
         opts["on_error"] = args.on_error
     if getattr(args, "image_root", None) is not None:
@@ -288,7 +286,7 @@ def run_encode(args) -> int:
         datasets.disable_progress_bars()
     options = encode_options(args)  # before the processor loads: a bad --image-root fails fast
     processor = load_processor(args.processor)
-    fam = mmpipe.family_of(processor)
+    fam = mmpipe.families.resolve_family(processor)  # the generic path's processors too
     report = encode_to_disk(args, src, fmt, out, processor, options)
     seconds = time.perf_counter() - t0
     record = run_record(args, src, fmt, fam.name, options, report, seconds)
@@ -336,6 +334,7 @@ def encode_to_disk(args, src: Path, fmt: str, out: Path, processor, options: dic
                                                     keep_columns=getattr(args, "keep_columns", []), **options)
             except mmpipe.errors.ArgumentError as e:  # --keep-columns naming no input column, an option refused
                 raise CLIError(("--keep-columns: " if "keep_columns" in str(e) else "") + str(e)) from None
+            options.setdefault("pixels", mmpipe.records.columns.stored_pixel_format(enc.column_names))
             if out.exists() and args.overwrite:
                 shutil.rmtree(out)
             enc.save_to_disk(str(out), num_proc=num_proc)
@@ -383,8 +382,9 @@ def add_encode_parser(sub) -> None:
     p.add_argument("--max-length", type=int, default=None, help="token budget per row, image tokens included")
     p.add_argument("--truncation", choices=TRUNCATION_POLICIES, default="raise",
                    help="over --max-length: raise, drop the row (counted), or truncate_text (default: %(default)s)")
-    p.add_argument("--pixels", choices=ENCODE_PIXEL_FORMATS, default="uint8",
-                   help="stored pixels: uint8, processor float32, none (layout only), source (image files) (default: %(default)s)")
+    p.add_argument("--pixels", choices=ENCODE_PIXEL_FORMATS, default=None,
+                   help="stored pixels: uint8, processor float32, none (layout only), source (image files) (default: "
+                        "uint8; the generic path: the processor's own float32 outputs)")
     p.add_argument("--images-column", default="images", help="column holding the images (default: %(default)s)")
     p.add_argument("--min-pixels", type=int, default=None, help="override the processor's min_pixels")
     p.add_argument("--max-pixels", type=int, default=None, help="override the processor's max_pixels")

@@ -6,13 +6,14 @@
     mmpipe inspect enc/ --json       # one JSON object (the same numbers)
 
 `dataset_stats` reads the stored columns batch by batch (no row is decoded into records,
-no pixel is expanded): rows, tokens (text / image / video / target), images and videos,
-stored pixel bytes and what float32 ``pixel_values`` would take, the family and pixel
+no pixel is expanded), of any family: rows, tokens (text / image / video / target), images and
+videos, stored pixel bytes and what float32 ``pixel_values`` would take, the family and pixel
 format, the per-row distributions (tokens per row, images per row, tokens per image), and
 the run record ``mmpipe_encode.json`` that ``mmpipe encode`` writes (rows in, dropped rows
 by reason, row errors) when it is there, and the failed rows that a plain
 ``ds.map(mmpipe.encode, fn_kwargs={..., "on_error": "skip"})`` left in the ``mmpipe_error``
-column.
+column. What is counted per image (patches, tiles, a processor's output values) is the
+family's kind's (``fam.media.table_counts``, `mmpipe.media`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from typing import Optional
 import numpy as np
 
 from mmpipe.cli.encode import REPORT_FILE, CLIError, dir_bytes
-from mmpipe.cli.tiled_stats import tiled_counts
 from mmpipe.records.arrow import list_lengths
 from mmpipe.records.columns import stored_pixel_format
 
@@ -96,7 +96,8 @@ class DatasetStats:
     # rows of a plain ``ds.map(encode, on_error="skip")`` that failed: still in the dataset as
     # empty rows, their errors in the ``mmpipe_error`` column ({"row", "stage", "column", "reason"})
     failed_rows: list = field(default_factory=list)
-    image_unit: str = "patches"  # what image_patches counts: "tiles" for a tiled family's rows
+    image_unit: str = "patches"  # what image_patches counts (the kind's PIXEL_UNIT: patches, tiles, ...)
+    float32_unknown: Optional[str] = None  # why float32_pixel_bytes is unknown (no stored tile size)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -112,15 +113,6 @@ def _per_row_count(list_array, value: int, *, negate: bool = False) -> np.ndarra
     cs = np.concatenate([[0], np.cumsum(hit, dtype=np.int64)])
     ends = np.cumsum(lengths)
     return cs[ends] - cs[ends - lengths]
-
-
-def _grids(list_array) -> tuple[np.ndarray, np.ndarray]:
-    """``list<list<int>>`` grids -> (per-row counts [B], all grids int64 [n, 3])."""
-    import pyarrow.compute as pc
-
-    counts = list_lengths(list_array)
-    flat = pc.list_flatten(pc.list_flatten(list_array)).to_numpy(zero_copy_only=False).astype(np.int64)
-    return counts, flat.reshape(-1, 3)
 
 
 def dataset_stats(path, *, split: Optional[str] = None, bins: int = 10, batch_size: int = 1024,
@@ -165,12 +157,25 @@ def open_encoded(path: Path, split: Optional[str] = None):
         if split not in ds:
             raise CLIError(f"{str(path)!r} holds splits {sorted(ds)}; pick one with --split")
         ds = ds[split]
-    images = "tiles_per_image" if "tiles_per_image" in ds.column_names else "image_grid_thw"  # tiled rows: tiles
-    missing = [c for c in ("input_ids", "mm_token_type_ids", images, "family") if c not in ds.column_names]
+    missing = [c for c in ("input_ids", "family") if c not in ds.column_names]
+    if not missing and len(ds):  # the columns the rows' kind of family counts from (`mmpipe.media`)
+        media = _family(ds.select_columns(["family"])[0]["family"], path).media
+        missing = [c for c in media.STATS_COLUMNS if c not in ds.column_names]
     if missing:
         raise CLIError(f"{str(path)!r} is not an mmpipe-encoded dataset: column(s) {missing} missing "
                        f"(found {ds.column_names}); encode it first with `mmpipe encode`")
     return ds
+
+
+def _family(name, path: Path):
+    """The family a stored ``family`` value names; `CLIError` for an unknown one."""
+    from mmpipe.families import get_family
+
+    try:
+        return get_family(name)
+    except (ValueError, TypeError):
+        raise CLIError(f"{str(path)!r} holds rows of an unknown family {name!r}; encode it with this "
+                       "mmpipe (`mmpipe encode`)") from None
 
 
 class _Tally:
@@ -181,15 +186,18 @@ class _Tally:
         self.tokens, self.img_tok, self.vid_tok, self.targets, self.n_img, self.per_image = [], [], [], [], [], []
         self.failed: list = []
         self.families: Counter = Counter()
-        self.n_vid = 0
-        self.patches = self.pixel_bytes = self.f32_bytes = 0
+        self.n_vid = self.pixel_bytes = self.f32_bytes = 0
+        self.units: dict = {}  # image units (patches, tiles, ...) by name
+        self.f32_unknown: Optional[str] = None
 
     def add(self, table) -> None:
-        """Count one Arrow batch of stored rows."""
+        """Count one Arrow batch of stored rows: the text part here, the images by each kind's
+        strategy over its rows (`mmpipe.media`: ``table_counts``)."""
+        import pyarrow as pa
         import pyarrow.compute as pc
 
-        from mmpipe.records.columns import ERROR_COLUMN
         from mmpipe.families import get_family
+        from mmpipe.records.columns import ERROR_COLUMN
 
         cols = self.cols
 
@@ -201,37 +209,25 @@ class _Tally:
             self.failed.extend(json.loads(x) for x in col(ERROR_COLUMN).to_pylist() if x)
         self.families.update(fam_col)
         self.tokens.append(pc.list_value_length(col("input_ids")).to_numpy(zero_copy_only=False))
-        self.img_tok.append(_per_row_count(col("mm_token_type_ids"), 1))
-        self.vid_tok.append(_per_row_count(col("mm_token_type_ids"), 2))
+        for out, code in ((self.img_tok, 1), (self.vid_tok, 2)):  # the generic path marks no media tokens
+            out.append(_per_row_count(col("mm_token_type_ids"), code) if "mm_token_type_ids" in cols
+                       else np.zeros(table.num_rows, np.int64))
         if "labels" in cols:
             self.targets.append(_per_row_count(col("labels"), -100, negate=True))
-        if "tiles_per_image" in cols:  # a tiled family's rows: tiles, no grids (mmpipe.cli.tiled_stats)
-            t = tiled_counts(table)
-            self.n_img.append(t.images_per_row)
-            self.per_image.append(t.tokens_per_image)
-            self.patches, self.pixel_bytes, self.f32_bytes = (self.patches + t.tiles, self.pixel_bytes + t.pixel_bytes,
-                                                              self.f32_bytes + t.float32_bytes)
-            return
-        patch_dim = np.asarray([get_family(f).patch_dim for f in fam_col], dtype=np.int64)
-        counts, grids = _grids(col("image_grid_thw"))
-        self.n_img.append(counts)
-        row_of_image = np.repeat(np.arange(len(counts)), counts)
-        prod = grids.prod(axis=1)
-        per_image = np.zeros(len(prod), np.int64)
-        image_family = np.asarray(fam_col, dtype=object)[row_of_image]
-        for name in set(fam_col):  # each family's own token rule, over its rows' images at once
-            sel = image_family == name
-            per_image[sel] = get_family(name).tokens_per_grid(grids[sel])
-        self.per_image.append(per_image)
-        row_patches = np.bincount(row_of_image, weights=prod, minlength=len(counts)).astype(np.int64)
-        if "video_grid_thw" in cols:
-            v_counts, v_grids = _grids(col("video_grid_thw"))
-            self.n_vid += int(v_counts.sum())
-            row_of_video = np.repeat(np.arange(len(v_counts)), v_counts)
-            row_patches += np.bincount(row_of_video, weights=v_grids.prod(axis=1), minlength=len(v_counts)).astype(np.int64)
-        self.patches += int(prod.sum())
-        self.f32_bytes += int((row_patches * patch_dim * 4).sum())
-        self.pixel_bytes += _stored_pixel_bytes(col, cols, self.pixel_format)
+        names = np.asarray(fam_col, dtype=object)
+        by_kind: dict = {}
+        for name in set(fam_col):
+            by_kind.setdefault(get_family(name).media, []).append(name)
+        for media, fams in by_kind.items():  # one dataset holds one kind; mixed ones count by kind
+            rows = table if len(by_kind) == 1 else table.filter(pa.array(np.isin(names, fams)))
+            c = media.table_counts(rows, rows.column("family").to_pylist())
+            self.units[media.PIXEL_UNIT] = self.units.get(media.PIXEL_UNIT, 0) + c["units"]
+            self.n_img.append(c["images_per_row"])
+            self.per_image.append(c["tokens_per_image"])
+            self.n_vid += c["videos"]
+            self.pixel_bytes += c["pixel_bytes"]
+            self.f32_bytes += c["float32_bytes"]
+            self.f32_unknown = self.f32_unknown or c.get("float32_unknown")
 
     def stats(self, path: Path, rows: int, bins: int) -> DatasetStats:
         """The totals and distributions, with the run record found next to the data."""
@@ -246,31 +242,14 @@ class _Tally:
             image_tokens=int(itok.sum()), video_tokens=int(vtok.sum()),
             target_tokens=int(cat(self.targets).sum()) if has_labels else None,
             images=int(nimg.sum()), videos=self.n_vid, rows_without_images=int((nimg == 0).sum()),
-            image_patches=self.patches, pixel_bytes=self.pixel_bytes, float32_pixel_bytes=self.f32_bytes,
+            image_patches=sum(self.units.values()), pixel_bytes=self.pixel_bytes,
+            float32_pixel_bytes=self.f32_bytes,
             disk_bytes=dir_bytes(path),
             tokens_per_row=Distribution.of(tok, bins), images_per_row=Distribution.of(nimg, bins),
             tokens_per_image=Distribution.of(cat(self.per_image), bins), encode_report=_run_record(path),
-            failed_rows=self.failed, image_unit="tiles" if "tiles_per_image" in self.cols else "patches",
+            failed_rows=self.failed, image_unit=" + ".join(sorted(self.units)) or "patches",
+            float32_unknown=self.f32_unknown,
         )
-
-
-def _stored_pixel_bytes(col, cols: set, pixel_format: str) -> int:
-    """Bytes the stored pixel columns of one batch hold (compact: minus each end marker)."""
-    import pyarrow.compute as pc
-
-    total = 0
-    if pixel_format == "uint8":
-        for name in ("pixel_values_u8", "pixel_values_videos_u8"):
-            if name in cols:
-                lengths = pc.binary_length(col(name)).to_numpy(zero_copy_only=False)
-                total += int(np.maximum(lengths - 1, 0).sum())  # minus the end marker
-    elif pixel_format == "float32":
-        for name in ("pixel_values", "pixel_values_videos"):
-            if name in cols:
-                total += 4 * len(pc.list_flatten(pc.list_flatten(col(name))))
-    elif pixel_format == "source":  # the encoded image files themselves
-        total += int(pc.sum(pc.binary_length(pc.list_flatten(col("image_sources")))).as_py() or 0)
-    return total
 
 
 def _run_record(path: Path) -> Optional[dict]:
@@ -316,8 +295,8 @@ def format_stats(s: DatasetStats) -> str:
     fams = ", ".join(f"{k} ({v} row{'s' * (v != 1)})" for k, v in sorted(s.families.items())) or "-"
     ratio = (f", {s.float32_pixel_bytes / s.pixel_bytes:.1f}x smaller than float32"
              if s.pixel_format in ("uint8", "source") and s.pixel_bytes and s.float32_pixel_bytes else "")
-    f32 = (_size(s.float32_pixel_bytes) if s.float32_pixel_bytes or s.image_unit != "tiles" or not s.images
-           else "an unknown size (the tile size is not stored with these rows)")
+    f32 = (f"an unknown size ({s.float32_unknown})" if s.float32_unknown and not s.float32_pixel_bytes
+           else _size(s.float32_pixel_bytes))
     stored = " (the image files; decoded at collate time)" if s.pixel_format == "source" else ""
     lines = [
         f"dataset      {s.path}  ({_size(s.disk_bytes)} on disk)",

@@ -8,9 +8,12 @@ One module per step::
                   (shard_for_rank, encode_stream, exactly_once)
     ray_data.py   encode with Ray Data: rows batches -> Arrow tables of stored rows (RayBatchEncoder)
     loading.py    any stored dataset (directory, parquet, Arrow, table) -> one Arrow table
-    validate.py   stored rows vs the schema and their invariants (validate_dataset, load_encoded)
-    validate_tiled.py  the same for tiled-family rows (Gemma 3, InternVL, LLaVA-OneVision)
-    validate_generic.py  the same for generic-path rows (processors without a family table)
+    validate.py   stored rows vs the schema and their invariants, every family (validate_dataset,
+                  load_encoded); what differs per kind: ``fam.media`` (expected_columns,
+                  dataset_checks, row_checks)
+    column_rules.py   what a stored column must be (ExpectedColumn)
+    validate_columns.py  the columns and their Arrow types (check_columns), with the safe repairs
+    validate_rows.py  one family per dataset, then every row read as collate reads it
     report.py     what validation returns (ValidationReport, Issue, SchemaError)
     repair.py     the safe repairs of validate_dataset(fix=True): lossless casts, older layouts
     schemas.py    the stored-row schemas as JSON documents (write_schemas)
@@ -29,10 +32,9 @@ _EXPORTS = {
     "mmpipe.data.streaming": ("STRATEGIES", "Coverage", "shard_for_rank", "encode_stream", "exactly_once"),
     "mmpipe.data.ray_data": ("RayBatchEncoder", "batch_rows", "rows_to_arrow"),
     "mmpipe.data.loading": ("load_table", "dataset_table", "table_to_dataset"),
-    "mmpipe.data.validate": ("REQUIRED", "DEFAULTABLE", "BOOKKEEPING", "REENCODE", "SchemaError", "Issue",
-        "ValidationReport", "validate_dataset", "check_dataset", "load_encoded"),
-    "mmpipe.data.validate_tiled": ("is_tiled_table", "validate_tiled"),
-    "mmpipe.data.validate_generic": ("is_generic_table", "validate_generic"),
+    "mmpipe.data.validate": ("BOOKKEEPING", "REENCODE", "SchemaError", "Issue", "ValidationReport",
+        "validate_dataset", "check_dataset", "load_encoded", "dataset_family"),
+    "mmpipe.data.column_rules": ("ExpectedColumn",),
     "mmpipe.data.repair": ("lossless_cast", "is_u8_list", "u8_list_to_binary", "add_empty_column",
         "recompute_rope_deltas"),
     "mmpipe.data.schemas": ("SCHEMA_VERSION", "schema_documents", "render", "write_schemas"),

@@ -1,7 +1,6 @@
 """What `mmpipe.data.validate.validate_dataset` returns: `ValidationReport` (one `Issue` per
 problem: severity, column, rows, message, fix) and `SchemaError`, raised with the whole report.
-Shared by the Qwen-row checks (`mmpipe.data.validate`) and the tiled-row checks
-(`mmpipe.data.validate_tiled`)."""
+The same for every family (the media strategies' ``dataset_checks`` return `Issue` too)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Language-neutral schema files in ``schemas/``, generated from the records.
 
 Each record type is written as JSON: every column with its Arrow type (as Arrow prints
-it), nullability, and the shape/dtype doc. A test regenerates them and fails on drift::
+it), nullability, and the shape/dtype doc, then ``examples``: one tiny encoded example of every
+family of the table and of the generic path (`mmpipe.data.schema_examples`: the row as stored,
+the batch of it and a text-only row, their pack). A test regenerates them and fails on drift::
 
     python -m mmpipe.data.schemas          # rewrite schemas/*.json
 """
@@ -11,14 +13,31 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
+from typing import Optional
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: one batch/packed schema for every family kind, examples
 
 
-def _document(name: str, schema: pa.Schema, doc: str) -> dict:
-    return {
+def _kind_types(schema: pa.Schema) -> dict[str, dict[str, str]]:
+    """Column -> {kind: Arrow type} where a family kind (`mmpipe.media.KINDS`) stores a column of
+    the union row schema with another type (the tiles' flat ``list<uint8>`` pixels)."""
+    from mmpipe.media import KINDS
+    from mmpipe.records.row import MultiModalInputs
+
+    out: dict[str, dict[str, str]] = {}
+    for kind in KINDS:
+        for f in MultiModalInputs.arrow_schema(kind=kind):
+            if f.name in schema.names and not f.type.equals(schema.field(f.name).type):
+                out.setdefault(f.name, {})[kind] = str(f.type)
+    return out
+
+
+def _document(name: str, schema: pa.Schema, doc: str, examples: Optional[dict] = None,
+              kind_types: Optional[dict] = None) -> dict:
+    kind_types = kind_types or {}
+    out = {
         "name": name,
         "schema_version": SCHEMA_VERSION,
         "description": doc,
@@ -28,15 +47,21 @@ def _document(name: str, schema: pa.Schema, doc: str) -> dict:
                 "arrow_type": str(f.type),
                 "nullable": f.nullable,
                 "doc": (f.metadata or {}).get(b"doc", b"").decode(),
+                **({"arrow_type_by_kind": kind_types[f.name]} if f.name in kind_types else {}),
             }
             for f in schema
         ],
     }
+    if examples is not None:
+        out["examples"] = examples
+    return out
 
 
 def schema_documents() -> dict[str, dict]:
     """File name -> JSON document, for every record type."""
+    from mmpipe.data.schema_examples import batch_examples, packed_examples, row_examples
     from mmpipe.records.batch import BatchedMultiModalInputs
+    from mmpipe.records.packed import PackedMultiModalInputs
     from mmpipe.records.row import MultiModalInputs
     from mmpipe.rema import rema_arrow_schema
 
@@ -50,12 +75,28 @@ def schema_documents() -> dict[str, dict]:
             "processor = the generic path, whose processor outputs are further columns named by "
             "generic_layout). A dataset holds the pixel columns of one pixel format only: uint8 "
             "(pixel_values_u8, pixel_values_videos_u8), float32 (pixel_values, pixel_values_videos), "
-            "source (image_sources) or none (layout only).",
+            "source (image_sources) or none (layout only). Examples: per family, one row with one "
+            "28x28 image (the text family: text only) as stored, long values shortened to their shape "
+            "and first values. A field's arrow_type_by_kind gives the type a family kind stores "
+            "where it differs.",
+            row_examples(),
+            _kind_types(MultiModalInputs.arrow_schema(kind=None)),
         ),
         "batched_multimodal_inputs.json": _document(
             "BatchedMultiModalInputs",
             BatchedMultiModalInputs.arrow_schema(),
-            "One padded batch as a single Arrow record; torch dtypes as stated per field.",
+            "One padded batch of any family as a single Arrow record; torch dtypes as stated per field. "
+            "Examples: per family, the batch of its example row and a text-only row (left padding), "
+            "shortened as in multimodal_inputs.json.",
+            batch_examples(),
+        ),
+        "packed_multimodal_inputs.json": _document(
+            "PackedMultiModalInputs",
+            PackedMultiModalInputs.arrow_schema(),
+            "n rows of one family packed into one padding-free [1, T] sequence, as a single Arrow record: "
+            "the pack's token columns, then its rows' batch (pixels, layouts, offsets). Examples: per "
+            "family, the pack of the batch example's two rows, or why the family's rows are not packed.",
+            packed_examples(),
         ),
         "rema_batch.json": _document(
             "ReMABatch",
@@ -68,8 +109,27 @@ def schema_documents() -> dict[str, dict]:
     }
 
 
+INLINE_WIDTH = 88
+
+
 def render(doc: dict) -> str:
-    return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+    """The JSON text of a document: indented by 2; a list, or a dict without a ``name`` (not a
+    field entry), that fits in `INLINE_WIDTH` characters on one line (so the examples' shapes
+    and first values read at a glance)."""
+    return _render(doc, 0) + "\n"
+
+
+def _render(value, depth: int) -> str:
+    pad, inner = "  " * depth, "  " * (depth + 1)
+    flat = json.dumps(value)
+    if len(flat) <= INLINE_WIDTH and not (isinstance(value, dict) and "name" in value):
+        return flat
+    if isinstance(value, dict) and value:
+        items = [f"{inner}{json.dumps(k)}: {_render(v, depth + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) and v for v in value):
+        return "[\n" + ",\n".join(f"{inner}{_render(v, depth + 1)}" for v in value) + f"\n{pad}]"
+    return json.dumps(value)
 
 
 def write_schemas(directory: str | pathlib.Path = "schemas") -> list[pathlib.Path]:
@@ -84,5 +144,6 @@ def write_schemas(directory: str | pathlib.Path = "schemas") -> list[pathlib.Pat
 
 
 if __name__ == "__main__":
-    for p in write_schemas(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parents[2] / "schemas"):
+    repo_schemas = pathlib.Path(__file__).resolve().parents[2] / "schemas"
+    for p in write_schemas(sys.argv[1] if len(sys.argv) > 1 else repo_schemas):
         print(p)

@@ -7,7 +7,11 @@ module                 step
 ``parse``              raw row -> (chat messages, images): the accepted row formats
 ``placeholders``       THE one expand/collapse of image/video pads (one per block <->
                        ``t*h*w/merge^2``), shared by encode, multi-turn, ReMA, rollout inputs
-``encoder``            `Encoder`: render, tokenize, labels, images, expand, truncate, positions
+``render``             the chat template: renders, a row's tools, assistant spans -> labels
+``encoder``            `Encoder`, every family: options, parse -> the family's media strategy
+                       (``fam.media.encode_*``: patch grids, tiles, the processor's own call)
+                       -> the validated record; images loaded on threads, empty rows, stats
+``feature_runs``       a tiled family's feature-token runs written once, the ids repeated
 ``mapping``            the ``datasets.map`` protocol: batches, drops, ``on_error="skip"``,
                        image prefetch across a batch
 ``layout_batch``       the batched layout-only path (``pixels="none"``): batched renders, one
@@ -15,10 +19,6 @@ module                 step
 ``dataset``            `encode` (the map function), `encode_row`, `encode_dataset`,
                        `EncodeReport`, `drop_failed`, `undecoded_images`
 ``processor_rows``     `rows_from_processor_output` (processor-built rows, videos), `compact`
-``generic``            `GenericEncoder`: any other VLM processor through its own template
-                       and call (the generic path; `encode` takes it there by itself)
-``tiled``              `TiledEncoder`: the tiled families (Gemma 3, InternVL, LLaVA-OneVision)
-                       natively: placeholder texts, one tokenizer call, uint8 tiles or layout-only
 =====================  ==================================================================
 """
 

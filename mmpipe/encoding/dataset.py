@@ -29,14 +29,13 @@ from typing import Optional, Sequence
 
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.fingerprint import StampedFunction
-from mmpipe.encoding.generic import GenericEncoder
-from mmpipe.encoding.tiled import TiledEncoder
 from mmpipe.encoding.mapping import DROP_REASON_COLUMN
+from mmpipe.encoding.options import check_choice
 from mmpipe.encoding.videos import video_row_bytes
 from mmpipe.errors import ArgumentError
-from mmpipe.families import takes_generic_path, tiled_family_of
+from mmpipe.families import resolve_family
 from mmpipe.records.arrow import most_per_row
-from mmpipe.records.columns import ERROR_COLUMN, ROW_COLUMNS
+from mmpipe.records.columns import ENCODE_PIXEL_FORMATS, ERROR_COLUMN, ROW_COLUMNS
 from mmpipe.records.row import MultiModalInputs
 
 __all__ = ["make_encoder", "EncodeReport", "ROW_BUFFER_BYTES", "map_kwargs", "max_images_per_row", "row_byte_bound", "encode", "encode_row", "encode_dataset", "drop_failed", "undecoded_images"]
@@ -69,7 +68,6 @@ class EncodeReport:
 # Encoded bytes one map process may hold before writing (worst case: every image at max_pixels).
 ROW_BUFFER_BYTES = 256 * 2**20
 _TEXT_ROW_BYTES = 2**20  # allowance per row for ids, labels, [3, L] positions (~46 bytes per text byte)
-_PIXEL_BYTES = {"uint8": 1, "float32": 4, "none": 0, "source": 1}  # per pixel ("source": a PNG <= raw)
 
 
 def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optional[int] = None,
@@ -92,29 +90,25 @@ def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optiona
     """
     if buffer_bytes < 1:
         raise ArgumentError(f"buffer_bytes must be positive, got {buffer_bytes!r}")
-    if takes_generic_path(processor):  # the processor's own outputs: pixels / max_pixels do not apply
-        enc = GenericEncoder(processor, images_column=images_column)
-    elif tiled_family_of(processor) is not None:  # fixed-size tiles: max_pixels does not apply
-        enc = TiledEncoder(processor, pixels=pixels if pixels in ("uint8", "none") else None, images_column=images_column)
-    else:
-        enc = Encoder(processor, pixels=pixels, max_pixels=max_pixels, images_column=images_column,
-                      videos_column=videos_column, video_options=video_options)
+    check_choice("pixels", pixels, ENCODE_PIXEL_FORMATS)
+    # the options the family takes (a tiled family has no max_pixels, the generic path no pixels):
+    # a format the family does not store sizes as its default one
+    media = resolve_family(processor).media
+    sizing = {"pixels": pixels if pixels in media.ENCODE_PIXELS else None, "max_pixels": max_pixels,
+              "videos_column": videos_column, "video_options": video_options}
+    enc = Encoder(processor, images_column=images_column,
+                  **{k: v for k, v in sizing.items() if k in media.ENCODE_OPTIONS})
     n_images = images_per_row if images_per_row is not None else max_images_per_row(ds, images_column)
     k = max(1, min(1000, buffer_bytes // (row_byte_bound(enc, n_images) + video_row_bytes(enc, ds))))
     return {"writer_batch_size": k, "batch_size": k}
 
 
 def row_byte_bound(enc: Encoder, n_images: int) -> int:
-    """Most bytes one encoded row of ``enc`` with ``n_images`` images can hold: each image at
-    the encoder's ``max_pixels`` in its stored pixel format, plus the token arrays' allowance
-    (a `GenericEncoder`: its processor's outputs for one 2048x2048 image)."""
-    if isinstance(enc, (GenericEncoder, TiledEncoder)):
-        return _TEXT_ROW_BYTES + enc.image_bytes() * max(1, n_images)
-    per_image = 0
-    if enc.spec is not None:  # a vision family
-        temporal = enc.spec.temporal_patch_size if enc.pixels == "float32" else 1
-        per_image = 3 * enc.spec.max_pixels * _PIXEL_BYTES[enc.pixels] * temporal
-    return _TEXT_ROW_BYTES + per_image * max(1, n_images)
+    """Most bytes one encoded row of ``enc`` with ``n_images`` images can hold: each image's
+    most stored bytes (`Encoder.image_bytes`: at the encoder's ``max_pixels`` in its stored
+    pixel format; a tiled family's most tiles; the generic path's processor outputs for one
+    2048x2048 image), plus the token arrays' allowance."""
+    return _TEXT_ROW_BYTES + enc.image_bytes() * max(1, n_images)
 
 
 def max_images_per_row(ds, images_column: str = "images") -> int:
@@ -126,13 +120,10 @@ def max_images_per_row(ds, images_column: str = "images") -> int:
 _ENCODERS: dict[tuple, Encoder] = {}
 
 
-def make_encoder(processor, **options):
-    """`Encoder` for a processor of a family in the table (or a tokenizer); `GenericEncoder`
-    for a vision-language processor of any other family (`mmpipe.families.takes_generic_path`:
-    its own chat template and call; it logs one line saying so)."""
-    if tiled_family_of(processor) is not None:  # Gemma 3, InternVL, LLaVA-OneVision (mmpipe.encoding.tiled)
-        return TiledEncoder(processor, **options)
-    return GenericEncoder(processor, **options) if takes_generic_path(processor) else Encoder(processor, **options)
+def make_encoder(processor, **options) -> Encoder:
+    """The `Encoder` of ``processor`` (any family; the generic path for a VLM processor without
+    a family table: its own chat template and call, and one log line saying so)."""
+    return Encoder(processor, **options)
 
 
 def _encode(example: dict, idx=None, *, processor, **options) -> dict:
@@ -159,9 +150,8 @@ encode = StampedFunction(_encode, "encode")
 
 
 def encode_row(example: dict, processor, idx=None, **options) -> MultiModalInputs:
-    """One raw row -> a `MultiModalInputs` (the typed record, not the stored dict); a
-    `mmpipe.records.generic.MultiModalInputs` for a processor on the generic path, a
-    `mmpipe.records.tiled.MultiModalInputs` for a tiled family's (`mmpipe.families.TILED_FAMILIES`)."""
+    """One raw row -> a `MultiModalInputs` (the typed record, not the stored dict), for a
+    processor of any family."""
     return make_encoder(processor, **options).encode_row(example, idx)
 
 

@@ -31,7 +31,6 @@ import numpy as np
 from mmpipe.encoding.parse import check_text, parse_media, row_where
 from mmpipe.encoding.placeholders import expand_image_pads
 from mmpipe.encoding.tokenize import MIN_CHARS
-from mmpipe.families import ModelFamily
 from mmpipe.images.jpeg_header import plain_jpeg_hw
 from mmpipe.images.load import confine_image
 from mmpipe.images.pixels import image_grid
@@ -43,11 +42,9 @@ ROPE_CHUNK_TOKENS = 1 << 20  # rows laid end to end per M-RoPE call (bounds its 
 
 
 def takes_layout_batch(enc) -> bool:
-    """Whether a batch of encoder ``enc`` takes the batched layout path: ``pixels="none"``, a
-    vision family of the table with the Qwen M-RoPE machinery (not a tiled or generic one)."""
-    fam = getattr(enc, "family", None)
-    return (getattr(enc, "pixels", None) == "none" and isinstance(fam, ModelFamily) and fam.kind == "patches" and fam.is_vision
-            and getattr(enc, "spec", None) is not None and hasattr(enc, "render_many"))
+    """Whether a batch of encoder ``enc`` takes the batched layout path: its family's encode
+    settings say so (``pixels="none"`` of a patch-grid vision family: Qwen's M-RoPE machinery)."""
+    return bool(getattr(enc, "batched_layout", False)) and getattr(enc, "spec", None) is not None
 
 
 @dataclass

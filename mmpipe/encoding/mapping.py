@@ -1,5 +1,5 @@
-"""Encode, the ``datasets.map`` protocol of an `mmpipe.encoding.encoder.Encoder`: one raw row
-or a batch (dict of lists) -> output columns.
+"""Encode, the ``datasets.map`` protocol of an `mmpipe.encoding.encoder.Encoder` (any family):
+one raw row or a batch (dict of lists) -> output columns.
 
 - A row dropped under ``truncation="drop"`` (`RowDropped`) is left out of a batched map, or
   kept as an empty row (0 tokens) whose `DROP_REASON_COLUMN` names the reason when the
@@ -9,7 +9,7 @@ or a batch (dict of lists) -> output columns.
   encoded rows).
 - A batch's images are decoded ahead on the image threads (`prefetch_images`), a bounded
   window of rows at a time; results, errors and their order equal encoding row by row.
-- A ``pixels="none"`` batch of an M-RoPE family takes the batched layout path
+- A ``pixels="none"`` batch of a patch-grid family takes the batched layout path
   (`mmpipe.encoding.layout_batch`); the rows it leaves (bad, long, with videos) are encoded
   row by row and merged back in order: the same columns, values and errors either way.
 
@@ -32,7 +32,6 @@ from mmpipe.encoding.layout_batch import encode_layout, takes_layout_batch
 from mmpipe.encoding.parse import UnreadableImages, parse_row, row_where
 from mmpipe.errors import InputError, TruncationError
 from mmpipe.images.threads import thread_pool
-from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.columns import ERROR_COLUMN
 
 logger = logging.getLogger("mmpipe")
@@ -59,7 +58,7 @@ class RowDropped(Exception):
 def check_max_length(n_tokens: int, max_length, truncation: str, where: str, fix: str) -> None:
     """A row of ``n_tokens`` over ``max_length`` (None: no limit): `RowDropped` ("too_long") under
     ``truncation="drop"``, else `TruncationError` (column ``input_ids``) with ``fix``. For the
-    encoders that cannot cut a row (the tiled and the generic path)."""
+    families whose rows cannot be cut (tiles, the generic path)."""
     if max_length is None or n_tokens <= max_length:
         return
     detail = f"{where}: {n_tokens} tokens exceed max_length={max_length}"
@@ -95,23 +94,7 @@ def as_input_error(e: Exception, row=None) -> InputError:
 
 def empty_row_dict(enc) -> dict:
     """The stored dict of an empty row (0 tokens) in ``enc``'s family, pixel format and labels."""
-    if hasattr(enc, "empty_row_dict"):  # the generic path's encoder knows its own columns
-        return enc.empty_row_dict()
-    fam = enc.family
-    row = MultiModalInputs(
-        input_ids=np.zeros(0, np.int64), attention_mask=np.zeros(0, np.int64),
-        mm_token_type_ids=np.zeros(0, np.int64), position_ids=np.zeros((3, 0), np.int64),
-        rope_delta=0, family=fam.name, labels=np.zeros(0, np.int64) if enc.labels else None,
-    )
-    if enc.pixels == "source":
-        row.image_sources = []
-    elif enc.pixels == "uint8":
-        row.pixel_values_u8 = np.zeros((0, fam.patch_dim_u8), np.uint8)
-    elif enc.pixels == "float32":
-        row.pixel_values = np.zeros((0, fam.patch_dim), np.float32)
-    if enc.spec is not None and enc.pixels != "none":
-        row.image_backend = enc.spec.backend  # the same columns as the batch's encoded rows
-    return row.to_dict()
+    return enc.empty_row_dict()
 
 
 def _datasets_batched(example) -> Optional[bool]:
@@ -295,7 +278,7 @@ def map_call(enc, example: dict, idx=None) -> dict:
 
 # ---- image prefetch across a batch ---------------------------------------------------------
 def _row_image_futures(enc, example: dict, idx, pool, started: set) -> Optional[list]:
-    """Futures of (uint8 patches, grid) for one row's images, or None: no images, the row
+    """Futures of ``Encoder.load_image`` for one row's images, or None: no images, the row
     does not parse (its encode then raises, in order), or an image object already started
     for an earlier row (the row then encodes its images itself, after that row is done: a
     lazily decoded PIL image must never be loaded by two threads at once). ``started``: the
@@ -315,8 +298,8 @@ def prefetch_images(enc, examples: list[dict], rows_idx: list) -> Iterator[Any]:
     already decoding on the image threads: a batch of one-image rows uses every thread, not
     one. At most ``2 * threads`` rows are in flight (bounded memory); results, errors and
     their order are those of encoding the rows one by one."""
-    n_threads = enc.image_threads()
-    if n_threads <= 1 or enc.pixels in ("none", "source") or not enc.family.is_vision or len(examples) <= 1:
+    n_threads = enc.image_threads()  # 1 where nothing is decoded here (layout-only, sources, ...)
+    if n_threads <= 1 or len(examples) <= 1:
         yield from (None for _ in examples)
         return
     pool, started, ahead = thread_pool(), set(), {}

@@ -321,7 +321,13 @@ def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tupl
     """Raw row -> (messages for the chat template, images in order of appearance): `parse_media`
     for the stages that take images only (a row with videos raises `ParseError`)."""
     messages, images, videos = parse_media(example, idx=idx, images_column=images_column)
-    if videos:
-        raise ParseError(f"the row holds {len(videos)} video(s) but this stage takes images only", where=row_where(idx),
-                         column="videos", fix="encode rows with videos with mmpipe.encode / mmpipe.Encoder")
+    images_only(videos, row_where(idx))
     return messages, images
+
+
+def images_only(videos: list, where: str, fix: str = "encode rows with videos with mmpipe.encode / mmpipe.Encoder "
+                                                       "and a processor of a family that takes videos") -> None:
+    """Refuse a row's videos (`ParseError`) where a stage or family takes images only."""
+    if videos:
+        raise ParseError(f"the row holds {len(videos)} video(s) but this stage takes images only", where=where,
+                         column="videos", fix=fix)

@@ -7,7 +7,7 @@ path's file, a ``data:`` URI's payload); an image given only as decoded pixels (
 without a file, an array) is stored as a lossless PNG (TIFF for modes PNG lacks) of those
 pixels, EXIF kept. Collate runs `mmpipe.images.encode_image` on the bytes: the same decode,
 EXIF orientation and resize the ``"uint8"`` encode runs, so the pixels are identical. The tiled
-families' source rows keep the same columns; `mmpipe.batching.tiled.decoded_rows` tiles them.
+families' source rows keep the same columns; `mmpipe.media.tiles_collate.decoded_rows` tiles them.
 
 Why not a lossless PNG of the *resized* image: on the bench's real-size photos it is 5.9x the
 JPEG sources (983 vs 167 KiB per image) and costs ~0.5 s per image to compress; the source

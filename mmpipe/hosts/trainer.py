@@ -57,9 +57,9 @@ class TrainerCollator:
 
     ``collator_options`` go to `mmpipe.Collator` (``pad_to_multiple_of``, ``family``,
     ``pad_token_id``, ``verify_pixels``); ``padding_side`` defaults to ``"right"`` here (training).
-    A tiled family's processor (Gemma 3, InternVL, LLaVA-OneVision) gives its `BatchedMultiModalInputs`'s
-    inputs instead: ``position_ids`` int64 [B, L] (1-D), ``pixel_values`` float32 [N, 3, S, S],
-    Gemma 3's ``token_type_ids``, LLaVA-OneVision's ``image_sizes``.
+    A 1-D family's processor (Gemma 3, InternVL, LLaVA-OneVision, the generic path) gives its
+    batch's inputs as they are: ``position_ids`` int64 [B, L], ``pixel_values`` float32
+    [N, 3, S, S], Gemma 3's ``token_type_ids``, LLaVA-OneVision's ``image_sizes``.
     Picklable (``dataloader_num_workers > 0``). Rows stripped by ``remove_unused_columns=True``
     or rows without labels raise `ArgumentError` saying what to change.
     """

@@ -32,15 +32,18 @@ verl itself is never imported here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from mmpipe.batching.collate import collate, collator_constants, kept_columns
 from mmpipe.errors import ArgumentError
+from mmpipe.families import resolve_family
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.rollout.inputs import to_vllm_prompts
+from mmpipe.rollout.support import check_rollout
 
 __all__ = ["verl_rows", "verl_batch", "collate_verl_rows"]
 
@@ -68,7 +71,7 @@ def verl_rows(rows_or_batch, processor=None, *, max_prompt_length: Optional[int]
     passes on as ``multi_modal_data["video"]``; ``multi_modal_inputs`` adds
     ``pixel_values_videos`` / ``video_grid_thw`` (+ ``second_per_grid_ts`` for Qwen2.5-VL).
     """
-    _refuse_tiled(rows_or_batch, processor, family)
+    _check_families(rows_or_batch, processor, family)
     recs, kept = _inputs(rows_or_batch, keep_columns)
     fam_src = family if family is not None else (None if processor is not None else recs[0].family)
     fam, spec, pad_id = collator_constants("verl_rows", processor, fam_src, pad_token_id)
@@ -123,30 +126,28 @@ def collate_verl_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _refuse_tiled(rows_or_batch, processor, family) -> None:
-    """Refuse a tiled family's processor or rows (Gemma 3, InternVL, LLaVA-OneVision) with an
-    `ArgumentError` saying what to use: verl's actor reads the Qwen-VL ``multi_modal_inputs``
-    (``pixel_values`` [N, D] + ``image_grid_thw``) and verl's vLLM server the Qwen prompts."""
+def _check_families(rows_or_batch, processor, family) -> None:
+    """Refuse the families verl rows are not for (`mmpipe.rollout.support`, stage "verl": the
+    tiled families and the generic path), from the processor, ``family`` or the first row,
+    with an `ArgumentError` saying what to use: verl's actor reads the patch grids'
+    ``multi_modal_inputs`` (``pixel_values`` [N, D] + ``image_grid_thw``) and verl's vLLM server
+    their prompts."""
     import pyarrow as pa
-
-    from mmpipe.families import tiled_family_of
-    from mmpipe.records.batch import BatchedMultiModalInputs
-    from mmpipe.records.kinds import is_tiled_row
-    from mmpipe.records.row import MultiModalInputs
 
     x, first = rows_or_batch, None
     if isinstance(x, (BatchedMultiModalInputs, MultiModalInputs)):
-        first = x.family if x.fam.kind == "tiles" else None
+        first = x.family
     elif isinstance(x, (pa.Table, pa.RecordBatch)):
         first = x.column("family")[0].as_py() if "family" in x.column_names and x.num_rows else None
     elif isinstance(x, Sequence) or hasattr(x, "column_names"):  # a list of rows or a datasets.Dataset
-        first = x[0]["family"] if len(x) and is_tiled_row(x[0]) else None
-    fam = tiled_family_of(processor) or tiled_family_of(family) or tiled_family_of(first)
-    if fam is not None:
-        raise ArgumentError(f"verl_rows takes the Qwen-VL and text families; {fam.name} rows (a tiled family) have "
-                            "no verl row layout here: batch them with mmpipe.Collator(processor) "
-                            "(BatchedMultiModalInputs.model_inputs() for the actor's forward), make rollout prompts with "
-                            "mmpipe.rollout.tiled.tiled_vllm_prompts(rows, processor)")
+        head = x[0] if len(x) else None
+        first = head.get("family") if isinstance(head, Mapping) else getattr(head, "family", None)
+    for source in (processor, family, first):
+        try:
+            fam = resolve_family(source)
+        except (TypeError, ArgumentError):  # None, or not a family: collate's own checks name it
+            continue
+        check_rollout(fam, "verl")
 
 
 def _inputs(rows_or_batch, keep_columns) -> tuple[list[MultiModalInputs], dict[str, list]]:

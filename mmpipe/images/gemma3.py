@@ -106,7 +106,7 @@ def placeholder_text(height: int, width: int, processor, image_processor=None) -
 def placeholder_runs(height: int, width: int, processor, image_processor=None) -> tuple[str, list[int]]:
     """`placeholder_text` with each run of ``<image_soft_token>`` written once, and the run
     lengths (``image_seq_length`` per tile): writing token ``i`` of the text ``runs[i]`` times
-    gives `placeholder_text` (`mmpipe.encoding.tiled` tokenizes this short text)."""
+    gives `placeholder_text` (`mmpipe.media.tiles_encode` tokenizes this short text)."""
     ip = image_processor if image_processor is not None else effective_image_processor(processor)
     tok, n = processor.tokenizer, int(processor.image_seq_length)
     seq = f"\n\n{tok.boi_token}{tok.image_token if n else ''}{tok.eoi_token}\n\n"
@@ -118,5 +118,5 @@ def placeholder_runs(height: int, width: int, processor, image_processor=None) -
 
 
 # The interface name (`mmpipe.images.tiles`); the placeholder mechanics themselves (finding the
-# placeholders, splicing the text) are written once, in mmpipe.encoding.tiled.
+# placeholders, splicing the text) are written once, in mmpipe.media.tiles_encode.
 expand_placeholder = placeholder_text

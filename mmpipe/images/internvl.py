@@ -108,7 +108,7 @@ def placeholder_text(height: int, width: int, processor, image_processor=None) -
 
 def placeholder_runs(height: int, width: int, processor, image_processor=None) -> tuple[str, list[int]]:
     """`placeholder_text` with its run of ``<IMG_CONTEXT>`` written once, and the run's length
-    (`image_tokens`): ``<img><IMG_CONTEXT></img>``, [n] (`mmpipe.encoding.tiled` tokenizes this)."""
+    (`image_tokens`): ``<img><IMG_CONTEXT></img>``, [n] (`mmpipe.media.tiles_encode` tokenizes this)."""
     ip = processor if image_processor is None else image_processor
     n = image_tokens(height, width, ip, processor)
     body = processor.image_token if n else ""
@@ -134,7 +134,7 @@ def tiles_u8(image: Image.Image, image_processor) -> np.ndarray:
 
 
 # The interface name (`mmpipe.images.tiles`); the placeholder mechanics themselves (finding the
-# placeholders, splicing the text) are written once, in mmpipe.encoding.tiled.
+# placeholders, splicing the text) are written once, in mmpipe.media.tiles_encode.
 expand_placeholder = placeholder_text
 
 

@@ -129,7 +129,7 @@ def placeholder_text(height: int, width: int, processor, image_processor=None, i
 def placeholder_runs(height: int, width: int, processor, image_processor=None,
                      images_in_row: int = 1) -> tuple[str, list[int]]:
     """`placeholder_text` as one ``<image>`` and its run length (`image_tokens`), for
-    `mmpipe.encoding.tiled` to tokenize the short text and repeat the id."""
+    `mmpipe.media.tiles_encode` to tokenize the short text and repeat the id."""
     ip = processor if image_processor is None else image_processor
     n = image_tokens(height, width, ip, processor, images_in_row)
     return (processor.image_token, [n]) if n else ("", [])
@@ -211,5 +211,5 @@ def batch_num_images(images_per_row) -> np.ndarray:
 
 
 # The interface name (`mmpipe.images.tiles`); the placeholder mechanics themselves (finding the
-# placeholders, splicing the text) are written once, in mmpipe.encoding.tiled.
+# placeholders, splicing the text) are written once, in mmpipe.media.tiles_encode.
 expand_placeholder = placeholder_text

@@ -198,3 +198,94 @@ def model_inputs(batch, token_types=None) -> dict:
         if fam.takes_second_per_grid_ts:
             out["second_per_grid_ts"] = batch.second_per_grid_ts
     return out
+
+
+# ---- rollout ----
+def vision_tokens(fam) -> dict[str, Optional[str]]:
+    """The tokens a sampled response must not hold (`mmpipe.records.vision_tokens`), by kind:
+    the image / video pads and the vision block's start / end (None where the family has none:
+    the text family)."""
+    return {"image": fam.image_token, "video": fam.video_token, "vision_start": fam.vision_start_token,
+            "vision_end": fam.vision_end_token}
+
+
+def rollout_refusal(fam, stage: str) -> Optional[str]:
+    """Why rollout ``stage`` (`mmpipe.rollout.support.ROLLOUT_STAGES`) cannot take this kind's
+    rows, or None: the patch grids take every stage."""
+    return None
+
+
+def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
+                index: int = 0) -> dict:
+    """One row -> its vLLM prompt dict (`mmpipe.rollout.inputs.to_vllm_prompts`):
+    ``"prompt_token_ids"`` with ONE pad per image / video (the row's placeholders collapsed),
+    and for a row with media ``"multi_modal_data"`` (the stored resized images, PIL RGB; the
+    stored video frames) and ``"mm_processor_kwargs"`` under which vLLM's processor gives the
+    row's ids and pixels back. ``processor``: the processor, `VisionSpec` or family the row was
+    encoded with (None: the family's defaults); ``tokenizer``: for video timestamps (default
+    ``processor``)."""
+    from mmpipe.encoding.placeholders import collapse_placeholders
+    from mmpipe.errors import ArgumentError
+    from mmpipe.rollout.images import row_images, vision_spec_for, vllm_processor_kwargs
+    from mmpipe.rollout.videos import vllm_video_prompt
+
+    if images is not None:
+        raise ArgumentError("images= is for tiled-family rows (Gemma 3, InternVL, LLaVA-OneVision); these rows "
+                            "carry their own resized images")
+    fam = r.fam
+    spec = vision_spec_for(processor, fam) if (r.num_images or r.num_videos) else None
+    if r.num_videos:
+        tok = tokenizer if tokenizer is not None else processor
+        ids, videos, videos_kwargs = vllm_video_prompt(r, spec, tok, index=index)
+    else:
+        ids = collapse_placeholders(r.input_ids, r.mm_token_type_ids, r.image_grid_thw, family=fam, row=index)
+    prompt: dict = {"prompt_token_ids": [int(t) for t in ids]}
+    if r.num_images or r.num_videos:
+        prompt["multi_modal_data"], prompt["mm_processor_kwargs"] = {}, {}
+    if r.num_images:
+        prompt["multi_modal_data"]["image"] = row_images(r, spec, index=index)
+        prompt["mm_processor_kwargs"].update(vllm_processor_kwargs(r.image_grid_thw, spec, index=index, family=fam))
+    if r.num_videos:
+        prompt["multi_modal_data"]["video"] = videos
+        prompt["mm_processor_kwargs"]["videos_kwargs"] = videos_kwargs
+    return prompt
+
+
+# ---- view ----
+# What the view stage (mmpipe.view) and `mmpipe inspect` ask of this kind: token spans, span
+# labels, pictures from the stored pixels, counts from the stored columns; the same names in
+# every kind. The code is in mmpipe/media/patches_view.py (this module is shared by every stage).
+from mmpipe.media.patches_view import (  # noqa: E402  (a section of its own, at the end)
+    PIXEL_UNIT, STATS_COLUMNS, table_counts, view_images, view_layout, view_notes, view_size, view_spans,
+    view_summary, view_video_frames,
+)
+
+
+# ---- encode ----
+# What mmpipe.Encoder asks of this kind: its options, one image's layout and stored payload, a
+# parsed row's fields, an empty row, the bytes of one image, the processor layout (none here);
+# the same names in every kind. The code is in mmpipe/media/patches_encode.py.
+from mmpipe.media.patches_encode import (  # noqa: E402  (a section of its own, at the end)
+    ENCODE_OPTIONS, ENCODE_PIXELS, encode_empty, encode_image, encode_image_bytes, encode_layout, encode_row,
+    encode_settings,
+)
+
+
+# ---- collate ----
+# What mmpipe.collate / unbatch / pack ask of this kind; the same names in every kind. The code is
+# in mmpipe/media/patches_collate.py.
+from mmpipe.media.patches_collate import collate_media, collator_state, unbatch_media  # noqa: E402,F401
+
+BATCH_ROWS = "patch-grid"  # a batch of this kind's rows, in error messages
+FOREIGN_ROW = "a tiled-family or generic-path row"  # a row of another kind in such a batch
+BATCH_ARRAYS = "torch"  # the batch's fields are torch tensors (the 1-D kinds' stay numpy, as always)
+POSITION_ROWS = (3,)  # position_ids [3, L] per row, [3, B, L] per batch (M-RoPE)
+COLLATOR_NEEDS_PROCESSOR = None  # without a processor: the family table's VisionSpec
+CHECK_STORED_DTYPES = True  # a stored dict's float token ids / non-uint8 compact pixels are refused
+
+
+# ---- validate ----
+# the stored columns and each row's positions, as validate_dataset checks them
+from mmpipe.media.patches_validate import (  # noqa: E402,F401  (a section of its own, at the end)
+    KIND_COLUMN, dataset_checks, expected_columns, row_checks,
+)

@@ -1,5 +1,5 @@
 """The ``processor`` kind (the generic path: a VLM processor without a family row of its own,
-`mmpipe.encoding.generic`): a row holds what the processor's own call returned, typed by the
+`mmpipe.media.processor_encode`): a row holds what the processor's own call returned, typed by the
 processor's `ProcessorLayout` (found once by a probe): its sequence keys (int [L], e.g.
 ``token_type_ids``) in ``sequence``, its other outputs (float32 ``pixel_values``, masks, sizes)
 in ``vision``, and each image's upright (height, width) in ``image_hw``. Positions are 1-D.
@@ -32,7 +32,7 @@ IMAGE_LAYOUT_COLUMN = "image_hw"  # the stored per-image layout (what error mess
 
 @dataclass(frozen=True)
 class ProcessorLayout:
-    """What a processor returns, found once by a probe (`mmpipe.encoding.generic`): its class,
+    """What a processor returns, found once by a probe (`mmpipe.media.processor_encode`): its class,
     its sequence keys (int [L]), its vision keys as ``(name, dtype, ndim)`` and which of those
     are row keys (axis 0 = the row). Every stored row of one processor carries the same layout
     (one schema)."""
@@ -191,3 +191,150 @@ def rows_from_arrow(cls, table) -> list:
 def model_inputs(batch, token_types=None) -> dict:
     """The processor's own outputs: its sequence keys [B, L] and every vision key."""
     return {**batch.sequence, **batch.vision}
+
+
+# ---- rollout ----
+NO_ROLLOUT = ("the generic path (a processor without a mmpipe family table) has no rollout rules: no vLLM "
+              "prompt (placeholder) rule, no vision-token table to ban, no way to extend its processor-defined "
+              "outputs over a response; train on its rows with mmpipe.Collator(processor), or add a family "
+              "row for its processor class (mmpipe.families) to roll it out")
+
+
+def vision_tokens(fam) -> dict[str, Optional[str]]:
+    """None known: the generic path has no table of its processor's tokens."""
+    return {}
+
+
+def rollout_refusal(fam, stage: str) -> Optional[str]:
+    """Every rollout stage refuses the generic path's rows (`NO_ROLLOUT`)."""
+    return NO_ROLLOUT
+
+
+def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
+                index: int = 0) -> dict:
+    """Refused (`NO_ROLLOUT`): `mmpipe.rollout.support.check_rollout` says so before this."""
+    from mmpipe.errors import ArgumentError
+
+    raise ArgumentError(f"row {index}: vLLM prompts are not available for generic rows: {NO_ROLLOUT}")
+
+
+# ---- view ----
+# What the view stage (mmpipe.view) and `mmpipe inspect` ask of this kind: token spans, span
+# labels, pictures from the stored pixels, counts from the stored columns; the same names in
+# every kind. The code is in mmpipe/media/processor_view.py (this module is shared by every stage).
+from mmpipe.media.processor_view import (  # noqa: E402  (a section of its own, at the end)
+    PIXEL_UNIT, STATS_COLUMNS, table_counts, view_images, view_layout, view_notes, view_size, view_spans,
+    view_summary, view_video_frames,
+)
+
+
+# ---- encode ----
+# What mmpipe.Encoder asks of this kind: its options, one image's layout and stored payload, a
+# parsed row's fields, an empty row, the bytes of one image, the processor layout; the same
+# names in every kind. The code is in mmpipe/media/processor_encode.py (it imports nothing from
+# this module: the layout found by its probe is typed here).
+from mmpipe.media.processor_encode import (  # noqa: E402  (a section of its own, at the end)
+    ENCODE_OPTIONS, ENCODE_PIXELS, encode_empty, encode_image, encode_image_bytes, encode_row, encode_settings,
+    probe,
+)
+
+
+def encode_layout(enc) -> ProcessorLayout:
+    """The processor's outputs, found once per encoder by probe calls (`probe`)."""
+    return ProcessorLayout(enc.processor_class, *probe(enc))
+
+
+# ---- collate ----
+# What mmpipe.collate / unbatch / pack ask of this kind; the same names in every kind. The vision
+# padding is in mmpipe/media/processor_collate.py (it imports nothing from this module).
+from mmpipe.media.processor_collate import collate_outputs, unbatch_media  # noqa: E402,F401
+
+BATCH_ROWS = "generic-path"  # a batch of this kind's rows, in error messages
+FOREIGN_ROW = "a natively encoded row"  # a row of another kind in such a batch
+BATCH_ARRAYS = "numpy"  # the batch's fields stay numpy (as always; as_torch / model_inputs convert)
+POSITION_ROWS = ()  # position_ids [L] per row, [B, L] per batch
+COLLATOR_NEEDS_PROCESSOR = None  # rows carry their processor's outputs: nothing to take from it
+CHECK_STORED_DTYPES = False  # the processor's own dtypes, typed by the layout: read as the layout says
+
+
+def collator_state(processor, fam) -> dict:
+    """``{"processor_class": str or None}``: the transformers class every row must have been
+    encoded by (None without a processor: the rows' first)."""
+    from mmpipe.families import processor_class_name
+
+    return {"processor_class": None if processor is None else processor_class_name(processor)}
+
+
+def collate_media(rows: list, ctx) -> dict:
+    """The media fields of a batch (`mmpipe.media.processor_collate.collate_outputs`: the
+    processor's outputs padded as it pads them, numpy) and the rows' `ProcessorLayout` (the
+    layout of what the batch holds when the rows were probed differently). Rows must come
+    from the processor class of ``ctx.state`` (when collated with a processor)."""
+    from mmpipe.errors import FamilyMismatchError
+
+    want = ctx.state.get("processor_class")
+    for i, r in enumerate(rows):
+        if want is not None and r.processor_class != want:
+            raise FamilyMismatchError(f"encoded by {r.processor_class} (the generic path) but collated with {want}",
+                                      row=i, column=LAYOUT_COLUMN, expected=want, found=r.processor_class,
+                                      fix="collate with the processor that encoded the rows, or re-encode them")
+    out = collate_outputs(rows, ctx)
+    if "layout" not in out:
+        out["layout"] = ProcessorLayout.of(rows[0].processor_class, rows[0].sequence,
+                                           {k: v[:0] for k, v in out["vision"].items()}, out.pop("row_keys"))
+    out.pop("row_keys", None)
+    return out
+
+
+# ---- validate ----
+KIND_COLUMN = LAYOUT_COLUMN  # only processor rows store it (names a table without a family)
+_REQUIRED = ("input_ids", "attention_mask", "family", LAYOUT_COLUMN, SHAPES_COLUMN)
+
+
+def _stored_layout(text: Any) -> Optional[ProcessorLayout]:
+    """A stored layout, None when unreadable (reading its rows reports it)."""
+    try:
+        return ProcessorLayout.from_json(text)
+    except InputError:
+        return None
+
+
+def expected_columns(table, *, labels: bool, pixel_format: str) -> list:
+    """The stored columns (module doc), any Arrow type of the same shape, and the keys the
+    rows' layouts name (the processor's own dtypes: not checked; a missing one fails its rows)."""
+    from mmpipe.data.column_rules import ExpectedColumn
+
+    optional = ("labels", "image_hw")
+    fixed = [ExpectedColumn.stored(n, "processor") for n in _REQUIRED] + \
+        [ExpectedColumn.stored(n, "processor", if_missing="optional") for n in optional]
+    has_layouts = LAYOUT_COLUMN in table.column_names
+    texts = table.column(LAYOUT_COLUMN).unique().to_pylist() if has_layouts else []
+    layouts = [x for x in map(_stored_layout, texts) if x is not None]
+    # without a row there is no layout: any column may be one of the processor's
+    keys = {k for x in layouts for k in x.sequence + tuple(v[0] for v in x.vision)} if texts \
+        else set(table.column_names)
+    keys -= set(_REQUIRED + optional)
+    return fixed + [ExpectedColumn(k, if_missing="optional") for k in sorted(keys)]
+
+
+def dataset_checks(table, processor=None) -> list:
+    """One processor layout per dataset (a batch is collated with one layout): an error naming
+    the first row of each other layout."""
+    from mmpipe.data.report import Issue
+
+    first: dict = {}
+    for i, text in enumerate(table.column(LAYOUT_COLUMN).to_pylist()):
+        first.setdefault(text, i)
+    layouts = [_stored_layout(t) for t in first]
+    classes = ", ".join(sorted({"an unreadable layout" if x is None else x.processor_class
+                                for x in layouts}))
+    return [Issue("error", "content", LAYOUT_COLUMN, f"rows encoded by {len(first)} different "
+                  f"processor layouts ({classes}): a batch is collated with one layout",
+                  "encode every row with one processor, or split the dataset",
+                  sorted(first.values())[1:])] if len(first) > 1 else []
+
+
+def row_checks(table, *, processor=None, images_kwargs: Optional[dict] = None, positions=True):
+    """None: reading a row checks all this kind can (each vision key fills its stored shape,
+    the sequences line up); the image-token counts are the processor's own model's rule."""
+    return None

@@ -178,3 +178,81 @@ def model_inputs(batch, token_types) -> dict:
         out["pixel_values"] = batch.pixel_values
         out.update(batch.extras)
     return out
+
+
+# ---- rollout ----
+_NO_ROLLOUT = {
+    "multiturn": "encode each turn's whole conversation with mmpipe.encode and generate with TransformersEngine",
+    "verl": "verl's actor reads the patch grids' multi_modal_inputs (pixel_values [N, D] + image_grid_thw) and "
+            "its vLLM server their prompts, so these rows have no verl row layout here: batch them with "
+            "mmpipe.Collator(processor) (BatchedMultiModalInputs.model_inputs() for the actor's forward), make "
+            "rollout prompts with mmpipe.rollout.to_vllm_prompts(rows, processor)",
+}
+
+
+def vision_tokens(fam) -> dict[str, Optional[str]]:
+    """The tokens a sampled response must not hold (`mmpipe.records.vision_tokens`), by kind: the
+    feature token the model fills with image features (the image's slots) and, where the chat
+    template renders another token per image (Gemma 3's ``<start_of_image>``), that one: it
+    opens the image's block. A stray one breaks the row's image-token count."""
+    out = {"image": fam.feature_token}
+    if fam.image_token != fam.feature_token:
+        out["vision_start"] = fam.image_token
+    return out
+
+
+def rollout_refusal(fam, stage: str) -> Optional[str]:
+    """Why rollout ``stage`` (`mmpipe.rollout.support.ROLLOUT_STAGES`) cannot take tiled rows
+    (multi-turn appends, verl rows), or None."""
+    return _NO_ROLLOUT.get(stage)
+
+
+def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
+                index: int = 0) -> dict:
+    """One row -> its vLLM prompt dict: one image token per image and the row's ORIGINAL images
+    (vLLM tiles them again), `mmpipe.media.tiles_rollout`. ``processor``: the one the row was
+    encoded with (required); ``images``: the images the row was encoded from, or None (the
+    row's stored files, or its one stored tile where that re-creates the prompt)."""
+    from mmpipe.media.tiles_rollout import vllm_prompt as tiles_prompt
+
+    return tiles_prompt(r, processor, images=images, index=index)
+
+
+# ---- view ----
+# What the view stage (mmpipe.view) and `mmpipe inspect` ask of this kind: token spans, span
+# labels, pictures from the stored pixels, counts from the stored columns; the same names in
+# every kind. The code is in mmpipe/media/tiles_view.py (this module is shared by every stage).
+from mmpipe.media.tiles_view import (  # noqa: E402  (a section of its own, at the end)
+    PIXEL_UNIT, STATS_COLUMNS, table_counts, view_images, view_layout, view_notes, view_size, view_spans,
+    view_summary, view_video_frames,
+)
+
+
+# ---- encode ----
+# What mmpipe.Encoder asks of this kind: its options, one image's layout and stored payload, a
+# parsed row's fields, an empty row, the bytes of one image, the processor layout (none here);
+# the same names in every kind. The code is in mmpipe/media/tiles_encode.py.
+from mmpipe.media.tiles_encode import (  # noqa: E402  (a section of its own, at the end)
+    ENCODE_OPTIONS, ENCODE_PIXELS, encode_empty, encode_image, encode_image_bytes, encode_layout, encode_row,
+    encode_settings,
+)
+
+
+# ---- collate ----
+# What mmpipe.collate / unbatch / pack ask of this kind; the same names in every kind. The code is
+# in mmpipe/media/tiles_collate.py.
+from mmpipe.media.tiles_collate import collate_media, collator_state, unbatch_media  # noqa: E402,F401
+
+BATCH_ROWS = "tiled-family"  # a batch of this kind's rows, in error messages
+FOREIGN_ROW = "a row of another family"  # a row of another kind in such a batch
+BATCH_ARRAYS = "numpy"  # the batch's fields stay numpy (as always; as_torch / model_inputs convert)
+POSITION_ROWS = ()  # position_ids [L] per row, [B, L] per batch
+COLLATOR_NEEDS_PROCESSOR = "its pixel normalisation"  # what a Collator cannot do without the processor
+CHECK_STORED_DTYPES = False  # list<uint8> tiles come back int64 from torch-formatted datasets: cast on read
+
+
+# ---- validate ----
+# the stored columns and each row's feature tokens, as validate_dataset checks them
+from mmpipe.media.tiles_validate import (  # noqa: E402,F401  (a section of its own, at the end)
+    KIND_COLUMN, dataset_checks, expected_columns, row_checks,
+)

@@ -8,7 +8,7 @@ Each processor is the stock transformers class (an image-only subclass where the
 ``__init__`` takes a video processor, which needs torchvision) around the family's real PIL
 image processor and the offline tokenizer with the family's image tokens added. Used to check
 that `mmpipe.families.family_of` refuses them (none is taken for a Qwen family) and to run
-the generic path (`mmpipe.encoding.generic`) on a real non-Qwen processor and model::
+the generic path (`mmpipe.media.processor_encode`) on a real non-Qwen processor and model::
 
     >>> proc = build_foreign_processor("idefics3")          # doctest: +SKIP
     >>> model = build_foreign_model("idefics3")             # doctest: +SKIP

@@ -16,6 +16,7 @@ import pyarrow as pa
 from mmpipe.errors import ArgumentError
 from mmpipe.families import ModelFamily, get_family
 from mmpipe.images.spec import VisionSpec
+from mmpipe.records.batch_arrow import batch_arrow_schema, batch_to_arrow
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.display_hooks import render
 
@@ -239,24 +240,12 @@ class BatchedMultiModalInputs:
 
     def to_arrow(self) -> pa.Table:
         """This batch as a one-row Arrow table with `arrow_schema` (for logging or shipping)."""
-
-        def val(name):
-            if name == "sample_to_image_indices":
-                return self.sample_to_image_indices
-            v = getattr(self, name)
-            if v is None:
-                return None
-            return v.tolist() if hasattr(v, "tolist") else v
-
-        schema = self.arrow_schema()
-        return pa.table({f.name: pa.array([val(f.name)], type=f.type) for f in schema}, schema=schema)
+        return batch_to_arrow(self)
 
     @staticmethod
     def arrow_schema() -> pa.Schema:
-        """A batch as one Arrow record (for logging/shipping batches; dtypes as in torch)."""
-        return pa.schema(
-            [pa.field(n, t, nullable=n in _NULLABLE_BATCH, metadata={"doc": d}) for n, t, d in BATCH_COLUMNS]
-        )
+        """A batch of any family as one Arrow record (`mmpipe.records.batch_arrow`; dtypes as in torch)."""
+        return batch_arrow_schema()
 
     @staticmethod
     def features():
@@ -272,38 +261,3 @@ def _torch(v):
 
         return torch.from_numpy(np.ascontiguousarray(v))
     return v
-
-
-_I64_2D = pa.list_(pa.list_(pa.int64()))
-
-
-BATCH_COLUMNS: list[tuple[str, pa.DataType, str]] = [
-    ("input_ids", _I64_2D, "int64 [B, L]"),
-    ("attention_mask", _I64_2D, "int64 [B, L]"),
-    ("mm_token_type_ids", _I64_2D, "int64 [B, L] 0 text, 1 image, 2 video"),
-    ("position_ids", pa.list_(_I64_2D, 3), "int64 [3, B, L] M-RoPE positions, pads 0"),
-    ("rope_deltas", pa.list_(pa.list_(pa.int64(), 1)), "int64 [B, 1]"),
-    ("labels", _I64_2D, "int64 [B, L], -100 on non-targets and pads"),
-    ("pixel_values", pa.list_(pa.list_(pa.float32())), "float32 [N, 3*T*p*p]"),
-    ("pixel_values_u8", pa.list_(pa.list_(pa.uint8())), "uint8 [N, 3*p*p] compact image patches"),
-    ("image_grid_thw", pa.list_(pa.list_(pa.int64(), 3)), "int64 [I, 3]"),
-    ("sample_to_image_indices", pa.list_(pa.list_(pa.int64())), "per row, indices of its images"),
-    ("image_offsets", pa.list_(pa.int64()), "int64 [B+1] cumulative image counts"),
-    ("patch_offsets", pa.list_(pa.int64()), "int64 [B+1] cumulative image patch rows"),
-    ("pixel_values_videos", pa.list_(pa.list_(pa.float32())), "float32 [Nv, 3*T*p*p]"),
-    ("pixel_values_videos_u8", pa.list_(pa.list_(pa.uint8())), "uint8 [Nv, 3*T*p*p]"),
-    ("video_grid_thw", pa.list_(pa.list_(pa.int64(), 3)), "int64 [V, 3]"),
-    ("second_per_grid_ts", pa.list_(pa.float32()), "float32 [V]"),
-    ("video_offsets", pa.list_(pa.int64()), "int64 [B+1]"),
-    ("video_patch_offsets", pa.list_(pa.int64()), "int64 [B+1]"),
-    ("seq_lengths", pa.list_(pa.int64()), "int64 [B] unpadded row lengths"),
-    ("row_has_labels", pa.list_(pa.bool_()), "bool [B] rows that carried labels"),
-    ("row_pixel_formats", pa.list_(pa.string()), "per row: uint8, float32 or none"),
-    ("padding_side", pa.string(), "left or right"),
-    ("family", pa.string(), "model family name"),
-    ("pixel_format", pa.string(), "uint8, float32 or none"),
-]
-
-
-_NULLABLE_BATCH = {"labels", "pixel_values", "pixel_values_u8", "pixel_values_videos", "pixel_values_videos_u8"}
-

@@ -5,15 +5,31 @@ the images, the spans of each response). Positions follow `mmpipe.records`: ``[3
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional, Protocol
 
 import numpy as np
 
+from mmpipe.families import ModelFamily
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.row import MultiModalInputs
 
-if TYPE_CHECKING:  # records sit below the encode stage: the type only, no import
-    from mmpipe.encoding.encoder import Encoder
+
+class TurnEncoder(Protocol):
+    """What a `Conversation` needs of the encoder its turns are encoded with (records sit below
+    the encode stage, so the type is this protocol; `mmpipe.encoding.encoder.Encoder` is one)."""
+
+    tokenizer: Any
+    family: ModelFamily
+    pixels: str
+
+    def render(self, messages: list, add_generation_prompt: bool, tools: Optional[list] = None) -> str:
+        """The chat template's text of ``messages``."""
+
+    def encode_row(self, raw_row: dict, idx: Any = None) -> MultiModalInputs:
+        """One raw row -> its encoded row."""
+
+    def token_types(self, ids: np.ndarray) -> np.ndarray:
+        """int64 [L] token types (0 text, 1 image, 2 video) of ids int [L]."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,7 +46,8 @@ class Conversation:
                     what a rollout engine that takes raw images (vLLM) needs.
         text:       the rendered chat text the tokens stand for (one placeholder per image);
                     always ``render(messages, add_generation_prompt=awaiting_response)``.
-        encoder:    the `Encoder` (processor, vision spec, pixel format) shared by the batch.
+        encoder:    the `TurnEncoder` (an `mmpipe.Encoder`: processor, vision spec, pixel format)
+                    shared by the batch.
         index:      the sample's original index (int, or None), used in error messages.
         awaiting_response: the row ends with the generation prompt (``<|im_start|>assistant\\n``).
         response_spans: tuple of (start, end) token spans of each appended response (model tokens only,
@@ -44,7 +61,7 @@ class Conversation:
     messages: tuple
     images: tuple
     text: str
-    encoder: Encoder
+    encoder: TurnEncoder
     index: Optional[int] = None
     awaiting_response: bool = True
     response_spans: tuple = ()

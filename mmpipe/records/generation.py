@@ -65,7 +65,7 @@ class SamplingParams:
 
     ``allow_vision_tokens``: False (default) makes every engine ban the family's vision special
     tokens (``<|image_pad|>``, ``<|video_pad|>``, ``<|vision_start|>``, ``<|vision_end|>``,
-    `mmpipe.encoding.vision_tokens.VisionTokens`) at sampling: a response holding one breaks
+    `mmpipe.records.vision_tokens.VisionTokens`) at sampling: a response holding one breaks
     the image-token count once it is trained on. The reported logprobs stay those of the
     unconstrained model (what a teacher-forced forward computes). True samples them freely.
     """

@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any, Optional
 from mmpipe.errors import ArgumentError
 from mmpipe.families import get_family
 from mmpipe.records.batch import BatchedMultiModalInputs
+from mmpipe.records.batch_arrow import packed_arrow_schema, packed_to_arrow
 from mmpipe.records.columns import IGNORE_INDEX
 
 if TYPE_CHECKING:  # records never import torch: the tensors are made by the packing collator
+    import pyarrow as pa
     import torch
 
 
@@ -124,6 +126,16 @@ class PackedMultiModalInputs(PackedFacts):
                              f"found shape {tuple(values.shape)}")
         bounds = [int(x) for x in self.cu_seqlens]
         return [values[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def to_arrow(self) -> "pa.Table":
+        """This pack as a one-row Arrow table with `arrow_schema` (for logging or shipping)."""
+        return packed_to_arrow(self)
+
+    @staticmethod
+    def arrow_schema() -> "pa.Schema":
+        """A pack of any family as one Arrow record: its [1, T] token columns, then its rows' batch
+        (`mmpipe.records.batch_arrow`; dtypes as in torch)."""
+        return packed_arrow_schema()
 
     def __repr__(self) -> str:
         return (

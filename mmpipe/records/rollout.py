@@ -1,20 +1,19 @@
 """`RolloutSample`: one sampled completion of one prompt (what unbatching rollout results
-gives), and the training row it becomes. Positions follow `mmpipe.records`: ``[3, L]`` per row.
+gives), and the training row it becomes. Positions follow `mmpipe.records`: ``[3, L]`` per row
+for the patch grids, ``[L]`` for the 1-D families; a response continues them on every row.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.display_hooks import render
 from mmpipe.records.row import MultiModalInputs
-
-if TYPE_CHECKING:
-    from mmpipe.encoding.vision_tokens import VisionTokens
+from mmpipe.records.vision_tokens import VisionTokens
 
 
 @dataclass(eq=False)
@@ -30,7 +29,7 @@ class RolloutSample:
         finish_reason:  "stop", "length" or "abort".
         stop_reason:    the stop token id (int) or string that ended it, or None.
         vision_tokens:  the tokenizer's vision special tokens and the policy for one in the
-                        response (`mmpipe.encoding.vision_tokens.VisionTokens`, set by
+                        response (`mmpipe.records.vision_tokens.VisionTokens`, set by
                         ``unbatch_rollout(..., processor=, on_vision_token=)``); None: `to_row`
                         uses the ids the prompt itself shows and refuses.
     """
@@ -42,7 +41,7 @@ class RolloutSample:
     logprobs: Optional[np.ndarray]
     finish_reason: str
     stop_reason: Optional[Union[int, str]] = None
-    vision_tokens: Optional["VisionTokens"] = None
+    vision_tokens: Optional[VisionTokens] = None
 
     @property
     def prompt_ids(self) -> np.ndarray:
@@ -61,17 +60,18 @@ class RolloutSample:
 
     @property
     def response_positions(self) -> np.ndarray:
-        """int64 [3, R]: generated token k at ``max(prompt positions) + 1 + k`` on all axes."""
+        """int64 [3, R] (the prompt's position rows: [R] for a 1-D family): generated token k at
+        ``max(prompt positions) + 1 + k`` on every row."""
         start = int(self.prompt.position_ids.max()) + 1 if self.prompt.num_tokens else 0
         pos = start + np.arange(len(self.response_ids), dtype=np.int64)
-        return np.broadcast_to(pos, (3, len(pos))).copy()
+        return np.broadcast_to(pos, self.prompt.position_ids.shape[:-1] + (len(pos),)).copy()
 
     @property
     def position_ids(self) -> np.ndarray:
-        """int64 [3, P+R] M-RoPE positions of prompt + response."""
-        return np.concatenate([self.prompt.position_ids, self.response_positions], axis=1)
+        """int64 [3, P+R] M-RoPE positions of prompt + response ([P+R] for a 1-D family)."""
+        return np.concatenate([self.prompt.position_ids, self.response_positions], axis=-1)
 
-    def to_row(self, vision_tokens: Optional["VisionTokens"] = None) -> MultiModalInputs:
+    def to_row(self, vision_tokens: Optional[VisionTokens] = None) -> MultiModalInputs:
         """The training row: prompt + response, labels = response ids (-100 on the prompt).
 
         Pixel arrays are the prompt's own objects (no copy). A vision special token in the
@@ -80,8 +80,6 @@ class RolloutSample:
         label -100. The tokens: ``vision_tokens``, else the sample's, else those the prompt
         shows (`VisionTokens.from_rows`: a prompt without images shows none; collate with a
         processor still refuses pads)."""
-        from mmpipe.encoding.vision_tokens import VisionTokens  # lazy: records load before stages
-
         vt = vision_tokens or self.vision_tokens or VisionTokens.from_rows([self.prompt])
         p = self.prompt
         r, resp_labels = vt.apply(self.response_ids.astype(np.int64), self.response_ids.astype(np.int64),

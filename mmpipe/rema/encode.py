@@ -18,7 +18,7 @@ import numpy as np
 
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.placeholders import expand_image_pads
-from mmpipe.encoding.vision_tokens import VisionTokens
+from mmpipe.records.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, InputError, ParseError, PlaceholderError
 from mmpipe.images.pixels import encode_image
 from mmpipe.records.columns import IGNORE_INDEX
@@ -160,7 +160,7 @@ class RoleCodec:
 
     def _refuse_vision_tokens(self, ids: np.ndarray, sel: np.ndarray, where: str) -> None:
         """A response (``ids[sel]``, sel bool [L]) holding a vision special token is refused
-        (`mmpipe.encoding.vision_tokens`). Rollout responses never do (`response_text` removes
+        (`mmpipe.records.vision_tokens`). Rollout responses never do (`response_text` removes
         special tokens); assistant messages handed to `encode_conversation` may."""
         pos = np.flatnonzero(sel)
         if len(pos):

@@ -2,8 +2,9 @@
 
 Steps, in the order data flows (one module each)::
 
-    inputs.py               rows / batch -> vLLM prompts (one pad per image / video) or ``generate`` kwargs
-    tiled.py                the tiled families' rows (Gemma 3) -> vLLM prompts (one <start_of_image> + the tile)
+    support.py              which rollout stages take which family's rows (the media strategy says)
+    inputs.py               rows / batch -> vLLM prompts (the family's strategy: one pad / image token
+                            per image) or ``generate`` kwargs
     images.py               a stored row's images rebuilt for the engine + vLLM's mm_processor_kwargs
     videos.py               a stored row's videos as vLLM takes them (frames + metadata, one pad each)
     data_parallel.py        pad a batch to a multiple of the data-parallel size, trim outputs back
@@ -11,7 +12,7 @@ Steps, in the order data flows (one module each)::
     vllm_engine.py          engine over ``vllm.LLM`` (vLLM imported lazily, inside generate)
     async_engine.py         ``async generate``: any engine in a thread (bounded, merging waiting calls), vLLM AsyncLLM
     openai_engine.py        engine over an OpenAI-compatible server (vllm serve, transformers serve)
-    results.py              engine outputs -> one `RolloutSample` per completion
+    results.py              engine outputs -> one `RolloutSample` per completion, training rows
     multiturn.py            multi-turn appends: response, then observation turns with new images / videos
     turn_media.py           an appended turn's images and videos, encoded and their pads expanded
     multiturn_batch.py      `MultiTurnBatch`: B conversations in one agent loop
@@ -43,8 +44,7 @@ from mmpipe.rollout.multiturn import (
 from mmpipe.rollout.multiturn_batch import MultiTurnBatch
 from mmpipe.rollout.agent import AgentLoop, logprob_gaps, policy_logprobs_of, run_agent
 from mmpipe.rollout.tool_calls import parse_qwen_tool_calls
-from mmpipe.rollout.results import unbatch_rollout
-from mmpipe.rollout.tiled_generate import tiled_rollout_rows
+from mmpipe.rollout.results import rollout_rows, unbatch_rollout
 from mmpipe.rollout.transformers_engine import TransformersEngine, teacher_forced_logprobs
 from mmpipe.rollout.vllm_engine import VLLMEngine, generation_from_request_output
 from mmpipe.rollout.async_engine import AsyncTransformersEngine, AsyncVLLMEngine, ThreadedEngine, run_sync
@@ -54,7 +54,7 @@ __all__ = [
     "to_vllm_prompts", "to_generate_kwargs", "as_rows", "row_images", "row_video_frames", "vision_spec_for", "vllm_processor_kwargs",
     "vllm_video_prompt", "video_fps_for",
     "pad_to_multiple", "trim", "TransformersEngine", "teacher_forced_logprobs", "VLLMEngine",
-    "generation_from_request_output", "unbatch_rollout", "tiled_rollout_rows", "Conversation", "start", "conversation_encoder",
+    "generation_from_request_output", "unbatch_rollout", "rollout_rows", "Conversation", "start", "conversation_encoder",
     "append_response", "append_observation", "append_messages", "MultiTurnBatch", "DataPacker",
     "DecoderOnlyLLMDataPacker", "QwenVLDataPacker", "AgentLoop", "run_agent", "logprob_gaps", "policy_logprobs_of",
     "parse_qwen_tool_calls", "ThreadedEngine", "AsyncTransformersEngine", "AsyncVLLMEngine", "run_sync", "OpenAIEngine",

@@ -265,8 +265,7 @@ class AsyncVLLMEngine:
         """The vLLM requests for ``rows``: ``(prompt dict, vLLM SamplingParams, request_id)`` each."""
         from mmpipe.rollout.inputs import as_rows, to_vllm_prompts
 
-        spec = self._sync.spec if self._sync.spec is not None else self._sync.family
-        prompts = to_vllm_prompts(as_rows(rows), spec, tokenizer=self._sync.processor)
+        prompts = to_vllm_prompts(as_rows(rows), self._sync.processor, tokenizer=self._sync.processor)
         sp = final_only(self._sync.sampling_params(params))
         return [(p, sp, f"mmpipe-{next(self._ids)}") for p in prompts]
 

@@ -36,10 +36,7 @@ from mmpipe.compat import forward_accepts, is_transformers_5
 from mmpipe.errors import ArgumentError, PixelDataError
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.rollout.images import row_images, vision_spec_for, vllm_processor_kwargs
-from mmpipe.rollout.tiled import is_tiled_input, tiled_vllm_prompts
-from mmpipe.rollout.videos import vllm_video_prompt
-from mmpipe.encoding.placeholders import collapse_placeholders
+from mmpipe.rollout.support import check_rows
 
 __all__ = [
     "to_vllm_prompts",
@@ -74,9 +71,6 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
 
     processor_or_spec: the processor the rows were encoded with, or its `VisionSpec`
     (None: the family's defaults; only patch size and normalisation matter here).
-    Tiled-family rows (Gemma 3, InternVL, LLaVA-OneVision: `mmpipe.records.tiled.MultiModalInputs`)
-    go to `mmpipe.rollout.tiled.tiled_vllm_prompts` (the processor is required there; ``images``:
-    each row's source images, for rows encoded without ``pixels="source"``).
 
     Rows with videos also get one ``<|video_pad|>`` per video (inside the row's own
     ``<|vision_start|>``/``<|vision_end|>``), ``multi_modal_data["video"]``: per video the
@@ -85,34 +79,22 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
     timestamps, read from the row's text with ``tokenizer``, default the processor's), and
     ``mm_processor_kwargs["videos_kwargs"] = {"do_resize": False, "do_sample_frames": False}``
     (`mmpipe.rollout.videos`).
+
+    What a row's prompt holds is its family's media strategy's (``fam.media.vllm_prompt``,
+    `mmpipe.media`): the above for the patch grids; for the tiled families (Gemma 3, InternVL,
+    LLaVA-OneVision) one image token per image and the ORIGINAL images, which vLLM tiles again
+    (`mmpipe.media.tiles_rollout`: the processor is required; ``images``: one list per row of
+    the images it was encoded from, for rows encoded without ``pixels="source"``). The generic
+    path's rows are refused (`mmpipe.rollout.support`).
     """
-    if is_tiled_input(rows_or_batch):  # Gemma 3 and the other tiled families (mmpipe.rollout.tiled)
-        return tiled_vllm_prompts(rows_or_batch, processor_or_spec, images=images)
-    if images is not None:
-        raise ArgumentError("images= is for tiled-family rows (Gemma 3, InternVL, LLaVA-OneVision); these rows "
-                            "carry their own resized images")
     rows = as_rows(rows_or_batch)
-    prompts = []
-    for i, r in enumerate(rows):
-        fam = r.fam
-        spec = vision_spec_for(processor_or_spec, fam) if (r.num_images or r.num_videos) else None
-        if r.num_videos:
-            tok = tokenizer if tokenizer is not None else processor_or_spec
-            ids, videos, videos_kwargs = vllm_video_prompt(r, spec, tok, index=i)
-        else:
-            ids = collapse_placeholders(r.input_ids, r.mm_token_type_ids, r.image_grid_thw, family=fam, row=i)
-        prompt: dict = {"prompt_token_ids": [int(t) for t in ids]}
-        if r.num_images or r.num_videos:
-            prompt["multi_modal_data"] = {}
-            prompt["mm_processor_kwargs"] = {}
-        if r.num_images:
-            prompt["multi_modal_data"]["image"] = row_images(r, spec, index=i)
-            prompt["mm_processor_kwargs"].update(vllm_processor_kwargs(r.image_grid_thw, spec, index=i, family=fam))
-        if r.num_videos:
-            prompt["multi_modal_data"]["video"] = videos
-            prompt["mm_processor_kwargs"]["videos_kwargs"] = videos_kwargs
-        prompts.append(prompt)
-    return prompts
+    if images is not None and (isinstance(images, (str, bytes)) or len(images) != len(rows)):
+        raise ArgumentError(f"images= must hold one list of images per row ({len(rows)} rows), got "
+                            f"{type(images).__name__}{'' if isinstance(images, (str, bytes)) else f' of {len(images)}'}")
+    check_rows(rows, "vllm_prompts")
+    return [r.fam.media.vllm_prompt(r, processor_or_spec, tokenizer=tokenizer,
+                                    images=None if images is None else images[i], index=i)
+            for i, r in enumerate(rows)]
 
 
 # ---- transformers generate ---------------------------------------------------------------
@@ -142,15 +124,15 @@ def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_
             f"to_generate_kwargs takes a BatchedMultiModalInputs, got {type(batch).__name__}; "
             "collate the rows first: mmpipe.collate(rows, processor=processor, padding_side='left')"
         )
-    att = batch.attention_mask
-    if batch.padding_side != "left" and bool((att[:, -1] == 0).any()):
-        rows = [int(b) for b in (att[:, -1] == 0).nonzero().reshape(-1)]
+    last = batch.attention_mask[:, -1].tolist()  # torch or numpy fields (`mmpipe.records.batch`)
+    if batch.padding_side != "left" and 0 in last:
+        rows = [b for b, v in enumerate(last) if v == 0]
         raise ArgumentError(
             f"rows {rows} are right-padded: generate appends new tokens after the pads, so those rows "
             f"would continue from padding; to_generate_kwargs takes a left-padded batch, got one collated "
             f"with padding_side={batch.padding_side!r}: collate with padding_side='left' for generation"
         )
-    has_vision = bool(batch.image_grid_thw.shape[0]) or bool(batch.video_grid_thw.shape[0])
+    has_vision = bool(int(batch.image_offsets[-1])) or bool(batch.video_grid_thw.shape[0])
     if has_vision and batch.pixel_values is None and batch.pixel_values_videos is None:
         rows = [b for b, (i, v) in enumerate(zip(batch.sample_to_image_indices, batch.sample_to_video_indices))
                 if i or v]

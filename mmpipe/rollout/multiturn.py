@@ -35,11 +35,11 @@ import numpy as np
 
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.parse import parse_media
-from mmpipe.encoding.vision_tokens import VisionTokens
+from mmpipe.records.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, InputError, ParseError, PlaceholderError
-from mmpipe.families import tiled_family_of
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.conversation import Conversation
+from mmpipe.rollout.support import check_processor, check_rollout
 from mmpipe.rollout.turn_media import add_turn_images, add_turn_videos
 
 __all__ = ["Conversation", "start", "conversation_encoder", "append_response", "append_observation", "append_messages"]
@@ -73,11 +73,9 @@ def conversation_encoder(processor, options: dict) -> Encoder:
             raise ArgumentError(f"pass encode options ({sorted(options)}) to the Encoder, not to start(); "
                                 "start() accepts options only with a processor")
         enc = processor
+        check_rollout(enc.family, "multiturn")
     else:
-        if tiled_family_of(processor) is not None:  # Gemma 3, InternVL, LLaVA-OneVision: no multi-turn appends yet
-            raise ArgumentError(f"multi-turn conversations (start / append_observation) are not available for "
-                                f"{tiled_family_of(processor).name} rows: encode each turn's whole conversation with "
-                                "mmpipe.encode and generate with TransformersEngine (mmpipe.rollout.tiled_generate)")
+        check_processor(processor, "multiturn")  # before encoding anything (the generic path, tiles)
         enc = Encoder(processor, **options)
     if enc.truncation != "raise":
         raise ArgumentError(
@@ -113,7 +111,7 @@ def append_response(conv: Conversation, response=None, *, text: Optional[str] = 
     Raises `ArgumentError` (naming the conversation) when the conversation is done or does not
     end with a generation prompt, `PlaceholderError` (stage "rollout") when the ids hold a vision
     special token (a pad would be read as an image slot without an image; the shared check of
-    `mmpipe.encoding.vision_tokens`), `InputError` (stage "template")
+    `mmpipe.records.vision_tokens`), `InputError` (stage "template")
     when the template does not render the reply verbatim.
     """
     _check_open(conv, "a response")
@@ -195,7 +193,7 @@ def _end_of_turn(conv: Conversation) -> str:
 
 def _refuse_vision_tokens(conv: Conversation, ids: np.ndarray) -> None:
     """Raise `PlaceholderError` when generated ids hold a vision special token (image / video
-    pad, vision start / end): the shared check, `mmpipe.encoding.vision_tokens`."""
+    pad, vision start / end): the shared check, `mmpipe.records.vision_tokens`."""
     enc = conv.encoder
     vt = VisionTokens.from_processor(enc.tokenizer, family=enc.family)
     vt.apply(ids, where=conv.where, row=conv.index, offset=conv.num_tokens)

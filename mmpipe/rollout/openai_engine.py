@@ -107,7 +107,7 @@ def request_body(row, params: SamplingParams, *, model: str, processor, server: 
                  index: Any = None) -> dict:
     """The JSON body of the chat-completions request for one row (``n`` completions; the
     ``"transformers"`` server takes one per request: the engine sends ``n`` of these)."""
-    from mmpipe.encoding.vision_tokens import VisionTokens
+    from mmpipe.records.vision_tokens import VisionTokens
     from mmpipe.rollout.images import vision_spec_for, vllm_processor_kwargs
 
     if server not in SERVERS:

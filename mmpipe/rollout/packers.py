@@ -41,7 +41,7 @@ import numpy as np
 
 from mmpipe.batching.collate import collate
 from mmpipe.encoding.encoder import Encoder
-from mmpipe.encoding.vision_tokens import VisionTokens
+from mmpipe.records.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.generation import Completion
@@ -70,7 +70,7 @@ class DataPackerCore:
         padding_side: of the policy batch (``"right"``, cosmos-rl's convention).
         on_vision_token: what `get_policy_input` does with a vision special token in a response:
             ``"raise"`` (a `PlaceholderError` naming the position and token) or ``"mask"``
-            (the pad id with label -100; see `mmpipe.encoding.vision_tokens`).
+            (the pad id with label -100; see `mmpipe.records.vision_tokens`).
         tool_agent: cosmos-rl's multi-turn tool agent (kept as ``self.tool_agent``).
         encode_options: passed to `Encoder` (``max_length``, ``truncation``, ``pixels``...).
     """

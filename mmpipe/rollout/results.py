@@ -7,8 +7,10 @@ training row (prompt + response, labels on the response only, M-RoPE positions c
 over the response) that collate / the data packers turn into a policy batch.
 
 Positions of generated tokens follow the rule the rollout engine used: generated token ``k``
-sits at ``last_prompt_pos + 1 + k`` on all three axes (``= n_prompt + rope_delta + k``),
-which equals recomputing the M-RoPE rule over prompt + response with the response as text.
+sits at ``last_prompt_pos + 1 + k`` on every position row (``= n_prompt + rope_delta + k``),
+which equals recomputing the M-RoPE rule over prompt + response with the response as text,
+and is ``n_prompt + k`` for the 1-D families (Gemma 3, InternVL, LLaVA-OneVision). Every family
+that rolls out comes here (`mmpipe.rollout.support`: the generic path's rows are refused).
 """
 
 from __future__ import annotations
@@ -17,14 +19,15 @@ from typing import Sequence
 
 import numpy as np
 
-from mmpipe.encoding.vision_tokens import VisionTokens, check_policy
 from mmpipe.errors import ArgumentError
-from mmpipe.families import tiled_family_of
 from mmpipe.records.generation import Generation
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.rollout import RolloutSample
-from mmpipe.records.kinds import is_tiled_row
+from mmpipe.records.vision_tokens import VisionTokens, check_policy
+from mmpipe.rollout.inputs import as_rows
+from mmpipe.rollout.support import check_processor, check_rows
+
+__all__ = ["unbatch_rollout", "rollout_rows"]
 
 
 def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=None,
@@ -41,26 +44,18 @@ def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=Non
         on_vision_token: ``"raise"`` (``to_row`` refuses a response holding a vision token,
             naming prompt, sample, position and token) or ``"mask"`` (needs ``processor``:
             each such token becomes the pad id with label -100, and ``response_mask`` 0);
-            see `mmpipe.encoding.vision_tokens`.
+            see `mmpipe.records.vision_tokens`.
     """
-    if is_tiled_row(prompts[0] if isinstance(prompts, (list, tuple)) and prompts else prompts) \
-            or (processor is not None and tiled_family_of(processor) is not None):
-        raise ArgumentError("unbatch_rollout takes rows of the patch-grid families; for tiled-family prompts (Gemma 3, "
-                            "InternVL, LLaVA-OneVision) use mmpipe.rollout.tiled_generate.tiled_rollout_rows(prompts, "
-                            "generations, processor)")
+    rows = as_rows(prompts)
+    check_rows(rows, "samples")
     if processor is not None:
-        vt = VisionTokens.from_processor(processor, policy=on_vision_token)
+        vt = VisionTokens.from_processor(processor, family=check_processor(processor, "samples"),
+                                         policy=on_vision_token)
     elif check_policy(on_vision_token) == "mask":
         raise ArgumentError("unbatch_rollout(on_vision_token='mask') needs processor=: the replacement is the "
                             "tokenizer's pad id")
     else:
         vt = None
-    if isinstance(prompts, BatchedMultiModalInputs):
-        from mmpipe.batching.unbatch import unbatch
-
-        rows = unbatch(prompts)
-    else:
-        rows = [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(prompts)]
     if len(generations) != len(rows):
         raise ArgumentError(
             f"{len(generations)} generations for {len(rows)} prompts; unbatch_rollout takes one Generation per "
@@ -88,3 +83,14 @@ def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=Non
                 )
             )
     return out
+
+
+def rollout_rows(prompts, generations: Sequence[Generation], processor=None, *,
+                 on_vision_token: str = "raise") -> list[MultiModalInputs]:
+    """Prompt rows + their `Generation` s -> one training row per completion, prompt-major
+    (`unbatch_rollout`, then ``sample.to_row()``): the prompt's tokens and images, then the
+    response (``mm_token_type_ids`` 0, labels on the response only, positions continued). A
+    response holding one of the family's vision tokens is refused (`PlaceholderError` naming
+    prompt, sample and position) or masked, as ``on_vision_token`` says."""
+    return [s.to_row() for s in unbatch_rollout(prompts, generations, processor=processor,
+                                                on_vision_token=on_vision_token)]

@@ -1,6 +1,5 @@
 """One ``model.generate`` call turned into `Generation` s: what `TransformersEngine` does for
-every family once its batch's model inputs are built (`transformers_engine` for the
-patch-grid families, `tiled_generate` for the tiled ones)::
+every family once its batch's model inputs are built (`transformers_engine`)::
 
     gens = sample(model, kw, params, stop=(eos_id,), pad_id=pad, suppress=banned, num_prompts=B)
 """

@@ -23,12 +23,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.encoding.vision_tokens import VisionTokens
+from mmpipe.records.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, InputError, PlaceholderError
-from mmpipe.families import family_of
 from mmpipe.records.generation import Completion, Generation, SamplingParams
 from mmpipe.images.spec import VisionSpec
 from mmpipe.rollout.inputs import as_rows, to_vllm_prompts
+from mmpipe.rollout.support import check_processor
 
 PIP_NAME = 'pip install "mmpipe[vllm]"'
 VISION_TOKEN_BANS = ("bad_words", "logit_bias")
@@ -186,11 +186,11 @@ class VLLMEngine:
             raise ImportError(f"VLLMEngine needs vLLM: {PIP_NAME} (or pass sampling_params_factory=)")
         self.llm = llm
         self.processor = processor
-        self.family = family_of(processor)
+        self.family = check_processor(processor, "generate")  # the generic path: refused, saying why
         self.spec = VisionSpec.from_processor(processor) if self.family.is_vision else None
         self.sampling_params_factory = sampling_params_factory
         self.check_prompt_ids = check_prompt_ids
-        self.vision_tokens = VisionTokens.from_processor(processor)
+        self.vision_tokens = VisionTokens.from_processor(processor, family=self.family)
         self.vision_token_ban = vision_token_ban
 
     def sampling_params(self, params: SamplingParams):
@@ -210,7 +210,9 @@ class VLLMEngine:
         """rows: prompt `MultiModalInputs`, stored dicts, or a `BatchedMultiModalInputs`;
         returns one `Generation` per row, in order (``prompt_index`` = position)."""
         recs = as_rows(rows)
-        prompts = to_vllm_prompts(recs, self.spec if self.spec is not None else self.family, tokenizer=self.processor)
+        # the processor itself: each row's strategy takes what it needs (a patch grid's spec, a
+        # tiled family's tokenizer and image texts)
+        prompts = to_vllm_prompts(recs, self.processor, tokenizer=self.processor)
         outputs = list(self.llm.generate(prompts, self.sampling_params(params), use_tqdm=False))
         if len(outputs) != len(prompts):
             raise InputError(

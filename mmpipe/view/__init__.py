@@ -7,17 +7,22 @@ What a row looks like to the model, one call away::
     print(row.describe())    # terminal: lengths, grids, token spans, the token text
     batch                    # per-row table (length, padding, images, tokens per image) + rows
 
-- **Images** are reconstructed from the stored pixels, i.e. what the model sees after the
-  resize: compact uint8 rows via `mmpipe.images.unpatchify_u8`, float32 rows by inverting
-  the normalisation table exactly (`mmpipe.images.pixel_values_to_u8`). Layout-only rows
-  (``pixels="none"``) have no pixels: a labelled placeholder box of the image's resized
-  aspect is drawn instead (never an ``<img>``).
+One pipeline for every family (patch grids, tiles, the generic path): what differs per kind of
+family (where a row's media tokens are, how a span is labelled, how pictures come out of the
+stored pixels) is asked of the row's media strategy (``fam.media.view_*``, `mmpipe.media`).
+
+- **Images** are shown as the model sees them, from the stored pixels: a patch-grid row's
+  resized images (compact uint8 rows via `mmpipe.images.unpatchify_u8`, float32 rows by
+  inverting the normalisation table exactly), a tiled row's stored tiles (one thumbnail per
+  tile). Rows without pictures (``pixels="none"``, the generic path's processor outputs) get
+  a labelled placeholder box of the image's aspect instead (never an ``<img>``).
 - **Tokens** form a strip coloured by modality. Each image's tokens are ONE labelled span
-  ("image k · grid t×h×w · n tokens", class ``mmpipe-image-span``, ``data-image="k"``) in the
-  colour of that image's thumbnail border; videos likewise (``mmpipe-video-span``; Qwen3-VL
-  splits a video into one span per frame group). Long text runs collapse to head/tail tokens
-  with "… n tokens …"; image spans are never collapsed. Tokens with ``labels != -100`` (what
-  the loss trains on) are underlined in green.
+  ("image k · grid t×h×w · n tokens", "image k · H×W px · n tiles · t tokens"; class
+  ``mmpipe-image-span``, ``data-image="k"``) in the colour of that image's thumbnail border;
+  videos likewise (``mmpipe-video-span``; Qwen3-VL splits a video into one span per frame
+  group). Long text runs collapse to head/tail tokens with "… n tokens …"; image spans are
+  never collapsed. Tokens with ``labels != -100`` (what the loss trains on) are underlined in
+  green.
 - Token text comes from ``tokenizer`` (a tokenizer or a processor, each token decoded on its
   own); without one the token ids are shown, unless `set_default_processor` named one (then
   plain ``row`` in Jupyter shows text too). A processor also supplies the normalisation
@@ -31,11 +36,10 @@ module         what it shows
 =============  ==============================================================================
 ``spans``      `token_spans` (a row's text / image / video runs), token text, `set_default_processor`
 ``images``     `image_thumbnails`, `video_frames`, `media_colour` (pixels as the model sees them)
-``summary``    a row's one-line summary, `batch_table_rows` (shared by HTML and text)
+``summary``    a row's head-line facts, `batch_table_rows` (shared by HTML and text)
 ``html``       `row_html`, `batch_html`, `rollout_html`, `to_html`, `html_page`
 ``text``       `describe`
 ``plots``      `plot_positions`, `plot_image_grid` (matplotlib, imported when a plot is drawn)
-``tiled``      tiled-family rows / batches (Gemma 3, InternVL, LLaVA-OneVision): their tiles, image runs
 ``style``      the one inline ``<style>`` block
 =============  ==============================================================================
 

@@ -1,6 +1,7 @@
 """Rows, batches and rollout samples as HTML (view stage): what Jupyter shows for them
 (`row_html`, `batch_html`, `rollout_html`), `to_html` for any of them, and `html_page`, a
-standalone document for a browser.
+standalone document for a browser. One page layout for every family: what differs per kind
+(a span's label, the pictures) comes from the row's media strategy (`mmpipe.media`).
 
 All HTML is escaped, styled by one inline ``<style>`` block, with no JavaScript and no
 external resource. See `mmpipe.view` for what each element shows.
@@ -9,26 +10,25 @@ external resource. See `mmpipe.view` for what each element shows.
 from __future__ import annotations
 
 import html
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from mmpipe.batching.unbatch import unbatch
 from mmpipe.records.batch import BatchedMultiModalInputs
-from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.columns import IGNORE_INDEX, to_numpy
 from mmpipe.records.rollout import RolloutSample
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.view.images import image_arrays, media_colour, png_data_uri, shown_size, spec_for, tint, video_frames
-from mmpipe.view.spans import Span, TokenText, collapse_plan, span_label, token_spans, value_range
+from mmpipe.view.images import media_colour, png_data_uri, row_pictures, shown_size, tint
+from mmpipe.view.spans import (
+    Span, TokenText, collapse_plan, media_tokens, position_ranges, span_label, token_position, token_spans,
+)
 from mmpipe.view.style import style_block
-from mmpipe.view.tiled import as_tiled, tiled_html
-from mmpipe.view.summary import as_row, batch_table_rows, grid_str, row_summary
-from mmpipe.records.columns import to_numpy
+from mmpipe.view.summary import as_row, batch_table_rows, count_list, row_summary
 
 DEFAULT_MAX_TOKENS = 400  # text tokens shown per row before text runs collapse
 DEFAULT_MAX_ROWS = 16  # rows of a batch shown in full (the table lists every row)
-
-
+PLACEHOLDER_SIDE = 64  # the box of an image whose size is not known
 
 _esc = html.escape
 
@@ -37,86 +37,126 @@ def _style() -> str:
     return style_block()
 
 
-def _thumb_html(img_arr: Optional[np.ndarray], label_index: int, grid, n_tokens: int, first_token: Optional[int],
-                exact: bool, p: int, pixel_format: str) -> str:
-    """One image: an <img> with its index and colour, or a placeholder box without pixels."""
-    t, h, w = grid
-    H, W = h * p, w * p
-    colour = media_colour(label_index)
-    where = f" #{first_token}–{first_token + n_tokens - 1}" if first_token is not None else ""
-    if img_arr is None:
-        sw, sh, _ = shown_size(W, H)
-        return (
-            f'<figure class="mmpipe-figure"><div class="mmpipe-placeholder" data-mmpipe-placeholder="{label_index}" '
-            f'style="width:{sw}px;height:{sh}px;border-color:{colour}">image {label_index}<br>{W}×{H} px<br>'
-            f"no pixels stored (layout-only row, pixels={_esc(pixel_format)!s})</div>"
-            f"<figcaption>image {label_index} · grid {t}×{h}×{w} · {n_tokens} tokens{where} · {W}×{H} px"
-            f"</figcaption></figure>"
-        )
+def _picture_html(arr: np.ndarray, shown: int, tile: Optional[int], colour: str) -> tuple[str, str]:
+    """One picture as an ``<img>`` (large ones embedded at the size shown), and a note when it
+    was made smaller."""
     from PIL import Image
 
-    img = Image.fromarray(img_arr, "RGB")
-    note = ""
+    img = Image.fromarray(arr, "RGB")
+    H, W = arr.shape[:2]
     sw, sh, pixelated = shown_size(W, H)
+    note = ""
     if (sw, sh) != (W, H) and not pixelated:  # a large image: embed it at the size shown, not in full
         img = img.resize((sw, sh), Image.LANCZOS)
         note = f" (shown at {sw}×{sh})"
     cls = ' class="mmpipe-pixelated"' if pixelated else ""
-    approx = "" if exact else " · approximate colours (normalisation constants differ from the family's; pass the processor)"
-    return (
-        f'<figure class="mmpipe-figure"><img{cls} data-mmpipe-image="{label_index}" src="{png_data_uri(img)}" '
-        f'width="{sw}" height="{sh}" style="border-color:{colour}" alt="image {label_index}, {W}x{H} pixels">'
-        f"<figcaption>image {label_index} · grid {t}×{h}×{w} · {n_tokens} tokens{where} · {W}×{H} px{note}{approx}"
-        f"</figcaption></figure>"
-    )
+    what = f"image {shown}" + (f" tile {tile}" if tile is not None else "")
+    attr = f' data-tile="{tile}"' if tile is not None else ""
+    return (f'<img{cls} data-mmpipe-image="{shown}"{attr} src="{png_data_uri(img)}" width="{sw}" height="{sh}" '
+            f'style="border-color:{colour}" alt="{what}, {W}x{H} pixels">', note)
 
 
-def _video_html(frames: list, index: int, grid, n_tokens: int, p: int) -> str:
-    t, h, w = grid
-    colour = media_colour(index, "video")
-    if not frames:
-        inner = (f'<div class="mmpipe-placeholder" style="width:{shown_size(w * p, h * p)[0]}px;'
-                 f'height:{shown_size(w * p, h * p)[1]}px">video {index}<br>no pixels stored</div>')
+def _placeholder_html(row: MultiModalInputs, k: int, shown: int, colour: str) -> str:
+    """A box of the image's aspect standing in for an image without pictures, saying why."""
+    media = row.fam.media
+    size = media.view_size(row, "image", k) or (PLACEHOLDER_SIDE, PLACEHOLDER_SIDE)
+    sw, sh, _ = shown_size(size[1], size[0])
+    fmt = row.pixel_format
+    why = ("no pixels stored (layout-only row, pixels=none)" if fmt == "none" else
+           "no pixels decoded (pixels=source: the image files)" if fmt == "source" else
+           f"not drawn (pixels={fmt}: the processor's own outputs)")
+    what = " · ".join(media.view_notes(row, "image", k)) or media.view_layout(row, "image", k, k)
+    return (f'<div class="mmpipe-placeholder" data-mmpipe-placeholder="{shown}" style="width:{sw}px;height:{sh}px;'
+            f'border-color:{colour}">image {shown}<br>{_esc(what)}<br>{_esc(why)}</div>')
+
+
+def _figure_html(row: MultiModalInputs, k: int, shown: int, pictures: Optional[list], tokens: dict,
+                 exact: bool) -> str:
+    """Image ``k`` of the row (``shown``: its number on the page): its pictures or a box, and a
+    caption with its layout, its tokens and where they are."""
+    media = row.fam.media
+    colour = media_colour(shown)
+    first, n = tokens.get(("image", k), (None, 0))
+    where = f" #{first}–{first + n - 1}" if first is not None else ""
+    caption = " · ".join([f"image {shown}", media.view_layout(row, "image", k, k), f"{n} tokens{where}",
+                          *media.view_notes(row, "image", k)])
+    if pictures is None:
+        body = _placeholder_html(row, k, shown, colour)
     else:
-        shown = frames[:8]
+        tiles = len(pictures) > 1  # a tiled image: one picture per stored tile
+        imgs = [_picture_html(a, shown, j if tiles else None, colour) for j, a in enumerate(pictures)]
+        body = "".join(img for img, _ in imgs)
+        body = f'<div class="mmpipe-images">{body}</div>' if len(imgs) > 1 else body
+        caption += imgs[0][1] if len(imgs) == 1 else ""
+    if not exact and pictures is not None:
+        caption += " · approximate colours (normalisation constants differ from the family's; pass the processor)"
+    return f'<figure class="mmpipe-figure">{body}<figcaption>{_esc(caption)}</figcaption></figure>'
+
+
+def _video_html(row: MultiModalInputs, frames: list, k: int, shown: int, n_tokens: int) -> str:
+    media = row.fam.media
+    colour = media_colour(shown, "video")
+    size = media.view_size(row, "video", k) or (PLACEHOLDER_SIDE, PLACEHOLDER_SIDE)
+    if not frames:
+        sw, sh, _ = shown_size(size[1], size[0])
+        inner = (f'<div class="mmpipe-placeholder" style="width:{sw}px;height:{sh}px">video {shown}<br>'
+                 "no pixels stored</div>")
+    else:
         parts = []
-        for g, fr in enumerate(shown):
-            sw, sh, pix = shown_size(fr.width, fr.height)
+        for g, fr in enumerate(frames[:8]):
+            sw, sh, pix = shown_size(fr.shape[1], fr.shape[0])
             cls = ' class="mmpipe-pixelated"' if pix else ""
-            parts.append(f'<img{cls} data-mmpipe-video="{index}" data-frame-group="{g}" src="{png_data_uri(fr)}" '
-                         f'width="{sw // 2 or 1}" height="{sh // 2 or 1}" alt="video {index} frame group {g}">')
+            parts.append(f'<img{cls} data-mmpipe-video="{shown}" data-frame-group="{g}" src="{png_data_uri(_pil(fr))}" '
+                         f'width="{sw // 2 or 1}" height="{sh // 2 or 1}" alt="video {shown} frame group {g}">')
         more = f"<span class='mmpipe-gap'>… {len(frames) - 8} more frame groups</span>" if len(frames) > 8 else ""
         inner = f'<div class="mmpipe-frames" style="border-color:{colour}">{"".join(parts)}{more}</div>'
-    return (f'<figure class="mmpipe-figure">{inner}<figcaption>video {index} · grid {t}×{h}×{w} · {n_tokens} tokens · '
-            f"{w * p}×{h * p} px per frame</figcaption></figure>")
+    caption = " · ".join([f"video {shown}", media.view_layout(row, "video", k, k), f"{n_tokens} tokens",
+                          *[f"{n} per frame" for n in media.view_notes(row, "video", k)]])
+    return f'<figure class="mmpipe-figure">{inner}<figcaption>{_esc(caption)}</figcaption></figure>'
+
+
+def _pil(arr: np.ndarray):
+    from PIL import Image
+
+    return Image.fromarray(arr, "RGB")
+
+
+def _media_html(row: MultiModalInputs, row_spans: list[Span], source: Any, image_ids: Sequence[int],
+                video_ids: Sequence[int]) -> str:
+    """The row's images (and videos) as figures, numbered ``image_ids`` / ``video_ids``."""
+    tokens = media_tokens(row_spans)
+    pictures, exact = row_pictures(row, source)
+    figs = [_figure_html(row, k, image_ids[k], pics, tokens, exact) for k, pics in enumerate(pictures)]
+    if row.num_videos:
+        frames = row.fam.media.view_video_frames(row, source)
+        figs += [_video_html(row, frames[k], k, video_ids[k], tokens.get(("video", k), (0, 0))[1])
+                 for k in range(row.num_videos)]
+    return f'<div class="mmpipe-images">{"".join(figs)}</div>'
 
 
 def _strip_html(row: MultiModalInputs, row_spans: list[Span], toks: TokenText, max_tokens: Optional[int],
                 image_ids: Sequence[int], video_ids: Sequence[int], extra: Optional[dict] = None) -> str:
     """The token strip: text chips, one labelled span per image/video (run), collapsed gaps."""
     ids = np.asarray(row.input_ids)
-    pos = np.asarray(row.position_ids)
     labels = None if row.labels is None else np.asarray(row.labels)
     out = []
     for item in collapse_plan(row_spans, max_tokens):
         if isinstance(item, Span):
             s = item
             kind_ids = image_ids if s.kind == "image" else video_ids
-            shown_index = kind_ids[s.index] if 0 <= s.index < len(kind_ids) else -1
-            shown = Span(s.kind, s.start, s.end, shown_index, s.grid, s.part, s.parts)
-            colour = media_colour(max(shown_index, 0), s.kind) if shown_index >= 0 else "#d00000"
-            p = pos[:, s.start:s.end]
+            shown = kind_ids[s.index] if 0 <= s.index < len(kind_ids) else -1
+            colour = media_colour(max(shown, 0), s.kind) if shown >= 0 else "#d00000"
             title = (f"tokens #{s.start}–#{s.end - 1}, token id {int(ids[s.start])}; positions "
-                     f"t {value_range(p[0])}, h {value_range(p[1])}, w {value_range(p[2])}")
+                     + ", ".join(position_ranges(row, s.start, s.end)))
             trained = labels is not None and bool((labels[s.start:s.end] != IGNORE_INDEX).any())
             if trained:
                 title += "; TRAINED (labels on media tokens)"
             tr = " mmpipe-trained" if trained else ""
             attr = "data-image" if s.kind == "image" else "data-video"
             out.append(
-                f'<span class="mmpipe-{s.kind}-span{tr}" {attr}="{shown_index}" data-start="{s.start}" '
+                f'<span class="mmpipe-{s.kind}-span{tr}" {attr}="{shown}" data-start="{s.start}" '
                 f'data-tokens="{s.length}" style="border-color:{colour};background:{tint(colour)}" '
-                f'title="{_esc(title)}">{_esc(span_label(shown))}</span>'
+                f'title="{_esc(title)}">{_esc(span_label(row, s, shown))}</span>'
             )
         elif item[0] == "gap":
             out.append(f'<span class="mmpipe-gap">… {item[1]} tokens …</span>')
@@ -126,7 +166,7 @@ def _strip_html(row: MultiModalInputs, row_spans: list[Span], toks: TokenText, m
             cls = "mmpipe-tok"
             if toks.is_special(tid):
                 cls += " mmpipe-special"
-            title = f"#{i} id {tid} pos ({pos[0, i]},{pos[1, i]},{pos[2, i]})"
+            title = f"#{i} id {tid} pos {token_position(row, i)}"
             if labels is not None:
                 lab = int(labels[i])
                 if lab != IGNORE_INDEX:
@@ -146,17 +186,19 @@ def _legend(row: MultiModalInputs, toks: TokenText, counts: bool = True) -> str:
         parts.append('<span><span class="mmpipe-tok mmpipe-special">&lt;|special|&gt;</span> special token</span>')
     else:
         parts.append("<span>token ids shown (pass tokenizer= or a processor for text)</span>")
-    parts.append('<span><span class="mmpipe-image-span" style="border-color:#888">image k</span> one span per image, '
-                 "coloured like its thumbnail</span>")
+    # the legend's sample chips carry a class of their own: only the strip's spans are the spans
+    parts.append('<span><span class="mmpipe-image-span mmpipe-sample" style="border-color:#888">image k</span> one '
+                 "span per image, coloured like its thumbnail</span>")
     if row.num_videos:
-        parts.append('<span><span class="mmpipe-video-span" style="border-color:#888">video k</span> video tokens</span>')
+        parts.append('<span><span class="mmpipe-video-span mmpipe-sample" style="border-color:#888">video k</span> '
+                     "video tokens</span>")
     if row.labels is None:
         parts.append("<span>no labels (nothing trained)</span>")
     else:
         n = int((np.asarray(row.labels) != IGNORE_INDEX).sum())
         n = f" ({n} tokens)" if counts else ""
         parts.append(f'<span><span class="mmpipe-tok mmpipe-trained">tok</span> trained: labels ≠ -100{n}</span>')
-    parts.append("<span>hover a token: index, id, (t,h,w) position, label</span>")
+    parts.append("<span>hover a token: index, id, position, label</span>")
     return f'<div class="mmpipe-legend">{"".join(parts)}</div>'
 
 
@@ -167,31 +209,15 @@ def _row_body(row: MultiModalInputs, *, tokenizer=None, max_tokens: Optional[int
     toks = toks or TokenText(tokenizer)
     image_ids = list(range(row.num_images)) if image_ids is None else list(image_ids)
     video_ids = list(range(row.num_videos)) if video_ids is None else list(video_ids)
-    spec = spec_for(row.family, spec if spec is not None else tokenizer)
     row_spans = token_spans(row)
-    first = {}
-    for s in row_spans:
-        if s.kind != "text" and s.index >= 0:
-            first.setdefault((s.kind, s.index), s.start)
     parts = [f'<div class="mmpipe"><div class="mmpipe-head">{_esc(title)} · {_esc(row_summary(row))}</div>']
-    if row.fam.is_vision and (row.num_images or row.num_videos):
-        arrays, exact = image_arrays(row, spec)
-        p = spec.patch_size
-        tokens = row.fam.tokens_per_grid(row.image_grid_thw).tolist()
-        figs = []
-        for k, (arr, g) in enumerate(zip(arrays, np.asarray(row.image_grid_thw).tolist())):
-            figs.append(_thumb_html(arr, image_ids[k], g, tokens[k], first.get(("image", k)),
-                                    exact, p, row.pixel_format))
-        if row.num_videos:
-            frames = video_frames(row, spec=spec)
-            video_tokens = row.fam.tokens_per_grid(row.video_grid_thw).tolist()
-            for k, g in enumerate(np.asarray(row.video_grid_thw).tolist()):
-                figs.append(_video_html(frames[k], video_ids[k], g, video_tokens[k], p))
-        parts.append(f'<div class="mmpipe-images">{"".join(figs)}</div>')
-        if not row.has_pixels:
-            parts.append('<div class="mmpipe-note">layout-only row (pixels="none"): grids and positions come from the '
-                         "image sizes; no pixels are stored, so boxes of the resized size stand in for the images"
-                         "</div>")
+    if row.num_images or row.num_videos:
+        source = spec if spec is not None else tokenizer  # what float32 pixels are read with
+        parts.append(_media_html(row, row_spans, source, image_ids, video_ids))
+        if row.pixel_format == "none":
+            parts.append('<div class="mmpipe-note">layout-only row (pixels="none"): the layout and positions come '
+                         "from the image sizes; no pixels are stored, so boxes of the image's shape stand in for "
+                         "the images</div>")
     parts.append(_strip_html(row, row_spans, toks, max_tokens, image_ids, video_ids, extra))
     if legend:
         parts.append(_legend(row, toks))
@@ -200,7 +226,7 @@ def _row_body(row: MultiModalInputs, *, tokenizer=None, max_tokens: Optional[int
 
 
 def row_html(row, *, tokenizer=None, max_tokens: Optional[int] = DEFAULT_MAX_TOKENS, spec=None) -> str:
-    """HTML of one row: thumbnails, the token strip, labels and a legend.
+    """HTML of one row of any family: thumbnails, the token strip, labels and a legend.
 
     Args:
         row: a `MultiModalInputs` (or a stored row dict).
@@ -210,29 +236,26 @@ def row_html(row, *, tokenizer=None, max_tokens: Optional[int] = DEFAULT_MAX_TOK
             "… n tokens …" (None: never collapse). Image spans are always all shown.
         spec: a `VisionSpec` overriding the pixel constants.
 
-    Each image is an ``<img data-mmpipe-image="k">`` (a ``data-mmpipe-placeholder`` box for a
-    layout-only row) and one ``<span class="mmpipe-image-span" data-image="k">``.
+    Each image is a ``<figure>`` holding its ``<img data-mmpipe-image="k">`` (one
+    per stored tile for a tiled family; a ``data-mmpipe-placeholder`` box when there is no
+    picture: a layout-only row, the generic path) and, where its tokens are marked, one
+    ``<span class="mmpipe-image-span" data-image="k">``.
     """
-    if as_tiled(row) is not None:  # a tiled family's row (mmpipe.view.tiled): its tiles, no grids
-        return tiled_html(row, tokenizer=tokenizer, max_tokens=max_tokens)
     return _style() + _row_body(as_row(row), tokenizer=tokenizer, max_tokens=max_tokens, spec=spec)
 
 
 def batch_html(batch: BatchedMultiModalInputs, *, tokenizer=None, max_tokens: Optional[int] = DEFAULT_MAX_TOKENS,
                max_rows: Optional[int] = DEFAULT_MAX_ROWS) -> str:
-    """HTML of a batch: a per-row table (length, padding, images, tokens per image, grids,
-    labels) of every row, then the thumbnails and token strip of the first ``max_rows`` rows
-    (None: all; the page says how many are left out). Images carry their index in the batch
-    (``image_grid_thw`` row); ``sample_to_image_indices`` says which row owns which. A
-    `BatchedMultiModalInputs`: `mmpipe.view.tiled.tiled_html`."""
-    if as_tiled(batch) is not None:
-        return tiled_html(batch, tokenizer=tokenizer, max_tokens=max_tokens)
+    """HTML of a batch of any family: a per-row table (length, padding, images, tokens per
+    image, layouts, labels) of every row, then the thumbnails and token strip of the first
+    ``max_rows`` rows (None: all; the page says how many are left out). Images carry their
+    index in the batch; ``sample_to_image_indices`` says which row owns which."""
     rows = unbatch(batch)
-    info = batch_table_rows(batch)
+    info = batch_table_rows(batch, rows)
     B, L = batch.input_ids.shape
     toks = TokenText(tokenizer)
-    n_vid = int(to_numpy(batch.video_grid_thw).shape[0])
-    head = (f"BatchedMultiModalInputs · {batch.family} · B={B} rows × L={L} · {int(to_numpy(batch.image_grid_thw).shape[0])} "
+    n_img, n_vid = int(to_numpy(batch.image_offsets)[-1]), int(to_numpy(batch.video_grid_thw).shape[0])
+    head = (f"BatchedMultiModalInputs · {batch.family} · B={B} rows × L={L} · {n_img} "
             f"images{f' · {n_vid} videos' if n_vid else ''} · padding {batch.padding_side} · pixels {batch.pixel_format}")
     trs = []
     for r in info:
@@ -240,13 +263,13 @@ def batch_html(batch: BatchedMultiModalInputs, *, tokenizer=None, max_tokens: Op
         vids = f" + videos {', '.join(str(i) for i in r['videos'])}" if r["videos"] else ""
         trs.append(
             f"<tr><td>{r['row']}</td><td>{r['length']}</td><td>{r['padding']} ({batch.padding_side})</td>"
-            f"<td>{len(r['images'])}: [{imgs}]{vids}</td><td>{', '.join(map(str, r['tokens_per_image'])) or '–'}</td>"
-            f"<td>{', '.join(grid_str(g) for g in r['grids']) or '–'}</td>"
+            f"<td>{len(r['images'])}: [{imgs}]{vids}</td><td>{count_list(r['tokens_per_image']) or '–'}</td>"
+            f"<td>{_esc(', '.join(r['layouts'])) or '–'}</td>"
             f"<td>{'yes (' + str(r['trained_tokens']) + ' trained)' if r['has_labels'] else 'no'}</td>"
             f"<td>{_esc(r['pixels'])}</td></tr>"
         )
     table = ('<table class="mmpipe-table"><thead><tr><th>row</th><th>length</th><th>padding</th><th>images</th>'
-             "<th>tokens per image</th><th>grids (t×h×w)</th><th>labels</th><th>pixels</th></tr></thead>"
+             "<th>tokens per image</th><th>layouts</th><th>labels</th><th>pixels</th></tr></thead>"
              f"<tbody>{''.join(trs)}</tbody></table>")
     bodies = [
         _row_body(row, tokenizer=tokenizer, max_tokens=max_tokens, image_ids=info[b]["images"],
@@ -289,8 +312,6 @@ def to_html(obj, *, tokenizer=None, max_tokens: Optional[int] = DEFAULT_MAX_TOKE
     """HTML fragment of a row, batch, rollout sample, stored row dict, or a list of them."""
     if isinstance(obj, BatchedMultiModalInputs):
         return batch_html(obj, tokenizer=tokenizer, max_tokens=max_tokens)
-    if as_tiled(obj) is not None:
-        return tiled_html(obj, tokenizer=tokenizer, max_tokens=max_tokens)
     if isinstance(obj, RolloutSample):
         return rollout_html(obj, tokenizer=tokenizer, max_tokens=max_tokens)
     if isinstance(obj, (MultiModalInputs, dict)):

@@ -1,6 +1,10 @@
 """Images of a row as the model sees them (view stage): thumbnails rebuilt from the stored
-pixels (exact for uint8 rows and float32 rows read with their constants), video frames,
-PNG data URIs, shown sizes and the colour of each image.
+pixels, video frames, PNG data URIs, shown sizes and the colour of each image.
+
+How pictures come out of a row's storage is its kind's (``fam.media.view_images`` /
+``view_video_frames``, `mmpipe.media`): the patch grids give each resized image (exact for uint8
+rows and float32 rows read with their constants), the tiles kind each image's stored tiles, the
+generic path none (its outputs are in the processor's own layout).
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mmpipe.families import get_family
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.view.spans import default_processor_for
 from mmpipe.view.summary import as_row
@@ -21,63 +24,16 @@ MIN_SHOWN_SIDE = 96  # tiny images are shown enlarged by a whole factor, pixelat
 MAX_SHOWN_SIDE = 320
 
 
-def spec_for(family: str, source: Any = None):
-    """The `VisionSpec` to read pixels with: from a processor / spec if given (or the default
-    processor of this family), else the family's."""
-    from mmpipe.images.spec import VisionSpec
-
-    if source is None:
-        source = default_processor_for(family)
-    if isinstance(source, VisionSpec):
-        return source
-    if source is not None and getattr(source, "image_processor", None) is not None:
-        return VisionSpec.from_processor(source)
-    return VisionSpec.from_family(get_family(family))
+def pixel_source(row: MultiModalInputs, source: Any = None) -> Any:
+    """What pixels are read with: ``source`` (a `VisionSpec` or processor), else the processor
+    `set_default_processor` named for this row's family (None: the family's constants)."""
+    return source if source is not None else default_processor_for(row.family)
 
 
-def _approx_u8(x: np.ndarray, spec) -> np.ndarray:
-    """float32 [n, 3, k] -> uint8 by undoing the normalisation arithmetically (rounded)."""
-    mean = np.asarray(spec.image_mean, np.float64)[None, :, None] if spec.do_normalize else 0.0
-    std = np.asarray(spec.image_std, np.float64)[None, :, None] if spec.do_normalize else 1.0
-    v = x.astype(np.float64) * std + mean
-    v = v / spec.rescale_factor if spec.do_rescale else v
-    return np.clip(np.rint(v), 0, 255).astype(np.uint8)
-
-
-def _patches_u8(row: MultiModalInputs, spec) -> tuple[Optional[np.ndarray], bool]:
-    """The row's image patches as uint8 [N, 3*p*p] (one temporal copy) and whether they are
-    exact; None for a row without pixels."""
-    from mmpipe.images.pixels import pixel_values_to_u8
-
-    if row.pixel_values_u8 is not None:
-        return np.asarray(row.pixel_values_u8), True
-    if row.pixel_values is None:
-        return None, True
-    pv = np.asarray(row.pixel_values, np.float32)
-    try:
-        return pixel_values_to_u8(pv, spec.lut(), spec.temporal_patch_size), True
-    except ValueError:  # other normalisation constants than `spec`: undo them approximately
-        n, d = pv.shape
-        T = spec.temporal_patch_size
-        x = pv.reshape(n, 3, T, d // (3 * T))[:, :, 0, :]
-        return _approx_u8(x, spec).reshape(n, -1), False
-
-
-def image_arrays(row: MultiModalInputs, spec=None) -> tuple[list[Optional[np.ndarray]], bool]:
-    """uint8 [H', W', 3] per image (None without pixels), and whether they are exact."""
-    from mmpipe.images.pixels import unpatchify_u8
-
-    spec = spec_for(row.family, spec)
-    patches, exact = _patches_u8(row, spec)
-    grids = np.asarray(row.image_grid_thw).reshape(-1, 3)
-    if patches is None:
-        return [None] * len(grids), exact
-    out, at = [], 0
-    for t, h, w in grids.tolist():
-        n = t * h * w
-        out.append(unpatchify_u8(patches[at:at + h * w], h, w, spec))
-        at += n
-    return out, exact
+def row_pictures(row: MultiModalInputs, source: Any = None) -> tuple[list[Optional[list[np.ndarray]]], bool]:
+    """Per image, its pictures uint8 [H, W, 3] as the model sees them (one resized image, or one
+    per stored tile), None without them; and whether they are exact (see `image_thumbnails`)."""
+    return row.fam.media.view_images(row, pixel_source(row, source))
 
 
 def image_thumbnails(row, *, spec=None) -> list:
@@ -88,14 +44,15 @@ def image_thumbnails(row, *, spec=None) -> list:
         spec: a `VisionSpec` or a processor supplying the normalisation constants that
             float32 rows are inverted with (default: the family's).
 
-    Returns one ``PIL.Image`` (RGB, ``w*p x h*p`` pixels for grid ``(1, h, w)``) per image,
-    equal to the resized uint8 image the processor normalised; ``None`` for each image of a
-    layout-only row (``pixels="none"``), which stores no pixels.
+    Returns one ``PIL.Image`` (RGB) per image: for a patch-grid row ``w*p x h*p`` pixels for grid
+    ``(1, h, w)``, equal to the resized uint8 image the processor normalised; for a tiled row
+    its stored tiles side by side. ``None`` for each image without stored pixels (layout-only
+    rows, ``pixels="none"``; the generic path's processor outputs).
     """
     from PIL import Image
 
-    arrays, _ = image_arrays(as_row(row), spec)
-    return [Image.fromarray(a, "RGB") if a is not None else None for a in arrays]
+    pictures, _ = row_pictures(as_row(row), spec)
+    return [None if p is None else Image.fromarray(np.concatenate(p, axis=1), "RGB") for p in pictures]
 
 
 def video_frames(row, *, spec=None) -> list[list]:
@@ -103,31 +60,9 @@ def video_frames(row, *, spec=None) -> list[list]:
     sees ``T`` frames per group); an empty list for a video without stored pixels."""
     from PIL import Image
 
-    from mmpipe.images.pixels import unpatchify_u8, video_pixel_values_to_u8
-
     row = as_row(row)
-    spec = spec_for(row.family, spec)
-    T = spec.temporal_patch_size
-    if row.pixel_values_videos_u8 is not None:
-        patches = np.asarray(row.pixel_values_videos_u8)
-    elif row.pixel_values_videos is not None:
-        pv = np.asarray(row.pixel_values_videos, np.float32)
-        try:
-            patches = video_pixel_values_to_u8(pv, spec.for_videos().lut())
-        except ValueError:
-            patches = _approx_u8(pv.reshape(len(pv), 3, -1), spec).reshape(len(pv), -1)
-    else:
-        return [[] for _ in range(row.num_videos)]
-    out, at = [], 0
-    for t, h, w in np.asarray(row.video_grid_thw).reshape(-1, 3).tolist():
-        frames = []
-        for g in range(t):
-            block = patches[at + g * h * w: at + (g + 1) * h * w]
-            first = block.reshape(h * w, 3, T, -1)[:, :, 0, :].reshape(h * w, -1)
-            frames.append(Image.fromarray(unpatchify_u8(first, h, w, spec), "RGB"))
-        out.append(frames)
-        at += t * h * w
-    return out
+    frames = row.fam.media.view_video_frames(row, pixel_source(row, spec))
+    return [[Image.fromarray(f, "RGB") for f in video] for video in frames]
 
 
 def png_data_uri(img: Any) -> str:

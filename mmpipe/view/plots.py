@@ -1,5 +1,5 @@
-"""matplotlib views of a row: the three M-RoPE position rows along the sequence, and an
-image's tokens laid out on its merged grid.
+"""matplotlib views of a row: its position rows along the sequence (the three M-RoPE rows,
+or the one row of 1-D positions), and a patch-grid image's tokens laid out on its merged grid.
 
 ::
 
@@ -21,14 +21,14 @@ import io
 
 import numpy as np
 
+from mmpipe.errors import ArgumentError
 from mmpipe.view.images import image_thumbnails, media_colour
-from mmpipe.view.spans import token_spans
+from mmpipe.view.spans import AXES, token_spans
 from mmpipe.view.summary import as_row
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.batch import BatchedMultiModalInputs
 
-AXES = ("t", "h", "w")
 _AXIS_COLOURS = ("#1f77b4", "#d62728", "#2ca02c")
 MAX_CELL_LABELS = 144  # image tokens labelled one by one up to this many
 
@@ -78,16 +78,17 @@ def _figure(figsize):
 
 
 def plot_positions(row_or_batch, *, index: int = 0, ax=None):
-    """The three M-RoPE position rows (t, h, w) against the token index.
+    """The position rows against the token index: M-RoPE's three (t, h, w), or the one row
+    of 1-D positions (tiled families, the generic path).
 
     Args:
         row_or_batch: a `MultiModalInputs`, stored row dict, `BatchedMultiModalInputs`
             (row ``index``) or `RolloutSample` (prompt + response).
         ax: draw into this matplotlib Axes instead of a new figure.
 
-    One line per axis (``ax.lines[0..2]`` hold x = token index, y = ``position_ids[0..2]``
-    exactly); each image's (video's) tokens are shaded in its colour from `mmpipe.view.images.media_colour`
-    and labelled; trained tokens (labels != -100) are marked by a bar under the axis.
+    One line per position row (``ax.lines[0..2]`` hold x = token index, y =
+    ``position_ids[0..2]`` exactly; ``ax.lines[0]`` the 1-D positions); each image's (video's)
+    tokens are shaded in its colour from `mmpipe.view.images.media_colour` and labelled; trained tokens (labels != -100) are marked by a bar under the axis.
     Returns the Figure.
     """
     row = _row_of(row_or_batch, index)
@@ -95,11 +96,12 @@ def plot_positions(row_or_batch, *, index: int = 0, ax=None):
         fig, ax = _figure((10, 3.4))
     else:
         fig = ax.figure
-    pos = np.asarray(row.position_ids)
+    pos = np.asarray(row.position_ids).reshape(-1, row.num_tokens)  # [P, L]: 3 M-RoPE rows or 1
     x = np.arange(row.num_tokens)
-    for a in range(3):
-        ax.plot(x, pos[a], label=f"{AXES[a]} position", color=_AXIS_COLOURS[a], lw=1.4,
-                marker="." if row.num_tokens <= 400 else None, ms=3, drawstyle="default")
+    names = AXES if len(pos) == len(AXES) else ("",) * len(pos)
+    for a in range(len(pos)):
+        ax.plot(x, pos[a], label=f"{names[a]} position".strip(), color=_AXIS_COLOURS[a % len(_AXIS_COLOURS)],
+                lw=1.4, marker="." if row.num_tokens <= 400 else None, ms=3, drawstyle="default")
     top = float(pos.max()) if row.num_tokens else 1.0
     for s in token_spans(row):
         if s.kind == "text":
@@ -116,7 +118,8 @@ def plot_positions(row_or_batch, *, index: int = 0, ax=None):
                        s=30, label="trained (labels != -100)", zorder=3)
     ax.set_xlabel("token index")
     ax.set_ylabel("position id")
-    ax.set_title(f"M-RoPE positions · {row.family} · {row.num_tokens} tokens · rope_delta {row.rope_delta}",
+    rope = f"M-RoPE positions · {row.family} · {row.num_tokens} tokens · rope_delta {row.rope_delta}"
+    ax.set_title(rope if len(pos) == len(AXES) else f"positions · {row.family} · {row.num_tokens} tokens",
                  fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
     ax.grid(alpha=0.25)
@@ -134,16 +137,23 @@ def plot_image_grid(row, image_index: int = 0, *, ax=None, spec=None, labels="au
         labels: True, False or "auto" (label cells when the image has at most
             `MAX_CELL_LABELS` tokens).
 
-    A layout-only row has no pixels: a grey box of the resized size stands in. Returns the Figure.
+    A layout-only row has no pixels: a grey box of the resized size stands in. Rows without
+    patch grids (tiled families, the generic path) raise `ArgumentError`: `row_html` and
+    `image_thumbnails` show their images. Returns the Figure.
     """
     row = _row_of(row)
     if not 0 <= image_index < row.num_images:
         raise IndexError(f"image index {image_index} out of range: the row holds {row.num_images} images")
+    spans = [s for s in token_spans(row) if s.kind == "image" and s.index == image_index]
+    if image_index >= len(row.image_grid_thw) or not spans:
+        raise ArgumentError(f"plot_image_grid draws an image's tokens on its patch grid, and image {image_index} of "
+                            f"this {row.family} row has no patch grid (image_grid_thw) or no tokens of its own; "
+                            "row_html(row) and image_thumbnails(row) show its pictures")
     fam = row.fam
     p, m = fam.patch_size, fam.merge_size
     t, gh, gw = (int(v) for v in np.asarray(row.image_grid_thw)[image_index])
     H, W = gh * p, gw * p
-    span = next(s for s in token_spans(row) if s.kind == "image" and s.index == image_index)
+    span = spans[0]
     img = image_thumbnails(row, spec=spec)[image_index]
     if ax is None:
         fig, ax = _figure((max(3.0, min(9.0, 6.0 * W / max(H, W))) + 0.6, max(3.0, min(9.0, 6.0 * H / max(H, W)))))

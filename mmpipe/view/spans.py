@@ -1,6 +1,9 @@
 """Token spans of a row (view stage): the token sequence cut into text / image / video runs,
 token ids shown as text, and how long text runs collapse for display.
 
+Where a row's media tokens are, and how a span is labelled, is what differs per kind of family:
+`token_spans` and `span_label` ask the row's media strategy (``fam.media.view_spans`` /
+``view_layout``, `mmpipe.media`) and do the rest the same way for every family.
 `set_default_processor` names the tokenizer (or processor) every view falls back to.
 """
 
@@ -11,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.families import ModelFamily, family_of
+from mmpipe.families import resolve_family
 from mmpipe.records.row import MultiModalInputs
 
 
@@ -20,14 +23,15 @@ class Span:
     """A run of tokens ``[start, end)`` of one modality.
 
     ``kind`` "text", "image" or "video"; ``index`` the image/video index in the row (-1 for
-    text, or for media tokens that no grid accounts for); ``grid`` its (t, h, w) patch grid;
+    text, or for media tokens that no layout accounts for); ``last`` the last image of a span
+    that covers touching images whose tokens cannot be cut apart (tiles kind), else ``index``;
     ``part``/``parts`` the frame group of a video split over several runs (Qwen3-VL)."""
 
     kind: str
     start: int
     end: int
     index: int = -1
-    grid: Optional[tuple] = None
+    last: int = -1
     part: int = 0
     parts: int = 1
 
@@ -36,51 +40,46 @@ class Span:
         return self.end - self.start
 
 
-def _media_queue(fam: ModelFamily, grids) -> list[tuple[int, tuple, int]]:
-    """``(index, grid, LLM tokens)`` of each (t, h, w) grid of ``grids`` int [n, 3], in order."""
-    grids = np.asarray(grids).reshape(-1, 3)
-    return [(k, tuple(int(x) for x in g), int(n)) for k, (g, n) in enumerate(zip(grids, fam.tokens_per_grid(grids)))]
-
-
 def token_spans(row: MultiModalInputs) -> list[Span]:
-    """The row's token sequence cut into text / image / video spans, one span per image (and
-    per video run), images assigned in order by their grids' token counts."""
-    mm = np.asarray(row.mm_token_type_ids)
-    L = len(mm)
-    queues = {1: _media_queue(row.fam, row.image_grid_thw), 2: _media_queue(row.fam, row.video_grid_thw)}
-    left = {1: [q[2] for q in queues[1]], 2: [q[2] for q in queues[2]]}
-    cursor = {1: 0, 2: 0}
-    seen_parts: dict[tuple, int] = {}
+    """The row's token sequence cut into text spans and the media spans its family's strategy
+    finds (``fam.media.view_spans``): one span per image (and per video run); text in between."""
     out: list[Span] = []
-    change = np.flatnonzero(np.diff(mm)) + 1
-    bounds = [0, *change.tolist(), L] if L else [0]
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        code = int(mm[a])
-        if code not in (1, 2):
-            out.append(Span("text", a, b))
-            continue
-        kind = "image" if code == 1 else "video"
-        pos = a
-        while pos < b:
-            k = cursor[code]
-            if k >= len(queues[code]):  # more media tokens than the grids account for
-                out.append(Span(kind, pos, b))
-                break
-            idx, grid, total = queues[code][k]
-            take = min(b - pos, left[code][k])
-            part = seen_parts.get((code, idx), 0)
-            seen_parts[(code, idx)] = part + 1
-            out.append(Span(kind, pos, pos + take, idx, grid, part))
-            left[code][k] -= take
-            if left[code][k] == 0:
-                cursor[code] += 1
-            pos += take
-    # number the parts of split media (a Qwen3-VL video is one run per frame group)
-    return [
-        Span(s.kind, s.start, s.end, s.index, s.grid, s.part, seen_parts.get((1 if s.kind == "image" else 2, s.index), 1))
-        if s.kind != "text" and s.index >= 0 else s
-        for s in out
-    ]
+    pos, L = 0, row.num_tokens
+    for kind, a, b, index, last, part, parts in row.fam.media.view_spans(row):
+        if a > pos:
+            out.append(Span("text", pos, a))
+        out.append(Span(kind, a, b, index, last, part, parts))
+        pos = b
+    if pos < L:
+        out.append(Span("text", pos, L))
+    return out
+
+
+def span_label(row: MultiModalInputs, s: Span, shown: Optional[int] = None) -> str:
+    """``"image 0 · grid 1×4×6 · 6 tokens"`` (patches), ``"image 0 · 40×56 px · 1 tiles · 4
+    tokens"`` (tiles), ``"images 0-1 · 5 tiles · 8 tokens"`` (touching images), plus ``"·
+    frames k/n"`` for a split video. ``shown``: the number to show for ``s.index`` (a batch's
+    image index), default ``s.index``."""
+    k = s.index if shown is None else shown
+    last = s.last if s.last >= 0 else s.index
+    if s.index < 0:
+        name = f"{s.kind} ? (no layout accounts for these tokens)"
+    elif last != s.index:
+        name = f"{s.kind}s {k}-{k + last - s.index}"
+    else:
+        name = f"{s.kind} {k}"
+    part = f" · frames {s.part + 1}/{s.parts}" if s.parts > 1 else ""
+    return f"{name}{part} · {row.fam.media.view_layout(row, s.kind, s.index, last)} · {s.length} tokens"
+
+
+def media_tokens(row_spans: Sequence[Span]) -> dict:
+    """``(kind, index) -> (first token, tokens)`` of each media item that has its own span(s)."""
+    out: dict = {}
+    for s in row_spans:
+        if s.kind != "text" and s.index >= 0 and s.last in (-1, s.index):
+            first, n = out.get((s.kind, s.index), (s.start, 0))
+            out[(s.kind, s.index)] = (first, n + s.length)
+    return out
 
 
 # ---- the default tokenizer / processor ------------------------------------------------------
@@ -101,7 +100,7 @@ def default_processor_for(family: Optional[str] = None) -> Any:
     if proc is None or family is None:
         return proc
     try:
-        return proc if family_of(proc).name == family else None
+        return proc if resolve_family(proc).name == family else None
     except (TypeError, ValueError):
         return None
 
@@ -164,15 +163,26 @@ def collapse_plan(row_spans: Sequence[Span], max_tokens: Optional[int]) -> list:
     return items
 
 
-def span_label(s: Span) -> str:
-    """``"image 0 · grid 1×4×6 · 6 tokens"`` (plus ``"· frames k/n"`` for a split video)."""
-    t, h, w = s.grid if s.grid is not None else ("?", "?", "?")
-    name = f"{s.kind} {s.index}" if s.index >= 0 else f"{s.kind} ? (no grid accounts for these tokens)"
-    part = f" · frames {s.part + 1}/{s.parts}" if s.parts > 1 else ""
-    return f"{name}{part} · grid {t}×{h}×{w} · {s.length} tokens"
-
-
 def value_range(pos: np.ndarray) -> str:
     """``"lo..hi"`` of an array (``"v"`` when constant), e.g. a span's positions on one axis."""
     lo, hi = int(pos.min()), int(pos.max())
     return str(lo) if lo == hi else f"{lo}..{hi}"
+
+
+AXES = ("t", "h", "w")  # the M-RoPE position rows
+
+
+def position_ranges(row: MultiModalInputs, start: int, end: int) -> list[str]:
+    """Positions of tokens ``[start, end)`` per position row: ``["t 3", "h 3..4", "w 3..5"]``
+    for M-RoPE rows ([3, L]), ``["3..9"]`` for 1-D positions ([L])."""
+    pos = np.asarray(row.position_ids)
+    if pos.ndim == 1:
+        return [value_range(pos[start:end])]
+    names = AXES if len(pos) == len(AXES) else [str(a) for a in range(len(pos))]
+    return [f"{n} {value_range(q[start:end])}" for n, q in zip(names, pos)]
+
+
+def token_position(row: MultiModalInputs, i: int) -> str:
+    """Position of token ``i``: ``"(t,h,w)"`` for M-RoPE rows, ``"p"`` for 1-D positions."""
+    pos = np.asarray(row.position_ids)
+    return str(int(pos[i])) if pos.ndim == 1 else "(" + ",".join(str(int(q[i])) for q in pos) + ")"

@@ -1,5 +1,5 @@
-"""The one inline ``<style>`` block every HTML view of mmpipe starts with (`mmpipe.view.html`,
-`mmpipe.view.tiled`): no JavaScript, no external resource."""
+"""The one inline ``<style>`` block every HTML view of mmpipe starts with (`mmpipe.view.html`):
+no JavaScript, no external resource."""
 
 from __future__ import annotations
 

@@ -1,17 +1,19 @@
 """Facts about rows and batches that both the HTML and the text views show (view stage): a
-row's one-line summary, a batch's per-row table, and the coercions the views accept.
+row's head-line facts, a batch's per-row table, and the coercions the views accept. The same
+for every family: what a kind adds (tiles, a processor's output shapes) comes from its media
+strategy (``fam.media.view_summary`` / ``view_layout``, `mmpipe.media`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Optional, Union
 
 import numpy as np
 
 from mmpipe.records.batch import BatchedMultiModalInputs
-from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.columns import IGNORE_INDEX, to_numpy
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.records.columns import to_numpy
+from mmpipe.view.spans import media_tokens, token_spans
 
 
 def as_row(row: Union[MultiModalInputs, dict]) -> MultiModalInputs:
@@ -23,50 +25,80 @@ def as_row(row: Union[MultiModalInputs, dict]) -> MultiModalInputs:
     raise TypeError(f"expected a MultiModalInputs (or a stored row dict), found {type(row).__name__}")
 
 
-
 def _n(n: int, word: str) -> str:
     """``"1 image"``, ``"2 images"``."""
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def row_summary(row: MultiModalInputs) -> str:
-    """One line: family, token counts by modality, images/videos, pixel storage, labels, rope_delta."""
+def pixels_phrase(row: MultiModalInputs) -> str:
+    """How the row stores its pixels: ``"uint8 patches"``, ``"uint8 tiles"``, ``"float32 output
+    values"`` (the generic path), ``"source image files"``, ``"layout-only (no pixels)"``."""
+    fmt = row.pixel_format
+    if fmt == "none":
+        return "layout-only (no pixels)"
+    if fmt == "source":
+        return "source image files"
+    return f"{fmt} {row.fam.media.PIXEL_UNIT}"
+
+
+def row_facts(row: MultiModalInputs) -> list[str]:
+    """The head line's facts: family, token counts by modality, images (what the kind adds:
+    tiles, output shapes) and videos, pixel storage, labels, ``rope_delta`` (M-RoPE rows)."""
     mm = np.asarray(row.mm_token_type_ids)
     n_img, n_vid = int((mm == 1).sum()), int((mm == 2).sum())
     lab = "no labels" if row.labels is None else f"{int((np.asarray(row.labels) != IGNORE_INDEX).sum())} trained tokens"
-    if not row.fam.is_vision:
-        return f"{row.family} · {row.num_tokens} tokens · {lab} · rope_delta {row.rope_delta}"
-    vids = f", {_n(row.num_videos, 'video')}" if row.num_videos else ""
-    return (f"{row.family} · {row.num_tokens} tokens ({row.num_tokens - n_img - n_vid} text, {n_img} image"
-            f"{f', {n_vid} video' if n_vid else ''}) · {_n(row.num_images, 'image')}{vids} · pixels {row.pixel_format} · "
-            f"{lab} · rope_delta {row.rope_delta}")
+    facts = [row.family]
+    if row.fam.is_vision:
+        extra = row.fam.media.view_summary(row)
+        facts += [f"{row.num_tokens} tokens ({row.num_tokens - n_img - n_vid} text, {n_img} image"
+                  f"{f', {n_vid} video' if n_vid else ''})",
+                  _n(row.num_images, "image") + (f" ({', '.join(extra)})" if extra else "")]
+        facts += [_n(row.num_videos, "video")] if row.num_videos else []
+        facts.append(pixels_phrase(row))
+    else:
+        facts.append(f"{row.num_tokens} tokens")
+    facts.append(lab)
+    if np.ndim(row.position_ids) == 2:  # M-RoPE rows: how far generation positions are shifted
+        facts.append(f"rope_delta {row.rope_delta}")
+    return facts
 
 
-def batch_table_rows(batch: BatchedMultiModalInputs) -> list[dict]:
+def row_summary(row: MultiModalInputs, sep: str = " · ") -> str:
+    """`row_facts` on one line (``sep`` between them)."""
+    return sep.join(row_facts(row))
+
+
+def batch_table_rows(batch: BatchedMultiModalInputs, rows: Optional[list] = None) -> list[dict]:
     """Per row of a batch: length, padding, images (batch indices via
-    ``sample_to_image_indices``), tokens per image, grids, videos and labels."""
+    ``sample_to_image_indices``), tokens per image (None where unknown), each image's layout
+    (``"grid 1×4×6"``, ``"40×56 px · 1 tiles"``, ...), videos and labels. ``rows``: the batch unbatched, if at hand."""
+    if rows is None:
+        from mmpipe.batching.unbatch import unbatch
+
+        rows = unbatch(batch)
     B, L = batch.input_ids.shape
     lengths = to_numpy(batch.seq_lengths)
-    grids = to_numpy(batch.image_grid_thw).reshape(-1, 3)
-    vgrids = to_numpy(batch.video_grid_thw).reshape(-1, 3)
-    tokens = batch.fam.tokens_per_grid(grids)  # int64 [I]
     labels = to_numpy(batch.labels) if batch.labels is not None else None
     has = to_numpy(batch.row_has_labels) if batch.row_has_labels is not None else np.full(B, labels is not None)
     att = to_numpy(batch.attention_mask)
     formats = batch.row_pixel_formats or [batch.pixel_format] * B
     out = []
-    for b, (imgs, vids) in enumerate(zip(batch.sample_to_image_indices, batch.sample_to_video_indices)):
-        n = int(lengths[b])
+    owners = zip(rows, batch.sample_to_image_indices, batch.sample_to_video_indices)
+    for b, (row, imgs, vids) in enumerate(owners):
+        n, media = int(lengths[b]), row.fam.media
+        tokens = media_tokens(token_spans(row))
         out.append({
             "row": b,
             "length": n,
             "padding": int(L - n),
             "attended": int(att[b].sum()),
             "images": list(imgs),
-            "tokens_per_image": [int(tokens[i]) for i in imgs],
-            "grids": [tuple(int(x) for x in grids[i]) for i in imgs],
+            # None: the image has no span of its own (touching tiled images, the generic path)
+            "tokens_per_image": [tokens[("image", k)][1] if ("image", k) in tokens else None
+                                 for k in range(len(imgs))],
+            "layouts": [media.view_layout(row, "image", k, k) for k in range(len(imgs))],
             "videos": list(vids),
-            "video_grids": [tuple(int(x) for x in vgrids[i]) for i in vids],
+            "video_layouts": [media.view_layout(row, "video", k, k) for k in range(len(vids))],
             "has_labels": bool(has[b]),
             "trained_tokens": int((labels[b] != IGNORE_INDEX).sum()) if (labels is not None and has[b]) else 0,
             "pixels": formats[b],
@@ -74,6 +106,6 @@ def batch_table_rows(batch: BatchedMultiModalInputs) -> list[dict]:
     return out
 
 
-def grid_str(g: Sequence[int]) -> str:
-    """A (t, h, w) grid as ``"t×h×w"``."""
-    return "×".join(str(x) for x in g)
+def count_list(values: list) -> str:
+    """Tokens per image as a table cell: ``"6, 8"``, ``"?"`` for an unknown count."""
+    return ", ".join("?" if v is None else str(v) for v in values)

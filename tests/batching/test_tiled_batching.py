@@ -1,4 +1,4 @@
-"""Collate / unbatch of tiled-family rows (mmpipe.batching.tiled) on Gemma 3: records, stored
+"""Collate / unbatch of tiled-family rows (mmpipe.media.tiles_collate) on Gemma 3: records, stored
 dicts, Arrow and torch-formatted rows give the same batch; the rows come back from the batch for
 both padding sides and padded lengths; pass-through columns; a picklable Collator; mixed,
 failed or foreign rows refused with the row named."""
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import mmpipe
-from mmpipe.batching.tiled import TiledCollator, collate_tiled, processor_table, unbatch_tiled
+from mmpipe.batching.collate import Collator
+from mmpipe.batching.unbatch import unbatch as unbatch_tiled
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
 from mmpipe.offline import build_processor, tiny_image
 from mmpipe.offline.gemma3 import build_gemma3_processor
@@ -50,8 +51,8 @@ def stored(proc, raws):
 @pytest.mark.parametrize("multiple", [None, 16])
 def test_roundtrip_every_row_form(proc, raws, stored, side, multiple):
     rows = [mmpipe.encode_row(r, proc, idx=i) for i, r in enumerate(raws)]
-    want = collate_tiled(rows, table=processor_table(proc), pad_token_id=7, padding_side=side,
-                         pad_to_multiple_of=multiple)
+    want = mmpipe.collate(rows, processor=proc, pad_token_id=7, padding_side=side,
+                          pad_to_multiple_of=multiple)
     assert want.input_ids.shape[1] % (multiple or 1) == 0
     forms = {"records": rows, "dicts": [r.to_dict() for r in rows], "stored": list(stored),
              "arrow": mmpipe.ArrowRows(stored).__getitems__(range(len(stored))),
@@ -76,7 +77,7 @@ def test_collator_pickles_and_keeps_columns(proc, raws):
     ds = datasets.Dataset.from_list(raws)
     enc = ds.map(mmpipe.encode, fn_kwargs={"processor": proc}, remove_columns=["messages", "images"])
     coll = mmpipe.Collator(proc, keep_columns=["id"], padding_side="right")
-    assert isinstance(coll.generic, TiledCollator)
+    assert isinstance(coll, Collator)
     again = pickle.loads(pickle.dumps(coll))
     batch = again(list(enc))
     assert batch.columns == {"id": ["r0", "r1", "r2", "r3"]}

@@ -1,4 +1,4 @@
-"""Packing for the tiled families (mmpipe.batching.tiled_packing) on the tiny offline InternVL and
+"""Packing for the tiled families (mmpipe.batching.packing) on the tiny offline InternVL and
 LLaVA-OneVision models: unpack(pack(rows)) == rows; packed logits == each row alone (and == the
 processor's own inputs run alone) with 0..3 images per row; the packed loss == the padded batch's;
 Arrow rows through a pickled PackingCollator; budgets, padded rows and foreign rows refused;

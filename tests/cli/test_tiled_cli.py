@@ -16,7 +16,7 @@ from PIL import Image
 
 import mmpipe
 from mmpipe.cli.main import main
-from mmpipe.families import tiled_family_of
+from mmpipe.families import family_of
 from mmpipe.processors import ProcessorLoadError, load_processor
 from mmpipe.records.row import MultiModalInputs
 
@@ -48,7 +48,7 @@ def _reference(path: Path, proc) -> list[MultiModalInputs]:
 @pytest.mark.parametrize("name", FAMILIES)
 def test_encode_inspect_validate(name, jsonl, tmp_path, capsys):
     proc = load_processor(f"testing:{name}")
-    assert tiled_family_of(proc).name == name
+    assert family_of(proc).name == name
     out = tmp_path / "enc"
     assert main(["encode", str(jsonl), "--processor", f"testing:{name}", "--out", str(out), "--quiet"]) == 0
     assert f"family {name}" in capsys.readouterr().out
@@ -105,6 +105,6 @@ def test_saved_tiled_processor_directory_loads(tmp_path):
     for name in FAMILIES:
         load_processor(f"testing:{name}").save_pretrained(tmp_path / name)
         proc = load_processor(str(tmp_path / name))
-        assert tiled_family_of(proc).name == name
+        assert family_of(proc).name == name
     with pytest.raises(ProcessorLoadError, match="testing:gemma3"):
         load_processor("testing:gemma4")

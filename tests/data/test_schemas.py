@@ -1,35 +1,60 @@
-"""schemas/ are generated from the code; fail when they drift."""
+"""schemas/ are generated from the code; fail when they drift. Every record has one schema with
+an example of every family of the table and of the generic path, and each example fits it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 
+import datasets
+import numpy as np
 import pyarrow as pa
+import pytest
 
 import mmpipe
+from mmpipe.data.schema_examples import example_records
 from mmpipe.data.schemas import render, schema_documents
+from mmpipe.families import ALL_FAMILIES, get_family
+from mmpipe.media.processor import LAYOUT_COLUMN, ProcessorLayout
+from mmpipe.testing.invariants import assert_roundtrip
 
 SCHEMAS = pathlib.Path(__file__).resolve().parents[2] / "schemas"
+RECORD_FILES = ("multimodal_inputs.json", "batched_multimodal_inputs.json", "packed_multimodal_inputs.json")
+
+
+@functools.lru_cache(maxsize=None)
+def _docs() -> dict:
+    return schema_documents()
+
+
+def _published(name: str) -> dict:
+    return json.loads((SCHEMAS / name).read_text())
 
 
 def test_schema_files_match_the_code():
-    docs = schema_documents()
+    docs = _docs()
     on_disk = sorted(p.name for p in SCHEMAS.glob("*.json"))
     assert on_disk == sorted(docs), "run: python -m mmpipe.data.schemas"
     for name, doc in docs.items():
-        assert (SCHEMAS / name).read_text() == render(doc), f"{name} drifted from the code; run: python -m mmpipe.data.schemas"
+        assert (SCHEMAS / name).read_text() == render(doc), \
+            f"{name} drifted from the code; run: python -m mmpipe.data.schemas"
 
 
 def test_schema_files_are_language_neutral_json():
-    doc = json.loads((SCHEMAS / "multimodal_inputs.json").read_text())
+    doc = _published("multimodal_inputs.json")
     names = [f["name"] for f in doc["fields"]]
     for col in ("input_ids", "position_ids", "image_grid_thw", "pixel_values", "pixel_values_u8",
                 "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "rope_delta"):
         assert col in names
-    bdoc = json.loads((SCHEMAS / "batched_multimodal_inputs.json").read_text())
+    bdoc = _published("batched_multimodal_inputs.json")
     assert "sample_to_image_indices" in [f["name"] for f in bdoc["fields"]]
     assert all(f["doc"] for f in doc["fields"] + bdoc["fields"])
+
+
+def test_every_record_shows_every_family():
+    for name in RECORD_FILES:
+        assert sorted(_published(name)["examples"]) == sorted(ALL_FAMILIES), name
 
 
 def test_features_and_pyarrow_agree():
@@ -45,7 +70,8 @@ def test_batch_serialises_to_its_declared_schema():
     from mmpipe import testing
 
     proc = processor_for("qwen2_vl")
-    rows = [mmpipe.encode_row({"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}],
+    content = [{"type": "image"}, {"type": "text", "text": "hi"}]
+    rows = [mmpipe.encode_row({"messages": [{"role": "user", "content": content}],
                                "images": [testing.tiny_image(40, 50)]}, proc),
             mmpipe.encode_row({"messages": [{"role": "user", "content": "no image"}]}, proc)]
     batch = mmpipe.collate(rows, processor=proc)
@@ -55,3 +81,44 @@ def test_batch_serialises_to_its_declared_schema():
     assert rec["sample_to_image_indices"] == [[0], []]
     assert rec["input_ids"] == batch.input_ids.tolist()
     assert len(rec["position_ids"]) == 3
+
+
+@pytest.mark.parametrize("name", list(ALL_FAMILIES))
+def test_each_family_example_row_fits_the_published_row_schema(name):
+    """Every column the example row stores is a published column, of a type its values cast to
+    (the type of the family's kind where one is given), or, on the generic path, one of the
+    processor's own columns named by the row's layout, of the layout's dtype."""
+    fields = {f["name"]: f for f in _published("multimodal_inputs.json")["fields"]}
+    kind = get_family(name).kind
+    stored = example_records(name)[0][0].to_dict()
+    layout = ProcessorLayout.from_json(stored[LAYOUT_COLUMN]) if LAYOUT_COLUMN in stored else None
+    own = {k: dtype for k, dtype, _ in layout.vision} if layout else {}
+    own.update({k: "int32" for k in (layout.sequence if layout else ())})
+    table = datasets.Dataset.from_list([stored]).data.table
+    for col in stored:
+        if col in own:
+            typ = table.schema.field(col).type
+            want = pa.from_numpy_dtype(np.dtype(own[col]))
+            assert pa.types.is_list(typ) and typ.value_type == want, (col, typ)
+            continue
+        assert col in fields, f"{name}: stored column {col!r} is not in schemas/multimodal_inputs.json"
+        want = fields[col].get("arrow_type_by_kind", {}).get(kind, fields[col]["arrow_type"])
+        typ = mmpipe.MultiModalInputs.arrow_schema(kind=kind).field(col).type
+        assert str(typ) == want, (name, col)
+        table.column(col).cast(typ)  # raises when the stored values do not cast
+
+
+@pytest.mark.parametrize("name", list(ALL_FAMILIES))
+def test_each_family_batch_has_sample_to_image_indices(name):
+    rows, batch, packed = example_records(name)
+    want = [list(range(r.num_images)) for r in rows]  # one image at most, in the first row
+    assert batch.sample_to_image_indices == want
+    rec = batch.to_arrow()
+    assert rec.schema.equals(mmpipe.BatchedMultiModalInputs.arrow_schema())
+    assert rec.column("sample_to_image_indices").to_pylist() == [want]
+    assert _published("batched_multimodal_inputs.json")["examples"][name]["sample_to_image_indices"] == want
+    if not isinstance(packed, str):
+        prec = packed.to_arrow()
+        assert prec.schema.equals(mmpipe.PackedMultiModalInputs.arrow_schema())
+        assert prec.column("sample_to_image_indices").to_pylist() == [want]
+    assert_roundtrip(rows, batch=batch)

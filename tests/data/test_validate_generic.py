@@ -2,7 +2,7 @@
 Idefics3, LLaVA 1.5): clean rows validate clean (they were reported as broken patch-grid rows:
 'mm_token_type_ids missing', 're-encode'); damaged rows are reported by row and column: flat
 pixel values that do not fill their stored shape, a sequence key of the wrong length, rows of
-another processor mixed in."""
+another processor mixed in. Rows written back from ``unbatch(collate(rows))`` validate clean."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import mmpipe
 from mmpipe import testing
 from mmpipe.offline.other_vlms import build_foreign_processor
+from mmpipe.testing.invariants import as_rows, assert_roundtrip, assert_unbatched_rows_valid
 
 IMAGES = [testing.tiny_image(40, 60, seed=1), testing.tiny_image(52, 36, seed=2)]
 
@@ -81,3 +82,24 @@ def test_missing_columns_are_errors(saved):
     ds = datasets.load_from_disk(str(path)).remove_columns(["generic_shapes"])
     report = mmpipe.validate_dataset(ds)
     assert [(i.kind, i.column) for i in report.errors] == [("missing_column", "generic_shapes")], str(report)
+
+
+def test_unbatched_rows_written_back_validate_clean_and_collate(saved, tmp_path):
+    """The held-out loss of issue 26: rows of ``unbatch(collate(rows))`` on the generic path
+    were built without their layout, so the image-less row stored no pixel columns; written
+    back, ``validate_dataset`` reported "2 different processor layouts" and
+    ``Dataset.from_list`` dropped every row's pixel columns (collate then failed on a missing
+    column). Unbatched rows keep the batch's layout: written back (the image-less row 0
+    included) they validate clean, store what the encoder stored, and collate again."""
+    name, proc, path = saved
+    stored = datasets.load_from_disk(str(path))
+    rows = as_rows(list(stored))
+    assert rows[0].num_images == 0 and rows[0].vision == {}
+    back = assert_unbatched_rows_valid(assert_roundtrip(rows, processor=proc))
+    written = datasets.Dataset.from_list([r.to_dict() for r in back])
+    assert sorted(written.column_names) == sorted(stored.column_names)
+    out = tmp_path / "written_back"
+    written.save_to_disk(str(out))
+    report = mmpipe.validate_dataset(str(out))
+    assert report.ok and not report.warnings and report.pixel_format == "float32", str(report)
+    assert_roundtrip(rows, batch=mmpipe.collate(list(datasets.load_from_disk(str(out))), processor=proc))

@@ -8,11 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from mmpipe.batching.generic import collate_generic, unbatch_generic
-from mmpipe.encoding.generic import GenericEncoder
+from mmpipe.batching.collate import collate
+from mmpipe.batching.unbatch import unbatch as unbatch_generic
+from mmpipe.encoding.encoder import Encoder
 from mmpipe.errors import ArgumentError
 from mmpipe.offline import build_processor, tiny_image
 from mmpipe.offline.other_vlms import FOREIGN_PROCESSORS, build_foreign_model, build_foreign_processor
+
+
+def collate_generic(rows, **kw):  # the one collate; the generic path's old default: right padding
+    return collate(rows, **{"padding_side": "right", **kw})
+
 
 SIZES = [(40, 56), (70, 30), (33, 33), (64, 100)]
 
@@ -33,18 +39,18 @@ def _rows(n_images_per_row, sizes=SIZES):
 @pytest.fixture(scope="module")
 def idefics3():
     proc = build_foreign_processor("idefics3")
-    return GenericEncoder(proc, log=lambda _: None), build_foreign_model("idefics3")
+    return Encoder(proc, family="generic", log=lambda _: None), build_foreign_model("idefics3")
 
 
 def test_one_log_line_names_the_class_and_path():
     lines = []
-    GenericEncoder(build_foreign_processor("gemma3"), log=lines.append)
+    Encoder(build_foreign_processor("gemma3"), family="generic", log=lines.append)
     assert len(lines) == 1 and "Gemma3Processor" in lines[0] and "generic path" in lines[0]
 
 
 def test_native_family_is_refused():
     with pytest.raises(ArgumentError, match="native family 'qwen2_vl'"):
-        GenericEncoder(build_processor("qwen2_vl"), log=lambda _: None)
+        Encoder(build_processor("qwen2_vl"), family="generic", log=lambda _: None)
 
 
 @pytest.mark.parametrize("name", FOREIGN_PROCESSORS)
@@ -52,7 +58,7 @@ def test_rows_equal_the_processor_and_round_trip(name):
     """Row == the processor's own call on the same text; unbatch(collate(rows)) == rows,
     both padding sides; float pixels keep the processor's dtype."""
     proc = build_foreign_processor(name)
-    enc = GenericEncoder(proc, log=lambda _: None)
+    enc = Encoder(proc, family="generic", log=lambda _: None)
     raw = _rows([1, 0, 2])
     rows = [enc.encode_row(r, i) for i, r in enumerate(raw)]
     text = proc.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}],

@@ -1,6 +1,6 @@
 """The generic path end to end on real model classes (issue 20.1): Idefics3 (row keys, ragged
 tiles), LLaVA 1.5 (CLIP) and Gemma 3 (SigLIP, token_type_ids; a tiled family since issue 20.2, its
-generic rows made by GenericEncoder explicitly) - encode -> dataset.map ->
+generic rows made by Encoder(family="generic") explicitly) - encode -> dataset.map ->
 Arrow rows -> Collator -> model, with 0..3 images per row: batched logits == per-row logits,
 left and right padding; Gemma 3's bidirectional image attention survives collate."""
 
@@ -78,7 +78,7 @@ def test_gemma3_bidirectional_image_attention_survives_collate(side):
     """token_type_ids make Gemma 3 attend both ways inside each image's soft tokens; the
     batched mask at each row's real tokens equals the row's own mask (and is not causal)."""
     proc, model = build_foreign_processor("gemma3"), build_foreign_model("gemma3")
-    enc = mmpipe.encoding.generic.GenericEncoder(proc, log=lambda _: None)  # a tiled family, taken explicitly
+    enc = mmpipe.Encoder(proc, family="generic", log=lambda _: None)  # a tiled family, taken explicitly
     rows = [enc.encode_row(r) for r in chat_rows(COUNTS)]
     batch = mmpipe.collate(rows, processor=proc, padding_side=side)
     assert "token_type_ids" in batch.sequence

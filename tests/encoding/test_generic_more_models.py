@@ -29,11 +29,16 @@ import pytest
 import torch
 
 import mmpipe
-from mmpipe.batching.generic import collate_generic
+from mmpipe.batching.collate import collate
 from mmpipe.offline.other_vlms import MORE_MODELS, build_foreign_model, build_foreign_processor
 from mmpipe.testing import invariants
 
 from helpers import generic_chat_rows as chat_rows
+
+
+def collate_generic(rows, **kw):  # the one collate; the generic path's old default: right padding
+    return collate(rows, **{"padding_side": "right", **kw})
+
 
 SAME = [2, 2, 2]  # images per row: batched == per-row
 MIXED = [1, 3, 2]  # Mllama's processor refuses a batch mixing rows with and without images
@@ -83,7 +88,7 @@ def test_mllama_collate_equals_the_processors_own_batch(mllama):
     and gives its logits at every real token (the per-row logits differ: module doc)."""
     import logging
 
-    from mmpipe.batching import generic as generic_batching
+    from mmpipe.media import processor_collate as generic_batching
 
     proc, model = mllama
     raws = chat_rows(MIXED)
@@ -122,7 +127,7 @@ def test_mllama_cross_attention_mask_padded_on_the_token_axis(mllama, side):
     """Each row's [L, images, tiles] mask sits at its tokens (left: at the end), zeros
     elsewhere; the batch cuts back to its rows (a row without images included)."""
     proc, _ = mllama
-    enc = mmpipe.encoding.generic.GenericEncoder(proc, log=lambda _: None)
+    enc = mmpipe.Encoder(proc, family="generic", log=lambda _: None)
     rows = [enc.encode_row(r) for r in chat_rows(WITH_EMPTY)]
     batch = collate_generic(rows, padding_side=side, pad_to_multiple_of=8)
     mask = batch.vision["cross_attention_mask"]
@@ -144,10 +149,10 @@ def test_layout_pads_hold_the_processors_fill_of_missing_images(mllama):
     """Mllama pads a missing image's aspect_ratio_mask as [1, 0, 0, 0]; the layout found by
     the probe says so (and travels in the stored JSON); processors padding with 0 have none."""
     proc, _ = mllama
-    layout = mmpipe.encoding.generic.GenericEncoder(proc, log=lambda _: None).layout()
+    layout = mmpipe.Encoder(proc, family="generic", log=lambda _: None).layout()
     assert dict(layout.pads) == {"aspect_ratio_mask": (1, 0, 0, 0)}
     assert type(layout).from_json(layout.to_json()) == layout
-    other = mmpipe.encoding.generic.GenericEncoder(build_foreign_processor("idefics3"), log=lambda _: None).layout()
+    other = mmpipe.Encoder(build_foreign_processor("idefics3"), family="generic", log=lambda _: None).layout()
     assert other.pads == () and "pads" not in other.to_json()
 
 

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import mmpipe
-from mmpipe.batching.generic import collate_generic
-from mmpipe.encoding import generic as generic_module
-from mmpipe.encoding.generic import GenericEncoder, generic_log_line
+from mmpipe.batching.collate import collate
+from mmpipe.encoding.encoder import Encoder
+from mmpipe.media import processor_encode as generic_module
+from mmpipe.media.processor_encode import generic_log_line
 from mmpipe.errors import ArgumentError, InputError
 from mmpipe.offline import tiny_image
 from mmpipe.offline.other_vlms import FOREIGN_PROCESSORS, build_foreign_model, build_foreign_processor
@@ -25,6 +26,11 @@ from mmpipe.records.row import MultiModalInputs
 from mmpipe.testing import invariants
 
 from helpers import generic_chat_rows as chat_rows
+
+
+def collate_generic(rows, **kw):  # the one collate; the generic path's old default: right padding
+    return collate(rows, **{"padding_side": "right", **kw})
+
 
 # the offline processors mmpipe.encode takes through the generic path (native and tiled families excluded)
 GENERIC_NAMES = [n for n in FOREIGN_PROCESSORS if mmpipe.families.takes_generic_path(build_foreign_processor(n))]
@@ -62,7 +68,7 @@ def test_encode_row_is_the_generic_encoder(idefics3):
     raw = chat_rows([2])[0]
     row = mmpipe.encode_row(raw, idefics3, idx=7)
     assert isinstance(row, MultiModalInputs) and row.processor_class == "Idefics3Processor"
-    assert row.equals(GenericEncoder(idefics3, log=lambda _: None).encode_row(raw, 7))
+    assert row.equals(Encoder(idefics3, family="generic", log=lambda _: None).encode_row(raw, 7))
     text = idefics3.apply_chat_template(raw["messages"], tokenize=False)
     direct = idefics3(text=[text], images=raw["images"], return_tensors="np")
     assert np.array_equal(row.input_ids, direct["input_ids"][0])
@@ -80,13 +86,13 @@ def test_labels_are_the_assistant_replies():
         {"role": "assistant", "content": "one dog"},
         {"role": "user", "content": [{"type": "text", "text": "and"}, {"type": "image"}]},
         {"role": "assistant", "content": "two cats"}], "images": [a, b]}
-    row = GenericEncoder(proc, log=lambda _: None).encode_row(raw)
+    row = Encoder(proc, family="generic", log=lambda _: None).encode_row(raw)
     tok = proc.tokenizer
     labelled = row.labels != -100
     assert np.array_equal(row.labels[labelled], row.input_ids[labelled])
     assert tok.decode(row.input_ids[labelled]) == "one dog<|im_end|>two cats<|im_end|>"
     assert "token_type_ids" in row.sequence and int(row.sequence["token_type_ids"].sum()) == 8  # 2 images x 4
-    assert GenericEncoder(proc, log=lambda _: None, labels=False).encode_row(raw).labels is None
+    assert Encoder(proc, family="generic", log=lambda _: None, labels=False).encode_row(raw).labels is None
 
 
 @pytest.mark.parametrize("name", ["gemma3", "llava", "idefics3"])
@@ -98,9 +104,9 @@ def test_labels_without_processor_calls_equal_the_processor_prefixes(monkeypatch
     raw.append({"messages": raw[2]["messages"] + [{"role": "user", "content": [{"type": "text", "text": "more"}]},
                                                   {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}],
                 "images": raw[2]["images"]})
-    fast = [GenericEncoder(proc, log=lambda _: None).encode_row(r).labels for r in raw]
-    monkeypatch.setattr(GenericEncoder, "_suffix_cut", lambda *a: None)
-    slow = [GenericEncoder(proc, log=lambda _: None).encode_row(r).labels for r in raw]
+    fast = [Encoder(proc, family="generic", log=lambda _: None).encode_row(r).labels for r in raw]
+    monkeypatch.setattr(generic_module, "suffix_cut", lambda *a: None)
+    slow = [Encoder(proc, family="generic", log=lambda _: None).encode_row(r).labels for r in raw]
     assert all(np.array_equal(a, b) for a, b in zip(fast, slow))
     assert all((a != -100).sum() > 2 for a in fast)
 

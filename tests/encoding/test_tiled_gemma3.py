@@ -66,7 +66,7 @@ def _processor_call(proc, raw, **kw):
 def test_family_comes_from_the_class(proc, model):
     assert family_of(proc) is GEMMA3 and tiled_family_of(proc) is GEMMA3 and not takes_generic_path(proc)
     assert family_of(model.config) is GEMMA3 and family_of("gemma3") is GEMMA3
-    assert type(mmpipe.encoding.dataset.make_encoder(proc)).__name__ == "TiledEncoder"
+    assert type(mmpipe.encoding.dataset.make_encoder(proc)).__name__ == "Encoder"
 
 
 @pytest.mark.parametrize("images_kwargs", [{}, PAS], ids=["one_tile", "pan_and_scan"])
@@ -199,7 +199,7 @@ def test_labels_are_the_replies_and_never_image_text(proc):
     assert proc.tokenizer.decode(row.input_ids[labelled]) == "one dog<|im_end|>two cats<|im_end|>"
     assert not (labelled & (row.mm_token_type_ids == 1)).any()
     assert mmpipe.encode_row(raw, proc, labels=False).labels is None
-    generic = mmpipe.encoding.generic.GenericEncoder(proc, log=lambda _: None).encode_row(raw)
+    generic = mmpipe.Encoder(proc, family="generic", log=lambda _: None).encode_row(raw)
     assert np.array_equal(generic.labels, row.labels)  # the generic path (processor calls) labels the same
 
 
@@ -235,14 +235,14 @@ def test_readme_block_runs_as_written():
 
 def test_memory_bounds_and_the_explicit_generic_path(proc):
     """map_kwargs sizes the writer buffer from the tiles (pan-and-scan: the most crops); rows of
-    the generic path taken explicitly (GenericEncoder) still collate with Collator(processor)."""
-    from mmpipe.encoding.tiled import TiledEncoder
+    the generic path taken explicitly (Encoder(family="generic")) still collate with Collator(processor)."""
+    from mmpipe.encoding.encoder import Encoder
 
-    assert TiledEncoder(proc).image_bytes() == 32 * 32 * 3
-    assert TiledEncoder(proc, images_kwargs={"do_pan_and_scan": True}).image_bytes() == 5 * 32 * 32 * 3
+    assert Encoder(proc).image_bytes() == 32 * 32 * 3
+    assert Encoder(proc, images_kwargs={"do_pan_and_scan": True}).image_bytes() == 5 * 32 * 32 * 3
     per_row = 2**20 + 2 * 32 * 32 * 3  # the 1 MiB token allowance + two images' tiles
     assert mmpipe.map_kwargs(proc, images_per_row=2)["writer_batch_size"] == 256 * 2**20 // per_row
-    generic = mmpipe.encoding.generic.GenericEncoder(proc, log=lambda _: None)
+    generic = mmpipe.Encoder(proc, family="generic", log=lambda _: None)
     rows = [generic.encode_row(r) for r in _rows_with([1, 0])]
     batch = mmpipe.Collator(proc)(rows)
     assert type(batch).__name__ == "BatchedMultiModalInputs" and batch.vision["pixel_values"].shape == (1, 3, 32, 32)

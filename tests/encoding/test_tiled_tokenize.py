@@ -1,5 +1,5 @@
 """The tiled families tokenize each image's text with its runs of feature tokens written once
-and repeat the feature id (issue 20, `mmpipe.encoding.tiled`): every column of every row is
+and repeat the feature id (issue 20, `mmpipe.media.tiles_encode`): every column of every row is
 bit-identical to tokenizing the fully written-out text (the path before; ``collapse=False``),
 and the ids equal the tokenizer's own ids of that text - Gemma 3 (with and without
 pan-and-scan), InternVL and LLaVA-OneVision with their real offline tokenizers; labels on/off,
@@ -17,7 +17,7 @@ import mmpipe
 from mmpipe.offline import build_processor
 from mmpipe import testing
 from mmpipe.encoding.mapping import RowDropped
-from mmpipe.encoding.tiled import TiledEncoder
+from mmpipe.encoding.encoder import Encoder
 from mmpipe.errors import PlaceholderError, TruncationError
 from mmpipe.offline.gemma3 import build_gemma3_processor
 
@@ -77,9 +77,9 @@ def _rows() -> list[dict]:
     return rows
 
 
-def _encoders(proc, kwargs, **options) -> tuple[TiledEncoder, TiledEncoder]:
-    new = TiledEncoder(proc, images_kwargs=kwargs, **options)
-    old = TiledEncoder(proc, images_kwargs=kwargs, **options)
+def _encoders(proc, kwargs, **options) -> tuple[Encoder, Encoder]:
+    new = Encoder(proc, images_kwargs=kwargs, **options)
+    old = Encoder(proc, images_kwargs=kwargs, **options)
     old.collapse = False  # the fully written-out text, as before
     assert new.collapse, "the short-text path is off for this tokenizer: the test would compare the old path to itself"
     return new, old
@@ -98,14 +98,14 @@ def _assert_same(a: dict, b: dict) -> None:
             assert x == y, key
 
 
-def _outcome(enc: TiledEncoder, row: dict, idx: int):
+def _outcome(enc: Encoder, row: dict, idx: int):
     try:
         return enc.encode_row(row, idx).to_dict()
     except (PlaceholderError, TruncationError, RowDropped) as e:
         return (type(e).__name__, str(e))
 
 
-def _written_out_ids(enc: TiledEncoder, row: dict) -> np.ndarray:
+def _written_out_ids(enc: Encoder, row: dict) -> np.ndarray:
     """The tokenizer's ids of the rendered text with every placeholder written out in full."""
     proc, fam = enc.processor, enc.family
     msgs = row["messages"]
@@ -122,7 +122,7 @@ def _written_out_ids(enc: TiledEncoder, row: dict) -> np.ndarray:
 def test_placeholder_runs_write_out_to_the_placeholder_text(case):
     """Each family's short text with run ``i`` written ``runs[i]`` times is its full image text."""
     proc, kwargs = case
-    enc = TiledEncoder(proc, images_kwargs=kwargs, pixels="none")
+    enc = Encoder(proc, images_kwargs=kwargs, pixels="none")
     tok = enc.family.feature_token
     for h, w in SIZES + [(600, 800), (1080, 1920), (2000, 300)]:
         text, runs = enc.module.placeholder_runs(h, w, proc, enc.image_processor)

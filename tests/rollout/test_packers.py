@@ -28,7 +28,7 @@ from mmpipe.testing.invariants import assert_logprobs_match
 from conftest import model_for, processor_for
 from helpers import tiny_text_model
 
-encode_module = importlib.import_module("mmpipe.encoding.encoder")
+encode_module = importlib.import_module("mmpipe.media.patches_encode")  # where the patch grids decode images
 
 
 def vl_items():
@@ -58,8 +58,8 @@ def policy_logprobs(model, packer, policy):
 def test_vl_packer_round_trip_is_consistent(family, monkeypatch):
     proc, model = processor_for(family), model_for(family)
     calls = []
-    real = encode_module.encode_image
-    monkeypatch.setattr(encode_module, "encode_image", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = encode_module.image_patches
+    monkeypatch.setattr(encode_module, "image_patches", lambda *a, **k: calls.append(1) or real(*a, **k))
     packer = QwenVLDataPacker(proc)
     items = vl_items()
     prompts = [packer.encode_prompt(it) for it in items]

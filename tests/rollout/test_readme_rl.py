@@ -18,7 +18,7 @@ import torch
 
 import mmpipe
 from mmpipe import testing
-from mmpipe.encoding.vision_tokens import VisionTokens
+from mmpipe.records.vision_tokens import VisionTokens
 from mmpipe.records.generation import SamplingParams
 from mmpipe.rollout.results import unbatch_rollout
 from mmpipe.rollout.transformers_engine import TransformersEngine

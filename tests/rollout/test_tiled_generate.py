@@ -1,6 +1,6 @@
 """Rollouts on tiled-family rows (Gemma 3, InternVL, LLaVA-OneVision) with TransformersEngine and
 the tiny offline models: sampled at temperature 1.0 (long-ish generations, n=2), the sampled
-tokens' logprobs == teacher forcing over prompt + response (tiled_rollout_rows -> Collator ->
+tokens' logprobs == teacher forcing over prompt + response (rollout_rows -> Collator ->
 teacher_forced_logprobs); the model sees the images; the family's image tokens are banned from
 responses (and refused in training rows when allowed); layout-only prompts are refused."""
 
@@ -14,12 +14,12 @@ from PIL import Image
 import mmpipe
 from mmpipe.offline import build_processor
 from mmpipe.errors import InputError
-from mmpipe.families import tiled_family_of
+from mmpipe.families import family_of
 from mmpipe.offline.gemma3 import build_gemma3_model
 from mmpipe.offline.tile_builders import build_tiled2_model
 from mmpipe.records.generation import SamplingParams
-from mmpipe.rollout.tiled_generate import banned_tokens, response_logprobs, tiled_rollout_rows
-from mmpipe.rollout.transformers_engine import TransformersEngine, teacher_forced_logprobs
+from mmpipe.rollout.results import rollout_rows
+from mmpipe.rollout.transformers_engine import TransformersEngine, banned_tokens, response_logprobs, teacher_forced_logprobs
 
 FAMILIES = ("gemma3", "internvl", "llava_onevision")
 RNG = np.random.default_rng(17)
@@ -42,7 +42,7 @@ def fam(request):
 
 
 def _check_teacher_forced(model, proc, prompts, gens) -> list:
-    rows = tiled_rollout_rows(prompts, gens, proc)
+    rows = rollout_rows(prompts, gens, proc)
     lengths = [len(c.token_ids) for g in gens for c in g.completions]
     for side in ("right", "left"):
         tf = teacher_forced_logprobs(model, mmpipe.Collator(proc, padding_side=side)(rows)).numpy()
@@ -84,7 +84,7 @@ def test_image_tokens_banned_and_refused(fam):
     appears and the logprobs still match teacher forcing (raw logits); allowed, it does, and the
     training rows refuse the response."""
     name, proc, model = fam
-    feature = tiled_family_of(proc).token_ids(proc.tokenizer)["feature"]
+    feature = family_of(proc).token_ids(proc.tokenizer)["feature"]
     assert feature in banned_tokens(proc)
     head = model.get_output_embeddings()
 
@@ -105,25 +105,28 @@ def test_image_tokens_banned_and_refused(fam):
                                                           allow_vision_tokens=True))
         assert feature in [t for g in allowed for c in g.completions for t in c.token_ids]
         with pytest.raises(InputError, match="prompt .* sample .* image token"):
-            tiled_rollout_rows(prompts, allowed, proc)
+            rollout_rows(prompts, allowed, proc)
     finally:
         handle.remove()
     assert torch.isfinite(head.weight).all()
 
 
-def test_patch_grid_rollout_helpers_refuse_tiled_rows_and_name_the_tiled_ones(fam):
-    """`unbatch_rollout` and multi-turn `start` are the patch-grid families' paths: with tiled prompts
-    or a tiled processor they raise an ArgumentError naming what to use (not a TypeError or a
-    misleading missing-column error)."""
+def test_unbatch_rollout_takes_tiled_rows_and_multiturn_refuses_them(fam):
+    """`unbatch_rollout` is one function for every family: on tiled prompts (records, stored
+    dicts, with the processor) its samples' training rows are `rollout_rows`' (1-D positions
+    continued over the response). Multi-turn `start` is refused with an ArgumentError naming the
+    family (not a TypeError or a misleading missing-column error)."""
     from mmpipe.errors import ArgumentError
     from mmpipe.rollout import start, unbatch_rollout
 
     name, proc, model = fam
     prompts = _prompts(proc, counts=(1,))
     gens = TransformersEngine(model, proc).generate(prompts, SamplingParams(max_new_tokens=4, temperature=1.0, seed=0))
+    want = rollout_rows(prompts, gens, proc)
     for p, kw in [(prompts, {}), ([r.to_dict() for r in prompts], {}), (prompts, {"processor": proc})]:
-        with pytest.raises(ArgumentError, match="tiled_rollout_rows"):
-            unbatch_rollout(p, gens, **kw)
+        got = [s.to_row() for s in unbatch_rollout(p, gens, **kw)]
+        assert [r.diff(w) for r, w in zip(got, want)] == [[]] * len(want)
+    assert np.array_equal(want[0].position_ids, np.arange(len(want[0])))
     raw = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}],
            "images": IMAGES[:1]}
     with pytest.raises(ArgumentError, match=f"not available for {name}"):

@@ -15,7 +15,7 @@ import mmpipe
 from mmpipe.offline import build_processor
 from mmpipe import testing
 from mmpipe.errors import ArgumentError, ImageError, InputError
-from mmpipe.families import tiled_family_of
+from mmpipe.families import family_of
 from mmpipe.offline.tile_builders import build_tiled2_processor
 from mmpipe.rollout import to_vllm_prompts
 from helpers import odd_images, photo_paths
@@ -47,7 +47,7 @@ def _sets() -> list:
 
 
 def _check_through_the_processor(proc, rows, prompts, kwargs):
-    fam = tiled_family_of(proc)
+    fam = family_of(proc)
     token = proc.tokenizer.convert_tokens_to_ids(fam.image_token)
     for r, p in zip(rows, prompts):
         ids = np.asarray(p["prompt_token_ids"])

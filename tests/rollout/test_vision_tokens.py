@@ -2,7 +2,7 @@
 and refused (or, by choice, masked) by every stage that turns a response into training input:
 ``RolloutSample.to_row``, collate / `Collator`, `PackingCollator`, the data packers'
 ``get_policy_input``, multi-turn appends and ReMA role encodings. One shared check,
-`mmpipe.encoding.vision_tokens.VisionTokens`."""
+`mmpipe.records.vision_tokens.VisionTokens`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import mmpipe
 from mmpipe import rema, testing
 from mmpipe.batching.packing import PackingCollator
-from mmpipe.encoding.vision_tokens import VisionTokens
+from mmpipe.records.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, PlaceholderError
 from mmpipe.records.generation import SamplingParams
 from mmpipe.records.rollout import RolloutSample

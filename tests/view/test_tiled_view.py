@@ -14,7 +14,7 @@ from PIL import Image
 import mmpipe
 from mmpipe.offline import build_processor
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.view.tiled import tiled_spans
+from mmpipe.view.spans import token_spans
 
 RNG = np.random.default_rng(9)
 IMAGES = [Image.fromarray(RNG.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in [(40, 56), (70, 30)]]
@@ -32,7 +32,7 @@ def fam(request):
 
 def test_spans_cover_every_feature_token_once(fam):
     name, proc, row, _ = fam
-    spans = tiled_spans(row)
+    spans = token_spans(row)
     assert [s.start for s in spans][0] == 0 and spans[-1].end == len(row)
     assert all(a.end == b.start for a, b in zip(spans, spans[1:]))
     images = [s for s in spans if s.kind == "image"]

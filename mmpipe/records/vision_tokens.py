@@ -19,6 +19,11 @@ label -100, so no vision token reaches the model and the loss ignores the positi
 tokens were sampled after the vision token, so their rollout logprobs no longer equal a
 forward over the masked row: prefer the engines' ban; "mask" is for responses made elsewhere.
 
+Which tokens count is the family's media strategy's answer (``fam.media.vision_tokens(fam)``,
+`mmpipe.media`): the pads and block borders of the patch grids, the feature token (and Gemma 3's
+``<start_of_image>``) of the tiles, none on the generic path. A value object of ids: it lives
+with the records, so `RolloutSample.to_row` needs no stage module.
+
     >>> vt = VisionTokens(ids=(5, 7), names=("<|image_pad|>", "<|vision_start|>"),
     ...                   kinds=("image pad", "vision start"), pad_ids=(5,), replacement_id=0)
     >>> vt.find(np.array([1, 5, 2])).tolist()
@@ -33,7 +38,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mmpipe.errors import ArgumentError, PlaceholderError
-from mmpipe.families import family_of, get_family
+from mmpipe.families import ModelFamily, family_of, get_family
 from mmpipe.records.columns import IGNORE_INDEX
 
 VISION_TOKEN_POLICIES = ("raise", "mask")
@@ -46,6 +51,12 @@ def check_policy(policy: str) -> str:
     if policy not in VISION_TOKEN_POLICIES:
         raise ArgumentError(f"on_vision_token must be one of {VISION_TOKEN_POLICIES}, got {policy!r}")
     return policy
+
+
+def _spellings(fam: ModelFamily) -> dict[str, str]:
+    """kind ("image", "video", "vision_start", "vision_end") -> the family's spelling of it, for
+    the kinds the family has (its media strategy's table)."""
+    return {k: t for k, t in fam.media.vision_tokens(fam).items() if t is not None}
 
 
 @dataclass(frozen=True)
@@ -79,11 +90,10 @@ class VisionTokens:
         family found from it. The replacement id is the tokenizer's pad id, else its EOS id."""
         fam = family_of(family if family is not None else processor)
         tok = getattr(processor, "tokenizer", processor)
-        found = fam.vision_token_ids(tok)
+        spell = _spellings(fam)
+        found = {k: tok.convert_tokens_to_ids(t) for k, t in spell.items()}
         unk = getattr(tok, "unk_token_id", None)
-        spell = {"image": fam.image_token, "video": fam.video_token, "vision_start": fam.vision_start_token,
-                 "vision_end": fam.vision_end_token}
-        kinds = [k for k in _KINDS if found[k] is not None and found[k] != unk]
+        kinds = [k for k in _KINDS if found.get(k) is not None and found[k] != unk]
         rep = getattr(tok, "pad_token_id", None)
         rep = getattr(tok, "eos_token_id", None) if rep is None else rep
         return cls(ids=tuple(int(found[k]) for k in kinds), names=tuple(str(spell[k]) for k in kinds),
@@ -118,11 +128,10 @@ class VisionTokens:
             elsewhere.update(np.unique(ids[(mm == 0) & ~border]).tolist())
         if fam is None:
             return cls(policy=check_policy(policy))
-        spell = {"image": fam.image_token, "video": fam.video_token, "vision_start": fam.vision_start_token,
-                 "vision_end": fam.vision_end_token}
+        spell = _spellings(fam)
         kinds = [k for k in _KINDS if len(seen[k]) == 1 and (k in ("image", "video") or not seen[k] & elsewhere)]
         ids = tuple(int(next(iter(seen[k]))) for k in kinds)
-        return cls(ids=ids, names=tuple(str(spell[k]) for k in kinds), kinds=tuple(_KIND_NAMES[k] for k in kinds),
+        return cls(ids=ids, names=tuple(str(spell.get(k) or "?") for k in kinds), kinds=tuple(_KIND_NAMES[k] for k in kinds),
                    pad_ids=tuple(i for k, i in zip(kinds, ids) if k in ("image", "video")), policy=check_policy(policy))
 
     def with_policy(self, policy: Optional[str]) -> "VisionTokens":

@@ -1,0 +1,123 @@
+"""The column part of `mmpipe.data.validate.validate_dataset`: a stored table's columns and their
+Arrow types against the columns its kind of rows carries (``fam.media.expected_columns``, one
+`mmpipe.data.column_rules.ExpectedColumn` each), with the safe repairs of ``fix=True``: a
+missing column (error, or a warning and its repair for an older layout), a column no kind
+stores (a warning), a column of the wrong Arrow type (strict: a lossless cast repairs it; of
+the same shape: any type that reads the same passes).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import pyarrow as pa
+
+from mmpipe.data.column_rules import ExpectedColumn, same_shape, shape_text
+from mmpipe.data.repair import (
+    add_empty_column, is_u8_list, lossless_cast, pixel_digests, recompute_rope_deltas,
+    u8_list_to_binary,
+)
+from mmpipe.data.report import REENCODE, Issue, ValidationReport
+from mmpipe.records.columns import OPTIONAL_ROW_COLUMNS
+
+__all__ = ["BOOKKEEPING", "check_columns"]
+
+# columns the encoder adds for bookkeeping (encode_dataset / on_error="skip"): never "extra"
+BOOKKEEPING = ("mmpipe_error", "mmpipe_drop_reason")
+
+
+class _Repair(NamedTuple):
+    """How a column an older layout lacks reads (a warning) and how ``fix=True`` adds it."""
+
+    read_as: str
+    fix: str
+    fixed: str
+    add: Callable[[pa.Table, pa.Field], pa.Table]
+
+
+_REPAIRS = {  # by `ExpectedColumn.if_missing`
+    "empty": _Repair("missing (an older layout?); read as empty (no videos)",
+                     "validate_dataset(..., fix=True) adds it",
+                     "missing; added with empty values (no videos)", add_empty_column),
+    "digest": _Repair("missing (written by an older mmpipe): damaged pixel bytes cannot be "
+                      "detected",
+                      "re-encode, or validate_dataset(..., fix=True) stores digests of the pixel "
+                      "data as it is now",
+                      "missing; computed from the pixel data as stored now (damage already there "
+                      "is not detected)", lambda t, f: t.append_column(f, pixel_digests(t))),
+    "rope_delta": _Repair("missing (an older layout?); read as max(position_ids) + 1 - L",
+                          "validate_dataset(..., fix=True) stores it",
+                          "missing; recomputed as max(position_ids) + 1 - L",
+                          lambda t, f: t.append_column(f, recompute_rope_deltas(t))),
+}
+_REPAIR_NEEDS = {"rope_delta": {"position_ids", "input_ids"}}  # what a repair is computed from
+
+
+def check_columns(table: pa.Table, columns: list[ExpectedColumn], report: ValidationReport, *,
+                  fix: bool, cast_hint: str) -> pa.Table:
+    """Add to ``report`` an `Issue` per missing column, extra column and column of a wrong
+    type (``cast_hint``: the fix of a strict column a cast repairs); returns ``table``,
+    repaired when ``fix`` (missing columns appended, types cast)."""
+    names = set(table.column_names)
+    for c in columns:
+        if c.name not in names:
+            table = _missing(table, c, report, fix, names)
+    expected = {c.name for c in columns}
+    for name in table.column_names:
+        if name not in expected and name not in BOOKKEEPING and name not in OPTIONAL_ROW_COLUMNS:
+            report.issues.append(Issue("warning", "extra_column", name,
+                                       "not a stored-row column; collate ignores it",
+                                       f"ds.remove_columns([{name!r}]) if it is not yours"))
+    for c in columns:
+        if c.type is not None and c.name in table.column_names:
+            table = _check_type(table, c, report, fix, cast_hint)
+    return table
+
+
+def _missing(table: pa.Table, c: ExpectedColumn, report: ValidationReport, fix: bool,
+             names: set) -> pa.Table:
+    """A missing column: nothing (optional), its repair (``fix``) or a warning saying how it
+    reads (an older layout's), or an error."""
+    if c.if_missing == "optional":
+        return table
+    repair = _REPAIRS.get(c.if_missing)
+    if repair is None or not _REPAIR_NEEDS.get(c.if_missing, set()) <= names:
+        report.issues.append(Issue("error", "missing_column", c.name, f"missing ({c.doc})",
+                                   REENCODE))
+    elif fix:
+        report.issues.append(Issue("fixed", "missing_column", c.name, repair.fixed))
+        table = repair.add(table, pa.field(c.name, c.type))
+    else:
+        report.issues.append(Issue("warning", "missing_column", c.name, repair.read_as, repair.fix))
+    return table
+
+
+def _check_type(table: pa.Table, c: ExpectedColumn, report: ValidationReport, fix: bool,
+                cast_hint: str) -> pa.Table:
+    """Column ``c``'s Arrow type: of the same shape (not strict), or exactly (strict, cast
+    when ``fix`` and no value changes)."""
+    col = table.column(c.name)
+    found = str(col.type)
+    if not c.strict:
+        if not same_shape(col.type, c.type):
+            report.issues.append(Issue("error", "type", c.name, f"wrong Arrow type: expected "
+                                       f"{shape_text(c.type)}, found {found}", REENCODE))
+        return table
+    if col.type.equals(c.type):
+        return table
+    if c.name.endswith("_u8") and is_u8_list(col.type):
+        how = "compact pixels as a list of uint8 (older layout) instead of binary + end marker"
+        repaired = u8_list_to_binary(col) if fix else None
+    else:
+        cast = lossless_cast(col, c.type)
+        how = "wrong Arrow type" + ("" if cast is not None else ", and a cast would change values")
+        repaired = cast if fix else None
+    if repaired is not None:
+        report.issues.append(Issue("fixed", "type", c.name,
+                                   f"{how}: expected {c.type}, found {found}; cast"))
+        at = table.column_names.index(c.name)
+        return table.set_column(at, pa.field(c.name, c.type), repaired)
+    cast_fix = f"{cast_hint} or validate_dataset(..., fix=True)"
+    report.issues.append(Issue("error", "type", c.name, f"{how}: expected {c.type}, found {found}",
+                               REENCODE if "change values" in how else cast_fix))
+    return table

@@ -1,0 +1,128 @@
+"""The row part of `mmpipe.data.validate.validate_dataset`, the same for every kind of family:
+rows that failed to encode, one kind and one family per dataset, rows with images but no pixel
+data, ``pixels="source"`` files that do not open, and every row read as collate reads it
+(`rows_from_arrow`, pixel digests checked), validated, and given to the kind's own row check
+(``fam.media.row_checks``: M-RoPE positions, tile feature tokens). Each finding is an `Issue`
+naming the column and the rows; identical problems of several rows are one issue.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mmpipe.data.report import REENCODE, Issue
+from mmpipe.data.sources_check import unreadable_sources
+from mmpipe.errors import InputError
+from mmpipe.records.arrow import list_lengths, rows_from_arrow
+from mmpipe.records.columns import STORED_PIXEL_COLUMN
+
+__all__ = ["failed_rows", "family_issues", "listed", "missing_pixels", "unreadable_files",
+           "row_issues"]
+
+RowCheck = Callable[..., None]  # (row: MultiModalInputs, index: int) -> None, raising InputError
+
+
+def listed(issue: Issue, max_rows_listed: int) -> Issue:
+    """``issue`` with its rows cut to the first ``max_rows_listed`` (``num_rows``: all)."""
+    issue.num_rows = issue.num_rows or len(issue.rows)
+    issue.rows = list(issue.rows[:max_rows_listed])
+    return issue
+
+
+def _flags(mask) -> np.ndarray:
+    """Row indexes where an Arrow boolean array is true."""
+    return np.flatnonzero(np.asarray(mask.to_numpy(zero_copy_only=False)))
+
+
+def failed_rows(table: pa.Table) -> list[Issue]:
+    """Rows that failed to encode under ``on_error="skip"`` (stored empty): a warning."""
+    if "mmpipe_error" not in table.column_names:
+        return []
+    bad = [i for i, x in enumerate(table.column("mmpipe_error").to_pylist()) if x]
+    if not bad:
+        return []
+    return [Issue("warning", "failed_rows", "mmpipe_error",
+                  "rows that failed to encode (on_error='skip'), stored empty",
+                  "mmpipe.drop_failed(ds) (or filter on the column) before training", bad)]
+
+
+def family_issues(table: pa.Table, known: list[str]) -> tuple[list[Issue], bool]:
+    """Rows of a family not in ``known`` (the families of the dataset's kind; an error, and
+    False: the rows cannot be read further) and rows of several families (an error: token ids
+    and positions differ between families)."""
+    fams = table.column("family")
+    unknown = pc.fill_null(pc.invert(pc.is_in(fams, value_set=pa.array(known))), True)
+    bad = _flags(unknown)
+    if len(bad):
+        vals = sorted({str(v) for v in pc.unique(pc.filter(fams, unknown)).to_pylist()})
+        return [Issue("error", "family", "family", f"unknown model family {vals}; known: {known}",
+                      REENCODE, bad.tolist())], False
+    counts = pc.value_counts(fams).to_pylist()
+    if len(counts) < 2:
+        return [], True
+    main = max(counts, key=lambda c: c["counts"])["values"]
+    names = sorted(c["values"] for c in counts)
+    return [Issue("error", "family", "family", f"rows of several model families {names} "
+                  f"(most are {main!r}); token ids and positions differ between families",
+                  "re-encode these rows with the training model's processor, or split by family",
+                  _flags(pc.not_equal(fams, main)).tolist())], True
+
+
+def missing_pixels(table: pa.Table, pixel_format: str, layout_column: str) -> list[Issue]:
+    """Rows with images (a non-empty ``layout_column``, the kind's per-image layout) but a
+    null pixel value in a dataset that stores pixels: collate refuses them next to rows with
+    pixels (and would train blind on them alone)."""
+    col = STORED_PIXEL_COLUMN.get(pixel_format)
+    if col not in table.column_names or layout_column not in table.column_names:
+        return []
+    null = np.asarray(table.column(col).is_null().to_numpy(zero_copy_only=False))
+    bad = np.flatnonzero(null & (list_lengths(table.column(layout_column)) > 0))
+    return [Issue("error", "content", col, "rows hold images but no pixel data (null)", REENCODE,
+                  bad.tolist())] if len(bad) else []
+
+
+def unreadable_files(table: pa.Table, chunk: int) -> list[Issue]:
+    """``pixels="source"`` rows: every stored file must open as an image
+    (`unreadable_sources`)."""
+    return [Issue("error", "content", "image_sources", f"a stored image file does not open: {why}",
+                  "re-encode these rows from the original images (or restore the files from a "
+                  "good copy)", rows) for why, rows in unreadable_sources(table, chunk).items()]
+
+
+def row_issues(table: pa.Table, check: Optional[RowCheck], chunk: int,
+               reported: frozenset = frozenset()) -> list[Issue]:
+    """Every row read as collate reads it (checked `rows_from_arrow`, digests verified), then
+    ``validate`` and ``check(row, index)``, chunk by chunk; a chunk that does not read is
+    re-read row by row to find every bad row. One error `Issue` per distinct problem; rows in
+    ``reported`` (already named for their pixels) are not named again."""
+    problems: dict[tuple, list] = {}
+    for start in range(0, table.num_rows, chunk):
+        part = table.slice(start, chunk)
+        try:
+            rows = rows_from_arrow(part, verify_pixels=True)
+        except ValueError:
+            rows = None
+        for i in range(part.num_rows):
+            try:
+                r = rows[i] if rows is not None else \
+                    rows_from_arrow(part.slice(i, 1), verify_pixels=True)[0]
+                r.validate(start + i)
+                if check is not None:
+                    check(r, start + i)
+            except ValueError as e:
+                if start + i not in reported:
+                    problems.setdefault(_problem(e), []).append(start + i)
+    return [Issue("error", "content", col, msg, REENCODE, rows)
+            for (col, msg), rows in problems.items()]
+
+
+def _problem(e: ValueError) -> tuple[Optional[str], str]:
+    """(column, what is wrong) of a row's error: the issue says where (column, rows) and how
+    to fix it itself, so the text is the error's body alone and identical problems group."""
+    if isinstance(e, InputError):
+        return e.column, e.message_body()
+    return None, str(e)  # not raised by the records' checks: kept whole

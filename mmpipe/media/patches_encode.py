@@ -1,0 +1,195 @@
+"""The ``patches`` kind's part of `mmpipe.Encoder` (Qwen2/2.5/3-VL, GLM-4.1V, the text family):
+the rendered prompt tokenized with one pad per image (labels from the assistant spans) -> the
+videos, then the images, each pad expanded to its patch grid's ``t*h*w/merge^2`` pads
+(`mmpipe.encoding.placeholders`, `mmpipe.encoding.videos`) -> truncation -> M-RoPE positions.
+A row holds::
+
+    input_ids, attention_mask, mm_token_type_ids, labels   int64 [L]
+    position_ids                                           int64 [3, L], rope_delta int
+    image_grid_thw, video_grid_thw                         int64 [I, 3], [V, 3]
+    second_per_grid_ts                                     float32 [V]
+    pixel_values_u8  uint8 [N, 3*p*p]  (or pixel_values float32 [N, 3*T*p*p], source files, or none)
+    pixel_values_videos_u8  uint8 [Nv, 3*T*p*p]  (or pixel_values_videos float32, or none)
+
+Reached as ``fam.media.encode_*`` (re-exported by `mmpipe.media.patches`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from mmpipe.encoding.options import check_choice, truncate_row
+from mmpipe.encoding.placeholders import expand_image_pads
+from mmpipe.encoding.render import span_labels
+from mmpipe.encoding.sources import source_bytes
+from mmpipe.encoding.tokenize import tokenize_text
+from mmpipe.encoding.videos import add_videos, video_options as check_video_options
+from mmpipe.errors import ArgumentError, PlaceholderError
+from mmpipe.images.pixels import encode_image as image_patches, image_grid
+from mmpipe.images.spec import VisionSpec
+from mmpipe.records.columns import ENCODE_PIXEL_FORMATS, IGNORE_INDEX
+
+# the options of mmpipe.Encoder this kind takes (of `mmpipe.encoding.encoder.KIND_OPTIONS`) and
+# its stored pixel formats
+ENCODE_OPTIONS = ("pixels", "min_pixels", "max_pixels", "image_backend", "image_root", "videos_column",
+                  "video_options")
+ENCODE_PIXELS = ENCODE_PIXEL_FORMATS
+_PIXEL_BYTES = {"uint8": 1, "float32": 4, "none": 0, "source": 1}  # per pixel ("source": a PNG <= raw)
+_OTHER_KINDS = {"images_kwargs": "it is the tiled families' processor call option",
+                "log": "it is the generic path's option"}  # options of the other kinds
+
+
+def encode_settings(enc, given: dict) -> None:
+    """Check the kind's options and set them on ``enc``: ``pixels``, the `VisionSpec` (resize
+    bounds, backend), the video options and the vision token ids."""
+    fam = enc.family
+    for name, why in _OTHER_KINDS.items():
+        if name in given:
+            raise ArgumentError(f"{name}= is not available for {fam.name} processors: {why}; leave it out")
+    enc.pixels = given.get("pixels", "uint8")
+    check_choice("pixels", enc.pixels, ENCODE_PIXEL_FORMATS)
+    if fam.is_vision:
+        enc.spec = VisionSpec.from_processor(enc.processor, given.get("min_pixels"), given.get("max_pixels"),
+                                             given.get("image_backend", "auto"))
+    enc.video_opts = check_video_options(given.get("video_options"))
+    token_ids = fam.vision_token_ids(enc.tokenizer)  # None each for a text family
+    enc.image_token_id, enc.video_token_id = token_ids["image"], token_ids["video"]
+    enc.vision_start_id, enc.vision_end_id = token_ids["vision_start"], token_ids["vision_end"]
+    enc.decodes_images = fam.is_vision and enc.pixels in ("uint8", "float32")
+    enc.batched_layout = fam.is_vision and enc.pixels == "none"  # `mmpipe.encoding.layout_batch`
+
+
+def encode_image(enc, value, where: str) -> tuple:
+    """One image -> (its grid (t, h, w), uint8 patches [n, 3*p*p] / its file bytes / None)."""
+    if enc.pixels in ("none", "source"):  # the grid from the image header
+        grid = image_grid(value, enc.spec, where=where)
+        return grid, (source_bytes(value, where=where) if enc.pixels == "source" else None)
+    u8, grid = image_patches(value, enc.spec, where=where)
+    return grid, u8
+
+
+def encode_row(enc, messages: list, images: list, videos: list, *, where: str, tools, prefetched) -> dict:
+    """One parsed row -> the record's fields (module doc)."""
+    fam = enc.family
+    if (images or videos) and not fam.is_vision:
+        kind, column = ("image", enc.images_column) if images else ("video", enc.videos_column)
+        raise PlaceholderError(f"holds {len(images or videos)} {kind}(s) but the processor is a text-only "
+                               "tokenizer", where=where, column=column,
+                               fix=f"encode with a vision-language processor, or drop the {kind}s")
+    ids, labels = _tokenize(enc, messages, where, tools)
+    grids = np.zeros((0, 3), dtype=np.int64)
+    blocks: list[np.ndarray] = []
+    vid = None
+    if fam.is_vision:  # videos first: their pads are found in the unexpanded ids
+        ids, labels, *vid = add_videos(enc, ids, labels, videos, where)
+        ids, labels, grids, blocks = _add_images(enc, ids, labels, images, where, prefetched)
+    mm = enc.token_types(ids)
+    if labels is not None:
+        labels[mm > 0] = IGNORE_INDEX  # image / video pads are inputs, never targets
+    ids, labels, mm = truncate_row(enc, ids, labels, mm, where)
+    return _fields(enc, ids, labels, mm, grids, blocks, vid)
+
+
+def _tokenize(enc, messages: list[dict], where: str, tools: Optional[list]) -> tuple:
+    """Rendered messages -> (ids int64 [L], labels int64 [L] or None), one pad per image."""
+    agp = enc.generation_prompt(messages)
+    text = enc.prompt_text(messages, agp, tools, where)
+    spans = enc._assistant_spans(messages, text, where, tools, agp) if enc.labels else []
+    # memory (a 10 MB row): long texts are tokenized in verified pieces (encoding/tokenize.py)
+    ids, offsets = tokenize_text(enc.tokenizer, text, bool(spans))
+    return ids, (span_labels(ids, offsets, spans) if enc.labels else None)
+
+
+def _image_pads(enc, ids: np.ndarray, n_images: int, where: str) -> np.ndarray:
+    """Positions int [I] of the one ``<|image_pad|>`` per image the template rendered."""
+    token = enc.family.image_token
+    pad_pos = np.flatnonzero(enc.token_types(ids) == 1)  # GLM-4.1V's videos hold <|image|> too
+    if len(pad_pos) != n_images:
+        raise PlaceholderError(
+            f"the rendered prompt holds {len(pad_pos)} {token} token(s) but the row "
+            f"has {n_images} image(s)", where=where, column="messages",
+            expected=f"one {token} per image", found=f"{len(pad_pos)}",
+            fix=(f"remove literal {token} text from the messages" if len(pad_pos) > n_images
+                 else "the chat template did not render every image item (Qwen3-VL's template drops "
+                      "images in system messages): move those images to a user turn"),
+        )
+    return pad_pos
+
+
+def _add_images(enc, ids, labels, images: list, where: str, prefetched) -> tuple:
+    """Encode the images and expand their pads -> (ids, labels, grids int64 [I, 3], payloads)."""
+    pad_pos = _image_pads(enc, ids, len(images), where)
+    loaded = enc.load_images(images, where, prefetched)
+    payloads = [p for _, p in loaded if p is not None]
+    if not loaded:
+        return ids, labels, np.zeros((0, 3), dtype=np.int64), payloads
+    grids = np.asarray([g for g, _ in loaded], dtype=np.int64)
+    ids, labels = expand_image_pads(ids, pad_pos, grids, enc.family, labels)
+    return ids, labels, grids, payloads
+
+
+def _fields(enc, ids, labels, mm, grids, blocks, vid=None) -> dict:
+    """The record's fields; ``vid``: (video grids int64 [V, 3], second_per_grid_ts float32 [V],
+    uint8 blocks)."""
+    from mmpipe.rope import get_rope_index
+
+    fam = enc.family
+    vgrids, seconds, vblocks = vid if vid else (np.zeros((0, 3), np.int64), np.zeros(0, np.float32), [])
+    pos, delta = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None,
+                                video_grid_thw=vgrids if len(vgrids) else None,
+                                second_per_grid_ts=seconds if len(vgrids) else None, family=fam)
+    row = dict(input_ids=ids, attention_mask=np.ones(ids.shape, dtype=np.int64), mm_token_type_ids=mm,
+               position_ids=pos[:, 0, :].numpy(), rope_delta=int(delta.reshape(-1)[0]), labels=labels,
+               image_grid_thw=grids, video_grid_thw=vgrids, second_per_grid_ts=seconds)
+    if enc.pixels == "source":
+        row["image_sources"] = list(blocks)
+    elif enc.pixels == "uint8":
+        row["pixel_values_u8"] = (np.concatenate(blocks) if blocks
+                                  else np.zeros((0, fam.patch_dim_u8), np.uint8))
+        # None as from_dict reads it
+        row["pixel_values_videos_u8"] = np.concatenate(vblocks) if vblocks else None
+    elif enc.pixels == "float32":
+        from mmpipe.images.pixels import u8_to_pixel_values, u8_video_to_pixel_values
+
+        if vblocks:
+            row["pixel_values_videos"] = u8_video_to_pixel_values(np.concatenate(vblocks),
+                                                                  enc.spec.for_videos().lut())
+        # one expansion into one output array (expanding per image and concatenating would
+        # write the 8x larger float32 data twice)
+        u8 = np.concatenate(blocks) if blocks else np.zeros((0, fam.patch_dim_u8), np.uint8)
+        row["pixel_values"] = u8_to_pixel_values(u8, enc.lut(), enc.spec.temporal_patch_size)
+    if enc.spec is not None and enc.pixels != "none":
+        row["image_backend"] = enc.spec.backend  # collate expands the pixels with this backend's table
+    return row
+
+
+def encode_empty(enc) -> dict:
+    """The fields of an empty row (0 tokens) in the encoder's pixel format and labels."""
+    fam = enc.family
+    row = dict(input_ids=np.zeros(0, np.int64), attention_mask=np.zeros(0, np.int64),
+               mm_token_type_ids=np.zeros(0, np.int64), position_ids=np.zeros((3, 0), np.int64),
+               rope_delta=0, labels=np.zeros(0, np.int64) if enc.labels else None)
+    if enc.pixels == "source":
+        row["image_sources"] = []
+    elif enc.pixels == "uint8":
+        row["pixel_values_u8"] = np.zeros((0, fam.patch_dim_u8), np.uint8)
+    elif enc.pixels == "float32":
+        row["pixel_values"] = np.zeros((0, fam.patch_dim), np.float32)
+    if enc.spec is not None and enc.pixels != "none":
+        row["image_backend"] = enc.spec.backend  # the same columns as the batch's encoded rows
+    return row
+
+
+def encode_image_bytes(enc) -> int:
+    """Most stored bytes of one image: at ``max_pixels``, in the stored pixel format."""
+    if enc.spec is None:  # the text family
+        return 0
+    temporal = enc.spec.temporal_patch_size if enc.pixels == "float32" else 1
+    return 3 * enc.spec.max_pixels * _PIXEL_BYTES[enc.pixels] * temporal
+
+
+def encode_layout(enc) -> None:
+    """No processor layout: mmpipe lays the rows out itself."""
+    return None

@@ -1,0 +1,69 @@
+"""The validate stage's part of the ``patches`` kind (Qwen2/2.5/3-VL, GLM-4.1V, the text family),
+re-exported by `mmpipe.media.patches` under its ``# ---- validate ----`` section: the columns of
+the published row schema (`mmpipe.records.row.MultiModalInputs.arrow_schema`), exactly typed,
+with the safe repairs of older layouts (no video columns, no ``rope_delta``, no
+``pixel_digest``), and each row's M-RoPE positions recomputed from its grids.
+
+The same names exist in `mmpipe.media.tiles_validate` and `mmpipe.media.processor`; the
+validate stage (`mmpipe.data.validate`) calls them as ``fam.media.<name>``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from mmpipe.data.column_rules import ExpectedColumn
+from mmpipe.errors import InputError
+from mmpipe.records.columns import ROW_COLUMNS, row_column_wanted
+
+KIND_COLUMN = "image_grid_thw"  # only patch-grid rows store it (names a table without a family)
+# columns an older layout lacks, and how they read (`ExpectedColumn.if_missing`)
+_OLDER_LAYOUT = {"video_grid_thw": "empty", "second_per_grid_ts": "empty",
+                 "pixel_values_videos": "empty", "pixel_values_videos_u8": "empty",
+                 "pixel_digest": "digest", "rope_delta": "rope_delta"}
+
+
+def expected_columns(table: pa.Table, *, labels: bool, pixel_format: str) -> list[ExpectedColumn]:
+    """The row schema's columns for ``pixel_format`` (``"mixed"``: every pixel column) and
+    ``labels``, exact types (a lossless cast repairs another width)."""
+    fmt = None if pixel_format == "mixed" else pixel_format
+    return [ExpectedColumn.stored(name, "patches", strict=True,
+                                  if_missing=_OLDER_LAYOUT.get(name, "error"))
+            for name, _, _ in ROW_COLUMNS if row_column_wanted(name, fmt, labels, "patches")]
+
+
+def dataset_checks(table: pa.Table, processor=None) -> list:
+    """Nothing beyond the common checks (one family, the processor's family)."""
+    return []
+
+
+def row_checks(table: pa.Table, *, processor=None, images_kwargs: Optional[dict] = None,
+               positions: bool = True) -> Optional[Callable]:
+    """``check(row, index)``: the row's positions and ``rope_delta`` recomputed from its grids
+    (about a millisecond per row); None with ``positions=False``."""
+    return _check_positions if positions else None
+
+
+def _check_positions(r, row: int) -> None:
+    """``position_ids`` [3, L] and ``rope_delta`` of row ``r`` vs the family's M-RoPE rule."""
+    from mmpipe.rope import get_rope_index
+
+    if not r.fam.is_vision:
+        return
+    videos = r.num_videos > 0
+    pos, delta = get_rope_index(r.input_ids[None], r.mm_token_type_ids[None],
+                                image_grid_thw=r.image_grid_thw if r.num_images else None,
+                                video_grid_thw=r.video_grid_thw if videos else None,
+                                second_per_grid_ts=r.second_per_grid_ts if videos else None,
+                                family=r.fam)
+    if not np.array_equal(pos[:, 0].numpy(), r.position_ids):
+        raise InputError("position_ids differ from the M-RoPE rule recomputed from the grids "
+                         "(written by another tool or version?)", row=row, column="position_ids",
+                         stage="validate")
+    want = int(delta.reshape(-1)[0])
+    if want != r.rope_delta:
+        raise InputError(f"rope_delta {r.rope_delta} differs from max(position_ids) + 1 - L = "
+                         f"{want}", row=row, column="rope_delta", stage="validate")

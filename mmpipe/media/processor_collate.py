@@ -1,0 +1,148 @@
+"""The vision padding of the ``processor`` kind (the generic path, `mmpipe.media.processor`):
+each row's own processor outputs (``MultiModalInputs.vision``) padded into the batch's arrays
+as the processor's own batch call pads them, and cut back out.
+
+- a row key (axis 0 = the row, ``[1, n, ...]``, e.g. Idefics3's ``pixel_values`` [1, tiles, 3,
+  H, W]) becomes [B, max n, ...], zero-padded (or with the processor's own fill of a missing
+  item, `ProcessorLayout.pads`); a row without it is all padding;
+- a token-aligned row key (``[1, L, ...]``, Mllama's ``cross_attention_mask`` [1, L, images,
+  tiles]) is padded on its token axis at the padding side, as the tokens are (`token_aligned`);
+- any other key (axis 0 = images, e.g. LLaVA's ``pixel_values`` [I, 3, H, W]) is concatenated
+  over the rows, its trailing axes zero-padded to the largest.
+
+`collate_outputs` and `unbatch_media` are the kind's collate and unbatch (`mmpipe.media.processor`
+adds the processor-class check and the layout type).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from mmpipe.errors import InputError
+from mmpipe.records.columns import to_numpy
+
+logger = logging.getLogger("mmpipe")
+
+CROSS_ATTENTION_WARNED: set = set()  # processor classes warned about (once per process)
+
+
+def _padded(arr: np.ndarray, shape: tuple) -> np.ndarray:
+    """``arr`` zero-padded at the end of every axis to ``shape``."""
+    if arr.shape == tuple(shape):
+        return arr
+    out = np.zeros(shape, arr.dtype)
+    out[tuple(slice(0, n) for n in arr.shape)] = arr
+    return out
+
+
+def token_aligned(rows: list, key: str) -> bool:
+    """Whether row key ``key`` is ``[1, L, ...]`` in every row holding it, L the row's tokens
+    (Mllama's ``cross_attention_mask`` ``[1, L, images, tiles]``): its axis 1 is padded as the tokens."""
+    present = [(r.vision[key], len(r)) for r in rows if key in r.vision]
+    return bool(present) and all(a.ndim >= 2 and a.shape[1] == n for a, n in present)
+
+
+def collate_vision(rows: list, key: str, row_key: bool, L: int = 0,
+                   padding_side: str = "right") -> tuple[np.ndarray, list]:
+    """Vision output ``key`` of every row -> (the batch's array, each row's own shape or None
+    where the row lacks it); ``row_key``: axis 0 is the row; ``L``: the padded length."""
+    present = [r.vision[key] for r in rows if key in r.vision]
+    trailing = tuple(np.max([a.shape[1:] for a in present], axis=0))
+    shapes = [r.vision[key].shape if key in r.vision else None for r in rows]
+    if row_key and token_aligned(rows, key):  # axis 1 on the tokens' side and length
+        out = np.zeros((len(rows), L, *trailing[1:]), present[0].dtype)
+        for b, r in enumerate(rows):
+            if key in r.vision:
+                a, n = r.vision[key], len(r)
+                start = 0 if padding_side == "right" else L - n
+                out[b:b + 1, start:start + n][tuple(slice(0, k) for k in (1, n, *a.shape[2:]))] = a
+        return out, shapes
+    if row_key:  # [1, n, ...] per row; a row without it is all padding, as the processor pads
+        empty = np.zeros((1, *trailing), present[0].dtype)
+        blocks = [_padded(r.vision[key], (1, *trailing)) if key in r.vision else empty for r in rows]
+        fill = dict(rows[0].layout.pads if rows[0].layout is not None else ()).get(key)
+        if fill is not None and len(trailing) >= 2 and len(fill) == int(np.prod(trailing[1:])):
+            for b, r in enumerate(rows):  # missing items (axis 1) as the processor pads them
+                start = r.vision[key].shape[1] if key in r.vision else 0
+                if start < trailing[0]:
+                    blocks[b] = blocks[b].copy()
+                    blocks[b][0, start:] = np.reshape(fill, trailing[1:])
+    else:
+        blocks = [_padded(a, (a.shape[0], *trailing)) for a in present]
+    return np.concatenate(blocks), shapes
+
+
+def cut_vision(vision: dict, shapes: dict, row_keys: set, b: int, n: int, cols: slice, starts: dict) -> dict:
+    """Row ``b``'s own vision outputs cut out of the batch's arrays ``vision`` (numpy), to its
+    ``shapes``; ``n``: its tokens at ``cols`` of the padded length; ``starts``: per key not a row
+    key, the row's first item (advanced here past its items)."""
+    out = {}
+    for key, arr in vision.items():
+        shape = shapes[key][b]
+        if shape is None:
+            continue
+        start = b if key in row_keys else starts[key]
+        cut = [slice(0, s) for s in shape]
+        if key in row_keys and len(shape) >= 2 and shape[1] == n:  # token-aligned (see token_aligned)
+            cut[1] = cols
+        out[key] = arr[start:start + shape[0]][tuple(cut)].copy()
+        starts[key] += 0 if key in row_keys else shape[0]
+    return out
+
+
+def warn_cross_attention_counts(rows: list) -> None:
+    """A cross-attention model (Mllama: ``cross_attention_mask`` [1, L, images, tiles]) attends
+    from a row's text before its first image to every image slot of the batch, padding images
+    included, so a batch of rows with different image counts differs from each row alone (the
+    processor's own batch does the same). Logged once per processor class."""
+    counts = {r.vision["cross_attention_mask"].shape[2] for r in rows if "cross_attention_mask" in r.vision}
+    cls = rows[0].processor_class
+    if len(counts) > 1 and cls not in CROSS_ATTENTION_WARNED:
+        CROSS_ATTENTION_WARNED.add(cls)
+        logger.warning("mmpipe: %s batch with %s images per row: its cross-attention sees the batch's padding "
+                       "images, so logits differ from each row alone (as with the processor's own batch); batch "
+                       "rows of equal image counts for per-row results (e.g. group the dataset by image count)",
+                       cls, sorted(counts))
+
+
+def collate_outputs(rows: list, ctx) -> dict:
+    """The media fields of a batch (numpy; see `mmpipe.records.batch.BatchedMultiModalInputs`):
+    ``vision`` (each key padded as the processor pads it, `collate_vision`), each row's own
+    ``shapes``, ``image_hw`` int64 [I, 2], ``pixel_format`` ("float32", or "none" without vision
+    outputs), the rows' ``layout`` when they share one, and the batch's ``row_keys``. Rows must
+    come from one processor class."""
+    for i, r in enumerate(rows):
+        if r.processor_class != rows[0].processor_class:
+            raise InputError("rows of different processors in one batch", row=i, column="processor_class",
+                             stage="collate", expected=rows[0].processor_class, found=r.processor_class,
+                             fix="batch rows encoded by one processor")
+    warn_cross_attention_counts(rows)
+    row_keys = tuple(sorted({k for r in rows for k in r.row_keys}))
+    vision, shapes = {}, {}
+    for key in sorted({k for r in rows for k in r.vision}):
+        vision[key], shapes[key] = collate_vision(rows, key, key in row_keys, ctx.length, ctx.padding_side)
+    no_hw = np.zeros((0, 2), np.int64)
+    out = dict(pixel_format="float32" if vision else "none", patch_offsets=np.zeros(len(rows) + 1, np.int64),
+               image_hw=np.concatenate([r.image_hw if r.image_hw is not None else no_hw for r in rows])
+               .astype(np.int64).reshape(-1, 2), shapes=shapes, vision=vision, row_keys=row_keys)
+    if all(r.layout == rows[0].layout for r in rows):
+        out["layout"] = rows[0].layout
+    return out
+
+
+def unbatch_media(batch) -> list[dict]:
+    """A batch -> each row's ``vision`` outputs cut back to its own shapes, ``image_hw`` and the
+    batch's `ProcessorLayout` (so rows written back store as before)."""
+    L = batch.input_ids.shape[1]
+    io = to_numpy(batch.image_offsets).tolist()
+    hw = to_numpy(batch.image_hw) if batch.image_hw is not None else None
+    vision = {k: to_numpy(v) for k, v in batch.vision.items()}
+    row_keys = set(batch.layout.row_keys) if batch.layout is not None else set()
+    starts, out = {k: 0 for k in vision}, []
+    for b, n in enumerate(to_numpy(batch.seq_lengths).tolist()):
+        cols = slice(0, n) if batch.padding_side == "right" else slice(L - n, L)
+        out.append(dict(layout=batch.layout, vision=cut_vision(vision, batch.shapes, row_keys, b, n, cols, starts),
+                        image_hw=None if hw is None else hw[io[b]:io[b + 1]].copy()))
+    return out

@@ -1,0 +1,85 @@
+"""The view stage's part of the ``processor`` kind (the generic path), re-exported by
+`mmpipe.media.processor` under its ``# ---- view ----`` section. Such a row holds what the
+processor's own call returned: its image tokens are not marked (``mm_token_type_ids`` is all
+0: no token spans), its images are known by their sizes (``image_hw``), and its float outputs
+are in the processor's own layout, which mmpipe cannot turn back into pictures (the views draw
+a labelled box per image). ``mmpipe inspect`` counts the stored output values.
+Same names as `mmpipe.media.patches_view`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import numpy as np
+
+PIXEL_UNIT = "output values"  # what the stored pixel data are (head lines, `mmpipe inspect`)
+STATS_COLUMNS = ("generic_layout",)  # the columns `table_counts` reads (image_hw when stored)
+
+
+# ---- token spans and labels ------------------------------------------------------------------
+def view_spans(row) -> list[tuple]:
+    """No media token spans: the processor's placeholders are not marked in the row."""
+    return []
+
+
+def view_size(row, kind: str, index: int) -> Optional[tuple[int, int]]:
+    """(height, width) of image ``index`` as given to the processor; None when unknown (rows
+    stored before ``image_hw`` was)."""
+    hw = row.image_hw
+    return tuple(int(x) for x in hw[index]) if hw is not None and 0 <= index < len(hw) else None
+
+
+def view_layout(row, kind: str, first: int, last: int) -> str:
+    """The layout part of a label: ``"40×56 px"`` (height × width), ``"size unknown"``."""
+    size = view_size(row, kind, first)
+    return "size unknown" if size is None else f"{size[0]}×{size[1]} px"
+
+
+def view_notes(row, kind: str, index: int) -> list[str]:
+    """Facts added after the label (none)."""
+    return []
+
+
+def view_summary(row) -> list[str]:
+    """What a row's head line adds to its image count: the processor class and the shape and
+    dtype of each of its vision outputs (``"pixel_values float32 [1, 8, 3, 32, 32]"``)."""
+    shapes = [f"{k} {v.dtype} {list(v.shape)}" for k, v in sorted(row.vision.items())]
+    return [row.processor_class or "processor outputs", *shapes]
+
+
+# ---- pictures ----------------------------------------------------------------------------------
+def view_images(row, source: Any = None) -> tuple[list[Optional[list[np.ndarray]]], bool]:
+    """No pictures (None per image): the processor's outputs are in its own layout."""
+    return [None] * row.num_images, True
+
+
+def view_video_frames(row, source: Any = None) -> list[list[np.ndarray]]:
+    """No video frames (videos are not split out of the processor's outputs)."""
+    return [[] for _ in range(row.num_videos)]
+
+
+# ---- mmpipe inspect: counts from the stored columns --------------------------------------------
+def table_counts(table, families: list[str]) -> dict:
+    """``mmpipe inspect``'s counts of one Arrow batch of stored rows (see
+    `mmpipe.media.patches_view.table_counts`): images from ``image_hw`` (0 for rows stored
+    without it); no tokens per image (not marked); ``units``: the stored vision values;
+    ``pixel_bytes``: their bytes; ``float32_bytes``: those of the float outputs as float32."""
+    import pyarrow.compute as pc
+
+    names = set(table.column_names)
+    images = np.zeros(table.num_rows, np.int64)
+    if "image_hw" in names:  # flat (h, w) pairs
+        images = pc.list_value_length(table.column("image_hw")).fill_null(0).to_numpy(zero_copy_only=False) // 2
+    units = nbytes = f32 = 0
+    layouts = {text for text in table.column("generic_layout").to_pylist() if text}
+    vision = {tuple(v[:2]) for text in layouts for v in json.loads(text).get("vision", ())}
+    for name, dtype in sorted(vision):
+        if name in names:
+            n = int(pc.sum(pc.list_value_length(table.column(name))).as_py() or 0)
+            units, nbytes = units + n, nbytes + n * np.dtype(dtype).itemsize
+            f32 += n * 4 if np.dtype(dtype).kind == "f" else 0
+    return {"images_per_row": np.asarray(images, np.int64),
+            "tokens_per_image": np.zeros(0, np.int64),
+            "videos": 0, "units": units, "pixel_bytes": nbytes, "float32_bytes": f32}

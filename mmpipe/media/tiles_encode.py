@@ -1,0 +1,227 @@
+"""The ``tiles`` kind's part of `mmpipe.Encoder` (Gemma 3, InternVL, LLaVA-OneVision), with no
+processor call per row.
+
+The rendered chat template (one placeholder per image) -> each placeholder replaced by the
+family's text (`mmpipe.images.<family>.expand_placeholder`, from the image's (height, width)
+alone), each run of K feature tokens written ONCE (`mmpipe.encoding.feature_runs`) -> one
+tokenizer call on that short text -> each run's feature id repeated K times -> ids, token types
+(1 at the feature tokens), labels, ``image_hw`` int64 [I, 2], ``tiles_per_image`` int64 [I] and
+the images as compact uint8 tiles (``pixel_values_u8`` uint8 [n, S, S, 3]; 1/4 of the
+processor's float32 bytes), with ``pixels="source"`` each image's encoded file as given (sizes
+and tile counts from the headers) or, with ``pixels="none"``, nothing but their sizes ->
+`mmpipe.collate` expands the tiles to the processor's float32 ``pixel_values``, bit-exact.
+
+Reached as ``fam.media.encode_*`` (re-exported by `mmpipe.media.tiles`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import numpy as np
+
+from mmpipe.encoding.feature_runs import collapse_is_exact, run_repeats
+from mmpipe.encoding.parse import images_only
+from mmpipe.encoding.render import span_labels
+from mmpipe.encoding.sources import source_bytes
+from mmpipe.errors import ArgumentError, PlaceholderError
+from mmpipe.images.load import image_hw
+from mmpipe.images.tiles import effective_image_processor, image_tiles
+from mmpipe.records.columns import IGNORE_INDEX
+
+# the options of mmpipe.Encoder this kind takes (of `mmpipe.encoding.encoder.KIND_OPTIONS`) and
+# its stored pixel formats: tiles, source files, layout-only (float32: the same values, 4x the bytes)
+ENCODE_OPTIONS = ("pixels", "image_backend", "image_root", "images_kwargs")
+ENCODE_PIXELS = TILED_PIXELS = ("uint8", "source", "none")
+_REFUSED = {  # Encoder options without a meaning here -> what to do instead
+    "min_pixels": "the family resizes to its fixed tile size: set size on the processor's image processor",
+    "max_pixels": "the family resizes to its fixed tile size: set size on the processor's image processor",
+    "videos_column": "tiled families take images only here",
+    "video_options": "tiled families take images only here",
+    "log": "it is the generic path's option (mmpipe.Encoder(processor, family='generic'))",
+}
+
+
+def encode_settings(enc, given: dict) -> None:
+    """Check the kind's options and set them on ``enc``: ``pixels``, ``images_kwargs``, the
+    effective ``image_processor``, the feature token id and whether runs may be collapsed."""
+    fam, cls = enc.family, enc.processor_class
+    for name in given:
+        if name in _REFUSED:
+            raise ArgumentError(f"{name}= is not available for {cls} ({fam.name}): {_REFUSED[name]}")
+    enc.pixels = given.get("pixels", "uint8")
+    if enc.pixels not in TILED_PIXELS:
+        raise ArgumentError(f"pixels={enc.pixels!r} is not available for {fam.name}: use one of "
+                            f"{TILED_PIXELS} (uint8 tiles expand to the processor's float32 pixel_values "
+                            "at collate, bit-exact)")
+    ip = enc.processor.image_processor
+    own, backend = getattr(ip, "backend", "pil"), given.get("image_backend", "auto")
+    if backend not in ("auto", own):
+        raise ArgumentError(f"{fam.name} rows are made with the processor's own image backend ({own!r}); got "
+                            f"image_backend={backend!r}: load the processor with the backend you want "
+                            f"(the family's ...ImageProcessorPil, or the torchvision one)")
+    backends = getattr(fam.images(), "BACKENDS", ("pil",))
+    if own not in backends:
+        raise ArgumentError(f"{fam.name}'s {own} image processor ({type(ip).__name__}) is not "
+                            f"reproduced (backends: {backends}); use the family's ...ImageProcessorPil, "
+                            "or mmpipe.Encoder(processor, family='generic') (its own float32 outputs)")
+    if enc.truncation not in ("raise", "drop"):
+        raise ArgumentError(f"truncation={enc.truncation!r} is not available for {fam.name}: use "
+                            "'raise' or 'drop' (cutting a row could cut an image's tokens)")
+    enc.images_kwargs = dict(given.get("images_kwargs") or {})
+    try:  # rows keep them (a JSON column): collate of source rows and vLLM prompts re-apply them
+        json.dumps(enc.images_kwargs)
+    except (TypeError, ValueError) as e:
+        raise ArgumentError("images_kwargs must be JSON values (numbers, strings, bools, lists, "
+                            f"dicts): {e}") from e
+    enc.image_processor = effective_image_processor(enc.processor, **enc.images_kwargs)
+    enc.feature_id = fam.token_ids(enc.tokenizer)["feature"]
+    text, runs = enc.module.placeholder_runs(8, 8, enc.processor, enc.image_processor)
+    enc.collapse = collapse_is_exact(enc.tokenizer, enc.feature_id, fam.feature_token, text, runs)
+    enc.decodes_images = enc.pixels == "uint8"
+
+
+def encode_image(enc, value, where: str) -> tuple:
+    """One image -> ((height, width) upright, its uint8 tiles [n, S, S, 3] / its file bytes
+    (headers read, nothing decoded) / None for layout-only)."""
+    if enc.pixels == "none":
+        return image_hw(value, where=where), None
+    if enc.pixels == "source":
+        return image_hw(value, where=where), source_bytes(value, where=where)
+    return image_tiles(value, enc.image_processor, enc.module, where=where)
+
+
+def encode_row(enc, messages: list, images: list, videos: list, *, where: str, tools, prefetched) -> dict:
+    """One parsed row -> the record's fields (module doc); a row over ``max_length`` raises
+    `TruncationError` (or is dropped)."""
+    images_only(videos, where)
+    fam, module, ip = enc.family, enc.module, enc.image_processor
+    agp = enc.generation_prompt(messages)
+    text = enc.prompt_text(messages, agp, tools, where)
+    loaded = enc.load_images(images, where, prefetched)
+    sizes, payloads = [hw for hw, _ in loaded], [p for _, p in loaded]
+    pieces, spans, images_at, runs = _spliced(enc, text, sizes, where)
+    out = enc.tokenizer("".join(pieces), return_offsets_mapping=enc.labels)
+    short = np.asarray(out["input_ids"], np.int64)  # each run of feature tokens as one id (collapse on)
+    repeat, found = run_repeats(short, enc.feature_id, runs)
+    want = sum(module.image_tokens(h, w, ip, enc.processor) for h, w in sizes)
+    if found != want:
+        raise PlaceholderError(f"the expanded prompt holds {found} {fam.feature_token} tokens "
+                               f"for {len(sizes)} image(s)", where=where, column="messages",
+                               expected=str(want), found=str(found),
+                               fix=f"remove literal {fam.feature_token} text from the messages")
+    ids = short if repeat is None else np.repeat(short, repeat)
+    labels = None
+    if enc.labels:
+        replies = enc._assistant_spans(messages, text, where, tools, agp)
+        offsets = np.asarray(out["offset_mapping"], np.int64).reshape(-1, 2)
+        labels = _labels(enc, short, offsets, replies, spans, images_at)
+        labels = labels if repeat is None else np.repeat(labels, repeat)
+    enc.check_length(len(ids), where, "raise max_length, use fewer images, or pass truncation='drop'")
+    tiles = payloads if enc.pixels == "uint8" else None
+    return dict(input_ids=ids, attention_mask=np.ones(len(ids), np.int64),
+                mm_token_type_ids=(ids == enc.feature_id).astype(np.int64),
+                image_hw=np.asarray(sizes, np.int64).reshape(-1, 2),
+                tiles_per_image=np.asarray([len(t) for t in tiles] if tiles is not None else
+                                           [module.tile_count(h, w, ip) for h, w in sizes], np.int64),
+                pixel_values_u8=None if tiles is None else _stacked(enc, tiles),
+                image_sources=payloads if enc.pixels == "source" else None, **_row_settings(enc),
+                labels=labels)
+
+
+def _row_settings(enc) -> dict:
+    """What every row of this encoder records: its ``images_kwargs``; source rows their backend."""
+    backend = getattr(enc.image_processor, "backend", "pil") if enc.pixels == "source" else "pil"
+    return {"images_kwargs": enc.images_kwargs or None, "image_backend": backend}
+
+
+def _stacked(enc, tiles: list) -> np.ndarray:
+    if tiles:
+        return np.concatenate(tiles)
+    th, tw = _tile_hw(enc)
+    return np.zeros((0, th, tw, 3), np.uint8)
+
+
+def _tile_hw(enc) -> tuple[int, int]:
+    """(S_h, S_w) of the processor's tiles (one tiny probe image)."""
+    from PIL import Image
+
+    return tuple(enc.module.tiles_u8(Image.new("RGB", (8, 8)), enc.image_processor).shape[1:3])
+
+
+def _spliced(enc, text: str, sizes: list, where: str) -> tuple[list, list, list, Optional[list]]:
+    """The rendered text cut at its image placeholders, each replaced by its image's text:
+    (pieces, [(start, end) of each image text in the expanded text], [start of each
+    placeholder in ``text``], the feature-token run lengths in order or None). With
+    ``enc.collapse`` each image's text has its runs of feature tokens written once
+    (``placeholder_runs``); spans are then in that short text."""
+    token, module = enc.family.image_token, enc.module
+    at, k = [], text.find(token)
+    while k >= 0:
+        at.append(k)
+        k = text.find(token, k + len(token))
+    if len(at) != len(sizes):
+        raise PlaceholderError(f"the rendered prompt holds {len(at)} {token} placeholder(s) but the row has "
+                               f"{len(sizes)} image(s)", where=where, column="messages",
+                               expected=f"one {token} per image", found=str(len(at)),
+                               fix=(f"remove literal {token} text from the messages" if len(at) > len(sizes)
+                                    else "the chat template did not render every image item"))
+    pieces, spans, last, pos, runs = [], [], 0, 0, [] if enc.collapse else None
+    for k, (h, w) in zip(at, sizes):
+        pieces.append(text[last:k])
+        pos += k - last
+        if enc.collapse:
+            image_text, image_runs = module.placeholder_runs(h, w, enc.processor, enc.image_processor)
+            runs += image_runs
+        else:
+            image_text = module.expand_placeholder(h, w, enc.processor, enc.image_processor)
+        pieces.append(image_text)
+        spans.append((pos, pos + len(image_text)))
+        pos, last = pos + len(image_text), k + len(token)
+    pieces.append(text[last:])
+    return pieces, spans, at, runs
+
+
+def _labels(enc, ids: np.ndarray, offsets: np.ndarray, replies: list, images: list, at: list) -> np.ndarray:
+    """int64 [L]: ids of the tokens overlapping a reply span (mapped into the expanded text),
+    -100 elsewhere and on every token of an image's text."""
+    token_len = len(enc.family.image_token)
+    grown = np.cumsum([0] + [(b - a) - token_len for a, b in images])  # text added before each placeholder
+
+    def moved(x: int) -> int:
+        return x + int(grown[int(np.searchsorted(np.asarray(at), x, side="left"))]) if at else x
+
+    labels = span_labels(ids, offsets, [(moved(a), moved(b)) for a, b in replies])
+    starts, ends = offsets[:, 0], offsets[:, 1]
+    for a, b in images:
+        labels[(starts < b) & (ends > a)] = IGNORE_INDEX
+    return labels
+
+
+def encode_empty(enc) -> dict:
+    """The fields of an empty row (0 tokens), with this encoder's columns."""
+    z = np.zeros(0, np.int64)
+    th, tw = _tile_hw(enc)
+    u8 = np.zeros((0, th, tw, 3), np.uint8) if enc.pixels == "uint8" else None
+    return dict(input_ids=z, attention_mask=z, mm_token_type_ids=z, image_hw=np.zeros((0, 2), np.int64),
+                tiles_per_image=z, pixel_values_u8=u8, image_sources=[] if enc.pixels == "source" else None,
+                **_row_settings(enc), labels=z if enc.labels else None)
+
+
+def encode_image_bytes(enc) -> int:
+    """Most stored pixel bytes of one image: the most tiles an image can have (the module's
+    ``max_tiles``, else a 2048x2048 image's) x S x S x 3 (source rows: the same bound; an image
+    file is rarely larger than its uint8 tiles)."""
+    if enc.pixels == "none":
+        return 0
+    most = getattr(enc.module, "max_tiles", None)
+    ip = enc.image_processor
+    n = most(ip) if most is not None else enc.module.tile_count(2048, 2048, ip)
+    th, tw = _tile_hw(enc)
+    return int(n) * th * tw * 3
+
+
+def encode_layout(enc) -> None:
+    """No processor layout: mmpipe lays the rows out itself."""
+    return None

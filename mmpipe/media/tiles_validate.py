@@ -1,0 +1,124 @@
+"""The validate stage's part of the ``tiles`` kind (Gemma 3, InternVL, LLaVA-OneVision),
+re-exported by `mmpipe.media.tiles` under its ``# ---- validate ----`` section: the columns a
+stored tiles row carries (any integer width: the reader casts, and rows of the previous release
+stored ``mm_token_type_ids`` as int32), and each row's image feature tokens:
+
+- every token marked 1 in ``mm_token_type_ids`` holds the family's feature token and no
+  unmarked token does; the marked tokens form one run per image (per tile for Gemma 3, whose
+  every tile has its own text);
+- with the processor the rows were encoded with (and the ``images_kwargs`` they were encoded
+  with, e.g. Gemma 3 pan-and-scan): each image's tile count and feature tokens vs its stored
+  (height, width), as the family's image module (`ModelFamily.images`) computes them.
+
+The same names exist in `mmpipe.media.patches` and `mmpipe.media.processor`; the validate stage
+(`mmpipe.data.validate`) calls them as ``fam.media.<name>``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from mmpipe.data.column_rules import ExpectedColumn
+from mmpipe.errors import InputError
+
+KIND_COLUMN = "tiles_per_image"  # only tiles rows store it (names a table without a family)
+_REQUIRED = ("input_ids", "attention_mask", "mm_token_type_ids", "image_hw", "tiles_per_image",
+             "family")
+_OPTIONAL = ("labels", "pixel_values_u8", "tile_hw", "images_kwargs", "pixel_digest")
+
+
+def expected_columns(table: pa.Table, *, labels: bool, pixel_format: str) -> list[ExpectedColumn]:
+    """The stored tiles columns (`mmpipe.media.tiles`): the token and layout columns, and
+    ``tile_hw`` with stored tiles; any Arrow type of the same shape."""
+    required = _REQUIRED + (("tile_hw",) if "pixel_values_u8" in table.column_names else ())
+    optional = [n for n in _OPTIONAL if n not in required]
+    return [ExpectedColumn.stored(n, "tiles") for n in required] + \
+        [ExpectedColumn.stored(n, "tiles", if_missing="optional") for n in optional]
+
+
+def dataset_checks(table: pa.Table, processor=None) -> list:
+    """Nothing beyond the common checks (one family, the processor's family)."""
+    return []
+
+
+def row_checks(table: pa.Table, *, processor=None, images_kwargs: Optional[dict] = None,
+               positions: bool = True) -> Optional[Callable]:
+    """``check(row, index)`` of each row's feature tokens (module doc), exact counts with
+    ``processor``; None when no row of ``table`` marks a feature token (nothing to check)."""
+    counts = None if processor is None else _processor_counts(processor, images_kwargs)
+    feature_id = counts[0] if counts is not None else _most_marked_id(table)
+    if feature_id is None:
+        return None
+    return partial(_check_features, feature_id=feature_id, counts=counts)
+
+
+def _processor_counts(processor, images_kwargs: Optional[dict]) -> tuple[int, Callable, Callable]:
+    """(feature token id, tiles(h, w), feature tokens(h, w)) of the processor the rows were
+    encoded with, its image options ``images_kwargs`` applied (`effective_image_processor`)."""
+    from mmpipe.families import resolve_family
+    from mmpipe.images.tiles import effective_image_processor
+
+    fam = resolve_family(processor)
+    module, ip = fam.images(), effective_image_processor(processor, **(images_kwargs or {}))
+    return (int(fam.token_ids(processor.tokenizer)["feature"]),
+            lambda h, w: int(module.tile_count(h, w, ip)),
+            lambda h, w: int(module.image_tokens(h, w, ip, processor)))
+
+
+def _most_marked_id(table: pa.Table) -> Optional[int]:
+    """The most common id at marked positions (the feature token's, without a processor)."""
+    ids = table.column("input_ids").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    types = table.column("mm_token_type_ids").combine_chunks().flatten()
+    marked = ids[types.to_numpy(zero_copy_only=False) == 1]
+    return int(np.bincount(marked.astype(np.int64)).argmax()) if len(marked) else None
+
+
+def _runs(marked: np.ndarray) -> np.ndarray:
+    """Lengths of the runs of True in ``marked`` (bool [L])."""
+    edges = np.diff(np.concatenate([[0], marked.astype(np.int8), [0]]))
+    return np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+
+
+def _bad(column: str, message: str, expected, found, row: int) -> InputError:
+    return InputError(message, row=row, column=column, stage="validate", expected=str(expected),
+                      found=str(found))
+
+
+def _check_features(r, i: int, *, feature_id: int, counts: Optional[tuple]) -> None:
+    """The feature tokens of row ``r`` (table row ``i``), see the module doc; ``counts``: the
+    processor's (`_processor_counts`), or None."""
+    token = r.fam.feature_token
+    marked = r.mm_token_type_ids == 1
+    wrong = np.flatnonzero(marked & (r.input_ids != feature_id))
+    if len(wrong):
+        raise _bad("input_ids", f"tokens marked as image features hold another token than {token}",
+                   f"{token} (id {feature_id}) at every mm_token_type_ids == 1",
+                   f"positions {wrong[:5].tolist()}", i)
+    unmarked = np.flatnonzero(~marked & (r.input_ids == feature_id))
+    if len(unmarked):
+        raise _bad("mm_token_type_ids", f"{token} tokens not marked in mm_token_type_ids",
+                   "1 at every feature token", f"0 at positions {unmarked[:5].tolist()}", i)
+    for k, (h, w) in enumerate(r.image_hw.tolist() if counts is not None else ()):
+        tiles = counts[1](h, w)
+        if int(r.tiles_per_image[k]) != tiles:
+            raise _bad("tiles_per_image", f"image {k} ({h}x{w}) has the wrong tile count", tiles,
+                       int(r.tiles_per_image[k]), i)
+    runs, n_tiles = _runs(marked), int(r.tiles_per_image.sum())
+    if r.fam.token_type_key is not None:  # Gemma 3: each tile its own <start_of_image> text
+        want, ok = f"{n_tiles} run(s) (one per tile)", len(runs) == n_tiles
+    else:  # one per image; adjacent images' runs touch (LLaVA-OneVision renders <image><image>)
+        want = f"1..{r.num_images} run(s) (one per image)"
+        ok = (len(runs) > 0) == (r.num_images > 0) and len(runs) <= r.num_images
+    if not ok:
+        raise _bad("mm_token_type_ids", "runs of image feature tokens do not match the images",
+                   want, f"{len(runs)} run(s)", i)
+    if counts is None:
+        return
+    total = sum(counts[2](h, w) for h, w in r.image_hw.tolist())
+    if int(marked.sum()) != total:
+        raise _bad("input_ids", f"the row holds the wrong number of {token} tokens for its images",
+                   total, int(marked.sum()), i)
