@@ -29,6 +29,14 @@ from mmpipe.errors import ArgumentError
 KINDS = {"patches": "mmpipe.media.patches", "tiles": "mmpipe.media.tiles", "processor": "mmpipe.media.processor"}
 
 
+def one_d_position_inputs(batch, positions) -> dict:
+    """``position_ids`` [B, L] of a 1-D family (kinds tiles, processor): ``positions`` "1d" (the
+    default) or "none" (the model computes them); anything else is an `ArgumentError`."""
+    if (positions or "1d") not in ("1d", "none"):
+        raise ArgumentError(f"positions must be '1d' or 'none' for {batch.family}, got {positions!r}")
+    return {} if positions == "none" else {"position_ids": batch.position_ids}
+
+
 def strategy(kind: str):
     """The strategy module of a family kind (imported on first use)."""
     try:

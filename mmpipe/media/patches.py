@@ -180,6 +180,43 @@ def to_columns(r) -> dict[str, Any]:
     return out
 
 
+def has_pixels(r) -> bool:
+    """Stored pixels (uint8 or float32): source files are decoded at collate, not stored pixels."""
+    return r.pixel_format not in ("none", "source")
+
+
+def layout_repr(r) -> str:
+    return f"grids={r.image_grid_thw.tolist()}, videos={r.num_videos}"
+
+
+def position_inputs(batch, positions) -> dict:
+    """``positions``: "mrope" (default) -> ``position_ids`` [3, B, L] + the token types; "verl" ->
+    [4, B, L], the plain text row first; "none" -> the token types only. The text family takes
+    its 1-D row [B, L] (any value but "none")."""
+    from mmpipe.errors import ArgumentError
+
+    if not batch.fam.is_vision:
+        return {} if positions == "none" else {"position_ids": batch.position_ids[0]}
+    out = {"mm_token_type_ids": batch.mm_token_type_ids}
+    positions = positions or "mrope"
+    if positions == "mrope":
+        out["position_ids"] = batch.position_ids
+    elif positions == "verl":
+        import torch
+
+        from mmpipe.rope import text_positions
+
+        out["position_ids"] = torch.cat([text_positions(batch.attention_mask)[None], batch.position_ids], 0)
+    elif positions != "none":
+        raise ArgumentError(f"positions must be 'mrope', 'verl' or 'none', got {positions!r}")
+    return out
+
+
+def pack_token_types(fam, token_types) -> dict:
+    """A pack's token types as the model takes them (the M-RoPE families: ``mm_token_type_ids``)."""
+    return {"mm_token_type_ids": token_types} if fam.is_vision else {}
+
+
 def model_inputs(batch, token_types=None) -> dict:
     """The media kwargs of a patch-grid family's ``forward``, only those with data:
     ``pixel_values`` float32 [N, patch_dim] + ``image_grid_thw`` int64 [I, 3] when the

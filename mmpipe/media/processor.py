@@ -188,6 +188,24 @@ def rows_from_arrow(cls, table) -> list:
 
 
 
+def has_pixels(r) -> bool:
+    return bool(r.vision)
+
+
+def layout_repr(r) -> str:
+    return f"processor={r.processor_class}"
+
+
+def position_inputs(batch, positions) -> dict:
+    from mmpipe.media import one_d_position_inputs
+
+    return one_d_position_inputs(batch, positions)
+
+
+def pack_token_types(fam, token_types) -> dict:
+    return {}  # the generic path does not pack
+
+
 def model_inputs(batch, token_types=None) -> dict:
     """The processor's own outputs: its sequence keys [B, L] and every vision key."""
     return {**batch.sequence, **batch.vision}
@@ -328,10 +346,14 @@ def dataset_checks(table, processor=None) -> list:
     layouts = [_stored_layout(t) for t in first]
     classes = ", ".join(sorted({"an unreadable layout" if x is None else x.processor_class
                                 for x in layouts}))
-    return [Issue("error", "content", LAYOUT_COLUMN, f"rows encoded by {len(first)} different "
+    old = [] if "image_hw" in table.column_names or not table.num_rows else [Issue(
+        "warning", "missing_column", "image_hw", "rows of an earlier mmpipe store no image_hw: which row owns "
+        "which image is unknown (a batch's sample_to_image_indices refuses); ids, pixels and model inputs are "
+        "right", "re-encode the dataset with mmpipe.encode (or `mmpipe encode`), which stores each image's size")]
+    return old + [Issue("error", "content", LAYOUT_COLUMN, f"rows encoded by {len(first)} different "
                   f"processor layouts ({classes}): a batch is collated with one layout",
                   "encode every row with one processor, or split the dataset",
-                  sorted(first.values())[1:])] if len(first) > 1 else []
+                  sorted(first.values())[1:])] if len(first) > 1 else old
 
 
 def row_checks(table, *, processor=None, images_kwargs: Optional[dict] = None, positions=True):

@@ -123,10 +123,12 @@ def collate_outputs(rows: list, ctx) -> dict:
     vision, shapes = {}, {}
     for key in sorted({k for r in rows for k in r.vision}):
         vision[key], shapes[key] = collate_vision(rows, key, key in row_keys, ctx.length, ctx.padding_side)
-    no_hw = np.zeros((0, 2), np.int64)
+    # rows of an earlier mmpipe stored no image_hw: their image counts are unknown, and the batch
+    # says so (image_hw None: sample_to_image_indices refuses) instead of claiming no images
+    known = all(r.image_hw is not None for r in rows)
     out = dict(pixel_format="float32" if vision else "none", patch_offsets=np.zeros(len(rows) + 1, np.int64),
-               image_hw=np.concatenate([r.image_hw if r.image_hw is not None else no_hw for r in rows])
-               .astype(np.int64).reshape(-1, 2), shapes=shapes, vision=vision, row_keys=row_keys)
+               image_hw=np.concatenate([r.image_hw for r in rows]).astype(np.int64).reshape(-1, 2) if known
+               else None, shapes=shapes, vision=vision, row_keys=row_keys)
     if all(r.layout == rows[0].layout for r in rows):
         out["layout"] = rows[0].layout
     return out

@@ -167,6 +167,25 @@ def rows_from_arrow(cls, table) -> list:
     return rows
 
 
+def has_pixels(r) -> bool:
+    """Stored tiles, or stored source files (collate decodes and tiles those)."""
+    return r.pixel_values_u8 is not None or r.image_sources is not None
+
+
+def layout_repr(r) -> str:
+    return f"tiles={r.tiles_per_image.tolist()}"
+
+
+def position_inputs(batch, positions) -> dict:
+    from mmpipe.media import one_d_position_inputs
+
+    return one_d_position_inputs(batch, positions)
+
+
+def pack_token_types(fam, token_types) -> dict:
+    return {}  # handed over under the family's token_type_key by model_inputs
+
+
 def model_inputs(batch, token_types) -> dict:
     """The media kwargs of a tiles family's ``forward``: the token types under the family's
     ``token_type_key`` (Gemma 3: ``token_type_ids``), ``pixel_values`` and the family's extras

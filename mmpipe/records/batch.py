@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import pyarrow as pa
 
-from mmpipe.errors import ArgumentError
+from mmpipe.errors import ArgumentError, InputError
 from mmpipe.families import ModelFamily, get_family
 from mmpipe.images.spec import VisionSpec
 from mmpipe.records.batch_arrow import batch_arrow_schema, batch_to_arrow
@@ -147,7 +147,13 @@ class BatchedMultiModalInputs:
 
     @property
     def sample_to_image_indices(self) -> list[list[int]]:
-        """Per row, the indices of its images (in ``image_grid_thw`` / ``image_hw`` and the pixel blocks)."""
+        """Per row, the indices of its images (in ``image_grid_thw`` / ``image_hw`` and the pixel
+        blocks). Generic-path rows of an earlier mmpipe, which stored no ``image_hw``, do not know
+        their images: an `InputError` saying to re-encode (not a list claiming no images)."""
+        if self.image_hw is None and self.fam.media.IMAGE_LAYOUT_COLUMN == "image_hw":
+            raise InputError("rows of an earlier mmpipe stored no image_hw: which row owns which image is "
+                             "unknown", where="", column="image_hw", stage="collate",
+                             fix="re-encode the dataset with mmpipe.encode (or `mmpipe encode`), which stores it")
         off = self.image_offsets.tolist()
         return [list(range(off[b], off[b + 1])) for b in range(self.batch_size)]
 
@@ -173,29 +179,9 @@ class BatchedMultiModalInputs:
         ``"verl"`` -> [4, B, L] with the plain text positions first; ``"1d"`` (the default of the
         others) -> [B, L]; ``"none"`` -> let the model compute them.
         """
-        from mmpipe.rope import text_positions
-
         dev = device if device is not None else getattr(self.input_ids, "device", None)
-        fam = self.fam
         out: dict[str, Any] = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
-        if fam.kind != "patches":  # 1-D positions
-            if (positions or "1d") not in ("1d", "none"):
-                raise ArgumentError(f"positions must be '1d' or 'none' for {fam.name}, got {positions!r}")
-            if positions != "none":
-                out["position_ids"] = self.position_ids
-        elif fam.is_vision:
-            out["mm_token_type_ids"] = self.mm_token_type_ids
-            positions = positions or "mrope"
-            if positions == "mrope":
-                out["position_ids"] = self.position_ids
-            elif positions == "verl":
-                import torch
-
-                out["position_ids"] = torch.cat([text_positions(self.attention_mask)[None], self.position_ids], 0)
-            elif positions != "none":
-                raise ArgumentError(f"positions must be 'mrope', 'verl' or 'none', got {positions!r}")
-        elif positions != "none":
-            out["position_ids"] = self.position_ids[0]
+        out.update(self.fam.media.position_inputs(self, positions))
         out.update(self.vision_inputs())
         # a batch with no target token (RL prompts) gets no labels: the loss would be NaN
         if labels and self.labels is not None and bool((self.labels != IGNORE_INDEX).any()):

@@ -106,8 +106,7 @@ class PackedMultiModalInputs(PackedFacts):
         dev = device if device is not None else self.input_ids.device
         m, fam = self.meta, get_family(self.meta.family)
         out: dict[str, Any] = {"input_ids": self.input_ids, "position_ids": self.position_ids}
-        if fam.is_vision and fam.kind == "patches":
-            out["mm_token_type_ids"] = self.mm_token_type_ids
+        out.update(fam.media.pack_token_types(fam, self.mm_token_type_ids))
         out.update(m.vision_inputs(self.mm_token_type_ids))
         if labels and self.labels is not None and bool((self.labels != IGNORE_INDEX).any()):
             out["labels"] = self.labels

@@ -193,8 +193,7 @@ class MultiModalInputs:
     @property
     def has_pixels(self) -> bool:
         """Stored pixels (uint8 or float32) or, for the tiles kind, stored source files."""
-        fmt = self.pixel_format
-        return fmt not in ("none", "source") or (fmt == "source" and self.fam.kind == "tiles")
+        return self.fam.media.has_pixels(self)
 
     # ---- checks --------------------------------------------------------------------
     def validate(self, row: Optional[int] = None) -> "MultiModalInputs":
@@ -289,10 +288,7 @@ class MultiModalInputs:
         return sorted(out, key=lambda n: (n not in first, first.index(n) if n in first else 0))
 
     def __repr__(self) -> str:
-        fam = self.fam
-        layout = (f"grids={self.image_grid_thw.tolist()}, videos={self.num_videos}" if fam.kind == "patches" else
-                  f"tiles={self.tiles_per_image.tolist()}" if fam.kind == "tiles" else
-                  f"processor={self.processor_class}")
+        layout = self.fam.media.layout_repr(self)
         return (f"MultiModalInputs(family={self.family!r}, tokens={self.num_tokens}, images={self.num_images} "
                 f"{layout}, pixels={self.pixel_format}, labels={'yes' if self.labels is not None else 'no'}, "
                 f"rope_delta={self.rope_delta})")

@@ -7,9 +7,10 @@ clean, collate gives the same token ids and pixels as the same raw rows encoded 
 ``unbatch(collate(rows)) == rows``.
 
 Measured: all four load. The one gap: generic rows of that release stored no ``image_hw``,
-so today's code cannot tell which row owns which image (``num_images`` counts 0, and the
-batch's ``sample_to_image_indices`` are empty); ids, pixels and model inputs are unaffected.
-Re-encoding (``mmpipe encode``) writes ``image_hw``.
+so today's code cannot tell which row owns which image: their batch's
+``sample_to_image_indices`` raise an `InputError` with the re-encode fix and validate warns;
+ids, pixels, model inputs and the round trip are unaffected. Re-encoding (``mmpipe encode``)
+writes ``image_hw``.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def test_the_fixtures_are_small_and_complete():
 def test_old_datasets_validate_clean(old):
     name, _, stored, _, family = old
     report = mmpipe.validate_dataset(str(OLD / name))
-    assert report.ok and not report.warnings, str(report)
+    assert report.ok and [w.column for w in report.warnings] == (["image_hw"] if name in NO_IMAGE_HW else []), \
+        str(report)
     assert report.num_rows == len(stored) and report.labels
     assert set(stored["family"]) == {family}
 
@@ -96,15 +98,19 @@ def test_old_rows_collate_to_the_batch_of_rows_encoded_now(old):
 
 def test_old_rows_round_trip_through_collate(old):
     name, proc, stored, _, _ = old
-    if name in NO_IMAGE_HW:
-        pytest.skip("see test_old_generic_rows_do_not_know_their_images")
     assert_roundtrip(list(stored), processor=proc)
 
 
-@pytest.mark.xfail(strict=True, reason="generic rows of the previous release stored no image_hw: their image "
-                                       "count is unknown (re-encode to get per-image indices)")
-def test_old_generic_rows_do_not_know_their_images():
+def test_old_generic_rows_say_their_images_are_unknown():
+    """They collate and round-trip exactly, but which row owns which image is refused with the
+    re-encode fix (not answered with empty lists), and validate warns with the same fix."""
     proc, stored = build_foreign_processor("idefics3"), datasets.load_from_disk(str(OLD / "generic_idefics3"))
     batch = mmpipe.collate(list(stored), processor=proc)
-    assert batch.sample_to_image_indices == [[0], []]
+    assert batch.image_hw is None
+    with pytest.raises(mmpipe.errors.InputError, match="image_hw") as info:
+        batch.sample_to_image_indices
+    assert "re-encode" in str(info.value)
     assert_roundtrip(list(stored), batch=batch)
+    report = mmpipe.validate_dataset(str(OLD / "generic_idefics3"))
+    assert report.ok and [w.column for w in report.warnings] == ["image_hw"], str(report)
+    assert "re-encode" in report.warnings[0].fix
