@@ -196,6 +196,19 @@ def family_leaks(root: Path) -> list[str]:
     return out
 
 
+# What differs between the kinds of family is asked of the family's media strategy
+# (mmpipe/media/): a stage that tests the kind itself grows a parallel path again.
+KIND_HOMES = ("mmpipe/media/", "mmpipe/images/", "mmpipe/families.py")
+KIND_BRANCH = re.compile(r"\bfam\w*\.kind\s*(?:[!=]=|in\b|not in\b)|\.kind\s*[!=]=\s*[\"'](?:patches|tiles|processor)[\"']"
+                         r"|\b(?:tiled_family_of|takes_generic_path|is_tiled_row|is_generic_row)\(")
+
+
+def kind_branches(root: Path) -> list[str]:
+    """Lines outside the strategies and the family table that branch on the kind of family."""
+    return [f"{rel(root, p)}:{i}" for p in library_files(root) if not rel(root, p).startswith(KIND_HOMES)
+            for i, line in enumerate(p.read_text().splitlines(), 1) if KIND_BRANCH.search(line.split("#", 1)[0])]
+
+
 def is_vision_branches(root: Path) -> list[str]:
     return [f"{rel(root, p)}:{i}" for p in library_files(root) if rel(root, p) not in FAMILY_HOME
             for i, line in enumerate(p.read_text().splitlines(), 1) if "is_vision" in line.split("#", 1)[0]]
@@ -282,7 +295,7 @@ def test_layout(root: Path) -> dict:
 def report(root: Path) -> tuple[dict, list[str]]:
     graph = imports(root)
     fig = {"sizes": sizes(root), "circles": circles(graph), **bad_imports(root, graph),
-           "family_leaks": family_leaks(root), "is_vision_branches": len(is_vision_branches(root)),
+           "family_leaks": family_leaks(root), "kind_branches": kind_branches(root), "is_vision_branches": len(is_vision_branches(root)),
            "placeholder_copies": placeholder_copies(root), **record_rules(root), "errors": errors(root),
            "tests": test_layout(root)}
     s, e, t = fig["sizes"], fig["errors"], fig["tests"]
@@ -293,6 +306,7 @@ def report(root: Path) -> tuple[dict, list[str]]:
         broken.append(f"{len(s['long_functions'])} functions over {LONG_FUNCTION} lines (at most {MAX_LONG_FUNCTIONS})")
     for key, what in (("circles", "import circles"), ("imports_testing", "library imports of mmpipe.testing"),
                       ("private_names", "private names imported across modules"), ("family_leaks", "family rules outside families.py"),
+                      ("kind_branches", "branches on the family kind outside mmpipe/media, images and families.py"),
                       ("placeholder_copies", "placeholder expand/collapse outside encoding/placeholders.py"),
                       ("records_outside", "record types outside records/"), ("fields_typed_any", "record fields typed Any")):
         if fig[key]:
