@@ -18,6 +18,7 @@ from mmpipe.families import ModelFamily, get_family
 from mmpipe.images.spec import VisionSpec
 from mmpipe.records.batch_arrow import batch_arrow_schema, batch_to_arrow
 from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.row import ProcessorOutputs
 from mmpipe.records.display_hooks import render
 
 if TYPE_CHECKING:  # records never import torch: the tensors are made by collate
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # records never import torch: the tensors are made by collate
 
 
 @dataclass(eq=False)
-class BatchedMultiModalInputs:
+class BatchedMultiModalInputs(ProcessorOutputs):
     """A padded batch of B rows of one family (torch tensors), whatever its kind
     (`mmpipe.families.ModelFamily.kind`; `mmpipe.media`).
 
@@ -134,16 +135,6 @@ class BatchedMultiModalInputs:
     def images_per_row(self) -> torch.Tensor:
         """int64 [B] images of each row."""
         return self.image_offsets[1:] - self.image_offsets[:-1]
-
-    @property
-    def processor_class(self) -> Optional[str]:
-        """Kind ``processor``: the transformers class of the processor that encoded the rows."""
-        return None if self.layout is None else self.layout.processor_class
-
-    @property
-    def row_keys(self) -> tuple:
-        """Kind ``processor``: the ``vision`` keys whose axis 0 is the row."""
-        return () if self.layout is None else tuple(k for k in self.layout.row_keys if k in self.vision)
 
     @property
     def sample_to_image_indices(self) -> list[list[int]]:

@@ -60,8 +60,23 @@ def row_family(name: Any, row: Any = None) -> ModelFamily:
                          fix="re-encode the row with this model's processor") from None
 
 
+class ProcessorOutputs:
+    """What a record of the processor kind derives from its ``layout`` (`ProcessorLayout`) and its
+    ``vision`` outputs; None / () for the other kinds (shared by the row and the batch)."""
+
+    @property
+    def processor_class(self) -> Optional[str]:
+        """Kind ``processor``: the transformers class of the processor that encoded the rows."""
+        return None if self.layout is None else self.layout.processor_class
+
+    @property
+    def row_keys(self) -> tuple:
+        """Kind ``processor``: the ``vision`` keys whose axis 0 is the row."""
+        return () if self.layout is None else tuple(k for k in self.layout.row_keys if k in self.vision)
+
+
 @dataclass(eq=False)
-class MultiModalInputs:
+class MultiModalInputs(ProcessorOutputs):
     """One encoded row, of any family (`mmpipe.families.ModelFamily`; its ``kind`` picks the
     media strategy, `mmpipe.media`, that stores and checks the media fields).
 
@@ -169,16 +184,6 @@ class MultiModalInputs:
     @property
     def num_video_patches(self) -> int:
         return int(self.video_grid_thw.prod(axis=1).sum()) if self.num_videos else 0
-
-    @property
-    def processor_class(self) -> Optional[str]:
-        """Kind ``processor``: the transformers class of the processor that encoded the row."""
-        return None if self.layout is None else self.layout.processor_class
-
-    @property
-    def row_keys(self) -> tuple:
-        """Kind ``processor``: the ``vision`` keys whose axis 0 is the row (length 1 here)."""
-        return () if self.layout is None else tuple(k for k in self.layout.row_keys if k in self.vision)
 
     @property
     def pixel_format(self) -> str:
