@@ -16,12 +16,11 @@ InternVL and LLaVA-OneVision by name uses `mmpipe.offline.tile_builders`.
 
 from __future__ import annotations
 
-import copy
-import functools
 
 from mmpipe.offline.other_vlms import build_foreign_processor
 from mmpipe.offline.tiny_towers import (
     TILE,
+    cached_model_copy,
     refuse_pixel_bounds,
     seeded_model,
     tiny_tower_configs,
@@ -57,15 +56,10 @@ def _config(head_dim: int = 16):
         tie_word_embeddings=False)
 
 
-@functools.lru_cache(maxsize=4)
-def _cached_model(seed: int):
-    return seeded_model(_MODEL_CLASS, _config(), seed, attn_implementation="eager").eval()
-
-
 def build_internvl_model(seed: int = 0):
     """A tiny randomly initialised model matching `build_internvl_processor()`: fp32, eval
     mode, eager attention; a deep copy of a cached model per call."""
-    return copy.deepcopy(_cached_model(int(seed)))
+    return cached_model_copy(_MODEL_CLASS, _config, seed)
 
 
 def save_internvl_checkpoint(path, *, seed: int = 0):

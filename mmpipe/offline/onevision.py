@@ -17,12 +17,11 @@ LLaVA-OneVision by name uses `mmpipe.offline.tile_builders`.
 
 from __future__ import annotations
 
-import copy
-import functools
 
 from mmpipe.offline.other_vlms import build_foreign_processor
 from mmpipe.offline.tiny_towers import (
     TILE,
+    cached_model_copy,
     refuse_pixel_bounds,
     seeded_model,
     tiny_tower_configs,
@@ -66,15 +65,10 @@ def _config(head_dim: int = 16):
         vision_feature_layer=-1, vision_aspect_ratio="anyres_max_9")
 
 
-@functools.lru_cache(maxsize=4)
-def _cached_model(seed: int):
-    return seeded_model(_MODEL_CLASS, _config(), seed, attn_implementation="eager").eval()
-
-
 def build_onevision_model(seed: int = 0):
     """A tiny randomly initialised model matching `build_onevision_processor()`: fp32, eval
     mode, eager attention; a deep copy of a cached model per call."""
-    return copy.deepcopy(_cached_model(int(seed)))
+    return cached_model_copy(_MODEL_CLASS, _config, seed)
 
 
 def save_onevision_checkpoint(path, *, seed: int = 0):

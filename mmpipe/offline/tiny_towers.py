@@ -7,6 +7,9 @@ processors) and so neither family module imports the other.
 
 from __future__ import annotations
 
+import copy
+import functools
+
 from mmpipe.errors import ArgumentError
 
 __all__ = ["TILE", "tiny_tower_configs", "seeded_model", "write_checkpoint", "use_hub_vision_names",
@@ -42,6 +45,18 @@ def seeded_model(class_name: str, config, seed: int, **kwargs):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return getattr(transformers, class_name)._from_config(config, dtype=torch.float32, **kwargs)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_model(class_name: str, config_fn, seed: int):
+    return seeded_model(class_name, config_fn(), seed, attn_implementation="eager").eval()
+
+
+def cached_model_copy(class_name: str, config_fn, seed: int):
+    """The tiny test model ``transformers.<class_name>`` of ``config_fn()``: fp32, eval mode,
+    eager attention, weights from ``seed``; built once per (class, config, seed) and handed out
+    as a deep copy (a test may change its copy)."""
+    return copy.deepcopy(_cached_model(class_name, config_fn, int(seed)))
 
 
 def write_checkpoint(model, processor, path):
