@@ -6,6 +6,7 @@ One module per step, in the order rows flow::
                 (TokenBudgetBatchSampler, token_counts, token_efficiency)
     checks.py   stored rows -> validated records, typed errors naming row and column (checked_records)
     text.py     the text part of a padded batch (ids, masks, positions, labels), and back
+    media_fields.py  the per-item layout (grids, sizes, tile counts) and its offsets, and back
     collate.py  MultiModalInputs rows -> padded BatchedMultiModalInputs (collate, Collator, ArrowRows)
     pack_batch.py  one right-padded batch -> one pack (and which families refuse packing)
     packing.py  rows -> one padding-free [1, T] PackedMultiModalInputs, and back
@@ -14,7 +15,7 @@ One module per step, in the order rows flow::
 
 Every stage is the same for every family; what differs between patch grids, tiles and the
 generic path's processor outputs is asked of the family's media strategy (``fam.media``:
-``collator_state``, ``collate_media``, ``unbatch_media``; `mmpipe.media`).
+``MEDIA_ITEMS``, ``collator_state``, ``collate_media``, ``unbatch_media``; `mmpipe.media`).
 
 The functions ``collate`` and ``unbatch`` are not re-exported here: those names are the
 submodules (``mmpipe.batching.collate``); use ``mmpipe.collate`` / ``mmpipe.unbatch``.

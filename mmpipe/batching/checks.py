@@ -39,14 +39,16 @@ def checked_records(rows: Sequence[Any], verify_pixels: bool = False) -> list[Mu
         if table is not None:  # stored rows as Arrow (ArrowRows): numpy views of the column buffers
             _check_error_column(table.column(ERROR_COLUMN).to_pylist() if ERROR_COLUMN in table.column_names else ())
             check_one_kind(_families(rows, table))
-            return [_validated(r, i) for i, r in enumerate(rows_from_arrow(table, verify_pixels=verify_pixels))]
+            read = rows_from_arrow(table, verify_pixels=verify_pixels)
+            return [_validated(r, i, read=True) for i, r in enumerate(read)]
         _check_error_column([r.get(ERROR_COLUMN) if isinstance(r, dict) else None for r in rows])
         media = check_one_kind(_families(rows, None))
         recs = []
         for i, r in enumerate(rows):
             if media is None or media.CHECK_STORED_DTYPES:
                 _check_dtypes(r, i)
-            recs.append(_validated(MultiModalInputs.from_dict(r, row=i, verify_pixels=verify_pixels), i))
+            rec = MultiModalInputs.from_dict(r, row=i, verify_pixels=verify_pixels)
+            recs.append(_validated(rec, i, read=rec is not r))
         return recs
     except PixelDataError as e:
         e.restage("collate")
@@ -57,8 +59,11 @@ def checked_records(rows: Sequence[Any], verify_pixels: bool = False) -> list[Mu
         raise _as_row_error(e) from e
 
 
-def _validated(r: MultiModalInputs, i: int) -> MultiModalInputs:
-    """``r.validate(i)``, its errors reported at stage "collate"."""
+def _validated(r: MultiModalInputs, i: int, read: bool) -> MultiModalInputs:
+    """``r.validate(i)``, its errors reported at stage "collate"; once: not again for a row
+    just ``read`` from its stored columns by a kind whose reader validates (``CHECK_ON_READ``)."""
+    if read and r.fam.media.CHECK_ON_READ:
+        return r
     try:
         return r.validate(i)
     except InputError as e:

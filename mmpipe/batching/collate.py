@@ -8,8 +8,9 @@ are the same for every kind of family: the rows read and checked
 length and the text part placed under the padding (`mmpipe.batching.text`), pass-through
 columns (`kept_columns`). What differs between patch grids, tiles and the generic path's
 processor outputs is asked of the family's media strategy (``fam.media``, `mmpipe.media`):
-``collator_state`` (what a collate_fn keeps of the processor), ``collate_media`` (layout,
-offsets and pixels in row order; compact uint8 rows become the processor's float32
+``MEDIA_ITEMS`` (its per-item layout fields, concatenated with their offsets by
+`mmpipe.batching.media_fields`), ``collator_state`` (what a collate_fn keeps of the processor),
+``collate_media`` (pixels in row order; compact uint8 rows become the processor's float32
 ``pixel_values`` here, bit for bit).
 
 Example::
@@ -27,13 +28,13 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mmpipe.batching.checks import arrow_table, checked_records
+from mmpipe.batching.media_fields import collate_layout
 from mmpipe.batching.pack_batch import refuse_packing
 from mmpipe.batching.text import pad_id, padded_length, text_fields
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
 from mmpipe.families import ModelFamily, get_family, processor_class_name, resolve_family
 from mmpipe.images.spec import VisionSpec
 from mmpipe.records.batch import BatchedMultiModalInputs
-from mmpipe.records.columns import offsets
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.vision_tokens import VisionTokens
 
@@ -43,12 +44,14 @@ PADDING_SIDES = ("left", "right")
 @dataclass(frozen=True)
 class CollateContext:
     """What a strategy's ``collate_media`` is told about the batch being built: its family, the
-    collator state (``fam.media.collator_state``), the padding side and the padded length L."""
+    collator state (``fam.media.collator_state``), the padding side, the padded length L and the
+    batch's layout fields and offsets (`mmpipe.batching.media_fields.collate_layout`)."""
 
     fam: ModelFamily
     state: dict
     padding_side: str
     length: int
+    layout: dict
 
 
 def collate(
@@ -119,22 +122,24 @@ def collate_records(recs: list[MultiModalInputs], fam: ModelFamily, state: dict,
                     pad_token_id: int, pad_to_length: Optional[int] = None,
                     pad_to_multiple_of: Optional[int] = None) -> BatchedMultiModalInputs:
     """Checked records of ``fam`` -> the batch: the text part placed under the padding
-    (`mmpipe.batching.text.text_fields`), the media fields from ``fam.media.collate_media``
-    (``state``: ``fam.media.collator_state``)."""
+    (`mmpipe.batching.text.text_fields`), the layout of the kind's media items
+    (``fam.media.MEDIA_ITEMS``, `collate_layout`), the rest of the media fields from
+    ``fam.media.collate_media`` (``state``: ``fam.media.collator_state``)."""
     L = padded_length(np.array([len(r) for r in recs], np.int64), pad_to_length, pad_to_multiple_of)
-    media = fam.media.collate_media(recs, CollateContext(fam, state, padding_side, L))
-    batch = BatchedMultiModalInputs(**{**_no_media(recs), **text_fields(recs, L, pad_token_id, padding_side), **media},
+    layout = collate_layout(recs, fam.media.MEDIA_ITEMS)
+    media = fam.media.collate_media(recs, CollateContext(fam, state, padding_side, L, layout))
+    text = text_fields(recs, L, pad_token_id, padding_side)
+    batch = BatchedMultiModalInputs(**{**_no_media(len(recs)), **text, **layout, **media},
                                     family=fam.name, padding_side=padding_side)
     return batch.as_torch() if fam.media.BATCH_ARRAYS == "torch" else batch
 
 
-def _no_media(recs: list[MultiModalInputs]) -> dict[str, np.ndarray]:
-    """The media fields every batch has, empty (a kind's ``collate_media`` fills its own): no
-    grids or videos, zero offsets, and ``image_offsets`` int64 [B+1] from the image counts."""
-    empty3, zeros = np.zeros((0, 3), np.int64), np.zeros(len(recs) + 1, np.int64)
+def _no_media(B: int) -> dict[str, np.ndarray]:
+    """The media fields every batch has, empty (a kind's layout and ``collate_media`` fill its
+    own): no grids or videos, zero offsets int64 [B+1]."""
+    empty3, zeros = np.zeros((0, 3), np.int64), np.zeros(B + 1, np.int64)
     return dict(image_grid_thw=empty3, video_grid_thw=empty3, second_per_grid_ts=np.zeros(0, np.float32),
-                image_offsets=offsets([r.num_images for r in recs]), patch_offsets=zeros, video_offsets=zeros,
-                video_patch_offsets=zeros)
+                image_offsets=zeros, patch_offsets=zeros, video_offsets=zeros, video_patch_offsets=zeros)
 
 
 def batch_state(recs: list[MultiModalInputs], family: Any = None, processor=None,

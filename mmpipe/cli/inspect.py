@@ -191,8 +191,8 @@ class _Tally:
         self.f32_unknown: Optional[str] = None
 
     def add(self, table) -> None:
-        """Count one Arrow batch of stored rows: the text part here, the images by each kind's
-        strategy over its rows (`mmpipe.media`: ``table_counts``)."""
+        """Count one Arrow batch of stored rows: the text part and the source files here, the
+        images by each kind's strategy over its rows (`mmpipe.media`: ``table_counts``)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -228,6 +228,9 @@ class _Tally:
             self.pixel_bytes += c["pixel_bytes"]
             self.f32_bytes += c["float32_bytes"]
             self.f32_unknown = self.f32_unknown or c.get("float32_unknown")
+        if "image_sources" in cols:  # pixels="source": the encoded image files themselves
+            files = pc.list_flatten(col("image_sources"))
+            self.pixel_bytes += int(pc.sum(pc.binary_length(files)).as_py() or 0)
 
     def stats(self, path: Path, rows: int, bins: int) -> DatasetStats:
         """The totals and distributions, with the run record found next to the data."""

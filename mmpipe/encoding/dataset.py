@@ -97,7 +97,7 @@ def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optiona
     sizing = {"pixels": pixels if pixels in media.ENCODE_PIXELS else None, "max_pixels": max_pixels,
               "videos_column": videos_column, "video_options": video_options}
     enc = Encoder(processor, images_column=images_column,
-                  **{k: v for k, v in sizing.items() if k in media.ENCODE_OPTIONS})
+                  **{k: v for k, v in sizing.items() if k not in media.ENCODE_REFUSED})
     n_images = images_per_row if images_per_row is not None else max_images_per_row(ds, images_column)
     k = max(1, min(1000, buffer_bytes // (row_byte_bound(enc, n_images) + video_row_bytes(enc, ds))))
     return {"writer_batch_size": k, "batch_size": k}

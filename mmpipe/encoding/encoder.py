@@ -10,7 +10,7 @@ assistant spans, image loading on threads (confined to ``image_root``, errors lo
 image), length checks, empty rows, stats, the ``datasets.map`` protocol
 (`mmpipe.encoding.mapping`) and the code stamp in the fingerprint. What differs per kind is the
 strategy's encode section (``encode_settings``, ``encode_image``, ``encode_row``,
-``encode_empty``, ``encode_image_bytes``, ``encode_layout``):
+``encode_empty``, ``encode_image_bytes``; the processor kind's ``encode_layout``):
 
 =============  =================================================================================
 kind           a row holds
@@ -201,8 +201,9 @@ class Encoder(ChatTemplate, CodeStamped):
     def layout(self):
         """The generic path: the processor's outputs (`mmpipe.media.processor.ProcessorLayout`),
         found once by probe calls; None for the families mmpipe lays out itself."""
-        if self._layout is None:
-            self._layout = self.family.media.encode_layout(self)
+        layout = getattr(self.family.media, "encode_layout", None)  # the processor kind's probe
+        if self._layout is None and layout is not None:
+            self._layout = layout(self)
         return self._layout
 
     def row_keys(self) -> tuple[str, ...]:

@@ -28,9 +28,10 @@ __all__ = ["CODE_SOURCES", "CodeStamped", "StampedFunction", "code_hash", "code_
 # family table, error texts stored under on_error="skip"). Folders mean their *.py files.
 # tests/encoding/test_fingerprint.py checks this list against the import graph, so a new
 # import from the encode path that is not covered here fails a test. The two data/ modules
-# come with the media strategies (their validate sections type what they find with them).
+# come with the media strategies (their validate sections type what they find with them), and
+# so does batching/media_fields.py (their collate sections cut their media with it).
 CODE_SOURCES = ("encoding", "images", "media", "records", "families.py", "rope.py", "rope_checks.py", "errors.py",
-                "_fork.py", "data/column_rules.py", "data/report.py")
+                "_fork.py", "data/column_rules.py", "data/report.py", "batching/media_fields.py")
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the mmpipe/ folder
 

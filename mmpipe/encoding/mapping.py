@@ -29,6 +29,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from mmpipe.encoding.layout_batch import encode_layout, takes_layout_batch
+from mmpipe.encoding.options import RowDropped  # the map protocol's drop signal (re-exported)
 from mmpipe.encoding.parse import UnreadableImages, parse_row, row_where
 from mmpipe.errors import InputError, TruncationError
 from mmpipe.images.threads import thread_pool
@@ -45,14 +46,6 @@ __all__ = [
 # JSON of {"row", "stage", "column", "reason"} (the row itself is then empty: 0 tokens).
 # Set by encode_dataset (Encoder.mark_dropped): "" when encoded, else why the row was dropped.
 DROP_REASON_COLUMN = "mmpipe_drop_reason"
-
-
-class RowDropped(Exception):
-    """Raised inside the encoder when a row is dropped under ``truncation="drop"``."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason = reason
 
 
 def check_max_length(n_tokens: int, max_length, truncation: str, where: str, fix: str) -> None:

@@ -1,11 +1,10 @@
-"""The `Encoder`'s option checks (accepted policies, values refused before any work) and its
-truncation policies (`truncate_row`)."""
+"""The `Encoder`'s option checks (accepted policies, values refused before any work, a kind's
+refusals: `refuse_options`) and its truncation policies (`truncate_row`, `RowDropped`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from mmpipe.encoding.mapping import RowDropped  # the map protocol's drop signal
 from mmpipe.errors import ArgumentError, TruncationError
 
 TRUNCATION_POLICIES = ("raise", "drop", "truncate_text")
@@ -15,6 +14,30 @@ ERROR_POLICIES = ("raise", "skip")
 def check_choice(name: str, value, accepted: tuple) -> None:
     if value not in accepted:
         raise ArgumentError(f"{name} must be one of {accepted}, got {value!r}")
+
+
+class RowDropped(Exception):
+    """Raised inside the encoder when a row is dropped under ``truncation="drop"`` (the map
+    protocol's drop signal, `mmpipe.encoding.mapping`)."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+def refusal(enc, template: str, what: str, why: str) -> ArgumentError:
+    """A kind's refusal of an option value: ``template`` (its ``REFUSAL``) filled with ``what``
+    (``"min_pixels="``, ``"pixels='none'"``), ``why`` (what to do instead), ``cls`` (the processor
+    class) and ``fam`` (the family name)."""
+    return ArgumentError(template.format(what=what, why=why, cls=enc.processor_class, fam=enc.family.name))
+
+
+def refuse_options(enc, given: dict, refused: dict, template: str) -> None:
+    """The first of the ``given`` options (`mmpipe.encoding.encoder.KIND_OPTIONS`, in that order)
+    that the kind refuses (``refused``: option -> what to do instead), as a `refusal`."""
+    for name in given:
+        if name in refused:
+            raise refusal(enc, template, f"{name}=", refused[name])
 
 
 def check_options(o: dict) -> None:

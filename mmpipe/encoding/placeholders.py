@@ -17,6 +17,9 @@ merges with its neighbours, and avoids tokenizing thousands of special tokens pe
 - `expand_video_pads` / `expand_glm_video_pads`: a video's pad -> its blocks (Qwen / GLM-4.1V layout).
 - `collapse_placeholders` / `expand_placeholders`: training ids <-> ids with one pad per block
   (what vLLM takes, `mmpipe.rollout.inputs`); `check_roundtrip` asserts they invert exactly.
+- `check_image_placeholders`: one placeholder per image in the rendered prompt (every kind that
+  lays images out itself); `splice_text`: each image's placeholder <-> its text, in the text
+  (the tiled families: encode expands, their vLLM prompt collapses).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ __all__ = [
     "collapse_placeholders",
     "expand_placeholders",
     "check_roundtrip",
+    "check_image_placeholders",
+    "splice_text",
 ]
 
 KINDS = (("image", 1), ("video", 2))  # (block kind, its mm_token_type_ids code)
@@ -139,6 +144,40 @@ def expand_glm_video_pads(enc, ids: np.ndarray, pads, grids, labels: Optional[np
         prev = pos + 1
     out = np.concatenate(pieces + [ids[prev:]]).astype(np.int64)
     return out, (None if labels is None else np.concatenate(lab + [labels[prev:]]).astype(np.int64))
+
+
+# ---- one placeholder per image, in the rendered text (tiled families: texts) ---------------------
+def check_image_placeholders(found: int, n_images: int, token: str, where: str, *, unit: str = "token",
+                             missing: str = "") -> None:
+    """`PlaceholderError` unless the rendered prompt holds ``found`` == ``n_images`` placeholders
+    ``token`` (one per image; ``unit``: what the message calls one; ``missing``: said of a
+    template that dropped images)."""
+    if found != n_images:
+        raise PlaceholderError(
+            f"the rendered prompt holds {found} {token} {unit}(s) but the row has {n_images} image(s)",
+            where=where, column="messages", expected=f"one {token} per image", found=str(found),
+            fix=(f"remove literal {token} text from the messages" if found > n_images
+                 else "the chat template did not render every image item" + missing),
+        )
+
+
+def splice_text(text: str, olds: list, news: list) -> tuple[list, list, list]:
+    """``text`` with ``olds[k]`` (str; found in order, each after the one before) replaced by
+    ``news[k]`` -> (pieces, str [2K + 1] joining to the new text; [(start, end) of each
+    ``news[k]`` in it]; [start of each ``olds[k]`` in ``text``]). It stops at the first
+    ``olds[k]`` not found: fewer starts than ``olds``."""
+    pieces, spans, starts, last, pos = [], [], [], 0, 0
+    for old, new in zip(olds, news):
+        k = text.find(old, last)
+        if k < 0:
+            break
+        pieces += [text[last:k], new]
+        pos += k - last
+        spans.append((pos, pos + len(new)))
+        starts.append(k)
+        pos, last = pos + len(new), k + len(old)
+    pieces.append(text[last:])
+    return pieces, spans, starts
 
 
 # ---- training ids <-> one pad per block (rollout inputs) ------------------------------------

@@ -1,8 +1,8 @@
 """The ``patches`` kind (Qwen2/2.5/3-VL, GLM-4.1V, the text family): each image a patch grid
 ``image_grid_thw`` (t, h, w), its pixels uint8 patches [N, 3*p*p] (one temporal copy) that
 collate expands to the processor's float32 ``pixel_values`` [N, 3*T*p*p] (`mmpipe.images.pixels`),
-positions M-RoPE [3, L]. Stored columns: `mmpipe.records.columns.ROW_COLUMNS` (the kind
-``patches`` entries); a patch grid tells its token count, ``t*h*w // merge**2``.
+positions M-RoPE [3, L]. Stored columns: `COLUMNS` (each documented in
+`mmpipe.records.columns.ROW_COLUMNS`); a patch grid tells its token count, ``t*h*w // merge**2``.
 """
 
 from __future__ import annotations
@@ -12,31 +12,53 @@ from typing import Any, Optional
 import numpy as np
 
 from mmpipe.errors import InputError, PixelDataError
-from mmpipe.records.columns import (
-    as_array, f32_or_empty, fit_width, pixel_digest, source_list, sources_digest, u8_block, u8_bytes, u8_or_empty,
+from mmpipe.records.codec import (
+    DIGEST, FAMILY, SOURCES, Column, backend_column, check_token_shapes, pixel_rows, stored_backend,
 )
+from mmpipe.records.columns import as_array, source_list
 
 IMAGE_LAYOUT_COLUMN = "image_grid_thw"  # the stored per-image layout (what error messages name)
 
 
+_U8, _F32, _VIDEO = ("uint8",), ("float32",), "no rows"  # a video pixel column is read for rows with videos
+COLUMNS = (  # the stored columns, in order (`mmpipe.records.codec.Column`): those of the row's pixel format
+    Column("input_ids", "int32"), Column("attention_mask", "int8", missing="ones"),
+    Column("mm_token_type_ids", "int8", missing="zeros"), Column("position_ids", "int32", ndim=2),
+    Column("rope_delta", "int32", read=None, ndim=0),  # read by read_media
+    Column("image_grid_thw", "int32", ndim=2, width=3, missing="none"),
+    Column("video_grid_thw", "int32", ndim=2, width=3, missing="none"),
+    Column("second_per_grid_ts", "float32", "float32", missing="none"), FAMILY,
+    Column("labels", "int32", missing="none"),
+    # the pixels (name, store, read, ndim, width, rows, missing, pixels): [patches of the grids, width];
+    # uint8: raw bytes + end marker, one temporal copy
+    Column("pixel_values_u8", "bytes", "uint8", 2, "patch_dim_u8", "image_grid_thw", "none", _U8),
+    Column("pixel_values_videos_u8", "bytes", "uint8", 2, "patch_dim", "video_grid_thw", _VIDEO, _U8),
+    Column("pixel_values", "float32", "float32", 2, "patch_dim", "image_grid_thw", "none", _F32),
+    Column("pixel_values_videos", "float32", "float32", 2, "patch_dim", "video_grid_thw", _VIDEO, _F32),
+    SOURCES, DIGEST, backend_column(("uint8", "float32", "source")),
+)
+HAS_PIXELS = ("uint8", "float32")  # stored pixels; source files are decoded at collate, not stored pixels
+CHECK_ON_READ = False  # collate and validate_dataset validate the rows they read; the digest on request
+
+
+def read_media(d, kw: dict, fam, row) -> dict:
+    """What `COLUMNS` leave to this kind: ``rope_delta`` (derived from the positions in older
+    layouts: 0 would shift every image row's generation), the sources, the image backend."""
+    if d.get("rope_delta") is None:
+        pos, L = kw["position_ids"], len(kw["input_ids"])
+        delta = np.asarray([int(pos.max()) + 1 - L if pos.size else 0])
+    else:
+        delta = as_array(d["rope_delta"], np.int64, np.ndim(d["rope_delta"]), "rope_delta", row).reshape(-1)
+    if delta.size != 1:
+        raise InputError(f"column 'rope_delta': expected one integer, found {delta.size} values", row=row,
+                         column="rope_delta", stage="validate", fix="re-encode the row with mmpipe.encode")
+    return dict(rope_delta=int(delta[0]), image_backend=stored_backend(d.get("image_backend"), row),
+                image_sources=source_list(d.get("image_sources"), len(kw.get("image_grid_thw", ())), row))
+
+
 def validate(r, row: Optional[int]) -> None:
-    """Token shapes ([3, L] positions), media tokens vs grids, pixel shapes vs grids."""
-    _check_token_shapes(r, row)
-    _check_media_tokens(r, row)
-    _check_pixel_shapes(r, row)
-
-
-def _check_token_shapes(r, row: Optional[int]) -> None:
-    L = r.num_tokens
-    shapes = [(name, (L,)) for name in ("attention_mask", "mm_token_type_ids")]
-    if r.labels is not None:
-        shapes.append(("labels", (L,)))
-    shapes.append(("position_ids", (3, L)))
-    for name, want in shapes:
-        if getattr(r, name).shape != want:
-            raise InputError(row=row, column=name, column_in_location=True, stage="validate",
-                             expected=f"shape {want}", found=getattr(r, name).shape,
-                             fix="re-encode the row with mmpipe.encode")
+    """Token shapes ([3, L] positions), token types, media tokens vs grids, pixels vs grids."""
+    check_token_shapes(r, row)
     bad_type = np.flatnonzero((r.mm_token_type_ids < 0) | (r.mm_token_type_ids > 2))
     if len(bad_type):
         raise InputError(
@@ -44,13 +66,9 @@ def _check_token_shapes(r, row: Optional[int]) -> None:
             expected="0 (text), 1 (image) or 2 (video)",
             found=f"{int(r.mm_token_type_ids[bad_type[0]])} at token {int(bad_type[0])}", fix="re-encode the row",
         )
-
-
-def _check_media_tokens(r, row: Optional[int]) -> None:
     fam = r.fam
     for kind, code, grid in (("image", 1, r.image_grid_thw), ("video", 2, r.video_grid_thw)):
-        n_tok = int((r.mm_token_type_ids == code).sum())
-        expect = fam.num_tokens(grid)
+        n_tok, expect = int((r.mm_token_type_ids == code).sum()), fam.num_tokens(grid)
         if n_tok != expect:
             raise PixelDataError(
                 f"{n_tok} {kind} tokens in input_ids but {kind}_grid_thw {grid.tolist()} "
@@ -58,131 +76,14 @@ def _check_media_tokens(r, row: Optional[int]) -> None:
                 f"(truncated or appended without its pixels?)", row=row, stage="validate",
                 column=f"{kind}_grid_thw", fix="re-encode the row",
             )
-
-
-def _check_pixel_shapes(r, row: Optional[int]) -> None:
-    fam = r.fam
-    checks = (
-        ("pixel_values", r.pixel_values, r.num_image_patches, fam.patch_dim),
-        ("pixel_values_u8", r.pixel_values_u8, r.num_image_patches, fam.patch_dim_u8),
-        ("pixel_values_videos", r.pixel_values_videos, r.num_video_patches, fam.patch_dim),
-        ("pixel_values_videos_u8", r.pixel_values_videos_u8, r.num_video_patches, fam.patch_dim),
-    )
-    for name, arr, n, d in checks:
-        if arr is not None and arr.shape != (n, d):
+    for c in [c for c in COLUMNS if c.rows]:  # the pixels: a row per patch of the grids, of the patch width
+        arr, want = getattr(r, c.name), (pixel_rows(getattr(r, c.rows)), getattr(fam, c.width))
+        if arr is not None and arr.shape != want:
             raise PixelDataError(
-                row=row, column=name, column_in_location=True, stage="validate",
-                expected=f"shape ({n}, {d}) from the grids and the {fam.name} patch size",
+                row=row, column=c.name, column_in_location=True, stage="validate",
+                expected=f"shape {want} from the grids and the {fam.name} patch size",
                 found=tuple(arr.shape), fix="re-encode the row with mmpipe.encode",
             )
-
-
-def from_columns(cls, d: Any, fam, row: Any = None, *, verify_pixels: bool = False):
-    """A stored patch-kind row -> the record (see `mmpipe.records.row.MultiModalInputs.from_dict`)."""
-    from mmpipe.records.row import stored_backend
-
-    ids = as_array(d.get("input_ids"), np.int64, 1, "input_ids", row)
-    L = ids.shape[0]
-    pos = as_array(d.get("position_ids"), np.int64, 2, "position_ids", row)
-    if d.get("rope_delta") is None:  # older layouts: derive it (0 would shift every image row's generation)
-        delta = np.asarray([int(pos.max()) + 1 - L if pos.size else 0])
-    else:
-        delta = as_array(d["rope_delta"], np.int64, np.ndim(d["rope_delta"]), "rope_delta", row).reshape(-1)
-    if delta.size != 1:
-        raise InputError(f"column 'rope_delta': expected one integer, found {delta.size} values", row=row,
-                         column="rope_delta", stage="validate", fix="re-encode the row with mmpipe.encode")
-    kw: dict[str, Any] = dict(
-        input_ids=ids,
-        attention_mask=as_array(d.get("attention_mask", np.ones(L)), np.int64, 1, "attention_mask", row),
-        mm_token_type_ids=as_array(d.get("mm_token_type_ids", np.zeros(L)), np.int64, 1, "mm_token_type_ids", row),
-        position_ids=pos,
-        rope_delta=int(delta[0]),
-        family=fam.name, image_backend=stored_backend(d.get("image_backend"), row),
-    )
-    if d.get("labels") is not None:
-        kw["labels"] = as_array(d["labels"], np.int64, 1, "labels", row)
-    for name in ("image_grid_thw", "video_grid_thw"):
-        if d.get(name) is not None:
-            kw[name] = fit_width(as_array(d[name], np.int64, 2, name, row), 3, name, row)
-    if d.get("second_per_grid_ts") is not None:
-        kw["second_per_grid_ts"] = as_array(d["second_per_grid_ts"], np.float32, 1, "second_per_grid_ts", row)
-    if d.get("pixel_values") is not None:
-        kw["pixel_values"] = fit_width(as_array(d["pixel_values"], np.float32, 2, "pixel_values", row),
-                                       fam.patch_dim, "pixel_values", row)
-    if d.get("pixel_values_videos") is not None and len(kw.get("video_grid_thw", ())):
-        kw["pixel_values_videos"] = fit_width(as_array(
-            d["pixel_values_videos"], np.float32, 2, "pixel_values_videos", row
-        ), fam.patch_dim, "pixel_values_videos", row)
-    n_img = int(kw["image_grid_thw"].prod(axis=1).sum()) if "image_grid_thw" in kw else 0
-    n_vid = int(kw["video_grid_thw"].prod(axis=1).sum()) if "video_grid_thw" in kw else 0
-    if d.get("pixel_values_u8") is not None:
-        kw["pixel_values_u8"] = u8_block(d["pixel_values_u8"], n_img, fam.patch_dim_u8, "pixel_values_u8", row)
-    if d.get("pixel_values_videos_u8") is not None and n_vid:
-        kw["pixel_values_videos_u8"] = u8_block(d["pixel_values_videos_u8"], n_vid, fam.patch_dim,
-                                                "pixel_values_videos_u8", row)
-    kw["image_sources"] = source_list(d.get("image_sources"), len(kw.get("image_grid_thw", ())), row)
-    out = cls(**kw)
-    if verify_pixels and d.get("pixel_digest") is not None:
-        out.verify_pixel_digest(d["pixel_digest"], row)
-    return out
-
-
-def stored_pixel_digest(r) -> Optional[int]:
-    fmt = r.pixel_format
-    if fmt == "uint8":
-        return pixel_digest(r.pixel_values_u8, r.pixel_values_videos_u8)
-    if fmt == "float32":
-        return pixel_digest(r.pixel_values, r.pixel_values_videos)
-    if fmt == "source":
-        return sources_digest(r.image_sources)
-    return None
-
-
-def pixel_columns(r) -> str:
-    """The stored pixel column(s) the row's digest covers, for error messages."""
-    fmt = r.pixel_format
-    if fmt == "source":
-        return "image_sources"
-    suffix = "_u8" if fmt == "uint8" else ""
-    cols = [f"pixel_values{suffix}"] * bool(r.num_images) + [f"pixel_values_videos{suffix}"] * bool(r.num_videos)
-    return " / ".join(cols) or f"pixel_values{suffix}"
-
-
-def to_columns(r) -> dict[str, Any]:
-    """The stored row: only the columns of its pixel format (every row of one encode call has
-    the same columns, what ``datasets`` needs)."""
-    out: dict[str, Any] = {
-        "input_ids": r.input_ids.astype(np.int32),
-        "attention_mask": r.attention_mask.astype(np.int8),
-        "mm_token_type_ids": r.mm_token_type_ids.astype(np.int8),
-        "position_ids": r.position_ids.astype(np.int32),
-        "rope_delta": np.int32(r.rope_delta),
-        "image_grid_thw": r.image_grid_thw.astype(np.int32),
-        "video_grid_thw": r.video_grid_thw.astype(np.int32),
-        "second_per_grid_ts": r.second_per_grid_ts.astype(np.float32),
-        "family": r.family,
-    }
-    if r.labels is not None:
-        out["labels"] = r.labels.astype(np.int32)
-    fmt, fam = r.pixel_format, r.fam
-    if fmt == "uint8":
-        out["pixel_values_u8"] = u8_bytes(u8_or_empty(r.pixel_values_u8, fam.patch_dim_u8))
-        out["pixel_values_videos_u8"] = u8_bytes(u8_or_empty(r.pixel_values_videos_u8, fam.patch_dim))
-    elif fmt == "float32":
-        out["pixel_values"] = f32_or_empty(r.pixel_values, fam.patch_dim)
-        out["pixel_values_videos"] = f32_or_empty(r.pixel_values_videos, fam.patch_dim)
-    if fmt == "source":
-        out["image_sources"] = [bytes(b) for b in r.image_sources]
-    if fmt != "none":
-        out["pixel_digest"] = np.int64(stored_pixel_digest(r))
-        if r.image_backend != "pil":  # PIL rows keep the layout of before (no column)
-            out["image_backend"] = r.image_backend
-    return out
-
-
-def has_pixels(r) -> bool:
-    """Stored pixels (uint8 or float32): source files are decoded at collate, not stored pixels."""
-    return r.pixel_format not in ("none", "source")
 
 
 def layout_repr(r) -> str:
@@ -289,21 +190,21 @@ def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[li
 
 
 # ---- view ----
-# What the view stage (mmpipe.view) and `mmpipe inspect` ask of this kind: token spans, span
-# labels, pictures from the stored pixels, counts from the stored columns; the same names in
-# every kind. The code is in mmpipe/media/patches_view.py (this module is shared by every stage).
+# What the view stage (mmpipe.view) and `mmpipe inspect` ask of this kind: each image's (video's)
+# tokens, size and label, pictures from the stored pixels, counts from the stored columns; the same
+# names in every kind. The code is in mmpipe/media/patches_view.py (this module is shared by every stage).
 from mmpipe.media.patches_view import (  # noqa: E402  (a section of its own, at the end)
-    PIXEL_UNIT, STATS_COLUMNS, table_counts, view_images, view_layout, view_notes, view_size, view_spans,
-    view_summary, view_video_frames,
+    PIXEL_UNIT, STATS_COLUMNS, VIEW_SIZE_NOTE, table_counts, view_layout, view_pictures, view_runs, view_size,
+    view_summary,
 )
 
 
 # ---- encode ----
 # What mmpipe.Encoder asks of this kind: its options, one image's layout and stored payload, a
-# parsed row's fields, an empty row, the bytes of one image, the processor layout (none here);
-# the same names in every kind. The code is in mmpipe/media/patches_encode.py.
+# parsed row's fields, an empty row, the bytes of one image; the same names in every kind (the
+# processor kind has a processor layout too). The code is in mmpipe/media/patches_encode.py.
 from mmpipe.media.patches_encode import (  # noqa: E402  (a section of its own, at the end)
-    ENCODE_OPTIONS, ENCODE_PIXELS, encode_empty, encode_image, encode_image_bytes, encode_layout, encode_row,
+    ENCODE_PIXELS, ENCODE_REFUSED, encode_empty, encode_image, encode_image_bytes, encode_row,
     encode_settings,
 )
 
@@ -311,7 +212,9 @@ from mmpipe.media.patches_encode import (  # noqa: E402  (a section of its own, 
 # ---- collate ----
 # What mmpipe.collate / unbatch / pack ask of this kind; the same names in every kind. The code is
 # in mmpipe/media/patches_collate.py.
-from mmpipe.media.patches_collate import collate_media, collator_state, unbatch_media  # noqa: E402,F401
+from mmpipe.media.patches_collate import (  # noqa: E402,F401
+    MEDIA_ITEMS, collate_media, collator_state, unbatch_media,
+)
 
 BATCH_ROWS = "patch-grid"  # a batch of this kind's rows, in error messages
 FOREIGN_ROW = "a tiled-family or generic-path row"  # a row of another kind in such a batch

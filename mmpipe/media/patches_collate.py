@@ -1,11 +1,12 @@
 """Collate and unbatch for the ``patches`` kind (`mmpipe.media.patches`: Qwen2/2.5/3-VL, GLM-4.1V,
-the text family): what `mmpipe.collate` / `mmpipe.unbatch` ask of it.
+the text family): what `mmpipe.collate` / `mmpipe.unbatch` ask of it beyond the layout of its
+items (`MEDIA_ITEMS`: grids and offsets, `mmpipe.batching.media_fields`).
 
 - `collator_state`: what a picklable collator keeps of a processor: its `VisionSpec` (resize
   bounds, normalisation, backend) and its vision tokens;
-- `collate_media`: grids and offsets in row order, and the pixel data concatenated, compact
-  uint8 rows expanded to the processor's float32 ``pixel_values`` bit for bit
-  (``pixels="source"`` rows decoded and resized first, in the worker that builds the batch);
+- `collate_media`: the pixel data concatenated, compact uint8 rows expanded to the processor's
+  float32 ``pixel_values`` bit for bit (``pixels="source"`` rows decoded and resized first, in
+  the worker that builds the batch);
 - `unbatch_media`: each row's grids and pixels cut back out by the offsets, in the storage the
   row came in, after checking the grids, offsets, pixel rows and media tokens agree.
 """
@@ -13,21 +14,32 @@ the text family): what `mmpipe.collate` / `mmpipe.unbatch` ask of it.
 from __future__ import annotations
 
 import logging
+
 import numpy as np
 
 from mmpipe.batching.checks import check_finite, check_vision_tokens
+from mmpipe.batching.media_fields import MediaItems, cut_layout
 from mmpipe.encoding.sources import with_pixels
 from mmpipe.errors import PixelDataError
 from mmpipe.images.pixels import (
     pixel_values_to_u8, u8_to_pixel_values, u8_video_to_pixel_values, video_pixel_values_to_u8,
 )
 from mmpipe.images.spec import VisionSpec
-from mmpipe.records.columns import offsets, to_numpy
+from mmpipe.records.columns import to_numpy
 from mmpipe.records.vision_tokens import VisionTokens
 
 logger = logging.getLogger("mmpipe")
 
 FIX = "build the batch with mmpipe.collate(rows) and do not edit its fields in place"
+
+# images, then videos: grids int64 [I, 3] (+ seconds per grid step float32 [V]), and patches
+MEDIA_ITEMS = (
+    MediaItems("image_offsets", (("image_grid_thw", "int64", 3),), "patch_offsets", "image_grid_thw"),
+    MediaItems("video_offsets", (("video_grid_thw", "int64", 3), ("second_per_grid_ts", "float32", None)),
+               "video_patch_offsets", "video_grid_thw"),
+)
+# each item's pixel fields (same order): float32 [N, 3*T*p*p] and compact uint8
+PIXELS = (("pixel_values", "pixel_values_u8"), ("pixel_values_videos", "pixel_values_videos_u8"))
 
 
 def collator_state(processor, fam) -> dict:
@@ -42,35 +54,18 @@ def collator_state(processor, fam) -> dict:
 
 
 def collate_media(rows: list, ctx) -> dict:
-    """The media fields of a batch (see `mmpipe.records.batch.BatchedMultiModalInputs`):
-    ``image_grid_thw`` / ``video_grid_thw`` int64 [sum I, 3], ``second_per_grid_ts`` float32
-    [sum V], the offsets int64 [B+1], ``pixel_values`` float32 [sum N, 3*T*p*p] (+
-    ``pixel_values_u8`` uint8 [sum N, 3*p*p] from compact rows) and the same for videos, the
-    batch's ``pixel_format``, ``spec`` and ``row_pixel_formats``. ``ctx``: the collate context
-    (``ctx.state`` from `collator_state`)."""
+    """The pixel fields of a batch (see `mmpipe.records.batch.BatchedMultiModalInputs`):
+    ``pixel_values`` float32 [sum N, 3*T*p*p] (+ ``pixel_values_u8`` uint8 [sum N, 3*p*p] from
+    compact rows) and the same for videos, the batch's ``pixel_format``, ``spec`` and
+    ``row_pixel_formats``. ``ctx``: the collate context (``ctx.state`` from `collator_state`,
+    ``ctx.layout`` the grids and offsets)."""
     check_vision_tokens(rows, ctx.state.get("vision_tokens"))
     spec = ctx.state["spec"]
     rows = [with_pixels(r, spec, i) for i, r in enumerate(rows)]  # pixels="source" rows: decode + resize here
-    media = _media_layout(rows)
     pixel_format, layout_only = _pixel_format(rows)
     spec = spec.for_rows([r.image_backend if r.has_pixels and r.num_images else None for r in rows])  # images only
-    pixels = {} if layout_only else _assemble_pixels(rows, spec, pixel_format, media)
-    return {**media, **pixels, "pixel_format": pixel_format, "spec": spec,
-            "row_pixel_formats": [r.pixel_format for r in rows]}
-
-
-def _media_layout(rows: list) -> dict[str, np.ndarray]:
-    """Grids in row order and the offsets int64 [B+1] that slice each row's images, image
-    patches, videos and video patches back out."""
-    return {
-        "image_grid_thw": np.concatenate([r.image_grid_thw for r in rows]).reshape(-1, 3).astype(np.int64),
-        "video_grid_thw": np.concatenate([r.video_grid_thw for r in rows]).reshape(-1, 3).astype(np.int64),
-        "second_per_grid_ts": np.concatenate([r.second_per_grid_ts for r in rows]).astype(np.float32),
-        "image_offsets": offsets([r.num_images for r in rows]),
-        "patch_offsets": offsets([r.num_image_patches for r in rows]),
-        "video_offsets": offsets([r.num_videos for r in rows]),
-        "video_patch_offsets": offsets([r.num_video_patches for r in rows]),
-    }
+    pixels = {} if layout_only else _assemble_pixels(rows, spec, pixel_format, ctx.layout)
+    return {**pixels, "pixel_format": pixel_format, "spec": spec, "row_pixel_formats": [r.pixel_format for r in rows]}
 
 
 def _pixel_format(rows: list) -> tuple[str, bool]:
@@ -99,43 +94,47 @@ def _pixel_format(rows: list) -> tuple[str, bool]:
     return pixel_format, False
 
 
-def _assemble_pixels(rows: list, spec: VisionSpec, pixel_format: str, media: dict) -> dict[str, np.ndarray]:
+def _expand(u8: np.ndarray, spec: VisionSpec, videos: bool) -> np.ndarray:
+    """Compact uint8 rows -> the processor's float32 rows, bit for bit (videos: the torchvision
+    rule, the video processor's, whatever the image backend)."""
+    if videos:
+        return u8_video_to_pixel_values(u8, spec.for_videos().lut())
+    return u8_to_pixel_values(u8, spec.lut(), spec.temporal_patch_size)
+
+
+def _compact(pv: np.ndarray, spec: VisionSpec, videos: bool) -> np.ndarray:
+    """Float32 rows -> compact uint8 rows (the inverse of `_expand`)."""
+    if videos:
+        return video_pixel_values_to_u8(pv, spec.for_videos().lut(), stage="validate")
+    return pixel_values_to_u8(pv, spec.lut(), spec.temporal_patch_size)
+
+
+def _assemble_pixels(rows: list, spec: VisionSpec, pixel_format: str, layout: dict) -> dict[str, np.ndarray]:
     """Pixel data concatenated in row order: pixel_values float32 [sum N, D] (rebuilt from
     compact uint8 rows bit for bit, kept as pixel_values_u8), and the same for videos. Float
     rows are checked for NaN/inf in one vectorised pass."""
     out: dict[str, np.ndarray] = {}
-    if media["image_grid_thw"].shape[0]:
+    for videos, (items, (name, name_u8)) in enumerate(zip(MEDIA_ITEMS, PIXELS)):
+        grids = items.fields[0][0]
+        if not layout[grids].shape[0]:
+            continue
         if pixel_format == "uint8":
-            pv_u8 = out["pixel_values_u8"] = np.concatenate([r.pixel_values_u8 for r in rows if r.num_images])
-            out["pixel_values"] = u8_to_pixel_values(pv_u8, spec.lut(), spec.temporal_patch_size)
+            u8 = out[name_u8] = np.concatenate([getattr(r, name_u8) for r in rows if len(getattr(r, grids))])
+            out[name] = _expand(u8, spec, bool(videos))
         else:
-            pv = out["pixel_values"] = np.concatenate([_float_pixels(r, spec, False) for r in rows])
-            check_finite(pv, media["patch_offsets"], "pixel_values")
-    if media["video_grid_thw"].shape[0]:
-        if pixel_format == "uint8":
-            pvv_u8 = out["pixel_values_videos_u8"] = np.concatenate(
-                [r.pixel_values_videos_u8 for r in rows if r.num_videos])
-            # videos: the torchvision rule (the video processor's), whatever the image backend
-            out["pixel_values_videos"] = u8_video_to_pixel_values(pvv_u8, spec.for_videos().lut())
-        else:
-            pvv = out["pixel_values_videos"] = np.concatenate([_float_pixels(r, spec, True) for r in rows])
-            check_finite(pvv, media["video_patch_offsets"], "pixel_values_videos")
+            pv = out[name] = np.concatenate([_float_pixels(r, spec, bool(videos)) for r in rows])
+            check_finite(pv, layout[items.units], name)
     return out
 
 
 def _float_pixels(r, spec: VisionSpec, videos: bool) -> np.ndarray:
     """A row's float32 image (or video) pixel rows, rebuilt from its compact uint8 rows when
     it stores those (a batch mixing storage formats); [0, D] without any."""
-    if videos:
-        if r.pixel_values_videos is not None:
-            return r.pixel_values_videos
-        if r.pixel_values_videos_u8 is not None:
-            return u8_video_to_pixel_values(r.pixel_values_videos_u8, spec.for_videos().lut())
-    else:
-        if r.pixel_values is not None:
-            return r.pixel_values
-        if r.pixel_values_u8 is not None:
-            return u8_to_pixel_values(r.pixel_values_u8, spec.lut(), spec.temporal_patch_size)
+    pv, u8 = (getattr(r, name) for name in PIXELS[videos])
+    if pv is not None:
+        return pv
+    if u8 is not None:
+        return _expand(u8, spec, videos)
     return np.zeros((0, r.fam.patch_dim), np.float32)
 
 
@@ -143,70 +142,64 @@ def _float_pixels(r, spec: VisionSpec, videos: bool) -> np.ndarray:
 def unbatch_media(batch) -> list[dict]:
     """A batch -> each row's media fields (grids, and its pixels in the storage it came in:
     compact uint8 rows come back compact), after `check_media`."""
-    fam, B = batch.fam, batch.batch_size
-
-    def opt(v):
-        return to_numpy(v) if v is not None else None
-
-    grids, vgrids = to_numpy(batch.image_grid_thw), to_numpy(batch.video_grid_thw)
-    secs, mm = to_numpy(batch.second_per_grid_ts), to_numpy(batch.mm_token_type_ids)
-    io, po = to_numpy(batch.image_offsets), to_numpy(batch.patch_offsets)
-    vo, vpo = to_numpy(batch.video_offsets), to_numpy(batch.video_patch_offsets)
-    pv, pv_u8 = opt(batch.pixel_values), opt(batch.pixel_values_u8)
-    pvv, pvv_u8 = opt(batch.pixel_values_videos), opt(batch.pixel_values_videos_u8)
-    check_media(batch, mm, (grids, io, po, pv, pv_u8), (vgrids, vo, vpo, pvv, pvv_u8), secs)
-    formats = batch.row_pixel_formats or [batch.pixel_format] * B
-    io, po, vo, vpo = io.tolist(), po.tolist(), vo.tolist(), vpo.tolist()  # python ints: faster slicing
-    spec, out = batch.spec, []
-    for b in range(B):
-        row: dict = dict(image_grid_thw=grids[io[b]:io[b + 1]].copy(), video_grid_thw=vgrids[vo[b]:vo[b + 1]].copy(),
-                         second_per_grid_ts=secs[vo[b]:vo[b + 1]].copy())
-        videos = vo[b + 1] > vo[b]
-        ip, vp = slice(po[b], po[b + 1]), slice(vpo[b], vpo[b + 1])
-        if formats[b] == "uint8":
-            if pv_u8 is not None:
-                row["pixel_values_u8"] = pv_u8[ip].copy()
-            elif pv is not None:  # a batch that mixed storage formats kept only float32
-                row["pixel_values_u8"] = pixel_values_to_u8(pv[ip], spec.lut(), spec.temporal_patch_size)
-            else:
-                row["pixel_values_u8"] = np.zeros((0, fam.patch_dim_u8), np.uint8)
-            if pvv_u8 is not None and videos:
-                row["pixel_values_videos_u8"] = pvv_u8[vp].copy()
-            elif pvv is not None and videos:  # a mixed-storage batch kept only float32 videos too
-                row["pixel_values_videos_u8"] = video_pixel_values_to_u8(pvv[vp], spec.for_videos().lut(),
-                                                                         stage="validate")
-        elif formats[b] == "float32":
-            row["pixel_values"] = pv[ip].copy() if pv is not None else np.zeros((0, fam.patch_dim), np.float32)
-            if pvv is not None and videos:
-                row["pixel_values_videos"] = pvv[vp].copy()
-        if formats[b] != "none" and spec is not None:
-            row["image_backend"] = spec.backend
-        out.append(row)
+    check_media(batch)
+    out = cut_layout(batch, MEDIA_ITEMS)
+    arrays = {n: None if getattr(batch, n) is None else to_numpy(getattr(batch, n))
+              for pair in PIXELS for n in pair}
+    units = [to_numpy(getattr(batch, items.units)).tolist() for items in MEDIA_ITEMS]
+    formats = batch.row_pixel_formats or [batch.pixel_format] * batch.batch_size
+    for b, row in enumerate(out):
+        for videos, (name, name_u8) in enumerate(PIXELS):
+            if videos and not len(row["video_grid_thw"]):
+                continue  # a row without videos has no video pixels
+            cut = slice(units[videos][b], units[videos][b + 1])
+            pv, u8 = (None if arrays[n] is None else arrays[n][cut] for n in (name, name_u8))
+            row.update(_row_pixels(formats[b], pv, u8, batch, bool(videos)))
+        if formats[b] != "none" and batch.spec is not None:
+            row["image_backend"] = batch.spec.backend
     return out
 
 
-def check_media(batch, mm: np.ndarray, images: tuple, videos: tuple, secs: np.ndarray) -> None:
+def _row_pixels(fmt: str, pv, u8, batch, videos: bool) -> dict:
+    """One row's image (or video) pixels in its storage ``fmt``, from the batch's rows ``pv``
+    (float32) and ``u8`` (compact; a batch that mixed storage formats kept only float32): a
+    row's images always get a (maybe empty) block, its videos only one the batch holds."""
+    name, name_u8 = PIXELS[videos]
+    fam = batch.fam
+    if fmt == "uint8":
+        if u8 is None and pv is not None:
+            u8 = _compact(pv, batch.spec, videos)
+        if u8 is None and not videos:
+            u8 = np.zeros((0, fam.patch_dim_u8), np.uint8)
+        return {} if u8 is None else {name_u8: u8.copy()}
+    if fmt == "float32":
+        if pv is None and not videos:
+            pv = np.zeros((0, fam.patch_dim), np.float32)
+        return {} if pv is None else {name: pv.copy()}
+    return {}
+
+
+def check_media(batch) -> None:
     """Offsets, patch offsets, pixel rows and per-row media tokens of the images and videos
-    (``images`` / ``videos``: grids [n, 3], offsets [B+1], patch offsets [B+1], float32 and
-    uint8 pixels or None) agree with each other and with ``mm`` (the token types [B, L]).
-    Raises `PixelDataError` at stage "validate" naming the batch row and the field."""
-    fam, B, has_videos = batch.fam, batch.batch_size, len(videos[0]) > 0
-    for kind, code, (grids, off, poff, pv, pv_u8), dims in (
-            ("image", 1, images, (fam.patch_dim, fam.patch_dim_u8)),
-            ("video", 2, videos, (fam.patch_dim, fam.patch_dim))):
-        names = ("pixel_values", "pixel_values_u8") if kind == "image" else \
-            ("pixel_values_videos", "pixel_values_videos_u8")
-        pixels = tuple(zip(names, (pv, pv_u8), dims))
-        _check_kind(batch, kind, code, mm, grids, off, poff, pixels, B, has_videos)
-    if len(secs) != len(videos[0]):
+    agree with each other and with the token types [B, L]. Raises `PixelDataError` at stage
+    "validate" naming the batch row and the field."""
+    fam, mm = batch.fam, to_numpy(batch.mm_token_type_ids)
+    n_videos = len(batch.video_grid_thw)
+    for videos, (items, names) in enumerate(zip(MEDIA_ITEMS, PIXELS)):
+        widths = (fam.patch_dim, fam.patch_dim if videos else fam.patch_dim_u8)
+        pixels = [(n, None if getattr(batch, n) is None else to_numpy(getattr(batch, n)), w)
+                  for n, w in zip(names, widths)]
+        _check_kind(batch, items, 2 if videos else 1, mm, pixels, n_videos > 0)
+    if len(batch.second_per_grid_ts) != n_videos:
         raise PixelDataError(where="", column="second_per_grid_ts", stage="validate",
-                             expected=f"{len(videos[0])} values (one per video)", found=len(secs), fix=FIX)
+                             expected=f"{n_videos} values (one per video)", found=len(batch.second_per_grid_ts),
+                             fix=FIX)
 
 
-def _check_kind(batch, kind, code, mm, grids, off, poff, pixels, B, videos) -> None:
+def _check_kind(batch, items: MediaItems, code: int, mm, pixels: list, videos: bool) -> None:
     """Offsets, patch offsets, pixel rows and per-row media tokens of one kind (image / video)."""
-    oname = "image_offsets" if kind == "image" else "video_offsets"
-    pname = "patch_offsets" if kind == "image" else "video_patch_offsets"
+    B, kind, oname, pname = batch.batch_size, ("image" if code == 1 else "video"), items.offsets, items.units
+    grids, off, poff = (to_numpy(getattr(batch, n)) for n in (items.fields[0][0], oname, pname))
     if not len(grids) and off.shape == poff.shape == (B + 1,) and not off.any() and not poff.any():
         # no images: no media token at all (no videos either) or no image token; no videos: the
         # image count below (a sum of the 0/1 types) sees any other type

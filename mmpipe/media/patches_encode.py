@@ -20,34 +20,31 @@ from typing import Optional
 
 import numpy as np
 
-from mmpipe.encoding.options import check_choice, truncate_row
-from mmpipe.encoding.placeholders import expand_image_pads
+from mmpipe.encoding.options import check_choice, refuse_options, truncate_row
+from mmpipe.encoding.placeholders import check_image_placeholders, expand_image_pads
 from mmpipe.encoding.render import span_labels
 from mmpipe.encoding.sources import source_bytes
 from mmpipe.encoding.tokenize import tokenize_text
 from mmpipe.encoding.videos import add_videos, video_options as check_video_options
-from mmpipe.errors import ArgumentError, PlaceholderError
+from mmpipe.errors import PlaceholderError
 from mmpipe.images.pixels import encode_image as image_patches, image_grid
 from mmpipe.images.spec import VisionSpec
 from mmpipe.records.columns import ENCODE_PIXEL_FORMATS, IGNORE_INDEX
 
-# the options of mmpipe.Encoder this kind takes (of `mmpipe.encoding.encoder.KIND_OPTIONS`) and
-# its stored pixel formats
-ENCODE_OPTIONS = ("pixels", "min_pixels", "max_pixels", "image_backend", "image_root", "videos_column",
-                  "video_options")
+# the options of mmpipe.Encoder (`mmpipe.encoding.encoder.KIND_OPTIONS`) this kind refuses (those
+# of the other kinds) -> why, how it says so, and its stored pixel formats
+ENCODE_REFUSED = {"images_kwargs": "it is the tiled families' processor call option",
+                  "log": "it is the generic path's option"}
+REFUSAL = "{what} is not available for {fam} processors: {why}; leave it out"
 ENCODE_PIXELS = ENCODE_PIXEL_FORMATS
 _PIXEL_BYTES = {"uint8": 1, "float32": 4, "none": 0, "source": 1}  # per pixel ("source": a PNG <= raw)
-_OTHER_KINDS = {"images_kwargs": "it is the tiled families' processor call option",
-                "log": "it is the generic path's option"}  # options of the other kinds
 
 
 def encode_settings(enc, given: dict) -> None:
     """Check the kind's options and set them on ``enc``: ``pixels``, the `VisionSpec` (resize
     bounds, backend), the video options and the vision token ids."""
     fam = enc.family
-    for name, why in _OTHER_KINDS.items():
-        if name in given:
-            raise ArgumentError(f"{name}= is not available for {fam.name} processors: {why}; leave it out")
+    refuse_options(enc, given, ENCODE_REFUSED, REFUSAL)
     enc.pixels = given.get("pixels", "uint8")
     check_choice("pixels", enc.pixels, ENCODE_PIXEL_FORMATS)
     if fam.is_vision:
@@ -104,17 +101,9 @@ def _tokenize(enc, messages: list[dict], where: str, tools: Optional[list]) -> t
 
 def _image_pads(enc, ids: np.ndarray, n_images: int, where: str) -> np.ndarray:
     """Positions int [I] of the one ``<|image_pad|>`` per image the template rendered."""
-    token = enc.family.image_token
     pad_pos = np.flatnonzero(enc.token_types(ids) == 1)  # GLM-4.1V's videos hold <|image|> too
-    if len(pad_pos) != n_images:
-        raise PlaceholderError(
-            f"the rendered prompt holds {len(pad_pos)} {token} token(s) but the row "
-            f"has {n_images} image(s)", where=where, column="messages",
-            expected=f"one {token} per image", found=f"{len(pad_pos)}",
-            fix=(f"remove literal {token} text from the messages" if len(pad_pos) > n_images
-                 else "the chat template did not render every image item (Qwen3-VL's template drops "
-                      "images in system messages): move those images to a user turn"),
-        )
+    check_image_placeholders(len(pad_pos), n_images, enc.family.image_token, where, missing=(
+        " (Qwen3-VL's template drops images in system messages): move those images to a user turn"))
     return pad_pos
 
 
@@ -158,8 +147,9 @@ def _fields(enc, ids, labels, mm, grids, blocks, vid=None) -> dict:
                                                                   enc.spec.for_videos().lut())
         # one expansion into one output array (expanding per image and concatenating would
         # write the 8x larger float32 data twice)
-        u8 = np.concatenate(blocks) if blocks else np.zeros((0, fam.patch_dim_u8), np.uint8)
-        row["pixel_values"] = u8_to_pixel_values(u8, enc.lut(), enc.spec.temporal_patch_size)
+        u8 = np.concatenate(blocks) if blocks else None
+        row["pixel_values"] = (np.zeros((0, fam.patch_dim), np.float32) if u8 is None
+                               else u8_to_pixel_values(u8, enc.lut(), enc.spec.temporal_patch_size))
     if enc.spec is not None and enc.pixels != "none":
         row["image_backend"] = enc.spec.backend  # collate expands the pixels with this backend's table
     return row
@@ -167,19 +157,8 @@ def _fields(enc, ids, labels, mm, grids, blocks, vid=None) -> dict:
 
 def encode_empty(enc) -> dict:
     """The fields of an empty row (0 tokens) in the encoder's pixel format and labels."""
-    fam = enc.family
-    row = dict(input_ids=np.zeros(0, np.int64), attention_mask=np.zeros(0, np.int64),
-               mm_token_type_ids=np.zeros(0, np.int64), position_ids=np.zeros((3, 0), np.int64),
-               rope_delta=0, labels=np.zeros(0, np.int64) if enc.labels else None)
-    if enc.pixels == "source":
-        row["image_sources"] = []
-    elif enc.pixels == "uint8":
-        row["pixel_values_u8"] = np.zeros((0, fam.patch_dim_u8), np.uint8)
-    elif enc.pixels == "float32":
-        row["pixel_values"] = np.zeros((0, fam.patch_dim), np.float32)
-    if enc.spec is not None and enc.pixels != "none":
-        row["image_backend"] = enc.spec.backend  # the same columns as the batch's encoded rows
-    return row
+    z = np.zeros(0, np.int64)
+    return _fields(enc, z, z if enc.labels else None, z, np.zeros((0, 3), np.int64), [])
 
 
 def encode_image_bytes(enc) -> int:
@@ -188,8 +167,3 @@ def encode_image_bytes(enc) -> int:
         return 0
     temporal = enc.spec.temporal_patch_size if enc.pixels == "float32" else 1
     return 3 * enc.spec.max_pixels * _PIXEL_BYTES[enc.pixels] * temporal
-
-
-def encode_layout(enc) -> None:
-    """No processor layout: mmpipe lays the rows out itself."""
-    return None

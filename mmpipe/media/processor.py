@@ -4,13 +4,9 @@ processor's `ProcessorLayout` (found once by a probe): its sequence keys (int [L
 ``token_type_ids``) in ``sequence``, its other outputs (float32 ``pixel_values``, masks, sizes)
 in ``vision``, and each image's upright (height, width) in ``image_hw``. Positions are 1-D.
 
-Stored columns: ``input_ids`` int32 [L], ``attention_mask`` int8 [L], ``labels`` int32 [L], each
-sequence key int32 [L], each vision key its values flat (``list<float32>`` pixels, ``list<int64>``
-sizes, bool or int64 masks: the processor's dtype; empty where the row has none) with its shape
-in `SHAPES_COLUMN` (``list<list<int64>>``, one shape per vision key of the layout, ``[0]`` when
-absent), ``image_hw`` int64 [2*I] (flat), ``family`` = ``"generic"`` and `LAYOUT_COLUMN`: the JSON
-of the `ProcessorLayout`. Rows written before the one-record change have no ``image_hw``: they
-load, and their image count is unknown (``num_images`` counts 0; re-encode for per-image indices).
+Stored columns: `COLUMNS`; each key of the layout is a column of its own (`_outputs`). Rows
+written before the one-record change have no ``image_hw``: they load, and their image count is
+unknown (``num_images`` counts 0; re-encode for per-image indices).
 """
 
 from __future__ import annotations
@@ -22,6 +18,8 @@ from typing import Any, Optional
 import numpy as np
 
 from mmpipe.errors import InputError
+from mmpipe.media import one_d_position_inputs as position_inputs  # noqa: F401  (1-D positions)
+from mmpipe.records.codec import FAMILY, Column, check_token_shapes
 from mmpipe.records.columns import as_array
 
 LAYOUT_COLUMN = "generic_layout"  # the stored JSON of the rows' ProcessorLayout
@@ -66,29 +64,65 @@ class ProcessorLayout:
                              fix="re-encode the row with mmpipe.encode") from None
 
 
-def _shaped(flat: Any, dtype: str, shape: Any, name: str, row: Any) -> Optional[np.ndarray]:
-    """Stored flat values (list, numpy or torch) and their stored shape -> numpy of ``dtype``
-    and that shape; None for a key the row does not have (leading axis 0)."""
-    shape = [int(n) for n in shape]
-    if not shape or shape[0] == 0:
-        return None
-    arr = as_array(flat, dtype, 1, name, row)
-    if arr.size != int(np.prod(shape)):
-        raise InputError(f"column {name!r} holds {arr.size} values for shape {shape}", row=row, column=name,
-                         stage="validate", expected=f"{int(np.prod(shape))} values", found=str(arr.size),
+def _layout(r) -> ProcessorLayout:
+    """The row's layout (a row built without one: the layout of its own outputs)."""
+    return r.layout or ProcessorLayout.of(r.processor_class or "", r.sequence, r.vision)
+
+
+def _outputs(r) -> dict:
+    """The stored processor outputs, every key of the row's layout (empty where the row has
+    none): sequence keys int32 [L], vision keys flat in the processor's dtype (``list<float32>``
+    pixels, ``list<int64>`` sizes, bool or int64 masks), their shapes in `SHAPES_COLUMN`."""
+    layout = _layout(r)
+    out = {k: r.sequence[k].astype(np.int32) if k in r.sequence else np.zeros(len(r), np.int32)
+           for k in layout.sequence}
+    for name, dtype, _ in layout.vision:
+        out[name] = r.vision[name].reshape(-1) if name in r.vision else np.zeros(0, dtype)
+    return out
+
+
+def _shapes(r) -> list:
+    """Each vision key's shape in this row, layout order (``[0]`` where the row has none)."""
+    return [list(r.vision[n].shape) if n in r.vision else [0] for n, _, _ in _layout(r).vision]
+
+
+COLUMNS = (  # the stored columns, in order (`mmpipe.records.codec.Column`)
+    Column("input_ids", "int32"), Column("attention_mask", "int8"), Column("labels", "int32", missing="none"),
+    _outputs,
+    Column(SHAPES_COLUMN, "object", read=None, value=_shapes),
+    Column("image_hw", "int64", ndim=2, width=2, flat=True, missing="none"), FAMILY,  # family "generic"
+    Column(LAYOUT_COLUMN, "object", read=None, value=lambda r: _layout(r).to_json()),
+)
+HAS_PIXELS = ("float32",)  # the processor's vision outputs
+CHECK_ON_READ = True  # every row read is validated (no digest: the float outputs are stored as they are)
+
+
+def read_media(d, kw: dict, fam, row) -> dict:
+    """What `COLUMNS` leave to this kind: the layout, its sequence keys (int64 [L]) and its vision
+    keys in their stored shapes (a key stored empty, shape [0], is a key the row does not have)."""
+    layout = ProcessorLayout.from_json(d.get(LAYOUT_COLUMN), row)
+    shapes = [] if d.get(SHAPES_COLUMN) is None else list(d.get(SHAPES_COLUMN))
+    if len(shapes) != len(layout.vision):
+        raise InputError(f"{SHAPES_COLUMN} holds {len(shapes)} shapes for {len(layout.vision)} vision keys",
+                         row=row, column=SHAPES_COLUMN, stage="validate",
                          fix="re-encode the row with mmpipe.encode")
-    return arr.reshape(shape)
+    vision = {}
+    for (name, dtype, _), shape in zip(layout.vision, shapes):
+        shape = [int(n) for n in shape]
+        if shape and shape[0]:
+            arr = as_array(d.get(name), dtype, 1, name, row)
+            if arr.size != int(np.prod(shape)):
+                raise InputError(f"column {name!r} holds {arr.size} values for shape {shape}", row=row,
+                                 column=name, stage="validate", expected=f"{int(np.prod(shape))} values",
+                                 found=str(arr.size), fix="re-encode the row with mmpipe.encode")
+            vision[name] = arr.reshape(shape)
+    return dict(layout=layout, vision=vision,
+                sequence={k: as_array(d.get(k), np.int64, 1, k, row) for k in layout.sequence})
 
 
 def validate(r, row: Any = None) -> None:
     """The lengths of the sequence keys and the leading axis of the row keys."""
-    n = len(r.input_ids)
-    for name, arr in [("attention_mask", r.attention_mask), ("mm_token_type_ids", r.mm_token_type_ids),
-                      ("labels", r.labels), *r.sequence.items()]:
-        if arr is not None and arr.shape != (n,):
-            raise InputError(f"{name} does not line up with input_ids", row=row, column=name, stage="encode",
-                             expected=f"shape ({n},)", found=f"shape {arr.shape}",
-                             fix="pass the processor outputs of this very row")
+    check_token_shapes(r, row, stage="encode", fix="pass the processor outputs of this very row")
     for name in r.row_keys:
         if r.vision[name].shape[:1] != (1,):
             raise InputError(f"{name} is a per-row output but holds {r.vision[name].shape[0]} rows", row=row,
@@ -96,110 +130,8 @@ def validate(r, row: Any = None) -> None:
                              found=f"shape {r.vision[name].shape}", fix="encode one row per processor call")
 
 
-def stored_pixel_digest(r) -> Optional[int]:
-    return None  # the processor's float outputs are stored as they are (no digest, as before)
-
-
-def pixel_columns(r) -> str:
-    return " / ".join(sorted(r.vision)) or "pixel_values"
-
-
-def to_columns(r, layout: Optional[ProcessorLayout] = None) -> dict:
-    """The stored row (see the module doc): every key of ``layout`` (default: the row's), empty
-    where this row has none."""
-    layout = layout or r.layout or ProcessorLayout.of(r.processor_class or "", r.sequence, r.vision)
-    out = {"input_ids": r.input_ids.astype(np.int32), "attention_mask": r.attention_mask.astype(np.int8)}
-    if r.labels is not None:
-        out["labels"] = r.labels.astype(np.int32)
-    for k in layout.sequence:
-        out[k] = r.sequence[k].astype(np.int32) if k in r.sequence else np.zeros(len(r), np.int32)
-    shapes = []
-    for name, dtype, _ in layout.vision:
-        arr = r.vision.get(name)
-        out[name] = arr.reshape(-1) if arr is not None else np.zeros(0, dtype)
-        shapes.append(list(arr.shape) if arr is not None else [0])
-    out[SHAPES_COLUMN] = shapes
-    if r.image_hw is not None:
-        out["image_hw"] = r.image_hw.astype(np.int64).reshape(-1)
-    out["family"] = r.family
-    out[LAYOUT_COLUMN] = layout.to_json()
-    return out
-
-
-def from_columns(cls, d: Any, fam, row: Any = None, *, verify_pixels: bool = False):
-    """A stored row (python lists, numpy or torch formatted) -> the record; the inverse of
-    `to_columns` (a vision key stored empty is a key the row does not have)."""
-    layout = ProcessorLayout.from_json(d.get(LAYOUT_COLUMN), row)
-    ids = as_array(d.get("input_ids"), np.int64, 1, "input_ids", row)
-    shapes = d.get(SHAPES_COLUMN)
-    vision, shapes = {}, [] if shapes is None else list(shapes)
-    if len(shapes) != len(layout.vision):
-        raise InputError(f"{SHAPES_COLUMN} holds {len(shapes)} shapes for {len(layout.vision)} vision keys",
-                         row=row, column=SHAPES_COLUMN, stage="validate", fix="re-encode the row with mmpipe.encode")
-    for (name, dtype, _), shape in zip(layout.vision, shapes):
-        arr = _shaped(d.get(name), dtype, shape, name, row)
-        if arr is not None:
-            vision[name] = arr
-    labels, hw = d.get("labels"), d.get("image_hw")
-    return cls(input_ids=ids, attention_mask=as_array(d.get("attention_mask"), np.int64, 1, "attention_mask", row),
-               family=fam.name, sequence={k: as_array(d.get(k), np.int64, 1, k, row) for k in layout.sequence},
-               vision=vision, layout=layout,
-               image_hw=None if hw is None else as_array(hw, np.int64, 1, "image_hw", row).reshape(-1, 2),
-               labels=None if labels is None else as_array(labels, np.int64, 1, "labels", row)).validate(row)
-
-
-def _arrow_cell(column, i: int, dtype: str) -> Optional[np.ndarray]:
-    """Row ``i`` of a (chunked) Arrow list column -> flat numpy of ``dtype`` (None when null)."""
-    arr = column.slice(i, 1)
-    arr = arr.combine_chunks() if hasattr(arr, "combine_chunks") else arr
-    if arr.null_count:
-        return None
-    return arr.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-
-
-def rows_from_arrow(cls, table) -> list:
-    """Stored processor-kind rows as one Arrow table (`mmpipe.ArrowRows`) -> records, read from
-    the column buffers (no python lists)."""
-    layouts = table.column(LAYOUT_COLUMN).to_pylist()
-    all_shapes = table.column(SHAPES_COLUMN).to_pylist() if SHAPES_COLUMN in table.column_names else [[]] * len(layouts)
-    rows = []
-    for i, text in enumerate(layouts):
-        layout = ProcessorLayout.from_json(text, i)
-
-        def cell(name, dtype, i=i):
-            if name not in table.column_names:
-                raise InputError(f"column {name!r} is missing", row=i, column=name, stage="validate",
-                                 fix="re-encode the row with mmpipe.encode")
-            return _arrow_cell(table.column(name), i, dtype)
-
-        shapes = all_shapes[i]
-        if len(shapes) != len(layout.vision):
-            raise InputError(f"{SHAPES_COLUMN} holds {len(shapes)} shapes for {len(layout.vision)} vision keys",
-                             row=i, column=SHAPES_COLUMN, stage="validate", fix="re-encode the row with mmpipe.encode")
-        vision = {n: a for (n, t, _), shape in zip(layout.vision, shapes)
-                  if (a := _shaped(cell(n, t), t, shape, n, i)) is not None}
-        labels = cell("labels", "int64") if "labels" in table.column_names else None
-        hw = cell("image_hw", "int64").reshape(-1, 2) if "image_hw" in table.column_names else None
-        rows.append(cls(
-            input_ids=cell("input_ids", "int64"), attention_mask=cell("attention_mask", "int64"),
-            family=table.column("family")[i].as_py(), sequence={k: cell(k, "int64") for k in layout.sequence},
-            vision=vision, labels=labels, layout=layout, image_hw=hw).validate(i))
-    return rows
-
-
-
-def has_pixels(r) -> bool:
-    return bool(r.vision)
-
-
 def layout_repr(r) -> str:
     return f"processor={r.processor_class}"
-
-
-def position_inputs(batch, positions) -> dict:
-    from mmpipe.media import one_d_position_inputs
-
-    return one_d_position_inputs(batch, positions)
 
 
 def pack_token_types(fam, token_types) -> dict:
@@ -237,12 +169,12 @@ def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[li
 
 
 # ---- view ----
-# What the view stage (mmpipe.view) and `mmpipe inspect` ask of this kind: token spans, span
-# labels, pictures from the stored pixels, counts from the stored columns; the same names in
-# every kind. The code is in mmpipe/media/processor_view.py (this module is shared by every stage).
+# What the view stage (mmpipe.view) and `mmpipe inspect` ask of this kind: each image's (video's)
+# tokens, size and label, pictures from the stored pixels, counts from the stored columns; the same
+# names in every kind. The code is in mmpipe/media/processor_view.py (this module is shared by every stage).
 from mmpipe.media.processor_view import (  # noqa: E402  (a section of its own, at the end)
-    PIXEL_UNIT, STATS_COLUMNS, table_counts, view_images, view_layout, view_notes, view_size, view_spans,
-    view_summary, view_video_frames,
+    PIXEL_UNIT, STATS_COLUMNS, VIEW_SIZE_NOTE, table_counts, view_layout, view_pictures, view_runs, view_size,
+    view_summary,
 )
 
 
@@ -252,7 +184,7 @@ from mmpipe.media.processor_view import (  # noqa: E402  (a section of its own, 
 # names in every kind. The code is in mmpipe/media/processor_encode.py (it imports nothing from
 # this module: the layout found by its probe is typed here).
 from mmpipe.media.processor_encode import (  # noqa: E402  (a section of its own, at the end)
-    ENCODE_OPTIONS, ENCODE_PIXELS, encode_empty, encode_image, encode_image_bytes, encode_row, encode_settings,
+    ENCODE_PIXELS, ENCODE_REFUSED, encode_empty, encode_image, encode_image_bytes, encode_row, encode_settings,
     probe,
 )
 
@@ -265,7 +197,9 @@ def encode_layout(enc) -> ProcessorLayout:
 # ---- collate ----
 # What mmpipe.collate / unbatch / pack ask of this kind; the same names in every kind. The vision
 # padding is in mmpipe/media/processor_collate.py (it imports nothing from this module).
-from mmpipe.media.processor_collate import collate_outputs, unbatch_media  # noqa: E402,F401
+from mmpipe.media.processor_collate import (  # noqa: E402,F401
+    MEDIA_ITEMS, collate_outputs, collator_state, unbatch_media,
+)
 
 BATCH_ROWS = "generic-path"  # a batch of this kind's rows, in error messages
 FOREIGN_ROW = "a natively encoded row"  # a row of another kind in such a batch
@@ -275,32 +209,14 @@ COLLATOR_NEEDS_PROCESSOR = None  # rows carry their processor's outputs: nothing
 CHECK_STORED_DTYPES = False  # the processor's own dtypes, typed by the layout: read as the layout says
 
 
-def collator_state(processor, fam) -> dict:
-    """``{"processor_class": str or None}``: the transformers class every row must have been
-    encoded by (None without a processor: the rows' first)."""
-    from mmpipe.families import processor_class_name
-
-    return {"processor_class": None if processor is None else processor_class_name(processor)}
-
-
 def collate_media(rows: list, ctx) -> dict:
-    """The media fields of a batch (`mmpipe.media.processor_collate.collate_outputs`: the
-    processor's outputs padded as it pads them, numpy) and the rows' `ProcessorLayout` (the
-    layout of what the batch holds when the rows were probed differently). Rows must come
-    from the processor class of ``ctx.state`` (when collated with a processor)."""
-    from mmpipe.errors import FamilyMismatchError
-
-    want = ctx.state.get("processor_class")
-    for i, r in enumerate(rows):
-        if want is not None and r.processor_class != want:
-            raise FamilyMismatchError(f"encoded by {r.processor_class} (the generic path) but collated with {want}",
-                                      row=i, column=LAYOUT_COLUMN, expected=want, found=r.processor_class,
-                                      fix="collate with the processor that encoded the rows, or re-encode them")
-    out = collate_outputs(rows, ctx)
-    if "layout" not in out:
+    """The media fields of a batch (`collate_outputs`: the processor's outputs padded as it pads
+    them, numpy) and the rows' `ProcessorLayout` (the layout of what the batch holds when the
+    rows were probed differently)."""
+    out, row_keys = collate_outputs(rows, ctx)
+    if any(r.layout != rows[0].layout for r in rows):
         out["layout"] = ProcessorLayout.of(rows[0].processor_class, rows[0].sequence,
-                                           {k: v[:0] for k, v in out["vision"].items()}, out.pop("row_keys"))
-    out.pop("row_keys", None)
+                                           {k: v[:0] for k, v in out["vision"].items()}, row_keys)
     return out
 
 

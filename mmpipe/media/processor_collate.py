@@ -10,8 +10,9 @@ as the processor's own batch call pads them, and cut back out.
 - any other key (axis 0 = images, e.g. LLaVA's ``pixel_values`` [I, 3, H, W]) is concatenated
   over the rows, its trailing axes zero-padded to the largest.
 
-`collate_outputs` and `unbatch_media` are the kind's collate and unbatch (`mmpipe.media.processor`
-adds the processor-class check and the layout type).
+`collator_state`, `collate_outputs` and `unbatch_media` are the kind's collate and unbatch, beyond
+the layout of its images (`MEDIA_ITEMS`, `mmpipe.batching.media_fields`); `mmpipe.media.processor`
+adds the layout type (this module imports nothing from it).
 """
 
 from __future__ import annotations
@@ -20,12 +21,16 @@ import logging
 
 import numpy as np
 
-from mmpipe.errors import InputError
+from mmpipe.batching.media_fields import MediaItems, cut_layout
+from mmpipe.errors import FamilyMismatchError, InputError
 from mmpipe.records.columns import to_numpy
 
 logger = logging.getLogger("mmpipe")
 
 CROSS_ATTENTION_WARNED: set = set()  # processor classes warned about (once per process)
+# each image's upright (height, width) int64 [I, 2] (None in a batch with rows of an earlier
+# mmpipe, which stored none: their image counts are unknown, sample_to_image_indices refuses)
+MEDIA_ITEMS = (MediaItems("image_offsets", (("image_hw", "int64", 2),)),)
 
 
 def _padded(arr: np.ndarray, shape: tuple) -> np.ndarray:
@@ -107,44 +112,52 @@ def warn_cross_attention_counts(rows: list) -> None:
                        cls, sorted(counts))
 
 
-def collate_outputs(rows: list, ctx) -> dict:
-    """The media fields of a batch (numpy; see `mmpipe.records.batch.BatchedMultiModalInputs`):
-    ``vision`` (each key padded as the processor pads it, `collate_vision`), each row's own
-    ``shapes``, ``image_hw`` int64 [I, 2], ``pixel_format`` ("float32", or "none" without vision
-    outputs), the rows' ``layout`` when they share one, and the batch's ``row_keys``. Rows must
-    come from one processor class."""
+def collator_state(processor, fam) -> dict:
+    """``{"processor_class": str or None}``: the transformers class every row must have been
+    encoded by (None without a processor: the rows' first)."""
+    from mmpipe.families import processor_class_name
+
+    return {"processor_class": None if processor is None else processor_class_name(processor)}
+
+
+def _check_processor(rows: list, want) -> None:
+    """Every row encoded by the processor class ``want`` (when collated with a processor:
+    `FamilyMismatchError`), and by the first row's (`InputError`)."""
     for i, r in enumerate(rows):
+        if want is not None and r.processor_class != want:
+            raise FamilyMismatchError(f"encoded by {r.processor_class} (the generic path) but collated with {want}",
+                                      row=i, column="generic_layout", expected=want, found=r.processor_class,
+                                      fix="collate with the processor that encoded the rows, or re-encode them")
         if r.processor_class != rows[0].processor_class:
             raise InputError("rows of different processors in one batch", row=i, column="processor_class",
                              stage="collate", expected=rows[0].processor_class, found=r.processor_class,
                              fix="batch rows encoded by one processor")
+
+
+def collate_outputs(rows: list, ctx) -> tuple[dict, tuple]:
+    """``(fields, row_keys)``: the media fields of a batch (numpy; see
+    `mmpipe.records.batch.BatchedMultiModalInputs`): ``vision`` (each key padded as the processor
+    pads it, `collate_vision`), each row's own ``shapes``, ``pixel_format`` ("float32", or "none"
+    without vision outputs), the first row's ``layout``; and the batch's row keys.
+    Rows must come from one processor class, ``ctx.state``'s when collated with a processor."""
+    _check_processor(rows, ctx.state.get("processor_class"))
     warn_cross_attention_counts(rows)
     row_keys = tuple(sorted({k for r in rows for k in r.row_keys}))
     vision, shapes = {}, {}
     for key in sorted({k for r in rows for k in r.vision}):
         vision[key], shapes[key] = collate_vision(rows, key, key in row_keys, ctx.length, ctx.padding_side)
-    # rows of an earlier mmpipe stored no image_hw: their image counts are unknown, and the batch
-    # says so (image_hw None: sample_to_image_indices refuses) instead of claiming no images
-    known = all(r.image_hw is not None for r in rows)
-    out = dict(pixel_format="float32" if vision else "none", patch_offsets=np.zeros(len(rows) + 1, np.int64),
-               image_hw=np.concatenate([r.image_hw for r in rows]).astype(np.int64).reshape(-1, 2) if known
-               else None, shapes=shapes, vision=vision, row_keys=row_keys)
-    if all(r.layout == rows[0].layout for r in rows):
-        out["layout"] = rows[0].layout
-    return out
+    fields = dict(pixel_format="float32" if vision else "none", shapes=shapes, vision=vision)
+    return {**fields, "layout": rows[0].layout}, row_keys
 
 
 def unbatch_media(batch) -> list[dict]:
     """A batch -> each row's ``vision`` outputs cut back to its own shapes, ``image_hw`` and the
     batch's `ProcessorLayout` (so rows written back store as before)."""
-    L = batch.input_ids.shape[1]
-    io = to_numpy(batch.image_offsets).tolist()
-    hw = to_numpy(batch.image_hw) if batch.image_hw is not None else None
+    out, L = cut_layout(batch, MEDIA_ITEMS), batch.input_ids.shape[1]
     vision = {k: to_numpy(v) for k, v in batch.vision.items()}
     row_keys = set(batch.layout.row_keys) if batch.layout is not None else set()
-    starts, out = {k: 0 for k in vision}, []
-    for b, n in enumerate(to_numpy(batch.seq_lengths).tolist()):
+    starts = {k: 0 for k in vision}
+    for b, (row, n) in enumerate(zip(out, to_numpy(batch.seq_lengths).tolist())):
         cols = slice(0, n) if batch.padding_side == "right" else slice(L - n, L)
-        out.append(dict(layout=batch.layout, vision=cut_vision(vision, batch.shapes, row_keys, b, n, cols, starts),
-                        image_hw=None if hw is None else hw[io[b]:io[b + 1]].copy()))
+        row.update(layout=batch.layout, vision=cut_vision(vision, batch.shapes, row_keys, b, n, cols, starts))
     return out

@@ -20,6 +20,7 @@ from typing import Optional
 
 import numpy as np
 
+from mmpipe.encoding.options import refusal, refuse_options
 from mmpipe.encoding.parse import images_only
 from mmpipe.errors import ArgumentError, InputError
 from mmpipe.families import GENERIC, resolve_family
@@ -36,13 +37,13 @@ GENERIC_LOG = ("mmpipe: {cls} has no model-family table; encoding through the ge
 # processor outputs mmpipe makes itself (labels: the replies)
 _OWN = ("input_ids", "attention_mask", "labels")
 LOGGED_CLASSES: set = set()  # processor classes this process has logged the line for
-# the options of mmpipe.Encoder this kind takes (of `mmpipe.encoding.encoder.KIND_OPTIONS`) and
 # its stored pixel format: the processor's own values
-ENCODE_OPTIONS = ("pixels", "log")
 ENCODE_PIXELS = ("float32",)
-
-# Encoder options that have no meaning here: option -> what to do instead
-_REFUSED = {
+# the options of mmpipe.Encoder (`mmpipe.encoding.encoder.KIND_OPTIONS`) that have no meaning here ->
+# what to do instead, and how the kind says so (option values too)
+REFUSAL = ("{what} is not available for {cls}: it has no mmpipe family table and takes the generic path "
+           "({fam}: the processor's own outputs, 1-D positions); {why}")
+ENCODE_REFUSED = {
     "min_pixels": "set the bounds on the processor's image processor",
     "max_pixels": "set the bounds on the processor's image processor",
     "image_backend": "the processor's own image processor is used as it is",
@@ -58,12 +59,6 @@ def generic_log_line(processor_class: str) -> str:
     return GENERIC_LOG.format(cls=processor_class)
 
 
-def _refuse(cls: str, what: str, fix: str) -> ArgumentError:
-    return ArgumentError(f"{what} is not available for {cls}: it has no mmpipe family table and takes "
-                         f"the generic path ({GENERIC.name}: the processor's own outputs, 1-D "
-                         f"positions); {fix}")
-
-
 def encode_settings(enc, given: dict) -> None:
     """Check the options (a native patch-grid family is refused: its rows need M-RoPE
     positions), set ``pixels="float32"`` and the pad id, log the one line."""
@@ -72,14 +67,12 @@ def encode_settings(enc, given: dict) -> None:
         raise ArgumentError(f"processor {cls} is mmpipe's native family {native.name!r}; "
                             "encode it with mmpipe.Encoder(processor) (the generic path gives 1-D "
                             "positions)")
-    for name in given:
-        if name in _REFUSED:
-            raise _refuse(cls, f"{name}=", _REFUSED[name])
+    refuse_options(enc, given, ENCODE_REFUSED, REFUSAL)
     if given.get("pixels", "float32") != "float32":
-        raise _refuse(cls, f"pixels={given['pixels']!r} (compact or layout-only storage)",
+        raise refusal(enc, REFUSAL, f"pixels={given['pixels']!r} (compact or layout-only storage)",
                       "leave pixels out (or pass 'float32'): the processor's own pixel values are stored")
     if enc.truncation not in ("raise", "drop"):
-        raise _refuse(cls, f"truncation={enc.truncation!r}", "use truncation='raise' or 'drop'")
+        raise refusal(enc, REFUSAL, f"truncation={enc.truncation!r}", "use truncation='raise' or 'drop'")
     enc.pixels = "float32"
     tok = enc.tokenizer
     enc.pad_token_id = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
@@ -104,6 +97,16 @@ def _plain(enc, messages: list, agp: bool) -> str:
 
 def _call(enc, text: str, images: list):
     return enc.processor(text=[text], images=images or None, return_tensors="np")
+
+
+def _user_turn(n_images: int) -> list:
+    """A probe conversation: one user turn of ``n_images`` image items and the text "a"."""
+    return [{"role": "user", "content": [{"type": "image"}] * n_images + [{"type": "text", "text": "a"}]}]
+
+
+def _probe_call(enc, images: list):
+    """The processor's outputs for `_user_turn` holding ``images`` (PIL)."""
+    return _call(enc, _plain(enc, _user_turn(len(images)), True), images)
 
 
 def encode_row(enc, messages: list, images: list, videos: list, *, where: str, tools, prefetched) -> dict:
@@ -212,11 +215,9 @@ def probe(enc) -> tuple:
     from PIL import Image
 
     im = Image.new("RGB", (64, 64), (120, 60, 30))
-    text = {"type": "text", "text": "a"}
-    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, text]}]
-    out = _call(enc, _plain(enc, msgs, True), [im, im])
+    out = _probe_call(enc, [im, im])
     try:
-        text_only = _call(enc, _plain(enc, [{"role": "user", "content": [text]}], True), [])
+        text_only = _probe_call(enc, [])
     except (ValueError, TypeError, IndexError, KeyError):  # PaliGemma takes no row without an image
         text_only = {}
     seq = len(to_numpy(out["input_ids"])[0])
@@ -233,11 +234,9 @@ def _pads(enc, row_keys: list, im) -> tuple:
     """Row keys whose missing items the processor pads with other values than 0 (Mllama's
     ``aspect_ratio_mask``: first tile 1): its batch of a 1-image and a 2-image row, the
     first row's slot 1 (axis 1; token-aligned keys skipped). () where the batch call fails."""
-    text = {"type": "text", "text": "a"}
-    msgs = [[{"role": "user", "content": [{"type": "image"}] * n + [text]}] for n in (1, 2)]
     try:
-        out = enc.processor(text=[_plain(enc, m, True) for m in msgs], images=[[im], [im, im]],
-                            padding=True, return_tensors="np")
+        out = enc.processor(text=[_plain(enc, _user_turn(n), True) for n in (1, 2)],
+                            images=[[im], [im, im]], padding=True, return_tensors="np")
     except (ValueError, TypeError, IndexError, KeyError):
         return ()
     L = np.shape(out["input_ids"])[1]
@@ -258,8 +257,7 @@ def encode_image_bytes(enc) -> int:
     if enc._image_bytes is None:
         from PIL import Image
 
-        msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a"}]}]
-        out = _call(enc, _plain(enc, msgs, True), [Image.new("RGB", (2048, 2048), (120, 60, 30))])
+        out = _probe_call(enc, [Image.new("RGB", (2048, 2048), (120, 60, 30))])
         enc._image_bytes = int(sum(np.asarray(to_numpy(v)).nbytes for k, v in out.items()
                                    if k not in ("input_ids", "attention_mask")))
     return enc._image_bytes

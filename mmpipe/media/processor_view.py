@@ -4,7 +4,6 @@ processor's own call returned: its image tokens are not marked (``mm_token_type_
 0: no token spans), its images are known by their sizes (``image_hw``), and its float outputs
 are in the processor's own layout, which mmpipe cannot turn back into pictures (the views draw
 a labelled box per image). ``mmpipe inspect`` counts the stored output values.
-Same names as `mmpipe.media.patches_view`.
 """
 
 from __future__ import annotations
@@ -16,12 +15,12 @@ import numpy as np
 
 PIXEL_UNIT = "output values"  # what the stored pixel data are (head lines, `mmpipe inspect`)
 STATS_COLUMNS = ("generic_layout",)  # the columns `table_counts` reads (image_hw when stored)
+VIEW_SIZE_NOTE = False  # labels show the size
 
 
-# ---- token spans and labels ------------------------------------------------------------------
-def view_spans(row) -> list[tuple]:
-    """No media token spans: the processor's placeholders are not marked in the row."""
-    return []
+def view_runs(row, kind: str, runs: list) -> tuple[list, None]:
+    """No runs (the processor's placeholders are not marked in the row: no spans), no counts."""
+    return runs, None
 
 
 def view_size(row, kind: str, index: int) -> Optional[tuple[int, int]]:
@@ -37,11 +36,6 @@ def view_layout(row, kind: str, first: int, last: int) -> str:
     return "size unknown" if size is None else f"{size[0]}×{size[1]} px"
 
 
-def view_notes(row, kind: str, index: int) -> list[str]:
-    """Facts added after the label (none)."""
-    return []
-
-
 def view_summary(row) -> list[str]:
     """What a row's head line adds to its image count: the processor class and the shape and
     dtype of each of its vision outputs (``"pixel_values float32 [1, 8, 3, 32, 32]"``)."""
@@ -49,15 +43,9 @@ def view_summary(row) -> list[str]:
     return [row.processor_class or "processor outputs", *shapes]
 
 
-# ---- pictures ----------------------------------------------------------------------------------
-def view_images(row, source: Any = None) -> tuple[list[Optional[list[np.ndarray]]], bool]:
-    """No pictures (None per image): the processor's outputs are in its own layout."""
-    return [None] * row.num_images, True
-
-
-def view_video_frames(row, source: Any = None) -> list[list[np.ndarray]]:
-    """No video frames (videos are not split out of the processor's outputs)."""
-    return [[] for _ in range(row.num_videos)]
+def view_pictures(row, kind: str, source: Any = None) -> tuple[None, bool]:
+    """No pictures: the processor's outputs are in its own layout (videos are not split out)."""
+    return None, True
 
 
 # ---- mmpipe inspect: counts from the stored columns --------------------------------------------

@@ -3,16 +3,8 @@ tiles, stored as uint8 [N, S, S, 3] (the resized tiles before the processor's pe
 normalisation; 1/4 of the float32 bytes) or, ``pixels="source"``, as its encoded file; the
 family's image module (`ModelFamily.images`) gives tile counts and placeholder texts from the
 image size, collate expands the tiles (`mmpipe.images.tiles.normalise_tiles`, bit-exact).
-Positions are 1-D ([L], ``0..L-1``).
-
-Stored columns: ``input_ids`` int32 [L], ``attention_mask`` int8 [L], ``labels`` int32 [L] (with
-labels), ``mm_token_type_ids`` int8 [L] (1 at the family's feature tokens), ``image_hw`` int64
-[2*I] (each image's upright (height, width), flat), ``tiles_per_image`` int64 [I], ``family``;
-with pixels also ``pixel_values_u8`` uint8 [N*S*S*3] (flat), ``tile_hw`` int64 [2] (S, S) and
-``pixel_digest``; with ``pixels="source"`` instead ``image_sources`` list<binary> [I],
-``pixel_digest`` and, for a torchvision-backend processor, ``image_backend``; rows encoded with
-``images_kwargs`` (e.g. Gemma 3 pan-and-scan) also ``images_kwargs`` (JSON string). Rows written
-before the one-record change stored ``mm_token_type_ids`` as int32: they read back the same.
+Positions are 1-D ([L], ``0..L-1``). Stored columns: `COLUMNS`; rows written before the
+one-record change stored ``mm_token_type_ids`` as int32: they read back the same.
 """
 
 from __future__ import annotations
@@ -22,164 +14,69 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mmpipe.errors import InputError, PixelDataError
-from mmpipe.records.columns import as_array, pixel_digest, source_list, sources_digest
-
-# the stored columns of a tiles-kind row
-COLUMNS = ("input_ids", "attention_mask", "labels", "mm_token_type_ids", "image_hw", "tiles_per_image",
-           "family", "pixel_values_u8", "tile_hw", "image_sources", "pixel_digest", "image_backend",
-           "images_kwargs")
+from mmpipe.errors import InputError
+from mmpipe.media import one_d_position_inputs as position_inputs  # noqa: F401  (1-D positions)
+from mmpipe.records.codec import DIGEST, FAMILY, SOURCES, Column, backend_column, check_token_shapes
+from mmpipe.records.columns import as_array, source_list
 
 IMAGE_LAYOUT_COLUMN = "tiles_per_image"  # the stored per-image layout (what error messages name)
+COLUMNS = (  # the stored columns of a tiles-kind row, in order (`mmpipe.records.codec.Column`)
+    Column("input_ids", "int32"), Column("attention_mask", "int8"), Column("labels", "int32", missing="none"),
+    Column("mm_token_type_ids", "int8"),  # 1 at the family's feature tokens
+    Column("image_hw", "int64", ndim=2, width=2, flat=True),  # [2*I]: each image's upright (height, width)
+    Column("tiles_per_image", "int64"), FAMILY,
+    # pixels="uint8": the tiles flat [N*S*S*3] and their size (S, S); read back by read_media
+    Column("pixel_values_u8", "uint8", read=None, ndim=4, flat=True, pixels=("uint8",)),
+    Column("tile_hw", "int64", read=None, pixels=("uint8",),
+           value=lambda r: np.asarray(r.pixel_values_u8.shape[1:3])),
+    SOURCES, DIGEST, backend_column(("source",)),  # a torchvision-backend processor's source rows say so
+    Column("images_kwargs", "object", read=None,  # the encoder's images_kwargs as JSON (Gemma 3 pan-and-scan)
+           value=lambda r: json.dumps(r.images_kwargs, sort_keys=True) if r.images_kwargs else None),
+)
+HAS_PIXELS = ("uint8", "source")  # stored tiles, or stored source files (collate decodes and tiles those)
+CHECK_ON_READ = True  # every row read is validated, its stored digest checked (a tile byte changed)
 
 
-def validate(r, row: Any = None) -> None:
-    """Lengths line up, the tiles match ``tiles_per_image``, sources one per image."""
-    def bad(column, expected, found, fix="re-encode the row with mmpipe.encode"):
-        return InputError(f"{column} does not match the row", row=row, column=column, stage="validate",
-                          expected=expected, found=found, fix=fix)
-
-    n = len(r.input_ids)
-    for name in ("attention_mask", "mm_token_type_ids", "labels"):
-        arr = getattr(r, name)
-        if arr is not None and arr.shape != (n,):
-            raise bad(name, f"shape ({n},)", f"shape {arr.shape}")
-    if r.position_ids.shape != (n,):
-        raise bad("position_ids", f"shape ({n},)", f"shape {r.position_ids.shape}")
-    if r.tiles_per_image is None or r.image_hw is None:
-        raise bad("tiles_per_image", "the per-image layout (image_hw, tiles_per_image)", "none")
-    if r.image_hw.shape != (len(r.tiles_per_image), 2):
-        raise bad("image_hw", f"shape ({len(r.tiles_per_image)}, 2)", f"shape {r.image_hw.shape}")
-    u8 = r.pixel_values_u8
-    if u8 is not None and (u8.ndim != 4 or u8.shape[0] != int(r.tiles_per_image.sum()) or u8.shape[3] != 3):
-        raise bad("pixel_values_u8", f"[{int(r.tiles_per_image.sum())}, S, S, 3]", f"shape {u8.shape}")
-    if r.image_sources is not None and len(r.image_sources) != r.num_images:
-        raise bad("image_sources", f"{r.num_images} sources", str(len(r.image_sources)))
-
-
-def stored_pixel_digest(r) -> Optional[int]:
-    if r.pixel_values_u8 is not None:
-        return pixel_digest(r.pixel_values_u8)
-    if r.image_sources is not None:
-        return sources_digest(r.image_sources)
-    return None
-
-
-def pixel_columns(r) -> str:
-    return "image_sources" if r.image_sources is not None else "pixel_values_u8"
-
-
-def to_columns(r) -> dict:
-    """The stored row (see the module doc)."""
-    out = {"input_ids": r.input_ids.astype(np.int32), "attention_mask": r.attention_mask.astype(np.int8)}
-    if r.labels is not None:
-        out["labels"] = r.labels.astype(np.int32)
-    out["mm_token_type_ids"] = r.mm_token_type_ids.astype(np.int8)
-    out["image_hw"] = r.image_hw.astype(np.int64).reshape(-1)
-    out["tiles_per_image"] = r.tiles_per_image.astype(np.int64)
-    out["family"] = r.family
-    if r.pixel_values_u8 is not None:
-        out["pixel_values_u8"] = r.pixel_values_u8.reshape(-1)
-        out["tile_hw"] = np.asarray(r.pixel_values_u8.shape[1:3], np.int64)
-        out["pixel_digest"] = np.int64(pixel_digest(r.pixel_values_u8))
-    if r.image_sources is not None:
-        out["image_sources"] = [bytes(b) for b in r.image_sources]
-        out["pixel_digest"] = np.int64(sources_digest(r.image_sources))
-        if r.image_backend != "pil":
-            out["image_backend"] = r.image_backend
-    if r.images_kwargs:
-        out["images_kwargs"] = json.dumps(r.images_kwargs, sort_keys=True)
-    return out
-
-
-def from_columns(cls, d: Any, fam, row: Any = None, *, verify_pixels: bool = True):
-    """A stored tiles-kind row (python lists, numpy or torch formatted) -> the record. The
-    stored digest is always checked (a tile byte changed after encoding is a `PixelDataError`)."""
-    tiles = as_array(d.get("tiles_per_image"), np.int64, 1, "tiles_per_image", row)
-    u8 = d.get("pixel_values_u8")
+def read_media(d, kw: dict, fam, row) -> dict:
+    """What `COLUMNS` leave to this kind: the flat tiles back to [N, S, S, 3] (N tiles of
+    ``tile_hw`` (S, S), a wrong byte count is an `InputError`), the sources, ``images_kwargs``."""
+    u8, tiles = d.get("pixel_values_u8"), kw["tiles_per_image"]
     if u8 is not None:
         hw = as_array(d.get("tile_hw"), np.int64, 1, "tile_hw", row)
-        flat = as_array(u8, np.uint8, 1, "pixel_values_u8", row) if not isinstance(u8, (bytes, bytearray)) \
-            else np.frombuffer(u8, np.uint8)
+        flat = np.frombuffer(u8, np.uint8) if isinstance(u8, (bytes, bytearray)) else \
+            as_array(u8, np.uint8, 1, "pixel_values_u8", row)
         want = int(tiles.sum()) * int(np.prod(hw)) * 3
         if flat.size != want:
             raise InputError(f"pixel_values_u8 holds {flat.size} bytes", row=row, column="pixel_values_u8",
                              stage="validate", expected=f"{want} ({int(tiles.sum())} tiles of {hw.tolist()} x 3)",
                              found=str(flat.size), fix="re-encode the row with mmpipe.encode")
         u8 = flat.reshape(int(tiles.sum()), int(hw[0]), int(hw[1]), 3)
-        if d.get("pixel_digest") is not None and int(d["pixel_digest"]) != int(np.int64(pixel_digest(u8))):
-            raise PixelDataError("the stored tiles do not hash to the row's pixel_digest: a byte changed after "
-                                 "encoding", row=row, column="pixel_values_u8", stage="validate",
-                                 fix="re-encode the row with mmpipe.encode")
-    labels, sources = d.get("labels"), source_list(d.get("image_sources"), len(tiles), row)
-    if sources is not None and d.get("pixel_digest") is not None and \
-            int(d["pixel_digest"]) != int(np.int64(sources_digest(sources))):
-        raise PixelDataError("the stored image files do not hash to the row's pixel_digest: a byte changed "
-                             "after encoding", row=row, column="image_sources", stage="validate",
-                             fix="re-encode the row with pixels='source'")
     kwargs = d.get("images_kwargs")
-    return cls(family=fam.name, input_ids=as_array(d.get("input_ids"), np.int64, 1, "input_ids", row),
-               attention_mask=as_array(d.get("attention_mask"), np.int64, 1, "attention_mask", row),
-               mm_token_type_ids=as_array(d.get("mm_token_type_ids"), np.int64, 1, "mm_token_type_ids", row),
-               image_hw=as_array(d.get("image_hw"), np.int64, 1, "image_hw", row).reshape(-1, 2),
-               tiles_per_image=tiles, pixel_values_u8=u8, image_sources=sources,
-               images_kwargs=json.loads(kwargs) if isinstance(kwargs, str) and kwargs else None,
-               image_backend=str(d.get("image_backend") or "pil"),
-               labels=None if labels is None else as_array(labels, np.int64, 1, "labels", row)).validate(row)
+    return dict(pixel_values_u8=u8, image_sources=source_list(d.get("image_sources"), len(tiles), row),
+                images_kwargs=json.loads(kwargs) if isinstance(kwargs, str) and kwargs else None,
+                image_backend=str(d.get("image_backend") or "pil"))
 
 
-def _list_column(table, name: str, dtype) -> Optional[tuple[np.ndarray, np.ndarray]]:
-    """A list column -> (values numpy of ``dtype``, offsets int64 [rows + 1]); None when absent."""
-    import pyarrow as pa
+def validate(r, row: Any = None) -> None:
+    """Lengths line up, the tiles match ``tiles_per_image``, sources one per image."""
+    def bad(column, expected, found):
+        return InputError(f"{column} does not match the row", row=row, column=column, stage="validate",
+                          expected=expected, found=found, fix="re-encode the row with mmpipe.encode")
 
-    if name not in table.column_names:
-        return None
-    col = table.column(name)
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if isinstance(arr, pa.ChunkedArray):  # zero chunks
-        arr = pa.array([], type=col.type)
-    offsets = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), np.int64)
-    values = arr.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-    return values, offsets - offsets[0] if len(offsets) else offsets
-
-
-def rows_from_arrow(cls, table) -> list:
-    """Stored tiles-kind rows as one Arrow table -> records, read from the column buffers (the
-    pixel bytes are numpy views, no python lists)."""
-    from mmpipe.records.row import row_family
-
-    cols = {name: _list_column(table, name, dtype) for name, dtype in (
-        ("input_ids", np.int64), ("attention_mask", np.int64), ("labels", np.int64),
-        ("mm_token_type_ids", np.int64), ("image_hw", np.int64), ("tiles_per_image", np.int64),
-        ("pixel_values_u8", np.uint8), ("tile_hw", np.int64))}
-    for name in ("input_ids", "attention_mask", "mm_token_type_ids", "image_hw", "tiles_per_image"):
-        if cols[name] is None:
-            raise InputError(f"column {name!r} is missing", row=0, column=name, stage="validate",
-                             fix="re-encode the rows with mmpipe.encode")
-    families = table.column("family").to_pylist()
-    scalars = {n: table.column(n).to_pylist() for n in ("image_sources", "pixel_digest", "image_backend", "images_kwargs")
-               if n in table.column_names}  # pixels="source" and images_kwargs rows
-    rows = []
-    for i, fam in enumerate(families):
-        cell = {name: (None if c is None else c[0][c[1][i]:c[1][i + 1]]) for name, c in cols.items()}
-        cell.update({n: v[i] for n, v in scalars.items()})
-        rows.append(from_columns(cls, cell, row_family(fam, i), i))
-    return rows
-
-
-def has_pixels(r) -> bool:
-    """Stored tiles, or stored source files (collate decodes and tiles those)."""
-    return r.pixel_values_u8 is not None or r.image_sources is not None
+    check_token_shapes(r, row)
+    if r.tiles_per_image is None or r.image_hw is None:
+        raise bad("tiles_per_image", "the per-image layout (image_hw, tiles_per_image)", "none")
+    if r.image_hw.shape != (len(r.tiles_per_image), 2):
+        raise bad("image_hw", f"shape ({len(r.tiles_per_image)}, 2)", f"shape {r.image_hw.shape}")
+    u8, n = r.pixel_values_u8, int(r.tiles_per_image.sum())
+    if u8 is not None and (u8.ndim != 4 or u8.shape[0] != n or u8.shape[3] != 3):
+        raise bad("pixel_values_u8", f"[{n}, S, S, 3]", f"shape {u8.shape}")
+    if r.image_sources is not None and len(r.image_sources) != r.num_images:
+        raise bad("image_sources", f"{r.num_images} sources", str(len(r.image_sources)))
 
 
 def layout_repr(r) -> str:
     return f"tiles={r.tiles_per_image.tolist()}"
-
-
-def position_inputs(batch, positions) -> dict:
-    from mmpipe.media import one_d_position_inputs
-
-    return one_d_position_inputs(batch, positions)
 
 
 def pack_token_types(fam, token_types) -> dict:
@@ -228,31 +125,76 @@ def rollout_refusal(fam, stage: str) -> Optional[str]:
 
 def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
                 index: int = 0) -> dict:
-    """One row -> its vLLM prompt dict: one image token per image and the row's ORIGINAL images
-    (vLLM tiles them again), `mmpipe.media.tiles_rollout`. ``processor``: the one the row was
-    encoded with (required); ``images``: the images the row was encoded from, or None (the
-    row's stored files, or its one stored tile where that re-creates the prompt)."""
-    from mmpipe.media.tiles_rollout import vllm_prompt as tiles_prompt
+    """One row -> its vLLM prompt dict. vLLM takes a tiled model's prompt as the chat template
+    renders it, ONE ``image_token`` per image (``<start_of_image>``, ``<IMG_CONTEXT>``,
+    ``<image>``), and writes each image's text itself after tiling the ORIGINAL image again
+    (InternVL's thumbnail, LLaVA-OneVision's base tile and unpadded feature count, Gemma 3's
+    pan-and-scan crops). So ``"prompt_token_ids"``: the row's text with each image's text put
+    back to the image token, tokenized; for a row with images ``"multi_modal_data": {"image":
+    [PIL RGB]}`` (`mmpipe.rollout.images.original_images`) and, where the family's vLLM processor
+    takes image options, ``"mm_processor_kwargs"`` (`mmpipe.rollout.images.vllm_image_options`).
+    ``processor``: the one the row was encoded with (required: its tokenizer and image texts);
+    ``images``: the images the row was encoded from, or None (the row's stored files, or its one
+    stored tile where that re-creates the prompt)."""
+    import numpy as np
 
-    return tiles_prompt(r, processor, images=images, index=index)
+    from mmpipe.encoding.placeholders import splice_text
+    from mmpipe.errors import ArgumentError, InputError, UnsupportedProcessorError
+    from mmpipe.families import family_of
+    from mmpipe.images.tiles import effective_image_processor, with_images_kwargs
+    from mmpipe.rollout.images import original_images, vllm_image_options
+
+    fam = r.fam
+    try:  # the processor's family (None for anything else: a spec, a name, None)
+        pfam = family_of(processor) if hasattr(processor, "image_processor") else None
+    except UnsupportedProcessorError:
+        pfam = None
+    if pfam is None or pfam.kind != "tiles":
+        raise ArgumentError(f"to_vllm_prompts needs the tiled family's processor for {fam.name} rows, got "
+                            f"{type(processor).__name__}")
+    if not fam.accepts(pfam.name):
+        raise InputError(f"row encoded for {r.family!r}, prompted with a {pfam.name} processor", row=index,
+                         column="family", stage="rollout", fix="use the processor that encoded the rows")
+    ids = [int(t) for t in r.input_ids]
+    if not r.num_images:
+        return {"prompt_token_ids": ids}
+    pictures = original_images(r, images, index)
+    tok = processor.tokenizer
+    text = tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    ip = with_images_kwargs(effective_image_processor(processor), r.images_kwargs)
+    texts = [fam.images().expand_placeholder(int(h), int(w), processor, ip) for h, w in r.image_hw]
+    pieces, _, found = splice_text(text, texts, [fam.image_token] * len(texts))
+    if len(found) < len(texts):
+        raise InputError(f"image {len(found)}'s text is not in the row", row=index, column="input_ids",
+                         stage="rollout", fix="encode the rows with this processor")
+    out = np.asarray(tok("".join(pieces), add_special_tokens=False)["input_ids"], np.int64)
+    starts = np.asarray(tok(text, add_special_tokens=False)["input_ids"], np.int64)
+    if not np.array_equal(starts, r.input_ids):  # the row's text must tokenize back to its ids
+        raise InputError("the row's ids do not decode to a text that tokenizes back to them", row=index,
+                         column="input_ids", stage="rollout", fix="encode the rows with this processor")
+    prompt = {"prompt_token_ids": [int(t) for t in out], "multi_modal_data": {"image": pictures}}
+    kwargs = vllm_image_options(r, ip, index)
+    if kwargs:
+        prompt["mm_processor_kwargs"] = kwargs
+    return prompt
 
 
 # ---- view ----
-# What the view stage (mmpipe.view) and `mmpipe inspect` ask of this kind: token spans, span
-# labels, pictures from the stored pixels, counts from the stored columns; the same names in
-# every kind. The code is in mmpipe/media/tiles_view.py (this module is shared by every stage).
+# What the view stage (mmpipe.view) and `mmpipe inspect` ask of this kind: each image's (video's)
+# tokens, size and label, pictures from the stored pixels, counts from the stored columns; the same
+# names in every kind. The code is in mmpipe/media/tiles_view.py (this module is shared by every stage).
 from mmpipe.media.tiles_view import (  # noqa: E402  (a section of its own, at the end)
-    PIXEL_UNIT, STATS_COLUMNS, table_counts, view_images, view_layout, view_notes, view_size, view_spans,
-    view_summary, view_video_frames,
+    PIXEL_UNIT, STATS_COLUMNS, VIEW_SIZE_NOTE, table_counts, view_layout, view_pictures, view_runs, view_size,
+    view_summary,
 )
 
 
 # ---- encode ----
 # What mmpipe.Encoder asks of this kind: its options, one image's layout and stored payload, a
-# parsed row's fields, an empty row, the bytes of one image, the processor layout (none here);
-# the same names in every kind. The code is in mmpipe/media/tiles_encode.py.
+# parsed row's fields, an empty row, the bytes of one image; the same names in every kind (the
+# processor kind has a processor layout too). The code is in mmpipe/media/tiles_encode.py.
 from mmpipe.media.tiles_encode import (  # noqa: E402  (a section of its own, at the end)
-    ENCODE_OPTIONS, ENCODE_PIXELS, encode_empty, encode_image, encode_image_bytes, encode_layout, encode_row,
+    ENCODE_PIXELS, ENCODE_REFUSED, encode_empty, encode_image, encode_image_bytes, encode_row,
     encode_settings,
 )
 
@@ -260,7 +202,9 @@ from mmpipe.media.tiles_encode import (  # noqa: E402  (a section of its own, at
 # ---- collate ----
 # What mmpipe.collate / unbatch / pack ask of this kind; the same names in every kind. The code is
 # in mmpipe/media/tiles_collate.py.
-from mmpipe.media.tiles_collate import collate_media, collator_state, unbatch_media  # noqa: E402,F401
+from mmpipe.media.tiles_collate import (  # noqa: E402,F401
+    MEDIA_ITEMS, collate_media, collator_state, unbatch_media,
+)
 
 BATCH_ROWS = "tiled-family"  # a batch of this kind's rows, in error messages
 FOREIGN_ROW = "a row of another family"  # a row of another kind in such a batch

@@ -22,7 +22,9 @@ from typing import Optional
 import numpy as np
 
 from mmpipe.encoding.feature_runs import collapse_is_exact, run_repeats
+from mmpipe.encoding.options import refuse_options
 from mmpipe.encoding.parse import images_only
+from mmpipe.encoding.placeholders import check_image_placeholders, splice_text
 from mmpipe.encoding.render import span_labels
 from mmpipe.encoding.sources import source_bytes
 from mmpipe.errors import ArgumentError, PlaceholderError
@@ -30,11 +32,12 @@ from mmpipe.images.load import image_hw
 from mmpipe.images.tiles import effective_image_processor, image_tiles
 from mmpipe.records.columns import IGNORE_INDEX
 
-# the options of mmpipe.Encoder this kind takes (of `mmpipe.encoding.encoder.KIND_OPTIONS`) and
 # its stored pixel formats: tiles, source files, layout-only (float32: the same values, 4x the bytes)
-ENCODE_OPTIONS = ("pixels", "image_backend", "image_root", "images_kwargs")
 ENCODE_PIXELS = TILED_PIXELS = ("uint8", "source", "none")
-_REFUSED = {  # Encoder options without a meaning here -> what to do instead
+# the options of mmpipe.Encoder (`mmpipe.encoding.encoder.KIND_OPTIONS`) without a meaning here ->
+# what to do instead, and how the kind says so
+REFUSAL = "{what} is not available for {cls} ({fam}): {why}"
+ENCODE_REFUSED = {
     "min_pixels": "the family resizes to its fixed tile size: set size on the processor's image processor",
     "max_pixels": "the family resizes to its fixed tile size: set size on the processor's image processor",
     "videos_column": "tiled families take images only here",
@@ -46,10 +49,8 @@ _REFUSED = {  # Encoder options without a meaning here -> what to do instead
 def encode_settings(enc, given: dict) -> None:
     """Check the kind's options and set them on ``enc``: ``pixels``, ``images_kwargs``, the
     effective ``image_processor``, the feature token id and whether runs may be collapsed."""
-    fam, cls = enc.family, enc.processor_class
-    for name in given:
-        if name in _REFUSED:
-            raise ArgumentError(f"{name}= is not available for {cls} ({fam.name}): {_REFUSED[name]}")
+    fam = enc.family
+    refuse_options(enc, given, ENCODE_REFUSED, REFUSAL)
     enc.pixels = given.get("pixels", "uint8")
     if enc.pixels not in TILED_PIXELS:
         raise ArgumentError(f"pixels={enc.pixels!r} is not available for {fam.name}: use one of "
@@ -119,21 +120,23 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
         labels = _labels(enc, short, offsets, replies, spans, images_at)
         labels = labels if repeat is None else np.repeat(labels, repeat)
     enc.check_length(len(ids), where, "raise max_length, use fewer images, or pass truncation='drop'")
+    return _fields(enc, ids, labels, sizes, payloads)
+
+
+def _fields(enc, ids: np.ndarray, labels, sizes: list, payloads: list) -> dict:
+    """The record's fields: ids int64 [L], labels int64 [L] or None, the images' (height, width)
+    and payloads (`encode_image`), the encoder's ``images_kwargs`` (source rows: their backend)."""
     tiles = payloads if enc.pixels == "uint8" else None
+    backend = getattr(enc.image_processor, "backend", "pil") if enc.pixels == "source" else "pil"
+    counts = [len(t) for t in tiles] if tiles is not None else \
+        [enc.module.tile_count(h, w, enc.image_processor) for h, w in sizes]
     return dict(input_ids=ids, attention_mask=np.ones(len(ids), np.int64),
                 mm_token_type_ids=(ids == enc.feature_id).astype(np.int64),
                 image_hw=np.asarray(sizes, np.int64).reshape(-1, 2),
-                tiles_per_image=np.asarray([len(t) for t in tiles] if tiles is not None else
-                                           [module.tile_count(h, w, ip) for h, w in sizes], np.int64),
+                tiles_per_image=np.asarray(counts, np.int64),
                 pixel_values_u8=None if tiles is None else _stacked(enc, tiles),
-                image_sources=payloads if enc.pixels == "source" else None, **_row_settings(enc),
-                labels=labels)
-
-
-def _row_settings(enc) -> dict:
-    """What every row of this encoder records: its ``images_kwargs``; source rows their backend."""
-    backend = getattr(enc.image_processor, "backend", "pil") if enc.pixels == "source" else "pil"
-    return {"images_kwargs": enc.images_kwargs or None, "image_backend": backend}
+                image_sources=payloads if enc.pixels == "source" else None,
+                images_kwargs=enc.images_kwargs or None, image_backend=backend, labels=labels)
 
 
 def _stacked(enc, tiles: list) -> np.ndarray:
@@ -156,30 +159,14 @@ def _spliced(enc, text: str, sizes: list, where: str) -> tuple[list, list, list,
     placeholder in ``text``], the feature-token run lengths in order or None). With
     ``enc.collapse`` each image's text has its runs of feature tokens written once
     (``placeholder_runs``); spans are then in that short text."""
-    token, module = enc.family.image_token, enc.module
-    at, k = [], text.find(token)
-    while k >= 0:
-        at.append(k)
-        k = text.find(token, k + len(token))
-    if len(at) != len(sizes):
-        raise PlaceholderError(f"the rendered prompt holds {len(at)} {token} placeholder(s) but the row has "
-                               f"{len(sizes)} image(s)", where=where, column="messages",
-                               expected=f"one {token} per image", found=str(len(at)),
-                               fix=(f"remove literal {token} text from the messages" if len(at) > len(sizes)
-                                    else "the chat template did not render every image item"))
-    pieces, spans, last, pos, runs = [], [], 0, 0, [] if enc.collapse else None
-    for k, (h, w) in zip(at, sizes):
-        pieces.append(text[last:k])
-        pos += k - last
-        if enc.collapse:
-            image_text, image_runs = module.placeholder_runs(h, w, enc.processor, enc.image_processor)
-            runs += image_runs
-        else:
-            image_text = module.expand_placeholder(h, w, enc.processor, enc.image_processor)
-        pieces.append(image_text)
-        spans.append((pos, pos + len(image_text)))
-        pos, last = pos + len(image_text), k + len(token)
-    pieces.append(text[last:])
+    token, module, ip = enc.family.image_token, enc.module, enc.image_processor
+    check_image_placeholders(text.count(token), len(sizes), token, where, unit="placeholder")
+    if enc.collapse:
+        parts = [module.placeholder_runs(h, w, enc.processor, ip) for h, w in sizes]
+        texts, runs = [t for t, _ in parts], [n for _, image_runs in parts for n in image_runs]
+    else:
+        texts, runs = [module.expand_placeholder(h, w, enc.processor, ip) for h, w in sizes], None
+    pieces, spans, at = splice_text(text, [token] * len(sizes), texts)
     return pieces, spans, at, runs
 
 
@@ -202,11 +189,7 @@ def _labels(enc, ids: np.ndarray, offsets: np.ndarray, replies: list, images: li
 def encode_empty(enc) -> dict:
     """The fields of an empty row (0 tokens), with this encoder's columns."""
     z = np.zeros(0, np.int64)
-    th, tw = _tile_hw(enc)
-    u8 = np.zeros((0, th, tw, 3), np.uint8) if enc.pixels == "uint8" else None
-    return dict(input_ids=z, attention_mask=z, mm_token_type_ids=z, image_hw=np.zeros((0, 2), np.int64),
-                tiles_per_image=z, pixel_values_u8=u8, image_sources=[] if enc.pixels == "source" else None,
-                **_row_settings(enc), labels=z if enc.labels else None)
+    return _fields(enc, z, z if enc.labels else None, [], [])
 
 
 def encode_image_bytes(enc) -> int:
@@ -220,8 +203,3 @@ def encode_image_bytes(enc) -> int:
     n = most(ip) if most is not None else enc.module.tile_count(2048, 2048, ip)
     th, tw = _tile_hw(enc)
     return int(n) * th * tw * 3
-
-
-def encode_layout(enc) -> None:
-    """No processor layout: mmpipe lays the rows out itself."""
-    return None

@@ -11,7 +11,8 @@ import numpy as np
 import pyarrow as pa
 
 from mmpipe.errors import InputError, PixelDataError
-from mmpipe.families import ALL_FAMILIES, ModelFamily, get_family
+from mmpipe.families import ModelFamily
+from mmpipe.records.codec import column_width
 from mmpipe.records.columns import END_MARKER
 from mmpipe.records.row import MultiModalInputs, row_family
 
@@ -62,14 +63,13 @@ def rows_from_arrow(table: Union[pa.Table, pa.RecordBatch], *, verify_pixels: bo
     """Stored rows as an Arrow table (or record batch) -> `MultiModalInputs`, reading the
     column buffers directly: token columns and compact pixels are numpy views of the Arrow
     memory (no Python object per token or byte), checked like `MultiModalInputs.from_dict`.
+    Rows of every family kind: the columns the first row's kind declares (``fam.media.COLUMNS``)
+    are read as they are stored; the other list columns of numbers (the generic path's processor
+    outputs) as flat lists.
 
     ``table``: what ``dataset.with_format("arrow")[indices]`` returns for a dataset made by
     ``mmpipe.encode`` (see `mmpipe.collate.ArrowRows`). ``verify_pixels``: check each row's
     pixel data against its ``pixel_digest`` (see `MultiModalInputs.from_dict`)."""
-    kind = _table_kind(table)
-    if kind not in (None, "patches"):  # tiles and processor rows: their strategy reads them
-        table = table if isinstance(table, pa.Table) else pa.Table.from_batches([table])
-        return get_family(_first_family(table)).media.rows_from_arrow(MultiModalInputs, table)
     if isinstance(table, pa.Table):
         # a gathered table is often many small chunks (slices of the memory-mapped file):
         # read chunk by chunk rather than copy them into one
@@ -78,18 +78,6 @@ def rows_from_arrow(table: Union[pa.Table, pa.RecordBatch], *, verify_pixels: bo
             rows += _rows_from_batch(batch, len(rows), verify_pixels)
         return rows
     return _rows_from_batch(table, 0, verify_pixels)
-
-
-def _first_family(table) -> Optional[str]:
-    if "family" not in table.column_names or not table.num_rows:
-        return None
-    return table.column("family")[0].as_py()
-
-
-def _table_kind(table) -> Optional[str]:
-    """The kind of the table's first row's family (None: no family column, no rows, unknown)."""
-    fam = ALL_FAMILIES.get(_first_family(table))
-    return None if fam is None else fam.kind
 
 
 def _need_list(c: pa.Array, name: str, depth: int) -> bool:
@@ -109,10 +97,6 @@ def _need_list(c: pa.Array, name: str, depth: int) -> bool:
     return True
 
 
-_NESTED = ("position_ids", "image_grid_thw", "video_grid_thw", "pixel_values", "pixel_values_videos")
-_PER_ROW = ("attention_mask", "mm_token_type_ids", "labels", "second_per_grid_ts")
-_BLOBS = ("pixel_values_u8", "pixel_values_videos_u8")
-
 # A column read once for the whole batch: (offsets into values, values, valid mask or None).
 _Parts = tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]
 
@@ -127,48 +111,52 @@ def _valid(c: pa.Array) -> Optional[np.ndarray]:
     return None if c.null_count == 0 else ~np.asarray(c.is_null())
 
 
-def _flat_columns(table: pa.RecordBatch) -> dict[str, _Parts]:
-    """The one-level list columns present (input_ids, attention_mask, ...), as offsets + values."""
-    out = {}
-    for k in ("input_ids", *_PER_ROW):
-        if k in table.schema.names:
-            c = table.column(k)
-            _need_list(c, k, 1)
-            out[k] = (*_list_parts(c), _valid(c))
-    return out
+def _is_numbers(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
 
-def _nested_columns(table: pa.RecordBatch) -> dict[str, _Parts]:
-    """The two-level list columns present (positions, grids, float pixels): row b's values are
-    the inner lists of its outer entries, back to back."""
-    out = {}
-    for k in _NESTED:
-        if k not in table.schema.names:
-            continue
-        c = table.column(k)
-        typed = _need_list(c, k, 2)  # before reading offsets: the column may not be a list at all
-        outer = c.offsets.to_numpy()
-        if typed:
-            inner = c.values.offsets.to_numpy()
-            out[k] = (inner[outer], _values_np(c.values.values), _valid(c))
-        else:  # every row empty, typed list<null> by a writer that saw no values
-            out[k] = (np.zeros_like(outer), np.zeros(0, np.int64), _valid(c))
-    return out
+def _read_columns(table: pa.RecordBatch, columns: tuple) -> tuple[dict, dict, dict, dict]:
+    """Every column but ``family``, read once for the whole batch as its kind stores it
+    (``columns``: the kind's `mmpipe.records.codec.Column` declarations): (flat lists, nested
+    lists, compact pixel bytes) as `_Parts`, the other declared columns as python values per
+    row; of the columns not declared, the lists of numbers (flat) and nothing else."""
+    declared = {c.name: c for c in columns if not callable(c)}
+    flat, nested, blobs, python = {}, {}, {}, {}
+    for k in table.schema.names:
+        c, col = declared.get(k), table.column(k)
+        if c is not None and (c.store == "object" or c.ndim == 0):  # scalars, strings, source files
+            if k != "family":
+                python[k] = col.to_pylist()
+        elif c is not None and c.store == "bytes":
+            blobs[k] = _blob_parts(col, k)
+        elif c is not None and c.ndim == 2 and not c.flat:
+            nested[k] = _nested_parts(col, k)
+        elif (c is not None and (c.ndim == 1 or c.flat)) or k == "input_ids":
+            _need_list(col, k, 1)
+            flat[k] = (*_list_parts(col), _valid(col))
+        elif pa.types.is_list(col.type) and _is_numbers(col.type.value_type):
+            flat[k] = (*_list_parts(col), _valid(col))  # a processor output of the generic path
+    return flat, nested, blobs, python
 
 
-def _blob_columns(table: pa.RecordBatch) -> dict[str, _Parts]:
-    """The compact pixel columns present (binary: pixel bytes + end marker)."""
-    out = {}
-    for k in _BLOBS:
-        if k not in table.schema.names:
-            continue
-        c = table.column(k)
-        if not (pa.types.is_binary(c.type) or pa.types.is_large_binary(c.type)):
-            raise InputError(f"column {k!r}: expected binary (pixel bytes + end marker), found {c.type}",
-                             where="", column=k, stage="validate",
-                             fix="mmpipe.validate_dataset(ds, fix=True) converts older list<uint8> layouts")
-        out[k] = (*_binary_parts(c), _valid(c))
-    return out
+def _nested_parts(c: pa.Array, k: str) -> _Parts:
+    """A two-level list column (positions, grids, float pixels): row b's values are the inner
+    lists of its outer entries, back to back."""
+    typed = _need_list(c, k, 2)  # before reading offsets: the column may not be a list at all
+    outer = c.offsets.to_numpy()
+    if not typed:  # every row empty, typed list<null> by a writer that saw no values
+        return np.zeros_like(outer), np.zeros(0, np.int64), _valid(c)
+    inner = c.values.offsets.to_numpy()
+    return inner[outer], _values_np(c.values.values), _valid(c)
+
+
+def _blob_parts(c: pa.Array, k: str) -> _Parts:
+    """A compact pixel column (binary: pixel bytes + end marker)."""
+    if not (pa.types.is_binary(c.type) or pa.types.is_large_binary(c.type)):
+        raise InputError(f"column {k!r}: expected binary (pixel bytes + end marker), found {c.type}",
+                         where="", column=k, stage="validate",
+                         fix="mmpipe.validate_dataset(ds, fix=True) converts older list<uint8> layouts")
+    return (*_binary_parts(c), _valid(c))
 
 
 def _take(parts: _Parts, b: int) -> Optional[np.ndarray]:
@@ -179,19 +167,15 @@ def _take(parts: _Parts, b: int) -> Optional[np.ndarray]:
     return vals[off[b]:off[b + 1]]
 
 
-def _nested_value(k: str, v: np.ndarray, n_tokens: int, fam: ModelFamily, row: int) -> np.ndarray:
-    """Row values of nested column ``k`` -> [n, width] (positions [3, L], grids [n, 3], pixels
-    [n, patch_dim]); a length that is no whole number of rows is damage, never reshaped."""
-    if k == "position_ids":
-        width = n_tokens
-    elif k.endswith("grid_thw"):
-        width = 3
-    else:
-        width = fam.patch_dim
+def _nested_value(c, v: np.ndarray, n_tokens: int, fam: ModelFamily, row: int) -> np.ndarray:
+    """Row values of nested `Column` ``c`` -> [n, width] (positions [3, L]: width L; grids
+    [n, 3], pixels [n, patch_dim]: the declared width); a length that is no whole number of rows
+    is damage, never reshaped."""
+    width = n_tokens if c.width is None else column_width(c, fam)
     if width and v.size % width:
         # pixel/grid damage is pixel data vs grids (what collate reports it as); positions are plain input
-        cls = InputError if k == "position_ids" else PixelDataError
-        raise cls(f"{v.size} values are not rows of {width}; the stored row is damaged", row=row, column=k,
+        cls = InputError if c.width is None else PixelDataError
+        raise cls(f"{v.size} values are not rows of {width}; the stored row is damaged", row=row, column=c.name,
                   column_in_location=True, stage="validate", fix="re-encode it")
     return v.reshape(-1, width) if width else np.zeros((3, 0), v.dtype)
 
@@ -214,18 +198,16 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int, verify_pixels: bool 
     if "input_ids" not in names:
         raise _not_encoded("input_ids")
     families = table.column("family").to_pylist()
-    flat, nested, blobs = _flat_columns(table), _nested_columns(table), _blob_columns(table)
-    deltas = table.column("rope_delta").to_numpy(zero_copy_only=False) if "rope_delta" in names else None
-    digests = table.column("pixel_digest").to_pylist() if verify_pixels and "pixel_digest" in names else None
-    backends = table.column("image_backend").to_pylist() if "image_backend" in names else None
-    sources = table.column("image_sources").to_pylist() if "image_sources" in names else None  # pixels="source"
+    if not families:
+        return []
+    columns = row_family(families[0], first_row).media.COLUMNS
+    flat, nested, blobs, python = _read_columns(table, columns)
+    declared = {c.name: c for c in columns if not callable(c)}
     rows = []
     for b in range(table.num_rows):
         row = first_row + b
         fam = row_family(families[b], row)  # before the pixel widths that depend on it
-        d: dict[str, Any] = {"family": fam.name}
-        if deltas is not None:  # else from_dict derives it from the positions
-            d["rope_delta"] = deltas[b]
+        d: dict[str, Any] = {"family": fam.name, **{k: v[b] for k, v in python.items()}}
         for k, parts in flat.items():
             d[k] = _take(parts, b)
         if d["input_ids"] is None:
@@ -234,16 +216,10 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int, verify_pixels: bool 
         for k, parts in nested.items():
             v = _take(parts, b)
             if v is not None:
-                d[k] = _nested_value(k, v, d["input_ids"].shape[0], fam, row)
+                d[k] = _nested_value(declared[k], v, d["input_ids"].shape[0], fam, row)
         for k, parts in blobs.items():
             v = _take(parts, b)
             if v is not None:
                 d[k] = _blob_value(k, v, row)
-        if digests is not None:
-            d["pixel_digest"] = digests[b]
-        if backends is not None:
-            d["image_backend"] = backends[b]
-        if sources is not None:
-            d["image_sources"] = sources[b]
         rows.append(MultiModalInputs.from_dict(d, row=row, verify_pixels=verify_pixels))
     return rows

@@ -121,16 +121,6 @@ def u8_bytes(arr) -> bytes:
     return b"".join((memoryview(arr).cast("B"), _END)) if arr.size else _END
 
 
-def u8_or_empty(arr: Optional[np.ndarray], width: int) -> np.ndarray:
-    """``arr``, or an empty uint8 ``[0, width]`` when None."""
-    return arr if arr is not None else np.zeros((0, width), np.uint8)
-
-
-def f32_or_empty(arr: Optional[np.ndarray], width: int) -> np.ndarray:
-    """``arr``, or an empty float32 ``[0, width]`` when None."""
-    return arr if arr is not None else np.zeros((0, width), np.float32)
-
-
 GRID_TYPE = pa.list_(pa.list_(pa.int32()))  # [n, 3]; datasets stores numpy [n, 3] as nested lists
 
 

@@ -31,23 +31,12 @@ import pyarrow as pa
 
 from mmpipe.errors import ArgumentError, InputError, PixelDataError
 from mmpipe.families import GENERIC_FAMILY, ModelFamily, get_family
+from mmpipe.records.codec import digested_columns, read_row, stored_pixel_digest, write_columns
 from mmpipe.records.columns import KIND_TYPES, NULLABLE_ROW_COLUMNS, ROW_COLUMNS, empty_rows, row_column_wanted
 from mmpipe.records.display_hooks import render
-from mmpipe.images.backends import BACKENDS
 
 if TYPE_CHECKING:  # the processor kind's layout type; records import no strategy at load time
     from mmpipe.media.processor import ProcessorLayout
-
-
-def stored_backend(value: Any, row: Any = None) -> str:
-    """A stored ``image_backend`` value, checked (`mmpipe.images.backends.BACKENDS`); None
-    (rows without the column: PIL rows and rows of older mmpipe) -> ``"pil"``."""
-    value = "pil" if value is None else value.decode() if isinstance(value, bytes) else value
-    if value not in BACKENDS:
-        raise InputError(f"unknown image backend {value!r}", row=row, column="image_backend", stage="validate",
-                         expected=" or ".join(map(repr, BACKENDS)), found=repr(value),
-                         fix="re-encode the row (Encoder(image_backend=...))")
-    return value
 
 
 def row_family(name: Any, row: Any = None) -> ModelFamily:
@@ -197,8 +186,9 @@ class MultiModalInputs(ProcessorOutputs):
 
     @property
     def has_pixels(self) -> bool:
-        """Stored pixels (uint8 or float32) or, for the tiles kind, stored source files."""
-        return self.fam.media.has_pixels(self)
+        """Stored pixels (uint8 or float32) or, for the tiles kind, stored source files (the
+        pixel formats of the kind's ``HAS_PIXELS``)."""
+        return self.pixel_format in self.fam.media.HAS_PIXELS
 
     # ---- checks --------------------------------------------------------------------
     def validate(self, row: Optional[int] = None) -> "MultiModalInputs":
@@ -226,12 +216,11 @@ class MultiModalInputs(ProcessorOutputs):
                 "no 'family' column; this is not a row produced by mmpipe.encode", row=row, column="family",
                 stage="validate", fix="encode the raw row with mmpipe.encode",
             ) from None
-        fam = row_family(family, row)
-        return fam.media.from_columns(cls, d, fam, row, verify_pixels=verify_pixels)
+        return read_row(cls, d, row_family(family, row), row, verify_pixels=verify_pixels)
 
     def stored_pixel_digest(self) -> Optional[int]:
         """The ``pixel_digest`` column `to_dict` writes for this row (None without pixels)."""
-        return self.fam.media.stored_pixel_digest(self)
+        return stored_pixel_digest(self)
 
     def verify_pixel_digest(self, stored: Any, row: Any = None) -> None:
         """Raise `PixelDataError` when this row's pixel data no longer hash to ``stored``."""
@@ -241,7 +230,7 @@ class MultiModalInputs(ProcessorOutputs):
             raise PixelDataError(
                 f"the stored pixel data hash to {found & (2**64 - 1):#018x} but the row's pixel_digest says "
                 f"{want & (2**64 - 1):#018x}: bytes changed after encoding (disk or copy damage, or an edit)",
-                row=row, column=self.fam.media.pixel_columns(self), stage="validate",
+                row=row, column=digested_columns(self), stage="validate",
                 fix="re-encode the row (or restore the file from a good copy)",
             )
 
@@ -249,8 +238,9 @@ class MultiModalInputs(ProcessorOutputs):
         """The row as stored: numpy arrays in the Arrow storage dtypes (see `arrow_schema`).
 
         Only the columns of this row's family kind and pixel format are present, so every row
-        that one ``encode`` call produces has the same columns (what ``datasets`` needs)."""
-        return self.fam.media.to_columns(self)
+        that one ``encode`` call produces has the same columns (what ``datasets`` needs): the
+        kind's ``COLUMNS`` (`mmpipe.records.codec.write_columns`)."""
+        return write_columns(self, self.fam.media.COLUMNS)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, MultiModalInputs):

@@ -2,23 +2,27 @@
 
 Engines that take raw images (vLLM) get each row's images rebuilt from its compact uint8
 patches (or, exactly inverted, its float32 ``pixel_values``), plus the ``mm_processor_kwargs``
-under which re-processing them is the identity (see `mmpipe.rollout.inputs` for why).
+under which re-processing them is the identity (see `mmpipe.rollout.inputs` for why). A tiled
+family's rows give their original images instead (`original_images`; vLLM tiles them again) and
+the image options their vLLM processor takes (`vllm_image_options`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from mmpipe.errors import FamilyMismatchError, ImageError, InputError, PixelDataError
 from mmpipe.families import DEFAULT_FAMILY, ModelFamily, family_of
+from mmpipe.images.load import load_image, to_rgb_image, upright
 from mmpipe.images.pixels import pixel_values_to_u8, unpatchify_u8, video_pixel_values_to_u8
 from mmpipe.images.spec import VisionSpec
 from mmpipe.records.row import MultiModalInputs
 
-__all__ = ["vision_spec_for", "row_images", "row_video_frames", "vllm_processor_kwargs"]
+__all__ = ["vision_spec_for", "row_images", "row_video_frames", "original_images", "vllm_processor_kwargs",
+           "vllm_image_options"]
 
 
 def vision_spec_for(processor_or_spec, fam: ModelFamily) -> VisionSpec:
@@ -149,7 +153,67 @@ def _video_u8(pixel_values_videos: np.ndarray, spec: VisionSpec, index: Any) -> 
             fix="pass the processor the row was encoded with") from None
 
 
+def original_images(r: MultiModalInputs, given: Optional[list], i: int) -> list:
+    """A tiled-family row's ORIGINAL images (vLLM tiles them again), as vLLM takes them: upright
+    RGB PIL, each checked against the row's ``image_hw``. From ``given`` (the images the row was
+    encoded from: PIL, bytes, ``{"bytes"}``, paths), else the row's stored files
+    (``pixels="source"``), else - where the family's ``vllm_tile_prompts`` says the stored tile
+    re-creates the prompt (Gemma 3 without pan-and-scan: one tile per image, the whole image
+    resized) - its uint8 tiles; else an `InputError` (stage "rollout") saying what to pass."""
+    from PIL import Image
+
+    fam = r.fam
+    if given is not None:
+        one = isinstance(given, (str, bytes, dict))
+        if one or len(given) != r.num_images:
+            raise InputError(f"images= gives {1 if one else len(given)} image(s) for a row of {r.num_images}",
+                             row=i, column="images", stage="rollout", expected=f"a list of {r.num_images}",
+                             fix="pass each row's images as a list, in order")
+        values = list(given)
+    elif r.image_sources is not None:
+        values = [{"bytes": bytes(b), "path": None} for b in r.image_sources]
+    elif fam.vllm_tile_prompts and r.pixel_values_u8 is not None and bool((r.tiles_per_image == 1).all()):
+        # one tile per image, the whole image resized: vLLM resizes it again to its own size (no change)
+        return [Image.fromarray(np.ascontiguousarray(t)) for t in r.pixel_values_u8]
+    else:
+        held = "uint8 tiles" if r.pixel_values_u8 is not None else "no pixels (layout-only)"
+        raise InputError(f"vLLM tiles each {fam.name} image again from the original image, and this row "
+                         f"holds {held}, not its images ({r.tiles_per_image.tolist()} tile(s) per image)",
+                         row=i, column="image_sources", stage="rollout", expected="the row's source images",
+                         found=held, fix="encode rollout rows with pixels='source', or pass images= (each "
+                                         "row's images, as encoded) to to_vllm_prompts; a collated "
+                                         "BatchedMultiModalInputs holds tiles only: pass the rows")
+    out = []
+    for k, value in enumerate(values):
+        where = f"row {i}, image {k}"
+        rgb = to_rgb_image(upright(load_image(value, where=where)))
+        want = tuple(int(x) for x in r.image_hw[k])
+        if (rgb.height, rgb.width) != want:
+            raise ImageError(f"image {k} is {rgb.height}x{rgb.width} (upright) but the row was encoded from a "
+                             f"{want[0]}x{want[1]} image", where=where, expected=str(want),
+                             found=str((rgb.height, rgb.width)), fix="pass the images each row was encoded "
+                                                                     "from, in order")
+        out.append(rgb)
+    return out
+
+
 # ---- vLLM ------------------------------------------------------------------------------
+def vllm_image_options(r: MultiModalInputs, image_processor, i: int) -> dict:
+    """A tiled-family row's ``mm_processor_kwargs``: the image options its family's vLLM processor
+    takes (`ModelFamily.vllm_processor_kwargs`: Gemma 3's pan-and-scan settings; none for
+    InternVL / LLaVA-OneVision, whose vLLM processors take the checkpoint's own settings), as
+    the row was encoded (``image_processor``: the processor's, with the row's ``images_kwargs``)."""
+    fam = r.fam
+    extra = sorted(set(r.images_kwargs or {}) - set(fam.vllm_processor_kwargs))
+    if extra:
+        raise InputError(f"the row was encoded with images_kwargs {extra}, which vLLM's {fam.name} processor "
+                         "does not take (it uses the checkpoint's image processor settings)", row=i,
+                         column="images_kwargs", stage="rollout",
+                         fix="put these settings in the checkpoint's preprocessor_config.json and encode "
+                             "without images_kwargs")
+    return {k: getattr(image_processor, k) for k in fam.vllm_processor_kwargs if hasattr(image_processor, k)}
+
+
 def vllm_processor_kwargs(grids, spec: VisionSpec, *, index: Any = None, family=DEFAULT_FAMILY) -> dict:
     """``mm_processor_kwargs`` under which the processor re-creates these stored images as-is.
 

@@ -83,7 +83,7 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
     What a row's prompt holds is its family's media strategy's (``fam.media.vllm_prompt``,
     `mmpipe.media`): the above for the patch grids; for the tiled families (Gemma 3, InternVL,
     LLaVA-OneVision) one image token per image and the ORIGINAL images, which vLLM tiles again
-    (`mmpipe.media.tiles_rollout`: the processor is required; ``images``: one list per row of
+    (`mmpipe.media.tiles.vllm_prompt`: the processor is required; ``images``: one list per row of
     the images it was encoded from, for rows encoded without ``pixels="source"``). The generic
     path's rows are refused (`mmpipe.rollout.support`).
     """

@@ -19,12 +19,12 @@ from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.columns import IGNORE_INDEX, to_numpy
 from mmpipe.records.rollout import RolloutSample
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.view.images import media_colour, png_data_uri, row_pictures, shown_size, tint
+from mmpipe.view.images import media_colour, media_pictures, png_data_uri, row_pictures, shown_size, tint
 from mmpipe.view.spans import (
     Span, TokenText, collapse_plan, media_tokens, position_ranges, span_label, token_position, token_spans,
 )
 from mmpipe.view.style import style_block
-from mmpipe.view.summary import as_row, batch_table_rows, count_list, row_summary
+from mmpipe.view.summary import as_row, batch_table_rows, count_list, row_summary, size_notes
 
 DEFAULT_MAX_TOKENS = 400  # text tokens shown per row before text runs collapse
 DEFAULT_MAX_ROWS = 16  # rows of a batch shown in full (the table lists every row)
@@ -65,7 +65,7 @@ def _placeholder_html(row: MultiModalInputs, k: int, shown: int, colour: str) ->
     why = ("no pixels stored (layout-only row, pixels=none)" if fmt == "none" else
            "no pixels decoded (pixels=source: the image files)" if fmt == "source" else
            f"not drawn (pixels={fmt}: the processor's own outputs)")
-    what = " · ".join(media.view_notes(row, "image", k)) or media.view_layout(row, "image", k, k)
+    what = " · ".join(size_notes(row, "image", k)) or media.view_layout(row, "image", k, k)
     return (f'<div class="mmpipe-placeholder" data-mmpipe-placeholder="{shown}" style="width:{sw}px;height:{sh}px;'
             f'border-color:{colour}">image {shown}<br>{_esc(what)}<br>{_esc(why)}</div>')
 
@@ -79,7 +79,7 @@ def _figure_html(row: MultiModalInputs, k: int, shown: int, pictures: Optional[l
     first, n = tokens.get(("image", k), (None, 0))
     where = f" #{first}–{first + n - 1}" if first is not None else ""
     caption = " · ".join([f"image {shown}", media.view_layout(row, "image", k, k), f"{n} tokens{where}",
-                          *media.view_notes(row, "image", k)])
+                          *size_notes(row, "image", k)])
     if pictures is None:
         body = _placeholder_html(row, k, shown, colour)
     else:
@@ -111,7 +111,7 @@ def _video_html(row: MultiModalInputs, frames: list, k: int, shown: int, n_token
         more = f"<span class='mmpipe-gap'>… {len(frames) - 8} more frame groups</span>" if len(frames) > 8 else ""
         inner = f'<div class="mmpipe-frames" style="border-color:{colour}">{"".join(parts)}{more}</div>'
     caption = " · ".join([f"video {shown}", media.view_layout(row, "video", k, k), f"{n_tokens} tokens",
-                          *[f"{n} per frame" for n in media.view_notes(row, "video", k)]])
+                          *[f"{n} per frame" for n in size_notes(row, "video", k)]])
     return f'<figure class="mmpipe-figure">{inner}<figcaption>{_esc(caption)}</figcaption></figure>'
 
 
@@ -128,7 +128,7 @@ def _media_html(row: MultiModalInputs, row_spans: list[Span], source: Any, image
     pictures, exact = row_pictures(row, source)
     figs = [_figure_html(row, k, image_ids[k], pics, tokens, exact) for k, pics in enumerate(pictures)]
     if row.num_videos:
-        frames = row.fam.media.view_video_frames(row, source)
+        frames, _ = media_pictures(row, "video", source)  # None: no frames stored
         figs += [_video_html(row, frames[k], k, video_ids[k], tokens.get(("video", k), (0, 0))[1])
                  for k in range(row.num_videos)]
     return f'<div class="mmpipe-images">{"".join(figs)}</div>'

@@ -1,8 +1,8 @@
 """Images of a row as the model sees them (view stage): thumbnails rebuilt from the stored
 pixels, video frames, PNG data URIs, shown sizes and the colour of each image.
 
-How pictures come out of a row's storage is its kind's (``fam.media.view_images`` /
-``view_video_frames``, `mmpipe.media`): the patch grids give each resized image (exact for uint8
+How pictures come out of a row's storage is its kind's (``fam.media.view_pictures``,
+`mmpipe.media`): the patch grids give each resized image (exact for uint8
 rows and float32 rows read with their constants), the tiles kind each image's stored tiles, the
 generic path none (its outputs are in the processor's own layout).
 """
@@ -30,10 +30,20 @@ def pixel_source(row: MultiModalInputs, source: Any = None) -> Any:
     return source if source is not None else default_processor_for(row.family)
 
 
+def media_pictures(row: MultiModalInputs, kind: str, source: Any = None) -> tuple[list, bool]:
+    """Per image (video) of ``kind``, its pictures uint8 [H, W, 3] as the model sees them (one
+    resized image, one per stored tile, or a video's first frame of each temporal patch group),
+    None without them; and whether they are exact (see `image_thumbnails`). ``source`` as given
+    (None: the family's constants)."""
+    pictures, exact = row.fam.media.view_pictures(row, kind, source)
+    if pictures is None:
+        pictures = [None] * (row.num_images if kind == "image" else row.num_videos)
+    return pictures, exact
+
+
 def row_pictures(row: MultiModalInputs, source: Any = None) -> tuple[list[Optional[list[np.ndarray]]], bool]:
-    """Per image, its pictures uint8 [H, W, 3] as the model sees them (one resized image, or one
-    per stored tile), None without them; and whether they are exact (see `image_thumbnails`)."""
-    return row.fam.media.view_images(row, pixel_source(row, source))
+    """`media_pictures` of the row's images, read with `pixel_source`."""
+    return media_pictures(row, "image", pixel_source(row, source))
 
 
 def image_thumbnails(row, *, spec=None) -> list:
@@ -61,8 +71,8 @@ def video_frames(row, *, spec=None) -> list[list]:
     from PIL import Image
 
     row = as_row(row)
-    frames = row.fam.media.view_video_frames(row, pixel_source(row, spec))
-    return [[Image.fromarray(f, "RGB") for f in video] for video in frames]
+    frames, _ = media_pictures(row, "video", pixel_source(row, spec))
+    return [[Image.fromarray(f, "RGB") for f in video or ()] for video in frames]
 
 
 def png_data_uri(img: Any) -> str:

@@ -1,14 +1,15 @@
 """Token spans of a row (view stage): the token sequence cut into text / image / video runs,
 token ids shown as text, and how long text runs collapse for display.
 
-Where a row's media tokens are, and how a span is labelled, is what differs per kind of family:
-`token_spans` and `span_label` ask the row's media strategy (``fam.media.view_spans`` /
-``view_layout``, `mmpipe.media`) and do the rest the same way for every family.
+How many tokens each image and video takes, and how a span is labelled, is what differs per kind
+of family: `token_spans` and `span_label` ask the row's media strategy (``fam.media.view_runs``
+/ ``view_layout``, `mmpipe.media`) and do the rest the same way for every family.
 `set_default_processor` names the tokenizer (or processor) every view falls back to.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -40,16 +41,63 @@ class Span:
         return self.end - self.start
 
 
+def marked_runs(marked: np.ndarray) -> list[tuple[int, int]]:
+    """``[start, end)`` of each run of True in ``marked`` bool [L]."""
+    edges = np.diff(np.concatenate([[0], marked.astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()))
+
+
+def _cut(runs: list, counts: Optional[list[int]], n: int) -> list[tuple[int, int, int, int]]:
+    """``(start, end, index, last)`` pieces of one kind's ``runs``: item k takes ``counts[k]``
+    tokens in order, so touching items split where their counts say and an item over several
+    runs gives a piece per run; index -1: tokens that no count accounts for. ``counts`` None
+    (the row does not say where each item's tokens end): a run per item in order, the last run
+    covering the rest (``index..n-1``)."""
+    if counts is None:
+        return [(a, b, k, k if k < len(runs) - 1 else n - 1) for k, (a, b) in enumerate(runs)]
+    left, k, out = list(counts), 0, []
+    for a, b in runs:
+        while a < b:
+            if k >= len(left):  # more media tokens than the counts account for
+                out.append((a, b, -1, -1))
+                break
+            take = min(b - a, left[k])
+            out.append((a, a + take, k, k))
+            left[k] -= take
+            k += left[k] == 0
+            a += take
+    return out
+
+
+def media_spans(row: MultiModalInputs) -> list[Span]:
+    """The row's image and video spans in token order: the runs of ``mm_token_type_ids`` (1
+    image, 2 video) as the strategy reads them, with each item's token count where the row
+    says it (``fam.media.view_runs``), cut into items (`_cut`). An item over several runs is
+    one span per run, ``part`` of ``parts`` (Qwen3-VL's frame groups)."""
+    mm, pieces = np.asarray(row.mm_token_type_ids), []
+    for code, kind, n in ((1, "image", row.num_images), (2, "video", row.num_videos)):
+        runs, counts = row.fam.media.view_runs(row, kind, marked_runs(mm == code))
+        pieces += [(kind, *p) for p in _cut(runs, counts, n)]
+    pieces.sort(key=lambda p: p[1])
+    parts = Counter((kind, k) for kind, _, _, k, _ in pieces if k >= 0)
+    seen: Counter = Counter()
+    spans = []
+    for kind, a, b, k, last in pieces:
+        spans.append(Span(kind, a, b, k, last, seen[(kind, k)] if k >= 0 else 0, parts.get((kind, k), 1)))
+        seen[(kind, k)] += 1
+    return spans
+
+
 def token_spans(row: MultiModalInputs) -> list[Span]:
-    """The row's token sequence cut into text spans and the media spans its family's strategy
-    finds (``fam.media.view_spans``): one span per image (and per video run); text in between."""
+    """The row's token sequence cut into text spans and its `media_spans`: one span per image
+    (and per video run); text in between."""
     out: list[Span] = []
     pos, L = 0, row.num_tokens
-    for kind, a, b, index, last, part, parts in row.fam.media.view_spans(row):
-        if a > pos:
-            out.append(Span("text", pos, a))
-        out.append(Span(kind, a, b, index, last, part, parts))
-        pos = b
+    for s in media_spans(row):
+        if s.start > pos:
+            out.append(Span("text", pos, s.start))
+        out.append(s)
+        pos = s.end
     if pos < L:
         out.append(Span("text", pos, L))
     return out

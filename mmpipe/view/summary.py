@@ -63,6 +63,13 @@ def row_facts(row: MultiModalInputs) -> list[str]:
     return facts
 
 
+def size_notes(row: MultiModalInputs, kind: str, index: int) -> list[str]:
+    """Facts that describe lines and captions add after a media item's label: its size
+    ``"W×H px"`` where the label does not show it (``fam.media.VIEW_SIZE_NOTE``: the grids)."""
+    size = row.fam.media.view_size(row, kind, index) if row.fam.media.VIEW_SIZE_NOTE else None
+    return [] if size is None else [f"{size[1]}×{size[0]} px"]
+
+
 def row_summary(row: MultiModalInputs, sep: str = " · ") -> str:
     """`row_facts` on one line (``sep`` between them)."""
     return sep.join(row_facts(row))

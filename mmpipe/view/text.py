@@ -14,7 +14,7 @@ from mmpipe.records.columns import IGNORE_INDEX, to_numpy
 from mmpipe.records.rollout import RolloutSample
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.view.spans import Span, TokenText, collapse_plan, position_ranges, span_label, token_spans
-from mmpipe.view.summary import as_row, batch_table_rows, count_list, row_summary
+from mmpipe.view.summary import as_row, batch_table_rows, count_list, row_summary, size_notes
 
 
 def _shown(s: Span, image_ids: Sequence[int], video_ids: Sequence[int]) -> int:
@@ -67,7 +67,7 @@ def _describe_row(row: MultiModalInputs, toks: TokenText, max_tokens, image_ids=
         if s.kind == "text":
             continue
         spanned.update((s.kind, k) for k in range(s.index, max(s.last, s.index) + 1))
-        notes = media.view_notes(row, s.kind, s.index) if s.index >= 0 else []
+        notes = size_notes(row, s.kind, s.index) if s.index >= 0 else []
         where = [f"tokens [{s.start}, {s.end})"]
         if np.ndim(row.position_ids) == 2:  # M-RoPE: each axis's range tells the image's place
             where.append("positions " + " ".join(position_ranges(row, s.start, s.end)))

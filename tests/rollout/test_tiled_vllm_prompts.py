@@ -1,4 +1,4 @@
-"""vLLM prompts of Gemma 3 rows (to_vllm_prompts: the tiles strategy, mmpipe.media.tiles_rollout):
+"""vLLM prompts of Gemma 3 rows (to_vllm_prompts: the tiles strategy, mmpipe.media.tiles.vllm_prompt):
 one <start_of_image> per image plus the stored tile; the processor run on that prompt (what vLLM's Gemma 3 does with
 it) gives back the row's ids and its pixel_values bit for bit. Pan-and-scan uint8 rows are refused
 (their crops come from the original image): tests/rollout/test_tiled_source_prompts.py prompts

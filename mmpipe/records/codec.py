@@ -1,0 +1,199 @@
+"""The stored-row codec of every family kind: ONE writer (record -> stored columns, `write_columns`)
+and ONE reader (stored columns -> record, `read_row`), driven by each kind's declaration of its
+columns (``fam.media.COLUMNS``: `Column` s in storage order); what no declaration says (M-RoPE's
+``rope_delta``, the tiles' [N, S, S, 3] shape, the processor's layout-typed outputs) each kind
+reads in its ``read_media``. Also the digest of a row's stored pixels and the one shape check of
+a record's [L] fields. Stage: records (validate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from mmpipe.errors import InputError
+from mmpipe.images.backends import BACKENDS
+from mmpipe.records.columns import (
+    PIXEL_COLUMNS, as_array, fit_width, pixel_digest, sources_digest, u8_block, u8_bytes,
+)
+
+
+@dataclass(frozen=True, eq=False)  # one declaration is one column: compared by identity
+class Column:
+    """One stored column of a kind's row, in the order the row stores them.
+
+    ``name``: the column and the record field it holds (unless ``value`` derives it).
+    ``store``: its dtype on disk (numpy name; ``"bytes"``: uint8 raw bytes + one end marker,
+    `mmpipe.records.columns.u8_bytes`; ``"object"``: the value as it is: strings, bytes lists).
+    ``read`` / ``ndim``: the record field's dtype and dims (``read=None``: the reader leaves it to
+    the kind). ``width``: the values per row of an [n, width] field, an int or the name of a
+    `ModelFamily` attribute (``"patch_dim"``); ``rows``: the per-image layout field whose pixel
+    rows it holds (``image_grid_thw``: sum(t*h*w)); ``flat``: stored flat ([I, 2] as [2*I]).
+    ``missing``: a stored row without it: ``"error"``, ``"none"`` (the field keeps its default),
+    ``"ones"`` / ``"zeros"`` (int [L]), ``"no rows"`` (also left unset when its ``rows`` layout
+    holds nothing: the video pixels of an image row). ``pixels``: the pixel formats whose rows
+    store it (empty: every row). ``value``: derives the stored value from the record (None: the
+    row stores no such column)."""
+
+    name: str
+    store: str
+    read: Optional[str] = "int64"
+    ndim: int = 1
+    width: Union[int, str, None] = None
+    rows: Optional[str] = None
+    missing: str = "error"
+    pixels: tuple = ()
+    flat: bool = False
+    value: Optional[Callable] = None
+
+
+def column_width(c: Column, fam) -> Optional[int]:
+    """The values per row of ``c`` for family ``fam`` (None: not declared)."""
+    return getattr(fam, c.width) if isinstance(c.width, str) else c.width
+
+
+def pixel_rows(layout: Optional[np.ndarray]) -> int:
+    """The pixel rows a per-image layout calls for: patch grids [n, 3] -> sum(t*h*w), tile counts
+    [I] -> their sum (0 for None / no image)."""
+    if layout is None or not len(layout):
+        return 0
+    return int(layout.prod(axis=1).sum()) if layout.ndim == 2 else int(layout.sum())
+
+
+# ---- record -> stored columns --------------------------------------------------------
+# columns of more than one kind (each documented in mmpipe.records.columns.ROW_COLUMNS)
+FAMILY = Column("family", "object", read=None)
+SOURCES = Column("image_sources", "object", read=None, pixels=("source",),
+                 value=lambda r: [bytes(b) for b in r.image_sources])
+DIGEST = Column("pixel_digest", "int64", read=None, ndim=0, value=lambda r: r.stored_pixel_digest())
+
+
+def backend_column(pixels: tuple) -> Column:
+    """``image_backend`` of the rows of ``pixels`` formats, stored when not ``"pil"``."""
+    return Column("image_backend", "object", read=None, pixels=pixels,
+                  value=lambda r: None if r.image_backend == "pil" else r.image_backend)
+
+
+def write_columns(r, columns: tuple) -> dict:
+    """The stored row of record ``r``: each `Column` of ``columns`` that ``r``'s pixel format
+    stores, in order, as its ``store`` dtype (a missing field of a known width: empty [0, width];
+    otherwise left out); a function among ``columns`` adds the columns it returns (``f(r)``)."""
+    out: dict = {}
+    fmt = r.pixel_format
+    for c in columns:
+        if callable(c):
+            out.update(c(r))
+            continue
+        if c.pixels and fmt not in c.pixels:
+            continue
+        v = c.value(r) if c.value is not None else getattr(r, c.name)
+        if v is None and c.width is not None:
+            v = np.zeros((0, column_width(c, r.fam)), np.uint8 if c.store == "bytes" else c.store)
+        if v is None:
+            continue
+        if c.store == "bytes":
+            v = u8_bytes(v)
+        elif c.store != "object":
+            v = np.dtype(c.store).type(v) if c.ndim == 0 else v.astype(c.store, copy=False)
+            v = v.reshape(-1) if c.flat else v
+        out[c.name] = v
+    return out
+
+
+# ---- stored columns -> record --------------------------------------------------------
+def read_columns(d, columns: tuple, fam, row) -> dict:
+    """The record fields of stored row ``d`` that ``columns`` declare (``read`` set), checked:
+    each an array of its ``read`` dtype and ``ndim`` (`as_array`), rows of ``width`` values
+    (`fit_width`), uint8 bytes of ``rows`` x ``width`` (`u8_block`); a field whose ``rows``
+    layout holds nothing is left unset."""
+    kw: dict = {}
+    for c in columns:
+        if callable(c) or c.read is None:
+            continue
+        default = None  # "ones" / "zeros": only for an absent column (a null value is missing data)
+        if c.missing in ("ones", "zeros"):
+            default = getattr(np, c.missing)(len(kw["input_ids"]))
+        v = d.get(c.name, default)
+        if (v is None and c.missing in ("none", "no rows")) or \
+                (c.missing == "no rows" and not pixel_rows(kw.get(c.rows))):
+            continue
+        if c.store == "bytes":
+            kw[c.name] = u8_block(v, pixel_rows(kw.get(c.rows)), column_width(c, fam), c.name, row)
+            continue
+        arr = as_array(v, c.read, 1 if c.flat else c.ndim, c.name, row)
+        if c.flat:
+            arr = arr.reshape(-1, column_width(c, fam))
+        elif c.width is not None:
+            arr = fit_width(arr, column_width(c, fam), c.name, row)
+        kw[c.name] = arr
+    return kw
+
+
+def read_row(cls, d, fam, row=None, *, verify_pixels: bool = False):
+    """A stored row of family ``fam`` (python lists, numpy or torch formatted) -> a ``cls``
+    record: the declared columns (`read_columns`), then the kind's own (``read_media``). A kind
+    with ``CHECK_ON_READ`` validates every row it reads and checks its stored ``pixel_digest``
+    (a `PixelDataError` when a byte changed after encoding); the others check the digest when
+    ``verify_pixels``."""
+    media = fam.media
+    kw = read_columns(d, media.COLUMNS, fam, row)
+    kw.update(media.read_media(d, kw, fam, row))
+    out = cls(family=fam.name, **kw)
+    if (verify_pixels or media.CHECK_ON_READ) and d.get("pixel_digest") is not None:
+        out.verify_pixel_digest(d["pixel_digest"], row)
+    return out.validate(row) if media.CHECK_ON_READ else out
+
+
+def stored_backend(value: Any, row: Any = None) -> str:
+    """A stored ``image_backend`` value, checked (`mmpipe.images.backends.BACKENDS`); None
+    (rows without the column: PIL rows and rows of older mmpipe) -> ``"pil"``."""
+    value = "pil" if value is None else value.decode() if isinstance(value, bytes) else value
+    if value not in BACKENDS:
+        raise InputError(f"unknown image backend {value!r}", row=row, column="image_backend", stage="validate",
+                         expected=" or ".join(map(repr, BACKENDS)), found=repr(value),
+                         fix="re-encode the row (Encoder(image_backend=...))")
+    return value
+
+
+# ---- checks ---------------------------------------------------------------------------
+def _pixel_columns(columns: tuple, fmt: str) -> list:
+    """The declared ``columns`` that hold the stored pixels of pixel format ``fmt``."""
+    return [c for c in columns if not callable(c) and fmt in c.pixels and c.name in PIXEL_COLUMNS.get(fmt, ())]
+
+
+def stored_pixel_digest(r) -> Optional[int]:
+    """The ``pixel_digest`` a row of ``r``'s kind and pixel format stores (None where it stores
+    none): the digest of its stored pixel columns, or of its source files."""
+    fmt, columns = r.pixel_format, r.fam.media.COLUMNS
+    if fmt == "none" or DIGEST not in columns:
+        return None
+    if fmt == "source":
+        return sources_digest(r.image_sources)
+    return pixel_digest(*(getattr(r, c.name) for c in _pixel_columns(columns, fmt)))
+
+
+def digested_columns(r) -> str:
+    """The stored pixel column(s) the row's digest covers (those whose ``rows`` layout holds
+    rows), for error messages."""
+    if r.pixel_format == "source":
+        return "image_sources"
+    cols = _pixel_columns(r.fam.media.COLUMNS, r.pixel_format)
+    return " / ".join([c.name for c in cols if c.rows is None or len(getattr(r, c.rows))] or
+                      [c.name for c in cols[:1]])
+
+
+def check_token_shapes(r, row, *, stage: str = "validate",
+                       fix: str = "re-encode the row with mmpipe.encode") -> None:
+    """Every [L] field of ``r`` (``attention_mask``, ``mm_token_type_ids``, ``labels``, each
+    ``sequence`` key) holds L values and ``position_ids`` is [*POSITION_ROWS, L]; else an
+    `InputError` naming the field, at ``stage``."""
+    L = r.num_tokens
+    fields = [("attention_mask", r.attention_mask), ("mm_token_type_ids", r.mm_token_type_ids),
+              ("labels", r.labels), *r.sequence.items(), ("position_ids", r.position_ids)]
+    for name, arr in fields:
+        want = (*r.fam.media.POSITION_ROWS, L) if name == "position_ids" else (L,)
+        if arr is not None and arr.shape != want:
+            raise InputError(f"{name} does not line up with input_ids", row=row, column=name, stage=stage,
+                             expected=f"shape {want}", found=f"shape {arr.shape}", fix=fix)
