@@ -221,3 +221,24 @@ class UnsupportedProcessorError(ArgumentError):
     def __init__(self, message: str, class_name: str):
         super().__init__(message)
         self.class_name = class_name
+
+
+class PackingUnsupportedError(ArgumentError):
+    """Packing refused: with this model, rows put end to end in one sequence would not each get
+    their own outputs - a layer type that carries state or attention across the rows' boundaries
+    (``layer_type``, e.g. ``"linear_attention"``, at decoder layers ``layers``), or a family whose
+    model is not known to take packed rows (``layer_type`` None, the family table's reason). The
+    message names it and the alternative, padded batches (`mmpipe.Collator`). An `ArgumentError`,
+    so ``except ArgumentError`` / ``except ValueError`` keep catching what packing refused before.
+    """
+
+    def __init__(self, message: str, *, layer_type: Optional[str] = None, layers: tuple = (),
+                 model_type: Optional[str] = None):
+        super().__init__(message)
+        self.layer_type = layer_type
+        self.layers = tuple(layers)
+        self.model_type = model_type
+
+    def __reduce__(self):  # picklable across DataLoader workers
+        return (_rebuild, (type(self), self.args[0], dict(layer_type=self.layer_type, layers=self.layers,
+                                                          model_type=self.model_type)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mmpipe.errors import ArgumentError, InputError
+from mmpipe.errors import InputError, PackingUnsupportedError
 from mmpipe.families import ModelFamily, get_family
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.columns import IGNORE_INDEX
@@ -16,12 +16,15 @@ from mmpipe.records.packed import PackedMultiModalInputs
 
 
 def refuse_packing(who: str, fam: ModelFamily, processor_class: Optional[str] = None) -> None:
-    """Raise `ArgumentError` with the family's ``no_packing`` reason when its model's attention
-    does not allow packed rows (Gemma 3's bidirectional image attention; the generic path, named
-    by ``processor_class``: whether an unlisted model allows them is unknown)."""
+    """Raise `PackingUnsupportedError` (an `ArgumentError`) with the family's ``no_packing`` reason
+    when its model's attention does not allow packed rows (Gemma 3's bidirectional image
+    attention; the generic path, named by ``processor_class``: whether an unlisted model allows
+    them is unknown). What the model's own layers allow is checked apart, when the model is
+    given (`mmpipe.batching.attention_layers.check_packing`)."""
     if fam.no_packing is not None:
-        raise ArgumentError(f"{who}: packing is not available for {processor_class or fam.name}: {fam.no_packing}; "
-                            f"use mmpipe.Collator(processor) for padded batches")
+        raise PackingUnsupportedError(
+            f"{who}: packing is not available for {processor_class or fam.name}: {fam.no_packing}; "
+            f"use mmpipe.Collator(processor) for padded batches", model_type=fam.name)
 
 
 def pack_batch(b: BatchedMultiModalInputs, max_tokens: Optional[int] = None,

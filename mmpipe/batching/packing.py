@@ -30,6 +30,15 @@ LLaVA-OneVision [I, max tiles, 3, S, S] + ``image_sizes``); checked on the tiny 
 whose ``no_packing`` names a reason (Gemma 3's bidirectional image attention; the generic path,
 whose model's attention is unknown) is refused with it (`mmpipe.batching.pack_batch.refuse_packing`).
 
+Whether rows may share a sequence depends on the model's layers, not only on its processor
+(Qwen3.5 checkpoints load with the Qwen3-VL processor, but their linear-attention layers carry
+state from row to row). ``PackingCollator(processor, model=model)`` / ``pack(..., model=model)``
+(a model, its config or a ``config.json`` dict) read its layer types and refuse with
+`mmpipe.errors.PackingUnsupportedError` naming the layer type that does not keep the rows apart
+(`mmpipe.batching.attention_layers`; the alternative: padded batches, `mmpipe.Collator`).
+Without a model, the families known to pack pack as before and one warning per process says
+the model's layers were not checked.
+
 ``model_inputs()`` leaves ``attention_mask`` out ON PURPOSE: transformers only looks for
 packed sequences in ``position_ids`` when the attention mask is None (a 2-D all-ones mask
 would make the rows attend to each other), and passes ``use_cache=False`` for the same
@@ -39,7 +48,7 @@ logits run alone, fp32, for Qwen2-VL, Qwen2.5-VL and Qwen3-VL (deepstack include
 Example::
 
     sampler = mmpipe.TokenBudgetBatchSampler.from_dataset(enc, max_tokens=16384, cost="packed")
-    loader = DataLoader(enc, batch_sampler=sampler, collate_fn=PackingCollator(processor, max_tokens=16384))
+    loader = DataLoader(enc, batch_sampler=sampler, collate_fn=PackingCollator(processor, model=model, max_tokens=16384))
     for packed in loader:                        # a PackedMultiModalInputs
         out = model(**packed.model_inputs(model.device))
         rows = unpack(packed)                    # the stored rows, exactly
@@ -47,8 +56,10 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional, Sequence
 
+from mmpipe.batching.attention_layers import ModelLayers, check_packing
 from mmpipe.batching.checks import checked_records
 from mmpipe.batching.collate import batch_family, batch_state, collate_records, collator_family
 from mmpipe.batching.pack_batch import pack_batch, refuse_packing
@@ -61,6 +72,26 @@ from mmpipe.records.packed import PackedMultiModalInputs
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.vision_tokens import VisionTokens
 
+logger = logging.getLogger("mmpipe")
+UNCHECKED_WARNED: set = set()  # non-empty once this process has logged that a model went unchecked
+UNCHECKED_LOG = ("mmpipe: %s packs %s rows without knowing the model's layers; a model whose layers do not "
+                 "keep packed rows apart (e.g. Qwen3.5's linear attention: its checkpoints load with the "
+                 "Qwen3-VL processor) would get wrong logits, silently. Pass model=model (or its config) to "
+                 "PackingCollator / pack to check (logged once per process)")
+
+
+def model_packing(who: str, model: Any, fam: Any) -> Optional[ModelLayers]:
+    """``model``'s layers when they keep packed rows apart (`check_packing`: else
+    `PackingUnsupportedError` naming the layer type); None without a model, after logging
+    `UNCHECKED_LOG` once per process (the family's rows pack as before: they are exact on every
+    model of the family's own line, and ``model=`` tells the ones that are not)."""
+    if model is not None:
+        return check_packing(model, who)
+    if not UNCHECKED_WARNED:
+        UNCHECKED_WARNED.add(who)
+        logger.warning(UNCHECKED_LOG, who, fam.name)
+    return None
+
 
 def pack(
     rows: Sequence[Any],
@@ -72,6 +103,7 @@ def pack(
     max_tokens: Optional[int] = None,
     max_images: Optional[int] = None,
     vision_tokens: Optional[VisionTokens] = None,
+    model: Any = None,
 ) -> PackedMultiModalInputs:
     """Pack encoded rows (``MultiModalInputs``, stored dicts or Arrow rows) into one sequence.
 
@@ -79,16 +111,20 @@ def pack(
     rows with `mmpipe.batching.sampler.TokenBudgetBatchSampler(cost="packed")`, which never exceeds
     them). Rows must be unpadded (attention_mask all ones), as ``mmpipe.encode`` stores them.
     An image / video pad at a text position is refused as in collate (``vision_tokens``: the
-    processor's by default, else the pads the rows' image blocks show).
+    processor's by default, else the pads the rows' image blocks show). ``model``: the model the
+    pack is for (or its config, or a ``config.json`` dict): its layers are checked
+    (`mmpipe.batching.attention_layers.check_packing`; `PackingUnsupportedError` naming the layer
+    type that does not keep packed rows apart); without it, one warning per process.
 
     The steps: the rows read and their family resolved as in `mmpipe.collate`; a family whose
     model does not take packed rows refused with the reason (`refuse_packing`: Gemma 3, the
-    generic path); the rows collated right-padded, then the valid tokens end to end
-    (`mmpipe.batching.pack_batch`).
+    generic path), then the model's layers (`model_packing`); the rows collated right-padded,
+    then the valid tokens end to end (`mmpipe.batching.pack_batch`).
     """
     recs = checked_records(rows)
     fam, state = batch_state(recs, family, processor, spec=spec, vision_tokens=vision_tokens)
     refuse_packing("pack", fam, state.get("processor_class") or recs[0].processor_class)
+    model_packing("pack", model, fam)
     b = collate_records(recs, fam, state, padding_side="right", pad_token_id=pad_id(processor, pad_token_id))
     return pack_batch(b, max_tokens, max_images)
 
@@ -136,15 +172,20 @@ def unpack(packed: PackedMultiModalInputs) -> list[MultiModalInputs]:
 class PackingCollator:
     """Picklable DataLoader ``collate_fn`` that packs each batch into one sequence.
 
-    ``PackingCollator(processor, max_tokens=16384, max_images=64)``: a batch over a budget
-    raises (use it with ``TokenBudgetBatchSampler(cost="packed")`` and the same budgets).
-    Holds only the family, its strategy's collator state and the pad id, like `mmpipe.Collator`;
-    a family whose model does not take packed rows is refused here, with the reason.
+    ``PackingCollator(processor, model=model, max_tokens=16384, max_images=64)``: a batch over a
+    budget raises (use it with ``TokenBudgetBatchSampler(cost="packed")`` and the same budgets).
+    Holds only the family, its strategy's collator state, the pad id and ``layers`` (the model's
+    `ModelLayers`, None without ``model``), like `mmpipe.Collator`. Refused here, with the reason
+    (`mmpipe.errors.PackingUnsupportedError`): a family whose model does not take packed rows,
+    and a ``model`` (a transformers model, its config or a ``config.json`` dict) with a layer
+    type that does not keep packed rows apart (`mmpipe.batching.attention_layers`). Without
+    ``model``, one warning per process says its layers were not checked.
     """
 
-    def __init__(self, processor=None, *, max_tokens: Optional[int] = None, max_images: Optional[int] = None,
-                 family: Any = None, pad_token_id: Optional[int] = None):
+    def __init__(self, processor=None, *, model: Any = None, max_tokens: Optional[int] = None,
+                 max_images: Optional[int] = None, family: Any = None, pad_token_id: Optional[int] = None):
         self.family, self.state = collator_family("PackingCollator", processor, family, packing=True)
+        self.layers = model_packing("PackingCollator", model, self.family)
         self.pad_token_id = pad_id(processor, pad_token_id)
         self.max_tokens = max_tokens
         self.max_images = max_images

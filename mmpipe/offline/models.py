@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from mmpipe.compat import is_transformers_5
 from mmpipe.families import DEFAULT_FAMILY, QWEN2_5_VL, QWEN2_VL, QWEN3_VL, get_family
+from mmpipe.offline.qwen3_5 import MODEL_LINES, build_qwen3_5_model
 from mmpipe.offline.tokenizer import OWN_BUILDERS, build_tokenizer, check_family, special_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -130,9 +131,13 @@ def build_model(family: str = DEFAULT_FAMILY, seed: int = 0) -> "PreTrainedModel
     [2, 3, 3] (Qwen3-VL: [4, 2, 2], interleaved). Vision: depth 1, hidden 32, patch / merge /
     temporal patch as the processor of :func:`build_processor`; Qwen3-VL deepstack at [0].
     Token ids and ``vocab_size`` come from :func:`build_tokenizer`. Attention is ``"eager"``.
+    ``family`` may also name a model line that loads with the Qwen3-VL processor (`MODEL_LINES`:
+    ``"qwen3_5"``, ``"qwen3_5_moe"``, ``"qwen3_vl_moe"``; `mmpipe.offline.qwen3_5`).
     The same ``(family, seed)`` gives the same weights; the model is built once and each call
     returns a deep copy, so callers may train or modify it freely.
     """
+    if family in MODEL_LINES:  # Qwen3.5, Qwen3.5-MoE, Qwen3-VL-MoE: the Qwen3-VL processor's other models
+        return build_qwen3_5_model(family, seed)
     if family in OWN_BUILDERS:  # a family with a builder module of its own (mmpipe.offline.glm4v)
         return importlib.import_module(OWN_BUILDERS[family]).offline_model(family, seed)
     return copy.deepcopy(_cached_model(check_family(family), int(seed)))

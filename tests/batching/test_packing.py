@@ -246,3 +246,15 @@ def test_packed_gradients_equal_padded_gradients(encoded):
     assert packed.keys() == padded.keys() and any("visual" in n for n in packed)
     for n in packed:
         torch.testing.assert_close(packed[n], padded[n], rtol=1e-4, atol=1e-6, msg=lambda m: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("family", FAMILIES + ("glm4v", "internvl", "llava_onevision"))
+def test_every_packing_family_checks_its_model_and_packs_exactly(family, photos):
+    """``PackingCollator(processor, model=model)`` on every family that packs: the tiny model's
+    layers are read (all full attention) and the checked pack's logits equal each row alone,
+    rows with 0..3 images (tests/batching/test_packing_models.py: the models it refuses)."""
+    proc, model = testing.build_processor(family), testing.build_model(family)
+    rows = [mmpipe.encode_row(r, proc) for r in _raws(photos, counts=(0, 3, 1, 2))]
+    collator = PackingCollator(proc, model=model)
+    assert collator.layers.kinds == ("full_attention",) and collator.layers.attn_implementation == "eager"
+    assert_packed_logits_match(model, rows, proc, packed=collator(rows), rtol=0, atol=1e-4)
