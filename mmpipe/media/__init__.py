@@ -30,8 +30,10 @@ KINDS = {"patches": "mmpipe.media.patches", "tiles": "mmpipe.media.tiles", "proc
 
 
 def one_d_position_inputs(batch, positions) -> dict:
-    """``position_ids`` [B, L] of a 1-D family (kinds tiles, processor): ``positions`` "1d" (the
-    default) or "none" (the model computes them); anything else is an `ArgumentError`."""
+    """``position_ids`` [B, L] of a 1-D family: ``positions`` "1d" (the default) or "none" (the
+    model computes them); anything else is an `ArgumentError`. Kind tiles always; kind processor
+    through `mmpipe.media.processor.position_inputs`, which first asks whether the processor's
+    model takes 1-D positions at all."""
     if (positions or "1d") not in ("1d", "none"):
         raise ArgumentError(f"positions must be '1d' or 'none' for {batch.family}, got {positions!r}")
     return {} if positions == "none" else {"position_ids": batch.position_ids}

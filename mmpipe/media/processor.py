@@ -2,7 +2,9 @@
 `mmpipe.media.processor_encode`): a row holds what the processor's own call returned, typed by the
 processor's `ProcessorLayout` (found once by a probe): its sequence keys (int [L], e.g.
 ``token_type_ids``) in ``sequence``, its other outputs (float32 ``pixel_values``, masks, sizes)
-in ``vision``, and each image's upright (height, width) in ``image_hw``. Positions are 1-D.
+in ``vision``, and each image's upright (height, width) in ``image_hw``. Positions: 1-D
+``0..n-1`` where the processor's model takes them, else the model computes its own
+(`position_inputs`, `mmpipe.media.processor_rope`).
 
 Stored columns: `COLUMNS`; each key of the layout is a column of its own (`_outputs`). Rows
 written before the one-record change have no ``image_hw``: they load, and their image count is
@@ -17,8 +19,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mmpipe.errors import InputError
-from mmpipe.media import one_d_position_inputs as position_inputs  # noqa: F401  (1-D positions)
+from mmpipe.errors import ArgumentError, InputError
+from mmpipe.media import one_d_position_inputs
 from mmpipe.records.codec import FAMILY, Column, check_token_shapes
 from mmpipe.records.columns import as_array
 
@@ -31,33 +33,59 @@ IMAGE_LAYOUT_COLUMN = "image_hw"  # the stored per-image layout (what error mess
 @dataclass(frozen=True)
 class ProcessorLayout:
     """What a processor returns, found once by a probe (`mmpipe.media.processor_encode`): its class,
-    its sequence keys (int [L]), its vision keys as ``(name, dtype, ndim)`` and which of those
-    are row keys (axis 0 = the row). Every stored row of one processor carries the same layout
-    (one schema)."""
+    its sequence keys (int [L]), its vision keys as ``(name, stored dtype, ndim)``, which of those
+    are row keys (axis 0 = the row: padded into [B, ...]) and which the processor's batch call
+    JOINS into one array (``joins``; the others are concatenated on axis 0). Every stored row of
+    one processor carries the same layout (one schema)."""
 
     processor_class: str
     sequence: tuple[str, ...] = ()
     vision: tuple[tuple[str, str, int], ...] = ()
     row_keys: tuple[str, ...] = ()
     pads: tuple = ()  # (row key, values): the processor's fill of one missing item (axis 1) where not 0
+    # (key, axis > 0): one array [1, ...] per batch, the rows' joined along axis (MiniCPM-V's
+    # pixel_values [1, 3, 14, patches x 14], axis 3)
+    joins: tuple = ()
+    # (key, "bfloat16" / "float16"): outputs in a dtype stored as float32 (exact) and handed to the
+    # model in the processor's own dtype (Llama 4's bf16 pixel_values; `model_tensors`)
+    dtypes: tuple = ()
 
     @classmethod
-    def of(cls, processor_class: str, sequence: dict, vision: dict, row_keys=()) -> "ProcessorLayout":
+    def of(cls, processor_class: str, sequence: dict, vision: dict, row_keys=(), *, joins=(),
+           dtypes=()) -> "ProcessorLayout":
         """The layout of one row's own outputs (a row built without its encoder's layout)."""
         return cls(processor_class, tuple(sorted(sequence)),
-                   tuple((k, str(v.dtype), v.ndim) for k, v in sorted(vision.items())), tuple(row_keys))
+                   tuple((k, str(v.dtype), v.ndim) for k, v in sorted(vision.items())), tuple(row_keys),
+                   joins=tuple(joins), dtypes=tuple(dtypes))
+
+    def model_tensors(self, vision: dict) -> dict:
+        """``vision`` (numpy or torch) with each key of `dtypes` as a torch tensor in the
+        processor's dtype (the stored float32 holds every bf16 / f16 value exactly)."""
+        if not self.dtypes:
+            return vision
+        import torch
+
+        out = dict(vision)
+        for key, dtype in self.dtypes:
+            if key in out:
+                out[key] = torch.as_tensor(out[key]).to(getattr(torch, dtype))
+        return out
 
     def to_json(self) -> str:
         d = {"processor_class": self.processor_class, "sequence": list(self.sequence),
              "vision": [list(v) for v in self.vision], "row_keys": list(self.row_keys)}
-        return json.dumps({**d, "pads": [[k, list(v)] for k, v in self.pads]} if self.pads else d)
+        d.update({"pads": [[k, list(v)] for k, v in self.pads]} if self.pads else {})
+        d.update({name: [list(x) for x in getattr(self, name)] for name in ("joins", "dtypes") if getattr(self, name)})
+        return json.dumps(d)
 
     @classmethod
     def from_json(cls, text: str, row: Any = None) -> "ProcessorLayout":
         try:
             d = json.loads(text)
             return cls(d["processor_class"], tuple(d["sequence"]), tuple((n, t, int(k)) for n, t, k in d["vision"]),
-                       tuple(d["row_keys"]), tuple((k, tuple(v)) for k, v in d.get("pads", ())))
+                       tuple(d["row_keys"]), tuple((k, tuple(v)) for k, v in d.get("pads", ())),
+                       tuple((k, int(ax)) for k, ax in d.get("joins", ())),
+                       tuple((k, str(t)) for k, t in d.get("dtypes", ())))
         except (TypeError, ValueError, KeyError) as e:
             raise InputError(f"unreadable {LAYOUT_COLUMN} ({type(e).__name__}: {e})", row=row, column=LAYOUT_COLUMN,
                              stage="validate", expected="the JSON mmpipe.encode wrote", found=repr(text)[:80],
@@ -138,9 +166,30 @@ def pack_token_types(fam, token_types) -> dict:
     return {}  # the generic path does not pack
 
 
+def position_inputs(batch, positions) -> dict:
+    """``position_ids`` [B, L] (``0..n-1`` per row) only where the processor's model takes 1-D
+    positions (`mmpipe.media.processor_rope.model_rope`, from transformers' tables by the stored
+    processor class: old rows too). ``positions``: None (default) -> those 1-D positions for a
+    1-D model, none for a model with multi-dimensional or unknown positions (the model computes
+    them itself from ids, masks and grids, as with the processor's own batch); "none" -> none;
+    "1d" -> 1-D positions, an `ArgumentError` for a multi-dimensional rope (they would be wrong)."""
+    from mmpipe.media.processor_rope import model_rope
+
+    rope = model_rope(batch.processor_class or "")
+    if positions == "1d" and rope.kind == "multi":
+        raise ArgumentError(
+            f"positions='1d' for {rope.processor_class}: its model's rope is multi-dimensional ({rope.detail}); "
+            "1-D positions [B, L] would give it wrong positions at every image; pass positions=None (the "
+            "default) or 'none' to let the model compute its own")
+    if positions is None and not rope.one_d:
+        positions = "none"
+    return one_d_position_inputs(batch, positions)
+
+
 def model_inputs(batch, token_types=None) -> dict:
-    """The processor's own outputs: its sequence keys [B, L] and every vision key."""
-    return {**batch.sequence, **batch.vision}
+    """The processor's own outputs: its sequence keys [B, L] and every vision key (in the
+    processor's dtype: `ProcessorLayout.model_tensors`)."""
+    return {**batch.sequence, **(batch.layout.model_tensors(batch.vision) if batch.layout else batch.vision)}
 
 
 # ---- rollout ----
@@ -215,8 +264,10 @@ def collate_media(rows: list, ctx) -> dict:
     rows were probed differently)."""
     out, row_keys = collate_outputs(rows, ctx)
     if any(r.layout != rows[0].layout for r in rows):
+        first = rows[0].layout or ProcessorLayout("")
         out["layout"] = ProcessorLayout.of(rows[0].processor_class, rows[0].sequence,
-                                           {k: v[:0] for k, v in out["vision"].items()}, row_keys)
+                                           {k: v[:0] for k, v in out["vision"].items()}, row_keys,
+                                           joins=first.joins, dtypes=first.dtypes)
     return out
 
 

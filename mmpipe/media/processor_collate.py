@@ -7,6 +7,9 @@ as the processor's own batch call pads them, and cut back out.
   item, `ProcessorLayout.pads`); a row without it is all padding;
 - a token-aligned row key (``[1, L, ...]``, Mllama's ``cross_attention_mask`` [1, L, images,
   tiles]) is padded on its token axis at the padding side, as the tokens are (`token_aligned`);
+- a joined key (`ProcessorLayout.joins`: ``[1, ...]`` per row, the batch ONE such array, e.g.
+  MiniCPM-V's ``pixel_values`` [1, 3, 14, patches x 14]) is the rows' arrays joined along that
+  axis, as the processor's batch call joins them (`join_vision`);
 - any other key (axis 0 = images, e.g. LLaVA's ``pixel_values`` [I, 3, H, W]) is concatenated
   over the rows, its trailing axes zero-padded to the largest.
 
@@ -79,17 +82,41 @@ def collate_vision(rows: list, key: str, row_key: bool, L: int = 0,
     return np.concatenate(blocks), shapes
 
 
-def cut_vision(vision: dict, shapes: dict, row_keys: set, b: int, n: int, cols: slice, starts: dict) -> dict:
+def join_vision(rows: list, key: str, axis: int) -> tuple[np.ndarray, list]:
+    """Joined output ``key`` (`ProcessorLayout.joins`) of every row -> (the rows' arrays joined
+    along ``axis``, as the processor's batch call joins them; each row's own shape or None). Rows
+    whose other axes differ cannot be joined: `InputError`."""
+    present = [(i, r.vision[key]) for i, r in enumerate(rows) if key in r.vision]
+    first = present[0][1]
+    for i, a in present:
+        if a.shape[:axis] + a.shape[axis + 1:] != first.shape[:axis] + first.shape[axis + 1:]:
+            raise InputError(f"{key} is joined along axis {axis} by the processor, but its other axes differ "
+                             "between rows", row=i, column=key, stage="collate",
+                             expected=f"shape {first.shape} apart from axis {axis}", found=f"shape {a.shape}",
+                             fix="batch rows encoded with the same image-processor settings")
+    shapes = [r.vision[key].shape if key in r.vision else None for r in rows]
+    return np.concatenate([a for _, a in present], axis=axis), shapes
+
+
+def cut_vision(vision: dict, shapes: dict, row_keys: set, b: int, n: int, cols: slice, starts: dict,
+               joins: dict = None) -> dict:
     """Row ``b``'s own vision outputs cut out of the batch's arrays ``vision`` (numpy), to its
     ``shapes``; ``n``: its tokens at ``cols`` of the padded length; ``starts``: per key not a row
-    key, the row's first item (advanced here past its items)."""
-    out = {}
+    key, the row's first item (advanced here past its items); ``joins``: key -> the axis its
+    rows are joined along (there the row starts at ``starts[key]``)."""
+    out, joins = {}, joins or {}
     for key, arr in vision.items():
         shape = shapes[key][b]
         if shape is None:
             continue
-        start = b if key in row_keys else starts[key]
         cut = [slice(0, s) for s in shape]
+        if key in joins:
+            ax = joins[key]
+            cut[ax] = slice(starts[key], starts[key] + shape[ax])
+            out[key] = arr[tuple(cut)].copy()
+            starts[key] += shape[ax]
+            continue
+        start = b if key in row_keys else starts[key]
         if key in row_keys and len(shape) >= 2 and shape[1] == n:  # token-aligned (see token_aligned)
             cut[1] = cols
         out[key] = arr[start:start + shape[0]][tuple(cut)].copy()
@@ -143,9 +170,11 @@ def collate_outputs(rows: list, ctx) -> tuple[dict, tuple]:
     _check_processor(rows, ctx.state.get("processor_class"))
     warn_cross_attention_counts(rows)
     row_keys = tuple(sorted({k for r in rows for k in r.row_keys}))
+    joins = dict(rows[0].layout.joins) if rows[0].layout is not None else {}
     vision, shapes = {}, {}
     for key in sorted({k for r in rows for k in r.vision}):
-        vision[key], shapes[key] = collate_vision(rows, key, key in row_keys, ctx.length, ctx.padding_side)
+        vision[key], shapes[key] = join_vision(rows, key, joins[key]) if key in joins else \
+            collate_vision(rows, key, key in row_keys, ctx.length, ctx.padding_side)
     fields = dict(pixel_format="float32" if vision else "none", shapes=shapes, vision=vision)
     return {**fields, "layout": rows[0].layout}, row_keys
 
@@ -156,8 +185,9 @@ def unbatch_media(batch) -> list[dict]:
     out, L = cut_layout(batch, MEDIA_ITEMS), batch.input_ids.shape[1]
     vision = {k: to_numpy(v) for k, v in batch.vision.items()}
     row_keys = set(batch.layout.row_keys) if batch.layout is not None else set()
+    joins = dict(batch.layout.joins) if batch.layout is not None else {}
     starts = {k: 0 for k in vision}
     for b, (row, n) in enumerate(zip(out, to_numpy(batch.seq_lengths).tolist())):
         cols = slice(0, n) if batch.padding_side == "right" else slice(L - n, L)
-        row.update(layout=batch.layout, vision=cut_vision(vision, batch.shapes, row_keys, b, n, cols, starts))
+        row.update(layout=batch.layout, vision=cut_vision(vision, batch.shapes, row_keys, b, n, cols, starts, joins))
     return out

@@ -95,8 +95,36 @@ def _plain(enc, messages: list, agp: bool) -> str:
                                              **enc.chat_template_kwargs)
 
 
-def _call(enc, text: str, images: list):
-    return enc.processor(text=[text], images=images or None, return_tensors="np")
+# float dtypes numpy lacks or mmpipe does not store as they are (Llama 4's bf16 pixels): stored float32
+# (exact), handed to the model in the processor's dtype (`ProcessorLayout.dtypes`)
+LOW_FLOATS = ("bfloat16", "float16")
+
+
+def _run(enc, **kwargs) -> tuple[dict, dict]:
+    """The processor's call -> ({key: numpy}, {key: dtype} of its `LOW_FLOATS` outputs, now float32).
+    Asked for numpy; a processor whose outputs numpy cannot hold (bf16 tensors) is asked for torch
+    (at once, once its layout says so)."""
+    layout = getattr(enc, "_layout", None)
+    pt = layout is not None and bool(layout.dtypes)
+    try:
+        out = enc.processor(**kwargs, return_tensors="pt" if pt else "np")
+    except ValueError as e:  # transformers 5: "Unable to convert output 'k'", 4.x: "Unable to create tensor"
+        if pt or not str(e).startswith(("Unable to convert output", "Unable to create tensor")):
+            raise
+        out = enc.processor(**kwargs, return_tensors="pt")
+    arrays, low = {}, {}
+    for k, v in out.items():
+        dtype = str(getattr(v, "dtype", "")).replace("torch.", "")
+        if dtype in LOW_FLOATS:
+            low[k] = dtype
+            v = v.float() if hasattr(v, "float") else np.asarray(v, np.float32)
+        arrays[k] = np.asarray(to_numpy(v))
+    return arrays, low
+
+
+def _call(enc, text: str, images: list) -> dict:
+    """The processor's outputs (numpy) for one row."""
+    return _run(enc, text=[text], images=images or None)[0]
 
 
 def _user_turn(n_images: int) -> list:
@@ -117,20 +145,25 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
     pil = [im for _, im in enc.load_images(images, where, prefetched)]
     agp = enc.generation_prompt(messages)
     text = enc.prompt_text(messages, agp, tools, where)
+    layout = enc.layout()
     try:
-        out = _call(enc, text, pil)
+        out, low = _run(enc, text=[text], images=pil or None)
     except (ValueError, TypeError, IndexError, KeyError) as e:
         raise InputError(f"the processor {enc.processor_class} failed on this row ({type(e).__name__}: {e})",
                          where=where, stage="encode", column="messages",
                          fix="check the row's image items against its images and the chat template") from e
-    ids = to_numpy(out["input_ids"])[0].astype(np.int64)
-    layout = enc.layout()
+    ids = out["input_ids"][0].astype(np.int64)
     sequence, vision = {}, {}
     vision_keys = {name for name, _, _ in layout.vision}
+    unrecorded = sorted(set(low.items()) - set(layout.dtypes))
+    if unrecorded:
+        raise InputError(f"the processor returned {unrecorded[0][0]!r} in {unrecorded[0][1]}, which its probe did not "
+                         "show", where=where, stage="encode", column=unrecorded[0][0],
+                         expected=f"the probe's dtypes {dict(layout.dtypes)}", found=unrecorded[0][1],
+                         fix="report the processor class; encode with labels and options unchanged")
     for k, v in out.items():
         if k in _OWN:
             continue
-        v = np.asarray(to_numpy(v))
         if k in layout.sequence:
             sequence[k] = v.reshape(-1).astype(np.int64)
         elif k in vision_keys:
@@ -204,45 +237,71 @@ def suffix_cut(enc, ids: np.ndarray, full: str, prefix: str) -> Optional[int]:
 
 def _prefix_ids(enc, text: str, images: list) -> np.ndarray:
     """Token ids of a rendered conversation prefix with its own images."""
-    return to_numpy(_call(enc, text, images)["input_ids"])[0].astype(np.int64)
+    return _call(enc, text, images)["input_ids"][0].astype(np.int64)
 
 
 def probe(enc) -> tuple:
-    """The processor's outputs, found by two probes: a text-only row and one row holding two
-    small images -> (sequence keys, vision keys as (name, dtype, ndim), row keys, pads). Row
-    keys: axis 0 of length 1 for the row (not a sequence); sequence keys: ``[1, L]``; the other
-    outputs are vision keys (axis 0: images/patches)."""
+    """The processor's outputs, found by probes: a text-only row, one row holding two small
+    images, one holding one, and the processor's batch of the last two -> (sequence keys,
+    vision keys as (name, stored dtype, ndim), row keys, pads, joins, dtypes; see
+    `mmpipe.media.processor.ProcessorLayout`). Row keys: axis 0 of length 1 for the row (not a
+    sequence), padded into ``[B, ...]``; joins: keys the batch call joins into ONE array along an
+    axis > 0 (axis 0 stays 1); sequence keys: ``[1, L]``; the other outputs are vision keys
+    (axis 0: images/patches), concatenated over the rows."""
     from PIL import Image
 
     im = Image.new("RGB", (64, 64), (120, 60, 30))
-    out = _probe_call(enc, [im, im])
+    out, low = _run(enc, text=[_plain(enc, _user_turn(2), True)], images=[im, im])
     try:
         text_only = _probe_call(enc, [])
     except (ValueError, TypeError, IndexError, KeyError):  # PaliGemma takes no row without an image
         text_only = {}
-    seq = len(to_numpy(out["input_ids"])[0])
-    arrays = {k: np.asarray(to_numpy(v)) for k, v in out.items() if k not in _OWN}
+    seq = len(out["input_ids"][0])
+    arrays = {k: v for k, v in out.items() if k not in _OWN}
     sequence = {k for k, v in arrays.items() if v.shape == (1, seq)}
-    sequence |= {k for k, v in text_only.items() if k not in _OWN
-                 and np.shape(v) == np.shape(text_only["input_ids"])}
+    sequence |= {k for k, v in text_only.items() if k not in _OWN and v.shape == text_only["input_ids"].shape}
     row_keys = sorted(k for k, v in arrays.items() if k not in sequence and v.ndim >= 1 and v.shape[0] == 1)
+    pads, joins = _batch_rules(enc, row_keys, im, out)
+    row_keys = [k for k in row_keys if k not in dict(joins)]
     vision = tuple((k, str(v.dtype), v.ndim) for k, v in sorted(arrays.items()) if k not in sequence)
-    return tuple(sorted(sequence)), vision, tuple(row_keys), _pads(enc, row_keys, im)
+    dtypes = tuple(sorted((k, d) for k, d in low.items() if k not in _OWN))
+    return tuple(sorted(sequence)), vision, tuple(row_keys), pads, joins, dtypes
 
 
-def _pads(enc, row_keys: list, im) -> tuple:
-    """Row keys whose missing items the processor pads with other values than 0 (Mllama's
-    ``aspect_ratio_mask``: first tile 1): its batch of a 1-image and a 2-image row, the
-    first row's slot 1 (axis 1; token-aligned keys skipped). () where the batch call fails."""
+def _joined_axis(a: np.ndarray, b: np.ndarray, both: np.ndarray):
+    """The axis > 0 along which ``both`` (the processor's batch of two rows) is ``a`` and ``b`` (each
+    row alone) joined, every array's axis 0 being 1; None if it is not."""
+    if not (a.ndim == b.ndim == both.ndim >= 2 and a.shape[0] == b.shape[0] == both.shape[0] == 1):
+        return None
+    for ax in range(1, a.ndim):
+        if all(a.shape[i] == b.shape[i] for i in range(a.ndim) if i != ax) and \
+                np.array_equal(both, np.concatenate([a, b], axis=ax)):
+            return ax
+    return None
+
+
+def _batch_rules(enc, row_keys: list, im, two: dict) -> tuple:
+    """What the processor's batch of a 1-image and a 2-image row shows beyond each row alone
+    (``two``: the 2-image row's outputs) -> (pads, joins); ((), ()) where the batch call fails.
+    pads: row keys whose missing items it pads with other values than 0 (Mllama's
+    ``aspect_ratio_mask``: first tile 1): the first row's slot 1 (axis 1; token-aligned keys
+    skipped). joins: (key, axis) of the outputs it joins into one array (MiniCPM-V's
+    ``pixel_values`` [1, 3, 14, patches x 14] on axis 3)."""
     try:
-        out = enc.processor(text=[_plain(enc, _user_turn(n), True) for n in (1, 2)],
-                            images=[[im], [im, im]], padding=True, return_tensors="np")
+        out, _ = _run(enc, text=[_plain(enc, _user_turn(n), True) for n in (1, 2)], images=[[im], [im, im]],
+                      padding=True)
     except (ValueError, TypeError, IndexError, KeyError):
-        return ()
-    L = np.shape(out["input_ids"])[1]
-    slots = {k: np.asarray(to_numpy(out[k]))[0, 1] for k in row_keys
-             if k in out and np.ndim(out[k]) >= 3 and np.shape(out[k])[1] == 2 != L}
-    return tuple((k, tuple(v.reshape(-1).tolist())) for k, v in sorted(slots.items()) if v.any())
+        return (), ()
+    try:
+        one = _probe_call(enc, [im])
+    except (ValueError, TypeError, IndexError, KeyError):
+        one = {}
+    L = out["input_ids"].shape[1]
+    joins = tuple(sorted((k, ax) for k in out if k not in _OWN and k in one and k in two
+                         and (ax := _joined_axis(one[k], two[k], out[k])) is not None))
+    slots = {k: out[k][0, 1] for k in row_keys
+             if k in out and k not in dict(joins) and out[k].ndim >= 3 and out[k].shape[1] == 2 != L}
+    return tuple((k, tuple(v.reshape(-1).tolist())) for k, v in sorted(slots.items()) if v.any()), joins
 
 
 def encode_empty(enc) -> dict:
@@ -258,6 +317,5 @@ def encode_image_bytes(enc) -> int:
         from PIL import Image
 
         out = _probe_call(enc, [Image.new("RGB", (2048, 2048), (120, 60, 30))])
-        enc._image_bytes = int(sum(np.asarray(to_numpy(v)).nbytes for k, v in out.items()
-                                   if k not in ("input_ids", "attention_mask")))
+        enc._image_bytes = int(sum(v.nbytes for k, v in out.items() if k not in ("input_ids", "attention_mask")))
     return enc._image_bytes
