@@ -8,6 +8,7 @@ One module per step, in the order rows flow::
     text.py     the text part of a padded batch (ids, masks, positions, labels), and back
     media_fields.py  the per-item layout (grids, sizes, tile counts) and its offsets, and back
     collate.py  MultiModalInputs rows -> padded BatchedMultiModalInputs (collate, Collator, ArrowRows)
+    attention_layers.py  a model's layer types -> whether its rows may share one sequence
     pack_batch.py  one right-padded batch -> one pack (and which families refuse packing)
     packing.py  rows -> one padding-free [1, T] PackedMultiModalInputs, and back
                 (pack, unpack, to_padded, PackingCollator)

@@ -22,6 +22,11 @@ the functions, so importing this package stays cheap.
   InternVL and LLaVA-OneVision - their real processors with small fixed-size tiles and tiny
   matching models (the last two share `mmpipe.offline.tiny_towers`;
   `mmpipe.offline.tile_builders` picks either by name).
+- `mmpipe.offline.qwen3_5`: tiny Qwen3.5, Qwen3.5-MoE (hybrid linear attention) and Qwen3-VL-MoE
+  models that take the Qwen3-VL processor's rows (``build_model("qwen3_5")`` routes there).
+- `mmpipe.offline.glm46v`, `mmpipe.offline.minicpmv`: GLM-4.6V's ``Glm46VProcessor`` and MiniCPM-V
+  4.6 / 4.7's processors with tiny models (transformers 5 only; their chat templates are
+  reconstructions, see each module).
 - `mmpipe.offline.other_vlms`: the stock processors and tiny models of VLMs mmpipe has no
   family-table row for (Idefics3, LLaVA 1.5, Mllama, PaliGemma), the base the modules above
   adjust.

@@ -40,6 +40,7 @@ CORE=(
     tests/rollout/test_rollout_consistency.py
     tests/rollout/test_inputs.py
     tests/offline/test_fixtures.py
+    tests/batching/test_packing_models.py
     tests/rema/test_rema.py
     tests/rema/test_rema_fidelity.py
 )
