@@ -27,6 +27,8 @@ the functions, so importing this package stays cheap.
 - `mmpipe.offline.glm46v`, `mmpipe.offline.minicpmv`: GLM-4.6V's ``Glm46VProcessor`` and MiniCPM-V
   4.6 / 4.7's processors with tiny models (transformers 5 only; their chat templates are
   reconstructions, see each module).
+- `mmpipe.offline.ovis2`: Ovis2's stock processor (small tiles, the published chat template and
+  image tokens) and a tiny ``Ovis2ForConditionalGeneration``, for the generic path.
 - `mmpipe.offline.other_vlms`: the stock processors and tiny models of VLMs mmpipe has no
   family-table row for (Idefics3, LLaVA 1.5, Mllama, PaliGemma), the base the modules above
   adjust.

@@ -1,5 +1,6 @@
 """Offline fixtures for the VLMs mmpipe has no family-table row for (Idefics3, LLaVA 1.5,
-Mllama, PaliGemma; MiniCPM-V 4.6 / 4.7 from `mmpipe.offline.minicpmv`, `MINICPMV_NAMES`): their
+Mllama, PaliGemma; MiniCPM-V 4.6 / 4.7 from `mmpipe.offline.minicpmv`, `MINICPMV_NAMES`; Ovis2 from
+`mmpipe.offline.ovis2`, `OVIS2_NAMES`): their
 real transformers processors and tiny models, built locally with no download and no torchvision. The same table also builds the stock GLM-4.1V, Gemma 3,
 LLaVA-OneVision and InternVL processors (and a tiny Gemma 3 model): the base that
 `mmpipe.offline.gemma3`, `mmpipe.offline.internvl` and `mmpipe.offline.onevision` adjust.
@@ -24,10 +25,11 @@ from mmpipe.errors import ArgumentError
 from mmpipe.offline.chat_templates import QWEN2_VL_CHAT_TEMPLATE
 from mmpipe.families import DEFAULT_FAMILY, FAMILIES
 from mmpipe.offline.minicpmv import MINICPMV_NAMES, build_minicpmv_model, build_minicpmv_processor
+from mmpipe.offline.ovis2 import OVIS2_NAMES, build_ovis2_model, build_ovis2_processor
 from mmpipe.offline.tokenizer import build_tokenizer
 
-__all__ = ["FOREIGN_PROCESSORS", "IDEFICS3_TILE", "MINICPMV_NAMES", "MODELS", "MORE_MODELS", "TINY_IMAGE",
-           "build_foreign_processor", "build_foreign_model"]
+__all__ = ["FOREIGN_PROCESSORS", "IDEFICS3_TILE", "MINICPMV_NAMES", "OVIS2_NAMES", "MODELS", "MORE_MODELS",
+           "TINY_IMAGE", "build_foreign_processor", "build_foreign_model"]
 
 IDEFICS3_TILE = 32  # tiny tiles: 32x32 pixels, 2x2 patches of 16, one token per tile (scale 2)
 TINY_IMAGE = 32  # Gemma 3 / LLaVA images are resized to 32x32 (the tiny vision towers' image_size)
@@ -102,13 +104,16 @@ def _processor_class(name: str) -> type:
 
 
 def build_foreign_processor(name: str):
-    """A real processor of family ``name`` (one of `FOREIGN_PROCESSORS` or `MINICPMV_NAMES`),
+    """A real processor of family ``name`` (one of `FOREIGN_PROCESSORS`, `MINICPMV_NAMES`, `OVIS2_NAMES`),
     offline; a fresh object on every call. Its chat template renders each image as the family's
     placeholder."""
     if name in MINICPMV_NAMES:  # a builder of its own (tests/encoding/test_generic_2026.py)
         return build_minicpmv_processor(name)
+    if name in OVIS2_NAMES:  # and Ovis2 (tests/encoding/test_generic_ovis2.py)
+        return build_ovis2_processor(name)
     if name not in _SPECS:
-        raise ArgumentError(f"unknown offline processor {name!r}; use one of {FOREIGN_PROCESSORS + MINICPMV_NAMES}")
+        raise ArgumentError(f"unknown offline processor {name!r}; use one of "
+                            f"{FOREIGN_PROCESSORS + MINICPMV_NAMES + OVIS2_NAMES}")
     import transformers
 
     _, ip_name, _, image_text, kwargs = _SPECS[name]
@@ -189,10 +194,13 @@ def build_foreign_model(name: str = "idefics3", seed: int = 0):
     cross-attends, its tanh gates set to 0.5 (0 at init: images would not count); PaliGemma
     (Gemma + SigLIP): 32x32 images, 4 tokens each. fp32, eval
     mode, eager attention. A deep copy of a cached model per call. MiniCPM-V 4.6 / 4.7
-    (`MINICPMV_NAMES`): `mmpipe.offline.minicpmv.build_minicpmv_model`."""
+    (`MINICPMV_NAMES`): `mmpipe.offline.minicpmv.build_minicpmv_model`; Ovis2 (`OVIS2_NAMES`):
+    `mmpipe.offline.ovis2.build_ovis2_model`."""
     if name in MINICPMV_NAMES:
         return build_minicpmv_model(name, seed)
+    if name in OVIS2_NAMES:
+        return build_ovis2_model(name, seed)
     if name not in MODELS + MORE_MODELS:
         raise ArgumentError(f"no offline model for {name!r}; build_foreign_model builds one of "
-                            f"{MODELS + MORE_MODELS + MINICPMV_NAMES}")
+                            f"{MODELS + MORE_MODELS + MINICPMV_NAMES + OVIS2_NAMES}")
     return copy.deepcopy(_cached_model(name, int(seed)))
