@@ -1,6 +1,6 @@
 """Model-family table: everything that differs between the model families (Qwen2/2.5/3-VL,
-GLM-4.1V, Gemma 3, InternVL, LLaVA-OneVision, plain decoder LLMs, and the generic path for any
-other VLM processor) lives here, one `ModelFamily` row per family. Stages look a family up and
+GLM-4.1V/4.6V, Gemma 3, InternVL, LLaVA-OneVision, plain decoder LLMs, and the generic path for
+any other VLM processor) lives here, one `ModelFamily` row per family. Stages look a family up and
 never branch on its name; what differs in how a family's media are laid out and stored is its
 ``kind`` (`ModelFamily.media`: one strategy per kind in `mmpipe.media`).
 
@@ -14,7 +14,7 @@ never guessed from attributes (`family_of`); other families raise `UnsupportedPr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from mmpipe.errors import ArgumentError, UnsupportedProcessorError
@@ -202,7 +202,7 @@ QWEN2_5_VL = ModelFamily(
 )
 QWEN3_VL = ModelFamily(
     name="qwen3_vl",
-    model_types=("qwen3_vl", "qwen3_vl_moe"),
+    model_types=("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"),
     rope="mrope_frames",
     patch_size=16,
     image_mean=HALF,
@@ -232,16 +232,20 @@ GLM4V = ModelFamily(
     processor_bounds="size",
     video_rule="glm4v",
 )
+# GLM-4.6V (transformers 5): GLM-4.1V's processor, image processor and model, derived; its videos
+# differ (times "1.5 seconds", own sampling): refused. Names only: resolves on 4.57 (no glm46v) too.
+GLM46V = replace(GLM4V, name="glm46v", model_types=("glm46v",),
+                 processor_classes=("Glm46VProcessor",), encodes_videos=False,
+                 model_class="Glm46VForConditionalGeneration")
 TEXT = ModelFamily(
     name="text", model_types=(), rope="1d",
     image_token=None, video_token=None, vision_start_token=None, vision_end_token=None,
 )
 
-FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GLM4V, TEXT)}
+FAMILIES: dict[str, ModelFamily] = {
+    f.name: f for f in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GLM4V, GLM46V, TEXT)}
 VISION_FAMILIES: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if f.is_vision)
 DEFAULT_FAMILY = QWEN2_VL.name
-
-
 
 
 # Gemma 3: each image one 896x896 SigLIP tile (pan-and-scan adds crops, each its own tile and
@@ -280,7 +284,7 @@ GENERIC = ModelFamily(
 
 # The whole table, and views of it by kind (names kept by the stages that take one kind's rows).
 ALL_FAMILIES: dict[str, ModelFamily] = {
-    f.name: f for f in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, GLM4V, TEXT, GEMMA3, INTERNVL, LLAVA_ONEVISION, GENERIC)}
+    **FAMILIES, **{f.name: f for f in (GEMMA3, INTERNVL, LLAVA_ONEVISION, GENERIC)}}
 TILED_FAMILIES: dict[str, ModelFamily] = {n: f for n, f in ALL_FAMILIES.items() if f.kind == "tiles"}
 # Processor class name -> family (for processors that carry no model config); model type -> family.
 _PROCESSOR_CLASSES = {cls: f for f in ALL_FAMILIES.values() for cls in f.processor_classes}
@@ -334,7 +338,7 @@ def _unsupported(kind: str, name: str, detail: str = "") -> UnsupportedProcessor
     return UnsupportedProcessorError(
         f"{kind} {name}{detail} is not a model family mmpipe encodes natively (known {kind}s: "
         f"{', '.join(known)}); it takes the generic path {GENERIC_PATH} (the processor's own chat "
-        f"template and call, float pixel values, 1-D positions)", name)
+        f"template and call, float pixel values, positions only where exact)", name)
 
 
 def family_of(obj) -> ModelFamily:

@@ -5,10 +5,10 @@ processor mmpipe has no family table for (or a tiled family's, asked for with
 raw chat row -> the processor's own chat template + processor call -> the row's fields (its
 outputs, its dtypes, typed by its `mmpipe.media.processor.ProcessorLayout`; labels from the
 assistant replies) -> stored row (``family="generic"``) -> `mmpipe.collate` (padding, ragged
-tiles, 1-D positions) -> ``model(**batch.model_inputs())``. It logs one line per processor
+tiles, positions where exact) -> ``model(**batch.model_inputs())``. It logs one line per processor
 class. None of mmpipe's speed features apply: no compact uint8 storage, no layout-only
-encoding, no packing, positions ``0..n-1`` (right for 1-D rotary models; an M-RoPE model of an
-unlisted family builds its own: ``model_inputs(positions="none")``).
+encoding, no packing; positions ``0..n-1`` only where the processor's model takes 1-D positions (else the
+model builds its own, `mmpipe.media.processor_rope`).
 
 Reached as ``fam.media.encode_*`` (re-exported by `mmpipe.media.processor`).
 """
@@ -33,7 +33,7 @@ logger = logging.getLogger("mmpipe")
 
 GENERIC_LOG = ("mmpipe: {cls} has no model-family table; encoding through the generic path (its own chat "
                "template and processor call, float pixel values as the processor returns them). It lacks: "
-               "compact uint8 storage, layout-only encoding, packing; positions are 1-D (0..n-1 per row)")
+               "compact uint8 storage, layout-only encoding, packing; positions 0..n-1 only where its model's rope is 1-D")
 # processor outputs mmpipe makes itself (labels: the replies)
 _OWN = ("input_ids", "attention_mask", "labels")
 LOGGED_CLASSES: set = set()  # processor classes this process has logged the line for
@@ -42,7 +42,7 @@ ENCODE_PIXELS = ("float32",)
 # the options of mmpipe.Encoder (`mmpipe.encoding.encoder.KIND_OPTIONS`) that have no meaning here ->
 # what to do instead, and how the kind says so (option values too)
 REFUSAL = ("{what} is not available for {cls}: it has no mmpipe family table and takes the generic path "
-           "({fam}: the processor's own outputs, 1-D positions); {why}")
+           "({fam}: the processor's own outputs, positions only where exact); {why}")
 ENCODE_REFUSED = {
     "min_pixels": "set the bounds on the processor's image processor",
     "max_pixels": "set the bounds on the processor's image processor",

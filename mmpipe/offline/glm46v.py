@@ -1,6 +1,7 @@
-"""Offline fixtures for GLM-4.6V (transformers 5 ``glm46v``; no mmpipe family row: it takes the
-generic path): a real ``Glm46VProcessor`` and a tiny ``Glm46VForConditionalGeneration``, built
-locally with no download. transformers 4.57 has no ``glm46v``: every builder raises
+"""Offline fixtures for GLM-4.6V (transformers 5 ``glm46v``, `mmpipe.families.GLM46V`): a real
+``Glm46VProcessor`` and a tiny ``Glm46VForConditionalGeneration``, built locally with no
+download; ``mmpipe.offline.build_processor("glm46v")`` / ``build_model("glm46v")`` hand over to
+these (`mmpipe.offline.tokenizer.OWN_BUILDERS`). transformers 4.57 has no ``glm46v``: every builder raises
 `ArgumentError` saying so (`available` tells tests to skip).
 
 - `build_processor`: an image-only subclass of ``Glm46VProcessor`` (its stock ``__init__`` checks
@@ -22,7 +23,8 @@ import functools
 
 from mmpipe.errors import ArgumentError
 
-__all__ = ["GLM46V_CHAT_TEMPLATE", "available", "build_processor", "build_model"]
+__all__ = ["GLM46V_CHAT_TEMPLATE", "available", "build_processor", "build_model", "offline_processor",
+           "offline_model"]
 
 # GLM-4.6V's chat format, as zai-org publishes it with its Glm46VProcessor checkpoints (the
 # GLM-4.5V-style template; tool definitions in the system header are left out here):
@@ -94,7 +96,7 @@ def _require():
 @functools.lru_cache(maxsize=None)
 def _processor_class() -> type:
     """``Glm46VProcessor`` without a video processor; the stock class stays in the MRO, so
-    `mmpipe.families.processor_class_name` names it (and the generic path stores that name)."""
+    `mmpipe.families.processor_class_name` names it (and `family_of` finds the glm46v row)."""
     from transformers import Glm46VProcessor
 
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
@@ -167,3 +169,13 @@ def build_model(seed: int = 0):
     mode; a deep copy of a cached model per call)."""
     _require()
     return copy.deepcopy(_cached_model(int(seed)))
+
+
+def offline_processor(family: str, *, min_pixels: int | None = None, max_pixels: int | None = None):
+    """`mmpipe.offline.build_processor` for ``family`` "glm46v" (`mmpipe.offline.tokenizer.OWN_BUILDERS`)."""
+    return build_processor(min_pixels=min_pixels, max_pixels=max_pixels)
+
+
+def offline_model(family: str, seed: int = 0):
+    """`mmpipe.offline.build_model` for ``family`` "glm46v"."""
+    return build_model(seed)

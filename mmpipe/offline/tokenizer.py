@@ -34,8 +34,8 @@ __all__ = [
 # Vision families whose offline tokenizer / processor / model come from a module of their own
 # (its build_tokenizer / build_processor / build_model); build_processor and build_model hand over.
 # (each module's offline_processor(family, min_pixels, max_pixels) / offline_model(family, seed))
-OWN_BUILDERS = {GLM4V.name: "mmpipe.offline.glm4v", "gemma3": "mmpipe.offline.gemma3",
-                "internvl": "mmpipe.offline.internvl", "llava_onevision": "mmpipe.offline.onevision"}
+OWN_BUILDERS = {GLM4V.name: "mmpipe.offline.glm4v", "glm46v": "mmpipe.offline.glm46v",
+                "gemma3": "mmpipe.offline.gemma3", "internvl": "mmpipe.offline.internvl", "llava_onevision": "mmpipe.offline.onevision"}
 # the families the Qwen builders here make (every other vision family)
 FAMILY_NAMES = tuple(f for f in VISION_FAMILIES if f not in OWN_BUILDERS)
 

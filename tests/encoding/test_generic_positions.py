@@ -2,7 +2,12 @@
 ``position_ids`` [B, L] where the processor's model takes 1-D positions (Idefics3), none where its
 rope is multi-dimensional (GLM-4.6V: the model computes them, as with the processor's own batch),
 ``positions="1d"`` refused there. Decided from transformers' tables by the processor class
-(`mmpipe.media.processor_rope`). Rows of 0..3 images, left and right padding."""
+(`mmpipe.media.processor_rope`). Rows of 0..3 images, left and right padding.
+
+GLM-4.6V has a native row now (tests/encoding/test_glm46v.py); here it stands for a processor
+WITHOUT a row whose model's rope is 3-D (the Omni thinkers, ...): the module hides its row from
+the class lookups (`glm46v_without_its_row`), so it takes the generic path as such a processor
+does (``Encoder(processor, family="generic")`` refuses a native patch-grid processor)."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import pytest
 import torch
 
 import mmpipe
+from mmpipe import families
 from mmpipe.errors import ArgumentError
 from mmpipe.media.processor_rope import model_rope
 from mmpipe.offline import glm46v
@@ -22,6 +28,15 @@ from helpers import generic_chat_rows as chat_rows
 COUNTS = [2, 0, 3, 1]  # images per row
 SIDES = ["left", "right"]
 needs_glm46v = pytest.mark.skipif(not glm46v.available(), reason="transformers 4.x has no GLM-4.6V (glm46v)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def glm46v_without_its_row():
+    """The glm46v row out of the processor-class and model-type lookups for this module."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delitem(families._PROCESSOR_CLASSES, "Glm46VProcessor")
+        mp.delitem(families._MODEL_TYPES, "glm46v")
+        yield
 
 
 @pytest.fixture(scope="module")
