@@ -30,6 +30,19 @@ def processor_reference(processor, messages, images, add_generation_prompt=None)
     return {k: np.asarray(v) for k, v in out.items()}
 
 
+def image_chat(n_images, answer=None):
+    """A user turn of ``n_images`` images, each followed by " picture i.", then "Describe them.";
+    with ``answer`` an assistant reply too (the chat the encode tests compare with the processor)."""
+    content = []
+    for i in range(n_images):
+        content += [{"type": "image"}, {"type": "text", "text": f" picture {i}."}]
+    content.append({"type": "text", "text": "Describe them."})
+    msgs = [{"role": "user", "content": content}]
+    if answer is not None:
+        msgs.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
+    return msgs
+
+
 def assistant_texts(messages):
     out = []
     for m in messages:

@@ -15,19 +15,8 @@ from mmpipe.encoding.mapping import prefetch_images as _prefetched
 from mmpipe.testing.invariants import assert_roundtrip
 
 from conftest import processor_for
-from helpers import assistant_texts, processor_reference
+from helpers import assistant_texts, processor_reference, image_chat as _chat
 from strategies import raw_rows
-
-
-def _chat(n_images, answer=None):
-    content = []
-    for i in range(n_images):
-        content += [{"type": "image"}, {"type": "text", "text": f" picture {i}."}]
-    content.append({"type": "text", "text": "Describe them."})
-    msgs = [{"role": "user", "content": content}]
-    if answer is not None:
-        msgs.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
-    return msgs
 
 
 def test_matches_processor_on_real_photos(processor, photos):

@@ -22,7 +22,7 @@ from mmpipe.images.spec import VisionSpec, glm4v_smart_resize
 from mmpipe.offline import glm46v
 from mmpipe.testing import invariants
 
-from helpers import processor_reference
+from helpers import processor_reference, image_chat as _chat
 
 FAM = GLM46V.name
 COUNTS = [0, 1, 2, 3]  # images per row
@@ -46,17 +46,6 @@ def model():
 @pytest.fixture(scope="module")
 def photos():
     return [im.convert("RGB") for _, im in testing.sample_photos()][:3]
-
-
-def _chat(n_images, answer=None):
-    content = []
-    for i in range(n_images):
-        content += [{"type": "image"}, {"type": "text", "text": f" picture {i}."}]
-    content.append({"type": "text", "text": "Describe them."})
-    msgs = [{"role": "user", "content": content}]
-    if answer is not None:
-        msgs.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
-    return msgs
 
 
 def _rows(proc, counts, *, seed=0):

@@ -20,7 +20,7 @@ from mmpipe.families import GLM4V, family_of, takes_generic_path
 from mmpipe.images.spec import VisionSpec, glm4v_smart_resize
 from mmpipe.testing import invariants
 
-from helpers import processor_reference
+from helpers import processor_reference, image_chat as _chat
 
 FAM = GLM4V.name
 
@@ -38,17 +38,6 @@ def model():
 @pytest.fixture(scope="module")
 def photos():
     return [im.convert("RGB") for _, im in testing.sample_photos()][:3]
-
-
-def _chat(n_images, answer=None):
-    content = []
-    for i in range(n_images):
-        content += [{"type": "image"}, {"type": "text", "text": f" picture {i}."}]
-    content.append({"type": "text", "text": "Describe them."})
-    msgs = [{"role": "user", "content": content}]
-    if answer is not None:
-        msgs.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
-    return msgs
 
 
 def _assert_matches_processor(row, proc, msgs, images, model=None):
