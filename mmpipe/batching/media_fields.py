@@ -9,6 +9,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from mmpipe.records.codec import pixel_rows
 from mmpipe.records.columns import offsets, to_numpy
 
 
@@ -38,8 +39,7 @@ def collate_layout(rows: Sequence, items: Sequence[MediaItems]) -> dict:
             out[name] = None if any(v is None for v in values) else \
                 np.concatenate(values).astype(dtype).reshape((-1,) if width is None else (-1, width))
         if it.units is not None:
-            units = [getattr(r, it.unit_field) for r in rows]
-            out[it.units] = offsets([int((u.prod(axis=1) if u.ndim == 2 else u).sum()) for u in units])
+            out[it.units] = offsets([pixel_rows(getattr(r, it.unit_field)) for r in rows])
     return out
 
 

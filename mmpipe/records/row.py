@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from mmpipe.errors import ArgumentError, InputError, PixelDataError
 from mmpipe.families import GENERIC_FAMILY, ModelFamily, get_family
-from mmpipe.records.codec import digested_columns, read_row, stored_pixel_digest, write_columns
+from mmpipe.records.codec import digested_columns, pixel_rows, read_row, stored_pixel_digest, write_columns
 from mmpipe.records.columns import KIND_TYPES, NULLABLE_ROW_COLUMNS, ROW_COLUMNS, empty_rows, row_column_wanted
 from mmpipe.records.display_hooks import render
 
@@ -168,11 +168,11 @@ class MultiModalInputs(ProcessorOutputs):
 
     @property
     def num_image_patches(self) -> int:
-        return int(self.image_grid_thw.prod(axis=1).sum()) if len(self.image_grid_thw) else 0
+        return pixel_rows(self.image_grid_thw)
 
     @property
     def num_video_patches(self) -> int:
-        return int(self.video_grid_thw.prod(axis=1).sum()) if self.num_videos else 0
+        return pixel_rows(self.video_grid_thw)
 
     @property
     def pixel_format(self) -> str:
