@@ -47,6 +47,10 @@ REAL_BOUNDS = {"qwen2_vl": (3136, 12845056), "qwen2_5_vl": (3136, 12845056), "qw
 # slower than per row, same values): per row is its faster use
 PER_ROW = ("llava_onevision",)
 NESTED = ("gemma3",)  # the processor wants one image list per prompt
+# LLaVA-OneVision in its flat multi-image mode (every image tiled, as the flat processor call here, vLLM and
+# the header-only path's _get_num_multimodal_tokens count them); mmpipe's default is the chat path's
+# per-conversation mode (one tile per image of a multi-image row, issue 28.4)
+ENCODE_OPTIONS = {"llava_onevision": {"images_kwargs": {"multi_image": "flat"}}}
 
 
 def family_processor(name: str, quick: bool):
@@ -298,13 +302,14 @@ def family_lines(ctx, name: str, rows: list[dict]) -> list[Result]:
         model = testing.build_model(name)
 
     def ours():
-        return mmpipe.encode(batch, processor=proc, threads=1)
+        return mmpipe.encode(batch, processor=proc, threads=1, **ENCODE_OPTIONS.get(name, {}))
 
     def ours_layout():
-        return mmpipe.encode(batch, processor=proc, pixels="none", threads=1)
+        return mmpipe.encode(batch, processor=proc, pixels="none", threads=1, **ENCODE_OPTIONS.get(name, {}))
 
     def ours_layout_bare():  # the header-only path's outputs: no labels
-        return mmpipe.encode(batch, processor=proc, pixels="none", threads=1, labels=False)
+        return mmpipe.encode(batch, processor=proc, pixels="none", threads=1, labels=False,
+                             **ENCODE_OPTIONS.get(name, {}))
 
     theirs = processor_call(proc, name, rows)
 

@@ -71,6 +71,7 @@ class ModelFamily:
     # ({"min_pixels", "max_pixels"}) or "size" ({"size": {"shortest_edge", "longest_edge"}})
     processor_bounds: str = "pixels"
     encodes_videos: bool = True  # False: the encoder refuses video items (VideoError naming the family)
+    stop_token: Optional[str] = "<|im_end|>"  # a reply's end (`mmpipe.encoding.spans`); None: the eos token
     video_rule: str = "qwen"  # video sampling/sizing/text: "qwen" (qwen-vl-utils) or "glm4v" (encoding.glm_videos)
     # ---- tiles kind (Gemma 3, InternVL, LLaVA-OneVision) ------------------------------------
     feature_token: Optional[str] = None  # the token the model fills with image features
@@ -230,15 +231,15 @@ GLM4V = ModelFamily(
     mrope_section=(8, 12, 12),
     resize_rule="glm4v",
     processor_bounds="size",
-    video_rule="glm4v",
+    video_rule="glm4v", stop_token="<|endoftext|>",  # its template writes no end of turn
 )
-# GLM-4.6V (transformers 5): GLM-4.1V's processor, image processor and model, derived; its videos
-# differ (times "1.5 seconds", own sampling): refused. Names only: resolves on 4.57 (no glm46v) too.
+# GLM-4.6V (transformers 5): GLM-4.1V's processor and model, derived; its videos differ (times "1.5 seconds",
+# own sampling): refused. Names only: resolves on 4.57 (no glm46v) too.
 GLM46V = replace(GLM4V, name="glm46v", model_types=("glm46v",),
                  processor_classes=("Glm46VProcessor",), encodes_videos=False,
                  model_class="Glm46VForConditionalGeneration")
 TEXT = ModelFamily(
-    name="text", model_types=(), rope="1d",
+    name="text", model_types=(), rope="1d", stop_token=None,
     image_token=None, video_token=None, vision_start_token=None, vision_end_token=None,
 )
 
@@ -248,13 +249,12 @@ VISION_FAMILIES: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if f.is_
 DEFAULT_FAMILY = QWEN2_VL.name
 
 
-# Gemma 3: each image one 896x896 SigLIP tile (pan-and-scan adds crops, each its own tile and
-# text); bidirectional attention inside each image's feature tokens (token_type_ids), which transformers'
-# packed-rows mask breaks in the sliding-window layers (measured in tests/batching/test_tiled_packing.py).
+# Gemma 3: each image one 896x896 SigLIP tile (pan-and-scan adds crops, each its own tile and text); attention
+# both ways inside an image's tokens (token_type_ids), broken by packed rows (tests/batching/test_tiled_packing.py).
 GEMMA3 = ModelFamily(
     name="gemma3", kind="tiles", rope="1d", model_types=("gemma3",), processor_classes=("Gemma3Processor",),
     model_class="Gemma3ForConditionalGeneration", image_token="<start_of_image>", feature_token="<image_soft_token>",
-    module="mmpipe.images.gemma3", token_type_key="token_type_ids", vllm_tile_prompts=True,
+    module="mmpipe.images.gemma3", token_type_key="token_type_ids", vllm_tile_prompts=True, stop_token="<end_of_turn>",
     vllm_processor_kwargs=("do_pan_and_scan", "pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops",
                            "pan_and_scan_min_ratio_to_activate"),
     no_packing="Gemma 3 attends both ways inside each image's tokens (token_type_ids), and transformers builds "
@@ -277,7 +277,7 @@ LLAVA_ONEVISION = ModelFamily(
 # The generic path: a VLM processor without a row of its own (Idefics3, LLaVA 1.5, Mllama, ...).
 # Its rows hold what the processor's own call returns (kind "processor"); stored family "generic".
 GENERIC = ModelFamily(
-    name="generic", kind="processor", rope="1d", model_types=(),
+    name="generic", kind="processor", rope="1d", model_types=(), stop_token=None,
     image_token=None, video_token=None, vision_start_token=None, vision_end_token=None,
     no_packing="it has no mmpipe family table and takes the generic path (whether its model's attention "
                "allows packed rows is unknown)")

@@ -42,6 +42,7 @@ from mmpipe.encoding.mapping import EncodeStats, check_max_length, encode_or_dro
 from mmpipe.encoding.options import ERROR_POLICIES, TRUNCATION_POLICIES, check_choice, check_options
 from mmpipe.encoding.parse import parse_media, row_where
 from mmpipe.encoding.render import ChatTemplate
+from mmpipe.encoding.spans import END_OF_TURN
 from mmpipe.errors import ArgumentError, ImageError, InputError
 from mmpipe.families import GENERIC, ModelFamily, get_family, processor_class_name, resolve_family
 from mmpipe.images.load import check_image_root, confine_image
@@ -72,10 +73,17 @@ class Encoder(ChatTemplate, CodeStamped):
             patch grids; the generic path's only format), ``"source"`` (each image's file) or
             ``"none"`` (layout only: ids, layouts and positions from image headers, no decode).
         add_generation_prompt: None = add it when the last message is not the assistant's.
-        labels: emit ``labels`` (-100 except assistant response tokens, incl. the end-of-turn
-            token): every token overlapping an assistant reply (its text, tool calls and
-            end-of-turn token) is labelled, as transformers' ``return_assistant_tokens_mask``
-            does with a ``{% generation %}`` template; image tokens never.
+        labels: emit ``labels`` (-100 except assistant response tokens): every token overlapping
+            an assistant reply is labelled, as transformers' ``return_assistant_tokens_mask``
+            masks a ``{% generation %}`` template's blocks; image tokens never. A template with
+            such blocks is followed as it marks; without them a reply is its text as rendered
+            (trailing spaces and newlines included), its tool calls and the family's stop token
+            where the template writes it after the reply (`mmpipe.encoding.spans`).
+        end_of_turn: ``"template"`` (default: what the template marks, above) or
+            ``"stop_token"``: also the family's stop token (``ModelFamily.stop_token``) after
+            every reply - labelled where the template writes it unmarked (LLaVA-OneVision's
+            blocks end before ``<|im_end|>``), appended to the reply where it writes none
+            (GLM-4.1V/4.6V: ``<|endoftext|>``, as LLaMA-Factory trains them).
         tools: JSON-schema tool specs (``[{"type": "function", "function": {...}}]``) passed
             to the chat template as ``tools=`` for every row; a row's ``tools_column`` value
             (a list or its JSON string), when not None, wins for that row.
@@ -107,7 +115,8 @@ class Encoder(ChatTemplate, CodeStamped):
     without a meaning for the family raises it saying what to do instead.
     """
 
-    RUNTIME_STATE = ("stats", "_checked_tool_fields", "_lut_cache", "_layout", "_image_bytes")
+    RUNTIME_STATE = ("stats", "_checked_tool_fields", "_lut_cache", "_layout", "_image_bytes", "_content_forms",
+                     "_stop_rule", "_reply_header")
 
     def __init__(self, processor, *, max_length: Optional[int] = None, truncation: str = "raise",
                  pixels: Optional[str] = None, add_generation_prompt: Optional[bool] = None,
@@ -117,8 +126,9 @@ class Encoder(ChatTemplate, CodeStamped):
                  tools_column: str = "tools", image_root: Optional[str] = None,
                  image_backend: Optional[str] = None, videos_column: Optional[str] = None,
                  video_options=None, images_kwargs: Optional[dict] = None, family: Optional[str] = None,
-                 log=None):
+                 log=None, end_of_turn: str = "template"):
         check_choice("on_error", on_error, ERROR_POLICIES)
+        check_choice("end_of_turn", end_of_turn, END_OF_TURN)
         check_choice("truncation", truncation, TRUNCATION_POLICIES)
         check_options(locals())  # pixel bounds 0: the processor's, as before
         self.processor = processor
@@ -126,6 +136,7 @@ class Encoder(ChatTemplate, CodeStamped):
         self.processor_class = processor_class_name(processor)
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.max_length, self.truncation, self.labels = max_length, truncation, labels
+        self.end_of_turn = end_of_turn
         self.add_generation_prompt = add_generation_prompt
         self.images_column, self.tools_column = images_column, tools_column
         self.threads, self.on_error = threads, on_error
@@ -154,7 +165,8 @@ class Encoder(ChatTemplate, CodeStamped):
     def fresh_runtime_state(self) -> None:
         self.stats = EncodeStats()
         self._checked_tool_fields: set = set()  # "tool_calls" / "tools" once checked (see warn_ignored_tools)
-        self.__dict__.pop("_lut_cache", None)
+        for name in ("_lut_cache", "_content_forms", "_stop_rule", "_reply_header"):  # probed again on first use
+            self.__dict__.pop(name, None)
         self._layout = None
         self._image_bytes: Optional[int] = None
 
@@ -181,6 +193,7 @@ class Encoder(ChatTemplate, CodeStamped):
     def _encode_row(self, example: dict, idx=None, prefetched=None) -> MultiModalInputs:
         messages, images, videos = parse_media(example, idx=idx, images_column=self.images_column,
                                                videos_column=self.videos_column)
+        messages = self.template_messages(messages, row_where(idx))
         fields = self.family.media.encode_row(self, messages, images, videos, where=row_where(idx),
                                               tools=self.row_tools(example, idx), prefetched=prefetched)
         return MultiModalInputs(family=self.family.name, **fields).validate(idx)

@@ -3,7 +3,7 @@ native Qwen-machinery family (`ModelFamily` with M-RoPE: Qwen2-VL, Qwen2.5-VL, Q
 GLM-4.1V) -> the stored columns, with the per-row work done once per batch:
 
 - the chat templates rendered in one ``apply_chat_template`` call per (generation prompt,
-  tools) group - the label prefixes too - instead of one to three calls per row;
+  tools) group - the conversations with marked replies too (labels) - instead of per row;
 - ONE tokenizer call over all rows' (unexpanded) texts (without labels: the ``tokenizers``
   backend's batch call without offset tracking, same ids);
 - the image sizes from the headers, a plain JPEG's read from its bytes without PIL
@@ -30,6 +30,8 @@ import numpy as np
 
 from mmpipe.encoding.parse import check_text, parse_media, row_where
 from mmpipe.encoding.placeholders import expand_image_pads
+from mmpipe.encoding.render import span_labels
+from mmpipe.encoding.spans import marked_messages
 from mmpipe.encoding.tokenize import MIN_CHARS
 from mmpipe.images.jpeg_header import plain_jpeg_hw
 from mmpipe.images.load import confine_image
@@ -86,6 +88,7 @@ def _parse(enc, example: dict, idx) -> Optional[_Row]:
         messages, images, videos = parse_media(example, idx=idx, images_column=enc.images_column,
                                                videos_column=enc.videos_column)
         tools = enc.row_tools(example, idx)
+        messages = enc.template_messages(messages, row_where(idx))
     except Exception:  # noqa: BLE001 - the per-row path raises (or records) it, located
         return None
     if videos:
@@ -129,20 +132,16 @@ class _Renders:
 
 
 def _render(enc, rows: list) -> None:
-    """Each row's text, and its assistant spans (labels), from batched renders (`Encoder._tokenize`'s
-    rule: prefixes rendered without / with the generation prompt locate each assistant reply)."""
+    """Each row's text, and its assistant spans (labels), from batched renders: the conversation,
+    and with labels the conversation with marked replies (`mmpipe.encoding.spans`, the per-row
+    rule)."""
     r = _Renders(enc)
     for row in rows:
         if row is None:
             continue
-        m, ks = row.messages, []
-        full = r.ask(m, row.agp, row.tools)
-        if enc.labels:
-            ks = [k for k, msg in enumerate(m) if msg["role"] == "assistant"]
-        again = [k for k in ks if not (k == len(m) - 1 and row.agp is False)]
-        befores = [r.ask(m[:k], True, row.tools) if k else None for k in ks]
-        uptos = {k: r.ask(m[: k + 1], False, row.tools) for k in again}
-        row.slots = (full, ks, befores, uptos)
+        full = r.ask(row.messages, row.agp, row.tools)
+        labelled = enc.labels and any(m["role"] == "assistant" for m in row.messages)
+        row.slots = (full, r.ask(marked_messages(row.messages), row.agp, row.tools) if labelled else None)
     out = r.run()
     for i, row in enumerate(rows):
         if row is not None:
@@ -150,23 +149,19 @@ def _render(enc, rows: list) -> None:
 
 
 def _texts(enc, row: _Row, out: list) -> Optional[_Row]:
-    full, ks, befores, uptos = row.slots
+    full, marked = row.slots
     text = out[full]
     if text is None:
         return None
     try:
         enc.warn_ignored_tools(row.messages, row.agp, row.tools, text)
         check_text(text, where=row.where, column="messages", what="the rendered prompt")
-    except Exception:  # noqa: BLE001
+        spans = ()
+        if enc.labels:
+            text, spans, _ = enc.reply_spans(row.messages, text, row.where, row.tools, row.agp,
+                                             marked_text=None if marked is None else out[marked])
+    except Exception:  # noqa: BLE001 - the per-row path raises the template's error
         return None
-    spans = []
-    for k, b in zip(ks, befores):
-        before = "" if b is None else out[b]
-        upto = out[uptos[k]] if k in uptos else text
-        if before is None or upto is None or not (
-                text.startswith(before) and text.startswith(upto) and upto.startswith(before)):
-            return None  # the per-row path raises the template's error
-        spans.append((len(before), max(len(before), len(upto.rstrip("\n ")))))
     row.text, row.spans = text, tuple(spans)
     return row
 
@@ -268,11 +263,7 @@ def _labels(rows: list, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
         if not r.spans:
             continue
         off = np.asarray(r.offsets, dtype=np.int64).reshape(-1, 2)
-        a_, b_ = off[:, 0], off[:, 1]
-        row_ids, row_lab = ids[s:s + len(off)], labels[s:s + len(off)]
-        for a, b in r.spans:
-            sel = (a_ < b) & (b_ > a)
-            row_lab[sel] = row_ids[sel]
+        labels[s:s + len(off)] = span_labels(ids[s:s + len(off)], off, list(r.spans))
     return labels
 
 

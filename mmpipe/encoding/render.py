@@ -1,10 +1,8 @@
-"""Encode, the chat template side of `mmpipe.Encoder`, the same for every family: render a
+"""Encode, the chat template side of `mmpipe.Encoder`, the same for every family: put each
+message's content in the form the template renders for its role (`template_messages`), render a
 conversation (one or many in one batched call), read a row's tools, find the character spans of
-the assistant replies (what ``labels`` train on) and turn them into token labels.
-
-A reply's span runs from the end of the conversation rendered before it (with the generation
-prompt) to the end of the conversation rendered up to it, its trailing newlines and spaces
-dropped: the reply's text, its tool calls and its end-of-turn token, never the newline after.
+the assistant replies (what ``labels`` train on: `mmpipe.encoding.spans`) and turn them into
+token labels (`span_labels`).
 """
 
 from __future__ import annotations
@@ -15,7 +13,8 @@ from typing import Optional
 import numpy as np
 
 from mmpipe.encoding.parse import check_text, parse_tools
-from mmpipe.errors import InputError
+from mmpipe.encoding.spans import ReplySpans, StopRule, locate_replies
+from mmpipe.errors import InputError, PlaceholderError
 from mmpipe.records.columns import IGNORE_INDEX
 
 __all__ = ["ChatTemplate", "span_labels"]
@@ -28,12 +27,29 @@ def span_labels(ids: np.ndarray, offsets: np.ndarray, spans: list) -> np.ndarray
     one of ``spans`` ([(start, end)] characters), -100 elsewhere. A token merging the header's
     newline with a reply's leading newline counts (transformers' assistant-mask rule)."""
     labels = np.full(ids.shape, IGNORE_INDEX, dtype=np.int64)
-    if spans:
-        starts, ends = offsets[:, 0], offsets[:, 1]
-        for a, b in spans:
-            sel = (starts < b) & (ends > a)
-            labels[sel] = ids[sel]
+    if spans and len(ids):
+        # spans in order, disjoint: a token overlaps one iff it overlaps the last span starting
+        # before its end (one pass, however many replies)
+        a, b = (np.asarray(x, np.int64) for x in zip(*sorted(spans)))
+        last = np.searchsorted(a, offsets[:, 1], side="left") - 1
+        sel = (last >= 0) & (offsets[:, 0] < b[np.maximum(last, 0)])
+        labels[sel] = ids[sel]
     return labels
+
+
+_PROBE = "\x02mmpipe-probe\x03"
+
+
+def _probe_conversation(role: str, content) -> list:
+    """The shortest conversation a template renders with one ``role`` message of ``content``."""
+    a = {"role": "user", "content": "a"}
+    if role == "system":
+        return [{"role": "system", "content": content}, a]
+    if role == "assistant":
+        return [a, {"role": "assistant", "content": content}]
+    if role == "tool":
+        return [a, {"role": "assistant", "content": "b"}, {"role": "tool", "content": content}]
+    return [{"role": role, "content": content}]
 
 
 class ChatTemplate:
@@ -80,12 +96,101 @@ class ChatTemplate:
         self.warn_ignored_tools(messages, agp, tools, text)
         return check_text(text, where=where, column="messages", what="the rendered prompt")
 
-    def _assistant_spans(self, messages: list[dict], full: str, where: str,
-                         tools: Optional[list] = None,
-                         full_agp: Optional[bool] = None) -> list[tuple[int, int]]:
-        """Character spans of assistant responses in ``full`` (module doc). ``full_agp``: the
-        ``add_generation_prompt`` of ``full``; when False, ``full`` is the last prefix, not
-        rendered again. The other prefixes: at most two batched renders."""
+    # -- content forms ----------------------------------------------------------------------
+    def content_form(self, role: str) -> str:
+        """How the template renders a ``role`` message's content: ``"list"`` (it renders a list
+        of parts, a string not: LLaVA-OneVision's filters parts by type), ``"string"`` (it prints
+        the content as it is, a list as its Python repr: GLM-4.1V's assistant and system turns)
+        or ``"any"``. Probed once per role and encoder."""
+        forms = self.__dict__.setdefault("_content_forms", {})
+        if role not in forms:
+            def shows(content, repr_free: bool) -> bool:
+                try:
+                    text = self.render(_probe_conversation(role, content), False, [] if self.tools else None)
+                except InputError:
+                    return True  # the probe conversation is not one this template takes: leave rows as they are
+                return _PROBE in text and not (repr_free and ("'text'" in text or '"text"' in text))
+            as_list, as_string = shows([{"type": "text", "text": _PROBE}], True), shows(_PROBE, False)
+            forms[role] = "any" if as_list == as_string else ("list" if as_list else "string")
+        return forms[role]
+
+    def template_messages(self, messages: list[dict], where: str) -> list[dict]:
+        """``messages`` with each content in the form the template renders for its role
+        (`content_form`): text parts joined into a string where it prints the content as it is
+        (never a Python repr in the training text: a part other than text there is a
+        `PlaceholderError`), a string made one text part where it renders only parts."""
+        out = []
+        for m_i, m in enumerate(messages):
+            content, form = m.get("content"), self.content_form(m["role"])
+            if form == "string" and isinstance(content, list):
+                other = [p.get("type") for p in content if p.get("type") != "text"]
+                if other:
+                    raise PlaceholderError(
+                        f"message {m_i} ({m['role']}) holds a {other[0]} item, but the chat template prints "
+                        f"{m['role']} content as it is (a list of parts would be written as its Python repr)",
+                        where=where, column="messages", expected="text parts only", found=f"a {other[0]} item",
+                        fix=f"move the {other[0]}s to a user turn, or use a chat template that renders "
+                            f"{m['role']} content parts")
+                m = {**m, "content": "".join(str(p.get("text", "")) for p in content)}
+            elif form == "list" and isinstance(content, str):
+                m = {**m, "content": [{"type": "text", "text": content}]}
+            out.append(m)
+        return out
+
+    # -- replies ------------------------------------------------------------------------------
+    def stop_rule(self) -> StopRule:
+        """The end-of-turn rule of this encoder (`mmpipe.encoding.spans.StopRule`): the end-of-turn
+        text the template writes after a reply (what it writes there up to its last added token
+        or the family's stop token: ``<|im_end|>``, ``<end_of_turn>``; one probe), else the
+        family's stop token (the tokenizer's eos), and the ``end_of_turn`` option."""
+        rule = self.__dict__.get("_stop_rule")
+        if rule is None:
+            probe = self.template_messages(_probe_conversation("assistant", [{"type": "text", "text": _PROBE}]), "")
+            try:
+                text = self.render(probe, False, None)
+            except InputError:
+                text = ""
+            after = text[text.index(_PROBE) + len(_PROBE):] if _PROBE in text else ""
+            stop = self.family.stop_token or getattr(self.tokenizer, "eos_token", None)
+            special = [*getattr(self.tokenizer, "get_added_vocab", dict)(), stop]
+            end = max((after.find(t) + len(t) for t in special if t and t in after), default=0)
+            token = after[:end] or stop
+            rule = self._stop_rule = StopRule(token, end > 0, self.end_of_turn == "stop_token")
+        return rule
+
+    def reply_header(self) -> str:
+        """The text the template writes before a reply (its generation prompt: the conversation
+        rendered with it, minus without); "" when that is not a suffix (probed once)."""
+        header = self.__dict__.get("_reply_header")
+        if header is None:
+            probe = self.template_messages([{"role": "user", "content": "a"}], "")
+            try:
+                without, with_prompt = self.render(probe, False, None), self.render(probe, True, None)
+            except InputError:
+                without, with_prompt = "", ""
+            header = self._reply_header = with_prompt[len(without):] if with_prompt.startswith(without) else ""
+        return header
+
+    def reply_spans(self, messages: list[dict], full: str, where: str, tools: Optional[list] = None,
+                    full_agp: Optional[bool] = None, marked_text: Optional[str] = None) -> ReplySpans:
+        """The text to tokenize and the character spans of the assistant replies in it
+        (`mmpipe.encoding.spans.locate_replies`): ``full`` itself, or with the family's stop
+        token appended to each reply under ``end_of_turn="stop_token"`` where the template
+        writes none. ``full_agp``: the ``add_generation_prompt`` of ``full``; ``marked_text``:
+        the render of `mmpipe.encoding.spans.marked_messages` when the caller batched it."""
+        if full_agp is None:
+            full_agp = self.generation_prompt(messages)
+        return locate_replies(self, messages, full, where, tools, full_agp, self.stop_rule(), marked_text)
+
+    def prefix_spans(self, messages: list[dict], full: str, where: str,
+                     tools: Optional[list] = None,
+                     full_agp: Optional[bool] = None) -> list[tuple[int, int]]:
+        """Character spans of assistant responses in ``full`` by rendering the conversation up
+        to each (`mmpipe.encoding.spans` way 3): from the end of the conversation rendered
+        before it (with the generation prompt) to the end of the conversation rendered up to
+        it, trailing newlines and spaces dropped. ``full_agp``: the ``add_generation_prompt`` of
+        ``full``; when False, ``full`` is the last prefix, not rendered again. The other
+        prefixes: at most two batched renders."""
         ks = [k for k, msg in enumerate(messages) if msg["role"] == "assistant"]
         again = [k for k in ks if not (k == len(messages) - 1 and full_agp is False)]
         befores = iter(self.render_many([messages[:k] for k in ks if k], True, tools)

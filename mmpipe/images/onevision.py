@@ -10,12 +10,24 @@ uint8 tiles `tiles_u8` returns (the processor pads the tile axis with float 0.0 
 batch's most tiles, `batch_pixel_values`; the model slices them off by ``image_sizes``). Each
 ``<image>`` becomes ``<image>`` x `image_tokens`.
 
-Multi-image rows: called with a FLAT image list (as vLLM and mmpipe's generic path call it),
-the processor tiles every image so (``batch_num_images`` all 1) - the default here. Called with
-one image LIST per prompt, it gives each image of a row holding several (``images_in_row !=
-1``) one tile instead (padded to a square of the mean colour ``int(mean * 255)``, resized to
-``S x S``; base tokens + one newline) and the model needs ``batch_num_images``: pass
-``images_in_row`` for that rule::
+Multi-image rows: the processor has two modes (`MODES`), chosen per encoder by
+``mmpipe.Encoder(processor, images_kwargs={"multi_image": ...})`` (`split_images_kwargs` keeps
+this option of mmpipe's apart from the processor call's):
+
+- ``"per_conversation"`` (the default): one image LIST per prompt, as
+  ``processor.apply_chat_template(..., tokenize=True)``, TRL's collator and the model's
+  ``batch_num_images`` do it. A row holding several images (``images_in_row != 1``) gives each
+  image one tile (padded to a square of the mean colour ``int(mean * 255)``, resized to
+  ``S x S``; base tokens + one newline); a row of one image is tiled as below.
+- ``"flat"``: a FLAT image list (what vLLM does, and the generic path): every image tiled
+  (``batch_num_images`` all 1).
+
+The mode of a stored row is in its layout, not stored apart (`stored_mode`: a row of several
+images has one tile per image in the per-conversation mode, at least two in the flat one);
+rows of 0 or 1 image are the same in both. Collate hands the model ``batch_num_images`` for
+either mode (`model_batch_num_images`); vLLM prompts need the flat mode (`VLLM_MODE`). `conversation_image_processor` gives the image processor as the
+processor's call for one conversation uses it (its ``images_in_row``), which every function
+here reads when ``images_in_row`` is not passed::
 
     >>> tile_count(600, 800, processor)                     # doctest: +SKIP  (stock settings)
     7
@@ -25,17 +37,80 @@ one image LIST per prompt, it gives each image of a row holding several (``image
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
+from typing import Optional
 
 import numpy as np
 from PIL import Image
 
+from mmpipe.errors import ArgumentError
 from mmpipe.images.tiles import effective_image_processor
 
 __all__ = ["settings", "best_resolution", "tile_count", "image_tokens", "tiles_u8", "placeholder_text",
            "expand_placeholder", "placeholder_runs", "max_tiles", "extra_inputs", "batch_pixel_values", "image_sizes",
-           "batch_num_images"]
+           "batch_num_images", "MODE_KEY", "MODES", "DEFAULT_MODE", "VLLM_MODE", "split_images_kwargs", "images_in_row",
+           "conversation_image_processor", "stored_mode", "row_image_processor", "model_batch_num_images"]
+
+MODE_KEY = "multi_image"  # the encoder's images_kwargs key naming the multi-image mode (mmpipe's, not the processor's)
+MODES = ("per_conversation", "flat")  # the processor's chat path (and TRL, batch_num_images) / a flat list (vLLM)
+DEFAULT_MODE = "per_conversation"
+VLLM_MODE = "flat"  # vLLM's LLaVA-OneVision processor passes each prompt's images as a flat list
+
+
+def split_images_kwargs(images_kwargs: Optional[dict]) -> tuple[dict, dict]:
+    """An encoder's ``images_kwargs`` -> (mmpipe's own options ``{"multi_image": mode}``, the
+    rest: the processor call's image kwargs). ``mode``: one of `MODES`, default
+    ``"per_conversation"``; another value is an `ArgumentError`."""
+    rest = dict(images_kwargs or {})
+    mode = rest.pop(MODE_KEY, DEFAULT_MODE)
+    if mode not in MODES:
+        raise ArgumentError(f"images_kwargs {MODE_KEY}={mode!r} is not a LLaVA-OneVision multi-image mode: use "
+                            "'per_conversation' (the default: one tile per image of a row holding several, as "
+                            "processor.apply_chat_template(tokenize=True), TRL and the model's batch_num_images) "
+                            "or 'flat' (every image tiled, as vLLM does)")
+    return {MODE_KEY: mode}, rest
+
+
+def images_in_row(n_images: int, multi_image: str = DEFAULT_MODE) -> int:
+    """What the processor's rule sees for each image of a row of ``n_images`` in mode
+    ``multi_image``: the row's image count in the per-conversation mode, 1 in the flat mode
+    (every image tiled)."""
+    return int(n_images) if multi_image == "per_conversation" else 1
+
+
+def conversation_image_processor(image_processor, n_images: int, multi_image: str = DEFAULT_MODE):
+    """A shallow copy of ``image_processor`` (an `effective_image_processor` copy) as the
+    processor's call for ONE conversation of ``n_images`` images in mode ``multi_image`` uses it: its
+    ``images_in_row`` (`images_in_row`) set, which `tile_count`, `image_tokens`, `tiles_u8`,
+    `placeholder_text` and `placeholder_runs` read when not passed it."""
+    out = copy.copy(image_processor)
+    out.images_in_row = images_in_row(n_images, multi_image)
+    return out
+
+
+def stored_mode(tiles_per_image) -> Optional[str]:
+    """The multi-image mode a row was encoded in, from its ``tiles_per_image`` int64 [I]: a row
+    of several images has one tile per image in ``"per_conversation"`` and at least two per
+    image in ``"flat"`` (a base tile + its grid); None for 0 or 1 image (both modes agree)."""
+    t = np.asarray(tiles_per_image, dtype=np.int64).reshape(-1)
+    if len(t) < 2:
+        return None
+    return "per_conversation" if bool((t == 1).all()) else "flat"
+
+
+def row_image_processor(image_processor, tiles_per_image):
+    """`conversation_image_processor` for a stored row (its mode `stored_mode`, its image count
+    ``len(tiles_per_image)``): what re-tiles its source files as encode did."""
+    t = np.asarray(tiles_per_image).reshape(-1)
+    return conversation_image_processor(image_processor, len(t), stored_mode(t) or DEFAULT_MODE)
+
+
+def _in_row(image_processor, images_in_row: Optional[int]) -> int:
+    if images_in_row is not None:
+        return int(images_in_row)
+    return int(getattr(image_processor, "images_in_row", 1) or 1)
 
 
 def settings(image_processor) -> dict:
@@ -71,9 +146,11 @@ def best_resolution(height: int, width: int, image_processor) -> tuple[int, int]
     return _best(int(height), int(width), settings(image_processor)["pinpoints"])
 
 
-def tile_count(height: int, width: int, image_processor, images_in_row: int = 1) -> int:
-    """Tiles of one image: base + patches of its pinpoint (a row with one image), else 1."""
-    if images_in_row != 1:
+def tile_count(height: int, width: int, image_processor, images_in_row: Optional[int] = None) -> int:
+    """Tiles of one image: base + patches of its pinpoint (a row with one image, or the flat
+    mode), else 1. ``images_in_row``: default the image processor's
+    (`conversation_image_processor`), else 1."""
+    if _in_row(image_processor, images_in_row) != 1:
         return 1
     bh, bw = best_resolution(height, width, image_processor)
     p = settings(image_processor)["patch"]
@@ -101,13 +178,13 @@ def _unpadded(height: int, width: int, side: int, scale_h: int, scale_w: int, ma
     return cur_h * cur_w, cur_h
 
 
-def image_tokens(height: int, width: int, image_processor, processor, images_in_row: int = 1) -> int:
+def image_tokens(height: int, width: int, image_processor, processor, images_in_row: Optional[int] = None) -> int:
     """LLM tokens one ``<image>`` expands to. One image in the row: base tokens + the unpadded
     patch grid's tokens + one newline per grid row (grids beyond ``anyres_max_N`` shrunk as the
     model interpolates them); several: base tokens + one newline. Minus one each with the
     ``"default"`` feature strategy (CLS dropped)."""
     base = int(processor.num_image_tokens)
-    if images_in_row != 1:
+    if _in_row(image_processor, images_in_row) != 1:
         n = base + 1
     else:
         s = settings(image_processor)
@@ -119,7 +196,8 @@ def image_tokens(height: int, width: int, image_processor, processor, images_in_
     return n - 1 if processor.vision_feature_select_strategy == "default" else n
 
 
-def placeholder_text(height: int, width: int, processor, image_processor=None, images_in_row: int = 1) -> str:
+def placeholder_text(height: int, width: int, processor, image_processor=None,
+                     images_in_row: Optional[int] = None) -> str:
     """Exactly the text `LlavaOnevisionProcessor` puts in place of one ``<image>``
     (``image_processor``: default the processor's effective one)."""
     ip = processor if image_processor is None else image_processor
@@ -127,7 +205,7 @@ def placeholder_text(height: int, width: int, processor, image_processor=None, i
 
 
 def placeholder_runs(height: int, width: int, processor, image_processor=None,
-                     images_in_row: int = 1) -> tuple[str, list[int]]:
+                     images_in_row: Optional[int] = None) -> tuple[str, list[int]]:
     """`placeholder_text` as one ``<image>`` and its run length (`image_tokens`), for
     `mmpipe.media.tiles_encode` to tokenize the short text and repeat the id."""
     ip = processor if image_processor is None else image_processor
@@ -150,13 +228,13 @@ def _square(image: Image.Image, fill: tuple) -> Image.Image:
     return out
 
 
-def tiles_u8(image: Image.Image, image_processor, images_in_row: int = 1) -> np.ndarray:
+def tiles_u8(image: Image.Image, image_processor, images_in_row: Optional[int] = None) -> np.ndarray:
     """uint8 ``[n, S_h, S_w, 3]``: the tiles the processor normalises, in its order (base tile,
     then the anyres patches row-major; one padded-square tile when ``images_in_row != 1``).
     ``image``: PIL RGB (the processor's RGB conversion already applied)."""
     s = settings(image_processor)
     (th, tw), p, resample = s["tile"], s["patch"], s["resample"]
-    if images_in_row != 1:
+    if _in_row(image_processor, images_in_row) != 1:
         return _resize(_square(image, s["fill"]), th, tw, resample)[None]
     height, width = image.height, image.width
     bh, bw = _best(height, width, s["pinpoints"])
@@ -184,10 +262,15 @@ def image_sizes(sizes) -> np.ndarray:
     return np.asarray([(int(h), int(w)) for h, w in sizes], dtype=np.int64).reshape(-1, 2)
 
 
-def extra_inputs(image_hw) -> dict:
-    """The model inputs besides ``pixel_values`` of a row's images (``image_hw``: int64 [I, 2]
-    original (height, width)): ``{"image_sizes": int64 [I, 2]}``."""
-    return {"image_sizes": image_sizes(np.asarray(image_hw).reshape(-1, 2))}
+def extra_inputs(image_hw, tiles_per_image=None, image_offsets=None) -> dict:
+    """The model inputs besides ``pixel_values`` of a batch's images (``image_hw``: int64 [I, 2]
+    original (height, width)): ``{"image_sizes": int64 [I, 2]}``, and with the batch's layout
+    (``tiles_per_image`` int64 [I], ``image_offsets`` int64 [B+1]) ``"batch_num_images"``
+    (`model_batch_num_images`), as the processor returns them."""
+    out = {"image_sizes": image_sizes(np.asarray(image_hw).reshape(-1, 2))}
+    if tiles_per_image is not None and image_offsets is not None:
+        out["batch_num_images"] = model_batch_num_images(tiles_per_image, image_offsets)
+    return out
 
 
 def batch_pixel_values(pixel_values: np.ndarray, tiles_per_image) -> np.ndarray:
@@ -201,6 +284,20 @@ def batch_pixel_values(pixel_values: np.ndarray, tiles_per_image) -> np.ndarray:
         out[i, :n] = pixel_values[start:start + n]
         start += n
     return out
+
+
+def model_batch_num_images(tiles_per_image, image_offsets) -> np.ndarray:
+    """int64 [K]: the model's ``batch_num_images`` for a batch of rows in either mode (rows own
+    images ``image_offsets[b]:image_offsets[b+1]``): a per-conversation row of several images
+    counts as one entry of its image count (one tile each), every other image as an entry of
+    1 (tiled). Equal to the processor's own output for a batch in one mode: its per-row counts
+    (chat path), or all 1 (a flat image list); the model reads it only to know which images
+    were tiled (``n == 1``)."""
+    t, at = np.asarray(tiles_per_image).reshape(-1), np.asarray(image_offsets, dtype=np.int64).reshape(-1)
+    out: list[int] = []
+    for a, b in zip(at[:-1].tolist(), at[1:].tolist()):
+        out += [b - a] if stored_mode(t[a:b]) == "per_conversation" else [1] * (b - a)
+    return np.asarray(out, dtype=np.int64)
 
 
 def batch_num_images(images_per_row) -> np.ndarray:

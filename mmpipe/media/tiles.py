@@ -30,7 +30,7 @@ COLUMNS = (  # the stored columns of a tiles-kind row, in order (`mmpipe.records
     Column("tile_hw", "int64", read=None, pixels=("uint8",),
            value=lambda r: np.asarray(r.pixel_values_u8.shape[1:3])),
     SOURCES, DIGEST, backend_column(("source",)),  # a torchvision-backend processor's source rows say so
-    Column("images_kwargs", "object", read=None,  # the encoder's images_kwargs as JSON (Gemma 3 pan-and-scan)
+    Column("images_kwargs", "object", read=None,  # the processor call's images_kwargs, JSON (pan-and-scan)
            value=lambda r: json.dumps(r.images_kwargs, sort_keys=True) if r.images_kwargs else None),
 )
 HAS_PIXELS = ("uint8", "source")  # stored tiles, or stored source files (collate decodes and tiles those)
@@ -135,7 +135,10 @@ def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[li
     takes image options, ``"mm_processor_kwargs"`` (`mmpipe.rollout.images.vllm_image_options`).
     ``processor``: the one the row was encoded with (required: its tokenizer and image texts);
     ``images``: the images the row was encoded from, or None (the row's stored files, or its one
-    stored tile where that re-creates the prompt)."""
+    stored tile where that re-creates the prompt). A row laid out in another multi-image mode
+    than vLLM's (LLaVA-OneVision's per-conversation mode: one tile per image of a row of
+    several, where vLLM tiles every image) is refused with an `InputError` saying how to encode
+    rollout rows (`_check_vllm_mode`)."""
     import numpy as np
 
     from mmpipe.encoding.placeholders import splice_text
@@ -158,6 +161,7 @@ def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[li
     ids = [int(t) for t in r.input_ids]
     if not r.num_images:
         return {"prompt_token_ids": ids}
+    _check_vllm_mode(r, index)
     pictures = original_images(r, images, index)
     tok = processor.tokenizer
     text = tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -177,6 +181,30 @@ def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[li
     if kwargs:
         prompt["mm_processor_kwargs"] = kwargs
     return prompt
+
+
+def _check_vllm_mode(r, index: int) -> None:
+    """Refuse a row whose multi-image mode (the family module's ``stored_mode``, from the row's
+    ``tiles_per_image``) is not the one vLLM's processor runs (its ``VLLM_MODE``): vLLM would
+    tile the images again its own way, and the prompt would not be the row."""
+    module = r.fam.images()
+    mode_of, vllm_mode = getattr(module, "stored_mode", None), getattr(module, "VLLM_MODE", None)
+    mode = mode_of(r.tiles_per_image) if mode_of is not None else None
+    if mode is None or vllm_mode is None or mode == vllm_mode:
+        return
+    from mmpipe.errors import InputError
+
+    key = module.MODE_KEY
+    raise InputError(
+        f"the row was encoded in {r.fam.name}'s {mode!r} multi-image mode ({r.num_images} images, "
+        f"tiles {r.tiles_per_image.tolist()}: the processor's chat path, TRL and the model's batch_num_images), "
+        f"and vLLM runs the {vllm_mode!r} mode (every image of a prompt tiled), so its prompt would not be "
+        "this row", row=index, column="tiles_per_image", stage="rollout",
+        expected=f"a row encoded with images_kwargs={{{key!r}: {vllm_mode!r}}} (or of at most one image)",
+        found=f"{key}={mode!r}",
+        fix=f"encode rollout rows with mmpipe.Encoder(processor, images_kwargs={{{key!r}: {vllm_mode!r}}}) "
+            "(and train on those rows, so rollout and training see the same tokens), or generate with "
+            "mmpipe.rollout.TransformersEngine")
 
 
 # ---- view ----

@@ -6,12 +6,14 @@ images (`MEDIA_ITEMS`, `mmpipe.batching.media_fields`).
   [3, 256] of its image processor as its call uses it, and that image processor (for
   ``pixels="source"`` rows, `mmpipe.images.tile_sources.decoded_rows`);
 - `collate_media`: the compact uint8 tiles expanded to the processor's float32 ``pixel_values``
-  (`mmpipe.images.tiles.normalise_tiles`, bit-exact) and the family's extras;
+  (`mmpipe.images.tiles.normalise_tiles`, bit-exact) and the family's extras (LLaVA-OneVision:
+  ``image_sizes`` and ``batch_num_images``, which tells the model each row's multi-image mode);
 - `unbatch_media`: each row's layout and tiles cut back out by the offsets.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
@@ -65,14 +67,34 @@ def collate_media(rows: list, ctx) -> dict:
     ``pixel_values_u8`` uint8 [N, S, S, 3] and ``pixel_values`` float32 in the family's layout
     (InternVL [N, 3, S, S]; LLaVA-OneVision [I, max tiles, 3, S, S]) or None for layout-only
     rows, ``pixel_format``, and the family's ``extras`` (LLaVA-OneVision ``image_sizes`` int64
-    [I, 2]). ``ctx.state`` from `collator_state`; ``ctx.layout``: ``image_hw`` int64 [I, 2],
-    ``tiles_per_image`` int64 [I], ``patch_offsets`` int64 [B+1] (the tiles of each row)."""
-    rows = decoded_rows(rows, ctx.state.get("image_processor"))
+    [I, 2] and ``batch_num_images`` int64 [K], `mmpipe.images.onevision.extra_inputs`).
+    ``ctx.state`` from `collator_state`; ``ctx.layout``: ``image_hw`` int64 [I, 2],
+    ``tiles_per_image`` int64 [I], ``image_offsets`` int64 [B+1] (the images of each row),
+    ``patch_offsets`` int64 [B+1] (the tiles of each row)."""
+    rows = _decoded(rows, ctx.state.get("image_processor"), ctx.fam.images())
     u8, pv = _pixels(rows, ctx.state.get("table"), ctx.fam, ctx.layout["tiles_per_image"])
-    image_hw, extra = ctx.layout["image_hw"], getattr(ctx.fam.images(), "extra_inputs", None)
+    image_hw, extra, extras = ctx.layout["image_hw"], getattr(ctx.fam.images(), "extra_inputs", None), {}
+    if extra is not None and len(image_hw):
+        extras = extra(image_hw, tiles_per_image=ctx.layout["tiles_per_image"],
+                       image_offsets=ctx.layout["image_offsets"])
     return dict(pixel_format="uint8" if u8 is not None else "none", pixel_values_u8=u8, pixel_values=pv,
-                extras={k: np.asarray(v) for k, v in extra(image_hw).items()}
-                if extra is not None and len(image_hw) else {})
+                extras={k: np.asarray(v) for k, v in extras.items()})
+
+
+def _decoded(rows: list, image_processor, module) -> list:
+    """`decoded_rows`, each ``pixels="source"`` row re-tiled with the image processor as the
+    processor's call for its conversation used it where the family's tiling depends on that
+    (the module's ``row_image_processor``: LLaVA-OneVision's mode, read from the row's layout)."""
+    hook = getattr(module, "row_image_processor", None)
+    if hook is None or image_processor is None or all(r.image_sources is None for r in rows):
+        return decoded_rows(rows, image_processor)
+    # one call per source row, with the rows before it as no-source fillers: decoded_rows names a
+    # failing row by its place in the list it is given
+    return [decoded_rows([_NO_SOURCE] * i + [r], hook(image_processor, r.tiles_per_image))[i]
+            if r.image_sources is not None else r for i, r in enumerate(rows)]
+
+
+_NO_SOURCE = SimpleNamespace(image_sources=None)  # a row decoded_rows passes through as it is
 
 
 def unbatch_media(batch) -> list[dict]:

@@ -11,6 +11,12 @@ processor's float32 bytes), with ``pixels="source"`` each image's encoded file a
 and tile counts from the headers) or, with ``pixels="none"``, nothing but their sizes ->
 `mmpipe.collate` expands the tiles to the processor's float32 ``pixel_values``, bit-exact.
 
+A family whose processor tiles an image by the number of images in its conversation
+(LLaVA-OneVision's per-conversation mode: its module has ``conversation_image_processor``)
+takes that mode from ``images_kwargs`` (the module's ``split_images_kwargs`` parts mmpipe's
+own options from the processor call's); each row is laid out with the image processor as the
+processor's call for that conversation uses it (`_row_image_processor`).
+
 Reached as ``fam.media.encode_*`` (re-exported by `mmpipe.media.tiles`).
 """
 
@@ -76,7 +82,9 @@ def encode_settings(enc, given: dict) -> None:
     except (TypeError, ValueError) as e:
         raise ArgumentError("images_kwargs must be JSON values (numbers, strings, bools, lists, "
                             f"dicts): {e}") from e
-    enc.image_processor = effective_image_processor(enc.processor, **enc.images_kwargs)
+    split = getattr(enc.module, "split_images_kwargs", None)  # mmpipe's own options (OneVision's mode)
+    enc.row_options, enc.call_kwargs = split(enc.images_kwargs) if split is not None else ({}, enc.images_kwargs)
+    enc.image_processor = effective_image_processor(enc.processor, **enc.call_kwargs)
     enc.feature_id = fam.token_ids(enc.tokenizer)["feature"]
     text, runs = enc.module.placeholder_runs(8, 8, enc.processor, enc.image_processor)
     enc.collapse = collapse_is_exact(enc.tokenizer, enc.feature_id, fam.feature_token, text, runs)
@@ -90,19 +98,53 @@ def encode_image(enc, value, where: str) -> tuple:
         return image_hw(value, where=where), None
     if enc.pixels == "source":
         return image_hw(value, where=where), source_bytes(value, where=where)
+    if _per_conversation(enc):  # tiled by the row's image count, which is not known here
+        return image_tiles(value, None, _BothTilings(enc), where=where)
     return image_tiles(value, enc.image_processor, enc.module, where=where)
+
+
+def _per_conversation(enc) -> bool:
+    """Whether the family tiles an image by its row's image count in the encoder's mode (the
+    module's ``images_in_row``: LLaVA-OneVision's per-conversation mode)."""
+    rule = getattr(enc.module, "images_in_row", None)
+    return rule is not None and rule(2, **enc.row_options) != 1
+
+
+def _row_image_processor(enc, n_images: int):
+    """The image processor as the processor's call for a conversation of ``n_images`` uses it
+    (the module's ``conversation_image_processor``; else the encoder's, the same every row)."""
+    hook = getattr(enc.module, "conversation_image_processor", None)
+    return enc.image_processor if hook is None else hook(enc.image_processor, n_images, **enc.row_options)
+
+
+class _BothTilings:
+    """`image_tiles`' module stand-in where the tiling depends on the row's image count
+    (LLaVA-OneVision's per-conversation mode): one decode, the image tiled both as a row's only
+    image and as one of several ((tiles, tiles), both uint8 [n, S, S, 3]); `encode_row` keeps
+    the one its row needs. So the image threads still tile (the anyres grid is the slow part)."""
+
+    def __init__(self, enc):
+        self.module, self.one, self.several = enc.module, _row_image_processor(enc, 1), _row_image_processor(enc, 2)
+
+    def tiles_u8(self, rgb, _image_processor) -> tuple:
+        return self.module.tiles_u8(rgb, self.one), self.module.tiles_u8(rgb, self.several)
 
 
 def encode_row(enc, messages: list, images: list, videos: list, *, where: str, tools, prefetched) -> dict:
     """One parsed row -> the record's fields (module doc); a row over ``max_length`` raises
     `TruncationError` (or is dropped)."""
     images_only(videos, where)
-    fam, module, ip = enc.family, enc.module, enc.image_processor
+    fam, module = enc.family, enc.module
+    ip = _row_image_processor(enc, len(images))
     agp = enc.generation_prompt(messages)
-    text = enc.prompt_text(messages, agp, tools, where)
+    text, replies = enc.prompt_text(messages, agp, tools, where), []
+    if enc.labels:  # (the text gains the family's stop tokens under end_of_turn="stop_token")
+        text, replies, _ = enc.reply_spans(messages, text, where, tools, agp)
     loaded = enc.load_images(images, where, prefetched)
     sizes, payloads = [hw for hw, _ in loaded], [p for _, p in loaded]
-    pieces, spans, images_at, runs = _spliced(enc, text, sizes, where)
+    if payloads and isinstance(payloads[0], tuple):  # `_BothTilings`: the row's own tiling
+        payloads = [p[0] if len(images) == 1 else p[1] for p in payloads]
+    pieces, spans, images_at, runs = _spliced(enc, text, sizes, ip, where)
     out = enc.tokenizer("".join(pieces), return_offsets_mapping=enc.labels)
     short = np.asarray(out["input_ids"], np.int64)  # each run of feature tokens as one id (collapse on)
     repeat, found = run_repeats(short, enc.feature_id, runs)
@@ -115,28 +157,30 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
     ids = short if repeat is None else np.repeat(short, repeat)
     labels = None
     if enc.labels:
-        replies = enc._assistant_spans(messages, text, where, tools, agp)
         offsets = np.asarray(out["offset_mapping"], np.int64).reshape(-1, 2)
         labels = _labels(enc, short, offsets, replies, spans, images_at)
         labels = labels if repeat is None else np.repeat(labels, repeat)
     enc.check_length(len(ids), where, "raise max_length, use fewer images, or pass truncation='drop'")
-    return _fields(enc, ids, labels, sizes, payloads)
+    return _fields(enc, ids, labels, sizes, payloads, ip)
 
 
-def _fields(enc, ids: np.ndarray, labels, sizes: list, payloads: list) -> dict:
+def _fields(enc, ids: np.ndarray, labels, sizes: list, payloads: list, ip=None) -> dict:
     """The record's fields: ids int64 [L], labels int64 [L] or None, the images' (height, width)
-    and payloads (`encode_image`), the encoder's ``images_kwargs`` (source rows: their backend)."""
+    and payloads (`encode_image`), the processor call's ``images_kwargs`` (mmpipe's own options
+    are not stored: LLaVA-OneVision's mode is in the layout, its ``stored_mode``; source rows:
+    their backend); ``ip``: the row's image processor (`_row_image_processor`; default the encoder's)."""
+    ip = enc.image_processor if ip is None else ip
     tiles = payloads if enc.pixels == "uint8" else None
     backend = getattr(enc.image_processor, "backend", "pil") if enc.pixels == "source" else "pil"
     counts = [len(t) for t in tiles] if tiles is not None else \
-        [enc.module.tile_count(h, w, enc.image_processor) for h, w in sizes]
+        [enc.module.tile_count(h, w, ip) for h, w in sizes]
     return dict(input_ids=ids, attention_mask=np.ones(len(ids), np.int64),
                 mm_token_type_ids=(ids == enc.feature_id).astype(np.int64),
                 image_hw=np.asarray(sizes, np.int64).reshape(-1, 2),
                 tiles_per_image=np.asarray(counts, np.int64),
                 pixel_values_u8=None if tiles is None else _stacked(enc, tiles),
                 image_sources=payloads if enc.pixels == "source" else None,
-                images_kwargs=enc.images_kwargs or None, image_backend=backend, labels=labels)
+                images_kwargs=enc.call_kwargs or None, image_backend=backend, labels=labels)
 
 
 def _stacked(enc, tiles: list) -> np.ndarray:
@@ -153,13 +197,13 @@ def _tile_hw(enc) -> tuple[int, int]:
     return tuple(enc.module.tiles_u8(Image.new("RGB", (8, 8)), enc.image_processor).shape[1:3])
 
 
-def _spliced(enc, text: str, sizes: list, where: str) -> tuple[list, list, list, Optional[list]]:
-    """The rendered text cut at its image placeholders, each replaced by its image's text:
-    (pieces, [(start, end) of each image text in the expanded text], [start of each
-    placeholder in ``text``], the feature-token run lengths in order or None). With
-    ``enc.collapse`` each image's text has its runs of feature tokens written once
-    (``placeholder_runs``); spans are then in that short text."""
-    token, module, ip = enc.family.image_token, enc.module, enc.image_processor
+def _spliced(enc, text: str, sizes: list, ip, where: str) -> tuple[list, list, list, Optional[list]]:
+    """The rendered text cut at its image placeholders, each replaced by its image's text
+    (``ip``: the row's image processor): (pieces, [(start, end) of each image text in the
+    expanded text], [start of each placeholder in ``text``], the feature-token run lengths in
+    order or None). With ``enc.collapse`` each image's text has its runs of feature tokens
+    written once (``placeholder_runs``); spans are then in that short text."""
+    token, module = enc.family.image_token, enc.module
     check_image_placeholders(text.count(token), len(sizes), token, where, unit="placeholder")
     if enc.collapse:
         parts = [module.placeholder_runs(h, w, enc.processor, ip) for h, w in sizes]

@@ -8,7 +8,10 @@ stored ``mm_token_type_ids`` as int32), and each row's image feature tokens:
   every tile has its own text);
 - with the processor the rows were encoded with (and the ``images_kwargs`` they were encoded
   with, e.g. Gemma 3 pan-and-scan): each image's tile count and feature tokens vs its stored
-  (height, width), as the family's image module (`ModelFamily.images`) computes them.
+  (height, width), as the family's image module (`ModelFamily.images`) computes them. Where the
+  tiling depends on the row's image count (LLaVA-OneVision's multi-image mode), in the mode
+  ``images_kwargs`` names, else in the one the row's layout shows (rows of either mode are
+  valid processor outputs).
 
 The same names exist in `mmpipe.media.patches` and `mmpipe.media.processor`; the validate stage
 (`mmpipe.data.validate`) calls them as ``fam.media.<name>``.
@@ -53,20 +56,52 @@ def row_checks(table: pa.Table, *, processor=None, images_kwargs: Optional[dict]
     feature_id = counts[0] if counts is not None else _most_marked_id(table)
     if feature_id is None:
         return None
-    return partial(_check_features, feature_id=feature_id, counts=counts)
+    return partial(_check_features, feature_id=feature_id, counts=None if counts is None else counts[1])
 
 
-def _processor_counts(processor, images_kwargs: Optional[dict]) -> tuple[int, Callable, Callable]:
-    """(feature token id, tiles(h, w), feature tokens(h, w)) of the processor the rows were
-    encoded with, its image options ``images_kwargs`` applied (`effective_image_processor`)."""
+def _processor_counts(processor, images_kwargs: Optional[dict]) -> tuple[int, Callable]:
+    """(feature token id, counts(row) -> (tiles(h, w), feature tokens(h, w), mode note)) of the
+    processor the rows were encoded with, its image options ``images_kwargs`` applied
+    (`effective_image_processor`; mmpipe's own options, the module's ``split_images_kwargs``,
+    apart), for each row as the processor's call for its conversation (`_row_processor`)."""
     from mmpipe.families import resolve_family
     from mmpipe.images.tiles import effective_image_processor
 
     fam = resolve_family(processor)
-    module, ip = fam.images(), effective_image_processor(processor, **(images_kwargs or {}))
-    return (int(fam.token_ids(processor.tokenizer)["feature"]),
-            lambda h, w: int(module.tile_count(h, w, ip)),
-            lambda h, w: int(module.image_tokens(h, w, ip, processor)))
+    module, split = fam.images(), getattr(fam.images(), "split_images_kwargs", None)
+    own, call = split(images_kwargs) if split is not None else ({}, dict(images_kwargs or {}))
+    given = own if set(images_kwargs or {}) - set(call) else None  # a mode named by the caller
+    ip = effective_image_processor(processor, **call)
+
+    def counts(r) -> tuple[Callable, Callable, str]:
+        row_ip, note = _row_processor(module, ip, r, given)
+        return (lambda h, w: int(module.tile_count(h, w, row_ip)),
+                lambda h, w: int(module.image_tokens(h, w, row_ip, processor)), note)
+
+    return int(fam.token_ids(processor.tokenizer)["feature"]), counts
+
+
+def _row_processor(module, ip, r, given: Optional[dict]) -> tuple:
+    """(the image processor as the processor's call for row ``r``'s conversation uses it, a note
+    naming the mode for messages): in the mode ``given`` to validate, else in the mode whose tile
+    counts match most of the row's images (the one its layout shows, `stored_mode`, on a tie: a
+    damaged tile count is then reported in the mode the rest of the row was encoded in); ``ip``
+    for families without modes."""
+    hook = getattr(module, "conversation_image_processor", None)
+    if hook is None:
+        return ip, ""
+    if given is not None:
+        return hook(ip, r.num_images, **given), f" (in the {given[module.MODE_KEY]!r} multi-image mode)"
+    shown = module.stored_mode(r.tiles_per_image) or module.DEFAULT_MODE
+    modes = [shown] + [m for m in module.MODES if m != shown]
+    candidates = [(m, hook(ip, r.num_images, **{module.MODE_KEY: m})) for m in modes]
+
+    def wrong(row_ip) -> int:
+        return sum(int(t) != module.tile_count(h, w, row_ip)
+                   for (h, w), t in zip(r.image_hw.tolist(), r.tiles_per_image))
+
+    mode, row_ip = min(candidates, key=lambda c: wrong(c[1]))  # the first (the layout's) on a tie
+    return row_ip, f" (in the {mode!r} multi-image mode its layout shows)"
 
 
 def _most_marked_id(table: pa.Table) -> Optional[int]:
@@ -88,9 +123,9 @@ def _bad(column: str, message: str, expected, found, row: int) -> InputError:
                       found=str(found))
 
 
-def _check_features(r, i: int, *, feature_id: int, counts: Optional[tuple]) -> None:
+def _check_features(r, i: int, *, feature_id: int, counts: Optional[Callable]) -> None:
     """The feature tokens of row ``r`` (table row ``i``), see the module doc; ``counts``: the
-    processor's (`_processor_counts`), or None."""
+    processor's per-row counts (`_processor_counts`), or None."""
     token = r.fam.feature_token
     marked = r.mm_token_type_ids == 1
     wrong = np.flatnonzero(marked & (r.input_ids != feature_id))
@@ -102,10 +137,11 @@ def _check_features(r, i: int, *, feature_id: int, counts: Optional[tuple]) -> N
     if len(unmarked):
         raise _bad("mm_token_type_ids", f"{token} tokens not marked in mm_token_type_ids",
                    "1 at every feature token", f"0 at positions {unmarked[:5].tolist()}", i)
+    tile_count, token_count, note = counts(r) if counts is not None else (None, None, "")
     for k, (h, w) in enumerate(r.image_hw.tolist() if counts is not None else ()):
-        tiles = counts[1](h, w)
+        tiles = tile_count(h, w)
         if int(r.tiles_per_image[k]) != tiles:
-            raise _bad("tiles_per_image", f"image {k} ({h}x{w}) has the wrong tile count", tiles,
+            raise _bad("tiles_per_image", f"image {k} ({h}x{w}) has the wrong tile count{note}", tiles,
                        int(r.tiles_per_image[k]), i)
     runs, n_tiles = _runs(marked), int(r.tiles_per_image.sum())
     if r.fam.token_type_key is not None:  # Gemma 3: each tile its own <start_of_image> text
@@ -118,7 +154,7 @@ def _check_features(r, i: int, *, feature_id: int, counts: Optional[tuple]) -> N
                    want, f"{len(runs)} run(s)", i)
     if counts is None:
         return
-    total = sum(counts[2](h, w) for h, w in r.image_hw.tolist())
+    total = sum(token_count(h, w) for h, w in r.image_hw.tolist())
     if int(marked.sum()) != total:
-        raise _bad("input_ids", f"the row holds the wrong number of {token} tokens for its images",
+        raise _bad("input_ids", f"the row holds the wrong number of {token} tokens for its images{note}",
                    total, int(marked.sum()), i)

@@ -82,6 +82,10 @@ def conversation_encoder(processor, options: dict) -> Encoder:
             f"multi-turn conversations need truncation='raise' (got {enc.truncation!r}): cutting or dropping "
             "a prompt would cut its generation prompt; filter long prompts before the loop"
         )
+    if enc.end_of_turn != "template" and not enc.stop_rule().written:
+        raise ArgumentError(f"end_of_turn={enc.end_of_turn!r} appends {enc.stop_rule().token} after each reply where the "
+                            "template writes none; a multi-turn loop appends replies as the model generated them: "
+                            "leave end_of_turn out (the engine stops on the family's stop tokens)")
     if enc.add_generation_prompt is not True:
         enc = copy.copy(enc)  # shares processor and spec; only the flag differs
         enc.add_generation_prompt = True
@@ -172,8 +176,12 @@ def _response_from_text(conv: Conversation, text: str):
     suffix = full[len(conv.text):]
     new_ids, starts = _tokenize_suffix(conv, conv.text, suffix, "the response")
     _refuse_vision_tokens(conv, new_ids)
-    # the same rule as Encoder._assistant_spans: up to the end-of-turn token, not the "\n" after it
-    end = len(suffix.rstrip("\n "))
+    # the encoder's rule (`mmpipe.encoding.spans`): the reply as rendered, then the stop token where the
+    # template writes it after a reply, never what follows it
+    close, stop = _end_of_turn(conv), conv.encoder.stop_rule()
+    end = len(suffix) - len(close) if suffix.endswith(close) else len(suffix.rstrip("\n "))
+    if stop.written and suffix.endswith(close) and stop.token in close:
+        end += close.index(stop.token) + len(stop.token)
     labels = np.where(starts < end, new_ids, IGNORE_INDEX).astype(np.int64)
     return new_ids, labels, int((starts < end).sum()), full, messages
 

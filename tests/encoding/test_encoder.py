@@ -1,6 +1,7 @@
-"""`Encoder.render_many` and `Encoder._assistant_spans` (issue 18: the chat template is rendered
-at most twice per single-turn row, in batched calls): the same strings and spans as one
-unbatched ``apply_chat_template`` call per prefix, for every family's real template."""
+"""`Encoder.render_many` and `Encoder.reply_spans` (issue 18: the chat template is rendered at most
+twice per single-turn row, in batched calls; issue 28: twice per row of any length): the same
+strings and, for the Qwen templates (which write ``<|im_end|>`` right after a reply), the same spans
+as one unbatched ``apply_chat_template`` call per prefix."""
 
 from __future__ import annotations
 
@@ -62,12 +63,13 @@ def test_render_many_and_spans_match_one_call_per_prefix(family, tools):
         agp = messages[-1]["role"] != "assistant"
         full = enc.render(messages, agp)
         ref = _reference_spans(proc, messages, full, tools)
-        assert enc._assistant_spans(messages, full, "row 0", None, agp) == ref
-        assert enc._assistant_spans(messages, full, "row 0", None) == ref  # full_agp unknown: rendered again
+        assert enc.reply_spans(messages, full, "row 0", None, agp).spans == ref
+        assert enc.reply_spans(messages, full, "row 0", None).spans == ref  # full_agp unknown: the row's rule
 
 
 def test_single_turn_row_renders_the_template_twice():
-    """full + the prompt before the reply: the reply's prefix render is the full text itself."""
+    """full + the conversation with marked replies (`mmpipe.encoding.spans`), once the encoder has
+    probed its template (content forms, end of turn: once per encoder, not per row)."""
     proc = testing.build_processor("qwen2_vl")
     calls = []
     real = proc.apply_chat_template
@@ -77,10 +79,13 @@ def test_single_turn_row_renders_the_template_twice():
         return real(conversation, **kw)
 
     row = {"messages": _conversations()[0], "images": [testing.sample_photos()[0][1]]}
+    enc = mmpipe.Encoder(proc)
+    first = enc(row)
     proc.apply_chat_template = counting
     try:
-        out = mmpipe.encode(row, processor=proc)
+        out = enc(row)
     finally:
         proc.apply_chat_template = real
     assert len(calls) == 2
+    np.testing.assert_array_equal(first["labels"], out["labels"])
     np.testing.assert_array_equal(mmpipe.encode(row, processor=proc)["labels"], out["labels"])

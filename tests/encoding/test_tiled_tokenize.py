@@ -105,6 +105,13 @@ def _outcome(enc: Encoder, row: dict, idx: int):
         return (type(e).__name__, str(e))
 
 
+def _row_ip(enc: Encoder, n_images: int):
+    """The image processor as the processor's call for a row of ``n_images`` uses it: LLaVA-OneVision's
+    default per-conversation mode gives each image of a row of several one tile (issue 28.4)."""
+    hook = getattr(enc.module, "conversation_image_processor", None)
+    return enc.image_processor if hook is None else hook(enc.image_processor, n_images)
+
+
 def _written_out_ids(enc: Encoder, row: dict) -> np.ndarray:
     """The tokenizer's ids of the rendered text with every placeholder written out in full."""
     proc, fam = enc.processor, enc.family
@@ -113,9 +120,9 @@ def _written_out_ids(enc: Encoder, row: dict) -> np.ndarray:
     extra = {"tools": row["tools"]} if "tools" in row else {}
     text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=agp, **extra)
     parts = text.split(fam.image_token)
-    out = parts[0]
+    out, ip = parts[0], _row_ip(enc, len(row["images"]))
     for img, rest in zip(row["images"], parts[1:]):
-        out += enc.module.expand_placeholder(img.height, img.width, proc, enc.image_processor) + rest
+        out += enc.module.expand_placeholder(img.height, img.width, proc, ip) + rest
     return np.asarray(proc.tokenizer(out)["input_ids"], np.int64)
 
 
@@ -141,8 +148,9 @@ def test_rows_equal_the_written_out_path(case, labels):
         a, b = new.encode_row(row, i).to_dict(), old.encode_row(row, i).to_dict()
         _assert_same(a, b)
         assert np.array_equal(a["input_ids"], _written_out_ids(new, row))
+        ip = _row_ip(new, len(row["images"]))
         assert int(a["mm_token_type_ids"].sum()) == sum(
-            new.module.image_tokens(im.height, im.width, new.image_processor, proc) for im in row["images"])
+            new.module.image_tokens(im.height, im.width, ip, proc) for im in row["images"])
         if labels:
             assert (a["labels"][a["mm_token_type_ids"] == 1] == -100).all() and (a["labels"] != -100).any()
 

@@ -39,9 +39,14 @@ def _raw(n_images: int, k: int = 0, *, images=None, answer: bool = True) -> dict
 
 
 def _reference(proc, raw, **images_kwargs):
-    """The processor's own outputs for the row (flat image list, as vLLM calls it)."""
+    """The processor's own outputs for the row, its images as its chat path passes them: LLaVA-OneVision
+    takes one image list per chat (its per-conversation mode, mmpipe's default: issue 28.4; the flat
+    mode is tests/encoding/test_onevision_modes.py's), the others a flat list."""
     text = proc.apply_chat_template(raw["messages"], tokenize=False, add_generation_prompt=False)
-    return proc(text=[text], images=raw["images"] or None, return_tensors="np", **images_kwargs)
+    images = raw["images"] or None
+    if images and family_of(proc).name == "llava_onevision":
+        images = [images]
+    return proc(text=[text], images=images, return_tensors="np", **images_kwargs)
 
 
 @pytest.fixture(params=TILED2_FAMILIES)
@@ -96,7 +101,7 @@ def test_batched_logits_match_each_row_alone(name, side):
     rows = [mmpipe.encode(r, processor=proc) for r in raws]
     assert_roundtrip(rows, processor=proc, padding_side=side)
     assert_batched_logits_match(model, rows, proc, padding_side=side)
-    refs = [{k: v for k, v in _reference(proc, r).items() if k != "batch_num_images"} for r in raws]
+    refs = [dict(_reference(proc, r)) for r in raws]  # LLaVA-OneVision's batch_num_images included
     assert_batched_logits_match(model, rows, proc, padding_side=side, references=refs)
 
 
@@ -158,7 +163,7 @@ def test_the_models_take_packed_rows(name):
     rows = [MultiModalInputs.from_dict(mmpipe.encode(_raw(n, k), processor=proc)) for k, n in enumerate([1, 0, 2])]
     batch = mmpipe.collate(rows, processor=proc)
     kw = batch.model_inputs()
-    pixels = {k: v for k, v in kw.items() if k in ("pixel_values", "image_sizes")}
+    pixels = {k: v for k, v in kw.items() if k in ("pixel_values", "image_sizes", "batch_num_images")}
     if pixels["pixel_values"].dim() == 5:  # LLaVA-OneVision: the model also takes the tiles concatenated
         pixels["pixel_values"] = torch.cat([pv[:n] for pv, n in zip(pixels["pixel_values"], batch.tiles_per_image)])
     ids = torch.cat([torch.from_numpy(r.input_ids) for r in rows])[None]

@@ -21,8 +21,10 @@ from mmpipe.rollout import to_vllm_prompts
 from helpers import odd_images, photo_paths
 
 PAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8}
+# LLaVA-OneVision rows for vLLM are encoded in vLLM's flat multi-image mode (every image tiled); the
+# default per-conversation rows of several images are refused (tests/encoding/test_onevision_modes.py)
 CASES = {"gemma3": ("gemma3", {}), "gemma3_pan_and_scan": ("gemma3", PAN),
-         "internvl": ("internvl", {}), "llava_onevision": ("llava_onevision", {})}
+         "internvl": ("internvl", {}), "llava_onevision": ("llava_onevision", {"multi_image": "flat"})}
 
 
 def _processor(family: str):

@@ -26,6 +26,10 @@ import pytest
 
 from mmpipe.offline.tile_builders import TILED2_FAMILIES
 
+# rows for vLLM in its multi-image mode: LLaVA-OneVision's flat one (every image tiled; the default
+# per-conversation rows of several images are refused by to_vllm_prompts, issue 28.4)
+VLLM_MODE = {"llava_onevision": {"multi_image": "flat"}}
+
 
 @pytest.mark.needs_env("vllm")
 @pytest.mark.parametrize("name", TILED2_FAMILIES)
@@ -83,7 +87,8 @@ def _vllm_worker(name: str, ckpt: str, out: str) -> None:
     pil = build_tiled2_processor(name)  # mmpipe's rows (the PIL backend: the same ids)
     for k, images in enumerate(sets):
         msgs = [{"role": "user", "content": [{"type": "image"}] * len(images) + [{"type": "text", "text": f"Q{k}?"}]}]
-        src_rows.append(mmpipe.encode_row({"messages": msgs, "images": images}, pil, pixels="source", labels=False))
+        src_rows.append(mmpipe.encode_row({"messages": msgs, "images": images}, pil, pixels="source", labels=False,
+                                          images_kwargs=VLLM_MODE.get(name)))
         text = proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         texts.append(text)
         rows.append(_expanded_ids(proc, module, name, text, images))

@@ -1,0 +1,264 @@
+"""Where the assistant replies are in a rendered conversation: the character spans ``labels``
+train on, found from the chat template itself in one extra render, whatever its whitespace:
+
+1. **generation blocks**: a template with ``{% generation %}`` marks its replies itself; the
+   spans are exactly what transformers' ``return_assistant_tokens_mask`` masks (its own
+   renderer's indices, checked to render the same text).
+2. **markers**: otherwise each assistant message's content is rendered once more between two
+   marker strings; the text the template writes outside the replies is then the same in both
+   renders, so each reply is what lies between those pieces in the real render: its exact
+   text (trailing spaces and newlines included), tool calls and end-of-turn token following it.
+3. **prefixes**: a template whose output outside the replies depends on their content (one
+   that writes a newline only before a non-empty reply, drops a reasoning part) is located the
+   old way, by rendering the conversation up to each reply (quadratic in the turns; a template
+   that does not render prefixes as prefixes is refused).
+
+Every way costs one or two renders of the conversation, linear in its turns (the prefixes way
+excepted).
+
+End of turn (`StopRule`): what the template marks (its generation blocks; without them the
+reply and the family's stop token where the template writes it right after the reply:
+``<|im_end|>``, ``<end_of_turn>``). ``end_of_turn="stop_token"`` also labels the stop token
+after every reply where the template writes it unmarked (LLaVA-OneVision's tags stop before
+``<|im_end|>``) and, where it writes none (GLM-4.1V), appends the family's ``stop_token`` to
+the reply in the text, as LLaMA-Factory does.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import NamedTuple, Optional
+
+from mmpipe.errors import InputError
+
+logger = logging.getLogger("mmpipe.encoding.encoder")
+
+__all__ = ["GENERATION_TAG", "END_OF_TURN", "ReplySpans", "StopRule", "locate_replies"]
+
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+END_OF_TURN = ("template", "stop_token")  # the Encoder's end_of_turn choices
+_MARK = "\x02mmpipe{}{}\x03"  # a marker string: never in a rendered text (`_markable`), kept by templates
+
+
+class ReplySpans(NamedTuple):
+    """The text to tokenize (the render, or with stop tokens appended) and the replies' spans
+    ``[(start, end)]`` in it, in order; ``how``: "generation", "markers" or "prefixes"."""
+
+    text: str
+    spans: list
+    how: str
+
+
+class StopRule(NamedTuple):
+    """What ends a reply: ``token`` (the family's ``stop_token``, else the tokenizer's eos),
+    whether the template writes it after a reply (``written``, probed once per encoder), and
+    whether to label it after every reply, appending it where the template writes none
+    (``always``: ``end_of_turn="stop_token"``)."""
+
+    token: Optional[str]
+    written: bool
+    always: bool
+
+
+def locate_replies(enc, messages: list, full: str, where: str, tools, agp: Optional[bool],
+                   stop: StopRule, marked_text: Optional[str] = None) -> ReplySpans:
+    """The replies of ``messages`` in ``full`` (their render) by the first way that applies
+    (module doc), then the end-of-turn rule ``stop``. ``marked_text``: the render of
+    `marked_messages` when the caller rendered it (batched), else rendered here."""
+    if not any(m["role"] == "assistant" for m in messages):
+        return ReplySpans(full, [], "none")
+    found = _generation_spans(enc, messages, full, tools, agp)
+    how = "generation"
+    if found is None:
+        if marked_text is None and "\x02" not in full:
+            try:
+                marked_text = enc.render(marked_messages(messages), bool(agp), tools)
+            except InputError:
+                marked_text = None
+        found, how = _marker_spans(enc, messages, full, marked_text), "markers"
+    if found is None:
+        found, how = enc.prefix_spans(messages, full, where, tools, agp), "prefixes"
+    text, spans = _with_stops(full, found, stop, marked=how == "generation")
+    return ReplySpans(text, spans, how)
+
+
+# ---- 1. generation blocks ---------------------------------------------------------------------
+def template_source(enc) -> Optional[str]:
+    """The chat template text ``enc`` renders with (None when it cannot be read)."""
+    target = enc.processor if hasattr(enc.processor, "apply_chat_template") else enc.tokenizer
+    try:
+        if hasattr(target, "_resolve_chat_template"):  # a processor (transformers 5)
+            template = target._resolve_chat_template(enc.chat_template_kwargs.get("chat_template"))
+        else:
+            template = getattr(target, "chat_template", None) or enc.tokenizer.chat_template
+            if hasattr(enc.tokenizer, "get_chat_template"):
+                template = enc.tokenizer.get_chat_template(template)
+    except Exception:  # noqa: BLE001 - no template to read: the other ways apply
+        return None
+    return template if isinstance(template, str) else None
+
+
+def _generation_spans(enc, messages: list, full: str, tools, agp) -> Optional[list]:
+    """The spans of the template's ``{% generation %}`` blocks (contiguous ones joined), as
+    transformers' renderer reports them; None without blocks or when it renders another text."""
+    template = template_source(enc)
+    if template is None or not GENERATION_TAG.search(template):
+        return None
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    kwargs = {**getattr(enc.tokenizer, "special_tokens_map", {}), **enc.chat_template_kwargs}
+    kwargs.pop("chat_template", None)
+    try:
+        rendered, indices = render_jinja_template(
+            conversations=[list(messages)], tools=tools, chat_template=template,
+            return_assistant_tokens_mask=True, add_generation_prompt=bool(agp), **kwargs)
+    except Exception as e:  # noqa: BLE001 - the processor's own render worked: locate another way
+        logger.debug("generation blocks not rendered (%s: %s); locating replies by markers", type(e).__name__, e)
+        return None
+    if rendered[0] != full:
+        logger.debug("transformers' renderer gives another text than the processor's; locating replies by markers")
+        return None
+    spans: list = []
+    for a, b in sorted((int(a), int(b)) for a, b in indices[0]):
+        if spans and a <= spans[-1][1]:  # LLaVA-OneVision: a block per text part
+            spans[-1] = (spans[-1][0], max(b, spans[-1][1]))
+        else:
+            spans.append((a, b))
+    return spans
+
+
+# ---- 2. markers ------------------------------------------------------------------------------
+def _marks(k: int) -> tuple[str, str]:
+    return _MARK.format("S", k), _MARK.format("E", k)
+
+
+def _marked(message: dict, k: int) -> dict:
+    """Assistant message ``k`` with its content between its two markers (a content list: inside
+    its first and last text parts, or as text parts of their own)."""
+    start, end = _marks(k)
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": start + content + end}
+    parts = [dict(p) if isinstance(p, dict) else p for p in content]
+    texts = [i for i, p in enumerate(parts) if isinstance(p, dict) and p.get("type") == "text"]
+    if texts:
+        parts[texts[0]]["text"] = start + str(parts[texts[0]].get("text", ""))
+        parts[texts[-1]]["text"] = str(parts[texts[-1]].get("text", "")) + end
+    else:
+        parts = [{"type": "text", "text": start}, *parts, {"type": "text", "text": end}]
+    return {**message, "content": parts}
+
+
+def _has_text(message: dict) -> bool:
+    """Whether a reply has content to mark (an empty one may change what the template writes
+    around it: Qwen3-VL's newline before a tool call)."""
+    content = message.get("content")
+    return bool(content) and (isinstance(content, str) or any(
+        isinstance(p, dict) and p.get("type") == "text" and p.get("text") for p in content))
+
+
+def marked_messages(messages: list) -> list:
+    """``messages`` with each reply that has text between its two markers (`_marked`)."""
+    return [(_marked(m, k) if m["role"] == "assistant" and _has_text(m) else m) for k, m in enumerate(messages)]
+
+
+def _marker_spans(enc, messages: list, full: str, text: Optional[str]) -> Optional[list]:
+    """Each reply's span in ``full``: between the pieces of text the template writes around the
+    replies, read from ``text``, the render of `marked_messages` (an empty reply is not marked:
+    it starts after its turn's header, `_empty_reply_spans`); each reply starts after its turn's
+    header where the template writes text between the two (GLM-4.6V's ``<think></think>``); None
+    when ``text`` does not show the replies as pieces of ``full`` (the template writes
+    something else around a marked reply)."""
+    if text is None or "\x02" in full:
+        return None
+    ks = [k for k, m in enumerate(messages) if m["role"] == "assistant" and _has_text(m)]
+    pieces, pos = [], 0  # the text outside the replies: before the first, between them, after the last
+    for k in ks:
+        start, end = _marks(k)
+        a = text.find(start, pos)
+        b = text.find(end, a + len(start)) if a >= 0 else -1
+        if b < 0:
+            return None  # the template dropped a reply's content (or part of it)
+        pieces.append(text[pos:a])
+        pos = b + len(end)
+    pieces.append(text[pos:])
+    if any("\x02" in p for p in pieces) or not full.startswith(pieces[0]) or not full.endswith(pieces[-1]):
+        return None
+    spans, at, stop = [], len(pieces[0]), len(full) - len(pieces[-1])
+    where = [0]  # each piece's start in ``full``
+    for piece in pieces[1:-1]:
+        if not piece:
+            return None  # two replies with nothing between: not separable
+        b = full.find(piece, at, stop)
+        if b < 0:
+            return None
+        spans.append((at, b))
+        where.append(b)
+        at = b + len(piece)
+    if at > stop:
+        return None
+    spans.append((at, stop))
+    where.append(stop)
+    header = enc.reply_header()
+    if header:  # a reply starts where its turn's header (the generation prompt) ends
+        for i, (piece, (a, b)) in enumerate(zip(pieces, spans)):
+            h = piece.rfind(header)
+            if h >= 0:
+                spans[i] = (a - (len(piece) - h - len(header)), b)
+    empty = [k for k, m in enumerate(messages) if m["role"] == "assistant" and k not in ks]
+    if empty:
+        found = _empty_reply_spans(enc, messages, full, ks, empty, pieces, where)
+        if found is None:
+            return None
+        spans = sorted(spans + found)
+    return spans
+
+
+def _empty_reply_spans(enc, messages, full, ks, empty, pieces, where) -> Optional[list]:
+    """Spans of the empty replies: each starts after its turn's header (the generation prompt's
+    text, found in order in the piece of text that holds it) and runs to the stop token the
+    template writes (its tool calls included); None when the header is not found."""
+    header = enc.reply_header()
+    if not header:
+        return None
+    stop = enc.stop_rule()
+    out, piece, pos = [], -1, 0
+    for k in empty:
+        p = sum(1 for j in ks if j < k)  # the piece holding reply k
+        if p != piece:
+            piece, pos = p, where[p]
+        limit = where[p] + len(pieces[p])
+        a = full.find(header, pos, limit)
+        if a < 0:
+            return None
+        a += len(header)
+        b = full.find(stop.token, a, limit) if stop.written and stop.token else -1
+        out.append((a, a if b < 0 else b + len(stop.token)))
+        pos = out[-1][1]
+    return out
+
+
+# ---- the end of each turn ---------------------------------------------------------------------
+def _with_stops(full: str, spans: list, stop: StopRule, marked: bool) -> tuple[str, list]:
+    """``spans`` each extended over the stop token the template writes after a reply (the first
+    one before the next reply; generation blocks: only with ``stop.always``), and with
+    ``stop.always`` the token appended to each reply where the template writes none. Returns
+    (text, spans)."""
+    token = stop.token
+    if not token or not spans or (marked and not stop.always) or not (stop.written or stop.always):
+        return full, spans
+    out, pieces, shift, last = [], [], 0, 0
+    for i, (a, b) in enumerate(spans):
+        nxt = spans[i + 1][0] if i + 1 < len(spans) else len(full)
+        at = -1 if full[a:b].endswith(token) or not stop.written else full.find(token, b, nxt)
+        if at >= 0:
+            b = at + len(token)
+        elif stop.always and not full[a:b].endswith(token):
+            pieces.append(full[last:b] + token)
+            last = b
+            shift += len(token)
+            out.append((a + shift - len(token), b + shift))
+            continue
+        out.append((a + shift, b + shift))
+    return "".join(pieces) + full[last:], out
