@@ -17,6 +17,10 @@ use the same one, or the logprobs they compute for the same tokens disagree.
 
 Both resize a uint8 image to a uint8 image, so mmpipe's compact storage (the resized uint8
 image) keeps working; only the table (`lut`) that expands it to floats differs.
+
+An engine's option (``"vllm"``) names the backend the engine's processor runs (vLLM: torchvision)
+and the transparency rule the engine applies before it (`engine_transparency`; vLLM composites
+every image onto white, whatever its transformers does).
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ import numpy as np
 
 from mmpipe._fork import torch_fork_safe
 from mmpipe.errors import ArgumentError
+from mmpipe.images.transparency import ENGINE_TRANSPARENCY
 
 BACKENDS = ("pil", "torchvision")
-OPTIONS = ("auto",) + BACKENDS
+ENGINE_BACKENDS = {"vllm": "torchvision"}  # engine -> the image-processor backend its processor runs
+OPTIONS = ("auto",) + BACKENDS + tuple(ENGINE_BACKENDS)
 
 
 def processor_backend(processor) -> str:
@@ -44,12 +50,20 @@ def processor_backend(processor) -> str:
 
 def resolve_backend(option: str, processor=None) -> str:
     """``"auto"`` -> `processor_backend` (``"pil"`` without a processor); ``"pil"`` /
-    ``"torchvision"`` as given; anything else is an ArgumentError."""
+    ``"torchvision"`` as given; an engine (``"vllm"``) -> its processor's backend
+    (``"torchvision"``); anything else is an ArgumentError."""
     if option not in OPTIONS:
         raise ArgumentError(f"image_backend must be one of {OPTIONS}, got {option!r}")
     if option == "auto":
         return processor_backend(processor) if processor is not None else "pil"
-    return option
+    return ENGINE_BACKENDS.get(option, option)
+
+
+def engine_transparency(option: str):
+    """The transparency rule (`mmpipe.images.transparency.TRANSPARENCY_RULES`) an ``image_backend``
+    option fixes: an engine's own (``"vllm"`` -> ``"white"``), None for the transformers
+    backends (their rule is the installed transformers', `mmpipe.images.transparency.transparency_rule`)."""
+    return ENGINE_TRANSPARENCY.get(option)
 
 
 def resize_u8_torch(img: np.ndarray, height: int, width: int) -> np.ndarray:

@@ -14,6 +14,9 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from mmpipe.errors import ArgumentError, ImageError
+from mmpipe.images.transparency import (ENGINE_TRANSPARENCY, TRANSPARENCY_ENV, TRANSPARENCY_RULES,  # noqa: F401
+                                        apply_rule, check_transparency, has_transparency, installed_transparency,
+                                        rule_of, transparency_rule)
 
 # ---- image files -------------------------------------------------------------------------
 MAX_IMAGE_BYTES_ENV = "MMPIPE_MAX_IMAGE_BYTES"
@@ -53,9 +56,9 @@ def _file_error(path: str, where: Optional[str], found: str, fix: str = _OPEN_FI
 def _stat_error(path: str, e: OSError, where: Optional[str]) -> ImageError:
     if isinstance(e, FileNotFoundError):
         found = "a dangling symlink" if os.path.islink(path) else "a missing path"
+        looked = "" if os.path.isabs(path) else f" (a relative path resolves against the working directory {os.getcwd()!r})"
         return ImageError(f"no such file: {path!r}", where=where, expected="an existing image file", found=found,
-                          fix="fix the path (relative paths resolve against the working directory) "
-                              "or embed the image bytes with datasets.Image()")
+                          fix=f"fix the path{looked} or embed the image bytes with datasets.Image()")
     found = {errno.ELOOP: "a symlink loop", errno.ENOTDIR: "a path through a non-directory",
              errno.EACCES: "not readable (permission denied)", errno.ENXIO: "a socket or device with no reader",
              errno.ENAMETOOLONG: "a path that is too long"}.get(e.errno, f"not readable ({e.strerror})")
@@ -351,18 +354,19 @@ def _check_range(img: Image.Image) -> None:
         )
 
 
-def to_rgb_image(img: Image.Image) -> Image.Image:
-    """The RGB PIL image the processor works on, transparency composited onto white (as
-    transformers does). An RGB image without transparency is returned as is (no copy)."""
+def to_rgb_image(img: Image.Image, transparency: Optional[str] = None) -> Image.Image:
+    """The RGB PIL image the processor works on. ``transparency``: how an image with
+    transparency becomes RGB (`TRANSPARENCY_RULES`): None / ``"auto"`` as the installed
+    transformers' processors do it (`transparency_rule`), ``"white"`` (composited onto white)
+    or ``"drop"`` (``convert("RGB")``). An RGB image without transparency is returned as is
+    (no copy); the rule is looked up only for an image with transparency."""
     _check_range(img)
-    if "A" in img.getbands() or img.info.get("transparency") is not None:
-        rgba = img.convert("RGBA")
-        bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(bg, rgba).convert("RGB")
+    if has_transparency(img):
+        return apply_rule(img, transparency_rule(transparency))
+    check_transparency(transparency)
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
-def to_rgb_array(img: Image.Image) -> np.ndarray:
-    """uint8 [H, W, 3], transparency composited onto white (as transformers does)."""
-    return np.asarray(to_rgb_image(img))
-
+def to_rgb_array(img: Image.Image, transparency: Optional[str] = None) -> np.ndarray:
+    """uint8 [H, W, 3]: `to_rgb_image` as an array."""
+    return np.asarray(to_rgb_image(img, transparency))

@@ -31,12 +31,13 @@ def resize_image(img: Image.Image, spec: VisionSpec) -> np.ndarray:
     img = upright(img)
     w, h = img.size
     th, tw = spec.target_size(h, w)
+    rule = getattr(spec, "transparency", None)  # None: the installed transformers' rule
     if spec.backend == "torchvision":
-        return resize_u8_torch(np.asarray(to_rgb_image(img)), th, tw)
+        return resize_u8_torch(np.asarray(to_rgb_image(img, rule)), th, tw)
     if img.mode == "L" and img.info.get("transparency") is None:
         small = img.resize((tw, th), resample=spec.resample) if (tw, th) != img.size else img
         return np.asarray(small.convert("RGB"))
-    rgb = to_rgb_image(img)
+    rgb = to_rgb_image(img, rule)
     if (tw, th) != rgb.size:
         rgb = rgb.resize((tw, th), resample=spec.resample)
     return np.asarray(rgb)

@@ -12,7 +12,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from mmpipe.errors import ImageError, PixelDataError
-from mmpipe.images.backends import lut as backend_lut, resolve_backend
+from mmpipe.images.backends import engine_transparency, lut as backend_lut, resolve_backend
+from mmpipe.images.transparency import check_transparency
 from mmpipe.families import ModelFamily, family_of
 
 
@@ -21,7 +22,10 @@ class VisionSpec:
     """Image-processing constants, read from a processor (or a family's defaults).
     ``max_aspect_ratio``: the family's limit on ``max(h, w) / min(h, w)``. ``backend``: the
     transformers image-processor backend whose resize and float values are reproduced,
-    ``"pil"`` or ``"torchvision"`` (`mmpipe.images.backends`)."""
+    ``"pil"`` or ``"torchvision"`` (`mmpipe.images.backends`). ``transparency``: how images
+    with transparency become RGB, None (the installed transformers' rule, looked up when such an
+    image is met: `mmpipe.images.transparency.transparency_rule`) or a fixed rule, ``"white"`` /
+    ``"drop"`` (an engine's: ``image_backend="vllm"`` gives ``"white"``)."""
 
     patch_size: int
     temporal_patch_size: int
@@ -37,6 +41,7 @@ class VisionSpec:
     max_aspect_ratio: float = ModelFamily.max_aspect_ratio  # the family table's default
     backend: str = "pil"
     resize_rule: str = "qwen"  # `RESIZE_RULES`: the family's ``ModelFamily.resize_rule``
+    transparency: Optional[str] = None  # `mmpipe.images.transparency.TRANSPARENCY_RULES`; None: the installed one
 
     @property
     def factor(self) -> int:
@@ -59,22 +64,27 @@ class VisionSpec:
                             max_ratio=self.max_aspect_ratio)
 
     @classmethod
-    def from_family(cls, fam: ModelFamily, backend: str = "pil") -> "VisionSpec":
+    def from_family(cls, fam: ModelFamily, backend: str = "pil", transparency: Optional[str] = None) -> "VisionSpec":
         return cls(
             fam.patch_size, fam.temporal_patch_size, fam.merge_size, fam.min_pixels, fam.max_pixels,
             tuple(fam.image_mean), tuple(fam.image_std), max_aspect_ratio=fam.max_aspect_ratio,
             backend=resolve_backend(backend), resize_rule=fam.resize_rule,
+            transparency=check_transparency(transparency) or engine_transparency(backend),
         )
 
     @classmethod
-    def from_processor(cls, processor, min_pixels=None, max_pixels=None, backend: str = "auto") -> "VisionSpec":
-        """``backend``: ``"auto"`` (the processor's, `backends.processor_backend`), ``"pil"``
-        or ``"torchvision"``."""
+    def from_processor(cls, processor, min_pixels=None, max_pixels=None, backend: str = "auto",
+                       transparency: Optional[str] = None) -> "VisionSpec":
+        """``backend``: ``"auto"`` (the processor's, `backends.processor_backend`), ``"pil"``,
+        ``"torchvision"``, or an engine's, ``"vllm"`` (torchvision, with vLLM's transparency
+        rule, white). ``transparency``: None / ``"auto"`` (the engine's when ``backend`` names
+        one, else the installed transformers'), ``"white"`` or ``"drop"``."""
         ip = getattr(processor, "image_processor", None)
         fam = family_of(processor)
-        backend = resolve_backend(backend, processor)
+        option, backend = backend, resolve_backend(backend, processor)
+        transparency = check_transparency(transparency) or engine_transparency(option)
         if ip is None:
-            return cls.from_family(fam, backend)
+            return cls.from_family(fam, backend, transparency)
         size = getattr(ip, "size", None) or {}
         get = (lambda k: size.get(k)) if isinstance(size, dict) else (lambda k: getattr(size, k, None))
         mn = min_pixels or get("shortest_edge") or getattr(ip, "min_pixels", None) or fam.min_pixels
@@ -95,6 +105,7 @@ class VisionSpec:
             fam.max_aspect_ratio,
             backend,
             fam.resize_rule,
+            transparency,
         )
 
     def for_rows(self, backends: Sequence[Optional[str]]) -> "VisionSpec":
@@ -113,6 +124,24 @@ class VisionSpec:
                 where="", row=odd, column="image_backend", stage="collate",
                 fix="encode every row with the same Encoder(image_backend=...): the engine's backend")
         return replace(self, backend=found[0][1])
+
+    def for_transparency(self, rules: Sequence[Optional[str]]) -> "VisionSpec":
+        """This spec with the transparency rule the rows were encoded with (each row's recorded
+        rule, `mmpipe.images.transparency.TRANSPARENCY_RULES`; None: not recorded, e.g. no image with
+        transparency): rows decoded again from their files (``pixels="source"``) must convert
+        as they were encoded, whatever transformers the collator runs on. Rows of different
+        rules in one batch are a `PixelDataError` naming the first odd row."""
+        found = [(i, r) for i, r in enumerate(rules) if r is not None]
+        if not found or all(r == self.transparency for _, r in found):
+            return self
+        odd = next((i for i, r in found if r != found[0][1]), None)
+        if odd is not None:
+            raise PixelDataError(
+                f"rows encoded with different transparency rules in one batch ({found[0][1]!r} and {rules[odd]!r})",
+                where="", row=odd, column="image_transparency", stage="collate",
+                fix="re-encode the rows on one transformers line (or all with image_backend='vllm'): "
+                    "their transparent pixels differ")
+        return replace(self, transparency=check_transparency(found[0][1]))
 
     def for_videos(self) -> "VisionSpec":
         """The spec videos are made with: this one with ``backend="torchvision"``, whatever
