@@ -17,17 +17,22 @@ One folder per stage, in the order data flows::
     testing/     the offline fixtures and the ONE invariant harness for tests
 
 Public names of the README are bound here; torch-backed ones load on first use, so
-``import mmpipe`` stays fast.
+``import mmpipe`` stays fast. Subpackages and their modules are attributes on first use too
+(``mmpipe.processors.load_processor``, ``mmpipe.rollout.packers.QwenVLDataPacker`` after a plain
+``import mmpipe``; `mmpipe._lazy`): nothing optional (vLLM, Ray, cosmos-rl) loads before it is used.
 """
 
 from __future__ import annotations
 
-import importlib
+import sys
 
 __version__ = "0.1.0"
 
 # These modules import only numpy/pyarrow/PIL at import time (torch and transformers load on use).
+from mmpipe import _lazy  # noqa: E402
 from mmpipe._lazy import lazy_exports  # noqa: E402
+
+_lazy.install(sys.modules[__name__])  # every subpackage bound from here on reaches its modules by attribute
 from mmpipe import _fork  # noqa: E402,F401  (registers the fork marker before any worker forks)
 from mmpipe import errors  # noqa: E402  (mmpipe.errors.InputError and its subclasses)
 from mmpipe.batching.collate import ArrowRows, Collator, collate  # noqa: E402
@@ -63,10 +68,15 @@ __all__ = sorted(
 
 
 def __getattr__(name: str):
-    if name == "testing":  # the test fixtures and harness, on demand
-        return importlib.import_module("mmpipe.testing")
-    return _lazy_getattr(name)
+    try:
+        return _lazy_getattr(name)
+    except AttributeError:
+        pass
+    found = _lazy.submodule(__name__, name)  # mmpipe.rollout, mmpipe.processors, mmpipe.testing, ...
+    if found is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return found
 
 
 def __dir__():
-    return __all__
+    return sorted(set(__all__) | set(_lazy.submodule_names(sys.modules[__name__])))

@@ -78,16 +78,15 @@ def load_processor(spec: Any, *, log: Optional[Callable[[str], None]] = None):
 
 
 def _load_testing(spec: str):
-    """``testing:FAMILY``: the offline processor of `mmpipe.offline` (`mmpipe.offline.build_processor`,
-    which hands GLM-4.1V and the tiled families to their own builder modules)."""
-    from mmpipe.offline import FAMILY_NAMES, build_processor
-    from mmpipe.offline.tokenizer import OWN_BUILDERS
+    """``testing:NAME``: an offline processor by any name `mmpipe.offline.builders` knows (the
+    native families, the Qwen3.5 lines, the generic path's Idefics3, LLaVA, Mllama, ...)."""
+    from mmpipe.offline.builders import PROCESSOR_NAMES, build_processor
 
-    family, known = spec[len(TESTING_PREFIX):], (*FAMILY_NAMES, *OWN_BUILDERS)
-    if family not in known:
-        raise ProcessorLoadError(f"processor {spec!r}: unknown offline family {family!r}; use one of "
-                                 + ", ".join(TESTING_PREFIX + f for f in known))
-    return build_processor(family)
+    name = spec[len(TESTING_PREFIX):]
+    if name not in PROCESSOR_NAMES:
+        raise ProcessorLoadError(f"processor {spec!r}: unknown offline processor {name!r}; use one of "
+                                 + ", ".join(TESTING_PREFIX + f for f in PROCESSOR_NAMES))
+    return build_processor(name)
 
 
 def _load_cached_hub_name(spec: str):

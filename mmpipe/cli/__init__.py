@@ -4,7 +4,9 @@ One module per step::
 
     main.py         the ``mmpipe`` parser, ``judge ping``, exit statuses (main)
     encode.py       ``mmpipe encode``: local rows -> resolved images -> encode -> save_to_disk
-                    (run_encode, load_raw, resolve_images, CLIError)
+                    (run_encode, load_raw, CLIError)
+    resolve.py      its image references -> Image(decode=False) values, relative to the input
+                    file's directory (resolve_images, ImageResolver)
     inspect.py      ``mmpipe inspect``: counts and histograms of a saved dataset (dataset_stats)
     demo.py         ``python -m mmpipe.cli.demo``: the whole pipeline offline, with checks
     demo_checks.py  the demo's per-batch checks (DemoChecks)
@@ -20,11 +22,13 @@ from mmpipe._lazy import lazy_exports
 
 _EXPORTS = {
     "mmpipe.cli.encode": ("REPORT_FILE", "CLIError", "load_processor", "input_format", "load_raw",
-        "ImageResolver", "resolve_images", "dir_bytes", "encode_options", "run_encode", "check_out_dir",
+        "dir_bytes", "encode_options", "run_encode", "check_out_dir",
         "encode_to_disk", "run_record", "add_encode_parser"),
     "mmpipe.cli.inspect": ("BAR_WIDTH", "Distribution", "integer_histogram", "DatasetStats",
         "dataset_stats", "open_encoded", "format_histogram", "format_stats", "run_inspect",
         "add_inspect_parser"),
+    "mmpipe.cli.resolve": ("RESOLVE_ERRORS", "ImageResolver", "resolve_images", "resolver_errors",
+        "explain_failures"),
     "mmpipe.cli.main": ("DEFAULT_PRIMITIVES",),
     "mmpipe.cli.demo": ("image_pool", "build_rows"),
     "mmpipe.cli.demo_checks": ("SUMMARY_OK", "DemoChecks"),

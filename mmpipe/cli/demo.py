@@ -127,7 +127,8 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
-def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
+    """The demo's argument parser (``mmpipe demo ...`` passes its arguments here)."""
     p = argparse.ArgumentParser(
         prog="python -m mmpipe.cli.demo",
         description="mmpipe demo: raw chat rows with images -> encode (datasets.map) -> save/load -> "
@@ -145,6 +146,11 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--model", default=None, metavar="PATH",
                    help="local model directory for transformers AutoModelForImageTextToText")
     p.add_argument("--device", default=None, help="device for a real --model (default: cuda if available, else cpu)")
+    return p
+
+
+def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
     if args.rows < 1:
         p.error("--rows must be at least 1")

@@ -14,11 +14,13 @@ Inputs (`load_raw`):
 - ``.parquet``: the same; a ``datasets.Image()`` column (``{"bytes", "path"}``) works as is;
 - a directory written by ``Dataset.save_to_disk`` (a ``DatasetDict`` needs ``--split``).
 
-Every image reference of a file input is resolved before encoding (`resolve_images`): inline items become
+Every image reference of a file input is resolved before encoding (`mmpipe.cli.resolve`): inline items become
 ``{"type": "image"}`` placeholders and their images move, in order, into the images column
-as ``datasets.Image(decode=False)`` values, so paths relative to the input file work and a
-missing file, a non-file (FIFO, device, ...) or a path outside ``--image-root`` is reported with
-its row before any pixel is decoded. A saved dataset is encoded as is (bytes or absolute paths).
+as ``datasets.Image(decode=False)`` values, so paths relative to the input file's directory work
+(never the working directory) and a missing file, a non-file (FIFO, device, ...) or a path
+outside ``--image-root`` is reported with its row before any pixel is decoded (under
+``--on-error skip``: recorded in the report with that reason). A saved dataset is encoded as is
+(bytes or absolute paths).
 
 The processor (`load_processor`) is a saved processor or model directory
 (``AutoProcessor.from_pretrained``, offline), or ``testing:FAMILY`` for the offline test
@@ -30,7 +32,6 @@ reason), which ``mmpipe inspect`` reads.
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 import tempfile
@@ -38,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from mmpipe.errors import ImageError
+from mmpipe.cli.resolve import ImageResolver, explain_failures, resolve_images, resolver_errors  # noqa: F401
 
 REPORT_FILE = "mmpipe_encode.json"
 
@@ -104,144 +105,6 @@ def load_raw(path: Path, *, split: Optional[str] = None, cache_dir: Optional[str
         raise CLIError(f"cannot read {str(path)!r} as {builder}: {type(cause).__name__}: {str(cause)[:400]}; "
                        "every row must have the same column types (e.g. message contents all lists "
                        "or all strings)") from None
-
-
-def _resolve_one(value: Any, base: Path, loc: dict, root: Optional[str] = None) -> Optional[dict]:
-    """One image reference -> a ``datasets.Image`` storage dict ``{"bytes", "path"}``.
-
-    ``loc``: where it is (``{"row", "image", "column"}``); ``root``: ``--image-root``."""
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        b, p = value.get("bytes"), value.get("path")
-        if b is None:
-            if not p:
-                raise ImageError("image dict has neither 'bytes' nor 'path'", **loc, found=repr(value)[:80],
-                                 fix="give the image's encoded bytes or its file path")
-            return {"bytes": None, "path": _local_path(str(p), base, loc, root)}
-        return {"bytes": bytes(b), "path": p}
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return {"bytes": bytes(value), "path": None}
-    if isinstance(value, str):
-        if value.startswith("data:"):
-            header, sep, data = value.partition(",")
-            if not sep or ";base64" not in header:
-                raise ImageError(f"data URI {value[:40]!r}... is not base64 encoded", **loc,
-                                 expected="data:image/png;base64,...", fix="encode the image data as base64")
-            return {"bytes": base64.b64decode(data), "path": None}
-        return {"bytes": None, "path": _local_path(value, base, loc, root)}
-    raise ImageError(f"unsupported image value of type {type(value).__name__}", **loc,
-                     expected="a path, a data:image/...;base64 URI or a {'bytes', 'path'} dict",
-                     found=type(value).__name__)
-
-
-def _local_path(p: str, base: Path, loc: dict, root: Optional[str] = None) -> str:
-    """Absolute path of image file ``p``: under ``root``, a regular file (`check_image_file`; not opened)."""
-    from mmpipe.images.load import check_image_file, confine_image
-
-    if p.startswith(("http://", "https://")):
-        raise ImageError(f"image {p!r} is a URL; mmpipe encode reads local files only", **loc,
-                         fix="download the images and refer to them by path")
-    if p.startswith("file://"):
-        p = p[len("file://"):]
-    full = Path(p).expanduser()
-    if not full.is_absolute():
-        full = base / full
-    try:
-        confine_image(str(full), root, where=None)
-        if full.exists() or full.is_symlink():  # a FIFO, directory, device, loop, ...: say which
-            check_image_file(str(full), where=None)
-    except ImageError as e:
-        raise e.locate(**loc) from None
-    if not full.is_file():
-        raise ImageError(f"image file {p!r} not found (looked for {str(full)!r}; relative paths are "
-                         f"resolved against the input file's directory {str(base)!r})", **loc,
-                         fix="fix the path or add the file")
-    return str(full.resolve())
-
-
-_INLINE_KEYS = ("image", "image_url", "path", "url")
-
-
-class ImageResolver:
-    """``dataset.map`` function (``with_indices=True``): every image of a raw row, in order,
-    into ``images_column`` as ``{"bytes", "path"}`` dicts with absolute paths; inline content
-    items become ``{"type": "image"}`` placeholders. Picklable (``num_proc``)."""
-
-    def __init__(self, base: Path, images_column: str = "images", *, strict: bool = True,
-                 image_root: Optional[str] = None):
-        self.base = Path(base)
-        self.image_root = image_root  # --image-root: every path must resolve under it
-        self.images_column = images_column
-        # strict=False (on_error="skip"): an unresolvable reference is passed on as a path, so
-        # the encoder fails that row (recorded in the report) instead of the whole run
-        self.strict = strict
-
-    def __call__(self, example: dict, idx: int) -> dict:
-        from mmpipe.encoding.parse import inline_image, is_image_item
-
-        column = list(example.get(self.images_column) or [])
-        images: list = []
-        next_col = 0
-        out: dict = {}
-        for key in ("messages", "prompt"):
-            msgs = example.get(key)
-            if not isinstance(msgs, list):
-                continue
-            new_msgs = []
-            for msg in msgs:
-                content = msg.get("content") if isinstance(msg, dict) else None
-                if not isinstance(content, list):
-                    new_msgs.append(msg)
-                    if isinstance(content, str):
-                        n = content.count("<image>")
-                        images.extend(column[next_col:next_col + n])
-                        next_col += n
-                    continue
-                items = []
-                for item in content:
-                    if isinstance(item, dict) and is_image_item(item):
-                        inline = inline_image(item)
-                        if inline is None:
-                            if next_col < len(column):
-                                images.append(column[next_col])
-                            next_col += 1
-                        else:
-                            images.append(inline)
-                            item = {**item, **{k: None for k in _INLINE_KEYS if k in item}, "type": "image"}
-                    items.append(item)
-                new_msgs.append({**msg, "content": items})
-            out[key] = new_msgs
-        images.extend(column[next_col:])  # surplus images: encode reports the mismatch
-        out[self.images_column] = [self._resolve(v, {"row": idx, "image": i, "column": self.images_column})
-                                   for i, v in enumerate(images)]
-        return out
-
-    def _resolve(self, value, loc: dict):
-        try:
-            return _resolve_one(value, self.base, loc, self.image_root)
-        except ImageError:
-            if self.strict:
-                raise
-            path = value if isinstance(value, str) else value.get("path") if isinstance(value, dict) else None
-            return {"bytes": None, "path": str(self.base / path) if path else "<unreadable image value>"}
-
-
-def resolve_images(ds, base: Path, *, images_column: str = "images", num_proc: Optional[int] = None,
-                   strict: bool = True, image_root: Optional[str] = None):
-    """`ImageResolver` over ``ds``; the images column becomes ``List(Image(decode=False))``."""
-    import datasets
-
-    feats = ds.features.copy()
-    if images_column in feats:
-        # decode=False: read as {"bytes", "path"} dicts, not decoded PIL images
-        feats[images_column] = datasets.List(datasets.Image(decode=False))
-        is_image_list = isinstance(getattr(ds.features[images_column], "feature", None), datasets.Image)
-        ds = ds.cast_column(images_column, feats[images_column]) if is_image_list else ds
-    else:
-        feats[images_column] = datasets.List(datasets.Image(decode=False))
-    return ds.map(ImageResolver(base, images_column, strict=strict, image_root=image_root), with_indices=True, features=feats, num_proc=num_proc,
-                  desc="mmpipe: resolve images")
 
 
 # ---- the command -------------------------------------------------------------------------
@@ -325,15 +188,18 @@ def encode_to_disk(args, src: Path, fmt: str, out: Path, processor, options: dic
             raw = load_raw(src, split=args.split, cache_dir=tmp)
             if args.limit is not None:
                 raw = raw.select(range(min(args.limit, len(raw))))
+            unresolved: dict = {}
             if fmt != "saved":  # a saved dataset's images are bytes or absolute paths already
                 raw = resolve_images(raw, src.parent.resolve(), images_column=args.images_column, num_proc=num_proc,
                                      strict=options.get("on_error", "raise") == "raise",
                                      image_root=options.get("image_root"))
+                raw, unresolved = resolver_errors(raw)  # --on-error skip: their reasons, for the report
             try:
                 enc, report = mmpipe.encode_dataset(raw, processor, num_proc=num_proc, batch_size=args.batch_size,
                                                     keep_columns=getattr(args, "keep_columns", []), **options)
             except mmpipe.errors.ArgumentError as e:  # --keep-columns naming no input column, an option refused
                 raise CLIError(("--keep-columns: " if "keep_columns" in str(e) else "") + str(e)) from None
+            report.errors = explain_failures(report.errors, unresolved)
             options.setdefault("pixels", mmpipe.records.columns.stored_pixel_format(enc.column_names))
             if out.exists() and args.overwrite:
                 shutil.rmtree(out)

@@ -87,6 +87,10 @@ def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optiona
     ``ds[videos_column]`` x the largest video ``video_options`` (the encoder's; Qwen defaults)
     allow (`mmpipe.encoding.videos.video_row_bytes`; pass the same ``video_options`` as to the
     encoder). ``batch_size`` is ignored by per-row maps.
+
+    Only the keywords ``ds.map`` takes are returned: an ``IterableDataset`` (streaming; its
+    ``map`` has no ``writer_batch_size``) gets ``{"batch_size": k}``, and, its list lengths being
+    unknown, counts ``images_per_row`` (default 1) images per row: pass the most a row holds.
     """
     if buffer_bytes < 1:
         raise ArgumentError(f"buffer_bytes must be positive, got {buffer_bytes!r}")
@@ -100,7 +104,16 @@ def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optiona
                   **{k: v for k, v in sizing.items() if k not in media.ENCODE_REFUSED})
     n_images = images_per_row if images_per_row is not None else max_images_per_row(ds, images_column)
     k = max(1, min(1000, buffer_bytes // (row_byte_bound(enc, n_images) + video_row_bytes(enc, ds))))
-    return {"writer_batch_size": k, "batch_size": k}
+    import inspect
+
+    kwargs = {"writer_batch_size": k, "batch_size": k}
+    try:  # the keywords this dataset's map takes (IterableDataset.map: no writer_batch_size)
+        params = inspect.signature(ds.map).parameters if hasattr(ds, "map") else None
+    except (TypeError, ValueError):
+        params = None
+    if params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        kwargs = {key: v for key, v in kwargs.items() if key in params}
+    return kwargs
 
 
 def row_byte_bound(enc: Encoder, n_images: int) -> int:
@@ -157,9 +170,22 @@ def encode_row(example: dict, processor, idx=None, **options) -> MultiModalInput
 
 def drop_failed(ds, *, num_proc: Optional[int] = None):
     """A dataset mapped with ``on_error="skip"`` -> ``(dataset without the failed rows and
-    without ERROR_COLUMN, [{"row", "stage", "column", "reason"}, ...])``."""
-    if ERROR_COLUMN not in ds.column_names:
+    without ERROR_COLUMN, [{"row", "stage", "column", "reason"}, ...])``.
+
+    An ``IterableDataset`` is returned as is when its columns are known and hold no
+    ERROR_COLUMN; otherwise its failed rows are known only while it streams, so this raises an
+    `ArgumentError` with the filter to stream instead."""
+    columns = getattr(ds, "column_names", None)
+    if columns is not None and ERROR_COLUMN not in columns:
         return ds, []
+    if columns is None or not hasattr(ds, "__len__"):  # an IterableDataset: its rows exist once streamed
+        raise ArgumentError(
+            f"drop_failed: ds must be a map-style datasets.Dataset (every row's {ERROR_COLUMN!r} is read "
+            f"up front), got a {type(ds).__name__}"
+            + (" whose columns are unknown" if columns is None else "")
+            + f"; for a stream, drop the failed rows as they come: ds.filter(lambda r: not r[{ERROR_COLUMN!r}])"
+            f".remove_columns([{ERROR_COLUMN!r}]) (json.loads(r[{ERROR_COLUMN!r}]) is each failed row's "
+            "{'row', 'stage', 'column', 'reason'}), or encode a Dataset with mmpipe.encode_dataset")
     errors = [json.loads(x) for x in ds[ERROR_COLUMN] if x]
     if errors:
         ds = ds.filter(lambda r: [not x for x in r], input_columns=[ERROR_COLUMN], batched=True, num_proc=num_proc)

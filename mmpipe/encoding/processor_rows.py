@@ -102,11 +102,19 @@ def rows_from_processor_output(outputs, processor, *, labels=None) -> list[Multi
     return rows
 
 
-def compact(row: MultiModalInputs, spec: Optional[VisionSpec] = None) -> MultiModalInputs:
+def compact(row, spec: Optional[VisionSpec] = None):
     """float32 pixel storage -> compact uint8 storage, exactly (raises if the float values
-    were not produced from uint8 pixels with these constants)."""
+    were not produced from uint8 pixels with these constants).
+
+    ``row``: a `MultiModalInputs` (returned as one), or a stored row dict as a dataset holds it
+    (``ds[i]`` in any format, ``row.to_dict()``), returned as a stored dict (`to_dict`), so
+    ``ds.map(mmpipe.compact, remove_columns=ds.column_names)`` stores a float32 dataset as uint8.
+    A row that is not float32 comes back unchanged (as given)."""
     from mmpipe.images.pixels import pixel_values_to_u8, video_pixel_values_to_u8
 
+    if not isinstance(row, MultiModalInputs):  # a stored row: read, compact, store again
+        record = MultiModalInputs.from_dict(row)
+        return row if record.pixel_format != "float32" else compact(record, spec).to_dict()
     if row.pixel_format != "float32":
         return row
     spec = spec or VisionSpec.from_family(row.fam, row.image_backend)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import functools
 import io
+from dataclasses import replace
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -271,7 +272,39 @@ class DataPackerCore:
 
 
 class DecoderOnlyLLMPackerCore(DataPackerCore):
-    """Items are prompt strings or chat lists; the processor is a tokenizer."""
+    """Items are prompt strings or chat lists; the processor is a tokenizer.
+
+    A string item is raw text, as cosmos-rl's own ``DecoderOnlyLLMDataPacker`` (0.4.7) takes it:
+    no chat template is applied (a pre-templated dataset is not templated a second time), and it
+    is tokenized without special tokens, as cosmos-rl's ``get_policy_input`` and
+    ``sft_process_sample`` tokenize it. The rollout input holds those ids
+    (``{"prompt_token_ids": ...}``: cosmos-rl hands the string itself to vLLM, which tokenizes it
+    again and adds a BOS where the tokenizer has one; the ids here are the policy's). SFT on a
+    string labels every token (cosmos-rl: ``label_ids = token_ids``). A chat list is rendered
+    with the tokenizer's chat template (generation prompt added), as cosmos-rl does.
+    """
+
+    def encode_prompt(self, item: Any) -> MultiModalInputs:
+        if isinstance(item, str):
+            return self.raw_text_row(item, labels=False)
+        return super().encode_prompt(item)
+
+    def sft_process_sample(self, sample: Any) -> MultiModalInputs:
+        if isinstance(sample, str):
+            return self.raw_text_row(sample, labels=True)
+        return super().sft_process_sample(sample)
+
+    def raw_text_row(self, text: str, *, labels: bool) -> MultiModalInputs:
+        """A string item as a row: ``text`` tokenized as is (no template, no special tokens
+        added); ``labels``: every token a target (SFT), else none (a prompt). The encoder's
+        ``max_length`` applies (`Encoder.check_length`)."""
+        self._need_processor()
+        ids = np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+        self.encoder.check_length(len(ids), "raw text item", fix="shorten the text or raise max_length")
+        empty = MultiModalInputs.from_dict(self.encoder.empty_row_dict())
+        # the text as the "response" of an empty prompt: positions 0..L-1, every token labelled
+        row = RolloutSample(empty, 0, 0, ids, None, "stop").to_row()
+        return row if labels else replace(row, labels=None)
 
 
 class QwenVLPackerCore(DataPackerCore):

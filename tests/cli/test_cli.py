@@ -326,7 +326,7 @@ def test_bad_inputs_fail_with_a_clear_message(sample, tmp_path, capsys):
         (["encode", str(sample["root"] / "imgs" / "0.png"), "--processor", "testing:qwen2_vl", "--out",
           str(tmp_path / "o")], "unknown file type '.png'"),
         (["encode", str(sample["jsonl"]), "--processor", "testing:llama", "--out", str(tmp_path / "o")],
-         "unknown offline family 'llama'"),
+         "unknown offline processor 'llama'"),
         (["encode", str(sample["jsonl"]), "--processor", str(tmp_path / "no_processor"), "--out", str(tmp_path / "o")],
          "is not a directory"),
         (["encode", str(sample["jsonl"]), "--processor", "testing:qwen2_vl", "--out", str(sample["root"])],

@@ -1,0 +1,196 @@
+"""``mmpipe encode``'s image references -> ``datasets.Image(decode=False)`` values, before encoding.
+
+Every image of a file input (``.jsonl`` / ``.json`` / ``.parquet``), in the images column or
+inline in content items, is resolved here (`resolve_images`): a relative path against the input
+file's directory (not the working directory), ``file://`` paths, ``data:image/...;base64`` URIs,
+``{"bytes", "path"}`` dicts. Inline items become ``{"type": "image"}`` placeholders and their
+images move, in order, into the images column. A missing file, a non-file (FIFO, device, ...)
+or a path outside ``--image-root`` is reported with its row before any pixel is decoded.
+
+Under ``--on-error skip`` (``strict=False``) such a row is left to the encoder, which fails it
+and records it; the resolver keeps its own reason (which says where a relative path was looked
+up) in `RESOLVE_ERRORS`, and `explain_failures` puts that reason into the encode report in
+place of the encoder's (which can only name the absolute path it was given).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from mmpipe.errors import ImageError
+
+__all__ = ["RESOLVE_ERRORS", "ImageResolver", "resolve_images", "resolver_errors", "explain_failures"]
+
+# per row: JSON list of the references that did not resolve ({"image", "path", "reason"}), or ""
+RESOLVE_ERRORS = "mmpipe_resolve_errors"
+
+
+def _resolve_one(value: Any, base: Path, loc: dict, root: Optional[str] = None) -> Optional[dict]:
+    """One image reference -> a ``datasets.Image`` storage dict ``{"bytes", "path"}``.
+
+    ``loc``: where it is (``{"row", "image", "column"}``); ``root``: ``--image-root``."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        b, p = value.get("bytes"), value.get("path")
+        if b is None:
+            if not p:
+                raise ImageError("image dict has neither 'bytes' nor 'path'", **loc, found=repr(value)[:80],
+                                 fix="give the image's encoded bytes or its file path")
+            return {"bytes": None, "path": _local_path(str(p), base, loc, root)}
+        return {"bytes": bytes(b), "path": p}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"bytes": bytes(value), "path": None}
+    if isinstance(value, str):
+        if value.startswith("data:"):
+            header, sep, data = value.partition(",")
+            if not sep or ";base64" not in header:
+                raise ImageError(f"data URI {value[:40]!r}... is not base64 encoded", **loc,
+                                 expected="data:image/png;base64,...", fix="encode the image data as base64")
+            return {"bytes": base64.b64decode(data), "path": None}
+        return {"bytes": None, "path": _local_path(value, base, loc, root)}
+    raise ImageError(f"unsupported image value of type {type(value).__name__}", **loc,
+                     expected="a path, a data:image/...;base64 URI or a {'bytes', 'path'} dict",
+                     found=type(value).__name__)
+
+
+def _local_path(p: str, base: Path, loc: dict, root: Optional[str] = None) -> str:
+    """Absolute path of image file ``p``: under ``root``, a regular file (`check_image_file`; not opened)."""
+    from mmpipe.images.load import check_image_file, confine_image
+
+    if p.startswith(("http://", "https://")):
+        raise ImageError(f"image {p!r} is a URL; mmpipe encode reads local files only", **loc,
+                         fix="download the images and refer to them by path")
+    if p.startswith("file://"):
+        p = p[len("file://"):]
+    full = Path(p).expanduser()
+    if not full.is_absolute():
+        full = base / full
+    try:
+        confine_image(str(full), root, where=None)
+        if full.exists() or full.is_symlink():  # a FIFO, directory, device, loop, ...: say which
+            check_image_file(str(full), where=None)
+    except ImageError as e:
+        raise e.locate(**loc) from None
+    if not full.is_file():
+        raise ImageError(f"image file {p!r} not found (looked for {str(full)!r}; relative paths are "
+                         f"resolved against the input file's directory {str(base)!r})", **loc,
+                         fix="fix the path or add the file")
+    return str(full.resolve())
+
+
+_INLINE_KEYS = ("image", "image_url", "path", "url")
+
+
+class ImageResolver:
+    """``dataset.map`` function (``with_indices=True``): every image of a raw row, in order,
+    into ``images_column`` as ``{"bytes", "path"}`` dicts with absolute paths; inline content
+    items become ``{"type": "image"}`` placeholders. Picklable (``num_proc``)."""
+
+    def __init__(self, base: Path, images_column: str = "images", *, strict: bool = True,
+                 image_root: Optional[str] = None):
+        self.base = Path(base)
+        self.image_root = image_root  # --image-root: every path must resolve under it
+        self.images_column = images_column
+        # strict=False (on_error="skip"): an unresolvable reference is passed on as a path, so
+        # the encoder fails that row (recorded in the report) instead of the whole run
+        self.strict = strict
+
+    def __call__(self, example: dict, idx: int) -> dict:
+        from mmpipe.encoding.parse import inline_image, is_image_item
+
+        column = list(example.get(self.images_column) or [])
+        images: list = []
+        next_col = 0
+        out: dict = {}
+        for key in ("messages", "prompt"):
+            msgs = example.get(key)
+            if not isinstance(msgs, list):
+                continue
+            new_msgs = []
+            for msg in msgs:
+                content = msg.get("content") if isinstance(msg, dict) else None
+                if not isinstance(content, list):
+                    new_msgs.append(msg)
+                    if isinstance(content, str):
+                        n = content.count("<image>")
+                        images.extend(column[next_col:next_col + n])
+                        next_col += n
+                    continue
+                items = []
+                for item in content:
+                    if isinstance(item, dict) and is_image_item(item):
+                        inline = inline_image(item)
+                        if inline is None:
+                            if next_col < len(column):
+                                images.append(column[next_col])
+                            next_col += 1
+                        else:
+                            images.append(inline)
+                            item = {**item, **{k: None for k in _INLINE_KEYS if k in item}, "type": "image"}
+                    items.append(item)
+                new_msgs.append({**msg, "content": items})
+            out[key] = new_msgs
+        images.extend(column[next_col:])  # surplus images: encode reports the mismatch
+        failed: list = []
+        out[self.images_column] = [self._resolve(v, {"row": idx, "image": i, "column": self.images_column}, failed)
+                                   for i, v in enumerate(images)]
+        if not self.strict:
+            out[RESOLVE_ERRORS] = json.dumps(failed) if failed else ""
+        return out
+
+    def _resolve(self, value, loc: dict, failed: list):
+        try:
+            return _resolve_one(value, self.base, loc, self.image_root)
+        except ImageError as e:
+            if self.strict:
+                raise
+            path = value if isinstance(value, str) else value.get("path") if isinstance(value, dict) else None
+            passed = str(self.base / path) if path else "<unreadable image value>"
+            failed.append({"image": loc["image"], "path": passed, "reason": str(e)})
+            return {"bytes": None, "path": passed}
+
+
+def resolve_images(ds, base: Path, *, images_column: str = "images", num_proc: Optional[int] = None,
+                   strict: bool = True, image_root: Optional[str] = None):
+    """`ImageResolver` over ``ds``; the images column becomes ``List(Image(decode=False))``
+    (``strict=False``: plus the `RESOLVE_ERRORS` column, see `resolver_errors`)."""
+    import datasets
+
+    feats = ds.features.copy()
+    if not strict:
+        feats[RESOLVE_ERRORS] = datasets.Value("string")
+    if images_column in feats:
+        # decode=False: read as {"bytes", "path"} dicts, not decoded PIL images
+        feats[images_column] = datasets.List(datasets.Image(decode=False))
+        is_image_list = isinstance(getattr(ds.features[images_column], "feature", None), datasets.Image)
+        ds = ds.cast_column(images_column, feats[images_column]) if is_image_list else ds
+    else:
+        feats[images_column] = datasets.List(datasets.Image(decode=False))
+    return ds.map(ImageResolver(base, images_column, strict=strict, image_root=image_root), with_indices=True, features=feats, num_proc=num_proc,
+                  desc="mmpipe: resolve images")
+
+
+def resolver_errors(ds) -> tuple:
+    """``ds`` after a non-strict `resolve_images` -> ``(ds without RESOLVE_ERRORS, {row: [{"image",
+    "path", "reason"}, ...]})`` (rows whose references all resolved are left out)."""
+    if RESOLVE_ERRORS not in ds.column_names:
+        return ds, {}
+    found = {i: json.loads(x) for i, x in enumerate(ds[RESOLVE_ERRORS]) if x}
+    return ds.remove_columns([RESOLVE_ERRORS]), found
+
+
+def explain_failures(errors: list, unresolved: dict) -> list:
+    """The encode report's row errors (``{"row", "stage", "column", "reason"}``), each image error
+    of a row whose reference did not resolve carrying the resolver's reason (it names the
+    reference as written and the directory relative paths were looked up in) instead of the
+    encoder's, which names only the absolute path it was passed. Other errors are kept."""
+    out = []
+    for e in errors:
+        match = next((u for u in unresolved.get(e.get("row"), ()) if e.get("stage") == "image"
+                      and repr(u["path"]) in str(e.get("reason", ""))), None)
+        out.append({**e, "reason": match["reason"]} if match else e)
+    return out
