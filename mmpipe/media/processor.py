@@ -42,7 +42,9 @@ class ProcessorLayout:
     sequence: tuple[str, ...] = ()
     vision: tuple[tuple[str, str, int], ...] = ()
     row_keys: tuple[str, ...] = ()
-    pads: tuple = ()  # (row key, values): the processor's fill of one missing item (axis 1) where not 0
+    # (key, values): the processor's fill of a missing item (axis 1) where not 0: a row key's whole item, or
+    # one value for a per-image key (Phi-4-multimodal's image_attention_mask: 1)
+    pads: tuple = ()
     # (key, axis > 0): one array [1, ...] per batch, the rows' joined along axis (MiniCPM-V's
     # pixel_values [1, 3, 14, patches x 14], axis 3)
     joins: tuple = ()

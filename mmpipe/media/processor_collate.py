@@ -79,6 +79,11 @@ def collate_vision(rows: list, key: str, row_key: bool, L: int = 0,
                     blocks[b][0, start:] = np.reshape(fill, trailing[1:])
     else:
         blocks = [_padded(a, (a.shape[0], *trailing)) for a in present]
+        fill = dict(rows[0].layout.pads if rows[0].layout is not None else ()).get(key)
+        if fill is not None and len(fill) == 1 and len(trailing) >= 2:  # missing items as the processor fills them
+            for a, b in zip(present, blocks):
+                if a.shape[1] < trailing[0]:  # b: a new, padded array
+                    b[:, a.shape[1]:] = fill[0]
     return np.concatenate(blocks), shapes
 
 

@@ -73,6 +73,9 @@ def encode_settings(enc, given: dict) -> None:
                       "leave pixels out (or pass 'float32'): the processor's own pixel values are stored")
     if enc.truncation not in ("raise", "drop"):
         raise refusal(enc, REFUSAL, f"truncation={enc.truncation!r}", "use truncation='raise' or 'drop'")
+    if enc.end_of_turn != "template":
+        raise refusal(enc, REFUSAL, f"end_of_turn={enc.end_of_turn!r}", "its labels are the processor template's "
+                      "replies as rendered; leave end_of_turn out")
     enc.pixels = "float32"
     tok = enc.tokenizer
     enc.pad_token_id = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
@@ -106,6 +109,10 @@ def _run(enc, **kwargs) -> tuple[dict, dict]:
     (at once, once its layout says so)."""
     layout = getattr(enc, "_layout", None)
     pt = layout is not None and bool(layout.dtypes)
+    bos, texts = getattr(enc.tokenizer, "bos_token", None), kwargs.get("text") or []
+    if bos and texts and all(isinstance(t, str) and t.startswith(bos) for t in texts):
+        # the template wrote the BOS (Llama 4, Gemma 3n): not again, as the processor's own chat path calls it
+        kwargs.setdefault("add_special_tokens", False)
     try:
         out = enc.processor(**kwargs, return_tensors="pt" if pt else "np")
     except ValueError as e:  # transformers 5: "Unable to convert output 'k'", 4.x: "Unable to create tensor"
@@ -301,7 +308,30 @@ def _batch_rules(enc, row_keys: list, im, two: dict) -> tuple:
                          and (ax := _joined_axis(one[k], two[k], out[k])) is not None))
     slots = {k: out[k][0, 1] for k in row_keys
              if k in out and k not in dict(joins) and out[k].ndim >= 3 and out[k].shape[1] == 2 != L}
-    return tuple((k, tuple(v.reshape(-1).tolist())) for k, v in sorted(slots.items()) if v.any()), joins
+    pads = tuple((k, tuple(v.reshape(-1).tolist())) for k, v in sorted(slots.items()) if v.any())
+    return tuple(sorted(pads + _item_fills(enc, row_keys, joins, im, one))), joins
+
+
+def _item_fills(enc, row_keys: list, joins: tuple, im, one: dict) -> tuple:
+    """(key, (value,)) of the per-image outputs (axis 0 = images, not row keys) whose padded
+    items (axis 1) the processor's batch fills with one value other than 0 (Phi-4-multimodal's
+    ``image_attention_mask``: 1 for a missing crop): a batch of a small and a large image."""
+    from PIL import Image
+
+    big = Image.new("RGB", (2048, 512), (120, 60, 30))  # more crops than ``im`` where the count follows the size
+    try:
+        mixed, _ = _run(enc, text=[_plain(enc, _user_turn(1), True)] * 2, images=[[im], [big]], padding=True)
+    except (ValueError, TypeError, IndexError, KeyError):
+        return ()
+    L, out = mixed["input_ids"].shape[1], []
+    for k, a in one.items():
+        if k in _OWN or k in row_keys or k in dict(joins) or k not in mixed or a.ndim < 3 or a.shape[1] == L:
+            continue
+        if mixed[k].shape[1] > a.shape[1]:
+            values = np.unique(mixed[k][0, a.shape[1]:])
+            if len(values) == 1 and values[0] != 0:
+                out.append((k, (values[0].item(),)))
+    return tuple(out)
 
 
 def encode_empty(enc) -> dict:

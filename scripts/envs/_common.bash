@@ -29,3 +29,22 @@ env_ready() {
 env_took() { echo $(( $(date +%s) - ENV_START )); }
 # the test files holding tests marked @pytest.mark.needs_env("$NAME")
 marked_tests() { grep -rlE "needs_env\([^)]*\"$NAME\"" tests --include='test_*.py' | sort; }
+# unpack_torchvision_python DIR: torchvision 0.28.0's pure-Python part in DIR/torchvision, for PYTHONPATH
+# (never pip-installed: the registry's wheel is CUDA-linked and, once installed, breaks transformers'
+# image-processor imports on CPU torch). The wheel is downloaded once into .envs-cache, unpacked
+# without its .so files, and its two native-op registration modules are emptied.
+TV_WHEEL="${TV_WHEEL:-torchvision-0.28.0-cp311-cp311-manylinux_2_28_x86_64.whl}"
+unpack_torchvision_python() {
+    local dir="$1"
+    [ -f "$dir/torchvision/__init__.py" ] && return 0
+    [ -f ".envs-cache/$TV_WHEEL" ] || pip_quiet download --no-deps torchvision==0.28.0 -d .envs-cache || return 1
+    mkdir -p "$dir"
+    "$PY" -c '
+import sys, zipfile
+dest, wheel = sys.argv[1], sys.argv[2]
+z = zipfile.ZipFile(wheel)
+z.extractall(dest, members=[n for n in z.namelist() if n.startswith("torchvision/") and not n.endswith(".so")])
+for f in ("_meta_registrations.py", "_autograd_registrations.py"):  # they register CUDA-linked native ops
+    open(f"{dest}/torchvision/{f}", "w").write("# emptied: only the Python transforms are used\n")
+' "$dir" ".envs-cache/$TV_WHEEL"
+}

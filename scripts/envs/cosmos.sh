@@ -30,20 +30,6 @@ TV_WHEEL=torchvision-0.28.0-cp311-cp311-manylinux_2_28_x86_64.whl
 TV_DIR=.envs-cache/cosmos/tv
 source scripts/envs/_common.bash
 
-unpack_torchvision_python() {
-    [ -f "$TV_DIR/torchvision/__init__.py" ] && return 0
-    [ -f ".envs-cache/$TV_WHEEL" ] || pip_quiet download --no-deps torchvision==0.28.0 -d .envs-cache || return 1
-    mkdir -p "$TV_DIR"
-    "$PY" -c '
-import sys, zipfile
-dest, wheel = sys.argv[1], sys.argv[2]
-z = zipfile.ZipFile(wheel)
-z.extractall(dest, members=[n for n in z.namelist() if n.startswith("torchvision/") and not n.endswith(".so")])
-for f in ("_meta_registrations.py", "_autograd_registrations.py"):  # they register CUDA-linked native ops
-    open(f"{dest}/torchvision/{f}", "w").write("# emptied: only the Python transforms are used\n")
-' "$TV_DIR" ".envs-cache/$TV_WHEEL"
-}
-
 if env_up_to_date "${BASH_SOURCE[0]}" && [ -f "$TV_DIR/torchvision/__init__.py" ]; then
     say "up to date ($PY)"
 else
@@ -56,7 +42,7 @@ else
     pip_quiet install -c "$constraints" "${COSMOS_IMPORT_DEPS[@]}" || fail "pip install cosmos-rl's import dependencies"
     pip_quiet install --no-deps "cosmos-rl==$COSMOS_VERSION" || fail "pip install --no-deps cosmos-rl==$COSMOS_VERSION"
     "$PY" -c 'import torchvision' 2>/dev/null && fail "torchvision is installed in $VENV (CUDA-only build); remove it"
-    unpack_torchvision_python || fail "unpack torchvision 0.28.0's Python part into $TV_DIR"
+    unpack_torchvision_python "$TV_DIR" || fail "unpack torchvision 0.28.0's Python part into $TV_DIR"
     PYTHONPATH="$TV_DIR" "$PY" -c 'import cosmos_rl.dispatcher.data.packer, cosmos_rl.utils.util, cosmos_rl.policy.config' \
         2> >(grep -v "Failed to import VLLM Rollout" >&2) || fail "import cosmos_rl's packers, utils and config"
     env_done "${BASH_SOURCE[0]}"

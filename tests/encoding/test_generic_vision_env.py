@@ -1,0 +1,247 @@
+"""The generic path on the transformers 5.24 VLMs whose image processors need torchvision
+(Kimi-K2.5, Phi-4-multimodal, Llama 4) or whose vision tower needs timm (Gemma 3n): run only in
+the "vision" environment (scripts/envs/vision.sh), where torchvision's pure-Python part is on
+PYTHONPATH and timm is installed; the main .venv deselects them (it runs the first test only: the
+builders refuse there with a typed error naming the environment).
+
+Each line: its real processor class (the published chat template and image tokens, tiny image
+settings) and a tiny real model class (`mmpipe.offline.vision_env_vlms`), rows of 0..3 images:
+encode == the processor's own call (and its chat path), collate == its batch call (both padding
+sides), batched logits == the model on each row's own call (both sides), the images count,
+``unbatch(collate(rows)) == rows``, the rows through datasets / Arrow, packing refused (a typed
+error: the generic path does not know its model's attention). Llama 4's bf16 pixels are stored
+float32 (exact) and handed back in bf16 (`ProcessorLayout.dtypes`).
+
+Two things the generic path does as these processors' own chat path and batch call do (they
+failed before): Llama 4's and Gemma 3n's templates write the BOS their tokenizers would add again
+(the rows hold one, ``add_special_tokens=False`` as ``ProcessorMixin.apply_chat_template``), and
+Phi-4-multimodal's batch fills the missing crops' ``image_attention_mask`` with ones
+(`ProcessorLayout.pads`, found by the probe).
+"""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+import pytest
+import torch
+
+import mmpipe
+from mmpipe.offline.vision_env_vlms import VISION_ENV_NAMES as NAMES
+from mmpipe.testing import invariants
+
+from helpers import generic_chat_rows
+
+vision = pytest.mark.needs_env("vision")  # every test but the first: the main .venv deselects them
+
+COUNTS = [2, 0, 3, 1]  # images per row
+SIZES = [(64, 100), (40, 56), (60, 170), (70, 30)]  # several tiles / crops each, in every line
+PIXELS = {"kimi_k25": "pixel_values", "phi4_multimodal": "image_pixel_values", "llama4": "pixel_values",
+          "gemma3n": "pixel_values"}
+
+
+def test_builders_need_the_vision_environment():
+    """Outside the vision environment (no torchvision / timm) the builders refuse with a typed error
+    naming the way there; inside it they build the real processor classes."""
+    from mmpipe.offline.vision_env_vlms import build_vision_env_processor, vision_env_available
+
+    with pytest.raises(mmpipe.errors.ArgumentError, match="unknown offline processor"):
+        build_vision_env_processor("llava")
+    if vision_env_available():
+        with pytest.raises(mmpipe.errors.ArgumentError, match="scripts/envs/vision.sh"):
+            build_vision_env_processor("llama4")
+        return
+    classes = [type(build_vision_env_processor(n)).__name__ for n in NAMES]
+    assert classes == ["Kimi_K25Processor", "Phi4MultimodalProcessor", "Llama4Processor", "Gemma3nProcessor"]
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def line(request):
+    """(name, processor, model, raw rows, encoded rows, own-call keywords)."""
+    from mmpipe.offline.vision_env_vlms import build_vision_env_model, build_vision_env_processor, vision_env_available
+
+    if vision_env_available():
+        pytest.skip(vision_env_available())
+    name = request.param
+    proc = build_vision_env_processor(name)
+    raws = generic_chat_rows(COUNTS, sizes=SIZES)
+    rows = [mmpipe.encode_row(r, proc) for r in raws]
+    # the processor's own call as mmpipe makes it: the rendered text with the tokenizer's special tokens,
+    # or without them where the template wrote the BOS (as the chat path)
+    plain = _own(proc, raws[:1])["input_ids"][0].numpy()
+    kw = {} if np.array_equal(rows[0].input_ids, plain) else {"add_special_tokens": False}
+    return name, proc, build_vision_env_model(name), raws, rows, kw
+
+
+def _own(proc, raws, **kw):
+    """The processor's own call on rows ``raws`` (their whole conversations), as torch tensors."""
+    texts = [proc.apply_chat_template(r["messages"], tokenize=False) for r in raws]
+    images = [im for r in raws for im in r["images"]]
+    return proc(text=texts, images=images or None, return_tensors="pt", **kw)
+
+
+def _chat_path(proc, raw):
+    """The processor's chat path: the images inside the messages, tokenized by apply_chat_template."""
+    images = iter(raw["images"])
+    messages = [dict(m, content=[dict(c, image=next(images)) if c["type"] == "image" else c for c in m["content"]])
+                for m in raw["messages"]]
+    return proc.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt")
+
+
+def _as_stored(v: torch.Tensor) -> np.ndarray:
+    """A processor output as mmpipe stores it (bf16 / f16 as float32, exact)."""
+    return (v.float() if v.dtype in (torch.bfloat16, torch.float16) else v).numpy()
+
+
+@vision
+def test_encode_equals_the_processors_own_call(line):
+    name, proc, _, raws, rows, kw = line
+    for raw, row in zip(raws, rows):
+        own = _own(proc, [raw], **kw)
+        assert np.array_equal(row.input_ids, own["input_ids"][0].numpy())
+        assert set(own) - {"input_ids", "attention_mask"} == set(row.vision) | set(row.sequence)
+        for k, v in row.vision.items():
+            assert np.array_equal(v, _as_stored(own[k])) and v.dtype == _as_stored(own[k]).dtype, k
+        for k, v in row.sequence.items():  # Gemma 3n's token_type_ids
+            assert np.array_equal(v, own[k][0].numpy()), k
+    assert [len(r.image_hw) for r in rows] == COUNTS
+
+
+@vision
+def test_encode_equals_the_chat_path(line):
+    _, proc, _, raws, rows, _ = line
+    for raw, row in zip(raws, rows):
+        chat = _chat_path(proc, raw)
+        own = _own(proc, [raw], **_bos_rule(proc, raw))  # the chat path is the own call under its BOS rule
+        assert np.array_equal(chat["input_ids"][0].numpy(), own["input_ids"][0].numpy())
+        assert np.array_equal(row.input_ids, chat["input_ids"][0].numpy()), "encode differs from the chat path"
+
+
+def _bos_rule(proc, raw) -> dict:
+    """ProcessorMixin.apply_chat_template's rule: no added special tokens when the text starts with the BOS."""
+    bos = proc.tokenizer.bos_token
+    text = proc.apply_chat_template(raw["messages"], tokenize=False)
+    return {"add_special_tokens": False} if bos and text.startswith(bos) else {}
+
+
+@vision
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_collate_equals_the_processors_own_batch(line, side):
+    """Every input of the batch == the processor's batch call (Llama 4's pixels handed back in bf16);
+    Phi-4-MM's image_attention_mask at the real crops (padded crops:
+    `test_collate_pads_missing_crops_as_the_processor`)."""
+    name, proc, _, raws, rows, kw = line
+    batch = mmpipe.collate(rows, processor=proc, padding_side=side)
+    own = _own(proc, raws, padding=True, padding_side=side, **kw)
+    got = batch.model_inputs()
+    assert np.array_equal(batch.input_ids, own["input_ids"].numpy())
+    assert np.array_equal(batch.attention_mask, own["attention_mask"].numpy())
+    assert set(own) == set(got) - {"position_ids", "labels"}
+    for k in set(own) - {"input_ids", "attention_mask"}:
+        g = torch.as_tensor(got[k])
+        assert g.shape == own[k].shape and g.dtype == own[k].dtype, k
+        if name == "phi4_multimodal" and k == "image_attention_mask":
+            for i, n in enumerate(_crops(rows)):
+                assert torch.equal(g[i, :n], own[k][i, :n]), f"image {i}"
+            continue
+        assert torch.equal(g, own[k]), k
+    assert batch.sample_to_image_indices == [[0, 1], [], [2, 3, 4], [5]]
+
+
+def _crops(rows) -> list:
+    """Phi-4-MM: each image's own crops (its global view + HD crops, before any padding)."""
+    from mmpipe.offline.phi4mm import PHI4MM_CROP
+
+    return [int(sizes[0] // PHI4MM_CROP) * int(sizes[1] // PHI4MM_CROP) + 1
+            for r in rows if "image_sizes" in r.vision for sizes in r.vision["image_sizes"]]
+
+
+@vision
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_collate_pads_missing_crops_as_the_processor(line, side):
+    name, proc, _, raws, rows, kw = line
+    if name != "phi4_multimodal":
+        pytest.skip("Phi-4-multimodal only: its batch pads the crops of smaller images")
+    batch = mmpipe.collate(rows, processor=proc, padding_side=side)
+    own = _own(proc, raws, padding=True, padding_side=side, **kw)
+    assert torch.equal(torch.as_tensor(batch.model_inputs()["image_attention_mask"]), own["image_attention_mask"])
+
+
+@vision
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_batched_logits_equal_each_rows_own_call(line, side):
+    """The model on the batch at each row's real tokens == the model on the row's own call; the
+    images count (blanking one row's pixels moves its logits)."""
+    name, proc, model, raws, rows, kw = line
+    batch = mmpipe.collate(rows, processor=proc, padding_side=side)
+    refs = [dict(_own(proc, [raw], **kw)) for raw in raws]
+    invariants.assert_batched_logits_match(model, rows, proc, batch=batch, references=refs, atol=1e-5, rtol=1e-5)
+    key = PIXELS[name]
+    with torch.no_grad():
+        blank = dict(refs[3], **{key: torch.zeros_like(refs[3][key])})
+        assert (model(**refs[3]).logits - model(**blank).logits).abs().max().item() > 1e-3
+
+
+@vision
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_unbatch_collate_is_the_rows(line, side):
+    _, proc, _, _, rows, _ = line
+    batch = invariants.assert_roundtrip(rows, processor=proc, padding_side=side)
+    # the zero-image row comes back without vision keys and with the batch's (= its own) layout
+    assert not rows[1].vision and batch.layout == rows[1].layout
+
+
+@vision
+def test_stored_rows_through_arrow(line):
+    """encode -> datasets.map -> Arrow rows (and Python records) -> Collator -> unbatch == the rows."""
+    _, proc, _, raws, rows, _ = line
+    ds = datasets.Dataset.from_list(raws)
+    enc = ds.map(mmpipe.encode, fn_kwargs={"processor": proc}, remove_columns=ds.column_names)
+    invariants.assert_rows_from_arrow(enc.data.table, rows)
+    invariants.assert_rows_equal(invariants.as_rows(enc.to_list()), rows, what="Arrow records")
+    for side in ("left", "right"):
+        batch = mmpipe.Collator(proc, padding_side=side)(mmpipe.ArrowRows(enc).__getitems__(range(len(enc))))
+        invariants.assert_roundtrip(rows, batch)
+
+
+@vision
+def test_packing_is_refused(line):
+    """The generic path does not know its model's attention: packing is refused with a typed error."""
+    _, proc, _, _, rows, _ = line
+    with pytest.raises(mmpipe.errors.PackingUnsupportedError, match="generic path"):
+        mmpipe.pack(rows, processor=proc)
+
+
+@vision
+def test_stored_bytes_per_image(line):
+    """One image's stored outputs are the processor's own, float32 (Llama 4: its bf16 pixels widened,
+    twice the processor's bytes, exact)."""
+    name, proc, _, _, _, kw = line
+    raw = generic_chat_rows([1], sizes=[(64, 100)])[0]
+    row = mmpipe.encode_row(raw, proc)
+    own = _own(proc, [raw], **kw)
+    stored = sum(v.nbytes for v in row.vision.values())
+    as_float32 = sum(_as_stored(own[k]).nbytes for k in row.vision)
+    native = sum(own[k].numel() * own[k].element_size() for k in row.vision)
+    assert stored == as_float32
+    assert native == (stored - row.vision["pixel_values"].nbytes // 2 if name == "llama4" else stored)
+
+
+@vision
+def test_low_precision_pixels_round_trip(line):
+    """Llama 4: the layout records bf16, the stored column is float32 and the model gets bf16 back,
+    bit-identical to the processor's, also from Arrow rows."""
+    name, proc, _, raws, rows, kw = line
+    if name != "llama4":
+        assert rows[0].layout.dtypes == ()
+        return
+    assert rows[0].layout.dtypes == (("pixel_values", "bfloat16"),)
+    assert dict((n, t) for n, t, _ in rows[0].layout.vision)["pixel_values"] == "float32"
+    ds = datasets.Dataset.from_list(raws)
+    back = mmpipe.rows_from_arrow(ds.map(mmpipe.encode, fn_kwargs={"processor": proc},
+                                         remove_columns=ds.column_names).data.table)
+    for raw, row in zip(raws, back):
+        if raw["images"]:
+            pv = mmpipe.collate([row], processor=proc).model_inputs()["pixel_values"]
+            own = _own(proc, [raw], **kw)["pixel_values"]
+            assert pv.dtype == torch.bfloat16 and torch.equal(pv, own)
