@@ -23,7 +23,8 @@ from mmpipe.reward.dataset import JudgeColumnError
 from mmpipe.reward.parsing import RAW_TEXT_LIMIT, clip_raw, extract_json
 from mmpipe.testing import tiny_image
 
-from judge_server import ACTION_OK, PROGRESS_OK, JudgeServer, by_kind, drip, ok, sequence, valid_answers
+from judge_server import ACTION_OK, PROGRESS_OK, JudgeServer, Request, by_kind, drip, ok, sequence, valid_answers
+from helpers import bounded
 from test_judge_server import make_judge
 
 FRAME = tiny_image(12, 16, seed=1)
@@ -41,14 +42,50 @@ BRACE_HEAVY = {
 }
 
 
+class CountingDecoder:
+    """Stands in for `mmpipe.reward.parsing`'s JSON decoder: counts its calls and the characters
+    handed to them. A call reads at most the text it is given (and a `JSONDecodeError` counts
+    lines only up to its position in that text), so the characters handed over bound the
+    decoder's work: a count, not a clock, so it does not change with the machine's load."""
+
+    def __init__(self, inner):
+        self.inner, self.calls, self.chars = inner, 0, 0
+
+    def decode(self, s, *args, **kwargs):
+        self.calls, self.chars = self.calls + 1, self.chars + len(s)
+        return self.inner.decode(s, *args, **kwargs)
+
+    def raw_decode(self, s, *args, **kwargs):
+        self.calls, self.chars = self.calls + 1, self.chars + len(s)
+        return self.inner.raw_decode(s, *args, **kwargs)
+
+
+def _decoder_work(monkeypatch, text: str) -> tuple[int, int, tuple]:
+    """``(calls, characters handed to the decoder, parse_action's result)`` for ``text``."""
+    import mmpipe.reward.parsing as parsing
+
+    counter = CountingDecoder(parsing._DECODER)
+    with monkeypatch.context() as m:
+        m.setattr(parsing, "_DECODER", counter)
+        result = parse_action(text)
+    return counter.calls, counter.chars, result
+
+
 @pytest.mark.parametrize("shape", sorted(BRACE_HEAVY))
-def test_brace_heavy_answer_parses_in_linear_time(shape):
-    # outcome: a result (valid or invalid, never an exception) in well under a second at 2 MB
-    text = BRACE_HEAVY[shape](2 * MB) + GOOD
-    t0 = time.perf_counter()
-    value, error = parse_action(text)
-    assert time.perf_counter() - t0 < 1.0
+def test_brace_heavy_answer_parses_in_linear_time(shape, monkeypatch):
+    # outcome: a result (valid or invalid, never an exception), with the decoder's work linear
+    # in the reply's length: measured as the characters handed to the decoder (not a clock; the
+    # wall time is `python -m bench --only judge_parse`). Measured: at most 65 characters per
+    # character of the reply (one ``_WINDOW`` per ``SEARCH_CHARS_PER_START``), x4.0 for 4x the
+    # reply. The quadratic decoder (``raw_decode(text, i)`` at every '{') handed over the
+    # whole reply at every start: x16 for 4x, ~125,000 x 2 MB at 2 MB.
+    small, big = BRACE_HEAVY[shape](MB // 2) + GOOD, BRACE_HEAVY[shape](2 * MB) + GOOD
+    calls_small, chars_small, _ = _decoder_work(monkeypatch, small)
+    calls, chars, (value, error) = _decoder_work(monkeypatch, big)
     assert (value is None) != (error is None)
+    assert chars <= 100 * len(big), f"{chars / len(big):.1f} characters decoded per character of the reply"
+    # 4x the reply: 4x the work when linear (16x when quadratic); generous bound 6x
+    assert chars <= 6 * chars_small and calls <= 6 * max(calls_small, 1), (chars_small, chars, calls_small, calls)
 
 
 def test_answer_after_a_little_noise_is_still_found():
@@ -94,7 +131,7 @@ def test_huge_answer_is_parsed_whole_but_stored_capped():
     pad = " " * (4 * MB)
     script = by_kind(lambda r, i: ok(pad + json.dumps({"reasonable": True, "confidence": 0.7})), valid_answers)
     with JudgeServer(script) as server:
-        judge = make_judge(server, timeout_s=10)
+        judge = make_judge(server, timeout_s=60)  # a hang bound: 4 MB over loopback, ~1 s idle
         r = judge.judge(FRAME, "grasp")
     assert r.valid and r.action.value.confidence == 0.7
     assert len(r.action.raw) < RAW_TEXT_LIMIT + 64 and "more characters not kept" in r.action.raw
@@ -159,27 +196,51 @@ def test_dripping_server_is_cut_off_at_timeout_s(headers):
         script = by_kind(lambda r, i: drip(ACTION_OK, interval=0.05), valid_answers)
     else:  # the action answer comes whole; the progress request reuses its connection
         script = sequence(ok(ACTION_OK), drip(PROGRESS_OK, headers=False, interval=0.05))
+    # the dripped answer's body alone: ~350 bytes, ~17 s at one byte per 0.05 s
+    whole = len(json.dumps(JudgeServer()._completion(Request(0, {"model": "judge-model"}, {}, 0.0),
+                                                     drip(ACTION_OK))))
     with JudgeServer(script, lifetime_s=60) as server:
         judge = make_judge(server, timeout_s=1.0, max_retries=0, max_concurrency=1)
-        t0 = time.monotonic()
         r = judge.judge(FRAME, "grasp")
-        elapsed = time.monotonic() - t0
         sent = server.dripped
         time.sleep(0.3)
         assert server.dripped <= sent + 1  # the server saw the connection go
     late = r.action if headers else r.progress
-    assert elapsed < 1.0 + 1.0, elapsed
+    # measured in bytes, not seconds: the call ended as a timeout before the answer was whole
+    # (a reader that waits for the drip gets all of it, valid); ~20 bytes here, load or not
+    assert sent < whole, (sent, whole)
     assert not r.valid and late.error.startswith("timeout: no answer within timeout_s=1.0")
     assert judge.stats.snapshot()["timeouts"] == 1 and len(server.requests) == 2
-    assert sent < 100  # far from the whole answer (the answer is several hundred bytes)
 
 
 # -- cancellation: close(), Ctrl-C, the async wrapper's shutdown --------------------------------
-SLOW = 0.4  # seconds the server takes per answer
+# The server holds every answer until the test opens a gate, so what was in flight when the judge
+# was closed or interrupted is known exactly (all of it, held): the checks count requests instead
+# of timing them, and hold on a loaded machine. Every wait is bounded (HANG_S: a hang fails).
+HANG_S = 60
 
 
-def slow_answers(request, index):
-    return ok(ACTION_OK if request.kind == "action" else PROGRESS_OK, delay=SLOW)
+class Gate:
+    """A script whose answers wait until `open` (at most HANG_S): requests pile up, in flight."""
+
+    def __init__(self):
+        self.event = threading.Event()
+
+    def __call__(self, request, index):
+        self.event.wait(HANG_S)
+        return ok(ACTION_OK if request.kind == "action" else PROGRESS_OK)
+
+    def open(self) -> None:
+        self.event.set()
+
+
+def wait_until(cond, what: str) -> None:
+    """Poll ``cond()`` until true; a hang guard (HANG_S), not a timing check."""
+    deadline = time.monotonic() + HANG_S
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"hang: still waiting after {HANG_S} s for {what}")
+        time.sleep(0.01)
 
 
 def frames(n: int) -> list:
@@ -187,29 +248,32 @@ def frames(n: int) -> list:
 
 
 def test_close_during_judge_many_stops_sending_at_once():
-    # before: close() waited for every queued frame (40 frames x 2 questions x 0.4 s / 4 = 8 s
-    # here; 27 s in the issue); now it returns at once, no request starts after it, and the
-    # frames not sent (and the requests in flight, whose connections close) come back
-    # cancelled (invalid, not scored), one result per row, in order
-    with JudgeServer(slow_answers, lifetime_s=60) as server:
-        judge = make_judge(server, timeout_s=5, max_concurrency=4)
+    # before: close() waited for every queued frame (40 frames x 2 questions; 27 s in the issue);
+    # now it returns at once (here: while the 4 requests in flight are still held by the
+    # server), no request starts after it, and the frames not sent (and the requests in
+    # flight, whose connections close) come back cancelled (invalid, not scored), one result
+    # per row, in order
+    gate = Gate()
+    with JudgeServer(gate, lifetime_s=2 * HANG_S) as server:
+        judge = make_judge(server, timeout_s=2 * HANG_S, max_concurrency=4)
         out: list = []
         worker = threading.Thread(target=lambda: out.extend(judge.judge_many(frames(40), ["grasp"] * 40)))
-        worker.start()
-        time.sleep(1.0)
-        t_close = time.monotonic()
-        judge.close()
-        close_s = time.monotonic() - t_close
-        worker.join(timeout=10)
+        try:
+            worker.start()
+            wait_until(lambda: len(server.requests) == 4, "4 requests in flight")
+            bounded(judge.close, timeout=HANG_S)  # returns with every answer still held
+            sent_at_close = judge.stats.snapshot()["requests"]
+            assert not gate.event.is_set()
+        finally:
+            gate.open()
+            worker.join(timeout=HANG_S)
         assert not worker.is_alive()
-        time.sleep(SLOW)
-        late = [r for r in server.requests if r.started > t_close + 0.1]
-    assert close_s < 1.0 and late == []
+        assert sent_at_close == 4 and judge.stats.snapshot()["requests"] == 4 and len(server.requests) == 4
     assert len(out) == 40
     cancelled = [r for r in out if r.error and "cancelled" in r.error]
-    assert len(cancelled) >= 30 and all(not r.valid for r in cancelled)
+    assert len(cancelled) >= 36 and all(not r.valid for r in cancelled), [r.error for r in out]
     assert all(r.valid or "cancelled" in r.error for r in out), [r.error for r in out]
-    assert judge.stats.snapshot()["cancelled"] >= 60
+    assert judge.stats.snapshot()["cancelled"] >= 72
     # the judge can be used again after close()
     with JudgeServer() as server:
         judge.client.base_url = server.base_url
@@ -221,7 +285,7 @@ import sys, time
 sys.path[:0] = ["tests", "tests/reward"]
 from mmpipe.reward import JudgeClient, VLMJudge
 from mmpipe.testing import tiny_image
-judge = VLMJudge(JudgeClient(sys.argv[1], "judge-model", timeout_s=5, max_concurrency=4))
+judge = VLMJudge(JudgeClient(sys.argv[1], "judge-model", timeout_s=120, max_concurrency=4))
 images = [tiny_image(8, 8, seed=i) for i in range(200)]
 print("ready", flush=True)
 try:
@@ -237,61 +301,73 @@ import sys
 sys.path[:0] = ["tests", "tests/reward"]
 from mmpipe.reward import JudgeClient, VLMJudge, VLMRewardWrapper
 from test_env import FrameEnv
-judge = VLMJudge(JudgeClient(sys.argv[1], "judge-model", timeout_s=5, max_concurrency=2), primitives=["reach"])
+judge = VLMJudge(JudgeClient(sys.argv[1], "judge-model", timeout_s=120, max_concurrency=2), primitives=["reach"])
 env = VLMRewardWrapper(FrameEnv(100), judge, mode="async", max_pending=64)
 env.reset()
 for _ in range(60):
     env.step("reach")
 print("ready", flush=True)
-env.flush()
+try:
+    env.flush()
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    raise
 """
 
 
-@pytest.mark.parametrize("code", [CTRL_C, CTRL_C_ENV], ids=["judge_many", "async wrapper flush"])
-def test_ctrl_c_exits_and_stops_sending(code):
+@pytest.mark.parametrize("code, in_flight", [(CTRL_C, 4), (CTRL_C_ENV, 2)], ids=["judge_many", "async wrapper flush"])
+def test_ctrl_c_exits_and_stops_sending(code, in_flight):
     # before: after Ctrl-C the process ran every queued frame before exiting (judge_many: 84 s
-    # and 570 more requests in the issue, 40 s / 392 here); now it exits once the requests in
-    # flight end, sending no more
-    with JudgeServer(slow_answers, lifetime_s=60) as server:
+    # and 570 more requests in the issue); now it exits once the requests in flight end,
+    # sending no more: Ctrl-C while the server holds the ``in_flight`` requests, then the
+    # answers are let go; the server sees exactly those requests, no other
+    gate = Gate()
+    with JudgeServer(gate, lifetime_s=4 * HANG_S) as server:
         proc = subprocess.Popen([sys.executable, "-c", code, server.base_url], stdout=subprocess.PIPE,
                                 text=True, cwd=os.getcwd())
         try:
-            assert proc.stdout.readline().strip() == "ready"
-            deadline = time.monotonic() + 30
-            while len(server.requests) < 4 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.1)
-            t_int = time.monotonic()
+            assert bounded(proc.stdout.readline, timeout=2 * HANG_S).strip() == "ready"
+            wait_until(lambda: len(server.requests) == in_flight, f"{in_flight} requests in flight")
             proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=10)
-            exit_s = time.monotonic() - t_int
+            assert bounded(proc.stdout.readline, timeout=HANG_S).strip() == "interrupted"
+            held = len(server.requests)
+            gate.open()
+            proc.wait(timeout=HANG_S)
         finally:
+            gate.open()
             proc.kill()
             proc.wait()
-        late = [r for r in server.requests if r.started > t_int + 0.1]
-    assert proc.returncode != 0 and exit_s < SLOW + 1.0, exit_s
-    assert late == [] and len(server.requests) < 30
+        assert proc.returncode != 0
+        assert held == in_flight and len(server.requests) == in_flight, [r.kind for r in server.requests]
 
 
 def test_async_wrapper_close_without_wait_cancels_the_queue():
-    # before: the wrapper's close() judged every pending frame (16 frames x 2 x 0.4 s / 2 =
-    # 6.4 s here); close(wait=False) now stops sending: the frames not sent are delivered as
-    # not scored, in step order
+    # before: the wrapper's close() judged every pending frame (16 frames x 2 questions);
+    # close(wait=False) now stops sending: it waits only for the requests in flight (held by
+    # the server until the gate opens), and the frames not sent are delivered as not scored,
+    # in step order
     from mmpipe.reward import VLMRewardWrapper
     from test_env import FrameEnv
 
-    with JudgeServer(slow_answers, lifetime_s=60) as server:
-        judge = make_judge(server, timeout_s=5, max_concurrency=2)
+    gate = Gate()
+    with JudgeServer(gate, lifetime_s=2 * HANG_S) as server:
+        judge = make_judge(server, timeout_s=2 * HANG_S, max_concurrency=2)
         wrapper = VLMRewardWrapper(FrameEnv(20), judge, mode="async", max_pending=16)
         wrapper.reset()
         for _ in range(16):
             wrapper.step("reach")
-        t_close = time.monotonic()
-        scores = wrapper.close(wait=False)
-        close_s = time.monotonic() - t_close
-        time.sleep(SLOW)
-        late = [r for r in server.requests if r.started > t_close + 0.1]
-    assert close_s < SLOW + 1.0 and late == [] and wrapper.env.closed
+        scores: list = []
+        closer = threading.Thread(target=lambda: scores.extend(wrapper.close(wait=False)))
+        try:
+            wait_until(lambda: len(server.requests) == 2, "2 requests in flight")
+            closer.start()
+            wait_until(wrapper._cancel.is_set, "close(wait=False) to cancel the queue")
+        finally:
+            gate.open()
+            if closer.ident is not None:  # started
+                closer.join(timeout=HANG_S)
+        assert not closer.is_alive() and wrapper.env.closed
+        assert len(server.requests) == 2 and judge.stats.snapshot()["requests"] == 2
     assert [s.step for s in scores] == sorted(s.step for s in scores) and len(scores) == 16
     cancelled = [s for s in scores if "cancelled" in (s.result.error or "")]
-    assert len(cancelled) >= 12 and all(not s.result.valid for s in cancelled)
+    assert len(cancelled) >= 14 and all(not s.result.valid for s in cancelled), [s.result.error for s in scores]

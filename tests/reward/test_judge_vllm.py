@@ -152,11 +152,11 @@ def test_logprobs_come_back_per_token(served):
 def test_timeout_is_a_reply_not_a_hang(served):
     base, _ = served
     client = JudgeClient(base, MODEL, timeout_s=0.3, max_retries=1, backoff_s=0.01, max_tokens=2000)
-    t0 = time.monotonic()
-    # the schema's free string keeps a random model writing: 2000 tokens take seconds here
+    # the schema's free string keeps a random model writing: 2000 tokens take seconds here, so
+    # a client that waited would get the answer; both attempts ending as timeouts (counted, not
+    # timed) show the deadline held
     reply = client.complete(build_messages(encode_frame(FRAME).url, "Describe everything."),
                             response_format("action_verdict", ACTION_SCHEMA))
-    assert time.monotonic() - t0 < 5
     assert reply.error.startswith("timeout") and reply.attempts == 2 and client.stats.snapshot()["timeouts"] == 2
 
 
@@ -167,12 +167,14 @@ def test_close_cancels_queued_and_running_questions(served):
     frames = [tiny_image(40 + 4 * i, 56, seed=i) for i in range(8)]
     out: list = []
     worker = threading.Thread(target=lambda: out.extend(judge.judge_many(frames, ["reach"] * len(frames))))
-    t0 = time.monotonic()
     worker.start()
-    time.sleep(1.0)
+    # close once the first two questions are sent (counted, not a fixed sleep), then a hang guard
+    deadline = time.monotonic() + 120
+    while judge.stats.snapshot()["requests"] < 2 and worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
     judge.close()
-    worker.join(30)
-    assert not worker.is_alive() and time.monotonic() - t0 < 15
+    worker.join(120)
+    assert not worker.is_alive()  # 8 frames x 2 questions x up to 1500 tokens each, had it not stopped
     # a question the server answered before close() may come back valid (the constrained random
     # model sometimes closes its JSON early); every other one is an error, most of them "cancelled"
     assert len(out) == len(frames) and all(r.valid or r.error for r in out)

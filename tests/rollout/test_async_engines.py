@@ -26,25 +26,48 @@ def _flat(gens):
     return [(g.prompt_index, c.token_ids, c.logprobs, c.finish_reason) for g in gens for c in g.completions]
 
 
-class CountingEngine(TransformersEngine):
-    """The real engine, counting how many of its calls overlap (and slowed so they would)."""
+HANG_S = 60  # a wait still blocked after this long is a hang (bounds only; nothing is timed)
 
-    def __init__(self, *a, delay: float = 0.05, **kw):
+
+class CountingEngine(TransformersEngine):
+    """The real engine, counting how many of its calls overlap (and slowed so they would).
+
+    ``overlap``: a call is held until that many calls have been in flight at once (a
+    rendezvous: they do overlap, on a loaded machine too); ``hold``: calls are held until
+    ``released`` is set (the test decides when they end). Both waits are bounded (HANG_S)."""
+
+    def __init__(self, *a, delay: float = 0.05, overlap: int = 1, hold: bool = False, **kw):
         super().__init__(*a, **kw)
         self.lock, self.in_flight, self.max_in_flight, self.delay = threading.Lock(), 0, 0, delay
         self.sizes: list = []  # rows per call
+        self.overlap, self.overlapped, self.released = overlap, threading.Event(), threading.Event()
+        if not hold:
+            self.released.set()
 
     def generate(self, rows, params=SamplingParams()):
         with self.lock:
             self.sizes.append(len(rows))
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            if self.max_in_flight >= self.overlap:
+                self.overlapped.set()
         try:
+            assert self.overlapped.wait(HANG_S), f"{self.overlap} calls never overlapped"
+            assert self.released.wait(HANG_S), "the test never released the held call"
             time.sleep(self.delay)
             return super().generate(rows, params)
         finally:
             with self.lock:
                 self.in_flight -= 1
+
+
+async def _until(cond) -> None:
+    """Yield to the loop until ``cond()``; a hang guard (HANG_S), not a timing check."""
+    deadline = time.monotonic() + HANG_S
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"hang: still waiting after {HANG_S} s")
+        await asyncio.sleep(0.01)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -72,7 +95,7 @@ def test_async_transformers_engine_equals_sync(family, params):
 def test_concurrency_is_bounded(limit):
     proc, model = processor_for("qwen2_vl"), model_for("qwen2_vl")
     rows = prompt_rows(proc, counts=(1,))
-    inner = CountingEngine(model, proc)
+    inner = CountingEngine(model, proc, delay=0, overlap=limit)  # the first `limit` calls meet
     engine = ThreadedEngine(inner, max_concurrency=limit)
 
     async def many():
@@ -90,17 +113,18 @@ def test_cancelled_callers_keep_the_bound():
     waiting call never overlaps it."""
     proc, model = processor_for("qwen2_vl"), model_for("qwen2_vl")
     rows = prompt_rows(proc, counts=(0,))
-    inner = CountingEngine(model, proc, delay=0.3)
+    inner = CountingEngine(model, proc, delay=0, hold=True)  # the first call runs until released
     engine = ThreadedEngine(inner, max_concurrency=1)
 
     async def scenario():
         first = asyncio.create_task(engine.generate(rows, SamplingParams(max_new_tokens=2)))
-        await asyncio.sleep(0.05)
+        await _until(lambda: inner.in_flight == 1)  # the first call is in its thread (held)
         second = asyncio.create_task(engine.generate(rows, SamplingParams(max_new_tokens=2)))
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
         assert engine.gate.in_flight == 1  # the cancelled call is still running in its thread
+        inner.released.set()
         return await second
 
     out = run_sync(scenario())
@@ -136,17 +160,19 @@ def test_batching_merges_waiting_callers():
 def test_batching_drops_callers_cancelled_while_waiting():
     proc, model = processor_for("qwen2_vl"), model_for("qwen2_vl")
     rows = prompt_rows(proc, counts=(0, 1, 2))
-    inner = CountingEngine(model, proc, delay=0.2)
+    inner = CountingEngine(model, proc, delay=0, hold=True)  # the first call runs until released
     engine = ThreadedEngine(inner, max_batch_rows=8)
     params = SamplingParams(max_new_tokens=2)
 
     async def scenario():
         busy = asyncio.create_task(engine.generate(rows[:1], params))
-        await asyncio.sleep(0.05)  # the first call is running; the next two wait
+        await _until(lambda: inner.in_flight == 1)  # the first call is running (held); the next two wait
         gone = asyncio.create_task(engine.generate(rows[1:2], params))
         kept = asyncio.create_task(engine.generate(rows[2:], params))
         await asyncio.sleep(0)
         gone.cancel()
+        await asyncio.sleep(0)
+        inner.released.set()
         return await busy, await kept, gone.cancelled()
 
     busy, kept, cancelled = run_sync(scenario())

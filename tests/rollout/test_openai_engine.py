@@ -43,15 +43,19 @@ from conftest import model_for, processor_for
 from helpers import prompt_rows
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+HANG_S = 60  # a wait still blocked after this long is a hang (bounds only; nothing is timed)
 
 
 class VLLMWireServer:
     """``POST /v1/chat/completions`` in vLLM's dialect over the tiny model (one model call at a
-    time; ``max_in_flight`` counts overlapping requests)."""
+    time; ``max_in_flight`` counts overlapping requests). ``overlap``: requests are held until
+    that many have been in flight at once (a rendezvous, not a sleep: the overlap happens on a
+    loaded machine too; bounded by HANG_S)."""
 
-    def __init__(self, model, processor):
+    def __init__(self, model, processor, overlap: int = 1):
         self.model, self.processor, self.lock = model, processor, threading.Lock()
         self.in_flight = self.max_in_flight = 0
+        self.overlap, self.overlapped = overlap, threading.Event()
         self.bodies: list = []
         outer = self
 
@@ -105,8 +109,10 @@ class VLLMWireServer:
         with self.lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            if self.max_in_flight >= self.overlap:
+                self.overlapped.set()
         try:
-            time.sleep(0.1)  # let concurrent requests overlap
+            self.overlapped.wait(HANG_S)  # let concurrent requests overlap
             inputs = self._inputs(body)
             with self.lock:
                 choices = [self._choice(inputs, body, k) for k in range(body.get("n", 1))]
@@ -156,7 +162,7 @@ def _assert_same(got, want, *, logprobs: bool, atol: float = 1e-5):
 def test_vllm_dialect_server_equals_sync_engine(family):
     proc, model = processor_for(family), model_for(family)
     rows = prompt_rows(proc)
-    server = VLLMWireServer(model, proc)
+    server = VLLMWireServer(model, proc, overlap=2)
     try:
         engine = OpenAIEngine(server.base_url, "tiny", processor=proc, max_concurrency=2)
         assert isinstance(engine, AsyncRolloutEngine)
@@ -289,7 +295,7 @@ def transformers_serve(tmp_path):
                             stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 300  # a hang guard for the server's start (~10-20 s idle)
         while True:
             try:
                 urllib.request.urlopen(base + "/health", timeout=2).read()
