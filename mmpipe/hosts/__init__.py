@@ -5,6 +5,8 @@ so mmpipe works, and these modules import, without the host installed::
 
     trainer.py  transformers ``Trainer`` / TRL ``SFTTrainer``: `TrainerCollator` (a Mapping of
                 forward kwargs + labels) and the settings an encoded dataset needs
+    trl_grpo.py TRL ``GRPOTrainer``: `VisionGRPOTrainer` (mmpipe's prompts, rollout and policy
+                batch: images in generation and in the loss, vision tokens banned, exact positions)
     verl.py     verl: rows -> RLHFDataset-style row dicts (`verl_rows`) and DataProto-ready
                 tensors + object arrays (`verl_batch`)
 """
@@ -15,6 +17,7 @@ from mmpipe._lazy import lazy_exports
 
 _EXPORTS = {
     "mmpipe.hosts.trainer": ("TrainerCollator", "trainer_settings", "sft_settings"),
+    "mmpipe.hosts.trl_grpo": ("VisionGRPOTrainer", "grpo_settings"),
     "mmpipe.hosts.verl": ("verl_rows", "verl_batch", "collate_verl_rows"),
 }
 
