@@ -278,3 +278,11 @@ from .memory import case_memory  # noqa: E402,F401
 
 # ---- 10. per-family figures: encode, layout-only and bytes vs each family's processor (issue 20) --
 from .families_case import case_families  # noqa: E402,F401
+
+
+# ---- 11. encode time against conversation length, labels on vs off (issue 29.2; info) -------
+from .turns_case import case_turns  # noqa: E402,F401
+
+
+# ---- 12. the judge's answer parser against the reply's length (issue 29.3; info) ---------------
+from .judge_parse_case import case_judge_parse  # noqa: E402,F401

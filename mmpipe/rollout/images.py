@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mmpipe.errors import FamilyMismatchError, ImageError, InputError, PixelDataError
+from mmpipe.errors import ArgumentError, FamilyMismatchError, ImageError, InputError, PixelDataError
 from mmpipe.families import DEFAULT_FAMILY, ModelFamily, family_of
 from mmpipe.images.load import load_image, to_rgb_image, upright
 from mmpipe.images.pixels import pixel_values_to_u8, unpatchify_u8, video_pixel_values_to_u8
@@ -25,29 +25,43 @@ __all__ = ["vision_spec_for", "row_images", "row_video_frames", "original_images
            "vllm_image_options"]
 
 
-def vision_spec_for(processor_or_spec, fam: ModelFamily) -> VisionSpec:
+def vision_spec_for(processor_or_spec, fam: ModelFamily, *, index: Any = None) -> VisionSpec:
     """The `VisionSpec` to rebuild rows of family ``fam`` with.
 
     ``processor_or_spec``: a `VisionSpec` (used as is), a processor (its spec; it must be of
-    the rows' family), a family name / `ModelFamily` (its defaults) or None (``fam``'s
-    defaults). Raises `FamilyMismatchError` when the processor or spec belongs to another family.
+    the rows' family), a family name / `ModelFamily` (its defaults; it must be the rows'
+    family) or None (``fam``'s defaults). Raises `FamilyMismatchError` (naming row ``index``
+    when given) when the processor, name or spec belongs to another family, `ArgumentError`
+    for anything else.
     """
+    def mismatch(other: str) -> FamilyMismatchError:
+        return FamilyMismatchError(
+            f"the row was encoded for {fam.name!r} but the processor is {other!r}", row=index, column="family",
+            stage="rollout", expected=f"a {fam.name} processor", found=f"a {other} processor",
+            fix="use the processor the rows were encoded with",
+        )
+
     if isinstance(processor_or_spec, VisionSpec):
         spec = processor_or_spec
     elif processor_or_spec is None or isinstance(processor_or_spec, (str, ModelFamily)):
-        spec = VisionSpec.from_family(family_of(processor_or_spec) if processor_or_spec is not None else fam)
+        named = family_of(processor_or_spec) if processor_or_spec is not None else fam
+        if not fam.accepts(named.name):
+            raise mismatch(named.name)
+        spec = VisionSpec.from_family(named)
     else:
-        other = family_of(processor_or_spec)
-        if other.name != fam.name:
-            raise FamilyMismatchError(
-                f"the rows were encoded for {fam.name!r} but the processor is {other.name!r}",
-                stage="rollout", expected=f"a {fam.name} processor", found=f"a {other.name} processor",
-                fix="use the processor the rows were encoded with",
-            )
+        try:
+            other = family_of(processor_or_spec)
+        except TypeError:  # not a processor at all (family_of: "cannot tell the model family of ...")
+            where = "" if index is None else f"row {index}: "
+            raise ArgumentError(
+                f"{where}the processor must be the one the rows were encoded with, its VisionSpec, a family name "
+                f"or None, got {type(processor_or_spec).__name__}") from None
+        if not fam.accepts(other.name):
+            raise mismatch(other.name)
         spec = VisionSpec.from_processor(processor_or_spec)
     if fam.is_vision and spec.patch_size != fam.patch_size:
         raise FamilyMismatchError(
-            f"VisionSpec patch size {spec.patch_size} does not match {fam.name} ({fam.patch_size})",
+            f"VisionSpec patch size {spec.patch_size} does not match {fam.name} ({fam.patch_size})", row=index,
             stage="rollout", fix="pass the processor (or its VisionSpec) the rows were encoded with",
         )
     return spec

@@ -32,11 +32,13 @@ push a 1:200 image to 1:201; the processor refuses those before resizing).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+
 from mmpipe.compat import forward_accepts, is_transformers_5
-from mmpipe.errors import ArgumentError, PixelDataError
+from mmpipe.errors import ArgumentError, InputError, PixelDataError
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.rollout.support import check_rows
+from mmpipe.rollout.support import check_row_families
 
 __all__ = [
     "to_vllm_prompts",
@@ -46,14 +48,41 @@ __all__ = [
 
 
 def as_rows(rows_or_batch) -> list[MultiModalInputs]:
-    """Rows (`MultiModalInputs` or stored dicts), one row, or a batch -> `MultiModalInputs` list."""
+    """Rows -> a `MultiModalInputs` list: a list (any iterable) of `MultiModalInputs` or stored
+    dicts, one row (a `MultiModalInputs` or one stored dict, ``dataset[i]``), a dict of columns
+    (``dataset[i:j]``, a batched map's output), an Arrow table or record batch (`ArrowRows`),
+    or a collated batch. A string, None or any other non-iterable: `ArgumentError`."""
+    import pyarrow as pa
+
     if isinstance(rows_or_batch, BatchedMultiModalInputs):
         from mmpipe.batching.unbatch import unbatch
 
         return unbatch(rows_or_batch)
     if isinstance(rows_or_batch, MultiModalInputs):
         return [rows_or_batch]
+    if isinstance(rows_or_batch, (pa.Table, pa.RecordBatch)):
+        from mmpipe.records.arrow import rows_from_arrow
+
+        return rows_from_arrow(rows_or_batch)
+    if isinstance(rows_or_batch, Mapping):
+        fam = rows_or_batch.get("family")
+        if isinstance(fam, (list, tuple)) or (hasattr(fam, "ndim") and getattr(fam, "ndim", 0) == 1):
+            return _column_rows(rows_or_batch, len(fam))
+        return [MultiModalInputs.from_dict(rows_or_batch, row=0)]  # one stored row (or a raw row: refused)
+    if isinstance(rows_or_batch, (str, bytes)) or not isinstance(rows_or_batch, Iterable):
+        raise ArgumentError(
+            "rows must be encoded rows (MultiModalInputs or the dicts mmpipe.encode stores; a list, a dataset, "
+            f"an Arrow table, one row) or a collated batch, got {type(rows_or_batch).__name__}")
     return [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(rows_or_batch)]
+
+
+def _column_rows(columns: Mapping, n: int) -> list[MultiModalInputs]:
+    """A dict of equal-length columns (``dataset[i:j]``) -> its rows."""
+    bad = {k: len(v) for k, v in columns.items() if not hasattr(v, "__len__") or len(v) != n}
+    if bad:
+        raise ArgumentError(f"a dict of columns must hold {n} values per column (the 'family' column's count), "
+                            f"got {bad}")
+    return [MultiModalInputs.from_dict({k: v[i] for k, v in columns.items()}, row=i) for i in range(n)]
 
 
 def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, images=None) -> list[dict]:
@@ -85,16 +114,33 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
     LLaVA-OneVision) one image token per image and the ORIGINAL images, which vLLM tiles again
     (`mmpipe.media.tiles.vllm_prompt`: the processor is required; ``images``: one list per row of
     the images it was encoded from, for rows encoded without ``pixels="source"``). The generic
-    path's rows are refused (`mmpipe.rollout.support`).
+    path's rows are refused (`mmpipe.rollout.support.RolloutRefusal` naming the row).
+
+    Each row is checked against its own family first (`mmpipe.rollout.support.check_row_families`):
+    the rows are one model's, the processor's (or, without one, row 0's family); the first row of
+    another family raises `FamilyMismatchError` naming it, expected and found. Every error names
+    its row.
     """
     rows = as_rows(rows_or_batch)
-    if images is not None and (isinstance(images, (str, bytes)) or len(images) != len(rows)):
-        raise ArgumentError(f"images= must hold one list of images per row ({len(rows)} rows), got "
-                            f"{type(images).__name__}{'' if isinstance(images, (str, bytes)) else f' of {len(images)}'}")
-    check_rows(rows, "vllm_prompts")
-    return [r.fam.media.vllm_prompt(r, processor_or_spec, tokenizer=tokenizer,
-                                    images=None if images is None else images[i], index=i)
+    if images is not None and (isinstance(images, (str, bytes)) or not isinstance(images, Sequence)
+                               or len(images) != len(rows)):
+        got = type(images).__name__ + (f" of {len(images)}" if isinstance(images, Sequence) else "")
+        raise ArgumentError(f"images= must hold one list of images per row ({len(rows)} rows), got {got}")
+    check_row_families(rows, "vllm_prompts", processor_or_spec, argument="processor_or_spec")
+    return [_row_prompt(r, i, processor_or_spec, tokenizer, None if images is None else images[i])
             for i, r in enumerate(rows)]
+
+
+def _row_prompt(r: MultiModalInputs, i: int, processor_or_spec, tokenizer, images) -> dict:
+    """Row ``i``'s prompt (its family's media strategy's), any error naming row ``i``."""
+    try:
+        return r.fam.media.vllm_prompt(r, processor_or_spec, tokenizer=tokenizer, images=images, index=i)
+    except InputError as e:
+        raise e.locate(row=i)
+    except ArgumentError as e:
+        if type(e) is ArgumentError and not str(e).startswith(f"row {i}"):
+            raise ArgumentError(f"row {i} ({r.family}): {e}") from e
+        raise
 
 
 # ---- transformers generate ---------------------------------------------------------------

@@ -86,7 +86,7 @@ def prompt_content(row, processor, *, index: Any = None) -> list[dict]:
     if r.num_images:
         ids = [int(t) for t in collapse_placeholders(r.input_ids, r.mm_token_type_ids, r.image_grid_thw,
                                                     family=r.fam, row=index)]
-        images = row_images(r, vision_spec_for(processor, r.fam), index=index)
+        images = row_images(r, vision_spec_for(processor, r.fam, index=index), index=index)
     pad = tok.convert_tokens_to_ids(r.fam.image_token) if r.fam.image_token else None
     parts, run, k = [], [], 0
     for t in ids + [None]:
@@ -138,8 +138,8 @@ def request_body(row, params: SamplingParams, *, model: str, processor, server: 
     if banned:
         body["logit_bias"] = {str(i): -100 for i in banned}
     if r.num_images:
-        body["mm_processor_kwargs"] = vllm_processor_kwargs(r.image_grid_thw, vision_spec_for(processor, r.fam),
-                                                            index=index, family=r.fam)
+        spec = vision_spec_for(processor, r.fam, index=index)
+        body["mm_processor_kwargs"] = vllm_processor_kwargs(r.image_grid_thw, spec, index=index, family=r.fam)
     return body
 
 

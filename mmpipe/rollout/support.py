@@ -11,9 +11,9 @@ stage, the family and what to use instead::
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional, Sequence
 
-from mmpipe.errors import ArgumentError
+from mmpipe.errors import ArgumentError, FamilyMismatchError
 from mmpipe.families import ModelFamily, get_family, resolve_family
 
 # stage -> what the error message calls it
@@ -26,14 +26,33 @@ ROLLOUT_STAGES = {
 }
 
 
-def check_rollout(fam: ModelFamily, stage: str) -> ModelFamily:
+class RolloutRefusal(ArgumentError):
+    """A rollout stage refusing a family's rows (`check_rollout`): an `ArgumentError` that
+    carries the ``stage``, the ``family`` and, when a row was refused, its index ``row`` (the
+    message then starts ``"row N: "``)."""
+
+    def __init__(self, message: str, *, stage: str, family: str, row: Optional[int] = None):
+        super().__init__(message)
+        self.stage, self.family, self.row = stage, family, row
+
+    def __reduce__(self):  # picklable across DataLoader / datasets workers
+        return (_refusal, (self.args[0], self.stage, self.family, self.row))
+
+
+def _refusal(message, stage, family, row):
+    return RolloutRefusal(message, stage=stage, family=family, row=row)
+
+
+def check_rollout(fam: ModelFamily, stage: str, *, row: Optional[int] = None) -> ModelFamily:
     """``fam`` if rollout ``stage`` (a key of `ROLLOUT_STAGES`) takes its rows, else
-    `ArgumentError` saying why and what to use."""
+    `RolloutRefusal` (an `ArgumentError`) saying why and what to use (naming ``row`` when given)."""
     if stage not in ROLLOUT_STAGES:
         raise ArgumentError(f"stage must be one of {sorted(ROLLOUT_STAGES)}, got {stage!r}")
     why = fam.media.rollout_refusal(fam, stage)
     if why is not None:
-        raise ArgumentError(f"{ROLLOUT_STAGES[stage]} are not available for {fam.name} rows: {why}")
+        where = "" if row is None else f"row {row}: "
+        raise RolloutRefusal(f"{where}{ROLLOUT_STAGES[stage]} are not available for {fam.name} rows: {why}",
+                             stage=stage, family=fam.name, row=row)
     return fam
 
 
@@ -44,6 +63,55 @@ def check_processor(processor: Any, stage: str) -> ModelFamily:
 
 
 def check_rows(rows: Iterable, stage: str) -> None:
-    """`check_rollout` for every family the records ``rows`` hold (each family once)."""
-    for name in dict.fromkeys(r.family for r in rows):
-        check_rollout(get_family(name), stage)
+    """`check_rollout` for every family the records ``rows`` hold (each family once, naming
+    the first row of a refused family)."""
+    first: dict = {}
+    for i, r in enumerate(rows):
+        first.setdefault(r.family, i)
+    for name, i in first.items():
+        check_rollout(get_family(name), stage, row=i)
+
+
+def expected_family(processor: Any, argument: str = "processor") -> Optional[ModelFamily]:
+    """The family a processor (an object with an ``image_processor``), a family name or a
+    `ModelFamily` stands for; None for what names no family (None, a `VisionSpec`, a
+    tokenizer). Anything else: `ArgumentError` naming ``argument``."""
+    if processor is None or isinstance(processor, ModelFamily):
+        return processor
+    if isinstance(processor, str):
+        return get_family(processor)
+    if hasattr(processor, "image_processor"):
+        return resolve_family(processor)
+    from mmpipe.images.spec import VisionSpec
+
+    if isinstance(processor, VisionSpec) or hasattr(processor, "convert_tokens_to_ids"):
+        return None
+    raise ArgumentError(f"{argument} must be the processor the rows were encoded with, its VisionSpec, a family "
+                        f"name or None, got {type(processor).__name__}")
+
+
+def check_row_families(rows: Sequence, stage: str, processor: Any = None, *, argument: str = "processor") -> None:
+    """Each row against its own family, in order, for a rollout stage that makes one output per
+    row for ONE engine (vLLM prompts): the first row that fails is named.
+
+    - a row whose family the stage refuses (the generic path): `RolloutRefusal` naming the row;
+    - a row of another family than ``processor``'s (`expected_family`), or, when ``processor``
+      names none, than row 0's: `FamilyMismatchError` naming the row, expected and found (one
+      engine serves one model: prompt each family's rows with its own processor)."""
+    want = expected_family(processor, argument)
+    source = None if want is None else (f"the processor ({type(processor).__name__})"
+                                         if hasattr(processor, "image_processor") else f"{argument}={want.name!r}")
+    for i, r in enumerate(rows):
+        fam = r.fam
+        check_rollout(fam, stage, row=i)
+        if want is None:
+            want, source = fam, "row 0"
+            continue
+        if not want.accepts(fam.name):
+            raise FamilyMismatchError(
+                f"encoded for {fam.name!r}, but {source} is for {want.name!r}: {ROLLOUT_STAGES[stage]} serve "
+                "one model", row=i, column="family", stage="rollout", expected=f"{want.name} rows",
+                found=f"a {fam.name} row",
+                fix=f"make the {ROLLOUT_STAGES[stage].split(' (')[0]} of each family's rows with that family's "
+                    "own processor, one call per family",
+            )

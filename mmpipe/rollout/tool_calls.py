@@ -46,9 +46,23 @@ def parse_qwen_tool_calls(text: str) -> list[ToolCall]:
     return calls
 
 
+def _loads(text: str):
+    """``json.loads``, with what it raises beyond `json.JSONDecodeError` on a sampled text (a
+    number past Python's int digit limit: ValueError; nesting past the recursion limit:
+    RecursionError) raised as a `json.JSONDecodeError` too."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise json.JSONDecodeError(f"a number too long to read ({str(e).split(':')[0]})", text, 0) from None
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply to read", text, 0) from None
+
+
 def _parse_one(body: str) -> ToolCall:
     try:
-        obj = json.loads(body)
+        obj = _loads(body)
     except json.JSONDecodeError as e:
         return ToolCall(None, {}, body, error=f"the tool call is not valid JSON ({e.msg} at character {e.pos})")
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
@@ -56,7 +70,7 @@ def _parse_one(body: str) -> ToolCall:
     args = obj.get("arguments", {})
     if isinstance(args, str):
         try:
-            args = json.loads(args)
+            args = _loads(args)
         except json.JSONDecodeError:
             pass
     if not isinstance(args, dict):
@@ -93,8 +107,32 @@ def run_tool_call(call: ToolCall, tools: Mapping[str, Callable]) -> tuple[list, 
     try:
         out = fn(**call.arguments)
     except Exception as e:  # the tool's failure is the model's observation, not the loop's crash
-        return [f"Error: tool {call.name!r} raised {type(e).__name__}: {e}"], True
-    return _result_items(out), False
+        return [f"Error: tool {call.name!r} raised {_describe(e)}"], True
+    try:  # a return value that cannot become text (a str() that raises, an int past Python's digit limit)
+        return _result_items(out), False
+    except Exception as e:
+        return [f"Error: tool {call.name!r} returned a value of type {_type_name(out)} that cannot be turned "
+                f"into text ({_describe(e)}); return text, images, a list of them or a (text, images) pair"], True
+
+
+def _type_name(x: Any) -> str:
+    try:
+        return str(type(x).__name__)
+    except Exception:
+        return "value"
+
+
+def _describe(e: BaseException) -> str:
+    """``"Type: message"`` for an exception, even when its ``str()`` raises or is not text
+    (then ``"Type (its message could not be read: Type2)"``)."""
+    name = _type_name(e)
+    try:
+        msg = str(e)
+        if not isinstance(msg, str):
+            raise TypeError(f"__str__ returned {_type_name(msg)}")
+    except Exception as inner:
+        return f"{name} (its message could not be read: {_type_name(inner)})"
+    return f"{name}: {msg}"
 
 
 def _result_items(out: Any) -> list:
