@@ -38,6 +38,7 @@ from mmpipe.rema.batch import (COMPLETION_TOKEN_EXCEEDED, FINISH_CODES, PAD_CONT
 from mmpipe.records.rema import ROLE_TENSORS, ROLE_TURN_TENSORS, rema_arrow_schema
 from mmpipe.records.rema import ReMABatch
 from mmpipe.records.rema import RoleEncoding
+from mmpipe.rema.actor import ACTOR_KEYS, actor_micro_batch, forward_micro_batch, patch_actor
 from mmpipe.rema.encode import RoleCodec, encode_conversation, response_text
 from mmpipe.rema.rollout import FINISH_FLAG, MAX_TURNS, rollout, run_episodes
 from mmpipe.records.rema import Episode
@@ -48,5 +49,6 @@ __all__ = [
     "PAD_ROLE", "PAD_CONTENT", "ROLE_TENSORS", "ROLE_TURN_TENSORS", "ViewContext", "View", "AskQuestion",
     "QuestionWithInstruction", "rema_views", "RoleEncoding", "RoleCodec", "encode_conversation", "response_text", "Episode",
     "rollout", "run_episodes", "collate_episodes", "ReMABatch", "rema_arrow_schema", "history_size",
-    "history_pad_entry", "conversation_pad_entry",
+    "history_pad_entry", "conversation_pad_entry", "forward_micro_batch", "patch_actor", "actor_micro_batch",
+    "ACTOR_KEYS",
 ]
