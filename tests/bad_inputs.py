@@ -6,9 +6,16 @@ builders.
 A case runs through one public stage:
 - ``"encode"``: ``mmpipe.encode_row(row, processor, idx=ROW, pixels="float32", **options)``
   and again layout-only (``pixels="none"``), which must agree (same grid, or same error;
-  ``layout="ok"`` where the failure is in pixel data a header-only read cannot see);
+  ``layout="ok"`` where the failure is in pixel data a header-only read cannot see; ``"skip"``
+  where the kind has no layout-only route: the generic path);
 - ``"collate"``: ``mmpipe.Collator(processor)(rows)`` over rows built by ``build``, the bad
-  one at batch index ``BAD``.
+  one at batch index ``BAD``;
+- ``"setup"``: ``mmpipe.Encoder(processor, **options)`` then one row encoded: a processor or
+  options no row can be encoded with (an `ArgumentError` at once, whatever ``on_error``);
+- ``"validate"``: ``mmpipe.validate_dataset(Dataset.from_list(rows))`` (the check reads the report);
+- ``"stream"``: ``mmpipe.data.streaming.encode_stream(stream, processor, errors=errs, **options)``
+  iterated to the end: ``check((rows, errs), stream, processor)``, or the error it raises;
+- ``"dataset"``: ``mmpipe.encode_dataset(ds, processor, **options)``: ``check((enc, report), ds, processor)``.
 
 Encode cases run under `bounded` (a FIFO or device path must fail, never hang); ``env`` sets
 environment variables for a case. `outcome_counts` tallies the outcomes (the report table).
@@ -28,6 +35,7 @@ from PIL import Image, ImageOps
 
 import mmpipe
 from mmpipe.errors import (
+    ArgumentError,
     FamilyMismatchError,
     ImageError,
     InputError,
@@ -60,6 +68,7 @@ class Case:
     layout: str = "same"  # encode cases: "same" outcome layout-only, or "ok" (header is fine)
     holds: str = ""  # what must hold, in words (the report table)
     env: dict = field(default_factory=dict)  # environment variables set while the case runs
+    processor: Optional[Callable[[], Any]] = None  # builds the processor (default: processor_for(family))
 
     @property
     def outcome(self) -> str:
@@ -696,6 +705,243 @@ CASES += [
     Case("unicode_combining_marks", lambda tmp: {"prompt": "e\u0301 n\u0303 a" + "\u0300" * 50},
          holds="NFC-normalized by the tokenizer, as by the processor",
          check=decodes_to("\u00e9 \u00f1 \u00e0" + "\u0300" * 49)),
+]
+
+
+# ---- issue 29: the new surfaces (generic path, streaming, source rows, mixed families) ------
+_PROCS: dict = {}
+
+
+def llava(px: int = 32, template: bool = True):
+    """A LLaVA processor (the generic path) whose image processor resizes and crops to ``px``."""
+    def build():
+        key = (px, template)
+        if key not in _PROCS:
+            from mmpipe.offline.other_vlms import build_foreign_processor
+
+            p = build_foreign_processor("llava")
+            p.image_processor.size = {"shortest_edge": px}
+            p.image_processor.crop_size = {"height": px, "width": px}
+            if not template:
+                p.chat_template = None
+            _PROCS[key] = p
+        return _PROCS[key]
+    return build
+
+
+def generic_rows(*sizes: int) -> Callable[[Path], list]:
+    """One stored row per LLaVA image setting in ``sizes`` (row i encoded by a ``sizes[i]``-px processor)."""
+    return lambda tmp: [mmpipe.encode_row(user_row([photo(40, 60, seed=i)]), llava(px)(), idx=i).to_dict()
+                        for i, px in enumerate(sizes)]
+
+
+def layout_issue_rows(rows: list):
+    def check(report, data, processor) -> None:
+        errs = [i for i in report.errors if i.column == "generic_layout"]
+        assert len(errs) == 1 and errs[0].rows == rows and "image-processor settings" in errs[0].message, report
+        assert not report.ok
+    return check
+
+
+def family_rows(*families: str) -> Callable[[Path], list]:
+    from conftest import processor_for
+
+    return lambda tmp: [mmpipe.encode_row(user_row([photo(30 + 8 * i, 40, seed=i)]), processor_for(f), idx=i).to_dict()
+                        for i, f in enumerate(families)]
+
+
+def image_stream(values: list, *, placeholders: Optional[list] = None):
+    """A stream (``IterableDataset``) of one-image rows over a decoding ``Sequence(Image())`` column,
+    as ``load_dataset(..., streaming=True)`` gives it; ``values``: each row's image bytes."""
+    def build(tmp):
+        import datasets
+
+        feats = datasets.Features({
+            "messages": [{"role": datasets.Value("string"),
+                          "content": [{"type": datasets.Value("string"), "text": datasets.Value("string")}]}],
+            "images": datasets.Sequence(datasets.Image()),
+        })
+        rows = []
+        for i, v in enumerate(values):
+            n = 1 if placeholders is None else placeholders[i]
+            content = [{"type": "image", "text": None}] * n + [{"type": "text", "text": "Describe."}]
+            rows.append({"messages": [{"role": "user", "content": content}], "images": [{"bytes": v, "path": None}]})
+        ds = datasets.Dataset.from_list(rows, features=feats)
+        assert ds.features["images"].feature.decode
+        return ds.to_iterable_dataset()
+    return build
+
+
+def stream_skipped(failed: dict):
+    """Stream skip holds: the failed rows (``{row: stage}``) are out of the stream and in the
+    errors list, every other row is there, equal to its own encode, and the rows collate."""
+    def check(result, stream, processor) -> None:
+        import datasets
+
+        rows, errors = result
+        assert {e["row"]: e["stage"] for e in errors} == failed
+        assert all(e["column"] == "images" and e["reason"].startswith(f"row {e['row']}") for e in errors)
+        raw = list(stream.cast_column("images", datasets.Sequence(datasets.Image(decode=False))))
+        good = [i for i in range(len(raw)) if i not in failed]
+        assert len(rows) == len(good) and all(len(r["input_ids"]) > 0 for r in rows)
+        assert "mmpipe_error" not in rows[0]
+        for r, i in zip(rows, good):
+            assert np.asarray(r["input_ids"]).tolist() == mmpipe.encode_row(raw[i], processor, idx=i).input_ids.tolist()
+        mmpipe.Collator(processor)(rows)
+    return check
+
+
+def map_keeps_failed(row: int):
+    """``undecoded_stream(ds).map(mmpipe.encode, on_error="skip")`` (the plain map route on a
+    stream, its Image() column read undecoded): the failed row stays, its error recorded, and the
+    Collator refuses it."""
+    def check(result, stream, processor) -> None:
+        import json
+
+        rows = result
+        errs = {i: json.loads(r["mmpipe_error"]) for i, r in enumerate(rows) if r["mmpipe_error"]}
+        assert list(errs) == [row] and errs[row]["stage"] == "image" and errs[row]["row"] == row
+        try:
+            mmpipe.Collator(processor)(rows)
+        except InputError as e:
+            assert e.row == row and "failed to encode" in str(e)
+        else:
+            raise AssertionError("a failed row was collated")
+    return check
+
+
+def turns(n: int) -> Callable[[Path], dict]:
+    """A text row of ``n`` messages (user / assistant in turn): labels on every reply."""
+    def build(tmp):
+        msgs = []
+        for i in range(n // 2):
+            msgs += [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
+        return {"messages": msgs}
+    return build
+
+
+def every_reply_labelled(n_replies: int):
+    def check(result, row, processor) -> None:
+        result.validate()
+        tok = processor.tokenizer
+        text = tok.decode(result.labels[result.labels != -100].tolist())
+        assert text.count("answer ") == n_replies and f"answer {n_replies - 1}" in text
+        assert "question" not in text
+    return check
+
+
+def reply_after_cut(tmp) -> "Any":
+    import datasets
+
+    long_prompt = [{"role": "user", "content": "word " * 60}, {"role": "assistant", "content": "the answer"}]
+    short = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the answer"}]
+    return datasets.Dataset.from_list([{"messages": short}, {"messages": long_prompt}, {"messages": short}])
+
+
+def failed_untrained(result, ds, processor) -> None:
+    """The row whose replies lie past the cut is recorded (stage truncate, column labels) and
+    counted; the others keep their trained tokens."""
+    enc, report = result
+    assert [(e["row"], e["stage"], e["column"]) for e in report.errors] == [(1, "truncate", "labels")]
+    assert report.rows_out == 2 and len(enc) == 2
+    assert all(any(x != -100 for x in r) for r in enc["labels"])
+
+
+def _fail(why: str) -> None:
+    raise AssertionError(why)
+
+
+def truncated(data: bytes) -> bytes:
+    return data[: len(data) * 2 // 3]
+
+
+SRC = dict(options={"pixels": "source"}, layout="ok")  # the header is intact: the layout route is fine
+CASES += [
+    # the generic path: rows of other image settings, unreadable files, no chat template, videos
+    Case("generic_rows_of_other_image_settings", generic_rows(32, 48), InputError,
+         ("row 1", "other image-processor settings", '"shortest_edge": 48', "re-encode this row"),
+         err_stage="collate", column="generic_layout", stage="collate", processor=llava(32)),
+    Case("generic_other_settings_middle_row", generic_rows(32, 48, 32), InputError,
+         ("row 1", "other image-processor settings"), err_stage="collate", column="generic_layout",
+         stage="collate", processor=llava(32)),
+    Case("generic_other_settings_validate", generic_rows(32, 48), stage="validate", processor=llava(32),
+         holds="validate_dataset: an error naming row 1 and the settings", check=layout_issue_rows([1])),
+    Case("generic_same_settings_collate", generic_rows(32, 32, 32), stage="collate", processor=llava(32),
+         holds="rows of one setting collate", check=lambda b, rows, p: b.vision["pixel_values"].shape[0] == 3),
+    Case("generic_truncated_png", one_image(lambda: png_bytes(photo(64, 64))[:400]), ImageError,
+         ("row 7, image 0", "cannot read the image", "truncated"), layout="skip", processor=llava(32), **IMG),
+    Case("generic_corrupt_bytes", one_image(b"\x89PNG\r\n\x1a\n" + bytes(range(256))), ImageError,
+         ("row 7, image 0", "cannot read the image"), layout="skip", processor=llava(32), **IMG),
+    Case("generic_zero_pixel_image", one_image(lambda: Image.new("RGB", (5, 0))), ImageError,
+         ("row 7, image 0", "0x5", "at least one pixel"), layout="skip", processor=llava(32), **IMG),
+    Case("generic_no_chat_template_skip", lambda tmp: user_row([photo()]), ArgumentError,
+         ("LlavaProcessor has no chat template", "processor.chat_template", "chat_template_kwargs"),
+         err_stage="argument", stage="setup", options={"on_error": "skip"}, processor=llava(32, template=False)),
+    Case("generic_video_rows", lambda tmp: {"messages": [user([{"type": "video"}, {"type": "text", "text": "what?"}])],
+                                            "videos": [[np.zeros((28, 28, 3), np.uint8)] * 2]}, ParseError,
+         ("LlavaProcessor on the generic path takes images only", "drop the row's videos", "qwen2_vl"),
+         err_stage="parse", column="videos", layout="skip", processor=llava(32)),
+    Case("video_rows_on_image_only_family", lambda tmp: {
+        "messages": [user([{"type": "video"}, {"type": "text", "text": "what?"}])],
+        "videos": [[np.zeros((28, 28, 3), np.uint8)] * 2]}, ParseError,
+         ("takes images only", "drop the row's videos", "a family that takes videos (qwen2_vl"),
+         err_stage="parse", column="videos", family="gemma3", options={"pixels": "uint8"}),
+    # streaming over a decoding Image() column, a corrupt image in the middle
+    Case("stream_corrupt_image_skip", image_stream([png_bytes(photo()), b"not an image", png_bytes(photo(50, 30))]),
+         stage="stream", options={"on_error": "skip"}, holds="skipped: out of the stream, its error kept and counted",
+         check=stream_skipped({1: "image"})),
+    Case("stream_corrupt_image_and_placeholder_skip", image_stream(
+        [png_bytes(photo()), b"junk", png_bytes(photo(50, 30)), png_bytes(photo())], placeholders=[1, 1, 2, 1]),
+         stage="stream", options={"on_error": "skip", "batch_size": 2},
+         holds="every failed row skipped and counted, across batches",
+         check=stream_skipped({1: "image", 2: "template"})),
+    Case("stream_tiled_family_skip", image_stream([png_bytes(photo()), b"not an image", png_bytes(photo(50, 30))]),
+         stage="stream", options={"on_error": "skip"}, family="gemma3",
+         holds="a tiled family's stream: its own columns, the failed row skipped and counted",
+         check=stream_skipped({1: "image"})),
+    Case("stream_generic_path_skip", image_stream([png_bytes(photo()), b"not an image", png_bytes(photo(50, 30))]),
+         stage="stream", options={"on_error": "skip"}, processor=llava(32),
+         holds="the generic path's stream: its processor's columns, the failed row skipped and counted",
+         check=stream_skipped({1: "image"})),
+    Case("stream_corrupt_image_raise", image_stream([png_bytes(photo()), b"not an image", png_bytes(photo())]),
+         ImageError, ("row 1, image 0", "cannot read the image"), stage="stream", **IMG),
+    Case("stream_plain_map_undecoded_skip", image_stream([png_bytes(photo()), png_bytes(photo()), b"junk"]),
+         stage="stream", options={"route": "map", "on_error": "skip"},
+         holds="undecoded_stream(ds).map(mmpipe.encode): the failed row kept with its error, refused by collate",
+         check=map_keeps_failed(2)),
+    # pixels="source": a file cut short after its header fails at encode, not in a collate worker
+    Case("source_truncated_png", one_image(lambda: png_bytes(photo(64, 64))[:400]), ImageError,
+         ("row 7, image 0", "cannot read the image", "its header is intact"), **SRC, **IMG),
+    Case("source_truncated_jpeg", one_image(lambda: truncated(jpeg_bytes(photo(64, 64)))), ImageError,
+         ("row 7, image 0", "cannot read the image"), **SRC, **IMG),
+    Case("source_truncated_png_path", lambda tmp: user_row([write(tmp, "cut.png", png_bytes(photo(64, 64))[:400])]),
+         ImageError, ("row 7, image 0", "cannot read the image"), **SRC, **IMG),
+    Case("source_truncated_png_tiled", one_image(lambda: png_bytes(photo(64, 64))[:400]), ImageError,
+         ("row 7, image 0", "cannot read the image"), family="gemma3", **SRC, **IMG),
+    Case("source_complete_png", one_image(lambda: png_bytes(photo(64, 64))), options={"pixels": "source"},
+         holds="stored as its file, collates to the processor's pixels",
+         check=lambda r, row, p: np.testing.assert_array_equal(mmpipe.Collator(p)([r.to_dict()]).pixel_values.numpy(),
+                                                               processor_pixels(p, [_pil(row["images"][0])])["pixel_values"])),
+    # mixed kinds of family: the row that differs is blamed
+    Case("mixed_kinds_foreign_first_row", family_rows("qwen2_vl", "gemma3", "gemma3"), InputError,
+         ("row 0", "found family 'qwen2_vl'", "tiled-family rows (the collator's family 'gemma3')"),
+         err_stage="collate", column="family", stage="collate", family="gemma3"),
+    Case("mixed_kinds_foreign_second_row", family_rows("qwen2_vl", "gemma3"), InputError,
+         ("row 1", "found family 'gemma3'"), err_stage="collate", column="family", stage="collate"),
+    # truncate_text leaving no trained token; very long conversations with labels
+    Case("truncate_text_cuts_every_reply", lambda tmp: {"messages": [
+        {"role": "user", "content": "word " * 60}, {"role": "assistant", "content": "the answer"}]}, TruncationError,
+         ("exceed max_length=40", "would cut every trained token", "truncation='drop'"), err_stage="truncate",
+         column="labels", options={"max_length": 40, "truncation": "truncate_text"}),
+    Case("truncate_text_cuts_every_reply_skip", reply_after_cut, stage="dataset",
+         options={"max_length": 40, "truncation": "truncate_text", "on_error": "skip"},
+         holds="skipped and counted (stage truncate), never kept with 0 trained tokens", check=failed_untrained),
+    Case("truncate_text_keeps_part_of_a_reply", lambda tmp: {"messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "word " * 60}]},
+         options={"max_length": 40, "truncation": "truncate_text"}, holds="cut to 40 tokens, trained tokens kept",
+         check=lambda r, row, p: len(r.input_ids) == 40 and (r.labels != -100).any() or _fail("no trained token")),
+    Case("ten_thousand_turns_with_labels", turns(10_000), holds="encodes within the hang bound, every reply labelled",
+         check=every_reply_labelled(5_000)),
 ]
 
 

@@ -24,13 +24,14 @@ from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.columns import ERROR_COLUMN, IGNORE_INDEX
 
 
-def checked_records(rows: Sequence[Any], verify_pixels: bool = False) -> list[MultiModalInputs]:
+def checked_records(rows: Sequence[Any], verify_pixels: bool = False, family: Any = None) -> list[MultiModalInputs]:
     """Rows (records, dicts or Arrow) -> validated `MultiModalInputs`; any records-level
     error becomes a typed `InputError` naming the row.
 
     Stages, as collate has always reported them: what `MultiModalInputs.validate` finds and
     pixel data that disagree with the grids (`PixelDataError`) are "collate" errors; a value
-    the reader cannot use at all (missing, not numeric, unknown family) keeps "validate"."""
+    the reader cannot use at all (missing, not numeric, unknown family) keeps "validate".
+    ``family``: the collator's family name, the kind a row of another kind is told apart from."""
     if not len(rows):
         raise InputError("collate got an empty list of rows", where="", stage="collate",
                          fix="drop empty batches (DataLoader(drop_last=...)) or filter before collating")
@@ -38,11 +39,11 @@ def checked_records(rows: Sequence[Any], verify_pixels: bool = False) -> list[Mu
     try:
         if table is not None:  # stored rows as Arrow (ArrowRows): numpy views of the column buffers
             _check_error_column(table.column(ERROR_COLUMN).to_pylist() if ERROR_COLUMN in table.column_names else ())
-            check_one_kind(_families(rows, table))
+            check_one_kind(_families(rows, table), family)
             read = rows_from_arrow(table, verify_pixels=verify_pixels)
             return [_validated(r, i, read=True) for i, r in enumerate(read)]
         _check_error_column([r.get(ERROR_COLUMN) if isinstance(r, dict) else None for r in rows])
-        media = check_one_kind(_families(rows, None))
+        media = check_one_kind(_families(rows, None), family)
         recs = []
         for i, r in enumerate(rows):
             if media is None or media.CHECK_STORED_DTYPES:
@@ -87,18 +88,26 @@ def _check_error_column(values) -> None:
             )
 
 
-def check_one_kind(families: Sequence[Any]):
-    """Every row of a batch of one kind of family (`mmpipe.families.ModelFamily.kind`): the
-    first row with a known ``family`` sets the kind; a row of another kind raises `InputError`
-    naming it, in the words of the batch's strategy (``BATCH_ROWS``, ``FOREIGN_ROW``). A row
-    whose family is unknown is left to the row reader (it names the bad value). Returns the
-    batch's strategy module (None when no row names a known family)."""
+def check_one_kind(families: Sequence[Any], expected: Any = None):
+    """Every row of a batch of one kind of family (`mmpipe.families.ModelFamily.kind`): the kind of
+    ``expected`` (the collator's family name) when a row has it, else the kind most rows have
+    (ties: the first row's); a row of another kind raises `InputError` naming it - the row that
+    differs, in the words of the batch's strategy (``BATCH_ROWS``, ``FOREIGN_ROW``). A row whose
+    family is unknown is left to the row reader (it names the bad value). Returns the batch's
+    strategy module (None when no row names a known family)."""
     media = [ALL_FAMILIES[f].media if isinstance(f, str) and f in ALL_FAMILIES else None for f in families]
-    first = next((m for m in media if m is not None), None)
+    known = [m for m in media if m is not None]
+    want = ALL_FAMILIES[expected].media if isinstance(expected, str) and expected in ALL_FAMILIES else None
+    if want is not None and any(m is want for m in known):
+        first = want
+    else:
+        first = max(known, key=lambda m: (sum(k is m for k in known), -known.index(m))) if known else None
     for i, m in enumerate(media):
         if m is not None and m is not first:
             raise InputError(f"{first.FOREIGN_ROW} in a batch of {first.BATCH_ROWS} rows", row=i, column="family",
-                             stage="collate", fix="encode every row of the dataset with one processor")
+                             stage="collate", expected=f"{first.BATCH_ROWS} rows"
+                             + (f" (the collator's family {expected!r})" if first is want else ""),
+                             found=f"family {families[i]!r}", fix="encode every row of the dataset with one processor")
     return first
 
 

@@ -104,7 +104,9 @@ def collate(
     table = arrow_table(rows)  # Arrow rows concatenated once, for the records and the kept columns
     if table is not None:
         rows = table
-    recs = checked_records(rows, verify_pixels)
+    given = None if family is None and processor is None else \
+        resolve_family(family if family is not None else processor)
+    recs = checked_records(rows, verify_pixels, None if given is None else given.name)
     fam, state = batch_state(recs, family, processor, spec=spec, vision_tokens=vision_tokens)
     batch = collate_records(recs, fam, state, padding_side=padding_side, pad_token_id=pad_id(processor, pad_token_id),
                             pad_to_length=pad_to_length, pad_to_multiple_of=pad_to_multiple_of)
@@ -286,7 +288,7 @@ class Collator:
         table = arrow_table(rows)
         if table is not None:
             rows = table
-        recs = checked_records(rows, self.verify_pixels)
+        recs = checked_records(rows, self.verify_pixels, self.family.name)
         fam = batch_family(recs, self.family, self.processor_class)
         state = self.state if fam.name == self.family.name else fam.media.collator_state(None, fam)  # see batch_family
         batch = collate_records(recs, fam, state, padding_side=self.padding_side, pad_token_id=self.pad_token_id,

@@ -5,7 +5,7 @@ One module per step::
     filters.py    raw rows -> token counts, keep rows within a token range
                   (TokenCounter, token_lengths, filter_by_length)
     streaming.py  a stream per data-parallel rank, encoded on the fly
-                  (shard_for_rank, encode_stream, exactly_once)
+                  (shard_for_rank, encode_stream, undecoded_stream, exactly_once)
     ray_data.py   encode with Ray Data: rows batches -> Arrow tables of stored rows (RayBatchEncoder)
     loading.py    any stored dataset (directory, parquet, Arrow, table) -> one Arrow table
     validate.py   stored rows vs the schema and their invariants, every family (validate_dataset,
@@ -29,7 +29,8 @@ from mmpipe._lazy import lazy_exports
 _EXPORTS = {
     "mmpipe.data.filters": ("TokenCounter", "TokenLengths", "LengthFilterReport", "token_lengths",
         "filter_by_length"),
-    "mmpipe.data.streaming": ("STRATEGIES", "Coverage", "shard_for_rank", "encode_stream", "exactly_once"),
+    "mmpipe.data.streaming": ("STRATEGIES", "Coverage", "shard_for_rank", "encode_stream", "undecoded_stream",
+        "exactly_once"),
     "mmpipe.data.ray_data": ("RayBatchEncoder", "batch_rows", "rows_to_arrow"),
     "mmpipe.data.loading": ("load_table", "dataset_table", "table_to_dataset"),
     "mmpipe.data.validate": ("BOOKKEEPING", "REENCODE", "SchemaError", "Issue", "ValidationReport",

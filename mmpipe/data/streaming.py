@@ -1,7 +1,12 @@
 """Streaming: encode a ``datasets.IterableDataset`` and split it over ranks, every row once.
 
 ``IterableDataset.map(mmpipe.encode, fn_kwargs={"processor": p})`` works as-is (per row and
-``batched=True``). This module adds what a multi-node job needs around it:
+``batched=True``), except over a decoding ``datasets.Image()`` column: a stream decodes each row
+before the map function sees it, so a corrupt image ends the iteration inside ``datasets``
+(PIL's ``UnidentifiedImageError``; no ``on_error`` can catch it). Map `undecoded_stream(ds)`
+instead (mmpipe decodes the bytes itself: the row's `ImageError`, or its ``mmpipe_error``
+record under ``on_error="skip"``), or use `encode_stream`, which does so. This module adds what
+a multi-node job needs around it:
 
 - `shard_for_rank(ds, rank, world_size)`: the rank's part of a raw stream, each row on
   exactly one rank, and encoded by that rank only. ``datasets.distributed.split_dataset_by_node``
@@ -11,7 +16,8 @@
   encode calls per rank). Here that case keeps the rank's rows before any map, on the
   undecoded images (``mmpipe.encode`` decodes them itself).
 - `encode_stream(ds, processor, **options)`: the batched map with the stored columns and
-  their `datasets.Features` declared (`mmpipe.MultiModalInputs.features`).
+  their `datasets.Features` declared (`mmpipe.MultiModalInputs.features`); under
+  ``on_error="skip"`` failed rows are left out, logged and counted (``errors=``).
 - `exactly_once(per_rank_keys, expected_keys)`: which keys were missed or seen twice.
 
 Example (one process per rank, e.g. under torchrun)::
@@ -89,29 +95,91 @@ def shard_for_rank(ds, rank: int, world_size: int, *, strategy: str = "auto", nu
     return undecoded.filter(_KeepEvery(world_size, rank), with_indices=True, batched=True)
 
 
-def encode_stream(ds, processor, *, batch_size: int = 64, keep_columns: Sequence[str] = (), **options):
+class _DropFailed:
+    """Batched ``filter`` function over `ERROR_COLUMN`: keep the encoded rows; each failed row is
+    logged (a warning: seen from any DataLoader worker) and its ``{"row", "stage", "column",
+    "reason"}`` appended to ``errors`` (a list in this process, when given)."""
+
+    def __init__(self, errors: Optional[list]):
+        self.errors = errors
+
+    def __call__(self, marks: list) -> list[bool]:
+        import json
+        import logging
+
+        for x in marks:
+            if x:
+                rec = json.loads(x)
+                logging.getLogger("mmpipe").warning("mmpipe.encode_stream skipped row %s (stage %s, column %s): %s",
+                                                    rec.get("row"), rec.get("stage"), rec.get("column"),
+                                                    rec.get("reason"))
+                if self.errors is not None:
+                    self.errors.append(rec)
+        return [not x for x in marks]
+
+
+def undecoded_stream(ds):
+    """``ds`` (an ``IterableDataset``) with every ``datasets.Image()`` / ``Video()`` feature read
+    undecoded (``{"bytes", "path"}``): mmpipe decodes them itself, so a corrupt image is its row's
+    `mmpipe.errors.ImageError` (recorded under ``on_error="skip"``) instead of PIL's error inside
+    ``datasets``' iteration, which decodes a row before any map function sees it. A stream of
+    unknown features is returned as is."""
+    from mmpipe.encoding.dataset import undecoded_features
+
+    if getattr(ds, "features", None) is None:
+        return ds
+    new = undecoded_features(ds.features)
+    return ds if new is None else ds.cast(new)
+
+
+def encode_stream(ds, processor, *, batch_size: int = 64, keep_columns: Sequence[str] = (),
+                  errors: Optional[list] = None, **options):
     """``ds.map(mmpipe.encode, batched=True)`` keeping only the encoded columns (plus
     ``keep_columns``), with their features declared. ``options``: `mmpipe.Encoder` options.
 
-    ``truncation="drop"`` leaves over-long rows out of the stream. The row index in error
-    messages is the position in this process's stream (a rank's, a DataLoader worker's).
+    ``datasets.Image()`` columns are read undecoded (`undecoded_stream`): a corrupt image fails
+    its own row (``on_error="skip"`` holds) instead of ``datasets``' iteration.
+
+    ``truncation="drop"`` leaves over-long rows out of the stream. ``on_error="skip"`` leaves
+    failed rows out of the stream too, each logged as a warning and its ``{"row", "stage",
+    "column", "reason"}`` appended to ``errors`` when a list is given (this process's rows: with
+    DataLoader workers, each worker fills its own copy, so read the warnings). The row index in
+    error messages is the position in this process's stream (a rank's, a DataLoader worker's).
     """
-    from mmpipe.encoding.dataset import encode
+    import datasets
+
+    from mmpipe.encoding.dataset import encode, make_encoder
+    from mmpipe.records.columns import ERROR_COLUMN
     from mmpipe.records.row import MultiModalInputs
 
-    pixels = options.get("pixels", "uint8")
-    labels = options.get("labels", True)
-    features = MultiModalInputs.features(pixels, labels)
-    out_columns = list(features) + [c for c in keep_columns if c not in features]
-    if keep_columns:
+    if errors is not None and not isinstance(errors, list):
+        raise ArgumentError("errors must be a list (failed rows are appended to it) or None, "
+                            f"got {type(errors).__name__}")
+    enc = make_encoder(processor, **options)  # the options checked now; the family's kind and pixel format
+    skip = enc.on_error == "skip"
+    ds = undecoded_stream(ds)
+    # the columns this encoder writes (a tiled family writes some of its kind's; the generic path its
+    # processor's), declared where the kind's schema types them all
+    out_columns = list(enc.empty_row_dict())
+    kind_features = MultiModalInputs.features(enc.pixels, enc.labels, enc.family.kind)
+    features = datasets.Features({c: kind_features[c] for c in out_columns}) \
+        if all(c in kind_features for c in out_columns) else None
+    out_columns += [c for c in keep_columns if c not in out_columns]
+    if keep_columns and features is not None:
         known = ds.features or {}
         missing = [c for c in keep_columns if c not in known]
         features = None if missing else features.copy()
         if features is not None:
             for c in keep_columns:
                 features[c] = known[c]
+    if skip and features is not None:
+        features = features.copy()
+        features[ERROR_COLUMN] = datasets.Value("string")
     mapped = ds.map(encode, fn_kwargs={"processor": processor, **options}, batched=True, batch_size=batch_size,
                     with_indices=True, features=features)
+    if skip:  # failed rows: out of the stream, logged and counted (never an empty row the Collator takes)
+        mapped = mapped.filter(_DropFailed(errors), input_columns=[ERROR_COLUMN], batched=True,
+                               batch_size=batch_size)
     return mapped.select_columns(out_columns)
 
 

@@ -38,7 +38,8 @@ from mmpipe.records.arrow import most_per_row
 from mmpipe.records.columns import ENCODE_PIXEL_FORMATS, ERROR_COLUMN, ROW_COLUMNS
 from mmpipe.records.row import MultiModalInputs
 
-__all__ = ["make_encoder", "EncodeReport", "ROW_BUFFER_BYTES", "map_kwargs", "max_images_per_row", "row_byte_bound", "encode", "encode_row", "encode_dataset", "drop_failed", "undecoded_images"]
+__all__ = ["make_encoder", "EncodeReport", "ROW_BUFFER_BYTES", "map_kwargs", "max_images_per_row", "row_byte_bound",
+           "encode", "encode_row", "encode_dataset", "drop_failed", "undecoded_images", "undecoded_features"]
 
 
 @dataclass
@@ -206,6 +207,17 @@ def _undecode(f) -> bool:
         return any([_undecode(v) for v in f])
     inner = getattr(f, "feature", None)
     return _undecode(inner) if inner is not None else False
+
+
+def undecoded_features(features):
+    """``datasets.Features`` with every ``Image()`` / ``Video()`` inside set to ``decode=False`` (a
+    copy), or None when none decodes (`undecoded_images` for a stream's features)."""
+    import copy
+
+    import datasets
+
+    new = copy.deepcopy(features)
+    return datasets.Features(dict(new)) if _undecode(dict(new)) else None
 
 
 def undecoded_images(ds):

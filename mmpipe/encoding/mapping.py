@@ -263,7 +263,7 @@ def map_call(enc, example: dict, idx=None) -> dict:
     out, dropped = encode_or_drop(enc, example, idx)
     if out is None:
         raise TruncationError(  # a documented error, like every other refusal (found by fuzzing)
-            f"{dropped}; truncation='drop' can only leave rows out of a batched map", where="",
+            f"{dropped} (dropped: {dropped.reason}); a dropped row can only be left out of a batched map", where="",
             fix="pass batched=True (and remove_columns=ds.column_names) to dataset.map, or use mmpipe.encode_dataset"
         )
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmpipe.errors import ArgumentError, TruncationError
+from mmpipe.records.columns import IGNORE_INDEX
 
 TRUNCATION_POLICIES = ("raise", "drop", "truncate_text")
 ERROR_POLICIES = ("raise", "skip")
@@ -55,7 +56,10 @@ def truncate_row(enc, ids: np.ndarray, labels, mm: np.ndarray, where: str) -> tu
     """``enc.truncation`` applied to a row over ``enc.max_length``: ``"raise"`` (`TruncationError`),
     ``"drop"`` (`RowDropped`), or ``"truncate_text"``: cut ids int64 [L] / labels / mm to the cap
     unless that reaches into a vision block - its pads and the ``<|vision_end|>`` token(s) after
-    them (Qwen3-VL videos close each frame group and then the video: two) - then raise.
+    them (Qwen3-VL videos close each frame group and then the video: two) - then raise. A row
+    whose replies (labelled tokens) all lie past the cut would keep 0 trained tokens: raise too
+    (`TruncationError`, column ``labels``; recorded and counted under ``on_error="skip"``),
+    never kept silently.
     Returns ``(ids, labels, mm)``."""
     L, cap = len(ids), enc.max_length
     if cap is None or L <= cap:
@@ -77,4 +81,12 @@ def truncate_row(enc, ids: np.ndarray, labels, mm: np.ndarray, where: str) -> tu
             kind = "a video" if mm[vis[-1]] == 2 else "an image"
             raise TruncationError(detail + f"; truncating text only would cut into {kind} (its tokens end at {end})",
                                   where="", column="input_ids", fix="use truncation='drop' or a larger max_length")
+    if labels is not None:
+        trained = np.flatnonzero(labels != IGNORE_INDEX)
+        if len(trained) and trained[0] >= cap:  # the replies all lie past the cut: nothing left to train on
+            raise TruncationError(detail + f"; truncating text would cut every trained token (the replies start "
+                                  f"at token {int(trained[0])}): the row would train on nothing", where="",
+                                  column="labels", expected=f"a reply starting before token {cap}",
+                                  found=f"the first reply at token {int(trained[0])}",
+                                  fix="use truncation='drop', a larger max_length or a shorter prompt")
     return ids[:cap], (labels[:cap] if labels is not None else None), mm[:cap]

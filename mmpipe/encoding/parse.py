@@ -325,9 +325,18 @@ def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tupl
     return messages, images
 
 
-def images_only(videos: list, where: str, fix: str = "encode rows with videos with mmpipe.encode / mmpipe.Encoder "
-                                                       "and a processor of a family that takes videos") -> None:
-    """Refuse a row's videos (`ParseError`) where a stage or family takes images only."""
+def video_families() -> list[str]:
+    """The model families whose encoder takes videos (`mmpipe.families.FAMILIES`)."""
+    from mmpipe.families import FAMILIES
+
+    return [n for n, f in FAMILIES.items() if f.encodes_videos and f.video_token]
+
+
+def images_only(videos: list, where: str, fix: Optional[str] = None, what: str = "this stage") -> None:
+    """Refuse a row's videos (`ParseError`) where a stage or family takes images only; the fix says
+    what takes them: ``what`` names the stage or processor."""
     if videos:
-        raise ParseError(f"the row holds {len(videos)} video(s) but this stage takes images only", where=where,
-                         column="videos", fix=fix)
+        fix = fix or (f"drop the row's videos (its video items and the videos column) to encode it here, or "
+                      f"encode it with a processor of a family that takes videos ({', '.join(video_families())})")
+        raise ParseError(f"the row holds {len(videos)} video(s) but {what} takes images only", where=where,
+                         column="videos", expected="no video items", found=f"{len(videos)} video(s)", fix=fix)

@@ -32,19 +32,43 @@ SOURCE_COLUMN = "image_sources"
 
 
 def source_bytes(value: Any, *, where: str = "image") -> bytes:
-    """One image value (any form `mmpipe.images.load_image` accepts) -> encoded file bytes."""
+    """One image value (any form `mmpipe.images.load_image` accepts) -> encoded file bytes, checked
+    to decode whole (`check_decodes`): a truncated or corrupt file is this row's `ImageError` at
+    encode time (``on_error="skip"`` records it), not a collate failure in a DataLoader worker."""
     if isinstance(value, dict) and value.get("bytes") is not None:
-        return bytes(value["bytes"])
+        return check_decodes(bytes(value["bytes"]), where)
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
+        return check_decodes(bytes(value), where)
     img = load_image(value, where=where)  # validates paths (regular file, size) and data URIs
     if not isinstance(value, Image.Image):  # a path or a data: URI, opened from its bytes
         fp, name = getattr(img, "fp", None), getattr(img, "filename", "") or ""
         if isinstance(fp, io.BytesIO):
-            return fp.getvalue()
+            return check_decodes(fp.getvalue(), where)
         if name and os.path.isfile(name):
-            return read_image_file(name, where=where)
+            return check_decodes(read_image_file(name, where=where), where)
     return _lossless(img)  # a PIL image (maybe edited since it was opened) or an array: its pixels
+
+
+def check_decodes(data: bytes, where: str) -> bytes:
+    """``data`` (an encoded image file) when its whole pixel data decodes - a file cut short after
+    its header (which alone gave the row's layout) raises `ImageError` here, as collate's decode
+    would; JPEGs are decoded at 1/8 scale (PIL's draft: every byte is still read)."""
+    from mmpipe.errors import InputError
+    from mmpipe.images.load import bomb_error, unreadable_error
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            if im.format == "JPEG":
+                im.draft(im.mode, (max(1, im.width // 8), max(1, im.height // 8)))
+            im.load()
+    except InputError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise bomb_error(e, where) from e
+    except Exception as e:  # noqa: BLE001 - PIL's OSError / SyntaxError / zlib and struct errors
+        raise unreadable_error(e, where, fix="the source file is corrupt or truncated (its header is intact, its "
+                               "pixel data is not): re-export the image, or drop the row (on_error='skip')") from e
+    return data
 
 
 def _lossless(img) -> bytes:

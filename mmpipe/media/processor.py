@@ -51,6 +51,10 @@ class ProcessorLayout:
     # (key, "bfloat16" / "float16"): outputs in a dtype stored as float32 (exact) and handed to the
     # model in the processor's own dtype (Llama 4's bf16 pixel_values; `model_tensors`)
     dtypes: tuple = ()
+    # the image processor's settings (`image_settings`: a digest, then the size-like ones in words): rows
+    # of one class but other settings (a 32-px and a 48-px LLaVA) would be zero-padded into one shape
+    # while their ids keep their own image-token counts; "" in rows of an earlier mmpipe (not checked)
+    settings: str = ""
 
     @classmethod
     def of(cls, processor_class: str, sequence: dict, vision: dict, row_keys=(), *, joins=(),
@@ -78,6 +82,7 @@ class ProcessorLayout:
              "vision": [list(v) for v in self.vision], "row_keys": list(self.row_keys)}
         d.update({"pads": [[k, list(v)] for k, v in self.pads]} if self.pads else {})
         d.update({name: [list(x) for x in getattr(self, name)] for name in ("joins", "dtypes") if getattr(self, name)})
+        d.update({"settings": self.settings} if self.settings else {})
         return json.dumps(d)
 
     @classmethod
@@ -87,7 +92,7 @@ class ProcessorLayout:
             return cls(d["processor_class"], tuple(d["sequence"]), tuple((n, t, int(k)) for n, t, k in d["vision"]),
                        tuple(d["row_keys"]), tuple((k, tuple(v)) for k, v in d.get("pads", ())),
                        tuple((k, int(ax)) for k, ax in d.get("joins", ())),
-                       tuple((k, str(t)) for k, t in d.get("dtypes", ())))
+                       tuple((k, str(t)) for k, t in d.get("dtypes", ())), str(d.get("settings", "")))
         except (TypeError, ValueError, KeyError) as e:
             raise InputError(f"unreadable {LAYOUT_COLUMN} ({type(e).__name__}: {e})", row=row, column=LAYOUT_COLUMN,
                              stage="validate", expected="the JSON mmpipe.encode wrote", found=repr(text)[:80],
@@ -241,15 +246,16 @@ from mmpipe.media.processor_encode import (  # noqa: E402  (a section of its own
 
 
 def encode_layout(enc) -> ProcessorLayout:
-    """The processor's outputs, found once per encoder by probe calls (`probe`)."""
-    return ProcessorLayout(enc.processor_class, *probe(enc))
+    """The processor's outputs, found once per encoder by probe calls (`probe`), and its image
+    processor's settings (`image_settings`)."""
+    return ProcessorLayout(enc.processor_class, *probe(enc), settings=image_settings(enc.processor))
 
 
 # ---- collate ----
 # What mmpipe.collate / unbatch / pack ask of this kind; the same names in every kind. The vision
 # padding is in mmpipe/media/processor_collate.py (it imports nothing from this module).
 from mmpipe.media.processor_collate import (  # noqa: E402,F401
-    MEDIA_ITEMS, collate_outputs, collator_state, unbatch_media,
+    MEDIA_ITEMS, collate_outputs, collator_state, image_settings, unbatch_media,
 )
 
 BATCH_ROWS = "generic-path"  # a batch of this kind's rows, in error messages
@@ -319,8 +325,11 @@ def dataset_checks(table, processor=None) -> list:
         "warning", "missing_column", "image_hw", "rows of an earlier mmpipe store no image_hw: which row owns "
         "which image is unknown (a batch's sample_to_image_indices refuses); ids, pixels and model inputs are "
         "right", "re-encode the dataset with mmpipe.encode (or `mmpipe encode`), which stores each image's size")]
+    settings = {x.settings for x in layouts if x is not None and x.settings}
+    what = f"; {len(settings)} different image-processor settings ({', '.join(sorted(settings))})" \
+        if len(settings) > 1 else ""
     return old + [Issue("error", "content", LAYOUT_COLUMN, f"rows encoded by {len(first)} different "
-                  f"processor layouts ({classes}): a batch is collated with one layout",
+                  f"processor layouts ({classes}{what}): a batch is collated with one layout",
                   "encode every row with one processor, or split the dataset",
                   sorted(first.values())[1:])] if len(first) > 1 else old
 

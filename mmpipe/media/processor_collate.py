@@ -144,26 +144,90 @@ def warn_cross_attention_counts(rows: list) -> None:
                        cls, sorted(counts))
 
 
+# image-processor settings that decide output shapes and token counts (named in `image_settings`)
+_SIZE_WORDS = ("size", "pixels", "patch", "crop", "tile", "split", "resample", "pad", "grid", "num_", "max_", "min_")
+
+
+def image_settings(processor) -> str:
+    """The processor's image-processor settings as stored in `ProcessorLayout.settings`: a digest of
+    all of them (``to_dict()``), then the size-like ones as JSON (for error messages); "" when the
+    processor has no image processor or its settings cannot be read."""
+    import hashlib
+    import json
+    import re
+
+    ip = getattr(processor, "image_processor", None)
+    try:
+        d = dict(ip.to_dict()) if ip is not None else None
+    except Exception:  # noqa: BLE001 - a processor we cannot describe is not checked
+        d = None
+    if not d:
+        return ""
+    d = {k: v for k, v in d.items() if k not in ("processor_class", "_processor_class", "image_processor_type")}
+    # object reprs carry their address: never part of the settings
+    text = re.sub(r" at 0x[0-9a-fA-F]+", "", json.dumps(d, sort_keys=True, default=str))
+    sizes = json.dumps({k: d[k] for k in sorted(d) if any(w in k for w in _SIZE_WORDS)}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12] + " " + (sizes if len(sizes) <= 300 else sizes[:297] + "...")
+
+
 def collator_state(processor, fam) -> dict:
-    """``{"processor_class": str or None}``: the transformers class every row must have been
-    encoded by (None without a processor: the rows' first)."""
+    """``{"processor_class": str or None, "settings": str or None}``: the transformers class every
+    row must have been encoded by, and its image-processor settings (`image_settings`); None
+    without a processor (the rows' own then decide)."""
     from mmpipe.families import processor_class_name
 
-    return {"processor_class": None if processor is None else processor_class_name(processor)}
+    if processor is None:
+        return {"processor_class": None, "settings": None}
+    return {"processor_class": processor_class_name(processor), "settings": image_settings(processor) or None}
 
 
-def _check_processor(rows: list, want) -> None:
+def _settings(r) -> str:
+    return r.layout.settings if r.layout is not None else ""
+
+
+def _check_settings(rows: list, want) -> None:
+    """Every row's image-processor settings are one: ``want`` (the collator's processor's) when a row
+    has it, else the rows' most common (ties: the first row's); a row of other settings raises,
+    naming it. Rows encoded with other settings (a 32-px and a 48-px LLaVA) would be zero-padded
+    into one shape while their ids keep their own image-token counts. The rows' pixels are their
+    encode's, so a batch of one setting collates even when the collator's processor differs (a
+    transformers upgrade that adds a setting). Rows of an earlier mmpipe (none stored): unchecked."""
+    from collections import Counter
+
+    have = [_settings(r) for r in rows]
+    known = [x for x in have if x]
+    if not known:
+        return
+    if want not in known:
+        counts = Counter(known)
+        want = max(counts, key=lambda x: (counts[x], -known.index(x)))
+    for i, x in enumerate(have):
+        if x and x != want:
+            raise InputError("encoded with other image-processor settings than the rest of the batch", row=i,
+                             column="generic_layout", stage="collate", expected=want, found=x,
+                             fix="encode (and collate) every row with one processor and one set of image "
+                                 "settings; re-encode this row, or split the dataset by settings")
+
+
+def _check_processor(rows: list, want, settings=None) -> None:
     """Every row encoded by the processor class ``want`` (when collated with a processor:
-    `FamilyMismatchError`), and by the first row's (`InputError`)."""
+    `FamilyMismatchError`), and by the batch's class (`InputError`, naming the row that differs
+    from the others), with the same image-processor settings (`_check_settings`)."""
+    from collections import Counter
+
+    if want is None:
+        counts = Counter(r.processor_class for r in rows)
+        common = max(counts, key=lambda c: (counts[c], -[r.processor_class for r in rows].index(c)))
     for i, r in enumerate(rows):
         if want is not None and r.processor_class != want:
             raise FamilyMismatchError(f"encoded by {r.processor_class} (the generic path) but collated with {want}",
                                       row=i, column="generic_layout", expected=want, found=r.processor_class,
                                       fix="collate with the processor that encoded the rows, or re-encode them")
-        if r.processor_class != rows[0].processor_class:
+        if want is None and r.processor_class != common:
             raise InputError("rows of different processors in one batch", row=i, column="processor_class",
-                             stage="collate", expected=rows[0].processor_class, found=r.processor_class,
+                             stage="collate", expected=common, found=r.processor_class,
                              fix="batch rows encoded by one processor")
+    _check_settings(rows, settings)
 
 
 def collate_outputs(rows: list, ctx) -> tuple[dict, tuple]:
@@ -172,7 +236,7 @@ def collate_outputs(rows: list, ctx) -> tuple[dict, tuple]:
     pads it, `collate_vision`), each row's own ``shapes``, ``pixel_format`` ("float32", or "none"
     without vision outputs), the first row's ``layout``; and the batch's row keys.
     Rows must come from one processor class, ``ctx.state``'s when collated with a processor."""
-    _check_processor(rows, ctx.state.get("processor_class"))
+    _check_processor(rows, ctx.state.get("processor_class"), ctx.state.get("settings"))
     warn_cross_attention_counts(rows)
     row_keys = tuple(sorted({k for r in rows for k in r.row_keys}))
     joins = dict(rows[0].layout.joins) if rows[0].layout is not None else {}

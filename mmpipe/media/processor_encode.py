@@ -19,12 +19,13 @@ import logging
 from typing import Optional
 
 import numpy as np
+from PIL import Image
 
 from mmpipe.encoding.options import refusal, refuse_options
 from mmpipe.encoding.parse import images_only
-from mmpipe.errors import ArgumentError, InputError
+from mmpipe.errors import ArgumentError, ImageError, InputError
 from mmpipe.families import GENERIC, resolve_family
-from mmpipe.images.load import load_image, to_rgb_image, upright
+from mmpipe.images.load import bomb_error, load_image, to_rgb_image, unreadable_error, upright
 from mmpipe.records.columns import IGNORE_INDEX, to_numpy
 
 __all__ = ["GENERIC_LOG", "LOGGED_CLASSES", "generic_log_line", "probe", "suffix_cut"]
@@ -68,6 +69,13 @@ def encode_settings(enc, given: dict) -> None:
                             "encode it with mmpipe.Encoder(processor) (the generic path gives 1-D "
                             "positions)")
     refuse_options(enc, given, ENCODE_REFUSED, REFUSAL)
+    if getattr(enc.processor, "chat_template", None) is None and "chat_template" not in enc.chat_template_kwargs:
+        # every row (and the layout probe) renders with the processor's template: refuse at once, not
+        # per row (under on_error="skip" every row would fail the same way)
+        raise ArgumentError(f"processor {cls} has no chat template: the generic path renders every row with the "
+                            "processor's own chat template (expected processor.chat_template, found None); set "
+                            "processor.chat_template (the model's chat_template.jinja / chat_template.json), or "
+                            "pass chat_template_kwargs={'chat_template': TEMPLATE}")
     if given.get("pixels", "float32") != "float32":
         raise refusal(enc, REFUSAL, f"pixels={given['pixels']!r} (compact or layout-only storage)",
                       "leave pixels out (or pass 'float32'): the processor's own pixel values are stored")
@@ -87,8 +95,23 @@ def encode_settings(enc, given: dict) -> None:
 
 
 def encode_image(enc, value, where: str) -> tuple:
-    """One image -> ((height, width) upright, the upright RGB PIL image the processor takes)."""
-    im = to_rgb_image(upright(load_image(value, where=where)))
+    """One image -> ((height, width) upright, the upright RGB PIL image the processor takes),
+    decoded here: a truncated or corrupt file is this image's `ImageError` (located at the
+    images column by the encoder), not PIL's ``OSError`` inside the processor call."""
+    im = load_image(value, where=where)
+    try:
+        im.load()  # PIL decodes lazily: the whole file, now
+        im = to_rgb_image(upright(im))
+    except InputError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise bomb_error(e, where) from e
+    except (OSError, ValueError, SyntaxError) as e:  # PIL: truncated data, bad chunks, unknown modes
+        raise unreadable_error(e, where) from e
+    if min(im.height, im.width) <= 0:  # image processors divide by a side (ZeroDivisionError)
+        raise ImageError(f"image has size {im.height}x{im.width}; an image needs at least one pixel each way",
+                         where=where, expected="height >= 1 and width >= 1", found=f"{im.height}x{im.width}",
+                         fix="drop the row or replace the empty image")
     return (im.height, im.width), im
 
 
@@ -144,18 +167,24 @@ def _probe_call(enc, images: list):
     return _call(enc, _plain(enc, _user_turn(len(images)), True), images)
 
 
+# what a processor's own call raises on a row it cannot take (its images are decoded and checked first):
+# the row's `InputError`, not a raw error (MemoryError and interrupts pass)
+_PROCESSOR_FAILURES = (ValueError, TypeError, IndexError, KeyError, ArithmeticError, OSError, RuntimeError,
+                       AttributeError, AssertionError)
+
+
 def encode_row(enc, messages: list, images: list, videos: list, *, where: str, tools, prefetched) -> dict:
     """One parsed row -> the record's fields: the processor's outputs split by its layout into
     ``sequence`` (int [L]) and ``vision``; a row over ``max_length`` raises `TruncationError`
     (or is dropped)."""
-    images_only(videos, where)
+    images_only(videos, where, what=f"{enc.processor_class} on the generic path")
     pil = [im for _, im in enc.load_images(images, where, prefetched)]
     agp = enc.generation_prompt(messages)
     text = enc.prompt_text(messages, agp, tools, where)
     layout = enc.layout()
     try:
         out, low = _run(enc, text=[text], images=pil or None)
-    except (ValueError, TypeError, IndexError, KeyError) as e:
+    except _PROCESSOR_FAILURES as e:
         raise InputError(f"the processor {enc.processor_class} failed on this row ({type(e).__name__}: {e})",
                          where=where, stage="encode", column="messages",
                          fix="check the row's image items against its images and the chat template") from e

@@ -133,7 +133,7 @@ class _BothTilings:
 def encode_row(enc, messages: list, images: list, videos: list, *, where: str, tools, prefetched) -> dict:
     """One parsed row -> the record's fields (module doc); a row over ``max_length`` raises
     `TruncationError` (or is dropped)."""
-    images_only(videos, where)
+    images_only(videos, where, what=f"{enc.family.name} ({enc.processor_class})")
     fam, module = enc.family, enc.module
     ip = _row_image_processor(enc, len(images))
     agp = enc.generation_prompt(messages)

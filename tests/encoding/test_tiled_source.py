@@ -133,15 +133,15 @@ def test_collating_source_rows_needs_the_encoding_processor():
         mmpipe.collate([row], processor=proc)
 
 
-def test_source_mode_reads_headers_only():
-    """Encoding source rows decodes no pixels: a file whose pixel data is cut still encodes
-    (its header is whole) and fails at collate, naming the row and image."""
+def test_source_mode_checks_the_file_at_encode():
+    """A source file is decoded once when its row is encoded (issue 29.4): one whose pixel data is
+    cut fails there, naming the row and image (so on_error="skip" catches it), not at collate."""
     proc = _processor("gemma3")
     jpeg = Path(photo_paths()[1]).read_bytes()
-    row = mmpipe.encode_row(_raw([jpeg[: len(jpeg) // 2]], 0), proc, pixels="source")
+    with pytest.raises(InputError, match="row 0, image 0: cannot read the image"):
+        mmpipe.encode_row(_raw([jpeg[: len(jpeg) // 2]], 0), proc, idx=0, pixels="source")
+    row = mmpipe.encode_row(_raw([jpeg], 0), proc, pixels="source")
     assert row.image_hw.tolist() == [list(_upright_rgb(jpeg).size[::-1])]
-    with pytest.raises(InputError, match="row 0, image 0"):
-        mmpipe.collate([row], processor=proc)
 
 
 def test_skipped_rows_keep_the_source_columns_and_images_kwargs():

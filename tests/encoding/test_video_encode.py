@@ -260,9 +260,11 @@ def test_truncation_never_cuts_a_video_block(family):
     for cap in range(int(vis[0]) - 2, end + 3):
         if cap < end:
             with pytest.raises(TruncationError, match="would cut into a video"):
-                mmpipe.encode_row(row, proc, video_options=BOUNDS, max_length=cap, truncation="truncate_text")
+                mmpipe.encode_row(row, proc, video_options=BOUNDS, max_length=cap, truncation="truncate_text",
+                                  labels=False)
             continue
-        cut = mmpipe.encode_row(row, proc, video_options=BOUNDS, max_length=cap, truncation="truncate_text")
+        cut = mmpipe.encode_row(row, proc, video_options=BOUNDS, max_length=cap, truncation="truncate_text",
+                                labels=False)
         cut.validate()
         assert_row_positions(cut)
         assert cut.num_tokens == cap and np.array_equal(cut.input_ids, full.input_ids[:cap])
