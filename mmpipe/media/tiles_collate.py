@@ -77,8 +77,10 @@ def collate_media(rows: list, ctx) -> dict:
     if extra is not None and len(image_hw):
         extras = extra(image_hw, tiles_per_image=ctx.layout["tiles_per_image"],
                        image_offsets=ctx.layout["image_offsets"])
+    kwargs = [r.images_kwargs for r in rows]
     return dict(pixel_format="uint8" if u8 is not None else "none", pixel_values_u8=u8, pixel_values=pv,
-                extras={k: np.asarray(v) for k, v in extras.items()})
+                extras={k: np.asarray(v) for k, v in extras.items()},
+                row_images_kwargs=kwargs if any(k is not None for k in kwargs) else None)
 
 
 def _decoded(rows: list, image_processor, module) -> list:
@@ -98,6 +100,9 @@ _NO_SOURCE = SimpleNamespace(image_sources=None)  # a row decoded_rows passes th
 
 
 def unbatch_media(batch) -> list[dict]:
-    """A batch -> each row's ``image_hw``, ``tiles_per_image`` and uint8 tiles (None for
-    layout-only rows), exactly as collated."""
-    return cut_layout(batch, MEDIA_ITEMS)
+    """A batch -> each row's ``image_hw``, ``tiles_per_image``, uint8 tiles (None for
+    layout-only rows) and ``images_kwargs`` (Gemma 3 pan-and-scan), exactly as collated."""
+    rows = cut_layout(batch, MEDIA_ITEMS)
+    for row, kwargs in zip(rows, batch.row_images_kwargs or [None] * len(rows)):
+        row["images_kwargs"] = kwargs
+    return rows

@@ -73,6 +73,9 @@ class BatchedMultiModalInputs(ProcessorOutputs):
                             the row lacks it), what unbatch cuts back to.
         row_has_labels:     bool [B] or None, which rows carried labels.
         row_pixel_formats:  list[str] of B or None, each row's pixel storage (for an exact unbatch).
+        row_images_kwargs:  kind ``tiles``: list of B (dict or None), each row's encoder
+                            ``images_kwargs`` (Gemma 3 pan-and-scan), for an exact unbatch; None
+                            when no row has any.
         spec:               the `VisionSpec` used to build float32 pixels, or None.
         padding_side:       "left" or "right".
         family:             model family name.
@@ -104,6 +107,7 @@ class BatchedMultiModalInputs(ProcessorOutputs):
     pixel_values_videos_u8: Optional[torch.Tensor] = None
     row_has_labels: Optional[torch.Tensor] = None
     row_pixel_formats: Optional[list[str]] = None
+    row_images_kwargs: Optional[list] = None
     spec: Optional[VisionSpec] = None
     columns: Optional[dict[str, list]] = None
     image_hw: Optional[torch.Tensor] = None

@@ -12,6 +12,8 @@ shape and the values' little-endian bytes in C order.
 
 from __future__ import annotations
 
+import json
+
 from typing import Any
 
 import numpy as np
@@ -63,6 +65,8 @@ BATCH_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("seq_lengths", _I64_1D, "int64 [B] unpadded row lengths"),
     ("row_has_labels", pa.list_(pa.bool_()), "bool [B] rows that carried labels"),
     ("row_pixel_formats", pa.list_(pa.string()), "per row: uint8, float32 or none"),
+    ("row_images_kwargs", pa.list_(pa.string()), "kind tiles: per row, the encoder's images_kwargs as JSON "
+                                                 "(Gemma 3 pan-and-scan; null entries: none); null otherwise"),
     ("extras", TENSORS, "the family's further model inputs by name (LLaVA-OneVision image_sizes "
                         "int64 [I, 2]); each: name, dtype, shape, little-endian C-order bytes"),
     ("sequence", TENSORS, "kind processor: the processor's other [B, L] outputs (token_type_ids, "
@@ -79,7 +83,7 @@ BATCH_COLUMNS: list[tuple[str, pa.DataType, str]] = [
 ]
 _NULLABLE_BATCH = {"labels", "pixel_values", "pixel_values_u8", "pixel_values_videos",
                    "pixel_values_videos_u8", "pixel_values_shape", "pixel_values_u8_shape", "image_hw",
-                   "tiles_per_image", "processor_layout"}
+                   "tiles_per_image", "processor_layout", "row_images_kwargs"}
 
 # The packed record: its own [1, T] token columns, then its rows' batch (``meta``) without the
 # batch's zero-width token columns.
@@ -132,6 +136,9 @@ def _batch_values(batch) -> dict[str, Any]:
                          for k, v in sorted(batch.shapes.items())]
         elif name == "processor_layout":
             out[name] = None if batch.layout is None else batch.layout.to_json()
+        elif name == "row_images_kwargs":
+            kw = batch.row_images_kwargs
+            out[name] = None if kw is None else [None if k is None else json.dumps(k, sort_keys=True) for k in kw]
         elif name == "sample_to_image_indices":
             out[name] = batch.sample_to_image_indices
         elif name.endswith("_shape"):

@@ -7,6 +7,8 @@ collate; packing refused with the reason; compact bytes vs float32."""
 
 from __future__ import annotations
 
+import json
+
 import datasets
 import numpy as np
 import pytest
@@ -279,3 +281,18 @@ def test_image_modes_equal_the_processor(proc):
         row = mmpipe.encode_row(raw, proc)
         assert np.array_equal(mmpipe.collate([row], processor=proc).pixel_values,
                               _processor_call(proc, raw)["pixel_values"]), im.mode
+
+
+def test_pan_and_scan_rows_come_back_from_their_batch_with_their_images_kwargs(proc):
+    """``unbatch(collate(rows)) == rows`` with the encoder's ``images_kwargs`` (a row's
+    pan-and-scan settings; they used to be dropped), through the batch's Arrow row too."""
+    from mmpipe.testing import invariants
+
+    rows = [mmpipe.encode_row(raw, proc, idx=i, images_kwargs=PAS) for i, raw in enumerate(_rows_with([2, 0, 1]))]
+    assert all(r.images_kwargs == PAS for r in rows)
+    batch = mmpipe.collate(rows, processor=proc)
+    assert batch.row_images_kwargs == [PAS] * 3
+    invariants.assert_roundtrip(rows, processor=proc)
+    assert batch.to_arrow().column("row_images_kwargs").to_pylist() == [[json.dumps(PAS, sort_keys=True)] * 3]
+    plain = mmpipe.collate([mmpipe.encode_row(_rows_with([1])[0], proc)], processor=proc)
+    assert plain.row_images_kwargs is None and plain.to_arrow().column("row_images_kwargs").to_pylist() == [None]
