@@ -225,6 +225,25 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
                 labels=labels, layout=layout, image_hw=hw)
 
 
+def _text_row_labels(enc, messages: list, agp: bool, tools, ids: np.ndarray, full: str) -> Optional[np.ndarray]:
+    """Labels of a row without images from the replies' character spans in ``full`` and the
+    tokenizer's offsets, when the tokenizer gives the processor's ids for ``full``; else None."""
+    from mmpipe.encoding.render import span_labels
+
+    bos = getattr(enc.tokenizer, "bos_token", None)
+    special = not (bos and full.startswith(bos))  # as `_run` calls the processor
+    try:
+        out = enc.tokenizer(full, add_special_tokens=special, return_offsets_mapping=True)
+    except (ValueError, TypeError, NotImplementedError):  # a slow tokenizer has no offsets
+        return None
+    if not np.array_equal(np.asarray(out["input_ids"], np.int64), ids):
+        return None
+    text, spans, _ = enc.reply_spans(messages, full, "", tools, agp)
+    if text != full:
+        return None
+    return span_labels(ids, np.asarray(out["offset_mapping"], np.int64).reshape(-1, 2), spans)
+
+
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     diff = np.flatnonzero(a[:n] != b[:n])
@@ -233,10 +252,16 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 def _labels(enc, messages: list, images: list, agp: bool, tools, ids: np.ndarray, full: str) -> np.ndarray:
     """int64 [L]: the ids where a token overlaps an assistant reply (its text and end-of-turn
-    token, not the newline after), -100 elsewhere. Each reply's start and end: the text
+    token, not the newline after), -100 elsewhere. A row without images whose ids are the
+    tokenizer's for its text: the replies located in one render (`mmpipe.encoding.spans`) and
+    the tokenizer's offsets (linear in the turns). Otherwise each reply's start and end: the text
     after it tokenized alone, when the row's ids end with those tokens and it holds no
     image (no processor call); else the processor run on the conversation up to there
     (its images included: image tokens count), a token merged across the edge labelled."""
+    if not images:
+        found = _text_row_labels(enc, messages, agp, tools, ids, full)
+        if found is not None:
+            return found
     labels = np.full(len(ids), IGNORE_INDEX, np.int64)
     n_images = [sum(1 for c in m["content"] if isinstance(c, dict) and c.get("type") == "image")
                 if isinstance(m.get("content"), list) else 0 for m in messages]

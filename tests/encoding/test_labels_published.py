@@ -256,3 +256,40 @@ def test_span_labels_one_pass_equals_the_overlap_rule():
             sel = (offsets[:, 0] < b) & (offsets[:, 1] > a)
             want[sel] = ids[sel]
         np.testing.assert_array_equal(span_labels(ids, offsets, spans), want)
+
+
+def test_generic_text_rows_locate_replies_without_a_processor_call_per_reply():
+    """The generic path's labels of a row without images come from the one-render locator and
+    the tokenizer's offsets (a 10,000-turn row took > 600 s with one processor call per reply):
+    the processor calls for 2 and 400 turns are the same, and the labels equal the per-reply way."""
+    import mmpipe.media.processor_encode as pe
+    from mmpipe.offline.other_vlms import build_foreign_processor
+
+    proc = build_foreign_processor("llava")
+    enc = mmpipe.Encoder(proc)
+    enc.encode_row({"messages": [_user("warm up"), _reply("ok")]})  # the layout probe and template probes
+    real, calls = pe._run, []
+
+    def counting(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+
+    counts, rows = {}, {}
+    for turns in (2, 400):
+        messages = [m for i in range(turns // 2) for m in
+                    ({"role": "user", "content": f"q {i}"}, {"role": "assistant", "content": f"a {i} "})]
+        pe._run, calls[:] = counting, []
+        try:
+            rows[turns] = enc.encode_row({"messages": messages})
+        finally:
+            pe._run = real
+        counts[turns] = len(calls)
+    assert counts[400] == counts[2] == 1, counts
+    tok = proc.tokenizer
+    assert tok.decode(rows[2].input_ids[rows[2].labels != -100]).startswith("a 0 ")
+    slow = pe._text_row_labels
+    pe._text_row_labels = lambda *a, **k: None  # the per-reply way
+    try:
+        np.testing.assert_array_equal(enc.encode_row({"messages": messages}).labels, rows[400].labels)
+    finally:
+        pe._text_row_labels = slow
