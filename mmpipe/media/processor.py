@@ -32,7 +32,7 @@ IMAGE_LAYOUT_COLUMN = "image_hw"  # the stored per-image layout (what error mess
 
 @dataclass(frozen=True)
 class ProcessorLayout:
-    """What a processor returns, found once by a probe (`mmpipe.media.processor_encode`): its class,
+    """What a processor returns, found once by a probe (`mmpipe.media.processor_probe`): its class,
     its sequence keys (int [L]), its vision keys as ``(name, stored dtype, ndim)``, which of those
     are row keys (axis 0 = the row: padded into [B, ...]) and which the processor's batch call
     JOINS into one array (``joins``; the others are concatenated on axis 0). Every stored row of
@@ -237,12 +237,12 @@ from mmpipe.media.processor_view import (  # noqa: E402  (a section of its own, 
 # ---- encode ----
 # What mmpipe.Encoder asks of this kind: its options, one image's layout and stored payload, a
 # parsed row's fields, an empty row, the bytes of one image, the processor layout; the same
-# names in every kind. The code is in mmpipe/media/processor_encode.py (it imports nothing from
-# this module: the layout found by its probe is typed here).
+# names in every kind. The code is in mmpipe/media/processor_encode.py and its probe in
+# mmpipe/media/processor_probe.py (neither imports this module: the layout they find is typed here).
 from mmpipe.media.processor_encode import (  # noqa: E402  (a section of its own, at the end)
     ENCODE_PIXELS, ENCODE_REFUSED, encode_empty, encode_image, encode_image_bytes, encode_row, encode_settings,
-    probe,
 )
+from mmpipe.media.processor_probe import probe  # noqa: E402
 
 
 def encode_layout(enc) -> ProcessorLayout:

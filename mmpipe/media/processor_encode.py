@@ -28,7 +28,7 @@ from mmpipe.families import GENERIC, resolve_family
 from mmpipe.images.load import bomb_error, load_image, to_rgb_image, unreadable_error, upright
 from mmpipe.records.columns import IGNORE_INDEX, to_numpy
 
-__all__ = ["GENERIC_LOG", "LOGGED_CLASSES", "generic_log_line", "probe", "suffix_cut"]
+__all__ = ["GENERIC_LOG", "LOGGED_CLASSES", "generic_log_line", "suffix_cut"]
 
 logger = logging.getLogger("mmpipe")
 
@@ -36,7 +36,7 @@ GENERIC_LOG = ("mmpipe: {cls} has no model-family table; encoding through the ge
                "template and processor call, float pixel values as the processor returns them). It lacks: "
                "compact uint8 storage, layout-only encoding, packing; positions 0..n-1 only where its model's rope is 1-D")
 # processor outputs mmpipe makes itself (labels: the replies)
-_OWN = ("input_ids", "attention_mask", "labels")
+OWN_KEYS = ("input_ids", "attention_mask", "labels")
 LOGGED_CLASSES: set = set()  # processor classes this process has logged the line for
 # its stored pixel format: the processor's own values
 ENCODE_PIXELS = ("float32",)
@@ -115,7 +115,7 @@ def encode_image(enc, value, where: str) -> tuple:
     return (im.height, im.width), im
 
 
-def _plain(enc, messages: list, agp: bool) -> str:
+def plain_render(enc, messages: list, agp: bool) -> str:
     """The processor's template without tools (the layout probes)."""
     return enc.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=agp,
                                              **enc.chat_template_kwargs)
@@ -126,7 +126,7 @@ def _plain(enc, messages: list, agp: bool) -> str:
 LOW_FLOATS = ("bfloat16", "float16")
 
 
-def _run(enc, **kwargs) -> tuple[dict, dict]:
+def run_processor(enc, **kwargs) -> tuple[dict, dict]:
     """The processor's call -> ({key: numpy}, {key: dtype} of its `LOW_FLOATS` outputs, now float32).
     Asked for numpy; a processor whose outputs numpy cannot hold (bf16 tensors) is asked for torch
     (at once, once its layout says so)."""
@@ -154,17 +154,17 @@ def _run(enc, **kwargs) -> tuple[dict, dict]:
 
 def _call(enc, text: str, images: list) -> dict:
     """The processor's outputs (numpy) for one row."""
-    return _run(enc, text=[text], images=images or None)[0]
+    return run_processor(enc, text=[text], images=images or None)[0]
 
 
-def _user_turn(n_images: int) -> list:
+def user_turn(n_images: int) -> list:
     """A probe conversation: one user turn of ``n_images`` image items and the text "a"."""
     return [{"role": "user", "content": [{"type": "image"}] * n_images + [{"type": "text", "text": "a"}]}]
 
 
-def _probe_call(enc, images: list):
-    """The processor's outputs for `_user_turn` holding ``images`` (PIL)."""
-    return _call(enc, _plain(enc, _user_turn(len(images)), True), images)
+def probe_call(enc, images: list):
+    """The processor's outputs for `user_turn` holding ``images`` (PIL)."""
+    return _call(enc, plain_render(enc, user_turn(len(images)), True), images)
 
 
 # what a processor's own call raises on a row it cannot take (its images are decoded and checked first):
@@ -183,7 +183,7 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
     text = enc.prompt_text(messages, agp, tools, where)
     layout = enc.layout()
     try:
-        out, low = _run(enc, text=[text], images=pil or None)
+        out, low = run_processor(enc, text=[text], images=pil or None)
     except _PROCESSOR_FAILURES as e:
         raise InputError(f"the processor {enc.processor_class} failed on this row ({type(e).__name__}: {e})",
                          where=where, stage="encode", column="messages",
@@ -198,7 +198,7 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
                          expected=f"the probe's dtypes {dict(layout.dtypes)}", found=unrecorded[0][1],
                          fix="report the processor class; encode with labels and options unchanged")
     for k, v in out.items():
-        if k in _OWN:
+        if k in OWN_KEYS:
             continue
         if k in layout.sequence:
             sequence[k] = v.reshape(-1).astype(np.int64)
@@ -231,7 +231,7 @@ def _text_row_labels(enc, messages: list, agp: bool, tools, ids: np.ndarray, ful
     from mmpipe.encoding.render import span_labels
 
     bos = getattr(enc.tokenizer, "bos_token", None)
-    special = not (bos and full.startswith(bos))  # as `_run` calls the processor
+    special = not (bos and full.startswith(bos))  # as `run_processor` calls the processor
     try:
         out = enc.tokenizer(full, add_special_tokens=special, return_offsets_mapping=True)
     except (ValueError, TypeError, NotImplementedError):  # a slow tokenizer has no offsets
@@ -301,93 +301,6 @@ def _prefix_ids(enc, text: str, images: list) -> np.ndarray:
     return _call(enc, text, images)["input_ids"][0].astype(np.int64)
 
 
-def probe(enc) -> tuple:
-    """The processor's outputs, found by probes: a text-only row, one row holding two small
-    images, one holding one, and the processor's batch of the last two -> (sequence keys,
-    vision keys as (name, stored dtype, ndim), row keys, pads, joins, dtypes; see
-    `mmpipe.media.processor.ProcessorLayout`). Row keys: axis 0 of length 1 for the row (not a
-    sequence), padded into ``[B, ...]``; joins: keys the batch call joins into ONE array along an
-    axis > 0 (axis 0 stays 1); sequence keys: ``[1, L]``; the other outputs are vision keys
-    (axis 0: images/patches), concatenated over the rows."""
-    from PIL import Image
-
-    im = Image.new("RGB", (64, 64), (120, 60, 30))
-    out, low = _run(enc, text=[_plain(enc, _user_turn(2), True)], images=[im, im])
-    try:
-        text_only = _probe_call(enc, [])
-    except (ValueError, TypeError, IndexError, KeyError):  # PaliGemma takes no row without an image
-        text_only = {}
-    seq = len(out["input_ids"][0])
-    arrays = {k: v for k, v in out.items() if k not in _OWN}
-    sequence = {k for k, v in arrays.items() if v.shape == (1, seq)}
-    sequence |= {k for k, v in text_only.items() if k not in _OWN and v.shape == text_only["input_ids"].shape}
-    row_keys = sorted(k for k, v in arrays.items() if k not in sequence and v.ndim >= 1 and v.shape[0] == 1)
-    pads, joins = _batch_rules(enc, row_keys, im, out)
-    row_keys = [k for k in row_keys if k not in dict(joins)]
-    vision = tuple((k, str(v.dtype), v.ndim) for k, v in sorted(arrays.items()) if k not in sequence)
-    dtypes = tuple(sorted((k, d) for k, d in low.items() if k not in _OWN))
-    return tuple(sorted(sequence)), vision, tuple(row_keys), pads, joins, dtypes
-
-
-def _joined_axis(a: np.ndarray, b: np.ndarray, both: np.ndarray):
-    """The axis > 0 along which ``both`` (the processor's batch of two rows) is ``a`` and ``b`` (each
-    row alone) joined, every array's axis 0 being 1; None if it is not."""
-    if not (a.ndim == b.ndim == both.ndim >= 2 and a.shape[0] == b.shape[0] == both.shape[0] == 1):
-        return None
-    for ax in range(1, a.ndim):
-        if all(a.shape[i] == b.shape[i] for i in range(a.ndim) if i != ax) and \
-                np.array_equal(both, np.concatenate([a, b], axis=ax)):
-            return ax
-    return None
-
-
-def _batch_rules(enc, row_keys: list, im, two: dict) -> tuple:
-    """What the processor's batch of a 1-image and a 2-image row shows beyond each row alone
-    (``two``: the 2-image row's outputs) -> (pads, joins); ((), ()) where the batch call fails.
-    pads: row keys whose missing items it pads with other values than 0 (Mllama's
-    ``aspect_ratio_mask``: first tile 1): the first row's slot 1 (axis 1; token-aligned keys
-    skipped). joins: (key, axis) of the outputs it joins into one array (MiniCPM-V's
-    ``pixel_values`` [1, 3, 14, patches x 14] on axis 3)."""
-    try:
-        out, _ = _run(enc, text=[_plain(enc, _user_turn(n), True) for n in (1, 2)], images=[[im], [im, im]],
-                      padding=True)
-    except (ValueError, TypeError, IndexError, KeyError):
-        return (), ()
-    try:
-        one = _probe_call(enc, [im])
-    except (ValueError, TypeError, IndexError, KeyError):
-        one = {}
-    L = out["input_ids"].shape[1]
-    joins = tuple(sorted((k, ax) for k in out if k not in _OWN and k in one and k in two
-                         and (ax := _joined_axis(one[k], two[k], out[k])) is not None))
-    slots = {k: out[k][0, 1] for k in row_keys
-             if k in out and k not in dict(joins) and out[k].ndim >= 3 and out[k].shape[1] == 2 != L}
-    pads = tuple((k, tuple(v.reshape(-1).tolist())) for k, v in sorted(slots.items()) if v.any())
-    return tuple(sorted(pads + _item_fills(enc, row_keys, joins, im, one))), joins
-
-
-def _item_fills(enc, row_keys: list, joins: tuple, im, one: dict) -> tuple:
-    """(key, (value,)) of the per-image outputs (axis 0 = images, not row keys) whose padded
-    items (axis 1) the processor's batch fills with one value other than 0 (Phi-4-multimodal's
-    ``image_attention_mask``: 1 for a missing crop): a batch of a small and a large image."""
-    from PIL import Image
-
-    big = Image.new("RGB", (2048, 512), (120, 60, 30))  # more crops than ``im`` where the count follows the size
-    try:
-        mixed, _ = _run(enc, text=[_plain(enc, _user_turn(1), True)] * 2, images=[[im], [big]], padding=True)
-    except (ValueError, TypeError, IndexError, KeyError):
-        return ()
-    L, out = mixed["input_ids"].shape[1], []
-    for k, a in one.items():
-        if k in _OWN or k in row_keys or k in dict(joins) or k not in mixed or a.ndim < 3 or a.shape[1] == L:
-            continue
-        if mixed[k].shape[1] > a.shape[1]:
-            values = np.unique(mixed[k][0, a.shape[1]:])
-            if len(values) == 1 and values[0] != 0:
-                out.append((k, (values[0].item(),)))
-    return tuple(out)
-
-
 def encode_empty(enc) -> dict:
     """The fields of an empty row (0 tokens): every column of the layout, empty."""
     return dict(input_ids=np.zeros(0, np.int64), attention_mask=np.zeros(0, np.int64), layout=enc.layout(),
@@ -400,6 +313,6 @@ def encode_image_bytes(enc) -> int:
     if enc._image_bytes is None:
         from PIL import Image
 
-        out = _probe_call(enc, [Image.new("RGB", (2048, 2048), (120, 60, 30))])
+        out = probe_call(enc, [Image.new("RGB", (2048, 2048), (120, 60, 30))])
         enc._image_bytes = int(sum(v.nbytes for k, v in out.items() if k not in ("input_ids", "attention_mask")))
     return enc._image_bytes

@@ -268,7 +268,7 @@ def test_generic_text_rows_locate_replies_without_a_processor_call_per_reply():
     proc = build_foreign_processor("llava")
     enc = mmpipe.Encoder(proc)
     enc.encode_row({"messages": [_user("warm up"), _reply("ok")]})  # the layout probe and template probes
-    real, calls = pe._run, []
+    real, calls = pe.run_processor, []
 
     def counting(*args, **kw):
         calls.append(1)
@@ -278,11 +278,11 @@ def test_generic_text_rows_locate_replies_without_a_processor_call_per_reply():
     for turns in (2, 400):
         messages = [m for i in range(turns // 2) for m in
                     ({"role": "user", "content": f"q {i}"}, {"role": "assistant", "content": f"a {i} "})]
-        pe._run, calls[:] = counting, []
+        pe.run_processor, calls[:] = counting, []
         try:
             rows[turns] = enc.encode_row({"messages": messages})
         finally:
-            pe._run = real
+            pe.run_processor = real
         counts[turns] = len(calls)
     assert counts[400] == counts[2] == 1, counts
     tok = proc.tokenizer

@@ -1,0 +1,97 @@
+"""The generic path's probe (`mmpipe.media.processor_encode`): what a processor returns, found once
+per encoder by calling it on tiny probe conversations and images - its sequence keys, vision keys,
+row keys, joined keys, its fill of missing items and its low-precision outputs, typed as
+`mmpipe.media.processor.ProcessorLayout` (re-exported there as ``probe``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mmpipe.media.processor_encode import OWN_KEYS, plain_render, probe_call, run_processor, user_turn
+
+
+def probe(enc) -> tuple:
+    """The processor's outputs, found by probes: a text-only row, one row holding two small
+    images, one holding one, and the processor's batch of the last two -> (sequence keys,
+    vision keys as (name, stored dtype, ndim), row keys, pads, joins, dtypes; see
+    `mmpipe.media.processor.ProcessorLayout`). Row keys: axis 0 of length 1 for the row (not a
+    sequence), padded into ``[B, ...]``; joins: keys the batch call joins into ONE array along an
+    axis > 0 (axis 0 stays 1); sequence keys: ``[1, L]``; the other outputs are vision keys
+    (axis 0: images/patches), concatenated over the rows."""
+    from PIL import Image
+
+    im = Image.new("RGB", (64, 64), (120, 60, 30))
+    out, low = run_processor(enc, text=[plain_render(enc, user_turn(2), True)], images=[im, im])
+    try:
+        text_only = probe_call(enc, [])
+    except (ValueError, TypeError, IndexError, KeyError):  # PaliGemma takes no row without an image
+        text_only = {}
+    seq = len(out["input_ids"][0])
+    arrays = {k: v for k, v in out.items() if k not in OWN_KEYS}
+    sequence = {k for k, v in arrays.items() if v.shape == (1, seq)}
+    sequence |= {k for k, v in text_only.items() if k not in OWN_KEYS and v.shape == text_only["input_ids"].shape}
+    row_keys = sorted(k for k, v in arrays.items() if k not in sequence and v.ndim >= 1 and v.shape[0] == 1)
+    pads, joins = _batch_rules(enc, row_keys, im, out)
+    row_keys = [k for k in row_keys if k not in dict(joins)]
+    vision = tuple((k, str(v.dtype), v.ndim) for k, v in sorted(arrays.items()) if k not in sequence)
+    dtypes = tuple(sorted((k, d) for k, d in low.items() if k not in OWN_KEYS))
+    return tuple(sorted(sequence)), vision, tuple(row_keys), pads, joins, dtypes
+
+
+def _joined_axis(a: np.ndarray, b: np.ndarray, both: np.ndarray):
+    """The axis > 0 along which ``both`` (the processor's batch of two rows) is ``a`` and ``b`` (each
+    row alone) joined, every array's axis 0 being 1; None if it is not."""
+    if not (a.ndim == b.ndim == both.ndim >= 2 and a.shape[0] == b.shape[0] == both.shape[0] == 1):
+        return None
+    for ax in range(1, a.ndim):
+        if all(a.shape[i] == b.shape[i] for i in range(a.ndim) if i != ax) and \
+                np.array_equal(both, np.concatenate([a, b], axis=ax)):
+            return ax
+    return None
+
+
+def _batch_rules(enc, row_keys: list, im, two: dict) -> tuple:
+    """What the processor's batch of a 1-image and a 2-image row shows beyond each row alone
+    (``two``: the 2-image row's outputs) -> (pads, joins); ((), ()) where the batch call fails.
+    pads: row keys whose missing items it pads with other values than 0 (Mllama's
+    ``aspect_ratio_mask``: first tile 1): the first row's slot 1 (axis 1; token-aligned keys
+    skipped). joins: (key, axis) of the outputs it joins into one array (MiniCPM-V's
+    ``pixel_values`` [1, 3, 14, patches x 14] on axis 3)."""
+    try:
+        out, _ = run_processor(enc, text=[plain_render(enc, user_turn(n), True) for n in (1, 2)], images=[[im], [im, im]],
+                      padding=True)
+    except (ValueError, TypeError, IndexError, KeyError):
+        return (), ()
+    try:
+        one = probe_call(enc, [im])
+    except (ValueError, TypeError, IndexError, KeyError):
+        one = {}
+    L = out["input_ids"].shape[1]
+    joins = tuple(sorted((k, ax) for k in out if k not in OWN_KEYS and k in one and k in two
+                         and (ax := _joined_axis(one[k], two[k], out[k])) is not None))
+    slots = {k: out[k][0, 1] for k in row_keys
+             if k in out and k not in dict(joins) and out[k].ndim >= 3 and out[k].shape[1] == 2 != L}
+    pads = tuple((k, tuple(v.reshape(-1).tolist())) for k, v in sorted(slots.items()) if v.any())
+    return tuple(sorted(pads + _item_fills(enc, row_keys, joins, im, one))), joins
+
+
+def _item_fills(enc, row_keys: list, joins: tuple, im, one: dict) -> tuple:
+    """(key, (value,)) of the per-image outputs (axis 0 = images, not row keys) whose padded
+    items (axis 1) the processor's batch fills with one value other than 0 (Phi-4-multimodal's
+    ``image_attention_mask``: 1 for a missing crop): a batch of a small and a large image."""
+    from PIL import Image
+
+    big = Image.new("RGB", (2048, 512), (120, 60, 30))  # more crops than ``im`` where the count follows the size
+    try:
+        mixed, _ = run_processor(enc, text=[plain_render(enc, user_turn(1), True)] * 2, images=[[im], [big]], padding=True)
+    except (ValueError, TypeError, IndexError, KeyError):
+        return ()
+    L, out = mixed["input_ids"].shape[1], []
+    for k, a in one.items():
+        if k in OWN_KEYS or k in row_keys or k in dict(joins) or k not in mixed or a.ndim < 3 or a.shape[1] == L:
+            continue
+        if mixed[k].shape[1] > a.shape[1]:
+            values = np.unique(mixed[k][0, a.shape[1]:])
+            if len(values) == 1 and values[0] != 0:
+                out.append((k, (values[0].item(),)))
+    return tuple(out)
