@@ -29,7 +29,7 @@ from mmpipe.offline.processors import build_image_processor, default_pixel_bound
 from mmpipe.offline.tokenizer import build_tokenizer, check_family, special_token_ids
 from mmpipe.offline.chat_templates import chat_template
 
-__all__ = ["HEAD_DIM", "checkpoint_config", "build_checkpoint_processor", "save_checkpoint"]
+__all__ = ["HEAD_DIM", "checkpoint_config", "rope_fields", "build_checkpoint_processor", "save_checkpoint"]
 
 HEAD_DIM = 64  # vLLM's CPU attention supports head sizes >= 64 (and multiples of 16)
 _TEXT = dict(hidden_size=2 * HEAD_DIM, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
@@ -58,7 +58,7 @@ def checkpoint_config(family: str):
     section = [s * HEAD_DIM // 128 for s in fam.mrope_section]
     rope = dict({"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section}, **tiny["rope"])
     text = dict(_TEXT, vocab_size=len(build_tokenizer(fam.name)), bos_token_id=ids["<|endoftext|>"],
-                eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"], rope_parameters=rope,
+                eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"], **rope_fields(rope),
                 **tiny["text"])
     vision = dict(depth=1, num_heads=2, in_channels=3, patch_size=fam.patch_size, spatial_merge_size=fam.merge_size,
                   temporal_patch_size=fam.temporal_patch_size, **tiny["vision"])
@@ -68,6 +68,21 @@ def checkpoint_config(family: str):
         video_token_id=ids[fam.video_token], vision_start_token_id=ids[fam.vision_start_token],
         vision_end_token_id=ids[fam.vision_end_token], torch_dtype="float32",
     )
+
+
+def rope_fields(rope: dict, version: str | None = None) -> dict:
+    """The text config's rope fields in the installed transformers' form: 5.x takes
+    ``rope_parameters`` (theta inside); 4.x takes ``rope_theta`` and ``rope_scaling`` (the
+    M-RoPE split inside; without it 4.57's Qwen2-VL / Qwen2.5-VL attention fails to load)."""
+    if version is None:
+        import transformers
+
+        version = transformers.__version__
+    if int(version.split(".")[0]) >= 5:
+        return {"rope_parameters": dict(rope)}
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    scaling["type"] = scaling["rope_type"]  # 4.x configs (and vLLM's readers) spell both
+    return {"rope_theta": rope["rope_theta"], "rope_scaling": scaling}
 
 
 def build_checkpoint_processor(family: str, *, min_pixels: int | None = None, max_pixels: int | None = None):

@@ -24,6 +24,9 @@ What cosmos-rl receives:
   ``{"prompt_token_ids": [...] (one <|image_pad|> per image), "multi_modal_data": {"image":
   [base64 PNG str, ...]}, "mm_processor_kwargs": {...}}`` (``decode_vision_info`` turns the
   strings into PIL images; the PNGs are the stored resized images, lossless).
+- ``get_policy_input`` / ``sft_process_sample``: a `CosmosRow` (`mmpipe.records.cosmos`), the
+  encoded row that cosmos-rl's trainers also read per sample (``sample.logprob_masks``,
+  assignable: distillation with ``include_prompt`` replaces it, and the collate follows).
 - ``policy_collate_fn``: ``input_ids`` / ``attention_mask`` int64 [B, L], ``position_ids``
   int64 [3, B, L], pixel data and grids, and ``logprob_masks`` bool [B, L] at LOGIT positions:
   True at t when the logits at t predict a response token (``compute_logprobs`` scores
@@ -48,9 +51,10 @@ from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.generation import Completion
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.rollout import RolloutSample
+from mmpipe.records.cosmos import CosmosRow
 
-__all__ = ["DataPacker", "DecoderOnlyLLMDataPacker", "QwenVLDataPacker", "packer_class", "cosmos_base_packer",
-           "register_with_cosmos", "shift_to_logit_positions"]
+__all__ = ["DataPacker", "DecoderOnlyLLMDataPacker", "QwenVLDataPacker", "CosmosRow", "packer_class",
+           "cosmos_base_packer", "register_with_cosmos", "shift_to_logit_positions"]
 
 
 def shift_to_logit_positions(label_mask):
@@ -195,8 +199,9 @@ class DataPackerCore:
         sample: Any,
         rollout_output: Union[str, Sequence[int], Completion, RolloutSample],
         n_ignore_prefix_tokens: int = 0,
-    ) -> MultiModalInputs:
-        """Prompt + response as a training row; labels on the response tokens only.
+    ) -> CosmosRow:
+        """Prompt + response as a training row (a `CosmosRow`: the row, also readable as
+        cosmos-rl's per-sample record); labels on the response tokens only.
 
         ``sample``: the dataset item (as cosmos-rl passes it; encoded once and cached by
         identity) or an encoded prompt row. ``rollout_output``: the generated ids (preferred:
@@ -219,7 +224,7 @@ class DataPackerCore:
         if n_ignore_prefix_tokens:
             start = prompt.num_tokens
             row.labels[start:start + n_ignore_prefix_tokens] = IGNORE_INDEX
-        return row
+        return CosmosRow.of(row)
 
     def policy_compute_max_len(self, processed_samples: Sequence[MultiModalInputs]) -> int:
         """Length to pad the policy batch to: the longest policy row's token count."""
@@ -231,14 +236,31 @@ class DataPackerCore:
         any row has images) and ``logprob_masks`` bool [B, L] at logit positions."""
         batch = self._collate(processed_samples, computed_max_len)
         out = batch.model_inputs(labels=False)
-        out["logprob_masks"] = shift_to_logit_positions(batch.labels != IGNORE_INDEX)
+        out["logprob_masks"] = self._logprob_masks(processed_samples, batch)
+        return out
+
+    def _logprob_masks(self, rows: Sequence[MultiModalInputs], batch):
+        """bool [B, L]: each `CosmosRow`'s own ``logprob_masks`` (as cosmos-rl may have set
+        it) placed under the padding; other rows: their label mask shifted to logit positions."""
+        import torch
+
+        out = shift_to_logit_positions(batch.labels != IGNORE_INDEX)
+        L = out.shape[1]
+        for b, row in enumerate(rows):
+            if isinstance(row, CosmosRow):
+                m = torch.tensor(row.logprob_masks, dtype=torch.bool)
+                out[b] = False
+                if self.padding_side == "left":
+                    out[b, L - len(m):] = m
+                else:
+                    out[b, :len(m)] = m
         return out
 
     # ---- SFT -----------------------------------------------------------------------------
-    def sft_process_sample(self, sample: Any) -> MultiModalInputs:
+    def sft_process_sample(self, sample: Any) -> CosmosRow:
         """An SFT item (chat list / row dict) -> a row labelled on its assistant tokens."""
         self._need_processor()
-        return self.sft_encoder.encode_row(self.to_row(sample))
+        return CosmosRow.of(self.sft_encoder.encode_row(self.to_row(sample)))
 
     def sft_compute_max_len(self, processed_samples: Sequence[MultiModalInputs]) -> int:
         return max(r.num_tokens for r in processed_samples)
@@ -289,9 +311,9 @@ class DecoderOnlyLLMPackerCore(DataPackerCore):
             return self.raw_text_row(item, labels=False)
         return super().encode_prompt(item)
 
-    def sft_process_sample(self, sample: Any) -> MultiModalInputs:
+    def sft_process_sample(self, sample: Any) -> CosmosRow:
         if isinstance(sample, str):
-            return self.raw_text_row(sample, labels=True)
+            return CosmosRow.of(self.raw_text_row(sample, labels=True))
         return super().sft_process_sample(sample)
 
     def raw_text_row(self, text: str, *, labels: bool) -> MultiModalInputs:
