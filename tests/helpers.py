@@ -277,6 +277,23 @@ def generic_chat_rows(counts, sizes=GENERIC_SIZES):
 VIDEO_BOUNDS = {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 16}  # small frames: few tokens per group
 
 
+def processor_call(proc, raws, **kw):
+    """The processor's own call on rows ``raws`` (their whole conversations rendered by its chat
+    template, their images), as torch tensors: what the generic path must equal."""
+    texts = [proc.apply_chat_template(r["messages"], tokenize=False) for r in raws]
+    images = [im for r in raws for im in r["images"]]
+    return proc(text=texts, images=images or None, return_tensors="pt", **kw)
+
+
+def chat_path(proc, raw):
+    """The processor's chat path on one row: the images inside the messages, tokenized by
+    ``apply_chat_template`` (what TRL and the model cards call)."""
+    images = iter(raw["images"])
+    messages = [dict(m, content=[dict(c, image=next(images)) if c["type"] == "image" else c for c in m["content"]])
+                for m in raw["messages"]]
+    return proc.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt")
+
+
 def video_frames_list(n: int, h: int, w: int, seed: int) -> list:
     """n random uint8 [h, w, 3] frames (a frame-list video, no decoder needed)."""
     rng = np.random.default_rng(seed)

@@ -26,7 +26,7 @@ from mmpipe.families import processor_class_name
 from mmpipe.offline.other_vlms import build_foreign_processor
 from mmpipe.testing import invariants
 
-from helpers import generic_chat_rows
+from helpers import generic_chat_rows, processor_call
 
 COUNTS = [2, 0, 3, 1]  # images per row
 SIZES = [(64, 96), (200, 150), (100, 100), (120, 240)]  # 200x150 and 120x240 are sliced (> 112x112)
@@ -46,13 +46,6 @@ def minicpm(request):
     return name, proc, build_minicpmv_model(name), raws, [mmpipe.encode_row(r, proc) for r in raws]
 
 
-def _own(proc, raws, **kw):
-    """The processor's own call on rows ``raws`` (their whole conversations), as torch tensors."""
-    texts = [proc.apply_chat_template(r["messages"], tokenize=False) for r in raws]
-    images = [im for r in raws for im in r["images"]]
-    return proc(text=texts, images=images or None, return_tensors="pt", **kw)
-
-
 def test_layout_joins_the_pixels(minicpm):
     name, proc, _, _, rows = minicpm
     layout = rows[0].layout
@@ -64,7 +57,7 @@ def test_layout_joins_the_pixels(minicpm):
 def test_encode_equals_the_processors_own_call(minicpm):
     _, proc, _, raws, rows = minicpm
     for raw, row in zip(raws, rows):
-        own = _own(proc, [raw])
+        own = processor_call(proc, [raw])
         assert np.array_equal(row.input_ids, own["input_ids"][0].numpy())
         for k in PIXEL_KEYS:
             assert (k in row.vision) == bool(raw["images"])
@@ -78,7 +71,7 @@ def test_collate_equals_the_processors_own_batch(minicpm):
     """Left padding (the processor's default): every input bit-identical to its batch call."""
     _, proc, _, raws, rows = minicpm
     batch = mmpipe.collate(rows, processor=proc, padding_side="left")
-    own = _own(proc, raws)
+    own = processor_call(proc, raws)
     assert batch.vision["pixel_values"].shape == tuple(own["pixel_values"].shape)
     assert batch.vision["pixel_values"].shape[0] == 1 and len(batch.vision["target_sizes"]) > sum(COUNTS)
     for k in PIXEL_KEYS:
@@ -98,7 +91,7 @@ def test_batched_logits_equal_each_rows_own_call(minicpm, side):
     with torch.no_grad():
         logits = model(**batch.model_inputs(positions="none")).logits
         for b, raw in enumerate(raws):
-            want = model(**_own(proc, [raw])).logits[0]
+            want = model(**processor_call(proc, [raw])).logits[0]
             n = int(batch.seq_lengths[b])
             got = logits[b, :n] if side == "right" else logits[b, -n:]
             assert (got - want).abs().max().item() < 1e-4, f"row {b}"
@@ -169,7 +162,7 @@ def test_low_precision_pixels_stored_exactly_and_handed_back(dtype):
     back = mmpipe.rows_from_arrow(stored.data.table)
     invariants.assert_rows_equal(back, rows, what="arrow rows")
     for raw, row, arrow_row in zip(raws, rows, back):
-        own = _own(proc, [raw])
+        own = processor_call(proc, [raw])
         if raw["images"]:
             assert own["pixel_values"].dtype == dtype
             assert torch.equal(torch.from_numpy(row.vision["pixel_values"]), own["pixel_values"].float())  # exact
@@ -178,5 +171,5 @@ def test_low_precision_pixels_stored_exactly_and_handed_back(dtype):
             assert alone["pixel_values"].dtype == dtype and torch.equal(alone["pixel_values"], own["pixel_values"])
     batch = mmpipe.collate(back, processor=proc)
     pv = batch.model_inputs()["pixel_values"]
-    assert pv.dtype == dtype and torch.equal(pv, _own(proc, raws, padding=True)["pixel_values"])
+    assert pv.dtype == dtype and torch.equal(pv, processor_call(proc, raws, padding=True)["pixel_values"])
     invariants.assert_roundtrip(rows, processor=proc)

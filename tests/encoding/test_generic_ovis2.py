@@ -18,7 +18,7 @@ import mmpipe
 from mmpipe.offline.other_vlms import build_foreign_model, build_foreign_processor
 from mmpipe.testing import invariants
 
-from helpers import generic_chat_rows
+from helpers import chat_path, generic_chat_rows, processor_call
 
 COUNTS = [2, 0, 3, 1]  # images per row
 SIZES = [(64, 100), (40, 56), (60, 170), (70, 30)]  # tile grids 2x2, 1x1, 3x1, 1x2 (5, 1, 4, 3 tiles)
@@ -37,26 +37,11 @@ def ovis2():
     return proc, build_foreign_model("ovis2"), raws, [mmpipe.encode_row(r, proc) for r in raws]
 
 
-def _own(proc, raws, **kw):
-    """The processor's own call on rows ``raws`` (their whole conversations), as torch tensors."""
-    texts = [proc.apply_chat_template(r["messages"], tokenize=False) for r in raws]
-    images = [im for r in raws for im in r["images"]]
-    return proc(text=texts, images=images or None, return_tensors="pt", **kw)
-
-
-def _chat_path(proc, raw):
-    """The processor's chat path: the images inside the messages, tokenized by apply_chat_template."""
-    images = iter(raw["images"])
-    messages = [dict(m, content=[dict(c, image=next(images)) if c["type"] == "image" else c for c in m["content"]])
-                for m in raw["messages"]]
-    return proc.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt")
-
-
 def test_encode_equals_the_processors_chat_path_and_call(ovis2):
     proc, _, raws, rows = ovis2
     tiles = {"<IMG_GRID>": 0, "<IMG_COL>": 0, "<IMG_ROW>": 0}
     for raw, row in zip(raws, rows):
-        for own in (_chat_path(proc, raw), _own(proc, [raw])):
+        for own in (chat_path(proc, raw), processor_call(proc, [raw])):
             assert set(own) == {"input_ids", "attention_mask"} | ({"pixel_values"} if raw["images"] else set())
             assert np.array_equal(row.input_ids, own["input_ids"][0].numpy())
             assert set(row.vision) == ({"pixel_values"} if raw["images"] else set()) and not row.sequence
@@ -75,7 +60,7 @@ def test_collate_equals_the_processors_own_batch(ovis2, side):
     """The batch call pads the same way: every input bit-identical."""
     proc, _, raws, rows = ovis2
     batch = mmpipe.collate(rows, processor=proc, padding_side=side)
-    own = _own(proc, raws, padding=True, padding_side=side)
+    own = processor_call(proc, raws, padding=True, padding_side=side)
     assert set(batch.vision) == {"pixel_values"} and not batch.sequence
     assert batch.vision["pixel_values"].shape == (5 + 1 + 4 + 3 + 5 + 1, 3, 56, 56)  # tiles + thumbnails
     assert np.array_equal(batch.vision["pixel_values"], own["pixel_values"].numpy())
@@ -89,7 +74,7 @@ def test_batched_logits_equal_each_rows_own_call(ovis2, side):
     """The model on the batch at each row's real tokens == the model on the row's own call."""
     proc, model, raws, rows = ovis2
     batch = mmpipe.collate(rows, processor=proc, padding_side=side)
-    refs = [dict(_own(proc, [raw])) for raw in raws]
+    refs = [dict(processor_call(proc, [raw])) for raw in raws]
     invariants.assert_batched_logits_match(model, rows, proc, batch=batch, references=refs, atol=1e-5, rtol=1e-5)
     with torch.no_grad():  # the images count: blanking one row's pixels moves its logits
         blank = dict(refs[3], pixel_values=torch.zeros_like(refs[3]["pixel_values"]))

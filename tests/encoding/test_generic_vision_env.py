@@ -30,7 +30,7 @@ import mmpipe
 from mmpipe.offline.vision_env_vlms import VISION_ENV_NAMES as NAMES
 from mmpipe.testing import invariants
 
-from helpers import generic_chat_rows
+from helpers import chat_path, generic_chat_rows, processor_call
 
 vision = pytest.mark.needs_env("vision")  # every test but the first: the main .venv deselects them
 
@@ -68,24 +68,9 @@ def line(request):
     rows = [mmpipe.encode_row(r, proc) for r in raws]
     # the processor's own call as mmpipe makes it: the rendered text with the tokenizer's special tokens,
     # or without them where the template wrote the BOS (as the chat path)
-    plain = _own(proc, raws[:1])["input_ids"][0].numpy()
+    plain = processor_call(proc, raws[:1])["input_ids"][0].numpy()
     kw = {} if np.array_equal(rows[0].input_ids, plain) else {"add_special_tokens": False}
     return name, proc, build_vision_env_model(name), raws, rows, kw
-
-
-def _own(proc, raws, **kw):
-    """The processor's own call on rows ``raws`` (their whole conversations), as torch tensors."""
-    texts = [proc.apply_chat_template(r["messages"], tokenize=False) for r in raws]
-    images = [im for r in raws for im in r["images"]]
-    return proc(text=texts, images=images or None, return_tensors="pt", **kw)
-
-
-def _chat_path(proc, raw):
-    """The processor's chat path: the images inside the messages, tokenized by apply_chat_template."""
-    images = iter(raw["images"])
-    messages = [dict(m, content=[dict(c, image=next(images)) if c["type"] == "image" else c for c in m["content"]])
-                for m in raw["messages"]]
-    return proc.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt")
 
 
 def _as_stored(v: torch.Tensor) -> np.ndarray:
@@ -97,7 +82,7 @@ def _as_stored(v: torch.Tensor) -> np.ndarray:
 def test_encode_equals_the_processors_own_call(line):
     name, proc, _, raws, rows, kw = line
     for raw, row in zip(raws, rows):
-        own = _own(proc, [raw], **kw)
+        own = processor_call(proc, [raw], **kw)
         assert np.array_equal(row.input_ids, own["input_ids"][0].numpy())
         assert set(own) - {"input_ids", "attention_mask"} == set(row.vision) | set(row.sequence)
         for k, v in row.vision.items():
@@ -111,8 +96,8 @@ def test_encode_equals_the_processors_own_call(line):
 def test_encode_equals_the_chat_path(line):
     _, proc, _, raws, rows, _ = line
     for raw, row in zip(raws, rows):
-        chat = _chat_path(proc, raw)
-        own = _own(proc, [raw], **_bos_rule(proc, raw))  # the chat path is the own call under its BOS rule
+        chat = chat_path(proc, raw)
+        own = processor_call(proc, [raw], **_bos_rule(proc, raw))  # the chat path is the own call under its BOS rule
         assert np.array_equal(chat["input_ids"][0].numpy(), own["input_ids"][0].numpy())
         assert np.array_equal(row.input_ids, chat["input_ids"][0].numpy()), "encode differs from the chat path"
 
@@ -132,7 +117,7 @@ def test_collate_equals_the_processors_own_batch(line, side):
     `test_collate_pads_missing_crops_as_the_processor`)."""
     name, proc, _, raws, rows, kw = line
     batch = mmpipe.collate(rows, processor=proc, padding_side=side)
-    own = _own(proc, raws, padding=True, padding_side=side, **kw)
+    own = processor_call(proc, raws, padding=True, padding_side=side, **kw)
     got = batch.model_inputs()
     assert np.array_equal(batch.input_ids, own["input_ids"].numpy())
     assert np.array_equal(batch.attention_mask, own["attention_mask"].numpy())
@@ -163,7 +148,7 @@ def test_collate_pads_missing_crops_as_the_processor(line, side):
     if name != "phi4_multimodal":
         pytest.skip("Phi-4-multimodal only: its batch pads the crops of smaller images")
     batch = mmpipe.collate(rows, processor=proc, padding_side=side)
-    own = _own(proc, raws, padding=True, padding_side=side, **kw)
+    own = processor_call(proc, raws, padding=True, padding_side=side, **kw)
     assert torch.equal(torch.as_tensor(batch.model_inputs()["image_attention_mask"]), own["image_attention_mask"])
 
 
@@ -174,7 +159,7 @@ def test_batched_logits_equal_each_rows_own_call(line, side):
     images count (blanking one row's pixels moves its logits)."""
     name, proc, model, raws, rows, kw = line
     batch = mmpipe.collate(rows, processor=proc, padding_side=side)
-    refs = [dict(_own(proc, [raw], **kw)) for raw in raws]
+    refs = [dict(processor_call(proc, [raw], **kw)) for raw in raws]
     invariants.assert_batched_logits_match(model, rows, proc, batch=batch, references=refs, atol=1e-5, rtol=1e-5)
     key = PIXELS[name]
     with torch.no_grad():
@@ -219,7 +204,7 @@ def test_stored_bytes_per_image(line):
     name, proc, _, _, _, kw = line
     raw = generic_chat_rows([1], sizes=[(64, 100)])[0]
     row = mmpipe.encode_row(raw, proc)
-    own = _own(proc, [raw], **kw)
+    own = processor_call(proc, [raw], **kw)
     stored = sum(v.nbytes for v in row.vision.values())
     as_float32 = sum(_as_stored(own[k]).nbytes for k in row.vision)
     native = sum(own[k].numel() * own[k].element_size() for k in row.vision)
@@ -243,5 +228,5 @@ def test_low_precision_pixels_round_trip(line):
     for raw, row in zip(raws, back):
         if raw["images"]:
             pv = mmpipe.collate([row], processor=proc).model_inputs()["pixel_values"]
-            own = _own(proc, [raw], **kw)["pixel_values"]
+            own = processor_call(proc, [raw], **kw)["pixel_values"]
             assert pv.dtype == torch.bfloat16 and torch.equal(pv, own)
