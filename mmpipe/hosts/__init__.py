@@ -18,7 +18,8 @@ from mmpipe._lazy import lazy_exports
 _EXPORTS = {
     "mmpipe.hosts.trainer": ("TrainerCollator", "trainer_settings", "sft_settings"),
     "mmpipe.hosts.trl_grpo": ("VisionGRPOTrainer", "grpo_settings"),
-    "mmpipe.hosts.verl": ("verl_rows", "verl_batch", "collate_verl_rows"),
+    "mmpipe.hosts.verl": ("verl_rows", "verl_batch", "collate_verl_rows", "verl_prompt_rows",
+                          "verl_images_from_messages"),
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -10,8 +10,9 @@ Each row dict (left-padded to ``max_prompt_length``, as verl pads prompts) holds
 
 - ``input_ids``, ``attention_mask``: torch int64 [Lp];
 - ``position_ids``: torch int64 [4, Lp] for Qwen-VL (row 0 the plain text positions, rows 1-3
-  M-RoPE, the row's own positions; pads 1 on every row, as verl's ``get_rope_index`` and its
-  agent loop write them); [Lp] for a text-only family (verl's ``compute_position_id_with_mask``);
+  M-RoPE, the row's own positions; pads 1 on every row, as verl's
+  ``verl.models.transformers.qwen2_vl.get_rope_index`` writes them; verl 0.9.1's agent loop
+  writes 1 on the text row and 0 on the M-RoPE rows, which the forward never reads: masked); [Lp] for a text-only family (verl's ``compute_position_id_with_mask``);
 - ``raw_prompt_ids``: list[int], ONE ``<|image_pad|>`` per image (what vLLM / SGLang take);
 - ``multi_modal_data``: ``{"image": [PIL.Image, ...]}``, the processor's resized images, and
   ``"video"``: the stored frames as vLLM takes them (see `verl_rows`) (``{}`` for a row
@@ -24,10 +25,17 @@ Each row dict (left-padded to ``max_prompt_length``, as verl pads prompts) holds
   ``extra_info`` is among them, ``index`` / ``tools_kwargs`` / ``interaction_kwargs`` taken
   from it as ``RLHFDataset.__getitem__`` does.
 
-verl 0.9.x's stock ``RLHFDataset`` returns only ``raw_prompt`` messages and tokenizes in its
-agent loop; these rows are what a custom dataset class (``data.custom_cls``) or a pre-agent-loop
-pipeline feeds, and the tensor fields are those verl's actor reads from the training batch.
-verl itself is never imported here.
+verl 0.9.x's ``RayPPOTrainer.fit()`` does NOT take these rows: its ``_get_gen_batch`` hands every
+non-tensor field to the agent loop, which reads ``raw_prompt`` messages and tokenizes them
+itself, and ``fit()`` keeps the dataset's tensors, so ``input_ids`` / ``attention_mask`` /
+``position_ids`` clash with the rollout's in ``batch.union``. For ``fit()`` use
+`verl_prompt_rows`: key for key what verl's ``RLHFDataset.__getitem__`` returns (``raw_prompt``
+with mmpipe's resized images inline, ``dummy_tensor``, the kept columns, ``index`` /
+``tools_kwargs`` / ``interaction_kwargs``), with ``MMPipeRLHFDataset`` (this module, built on
+first access; ``data.custom_cls.path=<this file>``, ``name=MMPipeRLHFDataset``) so verl's agent
+loop takes those images as they are (`verl_images_from_messages`) instead of calling
+``qwen_vl_utils``. `verl_rows` stays the actor-side view (the tensors verl's actor reads).
+verl itself is imported only by ``MMPipeRLHFDataset``.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from mmpipe.records.row import MultiModalInputs
 from mmpipe.rollout.inputs import to_vllm_prompts
 from mmpipe.rollout.support import check_rollout
 
-__all__ = ["verl_rows", "verl_batch", "collate_verl_rows"]
+__all__ = ["verl_rows", "verl_batch", "collate_verl_rows", "verl_prompt_rows", "verl_images_from_messages"]
 
 VERL_PAD_POSITION = 1  # verl's get_rope_index and agent loop start from torch.ones: pads read 1
 
@@ -221,3 +229,130 @@ def _extra_info_fields(row: dict) -> dict[str, Any]:
     info = row["extra_info"] = row["extra_info"] or {}
     return {"index": info.get("index", 0), "tools_kwargs": info.get("tools_kwargs", {}),
             "interaction_kwargs": info.get("interaction_kwargs", {})}
+
+
+def verl_prompt_rows(rows_or_batch, processor=None, *, prompt_key: str = "prompt",
+                     keep_columns: Optional[Sequence[str]] = None, family: Any = None) -> list[dict[str, Any]]:
+    """Encoded rows -> what verl 0.9's ``RLHFDataset.__getitem__`` returns, key for key, so
+    ``RayPPOTrainer.fit()`` and its agent loop take them (a ``data.custom_cls`` returns one):
+
+    - ``raw_prompt``: the messages of the kept ``prompt_key`` column (verl style: string contents
+      with ``<image>`` placeholders, or content lists with ``{"type": "image"}`` items), each
+      image item ``{"type": "image", "image": PIL.Image}`` holding mmpipe's resized image (the
+      one the encoded row's ``pixel_values`` came from), in order;
+    - ``dummy_tensor``: torch uint8 [1] (verl's placeholder so ``DataProto.batch`` is not empty);
+    - the kept columns (``keep_columns``; ``prompt_key`` must be among them: verl's
+      ``_build_messages`` rewrites that column in place, so it holds ``raw_prompt`` too), ``extra_info``
+      (``{}`` when absent), ``index`` / ``tools_kwargs`` / ``interaction_kwargs`` from it.
+
+    No ``input_ids`` / ``attention_mask`` / ``position_ids``: verl's agent loop tokenizes
+    ``raw_prompt`` and ``fit()`` unions its output with the dataset's tensors.
+    Rows with videos raise `ArgumentError` (the agent loop needs verl's video dicts).
+    """
+    import torch
+
+    names = list(keep_columns or ())
+    if prompt_key not in names:
+        raise ArgumentError(f"verl_prompt_rows builds raw_prompt from the {prompt_key!r} column: expected it "
+                            f"in keep_columns, found {names}; fix: encode with keep_columns=[{prompt_key!r}, ...] "
+                            f"and pass the same list here")
+    _check_families(rows_or_batch, processor, family)
+    recs, kept = _inputs(rows_or_batch, names)
+    fam_src = family if family is not None else (None if processor is not None else recs[0].family)
+    fam, spec, _ = collator_constants("verl_prompt_rows", processor, fam_src, None)
+    prompts = to_vllm_prompts(recs, spec, tokenizer=processor)
+    out = []
+    for b, (rec, prompt) in enumerate(zip(recs, prompts)):
+        mm = prompt.get("multi_modal_data", {}) or {}
+        if mm.get("video"):
+            raise ArgumentError(f"row {b}: verl_prompt_rows takes image rows; found {len(mm['video'])} video(s); "
+                                "fix: use verl_rows for the actor side, or pass videos as verl's dataset does")
+        row = {name: values[b] for name, values in kept.items()}
+        row["raw_prompt"] = row[prompt_key] = _messages_with_images(row[prompt_key], list(mm.get("image", [])), b)
+        row["dummy_tensor"] = torch.tensor([0], dtype=torch.uint8)
+        row["extra_info"] = row.get("extra_info") or {}
+        row.update(_extra_info_fields(row))
+        out.append(row)
+    return out
+
+
+def _messages_with_images(messages, images: list, row: int) -> list[dict]:
+    """verl's ``RLHFDataset._build_messages`` on a prompt column, with ``images`` in order."""
+    import copy
+    import re
+
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    out, k = [], 0
+    for m in messages:
+        m = dict(m)
+        content = m.get("content")
+        if isinstance(content, str):
+            if "<image>" in content:
+                parts = []
+                for seg in (s for s in re.split("(<image>)", content) if s):
+                    if seg == "<image>":
+                        if k >= len(images):
+                            raise ArgumentError(f"row {row}: the prompt has more <image> placeholders than the "
+                                                f"encoded row's {len(images)} images; fix: encode the same prompt")
+                        parts.append({"type": "image", "image": images[k]})
+                        k += 1
+                    else:
+                        parts.append({"type": "text", "text": seg})
+                m["content"] = parts
+        elif isinstance(content, list):
+            parts = []
+            for item in content:
+                item = copy.copy(item)
+                if isinstance(item, Mapping) and item.get("type") == "image":
+                    if k >= len(images):
+                        raise ArgumentError(f"row {row}: the prompt has more image items than the encoded "
+                                            f"row's {len(images)} images; fix: encode the same prompt")
+                    item = {"type": "image", "image": images[k]}
+                    k += 1
+                parts.append(item)
+            m["content"] = parts
+        out.append(m)
+    if k != len(images):
+        raise ArgumentError(f"row {row}: the prompt places {k} images, the encoded row holds {len(images)}; "
+                            "fix: encode the same prompt column")
+    return out
+
+
+def verl_images_from_messages(messages) -> Optional[list]:
+    """The PIL images of ``{"type": "image", "image": PIL.Image}`` items in message order, or None:
+    what ``MMPipeRLHFDataset.process_vision_info`` hands verl's agent loop (no re-resize: the
+    processor's own resize keeps mmpipe's sizes, which are already multiples of its factor)."""
+    images = [item["image"] for m in messages if isinstance(m.get("content"), list)
+              for item in m["content"] if isinstance(item, Mapping) and item.get("type") == "image"]
+    return images or None
+
+
+def _make_dataset_class():
+    try:
+        from verl.utils.dataset.rl_dataset import RLHFDataset
+    except ImportError as e:
+        raise ImportError(f"MMPipeRLHFDataset subclasses verl's RLHFDataset, and verl does not import here ({e}); "
+                          "fix: install verl (scripts/envs/verl.sh builds .venv-verl)") from e
+
+    class MMPipeRLHFDataset(RLHFDataset):
+        """verl's ``RLHFDataset`` whose agent-loop hook takes the images as the rows hold them
+        (`verl_prompt_rows`'s mmpipe-resized PIL images), without ``qwen_vl_utils``."""
+
+        @classmethod
+        def _process_multi_modal_info(cls, messages, image_patch_size=14, config=None):
+            return verl_images_from_messages(messages), None, cls._extract_audio_info(messages) or None
+
+        @classmethod
+        async def process_vision_info(cls, messages, image_patch_size=14, config=None):
+            return verl_images_from_messages(messages), None
+
+    return MMPipeRLHFDataset
+
+
+def __getattr__(name: str):
+    if name == "MMPipeRLHFDataset":
+        cls = _make_dataset_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,8 @@ source scripts/envs/_common.bash
 if ! env_ready "${BASH_SOURCE[0]}"; then
     constraints="$VENV/constraints.txt"
     printf 'torch==2.13.0\n' > "$constraints"
-    pip_install -c "$constraints" "verl==$VERL_VERSION" -e ".[test]" || fail "pip install verl==$VERL_VERSION -e .[test]"
+    # cachetools: verl 0.9.1's agent loop (workers/rollout/router.py) imports it without declaring it
+    pip_install -c "$constraints" "verl==$VERL_VERSION" cachetools -e ".[test]" || fail "pip install verl==$VERL_VERSION -e .[test]"
     "$PY" -c 'import verl.protocol, verl.utils.dataset.rl_dataset, verl.models.transformers.qwen2_vl' \
         || fail "import verl (protocol, rl_dataset, qwen2_vl rope)"
     env_done "${BASH_SOURCE[0]}"
