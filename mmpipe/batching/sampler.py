@@ -18,6 +18,13 @@ Each epoch: shuffle the rows (seeded by ``seed + epoch``), cut them into buckets
 order; packed: first-fit, so short rows fill the gaps long rows leave), then shuffle the
 batch order. Every row is in exactly one batch per epoch; nothing is dropped or repeated.
 
+Resuming: ``state_dict()`` is ``{"epoch", "seed", "consumed_rows", ...}``, where
+``consumed_rows`` counts the rows of the epoch's global order that all ranks together have
+been handed, the same number on every rank whatever ``num_replicas`` is. A sampler built over
+the same rows with the same budgets (any ``num_replicas`` / ``rank``) continues from it after
+``load_state_dict``: the same global order, no row repeated or skipped in the epoch. It works
+as the ``batch_sampler`` of torchdata's ``StatefulDataLoader`` (worker prefetching included).
+
 A row over a budget on its own (longer than ``max_tokens`` or with more than ``max_images``
 images) raises at construction by default (``oversize="raise"``: a budget is usually a
 memory limit, and such a row would fail later, mid-epoch); ``oversize="alone"`` gives each
@@ -35,6 +42,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
@@ -63,10 +71,16 @@ class TokenBudgetBatchSampler:
             lengths more across epochs; larger ones pad (or leave) less.
         oversize: ``"raise"`` or ``"alone"`` for a row over a budget on its own (see module).
         num_replicas, rank: data-parallel sharding. Every rank builds the same epoch (same
-            seed) and takes its share: each rank gets the same number of batches (batches
-            are split in two, never merged, until the count divides evenly), each step's
-            batches across ranks are of similar cost, and the ranks' rows together are every
-            row exactly once.
+            seed), whose global batch order does not depend on the number of ranks, and
+            takes its batches in turn (step k: global batches ``k*R .. k*R+R-1``, rank r the
+            r-th): each rank gets the same number of batches (batches are split in two, in
+            place, never merged, until the count divides evenly), and the ranks' rows
+            together are every row exactly once.
+
+    Resumable and elastic: `state_dict` / `load_state_dict` save and restore the epoch, the
+    seed and the number of rows all ranks have consumed (a prefix of the global order), so a
+    resumed sampler, under torchdata's ``StatefulDataLoader`` too, continues exactly, on the
+    same or on another number of ranks.
 
     ``len(sampler)`` is the number of batches of the current epoch on this rank (it can
     change with the epoch when shuffling). Usable as ``DataLoader(ds, batch_sampler=sampler, ...)``.
@@ -122,6 +136,9 @@ class TokenBudgetBatchSampler:
             )
         self.epoch = 0
         self._cache: tuple[int, list[list[int]]] | None = None
+        self._resume: Optional[int] = None  # global rows consumed, from load_state_dict
+        self._live = 0  # global rows consumed by the current iteration
+        self._planned: tuple | None = None  # ((epoch, start, seed), this rank's plan)
 
     # ---- construction from data -----------------------------------------------------
     @classmethod
@@ -132,25 +149,107 @@ class TokenBudgetBatchSampler:
 
     # ---- epochs ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Use the batches of ``epoch`` (shuffled with ``seed + epoch``)."""
+        """Use the batches of ``epoch`` (shuffled with ``seed + epoch``). The same epoch as a
+        loaded state keeps its position; another one starts at its beginning."""
+        if int(epoch) != self.epoch:
+            self._resume, self._live = None, 0
         self.epoch = int(epoch)
 
     def batches(self, epoch: Optional[int] = None) -> list[list[int]]:
-        """The batches (lists of row indices) of ``epoch`` (default: the current one)."""
+        """This rank's batches (lists of row indices) of ``epoch`` (default: the current one),
+        the whole epoch (from its start, whatever state was loaded)."""
         epoch = self.epoch if epoch is None else int(epoch)
-        if self._cache is not None and self._cache[0] == epoch:
-            return self._cache[1]
-        out = self._build(epoch)
-        if self.num_replicas > 1:
-            out = self._shard(out, epoch)[self.rank]
-        self._cache = (epoch, out)
-        return out
+        return [b for b, _ in self._plan(epoch, 0)]
+
+    def global_batches(self, epoch: Optional[int] = None) -> list[list[int]]:
+        """The epoch's global batch order, the same for every number of ranks: ranks take its
+        batches in turn (split where the count does not divide; see `state_dict`)."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        if self._cache is None or self._cache[0] != epoch:
+            self._cache = (epoch, self._build(epoch))
+        return self._cache[1]
 
     def __iter__(self) -> Iterator[list[int]]:
-        yield from (list(b) for b in self.batches())
+        # eager (not a generator function): the position is known as soon as iter() returns,
+        # which is when StatefulDataLoader may ask for state_dict
+        epoch = self.epoch
+        start = self._resume if self._resume is not None else 0
+        self._resume = None
+        plan = self._plan(epoch, start)
+        self._live = start
+        return self._walk(plan)
+
+    def _walk(self, plan: list[tuple[list[int], int]]) -> Iterator[list[int]]:
+        for batch, after in plan:  # a batch counts as consumed once handed out
+            self._live = after
+            yield list(batch)
 
     def __len__(self) -> int:
-        return len(self.batches())
+        """This rank's batches in the next iteration (the rest of the epoch after a resume)."""
+        return len(self._plan(self.epoch, self._resume or 0))
+
+    # ---- resumable, elastic ---------------------------------------------------------
+    def state_dict(self) -> dict:
+        """``{"epoch", "seed", "consumed_rows", ...}``: ``consumed_rows`` counts the rows handed out
+        by *all* ranks together, a prefix of the epoch's global row order (`global_batches`), the
+        same on every rank after the same steps, whatever ``num_replicas``. Batches count when
+        handed out (``StatefulDataLoader`` itself accounts for those its workers prefetch)."""
+        return {"version": 1, "epoch": self.epoch, "seed": self.seed,
+                "consumed_rows": int(self._live if self._resume is None else self._resume),
+                "num_rows": int(self.lengths.shape[0]), "config": self._config()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from `state_dict` (of this or any rank, of any ``num_replicas``): the next
+        iteration starts after the rows already consumed in that epoch. Epoch and seed come
+        from the state; the rows and budgets must be the ones it was saved with."""
+        missing = [k for k in ("epoch", "seed", "consumed_rows", "num_rows", "config") if k not in state]
+        if missing:
+            raise ArgumentError(f"not a TokenBudgetBatchSampler state: missing {missing}; pass sampler.state_dict()")
+        n = int(self.lengths.shape[0])
+        if int(state["num_rows"]) != n or state["config"] != self._config():
+            diff = {k: (state["config"].get(k), v) for k, v in self._config().items() if state["config"].get(k) != v}
+            raise ArgumentError(
+                f"the state was saved by a sampler over other rows or budgets (saved num_rows={state['num_rows']}, "
+                f"here {n}; differing settings as (saved, here): {diff}); the global order would differ, so "
+                "resuming could repeat or skip rows: build the sampler with the same lengths and settings "
+                "(num_replicas and rank may change)"
+            )
+        consumed = int(state["consumed_rows"])
+        if not 0 <= consumed <= n:
+            raise ArgumentError(f"consumed_rows must be in 0..{n}, got {consumed}")
+        self.seed, self.epoch = int(state["seed"]), int(state["epoch"])
+        self._cache = None
+        self._resume = self._live = consumed
+
+    def _config(self) -> dict:
+        digest = hashlib.sha256(self.lengths.tobytes() + b"|" + self.num_images.tobytes()).hexdigest()[:16]
+        return {"max_tokens": self.max_tokens, "max_images": self.max_images, "max_rows": self.max_rows,
+                "cost": self.cost, "shuffle": self.shuffle, "bucket_size": self.bucket_size,
+                "oversize": self.oversize, "lengths_sha256": digest}
+
+    def _plan(self, epoch: int, start: int) -> list[tuple[list[int], int]]:
+        """This rank's ``(batch, consumed_rows after its step)`` from global row ``start`` on."""
+        if self._planned is not None and self._planned[0] == (epoch, start, self.seed):
+            return self._planned[1]
+        units, R = self._remaining(self.global_batches(epoch), start), self.num_replicas
+        units = self._split_to_multiple(units, R) if R > 1 else units
+        out, done = [], start
+        for s in range(0, len(units), R):
+            done += sum(len(b) for b in units[s:s + R])
+            out.append((units[s + self.rank], done))
+        self._planned = ((epoch, start, self.seed), out)
+        return out
+
+    @staticmethod
+    def _remaining(batches: list[list[int]], start: int) -> list[list[int]]:
+        """The global order after its first ``start`` rows: the rest of a batch a resume cut
+        (a subset of a batch is under every budget too), then the whole batches."""
+        seen = 0
+        for j, b in enumerate(batches):
+            if seen + len(b) > start:
+                return [list(b[start - seen:])] + [list(x) for x in batches[j + 1:]]
+            seen += len(b)
+        return []
 
     # ---- the work -------------------------------------------------------------------
     def _build(self, epoch: int) -> list[list[int]]:
@@ -175,28 +274,24 @@ class TokenBudgetBatchSampler:
         L = self.lengths[batch]
         return int(L.sum()) if self.cost == "packed" else len(batch) * int(L.max())
 
-    def _shard(self, batches: list[list[int]], epoch: int) -> list[list[list[int]]]:
-        """All ranks' batches: ``out[r]`` is rank r's list, the same length for every rank."""
-        R = self.num_replicas
+    def _split_to_multiple(self, batches: list[list[int]], R: int) -> list[list[int]]:
+        """Split batches in place (the two halves side by side, so the global row order is
+        kept) until their count is a multiple of ``R``: every rank gets the same number."""
         batches = [list(b) for b in batches]
         while len(batches) % R:
             # splitting a batch keeps both halves under every budget (costs only shrink)
-            k = max(range(len(batches)), key=lambda j: (len(batches[j]), self._cost(batches[j])))
+            most = max(len(b) for b in batches)
+            k = max((j for j, b in enumerate(batches) if len(b) == most), key=lambda j: self._cost(batches[j]))
             if len(batches[k]) < 2:
                 raise ArgumentError(
-                    f"cannot give each of {R} ranks the same number of batches: the epoch's {len(self.lengths)} "
-                    f"rows make {len(batches)} batches of one row each (not a multiple of {R}) and a row is never "
-                    "split or repeated; use more rows per epoch, fewer ranks, or a larger max_tokens"
+                    f"cannot give each of {R} ranks the same number of batches: the epoch's remaining "
+                    f"{sum(len(b) for b in batches)} rows make {len(batches)} batches of one row each (not a "
+                    f"multiple of {R}) and a row is never split or repeated; use more rows per epoch, fewer "
+                    "ranks, or a larger max_tokens"
                 )
-            b = batches.pop(k)
-            batches += [b[: len(b) // 2], b[len(b) // 2:]]
-        # one step = R batches of neighbouring cost, so no rank waits long for another
-        batches.sort(key=self._cost, reverse=True)
-        steps = [batches[i:i + R] for i in range(0, len(batches), R)]
-        if self.shuffle:
-            rng = np.random.default_rng([self.seed, epoch, 1])
-            steps = [steps[i] for i in rng.permutation(len(steps))]
-        return [[step[r] for step in steps] for r in range(R)]
+            b = batches[k]
+            batches[k:k + 1] = [b[: len(b) // 2], b[len(b) // 2:]]
+        return batches
 
     def _fits_rows_images(self, rows: int, images: int) -> bool:
         return ((self.max_rows is None or rows <= self.max_rows)

@@ -30,7 +30,7 @@ _EXPORTS = {
     "mmpipe.data.filters": ("TokenCounter", "TokenLengths", "LengthFilterReport", "token_lengths",
         "filter_by_length"),
     "mmpipe.data.streaming": ("STRATEGIES", "Coverage", "shard_for_rank", "encode_stream", "undecoded_stream",
-        "exactly_once"),
+        "exactly_once", "epoch_shuffle"),
     "mmpipe.data.ray_data": ("RayBatchEncoder", "batch_rows", "rows_to_arrow"),
     "mmpipe.data.loading": ("load_table", "dataset_table", "table_to_dataset"),
     "mmpipe.data.validate": ("BOOKKEEPING", "REENCODE", "SchemaError", "Issue", "ValidationReport",
