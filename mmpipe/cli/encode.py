@@ -117,6 +117,8 @@ def encode_options(args) -> dict:
     """The `mmpipe.Encoder` options of the parsed ``mmpipe encode`` arguments."""
     opts: dict[str, Any] = {"truncation": args.truncation, "labels": not args.no_labels,
                             "images_column": args.images_column}
+    if getattr(args, "end_of_turn", "template") != "template":
+        opts["end_of_turn"] = args.end_of_turn
     # options not given are left to the encoder (no --pixels: uint8, the generic path's float32 outputs)
     given = {"pixels": args.pixels, "max_length": args.max_length, "min_pixels": args.min_pixels,
              "max_pixels": args.max_pixels}
@@ -233,6 +235,7 @@ def run_record(args, src: Path, fmt: str, family: str, options: dict, report, se
 
 def add_encode_parser(sub) -> None:
     from mmpipe.encoding.encoder import ERROR_POLICIES, TRUNCATION_POLICIES
+    from mmpipe.encoding.spans import END_OF_TURN
     from mmpipe.records.columns import ENCODE_PIXEL_FORMATS
 
     p = sub.add_parser("encode", help="encode a local dataset (jsonl/json/parquet/saved dir) and save it",
@@ -255,6 +258,9 @@ def add_encode_parser(sub) -> None:
     p.add_argument("--min-pixels", type=int, default=None, help="override the processor's min_pixels")
     p.add_argument("--max-pixels", type=int, default=None, help="override the processor's max_pixels")
     p.add_argument("--no-labels", action="store_true", help="do not store labels (e.g. RL prompts)")
+    p.add_argument("--end-of-turn", choices=END_OF_TURN, default="template",
+                   help="labels after each reply: what the chat template marks (template), or also the family's "
+                        "stop token, appended where the template writes none (stop_token) (default: %(default)s)")
     p.add_argument("--on-error", choices=ERROR_POLICIES, default="raise",
                    help="a row that fails to encode: stop (raise) or leave it out and list it in the report (skip)")
     p.add_argument("--image-root", default=None, metavar="DIR",

@@ -403,3 +403,19 @@ def test_encode_pixels_source_stores_the_files_and_collates_to_the_uint8_pixels(
     want = collate([sample["reference"][i] for i in idx])
     assert want.pixel_values is not None and want.pixel_values.shape[0] > 0
     assert torch.equal(collate([got[i] for i in idx]).pixel_values, want.pixel_values)
+
+
+def test_end_of_turn_reaches_the_encoder():
+    """``--end-of-turn stop_token`` is the Encoder's ``end_of_turn`` (recorded in the options the
+    report keeps); the default leaves it to the encoder."""
+    import argparse
+
+    from mmpipe.cli.encode import add_encode_parser, encode_options
+
+    parser = argparse.ArgumentParser()
+    add_encode_parser(parser.add_subparsers(dest="cmd"))
+    base = ["encode", "in.jsonl", "--processor", "testing:glm4v", "--out", "o"]
+    assert "end_of_turn" not in encode_options(parser.parse_args(base))
+    assert encode_options(parser.parse_args(base + ["--end-of-turn", "stop_token"]))["end_of_turn"] == "stop_token"
+    with pytest.raises(SystemExit):
+        parser.parse_args(base + ["--end-of-turn", "eos"])
