@@ -12,19 +12,14 @@ does not change with the machine's load; these lines give the seconds.
 
 from __future__ import annotations
 
+from mmpipe.testing.judge_replies import BRACE_HEAVY
+
 from .report import Result, fig, fmt_time
 from .timing import side_by_side
 
 GOOD = ' {"reasonable": true, "confidence": 0.5}'
 MB = 1_000_000
-SHAPES = {  # the same replies as tests/reward/test_judge_faults.py BRACE_HEAVY
-    "open braces": lambda n: "{" * n,
-    "object starts": lambda n: '{"a":1,' * (n // 7),
-    "key starts": lambda n: '{"' * (n // 2),
-    "nested past the recursion limit": lambda n: '{"a": ' * (n // 6),
-    "unclosed think": lambda n: "<think>{" * (n // 8),
-    "unclosed list of objects": lambda n: '[{"a": 1}, ' * (n // 11),
-}
+SHAPES = BRACE_HEAVY  # the replies tests/reward/test_judge_faults.py counts work on
 SIZES = (MB // 2, MB, 2 * MB)
 QUICK_SIZES = (50_000, 100_000, 200_000)
 

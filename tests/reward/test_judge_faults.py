@@ -22,6 +22,7 @@ from mmpipe.reward import JudgeClient, VLMJudge, parse_action, parse_progress
 from mmpipe.reward.dataset import JudgeColumnError
 from mmpipe.reward.parsing import RAW_TEXT_LIMIT, clip_raw, extract_json
 from mmpipe.testing import tiny_image
+from mmpipe.testing.judge_replies import BRACE_HEAVY  # quadratic for a naive parser
 
 from judge_server import ACTION_OK, PROGRESS_OK, JudgeServer, Request, by_kind, drip, ok, sequence, valid_answers
 from helpers import bounded
@@ -31,15 +32,6 @@ FRAME = tiny_image(12, 16, seed=1)
 GOOD = ' {"reasonable": true, "confidence": 0.5}'
 MB = 1_000_000
 
-# brace-heavy replies (each was quadratic: a JSONDecodeError counts lines up to its position)
-BRACE_HEAVY = {
-    "open braces": lambda n: "{" * n,
-    "object starts": lambda n: '{"a":1,' * (n // 7),
-    "key starts": lambda n: '{"' * (n // 2),
-    "nested past the recursion limit": lambda n: '{"a": ' * (n // 6),
-    "unclosed think": lambda n: "<think>{" * (n // 8),
-    "unclosed list of objects": lambda n: '[{"a": 1}, ' * (n // 11),
-}
 
 
 class CountingDecoder:
