@@ -114,16 +114,9 @@ class VisionSpec:
         floats with its table. ``backends``: each row's ``image_backend`` (None: no image pixels;
         videos do not depend on it, `for_videos`).
         Rows of different backends in one batch are a `PixelDataError` naming the first odd row."""
-        found = [(i, b) for i, b in enumerate(backends) if b is not None]
-        if all(b == self.backend for _, b in found):
-            return self
-        odd = next((i for i, b in found if b != found[0][1]), None)
-        if odd is not None:
-            raise PixelDataError(
-                f"rows encoded with different image backends in one batch ({found[0][1]!r} and {backends[odd]!r})",
-                where="", row=odd, column="image_backend", stage="collate",
-                fix="encode every row with the same Encoder(image_backend=...): the engine's backend")
-        return replace(self, backend=found[0][1])
+        found = _rows_value(backends, self.backend, "image backends", "image_backend",
+                            "encode every row with the same Encoder(image_backend=...): the engine's backend")
+        return self if found is None else replace(self, backend=found)
 
     def for_transparency(self, rules: Sequence[Optional[str]]) -> "VisionSpec":
         """This spec with the transparency rule the rows were encoded with (each row's recorded
@@ -131,17 +124,10 @@ class VisionSpec:
         transparency): rows decoded again from their files (``pixels="source"``) must convert
         as they were encoded, whatever transformers the collator runs on. Rows of different
         rules in one batch are a `PixelDataError` naming the first odd row."""
-        found = [(i, r) for i, r in enumerate(rules) if r is not None]
-        if not found or all(r == self.transparency for _, r in found):
-            return self
-        odd = next((i for i, r in found if r != found[0][1]), None)
-        if odd is not None:
-            raise PixelDataError(
-                f"rows encoded with different transparency rules in one batch ({found[0][1]!r} and {rules[odd]!r})",
-                where="", row=odd, column="image_transparency", stage="collate",
-                fix="re-encode the rows on one transformers line (or all with image_backend='vllm'): "
-                    "their transparent pixels differ")
-        return replace(self, transparency=check_transparency(found[0][1]))
+        found = _rows_value(rules, self.transparency, "transparency rules", "image_transparency",
+                            "re-encode the rows on one transformers line (or all with image_backend='vllm'): "
+                            "their transparent pixels differ")
+        return self if found is None else replace(self, transparency=check_transparency(found))
 
     def for_videos(self) -> "VisionSpec":
         """The spec videos are made with: this one with ``backend="torchvision"``, whatever
@@ -245,3 +231,18 @@ def glm4v_smart_resize(height: int, width: int, factor: int, min_pixels: int, ma
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
+
+
+def _rows_value(values: Sequence[Optional[str]], current: Optional[str], what: str, column: str,
+                fix: str) -> Optional[str]:
+    """The one setting the rows recorded (``values``: each row's, None: not recorded) when it
+    differs from ``current``, else None (nothing to change); rows that disagree are a
+    `PixelDataError` naming the first odd row."""
+    found = [(i, v) for i, v in enumerate(values) if v is not None]
+    if all(v == current for _, v in found):
+        return None
+    odd = next((i for i, v in found if v != found[0][1]), None)
+    if odd is not None:
+        raise PixelDataError(f"rows encoded with different {what} in one batch ({found[0][1]!r} and {values[odd]!r})",
+                             where="", row=odd, column=column, stage="collate", fix=fix)
+    return found[0][1]
