@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-STAGES = ("parse", "image", "template", "truncate", "collate", "validate", "encode", "rollout")
+STAGES = ("parse", "image", "audio", "template", "truncate", "collate", "validate", "encode", "rollout")
 
 
 class MMPipeError(Exception):
@@ -180,6 +180,14 @@ class VideoError(ImageError):
     An `ImageError` (stage ``"image"``), so handlers of image failures see videos too."""
 
 
+class AudioError(InputError):
+    """An audio clip cannot be used: unreadable or truncated file, no audio stream, zero samples,
+    no or another sampling rate than the processor's, non-finite samples, or longer than the
+    processor's feature extractor takes (it would cut the clip)."""
+
+    default_stage = "audio"
+
+
 class TruncationError(InputError):
     """The row exceeds ``max_length`` and the truncation policy cannot handle it."""
 
@@ -201,13 +209,13 @@ class FamilyMismatchError(InputError):
 # What the public stages (encode, Collator, records validation) raise for bad input.
 # Anything else escaping them is a bug in mmpipe - the fuzz tests hold us to that.
 DOCUMENTED_ERRORS = (
-    InputError, ParseError, PlaceholderError, ImageError, VideoError, TruncationError, PixelDataError,
+    InputError, ParseError, PlaceholderError, ImageError, VideoError, AudioError, TruncationError, PixelDataError,
     FamilyMismatchError,
 )
 
 __all__ = [
     "STAGES", "MMPipeError", "ArgumentError", "InputError", "ParseError", "PlaceholderError", "ImageError",
-    "VideoError", "TruncationError", "PixelDataError", "FamilyMismatchError", "DOCUMENTED_ERRORS",
+    "VideoError", "AudioError", "TruncationError", "PixelDataError", "FamilyMismatchError", "DOCUMENTED_ERRORS",
 ]
 
 

@@ -36,6 +36,7 @@ from PIL import Image, ImageOps
 import mmpipe
 from mmpipe.errors import (
     ArgumentError,
+    AudioError,
     FamilyMismatchError,
     ImageError,
     InputError,
@@ -255,6 +256,18 @@ def _failed_row(r):
 
 # ---- the corpus ------------------------------------------------------------------------
 IMG = dict(err_stage="image", column="images")
+def omni():
+    """Qwen2.5-Omni's thinker processor (the generic path with audio), built once."""
+    if "omni" not in _OMNI:
+        from mmpipe.offline.qwen_omni import build_processor
+
+        _OMNI["omni"] = build_processor()
+    return _OMNI["omni"]
+
+
+_OMNI: dict = {}
+
+
 CASES: list[Case] = [
     # bytes and paths
     Case("corrupt_bytes", one_image(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4), ImageError,
@@ -641,7 +654,17 @@ CASES += [
     *[Case(f"text_{n}", chat(user([{"type": "text", "text": v}])), ParseError, (f"text must be a string, found {n}",),
            **PARSE_M) for n, v in (("list", ["a", "b"]), ("dict", {"a": 1}))],
     Case("item_type_audio", chat(user([{"type": "audio", "audio": "x.wav"}])), ParseError,
-         ("has neither text nor an image",), **PARSE_M),
+         ("1 audio clip(s)", "takes no audio", "Qwen2.5-Omni"), err_stage="parse", column="audios"),
+    *[Case(f"omni_audio_{name}", lambda tmp, v=value: {"messages": [user([{"type": "audio"}, {"type": "text", "text": "?"}])],
+                                                       "audios": [v]}, AudioError, words, err_stage="audio",
+           column="audios", layout="skip", processor=omni)
+      for name, value, words in (
+          ("bare_array", np.zeros(800, np.float32), ("must be a path", "sampling_rate")),
+          ("corrupt_bytes", b"RIFF0000WAVEjunk", ("cannot be decoded",)),
+          ("empty", {"array": np.zeros(0, np.float32), "sampling_rate": 16000}, ("no samples",)),
+          ("nan", {"array": np.full(800, np.nan, np.float32), "sampling_rate": 16000}, ("NaN",)),
+          ("over_30s", {"array": np.zeros(16000 * 31, np.float32), "sampling_rate": 16000}, ("would cut the rest",)),
+      )],
     Case("item_without_type", chat(user([{"text": "untyped words"}])), holds="an item with text is a text item",
          check=decodes_to("untyped words")),
     Case("item_type_none", chat(user([{"type": None, "text": "none typed"}])), holds="an item with text is a text item",

@@ -40,7 +40,7 @@ from mmpipe.encoding.fingerprint import CodeStamped
 from mmpipe.encoding.glm_videos import token_types
 from mmpipe.encoding.mapping import EncodeStats, check_max_length, encode_or_drop, map_call
 from mmpipe.encoding.options import ERROR_POLICIES, TRUNCATION_POLICIES, check_choice, check_options
-from mmpipe.encoding.parse import parse_media, row_where
+from mmpipe.encoding.parse import no_audio, parse_media, row_where
 from mmpipe.encoding.render import ChatTemplate
 from mmpipe.encoding.spans import END_OF_TURN
 from mmpipe.errors import ArgumentError, ImageError, InputError
@@ -104,6 +104,9 @@ class Encoder(ChatTemplate, CodeStamped):
         videos_column / video_options: where ``{"type": "video"}`` items / ``<video>`` markers take
             videos from, and their frame sampling and sizing (`mmpipe.images.video.VideoOptions`
             or a dict of its fields; None: qwen-vl-utils' defaults). Patch-grid families.
+        audios_column: where ``{"type": "audio"}`` items / ``<audio>`` markers take clips from
+            (default ``"audios"``; `mmpipe.audio.load_audio` reads them). Processors that take
+            audio (the Omni thinkers, Gemma 3n, Phi-4-multimodal), on the generic path.
         images_kwargs: the processor call's image options of a tiled family (e.g. Gemma 3
             ``{"do_pan_and_scan": True}``), as ``processor(..., **images_kwargs)``.
         family: None (the processor's, `mmpipe.families.resolve_family`) or ``"generic"``: the
@@ -126,7 +129,7 @@ class Encoder(ChatTemplate, CodeStamped):
                  tools_column: str = "tools", image_root: Optional[str] = None,
                  image_backend: Optional[str] = None, videos_column: Optional[str] = None,
                  video_options=None, images_kwargs: Optional[dict] = None, family: Optional[str] = None,
-                 log=None, end_of_turn: str = "template"):
+                 log=None, end_of_turn: str = "template", audios_column: Optional[str] = None):
         check_choice("on_error", on_error, ERROR_POLICIES)
         check_choice("end_of_turn", end_of_turn, END_OF_TURN)
         check_choice("truncation", truncation, TRUNCATION_POLICIES)
@@ -158,6 +161,7 @@ class Encoder(ChatTemplate, CodeStamped):
         options = locals()
         given = {k: options[k] for k in KIND_OPTIONS if options[k] is not None}
         self.videos_column = "videos" if videos_column is None else videos_column
+        self.audios_column = "audios" if audios_column is None else audios_column
         self.family.media.encode_settings(self, given)  # sets pixels and the kind's own attributes
         self.image_root = check_image_root(image_root)
         self.fresh_runtime_state()
@@ -191,11 +195,17 @@ class Encoder(ChatTemplate, CodeStamped):
         return encode_or_drop(self, example, idx, images)[0]
 
     def _encode_row(self, example: dict, idx=None, prefetched=None) -> MultiModalInputs:
-        messages, images, videos = parse_media(example, idx=idx, images_column=self.images_column,
-                                               videos_column=self.videos_column)
+        messages, images, videos, audios = parse_media(example, idx=idx, images_column=self.images_column,
+                                                       videos_column=self.videos_column,
+                                                       audios_column=self.audios_column)
         messages = self.template_messages(messages, row_where(idx))
+        with_audio = {}
+        if audios:  # only the kinds that take audio see the keyword
+            if not self.family.media.TAKES_AUDIO:
+                no_audio(audios, row_where(idx), f"{self.family.name} ({self.processor_class})")
+            with_audio["audios"] = audios
         fields = self.family.media.encode_row(self, messages, images, videos, where=row_where(idx),
-                                              tools=self.row_tools(example, idx), prefetched=prefetched)
+                                              tools=self.row_tools(example, idx), prefetched=prefetched, **with_audio)
         return MultiModalInputs(family=self.family.name, **fields).validate(idx)
 
     def check_length(self, n_tokens: int, where: str, fix: str) -> None:

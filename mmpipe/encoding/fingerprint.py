@@ -30,7 +30,7 @@ __all__ = ["CODE_SOURCES", "CodeStamped", "StampedFunction", "code_hash", "code_
 # import from the encode path that is not covered here fails a test. The two data/ modules
 # come with the media strategies (their validate sections type what they find with them), and
 # so does batching/media_fields.py (their collate sections cut their media with it).
-CODE_SOURCES = ("encoding", "images", "media", "records", "families.py", "rope.py", "rope_checks.py", "errors.py",
+CODE_SOURCES = ("encoding", "images", "audio", "media", "records", "families.py", "rope.py", "rope_checks.py", "errors.py",
                 "_fork.py", "data/column_rules.py", "data/report.py", "batching/media_fields.py")
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the mmpipe/ folder

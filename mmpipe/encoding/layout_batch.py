@@ -85,13 +85,13 @@ def encode_layout(enc, examples: list[dict], rows_idx: list) -> tuple[dict, list
 # ---- per row: parse, then the texts ---------------------------------------------------------
 def _parse(enc, example: dict, idx) -> Optional[_Row]:
     try:
-        messages, images, videos = parse_media(example, idx=idx, images_column=enc.images_column,
-                                               videos_column=enc.videos_column)
+        messages, images, videos, audios = parse_media(example, idx=idx, images_column=enc.images_column,
+                                                       videos_column=enc.videos_column)
         tools = enc.row_tools(example, idx)
         messages = enc.template_messages(messages, row_where(idx))
     except Exception:  # noqa: BLE001 - the per-row path raises (or records) it, located
         return None
-    if videos:
+    if videos or audios:  # the per-row path encodes (or refuses) them
         return None
     agp = enc.add_generation_prompt
     if agp is None:

@@ -17,14 +17,15 @@ from typing import Any
 import numpy as np
 
 from mmpipe.errors import ImageError, ParseError, PlaceholderError, VideoError
-from mmpipe.records.columns import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
+from mmpipe.records.columns import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
-__all__ = ["VIDEO_ITEM_OPTIONS", "UnreadableImages", "MediaQueue", "column_values", "is_video_item", "inline_video"]
+__all__ = ["VIDEO_ITEM_OPTIONS", "UnreadableImages", "MediaQueue", "column_values", "is_video_item", "inline_video",
+           "is_audio_item", "inline_audio"]
 
 # per-video options a video item may carry (qwen-vl-utils' names); `sample_fps`: a frame list's rate
 VIDEO_ITEM_OPTIONS = ("fps", "nframes", "min_frames", "max_frames", "min_pixels", "max_pixels", "total_pixels",
                       "sample_fps")
-_MARKERS = {"image": IMAGE_PLACEHOLDER, "video": VIDEO_PLACEHOLDER}
+_MARKERS = {"image": IMAGE_PLACEHOLDER, "video": VIDEO_PLACEHOLDER, "audio": AUDIO_PLACEHOLDER}
 
 
 def is_video_item(item: dict) -> bool:
@@ -46,6 +47,28 @@ def inline_video(item: dict) -> Any:
         return None
     options = {k: item[k] for k in VIDEO_ITEM_OPTIONS if item.get(k) is not None}
     return {"video": value, **options} if options else value
+
+
+def is_audio_item(item: dict) -> bool:
+    """Whether a content item stands for an audio clip (``{"type": "audio" | "audio_url" |
+    "input_audio", ...}``, or an untyped item holding an ``audio`` value)."""
+    t = item.get("type")
+    return t in ("audio", "audio_url", "input_audio") or (t is None and item.get("audio") is not None)
+
+
+def inline_audio(item: dict) -> Any:
+    """The clip an audio item carries itself (``audio``, ``audio_url`` (str or ``{"url"}``),
+    OpenAI's ``input_audio`` ``{"data": base64, "format"}`` as its bytes, or ``path``), or None for a
+    bare placeholder."""
+    import base64
+
+    value = item.get("audio")
+    if value is None and item.get("audio_url") is not None:
+        url = item["audio_url"]
+        value = url.get("url") if isinstance(url, dict) else url
+    if value is None and isinstance(item.get("input_audio"), dict) and item["input_audio"].get("data"):
+        value = base64.b64decode(item["input_audio"]["data"])
+    return value if value is not None else item.get("path")
 
 
 class UnreadableImages:
@@ -94,6 +117,14 @@ def column_values(example: dict, column: str, where: str, kind: str = "image") -
     except Exception as e:  # noqa: BLE001 - datasets decodes Image() / Video() values lazily, on this read
         values = UnreadableImages(example, column, e)
     if isinstance(values, UnreadableImages):
+        if kind == "audio":
+            from mmpipe.errors import AudioError
+
+            raise AudioError(f"datasets could not decode column {column!r} ({type(values.exc).__name__}: "
+                             f"{values.exc})"[:300], where=where, column=column, expected="undecoded audio",
+                             found="a datasets.Audio() column that does not decode",
+                             fix=f"read the column undecoded (mmpipe decodes it): ds.cast_column({column!r}, "
+                                 "datasets.List(datasets.Audio(decode=False)))")
         raise values.error(where, column) if kind == "image" else values.video_error(where, column)
     if values is not None and not isinstance(values, (list, tuple)) and not (
             isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1):

@@ -38,10 +38,12 @@ import re
 
 import numpy as np
 
-from mmpipe.encoding.media import MediaQueue, UnreadableImages, column_values, inline_video, is_video_item
+from mmpipe.encoding.media import (
+    MediaQueue, UnreadableImages, column_values, inline_audio, inline_video, is_audio_item, is_video_item,
+)
 from mmpipe.encoding.row_checks import check_completion, check_one_source, check_row, is_image_item
 from mmpipe.errors import ParseError
-from mmpipe.records.columns import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
+from mmpipe.records.columns import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
 # The roles the Qwen-VL chat templates render as turns. Another string is rendered as given
 # (a documented corpus case); a non-string or empty role is refused.
@@ -87,7 +89,7 @@ def split_placeholders(text: str, markers=(IMAGE_PLACEHOLDER,)) -> list[dict]:
     """Prompt text with ``<image>`` (and, when ``markers`` name it, ``<video>``) markers ->
     content items, one ``{"type": "image"}`` / ``{"type": "video"}`` per marker and
     ``{"type": "text", "text": ...}`` for the (non-empty) text between them."""
-    kinds = {IMAGE_PLACEHOLDER: "image", VIDEO_PLACEHOLDER: "video"}
+    kinds = {IMAGE_PLACEHOLDER: "image", VIDEO_PLACEHOLDER: "video", AUDIO_PLACEHOLDER: "audio"}
     parts = re.split("(" + "|".join(re.escape(m) for m in markers) + ")", text)
     items: list[dict] = []
     for i, part in enumerate(parts):
@@ -131,17 +133,21 @@ def _raw_messages(example: dict, where: str) -> tuple[list, str, int]:
 
 
 class _Media:
-    """A row's image and video queues and the values taken so far, in order of appearance."""
+    """A row's image, video and audio queues and the values taken so far, in order of appearance."""
 
-    def __init__(self, example: dict, images_column: str, videos_column: str, where: str):
+    def __init__(self, example: dict, images_column: str, videos_column: str, where: str,
+                 audios_column: str = "audios"):
         self.iq = MediaQueue(column_values(example, images_column, where), images_column, where)
         self.vq = MediaQueue(column_values(example, videos_column, where, "video"), videos_column, where, "video")
+        self.aq = MediaQueue(column_values(example, audios_column, where, "audio"), audios_column, where, "audio")
         self.images: list = []
         self.videos: list = []
+        self.audios: list = []
 
     def markers(self, text: str) -> list[str]:
         """The placeholder markers in ``text`` that have a non-empty column to take from."""
-        return [m for m, q in ((IMAGE_PLACEHOLDER, self.iq), (VIDEO_PLACEHOLDER, self.vq)) if q.images and m in text]
+        return [m for m, q in ((IMAGE_PLACEHOLDER, self.iq), (VIDEO_PLACEHOLDER, self.vq), (AUDIO_PLACEHOLDER, self.aq))
+                if q.images and m in text]
 
 
 def _parse_item(item, m_i: int, media: _Media, column: str, where: str) -> dict:
@@ -161,9 +167,13 @@ def _parse_item(item, m_i: int, media: _Media, column: str, where: str) -> dict:
         inline = inline_video(item)
         media.videos.append(media.vq.take() if inline is None else inline)
         return {"type": "video"}
+    if is_audio_item(item):
+        inline = inline_audio(item)
+        media.audios.append(media.aq.take() if inline is None else inline)
+        return {"type": "audio"}
     text = item.get("text")
     if text is None:
-        raise ParseError(f"message {m_i}: content item {item!r:.80} has neither text nor an image",
+        raise ParseError(f"message {m_i}: content item {item!r:.80} has neither text nor an image, video or audio",
                          where=where, column=column, fix="give text items a 'text' string")
     if not isinstance(text, str):
         raise ParseError(f"message {m_i}: text must be a string, found {type(text).__name__}",
@@ -295,11 +305,12 @@ def parse_tools(example: dict, *, idx=None, column: str = "tools", default: Opti
     return list(value)
 
 
-def parse_media(example: dict, *, idx=None, images_column: str = "images",
-                videos_column: str = "videos") -> tuple[list[dict], list[Any], list[Any]]:
-    """Raw row -> (messages for the chat template, images, videos), each in order of appearance.
+def parse_media(example: dict, *, idx=None, images_column: str = "images", videos_column: str = "videos",
+                audios_column: str = "audios") -> tuple[list[dict], list[Any], list[Any], list[Any]]:
+    """Raw row -> (messages for the chat template, images, videos, audio clips), each in order of
+    appearance.
 
-    Returned messages carry only ``{"type": "image"}`` / ``{"type": "video"}`` /
+    Returned messages carry only ``{"type": "image"}`` / ``{"type": "video"}`` / ``{"type": "audio"}`` /
     ``{"type": "text", "text": ...}`` items (or plain string contents), and the tool fields
     (``tool_calls`` on assistant messages, ``tool_call_id`` / ``name``); image and video values
     are returned separately (a video item's per-video options ride with its value, see
@@ -307,21 +318,23 @@ def parse_media(example: dict, *, idx=None, images_column: str = "images",
     """
     where = row_where(idx)
     raw, column, n_main = _raw_messages(example, where)
-    media = _Media(example, images_column, videos_column, where)
+    media = _Media(example, images_column, videos_column, where, audios_column)
     columns = [column if m_i < n_main else "completion" for m_i in range(len(raw))]
     messages = [_parse_message(msg, m_i, media, columns[m_i], where) for m_i, msg in enumerate(raw)]
     for m_i, (msg, raw_msg) in enumerate(zip(messages, raw)):
         msg.update(_tool_fields(raw_msg, m_i, columns[m_i], where))
     media.iq.check_all_used()
     media.vq.check_all_used()
-    return messages, media.images, media.videos
+    media.aq.check_all_used()
+    return messages, media.images, media.videos, media.audios
 
 
 def parse_row(example: dict, *, idx=None, images_column: str = "images") -> tuple[list[dict], list[Any]]:
     """Raw row -> (messages for the chat template, images in order of appearance): `parse_media`
     for the stages that take images only (a row with videos raises `ParseError`)."""
-    messages, images, videos = parse_media(example, idx=idx, images_column=images_column)
+    messages, images, videos, audios = parse_media(example, idx=idx, images_column=images_column)
     images_only(videos, row_where(idx))
+    no_audio(audios, row_where(idx))
     return messages, images
 
 
@@ -340,3 +353,12 @@ def images_only(videos: list, where: str, fix: Optional[str] = None, what: str =
                       f"encode it with a processor of a family that takes videos ({', '.join(video_families())})")
         raise ParseError(f"the row holds {len(videos)} video(s) but {what} takes images only", where=where,
                          column="videos", expected="no video items", found=f"{len(videos)} video(s)", fix=fix)
+
+
+def no_audio(audios: list, where: str, what: str = "this stage") -> None:
+    """Refuse a row's audio clips (`ParseError`) where a stage or family takes none."""
+    if audios:
+        raise ParseError(f"the row holds {len(audios)} audio clip(s) but {what} takes no audio", where=where,
+                         column="audios", expected="no audio items", found=f"{len(audios)} clip(s)",
+                         fix="encode audio rows with an audio model's processor (Qwen2.5-Omni, Qwen3-Omni, Gemma 3n, "
+                             "Phi-4-multimodal: the generic path), or drop the row's audio items and audios column")

@@ -221,6 +221,7 @@ FOREIGN_ROW = "a tiled-family or generic-path row"  # a row of another kind in s
 BATCH_ARRAYS = "torch"  # the batch's fields are torch tensors (the 1-D kinds' stay numpy, as always)
 POSITION_ROWS = (3,)  # position_ids [3, L] per row, [3, B, L] per batch (M-RoPE)
 COLLATOR_NEEDS_PROCESSOR = None  # without a processor: the family table's VisionSpec
+TAKES_AUDIO = False  # audio clips: the processor kind only (the Omni thinkers, Gemma 3n, Phi-4-multimodal)
 CHECK_STORED_DTYPES = True  # a stored dict's float token ids / non-uint8 compact pixels are refused
 
 

@@ -16,7 +16,7 @@ Reached as ``fam.media.encode_*`` (re-exported by `mmpipe.media.processor`).
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 from PIL import Image
@@ -152,14 +152,35 @@ def run_processor(enc, **kwargs) -> tuple[dict, dict]:
     return arrays, low
 
 
-def _call(enc, text: str, images: list) -> dict:
+def _call(enc, text: str, images: list, audios: Sequence = ()) -> dict:
     """The processor's outputs (numpy) for one row."""
-    return run_processor(enc, text=[text], images=images or None)[0]
+    return run_processor(enc, text=[text], images=images or None, **_audio_kwargs(audios))[0]
 
 
-def user_turn(n_images: int) -> list:
-    """A probe conversation: one user turn of ``n_images`` image items and the text "a"."""
-    return [{"role": "user", "content": [{"type": "image"}] * n_images + [{"type": "text", "text": "a"}]}]
+def _audio_kwargs(audios: Sequence) -> dict:
+    """``audio=`` for a call with clips (a processor without audio never sees the keyword)."""
+    return {"audio": list(audios)} if len(audios) else {}
+
+
+def user_turn(n_images: int, n_audios: int = 0) -> list:
+    """A probe conversation: one user turn of ``n_audios`` audio and ``n_images`` image items and the text "a"."""
+    return [{"role": "user", "content": [{"type": "audio"}] * n_audios + [{"type": "image"}] * n_images
+             + [{"type": "text", "text": "a"}]}]
+
+
+def load_audios(enc, audios: list, where: str) -> list:
+    """The row's clips -> mono float32 waveforms at the feature extractor's sampling rate
+    (`mmpipe.audio.load_audio`); a clip longer than a Whisper-style extractor takes (``n_samples``:
+    it would cut it) refused. A processor without a feature extractor takes no audio (`ParseError`)."""
+    from mmpipe.audio import load_audio
+    from mmpipe.encoding.parse import no_audio
+
+    fe = getattr(enc.processor, "feature_extractor", None)
+    if fe is None or not getattr(fe, "sampling_rate", None):
+        no_audio(audios, where, f"{enc.processor_class} (no audio feature extractor)")
+    limit = int(getattr(fe, "n_samples", 0) or 0)
+    return [load_audio(a, int(fe.sampling_rate), where=f"{where}, audio {i}", column=enc.audios_column,
+                       max_samples=limit) for i, a in enumerate(audios)]
 
 
 def probe_call(enc, images: list):
@@ -173,17 +194,20 @@ _PROCESSOR_FAILURES = (ValueError, TypeError, IndexError, KeyError, ArithmeticEr
                        AttributeError, AssertionError)
 
 
-def encode_row(enc, messages: list, images: list, videos: list, *, where: str, tools, prefetched) -> dict:
+def encode_row(enc, messages: list, images: list, videos: list, *, where: str, tools, prefetched,
+               audios: Sequence = ()) -> dict:
     """One parsed row -> the record's fields: the processor's outputs split by its layout into
-    ``sequence`` (int [L]) and ``vision``; a row over ``max_length`` raises `TruncationError`
+    ``sequence`` (int [L]) and ``vision`` (audio clips: the feature extractor's outputs, e.g.
+    ``input_features`` [A, mels, frames]); a row over ``max_length`` raises `TruncationError`
     (or is dropped)."""
     images_only(videos, where, what=f"{enc.processor_class} on the generic path")
+    waves = load_audios(enc, list(audios), where) if len(audios) else []
     pil = [im for _, im in enc.load_images(images, where, prefetched)]
     agp = enc.generation_prompt(messages)
     text = enc.prompt_text(messages, agp, tools, where)
     layout = enc.layout()
     try:
-        out, low = run_processor(enc, text=[text], images=pil or None)
+        out, low = run_processor(enc, text=[text], images=pil or None, **_audio_kwargs(waves))
     except _PROCESSOR_FAILURES as e:
         raise InputError(f"the processor {enc.processor_class} failed on this row ({type(e).__name__}: {e})",
                          where=where, stage="encode", column="messages",
@@ -212,7 +236,7 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
                              fix="report the processor class; encode with labels and options unchanged")
     for k in layout.sequence:
         sequence.setdefault(k, np.zeros(len(ids), np.int64))
-    labels = _labels(enc, messages, pil, agp, tools, ids, text) if enc.labels else None
+    labels = _labels(enc, messages, (pil, waves), agp, tools, ids, text) if enc.labels else None
     trained = np.flatnonzero(labels != IGNORE_INDEX) if labels is not None else ()
     if len(trained) and "labels" in out and "token_type_ids" in sequence:
         # the processor's labels are its token type 1 (PaliGemma's suffix: causal, trained; type 0 is the
@@ -250,33 +274,40 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-def _labels(enc, messages: list, images: list, agp: bool, tools, ids: np.ndarray, full: str) -> np.ndarray:
+def _labels(enc, messages: list, media: tuple, agp: bool, tools, ids: np.ndarray, full: str) -> np.ndarray:
     """int64 [L]: the ids where a token overlaps an assistant reply (its text and end-of-turn
     token, not the newline after), -100 elsewhere. A row without images whose ids are the
     tokenizer's for its text: the replies located in one render (`mmpipe.encoding.spans`) and
     the tokenizer's offsets (linear in the turns). Otherwise each reply's start and end: the text
     after it tokenized alone, when the row's ids end with those tokens and it holds no
-    image (no processor call); else the processor run on the conversation up to there
-    (its images included: image tokens count), a token merged across the edge labelled."""
-    if not images:
+    image or clip (no processor call); else the processor run on the conversation up to there
+    (its images and clips included: their tokens count), a token merged across the edge
+    labelled. ``media``: (the row's images, its audio waveforms)."""
+    images, audios = media
+    if not images and not audios:
         found = _text_row_labels(enc, messages, agp, tools, ids, full)
         if found is not None:
             return found
     labels = np.full(len(ids), IGNORE_INDEX, np.int64)
-    n_images = [sum(1 for c in m["content"] if isinstance(c, dict) and c.get("type") == "image")
-                if isinstance(m.get("content"), list) else 0 for m in messages]
+    counts = {kind: [sum(1 for c in m["content"] if isinstance(c, dict) and c.get("type") == kind)
+                     if isinstance(m.get("content"), list) else 0 for m in messages] for kind in ("image", "audio")}
+    n_images, n_audios = counts["image"], counts["audio"]
+
+    def upto(text: str, k: int) -> np.ndarray:  # the ids of a prefix holding messages[:k]'s media
+        return _prefix_ids(enc, text, images[:sum(n_images[:k])], audios[:sum(n_audios[:k])])
+
     for k, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
-        text_after = not any(n_images[k:])  # no image at or after this reply: tokenize the rest alone
+        text_after = not any(n_images[k:]) and not any(n_audios[k:])  # no media at or after: the rest alone
         before = enc.render(messages[:k], True, tools) if k else ""
         start = suffix_cut(enc, ids, full, before) if text_after else None
         if start is None:
-            start = _common_prefix(_prefix_ids(enc, before, images[:sum(n_images[:k])]), ids) if k else 0
-        upto = enc.render(messages[: k + 1], False, tools).rstrip("\n ")
-        end = suffix_cut(enc, ids, full, upto) if text_after else None
+            start = _common_prefix(upto(before, k), ids) if k else 0
+        upto_text = enc.render(messages[: k + 1], False, tools).rstrip("\n ")
+        end = suffix_cut(enc, ids, full, upto_text) if text_after else None
         if end is None:
-            upto_ids = _prefix_ids(enc, upto, images[:sum(n_images[: k + 1])])
+            upto_ids = upto(upto_text, k + 1)
             shared = _common_prefix(upto_ids, ids)
             end = shared + (1 if shared < len(upto_ids) else 0)  # a last token merged with what follows
         labels[start:end] = ids[start:end]
@@ -296,9 +327,9 @@ def suffix_cut(enc, ids: np.ndarray, full: str, prefix: str) -> Optional[int]:
     return len(ids) - n if n <= len(ids) and np.array_equal(ids[len(ids) - n:], rest_ids) else None
 
 
-def _prefix_ids(enc, text: str, images: list) -> np.ndarray:
-    """Token ids of a rendered conversation prefix with its own images."""
-    return _call(enc, text, images)["input_ids"][0].astype(np.int64)
+def _prefix_ids(enc, text: str, images: list, audios: Sequence = ()) -> np.ndarray:
+    """Token ids of a rendered conversation prefix with its own images and clips."""
+    return _call(enc, text, images, audios)["input_ids"][0].astype(np.int64)
 
 
 def encode_empty(enc) -> dict:

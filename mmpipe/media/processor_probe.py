@@ -12,7 +12,8 @@ from mmpipe.media.processor_encode import OWN_KEYS, plain_render, probe_call, ru
 
 def probe(enc) -> tuple:
     """The processor's outputs, found by probes: a text-only row, one row holding two small
-    images, one holding one, and the processor's batch of the last two -> (sequence keys,
+    images, one holding one, the processor's batch of the last two, and (a processor with a
+    feature extractor) one row holding two clips (`_audio_probe`) -> (sequence keys,
     vision keys as (name, stored dtype, ndim), row keys, pads, joins, dtypes; see
     `mmpipe.media.processor.ProcessorLayout`). Row keys: axis 0 of length 1 for the row (not a
     sequence), padded into ``[B, ...]``; joins: keys the batch call joins into ONE array along an
@@ -30,12 +31,32 @@ def probe(enc) -> tuple:
     arrays = {k: v for k, v in out.items() if k not in OWN_KEYS}
     sequence = {k for k, v in arrays.items() if v.shape == (1, seq)}
     sequence |= {k for k, v in text_only.items() if k not in OWN_KEYS and v.shape == text_only["input_ids"].shape}
+    audio, audio_low = _audio_probe(enc)
+    sequence |= {k for k, v in audio.items() if k not in OWN_KEYS and v.shape == audio["input_ids"].shape}
+    arrays.update({k: v for k, v in audio.items() if k not in OWN_KEYS and k not in arrays})
+    low = {**audio_low, **low}
     row_keys = sorted(k for k, v in arrays.items() if k not in sequence and v.ndim >= 1 and v.shape[0] == 1)
     pads, joins = _batch_rules(enc, row_keys, im, out)
     row_keys = [k for k in row_keys if k not in dict(joins)]
     vision = tuple((k, str(v.dtype), v.ndim) for k, v in sorted(arrays.items()) if k not in sequence)
     dtypes = tuple(sorted((k, d) for k, d in low.items() if k not in OWN_KEYS))
     return tuple(sorted(sequence)), vision, tuple(row_keys), pads, joins, dtypes
+
+
+def _audio_probe(enc) -> tuple[dict, dict]:
+    """The processor's outputs for one user turn holding two short clips (one of 0.5 s, one of 1 s
+    of a tone, at the feature extractor's rate): the audio keys (axis 0: the clips, e.g.
+    ``input_features`` [2, mels, frames]); ({}, {}) for a processor that takes no audio."""
+    fe = getattr(enc.processor, "feature_extractor", None)
+    rate = int(getattr(fe, "sampling_rate", 0) or 0)
+    if fe is None or not rate:
+        return {}, {}
+    t = np.arange(rate, dtype=np.float32) / rate
+    clips = [0.1 * np.sin(2 * np.pi * 440 * t[: rate // 2]), 0.1 * np.sin(2 * np.pi * 220 * t)]
+    try:
+        return run_processor(enc, text=[plain_render(enc, user_turn(0, 2), True)], audio=clips)
+    except (ValueError, TypeError, IndexError, KeyError, RuntimeError):  # a template or call without audio
+        return {}, {}
 
 
 def _joined_axis(a: np.ndarray, b: np.ndarray, both: np.ndarray):

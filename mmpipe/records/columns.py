@@ -28,6 +28,7 @@ def to_numpy(value) -> np.ndarray:
     return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
 IMAGE_PLACEHOLDER = "<image>"  # one image in verl-style raw text (and in ReMA's question column)
 VIDEO_PLACEHOLDER = "<video>"  # one video in verl-style raw text
+AUDIO_PLACEHOLDER = "<audio>"  # one audio clip in raw prompt text (LLaMA-Factory / ms-swift style)
 
 
 def offsets(counts) -> np.ndarray:

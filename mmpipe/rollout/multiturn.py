@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mmpipe.encoding.encoder import Encoder
-from mmpipe.encoding.parse import parse_media
+from mmpipe.encoding.parse import no_audio, parse_media, row_where
 from mmpipe.records.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, InputError, ParseError, PlaceholderError
 from mmpipe.records.columns import IGNORE_INDEX
@@ -56,8 +56,9 @@ def start(raw_row: dict, processor, *, index: Any = None, **encode_options) -> C
     would cut its generation prompt.
     """
     enc = conversation_encoder(processor, encode_options)
-    messages, images, _ = parse_media(raw_row, idx=index, images_column=enc.images_column,
-                                      videos_column=enc.videos_column)
+    messages, images, _, audios = parse_media(raw_row, idx=index, images_column=enc.images_column,
+                                              videos_column=enc.videos_column)
+    no_audio(audios, row_where(index), "a multi-turn conversation")
     row = enc.encode_row(raw_row, index)
     tools = enc.row_tools(raw_row, index)
     return Conversation(row=row, messages=tuple(messages), images=tuple(images),
@@ -256,9 +257,10 @@ def append_messages(conv: Conversation, messages: Sequence[dict], images: Sequen
             fix="append model replies with append_response",
         )
     enc = conv.encoder
-    new_msgs, new_images, new_videos = parse_media(
+    new_msgs, new_images, new_videos, new_audios = parse_media(
         {"messages": list(messages), enc.images_column: list(images), enc.videos_column: list(videos)},
         idx=conv.index, images_column=enc.images_column, videos_column=enc.videos_column)
+    no_audio(new_audios, conv.where, "a multi-turn conversation")
     if (new_images or new_videos) and not enc.family.is_vision:
         raise PlaceholderError(
             f"the observation holds {len(new_images)} image(s) and {len(new_videos)} video(s) but the model is "

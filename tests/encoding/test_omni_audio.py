@@ -1,0 +1,209 @@
+"""Audio rows on the generic path (issue 31): Qwen2.5-Omni's thinker processor (the real class, the
+published chat template, a tiny real thinker built offline, `mmpipe.offline.qwen_omni`), rows with
+0..2 clips and 0..1 photos.
+
+- encode == the processor's flat call on the row's whole conversation and its clips (ids, input
+  features, feature attention masks, pixels, grids: bit for bit), and == its own chat path
+  (``apply_chat_template(tokenize=True)``, which loads the clip files itself);
+- labels are the replies (multi-turn, a clip in the second user turn);
+- the invariant harness: ``unbatch(collate(rows)) == rows``, Arrow round trip through ``ds.map``,
+  and batched logits (left and right padding) == the thinker on each row's own processor call:
+  its TMRoPE positions are its own ``get_rope_index`` (the generic path passes none);
+- bad audio: typed errors naming the row and column, skip counted."""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+import pytest
+import torch
+
+import mmpipe
+from mmpipe.errors import AudioError, ParseError
+from mmpipe.testing import invariants
+
+soundfile = pytest.importorskip("soundfile")
+pytest.importorskip("soxr")
+
+from transformers.audio_utils import load_audio as hf_load_audio  # noqa: E402
+
+from helpers import photo_paths  # noqa: E402
+
+RATE = 16000
+
+
+def _clip(seconds: float, rate: int, seed: int, channels: int = 1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    n = int(seconds * rate)
+    t = np.arange(n) / rate
+    x = (0.2 * np.sin(2 * np.pi * (300 + 50 * seed) * t) + 0.05 * rng.standard_normal(n)).astype(np.float32)
+    return np.stack([x, 0.5 * x], 1) if channels == 2 else x
+
+
+@pytest.fixture(scope="module")
+def omni():
+    from mmpipe.offline.qwen_omni import build_model, build_processor
+
+    torch.manual_seed(0)
+    return build_processor(), build_model()
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    d = tmp_path_factory.mktemp("clips")
+    paths = {}
+    for name, sec, rate, ch in (("a.wav", 1.6, 22050, 1), ("b.flac", 0.9, 16000, 2), ("c.ogg", 2.3, 44100, 1)):
+        path = d / name
+        soundfile.write(str(path), _clip(sec, rate, len(paths), ch), rate)
+        paths[name] = str(path)
+    return paths
+
+
+def _raws(clips) -> list[dict]:
+    photo = next(p for p in photo_paths() if p.endswith("grace_hopper.jpg"))  # a real-size RGB photo
+    user = lambda *items: {"role": "user", "content": list(items)}  # noqa: E731
+    text = lambda t: {"type": "text", "text": t}  # noqa: E731
+    return [
+        {"messages": [user({"type": "audio"}, text("What is this sound?")),
+                      {"role": "assistant", "content": "A tone."}], "audios": [clips["a.wav"]]},
+        {"messages": [user({"type": "image"}, {"type": "audio"}, text("Does the sound fit the picture?")),
+                      {"role": "assistant", "content": "No."}],
+         "images": [photo], "audios": [{"array": _clip(1.2, 24000, 7), "sampling_rate": 24000}]},
+        {"messages": [user(text("Say hi.")), {"role": "assistant", "content": "Hi!"}]},
+        {"messages": [user({"type": "audio"}, text("first")), {"role": "assistant", "content": "one"},
+                      user({"type": "audio"}, text("and this?")), {"role": "assistant", "content": "two"}],
+         "audios": [clips["b.flac"], {"path": clips["c.ogg"], "bytes": None}]},
+    ]
+
+
+def _loaded(value) -> np.ndarray:
+    """A clip as the processor's own chat path loads it (transformers' load_audio)."""
+    if isinstance(value, dict) and value.get("array") is not None:
+        path = f"/tmp/mmpipe_omni_{value['sampling_rate']}.wav"
+        soundfile.write(path, value["array"], value["sampling_rate"], subtype="FLOAT")
+        return hf_load_audio(path, RATE, backend="soundfile")
+    return hf_load_audio(value["path"] if isinstance(value, dict) else value, RATE, backend="soundfile")
+
+
+def _own_call(proc, raw: dict) -> dict:
+    """The processor's flat call on the row: its whole conversation rendered, its images, its clips."""
+    from PIL import Image
+
+    msgs = [{**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m["content"], str) else m
+            for m in raw["messages"]]
+    text = proc.apply_chat_template(msgs, tokenize=False)
+    images = [Image.open(p) for p in raw.get("images", [])]
+    audios = [_loaded(a) for a in raw.get("audios", [])]
+    out = proc(text=[text], images=images or None, audio=audios or None, return_tensors="pt")
+    return dict(out)
+
+
+@pytest.fixture(scope="module")
+def encoded(omni, clips):
+    proc, _ = omni
+    raws = _raws(clips)
+    return raws, [mmpipe.encode_row(r, proc, idx=i) for i, r in enumerate(raws)]
+
+
+def test_encode_equals_the_processors_flat_call(omni, encoded):
+    proc, _ = omni
+    raws, rows = encoded
+    assert [len(r.get("audios", [])) for r in raws] == [1, 1, 0, 2]
+    for i, (raw, row) in enumerate(zip(raws, rows)):
+        own = _own_call(proc, raw)
+        np.testing.assert_array_equal(row.input_ids, own["input_ids"][0].numpy(), err_msg=f"row {i}")
+        keys = {k for k in own if k not in ("input_ids", "attention_mask")}
+        assert set(row.vision) == keys, (i, sorted(row.vision), sorted(keys))
+        for k in keys:
+            np.testing.assert_array_equal(row.vision[k], own[k].numpy(), err_msg=f"row {i}: {k}")
+    assert rows[3].vision["input_features"].shape == (2, 128, 3000)
+    assert rows[3].vision["feature_attention_mask"].sum(1).tolist() == [90, 230]  # 0.9 s and 2.3 s at hop 160
+
+
+def test_encode_equals_the_processors_chat_path(omni, clips):
+    proc, _ = omni
+    msgs = [{"role": "user", "content": [{"type": "audio", "path": clips["a.wav"]}, {"type": "text", "text": "and"},
+                                         {"type": "audio", "path": clips["b.flac"]}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "two sounds"}]}]
+    own = proc.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="np")
+    row = mmpipe.encode_row({"messages": msgs}, proc)
+    np.testing.assert_array_equal(row.input_ids, own["input_ids"][0])
+    for k in ("input_features", "feature_attention_mask"):
+        np.testing.assert_array_equal(row.vision[k], own[k])
+
+
+def test_labels_are_the_replies(omni, encoded):
+    proc, _ = omni
+    raws, rows = encoded
+    tok = proc.tokenizer
+    for raw, row in zip(raws, rows):
+        replies = [m["content"] for m in raw["messages"] if m["role"] == "assistant"]
+        marked = np.flatnonzero(row.labels != -100)
+        runs = np.split(marked, np.flatnonzero(np.diff(marked) != 1) + 1)
+        assert [tok.decode(row.input_ids[r]) for r in runs] == [f"{t}<|im_end|>" for t in replies]
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_batch_equals_rows(omni, encoded, padding_side):
+    proc, model = omni
+    raws, rows = encoded
+    batch = invariants.assert_roundtrip(rows, padding_side=padding_side)
+    kw = batch.model_inputs()
+    assert "position_ids" not in kw  # TMRoPE: the thinker's own get_rope_index
+    assert kw["input_features"].shape == (4, 128, 3000) and kw["feature_attention_mask"].shape == (4, 3000)
+    refs = [_own_call(proc, r) for r in raws]
+    invariants.assert_batched_logits_match(model, rows, proc, batch=batch, references=refs, atol=1e-5, rtol=1e-5)
+
+
+def test_arrow_round_trip_through_datasets_map(omni, clips, tmp_path):
+    proc, _ = omni
+    raws = _raws(clips)
+    def items(content):  # one Arrow type for every message: a list of {type, text} items
+        if isinstance(content, str):
+            return [{"type": "text", "text": content}]
+        return [{"type": c["type"], "text": c.get("text")} for c in content]
+
+    plain = [{"messages": [{"role": m["role"], "content": items(m["content"])} for m in r["messages"]],
+              "images": r.get("images", []),
+              "audios": [a if isinstance(a, str) else a.get("path") for a in r.get("audios", [])]}
+             for r in raws if all(isinstance(a, str) or a.get("path") for a in r.get("audios", []))]
+    assert len(plain) == 3
+    ds = datasets.Dataset.from_list(plain)
+    out = ds.map(mmpipe.encode, fn_kwargs={"processor": proc}, remove_columns=ds.column_names)
+    direct = [mmpipe.encode_row(r, proc) for r in plain]
+    invariants.assert_rows_from_arrow(out.data.table, direct)
+
+
+def test_bad_audio_is_typed(omni, clips):
+    proc, _ = omni
+    user = [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "?"}]}]
+    long = {"array": np.zeros(RATE * 31, np.float32), "sampling_rate": RATE}
+    with pytest.raises(AudioError) as e:  # the feature extractor would cut it at 30 s
+        mmpipe.encode_row({"messages": user, "audios": [long]}, proc, idx=5)
+    assert e.value.row == 5 and e.value.column == "audios" and "30.00 s" in str(e.value)
+    with pytest.raises(AudioError, match="cannot be decoded"):
+        mmpipe.encode_row({"messages": user, "audios": [b"not audio at all"]}, proc)
+    with pytest.raises(AudioError, match="sampling rate"):
+        mmpipe.encode_row({"messages": user, "audios": [np.zeros(100, np.float32)]}, proc)
+    from mmpipe.errors import PlaceholderError
+    with pytest.raises(PlaceholderError, match="audio"):  # two placeholders, one clip
+        mmpipe.encode_row({"messages": [{"role": "user", "content": [{"type": "audio"}] * 2}],
+                           "audios": [clips["a.wav"]]}, proc)
+    ds = datasets.Dataset.from_list([{"messages": user, "audios": [clips["a.wav"]]},
+                                     {"messages": user, "audios": [clips["a.wav"] + ".missing"]}])
+    enc, report = mmpipe.encode_dataset(ds, proc, on_error="skip")
+    assert len(enc) == 1 and len(report.errors) == 1 and report.errors[0]["column"] == "audios"
+
+
+def test_families_without_audio_refuse_it(clips):
+    qwen = mmpipe.testing.build_processor("qwen2_vl")
+    row = {"messages": [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "?"}]}],
+           "audios": [clips["a.wav"]]}
+    with pytest.raises(ParseError) as e:
+        mmpipe.encode_row(row, qwen, idx=2)
+    assert e.value.column == "audios" and e.value.row == 2 and "Qwen2.5-Omni" in e.value.fix
+    from mmpipe.offline.other_vlms import build_foreign_processor
+
+    llava = build_foreign_processor("llava")  # the generic path, but no feature extractor
+    with pytest.raises(ParseError, match="no audio feature extractor"):
+        mmpipe.encode_row(row, llava)
