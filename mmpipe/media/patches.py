@@ -139,7 +139,7 @@ def model_inputs(batch, token_types=None) -> dict:
 
 
 # ---- rollout ----
-def vision_tokens(fam) -> dict[str, Optional[str]]:
+def vision_tokens(fam, processor: Any = None) -> dict[str, Optional[str]]:
     """The tokens a sampled response must not hold (`mmpipe.records.vision_tokens`), by kind:
     the image / video pads and the vision block's start / end (None where the family has none:
     the text family)."""

@@ -200,20 +200,40 @@ def model_inputs(batch, token_types=None) -> dict:
 
 
 # ---- rollout ----
-NO_ROLLOUT = ("the generic path (a processor without a mmpipe family table) has no rollout rules: no vLLM "
-              "prompt (placeholder) rule, no vision-token table to ban, no way to extend its processor-defined "
-              "outputs over a response; train on its rows with mmpipe.Collator(processor), or add a family "
-              "row for its processor class (mmpipe.families) to roll it out")
+NO_ROLLOUT = ("the generic path (a processor without a mmpipe family table) has no rollout rules beyond "
+              "generation with mmpipe.rollout.TransformersEngine: no vLLM prompt (placeholder) rule, no way to "
+              "extend its processor-defined outputs over a response; generate with TransformersEngine, train on "
+              "its rows with mmpipe.Collator(processor), or add a family row for its processor class "
+              "(mmpipe.families) to roll it out")
 
 
-def vision_tokens(fam) -> dict[str, Optional[str]]:
-    """None known: the generic path has no table of its processor's tokens."""
-    return {}
+# the processor's (or its tokenizer's) named special tokens, by kind (`mmpipe.records.vision_tokens`)
+_NAMED_TOKENS = {"image": ("image_token",), "video": ("video_token",), "audio": ("audio_token",),
+                 "vision_start": ("vision_bos_token", "vision_start_token", "boi_token", "image_start_token"),
+                 "vision_end": ("vision_eos_token", "vision_end_token", "eoi_token", "image_end_token"),
+                 "audio_start": ("audio_bos_token", "boa_token", "audio_start_token"),
+                 "audio_end": ("audio_eos_token", "eoa_token", "audio_end_token")}
+
+
+def vision_tokens(fam, processor: Any = None) -> dict[str, Optional[str]]:
+    """The tokens a sampled response must not hold: the generic path has no table, so the ones
+    ``processor`` (or its tokenizer) names itself (``image_token``, ``audio_token``,
+    ``vision_bos_token``, ``boa_token``...; {} without a processor or names)."""
+    out: dict[str, Optional[str]] = {}
+    for kind, names in _NAMED_TOKENS.items():
+        for owner in (processor, getattr(processor, "tokenizer", None)):
+            found = next((getattr(owner, n, None) for n in names if isinstance(getattr(owner, n, None), str)), None)
+            if found:
+                out[kind] = found
+                break
+    return out
 
 
 def rollout_refusal(fam, stage: str) -> Optional[str]:
-    """Every rollout stage refuses the generic path's rows (`NO_ROLLOUT`)."""
-    return NO_ROLLOUT
+    """Generation (``TransformersEngine``) takes the generic path's rows: the model computes its own
+    positions and the processor's named media tokens are banned; every other rollout stage refuses
+    them (`NO_ROLLOUT`)."""
+    return None if stage == "generate" else NO_ROLLOUT
 
 
 def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,

@@ -106,7 +106,7 @@ _NO_ROLLOUT = {
 }
 
 
-def vision_tokens(fam) -> dict[str, Optional[str]]:
+def vision_tokens(fam, processor: Any = None) -> dict[str, Optional[str]]:
     """The tokens a sampled response must not hold (`mmpipe.records.vision_tokens`), by kind: the
     feature token the model fills with image features (the image's slots) and, where the chat
     template renders another token per image (Gemma 3's ``<start_of_image>``), that one: it

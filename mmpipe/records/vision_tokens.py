@@ -19,9 +19,9 @@ label -100, so no vision token reaches the model and the loss ignores the positi
 tokens were sampled after the vision token, so their rollout logprobs no longer equal a
 forward over the masked row: prefer the engines' ban; "mask" is for responses made elsewhere.
 
-Which tokens count is the family's media strategy's answer (``fam.media.vision_tokens(fam)``,
+Which tokens count is the family's media strategy's answer (``fam.media.vision_tokens(fam, processor)``,
 `mmpipe.media`): the pads and block borders of the patch grids, the feature token (and Gemma 3's
-``<start_of_image>``) of the tiles, none on the generic path. A value object of ids: it lives
+``<start_of_image>``) of the tiles, on the generic path the media tokens its processor names. A value object of ids: it lives
 with the records, so `RolloutSample.to_row` needs no stage module.
 
     >>> vt = VisionTokens(ids=(5, 7), names=("<|image_pad|>", "<|vision_start|>"),
@@ -42,8 +42,9 @@ from mmpipe.families import ModelFamily, family_of, get_family
 from mmpipe.records.columns import IGNORE_INDEX
 
 VISION_TOKEN_POLICIES = ("raise", "mask")
-_KINDS = ("image", "video", "vision_start", "vision_end")
-_KIND_NAMES = {"image": "image pad", "video": "video pad", "vision_start": "vision start", "vision_end": "vision end"}
+_KINDS = ("image", "video", "vision_start", "vision_end", "audio", "audio_start", "audio_end")
+_KIND_NAMES = {"image": "image pad", "video": "video pad", "vision_start": "vision start", "vision_end": "vision end",
+               "audio": "audio pad", "audio_start": "audio start", "audio_end": "audio end"}
 
 
 def check_policy(policy: str) -> str:
@@ -53,10 +54,11 @@ def check_policy(policy: str) -> str:
     return policy
 
 
-def _spellings(fam: ModelFamily) -> dict[str, str]:
-    """kind ("image", "video", "vision_start", "vision_end") -> the family's spelling of it, for
-    the kinds the family has (its media strategy's table)."""
-    return {k: t for k, t in fam.media.vision_tokens(fam).items() if t is not None}
+def _spellings(fam: ModelFamily, processor: Any = None) -> dict[str, str]:
+    """kind ("image", "video", "vision_start", "vision_end", "audio", "audio_start", "audio_end")
+    -> the family's spelling of it, for the kinds the family has (its media strategy's table; the
+    generic path's: the tokens ``processor`` names)."""
+    return {k: t for k, t in fam.media.vision_tokens(fam, processor).items() if t is not None}
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ class VisionTokens:
         family found from it. The replacement id is the tokenizer's pad id, else its EOS id."""
         fam = family_of(family if family is not None else processor)
         tok = getattr(processor, "tokenizer", processor)
-        spell = _spellings(fam)
+        spell = _spellings(fam, processor)
         found = {k: tok.convert_tokens_to_ids(t) for k, t in spell.items()}
         unk = getattr(tok, "unk_token_id", None)
         kinds = [k for k in _KINDS if found.get(k) is not None and found[k] != unk]
@@ -98,7 +100,7 @@ class VisionTokens:
         rep = getattr(tok, "eos_token_id", None) if rep is None else rep
         return cls(ids=tuple(int(found[k]) for k in kinds), names=tuple(str(spell[k]) for k in kinds),
                    kinds=tuple(_KIND_NAMES[k] for k in kinds),
-                   pad_ids=tuple(int(found[k]) for k in kinds if k in ("image", "video")),
+                   pad_ids=tuple(int(found[k]) for k in kinds if k in ("image", "video", "audio")),
                    policy=check_policy(policy), replacement_id=None if rep is None else int(rep))
 
     @classmethod

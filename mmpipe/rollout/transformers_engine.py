@@ -29,7 +29,8 @@ __all__ = ["TransformersEngine", "teacher_forced_logprobs", "response_logprobs",
 
 class TransformersEngine:
     """`RolloutEngine` over a transformers ``GenerationMixin`` model (CPU or GPU), for every
-    family that rolls out (`mmpipe.rollout.support`: the generic path's processor is refused).
+    family that rolls out and the generic path (`mmpipe.rollout.support`; its models build their own
+    positions, e.g. the Omni thinkers' TMRoPE, and the media tokens its processor names are banned).
 
     Prompts are left-padded and turned into ``generate`` kwargs by
     `mmpipe.rollout.inputs.to_generate_kwargs` (which refuses a batch whose images have no
@@ -48,7 +49,8 @@ class TransformersEngine:
     Vision special tokens are banned at sampling unless ``params.allow_vision_tokens``:
     ``generate(suppress_tokens=...)`` (transformers' ``SuppressTokensLogitsProcessor``, -inf on
     those ids) with the family's ids in this tokenizer (`VisionTokens`, ``self.vision_tokens``:
-    the pads and block borders of the patch grids, the image and feature tokens of the tiles).
+    the pads and block borders of the patch grids, the image and feature tokens of the tiles, the
+    image / video / audio tokens and their borders a generic-path processor names).
     The processor works on a copy of the logits, so the reported logprobs are still the raw
     ones above (the unconstrained model's, as teacher forcing computes them).
     """

@@ -186,7 +186,8 @@ class VLLMEngine:
             raise ImportError(f"VLLMEngine needs vLLM: {PIP_NAME} (or pass sampling_params_factory=)")
         self.llm = llm
         self.processor = processor
-        self.family = check_processor(processor, "generate")  # the generic path: refused, saying why
+        self.family = check_processor(processor, "generate")
+        check_processor(processor, "vllm_prompts")  # the generic path: refused (no prompt rule), saying why
         self.spec = VisionSpec.from_processor(processor) if self.family.is_vision else None
         self.sampling_params_factory = sampling_params_factory
         self.check_prompt_ids = check_prompt_ids
