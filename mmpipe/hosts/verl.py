@@ -322,10 +322,24 @@ def _messages_with_images(messages, images: list, row: int) -> list[dict]:
 def verl_images_from_messages(messages) -> Optional[list]:
     """The PIL images of ``{"type": "image", "image": PIL.Image}`` items in message order, or None:
     what ``MMPipeRLHFDataset.process_vision_info`` hands verl's agent loop (no re-resize: the
-    processor's own resize keeps mmpipe's sizes, which are already multiples of its factor)."""
+    processor's own resize keeps mmpipe's sizes, which are already multiples of its factor). Raw
+    rows' items (a parquet's ``{"bytes", "path"}``, a path, bytes) are opened (`mmpipe.images.load_image`)."""
+    from mmpipe.images.load import load_image
+
     images = [item["image"] for m in messages if isinstance(m.get("content"), list)
               for item in m["content"] if isinstance(item, Mapping) and item.get("type") == "image"]
-    return images or None
+    return [im if hasattr(im, "size") else load_image(im) for im in images] or None
+
+
+def _record_columns() -> set:
+    from mmpipe.records.columns import ERROR_COLUMN, OPTIONAL_ROW_COLUMNS, ROW_COLUMNS
+
+    return {n for n, _, _ in ROW_COLUMNS} | set(OPTIONAL_ROW_COLUMNS) | {ERROR_COLUMN}
+
+
+def _encoded(dataframe) -> bool:
+    """A ``datasets.Dataset`` of mmpipe-encoded rows (what ``encode_dataset`` writes)."""
+    return dataframe is not None and {"input_ids", "family"} <= set(dataframe.column_names)
 
 
 def _make_dataset_class():
@@ -337,7 +351,26 @@ def _make_dataset_class():
 
     class MMPipeRLHFDataset(RLHFDataset):
         """verl's ``RLHFDataset`` whose agent-loop hook takes the images as the rows hold them
-        (`verl_prompt_rows`'s mmpipe-resized PIL images), without ``qwen_vl_utils``."""
+        (`verl_prompt_rows`'s mmpipe-resized PIL images), without ``qwen_vl_utils``. Its
+        ``data_files`` may hold mmpipe-ENCODED rows (``encode_dataset(...).to_parquet(path)``,
+        the prompt column kept): each item is then `verl_prompt_rows` of the row (every column
+        that is not a record column passes through), and ``filter_overlong_prompts`` keeps the
+        rows whose ``input_ids`` fit ``max_prompt_length``. Raw rows go verl's own way."""
+
+        def maybe_filter_out_long_prompts(self, dataframe=None):
+            if not _encoded(dataframe):
+                return super().maybe_filter_out_long_prompts(dataframe)
+            if not self.filter_overlong_prompts:
+                return dataframe
+            n = self.max_prompt_length
+            return dataframe.filter(lambda ids: len(ids) <= n, input_columns="input_ids", desc=f"input_ids <= {n}")
+
+        def __getitem__(self, item):
+            if not _encoded(self.dataframe):
+                return super().__getitem__(item)
+            keep = [c for c in self.dataframe.column_names if c not in _record_columns()]
+            return verl_prompt_rows([self.dataframe[item]], self.processor, prompt_key=self.prompt_key,
+                                    keep_columns=keep)[0]
 
         @classmethod
         def _process_multi_modal_info(cls, messages, image_patch_size=14, config=None):
@@ -347,12 +380,15 @@ def _make_dataset_class():
         async def process_vision_info(cls, messages, image_patch_size=14, config=None):
             return verl_images_from_messages(messages), None
 
+    MMPipeRLHFDataset.__module__, MMPipeRLHFDataset.__qualname__ = "mmpipe.hosts.verl", "MMPipeRLHFDataset"
     return MMPipeRLHFDataset
 
 
 def __getattr__(name: str):
-    if name == "MMPipeRLHFDataset":
-        cls = _make_dataset_class()
-        globals()[name] = cls
+    if name == "MMPipeRLHFDataset":  # one class however this file is loaded (verl loads it by path): pickles by name
+        import importlib
+
+        home = importlib.import_module("mmpipe.hosts.verl")
+        cls = globals()[name] = _make_dataset_class() if vars(home) is globals() else getattr(home, name)
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,7 +15,28 @@ from mmpipe.errors import ArgumentError
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.row import MultiModalInputs
 
-__all__ = ["CosmosRow"]
+__all__ = ["CosmosRow", "TokenIds"]
+
+
+class TokenIds(np.ndarray):
+    """A CosmosRow's ``input_ids``: the row's int64 [L] array (a view, no copy) that compares with
+    a list or tuple AS A WHOLE (one bool, as two lists compare), and elementwise with anything
+    else, as any array does. cosmos-rl 0.4.7's distillation teacher
+    (``TorchEngine.map_student_text_to_tokenizer_student_token_ids_and_check``) asserts
+    ``mapped_student_ids == sample.input_ids`` with the left side a list; on a bare array that
+    ``assert`` raises "The truth value of an array ... is ambiguous"."""
+
+    def __eq__(self, other):
+        if isinstance(other, (list, tuple)):
+            return self.ndim == 1 and self.tolist() == list(other)
+        return super().__eq__(other)
+
+    def __ne__(self, other):
+        if isinstance(other, (list, tuple)):
+            return not self.__eq__(other)
+        return super().__ne__(other)
+
+    __hash__ = None
 
 
 def _logit_mask(labels, n: int) -> list[int]:
@@ -41,7 +62,9 @@ class CosmosRow(MultiModalInputs):
       target token; last 0), built from the labels; assignable (attribute or item), and the one
       `DataPackerCore.policy_collate_fn` puts in the batch;
     - ``sample[key]`` for ``key in sample.keys()`` (``input_ids`` and ``label_ids`` as lists of
-      ints, ``logprob_masks``); ``sample.input_ids`` stays the int64 array of the row.
+      ints, ``logprob_masks``); ``sample.input_ids`` stays the int64 array of the row, as a
+      `TokenIds` view: ``ids_list == sample.input_ids`` is one bool (the distillation teacher's
+      check of the student's mapped ids), elementwise comparisons stay elementwise.
     """
 
     COSMOS_KEYS = ("input_ids", "logprob_masks", "label_ids")
@@ -52,6 +75,11 @@ class CosmosRow(MultiModalInputs):
         from dataclasses import fields
 
         return cls(**{f.name: getattr(row, f.name) for f in fields(MultiModalInputs)})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.input_ids, np.ndarray) and not isinstance(self.input_ids, TokenIds):
+            self.input_ids = self.input_ids.view(TokenIds)
 
     @property
     def logprob_masks(self) -> list:

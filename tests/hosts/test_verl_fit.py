@@ -1,22 +1,18 @@
-"""verl 0.9.1's own ``RayPPOTrainer.fit()`` data path on mmpipe rows (`verl_prompt_rows`), run from
-verl's installed code in fit()'s order: ``_get_gen_batch`` -> ``repeat`` -> the agent loop
+"""verl 0.9.1's own ``RayPPOTrainer.fit()`` on mmpipe rows (`verl_prompt_rows`), run from verl's
+installed code in fit()'s order: ``_get_gen_batch`` -> ``repeat`` -> the agent loop
 (``AgentLoopWorker.generate_sequences`` -> ``SingleTurnAgentLoop.run`` -> verl's postprocess:
 tokenize, ``multi_modal_inputs``, positions) -> ``batch.union`` -> ``compute_response_mask`` ->
-``to_tensordict`` / ``left_right_2_no_padding`` (old-log-prob's input).
-
-Replaced (cannot run here): the LLM server (verl registers only vllm / sglang / trtllm replicas,
-none installed, GPU servers): a tiny HF Qwen2-VL greedy ``generate`` behind the same
-``generate(...) -> TokenOutput`` call; the Ray worker around the actor (``FSDPEngineWithLMHead``
-is registered for devices cuda / npu only): its ``forward_step`` runs on the bare tiny model
-(fp32, CPU), FSDP wrap and Ray RPC left out; ``AgentLoopWorker.__init__`` (it loads the
-processor from a model path with ``hf_processor``, which cannot reload the image-only tiny
-processor): the worker's attributes are set by hand, the processor bound to
-``Qwen2VLModel.get_rope_index`` exactly as ``hf_processor`` binds it.
+``extract_reward`` -> ``_compute_old_log_prob`` (``to_tensordict`` / ``left_right_2_no_padding`` ->
+``TrainingWorker.infer_batch`` -> ``FSDPEngineWithLMHead.forward_step``) -> ``compute_advantage``
+(GRPO) -> ``_update_actor`` (``TrainingWorker.train_mini_batch`` -> ``ppo_loss`` -> optimizer step),
+two optimizer steps. What is replaced and why (no CPU LLM server replica, no CPU FSDP engine, no
+Ray): tests/hosts/verl_fit_steps.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import numpy as np
 import pytest
@@ -26,6 +22,7 @@ import mmpipe
 from mmpipe.hosts.verl import verl_prompt_rows, verl_rows
 
 from conftest import model_for, processor_for
+from verl_fit_steps import HFServer, Trainer, agent_worker, cpu_world, fit_tail, rule_reward, verl_config
 
 pytestmark = pytest.mark.needs_env("verl")
 
@@ -67,102 +64,37 @@ def _same_as_verls_dataset(rows, tmp_path):
             assert ref[k] == ours[k], k
 
 
-def _readme_fit_block() -> str:
-    """The README's verl block that feeds fit(): the python block holding ``verl_prompt_rows``."""
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).parents[2] / "README.md").read_text()
-    section = text[text.index("## verl"):text.index("## cosmos-rl")]
-    return next(b for b in re.findall(r"```python\n(.*?)```", section, flags=re.S) if "verl_prompt_rows" in b)
-
-
-class HFServer:
-    """Stands in for verl's LLMServerClient: tiny-model greedy ``generate`` on verl's prompt ids
-    and images, returning a ``TokenOutput`` with the sampled tokens' log-probs."""
-
-    def __init__(self, model, processor):
-        self.model, self.processor, self.calls = model, processor, []
-
-    async def generate(self, *, request_id, prompt_ids, sampling_params, image_data=None, **kw):
-        from verl.workers.rollout.replica import TokenOutput
-
-        ids = torch.tensor([prompt_ids])
-        extra = {}
-        if image_data:
-            mm = self.processor.image_processor(images=image_data, return_tensors="pt")
-            extra = {"pixel_values": mm["pixel_values"], "image_grid_thw": mm["image_grid_thw"]}
-        self.calls.append({"prompt_ids": list(prompt_ids), "images": image_data, **extra})
-        with torch.no_grad():
-            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=RL,
-                                      min_new_tokens=RL, do_sample=False, output_logits=True,
-                                      return_dict_in_generate=True, **extra)
-        toks = out.sequences[0, ids.shape[1]:].tolist()
-        lps = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.logits, toks)]
-        return TokenOutput(token_ids=toks, log_probs=lps, stop_reason="completed")
-
-
-def _worker(processor, model):
-    import copy
-    import types
-
-    from omegaconf import OmegaConf
-    from transformers.models.qwen2_vl import Qwen2VLModel
-    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
-    from verl.utils.dataset.rl_dataset import get_dataset_class
-    from verl.utils.rollout_trace import RolloutTraceConfig
-
-    import mmpipe.hosts.verl as host
-
-    # verl.utils.tokenizer.hf_processor's binding, done by hand: it matches the class name
-    # "Qwen2VLProcessor" and the tiny test processor (no video processor: no torchvision) is
-    # mmpipe.testing's image-only subclass, which AutoProcessor cannot reload from disk.
-    vproc = copy.copy(processor)
-    vproc.config = model.config
-    vproc.get_rope_index = types.MethodType(Qwen2VLModel.get_rope_index, vproc)
-    vproc.get_vision_position_ids = types.MethodType(Qwen2VLModel.get_vision_position_ids, vproc)
-    cfg = OmegaConf.create({
-        "actor_rollout_ref": {"rollout": {"prompt_length": PL, "response_length": RL, "temperature": 1.0,
-                                          "top_p": 1.0, "top_k": -1, "calculate_log_probs": True, "n": 2,
-                                          "agent": {"default_agent_loop": "single_turn_agent"},
-                                          "val_kwargs": {"top_p": 1.0, "top_k": -1, "temperature": 0}}},
-        "data": {"apply_chat_template_kwargs": {}, "mm_processor_kwargs": {}}})
-    # the config a user writes: data.custom_cls -> MMPipeRLHFDataset, loaded by verl from the file
-    dataset_cls = get_dataset_class(OmegaConf.create(
-        {"custom_cls": {"path": host.__file__, "name": "MMPipeRLHFDataset"}}))
-    assert dataset_cls.__name__ == "MMPipeRLHFDataset"
-
-    w = AgentLoopWorker.__new__(AgentLoopWorker)
-    w.config, w.rollout_config = cfg, cfg.actor_rollout_ref.rollout
-    w.llm_client = HFServer(model, vproc)
-    w.tokenizer, w.processor, w.hf_model_type = vproc.tokenizer, vproc, model.config.model_type
-    w.dataset_cls, w.tools, w.reward_loop_worker_handles = dataset_cls, [], None
-    w.distillation_enabled, w.mm_processor_kwargs, w.teacher_client = False, {}, None
-    RolloutTraceConfig.init("p", "e", None, False, None)
-    return w
-
-
 def test_verl_fit_data_path_runs_on_mmpipe_rows(tmp_path):
     import datasets
     from verl import DataProto
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_response_mask
-    from verl.utils.dataset.rl_dataset import collate_fn
+    from verl.utils.dataset.rl_dataset import collate_fn, get_dataset_class
     from verl.workers.utils.padding import left_right_2_no_padding
 
-    proc, model = processor_for("qwen2_vl"), model_for("qwen2_vl").eval()
-    namespace = {"ds": datasets.Dataset.from_list(_source()), "processor": proc}
-    exec(compile(_readme_fit_block(), "README.md", "exec"), namespace)  # the README's block, as written
-    enc, rows = namespace["enc"], namespace["rows"]
-    assert namespace["keep"] == KEEP and len(rows) == 3
+    import mmpipe.hosts.verl as host
+
+    proc = processor_for("qwen2_vl")
+    model = copy.deepcopy(model_for("qwen2_vl")).eval()  # trained below: not the shared cached model
+    # what the user writes (docs/how-to/verl.md runs the same calls as a block, in the verl environment)
+    enc, _ = mmpipe.encode_dataset(datasets.Dataset.from_list(_source()), proc, labels=False, keep_columns=KEEP)
+    rows = verl_prompt_rows(enc, proc, keep_columns=KEEP)
+    assert len(rows) == 3
     _same_as_verls_dataset(rows, tmp_path)
     recs = [mmpipe.MultiModalInputs.from_dict(r) for r in enc]
     ours = verl_rows(enc, proc, max_prompt_length=PL)  # mmpipe's ids / positions / pixels, verl's layout
 
+    cfg = verl_config(prompt_length=PL, response_length=RL, n=2)
     batch = DataProto.from_single_dict(collate_fn(rows))  # fit(): batch_dict -> DataProto
+    batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
     batch.non_tensor_batch["uid"] = np.array([str(i) for i in range(len(batch))], dtype=object)
     gen_batch = RayPPOTrainer._get_gen_batch(None, batch)  # uses no trainer state
     gen_batch = gen_batch.repeat(repeat_times=2, interleave=True)
-    worker = _worker(proc, model)
+    # the config a user writes: data.custom_cls -> MMPipeRLHFDataset, loaded by verl from the file
+    dataset_cls = get_dataset_class(cfg.data.__class__({"custom_cls": {"path": host.__file__,
+                                                                        "name": "MMPipeRLHFDataset"}}))
+    assert dataset_cls.__name__ == "MMPipeRLHFDataset"
+    vision = [v for v in mmpipe.families.resolve_family(proc).vision_token_ids(proc.tokenizer).values() if v is not None]
+    worker = agent_worker(proc, model, cfg, HFServer(model, proc, length=RL, banned=vision), dataset_cls=dataset_cls)
     gen_out = asyncio.run(worker.generate_sequences(gen_batch))
     batch = batch.repeat(repeat_times=2, interleave=True).union(gen_out)  # fit()'s union
     batch.batch["response_mask"] = compute_response_mask(batch)
@@ -238,6 +170,24 @@ def test_verl_fit_data_path_runs_on_mmpipe_rows(tmp_path):
     assert data_gap == 0.0
     assert rollout_gap < 5e-3
 
+    # fit() on from the reward: verl's own extract_reward -> _compute_old_log_prob -> compute_advantage
+    # (GRPO) -> _update_actor (ppo_epochs=2: two optimizer steps on the whole batch)
+    with cpu_world(tmp_path):
+        trainer = Trainer(cfg, model)
+        before = [p.detach().clone() for p in model.parameters()]
+        batch.batch["rm_scores"] = rule_reward(batch, lambda toks: float(sum(t % 5 for t in toks)))
+        batch, metrics = fit_tail(trainer, batch)
+    fit_gap = ((batch.batch["old_log_probs"] - batch.batch["rollout_log_probs"]).abs()
+               * batch.batch["response_mask"]).max().item()
+    moved = max((p.detach() - b).abs().max().item() for p, b in zip(model.parameters(), before))
+    print(f"fit: old_log_probs vs rollout gap {fit_gap:.3g}; pg_loss {metrics['actor/pg_loss']}; "
+          f"grad_norm {metrics['actor/grad_norm']}; max weight change {moved:.3g}")
+    assert fit_gap < 5e-3
+    adv = batch.batch["advantages"]
+    assert torch.isfinite(adv).all() and bool(adv.abs().sum() > 0)
+    assert len(metrics["actor/grad_norm"]) == 2 and all(g > 0 for g in metrics["actor/grad_norm"])
+    assert all(np.isfinite(x) for x in np.ravel(metrics["actor/pg_loss"])) and moved > 0
+
 
 def _engine_log_probs(model, td, remove_padding=False):
     import verl.workers.engine.fsdp.transformer_impl as impl
@@ -281,3 +231,43 @@ def test_prompt_rows_errors_name_the_fix():
     out = verl_prompt_rows(lst, proc, keep_columns=KEEP)
     assert [[c["type"] for c in o["raw_prompt"][0]["content"]] for o in out] == [["image", "text"],
                                                                                   ["image", "image", "text"]]
+
+
+def test_dataset_class_reads_mmpipe_encoded_rows(tmp_path):
+    """``MMPipeRLHFDataset`` built as verl builds ``data.custom_cls`` (``data_files``, tokenizer,
+    config, processor) on a parquet file of mmpipe-ENCODED rows: each item is `verl_prompt_rows`' dict
+    (the images mmpipe resized, the kept columns), the overlong filter reads ``input_ids``, the items
+    collate with verl's ``collate_fn``; a raw verl parquet still goes verl's own way."""
+    import datasets
+    from omegaconf import OmegaConf
+    from verl.utils.dataset.rl_dataset import collate_fn, get_dataset_class
+
+    import mmpipe.hosts.verl as host
+
+    proc = processor_for("qwen2_vl")
+    enc, _ = mmpipe.encode_dataset(datasets.Dataset.from_list(_source()), proc, labels=False, keep_columns=KEEP)
+    enc.to_parquet(tmp_path / "encoded.parquet")
+    datasets.Dataset.from_list(_source()).to_parquet(tmp_path / "raw.parquet")
+    cls = get_dataset_class(OmegaConf.create({"custom_cls": {"path": host.__file__, "name": "MMPipeRLHFDataset"}}))
+
+    def build(name, max_len=PL):
+        cfg = OmegaConf.create({"prompt_key": "prompt", "image_key": "images", "max_prompt_length": max_len,
+                                "filter_overlong_prompts": True, "filter_overlong_prompts_workers": 1,
+                                "cache_dir": str(tmp_path / "cache")})
+        return cls(data_files=[str(tmp_path / name)], tokenizer=proc.tokenizer, processor=proc, config=cfg)
+
+    ds, want = build("encoded.parquet"), verl_prompt_rows(enc, proc, keep_columns=KEEP)
+    assert len(ds) == 3
+    for i, ref in enumerate(want):
+        got = ds[i]
+        assert set(got) == set(ref) and got["extra_info"] == ref["extra_info"] and got["index"] == i
+        images = [c["image"] for m in got["raw_prompt"] for c in m["content"] if c["type"] == "image"]
+        ref_images = [c["image"] for m in ref["raw_prompt"] for c in m["content"] if c["type"] == "image"]
+        assert [np.asarray(a).tolist() for a in images] == [np.asarray(b).tolist() for b in ref_images]
+    batch = collate_fn([ds[i] for i in range(len(ds))])
+    assert list(batch["index"]) == [0, 1, 2] and batch["dummy_tensor"].shape == (3, 1)
+    lengths = [len(r["input_ids"]) for r in enc]
+    short = build("encoded.parquet", max_len=sorted(lengths)[1])  # the overlong filter on stored ids
+    assert len(short) == sum(n <= sorted(lengths)[1] for n in lengths) < 3
+    raw = build("raw.parquet")  # verl's own path: source images, its own filter
+    assert len(raw) == 3 and set(raw[0]) == set(want[0])
