@@ -55,6 +55,11 @@ class ProcessorLayout:
     # of one class but other settings (a 32-px and a 48-px LLaVA) would be zero-padded into one shape
     # while their ids keep their own image-token counts; "" in rows of an earlier mmpipe (not checked)
     settings: str = ""
+    # (mask key, feature key): a per-item mask the processor leaves out of a call with ONE item (Phi-4-multimodal's
+    # audio_attention_mask [A, frames], absent for one clip): collate fills it in (all valid) for such rows
+    single_masks: tuple = ()
+    # the outputs of the processor's audio feature extractor (``input_features``, its masks), found by the audio probe
+    audio: tuple = ()
 
     @classmethod
     def of(cls, processor_class: str, sequence: dict, vision: dict, row_keys=(), *, joins=(),
@@ -81,7 +86,9 @@ class ProcessorLayout:
         d = {"processor_class": self.processor_class, "sequence": list(self.sequence),
              "vision": [list(v) for v in self.vision], "row_keys": list(self.row_keys)}
         d.update({"pads": [[k, list(v)] for k, v in self.pads]} if self.pads else {})
-        d.update({name: [list(x) for x in getattr(self, name)] for name in ("joins", "dtypes") if getattr(self, name)})
+        d.update({name: [list(x) for x in getattr(self, name)] for name in ("joins", "dtypes", "single_masks")
+                  if getattr(self, name)})
+        d.update({"audio": list(self.audio)} if self.audio else {})
         d.update({"settings": self.settings} if self.settings else {})
         return json.dumps(d)
 
@@ -92,7 +99,9 @@ class ProcessorLayout:
             return cls(d["processor_class"], tuple(d["sequence"]), tuple((n, t, int(k)) for n, t, k in d["vision"]),
                        tuple(d["row_keys"]), tuple((k, tuple(v)) for k, v in d.get("pads", ())),
                        tuple((k, int(ax)) for k, ax in d.get("joins", ())),
-                       tuple((k, str(t)) for k, t in d.get("dtypes", ())), str(d.get("settings", "")))
+                       tuple((k, str(t)) for k, t in d.get("dtypes", ())), str(d.get("settings", "")),
+                       tuple((str(m), str(f)) for m, f in d.get("single_masks", ())),
+                       tuple(str(k) for k in d.get("audio", ())))
         except (TypeError, ValueError, KeyError) as e:
             raise InputError(f"unreadable {LAYOUT_COLUMN} ({type(e).__name__}: {e})", row=row, column=LAYOUT_COLUMN,
                              stage="validate", expected="the JSON mmpipe.encode wrote", found=repr(text)[:80],
@@ -268,7 +277,9 @@ from mmpipe.media.processor_probe import probe  # noqa: E402
 def encode_layout(enc) -> ProcessorLayout:
     """The processor's outputs, found once per encoder by probe calls (`probe`), and its image
     processor's settings (`image_settings`)."""
-    return ProcessorLayout(enc.processor_class, *probe(enc), settings=image_settings(enc.processor))
+    *found, (audio, single_masks) = probe(enc)
+    return ProcessorLayout(enc.processor_class, *found, settings=image_settings(enc.processor),
+                           single_masks=single_masks, audio=audio)
 
 
 # ---- collate ----

@@ -144,6 +144,28 @@ def warn_cross_attention_counts(rows: list) -> None:
                        cls, sorted(counts))
 
 
+AUDIO_PADDING_WARNED: set = set()  # processor classes warned about (once per process)
+
+
+def warn_padded_audio(rows: list) -> None:
+    """Audio features of different frame counts in one batch are padded to the longest, as the
+    processor's own batch call pads them; an audio encoder that convolves over the padded frames
+    (Gemma 3n's, Phi-4-multimodal's) then gives a row other logits than alone (measured on tiny
+    models: 0.48 and 4.0e-3, the processor's own batch alike; Qwen2.5-Omni pads every clip to 30 s,
+    Qwen3-Omni's encoder drops the padded frames). Logged once per processor class."""
+    layout = rows[0].layout
+    keys = [k for k in (layout.audio if layout is not None else ()) if k not in dict(layout.single_masks)]
+    frames = {tuple(r.vision[k].shape[1:]) for r in rows for k in keys if k in r.vision and r.vision[k].ndim >= 3}
+    cls = rows[0].processor_class
+    if len(frames) > 1 and cls not in AUDIO_PADDING_WARNED:
+        AUDIO_PADDING_WARNED.add(cls)
+        logger.warning("mmpipe: %s batch with audio features of %d shapes %s: they are padded to the largest, "
+                       "and an audio encoder that convolves over padded frames (Gemma 3n's, Phi-4-multimodal's) gives "
+                       "rows other logits than alone (as with the processor's own batch); batch clips of equal length "
+                       "for per-row results, or check with mmpipe.testing.invariants.assert_batched_logits_match",
+                       cls, len(frames), sorted(frames)[:6])
+
+
 # image-processor settings that decide output shapes and token counts (named in `image_settings`)
 _SIZE_WORDS = ("size", "pixels", "patch", "crop", "tile", "split", "resample", "pad", "grid", "num_", "max_", "min_")
 
@@ -230,6 +252,40 @@ def _check_processor(rows: list, want, settings=None) -> None:
     _check_settings(rows, settings)
 
 
+class _Filled:
+    """A row seen with its ``vision`` completed (`_with_masks`); everything else is the row's."""
+
+    def __init__(self, row, vision: dict):
+        self._row, self.vision = row, vision
+
+    def __getattr__(self, name):
+        return getattr(self._row, name)
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+
+def _with_masks(r):
+    """Row ``r`` with each mask its processor leaves out of a one-item call
+    (`ProcessorLayout.single_masks`) filled in, all valid over its feature's leading axes (one
+    item: every frame is its own), as the processor's call on several items writes it."""
+    layout = r.layout
+    if layout is None or not layout.single_masks:
+        return r
+    kinds = {name: (dtype, ndim) for name, dtype, ndim in layout.vision}
+    add = {m: np.ones(r.vision[f].shape[:kinds[m][1]], kinds[m][0]) for m, f in layout.single_masks
+           if m not in r.vision and f in r.vision and m in kinds}
+    return _Filled(r, {**r.vision, **add}) if add else r
+
+
+def _without_filled_masks(row: dict, layout) -> dict:
+    """An unbatched row's vision outputs without the masks `_with_masks` filled in (a one-item row)."""
+    for m, f in (layout.single_masks if layout is not None else ()):
+        if m in row and f in row and row[f].shape[0] == 1:
+            del row[m]
+    return row
+
+
 def collate_outputs(rows: list, ctx) -> tuple[dict, tuple]:
     """``(fields, row_keys)``: the media fields of a batch (numpy; see
     `mmpipe.records.batch.BatchedMultiModalInputs`): ``vision`` (each key padded as the processor
@@ -238,6 +294,8 @@ def collate_outputs(rows: list, ctx) -> tuple[dict, tuple]:
     Rows must come from one processor class, ``ctx.state``'s when collated with a processor."""
     _check_processor(rows, ctx.state.get("processor_class"), ctx.state.get("settings"))
     warn_cross_attention_counts(rows)
+    warn_padded_audio(rows)
+    rows = [_with_masks(r) for r in rows]
     row_keys = tuple(sorted({k for r in rows for k in r.row_keys}))
     joins = dict(rows[0].layout.joins) if rows[0].layout is not None else {}
     vision, shapes = {}, {}
@@ -258,5 +316,6 @@ def unbatch_media(batch) -> list[dict]:
     starts = {k: 0 for k in vision}
     for b, (row, n) in enumerate(zip(out, to_numpy(batch.seq_lengths).tolist())):
         cols = slice(0, n) if batch.padding_side == "right" else slice(L - n, L)
-        row.update(layout=batch.layout, vision=cut_vision(vision, batch.shapes, row_keys, b, n, cols, starts, joins))
+        own = cut_vision(vision, batch.shapes, row_keys, b, n, cols, starts, joins)
+        row.update(layout=batch.layout, vision=_without_filled_masks(own, batch.layout))
     return out

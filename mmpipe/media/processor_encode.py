@@ -154,18 +154,32 @@ def run_processor(enc, **kwargs) -> tuple[dict, dict]:
 
 def _call(enc, text: str, images: list, audios: Sequence = ()) -> dict:
     """The processor's outputs (numpy) for one row."""
-    return run_processor(enc, text=[text], images=images or None, **_audio_kwargs(audios))[0]
+    return run_processor(enc, text=[text], images=images or None, **_audio_kwargs(enc, audios))[0]
 
 
-def _audio_kwargs(audios: Sequence) -> dict:
-    """``audio=`` for a call with clips (a processor without audio never sees the keyword)."""
-    return {"audio": list(audios)} if len(audios) else {}
+def _audio_kwargs(enc, audios: Sequence) -> dict:
+    """``audio=`` (and the rate they are at: ``sampling_rate=``) for a call with clips; a processor
+    without audio never sees the keywords."""
+    if not len(audios):
+        return {}
+    return {"audio": list(audios), "sampling_rate": int(audio_extractor(enc.processor).sampling_rate)}
 
 
 def user_turn(n_images: int, n_audios: int = 0) -> list:
     """A probe conversation: one user turn of ``n_audios`` audio and ``n_images`` image items and the text "a"."""
     return [{"role": "user", "content": [{"type": "audio"}] * n_audios + [{"type": "image"}] * n_images
              + [{"type": "text", "text": "a"}]}]
+
+
+def audio_extractor(processor):
+    """The processor's audio feature extractor (``feature_extractor``: Whisper's for the Omni
+    thinkers, Gemma 3n's; ``audio_processor``: Phi-4-multimodal's), None when it has none (or one
+    without a sampling rate)."""
+    for name in ("feature_extractor", "audio_processor"):
+        fe = getattr(processor, name, None)
+        if fe is not None and getattr(fe, "sampling_rate", None):
+            return fe
+    return None
 
 
 def load_audios(enc, audios: list, where: str) -> list:
@@ -175,8 +189,8 @@ def load_audios(enc, audios: list, where: str) -> list:
     from mmpipe.audio import load_audio
     from mmpipe.encoding.parse import no_audio
 
-    fe = getattr(enc.processor, "feature_extractor", None)
-    if fe is None or not getattr(fe, "sampling_rate", None):
+    fe = audio_extractor(enc.processor)
+    if fe is None:
         no_audio(audios, where, f"{enc.processor_class} (no audio feature extractor)")
     limit = int(getattr(fe, "n_samples", 0) or 0)
     return [load_audio(a, int(fe.sampling_rate), where=f"{where}, audio {i}", column=enc.audios_column,
@@ -207,7 +221,7 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
     text = enc.prompt_text(messages, agp, tools, where)
     layout = enc.layout()
     try:
-        out, low = run_processor(enc, text=[text], images=pil or None, **_audio_kwargs(waves))
+        out, low = run_processor(enc, text=[text], images=pil or None, **_audio_kwargs(enc, waves))
     except _PROCESSOR_FAILURES as e:
         raise InputError(f"the processor {enc.processor_class} failed on this row ({type(e).__name__}: {e})",
                          where=where, stage="encode", column="messages",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmpipe.media.processor_encode import OWN_KEYS, plain_render, probe_call, run_processor, user_turn
+from mmpipe.media.processor_encode import OWN_KEYS, audio_extractor, plain_render, probe_call, run_processor, user_turn
 
 
 def probe(enc) -> tuple:
@@ -31,32 +31,45 @@ def probe(enc) -> tuple:
     arrays = {k: v for k, v in out.items() if k not in OWN_KEYS}
     sequence = {k for k, v in arrays.items() if v.shape == (1, seq)}
     sequence |= {k for k, v in text_only.items() if k not in OWN_KEYS and v.shape == text_only["input_ids"].shape}
-    audio, audio_low = _audio_probe(enc)
+    audio, audio_low, single_masks = _audio_probe(enc)
     sequence |= {k for k, v in audio.items() if k not in OWN_KEYS and v.shape == audio["input_ids"].shape}
-    arrays.update({k: v for k, v in audio.items() if k not in OWN_KEYS and k not in arrays})
+    audio_keys = tuple(sorted(k for k in audio if k not in OWN_KEYS and k not in sequence and k not in arrays))
+    arrays.update({k: audio[k] for k in audio_keys})
     low = {**audio_low, **low}
     row_keys = sorted(k for k, v in arrays.items() if k not in sequence and v.ndim >= 1 and v.shape[0] == 1)
     pads, joins = _batch_rules(enc, row_keys, im, out)
     row_keys = [k for k in row_keys if k not in dict(joins)]
     vision = tuple((k, str(v.dtype), v.ndim) for k, v in sorted(arrays.items()) if k not in sequence)
     dtypes = tuple(sorted((k, d) for k, d in low.items() if k not in OWN_KEYS))
-    return tuple(sorted(sequence)), vision, tuple(row_keys), pads, joins, dtypes
+    return tuple(sorted(sequence)), vision, tuple(row_keys), pads, joins, dtypes, (audio_keys, single_masks)
 
 
-def _audio_probe(enc) -> tuple[dict, dict]:
-    """The processor's outputs for one user turn holding two short clips (one of 0.5 s, one of 1 s
-    of a tone, at the feature extractor's rate): the audio keys (axis 0: the clips, e.g.
-    ``input_features`` [2, mels, frames]); ({}, {}) for a processor that takes no audio."""
-    fe = getattr(enc.processor, "feature_extractor", None)
-    rate = int(getattr(fe, "sampling_rate", 0) or 0)
-    if fe is None or not rate:
-        return {}, {}
+def _audio_probe(enc) -> tuple[dict, dict, tuple]:
+    """The processor's outputs for one user turn holding two short clips (0.5 s and 1 s of a tone,
+    at the feature extractor's rate): the audio keys (axis 0: the clips, e.g. ``input_features``
+    [2, mels, frames]); then the masks a call with ONE clip leaves out (Phi-4-multimodal's
+    ``audio_attention_mask``), each with the feature key whose leading axes it covers ->
+    (outputs, their low-precision dtypes, single masks); ({}, {}, ()) for a processor without audio."""
+    fe = audio_extractor(enc.processor)
+    if fe is None:
+        return {}, {}, ()
+    rate = int(fe.sampling_rate)
     t = np.arange(rate, dtype=np.float32) / rate
     clips = [0.1 * np.sin(2 * np.pi * 440 * t[: rate // 2]), 0.1 * np.sin(2 * np.pi * 220 * t)]
     try:
-        return run_processor(enc, text=[plain_render(enc, user_turn(0, 2), True)], audio=clips)
+        two, low = run_processor(enc, text=[plain_render(enc, user_turn(0, 2), True)], audio=clips, sampling_rate=rate)
+        one, _ = run_processor(enc, text=[plain_render(enc, user_turn(0, 1), True)], audio=clips[1:], sampling_rate=rate)
     except (ValueError, TypeError, IndexError, KeyError, RuntimeError):  # a template or call without audio
-        return {}, {}
+        return {}, {}, ()
+    masks = []
+    for m, a in sorted(two.items()):
+        if m in OWN_KEYS or m in one or a.dtype.kind not in "biu":
+            continue
+        feature = next((f for f, b in sorted(two.items()) if f in one and f not in OWN_KEYS and f != m
+                        and b.ndim > a.ndim and b.shape[:a.ndim] == a.shape), None)
+        if feature is not None:
+            masks.append((m, feature))
+    return two, low, tuple(masks)
 
 
 def _joined_axis(a: np.ndarray, b: np.ndarray, both: np.ndarray):

@@ -19,8 +19,8 @@ import functools
 
 from mmpipe.offline.vision_env_vlms import ids, offline_tokenizer
 
-__all__ = ["GEMMA3N_TOKENS", "GEMMA3N_CHAT_TEMPLATE", "GEMMA3N_IMAGE", "GEMMA3N_TOKENS_PER_IMAGE", "GEMMA3N_TINY_ARCH",
-           "build_processor", "build_model"]
+__all__ = ["GEMMA3N_TOKENS", "GEMMA3N_CHAT_TEMPLATE", "GEMMA3N_IMAGE", "GEMMA3N_TOKENS_PER_IMAGE", "GEMMA3N_AUDIO_TOKENS",
+           "GEMMA3N_TINY_ARCH", "build_processor", "build_model"]
 
 GEMMA3N_TOKENS = ("<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
                   "<image_soft_token>", "<start_of_audio>", "<end_of_audio>", "<audio_soft_token>")
@@ -51,6 +51,9 @@ GEMMA3N_CHAT_TEMPLATE = (
 )
 GEMMA3N_IMAGE = 64  # tiny: 64x64 images; the tiny MobileNetV5 (stride 32) ends at 2x2 -> 4 soft tokens
 GEMMA3N_TOKENS_PER_IMAGE = 4
+# soft tokens per clip (published: 188, for 30 s); the tiny conformer gives fewer for clips up to ~2.5 s and the
+# model pads them with its last audio embedding, as the published one does
+GEMMA3N_AUDIO_TOKENS = 16
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,7 +75,8 @@ def build_processor():
                                            do_normalize=False, do_rescale=True, do_convert_rgb=True)
     return transformers.Gemma3nProcessor(feature_extractor=transformers.Gemma3nAudioFeatureExtractor(),
                                          image_processor=ip, tokenizer=tok, chat_template=GEMMA3N_CHAT_TEMPLATE,
-                                         image_seq_length=GEMMA3N_TOKENS_PER_IMAGE, audio_seq_length=4)
+                                         image_seq_length=GEMMA3N_TOKENS_PER_IMAGE,
+                                         audio_seq_length=GEMMA3N_AUDIO_TOKENS)
 
 
 # a MobileNetV5 of the published block kinds (edge residual, universal inverted residual, multi-query
@@ -90,7 +94,9 @@ def build_model():
     """Text: Gemma 3n (AltUp, Laurel, per-layer inputs), hidden 64, 2 layers (sliding then full);
     vision: timm ``mobilenetv5_300m_enc`` with `GEMMA3N_TINY_ARCH` (stem 16 channels), its
     multi-scale fusion adapter at 2x2 (``msfa_output_resolution``) -> 4 soft tokens of 2048
-    (the encoder's fixed width); audio: a tiny conformer (unused by images)."""
+    (the encoder's fixed width); audio: a tiny conformer, `GEMMA3N_AUDIO_TOKENS` soft tokens per clip. The
+    text vocabulary spans the vision and audio embedding ranges after the tokenizer's (8 ids each), as the
+    published 262,400 spans 262,144 + 128 + 128: the model pads short clips with the last audio id."""
     import torch
     import transformers
     from timm.models._efficientnet_builder import decode_arch_def
@@ -99,7 +105,7 @@ def build_model():
     boi, eoi, image_id, boa, eoa, audio_id = ids(tok, "<start_of_image>", "<end_of_image>", "<image_soft_token>",
                                                   "<start_of_audio>", "<end_of_audio>", "<audio_soft_token>")
     n = len(tok)
-    text = dict(vocab_size=n, vocab_size_per_layer_input=n, hidden_size=64, hidden_size_per_layer_input=8,
+    text = dict(vocab_size=n + 16, vocab_size_per_layer_input=n, hidden_size=64, hidden_size_per_layer_input=8,
                 intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                 head_dim=32, layer_types=["sliding_attention", "full_attention"], sliding_window=512,
                 num_kv_shared_layers=0, activation_sparsity_pattern=[0.0, 0.0], laurel_rank=8,
@@ -111,7 +117,7 @@ def build_model():
                  conf_num_hidden_layers=1, sscp_conv_channel_size=[8, 8])
     cfg = transformers.Gemma3nConfig(text_config=text, vision_config=vision, audio_config=audio,
                                      vision_soft_tokens_per_image=GEMMA3N_TOKENS_PER_IMAGE,
-                                     audio_soft_tokens_per_image=4,
+                                     audio_soft_tokens_per_image=GEMMA3N_AUDIO_TOKENS,
                                      boi_token_id=boi, eoi_token_id=eoi, image_token_id=image_id, boa_token_id=boa,
                                      eoa_token_id=eoa, audio_token_id=audio_id)
     return transformers.Gemma3nForConditionalGeneration._from_config(cfg, attn_implementation="eager",

@@ -68,7 +68,7 @@ def build_processor():
 def build_model():
     """Text Phi-3 style, hidden 64, 2 layers; vision (SigLIP-like) hidden 32, 2 layers, 64x64
     crops of 2x2 patches (32x32 patches: 16x16 tokens after the 2x2 pooling); audio encoder
-    tiny (unused by images). SDPA attention: its rows hold 500-2,500 tokens (eager: about twice as
+    a tiny conformer (width 32 throughout, one block). SDPA attention: its rows hold 500-2,500 tokens (eager: about twice as
     slow on CPU; batched == per-row either way)."""
     import torch
     import transformers
@@ -79,6 +79,7 @@ def build_model():
                   image_size=PHI4MM_CROP, patch_size=2, crop_size=PHI4MM_CROP, image_token_id=image_id,
                   feature_layer=-2)
     audio = dict(hidden_size=32, intermediate_size=64, num_blocks=1, num_attention_heads=2, nemo_conv_channels=32,
+                 ext_pw_out_channel=32, depthwise_separable_out_channel=32,
                  audio_token_id=audio_id, downsample_rate=1)
     cfg = transformers.Phi4MultimodalConfig(
         vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
