@@ -3,6 +3,6 @@ generic path): `load_audio` turns a row's clip (a path, bytes, a ``datasets.Audi
 array with its sampling rate) into the mono float32 waveform the processor's feature extractor
 takes, at its sampling rate, checked (`mmpipe.errors.AudioError`)."""
 
-from mmpipe.audio.load import AUDIO_ITEM_KEYS, load_audio
+from mmpipe.audio.load import AUDIO_ITEM_KEYS, audio_source, load_audio
 
-__all__ = ["AUDIO_ITEM_KEYS", "load_audio"]
+__all__ = ["AUDIO_ITEM_KEYS", "audio_source", "load_audio"]

@@ -27,7 +27,7 @@ import numpy as np
 
 from mmpipe.errors import AudioError
 
-__all__ = ["AUDIO_ITEM_KEYS", "load_audio"]
+__all__ = ["AUDIO_ITEM_KEYS", "audio_source", "load_audio"]
 
 AUDIO_ITEM_KEYS = ("audio", "audio_url", "input_audio", "path")  # where an inline audio item holds its clip
 _FIX_RATE = "give the clip with its sampling rate: {'array': samples, 'sampling_rate': rate}"
@@ -137,3 +137,21 @@ def load_audio(value: Any, sampling_rate: int, *, where: str = "row", column: st
                          expected=f"at most {max_samples} samples at {sampling_rate} Hz", found=f"{wave.size} samples",
                          fix="split the clip into parts of at most that length (one audio item each), or drop the row")
     return wave
+
+
+def audio_source(value: Any, wave: np.ndarray, sampling_rate: int) -> bytes:
+    """What ``audio="source"`` stores for one clip: its encoded file as given (a path's bytes,
+    bytes, a ``{"path", "bytes"}`` dict's), which `load_audio` decodes again to ``wave`` bit for
+    bit; for a clip given as samples, ``wave`` (the loaded float32 samples at ``sampling_rate``)
+    as a 32-bit float WAV, which reads back exactly."""
+    if isinstance(value, dict) and value.get("array") is None:
+        value = value.get("bytes") if value.get("bytes") is not None else value.get("path")
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    if isinstance(value, (str, os.PathLike)):
+        with open(value, "rb") as f:
+            return f.read()
+    soundfile, _ = _modules()
+    buf = io.BytesIO()
+    soundfile.write(buf, wave, int(sampling_rate), format="WAV", subtype="FLOAT")
+    return buf.getvalue()

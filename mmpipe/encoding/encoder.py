@@ -54,7 +54,7 @@ __all__ = ["TRUNCATION_POLICIES", "ERROR_POLICIES", "Encoder"]
 # Options that only some kinds of family take (None: not given); each strategy's
 # ``encode_settings`` takes its own and refuses the others, saying what to do instead.
 KIND_OPTIONS = ("pixels", "min_pixels", "max_pixels", "image_backend", "image_root", "videos_column",
-                "video_options", "images_kwargs", "log")
+                "video_options", "images_kwargs", "log", "audio")
 
 
 class Encoder(ChatTemplate, CodeStamped):
@@ -107,6 +107,10 @@ class Encoder(ChatTemplate, CodeStamped):
         audios_column: where ``{"type": "audio"}`` items / ``<audio>`` markers take clips from
             (default ``"audios"``; `mmpipe.audio.load_audio` reads them). Processors that take
             audio (the Omni thinkers, Gemma 3n, Phi-4-multimodal), on the generic path.
+        audio: how those clips are stored: ``"features"`` (default: the processor's outputs, e.g.
+            Qwen2.5-Omni's float32 ``input_features`` [A, 128, 3000], 1.5 MB a clip) or
+            ``"source"`` (each clip's file bytes, a FLAC of the loaded waveform for arrays; collate
+            computes the features with the processor's own call, bit for bit).
         images_kwargs: the processor call's image options of a tiled family (e.g. Gemma 3
             ``{"do_pan_and_scan": True}``), as ``processor(..., **images_kwargs)``.
         family: None (the processor's, `mmpipe.families.resolve_family`) or ``"generic"``: the
@@ -129,7 +133,8 @@ class Encoder(ChatTemplate, CodeStamped):
                  tools_column: str = "tools", image_root: Optional[str] = None,
                  image_backend: Optional[str] = None, videos_column: Optional[str] = None,
                  video_options=None, images_kwargs: Optional[dict] = None, family: Optional[str] = None,
-                 log=None, end_of_turn: str = "template", audios_column: Optional[str] = None):
+                 log=None, end_of_turn: str = "template", audios_column: Optional[str] = None,
+                 audio: Optional[str] = None):
         check_choice("on_error", on_error, ERROR_POLICIES)
         check_choice("end_of_turn", end_of_turn, END_OF_TURN)
         check_choice("truncation", truncation, TRUNCATION_POLICIES)

@@ -34,7 +34,8 @@ from mmpipe.records.columns import ENCODE_PIXEL_FORMATS, IGNORE_INDEX
 # the options of mmpipe.Encoder (`mmpipe.encoding.encoder.KIND_OPTIONS`) this kind refuses (those
 # of the other kinds) -> why, how it says so, and its stored pixel formats
 ENCODE_REFUSED = {"images_kwargs": "it is the tiled families' processor call option",
-                  "log": "it is the generic path's option"}
+                  "log": "it is the generic path's option",
+                  "audio": "these families take no audio (audio processors take the generic path)"}
 REFUSAL = "{what} is not available for {fam} processors: {why}; leave it out"
 ENCODE_PIXELS = ENCODE_PIXEL_FORMATS
 _PIXEL_BYTES = {"uint8": 1, "float32": 4, "none": 0, "source": 1}  # per pixel ("source": a PNG <= raw)

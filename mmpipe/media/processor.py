@@ -136,6 +136,8 @@ COLUMNS = (  # the stored columns, in order (`mmpipe.records.codec.Column`)
     Column(SHAPES_COLUMN, "object", read=None, value=_shapes),
     Column("image_hw", "int64", ndim=2, width=2, flat=True, missing="none"), FAMILY,  # family "generic"
     Column(LAYOUT_COLUMN, "object", read=None, value=lambda r: _layout(r).to_json()),
+    Column("audio_sources", "object", read=None,  # audio="source": each clip's file bytes
+           value=lambda r: None if r.audio_sources is None else [bytes(b) for b in r.audio_sources]),
 )
 HAS_PIXELS = ("float32",)  # the processor's vision outputs
 CHECK_ON_READ = True  # every row read is validated (no digest: the float outputs are stored as they are)
@@ -160,7 +162,13 @@ def read_media(d, kw: dict, fam, row) -> dict:
                                  column=name, stage="validate", expected=f"{int(np.prod(shape))} values",
                                  found=str(arr.size), fix="re-encode the row with mmpipe.encode")
             vision[name] = arr.reshape(shape)
-    return dict(layout=layout, vision=vision,
+    sources = d.get("audio_sources")
+    if sources is not None and not (isinstance(sources, (list, tuple, np.ndarray))
+                                    and all(isinstance(b, (bytes, bytearray)) for b in sources)):
+        raise InputError("column 'audio_sources' must hold a list of audio file bytes", row=row, column="audio_sources",
+                         stage="validate", expected="list<binary>", found=type(sources).__name__,
+                         fix="re-encode the row with mmpipe.encode(..., audio='source')")
+    return dict(layout=layout, vision=vision, audio_sources=None if sources is None else [bytes(b) for b in sources],
                 sequence={k: as_array(d.get(k), np.int64, 1, k, row) for k in layout.sequence})
 
 

@@ -25,7 +25,7 @@ import logging
 import numpy as np
 
 from mmpipe.batching.media_fields import MediaItems, cut_layout
-from mmpipe.errors import FamilyMismatchError, InputError
+from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
 from mmpipe.records.columns import to_numpy
 
 logger = logging.getLogger("mmpipe")
@@ -199,8 +199,9 @@ def collator_state(processor, fam) -> dict:
     from mmpipe.families import processor_class_name
 
     if processor is None:
-        return {"processor_class": None, "settings": None}
-    return {"processor_class": processor_class_name(processor), "settings": image_settings(processor) or None}
+        return {"processor_class": None, "settings": None, "processor": None}
+    return {"processor_class": processor_class_name(processor), "settings": image_settings(processor) or None,
+            "processor": processor}  # audio="source" rows: the processor computes their audio outputs
 
 
 def _settings(r) -> str:
@@ -265,6 +266,20 @@ class _Filled:
         return len(self._row)
 
 
+def _with_audio(r, processor, index: int):
+    """Row ``r`` with the audio outputs of its ``audio="source"`` clips computed by ``processor``
+    (`mmpipe.media.processor_encode.audio_outputs`); other rows as they are."""
+    if r.audio_sources is None:
+        return r
+    if processor is None:
+        raise ArgumentError(f"row {index} was encoded with audio='source': collate computes its audio features with "
+                            "the processor; pass it: mmpipe.collate(rows, processor=processor) or "
+                            "mmpipe.Collator(processor)")
+    from mmpipe.media.processor_encode import audio_outputs
+
+    return _Filled(r, {**r.vision, **audio_outputs(processor, r.layout, r.audio_sources, f"row {index}")})
+
+
 def _with_masks(r):
     """Row ``r`` with each mask its processor leaves out of a one-item call
     (`ProcessorLayout.single_masks`) filled in, all valid over its feature's leading axes (one
@@ -293,6 +308,8 @@ def collate_outputs(rows: list, ctx) -> tuple[dict, tuple]:
     without vision outputs), the first row's ``layout``; and the batch's row keys.
     Rows must come from one processor class, ``ctx.state``'s when collated with a processor."""
     _check_processor(rows, ctx.state.get("processor_class"), ctx.state.get("settings"))
+    sources = [r.audio_sources for r in rows]
+    rows = [_with_audio(r, ctx.state.get("processor"), i) for i, r in enumerate(rows)]
     warn_cross_attention_counts(rows)
     warn_padded_audio(rows)
     rows = [_with_masks(r) for r in rows]
@@ -302,7 +319,8 @@ def collate_outputs(rows: list, ctx) -> tuple[dict, tuple]:
     for key in sorted({k for r in rows for k in r.vision}):
         vision[key], shapes[key] = join_vision(rows, key, joins[key]) if key in joins else \
             collate_vision(rows, key, key in row_keys, ctx.length, ctx.padding_side)
-    fields = dict(pixel_format="float32" if vision else "none", shapes=shapes, vision=vision)
+    fields = dict(pixel_format="float32" if vision else "none", shapes=shapes, vision=vision,
+                  row_audio_sources=sources if any(x is not None for x in sources) else None)
     return {**fields, "layout": rows[0].layout}, row_keys
 
 
@@ -316,6 +334,9 @@ def unbatch_media(batch) -> list[dict]:
     starts = {k: 0 for k in vision}
     for b, (row, n) in enumerate(zip(out, to_numpy(batch.seq_lengths).tolist())):
         cols = slice(0, n) if batch.padding_side == "right" else slice(L - n, L)
-        own = cut_vision(vision, batch.shapes, row_keys, b, n, cols, starts, joins)
-        row.update(layout=batch.layout, vision=_without_filled_masks(own, batch.layout))
+        own = _without_filled_masks(cut_vision(vision, batch.shapes, row_keys, b, n, cols, starts, joins), batch.layout)
+        sources = batch.row_audio_sources[b] if batch.row_audio_sources is not None else None
+        if sources is not None:  # computed at collate: the row stores its clips
+            own = {k: v for k, v in own.items() if k not in batch.layout.audio}
+        row.update(layout=batch.layout, vision=own, audio_sources=sources)
     return out

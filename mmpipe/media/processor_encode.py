@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import numpy as np
 from PIL import Image
 
-from mmpipe.encoding.options import refusal, refuse_options
+from mmpipe.encoding.options import check_choice, refusal, refuse_options
 from mmpipe.encoding.parse import images_only
 from mmpipe.errors import ArgumentError, ImageError, InputError
 from mmpipe.families import GENERIC, resolve_family
@@ -40,6 +40,8 @@ OWN_KEYS = ("input_ids", "attention_mask", "labels")
 LOGGED_CLASSES: set = set()  # processor classes this process has logged the line for
 # its stored pixel format: the processor's own values
 ENCODE_PIXELS = ("float32",)
+# how audio clips are stored: the processor's outputs, or each clip's file (the outputs computed at collate)
+AUDIO_STORAGE = ("features", "source")
 # the options of mmpipe.Encoder (`mmpipe.encoding.encoder.KIND_OPTIONS`) that have no meaning here ->
 # what to do instead, and how the kind says so (option values too)
 REFUSAL = ("{what} is not available for {cls}: it has no mmpipe family table and takes the generic path "
@@ -81,6 +83,8 @@ def encode_settings(enc, given: dict) -> None:
                       "leave pixels out (or pass 'float32'): the processor's own pixel values are stored")
     if enc.truncation not in ("raise", "drop"):
         raise refusal(enc, REFUSAL, f"truncation={enc.truncation!r}", "use truncation='raise' or 'drop'")
+    enc.audio_storage = given.get("audio", "features")
+    check_choice("audio", enc.audio_storage, AUDIO_STORAGE)
     if enc.end_of_turn != "template":
         raise refusal(enc, REFUSAL, f"end_of_turn={enc.end_of_turn!r}", "its labels are the processor template's "
                       "replies as rendered; leave end_of_turn out")
@@ -182,6 +186,24 @@ def audio_extractor(processor):
     return None
 
 
+def audio_outputs(processor, layout, sources: list, where: str = "row") -> dict:
+    """The audio outputs (`ProcessorLayout.audio`) of a row stored with ``audio="source"``: its
+    clips decoded as at encode (`mmpipe.audio.load_audio`) and run through the processor's own
+    call together (its padding is per call), under a text of one audio token per clip; the same
+    arrays encode would have stored."""
+    from mmpipe.audio import load_audio
+
+    fe = audio_extractor(processor)
+    if fe is None:
+        raise ArgumentError(f"{type(processor).__name__} has no audio feature extractor: collate rows encoded with "
+                            "audio='source' with the processor that encoded them")
+    rate = int(fe.sampling_rate)
+    waves = [load_audio(b, rate, where=f"{where}, audio {i}") for i, b in enumerate(sources)]
+    token = getattr(processor, "audio_token", None) or getattr(getattr(processor, "tokenizer", None), "audio_token")
+    out = processor(text=[token * len(waves)], audio=waves, sampling_rate=rate, return_tensors="np")
+    return {k: np.asarray(out[k]) for k in layout.audio if k in out and np.asarray(out[k]).size}
+
+
 def load_audios(enc, audios: list, where: str) -> list:
     """The row's clips -> mono float32 waveforms at the feature extractor's sampling rate
     (`mmpipe.audio.load_audio`); a clip longer than a Whisper-style extractor takes (``n_samples``:
@@ -259,8 +281,15 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
         sequence["token_type_ids"][trained[0]:] = 1
     enc.check_length(len(ids), where, "raise max_length, shrink the images, or pass truncation='drop'")
     hw = np.asarray([(im.height, im.width) for im in pil], np.int64).reshape(-1, 2)
+    sources = None
+    if waves and enc.audio_storage == "source":  # the clips' files; collate computes their outputs again
+        from mmpipe.audio import audio_source
+
+        rate = int(audio_extractor(enc.processor).sampling_rate)
+        sources = [audio_source(a, w, rate) for a, w in zip(audios, waves)]
+        vision = {k: v for k, v in vision.items() if k not in layout.audio}
     return dict(input_ids=ids, attention_mask=np.ones(len(ids), np.int64), sequence=sequence, vision=vision,
-                labels=labels, layout=layout, image_hw=hw)
+                labels=labels, layout=layout, image_hw=hw, audio_sources=sources)
 
 
 def _text_row_labels(enc, messages: list, agp: bool, tools, ids: np.ndarray, full: str) -> Optional[np.ndarray]:

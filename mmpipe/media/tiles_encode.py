@@ -49,6 +49,7 @@ ENCODE_REFUSED = {
     "videos_column": "tiled families take images only here",
     "video_options": "tiled families take images only here",
     "log": "it is the generic path's option (mmpipe.Encoder(processor, family='generic'))",
+    "audio": "these families take no audio (audio processors take the generic path)",
 }
 
 

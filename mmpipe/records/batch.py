@@ -76,6 +76,9 @@ class BatchedMultiModalInputs(ProcessorOutputs):
         row_images_kwargs:  kind ``tiles``: list of B (dict or None), each row's encoder
                             ``images_kwargs`` (Gemma 3 pan-and-scan), for an exact unbatch; None
                             when no row has any.
+        row_audio_sources:  kind ``processor``: list of B (list of audio file bytes, or None), the
+                            clips of rows encoded with ``audio="source"`` (their features, computed
+                            at collate, are in ``vision``), for an exact unbatch; None when no row has any.
         spec:               the `VisionSpec` used to build float32 pixels, or None.
         padding_side:       "left" or "right".
         family:             model family name.
@@ -108,6 +111,7 @@ class BatchedMultiModalInputs(ProcessorOutputs):
     row_has_labels: Optional[torch.Tensor] = None
     row_pixel_formats: Optional[list[str]] = None
     row_images_kwargs: Optional[list] = None
+    row_audio_sources: Optional[list] = None
     spec: Optional[VisionSpec] = None
     columns: Optional[dict[str, list]] = None
     image_hw: Optional[torch.Tensor] = None

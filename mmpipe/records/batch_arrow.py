@@ -67,6 +67,8 @@ BATCH_COLUMNS: list[tuple[str, pa.DataType, str]] = [
     ("row_pixel_formats", pa.list_(pa.string()), "per row: uint8, float32 or none"),
     ("row_images_kwargs", pa.list_(pa.string()), "kind tiles: per row, the encoder's images_kwargs as JSON "
                                                  "(Gemma 3 pan-and-scan; null entries: none); null otherwise"),
+    ("row_audio_sources", pa.list_(pa.list_(pa.binary())), "kind processor: per row, its clips' audio file bytes "
+                                                            "(audio='source'; null entries: none); null otherwise"),
     ("extras", TENSORS, "the family's further model inputs by name (LLaVA-OneVision image_sizes "
                         "int64 [I, 2]); each: name, dtype, shape, little-endian C-order bytes"),
     ("sequence", TENSORS, "kind processor: the processor's other [B, L] outputs (token_type_ids, "
@@ -83,7 +85,7 @@ BATCH_COLUMNS: list[tuple[str, pa.DataType, str]] = [
 ]
 _NULLABLE_BATCH = {"labels", "pixel_values", "pixel_values_u8", "pixel_values_videos",
                    "pixel_values_videos_u8", "pixel_values_shape", "pixel_values_u8_shape", "image_hw",
-                   "tiles_per_image", "processor_layout", "row_images_kwargs"}
+                   "tiles_per_image", "processor_layout", "row_images_kwargs", "row_audio_sources"}
 
 # The packed record: its own [1, T] token columns, then its rows' batch (``meta``) without the
 # batch's zero-width token columns.

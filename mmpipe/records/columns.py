@@ -166,6 +166,8 @@ OPTIONAL_ROW_COLUMNS: dict[str, str] = {
                      "them with (mmpipe.images.backends); absent for PIL-backend rows",
     "image_sources": "list<binary> [I] pixels='source' rows: each image's encoded file bytes, decoded and resized "
                      "at collate time (mmpipe.encoding.sources)",
+    "audio_sources": "list<binary> [A] generic-path rows encoded with audio='source': each audio clip's file bytes "
+                     "(a float WAV for clips given as samples); collate runs the processor's audio call on them",
 }
 
 

@@ -99,6 +99,8 @@ class MultiModalInputs(ProcessorOutputs):
         vision:             the other outputs by name (processor dtypes and shapes: float32
                             ``pixel_values``, ``pixel_attention_mask``, ``cross_attention_mask``...).
         layout:             the processor's `ProcessorLayout` (its class, keys, dtypes, roles).
+        audio_sources:      ``audio="source"``: each audio clip's file bytes [A] (its audio outputs,
+                            ``layout.audio``, are computed at collate by the processor's own call).
     """
 
     input_ids: np.ndarray
@@ -123,6 +125,7 @@ class MultiModalInputs(ProcessorOutputs):
     sequence: dict = field(default_factory=dict)
     vision: dict = field(default_factory=dict)
     layout: Optional["ProcessorLayout"] = None  # kind "processor": the processor's outputs, typed
+    audio_sources: Optional[list] = None  # kind "processor", audio="source": audio file bytes per clip [A]
 
     def __post_init__(self) -> None:
         if not self.family and self.layout is not None:
@@ -279,7 +282,8 @@ class MultiModalInputs(ProcessorOutputs):
         if set(self.row_keys) != set(other.row_keys):
             out.append("row_keys")
         # the per-row settings and sources first, then the arrays (the order stays stable)
-        first = ("family", "processor_class", "row_keys", "image_sources", "images_kwargs", "image_backend")
+        first = ("family", "processor_class", "row_keys", "image_sources", "audio_sources", "images_kwargs",
+                 "image_backend")
         return sorted(out, key=lambda n: (n not in first, first.index(n) if n in first else 0))
 
     def __repr__(self) -> str:

@@ -248,3 +248,45 @@ def test_generation_from_audio_prompts(omni, clips):
             gaps.append(float((lp - torch.tensor(c.logprobs)).abs().max()))
     print(f"\nomni generation: {n_tokens} sampled tokens, rollout/training logprob gap {max(gaps):.2e}")
     assert n_tokens > 300 and max(gaps) < 1e-3
+
+
+def test_audio_source_storage_is_exact_and_small(omni, clips, encoded):
+    """``audio="source"`` stores each clip's file (a float WAV for arrays) instead of the 1.5 MB of
+    float32 features a Qwen2.5-Omni clip takes; collate computes the features with the processor's own
+    call: the batch equals the feature-stored rows' batch bit for bit, and the rows come back out."""
+    proc, _ = omni
+    raws, feature_rows = encoded
+    rows = [mmpipe.encode_row(r, proc, idx=i, audio="source") for i, r in enumerate(raws)]
+    for f, s in zip(feature_rows, rows):
+        assert "input_features" not in s.vision and (s.audio_sources is None) == ("input_features" not in f.vision)
+        np.testing.assert_array_equal(s.input_ids, f.input_ids)
+    stored = [len(b) for r in rows for b in (r.audio_sources or ())]
+    features = [f.vision["input_features"][k].nbytes + f.vision["feature_attention_mask"][k].nbytes
+                for f in feature_rows if "input_features" in f.vision for k in range(len(f.vision["input_features"]))]
+    print(f"\nqwen2.5-omni audio storage: {sum(stored):,} B as sources vs {sum(features):,} B as float32 features "
+          f"({sum(features) / sum(stored):.1f}x) for {len(stored)} clips")
+    assert sum(features) > 5 * sum(stored)
+    want = mmpipe.collate(feature_rows, processor=proc).model_inputs()
+    batch = invariants.assert_roundtrip(rows, processor=proc)
+    got = batch.model_inputs()
+    assert sorted(got) == sorted(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0, msg=k)
+    dicts = [r.to_dict() for r in rows]
+    ds = datasets.Dataset.from_list(dicts)
+    invariants.assert_rows_from_arrow(ds.data.table, rows)
+    with pytest.raises(mmpipe.errors.ArgumentError, match="audio='source'.*processor"):
+        mmpipe.collate(rows)
+    with pytest.raises(mmpipe.errors.ArgumentError, match="audio"):
+        mmpipe.Encoder(mmpipe.testing.build_processor("qwen2_vl"), audio="source")
+
+
+def test_packing_is_refused(omni, encoded):
+    """Packing Omni rows would need TMRoPE restarted per row inside the model: the generic path does
+    not know its model's attention or positions, so it refuses with a typed error."""
+    proc, model = omni
+    _, rows = encoded
+    with pytest.raises(mmpipe.errors.PackingUnsupportedError, match="generic path"):
+        mmpipe.pack(rows, processor=proc)
+    with pytest.raises(mmpipe.errors.PackingUnsupportedError):
+        mmpipe.pack(rows, processor=proc, model=model)
