@@ -67,6 +67,7 @@ def collate(
     vision_tokens: Optional[VisionTokens] = None,
     keep_columns: Sequence[str] = (),
     verify_pixels: bool = False,
+    pixels_on_device: bool = False,
 ) -> BatchedMultiModalInputs:
     """Pad and pack encoded rows of one family into a batch.
 
@@ -86,6 +87,10 @@ def collate(
             carried as ``batch.columns`` (name -> list of B values); a row without one raises.
         verify_pixels: hash each row's stored pixel data and compare with its ``pixel_digest``
             (a `PixelDataError` naming the row when a byte changed on disk; about 10 GB/s).
+        pixels_on_device: patch-grid families: keep the rows' compact uint8 pixels in the batch
+            (``pixel_values`` None) and let ``batch.model_inputs(device)`` expand them on that
+            device, bit for bit (`mmpipe.images.pixels.u8_to_pixel_values_torch`): the DataLoader
+            workers only gather bytes and 1/8 of the float32 bytes cross to the GPU.
 
     Returns a `BatchedMultiModalInputs`: input_ids / attention_mask / mm_token_type_ids int64
     [B, L], position_ids int64 [3, B, L] (patch grids) or [B, L], image_offsets int64 [B+1],
@@ -108,10 +113,22 @@ def collate(
         resolve_family(family if family is not None else processor)
     recs = checked_records(rows, verify_pixels, None if given is None else given.name)
     fam, state = batch_state(recs, family, processor, spec=spec, vision_tokens=vision_tokens)
+    state = device_pixels_state(fam, state, pixels_on_device)
     batch = collate_records(recs, fam, state, padding_side=padding_side, pad_token_id=pad_id(processor, pad_token_id),
                             pad_to_length=pad_to_length, pad_to_multiple_of=pad_to_multiple_of)
     batch.columns = kept_columns(rows, keep_columns)
     return batch
+
+
+def device_pixels_state(fam: ModelFamily, state: dict, on_device: bool) -> dict:
+    """``state`` with ``pixels_on_device`` set when asked for; `ArgumentError` for a kind whose
+    batches cannot keep compact pixels (``fam.media.DEVICE_PIXELS``)."""
+    if not on_device:
+        return state
+    if not fam.media.DEVICE_PIXELS:
+        raise ArgumentError(f"pixels_on_device=True is for the patch-grid families (Qwen-VL, GLM-4.xV); {fam.name} "
+                            "batches expand their pixels at collate: leave it out")
+    return {**state, "pixels_on_device": True}
 
 
 def check_padding_side(padding_side: str) -> None:
@@ -261,15 +278,18 @@ class Collator:
 
     Holds only small derived values (the family, its strategy's collator state: the
     `VisionSpec` of a patch-grid family, a tiled family's pixel table, the generic path's
-    processor class; the pad id), not the processor, so it ships cheaply to ``num_workers > 0``
-    worker processes. ``keep_columns``: pass-through columns each batch carries as
-    ``batch.columns``; ``verify_pixels``: check each row's pixel digest (see `collate`).
+    processor class; the pad id), not the processor (but on the generic path, whose rows stored with
+    ``audio="source"`` need its audio call), so it ships cheaply to ``num_workers > 0`` worker
+    processes. ``keep_columns``: pass-through columns each batch carries as ``batch.columns``;
+    ``verify_pixels``: check each row's pixel digest; ``pixels_on_device``: batches keep uint8
+    pixels that ``model_inputs(device)`` expands there (see `collate`).
     """
 
     def __init__(self, processor=None, *, padding_side: str = "left", pad_to_multiple_of: Optional[int] = None,
                  family: Any = None, pad_token_id: Optional[int] = None, keep_columns: Sequence[str] = (),
-                 verify_pixels: bool = False):
+                 verify_pixels: bool = False, pixels_on_device: bool = False):
         self.family, self.state = collator_family("Collator", processor, family)
+        self.state = device_pixels_state(self.family, self.state, pixels_on_device)
         self.processor_class = None if processor is None else processor_class_name(processor)
         self.pad_token_id = pad_id(processor, pad_token_id)
         kept_columns([], keep_columns)  # a string is refused here, not at the first batch

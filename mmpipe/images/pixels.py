@@ -192,3 +192,20 @@ def image_grid(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple[i
         raise
     return 1, th // spec.patch_size, tw // spec.patch_size
 
+
+
+def u8_to_pixel_values_torch(patches, lut, reps: int):
+    """The torch twin of `u8_to_pixel_values` / `u8_video_to_pixel_values`, on the device of
+    ``patches``: uint8 [N, 3*k] -> float32 [N, 3*reps*k] = lut[c][byte] per channel c, each
+    channel's block written ``reps`` times (the temporal slots of a still image; 1 for videos).
+    ``lut``: float32 [3, 256] (numpy or torch). A table lookup, so bit for bit the CPU result:
+    a trainer gets uint8 from its DataLoader (1/(4*reps) of the float32 bytes over the bus) and
+    expands on its GPU."""
+    import torch
+
+    n, d = patches.shape
+    table = torch.as_tensor(np.array(lut, np.float32) if isinstance(lut, np.ndarray) else lut,
+                            dtype=torch.float32, device=patches.device)
+    x = patches.reshape(n, 3, d // 3).long()
+    vals = torch.stack([table[c][x[:, c]] for c in range(3)], 1)  # [N, 3, k]
+    return vals.unsqueeze(2).expand(n, 3, reps, d // 3).reshape(n, 3 * reps * (d // 3))

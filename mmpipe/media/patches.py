@@ -213,7 +213,7 @@ from mmpipe.media.patches_encode import (  # noqa: E402  (a section of its own, 
 # What mmpipe.collate / unbatch / pack ask of this kind; the same names in every kind. The code is
 # in mmpipe/media/patches_collate.py.
 from mmpipe.media.patches_collate import (  # noqa: E402,F401
-    MEDIA_ITEMS, collate_media, collator_state, unbatch_media,
+    MEDIA_ITEMS, collate_media, collator_state, device_pixels, unbatch_media,
 )
 
 BATCH_ROWS = "patch-grid"  # a batch of this kind's rows, in error messages
@@ -221,6 +221,7 @@ FOREIGN_ROW = "a tiled-family or generic-path row"  # a row of another kind in s
 BATCH_ARRAYS = "torch"  # the batch's fields are torch tensors (the 1-D kinds' stay numpy, as always)
 POSITION_ROWS = (3,)  # position_ids [3, L] per row, [3, B, L] per batch (M-RoPE)
 COLLATOR_NEEDS_PROCESSOR = None  # without a processor: the family table's VisionSpec
+DEVICE_PIXELS = True  # collate(pixels_on_device=True): uint8 in the batch, expanded by device_pixels
 TAKES_AUDIO = False  # audio clips: the processor kind only (the Omni thinkers, Gemma 3n, Phi-4-multimodal)
 CHECK_STORED_DTYPES = True  # a stored dict's float token ids / non-uint8 compact pixels are refused
 

@@ -64,7 +64,8 @@ def collate_media(rows: list, ctx) -> dict:
     rows = [with_pixels(r, spec, i) for i, r in enumerate(rows)]  # pixels="source" rows: decode + resize here
     pixel_format, layout_only = _pixel_format(rows)
     spec = spec.for_rows([r.image_backend if r.has_pixels and r.num_images else None for r in rows])  # images only
-    pixels = {} if layout_only else _assemble_pixels(rows, spec, pixel_format, ctx.layout)
+    pixels = {} if layout_only else _assemble_pixels(rows, spec, pixel_format, ctx.layout,
+                                                     ctx.state.get("pixels_on_device", False))
     return {**pixels, "pixel_format": pixel_format, "spec": spec, "row_pixel_formats": [r.pixel_format for r in rows]}
 
 
@@ -109,10 +110,12 @@ def _compact(pv: np.ndarray, spec: VisionSpec, videos: bool) -> np.ndarray:
     return pixel_values_to_u8(pv, spec.lut(), spec.temporal_patch_size)
 
 
-def _assemble_pixels(rows: list, spec: VisionSpec, pixel_format: str, layout: dict) -> dict[str, np.ndarray]:
+def _assemble_pixels(rows: list, spec: VisionSpec, pixel_format: str, layout: dict,
+                     on_device: bool = False) -> dict[str, np.ndarray]:
     """Pixel data concatenated in row order: pixel_values float32 [sum N, D] (rebuilt from
-    compact uint8 rows bit for bit, kept as pixel_values_u8), and the same for videos. Float
-    rows are checked for NaN/inf in one vectorised pass."""
+    compact uint8 rows bit for bit, kept as pixel_values_u8; ``on_device``: left to
+    `device_pixels`, pixel_values None), and the same for videos. Float rows are checked for
+    NaN/inf in one vectorised pass."""
     out: dict[str, np.ndarray] = {}
     for videos, (items, (name, name_u8)) in enumerate(zip(MEDIA_ITEMS, PIXELS)):
         grids = items.fields[0][0]
@@ -120,7 +123,7 @@ def _assemble_pixels(rows: list, spec: VisionSpec, pixel_format: str, layout: di
             continue
         if pixel_format == "uint8":
             u8 = out[name_u8] = np.concatenate([getattr(r, name_u8) for r in rows if len(getattr(r, grids))])
-            out[name] = _expand(u8, spec, bool(videos))
+            out[name] = None if on_device else _expand(u8, spec, bool(videos))
         else:
             pv = out[name] = np.concatenate([_float_pixels(r, spec, bool(videos)) for r in rows])
             check_finite(pv, layout[items.units], name)
@@ -136,6 +139,25 @@ def _float_pixels(r, spec: VisionSpec, videos: bool) -> np.ndarray:
     if u8 is not None:
         return _expand(u8, spec, videos)
     return np.zeros((0, r.fam.patch_dim), np.float32)
+
+
+def device_pixels(batch, device) -> dict:
+    """The float32 ``pixel_values`` / ``pixel_values_videos`` of a batch collated with
+    ``pixels_on_device`` (uint8 kept, float32 None), expanded on ``device`` with the batch's
+    `VisionSpec` tables (`u8_to_pixel_values_torch`: bit for bit the CPU expansion); {} when the
+    batch holds its float32 pixels already."""
+    from mmpipe.images.pixels import u8_to_pixel_values_torch
+
+    out = {}
+    for videos, (name, name_u8) in enumerate(PIXELS):
+        u8 = getattr(batch, name_u8)
+        if getattr(batch, name) is None and u8 is not None and len(u8):
+            import torch
+
+            u8 = torch.as_tensor(u8).to(device if device is not None else "cpu", non_blocking=True)
+            spec = batch.spec.for_videos() if videos else batch.spec
+            out[name] = u8_to_pixel_values_torch(u8, spec.lut(), 1 if videos else spec.temporal_patch_size)
+    return out
 
 
 # ---- unbatch ------------------------------------------------------------------------------

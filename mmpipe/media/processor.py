@@ -302,6 +302,14 @@ FOREIGN_ROW = "a natively encoded row"  # a row of another kind in such a batch
 BATCH_ARRAYS = "numpy"  # the batch's fields stay numpy (as always; as_torch / model_inputs convert)
 POSITION_ROWS = ()  # position_ids [L] per row, [B, L] per batch
 COLLATOR_NEEDS_PROCESSOR = None  # rows carry their processor's outputs: nothing to take from it
+DEVICE_PIXELS = False  # the batch holds its model's float pixels (collate normalises them)
+
+
+def device_pixels(batch, device) -> dict:
+    """Nothing to expand: this kind's batches hold their float pixels (`DEVICE_PIXELS`)."""
+    return {}
+
+
 TAKES_AUDIO = True  # a processor with a feature extractor gets the row's clips (`mmpipe.audio.load_audio`)
 CHECK_STORED_DTYPES = False  # the processor's own dtypes, typed by the layout: read as the layout says
 

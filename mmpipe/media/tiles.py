@@ -239,6 +239,14 @@ FOREIGN_ROW = "a row of another family"  # a row of another kind in such a batch
 BATCH_ARRAYS = "numpy"  # the batch's fields stay numpy (as always; as_torch / model_inputs convert)
 POSITION_ROWS = ()  # position_ids [L] per row, [B, L] per batch
 COLLATOR_NEEDS_PROCESSOR = "its pixel normalisation"  # what a Collator cannot do without the processor
+DEVICE_PIXELS = False  # the batch holds its model's float pixels (collate normalises them)
+
+
+def device_pixels(batch, device) -> dict:
+    """Nothing to expand: this kind's batches hold their float pixels (`DEVICE_PIXELS`)."""
+    return {}
+
+
 TAKES_AUDIO = False  # audio clips: the processor kind only (the Omni thinkers, Gemma 3n, Phi-4-multimodal)
 CHECK_STORED_DTYPES = False  # list<uint8> tiles come back int64 from torch-formatted datasets: cast on read
 

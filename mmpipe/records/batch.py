@@ -7,6 +7,7 @@ Positions follow the layout stated in `mmpipe.records`: ``position_ids`` int64 `
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -172,7 +173,8 @@ class BatchedMultiModalInputs(ProcessorOutputs):
     def model_inputs(self, device=None, *, positions: Optional[str] = None, labels: bool = True) -> dict[str, Any]:
         """Exactly the kwargs the family's transformers ``forward`` accepts.
 
-        Pixel data goes to the device of ``input_ids`` (or ``device``). Keys without data
+        Pixel data goes to the device of ``input_ids`` (or ``device``); a batch collated with
+        ``pixels_on_device`` sends its uint8 pixels there and expands them there. Keys without data
         (no image in the batch) are left out, so a text-only batch runs a text-only forward.
         ``positions``: ``"mrope"`` (the default of the M-RoPE families) -> position_ids [3, B, L];
         ``"verl"`` -> [4, B, L] with the plain text positions first; ``"1d"`` (the default of the
@@ -181,7 +183,8 @@ class BatchedMultiModalInputs(ProcessorOutputs):
         dev = device if device is not None else getattr(self.input_ids, "device", None)
         out: dict[str, Any] = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
         out.update(self.fam.media.position_inputs(self, positions))
-        out.update(self.vision_inputs())
+        on_device = self.fam.media.device_pixels(self, dev)  # pixels kept uint8 by collate: expanded on dev
+        out.update((dataclasses.replace(self, **on_device) if on_device else self).vision_inputs())
         # a batch with no target token (RL prompts) gets no labels: the loss would be NaN
         if labels and self.labels is not None and bool((self.labels != IGNORE_INDEX).any()):
             out["labels"] = self.labels
@@ -190,8 +193,6 @@ class BatchedMultiModalInputs(ProcessorOutputs):
     def as_torch(self) -> "BatchedMultiModalInputs":
         """The same batch with every numpy field (and ``extras`` / ``sequence`` / ``vision``
         value) as a torch tensor (zero-copy); a torch batch is returned as it is."""
-        import dataclasses
-
         if not isinstance(self.input_ids, np.ndarray):
             return self
         change = {f.name: _torch(v) for f in dataclasses.fields(self)
