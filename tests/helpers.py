@@ -112,13 +112,30 @@ def video_row(family, grid, seed=0, sec=1.0):
 
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+DOC_PAGES = [README] + sorted((README.parent / "docs").rglob("*.md"))
+
+
+# section titles the README had before its sections moved to docs pages under other titles
+MOVED_TITLES = {"Rollouts (RL)": "RL rollouts and TRL GRPO", "transformers Trainer and TRL": "SFT with transformers Trainer and TRL",
+                "verl": "RL with verl", "**Packing tiled rows**": "Packing tiled rows",
+                "**Packing that knows the model.**": "Packing that knows the model"}
 
 
 def readme_block(heading: str) -> str:
-    """The first python block under ``heading`` in the README, as written."""
-    text = README.read_text()
-    section = text[text.index(heading):]
-    return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    """The first python block after ``heading`` in the README or a docs page (docs/**/*.md), as
+    written: a heading's title at any level (``"## vLLM"`` finds ``# vLLM``), else the first
+    page holding the text itself (``"**The generic path.**"``)."""
+    title = heading.lstrip("#").strip()
+    title = MOVED_TITLES.get(title, title)
+    texts = [page.read_text() for page in DOC_PAGES]
+    for text in texts:
+        m = re.search(rf"^#+ {re.escape(title)}[ \t]*$", text, flags=re.M)
+        if m:
+            return re.search(r"```python\n(.*?)```", text[m.end():], flags=re.S).group(1)
+    for text in texts:
+        if title in text:
+            return re.search(r"```python\n(.*?)```", text[text.index(title):], flags=re.S).group(1)
+    raise LookupError(f"no heading or text {title!r} in README.md or docs/")
 
 
 def prompt_rows(proc, counts=(0, 1, 2), *, vary_length: bool = False, size=(40, 56), step=(16, 8), seed_step: int = 5):

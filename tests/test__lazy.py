@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+# the README and the docs pages it moved into (docs/**/*.md; `::: name` lines are mkdocstrings directives)
+README = re.sub(r"(?m)^::: .*$", "", "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]))
 # a name is a dotted path of identifiers; a sentence's full stop after it is not part of it
 README_NAMES = sorted({n.rstrip(".") for n in re.findall(r"\bmmpipe(?:\.[A-Za-z_]\w*)+", README)})
 # what `import mmpipe` must not import (optional integrations and the heavy stacks load on use)

@@ -19,12 +19,12 @@ def sample_photos() -> list[tuple[str, Image.Image]]:
     """The real images shipped with matplotlib (``mpl-data/sample_data``), as RGB PIL images.
 
     Sorted by file name, e.g. ``("grace_hopper.jpg", <512x600 RGB>)``. Fresh image objects each
-    call. Needs matplotlib (a test extra).
+    call. Needs matplotlib (the demo and test extras).
     """
     try:
         import matplotlib
     except ImportError as e:  # pragma: no cover
-        raise ImportError("sample_photos() needs matplotlib (pip install mmpipe[test])") from e
+        raise ImportError("sample_photos() needs matplotlib (pip install mmpipe[demo])") from e
     root = Path(matplotlib.get_data_path()) / "sample_data"
     out = []
     for path in sorted(root.rglob("*"), key=lambda p: p.relative_to(root).as_posix()):

@@ -229,11 +229,11 @@ def test_readme_model_families_block_runs_as_written(caplog, monkeypatch):
     ns = {"ds": ds}
     with caplog.at_level(logging.INFO, logger="mmpipe"):
         exec(compile(readme_block("**The generic path.**"), "README.md", "exec"), ns)
-    readme = Path(__file__).resolve().parents[2].joinpath("README.md").read_text()
+    readme = Path(__file__).resolve().parents[2].joinpath("docs", "concepts", "families.md").read_text()
     assert generic_log_line("LlavaProcessor") in readme
     assert [r.getMessage() for r in caplog.records if "generic path" in r.getMessage()] == \
         [generic_log_line("LlavaProcessor")]
     batch, out, rows = ns["batch"], ns["out"], ns["rows"]
     assert set(batch.model_inputs()) == {"input_ids", "attention_mask", "position_ids", "pixel_values", "labels"}
     assert out.logits.shape[:2] == tuple(batch.input_ids.shape)
-    invariants.assert_rows_equal(rows, [mmpipe.encode_row(r, ns["processor"]) for r in chat_rows([1, 0, 2])])
+    invariants.assert_rows_equal(rows, [mmpipe.encode_row(r, ns["processor"]) for r in ns["ds"]])

@@ -224,10 +224,10 @@ def test_encoded_rows_train_as_the_raw_ones(tmp_path):
 
 
 def test_readme_block_runs(tmp_path, monkeypatch, capsys):
-    """The README's TRL GRPOTrainer block, verbatim."""
+    """The docs' TRL GRPOTrainer block (docs/how-to/rl.md), verbatim."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "rl.md").read_text()
     blocks = [b for b in readme.split("```python\n")[1:] if "VisionGRPOTrainer(" in b.split("```")[0]]
     assert len(blocks) == 1
     monkeypatch.chdir(tmp_path)

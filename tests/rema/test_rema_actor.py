@@ -170,11 +170,10 @@ def test_errors_name_the_column_and_the_fix(vision):
         rema.actor_micro_batch(batch, roles=["critic"])
 
 
-def test_readme_rema_actor_block_runs_as_written(vision):
-    batch, model = vision
-    actor = types.SimpleNamespace(actor_module=model, use_ulysses_sp=False)  # ReMA's actor instance
-    ns = {"batch": batch, "actor": actor, "torch": torch}
+def test_readme_rema_actor_block_runs_as_written():
+    ns: dict = {}
     exec(compile(readme_block("ReMA's actor with images"), "README.md", "exec"), ns)
-    L = batch.batch["meta_labels"].shape[1]
+    batch = ns["batch"]
+    L = batch.batch["meta_thinking_labels"].shape[1]
     assert ns["log_probs"].shape == ns["entropy"].shape == (2 * len(batch), L)
     assert ns["actor"]._forward_micro_batch.__func__ is rema.forward_micro_batch
