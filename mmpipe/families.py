@@ -274,8 +274,9 @@ LLAVA_ONEVISION = ModelFamily(
     model_class="LlavaOnevisionForConditionalGeneration", image_token="<image>", feature_token="<image>",
     module="mmpipe.images.onevision",
     no_packing=None)  # packed rows: as InternVL (image_sizes per image, pixels per image)
-# The generic path: a VLM processor without a row of its own (Idefics3, LLaVA 1.5, Mllama, ...).
-# Its rows hold what the processor's own call returns (kind "processor"); stored family "generic".
+# The generic path: a VLM processor without a row of its own (Idefics3, LLaVA 1.5, Mllama, the Omni thinkers...):
+# its rows hold what the processor's own call returns (kind "processor"); stored family "generic".
+MASKED_AUDIO = ("Qwen3OmniMoeProcessor",)  # audio encoders that drop padded feature frames first (no padding effect)
 GENERIC = ModelFamily(
     name="generic", kind="processor", rope="1d", model_types=(), stop_token=None,
     image_token=None, video_token=None, vision_start_token=None, vision_end_token=None,
@@ -306,8 +307,7 @@ def tiled_family_of(obj) -> Optional[ModelFamily]:
     return fam if fam is not None and fam.kind == "tiles" else None
 
 
-# Where a processor of a family without a table row goes instead: mmpipe.encode, encode_row,
-# encode_dataset, collate and Collator take it there by themselves (takes_generic_path).
+# Where a processor without a table row goes (mmpipe.encode / encode_row / collate... take it there themselves).
 GENERIC_PATH = "mmpipe.Encoder (kind processor: mmpipe.media.processor)"
 GENERIC_FAMILY = GENERIC.name  # the stored ``family`` of rows encoded through the generic path
 

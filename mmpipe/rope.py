@@ -119,9 +119,8 @@ def get_rope_index(
         token). Generated token k of row b sits at ``n_valid_b + delta_b + k``.
 
     Raises:
-        mmpipe.errors.PlaceholderError: a vision block's token count does not match its
-            grid, a block has no grid left, or grids are left over (the message names the
-            batch row).
+        mmpipe.errors.PlaceholderError: a vision block's token count does not match its grid, a
+            block has no grid left, or grids are left over (the message names the batch row).
         mmpipe.errors.InputError: a token type is not 0/1/2.
         mmpipe.errors.ArgumentError: wrong shapes, or no ``mm_token_type_ids`` for a
             vision family. All are ``ValueError``.

@@ -109,7 +109,7 @@ class Encoder(ChatTemplate, CodeStamped):
             audio (the Omni thinkers, Gemma 3n, Phi-4-multimodal), on the generic path.
         audio: how those clips are stored: ``"features"`` (default: the processor's outputs, e.g.
             Qwen2.5-Omni's float32 ``input_features`` [A, 128, 3000], 1.5 MB a clip) or
-            ``"source"`` (each clip's file bytes, a FLAC of the loaded waveform for arrays; collate
+            ``"source"`` (each clip's file bytes, a float WAV of the loaded samples for arrays; collate
             computes the features with the processor's own call, bit for bit).
         images_kwargs: the processor call's image options of a tiled family (e.g. Gemma 3
             ``{"do_pan_and_scan": True}``), as ``processor(..., **images_kwargs)``.

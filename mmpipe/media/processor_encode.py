@@ -206,15 +206,18 @@ def audio_outputs(processor, layout, sources: list, where: str = "row") -> dict:
 
 def load_audios(enc, audios: list, where: str) -> list:
     """The row's clips -> mono float32 waveforms at the feature extractor's sampling rate
-    (`mmpipe.audio.load_audio`); a clip longer than a Whisper-style extractor takes (``n_samples``:
-    it would cut it) refused. A processor without a feature extractor takes no audio (`ParseError`)."""
+    (`mmpipe.audio.load_audio`); a clip longer than a Whisper-style extractor takes (``n_samples``)
+    refused where the processor's call would cut it. A processor without a feature extractor takes no audio (`ParseError`)."""
     from mmpipe.audio import load_audio
     from mmpipe.encoding.parse import no_audio
 
     fe = audio_extractor(enc.processor)
     if fe is None:
         no_audio(audios, where, f"{enc.processor_class} (no audio feature extractor)")
-    limit = int(getattr(fe, "n_samples", 0) or 0)
+    # the extractor cuts at n_samples only where the processor's call truncates (Qwen2.5-Omni's does; Qwen3-Omni's
+    # sets truncation=False and takes a clip whole)
+    truncates = dict(getattr(enc.processor, "audio_kwargs", None) or {}).get("truncation", True)
+    limit = int(getattr(fe, "n_samples", 0) or 0) if truncates else 0
     return [load_audio(a, int(fe.sampling_rate), where=f"{where}, audio {i}", column=enc.audios_column,
                        max_samples=limit) for i, a in enumerate(audios)]
 

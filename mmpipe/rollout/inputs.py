@@ -95,6 +95,7 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
     `vllm_processor_kwargs`); rows without images or videos carry only ``"prompt_token_ids"``.
     vLLM re-expands the pads to exactly the row's training ``input_ids``::
 
+        # a sketch: llm stands in for a vllm.LLM (docs/how-to/vllm.md runs real vLLM)
         prompts = to_vllm_prompts(rows, processor)
         outs = llm.generate(prompts, vllm.SamplingParams(max_tokens=64))
 
@@ -179,7 +180,8 @@ def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_
             f"with padding_side={batch.padding_side!r}: collate with padding_side='left' for generation"
         )
     has_vision = bool(int(batch.image_offsets[-1])) or bool(batch.video_grid_thw.shape[0])
-    if has_vision and batch.pixel_values is None and batch.pixel_values_videos is None:
+    in_vision = any(k.startswith("pixel_values") for k in (batch.vision or {}))  # the generic path's pixels
+    if has_vision and batch.pixel_values is None and batch.pixel_values_videos is None and not in_vision:
         rows = [b for b, (i, v) in enumerate(zip(batch.sample_to_image_indices, batch.sample_to_video_indices))
                 if i or v]
         raise PixelDataError(
