@@ -33,7 +33,7 @@ from mmpipe.encoding.placeholders import expand_image_pads
 from mmpipe.encoding.render import span_labels
 from mmpipe.encoding.spans import marked_messages
 from mmpipe.encoding.tokenize import MIN_CHARS
-from mmpipe.images.jpeg_header import plain_jpeg_hw
+from mmpipe.images.headers import plain_image_hw
 from mmpipe.images.load import confine_image
 from mmpipe.images.pixels import image_grid
 from mmpipe.records.columns import IGNORE_INDEX
@@ -241,12 +241,12 @@ def _grids(enc, rows: list) -> None:
 
 
 def _grid(img, enc, where: str, sizes: dict) -> tuple[int, int, int]:
-    """`image_grid` of one image; a plain JPEG's size read from its bytes without PIL
-    (`mmpipe.images.jpeg_header`: only where PIL reads the same size and no EXIF rotation)."""
+    """`image_grid` of one image; a plain JPEG's, PNG's or WebP's size read from its bytes without
+    PIL (`mmpipe.images.headers`: only where PIL reads the same size and no EXIF rotation)."""
     if enc.image_root is not None:
         confine_image(img, enc.image_root, where=where)
     data = img.get("bytes") if isinstance(img, dict) else img
-    hw = plain_jpeg_hw(data) if type(data) is bytes else None
+    hw = plain_image_hw(data) if type(data) is bytes else None
     if hw is None:
         return image_grid(img, enc.spec, where=where)
     if hw not in sizes:

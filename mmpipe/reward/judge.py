@@ -60,6 +60,8 @@ class VLMJudge:
 
     Example::
 
+        # a sketch: a judge server at that URL, frame_uint8_hwc a frame, ds a dataset of frames
+        # (docs/how-to/agent-loops.md runs the judge against a local stand-in server)
         judge = VLMJudge(JudgeClient("http://localhost:8000/v1", "Qwen/Qwen3-VL-8B-Instruct"),
                          task="stack the red cube on the green cube",
                          primitives=["reach", "grasp", "lift", "place", "release"])

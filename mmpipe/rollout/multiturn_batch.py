@@ -21,6 +21,8 @@ __all__ = ["MultiTurnBatch"]
 class MultiTurnBatch:
     """B conversations in an agent loop; every row keeps its original index.
 
+        # a sketch: engine, params, wants_tool and search stand in for your engine, sampling params,
+        # tool-call check and tool (docs/how-to/agent-loops.md runs a whole loop)
         batch = MultiTurnBatch.start(raw_rows, processor)
         while batch.active_indices:
             idx = batch.active_indices

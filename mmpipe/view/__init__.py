@@ -3,6 +3,7 @@ Jupyter, text for terminals and matplotlib plots.
 
 What a row looks like to the model, one call away::
 
+    # a sketch: row is an encoded MultiModalInputs, batch a collated batch (docs/how-to/jupyter.md)
     row                      # in Jupyter: MultiModalInputs._repr_html_ -> row_html(row)
     print(row.describe())    # terminal: lengths, grids, token spans, the token text
     batch                    # per-row table (length, padding, images, tokens per image) + rows

@@ -1,0 +1,120 @@
+"""The size of a plain PNG or WebP from its header bytes, without PIL (the layout-only batch path,
+beside `mmpipe.images.jpeg_header` for JPEG; `plain_image_hw` asks the one the bytes start like).
+
+As for JPEG, each reader answers only for files PIL certainly opens with that size and no EXIF
+orientation; for anything else it returns None and the caller asks PIL, which reads the file or
+raises the error the row reports. `tests/images/test_headers.py` checks them against PIL on
+encoder variants and on mutated bytes.
+
+- **PNG**: the signature, then a 13-byte ``IHDR`` (a bit depth / colour type pair PIL knows, no
+  interlace method but 0 or 1, compression and filter 0), then only chunks PIL reads without
+  anything that can fail or change the size (``PLTE``, ``tRNS``, ``gAMA``, ``cHRM``, ``sRGB``,
+  ``pHYs``, ``tEXt``, ``bKGD``, ``tIME``, ``sBIT``) up to the first ``IDAT``, every one complete with
+  its CRC right (PIL checks them; it stops at ``IDAT`` without reading it); then complete chunks up
+  to ``IEND`` with no ``eXIf`` (Pillow reads one after ``IDAT`` too, for the orientation) and no APNG
+  chunk.
+- **WebP**: a RIFF whose size is the file's, holding one ``VP8 `` (lossy: a key frame tag of
+  version 0-3, shown, its first partition inside the chunk, the start code, 14-bit sizes) or
+  ``VP8L`` (lossless: the signature byte, version 0) chunk and nothing else: the extended format
+  (``VP8X``: animation, alpha, EXIF) is PIL's to read.
+
+Sizes must be non-empty and within ``PIL.Image.MAX_IMAGE_PIXELS`` (PIL warns above it).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Optional
+
+from mmpipe.images.jpeg_header import plain_jpeg_hw
+
+__all__ = ["plain_image_hw", "plain_png_hw", "plain_webp_hw"]
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# colour type -> the bit depths PIL maps to a mode
+_PNG_DEPTHS = {0: (1, 2, 4, 8, 16), 2: (8, 16), 3: (1, 2, 4, 8), 4: (8, 16), 6: (8, 16)}
+_PNG_PLAIN = {b"PLTE", b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"pHYs", b"tEXt", b"bKGD", b"tIME", b"sBIT"}
+_PNG_REFUSED = {b"eXIf", b"acTL", b"fcTL", b"fdAT"}
+
+
+def _within_limits(h: int, w: int) -> Optional[tuple[int, int]]:
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    return (h, w) if h > 0 and w > 0 and (limit is None or h * w <= limit) else None
+
+
+def plain_png_hw(data: bytes) -> Optional[tuple[int, int]]:
+    """(height, width) of a plain PNG (module doc) as PIL reports it, or None (ask PIL)."""
+    if not data.startswith(_PNG_SIGNATURE):
+        return None
+    pos, end, size, seen_idat = 8, len(data), None, False
+    while pos + 12 <= end:
+        length, ctype = struct.unpack(">I4s", data[pos:pos + 8])
+        body_end = pos + 8 + length
+        if length > 0x7FFFFFFF or body_end + 4 > end:
+            return None
+        if ctype in _PNG_REFUSED:
+            return None
+        if seen_idat:  # after the image data PIL reads nothing at open; only eXIf matters (above)
+            pos = body_end + 4
+            if ctype == b"IEND":
+                return size
+            continue
+        if ctype == b"IDAT" and size is not None:  # PIL stops at the first IDAT without reading it
+            seen_idat, pos = True, body_end + 4
+            continue
+        body = data[pos + 8:body_end]
+        if zlib.crc32(ctype + body) != struct.unpack(">I", data[body_end:body_end + 4])[0]:
+            return None
+        if size is None:
+            if ctype != b"IHDR" or length != 13:
+                return None
+            w, h, depth, colour, compression, filtering, interlace = struct.unpack(">IIBBBBB", body)
+            if depth not in _PNG_DEPTHS.get(colour, ()) or compression or filtering or interlace > 1:
+                return None
+            size = _within_limits(h, w)
+            if size is None:
+                return None
+        elif ctype not in _PNG_PLAIN:
+            return None
+        pos = body_end + 4
+    return None  # no IEND (truncated, or data after it PIL would not read): PIL decides
+
+
+def plain_webp_hw(data: bytes) -> Optional[tuple[int, int]]:
+    """(height, width) of a simple-format WebP (module doc) as PIL reports it, or None (ask PIL)."""
+    if len(data) < 30 or data[:4] != b"RIFF" or data[8:12] != b"WEBP":
+        return None
+    riff = struct.unpack("<I", data[4:8])[0]
+    fourcc, length = data[12:16], struct.unpack("<I", data[16:20])[0]
+    if riff + 8 != len(data) or 20 + length + (length & 1) != len(data):
+        return None
+    body = data[20:20 + length]
+    if fourcc == b"VP8 " and len(body) >= 10:
+        tag = body[0] | (body[1] << 8) | (body[2] << 16)
+        key, version, shown, first = not (tag & 1), (tag >> 1) & 7, (tag >> 4) & 1, tag >> 5
+        if not key or version > 3 or not shown or first > length - 10 or body[3:6] != b"\x9d\x01\x2a":
+            return None
+        w, h = struct.unpack("<HH", body[6:10])
+        if (w >> 14) or (h >> 14):  # upscaling bits: libwebp reports the size, PIL too; kept out
+            return None
+        return _within_limits(h & 0x3FFF, w & 0x3FFF)
+    if fourcc == b"VP8L" and len(body) >= 5 and body[0] == 0x2F:
+        bits = struct.unpack("<I", body[1:5])[0]
+        if bits >> 29:  # version must be 0
+            return None
+        return _within_limits(((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1)
+    return None
+
+
+def plain_image_hw(data: bytes) -> Optional[tuple[int, int]]:
+    """(height, width) of a plain JPEG, PNG or WebP from its bytes, or None (ask PIL)."""
+    if data[:3] == b"\xff\xd8\xff":
+        return plain_jpeg_hw(data)
+    if data[:8] == _PNG_SIGNATURE:
+        return plain_png_hw(data)
+    if data[:4] == b"RIFF":
+        return plain_webp_hw(data)
+    return None
