@@ -71,6 +71,8 @@ def encoded(img: Image.Image, fmt: str) -> dict:
     buf = io.BytesIO()
     if fmt == "JPEG":
         img.convert("RGB").save(buf, format="JPEG", quality=90)
+    elif fmt == "WEBP":
+        img.convert("RGB").save(buf, format="WEBP", quality=90)
     else:
         img.save(buf, format="PNG")
     return {"bytes": buf.getvalue(), "path": None}
@@ -89,7 +91,8 @@ class ImagePool:
 
 def image_pool(quick: bool = False, seed: int = 0, flatten_alpha: bool = False) -> ImagePool:
     """The matplotlib photos at their own sizes (PNG stays PNG) plus, per realistic size, two
-    photo-like JPEGs (random crops of a real photo scaled to that size, with mild sensor noise).
+    photo-like JPEGs and one WebP (random crops of a real photo scaled to that size, with mild
+    sensor noise).
 
     ``flatten_alpha``: RGBA files composited onto white and saved as RGB PNG (what transformers
     5.20+ and mmpipe do to them). The torchvision bench runs in the vLLM environment, whose
@@ -114,6 +117,8 @@ def image_pool(quick: bool = False, seed: int = 0, flatten_alpha: bool = False) 
         names.append(f"photo-like {w}x{h} jpeg")
         values.append(encoded(_photo_like(w, h, seed + 100 + i, real), "JPEG"))
         names.append(f"photo-like {w}x{h} jpeg (2)")
+        values.append(encoded(_photo_like(w, h, seed + 200 + i, real), "WEBP"))  # the third format people store
+        names.append(f"photo-like {w}x{h} webp")
     return ImagePool(values, names)
 
 
