@@ -286,3 +286,6 @@ from .turns_case import case_turns  # noqa: E402,F401
 
 # ---- 12. the judge's answer parser against the reply's length (issue 29.3; info) ---------------
 from .judge_parse_case import case_judge_parse  # noqa: E402,F401
+
+# ---- ray: Ray Data encode at 1 and 2 actors next to datasets.map(num_proc=2) (issue 32) ----
+from .ray_case import case_ray  # noqa: E402,F401

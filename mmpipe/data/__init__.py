@@ -6,7 +6,10 @@ One module per step::
                   (TokenCounter, token_lengths, filter_by_length)
     streaming.py  a stream per data-parallel rank, encoded on the fly
                   (shard_for_rank, encode_stream, undecoded_stream, exactly_once)
-    ray_data.py   encode with Ray Data: rows batches -> Arrow tables of stored rows (RayBatchEncoder)
+    ray_data.py   encode with Ray Data: rows batches -> Arrow tables of stored rows (RayBatchEncoder,
+                  encode_with_ray sized from the cluster's CPUs)
+    object_store.py  encoded shards on S3-compatible object storage: write, stream into the Collator,
+                  validate and load (write_shards, stream_encoded, open_table, DamagedShardError)
     loading.py    any stored dataset (directory, parquet, Arrow, table) -> one Arrow table
     validate.py   stored rows vs the schema and their invariants, every family (validate_dataset,
                   load_encoded); what differs per kind: ``fam.media`` (expected_columns,
@@ -31,7 +34,9 @@ _EXPORTS = {
         "filter_by_length"),
     "mmpipe.data.streaming": ("STRATEGIES", "Coverage", "shard_for_rank", "encode_stream", "undecoded_stream",
         "exactly_once", "epoch_shuffle"),
-    "mmpipe.data.ray_data": ("RayBatchEncoder", "batch_rows", "rows_to_arrow"),
+    "mmpipe.data.ray_data": ("RayBatchEncoder", "batch_rows", "rows_to_arrow", "cluster_workers", "encode_with_ray"),
+    "mmpipe.data.object_store": ("stream_encoded", "write_shards", "open_table", "read_table", "list_shards",
+        "DamagedShardError"),
     "mmpipe.data.loading": ("load_table", "dataset_table", "table_to_dataset"),
     "mmpipe.data.validate": ("BOOKKEEPING", "REENCODE", "SchemaError", "Issue", "ValidationReport",
         "validate_dataset", "check_dataset", "load_encoded", "dataset_family"),

@@ -18,7 +18,8 @@ import pyarrow as pa
 from mmpipe.errors import ArgumentError, InputError
 
 ACCEPTED = ("a datasets.Dataset, a save_to_disk directory of one Dataset, a .parquet or Arrow IPC file "
-            "(.arrow), or a pyarrow Table / RecordBatch")
+            "(.arrow), an object-store URL of those or of a folder of .parquet shards (s3://...), or a pyarrow "
+            "Table / RecordBatch")
 # suffixes of raw (not encoded) data: refused up front with the way to encode them
 RAW_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".txt", ".zip", ".tar", ".gz")
 # what reading a damaged file raises (pyarrow's ArrowInvalid / IOError are OSError / ValueError)
@@ -50,9 +51,10 @@ def _rebuild_damaged(cls, detail, kwargs, file, rows_readable):
 
 
 def load_table(data) -> tuple[pa.Table, Any]:
-    """``(Arrow table, the datasets.Dataset or None)`` of any input `validate_dataset` accepts: a
-    ``datasets.Dataset``, a ``save_to_disk`` directory, a ``.parquet`` or Arrow IPC (stream or file)
-    path, a ``pyarrow.Table`` / ``RecordBatch``. Raises `ArgumentError` for anything else (a
+    """``(Arrow table, the datasets.Dataset or None)`` of any local input `validate_dataset`
+    accepts: a ``datasets.Dataset``, a ``save_to_disk`` directory, a ``.parquet`` or Arrow IPC
+    (stream or file) path, a ``pyarrow.Table`` / ``RecordBatch`` (object-store URLs:
+    `mmpipe.data.object_store.open_table`). Raises `ArgumentError` for anything else (a
     ``DatasetDict`` directory, a missing path and raw ``.jsonl`` files included) and
     `DamagedDatasetError` for a file that cannot be read."""
     if isinstance(data, pa.RecordBatch):

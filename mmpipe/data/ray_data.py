@@ -1,23 +1,31 @@
-"""Ray Data: encode raw rows with ``ray.data.Dataset.map_batches`` on a Ray cluster.
+"""Ray Data: encode raw rows with ``ray.data.Dataset.map_batches`` on a Ray cluster, every family.
 
 `RayBatchEncoder` is a callable class: Ray builds one instance per actor (worker), so the
 processor is loaded once per worker, and calls it on each batch. A batch in any Ray batch
-format (``"pyarrow"``, ``"numpy"``, ``"pandas"``) goes in; an Arrow table with exactly the
-columns and types ``datasets.map(mmpipe.encode)`` stores comes out (`mmpipe.MultiModalInputs.
-arrow_schema`: compact pixels are one ``binary`` value per row), so the rows are equal to
-those of ``datasets.map`` and a parquet written by Ray loads with ``datasets``.
+format (``"pyarrow"``, ``"numpy"``, ``"pandas"``) goes through the one encode pipeline (the
+`mmpipe.Encoder` that ``datasets.map(mmpipe.encode, batched=True)`` calls) and comes out as an
+Arrow table with the columns and types ``datasets.map(mmpipe.encode)`` stores, for every family
+(patch grids, tiles, the generic path), so the rows equal ``datasets.map``'s and a parquet written
+by Ray loads with ``datasets``.
 
-Example (local, or on a cluster: see the README, "Beyond one process")::
+Size the actor pool from the cluster (`cluster_workers`: its CPUs less one for reading and
+writing), with ``compute=ray.data.ActorPoolStrategy(size=n)`` (Ray 2.60 deprecates
+``concurrency=``; a pool larger than the cluster's CPUs waits forever)::
 
     import ray
+    from mmpipe.data.ray_data import RayBatchEncoder, cluster_workers
+
+    ray.init()                                                # or ray.init(address="auto")
     ds = ray.data.read_parquet("/shared/raw/")                # or ray.data.from_huggingface(hf_ds)
     enc = ds.map_batches(RayBatchEncoder, fn_constructor_args=("/shared/models/Qwen2.5-VL-7B",),
                          fn_constructor_kwargs={"max_length": 4096, "truncation": "drop"},
-                         batch_size=64, concurrency=8, batch_format="pyarrow")
+                         batch_size=16, batch_format="pyarrow", num_cpus=1,
+                         compute=ray.data.ActorPoolStrategy(size=cluster_workers()))
     enc.write_parquet("/shared/encoded/")
     train = datasets.load_dataset("parquet", data_files="/shared/encoded/*.parquet")["train"]
 
-``ray`` is an optional extra (``pip install -e ".[ray]"``); this module does not import it.
+(`encode_with_ray(ds, processor, **options)` is that call.) ``ray`` is an optional extra
+(``pip install -e ".[ray]"``); this module does not import it at import time.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import pyarrow as pa
 
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.errors import ArgumentError
+from mmpipe.encoding.mapping import DROP_REASON_COLUMN, is_batch
 from mmpipe.records.columns import ERROR_COLUMN
 from mmpipe.processors import load_processor
 from mmpipe.records.row import MultiModalInputs
@@ -98,7 +107,12 @@ def rows_to_arrow(rows: Sequence[dict], schema: pa.Schema) -> pa.Table:
 
 
 class RayBatchEncoder:
-    """``map_batches`` callable class: raw-row batch -> encoded Arrow table (one row per kept row).
+    """``map_batches`` callable class: raw-row batch -> encoded Arrow table (one row per kept row),
+    for every family: the batch goes through the `mmpipe.encoding.encoder.Encoder` that
+    ``datasets.map(mmpipe.encode, batched=True)`` calls (`mmpipe.encoding.mapping`: image prefetch,
+    the batched layout path, drops, ``on_error``), and its columns become Arrow as ``datasets``'
+    writer types them, so the rows and types equal ``datasets.map``'s (Qwen-VL, GLM, Gemma 3,
+    InternVL, LLaVA-OneVision, the generic path).
 
     Args:
         processor: a path every worker can read (`mmpipe.processors.load_processor`), a
@@ -108,45 +122,168 @@ class RayBatchEncoder:
         index_column: a column whose value names the row in error messages (Ray batches
             carry no global row index).
         **options: `mmpipe.Encoder` options (``max_length``, ``truncation``, ``pixels``,
-            ``on_error`` ...). ``truncation="drop"`` leaves rows out (count them with
-            ``ds.count()``); ``on_error="skip"`` keeps a failing row as an empty row with its
-            error in ``mmpipe_error``, as ``datasets.map`` does.
+            ``on_error``, ``family="generic"`` ...). ``truncation="drop"`` leaves rows out (count
+            them with ``ds.count()``); ``on_error="skip"`` keeps a failing row as an empty row with
+            its error in ``mmpipe_error``, as ``datasets.map`` does. ``threads`` defaults to the
+            CPUs Ray gave the actor.
 
-    ``__call__(batch)`` -> ``pyarrow.Table`` with `MultiModalInputs.arrow_schema(pixels, labels)`
-    plus ``keep_columns``.
+    ``__call__(batch)`` -> ``pyarrow.Table``: the encoded columns in ``datasets.map``'s order and
+    types (its ``datasets.Features`` in the schema metadata, so a parquet Ray writes loads with
+    them), plus ``keep_columns``. The first batch an actor encodes fixes its column types, as the
+    first batch ``datasets`` writes does.
     """
 
     def __init__(self, processor: Any, *, keep_columns: Sequence[str] = (), index_column: Optional[str] = None,
                  **options):
         self.processor = load_processor(processor)
+        if options.get("threads") is None:
+            options["threads"] = actor_cpus()
         self.encoder = Encoder(self.processor, **options)
+        self.encoder.mark_dropped = True  # dropped rows stay, marked, so the kept ones are known
         self.keep_columns = list(keep_columns)
         self.index_column = index_column
-        self.schema = MultiModalInputs.arrow_schema(self.encoder.pixels, self.encoder.labels)
-        if getattr(self.encoder, "on_error", "raise") == "skip":
-            self.schema = self.schema.append(pa.field(ERROR_COLUMN, pa.string()))
+        self.features = None  # the first batch's datasets.Features, as datasets' writer keeps them
+        self._names = None
+        self._kind_features = None
 
     def __call__(self, batch: Any) -> pa.Table:
         rows = batch_rows(batch)
-        out, kept = [], []
-        for i, raw in enumerate(rows):
-            idx = raw.get(self.index_column) if self.index_column else None
-            row = self.encoder.encode_one(raw, idx)  # None: dropped by truncation="drop"
-            if row is not None:
-                out.append(row)
-                kept.append(i)
-        table = rows_to_arrow(out, self.schema)
-        if self.keep_columns:
-            src = batch if isinstance(batch, (pa.Table, pa.RecordBatch)) else None
-            for name in self.keep_columns:
-                if name in table.column_names:
-                    raise ArgumentError(f"keep_columns: {name!r} is an encoded column; keep_columns accepts input "
-                                        "columns only: rename the input column")
-                if src is not None and name in src.column_names:
-                    col = src.column(name).take(pa.array(kept, pa.int64()))
-                elif isinstance(batch, dict) and isinstance(batch.get(name), np.ndarray) and batch[name].dtype != object:
-                    col = pa.array(batch[name][np.asarray(kept, np.int64)])  # keeps the dtype when no row is left
-                else:
-                    col = pa.array([rows[i][name] for i in kept])
-                table = table.append_column(name, col)
+        if not rows:  # Ray hands over empty blocks too: the same columns and types, no row
+            return self._with_inputs(self._empty(), batch, rows, [])
+        columns = {k: [r.get(k) for r in rows] for k in rows[0]}
+        idx = [r.get(self.index_column) for r in rows] if self.index_column else None
+        if is_batch(columns):
+            out = self.encoder(columns, idx)  # the batched path datasets.map(batched=True) takes
+        else:  # no messages / prompt column: row by row, each row's own parse error
+            out = _columns([self.encoder.encode_one(r, None if idx is None else idx[i])
+                            for i, r in enumerate(rows)])
+        kept = [i for i, why in enumerate(out.pop(DROP_REASON_COLUMN)) if not why]
+        encoded = self._encoded_names()
+        out = {k: v for k, v in out.items() if k in encoded or k not in columns}
+        if len(kept) != len(rows):
+            out = {k: [v[i] for i in kept] for k, v in out.items()}
+        return self._with_inputs(self._to_arrow(out), batch, rows, kept)
+
+    def _with_inputs(self, table: pa.Table, batch: Any, rows: list, kept: list) -> pa.Table:
+        """``table`` plus the ``keep_columns`` of the kept input rows."""
+        for name in self.keep_columns:
+            if name in table.column_names:
+                raise ArgumentError(f"keep_columns: {name!r} is an encoded column; keep_columns accepts input "
+                                    "columns only: rename the input column")
+            table = table.append_column(name, _input_column(batch, rows, name, kept))
         return table
+
+    def _encoded_names(self) -> set:
+        if self._names is None:
+            self._names = set(self.encoder.empty_row_dict())
+        return self._names
+
+    def _to_arrow(self, out: dict) -> pa.Table:
+        """Columns -> Arrow exactly as ``datasets``' ``ArrowWriter.write_batch`` types them. A type
+        inferred from nothing but empty values (``list<null>``: a batch without images) takes the
+        kind's declared type, and is not kept: a later batch's values type it."""
+        import datasets
+        from datasets.arrow_writer import OptimizedTypedSequence
+
+        fixed = self.features if self.features is not None else datasets.Features()
+        arrays, inferred, complete = [], datasets.Features(), True
+        for col, values in out.items():
+            seq = OptimizedTypedSequence(values, type=fixed.get(col), col=col)
+            arr = pa.array(seq)
+            typ = fixed.get(col) or seq.get_inferred_type()
+            if col not in fixed and _has_null(arr.type):
+                typ, complete = self._declared(col, typ), False
+                arr = pa.array(OptimizedTypedSequence(values, type=typ, col=col))
+            arrays.append(arr)
+            inferred[col] = typ
+        if self.features is None and arrays and len(arrays[0]) and complete:
+            self.features = inferred
+        return pa.Table.from_arrays(arrays, schema=inferred.arrow_schema)
+
+    def _declared(self, col: str, inferred):
+        """The stored type of ``col`` for this encoder's kind (or ``inferred`` when it has none)."""
+        if self._kind_features is None:
+            enc = self.encoder
+            self._kind_features = MultiModalInputs.features(enc.pixels, enc.labels, enc.family.kind)
+        if col in self._kind_features:
+            return self._kind_features[col]
+        return SOURCES_FEATURE() if col == "image_sources" else inferred
+
+    def _empty(self) -> pa.Table:
+        """No row, in the columns and types of this actor's batches (before the first: those of
+        an encoded empty row, typed as the first batch will be)."""
+        if self.features is not None:
+            return self.features.arrow_schema.empty_table()
+        row = dict(self.encoder.empty_row_dict())
+        if self.encoder.on_error == "skip":
+            row[ERROR_COLUMN] = ""
+        table = self._to_arrow({k: [v] for k, v in row.items()})
+        self.features = None  # a real batch fixes them
+        return table.slice(0, 0)
+
+
+def SOURCES_FEATURE():
+    """``image_sources``: list<binary> (`mmpipe.records.columns.OPTIONAL_ROW_COLUMNS`)."""
+    import datasets
+
+    return datasets.List(datasets.Value("binary"))
+
+
+def _has_null(typ: pa.DataType) -> bool:
+    if pa.types.is_null(typ):
+        return True
+    return any(_has_null(typ.field(i).type) for i in range(typ.num_fields))
+
+
+def _columns(rows: list) -> dict:
+    return {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
+
+
+def _input_column(batch: Any, rows: list, name: str, kept: list) -> pa.Array:
+    """Input column ``name`` of the kept rows, in its Arrow type where the batch has one."""
+    if isinstance(batch, (pa.Table, pa.RecordBatch)) and name in batch.column_names:
+        return batch.column(name).take(pa.array(kept, pa.int64()))
+    if isinstance(batch, dict) and isinstance(batch.get(name), np.ndarray) and batch[name].dtype != object:
+        return pa.array(batch[name][np.asarray(kept, np.int64)])  # keeps the dtype when no row is left
+    return pa.array([rows[i][name] for i in kept])
+
+
+def actor_cpus() -> Optional[int]:
+    """CPUs Ray assigned to the current task or actor (None outside Ray): the encoder's image
+    threads there (the process sees every core of the node otherwise)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    try:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    except Exception:  # noqa: BLE001 - the driver, or an older Ray: leave the default
+        return None
+    return max(1, int(cpus)) if cpus else None
+
+
+def cluster_workers(*, cpus_per_worker: float = 1.0, reserve_cpus: float = 1.0) -> int:
+    """Encoder actors the connected Ray cluster can hold: its CPUs (``ray.cluster_resources()``) less
+    ``reserve_cpus`` left for the read and write tasks, over ``cpus_per_worker``; at least 1. Pass it
+    as ``compute=ray.data.ActorPoolStrategy(size=n)`` (a pool larger than the CPUs waits forever for
+    actors that never start: 32 on a 2-CPU machine)."""
+    import ray
+
+    cpus = float(ray.cluster_resources().get("CPU", 1))
+    return max(1, int((cpus - reserve_cpus) // cpus_per_worker))
+
+
+def encode_with_ray(ds, processor: Any, *, workers: Optional[int] = None, batch_size: int = 16,
+                    keep_columns: Sequence[str] = (), index_column: Optional[str] = None, **options):
+    """``ds.map_batches(RayBatchEncoder, ...)`` on an actor pool sized from the cluster
+    (`cluster_workers`, or ``workers``), one CPU per actor, pyarrow batches. Returns the lazy
+    ``ray.data.Dataset`` of encoded rows (``.write_parquet(url)``, ``.take_all()`` ...)."""
+    import ray
+
+    n = workers or cluster_workers()
+    return ds.map_batches(RayBatchEncoder, fn_constructor_args=(processor,),
+                          fn_constructor_kwargs={"keep_columns": list(keep_columns), "index_column": index_column,
+                                                 **options},
+                          batch_size=batch_size, batch_format="pyarrow", num_cpus=1,
+                          compute=ray.data.ActorPoolStrategy(size=n))

@@ -22,6 +22,9 @@ a multi-node job needs around it:
 - `epoch_shuffle(ds, seed=..., num_workers=...)`: a per-epoch stream shuffle that resumes
   exactly (see Resuming below).
 
+Already-encoded shards (local or on S3) stream with `mmpipe.data.object_store.stream_encoded`
+(one shard per rank / worker unit, a damaged shard named); `shard_for_rank` splits that stream too.
+
 Example (one process per rank, e.g. under torchrun)::
 
     raw = datasets.load_dataset("parquet", data_files=files, streaming=True)["train"]

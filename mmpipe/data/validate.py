@@ -39,6 +39,7 @@ import pyarrow as pa
 
 # re-exported: mmpipe.data.validate was the home of the report types and the loaders
 from mmpipe.data.loading import DamagedDatasetError, load_table, table_to_dataset  # noqa: F401
+from mmpipe.data.object_store import open_table
 from mmpipe.data.report import REENCODE, Issue, SchemaError, ValidationReport  # noqa: F401
 from mmpipe.data.validate_columns import BOOKKEEPING, check_columns  # noqa: F401
 from mmpipe.data.validate_rows import (
@@ -109,12 +110,15 @@ def _row_level_issues(table: pa.Table, fam: ModelFamily, pixel_format: str, *, p
 # ---- public API ----------------------------------------------------------------------------
 def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: bool = True,
                      max_rows_listed: int = 10, chunk: int = 1024, processor=None,
-                     images_kwargs: Optional[dict] = None) -> ValidationReport:
+                     images_kwargs: Optional[dict] = None, storage_options: Optional[dict] = None) -> ValidationReport:
     """Check an encoded dataset of any family against its stored columns and its rows' invariants.
 
     Args:
         data: a ``datasets.Dataset``, a ``save_to_disk`` directory, a ``.parquet`` or Arrow
-            IPC file path, or a ``pyarrow.Table`` / ``RecordBatch``.
+            IPC file path, an object-store URL of those (``s3://bucket/folder``, any fsspec
+            protocol: `mmpipe.data.object_store`), or a ``pyarrow.Table`` / ``RecordBatch``.
+        storage_options: for a URL, the fsspec options (endpoint, credentials; default: the
+            environment's, e.g. ``AWS_ENDPOINT_URL``).
         fix: apply the safe repairs (module docstring); ``report.data`` is then the repaired
             ``pyarrow.Table`` (or ``datasets.Dataset`` when a Dataset/directory was given).
         rows: check the rows (one family and one processor layout per dataset, each row's
@@ -134,7 +138,7 @@ def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: b
     stored file that cannot be read (truncated, corrupted IPC framing, a listed data file
     missing), naming the file and the rows readable before the damage.
     """
-    table, ds = load_table(data)
+    table, ds = open_table(data, storage_options)  # a local path, a Dataset or table, or an s3:// (any fsspec) URL
     fam = dataset_family(table)
     fmt, labels = stored_pixel_format(table.column_names), "labels" in table.column_names
     report = ValidationReport(num_rows=table.num_rows, pixel_format=fmt, labels=labels)

@@ -54,6 +54,7 @@ from mmpipe.rollout.inputs import to_vllm_prompts
 from mmpipe.rollout.support import check_rollout
 
 __all__ = ["verl_rows", "verl_batch", "collate_verl_rows", "verl_prompt_rows", "verl_images_from_messages"]
+HOST_CLASSES = ("MMPipeRLHFDataset",)  # built from verl's own classes on first access (ImportError without verl)
 
 VERL_PAD_POSITION = 1  # verl's get_rope_index and agent loop start from torch.ones: pads read 1
 

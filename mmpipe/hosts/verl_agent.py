@@ -47,6 +47,7 @@ import numpy as np
 from mmpipe.errors import ArgumentError
 
 __all__ = ["AGENT_NAME", "write_agent_loop_config", "split_inline_images"]
+HOST_CLASSES = ("MMPipeToolAgentLoop",)  # built from verl's own classes on first access (ImportError without verl)
 
 AGENT_NAME = "mmpipe_tool_agent"
 _ROOM = 3  # the least room a reply needs: one token and the template's end of turn

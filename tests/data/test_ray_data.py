@@ -1,6 +1,8 @@
-"""Ray Data: map_batches(RayBatchEncoder) on a local Ray gives the rows of datasets.map.
+"""Ray Data: map_batches(RayBatchEncoder) on a local Ray gives the rows of datasets.map, for every
+family (patch grids, tiles, the generic path).
 
-The conversion tests run without Ray; the Ray tests share one local Ray (2 CPUs)."""
+The conversion tests run without Ray; the Ray tests share one local Ray (2 CPUs), with the actor
+pool sized from the cluster (compute=ActorPoolStrategy, not the deprecated concurrency=)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 import mmpipe
 from mmpipe import testing
 from mmpipe.testing.invariants import assert_roundtrip, assert_rows_from_arrow
-from mmpipe.data.ray_data import RayBatchEncoder, batch_rows, load_processor
+from mmpipe.data.ray_data import RayBatchEncoder, batch_rows, cluster_workers, encode_with_ray, load_processor
 
 from conftest import processor_for
 from helpers import raw_dataset
@@ -94,6 +96,31 @@ def test_dropped_rows_leave_the_batch_and_errors_name_the_row(raw, reference):
         load_processor(42)
 
 
+# every family through the one pipeline: (family, encoder options), with the generic path twice
+FAMILY_CASES = [("qwen2_5_vl", {}), ("glm4v", {}), ("gemma3", {}), ("internvl", {}), ("llava_onevision", {}),
+                ("gemma3", {"family": "generic"}), ("idefics3", {}), ("qwen3_vl", {"pixels": "source"})]
+
+
+@pytest.mark.parametrize("family,options", FAMILY_CASES, ids=lambda x: x if isinstance(x, str) else
+                         ",".join(f"{k}={v}" for k, v in x.items()) or "default")
+def test_every_family_encodes_to_the_table_datasets_map_writes(raw, family, options):
+    """Batches of 4 (the last one 2) and of 1: one schema, and the table datasets.map writes, value
+    for value (column order, Arrow types, features in the metadata)."""
+    proc = processor_for(family)
+    want = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, **options}, remove_columns=raw.column_names)
+    table = raw.with_format("arrow")[:]
+    for size in (4, 1):
+        enc = RayBatchEncoder(proc, **options)
+        parts = [enc(table.slice(i, size)) for i in range(0, len(raw), size)]
+        assert len({p.schema for p in parts}) == 1, size
+        got = pa.concat_tables(parts)
+        assert got.equals(want.data.table), (family, size)
+        assert datasets.Features.from_arrow_schema(got.schema) == want.features
+    if options.get("pixels") != "source":  # source rows come back from a batch decoded (tested in encoding/)
+        rows = mmpipe.rows_from_arrow(got)
+        assert_roundtrip(rows[:4], batch=mmpipe.Collator(proc)(rows[:4]))
+
+
 # ---- on a local Ray ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray_local():
@@ -110,38 +137,48 @@ def ray_local():
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-def _encode(ray, ds, factory, **kw):
+def _encode(ray, ds, factory, workers, **kw):
     return ds.map_batches(RayBatchEncoder, fn_constructor_args=(factory,),
-                          fn_constructor_kwargs={"keep_columns": ["id"]}, batch_size=4, **kw)
+                          fn_constructor_kwargs={"keep_columns": ["id"]}, batch_size=4, num_cpus=1,
+                          compute=ray.data.ActorPoolStrategy(size=workers), **kw)
 
 
 def test_from_huggingface_equals_datasets_map_one_processor_per_worker(ray_local, raw, reference, tmp_path):
     ray = ray_local
     markers = tmp_path / "built"
     markers.mkdir()
-    out = _encode(ray, ray.data.from_huggingface(raw, override_num_blocks=2), functools.partial(marked_processor, str(markers), FAMILY),
-                  concurrency=2, batch_format="pyarrow")
+    workers = cluster_workers(reserve_cpus=0)  # from_huggingface: no read task needs a CPU
+    assert workers == 2
+    out = _encode(ray, ray.data.from_huggingface(raw, override_num_blocks=2),
+                  functools.partial(marked_processor, str(markers), FAMILY), workers, batch_format="pyarrow")
     table = pa.concat_tables(ray.get(out.to_arrow_refs()))
     _check_table(table, reference, len(raw))
     assert table.column("id").to_pylist() == list(range(len(raw)))  # preserve_order
     builds = os.listdir(markers)
     pids = {b.split("-")[0] for b in builds}
-    assert 1 <= len(builds) == len(pids) <= 2  # one build per actor, at most concurrency actors
+    assert 1 <= len(builds) == len(pids) <= 2  # one build per actor, at most `workers` actors
     assert len(builds) < -(-len(raw) // 4)     # fewer builds than the 4 batches
 
 
-def test_parquet_read_numpy_batches_and_parquet_written_by_ray_loads_in_datasets(ray_local, raw, reference, tmp_path):
+def test_sized_from_the_cluster_a_tiled_family_read_and_written_as_parquet_loads_in_datasets(ray_local, raw,
+                                                                                              tmp_path):
+    """The documented call (encode_with_ray: one actor per CPU less one for the read task) on 2
+    CPUs, Gemma 3 rows from read_parquet (pyarrow batches), written by Ray, loaded by datasets."""
     ray = ray_local
+    family = "gemma3"
+    want = raw.map(mmpipe.encode, fn_kwargs={"processor": processor_for(family)}, remove_columns=raw.column_names)
     raw.to_parquet(str(tmp_path / "raw.parquet"))
-    ds = ray.data.read_parquet(str(tmp_path / "raw.parquet"))
-    out = _encode(ray, ds, functools.partial(testing.build_processor, FAMILY), concurrency=1, batch_format="numpy")
+    assert cluster_workers() == 1
+    out = encode_with_ray(ray.data.read_parquet(str(tmp_path / "raw.parquet")),
+                          functools.partial(testing.build_processor, family), keep_columns=["id"])
     out.write_parquet(str(tmp_path / "encoded"))
     back = datasets.load_dataset("parquet", data_files=str(tmp_path / "encoded" / "*.parquet"), split="train")
-    _check_table(back.data.table, reference, len(raw))
-    want = mmpipe.MultiModalInputs.features("uint8")
-    assert {k: v for k, v in back.features.items() if k != "id"} == dict(want)
-    batch = mmpipe.Collator(processor_for(FAMILY))([back[i] for i in range(3)])
-    assert_roundtrip([back[i] for i in range(3)], batch=batch)
+    assert {k: v for k, v in back.features.items() if k != "id"} == want.features
+    back = back.sort("id")
+    assert back["id"] == list(range(len(raw)))
+    assert back.remove_columns(["id"]).data.table.equals(want.data.table)
+    rows = [back[i] for i in range(3)]
+    assert_roundtrip(rows, batch=mmpipe.Collator(processor_for(family))(rows))
 
 
 def test_on_error_skip_keeps_the_failing_row_like_datasets_map(raw):

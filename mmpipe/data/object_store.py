@@ -1,0 +1,331 @@
+"""Encoded datasets in object storage (``s3://``, ``gs://``, any fsspec URL): write shards, stream
+them, validate and load them.
+
+``datasets`` already moves mmpipe's encoded rows through S3 exactly (Arrow types kept, compact
+pixels one ``binary`` per row): ``Dataset.to_parquet(url, storage_options=...)`` writes a shard,
+``load_dataset("parquet", data_files=url, streaming=True, storage_options=...)`` streams shards
+one row group at a time (memory flat in the number of shards), and s3fs retries a failed or
+cut-off GET. What this module adds:
+
+- `write_shards(ds, url, num_shards=...)`: contiguous shards ``shard-00000-of-00004.parquet``.
+- `stream_encoded(data_files, ...)`: the stream ``load_dataset("parquet", streaming=True)`` gives
+  (same rows, same shards for ranks and DataLoader workers, resumable), except that a truncated
+  or corrupt shard raises `DamagedShardError` naming the shard and the rows read from it (there
+  pyarrow's ``ArrowInvalid: Could not open Parquet input source '<Buffer>'`` ends the stream),
+  or, with ``on_bad_shard="skip"``, is left out, logged and counted in ``errors=``.
+- `open_table(data)` / `read_table(url)`: what `mmpipe.validate_dataset` / `mmpipe.load_encoded`
+  read for a URL: one
+  ``.parquet`` / Arrow file, a folder (prefix) or glob of parquet shards, or a ``save_to_disk``
+  folder.
+
+Credentials and the endpoint come from ``storage_options`` (s3fs' arguments: ``{"key", "secret",
+"client_kwargs": {"endpoint_url": ...}}``) or, where a call takes none, from the environment
+s3fs reads (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, a profile).
+``s3fs`` is optional: ``pip install s3fs``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional, Sequence, Union
+
+import pyarrow as pa
+
+from mmpipe.data.loading import READ_ERRORS, DamagedDatasetError
+from mmpipe.errors import ArgumentError
+
+logger = logging.getLogger("mmpipe")
+
+BAD_SHARD_POLICIES = ("raise", "skip")
+GLOB_CHARS = "*?["
+# reading errors that are not a damaged file (a missing object, no access, the network): raised as they are
+NOT_DAMAGE = (FileNotFoundError, PermissionError, ConnectionError, TimeoutError)
+
+
+def is_url(path: Any) -> bool:
+    """True for a string with a remote protocol (``s3://``, ``gs://``, ``hf://`` ...), False for
+    local paths and ``file://``."""
+    if not isinstance(path, str) or "://" not in path:
+        return False
+    return path.split("://", 1)[0].lower() not in ("file", "local")
+
+
+def filesystem(url: str, storage_options: Optional[dict] = None):
+    """``(fsspec filesystem, path without protocol)`` of ``url``; a missing protocol package
+    (``s3fs`` for ``s3://``) raises an ImportError naming what to install."""
+    import fsspec
+    from fsspec.registry import known_implementations
+
+    proto = url.split("://", 1)[0]
+    # datasets adds {"hf": {...}} to a storage_options dict it is given: another protocol's options
+    opts = {k: v for k, v in (storage_options or {}).items()
+            if not (k != proto and k in known_implementations and isinstance(v, dict))}
+    try:  # a fresh instance: fsspec's cache keys on the arguments, not on the environment (AWS_ENDPOINT_URL...)
+        return fsspec.core.url_to_fs(url, **{"skip_instance_cache": True, **opts})
+    except ImportError as e:
+        raise ImportError(f"reading {url!r} needs fsspec's {proto}:// filesystem: "
+                          f"pip install {'s3fs' if proto in ('s3', 's3a') else proto + 'fs'} ({e})") from e
+
+
+def fresh(fs, path: str) -> None:
+    """Forget what ``fs`` (fsspec reuses one instance per set of arguments) listed before under
+    ``path``: objects written or replaced since then are seen as they are now (a stale size or
+    ETag otherwise fails the read: s3fs' "no longer exists")."""
+    top = path.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
+    fs.invalidate_cache(top.rstrip("/") or None)
+
+
+def _full(fs, path: str) -> str:
+    return fs.unstrip_protocol(path)
+
+
+def list_shards(data_files: Union[str, Sequence[str]], storage_options: Optional[dict] = None) -> list[str]:
+    """The parquet shard URLs of ``data_files`` (a URL, a folder / prefix, a glob, or a list of
+    those), sorted within each entry. Raises `ArgumentError` when an entry matches nothing."""
+    entries = [data_files] if isinstance(data_files, str) else list(data_files)
+    out: list[str] = []
+    for entry in entries:
+        fs, path = filesystem(entry, storage_options)
+        fresh(fs, path)
+        if any(c in path for c in GLOB_CHARS):
+            found = sorted(fs.glob(path))
+        elif fs.isdir(path):
+            found = sorted(p for p in fs.find(path) if p.endswith(".parquet"))
+        elif fs.exists(path):
+            found = [path]
+        else:
+            found = []
+        if not found:
+            raise ArgumentError(f"data_files {entry!r} matches no file (no such object or prefix, or no .parquet "
+                                "under it): give a shard URL, a folder of .parquet shards or a glob")
+        out += [_full(fs, p) for p in found]
+    return out
+
+
+def write_shards(ds, url: str, *, num_shards: int = 1, storage_options: Optional[dict] = None,
+                 rows_per_row_group: Optional[int] = None) -> list[str]:
+    """Write ``ds`` (an encoded ``datasets.Dataset``) as ``num_shards`` contiguous parquet shards
+    ``{url}/shard-00000-of-0000N.parquet``; returns their URLs. ``rows_per_row_group``: the rows
+    a reader holds at once (``datasets``' default aims at 100 MB row groups)."""
+    if num_shards < 1 or num_shards > max(1, len(ds)):
+        raise ArgumentError(f"num_shards must be in 1..{max(1, len(ds))} (one row per shard at least), "
+                            f"got {num_shards}")
+    urls = []
+    for i in range(num_shards):
+        target = f"{url.rstrip('/')}/shard-{i:05d}-of-{num_shards:05d}.parquet"
+        ds.shard(num_shards, i, contiguous=True).to_parquet(target, storage_options=storage_options,
+                                                            batch_size=rows_per_row_group)
+        urls.append(target)
+    return urls
+
+
+# ---- validate / load: one table from a URL ---------------------------------------------------
+def open_table(data, storage_options: Optional[dict] = None) -> tuple[pa.Table, Any]:
+    """What `mmpipe.validate_dataset` / `mmpipe.load_encoded` read: `read_table` for an object-store
+    URL, `mmpipe.data.loading.load_table` for anything else (a ``file://`` URL as its path)."""
+    from mmpipe.data.loading import load_table
+
+    if is_url(data):
+        return read_table(data, storage_options)
+    if isinstance(data, str) and data.lower().startswith("file://"):
+        data = data[len("file://"):]
+    return load_table(data)
+
+
+def read_table(url: str, storage_options: Optional[dict] = None) -> tuple[pa.Table, Any]:
+    """``(Arrow table, datasets.Dataset or None)`` of an encoded dataset at ``url``: a
+    ``save_to_disk`` folder (``state.json``; loaded by ``datasets.load_from_disk``), a folder or
+    glob of ``.parquet`` shards (concatenated in name order), one ``.parquet`` or Arrow IPC file.
+    Raises `ArgumentError` (nothing there; raw ``.jsonl``) or `DamagedDatasetError` naming the
+    shard that cannot be read and the rows read before it."""
+    from mmpipe.data.loading import ACCEPTED, RAW_SUFFIXES
+
+    fs, path = filesystem(url, storage_options)
+    fresh(fs, path)
+    is_glob = any(c in path for c in GLOB_CHARS)
+    if not is_glob and not fs.exists(path):
+        raise ArgumentError(f"data {url!r} does not exist (no object or prefix there; endpoint and credentials "
+                            f"from storage_options or the environment): data must be {ACCEPTED}")
+    if not is_glob and fs.isdir(path):
+        if fs.exists(f"{path.rstrip('/')}/state.json"):
+            import datasets
+
+            from mmpipe.data.loading import dataset_table
+
+            ds = datasets.load_from_disk(url, storage_options=storage_options)
+            if isinstance(ds, datasets.DatasetDict):
+                raise ArgumentError(f"{url!r} holds a DatasetDict {list(ds)}: validate one split")
+            return dataset_table(ds), ds
+    elif path.lower().endswith(RAW_SUFFIXES):
+        raise ArgumentError(f"data {url!r} is a raw file, not an encoded dataset: data must be {ACCEPTED}; "
+                            "encode it first (mmpipe.encode_dataset, or the CLI)")
+    elif not is_glob and not path.endswith(".parquet"):
+        return _read_ipc(fs, path, url), None
+    tables, start = [], 0
+    for shard in list_shards(url, storage_options):
+        table = _read_parquet(fs, filesystem(shard, storage_options)[1], shard, start)
+        tables.append(table)
+        start += table.num_rows
+    schema = tables[0].schema
+    return pa.concat_tables([t.cast(schema) if t.schema != schema else t for t in tables]), None
+
+
+def _read_parquet(fs, path: str, url: str, start: int) -> pa.Table:
+    """One shard, row group by row group: a failure names the row group and the rows before it."""
+    import pyarrow.parquet as pq
+
+    parts, group = [], None
+    try:
+        with fs.open(path, "rb") as f:
+            reader = pq.ParquetFile(f)
+            for group in range(reader.num_row_groups):
+                parts.append(reader.read_row_group(group))
+            return pa.concat_tables(parts) if parts else reader.schema_arrow.empty_table()
+    except NOT_DAMAGE:
+        raise
+    except READ_ERRORS as e:
+        n = sum(t.num_rows for t in parts)
+        raise DamagedShardError(url, rows_read=n, row_group=group, cause=e, start=start) from e
+
+
+def _read_ipc(fs, path: str, url: str) -> pa.Table:
+    with fs.open(path, "rb") as f:
+        data = f.read()
+    try:
+        try:
+            return pa.ipc.open_stream(pa.BufferReader(data)).read_all()
+        except pa.ArrowInvalid:
+            return pa.ipc.open_file(pa.BufferReader(data)).read_all()
+    except READ_ERRORS as e:
+        raise DamagedDatasetError(f"file {url!r} cannot be read as Parquet or Arrow IPC ({e})", file=url,
+                                  where="") from e
+
+
+class DamagedShardError(DamagedDatasetError):
+    """A parquet shard that cannot be read (truncated, corrupt): ``file`` / ``shard`` its URL,
+    ``rows_read`` the rows of that shard read before the damage, ``row_group`` the row group
+    that failed (None: the footer, i.e. the file cannot be opened at all)."""
+
+    def __init__(self, shard: str, *, rows_read: int = 0, row_group: Optional[int] = None, cause=None,
+                 start: Optional[int] = None, detail: Optional[str] = None, **kw):
+        what = "its footer (the file is cut short or not parquet)" if row_group is None else f"row group {row_group}"
+        if detail is None:
+            detail = (f"shard {shard!r} is damaged: reading {what} failed ({cause}); {rows_read} of its rows read "
+                      "before it")
+        kw.setdefault("fix", "re-write the shard from a good copy (or re-encode its rows); stream_encoded("
+                             "..., on_bad_shard='skip') leaves it out and counts it")
+        kw.setdefault("where", "")
+        rows = None if start is None else (0, start + rows_read)
+        kw.setdefault("rows_readable", rows)
+        super().__init__(detail, file=shard, **kw)
+        self.shard, self.rows_read, self.row_group = shard, rows_read, row_group
+
+    def __reduce__(self):  # picklable from DataLoader workers
+        return (_rebuild_shard_error, (type(self), self.detail, self.file, self.rows_read, self.row_group))
+
+    def record(self) -> dict:
+        """``{"shard", "row_group", "rows_read", "reason"}``: what ``on_bad_shard="skip"`` counts."""
+        return {"shard": self.shard, "row_group": self.row_group, "rows_read": self.rows_read, "reason": str(self)}
+
+
+def _rebuild_shard_error(cls, detail, shard, rows_read, row_group):
+    return cls(shard, rows_read=rows_read, row_group=row_group, detail=detail)
+
+
+# ---- streaming -------------------------------------------------------------------------------
+class _Errors:
+    """Holds the caller's ``errors`` list inside the stream's kwargs (a bare list there would be
+    taken for a per-shard argument)."""
+
+    def __init__(self, errors: Optional[list]):
+        self.errors = errors
+
+
+def _shard_tables(shards: list, *, storage_options, on_bad_shard: str, errors: _Errors, schema: pa.Schema):
+    """``(key, table)`` per row group of each shard, cast to ``schema``; a damaged shard raises
+    `DamagedShardError` or (``"skip"``) is logged, recorded and left."""
+    import pyarrow.parquet as pq
+    from datasets.table import table_cast
+
+    for shard in shards:
+        try:
+            fs, path = filesystem(shard, storage_options)
+            f = fs.open(path, "rb")
+            reader = pq.ParquetFile(f)
+        except NOT_DAMAGE:
+            raise
+        except READ_ERRORS as e:
+            _bad_shard(DamagedShardError(shard, cause=e), e, on_bad_shard, errors)
+            continue
+        rows = 0
+        with f:
+            for group in range(reader.num_row_groups):
+                try:
+                    table = reader.read_row_group(group)
+                except NOT_DAMAGE:
+                    raise
+                except READ_ERRORS as e:
+                    _bad_shard(DamagedShardError(shard, rows_read=rows, row_group=group, cause=e), e,
+                               on_bad_shard, errors)
+                    break
+                yield (shard, group), table_cast(table, schema)
+                rows += table.num_rows
+
+
+def _bad_shard(err: "DamagedShardError", cause: Exception, on_bad_shard: str, errors: _Errors) -> None:
+    if on_bad_shard == "raise":
+        raise err from cause
+    logger.warning("mmpipe.stream_encoded skipped the rest of a shard: %s", err.detail)
+    if errors.errors is not None:
+        errors.errors.append(err.record())
+
+
+def stream_encoded(data_files: Union[str, Sequence[str]], *, storage_options: Optional[dict] = None,
+                   on_bad_shard: str = "raise", errors: Optional[list] = None, features=None):
+    """Stream encoded parquet shards (local or any fsspec URL) as a ``datasets.IterableDataset``:
+    one shard per ``num_shards`` unit (rank sharding, DataLoader workers), one row group in
+    memory at a time, ``state_dict()`` / ``load_state_dict()`` as ``datasets``' own streams.
+
+    Rows equal ``load_dataset("parquet", data_files=..., streaming=True, storage_options=...)``'s
+    (features from the first readable shard's schema, as ``datasets`` infers them, or
+    ``features``). A shard that cannot be read raises `DamagedShardError` (``on_bad_shard=
+    "raise"``) when the stream reaches it; ``"skip"`` leaves the rest of that shard out, logs a
+    warning and appends ``{"shard", "row_group", "rows_read", "reason"}`` to ``errors`` (a list
+    in this process: each DataLoader worker fills its own copy).
+    """
+    import datasets
+    from datasets.iterable_dataset import ArrowExamplesIterable
+
+    if on_bad_shard not in BAD_SHARD_POLICIES:
+        raise ArgumentError(f"on_bad_shard must be one of {BAD_SHARD_POLICIES}, got {on_bad_shard!r}")
+    if errors is not None and not isinstance(errors, list):
+        raise ArgumentError("errors must be a list (bad shards are appended to it) or None, "
+                            f"got {type(errors).__name__}")
+    shards = list_shards(data_files, storage_options)
+    if features is None:
+        features = _first_features(shards, storage_options, on_bad_shard)
+    kwargs = {"shards": shards, "storage_options": storage_options, "on_bad_shard": on_bad_shard,
+              "errors": _Errors(errors), "schema": features.arrow_schema}
+    return datasets.IterableDataset(ArrowExamplesIterable(_shard_tables, kwargs),
+                                    info=datasets.DatasetInfo(features=features), split=datasets.Split.TRAIN)
+
+
+def _first_features(shards: list, storage_options, on_bad_shard: str):
+    """``datasets.Features`` of the first shard whose footer reads (as ``datasets``' parquet
+    builder infers them); a damaged shard before it raises or is recorded (read again, and
+    recorded once, when the stream reaches it under ``"skip"``)."""
+    import datasets
+    import pyarrow.parquet as pq
+
+    for shard in shards:
+        fs, path = filesystem(shard, storage_options)
+        try:
+            with fs.open(path, "rb") as f:
+                return datasets.Features.from_arrow_schema(pq.read_schema(f))
+        except NOT_DAMAGE:
+            raise
+        except READ_ERRORS as e:
+            if on_bad_shard == "raise":
+                raise DamagedShardError(shard, cause=e) from e
+    raise DamagedShardError(shards[-1], detail=f"none of the {len(shards)} shards can be read (the last: "
+                                               f"{shards[-1]!r})")
