@@ -105,6 +105,7 @@ def case_collate(ctx) -> list[Result]:
     src_ds = datasets.load_from_disk(f"{w}/collate_source")
     cache_ds = datasets.load_from_disk(f"{w}/collate_f32").with_format("numpy")
     collator = mmpipe.Collator(proc)
+    collator_u8 = mmpipe.Collator(proc, pixels_on_device=True)  # issue 34: uint8 to the device
     trl_collator = DataCollatorForVisionLanguageModeling(processor=proc)
     arrow_rows = ArrowRows(ours_ds)
     pad_id, idx = collator.pad_token_id, list(range(B))
@@ -115,7 +116,16 @@ def case_collate(ctx) -> list[Result]:
         "mmpipe_source": lambda: collator(src_ds.__getitems__(idx)),  # pixels="source": decode + resize here
         "trl": lambda: trl_collator(raw_ds.__getitems__(idx)),  # DataLoader(raw_ds, collate_fn=trl_collator)
         "f32_numpy": lambda: numpy_collate(cache_ds.__getitems__(idx), pad_id),
+        "mmpipe_u8": lambda: collator_u8(arrow_rows.__getitems__(idx)),  # pixels_on_device: bytes gathered only
     }
+    u8_batch = contenders["mmpipe_u8"]()
+    full = collator(arrow_rows.__getitems__(idx)).model_inputs("cpu")
+    on_cpu = u8_batch.model_inputs("cpu")  # the expansion a GPU trainer runs on its device, here on the CPU
+    same_u8 = sorted(on_cpu) == sorted(full) and all(bool((on_cpu[k] == full[k]).all()) for k in full)
+    moved_u8 = int(u8_batch.pixel_values_u8.nbytes)
+    moved_f32 = int(full["pixel_values"].nbytes)
+    expand = side_by_side({"expand": lambda: u8_batch.model_inputs("cpu")["pixel_values"],
+                           "nothing": lambda: None}, repeat=ctx.repeat, warmup=1)["expand"]
     ref = contenders["f32_numpy"]()
     same = {}
     for name in ("mmpipe", "mmpipe_arrow", "mmpipe_source"):
@@ -132,7 +142,9 @@ def case_collate(ctx) -> list[Result]:
               "timing": {k: v.to_json() for k, v in t.items()},
               "trl_compared": "input_ids (unpadded, row by row), pixel_values, image_grid_thw; TRL's labels are "
                               "input_ids with pads -100, not compared",
-              "backend": ctx.backend}
+              "backend": ctx.backend,
+              "pixels_on_device": {"bytes_to_device_uint8": moved_u8, "bytes_to_device_float32": moved_f32,
+                                   "expansion_on_cpu": expand.to_json()}}
     mib = out_bytes / 2**20
     trl_name = f"TRL 1.16 DataCollatorForVisionLanguageModeling ({ctx.backend} processor at collate time, raw rows)"
     np_name = "float32 cache as Array2D, with_format('numpy') + numpy pad + torch.from_numpy"
@@ -153,6 +165,11 @@ def case_collate(ctx) -> list[Result]:
         speed("  same, pixels='source' rows (decode + resize at collate) vs TRL", t["mmpipe_source"], t["trl"], trl_name,
               target=None, identical=same["mmpipe_source"] and same_trl,
               floor="(info) the storage mode that keeps the files: both decode and resize every JPEG per batch"),
+        speed(f"  same, pixels_on_device (uint8 kept: {moved_u8 / 2**20:,.1f} MiB to the device, not "
+              f"{moved_f32 / 2**20:,.1f}) vs the float32 collate", t["mmpipe_u8"], t["mmpipe_arrow"],
+              "mmpipe's float32 collate of the same ArrowRows", target=None, identical=same_u8,
+              floor=f"(info) the float32 expansion moves to the trainer's device: it takes {fmt_time(expand.median)} on "
+                    f"this CPU ({moved_f32 / moved_u8:.0f}x fewer bytes cross the bus)"),
         speed(f"collate {B} rows x 2 images vs a float32 cache", t["mmpipe"], t["f32_numpy"], np_name, target=5,
               identical=same["mmpipe"], floor=floors("mmpipe")[0]),
         speed("  same, ArrowRows batch vs a float32 cache", t["mmpipe_arrow"], t["f32_numpy"], np_name, target=5,
