@@ -48,6 +48,7 @@ from __future__ import annotations
 import copy
 import functools
 
+from mmpipe.offline.qwen_omni import no_video_class
 from mmpipe.offline.vision_env_vlms import ids, offline_tokenizer
 
 __all__ = ["QWEN3_OMNI_CHAT_TEMPLATE", "QWEN3_OMNI_TOKENS", "build_processor", "build_model"]
@@ -193,25 +194,13 @@ def _class() -> type:
     video processor's: here the other sub-processors' and the stock extra names."""
     import transformers
 
-    base = transformers.Qwen3OmniMoeProcessor
-
-    def __init__(self, image_processor=None, feature_extractor=None, tokenizer=None, chat_template=None):
-        # the stock __init__ passes a video processor positionally: call the mixin's, then set what it sets
-        super(base, self).__init__(image_processor, feature_extractor, tokenizer, chat_template=chat_template)
-        for name in ("image", "audio", "video"):
-            setattr(self, f"{name}_token", getattr(tokenizer, f"{name}_token"))
-            setattr(self, f"{name}_token_id", getattr(tokenizer, f"{name}_token_id"))
-        for name in ("vision_bos", "vision_eos", "audio_bos", "audio_eos"):
-            setattr(self, f"{name}_token", getattr(tokenizer, f"{name}_token"))
-
     @property
     def model_input_names(self):
         names = (self.tokenizer.model_input_names + self.feature_extractor.model_input_names
                  + self.image_processor.model_input_names + ["feature_attention_mask", "video_second_per_grid"])
         return list(dict.fromkeys(names))
 
-    return type("NoVideoQwen3OmniMoeProcessor", (base,),
-                {"__init__": __init__, "model_input_names": model_input_names, "__module__": __name__})
+    return no_video_class(transformers.Qwen3OmniMoeProcessor, {"model_input_names": model_input_names})
 
 
 def build_model():

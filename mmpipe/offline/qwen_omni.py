@@ -66,14 +66,11 @@ def build_processor():
                     chat_template=QWEN2_5_OMNI_CHAT_TEMPLATE)
 
 
-@functools.lru_cache(maxsize=None)
-def _class() -> type:
-    """``Qwen2_5OmniProcessor`` without its video processor (whose class check needs torchvision):
-    ``ProcessorMixin`` takes the sub-processors from the ``__init__`` signature; the stock class
-    stays in the MRO (`mmpipe.families.processor_class_name`)."""
-    import transformers
-
-    base = transformers.Qwen2_5OmniProcessor
+def no_video_class(base: type, extra: dict = None) -> type:
+    """An Omni processor class ``base`` without its video processor (whose class check needs
+    torchvision): ``ProcessorMixin`` takes the sub-processors from the ``__init__`` signature, so
+    this one lists image processor, feature extractor and tokenizer; the stock class stays in the MRO
+    (`mmpipe.families.processor_class_name`). ``extra``: further class attributes."""
 
     def __init__(self, image_processor=None, feature_extractor=None, tokenizer=None, chat_template=None):
         # the stock __init__ passes a video processor positionally: call the mixin's, then set what it sets
@@ -84,7 +81,14 @@ def _class() -> type:
         for name in ("vision_bos", "vision_eos", "audio_bos", "audio_eos"):
             setattr(self, f"{name}_token", getattr(tokenizer, f"{name}_token"))
 
-    return type("NoVideoQwen2_5OmniProcessor", (base,), {"__init__": __init__, "__module__": __name__})
+    return type(f"NoVideo{base.__name__}", (base,), {"__init__": __init__, "__module__": __name__, **(extra or {})})
+
+
+@functools.lru_cache(maxsize=None)
+def _class() -> type:
+    import transformers
+
+    return no_video_class(transformers.Qwen2_5OmniProcessor)
 
 
 def build_model():

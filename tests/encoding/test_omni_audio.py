@@ -25,19 +25,9 @@ from mmpipe.testing import invariants
 soundfile = pytest.importorskip("soundfile")
 pytest.importorskip("soxr")
 
-from transformers.audio_utils import load_audio as hf_load_audio  # noqa: E402
 
+from audio_rows import RATE, clip, own_call, write_clips  # noqa: E402
 from helpers import photo_paths  # noqa: E402
-
-RATE = 16000
-
-
-def _clip(seconds: float, rate: int, seed: int, channels: int = 1) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    n = int(seconds * rate)
-    t = np.arange(n) / rate
-    x = (0.2 * np.sin(2 * np.pi * (300 + 50 * seed) * t) + 0.05 * rng.standard_normal(n)).astype(np.float32)
-    return np.stack([x, 0.5 * x], 1) if channels == 2 else x
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +40,7 @@ def omni():
 
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory):
-    d = tmp_path_factory.mktemp("clips")
-    paths = {}
-    for name, sec, rate, ch in (("a.wav", 1.6, 22050, 1), ("b.flac", 0.9, 16000, 2), ("c.ogg", 2.3, 44100, 1)):
-        path = d / name
-        soundfile.write(str(path), _clip(sec, rate, len(paths), ch), rate)
-        paths[name] = str(path)
-    return paths
+    return write_clips(tmp_path_factory.mktemp("clips"))
 
 
 def _raws(clips) -> list[dict]:
@@ -68,34 +52,12 @@ def _raws(clips) -> list[dict]:
                       {"role": "assistant", "content": "A tone."}], "audios": [clips["a.wav"]]},
         {"messages": [user({"type": "image"}, {"type": "audio"}, text("Does the sound fit the picture?")),
                       {"role": "assistant", "content": "No."}],
-         "images": [photo], "audios": [{"array": _clip(1.2, 24000, 7), "sampling_rate": 24000}]},
+         "images": [photo], "audios": [{"array": clip(1.2, 24000, 7), "sampling_rate": 24000}]},
         {"messages": [user(text("Say hi.")), {"role": "assistant", "content": "Hi!"}]},
         {"messages": [user({"type": "audio"}, text("first")), {"role": "assistant", "content": "one"},
                       user({"type": "audio"}, text("and this?")), {"role": "assistant", "content": "two"}],
          "audios": [clips["b.flac"], {"path": clips["c.ogg"], "bytes": None}]},
     ]
-
-
-def _loaded(value) -> np.ndarray:
-    """A clip as the processor's own chat path loads it (transformers' load_audio)."""
-    if isinstance(value, dict) and value.get("array") is not None:
-        path = f"/tmp/mmpipe_omni_{value['sampling_rate']}.wav"
-        soundfile.write(path, value["array"], value["sampling_rate"], subtype="FLOAT")
-        return hf_load_audio(path, RATE, backend="soundfile")
-    return hf_load_audio(value["path"] if isinstance(value, dict) else value, RATE, backend="soundfile")
-
-
-def _own_call(proc, raw: dict) -> dict:
-    """The processor's flat call on the row: its whole conversation rendered, its images, its clips."""
-    from PIL import Image
-
-    msgs = [{**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m["content"], str) else m
-            for m in raw["messages"]]
-    text = proc.apply_chat_template(msgs, tokenize=False)
-    images = [Image.open(p) for p in raw.get("images", [])]
-    audios = [_loaded(a) for a in raw.get("audios", [])]
-    out = proc(text=[text], images=images or None, audio=audios or None, return_tensors="pt")
-    return dict(out)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +72,7 @@ def test_encode_equals_the_processors_flat_call(omni, encoded):
     raws, rows = encoded
     assert [len(r.get("audios", [])) for r in raws] == [1, 1, 0, 2]
     for i, (raw, row) in enumerate(zip(raws, rows)):
-        own = _own_call(proc, raw)
+        own = own_call(proc, raw)
         np.testing.assert_array_equal(row.input_ids, own["input_ids"][0].numpy(), err_msg=f"row {i}")
         keys = {k for k in own if k not in ("input_ids", "attention_mask")}
         assert set(row.vision) == keys, (i, sorted(row.vision), sorted(keys))
@@ -151,7 +113,7 @@ def test_batch_equals_rows(omni, encoded, padding_side):
     kw = batch.model_inputs()
     assert "position_ids" not in kw  # TMRoPE: the thinker's own get_rope_index
     assert kw["input_features"].shape == (4, 128, 3000) and kw["feature_attention_mask"].shape == (4, 3000)
-    refs = [_own_call(proc, r) for r in raws]
+    refs = [own_call(proc, r) for r in raws]
     invariants.assert_batched_logits_match(model, rows, proc, batch=batch, references=refs, atol=1e-5, rtol=1e-5)
 
 

@@ -32,19 +32,9 @@ from mmpipe.testing import invariants
 soundfile = pytest.importorskip("soundfile")
 pytest.importorskip("soxr")
 
-from transformers.audio_utils import load_audio as hf_load_audio  # noqa: E402
 
+from audio_rows import RATE, chat_text, clip, loaded, own_call, write_clips  # noqa: E402
 from helpers import photo_paths  # noqa: E402
-
-RATE = 16000
-
-
-def _clip(seconds: float, rate: int, seed: int, channels: int = 1) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    n = int(seconds * rate)
-    t = np.arange(n) / rate
-    x = (0.2 * np.sin(2 * np.pi * (300 + 50 * seed) * t) + 0.05 * rng.standard_normal(n)).astype(np.float32)
-    return np.stack([x, 0.5 * x], 1) if channels == 2 else x
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +47,7 @@ def omni():
 
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory):
-    d = tmp_path_factory.mktemp("clips")
-    paths = {}
-    for name, sec, rate, ch in (("a.wav", 1.6, 22050, 1), ("b.flac", 0.9, 16000, 2), ("c.ogg", 2.3, 44100, 1)):
-        path = d / name
-        soundfile.write(str(path), _clip(sec, rate, len(paths), ch), rate)
-        paths[name] = str(path)
-    return paths
+    return write_clips(tmp_path_factory.mktemp("clips"))
 
 
 def _photo() -> str:
@@ -72,7 +56,7 @@ def _photo() -> str:
 
 def _pcm(seconds: float, rate: int, seed: int) -> np.ndarray:
     """int16 PCM samples (full scale 32768)."""
-    return np.round(_clip(seconds, rate, seed) * 32767).astype(np.int16)
+    return np.round(clip(seconds, rate, seed) * 32767).astype(np.int16)
 
 
 def _raws(clips) -> list[dict]:
@@ -83,7 +67,7 @@ def _raws(clips) -> list[dict]:
                       {"role": "assistant", "content": "A tone."}], "audios": [clips["a.wav"]]},
         {"messages": [user({"type": "image"}, {"type": "audio"}, text("Does the sound fit the picture?")),
                       {"role": "assistant", "content": "No."}],
-         "images": [_photo()], "audios": [{"array": _clip(1.2, 24000, 7), "sampling_rate": 24000}]},
+         "images": [_photo()], "audios": [{"array": clip(1.2, 24000, 7), "sampling_rate": 24000}]},
         {"messages": [user(text("Say hi.")), {"role": "assistant", "content": "Hi!"}]},
         {"messages": [user({"type": "audio"}, text("first")), {"role": "assistant", "content": "one"},
                       user({"type": "audio"}, text("and this?")), {"role": "assistant", "content": "two"}],
@@ -94,33 +78,6 @@ def _raws(clips) -> list[dict]:
         {"messages": [user({"type": "image"}, text("Who is this?")), {"role": "assistant", "content": "Grace Hopper."}],
          "images": [_photo()]},
     ]
-
-
-def _loaded(value) -> np.ndarray:
-    """A clip as the processor's own chat path loads it (transformers' load_audio of a file)."""
-    if isinstance(value, tuple):
-        value = {"array": value[0], "sampling_rate": value[1]}
-    if isinstance(value, dict) and value.get("array") is not None:
-        array = np.asarray(value["array"])
-        path = f"/tmp/mmpipe_qwen3_omni_{value['sampling_rate']}_{array.dtype}.wav"  # integer PCM as a PCM file
-        soundfile.write(path, array, value["sampling_rate"], subtype="PCM_16" if array.dtype == np.int16 else "FLOAT")
-        return hf_load_audio(path, RATE, backend="soundfile")
-    return hf_load_audio(value["path"] if isinstance(value, dict) else value, RATE, backend="soundfile")
-
-
-def _text(proc, raw: dict) -> str:
-    msgs = [{**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m["content"], str) else m
-            for m in raw["messages"]]
-    return proc.apply_chat_template(msgs, tokenize=False)
-
-
-def _own_call(proc, raw: dict) -> dict:
-    """The processor's flat call on the row: its whole conversation rendered, its images, its clips."""
-    from PIL import Image
-
-    images = [Image.open(p) for p in raw.get("images", [])]
-    audios = [_loaded(a) for a in raw.get("audios", [])]
-    return dict(proc(text=[_text(proc, raw)], images=images or None, audio=audios or None, return_tensors="pt"))
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +93,7 @@ def test_encode_equals_the_processors_flat_call(omni, encoded):
     assert [(len(r.get("audios", [])), len(r.get("images", []))) for r in raws] == [(1, 0), (1, 1), (0, 0), (2, 0),
                                                                                   (2, 1), (0, 1)]
     for i, (raw, row) in enumerate(zip(raws, rows)):
-        own = _own_call(proc, raw)
+        own = own_call(proc, raw)
         np.testing.assert_array_equal(row.input_ids, own["input_ids"][0].numpy(), err_msg=f"row {i}")
         keys = {k for k in own if k not in ("input_ids", "attention_mask")}
         assert set(row.vision) == keys, (i, sorted(row.vision), sorted(keys))
@@ -247,7 +204,7 @@ def test_batch_equals_rows(omni, encoded, padding_side):
     assert kw["input_features"].shape == (6, 128, 230) and kw["feature_attention_mask"].shape == (6, 230)
     assert kw["feature_attention_mask"].sum(1).tolist() == [160, 120, 90, 230, 70, 160]
     assert kw["image_grid_thw"].shape == (3, 3)
-    refs = [_own_call(proc, r) for r in raws]
+    refs = [own_call(proc, r) for r in raws]
     logits = invariants.assert_batched_logits_match(model, rows, proc, batch=batch, references=refs, atol=1e-5,
                                                     rtol=1e-5)
     with torch.no_grad():
@@ -269,8 +226,8 @@ def test_the_processors_batch_call_is_not_each_rows_call(omni, encoded):
     proc, model = omni
     raws, rows = encoded
     images = [Image.open(p) for r in raws for p in r.get("images", [])]
-    audios = [_loaded(a) for r in raws for a in r.get("audios", [])]
-    both = proc(text=[_text(proc, r) for r in raws], images=images, audio=audios, return_tensors="np", padding=True)
+    audios = [loaded(a) for r in raws for a in r.get("audios", [])]
+    both = proc(text=[chat_text(proc, r) for r in raws], images=images, audio=audios, return_tensors="np", padding=True)
     own = [(row.vision["input_features"][j], row.vision["feature_attention_mask"][j])
            for row in rows if "input_features" in row.vision for j in range(len(row.vision["input_features"]))]
     assert len(own) == len(audios) == 6
@@ -284,7 +241,7 @@ def test_the_processors_batch_call_is_not_each_rows_call(omni, encoded):
     with torch.no_grad():
         batched = model(**{k: torch.as_tensor(v) for k, v in both.items()}).logits
         for b, raw in enumerate(raws):
-            alone = model(**_own_call(proc, raw)).logits[0]
+            alone = model(**own_call(proc, raw)).logits[0]
             ref_gap = max(ref_gap, float((batched[b, -len(alone):] - alone).abs().max()))
     print(f"\nqwen3-omni processor's own 6-row call vs per-row calls: max logit gap {ref_gap:.1e}")
 
@@ -293,7 +250,7 @@ def test_a_long_clip_is_taken_whole(omni):
     """A 31 s clip (31 encoder chunks of 100 frames): no 30 s cut (``truncation=False``), encode ==
     the processor, 403 tokens (13 per second), and the thinker runs on it."""
     proc, model = omni
-    wave = _clip(31.0, RATE, 5)
+    wave = clip(31.0, RATE, 5)
     raw = {"messages": [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "?"}]}],
            "audios": [{"array": wave, "sampling_rate": RATE}]}
     row = mmpipe.encode_row(raw, proc, add_generation_prompt=True, labels=False)
@@ -364,7 +321,7 @@ def test_audio_source_storage_is_exact(omni, encoded):
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=0, msg=k)
     invariants.assert_batched_logits_match(model, rows, proc, batch=batch,
-                                           references=[_own_call(proc, r) for r in raws])
+                                           references=[own_call(proc, r) for r in raws])
 
 
 def test_packing_is_refused(omni, encoded):

@@ -1,0 +1,63 @@
+"""Audio rows for the Omni tests (tests/encoding/test_omni_audio.py, test_qwen3_omni.py): clips made
+here (a tone plus noise), written as WAV / FLAC / OGG at other rates, and the processor's own flat call
+on a raw row, its clips loaded as its chat path loads them (transformers' ``load_audio``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+RATE = 16000  # the Omni feature extractors' rate
+CLIP_FILES = (("a.wav", 1.6, 22050, 1), ("b.flac", 0.9, 16000, 2), ("c.ogg", 2.3, 44100, 1))
+
+
+def clip(seconds: float, rate: int, seed: int, channels: int = 1) -> np.ndarray:
+    """float32 [n] (or [n, 2]) samples: a tone whose pitch follows ``seed``, with mild noise."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * rate)
+    t = np.arange(n) / rate
+    x = (0.2 * np.sin(2 * np.pi * (300 + 50 * seed) * t) + 0.05 * rng.standard_normal(n)).astype(np.float32)
+    return np.stack([x, 0.5 * x], 1) if channels == 2 else x
+
+
+def write_clips(folder) -> dict:
+    """`CLIP_FILES` written into ``folder``: file name -> path."""
+    import soundfile
+
+    paths = {}
+    for name, sec, rate, ch in CLIP_FILES:
+        path = folder / name
+        soundfile.write(str(path), clip(sec, rate, len(paths), ch), rate)
+        paths[name] = str(path)
+    return paths
+
+
+def loaded(value) -> np.ndarray:
+    """A clip as the processor's own chat path loads it (transformers' ``load_audio`` of a file;
+    samples are written to a file first: float as a float WAV, int16 as PCM)."""
+    import soundfile
+    from transformers.audio_utils import load_audio
+
+    if isinstance(value, tuple):
+        value = {"array": value[0], "sampling_rate": value[1]}
+    if isinstance(value, dict) and value.get("array") is not None:
+        array = np.asarray(value["array"])
+        path = f"/tmp/mmpipe_audio_rows_{value['sampling_rate']}_{array.dtype}.wav"
+        soundfile.write(path, array, value["sampling_rate"], subtype="PCM_16" if array.dtype == np.int16 else "FLOAT")
+        return load_audio(path, RATE, backend="soundfile")
+    return load_audio(value["path"] if isinstance(value, dict) else value, RATE, backend="soundfile")
+
+
+def chat_text(proc, raw: dict) -> str:
+    """The row's whole conversation rendered by the processor's template (string contents as text items)."""
+    msgs = [{**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m["content"], str) else m
+            for m in raw["messages"]]
+    return proc.apply_chat_template(msgs, tokenize=False)
+
+
+def own_call(proc, raw: dict) -> dict:
+    """The processor's flat call on a raw row: its conversation rendered, its images, its clips."""
+    from PIL import Image
+
+    images = [Image.open(p) for p in raw.get("images", [])]
+    audios = [loaded(a) for a in raw.get("audios", [])]
+    return dict(proc(text=[chat_text(proc, raw)], images=images or None, audio=audios or None, return_tensors="pt"))
