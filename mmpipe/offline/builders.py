@@ -10,6 +10,8 @@ llava_onevision
 qwen3_5, qwen3_5_moe, qwen3_vl_moe     `mmpipe.offline.qwen3_5` (the Qwen3-VL processor)
 idefics3, llava, mllama, paligemma,    `mmpipe.offline.other_vlms` (no family-table row: the
 minicpmv4_6, minicpmv4_7, ovis2        generic path), `mmpipe.offline.minicpmv`, `mmpipe.offline.ovis2`
+qwen2_5_omni, qwen3_omni_moe           the Omni thinkers with audio (generic path, no video processor):
+                                       `mmpipe.offline.qwen_omni`, `mmpipe.offline.qwen3_omni`
 =====================================  =========================================================
 
 An unknown name raises `ArgumentError` listing every name.
@@ -35,8 +37,15 @@ _FOREIGN = tuple(dict.fromkeys(n for n in (*FOREIGN_PROCESSORS, *MORE_MODELS, *M
                                if n not in NATIVE))
 _FOREIGN_MODELS = tuple(dict.fromkeys(n for n in (*MODELS, *MORE_MODELS, *MINICPMV_NAMES, *OVIS2_NAMES)
                                       if n not in NATIVE))
-PROCESSOR_NAMES = NATIVE + tuple(MODEL_LINES) + _FOREIGN
-MODEL_NAMES = NATIVE + tuple(MODEL_LINES) + _FOREIGN_MODELS
+OMNI = {"qwen2_5_omni": "mmpipe.offline.qwen_omni", "qwen3_omni_moe": "mmpipe.offline.qwen3_omni"}  # audio thinkers
+PROCESSOR_NAMES = NATIVE + tuple(MODEL_LINES) + _FOREIGN + tuple(OMNI)
+MODEL_NAMES = NATIVE + tuple(MODEL_LINES) + _FOREIGN_MODELS + tuple(OMNI)
+
+
+def _omni(name: str):
+    import importlib
+
+    return importlib.import_module(OMNI[name])
 
 
 def build_processor(family: str = DEFAULT_FAMILY, *, min_pixels: Optional[int] = None,
@@ -48,11 +57,11 @@ def build_processor(family: str = DEFAULT_FAMILY, *, min_pixels: Optional[int] =
         return _native_processor(family, min_pixels=min_pixels, max_pixels=max_pixels)
     if family in MODEL_LINES:  # the models that load with the Qwen3-VL processor
         return build_qwen3_5_processor(min_pixels=min_pixels, max_pixels=max_pixels)
-    if family in _FOREIGN:
+    if family in _FOREIGN or family in OMNI:
         if min_pixels is not None or max_pixels is not None:
             raise ArgumentError(f"build_processor({family!r}): min_pixels / max_pixels apply to the resizing families "
                                 "(Qwen-VL, GLM); set the size on the processor's image_processor instead")
-        return build_foreign_processor(family)
+        return _omni(family).build_processor() if family in OMNI else build_foreign_processor(family)
     raise ArgumentError(f"unknown offline processor {family!r}; build_processor builds one of {list(PROCESSOR_NAMES)}")
 
 
@@ -63,4 +72,10 @@ def build_model(family: str = DEFAULT_FAMILY, seed: int = 0):
         return _native_model(family, seed)
     if family in _FOREIGN_MODELS:
         return build_foreign_model(family, seed)
+    if family in OMNI:
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return _omni(family).build_model()
     raise ArgumentError(f"no offline model for {family!r}; build_model builds one of {list(MODEL_NAMES)}")

@@ -8,13 +8,14 @@ import pytest
 import mmpipe
 from mmpipe.errors import ArgumentError
 from mmpipe.families import resolve_family
+from mmpipe.offline.builders import OMNI
 from mmpipe.offline.other_vlms import FOREIGN_PROCESSORS, MINICPMV_NAMES, MORE_MODELS, OVIS2_NAMES
 from mmpipe.offline.qwen3_5 import MODEL_LINES
 from mmpipe.offline.tokenizer import FAMILY_NAMES, OWN_BUILDERS
 from mmpipe.testing import PROCESSOR_NAMES, build_model, build_processor, tiny_image
 
 EVERY_MODULE = {*FAMILY_NAMES, *OWN_BUILDERS, *MODEL_LINES, *FOREIGN_PROCESSORS, *MORE_MODELS, *MINICPMV_NAMES,
-                *OVIS2_NAMES}
+                *OVIS2_NAMES, *OMNI}
 
 
 def test_the_names_cover_every_offline_builder_module():
