@@ -113,8 +113,9 @@ def write_shards(ds, url: str, *, num_shards: int = 1, storage_options: Optional
     urls = []
     for i in range(num_shards):
         target = f"{url.rstrip('/')}/shard-{i:05d}-of-{num_shards:05d}.parquet"
-        ds.shard(num_shards, i, contiguous=True).to_parquet(target, storage_options=storage_options,
-                                                            batch_size=rows_per_row_group)
+        fs, path = filesystem(target, storage_options)  # a fresh filesystem: the endpoint as it is now
+        with fs.open(path, "wb") as f:
+            ds.shard(num_shards, i, contiguous=True).to_parquet(f, batch_size=rows_per_row_group)
         urls.append(target)
     return urls
 
@@ -152,7 +153,7 @@ def read_table(url: str, storage_options: Optional[dict] = None) -> tuple[pa.Tab
 
             from mmpipe.data.loading import dataset_table
 
-            ds = datasets.load_from_disk(url, storage_options=storage_options)
+            ds = datasets.load_from_disk(url, storage_options={"skip_instance_cache": True, **(storage_options or {})})
             if isinstance(ds, datasets.DatasetDict):
                 raise ArgumentError(f"{url!r} holds a DatasetDict {list(ds)}: validate one split")
             return dataset_table(ds), ds
