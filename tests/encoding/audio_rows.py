@@ -61,3 +61,33 @@ def own_call(proc, raw: dict) -> dict:
     images = [Image.open(p) for p in raw.get("images", [])]
     audios = [loaded(a) for a in raw.get("audios", [])]
     return dict(proc(text=[chat_text(proc, raw)], images=images or None, audio=audios or None, return_tensors="pt"))
+
+
+def sample_and_gaps(proc, model, raws: list, *, n: int = 4, max_new_tokens: int = 64, seed: int = 3):
+    """Prompts encoded from ``raws``, sampled by `mmpipe.rollout.TransformersEngine` at temperature 1.0
+    -> (the engine, its generations, each completion's max |teacher-forced - sampled| logprob gap).
+    The training row is the prompt with the completion appended (the generic path's rows take no
+    `RolloutSample.to_row`); its logprobs come from `mmpipe.rollout.teacher_forced_logprobs`."""
+    from dataclasses import replace
+
+    import torch
+
+    import mmpipe
+    from mmpipe.records.generation import SamplingParams
+    from mmpipe.rollout import TransformersEngine, teacher_forced_logprobs
+
+    prompts = [mmpipe.encode_row(r, proc, idx=i, add_generation_prompt=True, labels=False) for i, r in enumerate(raws)]
+    engine = TransformersEngine(model, proc)
+    gens = engine.generate(prompts, SamplingParams(n=n, temperature=1.0, max_new_tokens=max_new_tokens,
+                                                   logprobs=True, seed=seed))
+    gaps = []
+    for prompt, gen in zip(prompts, gens):
+        for c in gen.completions:
+            ids = np.asarray(c.token_ids, np.int64)
+            total = len(prompt) + len(ids)
+            row = replace(prompt, input_ids=np.concatenate([prompt.input_ids, ids]),
+                          attention_mask=np.ones(total, np.int64), mm_token_type_ids=np.zeros(total, np.int64),
+                          position_ids=np.arange(total), labels=None)
+            lp = teacher_forced_logprobs(model, mmpipe.collate([row]))[0, len(prompt):]
+            gaps.append(float((lp - torch.tensor(c.logprobs)).abs().max()))
+    return engine, gens, gaps

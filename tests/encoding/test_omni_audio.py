@@ -26,7 +26,7 @@ soundfile = pytest.importorskip("soundfile")
 pytest.importorskip("soxr")
 
 
-from audio_rows import RATE, clip, own_call, write_clips  # noqa: E402
+from audio_rows import RATE, clip, own_call, sample_and_gaps, write_clips  # noqa: E402
 from helpers import photo_paths  # noqa: E402
 
 
@@ -175,11 +175,6 @@ def test_generation_from_audio_prompts(omni, clips):
     """TransformersEngine on audio prompts at temperature 1.0 (64 new tokens, 4 samples each): the
     processor's media tokens (audio, image, video pads and their borders) are banned, and the
     thinker's teacher-forced logprobs of prompt + completion equal the sampled ones."""
-    from dataclasses import replace
-
-    from mmpipe.records.generation import SamplingParams
-    from mmpipe.rollout import TransformersEngine
-
     proc, model = omni
     raws = [{"messages": [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "What is it?"}]}],
              "audios": [clips["a.wav"]]},
@@ -187,27 +182,12 @@ def test_generation_from_audio_prompts(omni, clips):
             {"messages": [{"role": "user", "content": [{"type": "audio"}, {"type": "audio"},
                                                        {"type": "text", "text": "Same?"}]}],
              "audios": [clips["b.flac"], clips["c.ogg"]]}]
-    prompts = [mmpipe.encode_row(r, proc, idx=i, add_generation_prompt=True, labels=False) for i, r in enumerate(raws)]
-    eng = TransformersEngine(model, proc)
+    eng, gens, gaps = sample_and_gaps(proc, model, raws)
     assert set(eng.vision_tokens.names) == {"<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>", "<|IMAGE|>", "<|VIDEO|>",
                                             "<|vision_bos|>", "<|vision_eos|>"}
-    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=64, logprobs=True, seed=3)
-    gens = eng.generate(prompts, params)
     banned = set(eng.vision_tokens.ids)
-    gaps, n_tokens = [], 0
-    for prompt, gen in zip(prompts, gens):
-        for c in gen.completions:
-            assert not banned & set(c.token_ids)
-            ids = np.asarray(c.token_ids, np.int64)
-            n_tokens += len(ids)
-            row = replace(prompt, input_ids=np.concatenate([prompt.input_ids, ids]),
-                          attention_mask=np.ones(len(prompt) + len(ids), np.int64),
-                          mm_token_type_ids=np.zeros(len(prompt) + len(ids), np.int64),
-                          position_ids=np.arange(len(prompt) + len(ids)), labels=None)
-            with torch.no_grad():
-                logits = model(**mmpipe.collate([row]).model_inputs(labels=False)).logits[0].float()
-            lp = torch.log_softmax(logits[len(prompt) - 1:-1], -1).gather(-1, torch.as_tensor(ids)[:, None])[:, 0]
-            gaps.append(float((lp - torch.tensor(c.logprobs)).abs().max()))
+    assert not any(banned & set(c.token_ids) for g in gens for c in g.completions)
+    n_tokens = sum(len(c.token_ids) for g in gens for c in g.completions)
     print(f"\nomni generation: {n_tokens} sampled tokens, rollout/training logprob gap {max(gaps):.2e}")
     assert n_tokens > 300 and max(gaps) < 1e-3
 

@@ -33,7 +33,7 @@ soundfile = pytest.importorskip("soundfile")
 pytest.importorskip("soxr")
 
 
-from audio_rows import RATE, chat_text, clip, loaded, own_call, write_clips  # noqa: E402
+from audio_rows import RATE, chat_text, clip, loaded, own_call, sample_and_gaps, write_clips  # noqa: E402
 from helpers import photo_paths  # noqa: E402
 
 
@@ -331,27 +331,10 @@ def test_packing_is_refused(omni, encoded):
         mmpipe.pack(rows, processor=proc, model=model)
 
 
-def _gap(model, prompt, completion) -> float:
-    """Max |teacher-forced logprob - sampled logprob| over a completion's tokens."""
-    from dataclasses import replace
-
-    ids = np.asarray(completion.token_ids, np.int64)
-    n = len(prompt) + len(ids)
-    row = replace(prompt, input_ids=np.concatenate([prompt.input_ids, ids]), attention_mask=np.ones(n, np.int64),
-                  mm_token_type_ids=np.zeros(n, np.int64), position_ids=np.arange(n), labels=None)
-    with torch.no_grad():
-        logits = model(**mmpipe.collate([row]).model_inputs(labels=False)).logits[0].float()
-    lp = torch.log_softmax(logits[len(prompt) - 1:-1], -1).gather(-1, torch.as_tensor(ids)[:, None])[:, 0]
-    return float((lp - torch.tensor(completion.logprobs)).abs().max())
-
-
 def test_generation_from_audio_prompts(omni, clips):
     """TransformersEngine on audio prompts at temperature 1.0 (64 new tokens, 4 samples each): the
     processor's media tokens (audio, image, video pads and their borders) are banned, and the
     thinker's teacher-forced logprobs of prompt + completion equal the sampled ones."""
-    from mmpipe.records.generation import SamplingParams
-    from mmpipe.rollout import TransformersEngine
-
     proc, model = omni
     raws = [{"messages": [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "What is it?"}]}],
              "audios": [clips["a.wav"]]},
@@ -359,32 +342,20 @@ def test_generation_from_audio_prompts(omni, clips):
             {"messages": [{"role": "user", "content": [{"type": "audio"}, {"type": "audio"},
                                                        {"type": "text", "text": "Same?"}]}],
              "audios": [clips["b.flac"], clips["c.ogg"]]}]
-    prompts = [mmpipe.encode_row(r, proc, idx=i, add_generation_prompt=True, labels=False) for i, r in enumerate(raws)]
-    eng = TransformersEngine(model, proc)
+    eng, gens, gaps = sample_and_gaps(proc, model, raws)
     assert set(eng.vision_tokens.names) == {"<|audio_pad|>", "<|audio_start|>", "<|audio_end|>", "<|image_pad|>",
                                             "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"}
-    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=64, logprobs=True, seed=3)
-    gens = eng.generate(prompts, params)
     banned = set(eng.vision_tokens.ids)
-    gaps, n_tokens = [], 0
-    for prompt, gen in zip(prompts, gens):
-        for c in gen.completions:
-            assert not banned & set(c.token_ids)
-            n_tokens += len(c.token_ids)
-            gaps.append(_gap(model, prompt, c))
+    assert not any(banned & set(c.token_ids) for g in gens for c in g.completions)
+    n_tokens = sum(len(c.token_ids) for g in gens for c in g.completions)
     print(f"\nqwen3-omni generation: {n_tokens} sampled tokens, rollout/training logprob gap {max(gaps):.2e}")
     assert n_tokens > 300 and max(gaps) < 1e-3
 
 
 def test_generation_from_image_and_audio_prompts(omni, clips):
-    from mmpipe.records.generation import SamplingParams
-    from mmpipe.rollout import TransformersEngine
-
     proc, model = omni
     raw = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "audio"},
                                                      {"type": "text", "text": "Who?"}]}],
            "images": [_photo()], "audios": [clips["a.wav"]]}
-    prompt = mmpipe.encode_row(raw, proc, add_generation_prompt=True, labels=False)
-    eng = TransformersEngine(model, proc)
-    gen = eng.generate([prompt], SamplingParams(n=2, temperature=1.0, max_new_tokens=16, logprobs=True, seed=1))[0]
-    assert max(_gap(model, prompt, c) for c in gen.completions) < 1e-3
+    _, _, gaps = sample_and_gaps(proc, model, [raw], n=2, max_new_tokens=16, seed=1)
+    assert max(gaps) < 1e-3
