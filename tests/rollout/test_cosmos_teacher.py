@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib
-import importlib.machinery
 import sys
 import types
 
@@ -27,21 +26,9 @@ import torch
 from mmpipe.rollout.packers import CosmosRow, QwenVLDataPacker
 
 from conftest import model_for, processor_for
-from test_cosmos_trainer_modes import FAMILY, _config, _generated, _teacher_logprobs
+from test_cosmos_trainer_modes import FAMILY, _config, _generated, _stub_module, _teacher_logprobs
 
 pytestmark = pytest.mark.needs_env("cosmos")
-
-
-def _stub(name):
-    m = types.ModuleType(name)
-    m.__path__, m.__spec__ = [], importlib.machinery.ModuleSpec(name, None, is_package=True)
-
-    def attr(a):
-        if a.startswith("__"):
-            raise AttributeError(a)
-        return type(a, (), {"__init__": lambda self, *args, **kw: None})
-    m.__getattr__ = attr
-    return m
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +39,7 @@ def cosmos_teacher():
             importlib.import_module("torchao.float8")
         except ModuleNotFoundError:
             for n in ("torchao", "torchao.float8"):
-                mp.setitem(sys.modules, n, _stub(n))
+                mp.setitem(sys.modules, n, _stub_module(n))
         stage = importlib.import_module("torch.distributed.pipelining.stage")
         if not hasattr(stage, "_RootArgPlaceholder"):
             mp.setattr(stage, "_RootArgPlaceholder", type("_RootArgPlaceholder", (), {}), raising=False)

@@ -32,6 +32,7 @@ import contextlib
 import copy
 import functools
 import importlib
+import importlib.machinery
 import sys
 import types
 
@@ -54,8 +55,10 @@ FAMILY = "qwen2_5_vl"
 
 
 def _stub_module(name):
+    """An empty package whose every public attribute is a do-nothing class; it has a module spec
+    (diffusers, which the distillation teacher imports, looks one up)."""
     m = types.ModuleType(name)
-    m.__path__ = []
+    m.__path__, m.__spec__ = [], importlib.machinery.ModuleSpec(name, None, is_package=True)
 
     def attr(a):
         if a.startswith("__"):
