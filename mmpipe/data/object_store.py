@@ -164,7 +164,7 @@ def read_table(url: str, storage_options: Optional[dict] = None) -> tuple[pa.Tab
         return _read_ipc(fs, path, url), None
     tables, start = [], 0
     for shard in list_shards(url, storage_options):
-        table = _read_parquet(fs, filesystem(shard, storage_options)[1], shard, start)
+        table = _read_parquet(fs, fs._strip_protocol(shard), shard, start)  # the shards share url's filesystem
         tables.append(table)
         start += table.num_rows
     schema = tables[0].schema
@@ -248,10 +248,14 @@ def _shard_tables(shards: list, *, storage_options, on_bad_shard: str, errors: _
     import pyarrow.parquet as pq
     from datasets.table import table_cast
 
+    systems: dict = {}  # protocol -> one filesystem for every shard of this stream
     for shard in shards:
         try:
-            fs, path = filesystem(shard, storage_options)
-            f = fs.open(path, "rb")
+            proto = shard.split("://", 1)[0] if "://" in shard else "file"
+            if proto not in systems:
+                systems[proto] = filesystem(shard, storage_options)[0]
+            fs = systems[proto]
+            f = fs.open(fs._strip_protocol(shard), "rb")
             reader = pq.ParquetFile(f)
         except NOT_DAMAGE:
             raise
