@@ -13,6 +13,14 @@
 # ran (pytest exit code 5).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# free disk space in GiB where the environments are built (each extra venv takes 2-4 GiB)
+free_gib() { df -Pk . | awk 'NR==2 {printf "%d", $4 / 1048576}'; }
+need_disk() {
+    local free; free="$(free_gib)"
+    echo "[test] $1: ${free} GiB free on $(df -P . | awk 'NR==2 {print $6}')" >&2
+    [ "$free" -ge 5 ] || echo "[test] WARNING: under 5 GiB free; an environment set-up may fail with 'No space left on device'" >&2
+}
+need_disk "before set-up"
 bash scripts/setup.sh
 rc=0
 .venv/bin/python -m pytest -q "$@" || rc=$?
@@ -31,6 +39,7 @@ summary=""
 for name in $envs; do
     [ "$name" = none ] && continue
     echo "[test] environment $name: scripts/envs/$name.sh" >&2
+    need_disk "environment $name"
     erc=0
     bash "scripts/envs/$name.sh" || erc=$?
     summary="$summary $name=$erc"
