@@ -114,7 +114,27 @@ def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optiona
         params = None
     if params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         kwargs = {key: v for key, v in kwargs.items() if key in params}
+    _warn_decoding_stream(ds)
     return kwargs
+
+
+def _warn_decoding_stream(ds) -> None:
+    """Warn when ``ds`` is a stream (``IterableDataset``) that decodes images or videos inside
+    ``datasets``: its iterator decodes each row before ``map`` calls mmpipe, so a corrupt file
+    raises PIL's error there and ends the stream (datasets #6470), whatever ``on_error`` says."""
+    features = getattr(ds, "features", None)
+    if features is None or hasattr(ds, "data") or type(ds).__name__ != "IterableDataset":
+        return
+    decoding = [name for name, f in features.items() if undecoded_features({name: f}) is not None]
+    if decoding:
+        import warnings
+
+        warnings.warn(
+            f"this IterableDataset decodes {', '.join(map(repr, decoding))} inside datasets: a corrupt file "
+            f"raises PIL's error in datasets' iterator before mmpipe.encode sees the row, and ends the "
+            f"stream whatever on_error says; map mmpipe.data.undecoded_stream(ds) instead (mmpipe then "
+            f"decodes each file and types a corrupt one as that row's error), or use "
+            f"mmpipe.data.encode_stream", UserWarning, stacklevel=3)
 
 
 def row_byte_bound(enc: Encoder, n_images: int) -> int:
