@@ -18,6 +18,10 @@ Rules (each one a function below, each returning the offending places):
   (programmer errors raise ``mmpipe.errors.ArgumentError``, itself a ValueError).
 - tests mirror the tree (a ``tests/<folder>/`` per library folder that holds a stage) and every
   stage's tests use ``mmpipe.testing.invariants``.
+
+Figures without a rule here: ``kind_code_lines``, the code lines of the kinds' strategies
+(``mmpipe/media``, docstrings, comments and blank lines out; issue 26 wants it well under 1,000,
+tests/test_layout.py holds that bound).
 """
 
 from __future__ import annotations
@@ -84,6 +88,29 @@ def sizes(root: Path) -> dict:
         "over_limit": [f"{f} ({n} lines)" for f, n in sorted(lines.items()) if n > MAX_MODULE_LINES],
         "long_functions": long_funcs,
     }
+
+
+def code_lines(path: Path) -> int:
+    """Lines of ``path`` that are code: not blank, not a comment line, not in a docstring (of the
+    module, a class or a function)."""
+    src = path.read_text()
+    docs: set[int] = set()
+    for node in ast.walk(ast.parse(src, filename=str(path))):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                docs.update(range(first.lineno, first.end_lineno + 1))
+    return sum(1 for i, line in enumerate(src.splitlines(), 1)
+               if line.strip() and not line.strip().startswith("#") and i not in docs)
+
+
+KIND_CODE = "mmpipe/media"  # the kinds' strategies: what differs between patch grids, tiles, processor outputs
+
+
+def kind_code(root: Path) -> dict:
+    """Code lines (`code_lines`) of every module under `KIND_CODE` (sub-folders included), and their total."""
+    files = {rel(root, p): code_lines(p) for p in library_files(root) if rel(root, p).startswith(KIND_CODE + "/")}
+    return {"total": sum(files.values()), "files": files}
 
 
 # ---- imports ----------------------------------------------------------------------------
@@ -294,7 +321,7 @@ def test_layout(root: Path) -> dict:
 
 def report(root: Path) -> tuple[dict, list[str]]:
     graph = imports(root)
-    fig = {"sizes": sizes(root), "circles": circles(graph), **bad_imports(root, graph),
+    fig = {"sizes": sizes(root), "kind_code_lines": kind_code(root), "circles": circles(graph), **bad_imports(root, graph),
            "family_leaks": family_leaks(root), "kind_branches": kind_branches(root), "is_vision_branches": len(is_vision_branches(root)),
            "placeholder_copies": placeholder_copies(root), **record_rules(root), "errors": errors(root),
            "tests": test_layout(root)}
@@ -333,6 +360,7 @@ def main(argv=None) -> int:
         s, e, t = fig["sizes"], fig["errors"], fig["tests"]
         print(f"modules: {s['modules']} (median {s['median_lines']} lines; over {MAX_MODULE_LINES}: {len(s['over_limit'])}); "
               f"functions over {LONG_FUNCTION} lines: {len(s['long_functions'])}")
+        print(f"kind-specific code lines ({KIND_CODE}, docstrings/comments/blank out): {fig['kind_code_lines']['total']}")
         print(f"import circles: {len(fig['circles'])}; library imports of mmpipe.testing: {len(fig['imports_testing'])}; "
               f"private names imported: {len(fig['private_names'])}")
         print(f"family leaks: {len(fig['family_leaks'])}; is_vision branches outside families.py: {fig['is_vision_branches']}; "

@@ -67,3 +67,23 @@ def test_the_check_catches_inline_unbatch_checks(tree):
     _add(tree, "tests/batching/test_collate.py", "def test_x():\n    assert mmpipe.unbatch(b) == rows\n")
     fig, _ = layout_check.report(tree)
     assert fig["tests"]["inline_unbatch_checks"]
+
+
+def test_code_lines_leave_out_docstrings_comments_and_blank_lines(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text('"""Module doc,\nover two lines."""\n\n# a comment\nX = 1  # code with a comment\n\n\n'
+                   'def f():\n    """One line."""\n    return """a string,\nnot a docstring"""\n\n\n'
+                   'class C:\n    """Doc."""\n\n    y = 2\n')
+    # X = 1, def f, return (2 lines), class C, y = 2
+    assert layout_check.code_lines(src) == 6
+
+
+# Issue 26: the kinds' strategies (mmpipe/media) are "well under 1,000" code lines in all.
+KIND_CODE_LIMIT = 1000
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26 is open: mmpipe/media is still over 1,000 code lines "
+                                        "(scripts/layout_check.py prints the figure); drop this mark when it is not")
+def test_kind_specific_code_is_under_1000_lines():
+    fig, _ = layout_check.report(ROOT)
+    assert fig["kind_code_lines"]["total"] < KIND_CODE_LIMIT, fig["kind_code_lines"]

@@ -19,13 +19,19 @@ class MediaItems(NamedTuple):
     [I]) in the batch, the first counting a row's items (a row without it, None: none, and the
     batch's field is None); ``units``: the batch field int64 [B+1] of each row's pixel units
     (patches, tiles), an item's units the product of its row of ``unit_field``; ``pixels``: the
-    per-unit batch fields `cut_layout` cuts by ``units``."""
+    per-unit batch fields `cut_layout` cuts by ``units``. What unbatch checks
+    (`mmpipe.batching.media_checks`): ``rows``, the per-unit pixel fields as ``(name, the family's
+    width attribute or None)``; ``code``, the items' ``mm_token_type_ids`` code, and ``tokens``, the
+    family's rule (a method name) giving each item's token count from its first layout field."""
 
     offsets: str
     fields: tuple
     units: Optional[str] = None
     unit_field: Optional[str] = None
     pixels: tuple = ()
+    rows: tuple = ()
+    code: Optional[int] = None
+    tokens: Optional[str] = None
 
 
 def collate_layout(rows: Sequence, items: Sequence[MediaItems]) -> dict:

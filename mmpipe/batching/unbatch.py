@@ -7,11 +7,11 @@ each row came in (compact uint8 rows come back compact).
 Before splitting, `check_batch` checks the batch's internal consistency in a few vectorised
 passes (a batch edited by hand, or assembled by another tool, would otherwise give rows that
 disagree with themselves): every text field's shape, ``seq_lengths`` within the padded length
-and no real token (attention, media type, label) in the padding; the family's strategy checks
-its media fields (patch grids, `mmpipe.media.patches_collate.check_media`: image/video offsets
-starting at 0, non-decreasing and covering the grids; patch offsets equal to the grids' patch
-counts; pixel rows equal to the patches; each row's image/video tokens equal to its grids'
-tokens). A failure raises `InputError` (lengths) or `PixelDataError` (media) at stage "validate" -
+and no real token (attention, media type, label) in the padding; then its media items as the
+family's kind declares them (`mmpipe.batching.media_checks`: image/video offsets starting at 0,
+non-decreasing and covering the layout; unit offsets equal to the grids' patches or the tile
+counts; pixel rows equal to those units; each row's image/video tokens equal to its grids'
+tokens where the kind declares the rule). A failure raises `InputError` (lengths) or `PixelDataError` (media) at stage "validate" -
 the batch's stored fields are being validated, as `validate_dataset` does for stored rows -
 naming the batch row and the field.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mmpipe.batching.media_checks import check_media_items
 from mmpipe.batching.text import text_row_fields
 from mmpipe.errors import InputError
 from mmpipe.records.batch import BatchedMultiModalInputs
@@ -35,6 +36,7 @@ def unbatch(batch: BatchedMultiModalInputs) -> list[MultiModalInputs]:
     family's strategy (``fam.media.unbatch_media``: grids and patches, tiles, or the
     processor's outputs, each checked against the batch where the kind can be)."""
     check_batch(batch)
+    check_media_items(batch, batch.fam.media.MEDIA_ITEMS)
     text = text_row_fields(batch)
     media = batch.fam.media.unbatch_media(batch)
     return [MultiModalInputs(family=batch.family, **t, **m) for t, m in zip(text, media)]

@@ -20,7 +20,7 @@ from mmpipe.data.repair import (
 from mmpipe.data.report import REENCODE, Issue, ValidationReport
 from mmpipe.records.columns import OPTIONAL_ROW_COLUMNS
 
-__all__ = ["BOOKKEEPING", "check_columns"]
+__all__ = ["BOOKKEEPING", "check_columns", "declared_columns"]
 
 # columns the encoder adds for bookkeeping (encode_dataset / on_error="skip"): never "extra"
 BOOKKEEPING = ("mmpipe_error", "mmpipe_drop_reason")
@@ -51,6 +51,26 @@ _REPAIRS = {  # by `ExpectedColumn.if_missing`
                           lambda t, f: t.append_column(f, recompute_rope_deltas(t))),
 }
 _REPAIR_NEEDS = {"rope_delta": {"position_ids", "input_ids"}}  # what a repair is computed from
+
+
+def declared_columns(table: pa.Table, columns: tuple, kind: str) -> list[ExpectedColumn]:
+    """The columns a kind's rows store, as its declarations (``fam.media.COLUMNS``,
+    `mmpipe.records.codec.Column`) say, any Arrow type of the same shape: a column is required
+    when its reader needs it (``missing="error"``) and, for a column of some pixel formats only
+    (``pixels``), when the table stores another column of the same formats (the tiles' ``tile_hw``
+    with their ``pixel_values_u8``); every other declared column is optional. A
+    declaration that is a function (the processor kind's own outputs) is left to the kind."""
+    declared = [c for c in columns if not callable(c)]
+    stored = set(table.column_names)
+
+    def required(c) -> bool:
+        if c.missing != "error":
+            return False
+        return not c.pixels or any(o is not c and o.pixels == c.pixels and o.name in stored for o in declared)
+
+    need = [c.name for c in declared if required(c)]
+    return [ExpectedColumn.stored(n, kind) for n in need] + \
+        [ExpectedColumn.stored(c.name, kind, if_missing="optional") for c in declared if c.name not in need]
 
 
 def check_columns(table: pa.Table, columns: list[ExpectedColumn], report: ValidationReport, *,

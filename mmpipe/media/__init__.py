@@ -16,32 +16,59 @@ kind           strategy
                `ProcessorLayout` (the generic path)
 =============  ===================================================================================
 
-A strategy answers for one row: its stored media columns (``to_columns`` / ``from_columns``),
-the checks of its media fields (``validate``), the media fields compared by ``diff``.
+A strategy (`Strategy`) is a kind's modules, one per stage (`KINDS`): its stored columns and
+rollout answers, encode, collate, validate, view; what a kind does not define is the shared
+answer of `mmpipe.media.defaults` (a kind without the feature).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 from mmpipe.errors import ArgumentError
 
-KINDS = {"patches": "mmpipe.media.patches", "tiles": "mmpipe.media.tiles", "processor": "mmpipe.media.processor"}
+# each kind's modules, in lookup order: a name is the first module's that defines it, else
+# `mmpipe.media.defaults`'s (stage by stage: rollout / storage, encode, collate, validate, view)
+KINDS = {kind: (kind, f"{kind}_encode", f"{kind}_collate", f"{kind}_validate", f"{kind}_view")
+         for kind in ("patches", "tiles")}
+KINDS["processor"] = ("processor", "processor_encode", "processor_probe", "processor_collate", "processor_view")
 
 
-def one_d_position_inputs(batch, positions) -> dict:
-    """``position_ids`` [B, L] of a 1-D family: ``positions`` "1d" (the default) or "none" (the
-    model computes them); anything else is an `ArgumentError`. Kind tiles always; kind processor
-    through `mmpipe.media.processor.position_inputs`, which first asks whether the processor's
-    model takes 1-D positions at all."""
-    if (positions or "1d") not in ("1d", "none"):
-        raise ArgumentError(f"positions must be '1d' or 'none' for {batch.family}, got {positions!r}")
-    return {} if positions == "none" else {"position_ids": batch.position_ids}
+_NONE = object()
 
 
-def strategy(kind: str):
-    """The strategy module of a family kind (imported on first use)."""
-    try:
-        return importlib.import_module(KINDS[kind])
-    except KeyError:
-        raise ArgumentError(f"unknown family kind {kind!r}; known: {sorted(KINDS)}") from None
+class Strategy:
+    """One kind of family: the names of its modules (`KINDS`), first found first, over
+    `mmpipe.media.defaults`. The stages ask it (``fam.media.<name>``); one object per kind."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        names = [f"mmpipe.media.{m}" for m in KINDS[kind]] + ["mmpipe.media.defaults"]
+        self._modules = [importlib.import_module(n) for n in names]
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        for module in self._modules:
+            value = vars(module).get(name, _NONE)
+            # a function a module imported from elsewhere is not its answer
+            if value is not _NONE and getattr(value, "__module__", module.__name__) in (module.__name__, None):
+                setattr(self, name, value)  # found once
+                return value
+        raise AttributeError(f"the {self.kind} kind (mmpipe.media) has no {name!r}")
+
+    def __repr__(self) -> str:
+        return f"<mmpipe.media strategy {self.kind!r}>"
+
+
+@functools.lru_cache(maxsize=None)
+def _strategy(kind: str) -> Strategy:
+    return Strategy(kind)
+
+
+def strategy(kind: str) -> Strategy:
+    """The strategy of a family kind (its modules imported on first use)."""
+    if kind not in KINDS:
+        raise ArgumentError(f"unknown family kind {kind!r}; known: {sorted(KINDS)}")
+    return _strategy(kind)

@@ -147,12 +147,6 @@ def vision_tokens(fam, processor: Any = None) -> dict[str, Optional[str]]:
             "vision_end": fam.vision_end_token}
 
 
-def rollout_refusal(fam, stage: str) -> Optional[str]:
-    """Why rollout ``stage`` (`mmpipe.rollout.support.ROLLOUT_STAGES`) cannot take this kind's
-    rows, or None: the patch grids take every stage."""
-    return None
-
-
 def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
                 index: int = 0) -> dict:
     """One row -> its vLLM prompt dict (`mmpipe.rollout.inputs.to_vllm_prompts`):
@@ -189,45 +183,10 @@ def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[li
     return prompt
 
 
-# ---- view ----
-# What the view stage (mmpipe.view) and `mmpipe inspect` ask of this kind: each image's (video's)
-# tokens, size and label, pictures from the stored pixels, counts from the stored columns; the same
-# names in every kind. The code is in mmpipe/media/patches_view.py (this module is shared by every stage).
-from mmpipe.media.patches_view import (  # noqa: E402  (a section of its own, at the end)
-    PIXEL_UNIT, STATS_COLUMNS, VIEW_SIZE_NOTE, table_counts, view_layout, view_pictures, view_runs, view_size,
-    view_summary,
-)
-
-
-# ---- encode ----
-# What mmpipe.Encoder asks of this kind: its options, one image's layout and stored payload, a
-# parsed row's fields, an empty row, the bytes of one image; the same names in every kind (the
-# processor kind has a processor layout too). The code is in mmpipe/media/patches_encode.py.
-from mmpipe.media.patches_encode import (  # noqa: E402  (a section of its own, at the end)
-    ENCODE_PIXELS, ENCODE_REFUSED, encode_empty, encode_image, encode_image_bytes, encode_row,
-    encode_settings,
-)
-
-
-# ---- collate ----
-# What mmpipe.collate / unbatch / pack ask of this kind; the same names in every kind. The code is
-# in mmpipe/media/patches_collate.py.
-from mmpipe.media.patches_collate import (  # noqa: E402,F401
-    MEDIA_ITEMS, collate_media, collator_state, device_pixels, unbatch_media,
-)
-
+# ---- what the stages ask beyond these functions (the rest: mmpipe/media/patches_{encode,collate,validate,view}.py)
 BATCH_ROWS = "patch-grid"  # a batch of this kind's rows, in error messages
 FOREIGN_ROW = "a tiled-family or generic-path row"  # a row of another kind in such a batch
 BATCH_ARRAYS = "torch"  # the batch's fields are torch tensors (the 1-D kinds' stay numpy, as always)
 POSITION_ROWS = (3,)  # position_ids [3, L] per row, [3, B, L] per batch (M-RoPE)
-COLLATOR_NEEDS_PROCESSOR = None  # without a processor: the family table's VisionSpec
 DEVICE_PIXELS = True  # collate(pixels_on_device=True): uint8 in the batch, expanded by device_pixels
-TAKES_AUDIO = False  # audio clips: the processor kind only (the Omni thinkers, Gemma 3n, Phi-4-multimodal)
 CHECK_STORED_DTYPES = True  # a stored dict's float token ids / non-uint8 compact pixels are refused
-
-
-# ---- validate ----
-# the stored columns and each row's positions, as validate_dataset checks them
-from mmpipe.media.patches_validate import (  # noqa: E402,F401  (a section of its own, at the end)
-    KIND_COLUMN, dataset_checks, expected_columns, row_checks,
-)

@@ -30,13 +30,17 @@ from mmpipe.records.vision_tokens import VisionTokens
 
 logger = logging.getLogger("mmpipe")
 
-FIX = "build the batch with mmpipe.collate(rows) and do not edit its fields in place"
-
 # images, then videos: grids int64 [I, 3] (+ seconds per grid step float32 [V]), and patches
+# (unbatch checks each pixel field's rows against the patches, and each row's tokens of type 1 / 2
+# against its grids' t*h*w / merge**2: `mmpipe.batching.media_checks`)
 MEDIA_ITEMS = (
-    MediaItems("image_offsets", (("image_grid_thw", "int64", 3),), "patch_offsets", "image_grid_thw"),
+    MediaItems("image_offsets", (("image_grid_thw", "int64", 3),), "patch_offsets", "image_grid_thw",
+               rows=(("pixel_values", "patch_dim"), ("pixel_values_u8", "patch_dim_u8")), code=1,
+               tokens="tokens_per_grid"),
     MediaItems("video_offsets", (("video_grid_thw", "int64", 3), ("second_per_grid_ts", "float32", None)),
-               "video_patch_offsets", "video_grid_thw"),
+               "video_patch_offsets", "video_grid_thw",
+               rows=(("pixel_values_videos", "patch_dim"), ("pixel_values_videos_u8", "patch_dim")), code=2,
+               tokens="tokens_per_grid"),
 )
 # each item's pixel fields (same order): float32 [N, 3*T*p*p] and compact uint8
 PIXELS = (("pixel_values", "pixel_values_u8"), ("pixel_values_videos", "pixel_values_videos_u8"))
@@ -163,8 +167,7 @@ def device_pixels(batch, device) -> dict:
 # ---- unbatch ------------------------------------------------------------------------------
 def unbatch_media(batch) -> list[dict]:
     """A batch -> each row's media fields (grids, and its pixels in the storage it came in:
-    compact uint8 rows come back compact), after `check_media`."""
-    check_media(batch)
+    compact uint8 rows come back compact; unbatch checked them first, `mmpipe.batching.media_checks`)."""
     out = cut_layout(batch, MEDIA_ITEMS)
     arrays = {n: None if getattr(batch, n) is None else to_numpy(getattr(batch, n))
               for pair in PIXELS for n in pair}
@@ -199,68 +202,3 @@ def _row_pixels(fmt: str, pv, u8, batch, videos: bool) -> dict:
             pv = np.zeros((0, fam.patch_dim), np.float32)
         return {} if pv is None else {name: pv.copy()}
     return {}
-
-
-def check_media(batch) -> None:
-    """Offsets, patch offsets, pixel rows and per-row media tokens of the images and videos
-    agree with each other and with the token types [B, L]. Raises `PixelDataError` at stage
-    "validate" naming the batch row and the field."""
-    fam, mm = batch.fam, to_numpy(batch.mm_token_type_ids)
-    n_videos = len(batch.video_grid_thw)
-    for videos, (items, names) in enumerate(zip(MEDIA_ITEMS, PIXELS)):
-        widths = (fam.patch_dim, fam.patch_dim if videos else fam.patch_dim_u8)
-        pixels = [(n, None if getattr(batch, n) is None else to_numpy(getattr(batch, n)), w)
-                  for n, w in zip(names, widths)]
-        _check_kind(batch, items, 2 if videos else 1, mm, pixels, n_videos > 0)
-    if len(batch.second_per_grid_ts) != n_videos:
-        raise PixelDataError(where="", column="second_per_grid_ts", stage="validate",
-                             expected=f"{n_videos} values (one per video)", found=len(batch.second_per_grid_ts),
-                             fix=FIX)
-
-
-def _check_kind(batch, items: MediaItems, code: int, mm, pixels: list, videos: bool) -> None:
-    """Offsets, patch offsets, pixel rows and per-row media tokens of one kind (image / video)."""
-    B, kind, oname, pname = batch.batch_size, ("image" if code == 1 else "video"), items.offsets, items.units
-    grids, off, poff = (to_numpy(getattr(batch, n)) for n in (items.fields[0][0], oname, pname))
-    if not len(grids) and off.shape == poff.shape == (B + 1,) and not off.any() and not poff.any():
-        # no images: no media token at all (no videos either) or no image token; no videos: the
-        # image count below (a sum of the 0/1 types) sees any other type
-        bad = ((mm == 1) if videos else (mm != 0)) if code == 1 else None
-        if bad is not None and bad.any():
-            b = int(np.flatnonzero(bad.any(1))[0])
-            raise PixelDataError(f"media tokens in mm_token_type_ids but the batch holds no {kind}", row=b,
-                                 column=f"{kind}_grid_thw", stage="validate", fix=FIX)
-        for name, arr, _ in pixels:
-            if arr is not None and len(arr):
-                raise PixelDataError(where="", column=name, stage="validate", expected=f"no rows (no {kind})",
-                                     found=tuple(arr.shape), fix=FIX)
-        return
-    for name, o in ((oname, off), (pname, poff)):
-        if o.shape != (B + 1,) or o[0] != 0 or (o[1:] < o[:-1]).any():
-            b = int(np.flatnonzero(o[1:] < o[:-1])[0]) if o.shape == (B + 1,) and o[0] == 0 else None
-            raise PixelDataError(row=b, where=None if b is not None else "", column=name, stage="validate",
-                                 expected=f"shape ({B + 1},), starting at 0, non-decreasing",
-                                 found=o.tolist()[:8], fix=FIX)
-    if off[-1] != len(grids):
-        raise PixelDataError(row=B - 1, column=oname, stage="validate",
-                             expected=f"{oname}[-1] = {len(grids)} ({kind}_grid_thw rows)", found=int(off[-1]), fix=FIX)
-    patches = np.zeros(len(grids) + 1, np.int64)
-    np.cumsum(grids.prod(-1), out=patches[1:])
-    if (poff != patches[off]).any():
-        b = max(int(np.flatnonzero(poff != patches[off])[0]) - 1, 0)
-        raise PixelDataError(f"{pname} {int(poff[b])}:{int(poff[b + 1])} disagree with the row's {kind}_grid_thw "
-                             f"({int(patches[off[b + 1]] - patches[off[b]])} patches)", row=b, column=pname,
-                             stage="validate", fix=FIX)
-    for name, arr, dim in pixels:
-        if arr is not None and arr.shape != (int(patches[-1]), dim):
-            raise PixelDataError(row=None, where="", column=name, stage="validate",
-                                 expected=f"shape ({int(patches[-1])}, {dim}) from {kind}_grid_thw",
-                                 found=tuple(arr.shape), fix=FIX)
-    tokens = np.zeros(len(grids) + 1, np.int64)
-    np.cumsum(batch.fam.tokens_per_grid(grids), out=tokens[1:])
-    have = np.count_nonzero(mm == code, axis=1) if videos else mm.sum(1)  # no videos: 0/1 types, a sum counts
-    want = tokens[off[1:]] - tokens[off[:-1]]
-    if (have != want).any():
-        b = int(np.flatnonzero(have != want)[0])
-        raise PixelDataError(f"{int(have[b])} {kind} tokens (type {code}) in mm_token_type_ids but its {kind}_grid_thw "
-                             f"need {int(want[b])}", row=b, column=f"{kind}_grid_thw", stage="validate", fix=FIX)

@@ -35,11 +35,6 @@ def expected_columns(table: pa.Table, *, labels: bool, pixel_format: str) -> lis
             for name, _, _ in ROW_COLUMNS if row_column_wanted(name, fmt, labels, "patches")]
 
 
-def dataset_checks(table: pa.Table, processor=None) -> list:
-    """Nothing beyond the common checks (one family, the processor's family)."""
-    return []
-
-
 def row_checks(table: pa.Table, *, processor=None, images_kwargs: Optional[dict] = None,
                positions: bool = True) -> Optional[Callable]:
     """``check(row, index)``: the row's positions and ``rope_delta`` recomputed from its grids

@@ -40,11 +40,6 @@ def view_layout(row, kind: str, first: int, last: int) -> str:
     return "grid " + "×".join(str(int(x)) for x in g[first]) if 0 <= first < len(g) else "grid ?×?×?"
 
 
-def view_summary(row) -> list[str]:
-    """What a row's head line adds to its image count (nothing: the grids are per image)."""
-    return []
-
-
 def view_pictures(row, kind: str, source: Any = None) -> tuple[Optional[list], bool]:
     """Per image (video) of ``kind``, its pictures rebuilt from the stored patches
     (`mmpipe.images.pictures`): the resized image uint8 [h*p, w*p, 3], or a video's first frame

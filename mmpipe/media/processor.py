@@ -13,99 +13,19 @@ unknown (``num_images`` counts 0; re-encode for per-image indices).
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 
 from mmpipe.errors import ArgumentError, InputError
-from mmpipe.media import one_d_position_inputs
+from mmpipe.media.defaults import position_inputs as one_d_position_inputs
 from mmpipe.records.codec import FAMILY, Column, check_token_shapes
 from mmpipe.records.columns import as_array
+from mmpipe.records.processor_layout import LAYOUT_COLUMN, ProcessorLayout  # noqa: F401  (the layout type)
 
-LAYOUT_COLUMN = "generic_layout"  # the stored JSON of the rows' ProcessorLayout
 SHAPES_COLUMN = "generic_shapes"  # the stored shape of each vision key (layout order)
 
 IMAGE_LAYOUT_COLUMN = "image_hw"  # the stored per-image layout (what error messages name)
-
-
-@dataclass(frozen=True)
-class ProcessorLayout:
-    """What a processor returns, found once by a probe (`mmpipe.media.processor_probe`): its class,
-    its sequence keys (int [L]), its vision keys as ``(name, stored dtype, ndim)``, which of those
-    are row keys (axis 0 = the row: padded into [B, ...]) and which the processor's batch call
-    JOINS into one array (``joins``; the others are concatenated on axis 0). Every stored row of
-    one processor carries the same layout (one schema)."""
-
-    processor_class: str
-    sequence: tuple[str, ...] = ()
-    vision: tuple[tuple[str, str, int], ...] = ()
-    row_keys: tuple[str, ...] = ()
-    # (key, values): the processor's fill of a missing item (axis 1) where not 0: a row key's whole item, or
-    # one value for a per-image key (Phi-4-multimodal's image_attention_mask: 1)
-    pads: tuple = ()
-    # (key, axis > 0): one array [1, ...] per batch, the rows' joined along axis (MiniCPM-V's
-    # pixel_values [1, 3, 14, patches x 14], axis 3)
-    joins: tuple = ()
-    # (key, "bfloat16" / "float16"): outputs in a dtype stored as float32 (exact) and handed to the
-    # model in the processor's own dtype (Llama 4's bf16 pixel_values; `model_tensors`)
-    dtypes: tuple = ()
-    # the image processor's settings (`image_settings`: a digest, then the size-like ones in words): rows
-    # of one class but other settings (a 32-px and a 48-px LLaVA) would be zero-padded into one shape
-    # while their ids keep their own image-token counts; "" in rows of an earlier mmpipe (not checked)
-    settings: str = ""
-    # (mask key, feature key): a per-item mask the processor leaves out of a call with ONE item (Phi-4-multimodal's
-    # audio_attention_mask [A, frames], absent for one clip): collate fills it in (all valid) for such rows
-    single_masks: tuple = ()
-    # the outputs of the processor's audio feature extractor (``input_features``, its masks), found by the audio probe
-    audio: tuple = ()
-
-    @classmethod
-    def of(cls, processor_class: str, sequence: dict, vision: dict, row_keys=(), *, joins=(),
-           dtypes=()) -> "ProcessorLayout":
-        """The layout of one row's own outputs (a row built without its encoder's layout)."""
-        return cls(processor_class, tuple(sorted(sequence)),
-                   tuple((k, str(v.dtype), v.ndim) for k, v in sorted(vision.items())), tuple(row_keys),
-                   joins=tuple(joins), dtypes=tuple(dtypes))
-
-    def model_tensors(self, vision: dict) -> dict:
-        """``vision`` (numpy or torch) with each key of `dtypes` as a torch tensor in the
-        processor's dtype (the stored float32 holds every bf16 / f16 value exactly)."""
-        if not self.dtypes:
-            return vision
-        import torch
-
-        out = dict(vision)
-        for key, dtype in self.dtypes:
-            if key in out:
-                out[key] = torch.as_tensor(out[key]).to(getattr(torch, dtype))
-        return out
-
-    def to_json(self) -> str:
-        d = {"processor_class": self.processor_class, "sequence": list(self.sequence),
-             "vision": [list(v) for v in self.vision], "row_keys": list(self.row_keys)}
-        d.update({"pads": [[k, list(v)] for k, v in self.pads]} if self.pads else {})
-        d.update({name: [list(x) for x in getattr(self, name)] for name in ("joins", "dtypes", "single_masks")
-                  if getattr(self, name)})
-        d.update({"audio": list(self.audio)} if self.audio else {})
-        d.update({"settings": self.settings} if self.settings else {})
-        return json.dumps(d)
-
-    @classmethod
-    def from_json(cls, text: str, row: Any = None) -> "ProcessorLayout":
-        try:
-            d = json.loads(text)
-            return cls(d["processor_class"], tuple(d["sequence"]), tuple((n, t, int(k)) for n, t, k in d["vision"]),
-                       tuple(d["row_keys"]), tuple((k, tuple(v)) for k, v in d.get("pads", ())),
-                       tuple((k, int(ax)) for k, ax in d.get("joins", ())),
-                       tuple((k, str(t)) for k, t in d.get("dtypes", ())), str(d.get("settings", "")),
-                       tuple((str(m), str(f)) for m, f in d.get("single_masks", ())),
-                       tuple(str(k) for k in d.get("audio", ())))
-        except (TypeError, ValueError, KeyError) as e:
-            raise InputError(f"unreadable {LAYOUT_COLUMN} ({type(e).__name__}: {e})", row=row, column=LAYOUT_COLUMN,
-                             stage="validate", expected="the JSON mmpipe.encode wrote", found=repr(text)[:80],
-                             fix="re-encode the row with mmpipe.encode") from None
 
 
 def _layout(r) -> ProcessorLayout:
@@ -136,7 +56,7 @@ COLUMNS = (  # the stored columns, in order (`mmpipe.records.codec.Column`)
     Column(SHAPES_COLUMN, "object", read=None, value=_shapes),
     Column("image_hw", "int64", ndim=2, width=2, flat=True, missing="none"), FAMILY,  # family "generic"
     Column(LAYOUT_COLUMN, "object", read=None, value=lambda r: _layout(r).to_json()),
-    Column("audio_sources", "object", read=None,  # audio="source": each clip's file bytes
+    Column("audio_sources", "object", read=None, missing="none",  # audio="source": each clip's file bytes
            value=lambda r: None if r.audio_sources is None else [bytes(b) for b in r.audio_sources]),
 )
 HAS_PIXELS = ("float32",)  # the processor's vision outputs
@@ -184,10 +104,6 @@ def validate(r, row: Any = None) -> None:
 
 def layout_repr(r) -> str:
     return f"processor={r.processor_class}"
-
-
-def pack_token_types(fam, token_types) -> dict:
-    return {}  # the generic path does not pack
 
 
 def position_inputs(batch, positions) -> dict:
@@ -261,24 +177,9 @@ def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[li
     raise ArgumentError(f"row {index}: vLLM prompts are not available for generic rows: {NO_ROLLOUT}")
 
 
-# ---- view ----
-# What the view stage (mmpipe.view) and `mmpipe inspect` ask of this kind: each image's (video's)
-# tokens, size and label, pictures from the stored pixels, counts from the stored columns; the same
-# names in every kind. The code is in mmpipe/media/processor_view.py (this module is shared by every stage).
-from mmpipe.media.processor_view import (  # noqa: E402  (a section of its own, at the end)
-    PIXEL_UNIT, STATS_COLUMNS, VIEW_SIZE_NOTE, table_counts, view_layout, view_pictures, view_runs, view_size,
-    view_summary,
-)
-
-
-# ---- encode ----
-# What mmpipe.Encoder asks of this kind: its options, one image's layout and stored payload, a
-# parsed row's fields, an empty row, the bytes of one image, the processor layout; the same
-# names in every kind. The code is in mmpipe/media/processor_encode.py and its probe in
-# mmpipe/media/processor_probe.py (neither imports this module: the layout they find is typed here).
-from mmpipe.media.processor_encode import (  # noqa: E402  (a section of its own, at the end)
-    ENCODE_PIXELS, ENCODE_REFUSED, encode_empty, encode_image, encode_image_bytes, encode_row, encode_settings,
-)
+# ---- encode, collate: what the stages ask beyond these functions is in mmpipe/media/processor_{encode,probe,
+# collate,view}.py (`mmpipe.media.KINDS`; 1-D positions where exact, float pixels: `mmpipe.media.defaults`)
+from mmpipe.media.processor_collate import collate_outputs, image_settings  # noqa: E402
 from mmpipe.media.processor_probe import probe  # noqa: E402
 
 
@@ -290,28 +191,9 @@ def encode_layout(enc) -> ProcessorLayout:
                            single_masks=single_masks, audio=audio)
 
 
-# ---- collate ----
-# What mmpipe.collate / unbatch / pack ask of this kind; the same names in every kind. The vision
-# padding is in mmpipe/media/processor_collate.py (it imports nothing from this module).
-from mmpipe.media.processor_collate import (  # noqa: E402,F401
-    MEDIA_ITEMS, collate_outputs, collator_state, image_settings, unbatch_media,
-)
-
 BATCH_ROWS = "generic-path"  # a batch of this kind's rows, in error messages
 FOREIGN_ROW = "a natively encoded row"  # a row of another kind in such a batch
-BATCH_ARRAYS = "numpy"  # the batch's fields stay numpy (as always; as_torch / model_inputs convert)
-POSITION_ROWS = ()  # position_ids [L] per row, [B, L] per batch
-COLLATOR_NEEDS_PROCESSOR = None  # rows carry their processor's outputs: nothing to take from it
-DEVICE_PIXELS = False  # the batch holds its model's float pixels (collate normalises them)
-
-
-def device_pixels(batch, device) -> dict:
-    """Nothing to expand: this kind's batches hold their float pixels (`DEVICE_PIXELS`)."""
-    return {}
-
-
 TAKES_AUDIO = True  # a processor with a feature extractor gets the row's clips (`mmpipe.audio.load_audio`)
-CHECK_STORED_DTYPES = False  # the processor's own dtypes, typed by the layout: read as the layout says
 
 
 def collate_media(rows: list, ctx) -> dict:
@@ -329,7 +211,6 @@ def collate_media(rows: list, ctx) -> dict:
 
 # ---- validate ----
 KIND_COLUMN = LAYOUT_COLUMN  # only processor rows store it (names a table without a family)
-_REQUIRED = ("input_ids", "attention_mask", "family", LAYOUT_COLUMN, SHAPES_COLUMN)
 
 
 def _stored_layout(text: Any) -> Optional[ProcessorLayout]:
@@ -341,20 +222,20 @@ def _stored_layout(text: Any) -> Optional[ProcessorLayout]:
 
 
 def expected_columns(table, *, labels: bool, pixel_format: str) -> list:
-    """The stored columns (module doc), any Arrow type of the same shape, and the keys the
-    rows' layouts name (the processor's own dtypes: not checked; a missing one fails its rows)."""
+    """The declared columns (`COLUMNS`, `mmpipe.data.validate_columns.declared_columns`) and the
+    keys the rows' layouts name (the processor's own dtypes: not checked; a missing one fails its
+    rows)."""
     from mmpipe.data.column_rules import ExpectedColumn
+    from mmpipe.data.validate_columns import declared_columns
 
-    optional = ("labels", "image_hw")
-    fixed = [ExpectedColumn.stored(n, "processor") for n in _REQUIRED] + \
-        [ExpectedColumn.stored(n, "processor", if_missing="optional") for n in optional]
+    fixed = declared_columns(table, COLUMNS, "processor")
     has_layouts = LAYOUT_COLUMN in table.column_names
     texts = table.column(LAYOUT_COLUMN).unique().to_pylist() if has_layouts else []
     layouts = [x for x in map(_stored_layout, texts) if x is not None]
     # without a row there is no layout: any column may be one of the processor's
     keys = {k for x in layouts for k in x.sequence + tuple(v[0] for v in x.vision)} if texts \
         else set(table.column_names)
-    keys -= set(_REQUIRED + optional)
+    keys -= {c.name for c in fixed}
     return fixed + [ExpectedColumn(k, if_missing="optional") for k in sorted(keys)]
 
 
@@ -380,9 +261,3 @@ def dataset_checks(table, processor=None) -> list:
                   f"processor layouts ({classes}{what}): a batch is collated with one layout",
                   "encode every row with one processor, or split the dataset",
                   sorted(first.values())[1:])] if len(first) > 1 else old
-
-
-def row_checks(table, *, processor=None, images_kwargs: Optional[dict] = None, positions=True):
-    """None: reading a row checks all this kind can (each vision key fills its stored shape,
-    the sequences line up); the image-token counts are the processor's own model's rule."""
-    return None

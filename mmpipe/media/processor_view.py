@@ -9,18 +9,12 @@ a labelled box per image). ``mmpipe inspect`` counts the stored output values.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
 PIXEL_UNIT = "output values"  # what the stored pixel data are (head lines, `mmpipe inspect`)
 STATS_COLUMNS = ("generic_layout",)  # the columns `table_counts` reads (image_hw when stored)
-VIEW_SIZE_NOTE = False  # labels show the size
-
-
-def view_runs(row, kind: str, runs: list) -> tuple[list, None]:
-    """No runs (the processor's placeholders are not marked in the row: no spans), no counts."""
-    return runs, None
 
 
 def view_size(row, kind: str, index: int) -> Optional[tuple[int, int]]:
@@ -41,11 +35,6 @@ def view_summary(row) -> list[str]:
     dtype of each of its vision outputs (``"pixel_values float32 [1, 8, 3, 32, 32]"``)."""
     shapes = [f"{k} {v.dtype} {list(v.shape)}" for k, v in sorted(row.vision.items())]
     return [row.processor_class or "processor outputs", *shapes]
-
-
-def view_pictures(row, kind: str, source: Any = None) -> tuple[None, bool]:
-    """No pictures: the processor's outputs are in its own layout (videos are not split out)."""
-    return None, True
 
 
 # ---- mmpipe inspect: counts from the stored columns --------------------------------------------

@@ -15,7 +15,6 @@ from typing import Any, Optional
 import numpy as np
 
 from mmpipe.errors import InputError
-from mmpipe.media import one_d_position_inputs as position_inputs  # noqa: F401  (1-D positions)
 from mmpipe.records.codec import DIGEST, FAMILY, SOURCES, Column, backend_column, check_token_shapes
 from mmpipe.records.columns import as_array, source_list
 
@@ -26,11 +25,11 @@ COLUMNS = (  # the stored columns of a tiles-kind row, in order (`mmpipe.records
     Column("image_hw", "int64", ndim=2, width=2, flat=True),  # [2*I]: each image's upright (height, width)
     Column("tiles_per_image", "int64"), FAMILY,
     # pixels="uint8": the tiles flat [N*S*S*3] and their size (S, S); read back by read_media
-    Column("pixel_values_u8", "uint8", read=None, ndim=4, flat=True, pixels=("uint8",)),
+    Column("pixel_values_u8", "uint8", read=None, ndim=4, flat=True, pixels=("uint8",), missing="none"),
     Column("tile_hw", "int64", read=None, pixels=("uint8",),
            value=lambda r: np.asarray(r.pixel_values_u8.shape[1:3])),
     SOURCES, DIGEST, backend_column(("source",)),  # a torchvision-backend processor's source rows say so
-    Column("images_kwargs", "object", read=None,  # the processor call's images_kwargs, JSON (pan-and-scan)
+    Column("images_kwargs", "object", read=None, missing="none",  # the processor call's images_kwargs, JSON
            value=lambda r: json.dumps(r.images_kwargs, sort_keys=True) if r.images_kwargs else None),
 )
 HAS_PIXELS = ("uint8", "source")  # stored tiles, or stored source files (collate decodes and tiles those)
@@ -77,10 +76,6 @@ def validate(r, row: Any = None) -> None:
 
 def layout_repr(r) -> str:
     return f"tiles={r.tiles_per_image.tolist()}"
-
-
-def pack_token_types(fam, token_types) -> dict:
-    return {}  # handed over under the family's token_type_key by model_inputs
 
 
 def model_inputs(batch, token_types) -> dict:
@@ -207,52 +202,8 @@ def _check_vllm_mode(r, index: int) -> None:
             "mmpipe.rollout.TransformersEngine")
 
 
-# ---- view ----
-# What the view stage (mmpipe.view) and `mmpipe inspect` ask of this kind: each image's (video's)
-# tokens, size and label, pictures from the stored pixels, counts from the stored columns; the same
-# names in every kind. The code is in mmpipe/media/tiles_view.py (this module is shared by every stage).
-from mmpipe.media.tiles_view import (  # noqa: E402  (a section of its own, at the end)
-    PIXEL_UNIT, STATS_COLUMNS, VIEW_SIZE_NOTE, table_counts, view_layout, view_pictures, view_runs, view_size,
-    view_summary,
-)
-
-
-# ---- encode ----
-# What mmpipe.Encoder asks of this kind: its options, one image's layout and stored payload, a
-# parsed row's fields, an empty row, the bytes of one image; the same names in every kind (the
-# processor kind has a processor layout too). The code is in mmpipe/media/tiles_encode.py.
-from mmpipe.media.tiles_encode import (  # noqa: E402  (a section of its own, at the end)
-    ENCODE_PIXELS, ENCODE_REFUSED, encode_empty, encode_image, encode_image_bytes, encode_row,
-    encode_settings,
-)
-
-
-# ---- collate ----
-# What mmpipe.collate / unbatch / pack ask of this kind; the same names in every kind. The code is
-# in mmpipe/media/tiles_collate.py.
-from mmpipe.media.tiles_collate import (  # noqa: E402,F401
-    MEDIA_ITEMS, collate_media, collator_state, unbatch_media,
-)
-
+# ---- what the stages ask beyond these functions (the rest: mmpipe/media/tiles_{encode,collate,validate,view}.py;
+# 1-D positions, no device pixels, no audio: `mmpipe.media.defaults`)
 BATCH_ROWS = "tiled-family"  # a batch of this kind's rows, in error messages
 FOREIGN_ROW = "a row of another family"  # a row of another kind in such a batch
-BATCH_ARRAYS = "numpy"  # the batch's fields stay numpy (as always; as_torch / model_inputs convert)
-POSITION_ROWS = ()  # position_ids [L] per row, [B, L] per batch
 COLLATOR_NEEDS_PROCESSOR = "its pixel normalisation"  # what a Collator cannot do without the processor
-DEVICE_PIXELS = False  # the batch holds its model's float pixels (collate normalises them)
-
-
-def device_pixels(batch, device) -> dict:
-    """Nothing to expand: this kind's batches hold their float pixels (`DEVICE_PIXELS`)."""
-    return {}
-
-
-TAKES_AUDIO = False  # audio clips: the processor kind only (the Omni thinkers, Gemma 3n, Phi-4-multimodal)
-CHECK_STORED_DTYPES = False  # list<uint8> tiles come back int64 from torch-formatted datasets: cast on read
-
-
-# ---- validate ----
-# the stored columns and each row's feature tokens, as validate_dataset checks them
-from mmpipe.media.tiles_validate import (  # noqa: E402,F401  (a section of its own, at the end)
-    KIND_COLUMN, dataset_checks, expected_columns, row_checks,
-)

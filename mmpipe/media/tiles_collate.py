@@ -25,7 +25,7 @@ from mmpipe.images.tiles import effective_image_processor, normalise_table, norm
 
 # each image's upright (height, width) int64 [I, 2] and tile count int64 [I]; its tiles [N, S, S, 3]
 MEDIA_ITEMS = (MediaItems("image_offsets", (("image_hw", "int64", 2), ("tiles_per_image", "int64", None)),
-                          "patch_offsets", "tiles_per_image", ("pixel_values_u8",)),)
+                          "patch_offsets", "tiles_per_image", ("pixel_values_u8",), rows=(("pixel_values_u8", None),)),)
 
 
 def collator_state(processor, fam) -> dict:

@@ -29,23 +29,16 @@ from mmpipe.data.column_rules import ExpectedColumn
 from mmpipe.errors import InputError
 
 KIND_COLUMN = "tiles_per_image"  # only tiles rows store it (names a table without a family)
-_REQUIRED = ("input_ids", "attention_mask", "mm_token_type_ids", "image_hw", "tiles_per_image",
-             "family")
-_OPTIONAL = ("labels", "pixel_values_u8", "tile_hw", "images_kwargs", "pixel_digest")
 
 
 def expected_columns(table: pa.Table, *, labels: bool, pixel_format: str) -> list[ExpectedColumn]:
-    """The stored tiles columns (`mmpipe.media.tiles`): the token and layout columns, and
+    """The stored tiles columns as `mmpipe.media.tiles.COLUMNS` declare them
+    (`mmpipe.data.validate_columns.declared_columns`): the token and layout columns, and
     ``tile_hw`` with stored tiles; any Arrow type of the same shape."""
-    required = _REQUIRED + (("tile_hw",) if "pixel_values_u8" in table.column_names else ())
-    optional = [n for n in _OPTIONAL if n not in required]
-    return [ExpectedColumn.stored(n, "tiles") for n in required] + \
-        [ExpectedColumn.stored(n, "tiles", if_missing="optional") for n in optional]
+    from mmpipe.data.validate_columns import declared_columns
+    from mmpipe.media.tiles import COLUMNS
 
-
-def dataset_checks(table: pa.Table, processor=None) -> list:
-    """Nothing beyond the common checks (one family, the processor's family)."""
-    return []
+    return declared_columns(table, COLUMNS, "tiles")
 
 
 def row_checks(table: pa.Table, *, processor=None, images_kwargs: Optional[dict] = None,

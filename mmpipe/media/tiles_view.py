@@ -17,7 +17,6 @@ import numpy as np
 
 PIXEL_UNIT = "tiles"  # what the stored pixel rows are (head lines, `mmpipe inspect`)
 STATS_COLUMNS = ("mm_token_type_ids", "tiles_per_image")  # the columns `table_counts` reads
-VIEW_SIZE_NOTE = False  # labels show the size
 
 
 def _image_tokens(runs: np.ndarray, tiles: np.ndarray) -> Optional[list[int]]:

@@ -25,7 +25,7 @@ from mmpipe.records.display_hooks import render
 if TYPE_CHECKING:  # records never import torch: the tensors are made by collate
     import torch
 
-    from mmpipe.media.processor import ProcessorLayout
+    from mmpipe.records.processor_layout import ProcessorLayout
 
 
 @dataclass(eq=False)

@@ -65,14 +65,15 @@ def pixel_rows(layout: Optional[np.ndarray]) -> int:
 # ---- record -> stored columns --------------------------------------------------------
 # columns of more than one kind (each documented in mmpipe.records.columns.ROW_COLUMNS)
 FAMILY = Column("family", "object", read=None)
-SOURCES = Column("image_sources", "object", read=None, pixels=("source",),
+SOURCES = Column("image_sources", "object", read=None, pixels=("source",), missing="none",
                  value=lambda r: [bytes(b) for b in r.image_sources])
-DIGEST = Column("pixel_digest", "int64", read=None, ndim=0, value=lambda r: r.stored_pixel_digest())
+DIGEST = Column("pixel_digest", "int64", read=None, ndim=0, missing="none",  # older rows: no digest
+                value=lambda r: r.stored_pixel_digest())
 
 
 def backend_column(pixels: tuple) -> Column:
     """``image_backend`` of the rows of ``pixels`` formats, stored when not ``"pil"``."""
-    return Column("image_backend", "object", read=None, pixels=pixels,
+    return Column("image_backend", "object", read=None, pixels=pixels, missing="none",  # absent: "pil"
                   value=lambda r: None if r.image_backend == "pil" else r.image_backend)
 
 

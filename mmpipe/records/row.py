@@ -36,7 +36,7 @@ from mmpipe.records.columns import KIND_TYPES, NULLABLE_ROW_COLUMNS, ROW_COLUMNS
 from mmpipe.records.display_hooks import render
 
 if TYPE_CHECKING:  # the processor kind's layout type; records import no strategy at load time
-    from mmpipe.media.processor import ProcessorLayout
+    from mmpipe.records.processor_layout import ProcessorLayout
 
 
 def row_family(name: Any, row: Any = None) -> ModelFamily:

@@ -153,3 +153,44 @@ def test_consistent_batches_still_round_trip(rows, padding_side, pixels):
     rs[0].attention_mask[:] = 0
     assert_roundtrip(rs, padding_side=padding_side)
     assert_roundtrip(rs, padding_side=padding_side, pad_to_multiple_of=64)
+
+
+def _tiled_batch():
+    from mmpipe.offline.gemma3 import build_gemma3_processor
+
+    proc = build_gemma3_processor()
+    rows = []
+    for i, k in enumerate((1, 0, 2)):
+        content = [{"type": "image"}] * k + [{"type": "text", "text": f"row {i}"}]
+        msgs = [{"role": "user", "content": content}, {"role": "assistant", "content": f"ok {i}"}]
+        imgs = [testing.tiny_image(30 + 9 * j, 40, seed=i * 3 + j) for j in range(k)]
+        rows.append(mmpipe.encode_row({"messages": msgs, "images": imgs}, proc, idx=i))
+    return rows, mmpipe.collate(rows, processor=proc)
+
+
+TILED_CASES = [  # (edit of a tiled batch's numpy fields, column, row, words)
+    (lambda b: dataclasses.replace(b, image_offsets=b.image_offsets * 0 + [0, 2, 1, 3]), "image_offsets", 1,
+     ("non-decreasing",)),
+    (lambda b: dataclasses.replace(b, patch_offsets=b.patch_offsets + [0, 1, 1, 1]), "patch_offsets", 0,
+     ("disagree with the row's tiles_per_image",)),
+    (lambda b: dataclasses.replace(b, pixel_values_u8=b.pixel_values_u8[:-1]), "pixel_values_u8", None,
+     ("from tiles_per_image",)),
+    (lambda b: dataclasses.replace(b, tiles_per_image=b.tiles_per_image[:-1]), "tiles_per_image", None,
+     ("one per image",)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(TILED_CASES)))
+def test_tiled_batches_are_checked_by_the_same_declared_items(case):
+    """The media-item checks are one implementation (`mmpipe.batching.media_checks`) driven by each
+    kind's MEDIA_ITEMS: a tiled batch's image offsets, tile offsets, tiles and per-image fields
+    are checked as the patch grids' are."""
+    rows, batch = _tiled_batch()
+    assert_roundtrip(rows, batch)
+    edit, column, row, words = TILED_CASES[case]
+    with pytest.raises(PixelDataError) as ei:
+        assert_unbatched_rows_valid(edit(batch))  # runs mmpipe.unbatch on the edited batch
+    e = ei.value
+    assert (e.stage, e.column, e.row) == ("validate", column, row), str(e)
+    for w in words:
+        assert w in str(e), (w, str(e))

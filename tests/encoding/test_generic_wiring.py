@@ -16,6 +16,7 @@ import pytest
 import mmpipe
 from mmpipe.batching.collate import collate
 from mmpipe.encoding.encoder import Encoder
+from mmpipe.encoding import call_labels as labels_module
 from mmpipe.media import processor_encode as generic_module
 from mmpipe.media.processor_encode import generic_log_line
 from mmpipe.errors import ArgumentError, InputError
@@ -105,7 +106,7 @@ def test_labels_without_processor_calls_equal_the_processor_prefixes(monkeypatch
                                                   {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}],
                 "images": raw[2]["images"]})
     fast = [Encoder(proc, family="generic", log=lambda _: None).encode_row(r).labels for r in raw]
-    monkeypatch.setattr(generic_module, "suffix_cut", lambda *a: None)
+    monkeypatch.setattr(labels_module, "suffix_cut", lambda *a: None)
     slow = [Encoder(proc, family="generic", log=lambda _: None).encode_row(r).labels for r in raw]
     assert all(np.array_equal(a, b) for a, b in zip(fast, slow))
     assert all((a != -100).sum() > 2 for a in fast)

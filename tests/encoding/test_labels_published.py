@@ -262,6 +262,7 @@ def test_generic_text_rows_locate_replies_without_a_processor_call_per_reply():
     """The generic path's labels of a row without images come from the one-render locator and
     the tokenizer's offsets (a 10,000-turn row took > 600 s with one processor call per reply):
     the processor calls for 2 and 400 turns are the same, and the labels equal the per-reply way."""
+    import mmpipe.encoding.call_labels as cl
     import mmpipe.media.processor_encode as pe
     from mmpipe.offline.other_vlms import build_foreign_processor
 
@@ -287,9 +288,9 @@ def test_generic_text_rows_locate_replies_without_a_processor_call_per_reply():
     assert counts[400] == counts[2] == 1, counts
     tok = proc.tokenizer
     assert tok.decode(rows[2].input_ids[rows[2].labels != -100]).startswith("a 0 ")
-    slow = pe._text_row_labels
-    pe._text_row_labels = lambda *a, **k: None  # the per-reply way
+    slow = cl._text_row_labels
+    cl._text_row_labels = lambda *a, **k: None  # the per-reply way
     try:
         np.testing.assert_array_equal(enc.encode_row({"messages": messages}).labels, rows[400].labels)
     finally:
-        pe._text_row_labels = slow
+        cl._text_row_labels = slow

@@ -1,0 +1,99 @@
+"""Labels of a row whose ids come from a call mmpipe does not own (a processor's own chat template
+and call: the generic path, `mmpipe.media.processor_encode`): the ids where a token overlaps an
+assistant reply, -100 elsewhere, found without the call's offsets.
+
+Three ways, cheapest first: a row without media whose ids are the tokenizer's for its text: the
+replies' character spans (one render, `mmpipe.encoding.spans` via ``enc.reply_spans``) and the
+tokenizer's offsets; else each reply's edges from the text after it tokenized alone
+(`suffix_cut`), when the row's ids end with those tokens; else the call run on the conversation
+up to each edge (``ids_of``), the longest common prefix with the row's ids.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from mmpipe.encoding.render import span_labels
+from mmpipe.records.columns import IGNORE_INDEX
+
+__all__ = ["call_labels", "suffix_cut"]
+
+
+def _text_row_labels(enc, messages: list, agp: bool, tools, ids: np.ndarray, full: str) -> Optional[np.ndarray]:
+    """Labels of a row without images from the replies' character spans in ``full`` and the
+    tokenizer's offsets, when the tokenizer gives the processor's ids for ``full``; else None."""
+    bos = getattr(enc.tokenizer, "bos_token", None)
+    special = not (bos and full.startswith(bos))  # as the processor is called (no second BOS)
+    try:
+        out = enc.tokenizer(full, add_special_tokens=special, return_offsets_mapping=True)
+    except (ValueError, TypeError, NotImplementedError):  # a slow tokenizer has no offsets
+        return None
+    if not np.array_equal(np.asarray(out["input_ids"], np.int64), ids):
+        return None
+    text, spans, _ = enc.reply_spans(messages, full, "", tools, agp)
+    if text != full:
+        return None
+    return span_labels(ids, np.asarray(out["offset_mapping"], np.int64).reshape(-1, 2), spans)
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+def call_labels(enc, messages: list, media: tuple, agp: bool, tools, ids: np.ndarray, full: str,
+                ids_of: Callable) -> np.ndarray:
+    """int64 [L]: the ids where a token overlaps an assistant reply (its text and end-of-turn
+    token, not the newline after), -100 elsewhere. A row without images whose ids are the
+    tokenizer's for its text: the replies located in one render (`mmpipe.encoding.spans`) and
+    the tokenizer's offsets (linear in the turns). Otherwise each reply's start and end: the text
+    after it tokenized alone, when the row's ids end with those tokens and it holds no
+    image or clip (no processor call); else the processor run on the conversation up to there
+    (its images and clips included: their tokens count), a token merged across the edge
+    labelled. ``media``: (the row's images, its audio waveforms); ``ids_of(enc, text, images, audios)``:
+    the ids of the call on a prefix (the kind's processor call)."""
+    images, audios = media
+    if not images and not audios:
+        found = _text_row_labels(enc, messages, agp, tools, ids, full)
+        if found is not None:
+            return found
+    labels = np.full(len(ids), IGNORE_INDEX, np.int64)
+    counts = {kind: [sum(1 for c in m["content"] if isinstance(c, dict) and c.get("type") == kind)
+                     if isinstance(m.get("content"), list) else 0 for m in messages] for kind in ("image", "audio")}
+    n_images, n_audios = counts["image"], counts["audio"]
+
+    def upto(text: str, k: int) -> np.ndarray:  # the ids of a prefix holding messages[:k]'s media
+        return ids_of(enc, text, images[:sum(n_images[:k])], audios[:sum(n_audios[:k])])
+
+    for k, msg in enumerate(messages):
+        if msg["role"] != "assistant":
+            continue
+        text_after = not any(n_images[k:]) and not any(n_audios[k:])  # no media at or after: the rest alone
+        before = enc.render(messages[:k], True, tools) if k else ""
+        start = suffix_cut(enc, ids, full, before) if text_after else None
+        if start is None:
+            start = _common_prefix(upto(before, k), ids) if k else 0
+        upto_text = enc.render(messages[: k + 1], False, tools).rstrip("\n ")
+        end = suffix_cut(enc, ids, full, upto_text) if text_after else None
+        if end is None:
+            upto_ids = upto(upto_text, k + 1)
+            shared = _common_prefix(upto_ids, ids)
+            end = shared + (1 if shared < len(upto_ids) else 0)  # a last token merged with what follows
+        labels[start:end] = ids[start:end]
+    return labels
+
+
+def suffix_cut(enc, ids: np.ndarray, full: str, prefix: str) -> Optional[int]:
+    """Where ``prefix`` ends in ``ids`` (the tokens of ``full``): ``len(ids)`` minus the
+    tokens of ``full[len(prefix):]`` tokenized alone, when ``ids`` ends with them; else None."""
+    if not full.startswith(prefix):
+        return None
+    rest = full[len(prefix):]
+    if not rest:
+        return len(ids)
+    rest_ids = np.asarray(enc.tokenizer(rest, add_special_tokens=False)["input_ids"], np.int64)
+    n = len(rest_ids)
+    return len(ids) - n if n <= len(ids) and np.array_equal(ids[len(ids) - n:], rest_ids) else None

@@ -1,0 +1,68 @@
+"""What a kind answers when its modules do not say otherwise (`mmpipe.media.strategy`): the answers
+of a kind without the feature, written once instead of once per kind. A kind's own module
+defines a name only where its answer differs (the patch grids' M-RoPE positions, the processor
+kind's row checks...)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from mmpipe.errors import ArgumentError
+
+BATCH_ARRAYS = "numpy"  # the batch's fields stay numpy (as_torch / model_inputs convert)
+POSITION_ROWS = ()  # position_ids [L] per row, [B, L] per batch
+COLLATOR_NEEDS_PROCESSOR = None  # what a Collator cannot do without the processor (None: nothing)
+DEVICE_PIXELS = False  # the batch holds its model's float pixels (no uint8 kept for `device_pixels`)
+TAKES_AUDIO = False  # audio clips: the processor kind only (the Omni thinkers, Gemma 3n, Phi-4-multimodal)
+CHECK_STORED_DTYPES = False  # cast on read, not refused (list<uint8> tiles come back int64 from torch-formatted datasets)
+VIEW_SIZE_NOTE = False  # view labels show the size themselves
+
+
+def position_inputs(batch, positions) -> dict:
+    """``position_ids`` [B, L] of a 1-D family: ``positions`` "1d" (the default) or "none" (the
+    model computes them); anything else is an `ArgumentError`."""
+    if (positions or "1d") not in ("1d", "none"):
+        raise ArgumentError(f"positions must be '1d' or 'none' for {batch.family}, got {positions!r}")
+    return {} if positions == "none" else {"position_ids": batch.position_ids}
+
+
+def pack_token_types(fam, token_types) -> dict:
+    """A pack's token types as the model takes them: none (handed over by ``model_inputs``, or the
+    kind does not pack)."""
+    return {}
+
+
+def device_pixels(batch, device) -> dict:
+    """Nothing to expand: the batch holds its float pixels (`DEVICE_PIXELS`)."""
+    return {}
+
+
+def dataset_checks(table, processor=None) -> list:
+    """Nothing beyond the common checks (one family, the processor's family)."""
+    return []
+
+
+def row_checks(table, *, processor=None, images_kwargs: Optional[dict] = None, positions: bool = True):
+    """None: reading a row checks all the kind can."""
+    return None
+
+
+def rollout_refusal(fam, stage: str) -> Optional[str]:
+    """Why rollout ``stage`` (`mmpipe.rollout.support.ROLLOUT_STAGES`) cannot take the kind's rows:
+    None, every stage takes them."""
+    return None
+
+
+def view_runs(row, kind: str, runs: list) -> tuple[list, None]:
+    """The runs (``[start, end)``) of the row's media tokens as they are; no per-item counts."""
+    return runs, None
+
+
+def view_summary(row) -> list[str]:
+    """What a row's head line adds to its image count: nothing."""
+    return []
+
+
+def view_pictures(row, kind: str, source: Any = None) -> tuple[None, bool]:
+    """No pictures (the stored outputs are not pictures)."""
+    return None, True
