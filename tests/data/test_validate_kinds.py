@@ -18,6 +18,7 @@ from mmpipe.data.column_rules import ExpectedColumn, same_shape
 from mmpipe.data.validate import dataset_family, validate_dataset
 from mmpipe.families import ALL_FAMILIES
 from mmpipe.media import KINDS, strategy
+from mmpipe.records.processor_layout import ProcessorLayout
 from mmpipe.testing.invariants import assert_rows_from_arrow
 
 VALIDATE_FUNCTIONS = ("expected_columns", "dataset_checks", "row_checks")
@@ -74,3 +75,29 @@ def test_a_processor_of_another_family_is_refused_for_every_kind():
     report = validate_dataset(table, processor=testing.build_processor("gemma3"))
     assert [(i.kind, i.column) for i in report.errors] == [("family", "family")], str(report)
     assert "rows of qwen2_vl but the processor is" in str(report)
+
+
+def _names(columns, rule):
+    return [c.name for c in columns if c.if_missing == rule]
+
+
+def test_tiles_and_processor_columns_are_derived_from_their_declarations():
+    """The tiles and processor kinds' expected columns come from their declared ``COLUMNS``
+    (`declared_columns`): required what the reader needs, ``tile_hw`` only beside stored tiles,
+    every other declared column optional; the processor kind adds its layout's keys."""
+    from mmpipe.data.validate_columns import declared_columns
+
+    tiles = strategy("tiles")
+    layout_only = pa.table({"input_ids": [[1]], "family": ["gemma3"]})
+    with_tiles = layout_only.append_column("pixel_values_u8", pa.array([[0]], pa.list_(pa.uint8())))
+    required = ["input_ids", "attention_mask", "mm_token_type_ids", "image_hw", "tiles_per_image", "family"]
+    assert _names(tiles.expected_columns(layout_only, labels=True, pixel_format="none"), "error") == required
+    assert _names(tiles.expected_columns(with_tiles, labels=True, pixel_format="uint8"), "error") == \
+        required + ["tile_hw"]
+    assert {"labels", "pixel_values_u8", "images_kwargs", "pixel_digest"} <= \
+        set(_names(declared_columns(layout_only, tiles.COLUMNS, "tiles"), "optional"))
+    proc = strategy("processor").expected_columns(pa.table({"generic_layout": [ProcessorLayout(
+        "LlavaProcessor", ("token_type_ids",), (("pixel_values", "float32", 4),)).to_json()]}),
+        labels=False, pixel_format="float32")
+    assert _names(proc, "error") == ["input_ids", "attention_mask", "generic_shapes", "family", "generic_layout"]
+    assert {"labels", "image_hw", "pixel_values", "token_type_ids"} <= set(_names(proc, "optional"))
