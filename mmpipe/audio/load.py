@@ -27,7 +27,7 @@ import numpy as np
 
 from mmpipe.errors import AudioError
 
-__all__ = ["AUDIO_ITEM_KEYS", "audio_source", "load_audio"]
+__all__ = ["AUDIO_ITEM_KEYS", "audio_source", "checked_wave", "load_audio"]
 
 AUDIO_ITEM_KEYS = ("audio", "audio_url", "input_audio", "path")  # where an inline audio item holds its clip
 _FIX_RATE = "give the clip with its sampling rate: {'array': samples, 'sampling_rate': rate}"
@@ -123,7 +123,16 @@ def load_audio(value: Any, sampling_rate: int, *, where: str = "row", column: st
     samples, or over ``max_samples`` (> 0: what the feature extractor takes; a longer clip would be
     cut)."""
     wave, rate = _wave(value, where, column)
-    wave = np.ascontiguousarray(_resampled(wave, rate, int(sampling_rate)), dtype=np.float32)
+    return checked_wave(_resampled(wave, rate, int(sampling_rate)), sampling_rate, where=where, column=column,
+                        max_samples=max_samples)
+
+
+def checked_wave(wave: np.ndarray, sampling_rate: int, *, where: str = "row", column: str = "audios",
+                 max_samples: int = 0) -> np.ndarray:
+    """``wave`` (samples at ``sampling_rate``) as contiguous float32, refused with an `AudioError`
+    naming ``where`` / ``column`` when it is empty, holds non-finite samples, or is over
+    ``max_samples`` (> 0)."""
+    wave = np.ascontiguousarray(wave, dtype=np.float32)
     if not wave.size:
         raise AudioError("the audio clip has no samples", where=where, column=column, expected="at least one sample",
                          found="0 samples", fix="drop the empty clip (and its audio item) or the row")

@@ -1,6 +1,8 @@
 """Offline fixtures for Qwen3-Omni-MoE's thinker (transformers ``qwen3_omni_moe``): images and audio
 on the generic path, in the main environment (the video processor needs torchvision, so these
-processors take no videos here).
+processors take no videos here; ``build_processor(videos=True)`` has it, in the vision and vLLM
+environments). ``save_checkpoint`` writes a tiny checkpoint vLLM serves (``Qwen3OmniMoeForConditionalGeneration``: its
+thinker), with the published weight names and per-expert layout.
 
 Published facts written into the builders:
 
@@ -171,17 +173,24 @@ def _tokenizer():
                              template=QWEN3_OMNI_CHAT_TEMPLATE)
 
 
-def build_processor():
+def build_processor(videos: bool = False):
     """The stock ``Qwen3OmniMoeProcessor``: the PIL ``Qwen2VLImageProcessor`` at Qwen3-Omni's
     vision settings and tiny pixel bounds, the ``WhisperFeatureExtractor`` as published (128 mel
-    bins, 300 s chunk), no video processor, the offline tokenizer with the checkpoint's special
-    tokens and `QWEN3_OMNI_CHAT_TEMPLATE`; a fresh object."""
+    bins, 300 s chunk), the offline tokenizer with the checkpoint's special tokens and
+    `QWEN3_OMNI_CHAT_TEMPLATE`; a fresh object. No video processor unless ``videos`` (then the
+    stock class with ``Qwen2VLVideoProcessor`` at the same vision settings: torchvision needed,
+    the vision / vLLM environments only)."""
     import transformers
 
-    ip = transformers.Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=16,
-                                               merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3,
-                                               image_std=[0.5] * 3)
+    vision = dict(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=16, merge_size=2, temporal_patch_size=2,
+                  image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    ip = transformers.Qwen2VLImageProcessorPil(**vision)
     fe = transformers.WhisperFeatureExtractor(feature_size=128, chunk_length=CHUNK_LENGTH)
+    if videos:
+        return transformers.Qwen3OmniMoeProcessor(image_processor=ip,
+                                                  video_processor=transformers.Qwen2VLVideoProcessor(**vision),
+                                                  feature_extractor=fe, tokenizer=copy.deepcopy(_tokenizer()),
+                                                  chat_template=QWEN3_OMNI_CHAT_TEMPLATE)
     return _class()(image_processor=ip, feature_extractor=fe, tokenizer=copy.deepcopy(_tokenizer()),
                     chat_template=QWEN3_OMNI_CHAT_TEMPLATE)
 
@@ -203,11 +212,12 @@ def _class() -> type:
     return no_video_class(transformers.Qwen3OmniMoeProcessor, {"model_input_names": model_input_names})
 
 
-def build_model():
+def build_model(head_dim: int = 16):
     """A tiny ``Qwen3OmniMoeThinkerForConditionalGeneration``: text hidden 64 (4 heads of 16,
     interleaved ``mrope_section`` [4, 2, 2]), 2 MoE layers of 4 experts (2 per token, 32 wide);
     vision depth 2 (patch 16, merge 2, deepstack at layer 0, out 64); audio encoder 2 layers of
-    width 32 (128 mel bins, ``n_window`` 50, downsample 16, output 64); fp32, eager attention."""
+    width 32 (128 mel bins, ``n_window`` 50, downsample 16, output 64); fp32, eager attention.
+    ``head_dim`` 64: hidden 128 (2 heads of 64, ``mrope_section`` [12, 10, 10]), for vLLM's CPU attention."""
     import torch
     import transformers
 
@@ -217,17 +227,20 @@ def build_model():
         "<|vision_start|>", "<|vision_end|>")
     # interleaved M-RoPE over head_dim / 2 = 8 frequencies: H takes 1, 4; W takes 2, 5; T the other 4
     # (the checkpoint: [24, 20, 20] over 64)
-    rope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 2, 2], "interleaved": True,
+    heads = 4 if head_dim == 16 else 2
+    width = heads * head_dim
+    section = [4, 2, 2] if head_dim == 16 else [12 * head_dim // 64, 10 * head_dim // 64, 10 * head_dim // 64]
+    rope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": section, "interleaved": True,
             "mrope_interleaved": True}
-    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+    text = dict(vocab_size=len(tok), hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
+                num_attention_heads=heads, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=4096,
                 rope_parameters=rope, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
                 decoder_sparse_step=1, norm_topk_prob=True, pad_token_id=tok.pad_token_id)
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
-                  temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=64,
+                  temporal_patch_size=2, out_hidden_size=width, num_position_embeddings=64,
                   deepstack_visual_indexes=[0])
     audio = dict(d_model=32, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64, num_mel_bins=128,
-                 output_dim=64, n_window=50, n_window_infer=400, max_source_positions=1500,
+                 output_dim=width, n_window=50, n_window_infer=400, max_source_positions=1500,
                  downsample_hidden_size=16, conv_chunksize=500)
     cfg = transformers.Qwen3OmniMoeThinkerConfig(
         text_config=text, vision_config=vision, audio_config=audio, audio_token_id=audio_id,
@@ -238,3 +251,73 @@ def build_model():
         setattr(cfg, name, value)  # read by get_rope_index; not declared fields of the strict config
     return transformers.Qwen3OmniMoeThinkerForConditionalGeneration._from_config(
         cfg, attn_implementation="eager", dtype=torch.float32).eval()
+
+
+def checkpoint_model(seed: int = 0):
+    """The thinker `save_checkpoint` saves: `build_model` at ``head_dim`` 64, seeded with ``seed``."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        return build_model(head_dim=64)
+
+
+def published_weights(model) -> dict:
+    """The thinker's weights as the published checkpoint names and lays them out (what vLLM loads):
+    ``thinker.`` + ``audio_tower.`` / ``visual.`` / ``model.`` / ``lm_head.``, and each fused expert tensor
+    (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I]) split per expert into
+    ``experts.{e}.gate_proj`` / ``up_proj`` / ``down_proj`` ``.weight``."""
+    out = {}
+    for name, v in model.state_dict().items():
+        for ours, published in (("model.audio_tower.", "audio_tower."), ("model.visual.", "visual."),
+                                ("model.language_model.", "model."), ("audio_tower.", "audio_tower."),
+                                ("visual.", "visual."), ("model.", "model."), ("lm_head.", "lm_head.")):
+            if name.startswith(ours):
+                name = "thinker." + published + name[len(ours):]
+                break
+        if name.endswith("experts.gate_up_proj"):
+            half = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[name.replace("gate_up_proj", f"{e}.gate_proj.weight")] = v[e, :half].contiguous()
+                out[name.replace("gate_up_proj", f"{e}.up_proj.weight")] = v[e, half:].contiguous()
+        elif name.endswith("experts.down_proj"):
+            for e in range(v.shape[0]):
+                out[name.replace("down_proj", f"{e}.down_proj.weight")] = v[e].contiguous()
+        else:
+            out[name] = v.contiguous()
+    return out
+
+
+def save_checkpoint(path, *, seed: int = 0):
+    """A tiny Qwen3-Omni checkpoint for vLLM (``Qwen3OmniMoeForConditionalGeneration``, whose thinker
+    it serves): `checkpoint_model` as `published_weights`, a ``Qwen3OmniMoeConfig`` with the
+    thinker's config and no audio output, and the processor with its video processor
+    (`build_processor` ``videos=True``: torchvision's Python part must import). Returns the path."""
+    import json
+    from pathlib import Path
+
+    import transformers
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model = checkpoint_model(seed)
+    save_file(published_weights(model), str(path / "model.safetensors"), metadata={"format": "pt"})
+    thinker = model.config.to_dict()
+    cfg = transformers.Qwen3OmniMoeConfig(thinker_config=thinker, enable_audio_output=False)
+    cfg.architectures = ["Qwen3OmniMoeForConditionalGeneration"]
+    cfg.save_pretrained(path)
+    # vLLM reads two vision fields of the published config the config class does not declare: image_size (768
+    # there: 48 x 48 patches of 16; here the grid of num_position_embeddings, 8 x 8, times the patch size) and
+    # apply_vit_abs_pos_embed (true: the interpolated position embedding transformers always adds)
+    written = json.loads((path / "config.json").read_text())
+    vision = written["thinker_config"]["vision_config"]
+    vision["image_size"] = int(round(vision["num_position_embeddings"] ** 0.5)) * vision["patch_size"]
+    vision["apply_vit_abs_pos_embed"] = True
+    written["thinker_config"]["text_config"]["tie_word_embeddings"] = False  # read by vLLM; the head is the thinker's own
+    (path / "config.json").write_text(json.dumps(written, indent=2))
+    tok = _tokenizer()
+    gen = {"eos_token_id": [tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id], "pad_token_id": tok.pad_token_id}
+    (path / "generation_config.json").write_text(json.dumps(gen))
+    build_processor(videos=True).save_pretrained(path)
+    return path

@@ -1,6 +1,8 @@
 """Offline fixtures for Qwen2.5-Omni's thinker (transformers ``qwen2_5_omni``): images and audio on
 the generic path, in the main environment (the video processor needs torchvision, so these
-processors take no videos here).
+processors take no videos here; ``build_processor(videos=True)`` has it, in the vision and vLLM
+environments). ``save_checkpoint`` writes a tiny checkpoint vLLM serves (``Qwen2_5OmniForConditionalGeneration``: its
+thinker), with the published weight names.
 
 Published facts written into the builders: ``Qwen2_5OmniProcessor`` around
 ``Qwen2VLImageProcessor`` (patch 14, merge 2, temporal patch 2) and ``WhisperFeatureExtractor``
@@ -20,7 +22,8 @@ import functools
 
 from mmpipe.offline.vision_env_vlms import ids, offline_tokenizer
 
-__all__ = ["QWEN2_5_OMNI_CHAT_TEMPLATE", "QWEN2_5_OMNI_TOKENS", "build_processor", "build_model"]
+__all__ = ["QWEN2_5_OMNI_CHAT_TEMPLATE", "QWEN2_5_OMNI_TOKENS", "build_processor", "build_model", "checkpoint_model",
+           "save_checkpoint"]
 
 QWEN2_5_OMNI_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>",
                        "<|vision_bos|>", "<|vision_eos|>", "<|vision_pad|>", "<|IMAGE|>", "<|VIDEO|>")
@@ -54,14 +57,21 @@ def _tokenizer():
                              template=QWEN2_5_OMNI_CHAT_TEMPLATE)
 
 
-def build_processor():
+def build_processor(videos: bool = False):
     """The stock ``Qwen2_5OmniProcessor``: the PIL ``Qwen2VLImageProcessor`` at tiny pixel bounds,
-    the stock ``WhisperFeatureExtractor`` (128 mel bins), no video processor, the offline
-    tokenizer with the checkpoint's special tokens and `QWEN2_5_OMNI_CHAT_TEMPLATE`; a fresh object."""
+    the stock ``WhisperFeatureExtractor`` (128 mel bins), the offline tokenizer with the
+    checkpoint's special tokens and `QWEN2_5_OMNI_CHAT_TEMPLATE`; a fresh object. No video
+    processor unless ``videos`` (then the stock class with ``Qwen2VLVideoProcessor`` at the same
+    pixel bounds: its class check needs torchvision, so the vision / vLLM environments only)."""
     import transformers
 
     ip = transformers.Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
     fe = transformers.WhisperFeatureExtractor(feature_size=128)
+    if videos:
+        vp = transformers.Qwen2VLVideoProcessor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+        return transformers.Qwen2_5OmniProcessor(image_processor=ip, video_processor=vp, feature_extractor=fe,
+                                                 tokenizer=copy.deepcopy(_tokenizer()),
+                                                 chat_template=QWEN2_5_OMNI_CHAT_TEMPLATE)
     return _class()(image_processor=ip, feature_extractor=fe, tokenizer=copy.deepcopy(_tokenizer()),
                     chat_template=QWEN2_5_OMNI_CHAT_TEMPLATE)
 
@@ -91,10 +101,11 @@ def _class() -> type:
     return no_video_class(transformers.Qwen2_5OmniProcessor)
 
 
-def build_model():
+def build_model(head_dim: int = 16):
     """A tiny ``Qwen2_5OmniThinkerForConditionalGeneration``: text hidden 64 (4 heads of 16,
     ``mrope_section`` [2, 3, 3]), 2 layers; vision depth 2 (patch 14, merge 2, out 64); audio
-    encoder 2 layers of width 32 (128 mel bins, output 64); fp32, eager attention."""
+    encoder 2 layers of width 32 (128 mel bins, output 64); fp32, eager attention. ``head_dim`` 64:
+    hidden 128 (2 heads of 64, ``mrope_section`` [8, 12, 12]), the text side vLLM's CPU attention takes."""
     import torch
     import transformers
 
@@ -102,17 +113,78 @@ def build_model():
     audio_id, image_id, video_id, a_bos, a_eos, v_bos, v_eos = ids(
         tok, "<|AUDIO|>", "<|IMAGE|>", "<|VIDEO|>", "<|audio_bos|>", "<|audio_eos|>", "<|vision_bos|>",
         "<|vision_eos|>")
-    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]},
-                rope_scaling={"type": "default", "mrope_section": [2, 3, 3]}, pad_token_id=tok.pad_token_id)
-    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+    heads = 4 if head_dim == 16 else 2
+    width = heads * head_dim
+    section = [2, 3, 3] if head_dim == 16 else [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]
+    text = dict(vocab_size=len(tok), hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
+                num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=4096,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": section},
+                rope_scaling={"type": "default", "mrope_section": section}, pad_token_id=tok.pad_token_id)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=width,
                   fullatt_block_indexes=[1], window_size=56)
     audio = dict(d_model=32, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64, num_mel_bins=128,
-                 output_dim=64, n_window=100, max_source_positions=1500)
+                 output_dim=width, n_window=100, max_source_positions=1500)
     cfg = transformers.Qwen2_5OmniThinkerConfig(
         text_config=text, vision_config=vision, audio_config=audio, audio_token_index=audio_id,
         image_token_index=image_id, video_token_index=video_id, audio_start_token_id=a_bos,
         audio_end_token_id=a_eos, vision_start_token_id=v_bos, vision_end_token_id=v_eos)
     return transformers.Qwen2_5OmniThinkerForConditionalGeneration._from_config(
         cfg, attn_implementation="eager", dtype=torch.float32).eval()
+
+
+def checkpoint_model(seed: int = 0):
+    """The thinker `save_checkpoint` saves: `build_model` at ``head_dim`` 64, seeded with ``seed``
+    (the same weights every call, without reading the checkpoint back)."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        return build_model(head_dim=64)
+
+
+def save_checkpoint(path, *, seed: int = 0):
+    """A tiny Qwen2.5-Omni checkpoint vLLM loads (``Qwen2_5OmniForConditionalGeneration``, whose
+    thinker it serves): `build_model` at ``head_dim`` 64 seeded with ``seed``, its weights under
+    ``thinker.`` as the published checkpoints hold them, a ``Qwen2_5OmniConfig`` with the
+    thinker's config and no audio output, and the processor with its video processor
+    (`build_processor` ``videos=True``: torchvision's Python part must import). Returns the path."""
+    import json
+    from pathlib import Path
+
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model = checkpoint_model(seed)
+    tensors = {_published_name(k): v.contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    cfg = transformers.Qwen2_5OmniConfig(thinker_config=model.config.to_dict(), enable_audio_output=False)
+    cfg.architectures = ["Qwen2_5OmniForConditionalGeneration"]
+    # the thinker's lm_head is its own (the thinker config says so); vLLM reads the text config's flag,
+    # True by default, and would tie the head to the embeddings
+    cfg.thinker_config.text_config.tie_word_embeddings = False
+    cfg.save_pretrained(path)
+    gen = {"eos_token_id": [_tokenizer().convert_tokens_to_ids("<|im_end|>"), _tokenizer().pad_token_id],
+           "pad_token_id": _tokenizer().pad_token_id}
+    (path / "generation_config.json").write_text(json.dumps(gen))
+    build_processor(videos=True).save_pretrained(path)
+    return path
+
+
+def _published_name(name: str) -> str:
+    """A thinker weight name -> the published checkpoint's (what vLLM maps): transformers 5.24's
+    ``model.audio_tower.`` / ``model.visual.`` / ``model.language_model.`` / ``lm_head.`` become
+    ``thinker.audio_tower.`` / ``thinker.visual.`` / ``thinker.model.`` / ``thinker.lm_head.`` (the
+    inverse of its ``conversion_mapping`` for this class); older transformers (5.19, the vLLM
+    environment's) name them as published already, under ``thinker.`` then."""
+    for ours, published in (("model.audio_tower.", "thinker.audio_tower."), ("model.visual.", "thinker.visual."),
+                            ("model.language_model.", "thinker.model."), ("lm_head.", "thinker.lm_head."),
+                            ("audio_tower.", "thinker.audio_tower."), ("visual.", "thinker.visual."),
+                            ("model.", "thinker.model.")):
+        if name.startswith(ours):
+            return published + name[len(ours):]
+    from mmpipe.errors import ArgumentError
+
+    raise ArgumentError(f"unexpected thinker weight {name!r}")

@@ -34,7 +34,7 @@ TESTS=(tests/rollout/test_vllm_real.py tests/rollout/test_vllm_engine.py tests/i
        tests/reward/test_judge_vllm.py tests/rollout/test_video_pixel_oracle.py
        tests/rollout/test_video_vllm.py tests/rollout/test_glm4v_vllm.py tests/rollout/test_tiled_vllm_real.py tests/rollout/test_tiles2_vllm.py
        tests/encoding/test_glm4v_video_stock.py tests/rollout/test_glm_video_prompts.py tests/images/test_transparency.py
-       tests/rollout/test_2026_vllm.py)
+       tests/rollout/test_2026_vllm.py tests/rollout/test_omni_vllm.py)
 say() { echo "[env vllm] $*" >&2; }
 fail() { say "SET-UP FAILED at step: $1"; exit 2; }
 start=$(date +%s)
@@ -104,7 +104,7 @@ PYEOF
         || fail "read torch/transformers versions"
     mapfile -t deps < <("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))') \
         || fail "read mmpipe's dependencies from pyproject.toml"
-    pip_install -c "$VENV/constraints.txt" "${deps[@]}" "pytest>=8" "hypothesis>=6.100" "matplotlib>=3.8" "openai>=1.0" "av>=14" \
+    pip_install -c "$VENV/constraints.txt" "${deps[@]}" "pytest>=8" "hypothesis>=6.100" "matplotlib>=3.8" "openai>=1.0" "av>=14" "soundfile>=0.12" "soxr>=0.4" \
         || fail "pip install mmpipe's dependencies + pytest (under vLLM's torch/transformers pins)"
     PYTHONPATH="$TV_DIR" "$PY" -c 'import vllm, torchvision.transforms.v2.functional, mmpipe' \
         || fail "import vllm, torchvision (folder) and mmpipe"

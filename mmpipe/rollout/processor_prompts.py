@@ -1,0 +1,195 @@
+"""vLLM prompts for generic-path rows of the Omni thinkers (`SERVED`: Qwen2.5-Omni, Qwen3-Omni): images
+and audio clips.
+
+A row encoded by the processor's own call holds its training ids with every placeholder expanded
+(one audio token per encoder frame, one image token per merged patch) and the processor's
+outputs, not the media vLLM takes. Its vLLM prompt is
+
+- ``"prompt_token_ids"``: the training ids with each run of image tokens and each run of audio
+  tokens collapsed to ONE token (vLLM's processor expands it again from the media: the same
+  image processor and feature extractor give the same counts);
+- ``"multi_modal_data"``: ``{"image": [PIL RGB, ...], "audio": [(float32 [n], rate), ...]}``, the row's
+  images and clips in placeholder order: the clips decoded from the stored sources (``audio="source"``)
+  or given (``audios=``, any form `mmpipe.audio.load_audio` takes), loaded as at encode (mono,
+  the extractor's rate), the images given (``images=``, what the row was encoded from) or decoded
+  from the stored sources (``pixels="source"``).
+
+vLLM then gives back exactly the training ids (checked: tests/rollout/test_omni_vllm.py, vLLM 0.32
+CPU, tiny Qwen2.5-Omni and Qwen3-Omni thinkers; vLLM's greedy tokens == the transformers thinker's). Videos (and their
+sound) are refused by `vllm_prompt`: the generic path takes no videos yet; `video_sound_prompt` builds
+the prompt of ids the processor gave with ``use_audio_in_video`` (each video's interleaved run
+collapsed to one video token, ``mm_processor_kwargs={"use_audio_in_video": True}``; vLLM 0.32 then
+gives the same ids back for both thinkers, and takes no standalone clips next to such videos). Other generic-path processors are
+refused (their vLLM placeholder rules differ, or are not checked against vLLM).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from mmpipe.errors import ArgumentError, PlaceholderError
+
+__all__ = ["SERVED", "check_served", "collapse_runs", "media_token_ids", "served_class", "video_sound_prompt",
+           "vllm_prompt"]
+
+# which processors these prompts are built for: the Omni thinker processors (Qwen2.5-Omni's, Qwen3-Omni's), the
+# transformers processors that split a video's sound into time chunks (`get_chunked_index`) and name audio
+# and vision border tokens; their prompts are checked against real vLLM (tests/rollout/test_omni_vllm.py).
+# Other generic-path processors (Gemma 3n, Phi-4-multimodal, Llama 4, Kimi) have other vLLM rules: refused.
+SERVED = "the Omni thinker processors (Qwen2.5-Omni, Qwen3-Omni)"
+_SERVED_NAMES = ("get_chunked_index", "audio_bos_token", "audio_eos_token", "audio_token", "image_token",
+                 "video_token")
+
+
+def served_class(processor) -> str | None:
+    """The class name of ``processor`` when it is one `SERVED` (its stock class, or an offline subclass
+    of it), else None."""
+    if all(getattr(processor, n, None) is not None for n in _SERVED_NAMES):
+        return type(processor).__name__
+    return None
+
+
+def check_served(processor, *, row: Optional[int] = None, stage: str = "vllm_prompts") -> None:
+    """`mmpipe.rollout.support.RolloutRefusal` (naming ``row`` when given) unless ``processor`` is one
+    `SERVED`: the refusal the generic path gave every processor before, worded as `check_rollout` words it."""
+    if served_class(processor) is not None:
+        return
+    from mmpipe.media.processor import NO_ROLLOUT
+    from mmpipe.rollout.support import ROLLOUT_STAGES, RolloutRefusal
+
+    where = "" if row is None else f"row {row}: "
+    raise RolloutRefusal(f"{where}{ROLLOUT_STAGES[stage]} are not available for generic rows: {NO_ROLLOUT} (vLLM "
+                         f"prompts are built for {SERVED} only, not {type(processor).__name__})",
+                         stage=stage, family="generic", row=row)
+
+
+def media_token_ids(processor) -> dict:
+    """``{"image": id, "audio": id, "video": id}`` of the processor's media tokens (those it names)."""
+    tok = getattr(processor, "tokenizer", processor)
+    out = {}
+    for kind in ("image", "audio", "video"):
+        token_id = getattr(processor, f"{kind}_token_id", None)
+        if token_id is None:
+            token = getattr(processor, f"{kind}_token", None) or getattr(tok, f"{kind}_token", None)
+            token_id = tok.convert_tokens_to_ids(token) if token else None
+        if token_id is not None:
+            out[kind] = int(token_id)
+    return out
+
+
+def collapse_runs(ids, token_ids: dict, *, row: Any = 0) -> tuple[np.ndarray, dict]:
+    """``ids`` with each run of one media token collapsed to one token; returns (the ids, per kind
+    the runs' lengths in order)."""
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    by_id = {v: k for k, v in token_ids.items()}
+    keep = np.ones(len(ids), bool)
+    runs: dict = {k: [] for k in token_ids}
+    i = 0
+    while i < len(ids):
+        kind = by_id.get(int(ids[i]))
+        if kind is None:
+            i += 1
+            continue
+        j = i
+        while j < len(ids) and ids[j] == ids[i]:
+            j += 1
+        keep[i + 1:j] = False
+        runs[kind].append(j - i)
+        i = j
+    return ids[keep], runs
+
+
+def _image(value):
+    from PIL import Image
+
+    if isinstance(value, (bytes, bytearray)):
+        value = Image.open(io.BytesIO(bytes(value)))
+    elif isinstance(value, np.ndarray):
+        value = Image.fromarray(value)
+    if not hasattr(value, "convert"):
+        raise ArgumentError(f"an image for vLLM must be a PIL image, uint8 [H, W, 3] or file bytes, got "
+                            f"{type(value).__name__}")
+    return value.convert("RGB")
+
+
+def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[Sequence] = None,
+                audios: Optional[Sequence] = None, index: int = 0) -> dict:
+    """One generic-path row (`MultiModalInputs`) of an Omni thinker -> its vLLM prompt dict (see the
+    module doc). ``processor``: the one the row was encoded with (its media tokens, its extractor's
+    rate); ``images`` / ``audios``: the row's originals where the row does not store its sources.
+    `ArgumentError` naming the row when a medium is missing or its count differs from the row's
+    placeholders; `PlaceholderError` for a row with video tokens."""
+    from mmpipe.audio import load_audio
+    from mmpipe.media.processor_encode import audio_extractor
+
+    del tokenizer  # the ids are the row's own
+    check_served(processor, row=index)  # None too: the processor the row was encoded with is needed
+    token_ids = media_token_ids(processor)
+    ids, runs = collapse_runs(r.input_ids, token_ids, row=index)
+    if runs.get("video"):
+        raise PlaceholderError(f"row {index}: video tokens in a generic-path row; its vLLM prompt takes images and "
+                               "audio only", row=index, expected="image and audio placeholders",
+                               found=f"{len(runs['video'])} video runs",
+                               fix="encode videos through a family with a table row, or without videos")
+    prompt: dict = {"prompt_token_ids": [int(t) for t in ids]}
+    data: dict = {}
+    n_images, n_audios = len(runs.get("image", [])), len(runs.get("audio", []))
+    if n_images:
+        given = images if images is not None else r.image_sources
+        if given is None or len(given) != n_images:
+            raise ArgumentError(f"row {index}: {n_images} image placeholders; pass images= (the images the row was "
+                                f"encoded from) or encode with pixels='source' (got "
+                                f"{'none' if given is None else len(given)})")
+        data["image"] = [_image(im) for im in given]
+    if n_audios:
+        given = audios if audios is not None else r.audio_sources
+        if given is None or len(given) != n_audios:
+            raise ArgumentError(f"row {index}: {n_audios} audio placeholders; pass audios= (the row's clips) or "
+                                f"encode with audio='source' (got {'none' if given is None else len(given)})")
+        rate = int(audio_extractor(processor).sampling_rate)
+        data["audio"] = [(load_audio(a, rate, where=f"row {index}, audio {k}"), rate) for k, a in enumerate(given)]
+    if data:
+        prompt["multi_modal_data"] = data
+    return prompt
+
+
+def video_sound_prompt(input_ids, processor: Any, videos: Sequence, video_audios: Sequence, *,
+                       index: int = 0) -> dict:
+    """The vLLM prompt of ids the processor gave with ``use_audio_in_video`` (`mmpipe.audio.omni_video`):
+    each ``<audio start> ... <audio end>`` run inside a video block (video and audio tokens interleaved)
+    collapsed to one video token, image runs to one image token; ``multi_modal_data`` ``{"video": videos
+    (frames uint8 [T, H, W, 3], as given to the processor), "audio": [(sound, rate)], "image": ...}`` and
+    ``mm_processor_kwargs={"use_audio_in_video": True}``. vLLM 0.32 takes one sound per video and no
+    standalone clip beside them ("use_audio_in_video requires equal number of audio and video items"):
+    a row with standalone audio runs is refused (`ArgumentError`)."""
+    from mmpipe.media.processor_encode import audio_extractor
+
+    check_served(processor, row=index)
+    tok = getattr(processor, "tokenizer", processor)
+    token_ids = media_token_ids(processor)
+    a_bos, a_eos = (tok.convert_tokens_to_ids(getattr(processor, n)) for n in ("audio_bos_token", "audio_eos_token"))
+    ids = [int(t) for t in np.asarray(input_ids).reshape(-1)]
+    out, i, n_video = [], 0, 0
+    while i < len(ids):
+        if ids[i] == a_bos and i + 1 < len(ids) and ids[i + 1] == token_ids["video"]:  # a video with its sound
+            end = ids.index(a_eos, i)
+            out.append(token_ids["video"])
+            n_video += 1
+            i = end + 1
+        else:
+            out.append(ids[i])
+            i += 1
+    collapsed, runs = collapse_runs(out, {k: v for k, v in token_ids.items() if k != "video"}, row=index)
+    if runs.get("audio"):
+        raise ArgumentError(f"row {index}: {len(runs['audio'])} standalone audio clips beside videos with their "
+                            "sound; vLLM takes one sound per video and no other clip with use_audio_in_video")
+    if n_video != len(videos) or len(video_audios) != len(videos):
+        raise ArgumentError(f"row {index}: {n_video} videos with sound in the ids, {len(videos)} videos and "
+                            f"{len(video_audios)} sounds given")
+    rate = int(audio_extractor(processor).sampling_rate)
+    data: dict = {"video": list(videos), "audio": [(np.asarray(w, np.float32), rate) for w in video_audios]}
+    return {"prompt_token_ids": [int(t) for t in collapsed], "multi_modal_data": data,
+            "mm_processor_kwargs": {"use_audio_in_video": True}}
