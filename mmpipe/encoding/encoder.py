@@ -123,7 +123,7 @@ class Encoder(ChatTemplate, CodeStamped):
     """
 
     RUNTIME_STATE = ("stats", "_checked_tool_fields", "_lut_cache", "_layout", "_image_bytes", "_content_forms",
-                     "_stop_rule", "_reply_header")
+                     "_stop_rule", "_reply_header", "_direct_kwargs", "_generation_templates")
 
     def __init__(self, processor, *, max_length: Optional[int] = None, truncation: str = "raise",
                  pixels: Optional[str] = None, add_generation_prompt: Optional[bool] = None,
@@ -174,7 +174,8 @@ class Encoder(ChatTemplate, CodeStamped):
     def fresh_runtime_state(self) -> None:
         self.stats = EncodeStats()
         self._checked_tool_fields: set = set()  # "tool_calls" / "tools" once checked (see warn_ignored_tools)
-        for name in ("_lut_cache", "_content_forms", "_stop_rule", "_reply_header"):  # probed again on first use
+        for name in ("_lut_cache", "_content_forms", "_stop_rule", "_reply_header", "_direct_kwargs",
+                     "_generation_templates"):  # probed again on first use (encoding/render.py, spans.py)
             self.__dict__.pop(name, None)
         self._layout = None
         self._image_bytes: Optional[int] = None
