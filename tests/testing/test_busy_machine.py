@@ -13,6 +13,7 @@ that fails as a hang (``pytest.fail("hang: ...")``, `tests.helpers.HANG_S`), nev
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import subprocess
 import sys
@@ -20,6 +21,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
+# scripts/layout_check.parse_source: ast.parse that survives CPython 3.11.7's "AST constructor
+# recursion depth mismatch" SystemError, which a RecursionError earlier in the whole run leaves behind
+_spec = importlib.util.spec_from_file_location("layout_check", ROOT / "scripts" / "layout_check.py")
+_layout_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_layout_check)
 
 # Calls that read a clock: ``time.time()``, ``time.perf_counter()``, ``datetime.now()``, ...
 CLOCK_CALLS = {"time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "process_time",
@@ -71,7 +77,7 @@ def _targets(node: ast.AST) -> list:
 def clock_assertions(source: str) -> list[int]:
     """Lines of ``assert`` statements whose test reads a clock, directly or through a local
     assigned from one (``elapsed = time.monotonic() - t0; assert elapsed < 1.6``)."""
-    tree = ast.parse(source)
+    tree = _layout_check.parse_source(source, "<test>")
     functions = (ast.FunctionDef, ast.AsyncFunctionDef)
     top = ast.Module(body=[s for s in tree.body if not isinstance(s, (*functions, ast.ClassDef))], type_ignores=[])
     bad = []
