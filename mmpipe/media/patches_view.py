@@ -59,21 +59,6 @@ def view_pictures(row, kind: str, source: Any = None) -> tuple[Optional[list], b
 
 
 # ---- mmpipe inspect: counts from the stored columns --------------------------------------------
-def _stored_pixel_bytes(col, names: set) -> int:
-    """Bytes the stored pixel columns of one batch hold (compact: minus each end marker)."""
-    import pyarrow.compute as pc
-
-    total = 0
-    for name in ("pixel_values_u8", "pixel_values_videos_u8"):  # one binary per row + an end marker
-        if name in names:
-            lengths = pc.binary_length(col(name)).to_numpy(zero_copy_only=False)
-            total += int(np.maximum(lengths - 1, 0).sum())
-    for name in ("pixel_values", "pixel_values_videos"):
-        if name in names:
-            total += 4 * len(pc.list_flatten(pc.list_flatten(col(name))))
-    return total
-
-
 def _grid_counts(col, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``list<list<int>>`` grids -> (per-row counts int64 [B], each grid's row int64 [n], its
     patches ``t*h*w`` int64 [n])."""
@@ -87,9 +72,12 @@ def _grid_counts(col, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def table_counts(table, families: list[str]) -> dict:
     """``mmpipe inspect``'s counts of one Arrow batch of stored rows (``families``: each row's
     ``family``): ``images_per_row`` int64 [B], ``tokens_per_image`` int64 [I], ``videos``,
-    ``units`` (image patches), ``pixel_bytes`` (stored, besides source files) and
+    ``units`` (image patches), ``pixel_bytes`` (stored, besides source files: the declared pixel
+    columns, `mmpipe.records.codec.stored_pixel_bytes`) and
     ``float32_bytes`` (what float32 ``pixel_values`` and ``pixel_values_videos`` would take)."""
     from mmpipe.families import get_family
+    from mmpipe.media.patches import COLUMNS
+    from mmpipe.records.codec import stored_pixel_bytes
 
     def col(name):
         return table.column(name).combine_chunks()
@@ -111,5 +99,5 @@ def table_counts(table, families: list[str]) -> dict:
                                    minlength=len(v_counts)).astype(np.int64)
     patch_dim = np.asarray([get_family(f).patch_dim for f in families], dtype=np.int64)
     return {"images_per_row": counts, "tokens_per_image": per_image, "videos": videos,
-            "units": int(prod.sum()), "pixel_bytes": _stored_pixel_bytes(col, names),
+            "units": int(prod.sum()), "pixel_bytes": stored_pixel_bytes(table, COLUMNS),
             "float32_bytes": int((row_patches * patch_dim * 4).sum())}

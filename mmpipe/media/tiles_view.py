@@ -79,8 +79,8 @@ def table_counts(table, families: list[str]) -> dict:
     row's image tokens split evenly over them; ``units``: tiles; ``float32_bytes`` 4 x the stored
     tile bytes, unknown (``float32_unknown`` says why) for rows without tiles: their tile size is
     not stored."""
-    import pyarrow.compute as pc
-
+    from mmpipe.media.tiles import COLUMNS
+    from mmpipe.records.codec import stored_pixel_bytes
     from mmpipe.view.spans import marked_runs
 
     tiles_rows = [np.asarray(t, np.int64) for t in table.column("tiles_per_image").to_pylist()]
@@ -91,8 +91,8 @@ def table_counts(table, families: list[str]) -> dict:
         per_image += _image_tokens(runs, tiles) or [total // n + (k < total % n) for k in range(n)]
     pixel_bytes = f32 = 0
     unknown = None if not per_image else "the tile size is not stored with these rows"
-    if "pixel_values_u8" in table.column_names:
-        pixel_bytes = int(pc.sum(pc.list_value_length(table.column("pixel_values_u8"))).as_py() or 0)
+    if "pixel_values_u8" in table.column_names:  # the declared pixel columns: the uint8 tiles
+        pixel_bytes = stored_pixel_bytes(table, COLUMNS)
         f32, unknown = 4 * pixel_bytes, None
     return {"images_per_row": np.asarray([len(t) for t in tiles_rows], np.int64),
             "tokens_per_image": np.asarray(per_image, np.int64), "videos": 0,

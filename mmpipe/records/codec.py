@@ -62,6 +62,30 @@ def pixel_rows(layout: Optional[np.ndarray]) -> int:
     return int(layout.prod(axis=1).sum()) if layout.ndim == 2 else int(layout.sum())
 
 
+_PIXEL_STORES = {"bytes": 1, "uint8": 1, "float32": 4}  # a stored pixel column's bytes per value
+
+
+def stored_pixel_bytes(table, columns: tuple) -> int:
+    """Bytes the pixel data columns of ``columns`` (declared with ``pixels``, stored as ``"bytes"``,
+    ``"uint8"`` or ``"float32"``) hold in Arrow ``table`` (``mmpipe inspect``'s counts): each
+    value's bytes, a ``"bytes"`` column's end marker apart; the columns ``table`` lacks count 0."""
+    import pyarrow.compute as pc
+
+    total = 0
+    for c in columns:
+        if callable(c) or not c.pixels or c.store not in _PIXEL_STORES or c.name not in table.column_names:
+            continue
+        col = table.column(c.name).combine_chunks()
+        if c.store == "bytes":  # one binary per row + an end marker
+            lengths = pc.binary_length(col).to_numpy(zero_copy_only=False)
+            total += int(np.maximum(lengths - 1, 0).sum())
+            continue
+        while hasattr(col.type, "value_type"):  # list<...<values>>: every value
+            col = pc.list_flatten(col)
+        total += _PIXEL_STORES[c.store] * len(col)
+    return total
+
+
 # ---- record -> stored columns --------------------------------------------------------
 # columns of more than one kind (each documented in mmpipe.records.columns.ROW_COLUMNS)
 FAMILY = Column("family", "object", read=None)
