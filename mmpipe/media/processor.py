@@ -134,10 +134,14 @@ def model_inputs(batch, token_types=None) -> dict:
 
 # ---- rollout ----
 NO_ROLLOUT = ("the generic path (a processor without a mmpipe family table) has no rollout rules beyond "
-              "generation with mmpipe.rollout.TransformersEngine: no vLLM prompt (placeholder) rule, no way to "
+              "generation with mmpipe.rollout.TransformersEngine and vLLM prompts for the Omni thinkers "
+              "(mmpipe.rollout.processor_prompts): no other vLLM prompt (placeholder) rule, no way to "
               "extend its processor-defined outputs over a response; generate with TransformersEngine, train on "
               "its rows with mmpipe.Collator(processor), or add a family row for its processor class "
               "(mmpipe.families) to roll it out")
+NO_VLLM_ENGINE = ("VLLMEngine does not take generic-path rows: build their prompts with "
+                  "mmpipe.rollout.to_vllm_prompts(rows, processor) (the Omni thinkers) and call vLLM's generate "
+                  "yourself, or generate with mmpipe.rollout.TransformersEngine")
 
 
 # the processor's (or its tokenizer's) named special tokens, by kind (`mmpipe.records.vision_tokens`)
@@ -165,16 +169,20 @@ def vision_tokens(fam, processor: Any = None) -> dict[str, Optional[str]]:
 def rollout_refusal(fam, stage: str) -> Optional[str]:
     """Generation (``TransformersEngine``) takes the generic path's rows: the model computes its own
     positions and the processor's named media tokens are banned; every other rollout stage refuses
-    them (`NO_ROLLOUT`)."""
-    return None if stage == "generate" else NO_ROLLOUT
+    them (`NO_ROLLOUT`), but vLLM prompts, built for the Omni thinkers and refused per processor for
+    the others (`mmpipe.rollout.processor_prompts`); `VLLMEngine` refuses them (`NO_VLLM_ENGINE`)."""
+    if stage in ("generate", "vllm_prompts"):
+        return None
+    return NO_VLLM_ENGINE if stage == "vllm_engine" else NO_ROLLOUT
 
 
 def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
                 index: int = 0) -> dict:
-    """Refused (`NO_ROLLOUT`): `mmpipe.rollout.support.check_rollout` says so before this."""
-    from mmpipe.errors import ArgumentError
+    """The vLLM prompt of an Omni thinker's row (`mmpipe.rollout.processor_prompts.vllm_prompt`); a
+    row of any other processor is refused there (`RolloutRefusal` naming the row)."""
+    from mmpipe.rollout.processor_prompts import vllm_prompt as thinker_prompt
 
-    raise ArgumentError(f"row {index}: vLLM prompts are not available for generic rows: {NO_ROLLOUT}")
+    return thinker_prompt(r, processor, tokenizer=tokenizer, images=images, index=index)
 
 
 # ---- encode, collate: what the stages ask beyond these functions is in mmpipe/media/processor_{encode,probe,

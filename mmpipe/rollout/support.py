@@ -20,6 +20,7 @@ from mmpipe.families import ModelFamily, get_family, resolve_family
 ROLLOUT_STAGES = {
     "vllm_prompts": "vLLM prompts (to_vllm_prompts)",
     "generate": "rollout engines (TransformersEngine, VLLMEngine)",
+    "vllm_engine": "vLLM engines (VLLMEngine)",
     "samples": "rollout samples (unbatch_rollout, rollout_rows)",
     "multiturn": "multi-turn conversations (start / append_observation)",
     "verl": "verl rows (verl_rows, verl_batch)",

@@ -187,7 +187,7 @@ class VLLMEngine:
         self.llm = llm
         self.processor = processor
         self.family = check_processor(processor, "generate")
-        check_processor(processor, "vllm_prompts")  # the generic path: refused (no prompt rule), saying why
+        check_processor(processor, "vllm_engine")  # the generic path: refused, saying what to use
         self.spec = VisionSpec.from_processor(processor) if self.family.is_vision else None
         self.sampling_params_factory = sampling_params_factory
         self.check_prompt_ids = check_prompt_ids

@@ -117,3 +117,19 @@ def test_both_thinker_processors_are_served(proc):
 
     assert served_class(proc) and served_class(qwen3_omni.build_processor())
     assert served_class(proc.tokenizer) is None and served_class(proc.image_processor) is None
+
+
+def test_to_vllm_prompts_builds_the_thinkers_prompts(proc):
+    """The public entry (`mmpipe.rollout.to_vllm_prompts`) reaches the thinker's prompt builder
+    through the processor kind: the same prompts as `vllm_prompt` row by row."""
+    from mmpipe.rollout import to_vllm_prompts
+
+    clip = {"array": tone(RATE, RATE, seed=2)[0], "sampling_rate": RATE}
+    photo = testing.tiny_image(64, 80, seed=4)
+    raws = [_row(["audio"], [clip], []), _row(["image"], [], [photo]), _row([], [], [])]
+    rows = [mmpipe.encode_row(x, proc, idx=i, audio="source") for i, x in enumerate(raws)]
+    got = to_vllm_prompts(rows, proc, images=[[], [photo], []])
+    want = [vllm_prompt(r, proc, images=x["images"], index=i) for i, (r, x) in enumerate(zip(rows, raws))]
+    assert [p["prompt_token_ids"] for p in got] == [p["prompt_token_ids"] for p in want]
+    np.testing.assert_array_equal(got[0]["multi_modal_data"]["audio"][0][0], clip["array"])
+    assert got[1]["multi_modal_data"]["image"][0].size == photo.size and "multi_modal_data" not in got[2]

@@ -35,8 +35,12 @@ def test_which_stage_takes_which_kind(stage):
             check_rollout(GEMMA3, stage)
     else:
         assert check_rollout(GEMMA3, stage) is GEMMA3
-    if stage == "generate":  # TransformersEngine: the model's own positions, the processor's named tokens banned
+    if stage in ("generate", "vllm_prompts"):  # TransformersEngine: the model's own positions, the processor's
+        # named tokens banned; vLLM prompts: the Omni thinkers', other processors refused per processor
         assert check_rollout(GENERIC, stage) is GENERIC
+    elif stage == "vllm_engine":
+        with pytest.raises(ArgumentError, match="not available for generic rows: VLLMEngine does not take .*to_vllm_prompts"):
+            check_rollout(GENERIC, stage)
     else:
         with pytest.raises(ArgumentError, match="not available for generic rows: the generic path"):
             check_rollout(GENERIC, stage)
@@ -64,8 +68,9 @@ def generic():
 
 
 def test_the_generic_path_is_refused_by_every_rollout_stage_but_generation(generic):
-    """Every stage but generation with TransformersEngine (tests/encoding/test_omni_audio.py): the
-    vLLM engine needs vLLM prompts, which the generic path has no rule for."""
+    """Every stage but generation with TransformersEngine (tests/encoding/test_omni_audio.py) and
+    the Omni thinkers' vLLM prompts (tests/rollout/test_processor_prompts.py): a generic row of
+    another processor (Idefics3 here) gets no vLLM prompt, and VLLMEngine takes no generic rows."""
     from mmpipe.hosts.verl import verl_rows
     from mmpipe.rollout import VLLMEngine, start, to_vllm_prompts, unbatch_rollout
 
@@ -81,12 +86,13 @@ def test_the_generic_path_is_refused_by_every_rollout_stage_but_generation(gener
     calls = {"vllm_prompts": [lambda: to_vllm_prompts([row], proc), lambda: to_vllm_prompts([stored])],
              "samples": [lambda: unbatch_rollout([row], gens),
                          lambda: unbatch_rollout([row], gens, processor=proc)],
-             "generate": [lambda: VLLMEngine(LLM(), processor=proc, sampling_params_factory=dict)],
+             "vllm_engine": [lambda: VLLMEngine(LLM(), processor=proc, sampling_params_factory=dict)],
              "verl": [lambda: verl_rows([stored], proc), lambda: verl_rows([stored])],
              "multiturn": [lambda: start(raw, proc)]}
-    assert sorted(calls) == sorted(ROLLOUT_STAGES)
+    assert sorted(calls) == sorted(set(ROLLOUT_STAGES) - {"generate"})
     for stage, fns in calls.items():
-        what = ROLLOUT_STAGES["vllm_prompts" if stage == "generate" else stage].split(" (")[0]
+        what = ROLLOUT_STAGES[stage].split(" (")[0]
+        why = "VLLMEngine does not take" if stage == "vllm_engine" else "the generic path"
         for fn in fns:
-            with pytest.raises(ArgumentError, match=f"{what} .*not available for generic rows: the generic path"):
+            with pytest.raises(ArgumentError, match=f"{what} .*not available for generic rows: {why}"):
                 fn()
