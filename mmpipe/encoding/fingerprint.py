@@ -29,9 +29,11 @@ __all__ = ["CODE_SOURCES", "CodeStamped", "StampedFunction", "code_hash", "code_
 # tests/encoding/test_fingerprint.py checks this list against the import graph, so a new
 # import from the encode path that is not covered here fails a test. The two data/ modules
 # come with the media strategies (their validate sections type what they find with them), and
-# so does batching/media_fields.py (their collate sections cut their media with it).
+# so do batching/media_fields.py and batching/output_padding.py (their collate sections cut and
+# pad their media with them).
 CODE_SOURCES = ("encoding", "images", "audio", "media", "records", "families.py", "rope.py", "rope_checks.py", "errors.py",
-                "_fork.py", "data/column_rules.py", "data/report.py", "batching/media_fields.py")
+                "_fork.py", "data/column_rules.py", "data/report.py", "batching/media_fields.py",
+                "batching/output_padding.py")
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the mmpipe/ folder
 
