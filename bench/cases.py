@@ -21,7 +21,7 @@ import numpy as np
 
 from . import data
 from .encode_cases import raw_dataset
-from .report import Result, fmt_time, speed
+from .report import Result, fig, fmt_time, speed
 from .timing import side_by_side
 
 
@@ -143,16 +143,57 @@ def _rope_configs(ctx: Context, model) -> list[Result]:
         with torch.no_grad():
             (p1, d1), (p2, d2) = ours(), theirs()
             same = bool(torch.equal(p1, p2) and torch.equal(d1.reshape(-1), d2.reshape(-1)))
+            known = _layout_known_floor(p1, tt, mask)
+            same = same and torch.equal(known(), p1)  # the floor computes the same positions
             # timeit-style: each sample is the mean of back-to-back calls (>= 0.1 s of them)
-            t = side_by_side({"mmpipe": ours, "transformers": theirs, "floor": floor, "scan": scan, "search": search},
+            t = side_by_side({"mmpipe": ours, "transformers": theirs, "floor": floor, "scan": scan, "search": search,
+                              "known": known},
                              repeat=max(5, ctx.repeat), warmup=2, min_time=0.02 if ctx.quick else 0.1)
         out.append(speed(f"M-RoPE positions B={B} L={L} {n_img} img/row", t["mmpipe"], t["transformers"],
                          "transformers model.model.get_rope_index (tiny Qwen2-VL, same inputs and mask)",
                          target=100, identical=same,  # torch threads: 1 for all (see case_rope)
                          floor=_rope_floor_text(t),
                          detail={"images": int(grid.shape[0]), "vision_tokens": int(tt.sum()),
-                                 **{k: t[k].to_json() for k in ("floor", "scan", "search")}}))
+                                 **{k: t[k].to_json() for k in ("floor", "scan", "search", "known")}}))
+        for key, what in (("floor", "one cumsum of the mask written to [3, B, L]"),
+                          ("known", "the layout known in advance: [3, B, L] allocated, the text runs as one cumsum, "
+                                    "the grids' h/w index writes")):
+            r = t["mmpipe"].median / t[key].median
+            pr = [a / b for a, b in zip(t["mmpipe"].times, t[key].times)]
+            out.append(Result(f"  M-RoPE B={B} L={L} vs floor: {key}", fig(t["mmpipe"]), fig(t[key]), r,
+                              f"{r:.2f}x the floor's time [{min(pr):.2f}-{max(pr):.2f}]", "<= 2x", r <= 2.0, same,
+                              {"floor_timing": t[key].to_json()}, what, "" if r <= 2.0 else _rope_floor_text(t)))
     return out
+
+
+def _layout_known_floor(positions, tt, mask):
+    """The least memory traffic of an exact M-RoPE whose layout is known in advance (the brief's
+    floor): allocate [3, B, L], write the text runs by one cumsum over precomputed advances (1 per
+    text token, the block's advance at its last vision token), copy that row to the other two,
+    then write each vision token's h and w index (t too where a grid has several frames). Built
+    from ``positions`` (checked equal to them), outside the timed region."""
+    import torch
+
+    B, L = mask.shape
+    vis = (tt.bool() & mask.bool()).reshape(-1)
+    idx = torch.nonzero(vis).reshape(-1)
+    p = positions.reshape(3, -1)
+    base = p[0].clone()  # images: the t row is the block start on the vision tokens
+    adv = torch.diff(base.view(B, L), dim=1, prepend=torch.zeros(B, 1, dtype=torch.long))  # cumsum(adv) == base
+    vals = [p[a].index_select(0, idx) for a in range(3)]
+    rows = [a for a in range(3) if not torch.equal(vals[a], base.index_select(0, idx))]
+
+    def known():
+        out = torch.empty(3, B, L, dtype=torch.long)
+        torch.cumsum(adv, 1, out=out[0])
+        out[1].copy_(out[0])
+        out[2].copy_(out[0])
+        flat = out.view(3, -1)
+        for a in rows:
+            flat[a].scatter_(0, idx, vals[a])  # the fastest index write here (index_put_ ~3.5x, numpy ~1.2x)
+        return out
+
+    return known
 
 
 def _rope_floor_text(t) -> str:
@@ -180,7 +221,8 @@ def case_map_scaling(ctx: Context) -> list[Result]:
     proc = ctx.processor
     # datasets gives each process a contiguous half: both halves hold the same rows (mixed
     # order), so the split is even and the ratio measures scaling, not the shard sizes
-    half = _rows(ctx, {1: 3, 2: 2, 8: 1} if ctx.quick else {1: 16, 2: 8, 8: 1}, start=7)
+    # issue 34: 150 real-size rows (240 photos) in the full run
+    half = _rows(ctx, {1: 3, 2: 2, 8: 1} if ctx.quick else {1: 48, 2: 24, 8: 3}, start=7)
     half = [half[i] for i in np.random.default_rng(0).permutation(len(half))]
     rows = half + half
     n, n_img = len(rows), sum(len(r["images"]) for r in rows)
@@ -225,13 +267,23 @@ def case_map_scaling(ctx: Context) -> list[Result]:
     base = "itself with num_proc=1 (one worker, one image thread)"
     return [
         speed(f"dataset.map(mmpipe.encode) {n} rows/{n_img} images, num_proc=2 vs 1", t["num_proc=2"],
-              t["num_proc=1"], base, target=None, identical=bool(same), per=n, detail=detail,
-              floor="2 cores: at most 2x, less the second process's start-up"),
+              t["num_proc=1"], base, target=1.8, identical=bool(same), per=n, detail=detail,
+              floor=_scaling_floor(t)),
         speed("  same, num_proc=None (in-process, image threads) vs num_proc=1", t["in-process"], t["num_proc=1"],
               base, target=None, identical=bool(same), per=n),
         speed("  same, num_proc=None, Image(decode=False) vs num_proc=1", t["in-process, decode=False"],
               t["num_proc=1"], base, target=None, identical=bool(same), per=n),
     ]
+
+
+def _scaling_floor(t) -> str:
+    """Why num_proc=2 misses 1.8x: the cores the other processes held while it ran (a 2-process map
+    needs both cores of the 2-core machine free), and its best pair."""
+    two, one = t["num_proc=2"], t["num_proc=1"]
+    busy = sorted(two.other_cores)[len(two.other_cores) // 2] if two.other_cores else 0.0
+    return (f"2 cores: at most 2x, less the second process's start-up; best paired sample "
+            f"{max(a / b for a, b in zip(one.times, two.times)):.2f}x, fastest samples {one.best / two.best:.2f}x; "
+            f"other processes kept a median {busy:.1f} cores busy during the num_proc=2 samples")
 
 
 def _threads_note() -> dict:

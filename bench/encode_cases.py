@@ -120,8 +120,13 @@ def case_layout(ctx) -> list[Result]:
     assert len(agp) == 1, "the bench rows share the generation-prompt choice: one batched render"
     agp = agp.pop()
 
-    def render():
-        return proc.apply_chat_template(convs, tokenize=False, add_generation_prompt=agp)
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    compiled, tpl_kw = _compile_jinja_template(proc._resolve_chat_template(None)), dict(proc.tokenizer.special_tokens_map)
+
+    def render():  # the processor's render without its deep copies (what mmpipe's render does for plain rows)
+        return [compiled.render(messages=c, tools=None, documents=None, add_generation_prompt=agp, **tpl_kw)
+                for c in convs]
 
     def headers():  # a plain JPEG's size from its bytes (no PIL), else PIL's header read
         return [plain_jpeg_hw(v["bytes"]) or Image.open(io.BytesIO(v["bytes"])).size[::-1] for r in rows for v in r["images"]]
@@ -146,7 +151,7 @@ def case_layout(ctx) -> list[Result]:
                      repeat=ctx.repeat, warmup=1, min_time=0.05 if ctx.quick else 0.3)
     tf, fa = t["tokenize_expanded"], t["any_layout"]
     parts = ", ".join(f"{k} {fmt_time(t[k].best)}" for k in ("render", "headers", "tokenize"))
-    floor = (f"the work no layout path skips (render each row's chat template in one batched call, read the image "
+    floor = (f"the work no layout path skips (render each row's chat template with the compiled template, read the image "
              f"headers - a plain JPEG's size from its bytes, else PIL -, one tokenizer backend call without offsets over "
              f"the unexpanded texts) takes {fmt_time(fa.best)} (fastest sample; {parts}): at most "
              f"{t['header_only'].median / fa.best:.1f}x over the header-only path, whose own tokenizing of the expanded "
@@ -221,10 +226,12 @@ class MapRunner:
                       cache_file_name=f"{self.dir}/run{self.k}.arrow", **kw)
 
 
-def _floor_fn(rows: list[dict], proc, patches: bool = False):
+def _floor_fn(rows: list[dict], proc, patches: bool = False, threads: int = 1):
     """Decode + bicubic resize of every image with plain PIL, one thread: the work no encoder
     of these images can skip. ``patches``: then the pixels as numpy and one transpose-copy into the
-    processor's patch order (what any encoder writing that layout adds; the processor does it too)."""
+    processor's patch order (what any encoder writing that layout adds; the processor does it too).
+    ``threads`` > 1: the images shared out over that many threads, each taking the next image (PIL
+    releases the GIL while it decodes and resizes)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
     from PIL import Image
 
@@ -233,16 +240,28 @@ def _floor_fn(rows: list[dict], proc, patches: bool = False):
     f = p * m
     blobs = [v["bytes"] for r in rows for v in r["images"]]
 
+    def one(b):
+        im = Image.open(io.BytesIO(b)).convert("RGB")
+        h, w = smart_resize(im.height, im.width, f, min_pixels=ip.size["shortest_edge"],
+                            max_pixels=ip.size["longest_edge"])
+        im = im.resize((w, h), Image.BICUBIC)
+        if patches:
+            x = np.asarray(im).reshape(h // f, m, p, w // f, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
+            np.ascontiguousarray(x)
+
     def run():
         for b in blobs:
-            im = Image.open(io.BytesIO(b)).convert("RGB")
-            h, w = smart_resize(im.height, im.width, f, min_pixels=ip.size["shortest_edge"],
-                                max_pixels=ip.size["longest_edge"])
-            im = im.resize((w, h), Image.BICUBIC)
-            if patches:
-                x = np.asarray(im).reshape(h // f, m, p, w // f, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
-                np.ascontiguousarray(x)
-    return run
+            one(b)
+
+    if threads <= 1:
+        return run
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(threads)
+
+    def run_threads():
+        list(pool.map(one, blobs))  # each thread takes the next image: the split balances itself
+    return run_threads
 
 
 def floor_map_batch(batch: dict, processor) -> dict:
@@ -298,6 +317,9 @@ def case_encode(ctx) -> list[Result]:
         "decode_resize_patch_1thread": _floor_fn(rows, proc, patches=True),
         # the call alone, one image thread, on the same rows in memory (no datasets, no processes)
         "mmpipe_call_1thread": lambda: mmpipe.encode(batch, processor=proc, threads=1),
+        # issue 34: the same on two threads, against the floor on two threads
+        "decode_resize_2threads": _floor_fn(rows, proc, threads=2),
+        "mmpipe_call_2threads": lambda: mmpipe.encode(batch, processor=proc, threads=2),
     }
     batch = {k: [r[k] for r in rows] for k in rows[0]}
     ours, theirs = contenders["mmpipe"](), contenders["processor"]()  # outputs checked equal before timing
@@ -323,6 +345,8 @@ def case_encode(ctx) -> list[Result]:
         _floor_line(t["mmpipe"], floor_t, n, bool(same), map_floor=t["floor_map"]),
         _floor_line(t["mmpipe_call_1thread"], t["decode_resize_1thread"], n, bool(same), call=True,
                     patch_floor=t["decode_resize_patch_1thread"]),
+        _floor_line(t["mmpipe_call_2threads"], t["decode_resize_2threads"], n, bool(same), call=True,
+                    patch_floor=t["decode_resize_patch_1thread"], threads=2, one_thread=t["decode_resize_1thread"]),
         speed("  same, num_proc=None (in-process, 2 image threads)", t["mmpipe_in_process"], t["processor"],
               base_name, target=None, identical=bool(same and same_in), per=n),
         speed(f"  same, pixels='float32' stored (both float32), num_proc={NUM_PROC}", t["mmpipe_f32"], t["processor"],
@@ -332,17 +356,27 @@ def case_encode(ctx) -> list[Result]:
     return lines
 
 
+FLOOR_SHARE = 0.95  # issue 34: the encode call at >= 95% of the decode+resize floor's speed
+
+
 def _floor_line(mm: Timing, floor_t: Timing, n: int, same: bool, call: bool = False,
-                patch_floor: Timing | None = None, map_floor: Timing | None = None) -> Result:
+                patch_floor: Timing | None = None, map_floor: Timing | None = None, threads: int = 1,
+                one_thread: Timing | None = None) -> Result:
     r = mm.median / floor_t.best
+    target = 1 / FLOOR_SHARE
     if call:
-        name, base = "  one encode call, 1 image thread, vs the floor", "PIL decode + bicubic resize alone, 1 thread"
-        pf = patch_floor.best / floor_t.best
-        why = (f"the pixels as numpy + one transpose-copy into the processor's patch order (any encoder of that layout "
-               f"does it) take the floor to {pf:.2f}x (fastest samples); mmpipe's call runs at {r / pf:.2f}x that: "
-               "the rest is the template, tokenizer, rope, and the row's pixel bytes copied into one block "
-               "and into the Arrow value")
+        name = f"  one encode call, {threads} image thread{'s' if threads > 1 else ''}, vs the floor"
+        base = f"PIL decode + bicubic resize alone, {threads} thread{'s' if threads > 1 else ''}"
+        pf = patch_floor.best / (one_thread or floor_t).best
+        why = (f"{FLOOR_SHARE:.0%} of the floor's speed is {target:.3f}x its time; the pixels as numpy + one "
+               f"transpose-copy into the processor's patch order (any encoder of that layout does it) take the "
+               f"1-thread floor to {pf:.2f}x (fastest samples); mmpipe's call runs at {r / pf:.2f}x that: "
+               "the rest is the template, tokenizer, rope, and the row's pixel bytes copied into one block")
+        if threads > 1:
+            why += (f"; the 2-thread floor runs at {one_thread.best / floor_t.best:.2f}x the 1-thread one "
+                    "(both threads on the 2 shared cores)")
     else:
+        target = 1.15
         name, base = "  full encode (map, num_proc=2) vs the decode+resize floor", \
             f"PIL decode + bicubic resize alone, 1 thread / {NUM_PROC}"
         mf = map_floor.best / floor_t.best
@@ -350,8 +384,9 @@ def _floor_line(mm: Timing, floor_t: Timing, n: int, same: bool, call: bool = Fa
                f"written) takes {mf:.2f}x the floor's time (fastest sample): worker start-up, pickling the processor, "
                f"reading the input; mmpipe's map runs at {r / mf:.2f}x that map floor, the rest being the call's own "
                "overhead (line below) and writing ~2.4 MiB of uint8 per photo to Arrow")
-    return Result(name, fig(mm, n, "rows"), fig(floor_t, n, "rows"), r, f"{r:.2f}x the floor's time", "<= 1.15x",
-                  r <= 1.15, same, {}, base + " (floor: fastest sample)", "" if r <= 1.15 else why)
+    return Result(name, fig(mm, n, "rows"), fig(floor_t, n, "rows"), r,
+                  f"{r:.2f}x the floor's time ({1 / r:.0%} of its speed)", f"<= {target:.3g}x", r <= target, same, {},
+                  base + " (floor: fastest sample)", "" if r <= target else why)
 
 
 # ---- bytes per image on disk --------------------------------------------------------------------

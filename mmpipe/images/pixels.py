@@ -9,6 +9,7 @@ import numpy as np
 from PIL import Image
 
 from mmpipe.errors import ImageError, PixelDataError
+from mmpipe.images import buffers
 from mmpipe.images.load import bomb_error, image_hw, load_image, to_rgb_image, unreadable_error, upright
 from mmpipe.images.backends import resize_u8_torch
 from mmpipe.images.spec import VisionSpec
@@ -115,7 +116,7 @@ def _lut_expand(x: np.ndarray, lut: np.ndarray, reps: int, threads: Optional[int
         table, idx, width, dtype = _pair_table(lut), x.view(np.uint16), k // 2, np.uint64
     else:
         table, idx, width, dtype = np.ascontiguousarray(lut, dtype=np.float32), x, k, np.float32
-    out = np.empty((n, 3, reps, width), dtype)
+    out = buffers.PIXEL_BUFFERS.empty((n, 3, reps, width), dtype)  # a large one: memory already mapped
 
     def work(r0: int, r1: int) -> None:
         tmp = np.empty((min(CHUNK_ROWS, r1 - r0), width), dtype)
