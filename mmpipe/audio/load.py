@@ -164,3 +164,14 @@ def audio_source(value: Any, wave: np.ndarray, sampling_rate: int) -> bytes:
     buf = io.BytesIO()
     soundfile.write(buf, wave, int(sampling_rate), format="WAV", subtype="FLOAT")
     return buf.getvalue()
+
+
+def audio_extractor(processor):
+    """The processor's audio feature extractor (``feature_extractor``: Whisper's for the Omni
+    thinkers, Gemma 3n's; ``audio_processor``: Phi-4-multimodal's), None when it has none (or one
+    without a sampling rate)."""
+    for name in ("feature_extractor", "audio_processor"):
+        fe = getattr(processor, name, None)
+        if fe is not None and getattr(fe, "sampling_rate", None):
+            return fe
+    return None

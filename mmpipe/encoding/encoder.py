@@ -111,6 +111,10 @@ class Encoder(ChatTemplate, CodeStamped):
             Qwen2.5-Omni's float32 ``input_features`` [A, 128, 3000], 1.5 MB a clip) or
             ``"source"`` (each clip's file bytes, a float WAV of the loaded samples for arrays; collate
             computes the features with the processor's own call, bit for bit).
+        use_audio_in_video: the generic path, the Omni thinkers: encode the row's videos (files) with
+            their sound tracks interleaved (`mmpipe.media.processor_videos`; frames sampled by
+            ``video_options`` fps / min_frames / max_frames); a video without sound is the row's
+            `AudioError`. Collate then tells the model (``use_audio_in_video=True`` in ``model_inputs()``).
         images_kwargs: the processor call's image options of a tiled family (e.g. Gemma 3
             ``{"do_pan_and_scan": True}``), as ``processor(..., **images_kwargs)``.
         family: None (the processor's, `mmpipe.families.resolve_family`) or ``"generic"``: the
@@ -134,7 +138,7 @@ class Encoder(ChatTemplate, CodeStamped):
                  image_backend: Optional[str] = None, videos_column: Optional[str] = None,
                  video_options=None, images_kwargs: Optional[dict] = None, family: Optional[str] = None,
                  log=None, end_of_turn: str = "template", audios_column: Optional[str] = None,
-                 audio: Optional[str] = None):
+                 audio: Optional[str] = None, use_audio_in_video: bool = False):
         check_choice("on_error", on_error, ERROR_POLICIES)
         check_choice("end_of_turn", end_of_turn, END_OF_TURN)
         check_choice("truncation", truncation, TRUNCATION_POLICIES)
@@ -167,6 +171,13 @@ class Encoder(ChatTemplate, CodeStamped):
         given = {k: options[k] for k in KIND_OPTIONS if options[k] is not None}
         self.videos_column = "videos" if videos_column is None else videos_column
         self.audios_column = "audios" if audios_column is None else audios_column
+        if not isinstance(use_audio_in_video, bool):
+            raise ArgumentError(f"use_audio_in_video must be True or False, got {use_audio_in_video!r}")
+        if use_audio_in_video and not getattr(self.family.media, "TAKES_VIDEO_SOUND", False):
+            raise ArgumentError(f"use_audio_in_video=True is not available for {self.processor_class} "
+                                f"({self.family.name}): a video's sound is encoded on the generic path, for the Omni "
+                                "thinkers (Qwen2.5-Omni, Qwen3-Omni); leave it out")
+        self.use_audio_in_video = use_audio_in_video
         self.family.media.encode_settings(self, given)  # sets pixels and the kind's own attributes
         self.image_root = check_image_root(image_root)
         self.fresh_runtime_state()

@@ -128,8 +128,15 @@ def position_inputs(batch, positions) -> dict:
 
 def model_inputs(batch, token_types=None) -> dict:
     """The processor's own outputs: its sequence keys [B, L] and every vision key (in the
-    processor's dtype: `ProcessorLayout.model_tensors`)."""
-    return {**batch.sequence, **(batch.layout.model_tensors(batch.vision) if batch.layout else batch.vision)}
+    processor's dtype: `ProcessorLayout.model_tensors`); ``use_audio_in_video=True`` for a batch
+    holding videos: the generic path encodes videos only with their sound (`TAKES_VIDEO_SOUND`), and the
+    Omni thinker's rope needs the flag to position them (it changes nothing for the batch's rows
+    without videos)."""
+    out = {**batch.sequence, **(batch.layout.model_tensors(batch.vision) if batch.layout else batch.vision)}
+    grids = batch.vision.get("video_grid_thw")
+    if grids is not None and len(grids):
+        out["use_audio_in_video"] = True
+    return out
 
 
 # ---- rollout ----
@@ -202,6 +209,8 @@ def encode_layout(enc) -> ProcessorLayout:
 BATCH_ROWS = "generic-path"  # a batch of this kind's rows, in error messages
 FOREIGN_ROW = "a natively encoded row"  # a row of another kind in such a batch
 TAKES_AUDIO = True  # a processor with a feature extractor gets the row's clips (`mmpipe.audio.load_audio`)
+# ``Encoder(use_audio_in_video=True)``: videos with their sound (the Omni thinkers, `mmpipe.media.processor_videos`)
+TAKES_VIDEO_SOUND = True
 
 
 def collate_media(rows: list, ctx) -> dict:

@@ -2,6 +2,9 @@
 processor mmpipe has no family table for (or a tiled family's, asked for with
 ``family="generic"``).
 
+Videos: only with their sound (``use_audio_in_video=True``, the Omni thinkers:
+`mmpipe.media.processor_videos`); other video rows are refused.
+
 raw chat row -> the processor's own chat template + processor call -> the row's fields (its
 outputs, its dtypes, typed by its `mmpipe.media.processor.ProcessorLayout`; labels from the
 assistant replies) -> stored row (``family="generic"``) -> `mmpipe.collate` (padding, ragged
@@ -21,10 +24,11 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
+from mmpipe.audio import audio_extractor
 from mmpipe.encoding.call_labels import call_labels
 from mmpipe.encoding.options import check_choice, refusal, refuse_options
 from mmpipe.encoding.parse import images_only
-from mmpipe.errors import ArgumentError, ImageError, InputError
+from mmpipe.errors import ArgumentError, ImageError, InputError, PlaceholderError
 from mmpipe.families import GENERIC, resolve_family
 from mmpipe.images.load import bomb_error, load_image, to_rgb_image, unreadable_error, upright
 from mmpipe.records.columns import IGNORE_INDEX, to_numpy
@@ -52,8 +56,10 @@ ENCODE_REFUSED = {
     "max_pixels": "set the bounds on the processor's image processor",
     "image_backend": "the processor's own image processor is used as it is",
     "image_root": "resolve and check image paths before encoding",
-    "videos_column": "the generic path takes images only",
-    "video_options": "the generic path takes images only",
+    "videos_column": "the generic path takes images, and videos only with their sound: use_audio_in_video=True "
+                     "(the Omni thinkers)",
+    "video_options": "the generic path takes images, and videos only with their sound: use_audio_in_video=True "
+                     "(the Omni thinkers)",
     "images_kwargs": "set them on the processor's image processor",
 }
 
@@ -71,7 +77,23 @@ def encode_settings(enc, given: dict) -> None:
         raise ArgumentError(f"processor {cls} is mmpipe's native family {native.name!r}; "
                             "encode it with mmpipe.Encoder(processor) (the generic path gives 1-D "
                             "positions)")
-    refuse_options(enc, given, ENCODE_REFUSED, REFUSAL)
+    enc.use_audio_in_video = bool(getattr(enc, "use_audio_in_video", False))
+    refused = ENCODE_REFUSED
+    if enc.use_audio_in_video:  # videos with their sound (`mmpipe.media.processor_videos`)
+        refused = {k: v for k, v in ENCODE_REFUSED.items() if k not in ("videos_column", "video_options")}
+    refuse_options(enc, given, refused, REFUSAL)
+    if enc.use_audio_in_video:
+        from mmpipe.encoding.videos import video_options
+        from mmpipe.media.processor_videos import check_video_options
+
+        if audio_extractor(enc.processor) is None or getattr(enc.processor, "video_processor", None) is None:
+            raise refusal(enc, REFUSAL, "use_audio_in_video=True", "it needs a processor with a video processor and an "
+                          "audio feature extractor (the Omni thinkers: Qwen2.5-Omni, Qwen3-Omni)")
+        if given.get("audio") == "source":
+            raise refusal(enc, REFUSAL, "audio='source' with use_audio_in_video=True", "a video's sound is stored as "
+                          "the processor's features; leave audio out (or pass 'features')")
+        enc.video_opts = video_options(given.get("video_options"))
+        check_video_options(enc.video_opts)
     if getattr(enc.processor, "chat_template", None) is None and "chat_template" not in enc.chat_template_kwargs:
         # every row (and the layout probe) renders with the processor's template: refuse at once, not
         # per row (under on_error="skip" every row would fail the same way)
@@ -157,9 +179,24 @@ def run_processor(enc, **kwargs) -> tuple[dict, dict]:
     return arrays, low
 
 
-def _call(enc, text: str, images: list, audios: Sequence = ()) -> dict:
-    """The processor's outputs (numpy) for one row."""
-    return run_processor(enc, text=[text], images=images or None, **_audio_kwargs(enc, audios))[0]
+def _call(enc, text: str, images: list, audios: Sequence = (), videos: tuple = ()) -> dict:
+    """The processor's outputs (numpy) for one row; ``videos``: (the row's sampled frames, their
+    sound tracks) with ``use_audio_in_video``, the first of them that ``text`` holds given."""
+    return run_processor(enc, text=[text], images=images or None, **_media_kwargs(enc, text, audios, videos))[0]
+
+
+def _media_kwargs(enc, text: str, audios: Sequence, videos: tuple = ()) -> dict:
+    """The call's audio keywords (`_audio_kwargs`) and, for a text holding videos with their sound,
+    its video keywords (`mmpipe.media.processor_videos.video_call_kwargs`: the sound tracks join
+    ``audio=`` in slot order)."""
+    kw = _audio_kwargs(enc, audios)
+    if videos and len(videos[0]):
+        from mmpipe.media.processor_videos import video_call_kwargs
+
+        extra = video_call_kwargs(enc, text, videos[0], videos[1], list(audios))
+        if extra:
+            kw.update(extra, sampling_rate=int(audio_extractor(enc.processor).sampling_rate))
+    return kw
 
 
 def _audio_kwargs(enc, audios: Sequence) -> dict:
@@ -174,17 +211,6 @@ def user_turn(n_images: int, n_audios: int = 0) -> list:
     """A probe conversation: one user turn of ``n_audios`` audio and ``n_images`` image items and the text "a"."""
     return [{"role": "user", "content": [{"type": "audio"}] * n_audios + [{"type": "image"}] * n_images
              + [{"type": "text", "text": "a"}]}]
-
-
-def audio_extractor(processor):
-    """The processor's audio feature extractor (``feature_extractor``: Whisper's for the Omni
-    thinkers, Gemma 3n's; ``audio_processor``: Phi-4-multimodal's), None when it has none (or one
-    without a sampling rate)."""
-    for name in ("feature_extractor", "audio_processor"):
-        fe = getattr(processor, name, None)
-        if fe is not None and getattr(fe, "sampling_rate", None):
-            return fe
-    return None
 
 
 def audio_outputs(processor, layout, sources: list, where: str = "row") -> dict:
@@ -215,12 +241,27 @@ def load_audios(enc, audios: list, where: str) -> list:
     fe = audio_extractor(enc.processor)
     if fe is None:
         no_audio(audios, where, f"{enc.processor_class} (no audio feature extractor)")
-    # the extractor cuts at n_samples only where the processor's call truncates (Qwen2.5-Omni's does; Qwen3-Omni's
-    # sets truncation=False and takes a clip whole)
-    truncates = dict(getattr(enc.processor, "audio_kwargs", None) or {}).get("truncation", True)
-    limit = int(getattr(fe, "n_samples", 0) or 0) if truncates else 0
+    limit = clip_limit(enc.processor, fe)
     return [load_audio(a, int(fe.sampling_rate), where=f"{where}, audio {i}", column=enc.audios_column,
                        max_samples=limit) for i, a in enumerate(audios)]
+
+
+def clip_limit(processor, fe) -> int:
+    """The most samples a clip may hold where the processor's call cuts longer ones (0: no limit)."""
+    # the extractor cuts at n_samples only where the processor's call truncates (Qwen2.5-Omni's does; Qwen3-Omni's
+    # sets truncation=False and takes a clip whole)
+    truncates = dict(getattr(processor, "audio_kwargs", None) or {}).get("truncation", True)
+    return int(getattr(fe, "n_samples", 0) or 0) if truncates else 0
+
+
+def load_video_sounds(enc, videos: list, where: str) -> tuple[list, list]:
+    """``use_audio_in_video``: the row's videos -> (sampled frames, sound tracks at the feature
+    extractor's rate) (`mmpipe.media.processor_videos.load_videos`); a sound track longer than the
+    processor takes is refused as a clip is."""
+    from mmpipe.media.processor_videos import load_videos
+
+    fe = audio_extractor(enc.processor)
+    return load_videos(enc, videos, int(fe.sampling_rate), where, max_samples=clip_limit(enc.processor, fe))
 
 
 def probe_call(enc, images: list):
@@ -240,14 +281,29 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
     ``sequence`` (int [L]) and ``vision`` (audio clips: the feature extractor's outputs, e.g.
     ``input_features`` [A, mels, frames]); a row over ``max_length`` raises `TruncationError`
     (or is dropped)."""
-    images_only(videos, where, what=f"{enc.processor_class} on the generic path")
+    if not getattr(enc, "use_audio_in_video", False):
+        images_only(videos, where, what=f"{enc.processor_class} on the generic path",
+                    fix="drop the row's videos, or encode videos with their sound: mmpipe.Encoder(processor, "
+                        "use_audio_in_video=True) (the Omni thinkers)" if audio_extractor(enc.processor) is not None
+                    and getattr(enc.processor, "video_processor", None) is not None else None)
     waves = load_audios(enc, list(audios), where) if len(audios) else []
+    moving = load_video_sounds(enc, list(videos), where) if len(videos) else ()
     pil = [im for _, im in enc.load_images(images, where, prefetched)]
     agp = enc.generation_prompt(messages)
     text = enc.prompt_text(messages, agp, tools, where)
     layout = enc.layout()
+    if moving:
+        from mmpipe.media.processor_videos import media_order
+
+        n_video = media_order(enc.processor, text).count("video")
+        if n_video != len(videos):
+            raise PlaceholderError(f"the rendered prompt holds {n_video} video placeholder(s) but the row has "
+                                   f"{len(videos)} video(s)", where=where, column="messages",
+                                   expected=f"one {enc.processor.video_token} per video", found=str(n_video),
+                                   fix="one video item per video; remove literal video tokens from the text")
+    kwargs = _media_kwargs(enc, text, waves, moving)  # a silent video, a slot mismatch: the row's AudioError
     try:
-        out, low = run_processor(enc, text=[text], images=pil or None, **_audio_kwargs(enc, waves))
+        out, low = run_processor(enc, text=[text], images=pil or None, **kwargs)
     except _PROCESSOR_FAILURES as e:
         raise InputError(f"the processor {enc.processor_class} failed on this row ({type(e).__name__}: {e})",
                          where=where, stage="encode", column="messages",
@@ -276,7 +332,11 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
                              fix="report the processor class; encode with labels and options unchanged")
     for k in layout.sequence:
         sequence.setdefault(k, np.zeros(len(ids), np.int64))
-    labels = call_labels(enc, messages, (pil, waves), agp, tools, ids, text, _prefix_ids) if enc.labels else None
+    ids_of = _prefix_ids
+    if moving:  # a prefix holds the videos its text names (their count: the text's video placeholders)
+        def ids_of(enc, text, images, audios):
+            return _call(enc, text, images, audios, moving)["input_ids"][0].astype(np.int64)
+    labels = call_labels(enc, messages, (pil, waves), agp, tools, ids, text, ids_of) if enc.labels else None
     trained = np.flatnonzero(labels != IGNORE_INDEX) if labels is not None else ()
     if len(trained) and "labels" in out and "token_type_ids" in sequence:
         # the processor's labels are its token type 1 (PaliGemma's suffix: causal, trained; type 0 is the

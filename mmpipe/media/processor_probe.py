@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmpipe.media.processor_encode import OWN_KEYS, audio_extractor, plain_render, probe_call, run_processor, user_turn
+from mmpipe.audio import audio_extractor
+from mmpipe.media.processor_encode import OWN_KEYS, plain_render, probe_call, run_processor, user_turn
 
 
 def probe(enc) -> tuple:
@@ -36,6 +37,11 @@ def probe(enc) -> tuple:
     audio_keys = tuple(sorted(k for k in audio if k not in OWN_KEYS and k not in sequence and k not in arrays))
     arrays.update({k: audio[k] for k in audio_keys})
     low = {**audio_low, **low}
+    if getattr(enc, "use_audio_in_video", False):  # the video keys of videos with their sound
+        video, video_low = _video_probe(enc)
+        sequence |= {k for k, v in video.items() if k not in OWN_KEYS and v.shape == video["input_ids"].shape}
+        arrays.update({k: v for k, v in video.items() if k not in OWN_KEYS and k not in sequence and k not in arrays})
+        low = {**video_low, **low}
     row_keys = sorted(k for k, v in arrays.items() if k not in sequence and v.ndim >= 1 and v.shape[0] == 1)
     pads, joins = _batch_rules(enc, row_keys, im, out)
     row_keys = [k for k in row_keys if k not in dict(joins)]
@@ -70,6 +76,24 @@ def _audio_probe(enc) -> tuple[dict, dict, tuple]:
         if feature is not None:
             masks.append((m, feature))
     return two, low, tuple(masks)
+
+
+def _video_probe(enc) -> tuple[dict, dict]:
+    """``use_audio_in_video``: the processor's outputs for one user turn holding two small videos
+    (4 and 6 frames, 56x56 and 84x56) with their sound (1 s and 1.5 s of a tone), as
+    `mmpipe.media.processor_videos` calls it: the video keys (``pixel_values_videos``,
+    ``video_grid_thw``, ``video_second_per_grid``; axis 0: patches / videos) and the audio keys."""
+    from mmpipe.media.processor_videos import video_call_kwargs
+
+    rate = int(audio_extractor(enc.processor).sampling_rate)
+    t = np.arange(rate * 3 // 2, dtype=np.float32) / rate
+    waves = [0.1 * np.sin(2 * np.pi * 440 * t[:rate]), 0.1 * np.sin(2 * np.pi * 220 * t)]
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 256, (4, 56, 56, 3), dtype=np.uint8),
+              rng.integers(0, 256, (6, 84, 56, 3), dtype=np.uint8)]
+    turn = [{"role": "user", "content": [{"type": "video"}, {"type": "video"}, {"type": "text", "text": "a"}]}]
+    text = plain_render(enc, turn, True)
+    return run_processor(enc, text=[text], sampling_rate=rate, **video_call_kwargs(enc, text, frames, waves, []))
 
 
 def _joined_axis(a: np.ndarray, b: np.ndarray, both: np.ndarray):

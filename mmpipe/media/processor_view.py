@@ -57,6 +57,9 @@ def table_counts(table, families: list[str]) -> dict:
             n = int(pc.sum(pc.list_value_length(table.column(name))).as_py() or 0)
             units, nbytes = units + n, nbytes + n * np.dtype(dtype).itemsize
             f32 += n * 4 if np.dtype(dtype).kind == "f" else 0
+    videos = 0
+    if "video_grid_thw" in names:  # use_audio_in_video rows: [V, 3] per row, stored flat
+        videos = int(pc.sum(pc.list_value_length(table.column("video_grid_thw"))).as_py() or 0) // 3
     return {"images_per_row": np.asarray(images, np.int64),
             "tokens_per_image": np.zeros(0, np.int64),
-            "videos": 0, "units": units, "pixel_bytes": nbytes, "float32_bytes": f32}
+            "videos": videos, "units": units, "pixel_bytes": nbytes, "float32_bytes": f32}

@@ -188,7 +188,8 @@ class BatchedMultiModalInputs(ProcessorOutputs):
         # a batch with no target token (RL prompts) gets no labels: the loss would be NaN
         if labels and self.labels is not None and bool((self.labels != IGNORE_INDEX).any()):
             out["labels"] = self.labels
-        return {k: _torch(v) if dev is None else _torch(v).to(dev) for k, v in out.items()}
+        # flags (a bool such as the Omni thinkers' use_audio_in_video) go as they are
+        return {k: v if isinstance(v, bool) else _torch(v) if dev is None else _torch(v).to(dev) for k, v in out.items()}
 
     def as_torch(self) -> "BatchedMultiModalInputs":
         """The same batch with every numpy field (and ``extras`` / ``sequence`` / ``vision``

@@ -40,6 +40,10 @@ __all__ = ["SERVED", "check_served", "collapse_runs", "media_token_ids", "served
 # and vision border tokens; their prompts are checked against real vLLM (tests/rollout/test_omni_vllm.py).
 # Other generic-path processors (Gemma 3n, Phi-4-multimodal, Llama 4, Kimi) have other vLLM rules: refused.
 SERVED = "the Omni thinker processors (Qwen2.5-Omni, Qwen3-Omni)"
+NOT_SERVED = ("the generic path (a processor without a mmpipe family table) has no vLLM prompt rule but the "
+              f"Omni thinkers' (vLLM prompts are built for {SERVED} only); generate with mmpipe.rollout.TransformersEngine, train on its rows with "
+              "mmpipe.Collator(processor), or add a family row for its processor class (mmpipe.families) to "
+              "roll it out")
 _SERVED_NAMES = ("get_chunked_index", "audio_bos_token", "audio_eos_token", "audio_token", "image_token",
                  "video_token")
 
@@ -57,13 +61,11 @@ def check_served(processor, *, row: Optional[int] = None, stage: str = "vllm_pro
     `SERVED`: the refusal the generic path gave every processor before, worded as `check_rollout` words it."""
     if served_class(processor) is not None:
         return
-    from mmpipe.media.processor import NO_ROLLOUT
     from mmpipe.rollout.support import ROLLOUT_STAGES, RolloutRefusal
 
     where = "" if row is None else f"row {row}: "
-    raise RolloutRefusal(f"{where}{ROLLOUT_STAGES[stage]} are not available for generic rows: {NO_ROLLOUT} (vLLM "
-                         f"prompts are built for {SERVED} only, not {type(processor).__name__})",
-                         stage=stage, family="generic", row=row)
+    raise RolloutRefusal(f"{where}{ROLLOUT_STAGES[stage]} are not available for generic rows: {NOT_SERVED} (not "
+                         f"{type(processor).__name__})", stage=stage, family="generic", row=row)
 
 
 def media_token_ids(processor) -> dict:
@@ -122,8 +124,7 @@ def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[Se
     rate); ``images`` / ``audios``: the row's originals where the row does not store its sources.
     `ArgumentError` naming the row when a medium is missing or its count differs from the row's
     placeholders; `PlaceholderError` for a row with video tokens."""
-    from mmpipe.audio import load_audio
-    from mmpipe.media.processor_encode import audio_extractor
+    from mmpipe.audio import audio_extractor, load_audio
 
     del tokenizer  # the ids are the row's own
     check_served(processor, row=index)  # None too: the processor the row was encoded with is needed
@@ -165,7 +166,7 @@ def video_sound_prompt(input_ids, processor: Any, videos: Sequence, video_audios
     ``mm_processor_kwargs={"use_audio_in_video": True}``. vLLM 0.32 takes one sound per video and no
     standalone clip beside them ("use_audio_in_video requires equal number of audio and video items"):
     a row with standalone audio runs is refused (`ArgumentError`)."""
-    from mmpipe.media.processor_encode import audio_extractor
+    from mmpipe.audio import audio_extractor
 
     check_served(processor, row=index)
     tok = getattr(processor, "tokenizer", processor)

@@ -1,0 +1,186 @@
+"""Videos with their sound (``use_audio_in_video``) on the generic path (`mmpipe.media.processor_encode`):
+the Omni thinkers (Qwen2.5-Omni, Qwen3-Omni) take a row's videos and each video's sound track
+interleaved with its frames (`mmpipe.audio.omni_video`).
+
+A video value is a file (a path, its bytes, a ``datasets.Video(decode=False)`` dict): its frames are
+sampled by qwen-vl-utils' rule (`mmpipe.images.video.sample_count` / ``sample_indices``: ``fps``
+frames a second, 2.0 by default; ``min_frames`` / ``max_frames``) at the file's own size
+(the processor's video processor resizes them), and its sound is `mmpipe.audio.load_video_audio`'s
+(mono float32 at the feature extractor's rate). The processor is called with the frames, the sound
+tracks as ``audio=`` with ``audio_from_video_indices`` (`mmpipe.audio.omni_video.call_kwargs`: the
+slots in the order the text's audio and video placeholders appear) and ``fps``: the rate the
+frames were sampled at (one per call, as the processor takes it: its ``video_second_per_grid`` is
+``temporal_patch_size / fps``). A video without an audio stream is an `AudioError` naming the row,
+the column and the fix; frame lists have no sound (refused the same way).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from mmpipe.errors import ArgumentError, ImageError, VideoError
+
+__all__ = ["VIDEO_OPTIONS", "check_video_options", "frames_fps", "load_videos", "media_order", "sampled_frames",
+           "video_call_kwargs"]
+
+# the `mmpipe.images.video.VideoOptions` fields the generic path takes: frame sampling (the processor's video
+# processor sizes the frames; it takes one fps per call, so no per-video frame count)
+VIDEO_OPTIONS = ("fps", "min_frames", "max_frames")
+
+
+def check_video_options(opts) -> None:
+    """Refuse the fields of ``opts`` (`VideoOptions`) the generic path does not take: the sizing ones
+    (the processor sizes the frames) and ``nframes`` (the processor is told the sampling ``fps``)."""
+    from mmpipe.images.video import VideoOptions
+
+    default = VideoOptions()
+    other = [name for name in ("nframes", "min_pixels", "max_pixels", "total_pixels")
+             if getattr(opts, name) != getattr(default, name)]
+    if other:
+        raise ArgumentError(f"video_options {other} are not taken on the generic path: the processor's video "
+                            "processor sizes the frames (set them on processor.video_processor) and is told the "
+                            f"sampling fps; accepted: {list(VIDEO_OPTIONS)}")
+
+
+def frames_fps(enc) -> float:
+    """The rate frames are sampled at and the processor is told (``fps``): ``video_options.fps``, else 2.0
+    (qwen-vl-utils' FPS)."""
+    fps = getattr(enc.video_opts, "fps", None)
+    return float(fps) if fps is not None else 2.0
+
+
+def sampled_frames(value: Any, opts, where: str) -> np.ndarray:
+    """One video file -> uint8 [n, H, W, 3] RGB frames sampled by qwen-vl-utils' rule (`VideoOptions`
+    ``fps`` / ``min_frames`` / ``max_frames``) at the file's own size: the first video stream decoded
+    with PyAV (its frame count from the header, else counted), the sampled frames converted to RGB."""
+    import av
+
+    from mmpipe.images.video import sample_count, sample_indices
+
+    if isinstance(value, (list, tuple, np.ndarray)):
+        raise VideoError("use_audio_in_video takes a video's sound from its file; a frame list has none", where=where,
+                         expected="a video file (a path, bytes or {'path', 'bytes'})", found="a frame list",
+                         fix="store the row's videos as files, or encode it with use_audio_in_video=False")
+    source = _source(value, where)
+
+    def bad(what: str, e: Exception) -> VideoError:
+        return VideoError(what, where=where, expected="a video FFmpeg decodes", found=f"{type(e).__name__}: {e}"[:200],
+                          fix="re-encode the video (e.g. ffmpeg -c:v libx264 -c:a aac) or drop the row "
+                              "(on_error='skip')")
+
+    try:
+        with av.open(source, metadata_errors="ignore") as c:
+            if not c.streams.video:
+                raise VideoError("the file has no video stream", where=where, expected="a video stream",
+                                 found="no video stream", fix="check that the file is a video")
+            s = c.streams.video[0]
+            rate = s.average_rate or s.guessed_rate or s.base_rate
+            fps, total = float(rate or 0), int(s.frames or 0)
+            if total <= 0:
+                total = sum(1 for pk in c.demux(s) if pk.size)
+                c.seek(0, stream=s)
+            if total <= 0 or fps <= 0:
+                raise VideoError("the video has no frames", where=where, expected="at least one frame",
+                                 found=f"{total} frames at {fps:g} fps", fix="drop the row or replace the video")
+            idx = sample_indices(total, sample_count(total, fps, opts, where=where))
+            want = np.bincount(idx, minlength=total)
+            out: list[np.ndarray] = []
+            for i, frame in enumerate(c.decode(s)):
+                if i < total and want[i]:
+                    out.extend([frame.to_ndarray(format="rgb24")] * int(want[i]))
+                if i >= int(idx[-1]):
+                    break
+    except VideoError:
+        raise
+    except (av.FFmpegError, OSError, ValueError) as e:
+        raise bad("the video cannot be decoded", e) from None
+    if len(out) < len(idx):
+        raise VideoError("the video stream ends early", where=where, expected=f"{total} frames (header)",
+                         found=f"{len(out)} of {len(idx)} sampled frames decoded", fix="re-encode the video")
+    return np.stack(out)
+
+
+def _source(value: Any, where: str):
+    """A video file value -> what ``av.open`` takes (a path or a BytesIO)."""
+    import io
+    import os
+
+    if isinstance(value, dict):
+        value = value.get("bytes") if value.get("bytes") is not None else value.get("path")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return io.BytesIO(bytes(value))
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        path = path[len("file://"):] if path.startswith("file://") else path
+        if not os.path.isfile(path):
+            raise VideoError(f"video path {path!r:.120} is not a file", where=where, expected="a regular video file",
+                             found="a missing path", fix="fix the path, or drop the row (on_error='skip')")
+        return path
+    raise VideoError(f"cannot read a video from {type(value).__name__}", where=where,
+                     expected="a path, bytes or a {'path', 'bytes'} dict", found=type(value).__name__,
+                     fix="pass the video file")
+
+
+def media_order(processor, text: str) -> list[str]:
+    """The kinds ("audio" / "video") of the audio and video placeholders of a rendered ``text``, in
+    order: the processor's audio slots (`mmpipe.audio.omni_video.call_kwargs`)."""
+    tokens = {getattr(processor, "audio_token", None): "audio", getattr(processor, "video_token", None): "video"}
+    tokens.pop(None, None)
+    found = sorted((i, kind) for tok, kind in tokens.items() for i in _find_all(text, tok))
+    return [kind for _, kind in found]
+
+
+def _find_all(text: str, token: str) -> list[int]:
+    out, i = [], text.find(token)
+    while i >= 0:
+        out.append(i)
+        i = text.find(token, i + len(token))
+    return out
+
+
+def load_videos(enc, videos: Sequence, rate: int, where: str, max_samples: int = 0) -> tuple[list, list]:
+    """A row's videos -> (their sampled frames, their sound tracks: mono float32 at ``rate``, at most
+    ``max_samples`` (> 0) each); each video's `AudioError` / `VideoError` located at ``enc.videos_column``."""
+    from mmpipe.audio import load_video_audio
+    from mmpipe.images.video import VideoOptions
+
+    frames, waves = [], []
+    opts = enc.video_opts or VideoOptions()
+    for i, value in enumerate(videos):
+        at = f"{where}, video {i}"
+        if isinstance(value, dict) and "video" in value:  # an inline item's value, and its per-video options
+            from mmpipe.encoding.media import VIDEO_ITEM_OPTIONS
+
+            extra = sorted(k for k in VIDEO_ITEM_OPTIONS if value.get(k) is not None)
+            if extra:  # one fps per processor call: not per video
+                raise VideoError(f"per-video options {extra} are not taken with use_audio_in_video", where=at,
+                                 column=enc.videos_column, expected="a video item without options",
+                                 found=str(extra), fix="drop them; sample every video alike with the encoder's "
+                                                       "video_options={'fps': ...}")
+            value = value["video"]
+        if hasattr(value, "_hf_encoded"):  # a decoded datasets.Video(): its file
+            value = value._hf_encoded
+        try:
+            waves.append(load_video_audio(value, rate, where=at, column=enc.videos_column,
+                                          max_samples=max_samples))
+            frames.append(sampled_frames(value, opts, at))
+        except ImageError as e:  # VideoError
+            raise e.locate(column=enc.videos_column) from None
+    return frames, waves
+
+
+def video_call_kwargs(enc, text: str, frames: Sequence, video_waves: Sequence, clips: Sequence) -> dict:
+    """The processor call's video and audio keywords for a rendered ``text`` holding the first
+    ``len(frames)`` videos and clips of its row in order: ``videos``, ``fps``, and `call_kwargs`'s
+    ``audio`` / ``audio_from_video_indices`` / ``load_audio_from_video``; {} without videos (the
+    plain audio keywords then apply)."""
+    from mmpipe.audio.omni_video import call_kwargs
+
+    order = media_order(enc.processor, text)
+    n_audio, n_video = order.count("audio"), order.count("video")
+    if not n_video:
+        return {}
+    kw = call_kwargs(order, list(clips[:n_audio]), list(video_waves[:n_video]))
+    return {"videos": list(frames[:n_video]), "fps": frames_fps(enc), **kw}
