@@ -341,3 +341,6 @@ from .judge_parse_case import case_judge_parse  # noqa: E402,F401
 
 # ---- ray: Ray Data encode at 1 and 2 actors next to datasets.map(num_proc=2) (issue 32) ----
 from .ray_case import case_ray  # noqa: E402,F401
+
+# ---- audio: mmpipe.encode of audio rows next to the processor's chat path + call (issue 31) ----
+from .audio_case import case_audio  # noqa: E402,F401

@@ -21,7 +21,7 @@ def test_bench_quick_runs_every_case_with_identical_outputs(tmp_path):
     results = report["results"]
     cases = {r["detail"]["case_id"] for r in results}
     assert cases == {"rope", "layout", "encode", "bytes", "collate", "video", "job", "map_scaling", "rss", "rss_real",
-                     "packing", "families"}
+                     "packing", "families", "audio"}
     # every native family (bench/families_case.py FAMILIES): encode, layout-only x2, bytes lines
     families = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "gemma3", "internvl", "llava_onevision")
     fam_lines = [r["case"].split(":")[0].strip() for r in results if r["detail"]["case_id"] == "families"]
