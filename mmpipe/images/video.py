@@ -228,8 +228,9 @@ def _import_av():
     return av
 
 
-def _source(value: Any, where: str):
-    """A path or a binary file object for PyAV."""
+def av_source(value: Any, where: str):
+    """A video value (a path, ``file://`` path, bytes, ``{"path", "bytes"}``) -> a path or a binary
+    file object for ``av.open``; a URL, a missing path or another type is a `VideoError`."""
     if isinstance(value, dict):
         value = value.get("bytes") if value.get("bytes") is not None else value.get("path")
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -257,7 +258,7 @@ class _Container:
         av = _import_av()
         self.where = where
         try:
-            self.c = av.open(_source(value, where), mode="r", metadata_errors="ignore")
+            self.c = av.open(av_source(value, where), mode="r", metadata_errors="ignore")
         except VideoError:
             raise
         except (av.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:

@@ -57,13 +57,13 @@ def sampled_frames(value: Any, opts, where: str) -> np.ndarray:
     with PyAV (its frame count from the header, else counted), the sampled frames converted to RGB."""
     import av
 
-    from mmpipe.images.video import sample_count, sample_indices
+    from mmpipe.images.video import av_source, sample_count, sample_indices
 
     if isinstance(value, (list, tuple, np.ndarray)):
         raise VideoError("use_audio_in_video takes a video's sound from its file; a frame list has none", where=where,
                          expected="a video file (a path, bytes or {'path', 'bytes'})", found="a frame list",
                          fix="store the row's videos as files, or encode it with use_audio_in_video=False")
-    source = _source(value, where)
+    source = av_source(value, where)
 
     def bad(what: str, e: Exception) -> VideoError:
         return VideoError(what, where=where, expected="a video FFmpeg decodes", found=f"{type(e).__name__}: {e}"[:200],
@@ -100,27 +100,6 @@ def sampled_frames(value: Any, opts, where: str) -> np.ndarray:
         raise VideoError("the video stream ends early", where=where, expected=f"{total} frames (header)",
                          found=f"{len(out)} of {len(idx)} sampled frames decoded", fix="re-encode the video")
     return np.stack(out)
-
-
-def _source(value: Any, where: str):
-    """A video file value -> what ``av.open`` takes (a path or a BytesIO)."""
-    import io
-    import os
-
-    if isinstance(value, dict):
-        value = value.get("bytes") if value.get("bytes") is not None else value.get("path")
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return io.BytesIO(bytes(value))
-    if isinstance(value, (str, os.PathLike)):
-        path = os.fspath(value)
-        path = path[len("file://"):] if path.startswith("file://") else path
-        if not os.path.isfile(path):
-            raise VideoError(f"video path {path!r:.120} is not a file", where=where, expected="a regular video file",
-                             found="a missing path", fix="fix the path, or drop the row (on_error='skip')")
-        return path
-    raise VideoError(f"cannot read a video from {type(value).__name__}", where=where,
-                     expected="a path, bytes or a {'path', 'bytes'} dict", found=type(value).__name__,
-                     fix="pass the video file")
 
 
 def media_order(processor, text: str) -> list[str]:
