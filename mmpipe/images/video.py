@@ -229,8 +229,7 @@ def _import_av():
 
 
 def av_source(value: Any, where: str):
-    """A video value (a path, ``file://`` path, bytes, ``{"path", "bytes"}``) -> a path or a binary
-    file object for ``av.open``; a URL, a missing path or another type is a `VideoError`."""
+    """A video value (path, bytes, ``{"path", "bytes"}``) -> a path or binary file for ``av.open``."""
     if isinstance(value, dict):
         value = value.get("bytes") if value.get("bytes") is not None else value.get("path")
     if isinstance(value, (bytes, bytearray, memoryview)):
