@@ -26,11 +26,9 @@ one decoded frame, never the clip. Every failure is a `mmpipe.errors.VideoError`
 
 from __future__ import annotations
 
-import io
 import math
-import os
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -38,9 +36,10 @@ from mmpipe.errors import ArgumentError, ImageError, VideoError
 from mmpipe.images.backends import resize_u8_torch
 from mmpipe.images.load import load_image
 from mmpipe.images.spec import VisionSpec, smart_resize
+from mmpipe.images.video_container import Container, check_codec, decode_sampled
 
 __all__ = ["FRAME_FACTOR", "VideoOptions", "VideoPatches", "sample_count", "sample_indices", "frame_bounds",
-           "group_times", "qwen_plan", "encode_video", "video_layout", "patchify_video_u8"]
+           "group_times", "qwen_plan", "encode_video", "video_layout", "patchify_video_u8", "sampled_frames"]
 
 FRAME_FACTOR = 2  # qwen-vl-utils: sampled frame counts are multiples of this
 VIDEO_MIN_TOKENS, VIDEO_MAX_TOKENS = 128, 768  # per-frame pixel bounds, in merged tokens
@@ -219,144 +218,31 @@ def qwen_plan(total: int, fps: float, h: int, w: int, spec: VisionSpec, opts: Vi
     return idx, _target_size(h, w, n, spec, opts, where), sample_fps, times
 
 
-# ---- containers (PyAV) -----------------------------------------------------------------
-def _import_av():
-    try:
-        import av  # noqa: PLC0415 - optional, lazily
-    except ImportError:
-        raise ImportError("decoding videos needs PyAV: pip install av") from None
-    return av
-
-
-def av_source(value: Any, where: str):
-    """A video value (path, bytes, ``{"path", "bytes"}``) -> a path or binary file for ``av.open``."""
-    if isinstance(value, dict):
-        value = value.get("bytes") if value.get("bytes") is not None else value.get("path")
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return io.BytesIO(bytes(value))
-    if isinstance(value, (str, os.PathLike)):
-        path = os.fsdecode(os.fspath(value))
-        path = path[len("file://"):] if path.startswith("file://") else path
-        if path.startswith(("http://", "https://")):
-            raise VideoError(f"{path[:80]!r} is a URL; mmpipe does not fetch videos", where=where,
-                             expected="a local path or encoded bytes", found="a URL", fix="download the video first")
-        if not os.path.isfile(path):
-            found = "a missing path" if not os.path.exists(path) else "not a regular file"
-            raise VideoError(f"video path {path!r} is {found}", where=where, expected="a regular video file",
-                             found=found, fix="fix the path, or drop the row (on_error='skip')")
-        return path
-    raise VideoError(f"cannot read a video from {type(value).__name__}", where=where,
-                     expected="a path, bytes, a {'path', 'bytes'} dict or a list of frames",
-                     found=type(value).__name__, fix="pass the video file or its frames")
-
-
-class _Container:
-    """An open container's first video stream and its metadata (frame count, fps, size)."""
-
-    def __init__(self, value: Any, where: str):
-        av = _import_av()
-        self.where = where
-        try:
-            self.c = av.open(av_source(value, where), mode="r", metadata_errors="ignore")
-        except VideoError:
-            raise
-        except (av.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:
-            raise self.error("the video container cannot be opened", "a readable video file", e) from None
-        if not self.c.streams.video:
-            self.c.close()
-            raise VideoError("the file has no video stream", where=where, expected="a video stream",
-                             found="no video stream", fix="check that the file is a video")
-        self.s = self.c.streams.video[0]
-        rate = self.s.average_rate or self.s.guessed_rate or self.s.base_rate
-        self.fps = float(rate) if rate else 0.0
-        cc = self.s.codec_context  # None: FFmpeg knows no codec for the stream
-        self.height, self.width = (cc.height, cc.width) if cc is not None else (0, 0)
-        if cc is not None:
-            self.s.thread_type = "AUTO"
-
-    def error(self, what: str, expected: str, e: Exception) -> VideoError:
-        return VideoError(what, where=self.where, expected=expected, found=f"{type(e).__name__}: {e}"[:200],
-                          fix="re-encode the video (e.g. ffmpeg -c:v libx264) or drop the row (on_error='skip')")
-
-    def total_frames(self) -> int:
-        """The stream's frame count: its header, else one pass over the packets (no decoding)."""
-        n = int(self.s.frames or 0)
-        if n <= 0:
-            av = _import_av()
-            try:
-                n = sum(1 for pk in self.c.demux(self.s) if pk.size)
-                self.c.seek(0, stream=self.s) if n else None
-            except (av.FFmpegError, OSError) as e:
-                raise self.error("the video stream cannot be read", "a readable video stream", e) from None
-        if n <= 0 or self.fps <= 0:
-            raise VideoError("the video has no frames", where=self.where, expected="at least one frame",
-                             found=f"{n} frames at {self.fps:g} fps", fix="drop the row or replace the video")
-        return n
-
-    def frames(self) -> Iterator:
-        """Decoded frames in order (PyAV frames, one at a time; ``to_ndarray(format="rgb24")``
-        gives uint8 [H, W, 3] RGB: only sampled frames are converted)."""
-        av = _import_av()
-        try:
-            for frame in self.c.decode(self.s):
-                yield frame
-        except (av.FFmpegError, OSError, ValueError) as e:
-            raise self.error("the video stream cannot be decoded", "a decodable video stream", e) from None
-
-    def close(self) -> None:
-        self.c.close()
-
-
-def _rgb(c: _Container, frame) -> np.ndarray:
-    av = _import_av()
-    try:
-        return frame.to_ndarray(format="rgb24")
-    except (av.FFmpegError, ValueError) as e:
-        raise c.error("a video frame cannot be converted to RGB", "a decodable video stream", e) from None
-
-
-def _check_codec(c: _Container) -> None:
-    av = _import_av()
-    cc = c.s.codec_context
-    tag = getattr(cc, "name", None) or getattr(c.s, "codec_tag", None) or "unknown"
-    problem = None if cc is not None else f"FFmpeg knows no codec for the stream (tag {tag!r})"
-    if problem is None:
-        try:
-            av.codec.Codec(cc.name, "r")
-        except (av.FFmpegError, ValueError) as e:
-            problem = f"{type(e).__name__}: {e}"[:200]
-    if problem is not None:
-        c.close()
-        raise VideoError(f"no decoder for the video codec {tag!r}", where=c.where, expected="a codec PyAV decodes",
-                         found=problem, fix="re-encode the video (e.g. ffmpeg -c:v libx264) or drop the row")
-    if not c.height or not c.width:
-        c.close()
-        raise VideoError("the video stream has no frame size", where=c.where, expected="frames of at least 1x1",
-                         found=f"{c.height}x{c.width}", fix="re-encode the video or drop the row")
-
-
 def _encode_container(value: Any, spec: VisionSpec, opts: VideoOptions, where: str, plan) -> VideoPatches:
-    c = _Container(value, where)
+    c = Container(value, where)
     try:
-        _check_codec(c)
+        check_codec(c)
         total = c.total_frames()
         idx, (th, tw), sample_fps, times = plan(total, c.fps, c.height, c.width, spec, opts, where, False)
-        idx, n = np.asarray(idx), len(idx)
-        want = np.bincount(idx, minlength=total)  # how often each source frame is used
-        out: list[np.ndarray] = []
-        last = int(idx[-1])
-        for i, frame in enumerate(c.frames()):
-            if i < total and want[i]:
-                small = _resize(_rgb(c, frame), th, tw, spec)
-                out.extend([small] * int(want[i]))
-            if i >= last:
-                break
+        idx = np.asarray(idx)
+        out = decode_sampled(c, idx, total, lambda frame: _resize(frame, th, tw, spec))
     finally:
         c.close()
-    if len(out) < n:  # the header promised more frames than the stream holds
-        raise VideoError("the video stream ends early", where=where, expected=f"{total} frames (header)",
-                         found=f"{len(out)} of {n} sampled frames decoded", fix="re-encode the video")
     return _finish(out, idx, sample_fps, spec, times)
+
+
+def sampled_frames(value: Any, opts: Optional[VideoOptions] = None, *, where: str = "video") -> np.ndarray:
+    """One video file -> uint8 [n, H, W, 3] RGB frames at the file's own size, sampled by qwen-vl-utils'
+    rule (``opts.fps`` / ``min_frames`` / ``max_frames``): for processors that size frames themselves."""
+    opts = opts or VideoOptions()
+    c = Container(value, where)
+    try:
+        check_codec(c)
+        total = c.total_frames()
+        idx = sample_indices(total, sample_count(total, c.fps, opts, where=where))
+        return np.stack(decode_sampled(c, idx, total, lambda frame: frame))
+    finally:
+        c.close()
 
 
 # ---- public entry points ---------------------------------------------------------------
@@ -386,9 +272,9 @@ def video_layout(value: Any, spec: VisionSpec, opts: Optional[VideoOptions] = No
         idx, (th, tw), sample_fps, times = plan(len(value), float(opts.frames_fps), *first.shape[:2], spec, opts,
                                                 where, True)
     else:
-        c = _Container(value, where)
+        c = Container(value, where)
         try:
-            _check_codec(c)
+            check_codec(c)
             idx, (th, tw), sample_fps, times = plan(c.total_frames(), c.fps, c.height, c.width, spec, opts, where,
                                                     False)
         finally:

@@ -52,54 +52,15 @@ def frames_fps(enc) -> float:
 
 
 def sampled_frames(value: Any, opts, where: str) -> np.ndarray:
-    """One video file -> uint8 [n, H, W, 3] RGB frames sampled by qwen-vl-utils' rule (`VideoOptions`
-    ``fps`` / ``min_frames`` / ``max_frames``) at the file's own size: the first video stream decoded
-    with PyAV (its frame count from the header, else counted), the sampled frames converted to RGB."""
-    import av
-
-    from mmpipe.images.video import av_source, sample_count, sample_indices
+    """One video file -> uint8 [n, H, W, 3] RGB frames at the file's own size, sampled by qwen-vl-utils'
+    rule (`mmpipe.images.video.sampled_frames`); a frame list is refused: its sound is not in it."""
+    from mmpipe.images.video import sampled_frames as file_frames
 
     if isinstance(value, (list, tuple, np.ndarray)):
         raise VideoError("use_audio_in_video takes a video's sound from its file; a frame list has none", where=where,
                          expected="a video file (a path, bytes or {'path', 'bytes'})", found="a frame list",
                          fix="store the row's videos as files, or encode it with use_audio_in_video=False")
-    source = av_source(value, where)
-
-    def bad(what: str, e: Exception) -> VideoError:
-        return VideoError(what, where=where, expected="a video FFmpeg decodes", found=f"{type(e).__name__}: {e}"[:200],
-                          fix="re-encode the video (e.g. ffmpeg -c:v libx264 -c:a aac) or drop the row "
-                              "(on_error='skip')")
-
-    try:
-        with av.open(source, metadata_errors="ignore") as c:
-            if not c.streams.video:
-                raise VideoError("the file has no video stream", where=where, expected="a video stream",
-                                 found="no video stream", fix="check that the file is a video")
-            s = c.streams.video[0]
-            rate = s.average_rate or s.guessed_rate or s.base_rate
-            fps, total = float(rate or 0), int(s.frames or 0)
-            if total <= 0:
-                total = sum(1 for pk in c.demux(s) if pk.size)
-                c.seek(0, stream=s)
-            if total <= 0 or fps <= 0:
-                raise VideoError("the video has no frames", where=where, expected="at least one frame",
-                                 found=f"{total} frames at {fps:g} fps", fix="drop the row or replace the video")
-            idx = sample_indices(total, sample_count(total, fps, opts, where=where))
-            want = np.bincount(idx, minlength=total)
-            out: list[np.ndarray] = []
-            for i, frame in enumerate(c.decode(s)):
-                if i < total and want[i]:
-                    out.extend([frame.to_ndarray(format="rgb24")] * int(want[i]))
-                if i >= int(idx[-1]):
-                    break
-    except VideoError:
-        raise
-    except (av.FFmpegError, OSError, ValueError) as e:
-        raise bad("the video cannot be decoded", e) from None
-    if len(out) < len(idx):
-        raise VideoError("the video stream ends early", where=where, expected=f"{total} frames (header)",
-                         found=f"{len(out)} of {len(idx)} sampled frames decoded", fix="re-encode the video")
-    return np.stack(out)
+    return file_frames(value, opts, where=where)
 
 
 def media_order(processor, text: str) -> list[str]:

@@ -46,6 +46,7 @@ from mmpipe import testing
 from mmpipe.encoding.videos import video_row_bytes
 from mmpipe.errors import PlaceholderError, TruncationError, VideoError
 from mmpipe.images import video as V
+from mmpipe.images.video_container import Container
 from mmpipe.images.pixels import u8_video_to_pixel_values
 from mmpipe.images.spec import VisionSpec
 from mmpipe.images.video import VideoOptions, frame_bounds, sample_count
@@ -223,13 +224,13 @@ def test_layout_only_equals_full_path_and_decodes_no_frame(monkeypatch, tmp_path
     """``pixels="none"``: ids, grids, times and positions from the container's metadata; the
     decode calls are counted by wrapping mmpipe's own frame iterator."""
     calls = {"n": 0}
-    frames = V._Container.frames
+    frames = Container.frames
 
     def counted(self):
         calls["n"] += 1
         return frames(self)
 
-    monkeypatch.setattr(V._Container, "frames", counted)
+    monkeypatch.setattr(Container, "frames", counted)
     for family in FAMILIES:
         proc = processor_for(family)
         for name in ("column", "inline", "fps"):

@@ -37,6 +37,7 @@ import torch
 
 from mmpipe.errors import VideoError
 from mmpipe.images import video as V
+from mmpipe.images.video_container import Container
 from mmpipe.images.pixels import u8_video_to_pixel_values
 from mmpipe.images.spec import VisionSpec
 from mmpipe.images.video import VideoOptions, encode_video, frame_bounds, sample_count, sample_indices, video_layout
@@ -200,7 +201,7 @@ def test_layout_decodes_no_frame(monkeypatch):
     def no_decode(self):
         raise AssertionError("video_layout decoded a frame")
 
-    monkeypatch.setattr(V._Container, "frames", no_decode)
+    monkeypatch.setattr(Container, "frames", no_decode)
     lay = video_layout(data, spec, VideoOptions(**SMALL))
     assert lay.grid == full.grid and lay.size == full.size
 
