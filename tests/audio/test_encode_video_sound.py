@@ -31,6 +31,7 @@ from mmpipe.audio import load_video_audio  # noqa: E402
 from mmpipe.audio.samples import tone, video_with_sound  # noqa: E402
 from mmpipe.errors import ArgumentError, AudioError, ParseError, VideoError  # noqa: E402
 from mmpipe.testing import invariants  # noqa: E402
+from audio_rows import assert_rows_equal_calls, sample_and_gaps  # noqa: E402
 
 RATE = 16000
 KEYS = ("input_features", "feature_attention_mask", "pixel_values_videos", "video_grid_thw", "video_second_per_grid")
@@ -142,13 +143,7 @@ def test_the_layout_names_the_video_outputs(encoded):
 def test_encode_equals_the_processors_flat_call(omni, encoded):
     proc, _ = omni
     _, raws, rows = encoded
-    for i, (raw, row) in enumerate(zip(raws, rows)):
-        own = own_call(proc, raw)
-        np.testing.assert_array_equal(row.input_ids, own["input_ids"][0].numpy(), err_msg=f"row {i}")
-        keys = {k for k in own if k not in ("input_ids", "attention_mask")}
-        assert set(row.vision) == keys, (i, sorted(row.vision), sorted(keys))
-        for k in keys:
-            np.testing.assert_array_equal(row.vision[k], np.asarray(own[k]), err_msg=f"row {i}: {k}")
+    assert_rows_equal_calls(rows, [own_call(proc, raw) for raw in raws])
     assert set(KEYS) <= set(rows[0].vision) and set(KEYS) <= set(rows[3].vision)
     assert rows[3].vision["video_grid_thw"].shape == (2, 3)
     # slot order: row 3 holds video c, then the clip, then video a: 5 s, 1 s, 3 s of features (hop 160)
@@ -288,28 +283,12 @@ def test_generation_from_video_with_sound_prompts(omni, files):
     """TransformersEngine on prompts holding videos with their sound at temperature 1.0 (the flag reaches
     the prefill through ``model_inputs()``): the media tokens are banned and the teacher-forced logprobs of
     prompt + completion equal the sampled ones."""
-    from dataclasses import replace
-
-    from mmpipe.records.generation import SamplingParams
-    from mmpipe.rollout import TransformersEngine, teacher_forced_logprobs
-
     proc, model = omni
     raws = [{"messages": [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What?"}]}],
              "videos": [files["a.mkv"]]},
             {"messages": [{"role": "user", "content": "Say something."}]}]
     enc = mmpipe.Encoder(proc, use_audio_in_video=True, add_generation_prompt=True, labels=False)
-    prompts = [enc.encode_row(r, i) for i, r in enumerate(raws)]
-    eng = TransformersEngine(model, proc)
-    gens = eng.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=32, logprobs=True, seed=3))
-    banned, gaps = set(eng.vision_tokens.ids), []
-    for prompt, gen in zip(prompts, gens):
-        for c in gen.completions:
-            assert not banned & set(c.token_ids)
-            ids = np.asarray(c.token_ids, np.int64)
-            total = len(prompt) + len(ids)
-            row = replace(prompt, input_ids=np.concatenate([prompt.input_ids, ids]),
-                          attention_mask=np.ones(total, np.int64), mm_token_type_ids=np.zeros(total, np.int64),
-                          position_ids=np.arange(total), labels=None)
-            lp = teacher_forced_logprobs(model, mmpipe.collate([row]))[0, len(prompt):]
-            gaps.append(float((lp - torch.tensor(c.logprobs)).abs().max()))
+    eng, gens, gaps = sample_and_gaps(proc, model, raws, n=2, max_new_tokens=32, seed=3, encoder=enc)
+    banned = set(eng.vision_tokens.ids)
+    assert all(not banned & set(c.token_ids) for g in gens for c in g.completions)
     assert sum(len(c.token_ids) for g in gens for c in g.completions) > 60 and max(gaps) < 1e-3

@@ -1,6 +1,8 @@
-"""Audio rows for the Omni tests (tests/encoding/test_omni_audio.py, test_qwen3_omni.py): clips made
-here (a tone plus noise), written as WAV / FLAC / OGG at other rates, and the processor's own flat call
-on a raw row, its clips loaded as its chat path loads them (transformers' ``load_audio``)."""
+"""Audio rows for the Omni tests (tests/encoding/test_omni_audio.py, test_qwen3_omni.py,
+tests/audio/test_encode_video_sound.py): clips made here (a tone plus noise), written as WAV / FLAC /
+OGG at other rates, the processor's own flat call on a raw row, its clips loaded as its chat path
+loads them (transformers' ``load_audio``), the check that encoded rows equal such calls, and sampling
+with the rollout/training logprob gap."""
 
 from __future__ import annotations
 
@@ -63,8 +65,25 @@ def own_call(proc, raw: dict) -> dict:
     return dict(proc(text=[chat_text(proc, raw)], images=images or None, audio=audios or None, return_tensors="pt"))
 
 
-def sample_and_gaps(proc, model, raws: list, *, n: int = 4, max_new_tokens: int = 64, seed: int = 3):
-    """Prompts encoded from ``raws``, sampled by `mmpipe.rollout.TransformersEngine` at temperature 1.0
+def assert_rows_equal_calls(rows: list, calls: list, *, dtypes: bool = False) -> None:
+    """Each encoded generic-path row equals its processor call's outputs (``calls``, one dict of
+    tensors per row): the ids, and every other output key, held in ``row.vision``, bit for bit (and of
+    the same dtype with ``dtypes``)."""
+    for i, (row, own) in enumerate(zip(rows, calls)):
+        np.testing.assert_array_equal(row.input_ids, own["input_ids"][0].numpy(), err_msg=f"row {i}")
+        keys = {k for k in own if k not in ("input_ids", "attention_mask")}
+        assert set(row.vision) == keys, (i, sorted(row.vision), sorted(keys))
+        for k in keys:
+            if dtypes:
+                assert row.vision[k].dtype == np.asarray(own[k]).dtype, (i, k)
+            np.testing.assert_array_equal(row.vision[k], np.asarray(own[k]), err_msg=f"row {i}: {k}")
+
+
+def sample_and_gaps(proc, model, raws: list, *, n: int = 4, max_new_tokens: int = 64, seed: int = 3,
+                    encoder=None):
+    """Prompts encoded from ``raws`` (by ``encoder``, an `mmpipe.Encoder` built with
+    ``add_generation_prompt=True, labels=False``, when given), sampled by
+    `mmpipe.rollout.TransformersEngine` at temperature 1.0
     -> (the engine, its generations, each completion's max |teacher-forced - sampled| logprob gap).
     The training row is the prompt with the completion appended (the generic path's rows take no
     `RolloutSample.to_row`); its logprobs come from `mmpipe.rollout.teacher_forced_logprobs`."""
@@ -76,7 +95,9 @@ def sample_and_gaps(proc, model, raws: list, *, n: int = 4, max_new_tokens: int 
     from mmpipe.records.generation import SamplingParams
     from mmpipe.rollout import TransformersEngine, teacher_forced_logprobs
 
-    prompts = [mmpipe.encode_row(r, proc, idx=i, add_generation_prompt=True, labels=False) for i, r in enumerate(raws)]
+    if encoder is None:
+        encoder = mmpipe.Encoder(proc, add_generation_prompt=True, labels=False)
+    prompts = [encoder.encode_row(r, i) for i, r in enumerate(raws)]
     engine = TransformersEngine(model, proc)
     gens = engine.generate(prompts, SamplingParams(n=n, temperature=1.0, max_new_tokens=max_new_tokens,
                                                    logprobs=True, seed=seed))
