@@ -36,13 +36,16 @@ from mmpipe.errors import ArgumentError, AudioError
 __all__ = ["call_kwargs", "chunked_index", "interleaved_placeholder", "position_ids"]
 
 
-def call_kwargs(order: Sequence[str], audios: Sequence, video_audios: Sequence) -> dict:
+def call_kwargs(order: Sequence[str], audios: Sequence, video_audios: Sequence, processor=None) -> dict:
     """The processor's audio keywords for one row with ``use_audio_in_video``: ``order`` names the
     row's audio and video items as its text holds them ("audio" / "video"); ``audios`` the
     standalone clips, ``video_audios`` each video's sound (mono float32 at the extractor's rate,
-    `mmpipe.audio.load_video_audio`). Returns ``audio`` (all clips in placeholder order),
-    ``audio_from_video_indices`` and ``load_audio_from_video=True``. A video without sound (None) is
-    refused: the model's one flag cannot position it next to videos with sound."""
+    `mmpipe.audio.load_video_audio`). Returns ``audio`` (all clips in placeholder order) and, for a
+    processor of the omni-modal API (transformers >= 5.2x, `takes_video_audio_indices`; None: that
+    API), ``audio_from_video_indices`` and ``load_audio_from_video=True``; for an older one
+    ``use_audio_in_video=True``, which takes the next clip for every video (the same ids and outputs
+    for the same clips in the same order). A video without sound (None) is refused: the model's one
+    flag cannot position it next to videos with sound."""
     n_audio, n_video = order.count("audio"), order.count("video")
     if n_audio != len(audios) or n_video != len(video_audios):
         raise AudioError("the row's audio / video items do not match its clips", column="videos",
@@ -64,7 +67,17 @@ def call_kwargs(order: Sequence[str], audios: Sequence, video_audios: Sequence) 
             v += 1
         else:
             raise ArgumentError(f"order holds 'audio' / 'video', not {kind!r}")
+    if processor is not None and not takes_video_audio_indices(processor):
+        return {"audio": clips, "use_audio_in_video": True}
     return {"audio": clips, "audio_from_video_indices": slots, "load_audio_from_video": True}
+
+
+def takes_video_audio_indices(processor) -> bool:
+    """Whether ``processor`` is of transformers' omni-modal processor API (``OmniModalProcessorMixin``:
+    ``audio_from_video_indices`` / ``load_audio_from_video``, transformers 5.24); the older Omni
+    processors (5.19) take ``use_audio_in_video=True`` and ignore those keywords (silently: the
+    video would lose its sound)."""
+    return any(c.__name__ == "OmniModalProcessorMixin" for c in type(processor).__mro__)
 
 
 def chunked_index(token_indices: np.ndarray, tokens_per_chunk: int) -> list[tuple[int, int]]:

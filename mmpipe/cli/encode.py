@@ -10,7 +10,8 @@ Inputs (`load_raw`):
 - ``.jsonl`` / ``.json`` (JSON lines or one JSON list): rows in any format `mmpipe.encode`
   accepts. Images are paths, relative to the file's directory or absolute, ``file://`` paths
   or ``data:image/...;base64,`` URIs, in the ``images`` column and/or inline in content
-  items (``{"type": "image", "image": "cat.png"}``);
+  items (``{"type": "image", "image": "cat.png"}``); video and audio file paths in the videos and
+  audios columns are relative to the file's directory too (`mmpipe.cli.resolve.resolve_media_paths`);
 - ``.parquet``: the same; a ``datasets.Image()`` column (``{"bytes", "path"}``) works as is;
 - a directory written by ``Dataset.save_to_disk`` (a ``DatasetDict`` needs ``--split``).
 
@@ -39,7 +40,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from mmpipe.cli.resolve import ImageResolver, explain_failures, resolve_images, resolver_errors  # noqa: F401
+from mmpipe.cli.resolve import (ImageResolver, explain_failures, resolve_images, resolve_media_paths,  # noqa: F401
+                                resolver_errors)
 
 REPORT_FILE = "mmpipe_encode.json"
 
@@ -123,6 +125,15 @@ def encode_options(args) -> dict:
     given = {"pixels": args.pixels, "max_length": args.max_length, "min_pixels": args.min_pixels,
              "max_pixels": args.max_pixels}
     opts.update({k: v for k, v in given.items() if v is not None})
+    for name in ("videos_column", "audios_column"):
+        if getattr(args, name, None):
+            opts[name] = getattr(args, name)
+    if getattr(args, "use_audio_in_video", False):
+        opts["use_audio_in_video"] = True
+    if getattr(args, "video_fps", None) is not None:
+        if not args.video_fps > 0:
+            raise CLIError(f"--video-fps must be a positive number of frames a second, got {args.video_fps}")
+        opts["video_options"] = {"fps": args.video_fps}
     if args.on_error != "raise":
         opts["on_error"] = args.on_error
     if getattr(args, "image_root", None) is not None:
@@ -196,6 +207,9 @@ def encode_to_disk(args, src: Path, fmt: str, out: Path, processor, options: dic
                                      strict=options.get("on_error", "raise") == "raise",
                                      image_root=options.get("image_root"))
                 raw, unresolved = resolver_errors(raw)  # --on-error skip: their reasons, for the report
+                raw = resolve_media_paths(raw, src.parent.resolve(), [options.get("videos_column", "videos"),
+                                                                      options.get("audios_column", "audios")],
+                                          num_proc=num_proc)
             try:
                 enc, report = mmpipe.encode_dataset(raw, processor, num_proc=num_proc, batch_size=args.batch_size,
                                                     keep_columns=getattr(args, "keep_columns", []), **options)
@@ -255,6 +269,12 @@ def add_encode_parser(sub) -> None:
                    help="stored pixels: uint8, processor float32, none (layout only), source (image files) (default: "
                         "uint8; the generic path: the processor's own float32 outputs)")
     p.add_argument("--images-column", default="images", help="column holding the images (default: %(default)s)")
+    p.add_argument("--videos-column", default=None, help="column holding the videos (default: videos)")
+    p.add_argument("--audios-column", default=None, help="column holding the audio clips (default: audios)")
+    p.add_argument("--use-audio-in-video", action="store_true",
+                   help="encode each video with its sound track (the Omni thinkers: Qwen2.5-Omni, Qwen3-Omni)")
+    p.add_argument("--video-fps", type=float, default=None, metavar="FPS",
+                   help="frames sampled per second of video (default: 2.0, as qwen-vl-utils)")
     p.add_argument("--min-pixels", type=int, default=None, help="override the processor's min_pixels")
     p.add_argument("--max-pixels", type=int, default=None, help="override the processor's max_pixels")
     p.add_argument("--no-labels", action="store_true", help="do not store labels (e.g. RL prompts)")

@@ -22,7 +22,8 @@ from typing import Any, Optional
 
 from mmpipe.errors import ImageError
 
-__all__ = ["RESOLVE_ERRORS", "ImageResolver", "resolve_images", "resolver_errors", "explain_failures"]
+__all__ = ["RESOLVE_ERRORS", "ImageResolver", "resolve_images", "resolve_media_paths", "resolver_errors",
+           "explain_failures"]
 
 # per row: JSON list of the references that did not resolve ({"image", "path", "reason"}), or ""
 RESOLVE_ERRORS = "mmpipe_resolve_errors"
@@ -172,6 +173,33 @@ def resolve_images(ds, base: Path, *, images_column: str = "images", num_proc: O
         feats[images_column] = datasets.List(datasets.Image(decode=False))
     return ds.map(ImageResolver(base, images_column, strict=strict, image_root=image_root), with_indices=True, features=feats, num_proc=num_proc,
                   desc="mmpipe: resolve images")
+
+
+def resolve_media_paths(ds, base: Path, columns, *, num_proc: Optional[int] = None):
+    """The relative file paths in ``ds``'s media ``columns`` (lists of video files or audio clips) made
+    absolute against ``base`` (the input file's directory, as image paths are; ``~`` expanded); bytes,
+    dicts, arrays, URLs and absolute paths are left as they are. A missing file is left to the encoder,
+    whose typed error names the row, the column and the path it was given."""
+    import datasets
+
+    def paths(feature) -> bool:  # a list of strings (a column of bytes, dicts or Video() values is left alone)
+        inner = getattr(feature, "feature", None)
+        return isinstance(inner, datasets.Value) and inner.dtype in ("string", "large_string")
+
+    cols = [c for c in dict.fromkeys(columns) if c in ds.column_names and paths(ds.features[c])]
+    if not cols:
+        return ds
+
+    def absolute(value):
+        if not isinstance(value, str) or "://" in value or value.startswith("data:"):
+            return value
+        path = Path(value).expanduser()
+        return str(path if path.is_absolute() else base / path)
+
+    def row(r):
+        return {c: r[c] if not isinstance(r[c], list) else [absolute(v) for v in r[c]] for c in cols}
+
+    return ds.map(row, num_proc=num_proc, desc="mmpipe: resolve media paths")
 
 
 def resolver_errors(ds) -> tuple:

@@ -173,7 +173,7 @@ class Encoder(ChatTemplate, CodeStamped):
         self.audios_column = "audios" if audios_column is None else audios_column
         if not isinstance(use_audio_in_video, bool):
             raise ArgumentError(f"use_audio_in_video must be True or False, got {use_audio_in_video!r}")
-        if use_audio_in_video and not getattr(self.family.media, "TAKES_VIDEO_SOUND", False):
+        if use_audio_in_video and not self.family.media.TAKES_VIDEO_SOUND:
             raise ArgumentError(f"use_audio_in_video=True is not available for {self.processor_class} "
                                 f"({self.family.name}): a video's sound is encoded on the generic path, for the Omni "
                                 "thinkers (Qwen2.5-Omni, Qwen3-Omni); leave it out")
@@ -224,6 +224,17 @@ class Encoder(ChatTemplate, CodeStamped):
         fields = self.family.media.encode_row(self, messages, images, videos, where=row_where(idx),
                                               tools=self.row_tools(example, idx), prefetched=prefetched, **with_audio)
         return MultiModalInputs(family=self.family.name, **fields).validate(idx)
+
+    def text_and_replies(self, messages: list, tools, where: str) -> tuple[str, list]:
+        """The row's rendered prompt (`prompt_text`) and, with labels, the character spans of its
+        replies (`reply_spans`: the text then gains the family's stop tokens under
+        ``end_of_turn="stop_token"``); ([] without labels)."""
+        agp = self.generation_prompt(messages)
+        text = self.prompt_text(messages, agp, tools, where)
+        if not self.labels:
+            return text, []
+        text, spans, _ = self.reply_spans(messages, text, where, tools, agp)
+        return text, spans
 
     def check_length(self, n_tokens: int, where: str, fix: str) -> None:
         """A row of ``n_tokens`` over ``max_length``: dropped or refused (`check_max_length`)."""

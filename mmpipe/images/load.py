@@ -13,7 +13,7 @@ from typing import Any, Optional
 import numpy as np
 from PIL import Image, ImageOps
 
-from mmpipe.errors import ArgumentError, ImageError
+from mmpipe.errors import ArgumentError, ImageError, InputError
 from mmpipe.images.transparency import (ENGINE_TRANSPARENCY, TRANSPARENCY_ENV, TRANSPARENCY_RULES,  # noqa: F401
                                         apply_rule, check_transparency, has_transparency, installed_transparency,
                                         rule_of, transparency_rule)
@@ -312,6 +312,22 @@ def upright(img: Image.Image) -> Image.Image:
     if exif_orientation(img) == 1:
         return img
     return ImageOps.exif_transpose(img)
+
+
+def decoded_rgb(value: Any, *, where: str = "image") -> Image.Image:
+    """One image (any form `load_image` takes) -> the upright RGB PIL image, its whole file decoded
+    now (PIL decodes lazily): a truncated or corrupt file is this image's `ImageError`
+    (`unreadable_error`, `bomb_error`), not PIL's ``OSError`` later (in a processor's call)."""
+    img = load_image(value, where=where)
+    try:
+        img.load()
+        return to_rgb_image(upright(img))
+    except InputError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise bomb_error(e, where) from e
+    except (OSError, ValueError, SyntaxError) as e:  # PIL: truncated data, bad chunks, unknown modes
+        raise unreadable_error(e, where) from e
 
 
 def image_hw(value: Any, *, where: str = "image") -> tuple[int, int]:

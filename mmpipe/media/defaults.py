@@ -14,6 +14,7 @@ POSITION_ROWS = ()  # position_ids [L] per row, [B, L] per batch
 COLLATOR_NEEDS_PROCESSOR = None  # what a Collator cannot do without the processor (None: nothing)
 DEVICE_PIXELS = False  # the batch holds its model's float pixels (no uint8 kept for `device_pixels`)
 TAKES_AUDIO = False  # audio clips: the processor kind only (the Omni thinkers, Gemma 3n, Phi-4-multimodal)
+TAKES_VIDEO_SOUND = False  # videos with their sound (use_audio_in_video): the processor kind only (the Omni thinkers)
 CHECK_STORED_DTYPES = False  # cast on read, not refused (list<uint8> tiles come back int64 from torch-formatted datasets)
 VIEW_SIZE_NOTE = False  # view labels show the size themselves
 

@@ -13,9 +13,9 @@ import numpy as np
 
 from mmpipe.errors import InputError, PixelDataError
 from mmpipe.records.codec import (
-    DIGEST, FAMILY, SOURCES, Column, backend_column, check_token_shapes, pixel_rows, stored_backend,
+    DIGEST, FAMILY, SOURCES, Column, backend_column, check_token_shapes, pixel_rows,
 )
-from mmpipe.records.columns import as_array, source_list
+from mmpipe.records.columns import as_array
 
 IMAGE_LAYOUT_COLUMN = "image_grid_thw"  # the stored per-image layout (what error messages name)
 
@@ -43,7 +43,7 @@ CHECK_ON_READ = False  # collate and validate_dataset validate the rows they rea
 
 def read_media(d, kw: dict, fam, row) -> dict:
     """What `COLUMNS` leave to this kind: ``rope_delta`` (derived from the positions in older
-    layouts: 0 would shift every image row's generation), the sources, the image backend."""
+    layouts: 0 would shift every image row's generation)."""
     if d.get("rope_delta") is None:
         pos, L = kw["position_ids"], len(kw["input_ids"])
         delta = np.asarray([int(pos.max()) + 1 - L if pos.size else 0])
@@ -52,8 +52,7 @@ def read_media(d, kw: dict, fam, row) -> dict:
     if delta.size != 1:
         raise InputError(f"column 'rope_delta': expected one integer, found {delta.size} values", row=row,
                          column="rope_delta", stage="validate", fix="re-encode the row with mmpipe.encode")
-    return dict(rope_delta=int(delta[0]), image_backend=stored_backend(d.get("image_backend"), row),
-                image_sources=source_list(d.get("image_sources"), len(kw.get("image_grid_thw", ())), row))
+    return dict(rope_delta=int(delta[0]))
 
 
 def validate(r, row: Optional[int]) -> None:
@@ -148,7 +147,7 @@ def vision_tokens(fam, processor: Any = None) -> dict[str, Optional[str]]:
 
 
 def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
-                index: int = 0) -> dict:
+                index: int = 0, videos: Optional[list] = None, video_options: Any = None) -> dict:
     """One row -> its vLLM prompt dict (`mmpipe.rollout.inputs.to_vllm_prompts`):
     ``"prompt_token_ids"`` with ONE pad per image / video (the row's placeholders collapsed),
     and for a row with media ``"multi_modal_data"`` (the stored resized images, PIL RGB; the
@@ -156,6 +155,7 @@ def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[li
     row's ids and pixels back. ``processor``: the processor, `VisionSpec` or family the row was
     encoded with (None: the family's defaults); ``tokenizer``: for video timestamps (default
     ``processor``)."""
+    del videos, video_options  # the row stores its frames (to_vllm_prompts refuses videos= for it)
     from mmpipe.encoding.placeholders import collapse_placeholders
     from mmpipe.errors import ArgumentError
     from mmpipe.rollout.images import row_images, vision_spec_for, vllm_processor_kwargs

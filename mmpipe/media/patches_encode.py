@@ -92,10 +92,7 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
 
 def _tokenize(enc, messages: list[dict], where: str, tools: Optional[list]) -> tuple:
     """Rendered messages -> (ids int64 [L], labels int64 [L] or None), one pad per image."""
-    agp = enc.generation_prompt(messages)
-    text, spans = enc.prompt_text(messages, agp, tools, where), []
-    if enc.labels:  # (the text gains the family's stop tokens under end_of_turn="stop_token")
-        text, spans, _ = enc.reply_spans(messages, text, where, tools, agp)
+    text, spans = enc.text_and_replies(messages, tools, where)
     # memory (a 10 MB row): long texts are tokenized in verified pieces (encoding/tokenize.py)
     ids, offsets = tokenize_text(enc.tokenizer, text, bool(spans))
     return ids, (span_labels(ids, offsets, spans) if enc.labels else None)

@@ -4,7 +4,7 @@ processor's `ProcessorLayout` (found once by a probe): its sequence keys (int [L
 ``token_type_ids``) in ``sequence``, its other outputs (float32 ``pixel_values``, masks, sizes)
 in ``vision``, and each image's upright (height, width) in ``image_hw``. Positions: 1-D
 ``0..n-1`` where the processor's model takes them, else the model computes its own
-(`position_inputs`, `mmpipe.media.processor_rope`).
+(`position_inputs`, `mmpipe.model_rope`).
 
 Stored columns: `COLUMNS`; each key of the layout is a column of its own (`_outputs`). Rows
 written before the one-record change have no ``image_hw``: they load, and their image count is
@@ -17,11 +17,13 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mmpipe.audio.clips import stored_sources
 from mmpipe.errors import ArgumentError, InputError
 from mmpipe.media.defaults import position_inputs as one_d_position_inputs
 from mmpipe.records.codec import FAMILY, Column, check_token_shapes
 from mmpipe.records.columns import as_array
 from mmpipe.records.processor_layout import LAYOUT_COLUMN, ProcessorLayout  # noqa: F401  (the layout type)
+from mmpipe.records.vision_tokens import named_tokens
 
 SHAPES_COLUMN = "generic_shapes"  # the stored shape of each vision key (layout order)
 
@@ -82,13 +84,7 @@ def read_media(d, kw: dict, fam, row) -> dict:
                                  column=name, stage="validate", expected=f"{int(np.prod(shape))} values",
                                  found=str(arr.size), fix="re-encode the row with mmpipe.encode")
             vision[name] = arr.reshape(shape)
-    sources = d.get("audio_sources")
-    if sources is not None and not (isinstance(sources, (list, tuple, np.ndarray))
-                                    and all(isinstance(b, (bytes, bytearray)) for b in sources)):
-        raise InputError("column 'audio_sources' must hold a list of audio file bytes", row=row, column="audio_sources",
-                         stage="validate", expected="list<binary>", found=type(sources).__name__,
-                         fix="re-encode the row with mmpipe.encode(..., audio='source')")
-    return dict(layout=layout, vision=vision, audio_sources=None if sources is None else [bytes(b) for b in sources],
+    return dict(layout=layout, vision=vision, audio_sources=stored_sources(d.get("audio_sources"), row),
                 sequence={k: as_array(d.get(k), np.int64, 1, k, row) for k in layout.sequence})
 
 
@@ -108,12 +104,12 @@ def layout_repr(r) -> str:
 
 def position_inputs(batch, positions) -> dict:
     """``position_ids`` [B, L] (``0..n-1`` per row) only where the processor's model takes 1-D
-    positions (`mmpipe.media.processor_rope.model_rope`, from transformers' tables by the stored
+    positions (`mmpipe.model_rope.model_rope`, from transformers' tables by the stored
     processor class: old rows too). ``positions``: None (default) -> those 1-D positions for a
     1-D model, none for a model with multi-dimensional or unknown positions (the model computes
     them itself from ids, masks and grids, as with the processor's own batch); "none" -> none;
     "1d" -> 1-D positions, an `ArgumentError` for a multi-dimensional rope (they would be wrong)."""
-    from mmpipe.media.processor_rope import model_rope
+    from mmpipe.model_rope import model_rope
 
     rope = model_rope(batch.processor_class or "")
     if positions == "1d" and rope.kind == "multi":
@@ -151,26 +147,11 @@ NO_VLLM_ENGINE = ("VLLMEngine does not take generic-path rows: build their promp
                   "yourself, or generate with mmpipe.rollout.TransformersEngine")
 
 
-# the processor's (or its tokenizer's) named special tokens, by kind (`mmpipe.records.vision_tokens`)
-_NAMED_TOKENS = {"image": ("image_token",), "video": ("video_token",), "audio": ("audio_token",),
-                 "vision_start": ("vision_bos_token", "vision_start_token", "boi_token", "image_start_token"),
-                 "vision_end": ("vision_eos_token", "vision_end_token", "eoi_token", "image_end_token"),
-                 "audio_start": ("audio_bos_token", "boa_token", "audio_start_token"),
-                 "audio_end": ("audio_eos_token", "eoa_token", "audio_end_token")}
-
-
 def vision_tokens(fam, processor: Any = None) -> dict[str, Optional[str]]:
     """The tokens a sampled response must not hold: the generic path has no table, so the ones
-    ``processor`` (or its tokenizer) names itself (``image_token``, ``audio_token``,
-    ``vision_bos_token``, ``boa_token``...; {} without a processor or names)."""
-    out: dict[str, Optional[str]] = {}
-    for kind, names in _NAMED_TOKENS.items():
-        for owner in (processor, getattr(processor, "tokenizer", None)):
-            found = next((getattr(owner, n, None) for n in names if isinstance(getattr(owner, n, None), str)), None)
-            if found:
-                out[kind] = found
-                break
-    return out
+    ``processor`` (or its tokenizer) names itself (`mmpipe.records.vision_tokens.named_tokens`;
+    {} without a processor or names)."""
+    return named_tokens(processor)
 
 
 def rollout_refusal(fam, stage: str) -> Optional[str]:
@@ -184,17 +165,20 @@ def rollout_refusal(fam, stage: str) -> Optional[str]:
 
 
 def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
-                index: int = 0) -> dict:
-    """The vLLM prompt of an Omni thinker's row (`mmpipe.rollout.processor_prompts.vllm_prompt`); a
-    row of any other processor is refused there (`RolloutRefusal` naming the row)."""
+                index: int = 0, videos: Optional[list] = None, video_options: Any = None) -> dict:
+    """The vLLM prompt of an Omni thinker's row (`mmpipe.rollout.processor_prompts.vllm_prompt`; ``videos``:
+    the files of a row encoded with ``use_audio_in_video``); a row of any other processor is refused there
+    (`RolloutRefusal` naming the row)."""
     from mmpipe.rollout.processor_prompts import vllm_prompt as thinker_prompt
 
-    return thinker_prompt(r, processor, tokenizer=tokenizer, images=images, index=index)
+    return thinker_prompt(r, processor, tokenizer=tokenizer, images=images, index=index, videos=videos,
+                          video_options=video_options)
 
 
 # ---- encode, collate: what the stages ask beyond these functions is in mmpipe/media/processor_{encode,probe,
 # collate,view}.py (`mmpipe.media.KINDS`; 1-D positions where exact, float pixels: `mmpipe.media.defaults`)
-from mmpipe.media.processor_collate import collate_outputs, image_settings  # noqa: E402
+from mmpipe.images.settings import image_settings  # noqa: E402
+from mmpipe.media.processor_collate import collate_outputs  # noqa: E402
 from mmpipe.media.processor_probe import probe  # noqa: E402
 
 
@@ -209,7 +193,7 @@ def encode_layout(enc) -> ProcessorLayout:
 BATCH_ROWS = "generic-path"  # a batch of this kind's rows, in error messages
 FOREIGN_ROW = "a natively encoded row"  # a row of another kind in such a batch
 TAKES_AUDIO = True  # a processor with a feature extractor gets the row's clips (`mmpipe.audio.load_audio`)
-# ``Encoder(use_audio_in_video=True)``: videos with their sound (the Omni thinkers, `mmpipe.media.processor_videos`)
+# ``Encoder(use_audio_in_video=True)``: videos with their sound (the Omni thinkers, `mmpipe.encoding.video_sound`)
 TAKES_VIDEO_SOUND = True
 
 

@@ -13,12 +13,15 @@ adds the layout type (this module imports nothing from it).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import numpy as np
 
+from mmpipe.audio.clips import audio_outputs, warn_padded_audio as padded_audio_warning
 from mmpipe.batching.media_fields import MediaItems, cut_layout
 from mmpipe.batching.output_padding import collate_vision, cut_vision, join_vision
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
+from mmpipe.images.settings import image_settings
 from mmpipe.records.columns import to_numpy
 
 logger = logging.getLogger("mmpipe")
@@ -44,55 +47,13 @@ def warn_cross_attention_counts(rows: list) -> None:
                        cls, sorted(counts))
 
 
-AUDIO_PADDING_WARNED: set = set()  # processor classes warned about (once per process)
-
-
 def warn_padded_audio(rows: list) -> None:
-    """Audio features of different frame counts in one batch are padded to the longest, as the
-    processor's own batch call pads them; an audio encoder that convolves over the padded frames
-    (Gemma 3n's, Phi-4-multimodal's) then gives a row other logits than alone (measured on tiny
-    models: 0.48 and 4.0e-3, the processor's own batch alike; Qwen2.5-Omni pads every clip to 30 s,
-    Qwen3-Omni's encoder drops the padded frames: `mmpipe.families.MASKED_AUDIO`, measured 1.5e-7).
-    Logged once per processor class."""
-    from mmpipe.families import MASKED_AUDIO
-
+    """The rows' audio features (`ProcessorLayout.audio`, not their masks) of several frame shapes:
+    `mmpipe.audio.clips.warn_padded_audio`'s warning, once per processor class."""
     layout = rows[0].layout
     keys = [k for k in (layout.audio if layout is not None else ()) if k not in dict(layout.single_masks)]
     frames = {tuple(r.vision[k].shape[1:]) for r in rows for k in keys if k in r.vision and r.vision[k].ndim >= 3}
-    cls = rows[0].processor_class
-    if len(frames) > 1 and cls not in AUDIO_PADDING_WARNED and cls not in MASKED_AUDIO:
-        AUDIO_PADDING_WARNED.add(cls)
-        logger.warning("mmpipe: %s batch with audio features of %d shapes %s: they are padded to the largest, "
-                       "and an audio encoder that convolves over padded frames (Gemma 3n's, Phi-4-multimodal's) gives "
-                       "rows other logits than alone (as with the processor's own batch); batch clips of equal length "
-                       "for per-row results, or check with mmpipe.testing.invariants.assert_batched_logits_match",
-                       cls, len(frames), sorted(frames)[:6])
-
-
-# image-processor settings that decide output shapes and token counts (named in `image_settings`)
-_SIZE_WORDS = ("size", "pixels", "patch", "crop", "tile", "split", "resample", "pad", "grid", "num_", "max_", "min_")
-
-
-def image_settings(processor) -> str:
-    """The processor's image-processor settings as stored in `ProcessorLayout.settings`: a digest of
-    all of them (``to_dict()``), then the size-like ones as JSON (for error messages); "" when the
-    processor has no image processor or its settings cannot be read."""
-    import hashlib
-    import json
-    import re
-
-    ip = getattr(processor, "image_processor", None)
-    try:
-        d = dict(ip.to_dict()) if ip is not None else None
-    except Exception:  # noqa: BLE001 - a processor we cannot describe is not checked
-        d = None
-    if not d:
-        return ""
-    d = {k: v for k, v in d.items() if k not in ("processor_class", "_processor_class", "image_processor_type")}
-    # object reprs carry their address: never part of the settings
-    text = re.sub(r" at 0x[0-9a-fA-F]+", "", json.dumps(d, sort_keys=True, default=str))
-    sizes = json.dumps({k: d[k] for k in sorted(d) if any(w in k for w in _SIZE_WORDS)}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12] + " " + (sizes if len(sizes) <= 300 else sizes[:297] + "...")
+    padded_audio_warning(rows[0].processor_class, frames)
 
 
 def collator_state(processor, fam) -> dict:
@@ -111,6 +72,12 @@ def _settings(r) -> str:
     return r.layout.settings if r.layout is not None else ""
 
 
+def _most_common(values: list):
+    """The most common of ``values`` (ties: the first of them)."""
+    counts = Counter(values)
+    return max(counts, key=lambda x: (counts[x], -values.index(x)))
+
+
 def _check_settings(rows: list, want) -> None:
     """Every row's image-processor settings are one: ``want`` (the collator's processor's) when a row
     has it, else the rows' most common (ties: the first row's); a row of other settings raises,
@@ -118,15 +85,11 @@ def _check_settings(rows: list, want) -> None:
     into one shape while their ids keep their own image-token counts. The rows' pixels are their
     encode's, so a batch of one setting collates even when the collator's processor differs (a
     transformers upgrade that adds a setting). Rows of an earlier mmpipe (none stored): unchecked."""
-    from collections import Counter
-
     have = [_settings(r) for r in rows]
     known = [x for x in have if x]
     if not known:
         return
-    if want not in known:
-        counts = Counter(known)
-        want = max(counts, key=lambda x: (counts[x], -known.index(x)))
+    want = want if want in known else _most_common(known)
     for i, x in enumerate(have):
         if x and x != want:
             raise InputError("encoded with other image-processor settings than the rest of the batch", row=i,
@@ -139,11 +102,7 @@ def _check_processor(rows: list, want, settings=None) -> None:
     """Every row encoded by the processor class ``want`` (when collated with a processor:
     `FamilyMismatchError`), and by the batch's class (`InputError`, naming the row that differs
     from the others), with the same image-processor settings (`_check_settings`)."""
-    from collections import Counter
-
-    if want is None:
-        counts = Counter(r.processor_class for r in rows)
-        common = max(counts, key=lambda c: (counts[c], -[r.processor_class for r in rows].index(c)))
+    common = _most_common([r.processor_class for r in rows])
     for i, r in enumerate(rows):
         if want is not None and r.processor_class != want:
             raise FamilyMismatchError(f"encoded by {r.processor_class} (the generic path) but collated with {want}",
@@ -171,16 +130,14 @@ class _Filled:
 
 def _with_audio(r, processor, index: int):
     """Row ``r`` with the audio outputs of its ``audio="source"`` clips computed by ``processor``
-    (`mmpipe.media.processor_encode.audio_outputs`); other rows as they are."""
+    (`mmpipe.audio.clips.audio_outputs`); other rows as they are."""
     if r.audio_sources is None:
         return r
     if processor is None:
         raise ArgumentError(f"row {index} was encoded with audio='source': collate computes its audio features with "
                             "the processor; pass it: mmpipe.collate(rows, processor=processor) or "
                             "mmpipe.Collator(processor)")
-    from mmpipe.media.processor_encode import audio_outputs
-
-    return _Filled(r, {**r.vision, **audio_outputs(processor, r.layout, r.audio_sources, f"row {index}")})
+    return _Filled(r, {**r.vision, **audio_outputs(processor, r.layout.audio, r.audio_sources, f"row {index}")})
 
 
 def _with_masks(r):

@@ -3,7 +3,7 @@ processor mmpipe has no family table for (or a tiled family's, asked for with
 ``family="generic"``).
 
 Videos: only with their sound (``use_audio_in_video=True``, the Omni thinkers:
-`mmpipe.media.processor_videos`); other video rows are refused.
+`mmpipe.encoding.video_sound`); other video rows are refused. Audio clips: `mmpipe.audio.clips`.
 
 raw chat row -> the processor's own chat template + processor call -> the row's fields (its
 outputs, its dtypes, typed by its `mmpipe.media.processor.ProcessorLayout`; labels from the
@@ -11,7 +11,7 @@ assistant replies) -> stored row (``family="generic"``) -> `mmpipe.collate` (pad
 tiles, positions where exact) -> ``model(**batch.model_inputs())``. It logs one line per processor
 class. None of mmpipe's speed features apply: no compact uint8 storage, no layout-only
 encoding, no packing; positions ``0..n-1`` only where the processor's model takes 1-D positions (else the
-model builds its own, `mmpipe.media.processor_rope`).
+model builds its own, `mmpipe.model_rope`).
 
 Reached as ``fam.media.encode_*`` (re-exported by `mmpipe.media.processor`).
 """
@@ -22,15 +22,18 @@ import logging
 from typing import Sequence
 
 import numpy as np
-from PIL import Image
 
 from mmpipe.audio import audio_extractor
+from mmpipe.audio.clips import clip_files, load_clips
 from mmpipe.encoding.call_labels import call_labels
 from mmpipe.encoding.options import check_choice, refusal, refuse_options
 from mmpipe.encoding.parse import images_only
-from mmpipe.errors import ArgumentError, ImageError, InputError, PlaceholderError
+from mmpipe.encoding.video_sound import (
+    call_media_kwargs, check_video_placeholders, load_video_sounds, video_sound_settings,
+)
+from mmpipe.errors import ArgumentError, ImageError, InputError
 from mmpipe.families import GENERIC, resolve_family
-from mmpipe.images.load import bomb_error, load_image, to_rgb_image, unreadable_error, upright
+from mmpipe.images.load import decoded_rgb
 from mmpipe.records.columns import IGNORE_INDEX, to_numpy
 
 __all__ = ["GENERIC_LOG", "LOGGED_CLASSES", "generic_log_line"]
@@ -79,21 +82,11 @@ def encode_settings(enc, given: dict) -> None:
                             "positions)")
     enc.use_audio_in_video = bool(getattr(enc, "use_audio_in_video", False))
     refused = ENCODE_REFUSED
-    if enc.use_audio_in_video:  # videos with their sound (`mmpipe.media.processor_videos`)
+    if enc.use_audio_in_video:  # videos with their sound (`mmpipe.encoding.video_sound`)
         refused = {k: v for k, v in ENCODE_REFUSED.items() if k not in ("videos_column", "video_options")}
     refuse_options(enc, given, refused, REFUSAL)
     if enc.use_audio_in_video:
-        from mmpipe.encoding.videos import video_options
-        from mmpipe.media.processor_videos import check_video_options
-
-        if audio_extractor(enc.processor) is None or getattr(enc.processor, "video_processor", None) is None:
-            raise refusal(enc, REFUSAL, "use_audio_in_video=True", "it needs a processor with a video processor and an "
-                          "audio feature extractor (the Omni thinkers: Qwen2.5-Omni, Qwen3-Omni)")
-        if given.get("audio") == "source":
-            raise refusal(enc, REFUSAL, "audio='source' with use_audio_in_video=True", "a video's sound is stored as "
-                          "the processor's features; leave audio out (or pass 'features')")
-        enc.video_opts = video_options(given.get("video_options"))
-        check_video_options(enc.video_opts)
+        video_sound_settings(enc, given, REFUSAL)
     if getattr(enc.processor, "chat_template", None) is None and "chat_template" not in enc.chat_template_kwargs:
         # every row (and the layout probe) renders with the processor's template: refuse at once, not
         # per row (under on_error="skip" every row would fail the same way)
@@ -123,18 +116,9 @@ def encode_settings(enc, given: dict) -> None:
 
 def encode_image(enc, value, where: str) -> tuple:
     """One image -> ((height, width) upright, the upright RGB PIL image the processor takes),
-    decoded here: a truncated or corrupt file is this image's `ImageError` (located at the
-    images column by the encoder), not PIL's ``OSError`` inside the processor call."""
-    im = load_image(value, where=where)
-    try:
-        im.load()  # PIL decodes lazily: the whole file, now
-        im = to_rgb_image(upright(im))
-    except InputError:
-        raise
-    except Image.DecompressionBombError as e:
-        raise bomb_error(e, where) from e
-    except (OSError, ValueError, SyntaxError) as e:  # PIL: truncated data, bad chunks, unknown modes
-        raise unreadable_error(e, where) from e
+    decoded here (`decoded_rgb`: a truncated or corrupt file is this image's `ImageError`, located
+    at the images column by the encoder, not PIL's ``OSError`` inside the processor call)."""
+    im = decoded_rgb(value, where=where)
     if min(im.height, im.width) <= 0:  # image processors divide by a side (ZeroDivisionError)
         raise ImageError(f"image has size {im.height}x{im.width}; an image needs at least one pixel each way",
                          where=where, expected="height >= 1 and width >= 1", found=f"{im.height}x{im.width}",
@@ -182,29 +166,7 @@ def run_processor(enc, **kwargs) -> tuple[dict, dict]:
 def _call(enc, text: str, images: list, audios: Sequence = (), videos: tuple = ()) -> dict:
     """The processor's outputs (numpy) for one row; ``videos``: (the row's sampled frames, their
     sound tracks) with ``use_audio_in_video``, the first of them that ``text`` holds given."""
-    return run_processor(enc, text=[text], images=images or None, **_media_kwargs(enc, text, audios, videos))[0]
-
-
-def _media_kwargs(enc, text: str, audios: Sequence, videos: tuple = ()) -> dict:
-    """The call's audio keywords (`_audio_kwargs`) and, for a text holding videos with their sound,
-    its video keywords (`mmpipe.media.processor_videos.video_call_kwargs`: the sound tracks join
-    ``audio=`` in slot order)."""
-    kw = _audio_kwargs(enc, audios)
-    if videos and len(videos[0]):
-        from mmpipe.media.processor_videos import video_call_kwargs
-
-        extra = video_call_kwargs(enc, text, videos[0], videos[1], list(audios))
-        if extra:
-            kw.update(extra, sampling_rate=int(audio_extractor(enc.processor).sampling_rate))
-    return kw
-
-
-def _audio_kwargs(enc, audios: Sequence) -> dict:
-    """``audio=`` (and the rate they are at: ``sampling_rate=``) for a call with clips; a processor
-    without audio never sees the keywords."""
-    if not len(audios):
-        return {}
-    return {"audio": list(audios), "sampling_rate": int(audio_extractor(enc.processor).sampling_rate)}
+    return run_processor(enc, text=[text], images=images or None, **call_media_kwargs(enc, text, audios, videos))[0]
 
 
 def user_turn(n_images: int, n_audios: int = 0) -> list:
@@ -213,55 +175,14 @@ def user_turn(n_images: int, n_audios: int = 0) -> list:
              + [{"type": "text", "text": "a"}]}]
 
 
-def audio_outputs(processor, layout, sources: list, where: str = "row") -> dict:
-    """The audio outputs (`ProcessorLayout.audio`) of a row stored with ``audio="source"``: its
-    clips decoded as at encode (`mmpipe.audio.load_audio`) and run through the processor's own
-    call together (its padding is per call), under a text of one audio token per clip; the same
-    arrays encode would have stored."""
-    from mmpipe.audio import load_audio
-
-    fe = audio_extractor(processor)
-    if fe is None:
-        raise ArgumentError(f"{type(processor).__name__} has no audio feature extractor: collate rows encoded with "
-                            "audio='source' with the processor that encoded them")
-    rate = int(fe.sampling_rate)
-    waves = [load_audio(b, rate, where=f"{where}, audio {i}") for i, b in enumerate(sources)]
-    token = getattr(processor, "audio_token", None) or getattr(getattr(processor, "tokenizer", None), "audio_token")
-    out = processor(text=[token * len(waves)], audio=waves, sampling_rate=rate, return_tensors="np")
-    return {k: np.asarray(out[k]) for k in layout.audio if k in out and np.asarray(out[k]).size}
-
-
 def load_audios(enc, audios: list, where: str) -> list:
-    """The row's clips -> mono float32 waveforms at the feature extractor's sampling rate
-    (`mmpipe.audio.load_audio`); a clip longer than a Whisper-style extractor takes (``n_samples``)
-    refused where the processor's call would cut it. A processor without a feature extractor takes no audio (`ParseError`)."""
-    from mmpipe.audio import load_audio
+    """The row's clips (`mmpipe.audio.clips.load_clips`); a processor without a feature extractor
+    takes no audio (`ParseError`)."""
     from mmpipe.encoding.parse import no_audio
 
-    fe = audio_extractor(enc.processor)
-    if fe is None:
+    if audio_extractor(enc.processor) is None:
         no_audio(audios, where, f"{enc.processor_class} (no audio feature extractor)")
-    limit = clip_limit(enc.processor, fe)
-    return [load_audio(a, int(fe.sampling_rate), where=f"{where}, audio {i}", column=enc.audios_column,
-                       max_samples=limit) for i, a in enumerate(audios)]
-
-
-def clip_limit(processor, fe) -> int:
-    """The most samples a clip may hold where the processor's call cuts longer ones (0: no limit)."""
-    # the extractor cuts at n_samples only where the processor's call truncates (Qwen2.5-Omni's does; Qwen3-Omni's
-    # sets truncation=False and takes a clip whole)
-    truncates = dict(getattr(processor, "audio_kwargs", None) or {}).get("truncation", True)
-    return int(getattr(fe, "n_samples", 0) or 0) if truncates else 0
-
-
-def load_video_sounds(enc, videos: list, where: str) -> tuple[list, list]:
-    """``use_audio_in_video``: the row's videos -> (sampled frames, sound tracks at the feature
-    extractor's rate) (`mmpipe.media.processor_videos.load_videos`); a sound track longer than the
-    processor takes is refused as a clip is."""
-    from mmpipe.media.processor_videos import load_videos
-
-    fe = audio_extractor(enc.processor)
-    return load_videos(enc, videos, int(fe.sampling_rate), where, max_samples=clip_limit(enc.processor, fe))
+    return load_clips(enc.processor, audios, where, column=enc.audios_column)
 
 
 def probe_call(enc, images: list):
@@ -293,15 +214,8 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
     text = enc.prompt_text(messages, agp, tools, where)
     layout = enc.layout()
     if moving:
-        from mmpipe.media.processor_videos import media_order
-
-        n_video = media_order(enc.processor, text).count("video")
-        if n_video != len(videos):
-            raise PlaceholderError(f"the rendered prompt holds {n_video} video placeholder(s) but the row has "
-                                   f"{len(videos)} video(s)", where=where, column="messages",
-                                   expected=f"one {enc.processor.video_token} per video", found=str(n_video),
-                                   fix="one video item per video; remove literal video tokens from the text")
-    kwargs = _media_kwargs(enc, text, waves, moving)  # a silent video, a slot mismatch: the row's AudioError
+        check_video_placeholders(enc, text, len(videos), where)
+    kwargs = call_media_kwargs(enc, text, waves, moving)  # a silent video, a slot mismatch: the row's AudioError
     try:
         out, low = run_processor(enc, text=[text], images=pil or None, **kwargs)
     except _PROCESSOR_FAILURES as e:
@@ -347,10 +261,7 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
     hw = np.asarray([(im.height, im.width) for im in pil], np.int64).reshape(-1, 2)
     sources = None
     if waves and enc.audio_storage == "source":  # the clips' files; collate computes their outputs again
-        from mmpipe.audio import audio_source
-
-        rate = int(audio_extractor(enc.processor).sampling_rate)
-        sources = [audio_source(a, w, rate) for a, w in zip(audios, waves)]
+        sources = clip_files(enc.processor, audios, waves)
         vision = {k: v for k, v in vision.items() if k not in layout.audio}
     return dict(input_ids=ids, attention_mask=np.ones(len(ids), np.int64), sequence=sequence, vision=vision,
                 labels=labels, layout=layout, image_hw=hw, audio_sources=sources)

@@ -81,9 +81,9 @@ def _audio_probe(enc) -> tuple[dict, dict, tuple]:
 def _video_probe(enc) -> tuple[dict, dict]:
     """``use_audio_in_video``: the processor's outputs for one user turn holding two small videos
     (4 and 6 frames, 56x56 and 84x56) with their sound (1 s and 1.5 s of a tone), as
-    `mmpipe.media.processor_videos` calls it: the video keys (``pixel_values_videos``,
+    `mmpipe.encoding.video_sound` calls it: the video keys (``pixel_values_videos``,
     ``video_grid_thw``, ``video_second_per_grid``; axis 0: patches / videos) and the audio keys."""
-    from mmpipe.media.processor_videos import video_call_kwargs
+    from mmpipe.encoding.video_sound import video_call_kwargs
 
     rate = int(audio_extractor(enc.processor).sampling_rate)
     t = np.arange(rate * 3 // 2, dtype=np.float32) / rate

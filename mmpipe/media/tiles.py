@@ -16,7 +16,7 @@ import numpy as np
 
 from mmpipe.errors import InputError
 from mmpipe.records.codec import DIGEST, FAMILY, SOURCES, Column, backend_column, check_token_shapes
-from mmpipe.records.columns import as_array, source_list
+from mmpipe.records.columns import as_array
 
 IMAGE_LAYOUT_COLUMN = "tiles_per_image"  # the stored per-image layout (what error messages name)
 COLUMNS = (  # the stored columns of a tiles-kind row, in order (`mmpipe.records.codec.Column`)
@@ -38,7 +38,7 @@ CHECK_ON_READ = True  # every row read is validated, its stored digest checked (
 
 def read_media(d, kw: dict, fam, row) -> dict:
     """What `COLUMNS` leave to this kind: the flat tiles back to [N, S, S, 3] (N tiles of
-    ``tile_hw`` (S, S), a wrong byte count is an `InputError`), the sources, ``images_kwargs``."""
+    ``tile_hw`` (S, S), a wrong byte count is an `InputError`), ``images_kwargs``."""
     u8, tiles = d.get("pixel_values_u8"), kw["tiles_per_image"]
     if u8 is not None:
         hw = as_array(d.get("tile_hw"), np.int64, 1, "tile_hw", row)
@@ -51,9 +51,7 @@ def read_media(d, kw: dict, fam, row) -> dict:
                              found=str(flat.size), fix="re-encode the row with mmpipe.encode")
         u8 = flat.reshape(int(tiles.sum()), int(hw[0]), int(hw[1]), 3)
     kwargs = d.get("images_kwargs")
-    return dict(pixel_values_u8=u8, image_sources=source_list(d.get("image_sources"), len(tiles), row),
-                images_kwargs=json.loads(kwargs) if isinstance(kwargs, str) and kwargs else None,
-                image_backend=str(d.get("image_backend") or "pil"))
+    return dict(pixel_values_u8=u8, images_kwargs=json.loads(kwargs) if isinstance(kwargs, str) and kwargs else None)
 
 
 def validate(r, row: Any = None) -> None:
@@ -119,7 +117,7 @@ def rollout_refusal(fam, stage: str) -> Optional[str]:
 
 
 def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
-                index: int = 0) -> dict:
+                index: int = 0, videos: Optional[list] = None, video_options: Any = None) -> dict:
     """One row -> its vLLM prompt dict. vLLM takes a tiled model's prompt as the chat template
     renders it, ONE ``image_token`` per image (``<start_of_image>``, ``<IMG_CONTEXT>``,
     ``<image>``), and writes each image's text itself after tiling the ORIGINAL image again
@@ -134,6 +132,7 @@ def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[li
     than vLLM's (LLaVA-OneVision's per-conversation mode: one tile per image of a row of
     several, where vLLM tiles every image) is refused with an `InputError` saying how to encode
     rollout rows (`_check_vllm_mode`)."""
+    del videos, video_options  # the row stores its frames (to_vllm_prompts refuses videos= for it)
     import numpy as np
 
     from mmpipe.encoding.placeholders import splice_text

@@ -137,10 +137,7 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
     images_only(videos, where, what=f"{enc.family.name} ({enc.processor_class})")
     fam, module = enc.family, enc.module
     ip = _row_image_processor(enc, len(images))
-    agp = enc.generation_prompt(messages)
-    text, replies = enc.prompt_text(messages, agp, tools, where), []
-    if enc.labels:  # (the text gains the family's stop tokens under end_of_turn="stop_token")
-        text, replies, _ = enc.reply_spans(messages, text, where, tools, agp)
+    text, replies = enc.text_and_replies(messages, tools, where)
     loaded = enc.load_images(images, where, prefetched)
     sizes, payloads = [hw for hw, _ in loaded], [p for _, p in loaded]
     if payloads and isinstance(payloads[0], tuple):  # `_BothTilings`: the row's own tiling

@@ -16,7 +16,7 @@ import numpy as np
 from mmpipe.errors import InputError
 from mmpipe.images.backends import BACKENDS
 from mmpipe.records.columns import (
-    PIXEL_COLUMNS, as_array, fit_width, pixel_digest, sources_digest, u8_block, u8_bytes,
+    PIXEL_COLUMNS, as_array, fit_width, pixel_digest, source_list, sources_digest, u8_block, u8_bytes,
 )
 
 
@@ -35,7 +35,8 @@ class Column:
     ``"ones"`` / ``"zeros"`` (int [L]), ``"no rows"`` (also left unset when its ``rows`` layout
     holds nothing: the video pixels of an image row). ``pixels``: the pixel formats whose rows
     store it (empty: every row). ``value``: derives the stored value from the record (None: the
-    row stores no such column)."""
+    row stores no such column); ``load``: reads it back, ``load(stored value, fields read so far,
+    fam, row)`` (None: by ``read``)."""
 
     name: str
     store: str
@@ -47,6 +48,7 @@ class Column:
     pixels: tuple = ()
     flat: bool = False
     value: Optional[Callable] = None
+    load: Optional[Callable] = None
 
 
 def column_width(c: Column, fam) -> Optional[int]:
@@ -89,8 +91,13 @@ def stored_pixel_bytes(table, columns: tuple) -> int:
 # ---- record -> stored columns --------------------------------------------------------
 # columns of more than one kind (each documented in mmpipe.records.columns.ROW_COLUMNS)
 FAMILY = Column("family", "object", read=None)
+def _load_sources(value, kw: dict, fam, row) -> Optional[list]:
+    """Stored ``image_sources``: one file per image of the kind's per-image layout."""
+    return source_list(value, len(kw.get(fam.media.IMAGE_LAYOUT_COLUMN, ())), row)
+
+
 SOURCES = Column("image_sources", "object", read=None, pixels=("source",), missing="none",
-                 value=lambda r: [bytes(b) for b in r.image_sources])
+                 value=lambda r: [bytes(b) for b in r.image_sources], load=_load_sources)
 DIGEST = Column("pixel_digest", "int64", read=None, ndim=0, missing="none",  # older rows: no digest
                 value=lambda r: r.stored_pixel_digest())
 
@@ -98,7 +105,8 @@ DIGEST = Column("pixel_digest", "int64", read=None, ndim=0, missing="none",  # o
 def backend_column(pixels: tuple) -> Column:
     """``image_backend`` of the rows of ``pixels`` formats, stored when not ``"pil"``."""
     return Column("image_backend", "object", read=None, pixels=pixels, missing="none",  # absent: "pil"
-                  value=lambda r: None if r.image_backend == "pil" else r.image_backend)
+                  value=lambda r: None if r.image_backend == "pil" else r.image_backend,
+                  load=lambda v, kw, fam, row: stored_backend(v, row))
 
 
 def write_columns(r, columns: tuple) -> dict:
@@ -135,6 +143,8 @@ def read_columns(d, columns: tuple, fam, row) -> dict:
     layout holds nothing is left unset."""
     kw: dict = {}
     for c in columns:
+        if not callable(c) and c.load is not None:
+            kw[c.name] = c.load(d.get(c.name), kw, fam, row)
         if callable(c) or c.read is None:
             continue
         default = None  # "ones" / "zeros": only for an absent column (a null value is missing data)

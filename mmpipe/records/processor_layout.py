@@ -39,8 +39,9 @@ class ProcessorLayout:
     # (key, "bfloat16" / "float16"): outputs in a dtype stored as float32 (exact) and handed to the
     # model in the processor's own dtype (Llama 4's bf16 pixel_values; `model_tensors`)
     dtypes: tuple = ()
-    # the image processor's settings (`image_settings`: a digest, then the size-like ones in words): rows
-    # of one class but other settings (a 32-px and a 48-px LLaVA) would be zero-padded into one shape
+    # the image processor's settings (`mmpipe.images.settings.image_settings`: a digest, then the
+    # size-like ones in words): rows of one class but other settings (a 32-px and a 48-px LLaVA)
+    # would be zero-padded into one shape
     # while their ids keep their own image-token counts; "" in rows of an earlier mmpipe (not checked)
     settings: str = ""
     # (mask key, feature key): a per-item mask the processor leaves out of a call with ONE item (Phi-4-multimodal's

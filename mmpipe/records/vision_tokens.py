@@ -54,6 +54,28 @@ def check_policy(policy: str) -> str:
     return policy
 
 
+# the media tokens a processor (or its tokenizer) names itself, by kind: its attribute names
+_NAMED = {"image": ("image_token",), "video": ("video_token",), "audio": ("audio_token",),
+          "vision_start": ("vision_bos_token", "vision_start_token", "boi_token", "image_start_token"),
+          "vision_end": ("vision_eos_token", "vision_end_token", "eoi_token", "image_end_token"),
+          "audio_start": ("audio_bos_token", "boa_token", "audio_start_token"),
+          "audio_end": ("audio_eos_token", "eoa_token", "audio_end_token")}
+
+
+def named_tokens(processor: Any = None) -> dict[str, str]:
+    """kind -> the media token ``processor`` (or its tokenizer) names itself (``image_token``,
+    ``audio_token``, ``vision_bos_token``, ``boa_token``...: `_NAMED`); {} without a processor or
+    names. Any processor: what a processor without a family table tells of its tokens."""
+    out: dict[str, str] = {}
+    for kind, names in _NAMED.items():
+        for owner in (processor, getattr(processor, "tokenizer", None)):
+            found = next((getattr(owner, n, None) for n in names if isinstance(getattr(owner, n, None), str)), None)
+            if found:
+                out[kind] = found
+                break
+    return out
+
+
 def _spellings(fam: ModelFamily, processor: Any = None) -> dict[str, str]:
     """kind ("image", "video", "vision_start", "vision_end", "audio", "audio_start", "audio_end")
     -> the family's spelling of it, for the kinds the family has (its media strategy's table; the

@@ -85,7 +85,8 @@ def _column_rows(columns: Mapping, n: int) -> list[MultiModalInputs]:
     return [MultiModalInputs.from_dict({k: v[i] for k, v in columns.items()}, row=i) for i in range(n)]
 
 
-def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, images=None) -> list[dict]:
+def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, images=None, videos=None,
+                    video_options=None) -> list[dict]:
     """Rows (or a batch) -> vLLM prompt dicts, one per row, in order.
 
     Each prompt is a dict with
@@ -115,7 +116,10 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
     LLaVA-OneVision) one image token per image and the ORIGINAL images, which vLLM tiles again
     (`mmpipe.media.tiles.vllm_prompt`: the processor is required; ``images``: one list per row of
     the images it was encoded from, for rows encoded without ``pixels="source"``). The generic
-    path's rows are refused (`mmpipe.rollout.support.RolloutRefusal` naming the row).
+    path's rows are refused (`mmpipe.rollout.support.RolloutRefusal` naming the row) but the Omni
+    thinkers' (`mmpipe.rollout.processor_prompts`: clips and images as media, each run collapsed;
+    ``videos``: one list per row of the video files a row encoded with ``use_audio_in_video`` was
+    encoded from, sampled again at the row's own rate or by ``video_options`` as given at encode).
 
     Each row is checked against its own family first (`mmpipe.rollout.support.check_row_families`):
     the rows are one model's, the processor's (or, without one, row 0's family); the first row of
@@ -127,15 +131,26 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
                                or len(images) != len(rows)):
         got = type(images).__name__ + (f" of {len(images)}" if isinstance(images, Sequence) else "")
         raise ArgumentError(f"images= must hold one list of images per row ({len(rows)} rows), got {got}")
+    if videos is not None and (isinstance(videos, (str, bytes)) or not isinstance(videos, Sequence)
+                               or len(videos) != len(rows)):
+        got = type(videos).__name__ + (f" of {len(videos)}" if isinstance(videos, Sequence) else "")
+        raise ArgumentError(f"videos= must hold one list of video files per row ({len(rows)} rows), got {got}")
     check_row_families(rows, "vllm_prompts", processor_or_spec, argument="processor_or_spec")
-    return [_row_prompt(r, i, processor_or_spec, tokenizer, None if images is None else images[i])
+    if video_options is not None and videos is None:
+        raise ArgumentError("video_options= goes with videos= (the rows' video files, sampled again by those options)")
+    if videos is not None and rows and not rows[0].fam.media.TAKES_VIDEO_SOUND:
+        raise ArgumentError(f"videos= is for rows encoded with use_audio_in_video=True (the Omni thinkers); "
+                            f"{rows[0].family} rows hold their video frames: drop videos=")
+    return [_row_prompt(r, i, processor_or_spec, tokenizer, None if images is None else images[i],
+                        {} if videos is None else {"videos": videos[i], "video_options": video_options})
             for i, r in enumerate(rows)]
 
 
-def _row_prompt(r: MultiModalInputs, i: int, processor_or_spec, tokenizer, images) -> dict:
-    """Row ``i``'s prompt (its family's media strategy's), any error naming row ``i``."""
+def _row_prompt(r: MultiModalInputs, i: int, processor_or_spec, tokenizer, images, media: dict) -> dict:
+    """Row ``i``'s prompt (its family's media strategy's; ``media``: the generic path's ``videos`` /
+    ``video_options``), any error naming row ``i``."""
     try:
-        return r.fam.media.vllm_prompt(r, processor_or_spec, tokenizer=tokenizer, images=images, index=i)
+        return r.fam.media.vllm_prompt(r, processor_or_spec, tokenizer=tokenizer, images=images, index=i, **media)
     except InputError as e:
         raise e.locate(row=i)
     except ArgumentError as e:

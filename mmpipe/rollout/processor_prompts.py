@@ -1,5 +1,5 @@
-"""vLLM prompts for generic-path rows of the Omni thinkers (`SERVED`: Qwen2.5-Omni, Qwen3-Omni): images
-and audio clips.
+"""vLLM prompts for generic-path rows of the Omni thinkers (`SERVED`: Qwen2.5-Omni, Qwen3-Omni): images,
+audio clips and videos with their sound.
 
 A row encoded by the processor's own call holds its training ids with every placeholder expanded
 (one audio token per encoder frame, one image token per merged patch) and the processor's
@@ -15,12 +15,14 @@ outputs, not the media vLLM takes. Its vLLM prompt is
   from the stored sources (``pixels="source"``).
 
 vLLM then gives back exactly the training ids (checked: tests/rollout/test_omni_vllm.py, vLLM 0.32
-CPU, tiny Qwen2.5-Omni and Qwen3-Omni thinkers; vLLM's greedy tokens == the transformers thinker's). Videos (and their
-sound) are refused by `vllm_prompt`: the generic path takes no videos yet; `video_sound_prompt` builds
-the prompt of ids the processor gave with ``use_audio_in_video`` (each video's interleaved run
-collapsed to one video token, ``mm_processor_kwargs={"use_audio_in_video": True}``; vLLM 0.32 then
-gives the same ids back for both thinkers, and takes no standalone clips next to such videos). Other generic-path processors are
-refused (their vLLM placeholder rules differ, or are not checked against vLLM).
+CPU, tiny Qwen2.5-Omni and Qwen3-Omni thinkers; vLLM's greedy tokens == the transformers thinker's).
+
+Rows encoded with ``use_audio_in_video`` (the generic path's only videos) take the video files they were
+encoded from (``videos=``, `video_prompt`): each video's frames are sampled again as at encode and its
+sound loaded again, and `video_sound_prompt` collapses each video's interleaved run to one video token
+(``mm_processor_kwargs``: ``use_audio_in_video``, the sampling ``fps`` and ``second_per_grid_ts``); vLLM
+0.32 takes no standalone clips next to such videos. Other generic-path processors are refused (their
+vLLM placeholder rules differ, or are not checked against vLLM).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ import numpy as np
 
 from mmpipe.errors import ArgumentError, PlaceholderError
 
-__all__ = ["SERVED", "check_served", "collapse_runs", "media_token_ids", "served_class", "video_sound_prompt",
-           "vllm_prompt"]
+__all__ = ["SERVED", "check_served", "collapse_runs", "media_token_ids", "served_class", "video_prompt",
+           "video_sound_prompt", "vllm_prompt"]
 
 # which processors these prompts are built for: the Omni thinker processors (Qwen2.5-Omni's, Qwen3-Omni's), the
 # transformers processors that split a video's sound into time chunks (`get_chunked_index`) and name audio
@@ -118,33 +120,30 @@ def _image(value):
 
 
 def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[Sequence] = None,
-                audios: Optional[Sequence] = None, index: int = 0) -> dict:
+                audios: Optional[Sequence] = None, videos: Optional[Sequence] = None, video_options: Any = None,
+                index: int = 0) -> dict:
     """One generic-path row (`MultiModalInputs`) of an Omni thinker -> its vLLM prompt dict (see the
     module doc). ``processor``: the one the row was encoded with (its media tokens, its extractor's
     rate); ``images`` / ``audios``: the row's originals where the row does not store its sources.
-    `ArgumentError` naming the row when a medium is missing or its count differs from the row's
-    placeholders; `PlaceholderError` for a row with video tokens."""
+    A row encoded with ``use_audio_in_video`` (video tokens in its ids) takes ``videos``: the video
+    files it was encoded from, in order (`video_prompt`). `ArgumentError` naming the row when a
+    medium is missing or its count differs from the row's placeholders."""
     from mmpipe.audio import audio_extractor, load_audio
 
     del tokenizer  # the ids are the row's own
     check_served(processor, row=index)  # None too: the processor the row was encoded with is needed
     token_ids = media_token_ids(processor)
+    if token_ids.get("video") is not None and (np.asarray(r.input_ids) == token_ids["video"]).any():
+        return video_prompt(r, processor, videos, video_options=video_options, images=images, index=index)
+    if videos:
+        raise ArgumentError(f"row {index}: {len(videos)} videos given for a row without video tokens; pass videos= "
+                            "only for rows encoded with use_audio_in_video=True, in their order")
     ids, runs = collapse_runs(r.input_ids, token_ids, row=index)
-    if runs.get("video"):
-        raise PlaceholderError(f"row {index}: video tokens in a generic-path row; its vLLM prompt takes images and "
-                               "audio only", row=index, expected="image and audio placeholders",
-                               found=f"{len(runs['video'])} video runs",
-                               fix="encode videos through a family with a table row, or without videos")
     prompt: dict = {"prompt_token_ids": [int(t) for t in ids]}
     data: dict = {}
-    n_images, n_audios = len(runs.get("image", [])), len(runs.get("audio", []))
-    if n_images:
-        given = images if images is not None else r.image_sources
-        if given is None or len(given) != n_images:
-            raise ArgumentError(f"row {index}: {n_images} image placeholders; pass images= (the images the row was "
-                                f"encoded from) or encode with pixels='source' (got "
-                                f"{'none' if given is None else len(given)})")
-        data["image"] = [_image(im) for im in given]
+    if runs.get("image"):
+        data["image"] = _row_images(r, len(runs["image"]), images, index)
+    n_audios = len(runs.get("audio", []))
     if n_audios:
         given = audios if audios is not None else r.audio_sources
         if given is None or len(given) != n_audios:
@@ -154,6 +153,70 @@ def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[Se
         data["audio"] = [(load_audio(a, rate, where=f"row {index}, audio {k}"), rate) for k, a in enumerate(given)]
     if data:
         prompt["multi_modal_data"] = data
+    return prompt
+
+
+def _row_images(r, n_images: int, images: Optional[Sequence], index: int) -> list:
+    """The row's ``n_images`` images for vLLM (PIL RGB): ``images`` as given, else its stored sources."""
+    given = images if images is not None else r.image_sources
+    if given is None or len(given) != n_images:
+        raise ArgumentError(f"row {index}: {n_images} image placeholders; pass images= (the images the row was "
+                            f"encoded from) or encode with pixels='source' (got "
+                            f"{'none' if given is None else len(given)})")
+    return [_image(im) for im in given]
+
+
+def video_prompt(r, processor: Any, videos: Optional[Sequence], *, video_options: Any = None,
+                 images: Optional[Sequence] = None, index: int = 0) -> dict:
+    """The vLLM prompt of a row encoded with ``use_audio_in_video`` (`mmpipe.Encoder`): each video's
+    frames sampled from its file again as at encode (`mmpipe.images.video.sampled_frames`, at the
+    row's own rate: ``temporal_patch_size / video_second_per_grid``, or ``video_options`` as given
+    at encode), its sound loaded again (`mmpipe.audio.load_video_audio`), the ids collapsed by
+    `video_sound_prompt`; ``mm_processor_kwargs`` also carries that ``fps`` and, per video, its
+    ``second_per_grid_ts`` (what vLLM's Qwen2.5-Omni processor times the interleaved chunks by).
+    `ArgumentError` naming the row: no ``videos``, another count than the row's, frames sampled to
+    another grid than the row's (other ``video_options`` than at encode)."""
+    from mmpipe.audio import audio_extractor, load_video_audio
+    from mmpipe.encoding.videos import video_options as as_options
+    from mmpipe.images.video import sampled_frames
+
+    vision = getattr(r, "vision", None) or {}
+    grids = np.asarray(vision.get("video_grid_thw", np.zeros((0, 3))), np.int64).reshape(-1, 3)
+    per_grid = np.asarray(vision.get("video_second_per_grid", np.zeros(0)), np.float64).reshape(-1)
+    if not len(grids):
+        raise PlaceholderError(f"row {index}: video tokens in a generic-path row without video outputs "
+                               "(video_grid_thw)", row=index, expected="video outputs for its video tokens",
+                               found="none", fix="re-encode the row with mmpipe.Encoder(processor, use_audio_in_video=True)")
+    if videos is None or isinstance(videos, (str, bytes)) or len(videos) != len(grids):
+        got = "none" if videos is None else (type(videos).__name__ if isinstance(videos, (str, bytes)) else len(videos))
+        raise ArgumentError(f"row {index}: {len(grids)} videos with their sound; pass videos= (the row's video files, "
+                            f"in order, as encoded with use_audio_in_video=True; got {got})")
+    temporal = int(getattr(processor.video_processor, "temporal_patch_size", 2))
+    opts = as_options(video_options)
+    row_fps = [temporal / float(s) for s in per_grid]
+    if video_options is None and row_fps:
+        opts = as_options({"fps": row_fps[0]})
+    fps = float(opts.fps) if opts.fps is not None else 2.0
+    if any(abs(f - fps) > 1e-6 * fps for f in row_fps):
+        raise ArgumentError(f"row {index}: video_options fps {fps} differs from the {row_fps[0]:g} frames a second the "
+                            "row was encoded at; pass the video_options given at encode")
+    rate = int(audio_extractor(processor).sampling_rate)
+    frames, sounds = [], []
+    for k, (value, grid) in enumerate(zip(videos, grids)):
+        where = f"row {index}, video {k}"
+        if hasattr(value, "_hf_encoded"):  # a decoded datasets.Video(): its file
+            value = value._hf_encoded
+        sounds.append(load_video_audio(value, rate, where=where))
+        frames.append(sampled_frames(value, opts, where=where))
+        if -(-len(frames[-1]) // temporal) != int(grid[0]):
+            raise ArgumentError(f"{where}: {len(frames[-1])} frames sampled at {fps:g} a second make "
+                                f"{-(-len(frames[-1]) // temporal)} temporal grids, the row holds {int(grid[0])}; pass "
+                                "the video_options (fps, min_frames, max_frames) given at encode")
+    prompt = video_sound_prompt(r.input_ids, processor, frames, sounds, index=index)
+    n_images = prompt["prompt_token_ids"].count(media_token_ids(processor).get("image", -1))
+    if n_images:
+        prompt["multi_modal_data"]["image"] = _row_images(r, n_images, images, index)
+    prompt["mm_processor_kwargs"].update(fps=fps, second_per_grid_ts=[temporal / fps] * len(frames))
     return prompt
 
 

@@ -181,3 +181,24 @@ def test_the_flag_changes_nothing_for_rows_without_videos(omni):
                audio=[tone(RATE, RATE)[0], tone(RATE * 3 // 2, RATE, seed=2)[0]], return_tensors="pt")
     assert torch.equal(position_ids(model, out, use_audio_in_video=True),
                        position_ids(model, out, use_audio_in_video=False))
+
+
+def test_call_keywords_follow_the_processors_api(omni):
+    """transformers 5.24's Omni processors take ``audio_from_video_indices`` / ``load_audio_from_video``;
+    the older ones (5.19, the vLLM environment) ignore those keywords and take ``use_audio_in_video=True``
+    with the clips in placeholder order (checked against vLLM's transformers: tests/rollout/test_omni_vllm.py)."""
+    from mmpipe.audio.omni_video import takes_video_audio_indices
+
+    proc = omni[1]
+    clip, wave = np.zeros(1600, np.float32), np.ones(3200, np.float32)
+    assert takes_video_audio_indices(proc)
+    new = call_kwargs(["audio", "video"], [clip], [wave], proc)
+    assert new["audio_from_video_indices"] == [None, 0] and new["load_audio_from_video"] is True
+    assert call_kwargs(["audio", "video"], [clip], [wave]) == new  # no processor: the current API
+
+    class Older:  # an Omni processor before OmniModalProcessorMixin
+        pass
+
+    old = call_kwargs(["audio", "video"], [clip], [wave], Older())
+    assert sorted(old) == ["audio", "use_audio_in_video"] and old["use_audio_in_video"] is True
+    assert [a is b for a, b in zip(old["audio"], [clip, wave])] == [True, True]

@@ -109,9 +109,9 @@ def test_clips_of_other_lengths_differ_as_the_processors_own_batch(line, caplog)
     name, proc, model = line
     raws = [_row(1, [1.0], 0, "A tone."), _row(1, [1.4], 3, "Longer.")]
     rows = [mmpipe.encode_row(r, proc, idx=i) for i, r in enumerate(raws)]
-    from mmpipe.media import processor_collate
+    from mmpipe.audio import clips
 
-    processor_collate.AUDIO_PADDING_WARNED.discard(rows[0].processor_class)
+    clips.AUDIO_PADDING_WARNED.discard(rows[0].processor_class)
     with caplog.at_level(logging.WARNING, logger="mmpipe"):
         batch = invariants.assert_roundtrip(rows, padding_side="right")
     assert any("padded to the largest" in r.message for r in caplog.records)

@@ -2,7 +2,7 @@
 ``position_ids`` [B, L] where the processor's model takes 1-D positions (Idefics3), none where its
 rope is multi-dimensional (GLM-4.6V: the model computes them, as with the processor's own batch),
 ``positions="1d"`` refused there. Decided from transformers' tables by the processor class
-(`mmpipe.media.processor_rope`). Rows of 0..3 images, left and right padding.
+(`mmpipe.model_rope`). Rows of 0..3 images, left and right padding.
 
 GLM-4.6V has a native row now (tests/encoding/test_glm46v.py); here it stands for a processor
 WITHOUT a row whose model's rope is 3-D (the Omni thinkers, ...): the module hides its row from
@@ -18,7 +18,7 @@ import torch
 import mmpipe
 from mmpipe import families
 from mmpipe.errors import ArgumentError
-from mmpipe.media.processor_rope import model_rope
+from mmpipe.model_rope import model_rope
 from mmpipe.offline import glm46v
 from mmpipe.offline.other_vlms import build_foreign_model, build_foreign_processor
 from mmpipe.testing import invariants

@@ -9,7 +9,8 @@ processor: torchvision's Python part on PYTHONPATH), encodes rows of 0-2 clips a
 (`mmpipe.rollout.processor_prompts.vllm_prompt`: collapsed placeholders, clips and images as
 media) and asks vLLM for 4 greedy tokens; records vLLM's expanded ``prompt_token_ids`` against the
 training ids, and the thinker's (transformers, on the collated training row) greedy tokens and
-first-token logprob against vLLM's; then one video with its sound (`video_sound_check`). Writes OUT_JSON.
+first-token logprob against vLLM's; then one video with its sound (`video_sound_check`), and rows with videos
+encoded by mmpipe and prompted by ``to_vllm_prompts(..., videos=)`` (`encoded_video_check`). Writes OUT_JSON.
 """
 
 from __future__ import annotations
@@ -83,6 +84,54 @@ def video_sound_check(llm, proc, model) -> dict:
             "hf_tokens": hf.tolist()}
 
 
+def encoded_video_check(llm, proc, model, work: str) -> list:
+    """Rows encoded by ``mmpipe.Encoder(use_audio_in_video=True)`` (frames sampled at 2 and at 4 a second)
+    -> ``to_vllm_prompts(rows, proc, videos=...)`` -> vLLM's expanded ids and greedy tokens, against the
+    training ids and the thinker's greedy tokens on the collated row."""
+    import torch
+    from vllm import SamplingParams
+
+    import mmpipe
+    from mmpipe.audio.samples import video_with_sound
+    from mmpipe.rollout import to_vllm_prompts
+
+    out = []
+    for k, (fps, seconds) in enumerate([(None, 3.0), (4.0, 2.0)]):
+        data, _ = video_with_sound(seconds, fps=4, fmt="mp4", rate=44100, channels=2, seed=10 + k)
+        path = f"{work}/video{k}.mp4"
+        with open(path, "wb") as f:
+            f.write(data)
+        raw = {"messages": [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}],
+               "videos": [path]}
+        enc = mmpipe.Encoder(proc, use_audio_in_video=True, video_options=None if fps is None else {"fps": fps})
+        row = enc.encode_row(raw, 0)
+        prompt = to_vllm_prompts([row], proc, videos=[[path]])[0]
+        # this environment's processor (transformers 5.19) expanding the collapsed prompt's text itself
+        media = prompt["multi_modal_data"]
+        text = proc.tokenizer.decode(prompt["prompt_token_ids"])
+        flat = proc(text=[text], videos=media["video"], audio=[w for w, _ in media["audio"]], use_audio_in_video=True,
+                    fps=prompt["mm_processor_kwargs"]["fps"], return_tensors="np")
+        o = llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, logprobs=0, prompt_logprobs=0))[0]
+        inputs = mmpipe.collate([row]).model_inputs(labels=False)
+        with torch.no_grad():
+            hf = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, len(row.input_ids):]
+            every = model(**inputs).logits[0].log_softmax(-1)
+            logits = every[-1]
+        first = int(o.outputs[0].token_ids[0])
+        train = [int(t) for t in row.input_ids]
+        got = [int(t) for t in o.prompt_token_ids]
+        out.append({"fps": fps or 2.0, "train_len": len(train), "prompt_len": len(prompt["prompt_token_ids"]),
+                    "ids_equal": got == train, "flat_call_equal": flat["input_ids"][0].tolist() == train,
+                    "first_diff": next((i for i, (a, b) in enumerate(zip(got, train)) if a != b), None),
+                    "mm_processor_kwargs": prompt["mm_processor_kwargs"],
+                    "vllm_tokens": list(o.outputs[0].token_ids), "hf_tokens": hf.tolist(),
+                    "first_logprob_gap": abs(float(logits[first]) - float(o.outputs[0].logprobs[0][first].logprob)),
+                    # every prompt token's logprob, vLLM against the thinker: the kernels' own float32 noise
+                    "prompt_logprob_gap": max(abs(float(every[i - 1, train[i]]) - o.prompt_logprobs[i][train[i]].logprob)
+                                              for i in range(1, len(train)))})
+    return out
+
+
 MODULES = {"qwen2_5_omni": "mmpipe.offline.qwen_omni", "qwen3_omni": "mmpipe.offline.qwen3_omni"}
 
 
@@ -134,10 +183,16 @@ def main(family: str, work: str, out_json: str) -> None:
         video = video_sound_check(llm, proc, model)
     except Exception as e:  # recorded: the test says what failed
         video = {"error": f"{type(e).__name__}: {e}"[:800]}
+    try:
+        encoded_videos = encoded_video_check(llm, proc, model, work)
+    except Exception as e:  # recorded: the test says what failed
+        import traceback
+
+        encoded_videos = [{"error": f"{type(e).__name__}: {e}"[:800], "trace": traceback.format_exc()[-3000:]}]
     with open(out_json, "w") as f:
         json.dump({"family": family, "vllm": vllm.__version__, "transformers": transformers.__version__, "prepare_s": t1 - t0,
                    "llm_start_s": t2 - t1, "rows": results,
-                   "video_sound": video}, f)
+                   "video_sound": video, "encoded_videos": encoded_videos}, f)
 
 
 if __name__ == "__main__":

@@ -67,3 +67,23 @@ def test_a_video_with_its_sound(result):
     assert v["placeholder_rule"], v  # transformers 5.19's processor lays the run out as 5.24's does
     assert v["prompt_len"] < v["train_len"]
     assert v["vllm_tokens"] == v["hf_tokens"], v
+
+
+def test_encoded_videos_with_their_sound_reach_vllm(result):
+    """Rows encoded with ``use_audio_in_video`` (frames at 2 and at 4 a second) and prompted by
+    ``to_vllm_prompts(rows, processor, videos=...)``: vLLM expands them to the training ids (which
+    depend on the rate: the interleaving is by time) and generates what the thinker generates on the
+    collated row. Logprobs: over every prompt token, vLLM's CPU kernels and the thinker's differ by up
+    to ~3e-3 on these random-weight thinkers at either rate (measured: 2.2e-3 at 2 fps), so the bound
+    is 1e-2; a wrong rate shows in the ids."""
+    rows = result["encoded_videos"]
+    assert len(rows) == 2 and "error" not in rows[0], rows
+    assert [r["fps"] for r in rows] == [2.0, 4.0]
+    for r in rows:
+        assert r["ids_equal"], r
+        assert r["flat_call_equal"], r  # the encode == this transformers line's own call (use_audio_in_video)
+        assert r["prompt_len"] < r["train_len"]
+        assert r["vllm_tokens"] == r["hf_tokens"], r
+        assert r["first_logprob_gap"] < 1e-2 and r["prompt_logprob_gap"] < 1e-2, r
+        assert r["mm_processor_kwargs"]["second_per_grid_ts"] == [2 / r["fps"]], r
+

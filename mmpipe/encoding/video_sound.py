@@ -1,6 +1,7 @@
-"""Videos with their sound (``use_audio_in_video``) on the generic path (`mmpipe.media.processor_encode`):
-the Omni thinkers (Qwen2.5-Omni, Qwen3-Omni) take a row's videos and each video's sound track
-interleaved with its frames (`mmpipe.audio.omni_video`).
+"""Videos with their sound (``use_audio_in_video``) for a processor's own call (the Omni thinkers,
+Qwen2.5-Omni and Qwen3-Omni, on the generic path: `mmpipe.media.processor_encode`): they take a
+row's videos and each video's sound track interleaved with its frames (`mmpipe.audio.omni_video`).
+The modality, not the kind: the kind asks `load_video_sounds`, `call_media_kwargs` and `media_order`.
 
 A video value is a file (a path, its bytes, a ``datasets.Video(decode=False)`` dict): its frames are
 sampled by qwen-vl-utils' rule (`mmpipe.images.video.sample_count` / ``sample_indices``: ``fps``
@@ -20,10 +21,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from mmpipe.errors import ArgumentError, ImageError, VideoError
+from mmpipe.errors import ArgumentError, ImageError, PlaceholderError, VideoError
 
-__all__ = ["VIDEO_OPTIONS", "check_video_options", "frames_fps", "load_videos", "media_order", "sampled_frames",
-           "video_call_kwargs"]
+__all__ = ["VIDEO_OPTIONS", "call_media_kwargs", "check_video_options", "check_video_placeholders", "frames_fps",
+           "load_video_sounds", "load_videos", "media_order", "sampled_frames", "video_call_kwargs",
+           "video_sound_settings"]
 
 # the `mmpipe.images.video.VideoOptions` fields the generic path takes: frame sampling (the processor's video
 # processor sizes the frames; it takes one fps per call, so no per-video frame count)
@@ -42,6 +44,35 @@ def check_video_options(opts) -> None:
         raise ArgumentError(f"video_options {other} are not taken on the generic path: the processor's video "
                             "processor sizes the frames (set them on processor.video_processor) and is told the "
                             f"sampling fps; accepted: {list(VIDEO_OPTIONS)}")
+
+
+def video_sound_settings(enc, given: dict, template: str) -> None:
+    """``Encoder(use_audio_in_video=True)``: refuse a processor without a video processor and an
+    audio feature extractor, and ``audio="source"`` (``template``: the kind's ``REFUSAL``); set
+    ``enc.video_opts`` (`check_video_options`)."""
+    from mmpipe.audio.load import audio_extractor
+    from mmpipe.encoding.options import refusal
+    from mmpipe.encoding.videos import video_options
+
+    if audio_extractor(enc.processor) is None or getattr(enc.processor, "video_processor", None) is None:
+        raise refusal(enc, template, "use_audio_in_video=True", "it needs a processor with a video processor and an "
+                      "audio feature extractor (the Omni thinkers: Qwen2.5-Omni, Qwen3-Omni)")
+    if given.get("audio") == "source":
+        raise refusal(enc, template, "audio='source' with use_audio_in_video=True", "a video's sound is stored as "
+                      "the processor's features; leave audio out (or pass 'features')")
+    enc.video_opts = video_options(given.get("video_options"))
+    check_video_options(enc.video_opts)
+
+
+def check_video_placeholders(enc, text: str, n_videos: int, where: str) -> None:
+    """The rendered ``text`` holds one video placeholder per video of the row, else its
+    `PlaceholderError`."""
+    n_video = media_order(enc.processor, text).count("video")
+    if n_video != n_videos:
+        raise PlaceholderError(f"the rendered prompt holds {n_video} video placeholder(s) but the row has "
+                               f"{n_videos} video(s)", where=where, column="messages",
+                               expected=f"one {enc.processor.video_token} per video", found=str(n_video),
+                               fix="one video item per video; remove literal video tokens from the text")
 
 
 def frames_fps(enc) -> float:
@@ -122,5 +153,31 @@ def video_call_kwargs(enc, text: str, frames: Sequence, video_waves: Sequence, c
     n_audio, n_video = order.count("audio"), order.count("video")
     if not n_video:
         return {}
-    kw = call_kwargs(order, list(clips[:n_audio]), list(video_waves[:n_video]))
+    kw = call_kwargs(order, list(clips[:n_audio]), list(video_waves[:n_video]), enc.processor)
     return {"videos": list(frames[:n_video]), "fps": frames_fps(enc), **kw}
+
+
+def load_video_sounds(enc, videos: list, where: str) -> tuple[list, list]:
+    """``use_audio_in_video``: the row's videos -> (sampled frames, sound tracks at the feature
+    extractor's rate) (`load_videos`); a sound track longer than the processor takes is refused as
+    a clip is (`mmpipe.audio.clips.clip_limit`)."""
+    from mmpipe.audio.clips import clip_limit
+    from mmpipe.audio.load import audio_extractor
+
+    fe = audio_extractor(enc.processor)
+    return load_videos(enc, videos, int(fe.sampling_rate), where, max_samples=clip_limit(enc.processor, fe))
+
+
+def call_media_kwargs(enc, text: str, audios: Sequence, videos: tuple = ()) -> dict:
+    """The call's audio keywords (`mmpipe.audio.clips.call_kwargs`) and, for a text holding videos
+    with their sound (``videos``: (the row's sampled frames, their sound tracks)), its video
+    keywords (`video_call_kwargs`: the sound tracks join ``audio=`` in slot order)."""
+    from mmpipe.audio.clips import call_kwargs
+    from mmpipe.audio.load import audio_extractor
+
+    kw = call_kwargs(enc.processor, audios)
+    if videos and len(videos[0]):
+        extra = video_call_kwargs(enc, text, videos[0], videos[1], list(audios))
+        if extra:
+            kw.update(extra, sampling_rate=int(audio_extractor(enc.processor).sampling_rate))
+    return kw

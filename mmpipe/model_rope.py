@@ -1,5 +1,6 @@
-"""Which positions the model behind a generic-path processor takes, read offline from
-transformers' own tables (no checkpoint, no download), so the generic path never hands a model
+"""Which positions the model behind a processor class takes, read offline from transformers' own
+tables (no checkpoint, no download): a property of the model class, not of a kind of family. The
+generic path (`mmpipe.media.processor.position_inputs`) asks it so it never hands a model
 positions it cannot compute exactly.
 
 processor class -> its model types (``PROCESSOR_MAPPING_NAMES``) -> for each: the default config
