@@ -277,6 +277,7 @@ LLAVA_ONEVISION = ModelFamily(
 # The generic path: a VLM processor without a row of its own (Idefics3, LLaVA 1.5, Mllama, the Omni thinkers...):
 # its rows hold what the processor's own call returns (kind "processor"); stored family "generic".
 MASKED_AUDIO = ("Qwen3OmniMoeProcessor",)  # audio encoders that drop padded feature frames first (no padding effect)
+VLLM_FLOORED_TIME = {"Qwen3OmniMoeProcessor": 13.0}  # vLLM 0.32 floors a video's time positions (ids a second)
 GENERIC = ModelFamily(
     name="generic", kind="processor", rope="1d", model_types=(), stop_token=None,
     image_token=None, video_token=None, vision_start_token=None, vision_end_token=None,
@@ -345,9 +346,8 @@ def family_of(obj) -> ModelFamily:
     """Family of a processor, tokenizer, model, model config, family name or ModelFamily.
 
     From classes only, never from attributes: a processor by its transformers class
-    (`processor_class_name`, looked up in `ModelFamily.processor_classes`), a model or config
-    by ``model_type`` (`ModelFamily.model_types`), a tokenizer alone is a text-only decoder; a
-    the tiles-kind row for Gemma 3, InternVL and LLaVA-OneVision (`tiled_family_of`).
+    (`processor_class_name`, `ModelFamily.processor_classes`), a model or config by ``model_type``
+    (`ModelFamily.model_types`; the tiles kind first: `tiled_family_of`); a tokenizer alone is a text decoder.
     Raises `UnsupportedProcessorError` (naming the class and the generic path) for a
     processor with an image processor, or a config with a ``vision_config``, of any other
     family; `ArgumentError` for an unknown family name.

@@ -59,6 +59,19 @@ def view_runs(row, kind: str, runs: list) -> tuple[list, None]:
     return runs, None
 
 
+def view_size(row, kind: str, index: int) -> Optional[tuple[int, int]]:
+    """(height, width) of image ``index`` as stored in ``image_hw`` (upright, as the processor was
+    given it); None for no such image, or none stored (generic-path rows of an earlier mmpipe)."""
+    hw = row.image_hw
+    return tuple(int(x) for x in hw[index]) if hw is not None and 0 <= index < len(hw) else None
+
+
+def view_layout(row, kind: str, first: int, last: int) -> str:
+    """The layout part of a span label: ``"40×56 px"`` (height × width, `view_size`), ``"size unknown"``."""
+    size = view_size(row, kind, first)
+    return "size unknown" if size is None else f"{size[0]}×{size[1]} px"
+
+
 def view_summary(row) -> list[str]:
     """What a row's head line adds to its image count: nothing."""
     return []

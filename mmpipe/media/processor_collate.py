@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 
@@ -115,19 +116,6 @@ def _check_processor(rows: list, want, settings=None) -> None:
     _check_settings(rows, settings)
 
 
-class _Filled:
-    """A row seen with its ``vision`` completed (`_with_masks`); everything else is the row's."""
-
-    def __init__(self, row, vision: dict):
-        self._row, self.vision = row, vision
-
-    def __getattr__(self, name):
-        return getattr(self._row, name)
-
-    def __len__(self) -> int:
-        return len(self._row)
-
-
 def _with_audio(r, processor, index: int):
     """Row ``r`` with the audio outputs of its ``audio="source"`` clips computed by ``processor``
     (`mmpipe.audio.clips.audio_outputs`); other rows as they are."""
@@ -137,7 +125,7 @@ def _with_audio(r, processor, index: int):
         raise ArgumentError(f"row {index} was encoded with audio='source': collate computes its audio features with "
                             "the processor; pass it: mmpipe.collate(rows, processor=processor) or "
                             "mmpipe.Collator(processor)")
-    return _Filled(r, {**r.vision, **audio_outputs(processor, r.layout.audio, r.audio_sources, f"row {index}")})
+    return replace(r, vision={**r.vision, **audio_outputs(processor, r.layout.audio, r.audio_sources, f"row {index}")})
 
 
 def _with_masks(r):
@@ -150,7 +138,7 @@ def _with_masks(r):
     kinds = {name: (dtype, ndim) for name, dtype, ndim in layout.vision}
     add = {m: np.ones(r.vision[f].shape[:kinds[m][1]], kinds[m][0]) for m, f in layout.single_masks
            if m not in r.vision and f in r.vision and m in kinds}
-    return _Filled(r, {**r.vision, **add}) if add else r
+    return replace(r, vision={**r.vision, **add}) if add else r
 
 
 def _without_filled_masks(row: dict, layout) -> dict:

@@ -9,7 +9,6 @@ a labelled box per image). ``mmpipe inspect`` counts the stored output values.
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import numpy as np
 
@@ -17,17 +16,7 @@ PIXEL_UNIT = "output values"  # what the stored pixel data are (head lines, `mmp
 STATS_COLUMNS = ("generic_layout",)  # the columns `table_counts` reads (image_hw when stored)
 
 
-def view_size(row, kind: str, index: int) -> Optional[tuple[int, int]]:
-    """(height, width) of image ``index`` as given to the processor; None when unknown (rows
-    stored before ``image_hw`` was)."""
-    hw = row.image_hw
-    return tuple(int(x) for x in hw[index]) if hw is not None and 0 <= index < len(hw) else None
-
-
-def view_layout(row, kind: str, first: int, last: int) -> str:
-    """The layout part of a label: ``"40×56 px"`` (height × width), ``"size unknown"``."""
-    size = view_size(row, kind, first)
-    return "size unknown" if size is None else f"{size[0]}×{size[1]} px"
+# each image's size and label: `mmpipe.media.defaults.view_size` / ``view_layout`` (its stored ``image_hw``)
 
 
 def view_summary(row) -> list[str]:

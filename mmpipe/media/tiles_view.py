@@ -15,6 +15,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mmpipe.media.defaults import view_layout as size_label
+
 PIXEL_UNIT = "tiles"  # what the stored pixel rows are (head lines, `mmpipe inspect`)
 STATS_COLUMNS = ("mm_token_type_ids", "tiles_per_image")  # the columns `table_counts` reads
 
@@ -40,21 +42,14 @@ def view_runs(row, kind: str, runs: list) -> tuple[list, None]:
     return runs, None
 
 
-def view_size(row, kind: str, index: int) -> Optional[tuple[int, int]]:
-    """(height, width) of image ``index`` as stored (``image_hw``); None for no such image."""
-    return tuple(int(x) for x in row.image_hw[index]) if 0 <= index < row.num_images else None
-
-
 def view_layout(row, kind: str, first: int, last: int) -> str:
-    """The layout part of a span label: ``"40×56 px · 2 tiles"`` (height × width as stored in
-    ``image_hw``), ``"5 tiles"`` over touching images ``first..last``."""
+    """The layout part of a span label: ``"40×56 px · 2 tiles"`` (the size as stored in
+    ``image_hw``, `mmpipe.media.defaults.view_layout`), ``"5 tiles"`` over touching images
+    ``first..last``."""
     if not 0 <= first <= last < len(row.tiles_per_image):
         return "? tiles"
     tiles = f"{int(row.tiles_per_image[first:last + 1].sum())} tiles"
-    if last != first:
-        return tiles
-    h, w = view_size(row, kind, first)
-    return f"{h}×{w} px · {tiles}"
+    return tiles if last != first else f"{size_label(row, kind, first, first)} · {tiles}"
 
 
 def view_summary(row) -> list[str]:

@@ -200,6 +200,7 @@ def video_prompt(r, processor: Any, videos: Optional[Sequence], *, video_options
     if any(abs(f - fps) > 1e-6 * fps for f in row_fps):
         raise ArgumentError(f"row {index}: video_options fps {fps} differs from the {row_fps[0]:g} frames a second the "
                             "row was encoded at; pass the video_options given at encode")
+    check_whole_time_positions(processor, temporal / fps, fps, index)
     rate = int(audio_extractor(processor).sampling_rate)
     frames, sounds = [], []
     for k, (value, grid) in enumerate(zip(videos, grids)):
@@ -218,6 +219,33 @@ def video_prompt(r, processor: Any, videos: Optional[Sequence], *, video_options
         prompt["multi_modal_data"]["image"] = _row_images(r, n_images, images, index)
     prompt["mm_processor_kwargs"].update(fps=fps, second_per_grid_ts=[temporal / fps] * len(frames))
     return prompt
+
+
+def check_whole_time_positions(processor: Any, second_per_grid: float, fps: float, index: int) -> None:
+    """`RolloutRefusal` naming row ``index`` when vLLM would place the row's video tokens elsewhere than
+    training did: a processor of `mmpipe.families.VLLM_FLOORED_TIME` (its thinker in vLLM 0.32 rounds
+    a video's time positions, grid index x seconds per grid x position ids a second, down to whole
+    numbers before interleaving the sound; transformers keeps them fractional) whose videos were
+    sampled at a rate that makes a temporal grid last a fractional number of position ids (Qwen3-Omni
+    at 4 fps: 6.5; Qwen2.5-Omni's 2 s chunks agree either way). Measured on vLLM 0.32 CPU with a tiny
+    Qwen3-Omni thinker: the same ids, but prompt logprobs 0.12 apart at 4 fps against 1e-5 at 2 fps
+    (tests/rollout/test_omni_vllm.py)."""
+    from mmpipe.families import VLLM_FLOORED_TIME, processor_class_name
+
+    per_second = VLLM_FLOORED_TIME.get(processor_class_name(processor))
+    if per_second is None:
+        return
+    step = second_per_grid * per_second
+    if abs(step - round(step)) > 1e-6:
+        from mmpipe.rollout.support import RolloutRefusal
+
+        raise RolloutRefusal(
+            f"row {index}: its videos were sampled at {fps:g} frames a second, so each temporal grid lasts "
+            f"{step:g} position ids; vLLM 0.32's {type(processor).__name__.replace('NoVideo', '')} thinker rounds "
+            "those down before interleaving the sound, transformers does not, and rollouts would not see the "
+            "training row's positions; encode rows for vLLM at 2 (or 1) frames a second "
+            "(video_options={'fps': 2.0}), or generate with mmpipe.rollout.TransformersEngine",
+            stage="vllm_prompts", family="generic", row=index)
 
 
 def video_sound_prompt(input_ids, processor: Any, videos: Sequence, video_audios: Sequence, *,

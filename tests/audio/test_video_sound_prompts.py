@@ -136,20 +136,40 @@ def test_the_frames_and_sound_are_the_encodes(proc, encoded, files):
 
 
 def test_the_rows_own_rate_is_used(proc, files):
-    """A row encoded at 4 frames a second is sampled again at 4 (read back from its
-    ``video_second_per_grid``), without options given; other options than at encode are refused."""
+    """A row encoded at another rate is sampled again at that rate (read back from its
+    ``video_second_per_grid``), without options given; other options than at encode are refused.
+    Qwen2.5-Omni at 4 frames a second; Qwen3-Omni at 1 (at 4 its vLLM positions differ: next test)."""
+    raw = _raws(files)[0]
+    fps = 1.0 if "Qwen3" in type(proc).__name__ else 4.0
+    row = mmpipe.Encoder(proc, use_audio_in_video=True, video_options={"fps": fps}).encode_row(raw, 0)
+    p = to_vllm_prompts([row], proc, videos=[raw["videos"]])[0]
+    assert p["mm_processor_kwargs"]["fps"] == fps and p["mm_processor_kwargs"]["second_per_grid_ts"] == [2 / fps]
+    assert _expand(proc, p, row) == row.input_ids.tolist()
+    given = to_vllm_prompts([row], proc, videos=[raw["videos"]], video_options={"fps": fps})[0]
+    assert given["prompt_token_ids"] == p["prompt_token_ids"] and given["mm_processor_kwargs"] == p["mm_processor_kwargs"]
+    with pytest.raises(ArgumentError, match=f"row 0: video_options fps 3.0 differs from the {fps:g} frames a second"):
+        to_vllm_prompts([row], proc, videos=[raw["videos"]], video_options={"fps": 3.0})
+    grids = int(row.vision["video_grid_thw"][0, 0])
+    with pytest.raises(ArgumentError, match=rf"row 0, video 0: \d+ frames sampled at {fps:g} a second make \d+ "
+                                            rf"temporal grids, the row holds {grids}"):
+        to_vllm_prompts([row], proc, videos=[raw["videos"]], video_options={"fps": fps, "max_frames": 2})
+
+
+def test_qwen3_omni_at_4_fps_is_refused_for_vllm(proc, files):
+    """vLLM 0.32's Qwen3-Omni thinker rounds a grid's time positions (13 a second x 0.5 s = 6.5) down
+    before interleaving the sound; transformers keeps them fractional: refused, naming the row and the
+    rate to use. Qwen2.5-Omni (2 s chunks) agrees at 4 frames a second."""
+    from mmpipe.rollout.support import RolloutRefusal
+
     raw = _raws(files)[0]
     row = mmpipe.Encoder(proc, use_audio_in_video=True, video_options={"fps": 4.0}).encode_row(raw, 0)
-    p = to_vllm_prompts([row], proc, videos=[raw["videos"]])[0]
-    assert p["mm_processor_kwargs"]["fps"] == 4.0 and p["mm_processor_kwargs"]["second_per_grid_ts"] == [0.5]
-    assert _expand(proc, p, row) == row.input_ids.tolist()
-    given = to_vllm_prompts([row], proc, videos=[raw["videos"]], video_options={"fps": 4.0})[0]
-    assert given["prompt_token_ids"] == p["prompt_token_ids"] and given["mm_processor_kwargs"] == p["mm_processor_kwargs"]
-    with pytest.raises(ArgumentError, match="row 0: video_options fps 2.0 differs from the 4 frames a second"):
-        to_vllm_prompts([row], proc, videos=[raw["videos"]], video_options={"fps": 2.0})
-    with pytest.raises(ArgumentError, match=r"row 0, video 0: \d+ frames sampled at 4 a second make \d+ temporal "
-                                            r"grids, the row holds 6"):
-        to_vllm_prompts([row], proc, videos=[raw["videos"]], video_options={"fps": 4.0, "max_frames": 4})
+    if "Qwen3" not in type(proc).__name__:
+        assert to_vllm_prompts([row], proc, videos=[raw["videos"]])[0]["mm_processor_kwargs"]["fps"] == 4.0
+        return
+    with pytest.raises(RolloutRefusal, match=r"row 0: its videos were sampled at 4 frames a second, so each temporal "
+                                             r"grid lasts 6.5 position ids; vLLM 0.32's Qwen3OmniMoeProcessor") as e:
+        to_vllm_prompts([row], proc, videos=[raw["videos"]])
+    assert e.value.row == 0 and "video_options={'fps': 2.0}" in str(e.value)
 
 
 def test_missing_or_miscounted_videos_are_refused(proc, encoded, files):

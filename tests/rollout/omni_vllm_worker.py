@@ -94,6 +94,7 @@ def encoded_video_check(llm, proc, model, work: str) -> list:
     import mmpipe
     from mmpipe.audio.samples import video_with_sound
     from mmpipe.rollout import to_vllm_prompts
+    from mmpipe.rollout.support import RolloutRefusal
 
     out = []
     for k, (fps, seconds) in enumerate([(None, 3.0), (4.0, 2.0)]):
@@ -105,7 +106,11 @@ def encoded_video_check(llm, proc, model, work: str) -> list:
                "videos": [path]}
         enc = mmpipe.Encoder(proc, use_audio_in_video=True, video_options=None if fps is None else {"fps": fps})
         row = enc.encode_row(raw, 0)
-        prompt = to_vllm_prompts([row], proc, videos=[[path]])[0]
+        try:
+            prompt = to_vllm_prompts([row], proc, videos=[[path]])[0]
+        except RolloutRefusal as e:  # Qwen3-Omni at 4 fps: vLLM's positions would differ (measured below)
+            out.append({"fps": fps, "refused": str(e), **vllm_anyway(llm, proc, model, row, path)})
+            continue
         # this environment's processor (transformers 5.19) expanding the collapsed prompt's text itself
         media = prompt["multi_modal_data"]
         text = proc.tokenizer.decode(prompt["prompt_token_ids"])
@@ -130,6 +135,29 @@ def encoded_video_check(llm, proc, model, work: str) -> list:
                     "prompt_logprob_gap": max(abs(float(every[i - 1, train[i]]) - o.prompt_logprobs[i][train[i]].logprob)
                                               for i in range(1, len(train)))})
     return out
+
+
+def vllm_anyway(llm, proc, model, row, path) -> dict:
+    """What the refusal guards against: the refused row's prompt built without the check, vLLM's prompt
+    logprobs against the thinker's on the training row (the ids still agree)."""
+    import torch
+    from vllm import SamplingParams
+
+    import mmpipe
+    from mmpipe.rollout import processor_prompts
+
+    check, processor_prompts.check_whole_time_positions = processor_prompts.check_whole_time_positions, lambda *a: None
+    try:
+        prompt = processor_prompts.vllm_prompt(row, proc, videos=[path])
+    finally:
+        processor_prompts.check_whole_time_positions = check
+    o = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))[0]
+    train = [int(t) for t in row.input_ids]
+    with torch.no_grad():
+        every = model(**mmpipe.collate([row]).model_inputs(labels=False)).logits[0].log_softmax(-1)
+    return {"ids_equal": list(o.prompt_token_ids) == train,
+            "prompt_logprob_gap": max(abs(float(every[i - 1, train[i]]) - o.prompt_logprobs[i][train[i]].logprob)
+                                      for i in range(1, len(train)))}
 
 
 MODULES = {"qwen2_5_omni": "mmpipe.offline.qwen_omni", "qwen3_omni": "mmpipe.offline.qwen3_omni"}

@@ -75,10 +75,16 @@ def test_encoded_videos_with_their_sound_reach_vllm(result):
     depend on the rate: the interleaving is by time) and generates what the thinker generates on the
     collated row. Logprobs: over every prompt token, vLLM's CPU kernels and the thinker's differ by up
     to ~3e-3 on these random-weight thinkers at either rate (measured: 2.2e-3 at 2 fps), so the bound
-    is 1e-2; a wrong rate shows in the ids."""
+    is 1e-2; a wrong rate shows in the ids. Qwen3-Omni at 4 fps is refused: vLLM 0.32 rounds its grids'
+    time positions (6.5 a grid) down, transformers does not; built anyway, its prompt logprobs differ
+    by more than 1e-2 (measured 0.12) with equal ids."""
     rows = result["encoded_videos"]
     assert len(rows) == 2 and "error" not in rows[0], rows
     assert [r["fps"] for r in rows] == [2.0, 4.0]
+    if result["family"] == "qwen3_omni":  # 4 fps: refused (vLLM rounds the 6.5-position grids), and rightly
+        refused = rows.pop()
+        assert refused["refused"].startswith("row 0: its videos were sampled at 4 frames a second"), refused
+        assert refused["ids_equal"] and refused["prompt_logprob_gap"] > 1e-2, refused  # measured: 0.12
     for r in rows:
         assert r["ids_equal"], r
         assert r["flat_call_equal"], r  # the encode == this transformers line's own call (use_audio_in_video)
