@@ -33,6 +33,19 @@ def write_clips(folder) -> dict:
     return paths
 
 
+def write_videos(folder, specs: dict) -> dict:
+    """Videos with a sound track (`mmpipe.audio.samples.video_with_sound`) written under ``folder``:
+    ``{name: (seconds, fps, fmt, rate, channels, seed)}`` -> ``{name: path}``."""
+    from mmpipe.audio.samples import video_with_sound
+
+    out = {}
+    for name, (seconds, fps, fmt, rate, channels, seed) in specs.items():
+        data, _ = video_with_sound(seconds, fps=fps, fmt=fmt, rate=rate, channels=channels, seed=seed)
+        (folder / name).write_bytes(data)
+        out[name] = str(folder / name)
+    return out
+
+
 def loaded(value) -> np.ndarray:
     """A clip as the processor's own chat path loads it (transformers' ``load_audio`` of a file;
     samples are written to a file first: float as a float WAV, int16 as PCM)."""

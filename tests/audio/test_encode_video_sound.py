@@ -31,7 +31,7 @@ from mmpipe.audio import load_video_audio  # noqa: E402
 from mmpipe.audio.samples import tone, video_with_sound  # noqa: E402
 from mmpipe.errors import ArgumentError, AudioError, ParseError, VideoError  # noqa: E402
 from mmpipe.testing import invariants  # noqa: E402
-from audio_rows import assert_rows_equal_calls, sample_and_gaps  # noqa: E402
+from audio_rows import assert_rows_equal_calls, sample_and_gaps, write_videos  # noqa: E402
 
 RATE = 16000
 KEYS = ("input_features", "feature_attention_mask", "pixel_values_videos", "video_grid_thw", "video_second_per_grid")
@@ -48,14 +48,9 @@ def omni(request):
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("videos")
-    out = {}
-    for name, (seconds, fps, fmt, rate, ch, seed) in {"a.mkv": (3.0, 4, "mkv", RATE, 2, 1),
-                                                      "b.mp4": (2.0, 4, "mp4", 44100, 1, 2),
-                                                      "c.mkv": (5.0, 2, "mkv", 22050, 1, 3)}.items():
-        data, _ = video_with_sound(seconds, fps=fps, fmt=fmt, rate=rate, channels=ch, seed=seed)
-        (d / name).write_bytes(data)
-        out[name] = str(d / name)
+    out = write_videos(tmp_path_factory.mktemp("videos"), {"a.mkv": (3.0, 4, "mkv", RATE, 2, 1),
+                                                           "b.mp4": (2.0, 4, "mp4", 44100, 1, 2),
+                                                           "c.mkv": (5.0, 2, "mkv", 22050, 1, 3)})
     silent, _ = video_with_sound(2.0, fmt="mp4", sound=False)
     out["silent"] = silent
     return out

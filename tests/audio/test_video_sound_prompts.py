@@ -23,10 +23,11 @@ av = pytest.importorskip("av")
 import mmpipe  # noqa: E402
 from mmpipe.audio import load_video_audio  # noqa: E402
 from mmpipe.audio.omni_video import interleaved_placeholder  # noqa: E402
-from mmpipe.audio.samples import tone, video_with_sound  # noqa: E402
+from mmpipe.audio.samples import tone  # noqa: E402
 from mmpipe.errors import ArgumentError  # noqa: E402
 from mmpipe.rollout import to_vllm_prompts  # noqa: E402
-from mmpipe.rollout.processor_prompts import collapse_runs, media_token_ids  # noqa: E402
+from mmpipe.rollout.processor_prompts import media_token_ids  # noqa: E402
+from audio_rows import write_videos  # noqa: E402
 
 RATE = 16000
 
@@ -40,14 +41,8 @@ def proc(request):
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("prompt-videos")
-    out = {}
-    for name, (seconds, fps, fmt, rate, channels, seed) in {"a.mkv": (3.0, 4, "mkv", RATE, 2, 1),
-                                                            "b.mp4": (2.0, 4, "mp4", 44100, 1, 2)}.items():
-        data, _ = video_with_sound(seconds, fps=fps, fmt=fmt, rate=rate, channels=channels, seed=seed)
-        (d / name).write_bytes(data)
-        out[name] = str(d / name)
-    return out
+    return write_videos(tmp_path_factory.mktemp("prompt-videos"), {"a.mkv": (3.0, 4, "mkv", RATE, 2, 1),
+                                                                   "b.mp4": (2.0, 4, "mp4", 44100, 1, 2)})
 
 
 def _raws(files) -> list[dict]:
