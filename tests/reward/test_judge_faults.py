@@ -272,7 +272,11 @@ def test_close_during_judge_many_stops_sending_at_once():
         assert judge.judge(FRAME, "grasp").valid
 
 
-CTRL_C = """
+# the child takes Ctrl-C as a terminal's foreground process does: a runner started in the background
+# (``cmd &`` in a script, nohup) hands its children SIGINT ignored, which Python then keeps
+RESTORE_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+CTRL_C = RESTORE_SIGINT + """
 import sys, time
 sys.path[:0] = ["tests", "tests/reward"]
 from mmpipe.reward import JudgeClient, VLMJudge
@@ -288,7 +292,7 @@ except KeyboardInterrupt:
 """
 
 
-CTRL_C_ENV = """
+CTRL_C_ENV = RESTORE_SIGINT + """
 import sys
 sys.path[:0] = ["tests", "tests/reward"]
 from mmpipe.reward import JudgeClient, VLMJudge, VLMRewardWrapper
