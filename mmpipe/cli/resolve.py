@@ -58,6 +58,12 @@ def _resolve_one(value: Any, base: Path, loc: dict, root: Optional[str] = None) 
                      found=type(value).__name__)
 
 
+def _absolute(p: str, base: Path) -> Path:
+    """Path ``p`` (``~`` expanded) made absolute against ``base``, the input file's directory."""
+    full = Path(p).expanduser()
+    return full if full.is_absolute() else base / full
+
+
 def _local_path(p: str, base: Path, loc: dict, root: Optional[str] = None) -> str:
     """Absolute path of image file ``p``: under ``root``, a regular file (`check_image_file`; not opened)."""
     from mmpipe.images.load import check_image_file, confine_image
@@ -67,9 +73,7 @@ def _local_path(p: str, base: Path, loc: dict, root: Optional[str] = None) -> st
                          fix="download the images and refer to them by path")
     if p.startswith("file://"):
         p = p[len("file://"):]
-    full = Path(p).expanduser()
-    if not full.is_absolute():
-        full = base / full
+    full = _absolute(p, base)
     try:
         confine_image(str(full), root, where=None)
         if full.exists() or full.is_symlink():  # a FIFO, directory, device, loop, ...: say which
@@ -177,8 +181,8 @@ def resolve_images(ds, base: Path, *, images_column: str = "images", num_proc: O
 
 def resolve_media_paths(ds, base: Path, columns, *, num_proc: Optional[int] = None):
     """The relative file paths in ``ds``'s media ``columns`` (lists of video files or audio clips) made
-    absolute against ``base`` (the input file's directory, as image paths are; ``~`` expanded); bytes,
-    dicts, arrays, URLs and absolute paths are left as they are. A missing file is left to the encoder,
+    absolute against ``base`` (the input file's directory, as image paths are; ``~`` expanded, ``file://``
+    dropped); bytes, dicts, arrays, URLs and absolute paths are left as they are. A missing file is left to the encoder,
     whose typed error names the row, the column and the path it was given."""
     import datasets
 
@@ -191,10 +195,11 @@ def resolve_media_paths(ds, base: Path, columns, *, num_proc: Optional[int] = No
         return ds
 
     def absolute(value):
+        if isinstance(value, str) and value.startswith("file://"):
+            value = value[len("file://"):]
         if not isinstance(value, str) or "://" in value or value.startswith("data:"):
             return value
-        path = Path(value).expanduser()
-        return str(path if path.is_absolute() else base / path)
+        return str(_absolute(value, base))
 
     def row(r):
         return {c: r[c] if not isinstance(r[c], list) else [absolute(v) for v in r[c]] for c in cols}

@@ -75,10 +75,10 @@ def check_video_placeholders(enc, text: str, n_videos: int, where: str) -> None:
                                fix="one video item per video; remove literal video tokens from the text")
 
 
-def frames_fps(enc) -> float:
-    """The rate frames are sampled at and the processor is told (``fps``): ``video_options.fps``, else 2.0
-    (qwen-vl-utils' FPS)."""
-    fps = getattr(enc.video_opts, "fps", None)
+def frames_fps(opts) -> float:
+    """The rate frames are sampled at and the processor is told (``fps``): ``opts.fps`` (the encoder's
+    `VideoOptions`), else 2.0 (qwen-vl-utils' FPS)."""
+    fps = getattr(opts, "fps", None)
     return float(fps) if fps is not None else 2.0
 
 
@@ -111,14 +111,16 @@ def _find_all(text: str, token: str) -> list[int]:
     return out
 
 
-def load_videos(enc, videos: Sequence, rate: int, where: str, max_samples: int = 0) -> tuple[list, list]:
-    """A row's videos -> (their sampled frames, their sound tracks: mono float32 at ``rate``, at most
-    ``max_samples`` (> 0) each); each video's `AudioError` / `VideoError` located at ``enc.videos_column``."""
+def load_videos(videos: Sequence, opts, rate: int, where: str, *, column: str = "videos",
+                max_samples: int = 0) -> tuple[list, list]:
+    """A row's videos -> (their frames sampled by ``opts`` (`VideoOptions`, None: the defaults), their
+    sound tracks: mono float32 at ``rate``, at most ``max_samples`` (> 0) each); each video's
+    `AudioError` / `VideoError` located at ``column``."""
     from mmpipe.audio import load_video_audio
     from mmpipe.images.video import VideoOptions
 
     frames, waves = [], []
-    opts = enc.video_opts or VideoOptions()
+    opts = opts or VideoOptions()
     for i, value in enumerate(videos):
         at = f"{where}, video {i}"
         if isinstance(value, dict) and "video" in value:  # an inline item's value, and its per-video options
@@ -127,18 +129,17 @@ def load_videos(enc, videos: Sequence, rate: int, where: str, max_samples: int =
             extra = sorted(k for k in VIDEO_ITEM_OPTIONS if value.get(k) is not None)
             if extra:  # one fps per processor call: not per video
                 raise VideoError(f"per-video options {extra} are not taken with use_audio_in_video", where=at,
-                                 column=enc.videos_column, expected="a video item without options",
+                                 column=column, expected="a video item without options",
                                  found=str(extra), fix="drop them; sample every video alike with the encoder's "
                                                        "video_options={'fps': ...}")
             value = value["video"]
         if hasattr(value, "_hf_encoded"):  # a decoded datasets.Video(): its file
             value = value._hf_encoded
         try:
-            waves.append(load_video_audio(value, rate, where=at, column=enc.videos_column,
-                                          max_samples=max_samples))
+            waves.append(load_video_audio(value, rate, where=at, column=column, max_samples=max_samples))
             frames.append(sampled_frames(value, opts, at))
         except ImageError as e:  # VideoError
-            raise e.locate(column=enc.videos_column) from None
+            raise e.locate(column=column) from None
     return frames, waves
 
 
@@ -154,7 +155,7 @@ def video_call_kwargs(enc, text: str, frames: Sequence, video_waves: Sequence, c
     if not n_video:
         return {}
     kw = call_kwargs(order, list(clips[:n_audio]), list(video_waves[:n_video]), enc.processor)
-    return {"videos": list(frames[:n_video]), "fps": frames_fps(enc), **kw}
+    return {"videos": list(frames[:n_video]), "fps": frames_fps(enc.video_opts), **kw}
 
 
 def load_video_sounds(enc, videos: list, where: str) -> tuple[list, list]:
@@ -165,7 +166,8 @@ def load_video_sounds(enc, videos: list, where: str) -> tuple[list, list]:
     from mmpipe.audio.load import audio_extractor
 
     fe = audio_extractor(enc.processor)
-    return load_videos(enc, videos, int(fe.sampling_rate), where, max_samples=clip_limit(enc.processor, fe))
+    return load_videos(videos, enc.video_opts, int(fe.sampling_rate), where, column=enc.videos_column,
+                       max_samples=clip_limit(enc.processor, fe))
 
 
 def call_media_kwargs(enc, text: str, audios: Sequence, videos: tuple = ()) -> dict:

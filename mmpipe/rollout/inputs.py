@@ -127,14 +127,8 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
     its row.
     """
     rows = as_rows(rows_or_batch)
-    if images is not None and (isinstance(images, (str, bytes)) or not isinstance(images, Sequence)
-                               or len(images) != len(rows)):
-        got = type(images).__name__ + (f" of {len(images)}" if isinstance(images, Sequence) else "")
-        raise ArgumentError(f"images= must hold one list of images per row ({len(rows)} rows), got {got}")
-    if videos is not None and (isinstance(videos, (str, bytes)) or not isinstance(videos, Sequence)
-                               or len(videos) != len(rows)):
-        got = type(videos).__name__ + (f" of {len(videos)}" if isinstance(videos, Sequence) else "")
-        raise ArgumentError(f"videos= must hold one list of video files per row ({len(rows)} rows), got {got}")
+    _check_per_row(images, "images", "images", len(rows))
+    _check_per_row(videos, "videos", "video files", len(rows))
     check_row_families(rows, "vllm_prompts", processor_or_spec, argument="processor_or_spec")
     if video_options is not None and videos is None:
         raise ArgumentError("video_options= goes with videos= (the rows' video files, sampled again by those options)")
@@ -142,15 +136,23 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
         raise ArgumentError(f"videos= is for rows encoded with use_audio_in_video=True (the Omni thinkers); "
                             f"{rows[0].family} rows hold their video frames: drop videos=")
     return [_row_prompt(r, i, processor_or_spec, tokenizer, None if images is None else images[i],
-                        {} if videos is None else {"videos": videos[i], "video_options": video_options})
+                        None if videos is None else videos[i], video_options)
             for i, r in enumerate(rows)]
 
 
-def _row_prompt(r: MultiModalInputs, i: int, processor_or_spec, tokenizer, images, media: dict) -> dict:
-    """Row ``i``'s prompt (its family's media strategy's; ``media``: the generic path's ``videos`` /
-    ``video_options``), any error naming row ``i``."""
+def _check_per_row(value, name: str, what: str, n: int) -> None:
+    """``name=`` of `to_vllm_prompts`: None or one list of ``what`` per row (``n`` rows)."""
+    if value is not None and (isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != n):
+        got = type(value).__name__ + (f" of {len(value)}" if isinstance(value, Sequence) else "")
+        raise ArgumentError(f"{name}= must hold one list of {what} per row ({n} rows), got {got}")
+
+
+def _row_prompt(r: MultiModalInputs, i: int, processor_or_spec, tokenizer, images, videos, video_options) -> dict:
+    """Row ``i``'s prompt (its family's media strategy's; ``videos`` / ``video_options``: the generic
+    path's videos with their sound), any error naming row ``i``."""
     try:
-        return r.fam.media.vllm_prompt(r, processor_or_spec, tokenizer=tokenizer, images=images, index=i, **media)
+        return r.fam.media.vllm_prompt(r, processor_or_spec, tokenizer=tokenizer, images=images, index=i,
+                                       videos=videos, video_options=video_options)
     except InputError as e:
         raise e.locate(row=i)
     except ArgumentError as e:

@@ -11,8 +11,8 @@ outputs, not the media vLLM takes. Its vLLM prompt is
 - ``"multi_modal_data"``: ``{"image": [PIL RGB, ...], "audio": [(float32 [n], rate), ...]}``, the row's
   images and clips in placeholder order: the clips decoded from the stored sources (``audio="source"``)
   or given (``audios=``, any form `mmpipe.audio.load_audio` takes), loaded as at encode (mono,
-  the extractor's rate), the images given (``images=``, what the row was encoded from) or decoded
-  from the stored sources (``pixels="source"``).
+  the extractor's rate), the images given (``images=``, what the row was encoded from) or stored
+  (``pixels="source"``), decoded as at encode (`mmpipe.images.load.decoded_rgb`: EXIF-upright RGB).
 
 vLLM then gives back exactly the training ids (checked: tests/rollout/test_omni_vllm.py, vLLM 0.32
 CPU, tiny Qwen2.5-Omni and Qwen3-Omni thinkers; vLLM's greedy tokens == the transformers thinker's).
@@ -27,7 +27,6 @@ vLLM placeholder rules differ, or are not checked against vLLM).
 
 from __future__ import annotations
 
-import io
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -84,7 +83,7 @@ def media_token_ids(processor) -> dict:
     return out
 
 
-def collapse_runs(ids, token_ids: dict, *, row: Any = 0) -> tuple[np.ndarray, dict]:
+def collapse_runs(ids, token_ids: dict) -> tuple[np.ndarray, dict]:
     """``ids`` with each run of one media token collapsed to one token; returns (the ids, per kind
     the runs' lengths in order)."""
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -106,19 +105,6 @@ def collapse_runs(ids, token_ids: dict, *, row: Any = 0) -> tuple[np.ndarray, di
     return ids[keep], runs
 
 
-def _image(value):
-    from PIL import Image
-
-    if isinstance(value, (bytes, bytearray)):
-        value = Image.open(io.BytesIO(bytes(value)))
-    elif isinstance(value, np.ndarray):
-        value = Image.fromarray(value)
-    if not hasattr(value, "convert"):
-        raise ArgumentError(f"an image for vLLM must be a PIL image, uint8 [H, W, 3] or file bytes, got "
-                            f"{type(value).__name__}")
-    return value.convert("RGB")
-
-
 def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[Sequence] = None,
                 audios: Optional[Sequence] = None, videos: Optional[Sequence] = None, video_options: Any = None,
                 index: int = 0) -> dict:
@@ -138,7 +124,7 @@ def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[Se
     if videos:
         raise ArgumentError(f"row {index}: {len(videos)} videos given for a row without video tokens; pass videos= "
                             "only for rows encoded with use_audio_in_video=True, in their order")
-    ids, runs = collapse_runs(r.input_ids, token_ids, row=index)
+    ids, runs = collapse_runs(r.input_ids, token_ids)
     prompt: dict = {"prompt_token_ids": [int(t) for t in ids]}
     data: dict = {}
     if runs.get("image"):
@@ -163,22 +149,25 @@ def _row_images(r, n_images: int, images: Optional[Sequence], index: int) -> lis
         raise ArgumentError(f"row {index}: {n_images} image placeholders; pass images= (the images the row was "
                             f"encoded from) or encode with pixels='source' (got "
                             f"{'none' if given is None else len(given)})")
-    return [_image(im) for im in given]
+    from mmpipe.images.load import decoded_rgb
+
+    # what the encode handed the processor: the whole file decoded, EXIF-upright, RGB
+    return [decoded_rgb(im, where=f"row {index}, image {k}") for k, im in enumerate(given)]
 
 
 def video_prompt(r, processor: Any, videos: Optional[Sequence], *, video_options: Any = None,
                  images: Optional[Sequence] = None, index: int = 0) -> dict:
     """The vLLM prompt of a row encoded with ``use_audio_in_video`` (`mmpipe.Encoder`): each video's
-    frames sampled from its file again as at encode (`mmpipe.images.video.sampled_frames`, at the
-    row's own rate: ``temporal_patch_size / video_second_per_grid``, or ``video_options`` as given
-    at encode), its sound loaded again (`mmpipe.audio.load_video_audio`), the ids collapsed by
+    frames sampled from its file again as at encode and its sound loaded again
+    (`mmpipe.encoding.video_sound.load_videos`), at the row's own rate (``temporal_patch_size /
+    video_second_per_grid``) or by ``video_options`` as given at encode; the ids collapsed by
     `video_sound_prompt`; ``mm_processor_kwargs`` also carries that ``fps`` and, per video, its
     ``second_per_grid_ts`` (what vLLM's Qwen2.5-Omni processor times the interleaved chunks by).
     `ArgumentError` naming the row: no ``videos``, another count than the row's, frames sampled to
     another grid than the row's (other ``video_options`` than at encode)."""
-    from mmpipe.audio import audio_extractor, load_video_audio
+    from mmpipe.audio import audio_extractor
+    from mmpipe.encoding.video_sound import frames_fps, load_videos
     from mmpipe.encoding.videos import video_options as as_options
-    from mmpipe.images.video import sampled_frames
 
     vision = getattr(r, "vision", None) or {}
     grids = np.asarray(vision.get("video_grid_thw", np.zeros((0, 3))), np.int64).reshape(-1, 3)
@@ -196,22 +185,16 @@ def video_prompt(r, processor: Any, videos: Optional[Sequence], *, video_options
     row_fps = [temporal / float(s) for s in per_grid]
     if video_options is None and row_fps:
         opts = as_options({"fps": row_fps[0]})
-    fps = float(opts.fps) if opts.fps is not None else 2.0
+    fps = frames_fps(opts)
     if any(abs(f - fps) > 1e-6 * fps for f in row_fps):
         raise ArgumentError(f"row {index}: video_options fps {fps} differs from the {row_fps[0]:g} frames a second the "
                             "row was encoded at; pass the video_options given at encode")
     check_whole_time_positions(processor, temporal / fps, fps, index)
-    rate = int(audio_extractor(processor).sampling_rate)
-    frames, sounds = [], []
-    for k, (value, grid) in enumerate(zip(videos, grids)):
-        where = f"row {index}, video {k}"
-        if hasattr(value, "_hf_encoded"):  # a decoded datasets.Video(): its file
-            value = value._hf_encoded
-        sounds.append(load_video_audio(value, rate, where=where))
-        frames.append(sampled_frames(value, opts, where=where))
-        if -(-len(frames[-1]) // temporal) != int(grid[0]):
-            raise ArgumentError(f"{where}: {len(frames[-1])} frames sampled at {fps:g} a second make "
-                                f"{-(-len(frames[-1]) // temporal)} temporal grids, the row holds {int(grid[0])}; pass "
+    frames, sounds = load_videos(videos, opts, int(audio_extractor(processor).sampling_rate), f"row {index}")
+    for k, (clip, grid) in enumerate(zip(frames, grids)):
+        if -(-len(clip) // temporal) != int(grid[0]):
+            raise ArgumentError(f"row {index}, video {k}: {len(clip)} frames sampled at {fps:g} a second make "
+                                f"{-(-len(clip) // temporal)} temporal grids, the row holds {int(grid[0])}; pass "
                                 "the video_options (fps, min_frames, max_frames) given at encode")
     prompt = video_sound_prompt(r.input_ids, processor, frames, sounds, index=index)
     n_images = prompt["prompt_token_ids"].count(media_token_ids(processor).get("image", -1))
@@ -274,7 +257,7 @@ def video_sound_prompt(input_ids, processor: Any, videos: Sequence, video_audios
         else:
             out.append(ids[i])
             i += 1
-    collapsed, runs = collapse_runs(out, {k: v for k, v in token_ids.items() if k != "video"}, row=index)
+    collapsed, runs = collapse_runs(out, {k: v for k, v in token_ids.items() if k != "video"})
     if runs.get("audio"):
         raise ArgumentError(f"row {index}: {len(runs['audio'])} standalone audio clips beside videos with their "
                             "sound; vLLM takes one sound per video and no other clip with use_audio_in_video")

@@ -72,7 +72,7 @@ def _expand(proc, prompt: dict, row) -> list[int]:
     out, v = [], 0
     for t in prompt["prompt_token_ids"]:
         if t == ids["video"]:
-            n_audio = int(proc._get_num_audio_tokens(len(next(sounds)))) if not qwen3 else _qwen3_audio(proc, next(sounds))
+            n_audio = int(proc._get_num_audio_tokens(len(next(sounds))))
             run = interleaved_placeholder(list(grids[v]), float(rates[v]), n_audio, merge_size=merge,
                                           video_token=proc.video_token, audio_token=proc.audio_token,
                                           audio_bos=proc.audio_bos_token, audio_eos=proc.audio_eos_token,
@@ -84,13 +84,6 @@ def _expand(proc, prompt: dict, row) -> list[int]:
         else:
             out.append(t)
     return out
-
-
-def _qwen3_audio(proc, wave) -> int:
-    fe = proc.feature_extractor(wave, sampling_rate=RATE, return_attention_mask=True, padding=True)
-    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
-
-    return int(_get_feat_extract_output_lengths(np.asarray(fe["attention_mask"]).sum(-1))[0])
 
 
 @pytest.fixture(scope="module")

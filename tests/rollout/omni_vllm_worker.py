@@ -131,10 +131,14 @@ def encoded_video_check(llm, proc, model, work: str) -> list:
                     "mm_processor_kwargs": prompt["mm_processor_kwargs"],
                     "vllm_tokens": list(o.outputs[0].token_ids), "hf_tokens": hf.tolist(),
                     "first_logprob_gap": abs(float(logits[first]) - float(o.outputs[0].logprobs[0][first].logprob)),
-                    # every prompt token's logprob, vLLM against the thinker: the kernels' own float32 noise
-                    "prompt_logprob_gap": max(abs(float(every[i - 1, train[i]]) - o.prompt_logprobs[i][train[i]].logprob)
-                                              for i in range(1, len(train)))})
+                    "prompt_logprob_gap": prompt_logprob_gap(every, train, o)})
     return out
+
+
+def prompt_logprob_gap(every, train: list, o) -> float:
+    """The largest gap over the prompt's tokens between the thinker's log-probabilities (``every``:
+    [L, vocab] log-softmax on the training row) and vLLM's ``prompt_logprobs`` of output ``o``."""
+    return max(abs(float(every[i - 1, train[i]]) - o.prompt_logprobs[i][train[i]].logprob) for i in range(1, len(train)))
 
 
 def vllm_anyway(llm, proc, model, row, path) -> dict:
@@ -155,9 +159,7 @@ def vllm_anyway(llm, proc, model, row, path) -> dict:
     train = [int(t) for t in row.input_ids]
     with torch.no_grad():
         every = model(**mmpipe.collate([row]).model_inputs(labels=False)).logits[0].log_softmax(-1)
-    return {"ids_equal": list(o.prompt_token_ids) == train,
-            "prompt_logprob_gap": max(abs(float(every[i - 1, train[i]]) - o.prompt_logprobs[i][train[i]].logprob)
-                                      for i in range(1, len(train)))}
+    return {"ids_equal": list(o.prompt_token_ids) == train, "prompt_logprob_gap": prompt_logprob_gap(every, train, o)}
 
 
 MODULES = {"qwen2_5_omni": "mmpipe.offline.qwen_omni", "qwen3_omni": "mmpipe.offline.qwen3_omni"}
