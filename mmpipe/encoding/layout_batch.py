@@ -193,13 +193,6 @@ def _tokenize(enc, rows: list) -> None:
         rows[i].ids, rows[i].offsets = row_ids, o
 
 
-def _backend_ids(tok, texts: list) -> Optional[list]:
-    """The ids ``tok(texts, add_special_tokens=False)`` returns, read from the ``tokenizers``
-    backend's ``encode_batch_fast`` (`_backend_encode`), or None where that call might differ."""
-    got = _backend_encode(tok, texts, False)
-    return None if got is None else got[0]
-
-
 def _backend_encode(tok, texts: list, offsets: bool) -> Optional[tuple]:
     """``(ids, offsets)``: what ``tok(texts, add_special_tokens=False,
     return_offsets_mapping=offsets)`` returns (offsets None without), read from the ``tokenizers``

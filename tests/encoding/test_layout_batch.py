@@ -278,16 +278,22 @@ def test_datasets_map_and_encode_dataset(monkeypatch):
 
 
 def test_backend_ids_equal_the_tokenizer_call():
-    """Without labels the ids come from the backend's ``encode_batch_fast``: the same ids as the
-    tokenizer's call, and no fast path where the call would differ (split special tokens)."""
+    """Without labels the ids come from the backend's ``encode_batch_fast``, with labels ids and
+    offsets from its ``encode_batch``: the same as the tokenizer's call, and no fast path where the
+    call would differ (split special tokens)."""
     texts = ["<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>hi  \n\n there<|im_end|>\n",
              "caf\u00e9 \u4f60\u597d\t\t x", "", "<|image_pad|><|image_pad|>   \n"]
     for proc in (_proc("qwen2_vl"), _proc("qwen3_vl", "qwen-like")):
         tok = proc.tokenizer
-        assert layout_batch._backend_ids(tok, texts) == tok(texts, add_special_tokens=False)["input_ids"]
+        assert layout_batch._backend_encode(tok, texts, False) == (tok(texts, add_special_tokens=False)["input_ids"], None)
+        call = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = layout_batch._backend_encode(tok, texts, True)
+        assert ids == call["input_ids"]
+        assert [list(map(tuple, o)) for o in offsets] == [list(map(tuple, o)) for o in call["offset_mapping"]]
     split = testing.build_tokenizer("qwen2_vl")
     split.split_special_tokens = True
-    assert layout_batch._backend_ids(split, texts) is None
+    assert layout_batch._backend_encode(split, texts, False) is None
+    assert layout_batch._backend_encode(split, texts, True) is None
 
 
 def test_empty_batch_gives_the_empty_columns():
