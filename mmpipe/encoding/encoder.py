@@ -230,10 +230,11 @@ class Encoder(ChatTemplate, CodeStamped):
         replies (`reply_spans`: the text then gains the family's stop tokens under
         ``end_of_turn="stop_token"``); ([] without labels)."""
         agp = self.generation_prompt(messages)
-        text = self.prompt_text(messages, agp, tools, where)
-        if not self.labels:
-            return text, []
-        text, spans, _ = self.reply_spans(messages, text, where, tools, agp)
+        if not (self.labels and any(m["role"] == "assistant" for m in messages)):
+            return self.prompt_text(messages, agp, tools, where), []
+        text, marked = self.marked_render([messages], agp, tools)[0]  # one render where it is exact
+        text = self.prompt_text(messages, agp, tools, where, text)
+        text, spans, _ = self.reply_spans(messages, text, where, tools, agp, marked_text=marked)
         return text, spans
 
     def check_length(self, n_tokens: int, where: str, fix: str) -> None:

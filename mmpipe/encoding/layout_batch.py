@@ -31,7 +31,8 @@ import numpy as np
 from mmpipe.encoding.parse import check_text, parse_media, row_where
 from mmpipe.encoding.placeholders import expand_image_pads
 from mmpipe.encoding.render import span_labels
-from mmpipe.encoding.spans import marked_messages
+from mmpipe.encoding.marked_render import Probe, plain_text
+from mmpipe.encoding.spans import marked_messages, reply_indices
 from mmpipe.encoding.tokenize import MIN_CHARS
 from mmpipe.images.headers import plain_image_hw
 from mmpipe.images.load import confine_image
@@ -58,7 +59,8 @@ class _Row:
     images: list
     tools: Optional[list]
     agp: bool
-    slots: tuple = ()  # render slots: (full, assistant indices, befores, {index: upto})
+    full: Optional[str] = None  # the conversation's render
+    marked: Optional[str] = None  # the render with marked replies (labels), None where not rendered
     text: str = ""
     spans: tuple = ()
     ids: Any = None  # the tokenizer's list of ids
@@ -132,25 +134,33 @@ class _Renders:
 
 
 def _render(enc, rows: list) -> None:
-    """Each row's text, and its assistant spans (labels), from batched renders: the conversation,
-    and with labels the conversation with marked replies (`mmpipe.encoding.spans`, the per-row
-    rule)."""
-    r = _Renders(enc)
-    for row in rows:
-        if row is None:
-            continue
-        full = r.ask(row.messages, row.agp, row.tools)
-        labelled = enc.labels and any(m["role"] == "assistant" for m in row.messages)
-        row.slots = (full, r.ask(marked_messages(row.messages), row.agp, row.tools) if labelled else None)
-    out = r.run()
+    """Each row's text, and its assistant spans (labels), from batched renders: a row with
+    replies renders its conversation with marked replies (`mmpipe.encoding.spans`, the per-row
+    rule), its own text read off that render where that is exact (`mmpipe.encoding.marked_render`),
+    else rendered too (one more batched render for those rows)."""
+    live = [row for row in rows if row is not None]
+    first, asks = _Renders(enc), []
+    for row in live:
+        probe = Probe() if enc.labels and any(m["role"] == "assistant" for m in row.messages) else None
+        conversation = row.messages if probe is None else marked_messages(row.messages, probe)
+        asks.append((first.ask(conversation, row.agp, row.tools), probe))
+    out, again, pending = first.run(), _Renders(enc), []
+    for row, (slot, probe) in zip(live, asks):
+        row.full, row.marked = (out[slot], None) if probe is None else (None, out[slot])
+        if probe is not None and row.marked is not None:
+            row.full = plain_text(row.marked, probe, reply_indices(row.messages))
+        if row.full is None:
+            pending.append((row, again.ask(row.messages, row.agp, row.tools)))
+    texts = again.run() if pending else []
+    for row, slot in pending:
+        row.full = texts[slot]
     for i, row in enumerate(rows):
         if row is not None:
-            rows[i] = _texts(enc, row, out)
+            rows[i] = _texts(enc, row)
 
 
-def _texts(enc, row: _Row, out: list) -> Optional[_Row]:
-    full, marked = row.slots
-    text = out[full]
+def _texts(enc, row: _Row) -> Optional[_Row]:
+    text = row.full
     if text is None:
         return None
     try:
@@ -159,7 +169,7 @@ def _texts(enc, row: _Row, out: list) -> Optional[_Row]:
         spans = ()
         if enc.labels:
             text, spans, _ = enc.reply_spans(row.messages, text, row.where, row.tools, row.agp,
-                                             marked_text=None if marked is None else out[marked])
+                                             marked_text=row.marked)
     except Exception:  # noqa: BLE001 - the per-row path raises the template's error
         return None
     row.text, row.spans = text, tuple(spans)

@@ -12,8 +12,9 @@ from typing import Optional
 
 import numpy as np
 
+from mmpipe.encoding.marked_render import Probe, TrackedText, overlay, plain_text
 from mmpipe.encoding.parse import check_text, parse_tools
-from mmpipe.encoding.spans import ReplySpans, StopRule, locate_replies
+from mmpipe.encoding.spans import ReplySpans, StopRule, locate_replies, marked_messages, reply_indices
 from mmpipe.errors import InputError, PlaceholderError
 from mmpipe.records.columns import IGNORE_INDEX
 
@@ -96,8 +97,8 @@ class _DirectRender:
         except Exception:  # noqa: BLE001
             return None, None, None
         if text not in cls._compiled:
-            try:
-                cls._compiled[text] = _compile_jinja_template(text)
+            try:  # the processor's compiled template, in an overlay that writes TrackedText out
+                cls._compiled[text] = overlay(_compile_jinja_template(text), text)
             except Exception:  # noqa: BLE001
                 cls._compiled[text] = None
         kwargs = enc.__dict__.get("_direct_kwargs")
@@ -108,6 +109,7 @@ class _DirectRender:
 
 
 _PLAIN_KEYS = frozenset(("role", "content"))
+_STRINGS = (str, TrackedText)  # a marked reply's content is a TrackedText (`marked_render`)
 
 
 def _plain_conversation(messages) -> bool:
@@ -118,7 +120,7 @@ def _plain_conversation(messages) -> bool:
         if type(m) is not dict or not m.keys() <= _PLAIN_KEYS or type(m.get("role")) is not str:
             return False
         content = m.get("content")
-        if type(content) is str:
+        if type(content) in _STRINGS:
             continue
         if type(content) is not list:
             return False
@@ -126,7 +128,7 @@ def _plain_conversation(messages) -> bool:
             if type(part) is not dict or part.get("type") == "image_url":
                 return False
             for v in part.values():
-                if type(v) is not str:
+                if type(v) not in _STRINGS:
                     return False
     return True
 
@@ -187,9 +189,28 @@ class ChatTemplate:
             return self.add_generation_prompt
         return messages[-1]["role"] != "assistant"
 
-    def prompt_text(self, messages: list[dict], agp: bool, tools: Optional[list], where: str) -> str:
-        """The row's rendered prompt, checked (`check_text`); logs once when the template drops tool use."""
-        text = self.render(messages, agp, tools)
+    def marked_render(self, conversations: list, agp: bool, tools: Optional[list] = None) -> list:
+        """``[(text, marked)]`` per conversation: its render and the render of its
+        `marked_messages`, from that one render where it provably gives both
+        (`mmpipe.encoding.marked_render`), else from two. ``marked`` is None where the template
+        fails on it; a conversation whose own render fails raises as `render_many` does."""
+        probes = [Probe() for _ in conversations]
+        try:
+            marked = self.render_many([marked_messages(c, p) for c, p in zip(conversations, probes)], agp, tools)
+        except InputError:
+            marked = [None] * len(conversations)
+        texts = [None if m is None else plain_text(m, p, reply_indices(c))
+                 for c, m, p in zip(conversations, marked, probes)]
+        again = [i for i, t in enumerate(texts) if t is None]
+        for i, t in zip(again, self.render_many([conversations[i] for i in again], agp, tools) if again else []):
+            texts[i] = t
+        return list(zip(texts, marked))
+
+    def prompt_text(self, messages: list[dict], agp: bool, tools: Optional[list], where: str,
+                    text: Optional[str] = None) -> str:
+        """The row's rendered prompt (``text``: already rendered), checked (`check_text`); logs once
+        when the template drops tool use."""
+        text = self.render(messages, agp, tools) if text is None else text
         self.warn_ignored_tools(messages, agp, tools, text)
         return check_text(text, where=where, column="messages", what="the rendered prompt")
 

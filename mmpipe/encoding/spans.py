@@ -30,6 +30,7 @@ import logging
 import re
 from typing import NamedTuple, Optional
 
+from mmpipe.encoding.marked_render import TrackedText
 from mmpipe.errors import InputError
 
 logger = logging.getLogger("mmpipe.encoding.encoder")
@@ -145,19 +146,28 @@ def _marks(k: int) -> tuple[str, str]:
     return _MARK.format("S", k), _MARK.format("E", k)
 
 
-def _marked(message: dict, k: int) -> dict:
+def _marked(message: dict, k: int, probe=None) -> dict:
     """Assistant message ``k`` with its content between its two markers (a content list: inside
-    its first and last text parts, or as text parts of their own)."""
+    its first and last text parts, or as text parts of their own); with a ``probe``
+    (`mmpipe.encoding.marked_render`) each marked string a `TrackedText` reporting to it."""
     start, end = _marks(k)
+
+    def mark(before: str, text: str, after: str) -> str:
+        return before + text + after if probe is None else TrackedText(before + text + after, probe, bool(text))
+
     content = message.get("content")
     if isinstance(content, str):
-        return {**message, "content": start + content + end}
+        return {**message, "content": mark(start, content, end)}
     parts = [dict(p) if isinstance(p, dict) else p for p in content]
     texts = [i for i, p in enumerate(parts) if isinstance(p, dict) and p.get("type") == "text"]
-    if texts:
-        parts[texts[0]]["text"] = start + str(parts[texts[0]].get("text", ""))
-        parts[texts[-1]]["text"] = str(parts[texts[-1]].get("text", "")) + end
+    if len(texts) == 1:
+        parts[texts[0]]["text"] = mark(start, str(parts[texts[0]].get("text", "")), end)
+    elif texts:
+        parts[texts[0]]["text"] = mark(start, str(parts[texts[0]].get("text", "")), "")
+        parts[texts[-1]]["text"] = mark("", str(parts[texts[-1]].get("text", "")), end)
     else:
+        if probe is not None:
+            probe.touched = True  # parts of their own change the structure: not one render
         parts = [{"type": "text", "text": start}, *parts, {"type": "text", "text": end}]
     return {**message, "content": parts}
 
@@ -170,9 +180,16 @@ def _has_text(message: dict) -> bool:
         isinstance(p, dict) and p.get("type") == "text" and p.get("text") for p in content))
 
 
-def marked_messages(messages: list) -> list:
-    """``messages`` with each reply that has text between its two markers (`_marked`)."""
-    return [(_marked(m, k) if m["role"] == "assistant" and _has_text(m) else m) for k, m in enumerate(messages)]
+def reply_indices(messages: list) -> list:
+    """The indices of the replies `marked_messages` marks (those with text)."""
+    return [k for k, m in enumerate(messages) if m["role"] == "assistant" and _has_text(m)]
+
+
+def marked_messages(messages: list, probe=None) -> list:
+    """``messages`` with each reply that has text between its two markers (`_marked`; ``probe``:
+    marked strings tracked, `mmpipe.encoding.marked_render`)."""
+    ks = set(reply_indices(messages))
+    return [(_marked(m, k, probe) if k in ks else m) for k, m in enumerate(messages)]
 
 
 def _marker_spans(enc, messages: list, full: str, text: Optional[str]) -> Optional[list]:
@@ -184,7 +201,7 @@ def _marker_spans(enc, messages: list, full: str, text: Optional[str]) -> Option
     something else around a marked reply)."""
     if text is None or "\x02" in full:
         return None
-    ks = [k for k, m in enumerate(messages) if m["role"] == "assistant" and _has_text(m)]
+    ks = reply_indices(messages)
     pieces, pos = [], 0  # the text outside the replies: before the first, between them, after the last
     for k in ks:
         start, end = _marks(k)

@@ -67,25 +67,29 @@ def test_render_many_and_spans_match_one_call_per_prefix(family, tools):
         assert enc.reply_spans(messages, full, "row 0", None).spans == ref  # full_agp unknown: the row's rule
 
 
-def test_single_turn_row_renders_the_template_twice():
-    """full + the conversation with marked replies (`mmpipe.encoding.spans`), once the encoder has
-    probed its template (content forms, end of turn: once per encoder, not per row)."""
+def test_single_turn_row_renders_the_template_once(monkeypatch):
+    """The conversation with marked replies only (`mmpipe.encoding.spans`), its own text read off
+    that render (`mmpipe.encoding.marked_render`: Qwen2-VL's template writes replies out as they
+    are), once the encoder has probed its template (content forms, end of turn: once per encoder,
+    not per row); twice (marked + full) under a template that reads its replies."""
     proc = testing.build_processor("qwen2_vl")
     calls = []
-    real = proc.apply_chat_template
+    real = mmpipe.Encoder.render_many
 
-    def counting(conversation, **kw):  # the library's own call, counted
-        calls.append(len(conversation))
-        return real(conversation, **kw)
+    def counting(self, conversations, *args, **kw):  # the library's own calls, counted
+        calls.append(len(conversations))
+        return real(self, conversations, *args, **kw)
 
     row = {"messages": _conversations()[0], "images": [testing.sample_photos()[0][1]]}
-    enc = mmpipe.Encoder(proc)
-    first = enc(row)
-    proc.apply_chat_template = counting
-    try:
+    for template, want in ((proc.chat_template, [1]), (proc.chat_template.replace(
+            "{{ message['content'] }}", "{{ message['content'] | trim }}"), [1, 1])):
+        proc.chat_template = template
+        enc = mmpipe.Encoder(proc)
+        first = enc(row)
+        calls.clear()
+        monkeypatch.setattr(mmpipe.Encoder, "render_many", counting)
         out = enc(row)
-    finally:
-        proc.apply_chat_template = real
-    assert len(calls) == 2
-    np.testing.assert_array_equal(first["labels"], out["labels"])
-    np.testing.assert_array_equal(mmpipe.encode(row, processor=proc)["labels"], out["labels"])
+        monkeypatch.setattr(mmpipe.Encoder, "render_many", real)
+        assert calls == want
+        np.testing.assert_array_equal(first["labels"], out["labels"])
+        np.testing.assert_array_equal(mmpipe.encode(row, processor=proc)["labels"], out["labels"])
