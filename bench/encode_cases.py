@@ -49,8 +49,6 @@ def header_layout(rows: list[dict], proc, model, texts_only: bool = False):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
     from PIL import Image
 
-    from mmpipe.images.pixels import rgb_view  # PIL's pixel memory viewed, not copied (the fastest way known)
-
     ip, tok = proc.image_processor, proc.tokenizer
     p, m = ip.patch_size, ip.merge_size
     pad = proc.image_token
@@ -242,6 +240,8 @@ def _floor_fn(rows: list[dict], proc, patches: bool = False, threads: int = 1):
     releases the GIL while it decodes and resizes)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
     from PIL import Image
+
+    from mmpipe.images.pixels import rgb_view  # PIL's pixel memory viewed, not copied (the fastest way known)
 
     ip = proc.image_processor
     p, m = ip.patch_size, ip.merge_size
