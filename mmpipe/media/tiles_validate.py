@@ -98,17 +98,19 @@ def _row_processor(module, ip, r, given: Optional[dict]) -> tuple:
 
 
 def _most_marked_id(table: pa.Table) -> Optional[int]:
-    """The most common id at marked positions (the feature token's, without a processor)."""
+    """The most common id at marked positions (the feature token's, without a processor), over the
+    rows whose ``mm_token_type_ids`` is as long as their ``input_ids`` (the others are reported by the
+    row check, naming them)."""
+    from mmpipe.records.arrow import list_lengths
+
+    n_ids = list_lengths(table.column("input_ids"))
+    same = n_ids == list_lengths(table.column("mm_token_type_ids"))
+    if not same.all():
+        table = table.filter(pa.array(same))
     ids = table.column("input_ids").combine_chunks().flatten().to_numpy(zero_copy_only=False)
     types = table.column("mm_token_type_ids").combine_chunks().flatten()
     marked = ids[types.to_numpy(zero_copy_only=False) == 1]
     return int(np.bincount(marked.astype(np.int64)).argmax()) if len(marked) else None
-
-
-def _runs(marked: np.ndarray) -> np.ndarray:
-    """Lengths of the runs of True in ``marked`` (bool [L])."""
-    edges = np.diff(np.concatenate([[0], marked.astype(np.int8), [0]]))
-    return np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
 
 
 def _bad(column: str, message: str, expected, found, row: int) -> InputError:
@@ -119,6 +121,8 @@ def _bad(column: str, message: str, expected, found, row: int) -> InputError:
 def _check_features(r, i: int, *, feature_id: int, counts: Optional[Callable]) -> None:
     """The feature tokens of row ``r`` (table row ``i``), see the module doc; ``counts``: the
     processor's per-row counts (`_processor_counts`), or None."""
+    from mmpipe.view.spans import marked_runs
+
     token = r.fam.feature_token
     marked = r.mm_token_type_ids == 1
     wrong = np.flatnonzero(marked & (r.input_ids != feature_id))
@@ -136,7 +140,7 @@ def _check_features(r, i: int, *, feature_id: int, counts: Optional[Callable]) -
         if int(r.tiles_per_image[k]) != tiles:
             raise _bad("tiles_per_image", f"image {k} ({h}x{w}) has the wrong tile count{note}", tiles,
                        int(r.tiles_per_image[k]), i)
-    runs, n_tiles = _runs(marked), int(r.tiles_per_image.sum())
+    runs, n_tiles = marked_runs(marked), int(r.tiles_per_image.sum())
     if r.fam.token_type_key is not None:  # Gemma 3: each tile its own <start_of_image> text
         want, ok = f"{n_tiles} run(s) (one per tile)", len(runs) == n_tiles
     else:  # one per image; adjacent images' runs touch (LLaVA-OneVision renders <image><image>)

@@ -131,6 +131,21 @@ def test_a_feature_token_cut_out(saved, tmp_path):
     assert "wrong number" in line
 
 
+def test_token_columns_of_different_lengths_are_reported_not_raised(saved, tmp_path):
+    """input_ids cut shorter than mm_token_type_ids in one row: without a processor the feature token
+    is guessed from the marked ids of every row; the short row is reported by row and column, not
+    an IndexError from arrays that do not line up."""
+    name, proc, dirs = saved
+
+    def cut(r):
+        del r["input_ids"][-1]
+
+    path = _damaged(dirs["uint8"], tmp_path, 1, cut)
+    for kw in ({}, {"processor": proc}):
+        report = mmpipe.validate_dataset(path, **kw)
+        assert not report.ok and [1] in [i.rows for i in report.errors], str(report)
+
+
 def test_a_feature_token_left_unmarked(saved, tmp_path):
     name, proc, dirs = saved
 
