@@ -8,6 +8,10 @@ module                 step
 ``placeholders``       THE one expand/collapse of image/video pads (one per block <->
                        ``t*h*w/merge^2``), shared by encode, multi-turn, ReMA, rollout inputs
 ``render``             the chat template: renders, a row's tools, assistant spans -> labels
+``marked_render``      one render gives the text and the replies' spans where provably exact
+                       (replies written out untouched), else the caller renders twice
+``text_ids``           rendered (or placeholder-spliced) text -> ids and labels, for the kinds
+                       that tokenize the template's text themselves
 ``encoder``            `Encoder`, every family: options, parse -> the family's media strategy
                        (``fam.media.encode_*``: patch grids, tiles, the processor's own call)
                        -> the validated record; images loaded on threads, empty rows, stats

@@ -54,6 +54,16 @@ def rollout_refusal(fam, stage: str) -> Optional[str]:
     return None
 
 
+def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
+                index: int = 0, videos: Optional[list] = None, video_options: Any = None) -> dict:
+    """Row ``r`` -> its vLLM prompt dict (`mmpipe.rollout.inputs.to_vllm_prompts`), in the prompt style
+    the kind declares (``VLLM_PROMPT``: `mmpipe.rollout.vllm_prompts.STYLES`)."""
+    from mmpipe.rollout.vllm_prompts import STYLES
+
+    return STYLES[r.fam.media.VLLM_PROMPT](r, processor, tokenizer=tokenizer, images=images, index=index,
+                                           videos=videos, video_options=video_options)
+
+
 def view_runs(row, kind: str, runs: list) -> tuple[list, None]:
     """The runs (``[start, end)``) of the row's media tokens as they are; no per-item counts."""
     return runs, None

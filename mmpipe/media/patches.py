@@ -102,11 +102,9 @@ def position_inputs(batch, positions) -> dict:
     if positions == "mrope":
         out["position_ids"] = batch.position_ids
     elif positions == "verl":
-        import torch
+        from mmpipe.rope import to_verl_positions
 
-        from mmpipe.rope import text_positions
-
-        out["position_ids"] = torch.cat([text_positions(batch.attention_mask)[None], batch.position_ids], 0)
+        out["position_ids"] = to_verl_positions(batch.position_ids, batch.attention_mask)
     elif positions != "none":
         raise ArgumentError(f"positions must be 'mrope', 'verl' or 'none', got {positions!r}")
     return out
@@ -146,44 +144,8 @@ def vision_tokens(fam, processor: Any = None) -> dict[str, Optional[str]]:
             "vision_end": fam.vision_end_token}
 
 
-def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
-                index: int = 0, videos: Optional[list] = None, video_options: Any = None) -> dict:
-    """One row -> its vLLM prompt dict (`mmpipe.rollout.inputs.to_vllm_prompts`):
-    ``"prompt_token_ids"`` with ONE pad per image / video (the row's placeholders collapsed),
-    and for a row with media ``"multi_modal_data"`` (the stored resized images, PIL RGB; the
-    stored video frames) and ``"mm_processor_kwargs"`` under which vLLM's processor gives the
-    row's ids and pixels back. ``processor``: the processor, `VisionSpec` or family the row was
-    encoded with (None: the family's defaults); ``tokenizer``: for video timestamps (default
-    ``processor``)."""
-    del videos, video_options  # the row stores its frames (to_vllm_prompts refuses videos= for it)
-    from mmpipe.encoding.placeholders import collapse_placeholders
-    from mmpipe.errors import ArgumentError
-    from mmpipe.rollout.images import row_images, vision_spec_for, vllm_processor_kwargs
-    from mmpipe.rollout.videos import vllm_video_prompt
-
-    if images is not None:
-        raise ArgumentError("images= is for tiled-family rows (Gemma 3, InternVL, LLaVA-OneVision); these rows "
-                            "carry their own resized images")
-    fam = r.fam
-    spec = vision_spec_for(processor, fam) if (r.num_images or r.num_videos) else None
-    if r.num_videos:
-        tok = tokenizer if tokenizer is not None else processor
-        ids, videos, videos_kwargs = vllm_video_prompt(r, spec, tok, index=index)
-    else:
-        ids = collapse_placeholders(r.input_ids, r.mm_token_type_ids, r.image_grid_thw, family=fam, row=index)
-    prompt: dict = {"prompt_token_ids": [int(t) for t in ids]}
-    if r.num_images or r.num_videos:
-        prompt["multi_modal_data"], prompt["mm_processor_kwargs"] = {}, {}
-    if r.num_images:
-        prompt["multi_modal_data"]["image"] = row_images(r, spec, index=index)
-        prompt["mm_processor_kwargs"].update(vllm_processor_kwargs(r.image_grid_thw, spec, index=index, family=fam))
-    if r.num_videos:
-        prompt["multi_modal_data"]["video"] = videos
-        prompt["mm_processor_kwargs"]["videos_kwargs"] = videos_kwargs
-    return prompt
-
-
 # ---- what the stages ask beyond these functions (the rest: mmpipe/media/patches_{encode,collate,validate,view}.py)
+VLLM_PROMPT = "collapse"  # one pad per image / video, expanded by vLLM (`mmpipe.rollout.vllm_prompts`)
 BATCH_ROWS = "patch-grid"  # a batch of this kind's rows, in error messages
 FOREIGN_ROW = "a tiled-family or generic-path row"  # a row of another kind in such a batch
 BATCH_ARRAYS = "torch"  # the batch's fields are torch tensors (the 1-D kinds' stay numpy, as always)

@@ -99,7 +99,7 @@ def _pixel_format(rows: list) -> tuple[str, bool]:
     return pixel_format, False
 
 
-def _expand(u8: np.ndarray, spec: VisionSpec, videos: bool) -> np.ndarray:
+def expand_u8(u8: np.ndarray, spec: VisionSpec, videos: bool) -> np.ndarray:
     """Compact uint8 rows -> the processor's float32 rows, bit for bit (videos: the torchvision
     rule, the video processor's, whatever the image backend)."""
     if videos:
@@ -108,7 +108,7 @@ def _expand(u8: np.ndarray, spec: VisionSpec, videos: bool) -> np.ndarray:
 
 
 def _compact(pv: np.ndarray, spec: VisionSpec, videos: bool) -> np.ndarray:
-    """Float32 rows -> compact uint8 rows (the inverse of `_expand`)."""
+    """Float32 rows -> compact uint8 rows (the inverse of `expand_u8`)."""
     if videos:
         return video_pixel_values_to_u8(pv, spec.for_videos().lut(), stage="validate")
     return pixel_values_to_u8(pv, spec.lut(), spec.temporal_patch_size)
@@ -127,7 +127,7 @@ def _assemble_pixels(rows: list, spec: VisionSpec, pixel_format: str, layout: di
             continue
         if pixel_format == "uint8":
             u8 = out[name_u8] = np.concatenate([getattr(r, name_u8) for r in rows if len(getattr(r, grids))])
-            out[name] = None if on_device else _expand(u8, spec, bool(videos))
+            out[name] = None if on_device else expand_u8(u8, spec, bool(videos))
         else:
             pv = out[name] = np.concatenate([_float_pixels(r, spec, bool(videos)) for r in rows])
             check_finite(pv, layout[items.units], name)
@@ -141,7 +141,7 @@ def _float_pixels(r, spec: VisionSpec, videos: bool) -> np.ndarray:
     if pv is not None:
         return pv
     if u8 is not None:
-        return _expand(u8, spec, videos)
+        return expand_u8(u8, spec, videos)
     return np.zeros((0, r.fam.patch_dim), np.float32)
 
 

@@ -16,15 +16,12 @@ Reached as ``fam.media.encode_*`` (re-exported by `mmpipe.media.patches`).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 from mmpipe.encoding.options import check_choice, refuse_options, truncate_row
 from mmpipe.encoding.placeholders import check_image_placeholders, expand_image_pads
-from mmpipe.encoding.render import span_labels
 from mmpipe.encoding.sources import source_bytes
-from mmpipe.encoding.tokenize import tokenize_text
+from mmpipe.encoding.text_ids import rendered_ids
 from mmpipe.encoding.videos import add_videos, video_options as check_video_options
 from mmpipe.errors import PlaceholderError
 from mmpipe.images.pixels import encode_image as image_patches, image_grid
@@ -76,7 +73,7 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
         raise PlaceholderError(f"holds {len(images or videos)} {kind}(s) but the processor is a text-only "
                                "tokenizer", where=where, column=column,
                                fix=f"encode with a vision-language processor, or drop the {kind}s")
-    ids, labels = _tokenize(enc, messages, where, tools)
+    ids, labels = rendered_ids(enc, messages, where, tools)
     grids = np.zeros((0, 3), dtype=np.int64)
     blocks: list[np.ndarray] = []
     vid = None
@@ -88,14 +85,6 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
         labels[mm > 0] = IGNORE_INDEX  # image / video pads are inputs, never targets
     ids, labels, mm = truncate_row(enc, ids, labels, mm, where)
     return _fields(enc, ids, labels, mm, grids, blocks, vid)
-
-
-def _tokenize(enc, messages: list[dict], where: str, tools: Optional[list]) -> tuple:
-    """Rendered messages -> (ids int64 [L], labels int64 [L] or None), one pad per image."""
-    text, spans = enc.text_and_replies(messages, tools, where)
-    # memory (a 10 MB row): long texts are tokenized in verified pieces (encoding/tokenize.py)
-    ids, offsets = tokenize_text(enc.tokenizer, text, bool(spans))
-    return ids, (span_labels(ids, offsets, spans) if enc.labels else None)
 
 
 def _image_pads(enc, ids: np.ndarray, n_images: int, where: str) -> np.ndarray:
@@ -121,15 +110,11 @@ def _add_images(enc, ids, labels, images: list, where: str, prefetched) -> tuple
 def _fields(enc, ids, labels, mm, grids, blocks, vid=None) -> dict:
     """The record's fields; ``vid``: (video grids int64 [V, 3], second_per_grid_ts float32 [V],
     uint8 blocks)."""
-    from mmpipe.rope import get_rope_index
-
     fam = enc.family
     vgrids, seconds, vblocks = vid if vid else (np.zeros((0, 3), np.int64), np.zeros(0, np.float32), [])
-    pos, delta = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None,
-                                video_grid_thw=vgrids if len(vgrids) else None,
-                                second_per_grid_ts=seconds if len(vgrids) else None, family=fam)
+    pos, delta = row_positions(fam, ids, mm, grids, vgrids, seconds)
     row = dict(input_ids=ids, attention_mask=np.ones(ids.shape, dtype=np.int64), mm_token_type_ids=mm,
-               position_ids=pos[:, 0, :].numpy(), rope_delta=int(delta.reshape(-1)[0]), labels=labels,
+               position_ids=pos, rope_delta=delta, labels=labels,
                image_grid_thw=grids, video_grid_thw=vgrids, second_per_grid_ts=seconds)
     if enc.pixels == "source":
         row["image_sources"] = list(blocks)
@@ -139,19 +124,31 @@ def _fields(enc, ids, labels, mm, grids, blocks, vid=None) -> dict:
         # None as from_dict reads it
         row["pixel_values_videos_u8"] = np.concatenate(vblocks) if vblocks else None
     elif enc.pixels == "float32":
-        from mmpipe.images.pixels import u8_to_pixel_values, u8_video_to_pixel_values
+        from mmpipe.media.patches_collate import expand_u8  # as collate expands them
 
         if vblocks:
-            row["pixel_values_videos"] = u8_video_to_pixel_values(np.concatenate(vblocks),
-                                                                  enc.spec.for_videos().lut())
+            row["pixel_values_videos"] = expand_u8(np.concatenate(vblocks), enc.spec, videos=True)
         # one expansion into one output array (expanding per image and concatenating would
         # write the 8x larger float32 data twice)
         u8 = np.concatenate(blocks) if blocks else None
         row["pixel_values"] = (np.zeros((0, fam.patch_dim), np.float32) if u8 is None
-                               else u8_to_pixel_values(u8, enc.lut(), enc.spec.temporal_patch_size))
+                               else expand_u8(u8, enc.spec, videos=False))
     if enc.spec is not None and enc.pixels != "none":
         row["image_backend"] = enc.spec.backend  # collate expands the pixels with this backend's table
     return row
+
+
+def row_positions(fam, ids: np.ndarray, mm: np.ndarray, grids: np.ndarray, vgrids: np.ndarray,
+                  seconds: np.ndarray) -> tuple[np.ndarray, int]:
+    """One row's M-RoPE ``position_ids`` int64 [3, L] and ``rope_delta`` (`mmpipe.rope.get_rope_index`)
+    from its ids and token types [L], image grids [I, 3], video grids [V, 3] and seconds per grid [V]."""
+    from mmpipe.rope import get_rope_index
+
+    videos = len(vgrids) > 0
+    pos, delta = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None,
+                                video_grid_thw=vgrids if videos else None,
+                                second_per_grid_ts=seconds if videos else None, family=fam)
+    return pos[:, 0, :].numpy(), int(delta.reshape(-1)[0])
 
 
 def encode_empty(enc) -> dict:

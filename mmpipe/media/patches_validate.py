@@ -44,21 +44,16 @@ def row_checks(table: pa.Table, *, processor=None, images_kwargs: Optional[dict]
 
 def _check_positions(r, row: int) -> None:
     """``position_ids`` [3, L] and ``rope_delta`` of row ``r`` vs the family's M-RoPE rule."""
-    from mmpipe.rope import get_rope_index
+    from mmpipe.media.patches_encode import row_positions
 
     if not r.fam.is_vision:
         return
-    videos = r.num_videos > 0
-    pos, delta = get_rope_index(r.input_ids[None], r.mm_token_type_ids[None],
-                                image_grid_thw=r.image_grid_thw if r.num_images else None,
-                                video_grid_thw=r.video_grid_thw if videos else None,
-                                second_per_grid_ts=r.second_per_grid_ts if videos else None,
-                                family=r.fam)
-    if not np.array_equal(pos[:, 0].numpy(), r.position_ids):
+    pos, want = row_positions(r.fam, r.input_ids, r.mm_token_type_ids, r.image_grid_thw, r.video_grid_thw,
+                              r.second_per_grid_ts)
+    if not np.array_equal(pos, r.position_ids):
         raise InputError("position_ids differ from the M-RoPE rule recomputed from the grids "
                          "(written by another tool or version?)", row=row, column="position_ids",
                          stage="validate")
-    want = int(delta.reshape(-1)[0])
     if want != r.rope_delta:
         raise InputError(f"rope_delta {r.rope_delta} differs from max(position_ids) + 1 - L = "
                          f"{want}", row=row, column="rope_delta", stage="validate")

@@ -59,16 +59,6 @@ def view_pictures(row, kind: str, source: Any = None) -> tuple[Optional[list], b
 
 
 # ---- mmpipe inspect: counts from the stored columns --------------------------------------------
-def _grid_counts(col, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``list<list<int>>`` grids -> (per-row counts int64 [B], each grid's row int64 [n], its
-    patches ``t*h*w`` int64 [n])."""
-    import pyarrow.compute as pc
-
-    counts = pc.list_value_length(col(name)).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    grids = pc.list_flatten(pc.list_flatten(col(name))).to_numpy(zero_copy_only=False).astype(np.int64)
-    return counts, np.repeat(np.arange(len(counts)), counts), grids.reshape(-1, 3)
-
-
 def table_counts(table, families: list[str]) -> dict:
     """``mmpipe inspect``'s counts of one Arrow batch of stored rows (``families``: each row's
     ``family``): ``images_per_row`` int64 [B], ``tokens_per_image`` int64 [I], ``videos``,
@@ -77,13 +67,14 @@ def table_counts(table, families: list[str]) -> dict:
     ``float32_bytes`` (what float32 ``pixel_values`` and ``pixel_values_videos`` would take)."""
     from mmpipe.families import get_family
     from mmpipe.media.patches import COLUMNS
+    from mmpipe.records.arrow import list_items
     from mmpipe.records.codec import stored_pixel_bytes
 
     def col(name):
         return table.column(name).combine_chunks()
 
     names = set(table.column_names)
-    counts, row_of_image, grids = _grid_counts(col, "image_grid_thw")
+    counts, row_of_image, grids = list_items(col("image_grid_thw"), 3)
     per_image = np.zeros(len(grids), np.int64)
     image_family = np.asarray(families, dtype=object)[row_of_image]
     for name in set(families):  # each family's own token rule, over its rows' images at once
@@ -93,7 +84,7 @@ def table_counts(table, families: list[str]) -> dict:
     row_patches = np.bincount(row_of_image, weights=prod, minlength=len(counts)).astype(np.int64)
     videos = 0
     if "video_grid_thw" in names:
-        v_counts, row_of_video, v_grids = _grid_counts(col, "video_grid_thw")
+        v_counts, row_of_video, v_grids = list_items(col("video_grid_thw"), 3)
         videos = int(v_counts.sum())
         row_patches += np.bincount(row_of_video, weights=v_grids.prod(axis=1),
                                    minlength=len(v_counts)).astype(np.int64)

@@ -164,17 +164,6 @@ def rollout_refusal(fam, stage: str) -> Optional[str]:
     return NO_VLLM_ENGINE if stage == "vllm_engine" else NO_ROLLOUT
 
 
-def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
-                index: int = 0, videos: Optional[list] = None, video_options: Any = None) -> dict:
-    """The vLLM prompt of an Omni thinker's row (`mmpipe.rollout.processor_prompts.vllm_prompt`; ``videos``:
-    the files of a row encoded with ``use_audio_in_video``); a row of any other processor is refused there
-    (`RolloutRefusal` naming the row)."""
-    from mmpipe.rollout.processor_prompts import vllm_prompt as thinker_prompt
-
-    return thinker_prompt(r, processor, tokenizer=tokenizer, images=images, index=index, videos=videos,
-                          video_options=video_options)
-
-
 # ---- encode, collate: what the stages ask beyond these functions is in mmpipe/media/processor_{encode,probe,
 # collate,view}.py (`mmpipe.media.KINDS`; 1-D positions where exact, float pixels: `mmpipe.media.defaults`)
 from mmpipe.images.settings import image_settings  # noqa: E402
@@ -190,6 +179,7 @@ def encode_layout(enc) -> ProcessorLayout:
                            single_masks=single_masks, audio=audio)
 
 
+VLLM_PROMPT = "processor"  # the Omni thinkers' per-processor prompts (`mmpipe.rollout.vllm_prompts`)
 BATCH_ROWS = "generic-path"  # a batch of this kind's rows, in error messages
 FOREIGN_ROW = "a natively encoded row"  # a row of another kind in such a batch
 TAKES_AUDIO = True  # a processor with a feature extractor gets the row's clips (`mmpipe.audio.load_audio`)

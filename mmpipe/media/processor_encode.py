@@ -18,6 +18,7 @@ Reached as ``fam.media.encode_*`` (re-exported by `mmpipe.media.processor`).
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Sequence
 
@@ -246,10 +247,8 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
                              fix="report the processor class; encode with labels and options unchanged")
     for k in layout.sequence:
         sequence.setdefault(k, np.zeros(len(ids), np.int64))
-    ids_of = _prefix_ids
-    if moving:  # a prefix holds the videos its text names (their count: the text's video placeholders)
-        def ids_of(enc, text, images, audios):
-            return _call(enc, text, images, audios, moving)["input_ids"][0].astype(np.int64)
+    # a prefix holds the videos its text names (their count: the text's video placeholders)
+    ids_of = functools.partial(_prefix_ids, videos=moving)
     labels = call_labels(enc, messages, (pil, waves), agp, tools, ids, text, ids_of) if enc.labels else None
     trained = np.flatnonzero(labels != IGNORE_INDEX) if labels is not None else ()
     if len(trained) and "labels" in out and "token_type_ids" in sequence:
@@ -267,9 +266,9 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
                 labels=labels, layout=layout, image_hw=hw, audio_sources=sources)
 
 
-def _prefix_ids(enc, text: str, images: list, audios: Sequence = ()) -> np.ndarray:
-    """Token ids of a rendered conversation prefix with its own images and clips."""
-    return _call(enc, text, images, audios)["input_ids"][0].astype(np.int64)
+def _prefix_ids(enc, text: str, images: list, audios: Sequence = (), videos: tuple = ()) -> np.ndarray:
+    """Token ids of a rendered conversation prefix with its own images and clips (and ``videos``, `_call`)."""
+    return _call(enc, text, images, audios, videos)["input_ids"][0].astype(np.int64)
 
 
 def encode_empty(enc) -> dict:

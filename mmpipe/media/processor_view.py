@@ -32,23 +32,23 @@ def table_counts(table, families: list[str]) -> dict:
     `mmpipe.media.patches_view.table_counts`): images from ``image_hw`` (0 for rows stored
     without it); no tokens per image (not marked); ``units``: the stored vision values;
     ``pixel_bytes``: their bytes; ``float32_bytes``: those of the float outputs as float32."""
-    import pyarrow.compute as pc
+    from mmpipe.records.arrow import list_lengths
 
     names = set(table.column_names)
     images = np.zeros(table.num_rows, np.int64)
     if "image_hw" in names:  # flat (h, w) pairs
-        images = pc.list_value_length(table.column("image_hw")).fill_null(0).to_numpy(zero_copy_only=False) // 2
+        images = list_lengths(table.column("image_hw")) // 2
     units = nbytes = f32 = 0
     layouts = {text for text in table.column("generic_layout").to_pylist() if text}
     vision = {tuple(v[:2]) for text in layouts for v in json.loads(text).get("vision", ())}
     for name, dtype in sorted(vision):
         if name in names:
-            n = int(pc.sum(pc.list_value_length(table.column(name))).as_py() or 0)
+            n = int(list_lengths(table.column(name)).sum())
             units, nbytes = units + n, nbytes + n * np.dtype(dtype).itemsize
             f32 += n * 4 if np.dtype(dtype).kind == "f" else 0
     videos = 0
     if "video_grid_thw" in names:  # use_audio_in_video rows: [V, 3] per row, stored flat
-        videos = int(pc.sum(pc.list_value_length(table.column("video_grid_thw"))).as_py() or 0) // 3
+        videos = int(list_lengths(table.column("video_grid_thw")).sum()) // 3
     return {"images_per_row": np.asarray(images, np.int64),
             "tokens_per_image": np.zeros(0, np.int64),
             "videos": videos, "units": units, "pixel_bytes": nbytes, "float32_bytes": f32}

@@ -116,93 +116,10 @@ def rollout_refusal(fam, stage: str) -> Optional[str]:
     return _NO_ROLLOUT.get(stage)
 
 
-def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
-                index: int = 0, videos: Optional[list] = None, video_options: Any = None) -> dict:
-    """One row -> its vLLM prompt dict. vLLM takes a tiled model's prompt as the chat template
-    renders it, ONE ``image_token`` per image (``<start_of_image>``, ``<IMG_CONTEXT>``,
-    ``<image>``), and writes each image's text itself after tiling the ORIGINAL image again
-    (InternVL's thumbnail, LLaVA-OneVision's base tile and unpadded feature count, Gemma 3's
-    pan-and-scan crops). So ``"prompt_token_ids"``: the row's text with each image's text put
-    back to the image token, tokenized; for a row with images ``"multi_modal_data": {"image":
-    [PIL RGB]}`` (`mmpipe.rollout.images.original_images`) and, where the family's vLLM processor
-    takes image options, ``"mm_processor_kwargs"`` (`mmpipe.rollout.images.vllm_image_options`).
-    ``processor``: the one the row was encoded with (required: its tokenizer and image texts);
-    ``images``: the images the row was encoded from, or None (the row's stored files, or its one
-    stored tile where that re-creates the prompt). A row laid out in another multi-image mode
-    than vLLM's (LLaVA-OneVision's per-conversation mode: one tile per image of a row of
-    several, where vLLM tiles every image) is refused with an `InputError` saying how to encode
-    rollout rows (`_check_vllm_mode`)."""
-    del videos, video_options  # the row stores its frames (to_vllm_prompts refuses videos= for it)
-    import numpy as np
-
-    from mmpipe.encoding.placeholders import splice_text
-    from mmpipe.errors import ArgumentError, InputError, UnsupportedProcessorError
-    from mmpipe.families import family_of
-    from mmpipe.images.tiles import effective_image_processor, with_images_kwargs
-    from mmpipe.rollout.images import original_images, vllm_image_options
-
-    fam = r.fam
-    try:  # the processor's family (None for anything else: a spec, a name, None)
-        pfam = family_of(processor) if hasattr(processor, "image_processor") else None
-    except UnsupportedProcessorError:
-        pfam = None
-    if pfam is None or pfam.kind != "tiles":
-        raise ArgumentError(f"to_vllm_prompts needs the tiled family's processor for {fam.name} rows, got "
-                            f"{type(processor).__name__}")
-    if not fam.accepts(pfam.name):
-        raise InputError(f"row encoded for {r.family!r}, prompted with a {pfam.name} processor", row=index,
-                         column="family", stage="rollout", fix="use the processor that encoded the rows")
-    ids = [int(t) for t in r.input_ids]
-    if not r.num_images:
-        return {"prompt_token_ids": ids}
-    _check_vllm_mode(r, index)
-    pictures = original_images(r, images, index)
-    tok = processor.tokenizer
-    text = tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    ip = with_images_kwargs(effective_image_processor(processor), r.images_kwargs)
-    texts = [fam.images().expand_placeholder(int(h), int(w), processor, ip) for h, w in r.image_hw]
-    pieces, _, found = splice_text(text, texts, [fam.image_token] * len(texts))
-    if len(found) < len(texts):
-        raise InputError(f"image {len(found)}'s text is not in the row", row=index, column="input_ids",
-                         stage="rollout", fix="encode the rows with this processor")
-    out = np.asarray(tok("".join(pieces), add_special_tokens=False)["input_ids"], np.int64)
-    starts = np.asarray(tok(text, add_special_tokens=False)["input_ids"], np.int64)
-    if not np.array_equal(starts, r.input_ids):  # the row's text must tokenize back to its ids
-        raise InputError("the row's ids do not decode to a text that tokenizes back to them", row=index,
-                         column="input_ids", stage="rollout", fix="encode the rows with this processor")
-    prompt = {"prompt_token_ids": [int(t) for t in out], "multi_modal_data": {"image": pictures}}
-    kwargs = vllm_image_options(r, ip, index)
-    if kwargs:
-        prompt["mm_processor_kwargs"] = kwargs
-    return prompt
-
-
-def _check_vllm_mode(r, index: int) -> None:
-    """Refuse a row whose multi-image mode (the family module's ``stored_mode``, from the row's
-    ``tiles_per_image``) is not the one vLLM's processor runs (its ``VLLM_MODE``): vLLM would
-    tile the images again its own way, and the prompt would not be the row."""
-    module = r.fam.images()
-    mode_of, vllm_mode = getattr(module, "stored_mode", None), getattr(module, "VLLM_MODE", None)
-    mode = mode_of(r.tiles_per_image) if mode_of is not None else None
-    if mode is None or vllm_mode is None or mode == vllm_mode:
-        return
-    from mmpipe.errors import InputError
-
-    key = module.MODE_KEY
-    raise InputError(
-        f"the row was encoded in {r.fam.name}'s {mode!r} multi-image mode ({r.num_images} images, "
-        f"tiles {r.tiles_per_image.tolist()}: the processor's chat path, TRL and the model's batch_num_images), "
-        f"and vLLM runs the {vllm_mode!r} mode (every image of a prompt tiled), so its prompt would not be "
-        "this row", row=index, column="tiles_per_image", stage="rollout",
-        expected=f"a row encoded with images_kwargs={{{key!r}: {vllm_mode!r}}} (or of at most one image)",
-        found=f"{key}={mode!r}",
-        fix=f"encode rollout rows with mmpipe.Encoder(processor, images_kwargs={{{key!r}: {vllm_mode!r}}}) "
-            "(and train on those rows, so rollout and training see the same tokens), or generate with "
-            "mmpipe.rollout.TransformersEngine")
-
-
 # ---- what the stages ask beyond these functions (the rest: mmpipe/media/tiles_{encode,collate,validate,view}.py;
 # 1-D positions, no device pixels, no audio: `mmpipe.media.defaults`)
+# vLLM prompts: each image's text put back to the image token, vLLM writes it again (`mmpipe.rollout.vllm_prompts`)
+VLLM_PROMPT = "splice"
 BATCH_ROWS = "tiled-family"  # a batch of this kind's rows, in error messages
 FOREIGN_ROW = "a row of another family"  # a row of another kind in such a batch
 COLLATOR_NEEDS_PROCESSOR = "its pixel normalisation"  # what a Collator cannot do without the processor

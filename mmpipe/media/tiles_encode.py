@@ -17,6 +17,9 @@ takes that mode from ``images_kwargs`` (the module's ``split_images_kwargs`` par
 own options from the processor call's); each row is laid out with the image processor as the
 processor's call for that conversation uses it (`_row_image_processor`).
 
+The splice, the one tokenizer call, the runs repeated and the labels moved through the splice:
+`mmpipe.encoding.text_ids.spliced_ids`.
+
 Reached as ``fam.media.encode_*`` (re-exported by `mmpipe.media.tiles`).
 """
 
@@ -27,16 +30,15 @@ from typing import Optional
 
 import numpy as np
 
-from mmpipe.encoding.feature_runs import collapse_is_exact, run_repeats
+from mmpipe.encoding.feature_runs import collapse_is_exact
 from mmpipe.encoding.options import refuse_options
 from mmpipe.encoding.parse import images_only
-from mmpipe.encoding.placeholders import check_image_placeholders, splice_text
-from mmpipe.encoding.render import span_labels
+from mmpipe.encoding.placeholders import check_image_placeholders
 from mmpipe.encoding.sources import source_bytes
+from mmpipe.encoding.text_ids import spliced_ids
 from mmpipe.errors import ArgumentError, PlaceholderError
 from mmpipe.images.load import image_hw
 from mmpipe.images.tiles import effective_image_processor, image_tiles
-from mmpipe.records.columns import IGNORE_INDEX
 
 # its stored pixel formats: tiles, source files, layout-only (float32: the same values, 4x the bytes)
 ENCODE_PIXELS = TILED_PIXELS = ("uint8", "source", "none")
@@ -142,22 +144,15 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
     sizes, payloads = [hw for hw, _ in loaded], [p for _, p in loaded]
     if payloads and isinstance(payloads[0], tuple):  # `_BothTilings`: the row's own tiling
         payloads = [p[0] if len(images) == 1 else p[1] for p in payloads]
-    pieces, spans, images_at, runs = _spliced(enc, text, sizes, ip, where)
-    out = enc.tokenizer("".join(pieces), return_offsets_mapping=enc.labels)
-    short = np.asarray(out["input_ids"], np.int64)  # each run of feature tokens as one id (collapse on)
-    repeat, found = run_repeats(short, enc.feature_id, runs)
+    texts, runs = _image_texts(enc, text, sizes, ip, where)
+    ids, labels, found = spliced_ids(enc.tokenizer, text, replies, [fam.image_token] * len(sizes), texts,
+                                     labels=enc.labels, feature_id=enc.feature_id, runs=runs)
     want = sum(module.image_tokens(h, w, ip, enc.processor) for h, w in sizes)
     if found != want:
         raise PlaceholderError(f"the expanded prompt holds {found} {fam.feature_token} tokens "
                                f"for {len(sizes)} image(s)", where=where, column="messages",
                                expected=str(want), found=str(found),
                                fix=f"remove literal {fam.feature_token} text from the messages")
-    ids = short if repeat is None else np.repeat(short, repeat)
-    labels = None
-    if enc.labels:
-        offsets = np.asarray(out["offset_mapping"], np.int64).reshape(-1, 2)
-        labels = _labels(enc, short, offsets, replies, spans, images_at)
-        labels = labels if repeat is None else np.repeat(labels, repeat)
     enc.check_length(len(ids), where, "raise max_length, use fewer images, or pass truncation='drop'")
     return _fields(enc, ids, labels, sizes, payloads, ip)
 
@@ -195,12 +190,11 @@ def _tile_hw(enc) -> tuple[int, int]:
     return tuple(enc.module.tiles_u8(Image.new("RGB", (8, 8)), enc.image_processor).shape[1:3])
 
 
-def _spliced(enc, text: str, sizes: list, ip, where: str) -> tuple[list, list, list, Optional[list]]:
-    """The rendered text cut at its image placeholders, each replaced by its image's text
-    (``ip``: the row's image processor): (pieces, [(start, end) of each image text in the
-    expanded text], [start of each placeholder in ``text``], the feature-token run lengths in
-    order or None). With ``enc.collapse`` each image's text has its runs of feature tokens
-    written once (``placeholder_runs``); spans are then in that short text."""
+def _image_texts(enc, text: str, sizes: list, ip, where: str) -> tuple[list, Optional[list]]:
+    """The text of each image (``sizes``: their (height, width); ``ip``: the row's image
+    processor) that replaces its placeholder in the rendered ``text`` (one placeholder per image,
+    checked), and the feature-token run lengths in order or None. With ``enc.collapse`` each
+    image's text has its runs of feature tokens written once (``placeholder_runs``)."""
     token, module = enc.family.image_token, enc.module
     check_image_placeholders(text.count(token), len(sizes), token, where, unit="placeholder")
     if enc.collapse:
@@ -208,24 +202,7 @@ def _spliced(enc, text: str, sizes: list, ip, where: str) -> tuple[list, list, l
         texts, runs = [t for t, _ in parts], [n for _, image_runs in parts for n in image_runs]
     else:
         texts, runs = [module.expand_placeholder(h, w, enc.processor, ip) for h, w in sizes], None
-    pieces, spans, at = splice_text(text, [token] * len(sizes), texts)
-    return pieces, spans, at, runs
-
-
-def _labels(enc, ids: np.ndarray, offsets: np.ndarray, replies: list, images: list, at: list) -> np.ndarray:
-    """int64 [L]: ids of the tokens overlapping a reply span (mapped into the expanded text),
-    -100 elsewhere and on every token of an image's text."""
-    token_len = len(enc.family.image_token)
-    grown = np.cumsum([0] + [(b - a) - token_len for a, b in images])  # text added before each placeholder
-
-    def moved(x: int) -> int:
-        return x + int(grown[int(np.searchsorted(np.asarray(at), x, side="left"))]) if at else x
-
-    labels = span_labels(ids, offsets, [(moved(a), moved(b)) for a, b in replies])
-    starts, ends = offsets[:, 0], offsets[:, 1]
-    for a, b in images:
-        labels[(starts < b) & (ends > a)] = IGNORE_INDEX
-    return labels
+    return texts, runs
 
 
 def encode_empty(enc) -> dict:

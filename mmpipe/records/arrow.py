@@ -32,6 +32,17 @@ def list_lengths(column: Union[pa.Array, pa.ChunkedArray]) -> np.ndarray:
     return pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
+def list_items(column: pa.Array, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A ``list<list<int>>`` Arrow array of per-row items of ``width`` values each (patch grids:
+    3) -> (items per row int64 [B], each item's row int64 [n], the items int64 [n, width]); a null
+    row holds none."""
+    import pyarrow.compute as pc
+
+    counts = list_lengths(column)
+    items = pc.list_flatten(pc.list_flatten(column)).to_numpy(zero_copy_only=False).astype(np.int64)
+    return counts, np.repeat(np.arange(len(counts)), counts), items.reshape(-1, width)
+
+
 def most_per_row(ds, column: str) -> int:
     """The most items any row of ``ds`` (a ``datasets.Dataset``) holds in list column
     ``column``, from the Arrow list lengths (nothing decoded); 0 when there is no such list

@@ -5,6 +5,7 @@ Steps, in the order data flows (one module each)::
     support.py              which rollout stages take which family's rows (the media strategy says)
     inputs.py               rows / batch -> vLLM prompts (the family's strategy: one pad / image token
                             per image) or ``generate`` kwargs
+    vllm_prompts.py         one row's vLLM prompt in the style its kind declares (collapse / splice / processor)
     images.py               a stored row's images rebuilt for the engine + vLLM's mm_processor_kwargs
     videos.py               a stored row's videos as vLLM takes them (frames + metadata, one pad each)
     data_parallel.py        pad a batch to a multiple of the data-parallel size, trim outputs back

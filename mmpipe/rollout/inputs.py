@@ -111,12 +111,13 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
     ``mm_processor_kwargs["videos_kwargs"] = {"do_resize": False, "do_sample_frames": False}``
     (`mmpipe.rollout.videos`).
 
-    What a row's prompt holds is its family's media strategy's (``fam.media.vllm_prompt``,
-    `mmpipe.media`): the above for the patch grids; for the tiled families (Gemma 3, InternVL,
-    LLaVA-OneVision) one image token per image and the ORIGINAL images, which vLLM tiles again
-    (`mmpipe.media.tiles.vllm_prompt`: the processor is required; ``images``: one list per row of
-    the images it was encoded from, for rows encoded without ``pixels="source"``). The generic
-    path's rows are refused (`mmpipe.rollout.support.RolloutRefusal` naming the row) but the Omni
+    What a row's prompt holds is its family's media strategy's (``fam.media.vllm_prompt``, in the
+    prompt style the kind declares: `mmpipe.rollout.vllm_prompts`): the above for the patch grids;
+    for the tiled families (Gemma 3, InternVL, LLaVA-OneVision) one image token per image and the
+    ORIGINAL images, which vLLM tiles again (`mmpipe.rollout.vllm_prompts.splice_prompt`: the
+    processor is required; ``images``: one list per row of the images it was encoded from, for rows
+    encoded without ``pixels="source"``). The generic path's rows are refused
+    (`mmpipe.rollout.support.RolloutRefusal` naming the row) but the Omni
     thinkers' (`mmpipe.rollout.processor_prompts`: clips and images as media, each run collapsed;
     ``videos``: one list per row of the video files a row encoded with ``use_audio_in_video`` was
     encoded from, sampled again at the row's own rate or by ``video_options`` as given at encode).
