@@ -7,7 +7,10 @@ module                 step
 ``parse``              raw row -> (chat messages, images): the accepted row formats
 ``placeholders``       THE one expand/collapse of image/video pads (one per block <->
                        ``t*h*w/merge^2``), shared by encode, multi-turn, ReMA, rollout inputs
+``media``              a raw row's image and video columns, the queues placeholders take them from
 ``render``             the chat template: renders, a row's tools, assistant spans -> labels
+``spans``              where the assistant replies are in a render (generation blocks, markers,
+                       prefixes) and where each turn ends
 ``marked_render``      one render gives the text and the replies' spans where provably exact
                        (replies written out untouched), else the caller renders twice
 ``text_ids``           rendered (or placeholder-spliced) text -> ids and labels, for the kinds
@@ -15,6 +18,13 @@ module                 step
 ``encoder``            `Encoder`, every family: options, parse -> the family's media strategy
                        (``fam.media.encode_*``: patch grids, tiles, the processor's own call)
                        -> the validated record; images loaded on threads, empty rows, stats
+``tokenize``           a long rendered text tokenized in verified pieces (memory bound by the text)
+``call_labels``        labels of ids from a call mmpipe does not own (the generic path's processor)
+``options``            the encoder's option checks, a kind's refusals, the truncation policies
+``sources``            ``pixels="source"``: the images' file bytes kept, decoded at collate
+``videos``             a row's videos -> grids, seconds per grid, uint8 frame patches, pads expanded
+``glm_videos``         GLM-4.1V's video sampling, sizing, text layout and token types
+``video_sound``        videos with their sound track for an Omni thinker's own call
 ``feature_runs``       a tiled family's feature-token runs written once, the ids repeated
 ``mapping``            the ``datasets.map`` protocol: batches, drops, ``on_error="skip"``,
                        image prefetch across a batch
@@ -23,6 +33,7 @@ module                 step
 ``dataset``            `encode` (the map function), `encode_row`, `encode_dataset`,
                        `EncodeReport`, `drop_failed`, `undecoded_images`
 ``processor_rows``     `rows_from_processor_output` (processor-built rows, videos), `compact`
+``fingerprint``        the code stamp in every encode fingerprint (a changed mmpipe reuses no cache)
 =====================  ==================================================================
 """
 

@@ -1,5 +1,5 @@
 """Where the assistant replies are in a rendered conversation: the character spans ``labels``
-train on, found from the chat template itself in one extra render, whatever its whitespace:
+train on, found from the chat template itself, whatever its whitespace:
 
 1. **generation blocks**: a template with ``{% generation %}`` marks its replies itself; the
    spans are exactly what transformers' ``return_assistant_tokens_mask`` masks (its own
@@ -8,6 +8,8 @@ train on, found from the chat template itself in one extra render, whatever its 
    marker strings; the text the template writes outside the replies is then the same in both
    renders, so each reply is what lies between those pieces in the real render: its exact
    text (trailing spaces and newlines included), tool calls and end-of-turn token following it.
+   Where the template provably only writes each reply out untouched (`mmpipe.encoding.marked_render`
+   sees every read of it), the marked render alone gives the real text too: one render, not two.
 3. **prefixes**: a template whose output outside the replies depends on their content (one
    that writes a newline only before a non-empty reply, drops a reasoning part) is located the
    old way, by rendering the conversation up to each reply (quadratic in the turns; a template
