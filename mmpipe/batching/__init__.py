@@ -16,7 +16,7 @@ One module per step, in the order rows flow::
 
 Every stage is the same for every family; what differs between patch grids, tiles and the
 generic path's processor outputs is asked of the family's media strategy (``fam.media``:
-``MEDIA_ITEMS``, ``collator_state``, ``collate_media``, ``unbatch_media``; `mmpipe.media`).
+``MEDIA_ITEMS``, ``ROW_FIELDS``, ``collator_state``, ``collate_media``, ``unbatch_media``; `mmpipe.media`).
 
 The functions ``collate`` and ``unbatch`` are not re-exported here: those names are the
 submodules (``mmpipe.batching.collate``); use ``mmpipe.collate`` / ``mmpipe.unbatch``.

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmpipe.batching.media_checks import check_media_items
+from mmpipe.batching.media_fields import cut_layout
 from mmpipe.batching.text import text_row_fields
 from mmpipe.errors import InputError
 from mmpipe.records.batch import BatchedMultiModalInputs
@@ -33,13 +34,19 @@ def unbatch(batch: BatchedMultiModalInputs) -> list[MultiModalInputs]:
 
     The text part is cut by each row's length and the padding side
     (`mmpipe.batching.text.text_row_fields`) after `check_batch`; the media fields by the
-    family's strategy (``fam.media.unbatch_media``: grids and patches, tiles, or the
-    processor's outputs, each checked against the batch where the kind can be)."""
+    family's declarations: each row's layout fields cut out by the offsets (``fam.media.MEDIA_ITEMS``,
+    `cut_layout`) and its values of the per-row batch fields (``fam.media.ROW_FIELDS``), then
+    the kind's own (``fam.media.unbatch_media``: patches, or the processor's outputs, each
+    checked against the batch where the kind can be)."""
     check_batch(batch)
-    check_media_items(batch, batch.fam.media.MEDIA_ITEMS)
+    media = batch.fam.media
+    check_media_items(batch, media.MEDIA_ITEMS)
     text = text_row_fields(batch)
-    media = batch.fam.media.unbatch_media(batch)
-    return [MultiModalInputs(family=batch.family, **t, **m) for t, m in zip(text, media)]
+    rows = cut_layout(batch, media.MEDIA_ITEMS)
+    for field, per_row in media.ROW_FIELDS:
+        for row, value in zip(rows, getattr(batch, per_row) or [None] * len(rows)):
+            row[field] = value
+    return [MultiModalInputs(family=batch.family, **t, **m) for t, m in zip(text, media.unbatch_media(batch, rows))]
 
 
 FIX = "build the batch with mmpipe.collate(rows) and do not edit its fields in place"

@@ -17,6 +17,8 @@ TAKES_AUDIO = False  # audio clips: the processor kind only (the Omni thinkers, 
 TAKES_VIDEO_SOUND = False  # videos with their sound (use_audio_in_video): the processor kind only (the Omni thinkers)
 CHECK_STORED_DTYPES = False  # cast on read, not refused (list<uint8> tiles come back int64 from torch-formatted datasets)
 VIEW_SIZE_NOTE = False  # view labels show the size themselves
+ROW_FIELDS = ()  # (record field, the batch's list of its per-row values): each row's own back at unbatch
+ROLLOUT_REFUSED: dict = {}  # rollout stage (`mmpipe.rollout.support.ROLLOUT_STAGES`) -> why it refuses the rows
 
 
 def position_inputs(batch, positions) -> dict:
@@ -48,10 +50,16 @@ def row_checks(table, *, processor=None, images_kwargs: Optional[dict] = None, p
     return None
 
 
+def unbatch_media(batch, rows: list) -> list[dict]:
+    """Each row's media fields: its layout fields and `ROW_FIELDS`, as unbatch cut them out
+    (``rows``, `mmpipe.batching.unbatch`); nothing more."""
+    return rows
+
+
 def rollout_refusal(fam, stage: str) -> Optional[str]:
-    """Why rollout ``stage`` (`mmpipe.rollout.support.ROLLOUT_STAGES`) cannot take the kind's rows:
-    None, every stage takes them."""
-    return None
+    """Why rollout ``stage`` (`mmpipe.rollout.support.ROLLOUT_STAGES`) cannot take the kind's rows,
+    as the kind declares (``ROLLOUT_REFUSED``); None: the stage takes them."""
+    return fam.media.ROLLOUT_REFUSED.get(stage)
 
 
 def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,

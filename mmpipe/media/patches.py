@@ -11,9 +11,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mmpipe.errors import InputError, PixelDataError
+from mmpipe.errors import ArgumentError, PixelDataError
 from mmpipe.records.codec import (
-    DIGEST, FAMILY, SOURCES, Column, backend_column, check_token_shapes, pixel_rows,
+    DIGEST, FAMILY, SOURCES, Column, backend_column, check_token_shapes, pixel_rows, stored_row_error,
 )
 from mmpipe.records.columns import as_array
 
@@ -50,8 +50,8 @@ def read_media(d, kw: dict, fam, row) -> dict:
     else:
         delta = as_array(d["rope_delta"], np.int64, np.ndim(d["rope_delta"]), "rope_delta", row).reshape(-1)
     if delta.size != 1:
-        raise InputError(f"column 'rope_delta': expected one integer, found {delta.size} values", row=row,
-                         column="rope_delta", stage="validate", fix="re-encode the row with mmpipe.encode")
+        raise stored_row_error(f"column 'rope_delta': expected one integer, found {delta.size} values", row,
+                               "rope_delta")
     return dict(rope_delta=int(delta[0]))
 
 
@@ -60,29 +60,22 @@ def validate(r, row: Optional[int]) -> None:
     check_token_shapes(r, row)
     bad_type = np.flatnonzero((r.mm_token_type_ids < 0) | (r.mm_token_type_ids > 2))
     if len(bad_type):
-        raise InputError(
-            row=row, column="mm_token_type_ids", column_in_location=True, stage="validate",
-            expected="0 (text), 1 (image) or 2 (video)",
-            found=f"{int(r.mm_token_type_ids[bad_type[0]])} at token {int(bad_type[0])}", fix="re-encode the row",
-        )
+        raise stored_row_error("", row, "mm_token_type_ids", "0 (text), 1 (image) or 2 (video)",
+                               f"{int(r.mm_token_type_ids[bad_type[0]])} at token {int(bad_type[0])}",
+                               fix="re-encode the row", column_in_location=True)
     fam = r.fam
     for kind, code, grid in (("image", 1, r.image_grid_thw), ("video", 2, r.video_grid_thw)):
         n_tok, expect = int((r.mm_token_type_ids == code).sum()), fam.num_tokens(grid)
         if n_tok != expect:
-            raise PixelDataError(
-                f"{n_tok} {kind} tokens in input_ids but {kind}_grid_thw {grid.tolist()} "
-                f"needs sum(t*h*w)/{fam.merge_area} = {expect}; the text and the {kind} data disagree "
-                f"(truncated or appended without its pixels?)", row=row, stage="validate",
-                column=f"{kind}_grid_thw", fix="re-encode the row",
-            )
+            raise stored_row_error(f"{n_tok} {kind} tokens in input_ids but {kind}_grid_thw {grid.tolist()} "
+                                   f"needs sum(t*h*w)/{fam.merge_area} = {expect}; the text and the {kind} data "
+                                   "disagree (truncated or appended without its pixels?)", row, f"{kind}_grid_thw",
+                                   fix="re-encode the row", error=PixelDataError)
     for c in [c for c in COLUMNS if c.rows]:  # the pixels: a row per patch of the grids, of the patch width
         arr, want = getattr(r, c.name), (pixel_rows(getattr(r, c.rows)), getattr(fam, c.width))
         if arr is not None and arr.shape != want:
-            raise PixelDataError(
-                row=row, column=c.name, column_in_location=True, stage="validate",
-                expected=f"shape {want} from the grids and the {fam.name} patch size",
-                found=tuple(arr.shape), fix="re-encode the row with mmpipe.encode",
-            )
+            raise stored_row_error("", row, c.name, f"shape {want} from the grids and the {fam.name} patch size",
+                                   tuple(arr.shape), error=PixelDataError, column_in_location=True)
 
 
 def layout_repr(r) -> str:
@@ -93,8 +86,6 @@ def position_inputs(batch, positions) -> dict:
     """``positions``: "mrope" (default) -> ``position_ids`` [3, B, L] + the token types; "verl" ->
     [4, B, L], the plain text row first; "none" -> the token types only. The text family takes
     its 1-D row [B, L] (any value but "none")."""
-    from mmpipe.errors import ArgumentError
-
     if not batch.fam.is_vision:
         return {} if positions == "none" else {"position_ids": batch.position_ids[0]}
     out = {"mm_token_type_ids": batch.mm_token_type_ids}

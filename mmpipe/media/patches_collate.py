@@ -7,8 +7,8 @@ items (`MEDIA_ITEMS`: grids and offsets, `mmpipe.batching.media_fields`).
 - `collate_media`: the pixel data concatenated, compact uint8 rows expanded to the processor's
   float32 ``pixel_values`` bit for bit (``pixels="source"`` rows decoded and resized first, in
   the worker that builds the batch);
-- `unbatch_media`: each row's grids and pixels cut back out by the offsets, in the storage the
-  row came in, after checking the grids, offsets, pixel rows and media tokens agree.
+- `unbatch_media`: each row's pixels cut back out by the offsets (its grids: `mmpipe.unbatch`), in
+  the storage the row came in, after checking the grids, offsets, pixel rows and media tokens agree.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import logging
 import numpy as np
 
 from mmpipe.batching.checks import check_finite, check_vision_tokens
-from mmpipe.batching.media_fields import MediaItems, cut_layout
+from mmpipe.batching.media_fields import MediaItems
 from mmpipe.encoding.sources import with_pixels
 from mmpipe.errors import PixelDataError
 from mmpipe.images.pixels import (
@@ -165,15 +165,15 @@ def device_pixels(batch, device) -> dict:
 
 
 # ---- unbatch ------------------------------------------------------------------------------
-def unbatch_media(batch) -> list[dict]:
-    """A batch -> each row's media fields (grids, and its pixels in the storage it came in:
-    compact uint8 rows come back compact; unbatch checked them first, `mmpipe.batching.media_checks`)."""
-    out = cut_layout(batch, MEDIA_ITEMS)
+def unbatch_media(batch, rows: list) -> list[dict]:
+    """A batch -> each row's media fields: its grids as unbatch cut them (``rows``), and its pixels
+    in the storage it came in (compact uint8 rows come back compact; unbatch checked them first,
+    `mmpipe.batching.media_checks`)."""
     arrays = {n: None if getattr(batch, n) is None else to_numpy(getattr(batch, n))
               for pair in PIXELS for n in pair}
     units = [to_numpy(getattr(batch, items.units)).tolist() for items in MEDIA_ITEMS]
     formats = batch.row_pixel_formats or [batch.pixel_format] * batch.batch_size
-    for b, row in enumerate(out):
+    for b, row in enumerate(rows):
         for videos, (name, name_u8) in enumerate(PIXELS):
             if videos and not len(row["video_grid_thw"]):
                 continue  # a row without videos has no video pixels
@@ -182,7 +182,7 @@ def unbatch_media(batch) -> list[dict]:
             row.update(_row_pixels(formats[b], pv, u8, batch, bool(videos)))
         if formats[b] != "none" and batch.spec is not None:
             row["image_backend"] = batch.spec.backend
-    return out
+    return rows
 
 
 def _row_pixels(fmt: str, pv, u8, batch, videos: bool) -> dict:

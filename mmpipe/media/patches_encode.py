@@ -11,7 +11,7 @@ A row holds::
     pixel_values_u8  uint8 [N, 3*p*p]  (or pixel_values float32 [N, 3*T*p*p], source files, or none)
     pixel_values_videos_u8  uint8 [Nv, 3*T*p*p]  (or pixel_values_videos float32, or none)
 
-Reached as ``fam.media.encode_*`` (re-exported by `mmpipe.media.patches`).
+Reached as ``fam.media.encode_*`` (one of the kind's modules, `mmpipe.media.KINDS`).
 """
 
 from __future__ import annotations

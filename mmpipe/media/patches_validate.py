@@ -1,5 +1,5 @@
 """The validate stage's part of the ``patches`` kind (Qwen2/2.5/3-VL, GLM-4.1V, the text family),
-re-exported by `mmpipe.media.patches` under its ``# ---- validate ----`` section: the columns of
+one of its modules (`mmpipe.media.KINDS`, asked as ``fam.media.<name>``): the columns of
 the published row schema (`mmpipe.records.row.MultiModalInputs.arrow_schema`), exactly typed,
 with the safe repairs of older layouts (no video columns, no ``rope_delta``, no
 ``pixel_digest``), and each row's M-RoPE positions recomputed from its grids.
@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from mmpipe.data.column_rules import ExpectedColumn
-from mmpipe.errors import InputError
+from mmpipe.records.codec import stored_row_error
 from mmpipe.records.columns import ROW_COLUMNS, row_column_wanted
 
 KIND_COLUMN = "image_grid_thw"  # only patch-grid rows store it (names a table without a family)
@@ -51,9 +51,8 @@ def _check_positions(r, row: int) -> None:
     pos, want = row_positions(r.fam, r.input_ids, r.mm_token_type_ids, r.image_grid_thw, r.video_grid_thw,
                               r.second_per_grid_ts)
     if not np.array_equal(pos, r.position_ids):
-        raise InputError("position_ids differ from the M-RoPE rule recomputed from the grids "
-                         "(written by another tool or version?)", row=row, column="position_ids",
-                         stage="validate")
+        raise stored_row_error("position_ids differ from the M-RoPE rule recomputed from the grids "
+                               "(written by another tool or version?)", row, "position_ids", fix=None)
     if want != r.rope_delta:
-        raise InputError(f"rope_delta {r.rope_delta} differs from max(position_ids) + 1 - L = "
-                         f"{want}", row=row, column="rope_delta", stage="validate")
+        raise stored_row_error(f"rope_delta {r.rope_delta} differs from max(position_ids) + 1 - L = {want}", row,
+                               "rope_delta", fix=None)

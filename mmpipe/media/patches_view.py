@@ -1,5 +1,5 @@
 """The view stage's part of the ``patches`` kind (Qwen2/2.5/3-VL, GLM-4.1V, the text family),
-re-exported by `mmpipe.media.patches` under its ``# ---- view ----`` section: each image's and
+one of its modules (`mmpipe.media.KINDS`, asked as ``fam.media.<name>``): each image's and
 video's token count, size and label (from its grid), its pictures rebuilt from the stored
 patches, and ``mmpipe inspect``'s counts of stored rows read from their Arrow columns. The view
 stage (`mmpipe.view`) and `mmpipe.cli.inspect` do the rest the same way for every kind.

@@ -20,7 +20,7 @@ import numpy as np
 from mmpipe.audio.clips import stored_sources
 from mmpipe.errors import ArgumentError, InputError
 from mmpipe.media.defaults import position_inputs as one_d_position_inputs
-from mmpipe.records.codec import FAMILY, Column, check_token_shapes
+from mmpipe.records.codec import FAMILY, Column, check_token_shapes, stored_row_error
 from mmpipe.records.columns import as_array
 from mmpipe.records.processor_layout import LAYOUT_COLUMN, ProcessorLayout  # noqa: F401  (the layout type)
 from mmpipe.records.vision_tokens import named_tokens
@@ -71,18 +71,16 @@ def read_media(d, kw: dict, fam, row) -> dict:
     layout = ProcessorLayout.from_json(d.get(LAYOUT_COLUMN), row)
     shapes = [] if d.get(SHAPES_COLUMN) is None else list(d.get(SHAPES_COLUMN))
     if len(shapes) != len(layout.vision):
-        raise InputError(f"{SHAPES_COLUMN} holds {len(shapes)} shapes for {len(layout.vision)} vision keys",
-                         row=row, column=SHAPES_COLUMN, stage="validate",
-                         fix="re-encode the row with mmpipe.encode")
+        raise stored_row_error(f"{SHAPES_COLUMN} holds {len(shapes)} shapes for {len(layout.vision)} vision keys",
+                               row, SHAPES_COLUMN)
     vision = {}
     for (name, dtype, _), shape in zip(layout.vision, shapes):
         shape = [int(n) for n in shape]
         if shape and shape[0]:
             arr = as_array(d.get(name), dtype, 1, name, row)
             if arr.size != int(np.prod(shape)):
-                raise InputError(f"column {name!r} holds {arr.size} values for shape {shape}", row=row,
-                                 column=name, stage="validate", expected=f"{int(np.prod(shape))} values",
-                                 found=str(arr.size), fix="re-encode the row with mmpipe.encode")
+                raise stored_row_error(f"column {name!r} holds {arr.size} values for shape {shape}", row, name,
+                                       f"{int(np.prod(shape))} values", str(arr.size))
             vision[name] = arr.reshape(shape)
     return dict(layout=layout, vision=vision, audio_sources=stored_sources(d.get("audio_sources"), row),
                 sequence={k: as_array(d.get(k), np.int64, 1, k, row) for k in layout.sequence})
@@ -154,50 +152,22 @@ def vision_tokens(fam, processor: Any = None) -> dict[str, Optional[str]]:
     return named_tokens(processor)
 
 
-def rollout_refusal(fam, stage: str) -> Optional[str]:
-    """Generation (``TransformersEngine``) takes the generic path's rows: the model computes its own
-    positions and the processor's named media tokens are banned; every other rollout stage refuses
-    them (`NO_ROLLOUT`), but vLLM prompts, built for the Omni thinkers and refused per processor for
-    the others (`mmpipe.rollout.processor_prompts`); `VLLMEngine` refuses them (`NO_VLLM_ENGINE`)."""
-    if stage in ("generate", "vllm_prompts"):
-        return None
-    return NO_VLLM_ENGINE if stage == "vllm_engine" else NO_ROLLOUT
+# Generation (``TransformersEngine``) takes the generic path's rows: the model computes its own
+# positions and the processor's named media tokens are banned; so do vLLM prompts, built for the Omni
+# thinkers and refused per processor for the others (`mmpipe.rollout.processor_prompts`); every other
+# rollout stage refuses them (`NO_ROLLOUT`), `VLLMEngine` saying so its own way (`NO_VLLM_ENGINE`)
+ROLLOUT_REFUSED = {"vllm_engine": NO_VLLM_ENGINE, "samples": NO_ROLLOUT, "multiturn": NO_ROLLOUT, "verl": NO_ROLLOUT}
 
 
 # ---- encode, collate: what the stages ask beyond these functions is in mmpipe/media/processor_{encode,probe,
-# collate,view}.py (`mmpipe.media.KINDS`; 1-D positions where exact, float pixels: `mmpipe.media.defaults`)
-from mmpipe.images.settings import image_settings  # noqa: E402
-from mmpipe.media.processor_collate import collate_outputs  # noqa: E402
-from mmpipe.media.processor_probe import probe  # noqa: E402
-
-
-def encode_layout(enc) -> ProcessorLayout:
-    """The processor's outputs, found once per encoder by probe calls (`probe`), and its image
-    processor's settings (`image_settings`)."""
-    *found, (audio, single_masks) = probe(enc)
-    return ProcessorLayout(enc.processor_class, *found, settings=image_settings(enc.processor),
-                           single_masks=single_masks, audio=audio)
-
-
+# collate,view}.py (`mmpipe.media.KINDS`: the layout of the processor's outputs, ``encode_layout``, is the
+# probe's; 1-D positions where exact, float pixels: `mmpipe.media.defaults`)
 VLLM_PROMPT = "processor"  # the Omni thinkers' per-processor prompts (`mmpipe.rollout.vllm_prompts`)
 BATCH_ROWS = "generic-path"  # a batch of this kind's rows, in error messages
 FOREIGN_ROW = "a natively encoded row"  # a row of another kind in such a batch
 TAKES_AUDIO = True  # a processor with a feature extractor gets the row's clips (`mmpipe.audio.load_audio`)
 # ``Encoder(use_audio_in_video=True)``: videos with their sound (the Omni thinkers, `mmpipe.encoding.video_sound`)
 TAKES_VIDEO_SOUND = True
-
-
-def collate_media(rows: list, ctx) -> dict:
-    """The media fields of a batch (`collate_outputs`: the processor's outputs padded as it pads
-    them, numpy) and the rows' `ProcessorLayout` (the layout of what the batch holds when the
-    rows were probed differently)."""
-    out, row_keys = collate_outputs(rows, ctx)
-    if any(r.layout != rows[0].layout for r in rows):
-        first = rows[0].layout or ProcessorLayout("")
-        out["layout"] = ProcessorLayout.of(rows[0].processor_class, rows[0].sequence,
-                                           {k: v[:0] for k, v in out["vision"].items()}, row_keys,
-                                           joins=first.joins, dtypes=first.dtypes)
-    return out
 
 
 # ---- validate ----

@@ -5,9 +5,8 @@ leaves out), the warnings where a batch differs from each row alone; the padding
 layout's (`mmpipe.batching.output_padding`: each key padded as the processor's own batch call
 pads it, and cut back out).
 
-`collator_state`, `collate_outputs` and `unbatch_media` are the kind's collate and unbatch, beyond
-the layout of its images (`MEDIA_ITEMS`, `mmpipe.batching.media_fields`); `mmpipe.media.processor`
-adds the layout type (this module imports nothing from it).
+`collator_state`, `collate_media` and `unbatch_media` are the kind's collate and unbatch, beyond
+the layout of its images (`MEDIA_ITEMS`, `mmpipe.batching.media_fields`).
 """
 
 from __future__ import annotations
@@ -19,10 +18,11 @@ from dataclasses import replace
 import numpy as np
 
 from mmpipe.audio.clips import audio_outputs, warn_padded_audio as padded_audio_warning
-from mmpipe.batching.media_fields import MediaItems, cut_layout
+from mmpipe.batching.media_fields import MediaItems
 from mmpipe.batching.output_padding import collate_vision, cut_vision, join_vision
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
 from mmpipe.images.settings import image_settings
+from mmpipe.records.processor_layout import ProcessorLayout
 from mmpipe.records.columns import to_numpy
 
 logger = logging.getLogger("mmpipe")
@@ -31,6 +31,7 @@ CROSS_ATTENTION_WARNED: set = set()  # processor classes warned about (once per 
 # each image's upright (height, width) int64 [I, 2] (None in a batch with rows of an earlier
 # mmpipe, which stored none: their image counts are unknown, sample_to_image_indices refuses)
 MEDIA_ITEMS = (MediaItems("image_offsets", (("image_hw", "int64", 2),)),)
+ROW_FIELDS = (("audio_sources", "row_audio_sources"),)  # audio="source" rows: each row's clips (files)
 
 
 def warn_cross_attention_counts(rows: list) -> None:
@@ -149,12 +150,13 @@ def _without_filled_masks(row: dict, layout) -> dict:
     return row
 
 
-def collate_outputs(rows: list, ctx) -> tuple[dict, tuple]:
-    """``(fields, row_keys)``: the media fields of a batch (numpy; see
-    `mmpipe.records.batch.BatchedMultiModalInputs`): ``vision`` (each key padded as the processor
-    pads it, `collate_vision`), each row's own ``shapes``, ``pixel_format`` ("float32", or "none"
-    without vision outputs), the first row's ``layout``; and the batch's row keys.
-    Rows must come from one processor class, ``ctx.state``'s when collated with a processor."""
+def collate_media(rows: list, ctx) -> dict:
+    """The media fields of a batch (numpy; see `mmpipe.records.batch.BatchedMultiModalInputs`):
+    ``vision`` (each key padded as the processor pads it, `collate_vision`), each row's own
+    ``shapes``, ``pixel_format`` ("float32", or "none" without vision outputs) and the rows'
+    ``layout`` (the first row's; the layout of what the batch holds when the rows were probed
+    differently). Rows must come from one processor class, ``ctx.state``'s when collated with a
+    processor."""
     _check_processor(rows, ctx.state.get("processor_class"), ctx.state.get("settings"))
     sources = [r.audio_sources for r in rows]
     rows = [_with_audio(r, ctx.state.get("processor"), i) for i, r in enumerate(rows)]
@@ -167,24 +169,28 @@ def collate_outputs(rows: list, ctx) -> tuple[dict, tuple]:
     for key in sorted({k for r in rows for k in r.vision}):
         vision[key], shapes[key] = join_vision(rows, key, joins[key]) if key in joins else \
             collate_vision(rows, key, key in row_keys, ctx.length, ctx.padding_side)
-    fields = dict(pixel_format="float32" if vision else "none", shapes=shapes, vision=vision,
-                  row_audio_sources=sources if any(x is not None for x in sources) else None)
-    return {**fields, "layout": rows[0].layout}, row_keys
+    layout = first = rows[0].layout
+    if any(r.layout != first for r in rows):
+        first = first or ProcessorLayout("")
+        layout = ProcessorLayout.of(rows[0].processor_class, rows[0].sequence, {k: v[:0] for k, v in vision.items()},
+                                    row_keys, joins=first.joins, dtypes=first.dtypes)
+    return dict(pixel_format="float32" if vision else "none", shapes=shapes, vision=vision, layout=layout,
+                row_audio_sources=sources if any(x is not None for x in sources) else None)
 
 
-def unbatch_media(batch) -> list[dict]:
-    """A batch -> each row's ``vision`` outputs cut back to its own shapes, ``image_hw`` and the
-    batch's `ProcessorLayout` (so rows written back store as before)."""
-    out, L = cut_layout(batch, MEDIA_ITEMS), batch.input_ids.shape[1]
+def unbatch_media(batch, rows: list) -> list[dict]:
+    """A batch -> each row's ``vision`` outputs cut back to its own shapes and the batch's
+    `ProcessorLayout` (so rows written back store as before), beside its ``image_hw`` and
+    ``audio_sources`` as unbatch cut them (``rows``)."""
+    L = batch.input_ids.shape[1]
     vision = {k: to_numpy(v) for k, v in batch.vision.items()}
     row_keys = set(batch.layout.row_keys) if batch.layout is not None else set()
     joins = dict(batch.layout.joins) if batch.layout is not None else {}
     starts = {k: 0 for k in vision}
-    for b, (row, n) in enumerate(zip(out, to_numpy(batch.seq_lengths).tolist())):
+    for b, (row, n) in enumerate(zip(rows, to_numpy(batch.seq_lengths).tolist())):
         cols = slice(0, n) if batch.padding_side == "right" else slice(L - n, L)
         own = _without_filled_masks(cut_vision(vision, batch.shapes, row_keys, b, n, cols, starts, joins), batch.layout)
-        sources = batch.row_audio_sources[b] if batch.row_audio_sources is not None else None
-        if sources is not None:  # computed at collate: the row stores its clips
+        if row["audio_sources"] is not None:  # computed at collate: the row stores its clips
             own = {k: v for k, v in own.items() if k not in batch.layout.audio}
-        row.update(layout=batch.layout, vision=own, audio_sources=sources)
-    return out
+        row.update(layout=batch.layout, vision=own)
+    return rows

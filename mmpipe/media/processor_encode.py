@@ -13,7 +13,7 @@ class. None of mmpipe's speed features apply: no compact uint8 storage, no layou
 encoding, no packing; positions ``0..n-1`` only where the processor's model takes 1-D positions (else the
 model builds its own, `mmpipe.model_rope`).
 
-Reached as ``fam.media.encode_*`` (re-exported by `mmpipe.media.processor`).
+Reached as ``fam.media.encode_*`` (one of the kind's modules, `mmpipe.media.KINDS`).
 """
 
 from __future__ import annotations

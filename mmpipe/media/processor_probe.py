@@ -1,22 +1,26 @@
 """The generic path's probe (`mmpipe.media.processor_encode`): what a processor returns, found once
 per encoder by calling it on tiny probe conversations and images - its sequence keys, vision keys,
 row keys, joined keys, its fill of missing items and its low-precision outputs, typed as
-`mmpipe.media.processor.ProcessorLayout` (re-exported there as ``probe``)."""
+`mmpipe.records.processor_layout.ProcessorLayout` (``encode_layout``, asked by the encoder as
+``fam.media.encode_layout``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from mmpipe.audio import audio_extractor
+from mmpipe.images.settings import image_settings
 from mmpipe.media.processor_encode import OWN_KEYS, plain_render, probe_call, run_processor, user_turn
+from mmpipe.records.processor_layout import ProcessorLayout
 
 
-def probe(enc) -> tuple:
-    """The processor's outputs, found by probes: a text-only row, one row holding two small
-    images, one holding one, the processor's batch of the last two, and (a processor with a
-    feature extractor) one row holding two clips (`_audio_probe`) -> (sequence keys,
-    vision keys as (name, stored dtype, ndim), row keys, pads, joins, dtypes; see
-    `mmpipe.media.processor.ProcessorLayout`). Row keys: axis 0 of length 1 for the row (not a
+def encode_layout(enc) -> ProcessorLayout:
+    """The processor's outputs, found once per encoder by probes: a text-only row, one row holding
+    two small images, one holding one, the processor's batch of the last two, and (a processor
+    with a feature extractor) one row holding two clips (`_audio_probe`) -> its `ProcessorLayout`:
+    sequence keys, vision keys as (name, stored dtype, ndim), row keys, pads, joins, dtypes, the
+    audio keys and the masks a one-clip call leaves out, and its image processor's settings
+    (`image_settings`). Row keys: axis 0 of length 1 for the row (not a
     sequence), padded into ``[B, ...]``; joins: keys the batch call joins into ONE array along an
     axis > 0 (axis 0 stays 1); sequence keys: ``[1, L]``; the other outputs are vision keys
     (axis 0: images/patches), concatenated over the rows."""
@@ -47,7 +51,8 @@ def probe(enc) -> tuple:
     row_keys = [k for k in row_keys if k not in dict(joins)]
     vision = tuple((k, str(v.dtype), v.ndim) for k, v in sorted(arrays.items()) if k not in sequence)
     dtypes = tuple(sorted((k, d) for k, d in low.items() if k not in OWN_KEYS))
-    return tuple(sorted(sequence)), vision, tuple(row_keys), pads, joins, dtypes, (audio_keys, single_masks)
+    return ProcessorLayout(enc.processor_class, tuple(sorted(sequence)), vision, tuple(row_keys), pads, joins, dtypes,
+                           settings=image_settings(enc.processor), single_masks=single_masks, audio=audio_keys)
 
 
 def _audio_probe(enc) -> tuple[dict, dict, tuple]:

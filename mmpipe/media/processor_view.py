@@ -1,5 +1,5 @@
-"""The view stage's part of the ``processor`` kind (the generic path), re-exported by
-`mmpipe.media.processor` under its ``# ---- view ----`` section. Such a row holds what the
+"""The view stage's part of the ``processor`` kind (the generic path), one of its
+modules (`mmpipe.media.KINDS`, asked as ``fam.media.<name>``). Such a row holds what the
 processor's own call returned: its image tokens are not marked (``mm_token_type_ids`` is all
 0: no token spans), its images are known by their sizes (``image_hw``), and its float outputs
 are in the processor's own layout, which mmpipe cannot turn back into pictures (the views draw

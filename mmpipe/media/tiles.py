@@ -14,8 +14,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mmpipe.errors import InputError
-from mmpipe.records.codec import DIGEST, FAMILY, SOURCES, Column, backend_column, check_token_shapes
+from mmpipe.records.codec import (
+    DIGEST, FAMILY, SOURCES, Column, backend_column, check_token_shapes, stored_row_error,
+)
 from mmpipe.records.columns import as_array
 
 IMAGE_LAYOUT_COLUMN = "tiles_per_image"  # the stored per-image layout (what error messages name)
@@ -46,9 +47,8 @@ def read_media(d, kw: dict, fam, row) -> dict:
             as_array(u8, np.uint8, 1, "pixel_values_u8", row)
         want = int(tiles.sum()) * int(np.prod(hw)) * 3
         if flat.size != want:
-            raise InputError(f"pixel_values_u8 holds {flat.size} bytes", row=row, column="pixel_values_u8",
-                             stage="validate", expected=f"{want} ({int(tiles.sum())} tiles of {hw.tolist()} x 3)",
-                             found=str(flat.size), fix="re-encode the row with mmpipe.encode")
+            raise stored_row_error(f"pixel_values_u8 holds {flat.size} bytes", row, "pixel_values_u8",
+                                   f"{want} ({int(tiles.sum())} tiles of {hw.tolist()} x 3)", str(flat.size))
         u8 = flat.reshape(int(tiles.sum()), int(hw[0]), int(hw[1]), 3)
     kwargs = d.get("images_kwargs")
     return dict(pixel_values_u8=u8, images_kwargs=json.loads(kwargs) if isinstance(kwargs, str) and kwargs else None)
@@ -57,8 +57,7 @@ def read_media(d, kw: dict, fam, row) -> dict:
 def validate(r, row: Any = None) -> None:
     """Lengths line up, the tiles match ``tiles_per_image``, sources one per image."""
     def bad(column, expected, found):
-        return InputError(f"{column} does not match the row", row=row, column=column, stage="validate",
-                          expected=expected, found=found, fix="re-encode the row with mmpipe.encode")
+        return stored_row_error(f"{column} does not match the row", row, column, expected, found)
 
     check_token_shapes(r, row)
     if r.tiles_per_image is None or r.image_hw is None:
@@ -90,7 +89,7 @@ def model_inputs(batch, token_types) -> dict:
 
 
 # ---- rollout ----
-_NO_ROLLOUT = {
+ROLLOUT_REFUSED = {  # the stages that refuse tiled rows (multi-turn appends, verl rows), and why
     "multiturn": "encode each turn's whole conversation with mmpipe.encode and generate with TransformersEngine",
     "verl": "verl's actor reads the patch grids' multi_modal_inputs (pixel_values [N, D] + image_grid_thw) and "
             "its vLLM server their prompts, so these rows have no verl row layout here: batch them with "
@@ -108,12 +107,6 @@ def vision_tokens(fam, processor: Any = None) -> dict[str, Optional[str]]:
     if fam.image_token != fam.feature_token:
         out["vision_start"] = fam.image_token
     return out
-
-
-def rollout_refusal(fam, stage: str) -> Optional[str]:
-    """Why rollout ``stage`` (`mmpipe.rollout.support.ROLLOUT_STAGES`) cannot take tiled rows
-    (multi-turn appends, verl rows), or None."""
-    return _NO_ROLLOUT.get(stage)
 
 
 # ---- what the stages ask beyond these functions (the rest: mmpipe/media/tiles_{encode,collate,validate,view}.py;

@@ -8,7 +8,8 @@ images (`MEDIA_ITEMS`, `mmpipe.batching.media_fields`).
 - `collate_media`: the compact uint8 tiles expanded to the processor's float32 ``pixel_values``
   (`mmpipe.images.tiles.normalise_tiles`, bit-exact) and the family's extras (LLaVA-OneVision:
   ``image_sizes`` and ``batch_num_images``, which tells the model each row's multi-image mode);
-- `unbatch_media`: each row's layout and tiles cut back out by the offsets.
+- unbatch: nothing of its own (`mmpipe.batching.unbatch` cuts each row's layout and tiles back out by
+  the offsets, `MEDIA_ITEMS`, and gives it its ``images_kwargs``, `ROW_FIELDS`).
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from typing import Optional
 
 import numpy as np
 
-from mmpipe.batching.media_fields import MediaItems, cut_layout
+from mmpipe.batching.media_fields import MediaItems
 from mmpipe.errors import ArgumentError, InputError
 from mmpipe.images.tile_sources import decoded_rows
 from mmpipe.images.tiles import effective_image_processor, normalise_table, normalise_tiles
 
 # each image's upright (height, width) int64 [I, 2] and tile count int64 [I]; its tiles [N, S, S, 3]
+# (unbatch: each row's, None for layout-only rows)
 MEDIA_ITEMS = (MediaItems("image_offsets", (("image_hw", "int64", 2), ("tiles_per_image", "int64", None)),
                           "patch_offsets", "tiles_per_image", ("pixel_values_u8",), rows=(("pixel_values_u8", None),)),)
+ROW_FIELDS = (("images_kwargs", "row_images_kwargs"),)  # each row's encoder images_kwargs (Gemma 3 pan-and-scan)
 
 
 def collator_state(processor, fam) -> dict:
@@ -97,12 +100,3 @@ def _decoded(rows: list, image_processor, module) -> list:
 
 
 _NO_SOURCE = SimpleNamespace(image_sources=None)  # a row decoded_rows passes through as it is
-
-
-def unbatch_media(batch) -> list[dict]:
-    """A batch -> each row's ``image_hw``, ``tiles_per_image``, uint8 tiles (None for
-    layout-only rows) and ``images_kwargs`` (Gemma 3 pan-and-scan), exactly as collated."""
-    rows = cut_layout(batch, MEDIA_ITEMS)
-    for row, kwargs in zip(rows, batch.row_images_kwargs or [None] * len(rows)):
-        row["images_kwargs"] = kwargs
-    return rows

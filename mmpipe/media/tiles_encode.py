@@ -20,7 +20,7 @@ processor's call for that conversation uses it (`_row_image_processor`).
 The splice, the one tokenizer call, the runs repeated and the labels moved through the splice:
 `mmpipe.encoding.text_ids.spliced_ids`.
 
-Reached as ``fam.media.encode_*`` (re-exported by `mmpipe.media.tiles`).
+Reached as ``fam.media.encode_*`` (one of the kind's modules, `mmpipe.media.KINDS`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The validate stage's part of the ``tiles`` kind (Gemma 3, InternVL, LLaVA-OneVision),
-re-exported by `mmpipe.media.tiles` under its ``# ---- validate ----`` section: the columns a
+one of its modules (`mmpipe.media.KINDS`, asked as ``fam.media.<name>``): the columns a
 stored tiles row carries (any integer width: the reader casts, and rows of the previous release
 stored ``mm_token_type_ids`` as int32), and each row's image feature tokens:
 
@@ -13,7 +13,7 @@ stored ``mm_token_type_ids`` as int32), and each row's image feature tokens:
   ``images_kwargs`` names, else in the one the row's layout shows (rows of either mode are
   valid processor outputs).
 
-The same names exist in `mmpipe.media.patches` and `mmpipe.media.processor`; the validate stage
+The same names exist in `mmpipe.media.patches_validate` and `mmpipe.media.processor`; the validate stage
 (`mmpipe.data.validate`) calls them as ``fam.media.<name>``.
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from mmpipe.data.column_rules import ExpectedColumn
-from mmpipe.errors import InputError
+from mmpipe.records.codec import stored_row_error
 
 KIND_COLUMN = "tiles_per_image"  # only tiles rows store it (names a table without a family)
 
@@ -113,11 +113,6 @@ def _most_marked_id(table: pa.Table) -> Optional[int]:
     return int(np.bincount(marked.astype(np.int64)).argmax()) if len(marked) else None
 
 
-def _bad(column: str, message: str, expected, found, row: int) -> InputError:
-    return InputError(message, row=row, column=column, stage="validate", expected=str(expected),
-                      found=str(found))
-
-
 def _check_features(r, i: int, *, feature_id: int, counts: Optional[Callable]) -> None:
     """The feature tokens of row ``r`` (table row ``i``), see the module doc; ``counts``: the
     processor's per-row counts (`_processor_counts`), or None."""
@@ -127,19 +122,19 @@ def _check_features(r, i: int, *, feature_id: int, counts: Optional[Callable]) -
     marked = r.mm_token_type_ids == 1
     wrong = np.flatnonzero(marked & (r.input_ids != feature_id))
     if len(wrong):
-        raise _bad("input_ids", f"tokens marked as image features hold another token than {token}",
-                   f"{token} (id {feature_id}) at every mm_token_type_ids == 1",
-                   f"positions {wrong[:5].tolist()}", i)
+        raise stored_row_error(f"tokens marked as image features hold another token than {token}", i, "input_ids",
+                               f"{token} (id {feature_id}) at every mm_token_type_ids == 1",
+                               f"positions {wrong[:5].tolist()}")
     unmarked = np.flatnonzero(~marked & (r.input_ids == feature_id))
     if len(unmarked):
-        raise _bad("mm_token_type_ids", f"{token} tokens not marked in mm_token_type_ids",
-                   "1 at every feature token", f"0 at positions {unmarked[:5].tolist()}", i)
+        raise stored_row_error(f"{token} tokens not marked in mm_token_type_ids", i, "mm_token_type_ids",
+                               "1 at every feature token", f"0 at positions {unmarked[:5].tolist()}")
     tile_count, token_count, note = counts(r) if counts is not None else (None, None, "")
     for k, (h, w) in enumerate(r.image_hw.tolist() if counts is not None else ()):
         tiles = tile_count(h, w)
         if int(r.tiles_per_image[k]) != tiles:
-            raise _bad("tiles_per_image", f"image {k} ({h}x{w}) has the wrong tile count{note}", tiles,
-                       int(r.tiles_per_image[k]), i)
+            raise stored_row_error(f"image {k} ({h}x{w}) has the wrong tile count{note}", i, "tiles_per_image",
+                                   str(tiles), str(int(r.tiles_per_image[k])))
     runs, n_tiles = marked_runs(marked), int(r.tiles_per_image.sum())
     if r.fam.token_type_key is not None:  # Gemma 3: each tile its own <start_of_image> text
         want, ok = f"{n_tiles} run(s) (one per tile)", len(runs) == n_tiles
@@ -147,11 +142,11 @@ def _check_features(r, i: int, *, feature_id: int, counts: Optional[Callable]) -
         want = f"1..{r.num_images} run(s) (one per image)"
         ok = (len(runs) > 0) == (r.num_images > 0) and len(runs) <= r.num_images
     if not ok:
-        raise _bad("mm_token_type_ids", "runs of image feature tokens do not match the images",
-                   want, f"{len(runs)} run(s)", i)
+        raise stored_row_error("runs of image feature tokens do not match the images", i, "mm_token_type_ids",
+                               want, f"{len(runs)} run(s)")
     if counts is None:
         return
     total = sum(token_count(h, w) for h, w in r.image_hw.tolist())
     if int(marked.sum()) != total:
-        raise _bad("input_ids", f"the row holds the wrong number of {token} tokens for its images{note}",
-                   total, int(marked.sum()), i)
+        raise stored_row_error(f"the row holds the wrong number of {token} tokens for its images{note}", i,
+                               "input_ids", str(total), str(int(marked.sum())))

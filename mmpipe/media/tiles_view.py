@@ -1,5 +1,5 @@
-"""The view stage's part of the ``tiles`` kind (Gemma 3, InternVL, LLaVA-OneVision), re-exported
-by `mmpipe.media.tiles` under its ``# ---- view ----`` section: each image's feature tokens (from
+"""The view stage's part of the ``tiles`` kind (Gemma 3, InternVL, LLaVA-OneVision), one of its
+modules (`mmpipe.media.KINDS`, asked as ``fam.media.<name>``): each image's feature tokens (from
 its runs of ``mm_token_type_ids == 1``), size and label (its size and tiles), its stored tiles
 as its pictures, and ``mmpipe inspect``'s counts of stored rows.
 

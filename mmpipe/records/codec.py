@@ -219,8 +219,18 @@ def digested_columns(r) -> str:
                       [c.name for c in cols[:1]])
 
 
-def check_token_shapes(r, row, *, stage: str = "validate",
-                       fix: str = "re-encode the row with mmpipe.encode") -> None:
+REENCODE = "re-encode the row with mmpipe.encode"  # the fix of a stored row that does not hold together
+
+
+def stored_row_error(message: str, row: Any, column: str, expected: Any = None, found: Any = None, *,
+                     fix: Optional[str] = REENCODE, error: type = InputError, **kw) -> InputError:
+    """The error of a stored row that does not hold together, at the validate stage: ``message``,
+    its row and column, expected vs found, and ``fix`` (default `REENCODE`); ``error``: the
+    `InputError` class (`PixelDataError` for pixels vs layouts); ``kw``: ``column_in_location``."""
+    return error(message, row=row, column=column, stage="validate", expected=expected, found=found, fix=fix, **kw)
+
+
+def check_token_shapes(r, row, *, stage: str = "validate", fix: str = REENCODE) -> None:
     """Every [L] field of ``r`` (``attention_mask``, ``mm_token_type_ids``, ``labels``, each
     ``sequence`` key) holds L values and ``position_ids`` is [*POSITION_ROWS, L]; else an
     `InputError` naming the field, at ``stage``."""
