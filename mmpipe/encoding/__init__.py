@@ -30,6 +30,8 @@ module                 step
                        image prefetch across a batch
 ``layout_batch``       the batched layout-only path (``pixels="none"``): batched renders, one
                        tokenizer call, pads expanded and M-RoPE over the whole batch
+``backend_tokenize``   that one tokenizer call read from the ``tokenizers`` backend; labels'
+                       offsets from the tokens' byte lengths where exact (byte-level BPE)
 ``dataset``            `encode` (the map function), `encode_row`, `encode_dataset`,
                        `EncodeReport`, `drop_failed`, `undecoded_images`
 ``processor_rows``     `rows_from_processor_output` (processor-built rows, videos), `compact`

@@ -4,8 +4,9 @@ GLM-4.1V) -> the stored columns, with the per-row work done once per batch:
 
 - the chat templates rendered in one ``apply_chat_template`` call per (generation prompt,
   tools) group - the conversations with marked replies too (labels) - instead of per row;
-- ONE tokenizer call over all rows' (unexpanded) texts (without labels: the ``tokenizers``
-  backend's batch call without offset tracking, same ids);
+- ONE tokenizer call over all rows' (unexpanded) texts: the ``tokenizers`` backend's batch
+  call without offset tracking, same ids; with labels, the offsets from the tokens' byte lengths
+  where that is exact (`mmpipe.encoding.backend_tokenize`);
 - the image sizes from the headers, a plain JPEG's read from its bytes without PIL
   (`mmpipe.images.jpeg_header`);
 - every row's image pads expanded by one ``np.repeat`` over the batch's concatenated ids;
@@ -28,6 +29,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mmpipe.encoding.backend_tokenize import backend_encode
 from mmpipe.encoding.parse import check_text, parse_media, row_where
 from mmpipe.encoding.placeholders import expand_image_pads
 from mmpipe.encoding.render import span_labels
@@ -187,7 +189,7 @@ def _tokenize(enc, rows: list) -> None:
     offsets = any(rows[i].spans for i in take)
     texts = [rows[i].text for i in take]
     try:
-        got = _backend_encode(enc.tokenizer, texts, offsets)
+        got = backend_encode(enc.tokenizer, texts, offsets)
         if got is None:
             enc_out = enc.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=offsets,
                                     return_attention_mask=False, return_token_type_ids=False)
@@ -201,36 +203,6 @@ def _tokenize(enc, rows: list) -> None:
     off = off if offsets else [None] * len(take)
     for i, row_ids, o in zip(take, ids, off):
         rows[i].ids, rows[i].offsets = row_ids, o
-
-
-def _backend_encode(tok, texts: list, offsets: bool) -> Optional[tuple]:
-    """``(ids, offsets)``: what ``tok(texts, add_special_tokens=False,
-    return_offsets_mapping=offsets)`` returns (offsets None without), read from the ``tokenizers``
-    backend: ``encode_batch_fast`` without offsets (the same encodings without offset tracking:
-    ~30% less time), ``encode_batch`` with them (the encodings transformers' call converts:
-    ~0.15 ms less per 30 rows); or None where that call might differ: a tokenizer class that is
-    not transformers' plain ``tokenizers``-backed one, a backend with truncation, padding or
-    another special-token split than the tokenizer's, or a text over ``model_max_length`` (the
-    call logs its warning)."""
-    try:
-        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
-    except ImportError:  # transformers 4.x: its own path
-        return None
-    backend = getattr(tok, "backend_tokenizer", None)
-    cls = type(tok)
-    if (not isinstance(tok, TokenizersBackend) or cls._encode_plus is not TokenizersBackend._encode_plus
-            or cls.__call__ is not PreTrainedTokenizerBase.__call__ or hasattr(tok, "_switch_to_input_mode")
-            or not hasattr(backend, "encode_batch_fast") or backend.truncation is not None
-            or backend.padding is not None or backend.encode_special_tokens != bool(tok.split_special_tokens)):
-        return None
-    if offsets:
-        encs = backend.encode_batch(texts, add_special_tokens=False)
-        ids, offs = [e.ids for e in encs], [e.offsets for e in encs]
-    else:
-        ids, offs = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)], None
-    limit = getattr(tok, "model_max_length", None)
-    return None if limit is not None and any(len(x) > limit for x in ids) else (ids, offs)
 
 
 # ---- per row: pads and image headers -------------------------------------------------------
@@ -285,11 +257,18 @@ def _labels(rows: list, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
     lens = np.fromiter((len(r.text) + 1 for r in rows), np.int64, len(rows))
     base = np.cumsum(lens) - lens  # each row's first character in the joined texts
     n_tok = np.diff(np.append(starts, len(ids)))
-    off = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(r.offsets for r in rows)),
-                      np.int64, 2 * len(ids)).reshape(-1, 2)
+    off = np.concatenate([_offsets(r.offsets) for r in rows]) if rows else np.zeros((0, 2), np.int64)
     off += np.repeat(base, n_tok)[:, None]
     spans = [(a + b, e + b) for r, b in zip(rows, base.tolist()) for a, e in r.spans]
     return span_labels(ids, off, spans)
+
+
+def _offsets(offsets) -> np.ndarray:
+    """One row's character offsets as int64 [n, 2] (the backend's arrays as they are; the
+    tokenizer call's lists of pairs converted)."""
+    if isinstance(offsets, np.ndarray):
+        return offsets
+    return np.fromiter(itertools.chain.from_iterable(offsets), np.int64, 2 * len(offsets)).reshape(-1, 2)
 
 
 def _columns(enc, rows: list) -> dict:

@@ -19,6 +19,7 @@ import pytest
 import mmpipe
 from mmpipe import testing
 from mmpipe.encoding import layout_batch
+from mmpipe.encoding.backend_tokenize import backend_encode
 from mmpipe.encoding.dataset import make_encoder
 from mmpipe.encoding import mapping
 from mmpipe.families import FAMILIES as TABLE
@@ -285,15 +286,15 @@ def test_backend_ids_equal_the_tokenizer_call():
              "caf\u00e9 \u4f60\u597d\t\t x", "", "<|image_pad|><|image_pad|>   \n"]
     for proc in (_proc("qwen2_vl"), _proc("qwen3_vl", "qwen-like")):
         tok = proc.tokenizer
-        assert layout_batch._backend_encode(tok, texts, False) == (tok(texts, add_special_tokens=False)["input_ids"], None)
+        assert backend_encode(tok, texts, False) == (tok(texts, add_special_tokens=False)["input_ids"], None)
         call = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
-        ids, offsets = layout_batch._backend_encode(tok, texts, True)
+        ids, offsets = backend_encode(tok, texts, True)
         assert ids == call["input_ids"]
         assert [list(map(tuple, o)) for o in offsets] == [list(map(tuple, o)) for o in call["offset_mapping"]]
     split = testing.build_tokenizer("qwen2_vl")
     split.split_special_tokens = True
-    assert layout_batch._backend_encode(split, texts, False) is None
-    assert layout_batch._backend_encode(split, texts, True) is None
+    assert backend_encode(split, texts, False) is None
+    assert backend_encode(split, texts, True) is None
 
 
 def test_empty_batch_gives_the_empty_columns():
