@@ -84,19 +84,21 @@ class _ByteTable:
     """Each id's byte length for one backend (module doc), and whether it has been checked
     against the tokenizer's offset tracking (on ASCII text, on other text)."""
 
-    _cache: dict = {}  # id(backend) -> (backend, table or None); the backend kept so its id stays its own
+    # id(backend) -> (backend, its vocabulary size, table or None); the backend kept so its id stays
+    # its own, the size so that tokens added later build a new table
+    _cache: dict = {}
 
     def __init__(self, lengths: np.ndarray, nfc: bool):
         self.lengths, self.nfc, self.checked = lengths, nfc, set()
 
     @classmethod
     def of(cls, backend) -> Optional["_ByteTable"]:
-        hit = cls._cache.get(id(backend))
-        if hit is None or hit[0] is not backend:
+        hit, size = cls._cache.get(id(backend)), backend.get_vocab_size(with_added_tokens=True)
+        if hit is None or hit[0] is not backend or hit[1] != size:
             if len(cls._cache) >= 8:
                 cls._cache.clear()
-            hit = cls._cache[id(backend)] = (backend, cls._build(backend))
-        return hit[1]
+            hit = cls._cache[id(backend)] = (backend, size, cls._build(backend))
+        return hit[2]
 
     @classmethod
     def _build(cls, backend) -> Optional["_ByteTable"]:
@@ -142,7 +144,7 @@ class _ByteTable:
                 if all(np.array_equal(out[i], _tracked(tracked[i].offsets)) for i in rows):
                     self.checked.add(kind)
                 else:  # never again for this backend (its ids agree: they are the same call's)
-                    _ByteTable._cache[id(backend)] = (backend, None)
+                    _ByteTable._cache[id(backend)] = (backend, backend.get_vocab_size(with_added_tokens=True), None)
                     return [_tracked(e.offsets) for e in tracked]
             for i in bad:
                 out[i] = _tracked(tracked[i].offsets)

@@ -139,3 +139,21 @@ def test_layout_batch_labels_with_byte_offsets_equal_the_per_row_path(monkeypatc
     for k in slow:
         assert [np.asarray(x).tolist() for x in fast[k]] == [np.asarray(x).tolist() for x in slow[k]], k
     assert all((np.asarray(lab) != -100).any() for lab in fast["labels"])
+
+
+def test_tokens_added_after_the_first_batch_build_a_new_table():
+    """A tokenizer that gains tokens after its first batch gets a table that knows them (a
+    stripping one: offset tracking again)."""
+    from tokenizers import AddedToken
+
+    tok = _fresh(testing.build_processor("qwen2_vl").tokenizer)
+    texts = ["a <new> b \u4e2d", "x<new>y"]
+    backend_encode(tok, texts, True)
+    assert _ByteTable.of(tok.backend_tokenizer) is not None
+    tok.add_tokens(["<new>"])
+    ids, offsets = backend_encode(tok, texts, True)
+    want_ids, want = _offsets_of_the_call(tok, texts)
+    assert ids == want_ids and [[tuple(p) for p in o.tolist()] for o in offsets] == want
+    assert _ByteTable.of(tok.backend_tokenizer) is not None
+    tok.add_tokens([AddedToken("<strip>", lstrip=True)])
+    assert _ByteTable.of(tok.backend_tokenizer) is None
