@@ -55,10 +55,18 @@ def loaded(value) -> np.ndarray:
     if isinstance(value, tuple):
         value = {"array": value[0], "sampling_rate": value[1]}
     if isinstance(value, dict) and value.get("array") is not None:
+        import os
+        import tempfile
+
         array = np.asarray(value["array"])
-        path = f"/tmp/mmpipe_audio_rows_{value['sampling_rate']}_{array.dtype}.wav"
-        soundfile.write(path, array, value["sampling_rate"], subtype="PCM_16" if array.dtype == np.int16 else "FLOAT")
-        return load_audio(path, RATE, backend="soundfile")
+        fd, path = tempfile.mkstemp(prefix="mmpipe_audio_rows_", suffix=".wav")  # own file: runs may overlap
+        os.close(fd)
+        try:
+            soundfile.write(path, array, value["sampling_rate"],
+                            subtype="PCM_16" if array.dtype == np.int16 else "FLOAT")
+            return load_audio(path, RATE, backend="soundfile")
+        finally:
+            os.unlink(path)
     return load_audio(value["path"] if isinstance(value, dict) else value, RATE, backend="soundfile")
 
 
