@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["backend_encode"]
+__all__ = ["backend_encode", "offset_array"]
 
 
 def backend_encode(tok, texts: list, offsets: bool) -> Optional[tuple]:
@@ -44,7 +44,7 @@ def backend_encode(tok, texts: list, offsets: bool) -> Optional[tuple]:
     table = _ByteTable.of(backend) if offsets else None
     if offsets and table is None:
         encs = backend.encode_batch(texts, add_special_tokens=False)
-        ids, offs = [e.ids for e in encs], [_tracked(e.offsets) for e in encs]
+        ids, offs = [e.ids for e in encs], [offset_array(e.offsets) for e in encs]
     else:
         ids = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
         offs = table.offsets(backend, texts, ids) if offsets else None
@@ -70,8 +70,8 @@ def _plain_backend(tok):
     return backend
 
 
-def _tracked(offsets: list) -> np.ndarray:
-    """The tokenizer's own offsets of one text (list of (start, end)) as int64 [n, 2]."""
+def offset_array(offsets: list) -> np.ndarray:
+    """A tokenizer's own offsets of one text (a list of (start, end) pairs) as int64 [n, 2]."""
     return np.fromiter(itertools.chain.from_iterable(offsets), np.int64, 2 * len(offsets)).reshape(-1, 2)
 
 
@@ -97,12 +97,13 @@ class _ByteTable:
         if hit is None or hit[0] is not backend or hit[1] != size:
             if len(cls._cache) >= 8:
                 cls._cache.clear()
-            hit = cls._cache[id(backend)] = (backend, size, cls._build(backend))
+            hit = cls._cache[id(backend)] = (backend, size, cls._build(backend, size))
         return hit[2]
 
     @classmethod
-    def _build(cls, backend) -> Optional["_ByteTable"]:
-        """The table, or None where the backend could move characters (module doc)."""
+    def _build(cls, backend, size: int) -> Optional["_ByteTable"]:
+        """The table (``size``: the vocabulary's, added tokens included), or None where the backend
+        could move characters (module doc)."""
         try:
             norm, pre, post = (_state(c) for c in (backend.normalizer, backend.pre_tokenizer, backend.post_processor))
             pres = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
@@ -115,15 +116,15 @@ class _ByteTable:
                     or any(p.get("type") not in (None, "TemplateProcessing", "ByteLevel")
                            or p.get("trim_offsets") for p in posts)):
                 return None
-            lengths = np.zeros(backend.get_vocab_size(with_added_tokens=True), np.int64)
+            lengths = np.zeros(size, np.int64)
             for token, i in backend.get_vocab(with_added_tokens=False).items():
                 lengths[i] = len(token)  # byte-level: one character per byte
             for i, added in backend.get_added_tokens_decoder().items():
-                size = len(added.content.encode("utf-8"))
-                if added.lstrip or added.rstrip or added.single_word or not size or i >= len(lengths) \
-                        or (lengths[i] and lengths[i] != size):
+                n = len(added.content.encode("utf-8"))
+                if added.lstrip or added.rstrip or added.single_word or not n or i >= size \
+                        or (lengths[i] and lengths[i] != n):
                     return None
-                lengths[i] = size
+                lengths[i] = n
         except Exception:  # noqa: BLE001 - an unexpected backend: track offsets
             return None
         return cls(lengths, norm.get("type") == "NFC")
@@ -131,8 +132,8 @@ class _ByteTable:
     def offsets(self, backend, texts: list, ids: list) -> list:
         """Each text's offsets int64 [n, 2] from its ids (``encode_batch_fast``'s), or the tracked
         ones where a text does not pass the checks (module doc)."""
-        out = self.rows(texts, ids)
         ascii_ = [t.isascii() for t in texts]
+        out = self.rows(texts, ids, ascii_)
         check = {"ascii" if a else "other" for a in ascii_} - self.checked
         bad = [i for i, o in enumerate(out) if o is None]
         if check or bad:
@@ -141,19 +142,20 @@ class _ByteTable:
                 rows = [i for i, a in enumerate(ascii_) if a == (kind == "ascii") and out[i] is not None]
                 if not rows:
                     continue  # nothing of that kind computed here: checked with a later batch
-                if all(np.array_equal(out[i], _tracked(tracked[i].offsets)) for i in rows):
+                if all(np.array_equal(out[i], offset_array(tracked[i].offsets)) for i in rows):
                     self.checked.add(kind)
                 else:  # never again for this backend (its ids agree: they are the same call's)
                     _ByteTable._cache[id(backend)] = (backend, backend.get_vocab_size(with_added_tokens=True), None)
-                    return [_tracked(e.offsets) for e in tracked]
+                    return [offset_array(e.offsets) for e in tracked]
             for i in bad:
-                out[i] = _tracked(tracked[i].offsets)
+                out[i] = offset_array(tracked[i].offsets)
         return out
 
-    def rows(self, texts: list, ids: list) -> list:
+    def rows(self, texts: list, ids: list, ascii_: list) -> list:
         """Each text's offsets int64 [n, 2] from its ids, one pass over the batch (views of one
         array), or None for a text that fails a check: the normalizer would change it, an id has
-        no known bytes, or its tokens' bytes do not add up to its UTF-8 length."""
+        no known bytes, or its tokens' bytes do not add up to its UTF-8 length. ``ascii_``: each
+        text's ``isascii()``."""
         counts = np.fromiter(map(len, ids), np.int64, len(ids))
         size = self.lengths[np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(counts.sum()))]
         cut = np.concatenate([[0], np.cumsum(counts)])  # each text's tokens: [cut[i], cut[i + 1])
@@ -164,8 +166,7 @@ class _ByteTable:
         nbytes, unknown = (total[cut[1:]] - total[cut[:-1]]).tolist(), (known[cut[1:]] - known[cut[:-1]]).tolist()
         both = np.stack([start, end], axis=1)
         out = []
-        for text, a, b, n, z in zip(texts, cut[:-1].tolist(), cut[1:].tolist(), nbytes, unknown):
-            plain = text.isascii()
+        for text, plain, a, b, n, z in zip(texts, ascii_, cut[:-1].tolist(), cut[1:].tolist(), nbytes, unknown):
             data = text if plain else text.encode("utf-8")
             if z or n != len(data) or (self.nfc and not plain and not unicodedata.is_normalized("NFC", text)):
                 out.append(None)

@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mmpipe.encoding.backend_tokenize import backend_encode
+from mmpipe.encoding.backend_tokenize import backend_encode, offset_array
 from mmpipe.encoding.parse import check_text, parse_media, row_where
 from mmpipe.encoding.placeholders import expand_image_pads
 from mmpipe.encoding.render import span_labels
@@ -193,7 +193,7 @@ def _tokenize(enc, rows: list) -> None:
         if got is None:
             enc_out = enc.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=offsets,
                                     return_attention_mask=False, return_token_type_ids=False)
-            ids, off = enc_out["input_ids"], enc_out.get("offset_mapping")
+            ids, off = enc_out["input_ids"], [offset_array(o) for o in enc_out.get("offset_mapping") or ()]
         else:
             ids, off = got
     except Exception:  # noqa: BLE001
@@ -257,18 +257,10 @@ def _labels(rows: list, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
     lens = np.fromiter((len(r.text) + 1 for r in rows), np.int64, len(rows))
     base = np.cumsum(lens) - lens  # each row's first character in the joined texts
     n_tok = np.diff(np.append(starts, len(ids)))
-    off = np.concatenate([_offsets(r.offsets) for r in rows]) if rows else np.zeros((0, 2), np.int64)
+    off = np.concatenate([r.offsets for r in rows]) if rows else np.zeros((0, 2), np.int64)
     off += np.repeat(base, n_tok)[:, None]
     spans = [(a + b, e + b) for r, b in zip(rows, base.tolist()) for a, e in r.spans]
     return span_labels(ids, off, spans)
-
-
-def _offsets(offsets) -> np.ndarray:
-    """One row's character offsets as int64 [n, 2] (the backend's arrays as they are; the
-    tokenizer call's lists of pairs converted)."""
-    if isinstance(offsets, np.ndarray):
-        return offsets
-    return np.fromiter(itertools.chain.from_iterable(offsets), np.int64, 2 * len(offsets)).reshape(-1, 2)
 
 
 def _columns(enc, rows: list) -> dict:

@@ -59,8 +59,8 @@ def test_byte_offsets_equal_the_tokenizer_call(family, monkeypatch):
     # a later batch is not checked again: the offsets are the byte sums alone
     more = _random_texts(200, seed=1)
     tracked = []
-    real = backend_tokenize._tracked
-    monkeypatch.setattr(backend_tokenize, "_tracked", lambda o: tracked.append(1) or real(o))
+    real = backend_tokenize.offset_array
+    monkeypatch.setattr(backend_tokenize, "offset_array", lambda o: tracked.append(1) or real(o))
     got = backend_encode(tok, more, True)[1]
     assert not tracked
     assert [[tuple(p) for p in o.tolist()] for o in got] == _offsets_of_the_call(tok, more)[1]
@@ -105,7 +105,7 @@ def test_a_table_that_disagrees_is_dropped_at_its_first_check():
     table.lengths = table.lengths.copy()
     table.lengths[first] += 1
     table.lengths[second] -= 1
-    assert table.rows([text], [backend.encode(text, add_special_tokens=False).ids])[0] is not None  # sums agree
+    assert table.rows([text], [backend.encode(text, add_special_tokens=False).ids], [True])[0] is not None  # sums agree
     _, offsets = backend_encode(tok, [text], True)
     assert [tuple(p) for p in offsets[0].tolist()] == _offsets_of_the_call(tok, [text])[1][0]
     assert _ByteTable.of(backend) is None
