@@ -72,26 +72,14 @@ def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[li
                                            videos=videos, video_options=video_options)
 
 
-def view_runs(row, kind: str, runs: list) -> tuple[list, None]:
-    """The runs (``[start, end)``) of the row's media tokens as they are; no per-item counts."""
-    return runs, None
-
-
-def view_size(row, kind: str, index: int) -> Optional[tuple[int, int]]:
-    """(height, width) of image ``index`` as stored in ``image_hw`` (upright, as the processor was
-    given it); None for no such image, or none stored (generic-path rows of an earlier mmpipe)."""
-    hw = row.image_hw
-    return tuple(int(x) for x in hw[index]) if hw is not None and 0 <= index < len(hw) else None
-
-
-def view_layout(row, kind: str, first: int, last: int) -> str:
-    """The layout part of a span label: ``"40×56 px"`` (height × width, `view_size`), ``"size unknown"``."""
-    size = view_size(row, kind, first)
-    return "size unknown" if size is None else f"{size[0]}×{size[1]} px"
+def view_runs(row, kind: str, runs: list) -> list:
+    """The runs (``[start, end)``) of the row's media tokens as they are (each item's token count,
+    where its layout fixes it, is `MediaLayout.tokens`)."""
+    return runs
 
 
 def view_summary(row) -> list[str]:
-    """What a row's head line adds to its image count: nothing."""
+    """What a row's head line adds to its image count beyond its layout's (`MediaLayout.summary`): nothing."""
     return []
 
 

@@ -1,8 +1,9 @@
 """The view stage's part of the ``patches`` kind (Qwen2/2.5/3-VL, GLM-4.1V, the text family),
 one of its modules (`mmpipe.media.KINDS`, asked as ``fam.media.<name>``): each image's and
-video's token count, size and label (from its grid), its pictures rebuilt from the stored
-patches, and ``mmpipe inspect``'s counts of stored rows read from their Arrow columns. The view
-stage (`mmpipe.view`) and `mmpipe.cli.inspect` do the rest the same way for every kind.
+video's pictures rebuilt from the stored patches, and ``mmpipe inspect``'s counts of stored rows
+read from their Arrow columns. Each item's token count, size and label come from its grid through
+the one typed layout (`mmpipe.records.media_layout.MediaLayout`); the view stage (`mmpipe.view`)
+and `mmpipe.cli.inspect` do the rest the same way for every kind.
 """
 
 from __future__ import annotations
@@ -13,31 +14,6 @@ import numpy as np
 
 PIXEL_UNIT = "patches"  # what the stored pixel rows are (head lines, `mmpipe inspect`)
 STATS_COLUMNS = ("mm_token_type_ids", "image_grid_thw")  # the columns `table_counts` reads
-VIEW_SIZE_NOTE = True  # labels show the grid: the resized size "W×H px" follows them
-
-
-def _grids(row, kind: str) -> np.ndarray:
-    """The row's grids of ``kind`` ("image" / "video"), int [n, 3] (t, h, w)."""
-    return np.asarray(row.image_grid_thw if kind == "image" else row.video_grid_thw).reshape(-1, 3)
-
-
-def view_runs(row, kind: str, runs: list) -> tuple[list, list[int]]:
-    """The runs (``[start, end)``) of the row's image (video) tokens as they are, and each item's
-    token count as its grid gives (``t*h*w // merge**2``)."""
-    return runs, [int(n) for n in row.fam.tokens_per_grid(_grids(row, kind))]
-
-
-def view_size(row, kind: str, index: int) -> Optional[tuple[int, int]]:
-    """(height, width) in pixels of an image (a video frame) as the model sees it: its grid times
-    the patch size; None without a grid."""
-    g, p = _grids(row, kind), row.fam.patch_size
-    return (int(g[index, 1]) * p, int(g[index, 2]) * p) if 0 <= index < len(g) else None
-
-
-def view_layout(row, kind: str, first: int, last: int) -> str:
-    """The layout part of a span label: ``"grid 1×4×6"`` (``"grid ?×?×?"`` without one)."""
-    g = _grids(row, kind)
-    return "grid " + "×".join(str(int(x)) for x in g[first]) if 0 <= first < len(g) else "grid ?×?×?"
 
 
 def view_pictures(row, kind: str, source: Any = None) -> tuple[Optional[list], bool]:
@@ -55,7 +31,7 @@ def view_pictures(row, kind: str, source: Any = None) -> tuple[Optional[list], b
         patches, exact = patches_u8(row.pixel_values_u8, row.pixel_values, spec, video=False)
     if patches is None:
         return None, exact
-    return grid_pictures(patches, _grids(row, kind).tolist(), spec, video=video), exact
+    return grid_pictures(patches, row.media_layout(kind).grid_thw.tolist(), spec, video=video), exact
 
 
 # ---- mmpipe inspect: counts from the stored columns --------------------------------------------

@@ -16,9 +16,6 @@ PIXEL_UNIT = "output values"  # what the stored pixel data are (head lines, `mmp
 STATS_COLUMNS = ("generic_layout",)  # the columns `table_counts` reads (image_hw when stored)
 
 
-# each image's size and label: `mmpipe.media.defaults.view_size` / ``view_layout`` (its stored ``image_hw``)
-
-
 def view_summary(row) -> list[str]:
     """What a row's head line adds to its image count: the processor class and the shape and
     dtype of each of its vision outputs (``"pixel_values float32 [1, 8, 3, 32, 32]"``)."""

@@ -1,7 +1,8 @@
 """The view stage's part of the ``tiles`` kind (Gemma 3, InternVL, LLaVA-OneVision), one of its
 modules (`mmpipe.media.KINDS`, asked as ``fam.media.<name>``): each image's feature tokens (from
-its runs of ``mm_token_type_ids == 1``), size and label (its size and tiles), its stored tiles
-as its pictures, and ``mmpipe inspect``'s counts of stored rows.
+its runs of ``mm_token_type_ids == 1``), its stored tiles as its pictures, and ``mmpipe
+inspect``'s counts of stored rows (its size and tiles label it through the one typed layout,
+`mmpipe.records.media_layout.MediaLayout`).
 
 An image's feature tokens are one run, except that Gemma 3 writes one run per tile (pan-and-scan
 crops, each with its own text): those runs make one span per image, text between them included.
@@ -14,8 +15,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import numpy as np
-
-from mmpipe.media.defaults import view_layout as size_label
 
 PIXEL_UNIT = "tiles"  # what the stored pixel rows are (head lines, `mmpipe inspect`)
 STATS_COLUMNS = ("mm_token_type_ids", "tiles_per_image")  # the columns `table_counts` reads
@@ -31,30 +30,15 @@ def _image_tokens(runs: np.ndarray, tiles: np.ndarray) -> Optional[list[int]]:
     return None
 
 
-def view_runs(row, kind: str, runs: list) -> tuple[list, None]:
+def view_runs(row, kind: str, runs: list) -> list:
     """The runs (``[start, end)``) of the row's image tokens, Gemma 3's run per tile joined
-    into one per image (the text between included); no counts (touching images: the view
-    takes a run per image, the last one covering the rest)."""
+    into one per image (the text between included); touching images: the view takes a run per
+    image, the last one covering the rest."""
     tiles = np.asarray(row.tiles_per_image)
     if len(runs) == int(tiles.sum()) and len(runs) != len(tiles):  # a run per tile: one per image
         ends = np.cumsum(tiles).tolist()
         runs = [(runs[e - t][0], runs[e - 1][1]) for e, t in zip(ends, tiles.tolist()) if t]
-    return runs, None
-
-
-def view_layout(row, kind: str, first: int, last: int) -> str:
-    """The layout part of a span label: ``"40×56 px · 2 tiles"`` (the size as stored in
-    ``image_hw``, `mmpipe.media.defaults.view_layout`), ``"5 tiles"`` over touching images
-    ``first..last``."""
-    if not 0 <= first <= last < len(row.tiles_per_image):
-        return "? tiles"
-    tiles = f"{int(row.tiles_per_image[first:last + 1].sum())} tiles"
-    return tiles if last != first else f"{size_label(row, kind, first, first)} · {tiles}"
-
-
-def view_summary(row) -> list[str]:
-    """What a row's head line adds to its image count: its tiles."""
-    return [f"{int(np.asarray(row.tiles_per_image).sum())} tiles"]
+    return runs
 
 
 def view_pictures(row, kind: str, source: Any = None) -> tuple[Optional[list], bool]:

@@ -18,6 +18,7 @@ module             records
 ``row``            `MultiModalInputs`: one encoded row of any family (its media: `mmpipe.media`)
 ``arrow``          `rows_from_arrow`: stored Arrow rows -> `MultiModalInputs`, zero-copy
 ``batch``          `BatchedMultiModalInputs`: a padded batch
+``media_layout``   `MediaLayout`: a row's (a batch's) per-item layout in one typed form for every kind
 ``packed``         `PackedMultiModalInputs`: a padding-free ``[1, T]`` pack
 ``generation``     `SamplingParams`, `Completion`, `Generation`, the `RolloutEngine` protocol
 ``rollout``        `RolloutSample`: prompt + response + logprobs, one per sample
@@ -33,6 +34,7 @@ from mmpipe.records.arrow import list_lengths, rows_from_arrow
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.columns import IGNORE_INDEX, PIXEL_FORMATS
 from mmpipe.records.conversation import Conversation
+from mmpipe.records.media_layout import MediaLayout
 from mmpipe.records.generation import AsyncRolloutEngine, Completion, Generation, RolloutEngine, SamplingParams
 from mmpipe.records.packed import PackedMultiModalInputs
 from mmpipe.records.rema import Episode, ReMABatch, RoleEncoding
@@ -42,6 +44,6 @@ from mmpipe.records.row import MultiModalInputs
 
 __all__ = [
     "IGNORE_INDEX", "PIXEL_FORMATS", "BatchedMultiModalInputs", "Completion", "Conversation", "Episode",
-    "Generation", "MultiModalInputs", "PackedMultiModalInputs", "ReMABatch", "RoleEncoding", "RolloutEngine",
+    "Generation", "MediaLayout", "MultiModalInputs", "PackedMultiModalInputs", "ReMABatch", "RoleEncoding", "RolloutEngine",
     "RolloutSample", "SamplingParams", "AsyncRolloutEngine", "list_lengths", "rows_from_arrow", "AgentTurn", "ToolCall", "Trajectory",
 ]

@@ -21,6 +21,7 @@ from mmpipe.records.batch_arrow import batch_arrow_schema, batch_to_arrow
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.row import ProcessorOutputs
 from mmpipe.records.display_hooks import render
+from mmpipe.records.media_layout import MediaLayout
 
 if TYPE_CHECKING:  # records never import torch: the tensors are made by collate
     import torch
@@ -157,6 +158,11 @@ class BatchedMultiModalInputs(ProcessorOutputs):
         off = self.image_offsets.tolist()
         return [list(range(off[b], off[b + 1])) for b in range(self.batch_size)]
 
+    def media_layout(self, modality: str = "image") -> "MediaLayout":
+        """The batch's images (``modality="video"``: videos), row after row (`image_offsets`), in
+        the one typed form of every kind (`mmpipe.records.media_layout.MediaLayout`)."""
+        return MediaLayout.of(self, modality)
+
     @property
     def sample_to_video_indices(self) -> list[list[int]]:
         off = self.video_offsets.tolist()
@@ -164,11 +170,12 @@ class BatchedMultiModalInputs(ProcessorOutputs):
 
     @property
     def image_to_sample(self) -> torch.Tensor:
-        """int64 [I]: the row each image belongs to."""
+        """int64 [I]: the row each image belongs to (a torch tensor for every kind: the 1-D kinds'
+        offsets are numpy)."""
         import torch
 
-        counts = self.image_offsets[1:] - self.image_offsets[:-1]
-        return torch.repeat_interleave(torch.arange(self.batch_size), counts)
+        off = torch.as_tensor(self.image_offsets)
+        return torch.repeat_interleave(torch.arange(self.batch_size), off[1:] - off[:-1])
 
     def model_inputs(self, device=None, *, positions: Optional[str] = None, labels: bool = True) -> dict[str, Any]:
         """Exactly the kwargs the family's transformers ``forward`` accepts.

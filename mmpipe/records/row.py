@@ -34,6 +34,7 @@ from mmpipe.families import GENERIC_FAMILY, ModelFamily, get_family
 from mmpipe.records.codec import digested_columns, pixel_rows, read_row, stored_pixel_digest, write_columns
 from mmpipe.records.columns import KIND_TYPES, NULLABLE_ROW_COLUMNS, ROW_COLUMNS, empty_rows, row_column_wanted
 from mmpipe.records.display_hooks import render
+from mmpipe.records.media_layout import MediaLayout
 
 if TYPE_CHECKING:  # the processor kind's layout type; records import no strategy at load time
     from mmpipe.records.processor_layout import ProcessorLayout
@@ -168,6 +169,11 @@ class MultiModalInputs(ProcessorOutputs):
     @property
     def num_videos(self) -> int:
         return int(self.video_grid_thw.shape[0])
+
+    def media_layout(self, modality: str = "image") -> "MediaLayout":
+        """Each image's (``modality="video"``: video's) layout in one typed form for every kind
+        of family (`mmpipe.records.media_layout.MediaLayout`: grid, size, tiles, tokens)."""
+        return MediaLayout.of(self, modality)
 
     @property
     def num_image_patches(self) -> int:

@@ -58,14 +58,13 @@ def _picture_html(arr: np.ndarray, shown: int, tile: Optional[int], colour: str)
 
 def _placeholder_html(row: MultiModalInputs, k: int, shown: int, colour: str) -> str:
     """A box of the image's aspect standing in for an image without pictures, saying why."""
-    media = row.fam.media
-    size = media.view_size(row, "image", k) or (PLACEHOLDER_SIDE, PLACEHOLDER_SIDE)
+    size = row.media_layout().size(k) or (PLACEHOLDER_SIDE, PLACEHOLDER_SIDE)
     sw, sh, _ = shown_size(size[1], size[0])
     fmt = row.pixel_format
     why = ("no pixels stored (layout-only row, pixels=none)" if fmt == "none" else
            "no pixels decoded (pixels=source: the image files)" if fmt == "source" else
            f"not drawn (pixels={fmt}: the processor's own outputs)")
-    what = " · ".join(size_notes(row, "image", k)) or media.view_layout(row, "image", k, k)
+    what = " · ".join(size_notes(row, "image", k)) or row.media_layout().label(k)
     return (f'<div class="mmpipe-placeholder" data-mmpipe-placeholder="{shown}" style="width:{sw}px;height:{sh}px;'
             f'border-color:{colour}">image {shown}<br>{_esc(what)}<br>{_esc(why)}</div>')
 
@@ -74,11 +73,10 @@ def _figure_html(row: MultiModalInputs, k: int, shown: int, pictures: Optional[l
                  exact: bool) -> str:
     """Image ``k`` of the row (``shown``: its number on the page): its pictures or a box, and a
     caption with its layout, its tokens and where they are."""
-    media = row.fam.media
     colour = media_colour(shown)
     first, n = tokens.get(("image", k), (None, 0))
     where = f" #{first}–{first + n - 1}" if first is not None else ""
-    caption = " · ".join([f"image {shown}", media.view_layout(row, "image", k, k), f"{n} tokens{where}",
+    caption = " · ".join([f"image {shown}", row.media_layout().label(k), f"{n} tokens{where}",
                           *size_notes(row, "image", k)])
     if pictures is None:
         body = _placeholder_html(row, k, shown, colour)
@@ -94,9 +92,8 @@ def _figure_html(row: MultiModalInputs, k: int, shown: int, pictures: Optional[l
 
 
 def _video_html(row: MultiModalInputs, frames: list, k: int, shown: int, n_tokens: int) -> str:
-    media = row.fam.media
     colour = media_colour(shown, "video")
-    size = media.view_size(row, "video", k) or (PLACEHOLDER_SIDE, PLACEHOLDER_SIDE)
+    size = row.media_layout("video").size(k) or (PLACEHOLDER_SIDE, PLACEHOLDER_SIDE)
     if not frames:
         sw, sh, _ = shown_size(size[1], size[0])
         inner = (f'<div class="mmpipe-placeholder" style="width:{sw}px;height:{sh}px">video {shown}<br>'
@@ -110,7 +107,7 @@ def _video_html(row: MultiModalInputs, frames: list, k: int, shown: int, n_token
                          f'width="{sw // 2 or 1}" height="{sh // 2 or 1}" alt="video {shown} frame group {g}">')
         more = f"<span class='mmpipe-gap'>… {len(frames) - 8} more frame groups</span>" if len(frames) > 8 else ""
         inner = f'<div class="mmpipe-frames" style="border-color:{colour}">{"".join(parts)}{more}</div>'
-    caption = " · ".join([f"video {shown}", media.view_layout(row, "video", k, k), f"{n_tokens} tokens",
+    caption = " · ".join([f"video {shown}", row.media_layout("video").label(k), f"{n_tokens} tokens",
                           *[f"{n} per frame" for n in size_notes(row, "video", k)]])
     return f'<figure class="mmpipe-figure">{inner}<figcaption>{_esc(caption)}</figcaption></figure>'
 

@@ -1,9 +1,9 @@
 """Token spans of a row (view stage): the token sequence cut into text / image / video runs,
 token ids shown as text, and how long text runs collapse for display.
 
-How many tokens each image and video takes, and how a span is labelled, is what differs per kind
-of family: `token_spans` and `span_label` ask the row's media strategy (``fam.media.view_runs``
-/ ``view_layout``, `mmpipe.media`) and do the rest the same way for every family.
+How many tokens each image and video takes, and how a span is labelled, comes from the row's
+items in one typed form (`MediaLayout`: tokens, label); how its runs of media tokens group into
+items is its kind's (``fam.media.view_runs``, `mmpipe.media`); the rest is the same for every family.
 `set_default_processor` names the tokenizer (or processor) every view falls back to.
 """
 
@@ -72,11 +72,13 @@ def _cut(runs: list, counts: Optional[list[int]], n: int) -> list[tuple[int, int
 def media_spans(row: MultiModalInputs) -> list[Span]:
     """The row's image and video spans in token order: the runs of ``mm_token_type_ids`` (1
     image, 2 video) as the strategy reads them, with each item's token count where the row
-    says it (``fam.media.view_runs``), cut into items (`_cut`). An item over several runs is
-    one span per run, ``part`` of ``parts`` (Qwen3-VL's frame groups)."""
+    says it (`MediaLayout.tokens`; the runs as the kind reads them: ``fam.media.view_runs``), cut
+    into items (`_cut`). An item over several runs is one span per run, ``part`` of ``parts``
+    (Qwen3-VL's frame groups)."""
     mm, pieces = np.asarray(row.mm_token_type_ids), []
     for code, kind, n in ((1, "image", row.num_images), (2, "video", row.num_videos)):
-        runs, counts = row.fam.media.view_runs(row, kind, marked_runs(mm == code))
+        runs, tokens = row.fam.media.view_runs(row, kind, marked_runs(mm == code)), row.media_layout(kind).tokens
+        counts = None if tokens is None else tokens.tolist()
         pieces += [(kind, *p) for p in _cut(runs, counts, n)]
     pieces.sort(key=lambda p: p[1])
     parts = Counter((kind, k) for kind, _, _, k, _ in pieces if k >= 0)
@@ -117,7 +119,7 @@ def span_label(row: MultiModalInputs, s: Span, shown: Optional[int] = None) -> s
     else:
         name = f"{s.kind} {k}"
     part = f" · frames {s.part + 1}/{s.parts}" if s.parts > 1 else ""
-    return f"{name}{part} · {row.fam.media.view_layout(row, s.kind, s.index, last)} · {s.length} tokens"
+    return f"{name}{part} · {row.media_layout(s.kind).label(s.index, last)} · {s.length} tokens"
 
 
 def media_tokens(row_spans: Sequence[Span]) -> dict:

@@ -1,7 +1,8 @@
 """Facts about rows and batches that both the HTML and the text views show (view stage): a
 row's head-line facts, a batch's per-row table, and the coercions the views accept. The same
-for every family: what a kind adds (tiles, a processor's output shapes) comes from its media
-strategy (``fam.media.view_summary`` / ``view_layout``, `mmpipe.media`).
+for every family: each item's label and size from the row's items in one typed form
+(`mmpipe.records.media_layout.MediaLayout`), what a kind adds (a processor's output shapes) from
+its media strategy (``fam.media.view_summary``, `mmpipe.media`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def row_facts(row: MultiModalInputs) -> list[str]:
     lab = "no labels" if row.labels is None else f"{int((np.asarray(row.labels) != IGNORE_INDEX).sum())} trained tokens"
     facts = [row.family]
     if row.fam.is_vision:
-        extra = row.fam.media.view_summary(row)
+        extra = row.media_layout().summary() + row.fam.media.view_summary(row)
         facts += [f"{row.num_tokens} tokens ({row.num_tokens - n_img - n_vid} text, {n_img} image"
                   f"{f', {n_vid} video' if n_vid else ''})",
                   _n(row.num_images, "image") + (f" ({', '.join(extra)})" if extra else "")]
@@ -65,8 +66,9 @@ def row_facts(row: MultiModalInputs) -> list[str]:
 
 def size_notes(row: MultiModalInputs, kind: str, index: int) -> list[str]:
     """Facts that describe lines and captions add after a media item's label: its size
-    ``"W×H px"`` where the label does not show it (``fam.media.VIEW_SIZE_NOTE``: the grids)."""
-    size = row.fam.media.view_size(row, kind, index) if row.fam.media.VIEW_SIZE_NOTE else None
+    ``"W×H px"`` where the label does not show it (`MediaLayout.label_shows_size`: the grids)."""
+    layout = row.media_layout(kind)
+    size = None if layout.label_shows_size else layout.size(index)
     return [] if size is None else [f"{size[1]}×{size[0]} px"]
 
 
@@ -92,7 +94,7 @@ def batch_table_rows(batch: BatchedMultiModalInputs, rows: Optional[list] = None
     out = []
     owners = zip(rows, batch.sample_to_image_indices, batch.sample_to_video_indices)
     for b, (row, imgs, vids) in enumerate(owners):
-        n, media = int(lengths[b]), row.fam.media
+        n = int(lengths[b])
         tokens = media_tokens(token_spans(row))
         out.append({
             "row": b,
@@ -103,9 +105,9 @@ def batch_table_rows(batch: BatchedMultiModalInputs, rows: Optional[list] = None
             # None: the image has no span of its own (touching tiled images, the generic path)
             "tokens_per_image": [tokens[("image", k)][1] if ("image", k) in tokens else None
                                  for k in range(len(imgs))],
-            "layouts": [media.view_layout(row, "image", k, k) for k in range(len(imgs))],
+            "layouts": [row.media_layout("image").label(k) for k in range(len(imgs))],
             "videos": list(vids),
-            "video_layouts": [media.view_layout(row, "video", k, k) for k in range(len(vids))],
+            "video_layouts": [row.media_layout("video").label(k) for k in range(len(vids))],
             "has_labels": bool(has[b]),
             "trained_tokens": int((labels[b] != IGNORE_INDEX).sum()) if (labels is not None and has[b]) else 0,
             "pixels": formats[b],

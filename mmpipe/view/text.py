@@ -1,6 +1,7 @@
 """Rows, batches and rollout samples as plain text for terminals (view stage): `describe`.
-One layout for every family; what differs per kind (a span's label, the head line's extras)
-comes from the row's media strategy (`mmpipe.media`)."""
+One layout for every family: a span's label from the row's items in one typed form
+(`mmpipe.records.media_layout.MediaLayout`), the head line's extras also from its media strategy
+(`mmpipe.media`)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,6 @@ def _describe_row(row: MultiModalInputs, toks: TokenText, max_tokens, image_ids=
     a line per image whose tokens are not marked, and the token line (trained ones between ⟦ ⟧)."""
     image_ids = list(range(row.num_images)) if image_ids is None else list(image_ids)
     video_ids = list(range(row.num_videos)) if video_ids is None else list(video_ids)
-    media = row.fam.media
     row_spans = token_spans(row)
     lines = [f"{indent}{title}: {row_summary(row, ', ')}"]
     spanned = set()
@@ -75,7 +75,7 @@ def _describe_row(row: MultiModalInputs, toks: TokenText, max_tokens, image_ids=
         lines.append(f"{indent}  " + ", ".join([label, *notes, *where]))
     for k in range(row.num_images):
         if ("image", k) not in spanned:  # the generic path: the processor's placeholders are not marked
-            lines.append(f"{indent}  image {image_ids[k]} · {media.view_layout(row, 'image', k, k)}, "
+            lines.append(f"{indent}  image {image_ids[k]} · {row.media_layout().label(k)}, "
                          "its tokens are not marked (mm_token_type_ids)")
     if row.pixel_format == "none" and (row.num_images or row.num_videos):
         lines.append(f"{indent}  (layout-only row: no pixels stored)")
