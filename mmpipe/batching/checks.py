@@ -4,14 +4,16 @@ Every check is O(rows) or vectorised and raises the typed errors of `mmpipe.erro
 the row (its index in the batch) and the column: rows that failed to encode under
 ``on_error="skip"``, rows of different kinds of family (`check_one_kind`), values whose dtype
 would be cast silently (float token ids, integer pixel values), records-level inconsistencies
-(`MultiModalInputs.validate`), NaN/inf in float pixel values (`check_finite`, once the batch's
-pixels are concatenated), and image / video pad tokens at text positions
+(`MultiModalInputs.validate`), layout-only rows mixed with rows that carry pixels
+(`carries_pixels`), NaN/inf in float pixel values (`check_finite`, once the batch's pixels are
+concatenated), and image / video pad tokens at text positions
 (`check_vision_tokens`: a sampled ``<|image_pad|>`` in a response, the "Image features and
 image tokens do not match" crash).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -22,6 +24,8 @@ from mmpipe.families import ALL_FAMILIES
 from mmpipe.records.arrow import rows_from_arrow
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.columns import ERROR_COLUMN, IGNORE_INDEX
+
+logger = logging.getLogger("mmpipe")
 
 
 def checked_records(rows: Sequence[Any], verify_pixels: bool = False, family: Any = None) -> list[MultiModalInputs]:
@@ -167,6 +171,27 @@ def check_finite(pv: np.ndarray, offsets: np.ndarray, name: str) -> None:
         expected="finite normalised pixel values", found="NaN/inf",
         fix="re-encode the row from its image (mmpipe.encode pixels='uint8' cannot produce NaN)",
     )
+
+
+def carries_pixels(recs: Sequence[MultiModalInputs]) -> bool:
+    """Whether a batch of ``recs`` (any kind) carries pixels: False when its rows with images or
+    videos store none (layout-only rows, ``pixels="none"``: the batch is text-only, logged, for
+    the model will not see any image); a `PixelDataError` naming them when such rows are mixed
+    with rows that carry pixels (a text-only batch would silently drop the others' pixels, found
+    by fuzzing). Source-file rows carry pixels (collate decodes them)."""
+    media = [i for i, r in enumerate(recs) if r.num_images or r.num_videos]
+    missing = [i for i in media if recs[i].pixel_format == "none"]
+    carry = [i for i in media if recs[i].pixel_format != "none"]
+    if missing and carry:
+        raise PixelDataError(f"rows {missing} hold images but no pixel data (layout-only rows, pixels='none') while "
+                             f"rows {carry} carry pixels; one batch cannot mix them", row=missing[0],
+                             column="pixel_values_u8", stage="collate",
+                             fix="encode every row with the same pixels= option that stores pixels (or filter "
+                                 "layout-only rows out)")
+    if missing:
+        logger.warning("rows %s hold images but no pixel data (layout-only encoding?); the batch is text-only: the "
+                       "model will not see any image. Encode with pixels='uint8' to train on images.", missing)
+    return not missing
 
 
 def check_vision_tokens(recs: Sequence[MultiModalInputs], vision_tokens: Optional[VisionTokens] = None) -> None:

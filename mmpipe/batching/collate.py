@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.batching.checks import arrow_table, checked_records
+from mmpipe.batching.checks import arrow_table, carries_pixels, checked_records
 from mmpipe.batching.media_fields import collate_layout
 from mmpipe.batching.pack_batch import refuse_packing
 from mmpipe.batching.text import pad_id, padded_length, text_fields
@@ -44,14 +44,16 @@ PADDING_SIDES = ("left", "right")
 @dataclass(frozen=True)
 class CollateContext:
     """What a strategy's ``collate_media`` is told about the batch being built: its family, the
-    collator state (``fam.media.collator_state``), the padding side, the padded length L and the
-    batch's layout fields and offsets (`mmpipe.batching.media_fields.collate_layout`)."""
+    collator state (``fam.media.collator_state``), the padding side, the padded length L, the
+    batch's layout fields and offsets (`mmpipe.batching.media_fields.collate_layout`) and whether
+    its rows carry pixels (False: layout-only rows, a text-only batch; `carries_pixels`)."""
 
     fam: ModelFamily
     state: dict
     padding_side: str
     length: int
     layout: dict
+    pixels: bool = True
 
 
 def collate(
@@ -146,7 +148,7 @@ def collate_records(recs: list[MultiModalInputs], fam: ModelFamily, state: dict,
     ``fam.media.collate_media`` (``state``: ``fam.media.collator_state``)."""
     L = padded_length(np.array([len(r) for r in recs], np.int64), pad_to_length, pad_to_multiple_of)
     layout = collate_layout(recs, fam.media.MEDIA_ITEMS)
-    media = fam.media.collate_media(recs, CollateContext(fam, state, padding_side, L, layout))
+    media = fam.media.collate_media(recs, CollateContext(fam, state, padding_side, L, layout, carries_pixels(recs)))
     text = text_fields(recs, L, pad_token_id, padding_side)
     batch = BatchedMultiModalInputs(**{**_no_media(len(recs)), **text, **layout, **media},
                                     family=fam.name, padding_side=padding_side)

@@ -13,22 +13,17 @@ items (`MEDIA_ITEMS`: grids and offsets, `mmpipe.batching.media_fields`).
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 
 from mmpipe.batching.checks import check_finite, check_vision_tokens
 from mmpipe.batching.media_fields import MediaItems
 from mmpipe.encoding.sources import with_pixels
-from mmpipe.errors import PixelDataError
 from mmpipe.images.pixels import (
     pixel_values_to_u8, u8_to_pixel_values, u8_video_to_pixel_values, video_pixel_values_to_u8,
 )
 from mmpipe.images.spec import VisionSpec
 from mmpipe.records.columns import to_numpy
 from mmpipe.records.vision_tokens import VisionTokens
-
-logger = logging.getLogger("mmpipe")
 
 # images, then videos: grids int64 [I, 3] (+ seconds per grid step float32 [V]), and patches
 # (unbatch checks each pixel field's rows against the patches, and each row's tokens of type 1 / 2
@@ -66,37 +61,13 @@ def collate_media(rows: list, ctx) -> dict:
     check_vision_tokens(rows, ctx.state.get("vision_tokens"))
     spec = ctx.state["spec"]
     rows = [with_pixels(r, spec, i) for i, r in enumerate(rows)]  # pixels="source" rows: decode + resize here
-    pixel_format, layout_only = _pixel_format(rows)
-    spec = spec.for_rows([r.image_backend if r.has_pixels and r.num_images else None for r in rows])  # images only
-    pixels = {} if layout_only else _assemble_pixels(rows, spec, pixel_format, ctx.layout,
-                                                     ctx.state.get("pixels_on_device", False))
-    return {**pixels, "pixel_format": pixel_format, "spec": spec, "row_pixel_formats": [r.pixel_format for r in rows]}
-
-
-def _pixel_format(rows: list) -> tuple[str, bool]:
-    """``(pixel_format, layout_only)``: the rows' shared pixel storage ("uint8", "float32",
-    "mixed", or "none" without media) and whether the batch is text-only because its rows
-    with images carry no pixel data (layout-only encoding; logged). Rows with and rows
-    without pixel data cannot share a batch."""
-    formats = {r.pixel_format for r in rows if r.num_images or r.num_videos}
-    missing = [i for i, r in enumerate(rows) if (r.num_images or r.num_videos) and not r.has_pixels]
+    # the rows' shared storage ("uint8", "float32", "mixed"; "none": no media, or layout-only rows)
+    formats = {r.pixel_format for r in rows if r.num_images or r.num_videos} if ctx.pixels else set()
     pixel_format = formats.pop() if len(formats) == 1 else ("mixed" if formats else "none")
-    with_pixels_ = [i for i, r in enumerate(rows) if (r.num_images or r.num_videos) and r.has_pixels]
-    if missing and with_pixels_:
-        # a text-only batch would silently drop the pixels of the other rows (found by fuzzing)
-        raise PixelDataError(
-            f"rows {missing} hold images but no pixel data (layout-only encoding) while rows {with_pixels_} "
-            "carry pixels; one batch cannot mix them", row=missing[0], column="pixel_values_u8",
-            stage="collate", fix="encode every row with pixels='uint8' (or filter layout-only rows out)",
-        )
-    if missing:
-        logger.warning(
-            "rows %s hold images but no pixel data (layout-only encoding?); the batch is text-only: "
-            "the model will not see any image. Encode with pixels='uint8' to train on images.",
-            missing,
-        )
-        return "none", True
-    return pixel_format, False
+    spec = spec.for_rows([r.image_backend if r.has_pixels and r.num_images else None for r in rows])  # images only
+    pixels = {} if not ctx.pixels else _assemble_pixels(rows, spec, pixel_format, ctx.layout,
+                                                        ctx.state.get("pixels_on_device", False))
+    return {**pixels, "pixel_format": pixel_format, "spec": spec, "row_pixel_formats": [r.pixel_format for r in rows]}
 
 
 def expand_u8(u8: np.ndarray, spec: VisionSpec, videos: bool) -> np.ndarray:

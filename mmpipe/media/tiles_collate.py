@@ -41,20 +41,17 @@ def collator_state(processor, fam) -> dict:
 
 
 def _pixels(rows: list, table: Optional[np.ndarray], fam, tiles: np.ndarray) -> tuple:
-    """(uint8 tiles [N, S, S, 3], float32 pixel_values in the family's layout), or (None, None)
-    for layout-only rows (``tiles``: the batch's ``tiles_per_image`` int64 [I])."""
-    with_pixels = [r.has_pixels for r in rows]
-    if not any(with_pixels):
-        return None, None
-    if not all(with_pixels):
-        i = with_pixels.index(False)
-        raise InputError("a layout-only row (no pixels) in a batch of rows with pixels", row=i,
-                         column="pixel_values_u8", stage="collate", fix="encode every row with the same pixels= option")
-    shapes = {r.pixel_values_u8.shape[1:] for r in rows if r.num_images}
+    """(uint8 tiles [N, S, S, 3], float32 pixel_values in the family's layout) of the rows' stored
+    tiles ((None, None) for rows without images that store none: layout-only text rows; ``tiles``:
+    the batch's ``tiles_per_image`` int64 [I])."""
+    stored = [r.pixel_values_u8 for r in rows if r.pixel_values_u8 is not None]
+    shapes = {u.shape[1:] for u in stored if len(u)}
     if len(shapes) > 1:
         raise InputError(f"tiles of different sizes in one batch: {sorted(shapes)}", row=0, column="pixel_values_u8",
                          stage="collate", fix="encode every row with the same processor")
-    u8 = np.concatenate([r.pixel_values_u8 for r in rows])
+    if not stored:
+        return None, None
+    u8 = np.concatenate(stored)
     if not len(u8):
         return u8, np.zeros((0, 3, *u8.shape[1:3]), np.float32)
     if table is None:
@@ -75,7 +72,7 @@ def collate_media(rows: list, ctx) -> dict:
     ``tiles_per_image`` int64 [I], ``image_offsets`` int64 [B+1] (the images of each row),
     ``patch_offsets`` int64 [B+1] (the tiles of each row)."""
     rows = _decoded(rows, ctx.state.get("image_processor"), ctx.fam.images())
-    u8, pv = _pixels(rows, ctx.state.get("table"), ctx.fam, ctx.layout["tiles_per_image"])
+    u8, pv = _pixels(rows, ctx.state.get("table"), ctx.fam, ctx.layout["tiles_per_image"]) if ctx.pixels else (None, None)
     image_hw, extra, extras = ctx.layout["image_hw"], getattr(ctx.fam.images(), "extra_inputs", None), {}
     if extra is not None and len(image_hw):
         extras = extra(image_hw, tiles_per_image=ctx.layout["tiles_per_image"],

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import pyarrow as pa
 
-from mmpipe.errors import ArgumentError, InputError
+from mmpipe.errors import InputError
 from mmpipe.families import ModelFamily, get_family
 from mmpipe.images.spec import VisionSpec
 from mmpipe.records.batch_arrow import batch_arrow_schema, batch_to_arrow

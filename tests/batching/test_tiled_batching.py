@@ -106,3 +106,26 @@ def test_bad_batches_are_refused(proc, raws, stored):
     broken = dict(stored[1], pixel_values_u8=stored[1]["pixel_values_u8"][:-1])
     with pytest.raises(InputError, match="pixel_values_u8"):
         MultiModalInputs.from_dict(broken, 1)
+
+
+def test_layout_only_rows_follow_the_one_rule_of_every_kind(proc, raws, caplog):
+    """Layout-only rows (pixels="none") in a tiled batch: the rule of every kind (the batching
+    checks' `carries_pixels`): rows with images but no pixels make a text-only batch, logged; mixed
+    with rows that carry pixels a PixelDataError naming both; a layout-only row WITHOUT images
+    loses nothing, so it batches with rows that carry pixels."""
+    import logging
+
+    from mmpipe.errors import PixelDataError
+
+    layout = [mmpipe.encode_row(r, proc, pixels="none") for r in raws]
+    rows = [mmpipe.encode_row(r, proc) for r in raws]
+    with caplog.at_level(logging.WARNING, logger="mmpipe"):
+        batch = mmpipe.collate(layout, processor=proc)
+    assert "rows [1, 2, 3] hold images but no pixel data" in caplog.text
+    assert batch.pixel_format == "none" and "pixel_values" not in batch.model_inputs()
+    with pytest.raises(PixelDataError, match=r"rows \[1\] hold images but no pixel data.*rows \[0\] carry pixels"):
+        mmpipe.collate([rows[1], layout[1]], processor=proc)
+    mixed = mmpipe.collate([layout[0], rows[1], rows[2]], processor=proc)  # layout[0]: no image
+    alone = mmpipe.collate([rows[0], rows[1], rows[2]], processor=proc)
+    np.testing.assert_array_equal(mixed.pixel_values, alone.pixel_values)
+    assert mixed.sample_to_image_indices == alone.sample_to_image_indices
