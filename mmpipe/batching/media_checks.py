@@ -41,7 +41,7 @@ def check_media_items(batch, items: Sequence[MediaItems]) -> None:
             values = _array(batch, name)
             if layout is not None and values is not None and len(values) != len(layout):
                 raise PixelDataError(where="", column=name, stage="validate", found=len(values), fix=FIX,
-                                     expected=f"{len(layout)} values (one per {it.offsets.split('_')[0]})")
+                                     expected=f"{len(layout)} values (one per {it.modality})")
     for k, (it, layout) in enumerate(zip(items, layouts)):
         if layout is not None:
             _check_items(batch, it, layout, mm, typed, first=k == 0)
@@ -55,7 +55,7 @@ def _pixels(batch, it: MediaItems) -> list:
 
 def _check_items(batch, it: MediaItems, layout: np.ndarray, mm: np.ndarray, typed: bool, first: bool) -> None:
     """Offsets, unit offsets, pixel rows and per-row media tokens of one item kind."""
-    B, kind, oname, uname = batch.batch_size, it.offsets.split("_")[0], it.offsets, it.units
+    B, kind, oname, uname = batch.batch_size, it.modality, it.offsets, it.units
     off = to_numpy(getattr(batch, oname))
     uoff = to_numpy(getattr(batch, uname)) if uname is not None else np.zeros(B + 1, np.int64)
     pixels = _pixels(batch, it)
@@ -112,7 +112,7 @@ _UNIT = {2: "patches", 1: "tiles"}  # what a grid's (a tile count's) units are, 
 
 def _check_tokens(batch, it: MediaItems, layout, off, mm, typed: bool) -> None:
     """Each row's tokens of the item's code equal its items' tokens (the family's rule)."""
-    kind, code = it.offsets.split("_")[0], it.code
+    kind, code = it.modality, it.code
     tokens = np.zeros(len(layout) + 1, np.int64)
     np.cumsum(getattr(batch.fam, it.tokens)(layout), out=tokens[1:])
     have = np.count_nonzero(mm == code, axis=1) if typed else mm.sum(1)  # one kind only: 0/1 types, a sum counts

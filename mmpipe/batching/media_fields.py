@@ -33,6 +33,11 @@ class MediaItems(NamedTuple):
     code: Optional[int] = None
     tokens: Optional[str] = None
 
+    @property
+    def modality(self) -> str:
+        """What the items are, from their offsets field: ``"image"`` (``image_offsets``), ``"video"``."""
+        return self.offsets.removesuffix("_offsets")
+
 
 def collate_layout(rows: Sequence, items: Sequence[MediaItems]) -> dict:
     """Records -> each layout field in row order (numpy of its dtype) and the offsets int64

@@ -1,5 +1,6 @@
 """`MediaLayout`: the layout of a record's media items in one typed form, whatever the kind of
-family (`mmpipe.media`): a patch grid, tiles (size and tile count) or a processor-defined shape.
+family (`mmpipe.media`): a patch grid, tiles (size and tile count), or the size the processor
+was given (the generic path, whose outputs' shapes are the processor's own).
 
 Each kind stores its items' layout in its own fields (declared as data: ``MEDIA_ITEMS``, the
 fields collate concatenates and unbatch cuts back out); `MediaLayout.of` reads them into one
@@ -27,7 +28,6 @@ from mmpipe.records.columns import to_numpy
 # the record fields that hold a per-item layout -> the `MediaLayout` field they fill
 LAYOUT_FIELDS = {"image_grid_thw": "grid_thw", "video_grid_thw": "grid_thw", "image_hw": "hw",
                  "tiles_per_image": "tiles"}
-MODALITIES = ("image", "video")
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,7 +62,7 @@ class MediaLayout:
         fam = record.fam
         found: dict = {}
         for items in fam.media.MEDIA_ITEMS:
-            if items.offsets == f"{modality}_offsets":
+            if items.modality == modality:
                 for name, _, _ in items.fields:
                     value = getattr(record, name, None)
                     if name in LAYOUT_FIELDS and value is not None:
