@@ -3,10 +3,12 @@ refusals: `refuse_options`) and its truncation policies (`truncate_row`, `RowDro
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from mmpipe.errors import ArgumentError, TruncationError
-from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.columns import ENCODE_PIXEL_FORMATS, IGNORE_INDEX
 
 TRUNCATION_POLICIES = ("raise", "drop", "truncate_text")
 ERROR_POLICIES = ("raise", "skip")
@@ -39,6 +41,28 @@ def refuse_options(enc, given: dict, refused: dict, template: str) -> None:
     for name in given:
         if name in refused:
             raise refusal(enc, template, f"{name}=", refused[name])
+
+
+def kind_options(enc, given: dict, refused: Optional[dict] = None) -> None:
+    """What every kind checks the same way, from its declarations (``enc.family.media``): the
+    ``given`` options it refuses (``ENCODE_REFUSED``, or ``refused``), ``pixels`` (one of ``ENCODE_PIXELS``, the
+    first the default; set on ``enc``) and ``enc.truncation`` (one of ``TRUNCATIONS``), each
+    refusal said in the kind's ``REFUSAL`` with the values it takes and why (``CHOICE_NOTES``)."""
+    media = enc.family.media
+    refuse_options(enc, given, media.ENCODE_REFUSED if refused is None else refused, media.REFUSAL)
+    enc.pixels = given.get("pixels", media.ENCODE_PIXELS[0])
+    check_choice("pixels", enc.pixels, ENCODE_PIXEL_FORMATS)
+    for name, accepted in (("pixels", media.ENCODE_PIXELS), ("truncation", media.TRUNCATIONS)):
+        if getattr(enc, name) not in accepted:
+            note = media.CHOICE_NOTES.get(name)
+            raise refusal(enc, media.REFUSAL, f"{name}={getattr(enc, name)!r}",
+                          f"use {_either(accepted)}" + (f" ({note})" if note else ""))
+
+
+def _either(values: tuple) -> str:
+    """``"'a', 'b' or 'c'"``."""
+    words = [repr(v) for v in values]
+    return " or ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
 
 
 def check_options(o: dict) -> None:

@@ -18,6 +18,7 @@ TAKES_VIDEO_SOUND = False  # videos with their sound (use_audio_in_video): the p
 CHECK_STORED_DTYPES = False  # cast on read, not refused (list<uint8> tiles come back int64 from torch-formatted datasets)
 VIEW_SIZE_NOTE = False  # view labels show the size themselves
 ROW_FIELDS = ()  # (record field, the batch's list of its per-row values): each row's own back at unbatch
+CHOICE_NOTES: dict = {}  # option -> why the kind takes only some of its values (`mmpipe.encoding.options.kind_options`)
 ROLLOUT_REFUSED: dict = {}  # rollout stage (`mmpipe.rollout.support.ROLLOUT_STAGES`) -> why it refuses the rows
 
 

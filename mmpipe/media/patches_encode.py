@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmpipe.encoding.options import check_choice, refuse_options, truncate_row
+from mmpipe.encoding.options import TRUNCATION_POLICIES, kind_options, truncate_row
 from mmpipe.encoding.placeholders import check_image_placeholders, expand_image_pads
 from mmpipe.encoding.sources import source_bytes
 from mmpipe.encoding.text_ids import rendered_ids
@@ -29,12 +29,13 @@ from mmpipe.images.spec import VisionSpec
 from mmpipe.records.columns import ENCODE_PIXEL_FORMATS, IGNORE_INDEX
 
 # the options of mmpipe.Encoder (`mmpipe.encoding.encoder.KIND_OPTIONS`) this kind refuses (those
-# of the other kinds) -> why, how it says so, and its stored pixel formats
+# of the other kinds) -> why, how it says so; its stored pixel formats and truncation policies: all
+# (`mmpipe.encoding.options.kind_options`)
 ENCODE_REFUSED = {"images_kwargs": "it is the tiled families' processor call option",
                   "log": "it is the generic path's option",
                   "audio": "these families take no audio (audio processors take the generic path)"}
 REFUSAL = "{what} is not available for {fam} processors: {why}; leave it out"
-ENCODE_PIXELS = ENCODE_PIXEL_FORMATS
+ENCODE_PIXELS, TRUNCATIONS = ENCODE_PIXEL_FORMATS, TRUNCATION_POLICIES
 _PIXEL_BYTES = {"uint8": 1, "float32": 4, "none": 0, "source": 1}  # per pixel ("source": a PNG <= raw)
 
 
@@ -42,9 +43,7 @@ def encode_settings(enc, given: dict) -> None:
     """Check the kind's options and set them on ``enc``: ``pixels``, the `VisionSpec` (resize
     bounds, backend), the video options and the vision token ids."""
     fam = enc.family
-    refuse_options(enc, given, ENCODE_REFUSED, REFUSAL)
-    enc.pixels = given.get("pixels", "uint8")
-    check_choice("pixels", enc.pixels, ENCODE_PIXEL_FORMATS)
+    kind_options(enc, given)
     if fam.is_vision:
         enc.spec = VisionSpec.from_processor(enc.processor, given.get("min_pixels"), given.get("max_pixels"),
                                              given.get("image_backend", "auto"))

@@ -27,7 +27,7 @@ import numpy as np
 from mmpipe.audio import audio_extractor
 from mmpipe.audio.clips import clip_files, load_clips
 from mmpipe.encoding.call_labels import call_labels
-from mmpipe.encoding.options import check_choice, refusal, refuse_options
+from mmpipe.encoding.options import check_choice, kind_options, refusal
 from mmpipe.encoding.parse import images_only
 from mmpipe.encoding.video_sound import (
     call_media_kwargs, check_video_placeholders, load_video_sounds, video_sound_settings,
@@ -47,8 +47,11 @@ GENERIC_LOG = ("mmpipe: {cls} has no model-family table; encoding through the ge
 # processor outputs mmpipe makes itself (labels: the replies)
 OWN_KEYS = ("input_ids", "attention_mask", "labels")
 LOGGED_CLASSES: set = set()  # processor classes this process has logged the line for
-# its stored pixel format: the processor's own values
-ENCODE_PIXELS = ("float32",)
+# its stored pixel format (the processor's own values) and truncation policies, and why only those
+# (`mmpipe.encoding.options.kind_options`)
+ENCODE_PIXELS, TRUNCATIONS = ("float32",), ("raise", "drop")
+CHOICE_NOTES = {"pixels": "the processor's own pixel values are stored: no compact or layout-only storage",
+                "truncation": "a cut row would cut the processor's outputs"}
 # how audio clips are stored: the processor's outputs, or each clip's file (the outputs computed at collate)
 AUDIO_STORAGE = ("features", "source")
 # the options of mmpipe.Encoder (`mmpipe.encoding.encoder.KIND_OPTIONS`) that have no meaning here ->
@@ -60,11 +63,9 @@ ENCODE_REFUSED = {
     "max_pixels": "set the bounds on the processor's image processor",
     "image_backend": "the processor's own image processor is used as it is",
     "image_root": "resolve and check image paths before encoding",
-    "videos_column": "the generic path takes images, and videos only with their sound: use_audio_in_video=True "
-                     "(the Omni thinkers)",
-    "video_options": "the generic path takes images, and videos only with their sound: use_audio_in_video=True "
-                     "(the Omni thinkers)",
     "images_kwargs": "set them on the processor's image processor",
+    **dict.fromkeys(("videos_column", "video_options"), "the generic path takes images, and videos only with their "
+                    "sound: use_audio_in_video=True (the Omni thinkers)"),
 }
 
 
@@ -85,7 +86,7 @@ def encode_settings(enc, given: dict) -> None:
     refused = ENCODE_REFUSED
     if enc.use_audio_in_video:  # videos with their sound (`mmpipe.encoding.video_sound`)
         refused = {k: v for k, v in ENCODE_REFUSED.items() if k not in ("videos_column", "video_options")}
-    refuse_options(enc, given, refused, REFUSAL)
+    kind_options(enc, given, refused)
     if enc.use_audio_in_video:
         video_sound_settings(enc, given, REFUSAL)
     if getattr(enc.processor, "chat_template", None) is None and "chat_template" not in enc.chat_template_kwargs:
@@ -95,17 +96,11 @@ def encode_settings(enc, given: dict) -> None:
                             "processor's own chat template (expected processor.chat_template, found None); set "
                             "processor.chat_template (the model's chat_template.jinja / chat_template.json), or "
                             "pass chat_template_kwargs={'chat_template': TEMPLATE}")
-    if given.get("pixels", "float32") != "float32":
-        raise refusal(enc, REFUSAL, f"pixels={given['pixels']!r} (compact or layout-only storage)",
-                      "leave pixels out (or pass 'float32'): the processor's own pixel values are stored")
-    if enc.truncation not in ("raise", "drop"):
-        raise refusal(enc, REFUSAL, f"truncation={enc.truncation!r}", "use truncation='raise' or 'drop'")
     enc.audio_storage = given.get("audio", "features")
     check_choice("audio", enc.audio_storage, AUDIO_STORAGE)
     if enc.end_of_turn != "template":
         raise refusal(enc, REFUSAL, f"end_of_turn={enc.end_of_turn!r}", "its labels are the processor template's "
                       "replies as rendered; leave end_of_turn out")
-    enc.pixels = "float32"
     tok = enc.tokenizer
     enc.pad_token_id = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
     if given.get("log") is not None:

@@ -31,7 +31,7 @@ from typing import Optional
 import numpy as np
 
 from mmpipe.encoding.feature_runs import collapse_is_exact
-from mmpipe.encoding.options import refuse_options
+from mmpipe.encoding.options import kind_options
 from mmpipe.encoding.parse import images_only
 from mmpipe.encoding.placeholders import check_image_placeholders
 from mmpipe.encoding.sources import source_bytes
@@ -40,8 +40,11 @@ from mmpipe.errors import ArgumentError, PlaceholderError
 from mmpipe.images.load import image_hw
 from mmpipe.images.tiles import effective_image_processor, image_tiles
 
-# its stored pixel formats: tiles, source files, layout-only (float32: the same values, 4x the bytes)
-ENCODE_PIXELS = TILED_PIXELS = ("uint8", "source", "none")
+# its stored pixel formats: tiles, source files, layout-only (float32: the same values, 4x the bytes), its
+# truncation policies (`mmpipe.encoding.options.kind_options`), and why only those
+ENCODE_PIXELS, TRUNCATIONS = ("uint8", "source", "none"), ("raise", "drop")
+CHOICE_NOTES = {"pixels": "uint8 tiles expand to the processor's float32 pixel_values at collate, bit-exact",
+                "truncation": "cutting a row could cut an image's tokens"}
 # the options of mmpipe.Encoder (`mmpipe.encoding.encoder.KIND_OPTIONS`) without a meaning here ->
 # what to do instead, and how the kind says so
 REFUSAL = "{what} is not available for {cls} ({fam}): {why}"
@@ -59,12 +62,7 @@ def encode_settings(enc, given: dict) -> None:
     """Check the kind's options and set them on ``enc``: ``pixels``, ``images_kwargs``, the
     effective ``image_processor``, the feature token id and whether runs may be collapsed."""
     fam = enc.family
-    refuse_options(enc, given, ENCODE_REFUSED, REFUSAL)
-    enc.pixels = given.get("pixels", "uint8")
-    if enc.pixels not in TILED_PIXELS:
-        raise ArgumentError(f"pixels={enc.pixels!r} is not available for {fam.name}: use one of "
-                            f"{TILED_PIXELS} (uint8 tiles expand to the processor's float32 pixel_values "
-                            "at collate, bit-exact)")
+    kind_options(enc, given)
     ip = enc.processor.image_processor
     own, backend = getattr(ip, "backend", "pil"), given.get("image_backend", "auto")
     if backend not in ("auto", own):
@@ -76,9 +74,6 @@ def encode_settings(enc, given: dict) -> None:
         raise ArgumentError(f"{fam.name}'s {own} image processor ({type(ip).__name__}) is not "
                             f"reproduced (backends: {backends}); use the family's ...ImageProcessorPil, "
                             "or mmpipe.Encoder(processor, family='generic') (its own float32 outputs)")
-    if enc.truncation not in ("raise", "drop"):
-        raise ArgumentError(f"truncation={enc.truncation!r} is not available for {fam.name}: use "
-                            "'raise' or 'drop' (cutting a row could cut an image's tokens)")
     enc.images_kwargs = dict(given.get("images_kwargs") or {})
     try:  # rows keep them (a JSON column): collate of source rows and vLLM prompts re-apply them
         json.dumps(enc.images_kwargs)
