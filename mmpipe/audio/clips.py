@@ -20,6 +20,7 @@ import numpy as np
 
 from mmpipe.audio.load import audio_extractor, audio_source, load_audio
 from mmpipe.errors import ArgumentError, InputError
+from mmpipe.records.columns import from_arrow_scalar
 
 __all__ = ["audio_outputs", "call_kwargs", "clip_files", "clip_limit", "load_clips", "stored_sources", "warn_padded_audio"]
 
@@ -78,6 +79,7 @@ def audio_outputs(processor, keys: Sequence[str], sources: list, where: str = "r
 def stored_sources(value: Any, row: Any = None) -> Optional[list]:
     """A stored ``audio_sources`` value -> each clip's file bytes, or None (none stored); anything
     else is an `InputError` naming the row and the column."""
+    value = from_arrow_scalar(value)
     if value is None:
         return None
     if not (isinstance(value, (list, tuple, np.ndarray)) and all(isinstance(b, (bytes, bytearray)) for b in value)):

@@ -33,7 +33,7 @@ from mmpipe.encoding.options import RowDropped  # the map protocol's drop signal
 from mmpipe.encoding.parse import UnreadableImages, parse_row, row_where
 from mmpipe.errors import InputError, TruncationError
 from mmpipe.images.threads import thread_pool
-from mmpipe.records.columns import ERROR_COLUMN
+from mmpipe.records.columns import ERROR_COLUMN, SOURCE_LIST_COLUMNS, SOURCE_LIST_TYPE
 
 logger = logging.getLogger("mmpipe")
 
@@ -259,14 +259,30 @@ def _shorten_inputs(batch, out: dict, kept: list) -> None:
 def map_call(enc, example: dict, idx=None) -> dict:
     """``Encoder.__call__``: one row or a batch (dict of lists) -> output column(s)."""
     if is_batch(example):
-        return _map_batch(enc, example, idx)
+        out = _map_batch(enc, example, idx)
+        for name in set(SOURCE_LIST_COLUMNS) & set(out):
+            out[name] = [_typed_sources(v) for v in out[name]]
+        return out
     out, dropped = encode_or_drop(enc, example, idx)
     if out is None:
         raise TruncationError(  # a documented error, like every other refusal (found by fuzzing)
             f"{dropped} (dropped: {dropped.reason}); a dropped row can only be left out of a batched map", where="",
             fix="pass batched=True (and remove_columns=ds.column_names) to dataset.map, or use mmpipe.encode_dataset"
         )
+    for name in set(SOURCE_LIST_COLUMNS) & set(out):
+        out[name] = _typed_sources(out[name])
     return out
+
+
+def _typed_sources(value):
+    """A row's list of source files (``image_sources``, ``audio_sources``) as an Arrow ``list<binary>``
+    scalar: ``datasets`` fixes a map's column types from the first rows it writes, and from rows
+    without any image (or clip) an empty Python list types the column ``list<null>``, to which
+    every later row's files then fail to cast. Every row's value is typed (a batch must not mix
+    scalars and lists); None (no sources stored) stays None."""
+    import pyarrow as pa
+
+    return None if value is None else pa.scalar([bytes(b) for b in value], SOURCE_LIST_TYPE)
 
 
 # ---- image prefetch across a batch ---------------------------------------------------------

@@ -120,7 +120,7 @@ def _check_processor(rows: list, want, settings=None) -> None:
 def _with_audio(r, processor, index: int):
     """Row ``r`` with the audio outputs of its ``audio="source"`` clips computed by ``processor``
     (`mmpipe.audio.clips.audio_outputs`); other rows as they are."""
-    if r.audio_sources is None:
+    if not r.audio_sources:  # none stored, or a row without clips
         return r
     if processor is None:
         raise ArgumentError(f"row {index} was encoded with audio='source': collate computes its audio features with "

@@ -253,7 +253,7 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
         sequence["token_type_ids"][trained[0]:] = 1
     enc.check_length(len(ids), where, "raise max_length, shrink the images, or pass truncation='drop'")
     hw = np.asarray([(im.height, im.width) for im in pil], np.int64).reshape(-1, 2)
-    sources = None
+    sources = _no_clips(enc)
     if waves and enc.audio_storage == "source":  # the clips' files; collate computes their outputs again
         sources = clip_files(enc.processor, audios, waves)
         vision = {k: v for k, v in vision.items() if k not in layout.audio}
@@ -266,10 +266,18 @@ def _prefix_ids(enc, text: str, images: list, audios: Sequence = (), videos: tup
     return _call(enc, text, images, audios, videos)["input_ids"][0].astype(np.int64)
 
 
+def _no_clips(enc):
+    """``audio_sources`` of a row without clips: [] with ``audio="source"`` (every row then stores the
+    column: ``datasets`` takes a map's columns from its first rows, and a row without it would drop
+    every later row's clips), else None."""
+    return [] if enc.audio_storage == "source" else None
+
+
 def encode_empty(enc) -> dict:
     """The fields of an empty row (0 tokens): every column of the layout, empty."""
     return dict(input_ids=np.zeros(0, np.int64), attention_mask=np.zeros(0, np.int64), layout=enc.layout(),
-                image_hw=np.zeros((0, 2), np.int64), labels=np.zeros(0, np.int64) if enc.labels else None)
+                image_hw=np.zeros((0, 2), np.int64), labels=np.zeros(0, np.int64) if enc.labels else None,
+                audio_sources=_no_clips(enc))
 
 
 def encode_image_bytes(enc) -> int:

@@ -171,6 +171,10 @@ OPTIONAL_ROW_COLUMNS: dict[str, str] = {
 }
 
 
+# the optional columns holding each item's source file (Python lists of bytes in a stored row's dict)
+SOURCE_LIST_COLUMNS, SOURCE_LIST_TYPE = ("image_sources", "audio_sources"), pa.list_(pa.binary())
+
+
 PIXEL_COLUMNS = {
     "uint8": ("pixel_values_u8", "pixel_values_videos_u8", "pixel_digest"),
     "float32": ("pixel_values", "pixel_values_videos", "pixel_digest"),
@@ -247,10 +251,17 @@ def row_column_wanted(name: str, pixel_format: Optional[str], labels: bool, kind
 
 
 
+def from_arrow_scalar(value):
+    """An Arrow scalar (what a map's output holds for the source columns, `SOURCE_LIST_TYPE`) as
+    its Python value; anything else as it is."""
+    return value.as_py() if isinstance(value, pa.Scalar) else value
+
+
 def source_list(value, n_images: int, row: Any = None) -> Optional[list]:
     """A stored ``image_sources`` value -> list of ``bytes`` [I], one per image of the row (None: None)."""
     if value is None:
         return None
+    value = from_arrow_scalar(value)
     if isinstance(value, (bytes, str)) or not hasattr(value, "__len__"):
         raise InputError(f"column 'image_sources': expected a list of bytes, found {type(value).__name__}", row=row,
                          column="image_sources", stage="validate", fix="re-encode the row with pixels='source'")

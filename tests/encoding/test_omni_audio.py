@@ -194,7 +194,8 @@ def test_audio_source_storage_is_exact_and_small(omni, clips, encoded):
     raws, feature_rows = encoded
     rows = [mmpipe.encode_row(r, proc, idx=i, audio="source") for i, r in enumerate(raws)]
     for f, s in zip(feature_rows, rows):
-        assert "input_features" not in s.vision and (s.audio_sources is None) == ("input_features" not in f.vision)
+        # a row without clips stores none: [] (the column stays in every row, see the test below)
+        assert "input_features" not in s.vision and bool(s.audio_sources) == ("input_features" in f.vision)
         np.testing.assert_array_equal(s.input_ids, f.input_ids)
     stored = [len(b) for r in rows for b in (r.audio_sources or ())]
     features = [f.vision["input_features"][k].nbytes + f.vision["feature_attention_mask"][k].nbytes
@@ -215,6 +216,32 @@ def test_audio_source_storage_is_exact_and_small(omni, clips, encoded):
         mmpipe.collate(rows)
     with pytest.raises(mmpipe.errors.ArgumentError, match="audio"):
         mmpipe.Encoder(mmpipe.testing.build_processor("qwen2_vl"), audio="source")
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_audio_source_rows_keep_their_clips_after_a_row_without_any(omni, clips, batched):
+    """``datasets`` takes a map's (and ``Dataset.from_list``'s) columns from the first rows: a first row
+    without clips must still store ``audio_sources`` (as []), or every later row's clips are dropped
+    (collate then hands the model audio tokens without features, silently)."""
+    proc, _ = omni
+    ask = lambda k: {"messages": [{"role": "user", "content": [{"type": "audio", "text": None}] * k  # noqa: E731
+                                   + [{"type": "text", "text": "What?"}]},
+                                  {"role": "assistant", "content": [{"type": "text", "text": "A tone."}]}],
+                     "audios": [clips["a.wav"]] * k}
+    raw = datasets.Dataset.from_list([ask(0), ask(1), ask(2)])
+    out = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, "audio": "source"}, batched=batched, batch_size=2,
+                  remove_columns=raw.column_names)
+    rows = [mmpipe.encode_row(ask(k), proc, audio="source") for k in range(3)]
+    assert [r.audio_sources is not None and len(r.audio_sources) for r in rows] == [0, 1, 2]
+    for table in (out.data.table, datasets.Dataset.from_list([r.to_dict() for r in rows]).data.table):
+        assert "audio_sources" in table.column_names
+        invariants.assert_rows_from_arrow(table, rows)
+    assert mmpipe.validate_dataset(out).ok
+    got = mmpipe.Collator(proc)(mmpipe.ArrowRows(out).__getitems__([1, 2])).model_inputs()
+    want = mmpipe.collate([mmpipe.encode_row(ask(k), proc) for k in (1, 2)], processor=proc).model_inputs()
+    assert sorted(got) == sorted(want) and "input_features" in got
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0, msg=k)
 
 
 def test_packing_is_refused(omni, encoded):

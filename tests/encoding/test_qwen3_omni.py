@@ -301,7 +301,7 @@ def test_audio_source_storage_is_exact(omni, encoded):
     raws, feature_rows = encoded
     rows = [mmpipe.encode_row(r, proc, idx=i, audio="source") for i, r in enumerate(raws)]
     for f, s in zip(feature_rows, rows):
-        assert "input_features" not in s.vision and (s.audio_sources is None) == ("input_features" not in f.vision)
+        assert "input_features" not in s.vision and bool(s.audio_sources) == ("input_features" in f.vision)
         np.testing.assert_array_equal(s.input_ids, f.input_ids)
     stored = sum(len(b) for r in rows for b in (r.audio_sources or ()))
     features = sum(f.vision["input_features"].nbytes + f.vision["feature_attention_mask"].nbytes

@@ -166,3 +166,20 @@ def test_validate_and_inspect_see_source_rows(raw, tmp_path, capsys):
     from mmpipe.cli.inspect import dataset_stats
 
     assert dataset_stats(out).pixel_bytes == n_bytes
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "gemma3"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_first_write_without_images_keeps_the_sources_column_typed(files, family, batched):
+    """``datasets`` fixes a map's column types from its first written rows: rows without images
+    first (a text-only part of an SFT mix) must not type ``image_sources`` as ``list<null>``, to
+    which every later row's files would fail to cast ("Couldn't cast array of type binary to null")."""
+    proc = processor_for(family)
+    raw = datasets.Dataset.from_list([_row(0, []), _row(1, []), _row(2, [{"bytes": files[0], "path": None}])])
+    out = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, "pixels": "source"}, batched=batched, batch_size=1,
+                  writer_batch_size=1, remove_columns=raw.column_names)
+    assert out.features["image_sources"] == datasets.List(datasets.Value("binary"))
+    assert [len(s) for s in out["image_sources"]] == [0, 0, 1] and out["image_sources"][2][0] == files[0]
+    want = mmpipe.collate([mmpipe.encode_row(raw[2], proc)], processor=proc)
+    got = mmpipe.Collator(proc)([out[2]])
+    assert torch.equal(torch.as_tensor(got.pixel_values), torch.as_tensor(want.pixel_values))
