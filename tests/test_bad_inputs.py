@@ -45,7 +45,8 @@ def _run(c, tmp_path, pixels="float32"):
     proc = _proc(c)
     data = c.build(tmp_path)
     if c.stage == "encode":  # bounded: a case that blocks (a FIFO, a device) fails instead of hanging
-        opts = {**c.options, "pixels": "none"} if pixels == "none" else {"pixels": pixels, **c.options}
+        # the default route (float32) takes the case's own pixel format, if any; the others are forced
+        opts = {"pixels": pixels, **c.options} if pixels == "float32" else {**c.options, "pixels": pixels}
         return data, lambda: bounded(lambda: mmpipe.encode_row(data, proc, idx=ROW, **opts))
     if c.stage == "setup":
         return data, lambda: mmpipe.Encoder(proc, **c.options).encode_row(data, ROW)
@@ -112,6 +113,14 @@ def test_corpus_case(c, tmp_path, monkeypatch):
         with pytest.raises(c.raises) as info:
             layout()
         assert info.value.stage == c.err_stage and info.value.row == ROW
+    if c.raises is not None and issubclass(c.raises, ImageError) and not issubclass(c.raises, VideoError):
+        # the source route (pixels="source": the files stored, decoded at collate) refuses the image at
+        # encode too, where on_error="skip" records it, not in the DataLoader worker that collates
+        _, source = _run(c, tmp_path, pixels="source")
+        with pytest.raises(ImageError) as info:
+            source()
+        assert info.value.stage == c.err_stage and info.value.row == ROW
+        assert str(info.value).startswith(f"row {ROW}, image {info.value.image}: "), str(info.value)
 
 
 def test_corpus_is_broad():

@@ -46,21 +46,30 @@ def source_bytes(value: Any, *, where: str = "image") -> bytes:
             return check_decodes(fp.getvalue(), where)
         if name and os.path.isfile(name):
             return check_decodes(read_image_file(name, where=where), where)
-    return _lossless(img)  # a PIL image (maybe edited since it was opened) or an array: its pixels
+    return _lossless(_usable(img, where))  # a PIL image (maybe edited since it was opened) or an array: its pixels
 
 
 def check_decodes(data: bytes, where: str) -> bytes:
     """``data`` (an encoded image file) when its whole pixel data decodes - a file cut short after
     its header (which alone gave the row's layout) raises `ImageError` here, as collate's decode
     would; JPEGs are decoded at 1/8 scale (PIL's draft: every byte is still read)."""
+    with Image.open(io.BytesIO(data)) as im:
+        if im.format == "JPEG":
+            im.draft(im.mode, (max(1, im.width // 8), max(1, im.height // 8)))
+        _usable(im, where)
+    return data
+
+
+def _usable(img: Image.Image, where: str) -> Image.Image:
+    """``img`` decoded whole (PIL decodes lazily) and of values collate's RGB conversion keeps
+    (`check_range`: 16-bit data past 255 would wash out), else this image's `ImageError` now:
+    at encode, where ``on_error="skip"`` records it, not in the DataLoader worker that collates."""
     from mmpipe.errors import InputError
-    from mmpipe.images.load import bomb_error, unreadable_error
+    from mmpipe.images.load import bomb_error, check_range, unreadable_error
 
     try:
-        with Image.open(io.BytesIO(data)) as im:
-            if im.format == "JPEG":
-                im.draft(im.mode, (max(1, im.width // 8), max(1, im.height // 8)))
-            im.load()
+        img.load()
+        check_range(img, where)
     except InputError:
         raise
     except Image.DecompressionBombError as e:
@@ -68,7 +77,7 @@ def check_decodes(data: bytes, where: str) -> bytes:
     except Exception as e:  # noqa: BLE001 - PIL's OSError / SyntaxError / zlib and struct errors
         raise unreadable_error(e, where, fix="the source file is corrupt or truncated (its header is intact, its "
                                "pixel data is not): re-export the image, or drop the row (on_error='skip')") from e
-    return data
+    return img
 
 
 def _lossless(img) -> bytes:

@@ -322,8 +322,8 @@ def decoded_rgb(value: Any, *, where: str = "image") -> Image.Image:
     try:
         img.load()
         return to_rgb_image(upright(img))
-    except InputError:
-        raise
+    except InputError as e:
+        raise located(e, where)
     except Image.DecompressionBombError as e:
         raise bomb_error(e, where) from e
     except (OSError, ValueError, SyntaxError) as e:  # PIL: truncated data, bad chunks, unknown modes
@@ -355,16 +355,25 @@ def _upright_hw(img: Image.Image) -> tuple[int, int]:
 _WIDE_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")
 
 
-def _check_range(img: Image.Image) -> None:
+def located(e: InputError, where: str) -> InputError:
+    """``e`` with ``where`` as its location where its raiser left that to the caller (``where=""``:
+    `check_range` inside `to_rgb_image`); returns ``e``."""
+    if e.where == "":
+        e.where = where
+    return e
+
+
+def check_range(img: Image.Image, where: str = "") -> None:
     """16-bit / int / float images: PIL's (and so the processor's) RGB conversion clips
-    values to 0..255, turning a 16-bit photo white. Raise instead of training on that."""
+    values to 0..255, turning a 16-bit photo white. Raise instead of training on that
+    (``where``: the image's location, "" where the caller adds it)."""
     if img.mode not in _WIDE_MODES:
         return
     lo, hi = img.getextrema()
     if lo < 0 or hi > 255:
         raise ImageError(
             f"{img.mode} image with values {lo}..{hi}: converting it to RGB clips them to 0..255 "
-            "(what the transformers processor does), which would wash the image out", where="",
+            "(what the transformers processor does), which would wash the image out", where=where,
             expected="8-bit data (values 0..255)", found=f"mode {img.mode}, values {lo}..{hi}",
             fix="convert to 8 bits yourself, e.g. Image.fromarray((np.asarray(img) >> 8).astype(np.uint8))",
         )
@@ -376,7 +385,7 @@ def to_rgb_image(img: Image.Image, transparency: Optional[str] = None) -> Image.
     transformers' processors do it (`transparency_rule`), ``"white"`` (composited onto white)
     or ``"drop"`` (``convert("RGB")``). An RGB image without transparency is returned as is
     (no copy); the rule is looked up only for an image with transparency."""
-    _check_range(img)
+    check_range(img)
     if has_transparency(img):
         return apply_rule(img, transparency_rule(transparency))
     check_transparency(transparency)

@@ -10,7 +10,7 @@ from PIL import Image
 
 from mmpipe.errors import ImageError, PixelDataError
 from mmpipe.images import buffers
-from mmpipe.images.load import bomb_error, image_hw, load_image, to_rgb_image, unreadable_error, upright
+from mmpipe.images.load import bomb_error, image_hw, load_image, located, to_rgb_image, unreadable_error, upright
 from mmpipe.images.backends import resize_u8_torch
 from mmpipe.images.spec import VisionSpec
 from mmpipe.images.threads import CHUNK_ROWS, parallel_rows
@@ -196,8 +196,7 @@ def encode_image(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple
     try:
         resized = resize_image(img, spec)
     except ImageError as e:
-        e.where = where if e.where == "" else e.where
-        raise
+        raise located(e, where)
     except Image.DecompressionBombError as e:
         raise bomb_error(e, where) from e
     except (OSError, ValueError, SyntaxError) as e:  # decoding happens here (PIL opens lazily)
@@ -212,8 +211,7 @@ def image_grid(value: Any, spec: VisionSpec, *, where: str = "image") -> tuple[i
     try:
         th, tw = spec.target_size(h, w)
     except ImageError as e:
-        e.where = where if e.where == "" else e.where
-        raise
+        raise located(e, where)
     return 1, th // spec.patch_size, tw // spec.patch_size
 
 

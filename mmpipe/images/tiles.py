@@ -81,12 +81,15 @@ def image_tiles(value, image_processor, module, *, where: str = "image") -> tupl
     ``"source"`` rows' collate, so the two give the same tiles."""
     from PIL import Image
 
-    from mmpipe.images.load import bomb_error, load_image, to_rgb_image, unreadable_error, upright
+    from mmpipe.errors import InputError
+    from mmpipe.images.load import bomb_error, load_image, located, to_rgb_image, unreadable_error, upright
 
     img = load_image(value, where=where)
     try:  # PIL decodes here (it opens lazily)
         rgb = to_rgb_image(upright(img))
         return (rgb.height, rgb.width), module.tiles_u8(rgb, image_processor)
+    except InputError as e:  # an ImageError (before the ValueError clause: InputError is one)
+        raise located(e, where)
     except Image.DecompressionBombError as e:
         raise bomb_error(e, where) from e
     except (OSError, ValueError, SyntaxError) as e:
