@@ -46,7 +46,11 @@ def unbatch(batch: BatchedMultiModalInputs) -> list[MultiModalInputs]:
     for field, per_row in media.ROW_FIELDS:
         for row, value in zip(rows, getattr(batch, per_row) or [None] * len(rows)):
             row[field] = value
-    return [MultiModalInputs(family=batch.family, **t, **m) for t, m in zip(text, media.unbatch_media(batch, rows))]
+    media_rows = media.unbatch_media(batch, rows)
+    for row in media_rows:  # a row stored as its image files (pixels="source") gets them back, not the pixels decoded
+        if row.get("image_sources") is not None:
+            row.update(pixel_values=None, pixel_values_u8=None)
+    return [MultiModalInputs(family=batch.family, **t, **m) for t, m in zip(text, media_rows)]
 
 
 FIX = "build the batch with mmpipe.collate(rows) and do not edit its fields in place"

@@ -37,6 +37,8 @@ MEDIA_ITEMS = (
                rows=(("pixel_values_videos", "patch_dim"), ("pixel_values_videos_u8", "patch_dim")), code=2,
                tokens="tokens_per_grid"),
 )
+# each row's image files (pixels="source"; decoded into the batch's pixels): its own back at unbatch
+ROW_FIELDS = (("image_sources", "row_image_sources"),)
 # each item's pixel fields (same order): float32 [N, 3*T*p*p] and compact uint8
 PIXELS = (("pixel_values", "pixel_values_u8"), ("pixel_values_videos", "pixel_values_videos_u8"))
 
@@ -59,7 +61,7 @@ def collate_media(rows: list, ctx) -> dict:
     ``row_pixel_formats``. ``ctx``: the collate context (``ctx.state`` from `collator_state`,
     ``ctx.layout`` the grids and offsets)."""
     check_vision_tokens(rows, ctx.state.get("vision_tokens"))
-    spec = ctx.state["spec"]
+    spec, sources = ctx.state["spec"], [r.image_sources for r in rows]
     rows = [with_pixels(r, spec, i) for i, r in enumerate(rows)]  # pixels="source" rows: decode + resize here
     # the rows' shared storage ("uint8", "float32", "mixed"; "none": no media, or layout-only rows)
     formats = {r.pixel_format for r in rows if r.num_images or r.num_videos} if ctx.pixels else set()
@@ -67,7 +69,8 @@ def collate_media(rows: list, ctx) -> dict:
     spec = spec.for_rows([r.image_backend if r.has_pixels and r.num_images else None for r in rows])  # images only
     pixels = {} if not ctx.pixels else _assemble_pixels(rows, spec, pixel_format, ctx.layout,
                                                         ctx.state.get("pixels_on_device", False))
-    return {**pixels, "pixel_format": pixel_format, "spec": spec, "row_pixel_formats": [r.pixel_format for r in rows]}
+    return {**pixels, "pixel_format": pixel_format, "spec": spec, "row_pixel_formats": [r.pixel_format for r in rows],
+            "row_image_sources": sources if any(s is not None for s in sources) else None}
 
 
 def expand_u8(u8: np.ndarray, spec: VisionSpec, videos: bool) -> np.ndarray:

@@ -28,7 +28,8 @@ from mmpipe.images.tiles import effective_image_processor, normalise_table, norm
 # (unbatch: each row's, None for layout-only rows)
 MEDIA_ITEMS = (MediaItems("image_offsets", (("image_hw", "int64", 2), ("tiles_per_image", "int64", None)),
                           "patch_offsets", "tiles_per_image", ("pixel_values_u8",), rows=(("pixel_values_u8", None),)),)
-ROW_FIELDS = (("images_kwargs", "row_images_kwargs"),)  # each row's encoder images_kwargs (Gemma 3 pan-and-scan)
+# each row's encoder images_kwargs (Gemma 3 pan-and-scan), and its image files (pixels="source": decoded at collate)
+ROW_FIELDS = (("images_kwargs", "row_images_kwargs"), ("image_sources", "row_image_sources"))
 
 
 def collator_state(processor, fam) -> dict:
@@ -71,6 +72,7 @@ def collate_media(rows: list, ctx) -> dict:
     ``ctx.state`` from `collator_state`; ``ctx.layout``: ``image_hw`` int64 [I, 2],
     ``tiles_per_image`` int64 [I], ``image_offsets`` int64 [B+1] (the images of each row),
     ``patch_offsets`` int64 [B+1] (the tiles of each row)."""
+    sources = [r.image_sources for r in rows]
     rows = _decoded(rows, ctx.state.get("image_processor"), ctx.fam.images())
     u8, pv = _pixels(rows, ctx.state.get("table"), ctx.fam, ctx.layout["tiles_per_image"]) if ctx.pixels else (None, None)
     image_hw, extra, extras = ctx.layout["image_hw"], getattr(ctx.fam.images(), "extra_inputs", None), {}
@@ -80,7 +82,8 @@ def collate_media(rows: list, ctx) -> dict:
     kwargs = [r.images_kwargs for r in rows]
     return dict(pixel_format="uint8" if u8 is not None else "none", pixel_values_u8=u8, pixel_values=pv,
                 extras={k: np.asarray(v) for k, v in extras.items()},
-                row_images_kwargs=kwargs if any(k is not None for k in kwargs) else None)
+                row_images_kwargs=kwargs if any(k is not None for k in kwargs) else None,
+                row_image_sources=sources if any(s is not None for s in sources) else None)
 
 
 def _decoded(rows: list, image_processor, module) -> list:

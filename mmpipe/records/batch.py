@@ -81,6 +81,9 @@ class BatchedMultiModalInputs(ProcessorOutputs):
         row_audio_sources:  kind ``processor``: list of B (list of audio file bytes, or None), the
                             clips of rows encoded with ``audio="source"`` (their features, computed
                             at collate, are in ``vision``), for an exact unbatch; None when no row has any.
+        row_image_sources:  kinds ``patches``, ``tiles``: list of B (list of image file bytes, or
+                            None), the files of rows encoded with ``pixels="source"`` (decoded at
+                            collate into the batch's pixels), for an exact unbatch; None when no row has any.
         spec:               the `VisionSpec` used to build float32 pixels, or None.
         padding_side:       "left" or "right".
         family:             model family name.
@@ -114,6 +117,7 @@ class BatchedMultiModalInputs(ProcessorOutputs):
     row_pixel_formats: Optional[list[str]] = None
     row_images_kwargs: Optional[list] = None
     row_audio_sources: Optional[list] = None
+    row_image_sources: Optional[list] = None
     spec: Optional[VisionSpec] = None
     columns: Optional[dict[str, list]] = None
     image_hw: Optional[torch.Tensor] = None

@@ -69,6 +69,9 @@ BATCH_COLUMNS: list[tuple[str, pa.DataType, str]] = [
                                                  "(Gemma 3 pan-and-scan; null entries: none); null otherwise"),
     ("row_audio_sources", pa.list_(pa.list_(pa.binary())), "kind processor: per row, its clips' audio file bytes "
                                                             "(audio='source'; null entries: none); null otherwise"),
+    ("row_image_sources", pa.list_(pa.list_(pa.binary())), "kinds patches, tiles: per row, its images' file "
+                                                            "bytes (pixels='source'; null entries: none); "
+                                                            "null otherwise"),
     ("extras", TENSORS, "the family's further model inputs by name (LLaVA-OneVision image_sizes "
                         "int64 [I, 2]); each: name, dtype, shape, little-endian C-order bytes"),
     ("sequence", TENSORS, "kind processor: the processor's other [B, L] outputs (token_type_ids, "
@@ -85,7 +88,8 @@ BATCH_COLUMNS: list[tuple[str, pa.DataType, str]] = [
 ]
 _NULLABLE_BATCH = {"labels", "pixel_values", "pixel_values_u8", "pixel_values_videos",
                    "pixel_values_videos_u8", "pixel_values_shape", "pixel_values_u8_shape", "image_hw",
-                   "tiles_per_image", "processor_layout", "row_images_kwargs", "row_audio_sources"}
+                   "tiles_per_image", "processor_layout", "row_images_kwargs", "row_audio_sources",
+                   "row_image_sources"}
 
 # The packed record: its own [1, T] token columns, then its rows' batch (``meta``) without the
 # batch's zero-width token columns.

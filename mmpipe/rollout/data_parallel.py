@@ -125,6 +125,7 @@ def _trim_batch(b: BatchedMultiModalInputs, n: int) -> BatchedMultiModalInputs:
         row_pixel_formats=formats,
         row_images_kwargs=b.row_images_kwargs[:n] if b.row_images_kwargs is not None else None,
         row_audio_sources=b.row_audio_sources[:n] if b.row_audio_sources is not None else None,
+        row_image_sources=b.row_image_sources[:n] if b.row_image_sources is not None else None,
         pixel_format=pixel_format,
         pixel_values=cut(b.pixel_values, npatch),
         pixel_values_u8=cut(b.pixel_values_u8, npatch),

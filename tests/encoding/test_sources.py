@@ -183,3 +183,23 @@ def test_a_first_write_without_images_keeps_the_sources_column_typed(files, fami
     want = mmpipe.collate([mmpipe.encode_row(raw[2], proc)], processor=proc)
     got = mmpipe.Collator(proc)([out[2]])
     assert torch.equal(torch.as_tensor(got.pixel_values), torch.as_tensor(want.pixel_values))
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "gemma3", "internvl", "llava_onevision"])
+def test_source_rows_come_back_as_source_rows(files, family):
+    """``unbatch(collate(rows)) == rows`` for ``pixels="source"`` rows too: each row gets its files
+    back (the batch carries them, ``row_image_sources``), not the pixels collate decoded from them;
+    next to rows of another storage, through the stored dicts and the batch's Arrow form."""
+    from mmpipe.testing import invariants
+
+    proc = processor_for(family)
+    raws = [_row(i, [{"bytes": files[(i + j) % len(files)], "path": None} for j in range(k)])
+            for i, k in enumerate([1, 0, 2])]
+    rows = [mmpipe.encode_row(r, proc, pixels="source") for r in raws]
+    for side in ("left", "right"):
+        batch = invariants.assert_roundtrip(rows, processor=proc, padding_side=side)
+    assert [r.pixel_format for r in mmpipe.unbatch(batch)] == ["source"] * 3
+    assert [len(s) for s in batch.to_arrow().column("row_image_sources")[0].as_py()] == [1, 0, 2]
+    invariants.assert_roundtrip([r.to_dict() for r in rows], processor=proc)
+    mixed = rows + [mmpipe.encode_row(raws[0], proc)]
+    invariants.assert_roundtrip(mixed, processor=proc)
