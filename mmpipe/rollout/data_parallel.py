@@ -85,51 +85,59 @@ def trim(outputs, n_real: int):
     return outputs[:n]
 
 
+_OFFSETS = ("image_offsets", "patch_offsets", "video_offsets", "video_patch_offsets")
+_PIXELS = ("pixel_values", "pixel_values_u8", "pixel_values_videos", "pixel_values_videos_u8")
+_PER_ROW = ("input_ids", "attention_mask", "mm_token_type_ids", "rope_deltas", "seq_lengths", "row_has_labels")
+
+
 def _trim_batch(b: BatchedMultiModalInputs, n: int) -> BatchedMultiModalInputs:
-    """The first ``n`` rows of a batch: per-row fields cut at ``n``, pixel rows and grids at
-    the offsets of row ``n``; the pixel format recomputed from the rows kept."""
+    """The first ``n`` rows of a batch, cut by what its kind declares (``fam.media``): the per-row
+    fields and lists at ``n`` (positions on their row axis, after the ``POSITION_ROWS``), each
+    media item's layout fields (``MEDIA_ITEMS``) at its offsets of row ``n`` and its per-unit pixel
+    fields at its unit offsets, the offsets to their prefix, ``columns`` and the per-row lists
+    (``ROW_FIELDS``); the pixel format recomputed from the rows kept. A batch holding outputs
+    laid out for the whole batch (a tiled family's float ``pixel_values`` or ``extras``, the
+    generic path's processor outputs) is refused (`ArgumentError`): trim its rows before collate."""
     B = b.batch_size
     if not 0 < n <= B:
         raise ArgumentError(f"trim: n_real={n} must be in 1..{B} (the batch size)")
     if n == B:
         return b
-    io, po = b.image_offsets[: n + 1], b.patch_offsets[: n + 1]
-    vo, vpo = b.video_offsets[: n + 1], b.video_patch_offsets[: n + 1]
-    ni, npatch, nv, nvp = int(io[-1]), int(po[-1]), int(vo[-1]), int(vpo[-1])
-    has_labels = b.row_has_labels[:n] if b.row_has_labels is not None else None
+    media = b.fam.media
+    units = {it.units: [name for name, _ in it.rows] for it in media.MEDIA_ITEMS if it.units is not None}
+    if b.pixel_values is not None and "pixel_values" not in units.get("patch_offsets", ["pixel_values"]) and \
+            len(b.pixel_values) == int(b.patch_offsets[-1]):  # the model's pixels one per unit (InternVL, Gemma 3 tiles)
+        units["patch_offsets"].append("pixel_values")
+    per_unit = {name for names in units.values() for name in names}
+    whole = [k for k in ("extras", "sequence", "vision") if getattr(b, k)] + \
+        [k for k in _PIXELS if getattr(b, k) is not None and k not in per_unit]
+    if whole:
+        raise ArgumentError(f"trim: this {b.family} batch holds {whole}, laid out by the processor for the whole "
+                            "batch, which cannot be cut by row; trim the rows before collating (collate(rows[:n_real], "
+                            "processor=...)), or trim the engine's outputs (a list) instead")
+    change: dict = {k: getattr(b, k)[:n] for k in _PER_ROW if getattr(b, k) is not None}
+    rows_axis = (slice(None),) * len(media.POSITION_ROWS)  # position_ids [*P, B, L]
+    change["position_ids"] = b.position_ids[(*rows_axis, slice(0, n))]
+    has_labels = change.get("row_has_labels")
     keep_labels = b.labels is not None and (has_labels is None or bool(has_labels.any()))
-    formats = list(b.row_pixel_formats[:n]) if b.row_pixel_formats is not None else None
-    pixel_format = b.pixel_format
-    if pixel_format != "none" and formats is not None:
-        vis = {formats[r] for r in range(n)
-               if int(io[r + 1] - io[r]) or int(vo[r + 1] - vo[r])}
-        pixel_format = vis.pop() if len(vis) == 1 else ("mixed" if vis else "none")
-    cut = lambda v, k: (v[:k] if (v is not None and k) else None)  # noqa: E731
-    return replace(
-        b,
-        input_ids=b.input_ids[:n],
-        attention_mask=b.attention_mask[:n],
-        mm_token_type_ids=b.mm_token_type_ids[:n],
-        position_ids=b.position_ids[:, :n],
-        rope_deltas=b.rope_deltas[:n],
-        labels=b.labels[:n] if keep_labels else None,
-        image_grid_thw=b.image_grid_thw[:ni],
-        image_offsets=io,
-        patch_offsets=po,
-        video_grid_thw=b.video_grid_thw[:nv],
-        second_per_grid_ts=b.second_per_grid_ts[:nv],
-        video_offsets=vo,
-        video_patch_offsets=vpo,
-        seq_lengths=b.seq_lengths[:n],
-        row_has_labels=has_labels,
-        row_pixel_formats=formats,
-        row_images_kwargs=b.row_images_kwargs[:n] if b.row_images_kwargs is not None else None,
-        row_audio_sources=b.row_audio_sources[:n] if b.row_audio_sources is not None else None,
-        row_image_sources=b.row_image_sources[:n] if b.row_image_sources is not None else None,
-        pixel_format=pixel_format,
-        pixel_values=cut(b.pixel_values, npatch),
-        pixel_values_u8=cut(b.pixel_values_u8, npatch),
-        pixel_values_videos=cut(b.pixel_values_videos, nvp),
-        pixel_values_videos_u8=cut(b.pixel_values_videos_u8, nvp),
-    )
+    change["labels"] = b.labels[:n] if keep_labels else None
+    cuts = [(it.offsets, [f[0] for f in it.fields]) for it in media.MEDIA_ITEMS] + list(units.items())
+    for offsets, names in cuts:  # each item's layout by its offsets, its pixel units by theirs
+        k = int(getattr(b, offsets)[n])
+        change.update({name: getattr(b, name)[:k] for name in names if getattr(b, name) is not None})
+    change.update({k: getattr(b, k)[: n + 1] for k in _OFFSETS})
+    lists = ["row_pixel_formats", *(per_row for _, per_row in media.ROW_FIELDS)]
+    change.update({k: getattr(b, k)[:n] for k in lists if getattr(b, k) is not None})
+    if b.columns is not None:
+        change["columns"] = {k: list(v[:n]) for k, v in b.columns.items()}
+    return replace(b, pixel_format=_kept_format(b, n), **change)
 
+
+def _kept_format(b: BatchedMultiModalInputs, n: int) -> str:
+    """The pixel format of the first ``n`` rows (from ``row_pixel_formats``, the rows with media)."""
+    formats = b.row_pixel_formats
+    if b.pixel_format == "none" or formats is None:
+        return b.pixel_format
+    io, vo = b.image_offsets, b.video_offsets
+    vis = {formats[r] for r in range(n) if int(io[r + 1] - io[r]) or int(vo[r + 1] - vo[r])}
+    return vis.pop() if len(vis) == 1 else ("mixed" if vis else "none")

@@ -370,6 +370,41 @@ def test_pad_to_multiple_then_trim_gives_the_real_rows_back(case):
     assert out["text"] == [str(i) for i in range(n_real)] and out["step"] == 3 and out["name"] == "x"
 
 
+def _image_row(k: int) -> dict:
+    return {"messages": [{"role": "user", "content": [{"type": "image"}] * k + [{"type": "text", "text": "Q"}]}],
+            "images": [testing.tiny_image(40, 56, seed=j) for j in range(k)]}
+
+
+@pytest.mark.parametrize("family, pixels", [("internvl", "uint8"), ("gemma3", "uint8"), ("internvl", "none"),
+                                            ("gemma3", "none"), ("qwen2_vl", "source")])
+def test_trim_cuts_every_kind_by_its_declared_layout(family, pixels):
+    """A tiled family's batch trims like a patch-grid one (1-D positions on their row axis, the
+    images' sizes, tile counts and tiles cut at the row), and its model sees the real rows' batch:
+    logits equal collating the real rows alone; pass-through columns are trimmed too."""
+    proc = processor_for(family)
+    rows = [mmpipe.encode_row(_image_row(k), proc, labels=False, pixels=pixels) for k in (2, 0, 1)]
+    padded, n = pad_to_multiple(rows, 4)
+    trimmed = trim(mmpipe.collate(padded, processor=proc), n)
+    assert_roundtrip(rows, batch=trimmed)
+    if pixels == "uint8":
+        model, real = model_for(family), mmpipe.collate(rows, processor=proc)
+        with torch.no_grad():
+            torch.testing.assert_close(model(**trimmed.model_inputs()).logits, model(**real.model_inputs()).logits,
+                                       rtol=0, atol=0)
+    dicts = [dict(r.to_dict(), id=f"r{i}") for i, r in enumerate(rows)]
+    padded, n = pad_to_multiple(dicts, 4)
+    assert trim(mmpipe.collate(padded, processor=proc, keep_columns=["id"]), n).columns == {"id": ["r0", "r1", "r2"]}
+
+
+def test_trim_refuses_what_it_cannot_cut_by_row():
+    """LLaVA-OneVision's pixels [images, most tiles, ...] and extras, the generic path's processor
+    outputs: laid out for the whole batch; trim says to cut the rows before collate."""
+    proc = processor_for("llava_onevision")
+    padded, n = pad_to_multiple([mmpipe.encode_row(_image_row(k), proc) for k in (2, 1)], 4)
+    with pytest.raises(mmpipe.errors.ArgumentError, match=r"'extras', 'pixel_values'.*trim the rows before collating"):
+        trim(mmpipe.collate(padded, processor=proc), n)
+
+
 def test_pad_and_trim_errors():
     with pytest.raises(ValueError, match="no rows"):
         pad_to_multiple([], 2)
