@@ -37,7 +37,7 @@ COLUMNS = (  # the stored columns, in order (`mmpipe.records.codec.Column`): tho
     Column("pixel_values_videos", "float32", "float32", 2, "patch_dim", "video_grid_thw", _VIDEO, _F32),
     SOURCES, DIGEST, backend_column(("uint8", "float32", "source")),
 )
-HAS_PIXELS = ("uint8", "float32")  # stored pixels; source files are decoded at collate, not stored pixels
+HAS_PIXELS = ("uint8", "float32", "source")  # the images' pixels are there: stored, or the files collate decodes
 CHECK_ON_READ = False  # collate and validate_dataset validate the rows they read; the digest on request
 
 

@@ -68,9 +68,14 @@ def vision_spec_for(processor_or_spec, fam: ModelFamily, *, index: Any = None) -
 
 
 def _image_u8(r: MultiModalInputs, spec: VisionSpec, index: Any) -> np.ndarray:
-    """The row's image patches as compact uint8 [N, 3*p*p] (inverting float32 pixel_values)."""
+    """The row's image patches as compact uint8 [N, 3*p*p] (inverting float32 pixel_values;
+    ``pixels="source"``: its files decoded and resized as collate does)."""
     if r.pixel_values_u8 is not None:
         return r.pixel_values_u8
+    if r.image_sources is not None:
+        from mmpipe.encoding.sources import decode_sources
+
+        return decode_sources(r.image_sources, r.image_grid_thw, spec.for_rows([r.image_backend]), row=index)
     if r.pixel_values is not None:
         try:
             return pixel_values_to_u8(r.pixel_values, spec.lut(), spec.temporal_patch_size)

@@ -416,3 +416,24 @@ def test_pad_and_trim_errors():
         trim([1, 2], 3)
     padded, n = pad_to_multiple([{"a": 1}, {"a": 2}, {"a": 3}], 4)
     assert padded[3] == {"a": 1} and padded[3] is not padded[0] and n == 3
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "glm4v"])
+def test_source_rows_roll_out_as_their_uint8_rows(family):
+    """``pixels="source"`` prompt rows (the files stored, decoded at collate) are rollout prompts
+    like any row with pixels: TransformersEngine generates from them and vLLM prompts carry the
+    same images as the uint8 rows' (they were refused as layout-only)."""
+    from mmpipe.records import SamplingParams
+    from mmpipe.rollout import TransformersEngine
+
+    proc, model = processor_for(family), model_for(family)
+    raws = [_image_row(k) for k in (1, 2)]
+    src = [mmpipe.encode_row(r, proc, labels=False, pixels="source") for r in raws]
+    u8 = [mmpipe.encode_row(r, proc, labels=False) for r in raws]
+    params = SamplingParams(max_new_tokens=5, temperature=0.0)
+    engine = TransformersEngine(model, proc)
+    assert [g.completions[0].token_ids for g in engine.generate(src, params)] == \
+        [g.completions[0].token_ids for g in engine.generate(u8, params)]
+    for a, b in zip(to_vllm_prompts(src, proc), to_vllm_prompts(u8, proc)):
+        assert [np.asarray(x).tolist() for x in a["multi_modal_data"]["image"]] == \
+            [np.asarray(x).tolist() for x in b["multi_modal_data"]["image"]]
