@@ -119,11 +119,10 @@ def test_a_disagreeing_render_turns_the_way_off(monkeypatch):
     want = _processor_render(proc, [conv], False)
     monkeypatch.setattr(_DirectRender, "_checked", {})
 
-    class Wrong:
-        def render(self, **kw):
-            return "not what the processor writes"
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    monkeypatch.setattr(_DirectRender, "_compiled", {proc._resolve_chat_template(None): Wrong()})
+    wrong = ImmutableSandboxedEnvironment().from_string("not what the processor writes")
+    monkeypatch.setattr(_DirectRender, "_compiled", {proc._resolve_chat_template(None): wrong})
     assert enc.render_many([conv], False) == want
     assert list(_DirectRender._checked.values()) == [False]
     assert render._DirectRender.run(enc, proc, [conv], False) is None
