@@ -91,7 +91,7 @@ def plain_webp_hw(data: bytes) -> Optional[tuple[int, int]]:
     fourcc, length = data[12:16], struct.unpack("<I", data[16:20])[0]
     if riff + 8 != len(data) or 20 + length + (length & 1) != len(data):
         return None
-    body = data[20:20 + length]
+    body = data[20:20 + min(length, 10)]  # the frame header only: slicing the whole chunk copied the file
     if fourcc == b"VP8 " and len(body) >= 10:
         tag = body[0] | (body[1] << 8) | (body[2] << 16)
         key, version, shown, first = not (tag & 1), (tag >> 1) & 7, (tag >> 4) & 1, tag >> 5
