@@ -69,7 +69,7 @@ def locate_replies(enc, messages: list, full: str, where: str, tools, agp: Optio
     """The replies of ``messages`` in ``full`` (their render) by the first way that applies
     (module doc), then the end-of-turn rule ``stop``. ``marked_text``: the render of
     `marked_messages` when the caller rendered it (batched), else rendered here."""
-    if not any(m["role"] == "assistant" for m in messages):
+    if not _any_reply(messages):
         return ReplySpans(full, [], "none")
     found = _generation_spans(enc, messages, full, tools, agp)
     how = "generation"
@@ -84,6 +84,13 @@ def locate_replies(enc, messages: list, full: str, where: str, tools, agp: Optio
         found, how = enc.prefix_spans(messages, full, where, tools, agp), "prefixes"
     text, spans = _with_stops(full, found, stop, marked=how == "generation")
     return ReplySpans(text, spans, how)
+
+
+def _any_reply(messages: list) -> bool:
+    for m in messages:
+        if m["role"] == "assistant":
+            return True
+    return False
 
 
 # ---- 1. generation blocks ---------------------------------------------------------------------
@@ -144,7 +151,15 @@ def _generation_spans(enc, messages: list, full: str, tools, agp) -> Optional[li
 
 
 # ---- 2. markers ------------------------------------------------------------------------------
+_MARKS_MADE: list = []  # _marks(k) for k < len: the strings are made once, not twice per reply and call
+
+
 def _marks(k: int) -> tuple[str, str]:
+    if k < len(_MARKS_MADE):
+        return _MARKS_MADE[k]
+    if k < 256:
+        _MARKS_MADE.extend((_MARK.format("S", j), _MARK.format("E", j)) for j in range(len(_MARKS_MADE), k + 1))
+        return _MARKS_MADE[k]
     return _MARK.format("S", k), _MARK.format("E", k)
 
 
@@ -178,8 +193,14 @@ def _has_text(message: dict) -> bool:
     """Whether a reply has content to mark (an empty one may change what the template writes
     around it: Qwen3-VL's newline before a tool call)."""
     content = message.get("content")
-    return bool(content) and (isinstance(content, str) or any(
-        isinstance(p, dict) and p.get("type") == "text" and p.get("text") for p in content))
+    if not content:
+        return False
+    if isinstance(content, str):
+        return True
+    for p in content:  # a loop, not any() over a generator: ~2x faster on the short lists chats hold
+        if isinstance(p, dict) and p.get("type") == "text" and p.get("text"):
+            return True
+    return False
 
 
 def reply_indices(messages: list) -> list:
@@ -214,7 +235,10 @@ def _marker_spans(enc, messages: list, full: str, text: Optional[str]) -> Option
         pieces.append(text[pos:a])
         pos = b + len(end)
     pieces.append(text[pos:])
-    if any("\x02" in p for p in pieces) or not full.startswith(pieces[0]) or not full.endswith(pieces[-1]):
+    for piece in pieces:
+        if "\x02" in piece:
+            return None
+    if not full.startswith(pieces[0]) or not full.endswith(pieces[-1]):
         return None
     spans, at, stop = [], len(pieces[0]), len(full) - len(pieces[-1])
     where = [0]  # each piece's start in ``full``
