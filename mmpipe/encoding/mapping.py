@@ -259,18 +259,20 @@ def _shorten_inputs(batch, out: dict, kept: list) -> None:
 def map_call(enc, example: dict, idx=None) -> dict:
     """``Encoder.__call__``: one row or a batch (dict of lists) -> output column(s)."""
     if is_batch(example):
-        out = _map_batch(enc, example, idx)
-        for name in set(SOURCE_LIST_COLUMNS) & set(out):
-            out[name] = [_typed_sources(v) for v in out[name]]
-        return out
+        return _with_typed_sources(_map_batch(enc, example, idx), batched=True)
     out, dropped = encode_or_drop(enc, example, idx)
     if out is None:
         raise TruncationError(  # a documented error, like every other refusal (found by fuzzing)
             f"{dropped} (dropped: {dropped.reason}); a dropped row can only be left out of a batched map", where="",
             fix="pass batched=True (and remove_columns=ds.column_names) to dataset.map, or use mmpipe.encode_dataset"
         )
+    return _with_typed_sources(out, batched=False)
+
+
+def _with_typed_sources(out: dict, *, batched: bool) -> dict:
+    """``out`` (one row, or a batch's columns) with its source columns typed (`_typed_sources`)."""
     for name in set(SOURCE_LIST_COLUMNS) & set(out):
-        out[name] = _typed_sources(out[name])
+        out[name] = [_typed_sources(v) for v in out[name]] if batched else _typed_sources(out[name])
     return out
 
 
