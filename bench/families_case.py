@@ -186,9 +186,19 @@ def expanded_texts(proc, name: str, rows: list[dict]):
             counts = [t * gh * gw // proc.image_processor.merge_size ** 2 for t, gh, gw in g]
             grids.append(g)
         else:
-            counts = proc._get_num_multimodal_tokens(image_sizes=hw).num_image_tokens if hw else []
+            counts = _feature_counts(proc, name, hw) if hw else []
         texts[i] = _expand(proc, name, text, counts)
     return texts, grids
+
+
+def _feature_counts(proc, name: str, hw: list) -> list[int]:
+    """Each image's feature tokens from ``processor._get_num_multimodal_tokens`` (vLLM's call).
+    InternVL's count held <img> and </img> up to transformers 5.24 and not from 5.25: its
+    ``num_image_patches`` (tiles) x ``image_seq_length`` is the feature count on both lines."""
+    data = proc._get_num_multimodal_tokens(image_sizes=hw)
+    if name == "internvl":
+        return [int(n) * proc.image_seq_length for n in data.num_image_patches]
+    return list(data.num_image_tokens)
 
 
 def header_only(proc, name: str, rows: list[dict], model=None):
@@ -224,8 +234,7 @@ def _expand(proc, name: str, text: str, counts: list[int]) -> str:
         text_of = lambda c: f"\n\n{tok.boi_token}{tok.image_token * c}{tok.eoi_token}\n\n"  # noqa: E731
     elif name == "internvl":
         ph = proc.image_token
-        # its count includes <img> and </img> ("Add 2 for BOI and EOI tokens")
-        text_of = lambda c: f"{proc.start_image_token}{proc.image_token * (c - 2)}{proc.end_image_token}"  # noqa: E731
+        text_of = lambda c: f"{proc.start_image_token}{proc.image_token * c}{proc.end_image_token}"  # noqa: E731
     else:  # Qwen-like pads, LLaVA-OneVision's <image>
         ph = proc.image_token
         text_of = lambda c: ph * c  # noqa: E731

@@ -92,7 +92,7 @@ def expand_image_pads(ids: np.ndarray, pad_positions, grids, family, *aligned: O
 
 def expand_video_pads(ids: np.ndarray, pad_positions, grids, family, labels: Optional[np.ndarray] = None, *,
                       times_ids: Optional[list] = None, vision_start_id: Optional[int] = None,
-                      vision_end_id: Optional[int] = None) -> tuple:
+                      vision_end_id: Optional[int] = None, outer_wrapper: bool = True) -> tuple:
     """Expand each video's single ``<|video_pad|>`` (at ``pad_positions``, int [V]) into its
     blocks, as the family's processor writes them (``replace_video_token``).
 
@@ -102,7 +102,11 @@ def expand_video_pads(ids: np.ndarray, pad_positions, grids, family, labels: Opt
     video ``v``'s group ``g`` being ``times_ids[v][g]`` (the tokenized ``"<1.5 seconds>"``).
     ``labels`` int64 [L] (or None): a video is input, never a target: its pads are repeated
     with their label (the encoder masks pads), the tokens Qwen3-VL inserts get -100.
-    Returns ``(ids, labels)``, each [L - V + expanded length].
+    ``outer_wrapper`` False: a pad the template wrapped as ``<|vision_start|><|video_pad|>
+    <|vision_end|>`` loses that outer pair, as the frame blocks carry their own (the Qwen3-VL
+    processor of transformers >= 5.25, `mmpipe.encoding.videos.keeps_video_wrapper`); True:
+    it stays (earlier transformers lines, vLLM 0.32).
+    Returns ``(ids, labels)``, each [L - V + expanded length - 2 * unwrapped pads].
     """
     fam = family_of(family)
     g = np.asarray(grids, dtype=np.int64).reshape(-1, 3)
@@ -117,10 +121,13 @@ def expand_video_pads(ids: np.ndarray, pad_positions, grids, family, labels: Opt
         block = np.concatenate([np.concatenate([np.asarray(times_ids[v][k], np.int64),
                                                 np.asarray([vision_start_id] + [pad] * n + [vision_end_id], np.int64)])
                                 for k in range(int(g[v, 0]))])
-        pieces += [ids[prev:pos], block]
+        unwrap = (not outer_wrapper and prev < pos < len(ids) - 1
+                  and ids[pos - 1] == vision_start_id and ids[pos + 1] == vision_end_id)
+        cut = pos - 1 if unwrap else pos
+        pieces += [ids[prev:cut], block]
         if labels is not None:
-            lab_pieces += [labels[prev:pos], np.full(len(block), IGNORE_INDEX, np.int64)]
-        prev = pos + 1
+            lab_pieces += [labels[prev:cut], np.full(len(block), IGNORE_INDEX, np.int64)]
+        prev = pos + (2 if unwrap else 1)
     pieces.append(ids[prev:])
     out = np.concatenate(pieces).astype(np.int64)
     if labels is None:

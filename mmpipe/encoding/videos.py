@@ -15,7 +15,9 @@ Frames are sampled and sized by the published Qwen rules (`mmpipe.images.video`:
 The ids equal the processor's for the same frames: Qwen2-VL / Qwen2.5-VL expand the template's
 one ``<|video_pad|>`` into ``t*h*w/merge^2`` pads; Qwen3-VL writes ``<{t:.1f} seconds>``
 ``<|vision_start|>`` ``h*w/merge^2`` pads ``<|vision_end|>`` per frame group (its processor's
-``replace_video_token``; the times are `mmpipe.images.video.group_times`).
+``replace_video_token``; the times are `mmpipe.images.video.group_times`), inside the template's
+own ``<|vision_start|>``/``<|vision_end|>`` pair or, where the processor collapses that pair
+(transformers >= 5.25), without it (`keeps_video_wrapper`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from mmpipe.encoding.glm_videos import glm_plan, glm_time_text
 from mmpipe.images.video import VideoOptions, encode_video, frame_bounds, qwen_plan, video_layout
 from mmpipe.records.arrow import most_per_row
 
-__all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes"]
+__all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes", "keeps_video_wrapper"]
 
 
 def video_options(value: Any) -> VideoOptions:
@@ -86,9 +88,33 @@ def timestamp_text(seconds: float) -> str:
     return f"<{seconds:.1f} seconds>"
 
 
+def keeps_video_wrapper(processor, family) -> bool:
+    """Whether ``processor`` keeps the chat template's ``<|vision_start|><|video_pad|><|vision_end|>``
+    pair around the frame blocks of a family whose frame groups are blocks (Qwen3-VL, Qwen3.5).
+
+    Asked of the processor's own text step (``get_text_with_replacements``): the Qwen3-VL
+    processor of transformers >= 5.25 collapses the pair (each frame block carries its own),
+    earlier lines (and vLLM 0.32) keep it. A processor without that step (transformers < 5.25,
+    a bare tokenizer) keeps it. True for every other family (nothing to collapse)."""
+    fam = family
+    step = getattr(processor, "get_text_with_replacements", None)
+    if not fam.video_frames_are_blocks or step is None:
+        return True
+    wrapper = "".join(getattr(processor, f"{k}_token", None) or getattr(fam, f"{k}_token")
+                      for k in ("vision_start", "video", "vision_end"))
+    mark = "\x00mmpipe-video\x00"
+    try:
+        text, _ = step([wrapper], videos_replacements=[mark])
+    except Exception as e:  # a processor whose text step takes other arguments: say so, never guess
+        raise ArgumentError(f"could not ask the {fam.name} processor how it lays out video placeholders "
+                            f"({type(e).__name__}: {e}); report it with your transformers version") from None
+    return text[0] != mark
+
+
 def _expand_qwen(enc, ids, pads, grids, labels, times_ids) -> tuple:
     return expand_video_pads(ids, pads, grids, enc.family, labels, times_ids=times_ids,
-                             vision_start_id=enc.vision_start_id, vision_end_id=enc.vision_end_id)
+                             vision_start_id=enc.vision_start_id, vision_end_id=enc.vision_end_id,
+                             outer_wrapper=enc.video_wrapper)
 
 
 # `ModelFamily.video_rule` -> (sampling/sizing plan, a frame group's time text, pad expansion)

@@ -22,7 +22,7 @@ from mmpipe.encoding.options import TRUNCATION_POLICIES, kind_options, truncate_
 from mmpipe.encoding.placeholders import check_image_placeholders, expand_image_pads
 from mmpipe.encoding.sources import source_bytes
 from mmpipe.encoding.text_ids import rendered_ids
-from mmpipe.encoding.videos import add_videos, video_options as check_video_options
+from mmpipe.encoding.videos import add_videos, keeps_video_wrapper, video_options as check_video_options
 from mmpipe.errors import PlaceholderError
 from mmpipe.images.pixels import encode_image as image_patches, image_grid
 from mmpipe.images.spec import VisionSpec
@@ -51,6 +51,7 @@ def encode_settings(enc, given: dict) -> None:
     token_ids = fam.vision_token_ids(enc.tokenizer)  # None each for a text family
     enc.image_token_id, enc.video_token_id = token_ids["image"], token_ids["video"]
     enc.vision_start_id, enc.vision_end_id = token_ids["vision_start"], token_ids["vision_end"]
+    enc.video_wrapper = keeps_video_wrapper(enc.processor, fam)
     enc.decodes_images = fam.is_vision and enc.pixels in ("uint8", "float32")
     enc.batched_layout = fam.is_vision and enc.pixels == "none"  # `mmpipe.encoding.layout_batch`
 
