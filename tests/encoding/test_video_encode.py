@@ -434,3 +434,31 @@ def test_any_video_row_encodes_consistently(case, family):
     lay = mmpipe.encode_row(row, proc, video_options=BOUNDS, pixels="none")
     for col in ("input_ids", "mm_token_type_ids", "position_ids", "video_grid_thw", "second_per_grid_ts"):
         assert np.array_equal(getattr(lay, col), getattr(r, col)), col
+
+
+def test_the_video_wrapper_rule_is_the_processors_own():
+    """`keeps_video_wrapper` asks the processor's text step: a collapsing step (transformers >= 5.25's
+    Qwen3-VL) -> False, a keeping one or none (earlier lines, a tokenizer) -> True, a failing one -> a
+    typed error; families without frame blocks -> True. The installed processor is checked against
+    the processor's own ids in test_video_rows_equal_the_processor."""
+    from mmpipe.errors import ArgumentError
+
+    fam, other = mmpipe.family_of(processor_for("qwen3_vl")), mmpipe.family_of(processor_for("qwen2_vl"))
+
+    def step(collapse):
+        def run(text, videos_replacements=()):
+            wrapper = "<|vision_start|><|video_pad|><|vision_end|>"
+            inner = "<|video_pad|>" if not collapse else wrapper
+            return [t.replace(inner, videos_replacements[0]) for t in text], [[]]
+        return SimpleNamespace(get_text_with_replacements=run)
+
+    assert keeps_video_wrapper(step(collapse=True), fam) is False
+    assert keeps_video_wrapper(step(collapse=False), fam) is True
+    assert keeps_video_wrapper(SimpleNamespace(), fam) is True
+    assert keeps_video_wrapper(step(collapse=True), other) is True
+
+    def broken(text, videos_replacements=()):
+        raise TypeError("unexpected keyword")
+
+    with pytest.raises(ArgumentError, match="lays out video placeholders"):
+        keeps_video_wrapper(SimpleNamespace(get_text_with_replacements=broken), fam)
