@@ -15,6 +15,7 @@ encoded by mmpipe and prompted by ``to_vllm_prompts(..., videos=)`` (`encoded_vi
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -223,6 +224,12 @@ def main(family: str, work: str, out_json: str) -> None:
         json.dump({"family": family, "vllm": vllm.__version__, "transformers": transformers.__version__, "prepare_s": t1 - t0,
                    "llm_start_s": t2 - t1, "rows": results,
                    "video_sound": video, "encoded_videos": encoded_videos}, f)
+    # Stop the engine core and free the engine before the interpreter exits: left to interpreter
+    # finalisation, vLLM's CPU engine aborted the process now and then ("terminate called without an
+    # active exception", exit -6) after the results were written.
+    llm.llm_engine.engine_core.shutdown()
+    del llm, outs
+    gc.collect()
 
 
 if __name__ == "__main__":
