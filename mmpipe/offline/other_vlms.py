@@ -1,5 +1,5 @@
 """Offline fixtures for the VLMs mmpipe has no family-table row for (Idefics3, LLaVA 1.5,
-Mllama, PaliGemma; MiniCPM-V 4.6 / 4.7 from `mmpipe.offline.minicpmv`, `MINICPMV_NAMES`; Ovis2 from
+Mllama, PaliGemma, LLaVA-OneVision-1.5 (transformers >= 5.25); MiniCPM-V 4.6 / 4.7 from `mmpipe.offline.minicpmv`, `MINICPMV_NAMES`; Ovis2 from
 `mmpipe.offline.ovis2`, `OVIS2_NAMES`): their
 real transformers processors and tiny models, built locally with no download and no torchvision. The same table also builds the stock GLM-4.1V, Gemma 3,
 LLaVA-OneVision and InternVL processors (and a tiny Gemma 3 model): the base that
@@ -59,11 +59,32 @@ _SPECS = {
               dict(patch_size=16, vision_feature_select_strategy="default", num_additional_image_tokens=1)),
     "mllama": ("MllamaProcessor", "MllamaImageProcessorPil", dict(image_token="<|image|>"), "<|image|>", {}),
     "paligemma": ("PaliGemmaProcessor", "SiglipImageProcessorPil", dict(image_token="<image>"), "<image>", {}),
+    # LLaVA-OneVision-1.5 (transformers >= 5.25): Qwen2-VL's patch grids and pads (the EXAONE 4.5
+    # processor class, as transformers maps it), a RICE-ViT tower (one frame per patch), Qwen3 text, 1-D rope
+    "llava_onevision1_5": ("Exaone4_5_Processor", "Qwen2VLImageProcessorPil",
+                           dict(image_token="<|image_pad|>", video_token="<|video_pad|>"),
+                           "<|vision_start|><|image_pad|><|vision_end|>", {}),
 }
+# the transformers module each processor needs where it is newer than the oldest supported line (4.57)
+_NEEDS = {"llava_onevision1_5": "transformers.models.llava_onevision1_5"}
+
+
+def _available(name: str) -> bool:
+    """Whether the installed transformers has ``name``'s classes (without importing transformers)."""
+    import importlib.util
+
+    module = _NEEDS.get(name)
+    try:
+        return module is None or importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 _BOS = {"mllama": "<|begin_of_text|>", "paligemma": "<bos>"}  # processors that read tokenizer.bos_token (Mllama prepends it)
 # the generic path's test processors: those of no native family (glm4v has a table row now;
 # build_foreign_processor("glm4v") still builds it)
-FOREIGN_PROCESSORS = tuple(n for n in _SPECS if n not in FAMILIES and n not in ("mllama", "paligemma"))  # MORE_MODELS
+FOREIGN_PROCESSORS = tuple(n for n in _SPECS if n not in FAMILIES and n not in ("mllama", "paligemma")
+                           and _available(n))  # MORE_MODELS
 # image-processor settings that keep tests fast (Idefics3: tiny tiles, see IDEFICS3_TILE)
 _IMAGE_KWARGS = {
     "idefics3": dict(size={"longest_edge": 2 * IDEFICS3_TILE}, max_image_size={"longest_edge": IDEFICS3_TILE}),
@@ -71,8 +92,11 @@ _IMAGE_KWARGS = {
     "llava": dict(size={"shortest_edge": TINY_IMAGE}, crop_size={"height": TINY_IMAGE, "width": TINY_IMAGE}),
     "mllama": dict(size={"height": TINY_IMAGE, "width": TINY_IMAGE}, max_image_tiles=4),  # 32x32 tiles, up to 4
     "paligemma": dict(size={"height": TINY_IMAGE, "width": TINY_IMAGE}),
+    # the test bounds of the Qwen fixtures: (4, 64) x 28^2 pixels, 4 to 64 tokens per image
+    "llava_onevision1_5": dict(temporal_patch_size=1, size={"shortest_edge": 4 * 28 * 28, "longest_edge": 64 * 28 * 28}),
 }
-MODELS = ("idefics3", "gemma3", "llava")  # build_foreign_model's families (tests/encoding/test_generic_models.py)
+# build_foreign_model's families (tests/encoding/test_generic_models.py)
+MODELS = tuple(n for n in ("idefics3", "gemma3", "llava", "llava_onevision1_5") if _available(n))
 MORE_MODELS = ("mllama", "paligemma")  # and these (cross-attention; prefix-LM): test_generic_more_models.py
 
 
@@ -114,6 +138,9 @@ def build_foreign_processor(name: str):
     if name not in _SPECS:
         raise ArgumentError(f"unknown offline processor {name!r}; use one of "
                             f"{FOREIGN_PROCESSORS + MINICPMV_NAMES + OVIS2_NAMES}")
+    if not _available(name):
+        raise ArgumentError(f"the offline {name!r} processor needs {_NEEDS[name]}, which the installed "
+                            "transformers lacks; upgrade transformers (5.25 or later)")
     import transformers
 
     _, ip_name, _, image_text, kwargs = _SPECS[name]
@@ -156,6 +183,14 @@ def _config(name: str):
             text_config=dict(text, model_type="gemma", head_dim=16, vocab_size=len(build_foreign_processor(name).tokenizer)),
             vision_config=dict(vision, model_type="siglip_vision_model", image_size=TINY_IMAGE),
             image_token_index=tok.convert_tokens_to_ids("<image>"), projection_dim=64, hidden_size=64)
+    if name == "llava_onevision1_5":  # Qwen3 text; a 1-layer RICE-ViT with 14x14 patches merged 2x2
+        vision_ids = {f"{k}_token_id": tok.convert_tokens_to_ids(t) for k, t in (
+            ("image", "<|image_pad|>"), ("video", "<|video_pad|>"), ("vision_start", "<|vision_start|>"),
+            ("vision_end", "<|vision_end|>"))}
+        return transformers.LlavaOnevision15Config(
+            text_config=dict(text, model_type="qwen3", head_dim=16),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
+                               spatial_merge_size=2, out_hidden_size=64), **vision_ids)
     # gemma3: 4x4 patches of 8 pooled to 2x2 = 4 tokens per image (image_seq_length=4); sliding window 8
     return transformers.Gemma3Config(
         text_config=dict(text, model_type="gemma3_text", head_dim=16, sliding_window=8,
@@ -173,7 +208,8 @@ def _cached_model(name: str, seed: int):
 
     cls = {"idefics3": "Idefics3ForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration",
            "llava": "LlavaForConditionalGeneration", "mllama": "MllamaForConditionalGeneration",
-           "paligemma": "PaliGemmaForConditionalGeneration"}[name]
+           "paligemma": "PaliGemmaForConditionalGeneration",
+           "llava_onevision1_5": "LlavaOnevision15ForConditionalGeneration"}[name]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = getattr(transformers, cls)._from_config(_config(name), attn_implementation="eager",
@@ -192,7 +228,8 @@ def build_foreign_model(name: str = "idefics3", seed: int = 0):
     factor 2 -> 1 token per tile; LLaVA (CLIP) and Gemma 3 (SigLIP): 32x32 images, 4 tokens
     each; Mllama: 32x32 tiles (up to 4 per image), 2 vision layers + 1 global, text layer 1 of 3
     cross-attends, its tanh gates set to 0.5 (0 at init: images would not count); PaliGemma
-    (Gemma + SigLIP): 32x32 images, 4 tokens each. fp32, eval
+    (Gemma + SigLIP): 32x32 images, 4 tokens each; LLaVA-OneVision-1.5: Qwen3 text, a 1-layer
+    RICE-ViT (14x14 patches, 2x2 merge: Qwen2-VL's grids, one frame per patch). fp32, eval
     mode, eager attention. A deep copy of a cached model per call. MiniCPM-V 4.6 / 4.7
     (`MINICPMV_NAMES`): `mmpipe.offline.minicpmv.build_minicpmv_model`; Ovis2 (`OVIS2_NAMES`):
     `mmpipe.offline.ovis2.build_ovis2_model`."""
