@@ -70,14 +70,18 @@ _NEEDS = {"llava_onevision1_5": "transformers.models.llava_onevision1_5"}
 
 
 def _available(name: str) -> bool:
-    """Whether the installed transformers has ``name``'s classes (without importing transformers)."""
+    """Whether the installed transformers has ``name``'s classes: its model package is on disk
+    (looked up without importing transformers: ``find_spec`` of a submodule would import it)."""
     import importlib.util
+    import os
 
     module = _NEEDS.get(name)
-    try:
-        return module is None or importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
+    if module is None:
+        return True
+    top, *rest = module.split(".")
+    spec = importlib.util.find_spec(top)
+    return spec is not None and any(os.path.isdir(os.path.join(loc, *rest))
+                                    for loc in (spec.submodule_search_locations or ()))
 
 
 _BOS = {"mllama": "<|begin_of_text|>", "paligemma": "<bos>"}  # processors that read tokenizer.bos_token (Mllama prepends it)
