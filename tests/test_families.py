@@ -15,7 +15,7 @@ from mmpipe.offline.other_vlms import FOREIGN_PROCESSORS, build_foreign_processo
 
 STOCK = {"glm4v": "Glm4vProcessor", "gemma3": "Gemma3Processor", "idefics3": "Idefics3Processor",
          "llava_onevision": "LlavaOnevisionProcessor", "internvl": "InternVLProcessor", "llava": "LlavaProcessor",
-         "llava_onevision1_5": "Exaone4_5_Processor"}
+         "llava_onevision1_5": "Exaone4_5_Processor", "ovis2_5": "Ovis2_5Processor"}
 # the offline processors of families without a table row (native and tiled families have one)
 UNLISTED = [n for n in FOREIGN_PROCESSORS if not any(STOCK[n] in f.processor_classes
                                                      for f in (*FAMILIES.values(), *TILED_FAMILIES.values()))]

@@ -1,5 +1,5 @@
 """Offline fixtures for the VLMs mmpipe has no family-table row for (Idefics3, LLaVA 1.5,
-Mllama, PaliGemma, LLaVA-OneVision-1.5 (transformers >= 5.25); MiniCPM-V 4.6 / 4.7 from `mmpipe.offline.minicpmv`, `MINICPMV_NAMES`; Ovis2 from
+Mllama, PaliGemma, LLaVA-OneVision-1.5 and Ovis2.5 (transformers >= 5.25); MiniCPM-V 4.6 / 4.7 from `mmpipe.offline.minicpmv`, `MINICPMV_NAMES`; Ovis2 from
 `mmpipe.offline.ovis2`, `OVIS2_NAMES`): their
 real transformers processors and tiny models, built locally with no download and no torchvision. The same table also builds the stock GLM-4.1V, Gemma 3,
 LLaVA-OneVision and InternVL processors (and a tiny Gemma 3 model): the base that
@@ -64,9 +64,19 @@ _SPECS = {
     "llava_onevision1_5": ("Exaone4_5_Processor", "Qwen2VLImageProcessorPil",
                            dict(image_token="<|image_pad|>", video_token="<|video_pad|>"),
                            "<|vision_start|><|image_pad|><|vision_end|>", {}),
+    # Ovis2.5 (transformers >= 5.25): patch grids of 16 merged 2x2 (one frame per patch); the
+    # processor writes the tokenizer's image start token, the pads and its end token in place of each
+    # pad the template writes; the model swaps the start/end tokens for learned visual embeddings.
+    # Pads are Qwen's (the config's ids 151655/151656); the start/end names are ours (published ones
+    # not reachable here; the ids differ in any case: the offline tokenizer is not Qwen3's)
+    "ovis2_5": ("Ovis2_5Processor", "Ovis2_5ImageProcessorPil",
+                dict(image_token="<|image_pad|>", video_token="<|video_pad|>", image_start_token="<ovis_image_start>",
+                     image_end_token="<ovis_image_end>", video_start_token="<ovis_video_start>",
+                     video_end_token="<ovis_video_end>"),
+                "<|image_pad|>", {}),
 }
 # the transformers module each processor needs where it is newer than the oldest supported line (4.57)
-_NEEDS = {"llava_onevision1_5": "transformers.models.llava_onevision1_5"}
+_NEEDS = {"llava_onevision1_5": "transformers.models.llava_onevision1_5", "ovis2_5": "transformers.models.ovis2_5"}
 
 
 def _available(name: str) -> bool:
@@ -98,9 +108,10 @@ _IMAGE_KWARGS = {
     "paligemma": dict(size={"height": TINY_IMAGE, "width": TINY_IMAGE}),
     # the test bounds of the Qwen fixtures: (4, 64) x 28^2 pixels, 4 to 64 tokens per image
     "llava_onevision1_5": dict(temporal_patch_size=1, size={"shortest_edge": 4 * 28 * 28, "longest_edge": 64 * 28 * 28}),
+    "ovis2_5": dict(size={"shortest_edge": 4 * 32 * 32, "longest_edge": 64 * 32 * 32}),  # 32 = patch 16 x merge 2
 }
 # build_foreign_model's families (tests/encoding/test_generic_models.py)
-MODELS = tuple(n for n in ("idefics3", "gemma3", "llava", "llava_onevision1_5") if _available(n))
+MODELS = tuple(n for n in ("idefics3", "gemma3", "llava", "llava_onevision1_5", "ovis2_5") if _available(n))
 MORE_MODELS = ("mllama", "paligemma")  # and these (cross-attention; prefix-LM): test_generic_more_models.py
 
 
@@ -195,6 +206,13 @@ def _config(name: str):
             text_config=dict(text, model_type="qwen3", head_dim=16),
             vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
                                spatial_merge_size=2, out_hidden_size=64), **vision_ids)
+    if name == "ovis2_5":  # Qwen3 text; a 1-layer SigLIP2-NaViT (16x16 patches merged 2x2), visual vocabulary 64 + 4
+        vision_ids = {f"{k}_token_id": tok.convert_tokens_to_ids(getattr(tok, f"{k}_token"))
+                      for k in ("image", "video", "image_start", "image_end", "video_start", "video_end")}
+        return transformers.Ovis2_5Config(
+            text_config=dict(text, model_type="qwen3", head_dim=16),
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                               patch_size=16, image_size=64, window_size=32, vocab_size=68), **vision_ids)
     # gemma3: 4x4 patches of 8 pooled to 2x2 = 4 tokens per image (image_seq_length=4); sliding window 8
     return transformers.Gemma3Config(
         text_config=dict(text, model_type="gemma3_text", head_dim=16, sliding_window=8,
@@ -213,7 +231,8 @@ def _cached_model(name: str, seed: int):
     cls = {"idefics3": "Idefics3ForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration",
            "llava": "LlavaForConditionalGeneration", "mllama": "MllamaForConditionalGeneration",
            "paligemma": "PaliGemmaForConditionalGeneration",
-           "llava_onevision1_5": "LlavaOnevision15ForConditionalGeneration"}[name]
+           "llava_onevision1_5": "LlavaOnevision15ForConditionalGeneration",
+           "ovis2_5": "Ovis2_5ForConditionalGeneration"}[name]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = getattr(transformers, cls)._from_config(_config(name), attn_implementation="eager",
@@ -233,7 +252,8 @@ def build_foreign_model(name: str = "idefics3", seed: int = 0):
     each; Mllama: 32x32 tiles (up to 4 per image), 2 vision layers + 1 global, text layer 1 of 3
     cross-attends, its tanh gates set to 0.5 (0 at init: images would not count); PaliGemma
     (Gemma + SigLIP): 32x32 images, 4 tokens each; LLaVA-OneVision-1.5: Qwen3 text, a 1-layer
-    RICE-ViT (14x14 patches, 2x2 merge: Qwen2-VL's grids, one frame per patch). fp32, eval
+    RICE-ViT (14x14 patches, 2x2 merge: Qwen2-VL's grids, one frame per patch); Ovis2.5: Qwen3
+    text, a 1-layer SigLIP2-NaViT (16x16 patches, 2x2 merge), visual vocabulary 64. fp32, eval
     mode, eager attention. A deep copy of a cached model per call. MiniCPM-V 4.6 / 4.7
     (`MINICPMV_NAMES`): `mmpipe.offline.minicpmv.build_minicpmv_model`; Ovis2 (`OVIS2_NAMES`):
     `mmpipe.offline.ovis2.build_ovis2_model`."""
