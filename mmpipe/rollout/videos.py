@@ -20,6 +20,13 @@ it hands to the transformers processor (``VideoMetadata`` fields):
   (timestamps and per-group blocks) becomes the one pad, and ``fps = 10`` with each group's
   two indices ``= round(10 * t)`` re-creates the same text. The timestamp text must start a
   token (the processor's layout puts ``<|vision_start|>`` / ``<|vision_end|>`` before each).
+  The prompt holds the video as the chat template writes it, ``<|vision_start|><|video_pad|>
+  <|vision_end|>``, whichever processor made the row: up to transformers 5.24 the row keeps that
+  outer pair around its frame groups (vLLM 0.32 expands the pad inside it); 5.25's processor
+  drops it (`mmpipe.encoding.videos.keeps_video_wrapper`), so such a row's prompt gets the pair
+  back: the template's own text, which a vLLM that expands as that processor does turns into
+  the row's frame groups (a bare pad would match only vLLM 0.32's rule, which 5.25 no longer
+  follows).
 
 The stored frames are already the processor's resize (sides multiples of ``patch * merge``,
 ``t * T`` frames), so the prompt carries ``videos_kwargs = {"do_resize": False,
@@ -114,7 +121,8 @@ def _timestamp_metadata(stamps: list[float], T: int) -> dict:
 def _collapse_timestamps(ids: np.ndarray, grids: list, fam: ModelFamily, tokenizer: Any,
                          index: Any) -> tuple[np.ndarray, list[list[float]]]:
     """Qwen3-VL collapsed ids (per video ``t`` blocks ``<ts><vs><vp><ve>``) -> one ``<vp>`` per
-    video, and each video's timestamps read from the text."""
+    video inside the template's ``<vs>``/``<ve>`` (the row's own pair, or added where the
+    processor dropped it: module doc), and each video's timestamps read from the text."""
     tok = getattr(tokenizer, "tokenizer", tokenizer)
     if tok is None or not hasattr(tok, "decode"):
         raise ArgumentError(
@@ -134,8 +142,12 @@ def _collapse_timestamps(ids: np.ndarray, grids: list, fam: ModelFamily, tokeniz
         ts = [first]
         for g in range(1, t):
             ts.append(_parse_timestamp(ids[blocks[g - 1] + 2:blocks[g] - 1], tok, index, v))
-        out += [ids[cursor:start], np.asarray([vt["video"]], np.int64)]
-        cursor = blocks[-1] + 2
+        after = blocks[-1] + 2
+        wrapped = start > cursor and ids[start - 1] == vt["vision_start"] and after < len(ids) \
+            and ids[after] == vt["vision_end"]
+        pad = [vt["video"]] if wrapped else [vt["vision_start"], vt["video"], vt["vision_end"]]
+        out += [ids[cursor:start], np.asarray(pad, np.int64)]
+        cursor = after
         stamps.append(ts)
     out.append(ids[cursor:])
     return np.concatenate(out), stamps

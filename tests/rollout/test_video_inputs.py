@@ -3,8 +3,11 @@ checked without vLLM: the prompt expanded by vLLM 0.32's rules (read from its qw
 qwen2_5_vl / qwen3_vl multimodal processors and re-implemented here: one pad -> ``t*h*w/merge^2``
 pads; Qwen3-VL: per frame group ``<{t:.1f} seconds>`` + ``<|vision_start|>`` pads
 ``<|vision_end|>``, ``t`` the mean of the group's ``frames_indices / fps``) gives back the row's
-ids; the metadata re-creates ``second_per_grid_ts``; verl rows carry the same. The real engine
-runs the same prompts in tests/rollout/test_video_vllm.py (vLLM environment)."""
+ids; the metadata re-creates ``second_per_grid_ts``; verl rows carry the same. Each video pad of
+a prompt sits in the chat template's ``<|vision_start|>``/``<|vision_end|>`` pair on every
+transformers line; where the processor drops that pair around the frame groups (transformers
+5.25's Qwen3-VL), the expansion takes the pair with the pad, as that processor's own does. The
+real engine runs the same prompts in tests/rollout/test_video_vllm.py (vLLM environment)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import pytest
 
 import mmpipe
 from mmpipe.errors import ArgumentError
+from mmpipe.encoding.videos import keeps_video_wrapper
 from mmpipe.hosts.verl import verl_batch, verl_rows
 from mmpipe.images.spec import VisionSpec
 from mmpipe.rollout.images import row_video_frames
@@ -26,15 +30,24 @@ LAYOUT = ["vIv", "", "v", "Ivv"]
 
 
 def vllm_expand(prompt: dict, proc, family: str) -> list[int]:
-    """vLLM 0.32's expansion of a prompt's video pads (and image pads, from the image sizes)."""
+    """vLLM 0.32's expansion of a prompt's video pads (and image pads, from the image sizes); for a
+    processor that drops the template's pair around the frame groups, the pair goes with the pad."""
     tok = proc.tokenizer
     fam = mmpipe.family_of(family)
     m2 = fam.merge_size ** 2
     vt = fam.vision_token_ids(tok)
     videos = list(prompt.get("multi_modal_data", {}).get("video", []))
     images = list(prompt.get("multi_modal_data", {}).get("image", []))
-    out = []
+    drop_pair = not keeps_video_wrapper(proc, fam)
+    out, skip = [], False
     for t in prompt["prompt_token_ids"]:
+        if skip:  # the pair's end, taken with its pad
+            assert t == vt["vision_end"]
+            skip = False
+            continue
+        if t == vt["video"] and drop_pair:
+            assert out.pop() == vt["vision_start"]
+            skip = True
         if t == vt["image"]:
             w, h = images.pop(0).size
             out += [t] * (h * w // fam.patch_size ** 2 // m2)
@@ -64,8 +77,13 @@ def test_prompts_expand_back_to_the_rows(family):
     prompts = to_vllm_prompts(rows, proc)
     spec = VisionSpec.from_processor(proc)
     pad = proc.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    vt = mmpipe.family_of(family).vision_token_ids(proc.tokenizer)
     for r, p in zip(rows, prompts):
-        assert p["prompt_token_ids"].count(pad) == r.num_videos
+        ids = p["prompt_token_ids"]
+        assert ids.count(pad) == r.num_videos
+        # as the chat template writes a video, whatever the processor did with the pair
+        assert all(ids[i - 1] == vt["vision_start"] and ids[i + 1] == vt["vision_end"]
+                   for i, t in enumerate(ids) if t == pad)
         assert vllm_expand(p, proc, family) == r.input_ids.tolist()
         if not r.num_videos:
             assert "video" not in p.get("multi_modal_data", {})
