@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Test environment "vision": the generic path (mmpipe.encode_row(row, processor) on a processor
-# with no family row) on the transformers 5.24 VLM processors whose image processors need
+# with no family row) on the transformers 5.25 VLM processors whose image processors need
 # torchvision (Kimi-K2.5, Phi-4-multimodal, Llama 4) or whose vision tower needs timm (Gemma 3n),
 # which the main .venv must never hold.
 #
@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 NAME=vision
-VISION_TF_VERSION="${VISION_TF_VERSION:-5.24.0}"
+VISION_TF_VERSION="${VISION_TF_VERSION:-5.25.0}"
 TIMM_VERSION="${TIMM_VERSION:-1.0.31}"
 TV_DIR=.envs-cache/vision/tv
 source scripts/envs/_common.bash
