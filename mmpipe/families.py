@@ -276,7 +276,7 @@ LLAVA_ONEVISION = ModelFamily(
     no_packing=None)  # packed rows: as InternVL (image_sizes per image, pixels per image)
 # The generic path: a VLM processor without a row of its own (Idefics3, LLaVA 1.5, Mllama, the Omni thinkers...):
 # its rows hold what the processor's own call returns (kind "processor"); stored family "generic".
-MASKED_AUDIO = ("Qwen3OmniMoeProcessor",)  # audio encoders that drop padded feature frames first (no padding effect)
+MASKED_AUDIO = ("Qwen3OmniMoeProcessor", "Gemma4Processor")  # audio encoders masking padded frames (no padding effect)
 VLLM_FLOORED_TIME = {"Qwen3OmniMoeProcessor": 13.0}  # vLLM 0.32 floors a video's time positions (ids a second)
 GENERIC = ModelFamily(
     name="generic", kind="processor", rope="1d", model_types=(), stop_token=None,

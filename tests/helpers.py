@@ -294,11 +294,14 @@ def generic_chat_rows(counts, sizes=GENERIC_SIZES):
 VIDEO_BOUNDS = {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 16}  # small frames: few tokens per group
 
 
-def processor_call(proc, raws, **kw):
+def processor_call(proc, raws, *, nested: bool = False, **kw):
     """The processor's own call on rows ``raws`` (their whole conversations rendered by its chat
-    template, their images), as torch tensors: what the generic path must equal."""
+    template, their images: one flat list, or one list per row with ``nested``, as Gemma 4's batch
+    call takes them), as torch tensors: what the generic path must equal."""
     texts = [proc.apply_chat_template(r["messages"], tokenize=False) for r in raws]
     images = [im for r in raws for im in r["images"]]
+    if nested and images:
+        images = [list(r["images"]) for r in raws]
     return proc(text=texts, images=images or None, return_tensors="pt", **kw)
 
 

@@ -1,14 +1,16 @@
-"""Audio on the generic path for Gemma 3n and Phi-4-multimodal (issue 31), in the "vision" environment
-(their processors need torchvision, Gemma 3n's tower timm): the real processor classes with the
-published chat templates and tiny real models (`mmpipe.offline.vision_env_vlms`), rows of 0..2 clips.
+"""Audio on the generic path for Gemma 3n, Phi-4-multimodal (issue 31) and Gemma 4, in the "vision"
+environment (their processors need torchvision, Gemma 3n's tower timm): the real processor classes with the
+published chat templates (Gemma 4's: its structure, `mmpipe.offline.gemma4`) and tiny real models
+(`mmpipe.offline.vision_env_vlms`), rows of 0..2 clips.
 
 - encode == the processor's flat call (ids, every audio output) and its chat path;
 - Phi-4-multimodal leaves ``audio_attention_mask`` out of a one-clip call: the probe finds it
   (`ProcessorLayout.single_masks`), collate fills it in for such rows and unbatch takes it out
   again (``unbatch(collate(rows)) == rows``);
 - batched logits == each row alone when the batch's clips have one length; with clips of other
-  lengths both models' audio encoders convolve over the padding, so the batch differs from each row
-  alone exactly as the processor's own batch does (both gaps measured; collate warns once);
+  lengths Gemma 3n's and Phi-4-multimodal's audio encoders convolve over the padding, so the batch
+  differs from each row alone exactly as the processor's own batch does (both gaps measured; collate
+  warns once); Gemma 4's masks the padded frames: each row's own logits, no warning;
 - labels are the replies."""
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from mmpipe.testing import invariants
 pytestmark = pytest.mark.needs_env("vision")
 soundfile = pytest.importorskip("soundfile")
 RATE = 16000
-NAMES = ("gemma3n", "phi4_multimodal")
+NAMES = ("gemma3n", "phi4_multimodal", "gemma4")
 
 
 def _clip(seconds: float, seed: int) -> np.ndarray:
@@ -66,8 +68,10 @@ def test_encode_equals_the_processor_and_labels_are_the_replies(line):
         row = mmpipe.encode_row(raw, proc, idx=i)
         own = _own_call(proc, raw)
         np.testing.assert_array_equal(row.input_ids, own["input_ids"][0].numpy())
-        keys = {k for k in own if k not in ("input_ids", "attention_mask", "token_type_ids")}
+        keys = {k for k in own if k not in ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")}
         assert set(row.vision) == keys, (name, i, sorted(row.vision), sorted(keys))
+        for k in set(own) & {"token_type_ids", "mm_token_type_ids"}:  # sequence keys (Gemma 4: mm_token_type_ids)
+            np.testing.assert_array_equal(row.sequence[k], own[k][0].numpy(), err_msg=f"{name} row {i}: {k}")
         for k in keys:
             np.testing.assert_array_equal(row.vision[k], own[k].numpy(), err_msg=f"{name} row {i}: {k}")
         marked = row.input_ids[row.labels != -100]
@@ -105,16 +109,20 @@ def test_equal_length_clips_batch_exactly(line, padding_side):
 
 
 def test_clips_of_other_lengths_differ_as_the_processors_own_batch(line, caplog):
-    """Measured, not hidden: collate warns, and the gap to each row alone is the processor's own batch's."""
+    """Measured, not hidden: collate warns, and the gap to each row alone is the processor's own batch's;
+    an encoder that masks the padded frames (Gemma 4's, `MASKED_AUDIO`) gives each row its own logits, and
+    collate does not warn."""
+    from mmpipe.audio import clips
+    from mmpipe.families import MASKED_AUDIO
+
     name, proc, model = line
     raws = [_row(1, [1.0], 0, "A tone."), _row(1, [1.4], 3, "Longer.")]
     rows = [mmpipe.encode_row(r, proc, idx=i) for i, r in enumerate(raws)]
-    from mmpipe.audio import clips
-
+    masked = rows[0].processor_class in MASKED_AUDIO
     clips.AUDIO_PADDING_WARNED.discard(rows[0].processor_class)
     with caplog.at_level(logging.WARNING, logger="mmpipe"):
         batch = invariants.assert_roundtrip(rows, padding_side="right")
-    assert any("padded to the largest" in r.message for r in caplog.records)
+    assert any("padded to the largest" in r.message for r in caplog.records) != masked
     texts = [proc.apply_chat_template(r["messages"], tokenize=False) for r in raws]
     bos = getattr(proc.tokenizer, "bos_token", None)
     own = proc(text=texts, audio=[r["audios"][0]["array"] for r in raws], sampling_rate=RATE, padding=True,
@@ -128,4 +136,11 @@ def test_clips_of_other_lengths_differ_as_the_processors_own_batch(line, caplog)
     gap_theirs = float((theirs[0, own["attention_mask"][0].bool()] - alone).abs().max())
     print(f"\n{name}: clips of 1.0 s and 1.4 s in one batch: gap to the row alone {gap_ours:.2e} "
           f"(the processor's own batch: {gap_theirs:.2e})")
+    if masked:
+        assert gap_ours < 1e-4 and gap_theirs < 1e-4
+        alone_call = _own_call(proc, raws[0])  # and the clip counts: silencing it moves the row's logits
+        with torch.no_grad():
+            silent = model(**dict(alone_call, input_features=torch.zeros_like(alone_call["input_features"]))).logits[0]
+        assert float((silent - alone).abs().max()) > 1e-3
+        return
     assert gap_theirs > 1e-4  # the model's property: the processor's own batch shows it too

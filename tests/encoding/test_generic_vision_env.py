@@ -36,8 +36,9 @@ vision = pytest.mark.needs_env("vision")  # every test but the first: the main .
 
 COUNTS = [2, 0, 3, 1]  # images per row
 SIZES = [(64, 100), (40, 56), (60, 170), (70, 30)]  # several tiles / crops each, in every line
+NESTED = ("gemma4",)  # batch calls that take one image list per row (a flat list: Gemma 4 counts it as one row's)
 PIXELS = {"kimi_k25": "pixel_values", "phi4_multimodal": "image_pixel_values", "llama4": "pixel_values",
-          "gemma3n": "pixel_values"}
+          "gemma3n": "pixel_values", "gemma4": "pixel_values"}
 
 
 def test_builders_need_the_vision_environment():
@@ -52,7 +53,8 @@ def test_builders_need_the_vision_environment():
             build_vision_env_processor("llama4")
         return
     classes = [type(build_vision_env_processor(n)).__name__ for n in NAMES]
-    assert classes == ["Kimi_K25Processor", "Phi4MultimodalProcessor", "Llama4Processor", "Gemma3nProcessor"]
+    assert classes == ["Kimi_K25Processor", "Phi4MultimodalProcessor", "Llama4Processor", "Gemma3nProcessor",
+                       "Gemma4Processor"]
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -117,7 +119,7 @@ def test_collate_equals_the_processors_own_batch(line, side):
     `test_collate_pads_missing_crops_as_the_processor`)."""
     name, proc, _, raws, rows, kw = line
     batch = mmpipe.collate(rows, processor=proc, padding_side=side)
-    own = processor_call(proc, raws, padding=True, padding_side=side, **kw)
+    own = processor_call(proc, raws, padding=True, padding_side=side, nested=name in NESTED, **kw)
     got = batch.model_inputs()
     assert np.array_equal(batch.input_ids, own["input_ids"].numpy())
     assert np.array_equal(batch.attention_mask, own["attention_mask"].numpy())
@@ -230,3 +232,35 @@ def test_low_precision_pixels_round_trip(line):
             pv = mmpipe.collate([row], processor=proc).model_inputs()["pixel_values"]
             own = processor_call(proc, [raw], **kw)["pixel_values"]
             assert pv.dtype == torch.bfloat16 and torch.equal(pv, own)
+
+
+@vision
+def test_gemma4_template_labels_and_thinking(line):
+    """Gemma 4's template (its published structure): a reply's thinking channel is not rendered, so it is
+    not a label; consecutive assistant messages continue one model turn, both labelled; with
+    ``enable_thinking`` the rows equal the processor's chat path with it (the system turn's ``<|think|>``)."""
+    name, proc, _, raws, _, _ = line
+    if name != "gemma4":
+        pytest.skip("Gemma 4's template only")
+    tok = proc.tokenizer
+
+    def labelled(row):
+        return tok.decode(row.input_ids[row.labels != -100])
+
+    thought = {"messages": [{"role": "user", "content": "hi"},
+                            {"role": "assistant", "content": "<|channel>thought\nlet me see<channel|>Hello there"}]}
+    row = mmpipe.encode_row(thought, proc)
+    assert "let me see" not in tok.decode(row.input_ids) and labelled(row) == "Hello there<turn|>"
+    two = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                        {"role": "assistant", "content": "One."}, {"role": "assistant", "content": "Two."}]}
+    row = mmpipe.encode_row(two, proc)
+    assert tok.decode(row.input_ids).count("<|turn>model") == 1 and labelled(row) == "One.<turn|>Two.<turn|>"
+    raw = raws[0]
+    row = mmpipe.encode_row(raw, proc, chat_template_kwargs={"enable_thinking": True})
+    images = iter(raw["images"])
+    messages = [dict(m, content=[dict(c, image=next(images)) if c["type"] == "image" else c for c in m["content"]])
+                for m in raw["messages"]]
+    own = proc.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="np", enable_thinking=True)
+    assert np.array_equal(row.input_ids, own["input_ids"][0]) and "<|think|>" in tok.decode(row.input_ids)
+    assert np.array_equal(row.sequence["mm_token_type_ids"], own["mm_token_type_ids"][0])
+    assert labelled(row) == raw["messages"][1]["content"][0]["text"] + "<turn|>"
