@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmpipe.audio import audio_extractor
+from mmpipe.errors import ArgumentError
 from mmpipe.images.settings import image_settings
 from mmpipe.media.processor_encode import OWN_KEYS, plain_render, probe_call, run_processor, user_turn
 from mmpipe.records.processor_layout import ProcessorLayout
@@ -27,7 +28,13 @@ def encode_layout(enc) -> ProcessorLayout:
     from PIL import Image
 
     im = Image.new("RGB", (64, 64), (120, 60, 30))
-    out, low = run_processor(enc, text=[plain_render(enc, user_turn(2), True)], images=[im, im])
+    text = plain_render(enc, user_turn(2), True)
+    if text == plain_render(enc, user_turn(0), True):
+        raise _template_drops_images(enc, text, "the text is the same as with no image items")
+    try:
+        out, low = run_processor(enc, text=[text], images=[im, im])
+    except (ValueError, TypeError, IndexError, KeyError) as e:
+        raise _template_drops_images(enc, text, f"the processor's call failed: {type(e).__name__}: {e}") from e
     try:
         text_only = probe_call(enc, [])
     except (ValueError, TypeError, IndexError, KeyError):  # PaliGemma takes no row without an image
@@ -53,6 +60,21 @@ def encode_layout(enc) -> ProcessorLayout:
     dtypes = tuple(sorted((k, d) for k, d in low.items() if k not in OWN_KEYS))
     return ProcessorLayout(enc.processor_class, tuple(sorted(sequence)), vision, tuple(row_keys), pads, joins, dtypes,
                            settings=image_settings(enc.processor), single_masks=single_masks, audio=audio_keys)
+
+
+def _template_drops_images(enc, text: str, what: str) -> ArgumentError:
+    """The processor's chat template does not write its image placeholder for image items (e.g. a
+    checkpoint template that renders media as a text reminder): every row's images would miss the
+    model, so the encoder refuses at its first row. ``text``: the probe turn of two images, rendered."""
+    token = getattr(enc.processor, "image_token", None)
+    found = f"{text.count(token)} x {token!r}" if isinstance(token, str) and token else "no placeholder the call takes"
+    shown = text if len(text) <= 240 else text[:240] + "..."
+    return ArgumentError(
+        f"processor {enc.processor_class}: its chat template does not write an image placeholder per image item "
+        f"({what}); expected 2 placeholders{f' ({token!r})' if isinstance(token, str) and token else ''} in a user "
+        f"turn of 2 {{'type': 'image'}} items, found {found} in {shown!r}. The rows' images would never reach the "
+        "model: set a chat template that writes the processor's image placeholder for each image item "
+        "(processor.chat_template = TEMPLATE, or chat_template_kwargs={'chat_template': TEMPLATE})")
 
 
 def _audio_probe(enc) -> tuple[dict, dict, tuple]:

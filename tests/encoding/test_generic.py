@@ -53,6 +53,28 @@ def test_native_family_is_refused():
         Encoder(build_processor("qwen2_vl"), family="generic", log=lambda _: None)
 
 
+@pytest.mark.parametrize("image_text", ["[an image is attached]", ""])
+def test_a_template_without_image_placeholders_is_refused(image_text):
+    """A chat template that renders image items as other text (a checkpoint template that writes a
+    media reminder) or as nothing: the images would never reach the model. The encoder refuses at its
+    first row with a typed error naming the processor, the placeholder count and the fix (it raised the
+    processor's raw ValueError from the layout probe, or, where the call takes such text, stored pixels
+    no token refers to); on_error="skip" does not skip it row by row."""
+    import mmpipe
+
+    proc = build_foreign_processor("llava")
+    proc.chat_template = proc.chat_template.replace("<image>", image_text)
+    raws = _rows([1, 0])
+    for kw in ({}, {"on_error": "skip"}):
+        with pytest.raises(ArgumentError, match=r"LlavaProcessor: its chat template does not write an image "
+                                                r"placeholder.*expected 2 placeholders \('<image>'\).*found 0 x"):
+            mmpipe.encode_row(raws[0], proc, **kw)
+    with pytest.raises(ArgumentError, match="chat_template_kwargs=\\{'chat_template': TEMPLATE\\}"):
+        mmpipe.encode({k: [raws[1][k]] for k in raws[1]}, processor=proc)  # a batch, a text-only row
+    fixed = mmpipe.encode_row(raws[0], proc, chat_template_kwargs={"chat_template": build_foreign_processor("llava").chat_template})
+    assert len(fixed.image_hw) == 1
+
+
 @pytest.mark.parametrize("name", FOREIGN_PROCESSORS)
 def test_rows_equal_the_processor_and_round_trip(name):
     """Row == the processor's own call on the same text; unbatch(collate(rows)) == rows,
