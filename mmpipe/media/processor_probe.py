@@ -17,7 +17,8 @@ from mmpipe.records.processor_layout import ProcessorLayout
 
 def encode_layout(enc) -> ProcessorLayout:
     """The processor's outputs, found once per encoder by probes: a text-only row, one row holding
-    two small images, one holding one, the processor's batch of the last two, and (a processor
+    two small images, one holding one, the processor's batch of the last two, one holding an elongated
+    and a large image (`_other_images_probe`: keys only some images give), and (a processor
     with a feature extractor) one row holding two clips (`_audio_probe`) -> its `ProcessorLayout`:
     sequence keys, vision keys as (name, stored dtype, ndim), row keys, pads, joins, dtypes, the
     audio keys and the masks a one-clip call leaves out, and its image processor's settings
@@ -34,6 +35,11 @@ def encode_layout(enc) -> ProcessorLayout:
     try:
         out, low = run_processor(enc, text=[text], images=[im, im])
     except (ValueError, TypeError, IndexError, KeyError) as e:
+        token = getattr(enc.processor, "image_token", None)
+        if isinstance(token, str) and token and text.count(token) == 2:  # the placeholders are there: another cause
+            raise ArgumentError(f"processor {enc.processor_class} failed on mmpipe's layout probe (one user turn of two "
+                                f"64x64 images, rendered by its chat template): {type(e).__name__}: {e}; check that "
+                                "the processor takes such a call (processor(text=[text], images=[image, image]))") from e
         raise _template_drops_images(enc, text, f"the processor's call failed: {type(e).__name__}: {e}") from e
     try:
         text_only = probe_call(enc, [])
@@ -43,6 +49,12 @@ def encode_layout(enc) -> ProcessorLayout:
     arrays = {k: v for k, v in out.items() if k not in OWN_KEYS}
     sequence = {k for k, v in arrays.items() if v.shape == (1, seq)}
     sequence |= {k for k, v in text_only.items() if k not in OWN_KEYS and v.shape == text_only["input_ids"].shape}
+    other = _other_images_probe(enc)  # outputs only some images give (Step-3.7's local crops)
+    for k, v in other.items():
+        if k not in OWN_KEYS and k not in arrays:
+            arrays[k] = v
+            if v.shape == other["input_ids"].shape:
+                sequence.add(k)
     audio, audio_low, single_masks = _audio_probe(enc)
     sequence |= {k for k, v in audio.items() if k not in OWN_KEYS and v.shape == audio["input_ids"].shape}
     audio_keys = tuple(sorted(k for k in audio if k not in OWN_KEYS and k not in sequence and k not in arrays))
@@ -75,6 +87,19 @@ def _template_drops_images(enc, text: str, what: str) -> ArgumentError:
         f"turn of 2 {{'type': 'image'}} items, found {found} in {shown!r}. The rows' images would never reach the "
         "model: set a chat template that writes the processor's image placeholder for each image item "
         "(processor.chat_template = TEMPLATE, or chat_template_kwargs={'chat_template': TEMPLATE})")
+
+
+def _other_images_probe(enc) -> dict:
+    """The processor's outputs for one user turn holding an elongated (48x160) and a large (2048x512)
+    image: keys a processor returns only for some images (Step-3.7's ``pixel_values_local``, the local
+    crops of elongated or large images; the 64x64 probes give none); {} where the call fails."""
+    from PIL import Image
+
+    images = [Image.new("RGB", (160, 48), (30, 60, 120)), Image.new("RGB", (2048, 512), (120, 60, 30))]
+    try:
+        return run_processor(enc, text=[plain_render(enc, user_turn(2), True)], images=images)[0]
+    except (ValueError, TypeError, IndexError, KeyError):
+        return {}
 
 
 def _audio_probe(enc) -> tuple[dict, dict, tuple]:

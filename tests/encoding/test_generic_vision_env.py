@@ -38,7 +38,7 @@ COUNTS = [2, 0, 3, 1]  # images per row
 SIZES = [(64, 100), (40, 56), (60, 170), (70, 30)]  # several tiles / crops each, in every line
 NESTED = ("gemma4",)  # batch calls that take one image list per row (a flat list: Gemma 4 counts it as one row's)
 PIXELS = {"kimi_k25": "pixel_values", "phi4_multimodal": "image_pixel_values", "llama4": "pixel_values",
-          "gemma3n": "pixel_values", "gemma4": "pixel_values"}
+          "gemma3n": "pixel_values", "gemma4": "pixel_values", "step3p7": "pixel_values"}
 
 
 def test_builders_need_the_vision_environment():
@@ -54,7 +54,7 @@ def test_builders_need_the_vision_environment():
         return
     classes = [type(build_vision_env_processor(n)).__name__ for n in NAMES]
     assert classes == ["Kimi_K25Processor", "Phi4MultimodalProcessor", "Llama4Processor", "Gemma3nProcessor",
-                       "Gemma4Processor"]
+                       "Gemma4Processor", "Step3p7Processor"]
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -264,3 +264,18 @@ def test_gemma4_template_labels_and_thinking(line):
     assert np.array_equal(row.input_ids, own["input_ids"][0]) and "<|think|>" in tok.decode(row.input_ids)
     assert np.array_equal(row.sequence["mm_token_type_ids"], own["mm_token_type_ids"][0])
     assert labelled(row) == raw["messages"][1]["content"][0]["text"] + "<turn|>"
+
+
+@vision
+def test_outputs_only_some_images_give_are_in_the_layout(line):
+    """Step-3.7 returns ``pixel_values_local`` only for images with local crops (elongated or larger than
+    its view), and none for a call whose images have none (the 64x64 layout probes): the layout knows the
+    key all the same (a probe of an elongated and a large image), so rows with crops encode (they raised
+    "returned 'pixel_values_local', which its probe did not show") and every row has one layout."""
+    name, proc, _, _, rows, _ = line
+    if name != "step3p7":
+        pytest.skip("Step-3.7 only")
+    assert "pixel_values_local" in {n for n, _, _ in rows[0].layout.vision}
+    assert "pixel_values_local" in rows[0].vision and "pixel_values_local" not in rows[3].vision
+    square = mmpipe.encode_row(generic_chat_rows([1], sizes=[(64, 64)])[0], proc)
+    assert square.layout == rows[0].layout and "pixel_values_local" not in square.vision
