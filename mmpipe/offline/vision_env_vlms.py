@@ -1,5 +1,6 @@
 """Offline fixtures for the transformers 5.24 / 5.25 VLMs whose image processors need torchvision
-(Kimi-K2.5, Phi-4-multimodal, Llama 4, Step-3.7; Gemma 4's processor its video processor) or whose vision
+(Kimi-K2.5, Phi-4-multimodal, Llama 4, Step-3.7; Gemma 4's and GLM-5.3-Flash's processors their video
+processors) or whose vision
 tower needs timm (Gemma 3n): their real
 processor classes around the real image processors at tiny settings, the offline BPE
 (`mmpipe.offline.tokenizer.base_tokenizer`) with each checkpoint's special tokens and the
@@ -14,7 +15,7 @@ They build only where torchvision (and timm) import: the "vision" test environme
 
 One module per line holds its facts (what the builders carry over from the published
 checkpoints; nothing fetched is stored) and its tiny settings: `mmpipe.offline.kimi`,
-`mmpipe.offline.phi4mm`, `mmpipe.offline.llama4`, `mmpipe.offline.gemma3n`, `mmpipe.offline.gemma4`, `mmpipe.offline.step3p7` (each
+`mmpipe.offline.phi4mm`, `mmpipe.offline.llama4`, `mmpipe.offline.gemma3n`, `mmpipe.offline.gemma4`, `mmpipe.offline.step3p7`, `mmpipe.offline.glm5_next` (each
 ``build_processor()`` / ``build_model()``). This module holds what they share (the tokenizer
 builder) and the builders by name.
 """
@@ -34,7 +35,7 @@ __all__ = ["VISION_ENV_NAMES", "build_vision_env_processor", "build_vision_env_m
 # name -> the module of its builders
 _MODULES = {"kimi_k25": "mmpipe.offline.kimi", "phi4_multimodal": "mmpipe.offline.phi4mm",
             "llama4": "mmpipe.offline.llama4", "gemma3n": "mmpipe.offline.gemma3n", "gemma4": "mmpipe.offline.gemma4",
-            "step3p7": "mmpipe.offline.step3p7"}
+            "step3p7": "mmpipe.offline.step3p7", "glm5_next": "mmpipe.offline.glm5_next"}
 VISION_ENV_NAMES = tuple(_MODULES)
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Test environment "vision": the generic path (mmpipe.encode_row(row, processor) on a processor
 # with no family row) on the transformers 5.25 VLM processors whose image processors need
-# torchvision (Kimi-K2.5, Phi-4-multimodal, Llama 4, Step-3.7; Gemma 4's video processor) or whose vision
-# tower needs timm (Gemma 3n), which the main .venv must never hold.
+# torchvision (Kimi-K2.5, Phi-4-multimodal, Llama 4, Step-3.7; Gemma 4's and GLM-5.3-Flash's video
+# processors) or whose vision tower needs timm (Gemma 3n), which the main .venv must never hold.
 #
 #   bash scripts/envs/vision.sh              # build .venv-vision (idempotent) and run its tests
 #   bash scripts/envs/vision.sh -x -k llama4 # extra arguments go to pytest

@@ -38,7 +38,8 @@ COUNTS = [2, 0, 3, 1]  # images per row
 SIZES = [(64, 100), (40, 56), (60, 170), (70, 30)]  # several tiles / crops each, in every line
 NESTED = ("gemma4",)  # batch calls that take one image list per row (a flat list: Gemma 4 counts it as one row's)
 PIXELS = {"kimi_k25": "pixel_values", "phi4_multimodal": "image_pixel_values", "llama4": "pixel_values",
-          "gemma3n": "pixel_values", "gemma4": "pixel_values", "step3p7": "pixel_values"}
+          "gemma3n": "pixel_values", "gemma4": "pixel_values", "step3p7": "pixel_values",
+          "glm5_next": "pixel_values"}
 
 
 def test_builders_need_the_vision_environment():
@@ -54,7 +55,7 @@ def test_builders_need_the_vision_environment():
         return
     classes = [type(build_vision_env_processor(n)).__name__ for n in NAMES]
     assert classes == ["Kimi_K25Processor", "Phi4MultimodalProcessor", "Llama4Processor", "Gemma3nProcessor",
-                       "Gemma4Processor", "Step3p7Processor"]
+                       "Gemma4Processor", "Step3p7Processor", "Glm5NextProcessor"]
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -279,3 +280,36 @@ def test_outputs_only_some_images_give_are_in_the_layout(line):
     assert "pixel_values_local" in rows[0].vision and "pixel_values_local" not in rows[3].vision
     square = mmpipe.encode_row(generic_chat_rows([1], sizes=[(64, 64)])[0], proc)
     assert square.layout == rows[0].layout and "pixel_values_local" not in square.vision
+
+
+@vision
+def test_glm5_next_sparse_attention_batches_as_the_processors_own_batch(line):
+    """GLM-5.3-Flash's sparse attention layers keep ``index_topk`` keys per query, picked in pools by an
+    indexer that sees the batch's padding: where a row is longer than that budget and padded in its batch,
+    the model can give it other logits than alone, on either padding side (measured on a tiny model with
+    ``index_topk=16``: 0.13 and 0.10 for two of the three padded rows). Not mmpipe's doing: the batch's inputs are the processor's own batch call's,
+    bit for bit, and that call's logits differ from the rows alone by exactly as much; the unpadded row, and
+    every row with a budget above the rows (the fixture's model), equal their own call."""
+    name, proc, _, raws, rows, kw = line
+    if name != "glm5_next":
+        pytest.skip("GLM-5.3-Flash only")
+    from mmpipe.offline.glm5_next import build_model
+
+    torch.manual_seed(0)
+    model = build_model(index_topk=16).eval()
+    for side in ("left", "right"):
+        batch = mmpipe.collate(rows, processor=proc, padding_side=side).model_inputs()
+        own = processor_call(proc, raws, padding=True, padding_side=side, **kw)
+        assert all(torch.equal(torch.as_tensor(batch[k]), own[k]) for k in own)
+        with torch.no_grad():
+            ours, theirs = model(**batch).logits, model(**own).logits
+            gaps = []
+            for i, raw in enumerate(raws):
+                alone = model(**processor_call(proc, [raw], **kw)).logits[0]
+                real = own["attention_mask"][i].bool()
+                gaps.append((float((ours[i][real] - alone).abs().max()), float((theirs[i][real] - alone).abs().max())))
+        print(f"\nglm5_next, index_topk=16, {side} padding: gap to each row alone (mmpipe, the processor's batch): {gaps}")
+        assert all(a == b for a, b in gaps)  # the same forward inputs, the same logits
+        lengths = [len(r) for r in rows]
+        assert all(gap < 1e-4 for (gap, _), n in zip(gaps, lengths) if n == max(lengths))  # the unpadded row
+        assert any(gap > 1e-3 for (gap, _), n in zip(gaps, lengths) if n < max(lengths))  # the model's property
