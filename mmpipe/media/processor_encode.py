@@ -200,8 +200,9 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
     (or is dropped)."""
     if not getattr(enc, "use_audio_in_video", False):
         images_only(videos, where, what=f"{enc.processor_class} on the generic path",
-                    fix="drop the row's videos, or encode videos with their sound: mmpipe.Encoder(processor, "
-                        "use_audio_in_video=True) (the Omni thinkers)" if audio_extractor(enc.processor) is not None
+                    fix="drop the row's videos (the generic path takes a video only with its sound, for the Omni "
+                        "thinkers: mmpipe.Encoder(processor, use_audio_in_video=True))"
+                    if audio_extractor(enc.processor) is not None
                     and getattr(enc.processor, "video_processor", None) is not None else None)
     waves = load_audios(enc, list(audios), where) if len(audios) else []
     moving = load_video_sounds(enc, list(videos), where) if len(videos) else ()

@@ -61,7 +61,13 @@ def encode_layout(enc) -> ProcessorLayout:
     arrays.update({k: audio[k] for k in audio_keys})
     low = {**audio_low, **low}
     if getattr(enc, "use_audio_in_video", False):  # the video keys of videos with their sound
-        video, video_low = _video_probe(enc)
+        try:
+            video, video_low = _video_probe(enc)
+        except (ValueError, TypeError, IndexError, KeyError) as e:  # Gemma 4: videos and clips, but no sound in video
+            raise ArgumentError(f"use_audio_in_video=True: processor {enc.processor_class} failed on mmpipe's probe of "
+                                f"two videos with their sound ({type(e).__name__}: {e}); it needs a processor whose "
+                                "chat template and call take each video's sound with it (the Omni thinkers: "
+                                "Qwen2.5-Omni, Qwen3-Omni); leave use_audio_in_video out") from e
         sequence |= {k for k, v in video.items() if k not in OWN_KEYS and v.shape == video["input_ids"].shape}
         arrays.update({k: v for k, v in video.items() if k not in OWN_KEYS and k not in sequence and k not in arrays})
         low = {**video_low, **low}

@@ -313,3 +313,24 @@ def test_glm5_next_sparse_attention_batches_as_the_processors_own_batch(line):
         lengths = [len(r) for r in rows]
         assert all(gap < 1e-4 for (gap, _), n in zip(gaps, lengths) if n == max(lengths))  # the unpadded row
         assert any(gap > 1e-3 for (gap, _), n in zip(gaps, lengths) if n < max(lengths))  # the model's property
+
+
+@vision
+def test_gemma4_videos_are_refused_with_the_way_out(line, tmp_path):
+    """Gemma 4 takes videos and clips, but the generic path takes a video only with its sound, as the Omni
+    thinkers' templates write it: a video row is the row's ParseError naming the videos column, and
+    ``use_audio_in_video=True`` (Gemma 4's template writes no sound for a video) is an ArgumentError at the
+    first row, not the processor's raw ValueError from the probe."""
+    name, proc, _, _, _, _ = line
+    if name != "gemma4":
+        pytest.skip("Gemma 4 only")
+    from mmpipe.audio.samples import video_with_sound
+
+    path, _ = video_with_sound(2.0, fmt="mp4", sound=True)
+    raw = {"messages": [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "what?"}]},
+                        {"role": "assistant", "content": "a ball"}], "videos": [path]}
+    with pytest.raises(mmpipe.errors.ParseError, match="takes images only") as err:
+        mmpipe.encode_row(raw, proc)
+    assert err.value.column == "videos" and "drop the row's videos" in str(err.value)
+    with pytest.raises(mmpipe.errors.ArgumentError, match="use_audio_in_video=True: processor Gemma4Processor failed"):
+        mmpipe.encode_row(raw, proc, use_audio_in_video=True)
