@@ -29,18 +29,7 @@ def encode_layout(enc) -> ProcessorLayout:
     from PIL import Image
 
     im = Image.new("RGB", (64, 64), (120, 60, 30))
-    text = plain_render(enc, user_turn(2), True)
-    if text == plain_render(enc, user_turn(0), True):
-        raise _template_drops_images(enc, text, "the text is the same as with no image items")
-    try:
-        out, low = run_processor(enc, text=[text], images=[im, im])
-    except (ValueError, TypeError, IndexError, KeyError) as e:
-        token = getattr(enc.processor, "image_token", None)
-        if isinstance(token, str) and token and text.count(token) == 2:  # the placeholders are there: another cause
-            raise ArgumentError(f"processor {enc.processor_class} failed on mmpipe's layout probe (one user turn of two "
-                                f"64x64 images, rendered by its chat template): {type(e).__name__}: {e}; check that "
-                                "the processor takes such a call (processor(text=[text], images=[image, image]))") from e
-        raise _template_drops_images(enc, text, f"the processor's call failed: {type(e).__name__}: {e}") from e
+    out, low = _images_probe(enc, im)
     try:
         text_only = probe_call(enc, [])
     except (ValueError, TypeError, IndexError, KeyError):  # PaliGemma takes no row without an image
@@ -49,27 +38,15 @@ def encode_layout(enc) -> ProcessorLayout:
     arrays = {k: v for k, v in out.items() if k not in OWN_KEYS}
     sequence = {k for k, v in arrays.items() if v.shape == (1, seq)}
     sequence |= {k for k, v in text_only.items() if k not in OWN_KEYS and v.shape == text_only["input_ids"].shape}
-    other = _other_images_probe(enc)  # outputs only some images give (Step-3.7's local crops)
-    for k, v in other.items():
-        if k not in OWN_KEYS and k not in arrays:
-            arrays[k] = v
-            if v.shape == other["input_ids"].shape:
-                sequence.add(k)
+    _add_keys(_other_images_probe(enc), arrays, sequence)  # outputs only some images give (Step-3.7's local crops)
     audio, audio_low, single_masks = _audio_probe(enc)
     sequence |= {k for k, v in audio.items() if k not in OWN_KEYS and v.shape == audio["input_ids"].shape}
     audio_keys = tuple(sorted(k for k in audio if k not in OWN_KEYS and k not in sequence and k not in arrays))
     arrays.update({k: audio[k] for k in audio_keys})
     low = {**audio_low, **low}
     if getattr(enc, "use_audio_in_video", False):  # the video keys of videos with their sound
-        try:
-            video, video_low = _video_probe(enc)
-        except (ValueError, TypeError, IndexError, KeyError) as e:  # Gemma 4: videos and clips, but no sound in video
-            raise ArgumentError(f"use_audio_in_video=True: processor {enc.processor_class} failed on mmpipe's probe of "
-                                f"two videos with their sound ({type(e).__name__}: {e}); it needs a processor whose "
-                                "chat template and call take each video's sound with it (the Omni thinkers: "
-                                "Qwen2.5-Omni, Qwen3-Omni); leave use_audio_in_video out") from e
-        sequence |= {k for k, v in video.items() if k not in OWN_KEYS and v.shape == video["input_ids"].shape}
-        arrays.update({k: v for k, v in video.items() if k not in OWN_KEYS and k not in sequence and k not in arrays})
+        video, video_low = _video_probe(enc)
+        _add_keys(video, arrays, sequence)
         low = {**video_low, **low}
     row_keys = sorted(k for k, v in arrays.items() if k not in sequence and v.ndim >= 1 and v.shape[0] == 1)
     pads, joins = _batch_rules(enc, row_keys, im, out)
@@ -78,6 +55,32 @@ def encode_layout(enc) -> ProcessorLayout:
     dtypes = tuple(sorted((k, d) for k, d in low.items() if k not in OWN_KEYS))
     return ProcessorLayout(enc.processor_class, tuple(sorted(sequence)), vision, tuple(row_keys), pads, joins, dtypes,
                            settings=image_settings(enc.processor), single_masks=single_masks, audio=audio_keys)
+
+
+def _images_probe(enc, im) -> tuple[dict, dict]:
+    """`run_processor` on one user turn of two images ``im``, rendered by the processor's template; a
+    template that writes no image placeholder for them, or a call that fails, is an `ArgumentError`."""
+    text = plain_render(enc, user_turn(2), True)
+    if text == plain_render(enc, user_turn(0), True):
+        raise _template_drops_images(enc, text, "the text is the same as with no image items")
+    try:
+        return run_processor(enc, text=[text], images=[im, im])
+    except (ValueError, TypeError, IndexError, KeyError) as e:
+        token = getattr(enc.processor, "image_token", None)
+        if isinstance(token, str) and token and text.count(token) == 2:  # the placeholders are there: another cause
+            raise ArgumentError(f"processor {enc.processor_class} failed on mmpipe's layout probe (one user turn of two "
+                                f"64x64 images, rendered by its chat template): {type(e).__name__}: {e}; check that "
+                                "the processor takes such a call (processor(text=[text], images=[image, image]))") from e
+        raise _template_drops_images(enc, text, f"the processor's call failed: {type(e).__name__}: {e}") from e
+
+
+def _add_keys(probe: dict, arrays: dict, sequence: set) -> None:
+    """A probe's outputs that ``arrays`` lacks, added to it (and to ``sequence`` those shaped as its ids)."""
+    for k, v in probe.items():
+        if k not in OWN_KEYS and k not in arrays:
+            arrays[k] = v
+            if v.shape == probe["input_ids"].shape:
+                sequence.add(k)
 
 
 def _template_drops_images(enc, text: str, what: str) -> ArgumentError:
@@ -140,7 +143,8 @@ def _video_probe(enc) -> tuple[dict, dict]:
     """``use_audio_in_video``: the processor's outputs for one user turn holding two small videos
     (4 and 6 frames, 56x56 and 84x56) with their sound (1 s and 1.5 s of a tone), as
     `mmpipe.encoding.video_sound` calls it: the video keys (``pixel_values_videos``,
-    ``video_grid_thw``, ``video_second_per_grid``; axis 0: patches / videos) and the audio keys."""
+    ``video_grid_thw``, ``video_second_per_grid``; axis 0: patches / videos) and the audio keys; a
+    processor whose call fails on them takes no sound with a video (`ArgumentError`)."""
     from mmpipe.encoding.video_sound import video_call_kwargs
 
     rate = int(audio_extractor(enc.processor).sampling_rate)
@@ -151,7 +155,13 @@ def _video_probe(enc) -> tuple[dict, dict]:
               rng.integers(0, 256, (6, 84, 56, 3), dtype=np.uint8)]
     turn = [{"role": "user", "content": [{"type": "video"}, {"type": "video"}, {"type": "text", "text": "a"}]}]
     text = plain_render(enc, turn, True)
-    return run_processor(enc, text=[text], sampling_rate=rate, **video_call_kwargs(enc, text, frames, waves, []))
+    try:
+        return run_processor(enc, text=[text], sampling_rate=rate, **video_call_kwargs(enc, text, frames, waves, []))
+    except (ValueError, TypeError, IndexError, KeyError) as e:  # Gemma 4: videos and clips, but no sound in a video
+        raise ArgumentError(f"use_audio_in_video=True: processor {enc.processor_class} failed on mmpipe's probe of two "
+                            f"videos with their sound ({type(e).__name__}: {e}); it needs a processor whose chat "
+                            "template and call take each video's sound with it (the Omni thinkers: Qwen2.5-Omni, "
+                            "Qwen3-Omni); leave use_audio_in_video out") from e
 
 
 def _joined_axis(a: np.ndarray, b: np.ndarray, both: np.ndarray):
