@@ -305,13 +305,14 @@ def processor_call(proc, raws, *, nested: bool = False, **kw):
     return proc(text=texts, images=images or None, return_tensors="pt", **kw)
 
 
-def chat_path(proc, raw):
+def chat_path(proc, raw, **kw):
     """The processor's chat path on one row: the images inside the messages, tokenized by
-    ``apply_chat_template`` (what TRL and the model cards call)."""
+    ``apply_chat_template`` (what TRL and the model cards call); ``kw``: its template keywords
+    (``enable_thinking``...)."""
     images = iter(raw["images"])
     messages = [dict(m, content=[dict(c, image=next(images)) if c["type"] == "image" else c for c in m["content"]])
                 for m in raw["messages"]]
-    return proc.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt")
+    return proc.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt", **kw)
 
 
 def video_frames_list(n: int, h: int, w: int, seed: int) -> list:

@@ -29,7 +29,7 @@ def encode_layout(enc) -> ProcessorLayout:
     from PIL import Image
 
     im = Image.new("RGB", (64, 64), (120, 60, 30))
-    out, low = _images_probe(enc, im)
+    text, out, low = _images_probe(enc, im)
     try:
         text_only = probe_call(enc, [])
     except (ValueError, TypeError, IndexError, KeyError):  # PaliGemma takes no row without an image
@@ -38,7 +38,7 @@ def encode_layout(enc) -> ProcessorLayout:
     arrays = {k: v for k, v in out.items() if k not in OWN_KEYS}
     sequence = {k for k, v in arrays.items() if v.shape == (1, seq)}
     sequence |= {k for k, v in text_only.items() if k not in OWN_KEYS and v.shape == text_only["input_ids"].shape}
-    _add_keys(_other_images_probe(enc), arrays, sequence)  # outputs only some images give (Step-3.7's local crops)
+    _add_keys(_other_images_probe(enc, text), arrays, sequence)  # outputs only some images give (Step-3.7's local crops)
     audio, audio_low, single_masks = _audio_probe(enc)
     sequence |= {k for k, v in audio.items() if k not in OWN_KEYS and v.shape == audio["input_ids"].shape}
     audio_keys = tuple(sorted(k for k in audio if k not in OWN_KEYS and k not in sequence and k not in arrays))
@@ -57,17 +57,17 @@ def encode_layout(enc) -> ProcessorLayout:
                            settings=image_settings(enc.processor), single_masks=single_masks, audio=audio_keys)
 
 
-def _images_probe(enc, im) -> tuple[dict, dict]:
-    """`run_processor` on one user turn of two images ``im``, rendered by the processor's template; a
-    template that writes no image placeholder for them, or a call that fails, is an `ArgumentError`."""
-    text = plain_render(enc, user_turn(2), True)
+def _images_probe(enc, im) -> tuple[str, dict, dict]:
+    """One user turn of two images ``im`` rendered by the processor's template, and `run_processor` on it
+    -> (the text, the outputs, their low-precision dtypes); a template that writes no image placeholder for
+    them, or a call that fails, is an `ArgumentError`."""
+    text, token = plain_render(enc, user_turn(2), True), _image_token(enc)
     if text == plain_render(enc, user_turn(0), True):
         raise _template_drops_images(enc, text, "the text is the same as with no image items")
     try:
-        return run_processor(enc, text=[text], images=[im, im])
+        return (text, *run_processor(enc, text=[text], images=[im, im]))
     except (ValueError, TypeError, IndexError, KeyError) as e:
-        token = getattr(enc.processor, "image_token", None)
-        if isinstance(token, str) and token and text.count(token) == 2:  # the placeholders are there: another cause
+        if token and text.count(token) == 2:  # the placeholders are there: another cause
             raise ArgumentError(f"processor {enc.processor_class} failed on mmpipe's layout probe (one user turn of two "
                                 f"64x64 images, rendered by its chat template): {type(e).__name__}: {e}; check that "
                                 "the processor takes such a call (processor(text=[text], images=[image, image]))") from e
@@ -83,30 +83,37 @@ def _add_keys(probe: dict, arrays: dict, sequence: set) -> None:
                 sequence.add(k)
 
 
+def _image_token(enc):
+    """The processor's image placeholder (``processor.image_token``), or None where it names none."""
+    token = getattr(enc.processor, "image_token", None)
+    return token if isinstance(token, str) and token else None
+
+
 def _template_drops_images(enc, text: str, what: str) -> ArgumentError:
     """The processor's chat template does not write its image placeholder for image items (e.g. a
     checkpoint template that renders media as a text reminder): every row's images would miss the
     model, so the encoder refuses at its first row. ``text``: the probe turn of two images, rendered."""
-    token = getattr(enc.processor, "image_token", None)
-    found = f"{text.count(token)} x {token!r}" if isinstance(token, str) and token else "no placeholder the call takes"
+    token = _image_token(enc)
+    found = f"{text.count(token)} x {token!r}" if token else "no placeholder the call takes"
     shown = text if len(text) <= 240 else text[:240] + "..."
     return ArgumentError(
         f"processor {enc.processor_class}: its chat template does not write an image placeholder per image item "
-        f"({what}); expected 2 placeholders{f' ({token!r})' if isinstance(token, str) and token else ''} in a user "
+        f"({what}); expected 2 placeholders{f' ({token!r})' if token else ''} in a user "
         f"turn of 2 {{'type': 'image'}} items, found {found} in {shown!r}. The rows' images would never reach the "
         "model: set a chat template that writes the processor's image placeholder for each image item "
         "(processor.chat_template = TEMPLATE, or chat_template_kwargs={'chat_template': TEMPLATE})")
 
 
-def _other_images_probe(enc) -> dict:
+def _other_images_probe(enc, text: str) -> dict:
     """The processor's outputs for one user turn holding an elongated (48x160) and a large (2048x512)
-    image: keys a processor returns only for some images (Step-3.7's ``pixel_values_local``, the local
-    crops of elongated or large images; the 64x64 probes give none); {} where the call fails."""
+    image (``text``: that turn rendered): keys a processor returns only for some images (Step-3.7's
+    ``pixel_values_local``, the local crops of elongated or large images; the 64x64 probes give none);
+    {} where the call fails."""
     from PIL import Image
 
     images = [Image.new("RGB", (160, 48), (30, 60, 120)), Image.new("RGB", (2048, 512), (120, 60, 30))]
     try:
-        return run_processor(enc, text=[plain_render(enc, user_turn(2), True)], images=images)[0]
+        return run_processor(enc, text=[text], images=images)[0]
     except (ValueError, TypeError, IndexError, KeyError):
         return {}
 

@@ -42,7 +42,6 @@ GEMMA4_CHAT_TEMPLATE = """\
     {%- endfor -%}
     {{- kept.text | trim -}}
 {%- endmacro -%}
-{%- set state = namespace(last=None) -%}
 {%- set turns = messages -%}
 {{- bos_token -}}
 {%- if (enable_thinking is defined and enable_thinking) or messages[0]['role'] in ['system', 'developer'] -%}

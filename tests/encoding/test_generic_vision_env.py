@@ -258,12 +258,9 @@ def test_gemma4_template_labels_and_thinking(line):
     assert tok.decode(row.input_ids).count("<|turn>model") == 1 and labelled(row) == "One.<turn|>Two.<turn|>"
     raw = raws[0]
     row = mmpipe.encode_row(raw, proc, chat_template_kwargs={"enable_thinking": True})
-    images = iter(raw["images"])
-    messages = [dict(m, content=[dict(c, image=next(images)) if c["type"] == "image" else c for c in m["content"]])
-                for m in raw["messages"]]
-    own = proc.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="np", enable_thinking=True)
-    assert np.array_equal(row.input_ids, own["input_ids"][0]) and "<|think|>" in tok.decode(row.input_ids)
-    assert np.array_equal(row.sequence["mm_token_type_ids"], own["mm_token_type_ids"][0])
+    own = chat_path(proc, raw, enable_thinking=True)
+    assert np.array_equal(row.input_ids, own["input_ids"][0].numpy()) and "<|think|>" in tok.decode(row.input_ids)
+    assert np.array_equal(row.sequence["mm_token_type_ids"], own["mm_token_type_ids"][0].numpy())
     assert labelled(row) == raw["messages"][1]["content"][0]["text"] + "<turn|>"
 
 
