@@ -5,7 +5,8 @@ Stored per row: ``image_sources`` (one ``binary`` per image, Arrow ``list<binary
 source file's bytes as given (``{"bytes"}`` of a ``datasets.Image()`` value, raw bytes, a
 path's file, a ``data:`` URI's payload); an image given only as decoded pixels (a PIL image
 without a file, an array) is stored as a lossless PNG (TIFF for modes PNG lacks) of those
-pixels, EXIF kept. Collate runs `mmpipe.images.encode_image` on the bytes: the same decode,
+pixels, EXIF kept (a mode neither file holds - RGBa, HSV - as the RGB image the uint8 encode
+converts it to). Collate runs `mmpipe.images.encode_image` on the bytes: the same decode,
 EXIF orientation and resize the ``"uint8"`` encode runs, so the pixels are identical. The tiled
 families' source rows keep the same columns; `mmpipe.media.tiles_collate.decoded_rows` tiles them.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 from PIL import Image
@@ -46,7 +47,7 @@ def source_bytes(value: Any, *, where: str = "image") -> bytes:
             return check_decodes(fp.getvalue(), where)
         if name and os.path.isfile(name):
             return check_decodes(read_image_file(name, where=where), where)
-    return _lossless(_usable(img, where))  # a PIL image (maybe edited since it was opened) or an array: its pixels
+    return _lossless(_usable(img, where), where)  # a PIL image (maybe edited since it was opened) or an array: its pixels
 
 
 def check_decodes(data: bytes, where: str) -> bytes:
@@ -80,16 +81,39 @@ def _usable(img: Image.Image, where: str) -> Image.Image:
     return img
 
 
-def _lossless(img) -> bytes:
-    """A decoded image -> PNG bytes of the same pixels and mode (TIFF for modes PNG lacks)."""
-    out = io.BytesIO()
+def _lossless(img: Image.Image, where: str = "image") -> bytes:
+    """A decoded image -> PNG bytes of the same pixels and mode (TIFF for modes PNG lacks), EXIF
+    kept. A mode neither stores (RGBa, HSV, I;16N, La) is stored as the RGB image the ``"uint8"``
+    encode converts it to first (`to_rgb_image`: ``convert("RGB")`` when it has no transparency:
+    the same pixels once oriented and resized); where that conversion is refused (La), its `ImageError`."""
     exif = img.getexif()
+    data = _saved(img, exif)
+    if data is not None:
+        return data
+    from mmpipe.images.load import has_transparency, located, to_rgb_image
+
+    if has_transparency(img):  # its RGB pixels depend on the collate's transparency rule: not fixed here
+        raise ImageError(f"a mode {img.mode} image with transparency cannot be stored as a lossless file",
+                         where=where, expected="a mode PNG or TIFF stores (RGB, RGBA, L, LA, P, ...)",
+                         found=f"mode {img.mode} with transparency",
+                         fix="convert the image to RGBA first, or encode it with pixels='uint8'")
     try:
-        img.save(out, "PNG", exif=exif) if len(exif) else img.save(out, "PNG")
-    except (OSError, ValueError, KeyError):
+        rgb = to_rgb_image(img)
+    except ImageError as e:
+        raise located(e, where)
+    return _saved(rgb, exif)
+
+
+def _saved(img: Image.Image, exif) -> Optional[bytes]:
+    """``img`` as a PNG file, else a TIFF file, else None (a mode neither writes)."""
+    for fmt in ("PNG", "TIFF"):
         out = io.BytesIO()
-        img.save(out, "TIFF", exif=exif) if len(exif) else img.save(out, "TIFF")
-    return out.getvalue()
+        try:
+            img.save(out, fmt, exif=exif) if len(exif) else img.save(out, fmt)
+            return out.getvalue()
+        except (OSError, ValueError, KeyError):  # PIL: "cannot write mode ... as PNG"
+            continue
+    return None
 
 
 def decode_sources(sources: list, grids: np.ndarray, spec, *, row: Any = None) -> np.ndarray:

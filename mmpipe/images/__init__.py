@@ -9,7 +9,8 @@ and produce float32 only when a batch is built.
 
 Bad input (policy, tested by the corpus in ``tests/bad_inputs.py``): every failure is an
 `mmpipe.errors.ImageError` naming the image. EXIF orientation is applied on every route
-(bytes, path, PIL, ``datasets.Image()``; the layout-only path reads it from the header), so
+(bytes, path, PIL, ``datasets.Image()``; the layout-only path reads it from the header, a PNG's
+chunk list included: `mmpipe.images.orientation`), the EXIF block's else the XMP one's, so
 an EXIF-rotated photo is upright - as ``datasets`` decodes it, and unlike the transformers
 processor given the raw PIL image, which ignores the tag. Modes convert as the processor
 does (``convert("RGB")``, transparency over white); 16-bit/int/float modes whose values do

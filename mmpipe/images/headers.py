@@ -11,8 +11,9 @@ encoder variants and on mutated bytes.
   anything that can fail or change the size (``PLTE``, ``tRNS``, ``gAMA``, ``cHRM``, ``sRGB``,
   ``pHYs``, ``tEXt``, ``bKGD``, ``tIME``, ``sBIT``) up to the first ``IDAT``, every one complete with
   its CRC right (PIL checks them; it stops at ``IDAT`` without reading it); then complete chunks up
-  to ``IEND`` with no ``eXIf`` (Pillow reads one after ``IDAT`` too, for the orientation) and no APNG
-  chunk.
+  to ``IEND`` with no APNG chunk and nothing that can give an orientation, anywhere: no ``eXIf`` and
+  no text chunk keyed as EXIF or XMP (`PNG_ORIENTATION_KEYS`: Pillow's
+  ``getexif`` reads them, after ``IDAT`` too once the image is loaded, as ``datasets`` decodes it).
 - **WebP**: a RIFF whose size is the file's, holding one ``VP8 `` (lossy: a key frame tag of
   version 0-3, shown, its first partition inside the chunk, the start code, 14-bit sizes) or
   ``VP8L`` (lossless: the signature byte, version 0) chunk and nothing else: the extended format
@@ -36,6 +37,16 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_DEPTHS = {0: (1, 2, 4, 8, 16), 2: (8, 16), 3: (1, 2, 4, 8), 4: (8, 16), 6: (8, 16)}
 _PNG_PLAIN = {b"PLTE", b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"pHYs", b"tEXt", b"bKGD", b"tIME", b"sBIT"}
 _PNG_REFUSED = {b"eXIf", b"acTL", b"fcTL", b"fdAT"}
+_PNG_TEXT = {b"tEXt", b"zTXt", b"iTXt"}  # refused when their key is one getexif reads (XMP, raw EXIF)
+# the PNG text keys Pillow's getexif reads ("xmp": its copy of the XMP iTXt's bytes; a tEXt or zTXt of
+# that key makes getexif fail, so it is no plain file either)
+PNG_ORIENTATION_KEYS = frozenset({b"exif", b"Raw profile type exif", b"XML:com.adobe.xmp", b"xmp"})
+
+
+def _png_text_key(data: bytes, start: int, end: int) -> bytes:
+    """A PNG text chunk's key: its data up to the first NUL (all of it without one)."""
+    nul = data.find(b"\0", start, min(end, start + 80))
+    return data[start:nul if nul >= 0 else end]
 
 
 def _within_limits(h: int, w: int) -> Optional[tuple[int, int]]:
@@ -57,7 +68,9 @@ def plain_png_hw(data: bytes) -> Optional[tuple[int, int]]:
             return None
         if ctype in _PNG_REFUSED:
             return None
-        if seen_idat:  # after the image data PIL reads nothing at open; only eXIf matters (above)
+        if ctype in _PNG_TEXT and _png_text_key(data, pos + 8, body_end) in PNG_ORIENTATION_KEYS:
+            return None
+        if seen_idat:  # after the image data PIL reads nothing at open; only the orientation matters (above)
             pos = body_end + 4
             if ctype == b"IEND":
                 return size

@@ -11,9 +11,11 @@ import stat
 from typing import Any, Optional
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageFile
 
 from mmpipe.errors import ArgumentError, ImageError, InputError
+from mmpipe.images.orientation import SWAPS_AXES, exif_orientation, upright  # noqa: F401 - exported here too
+from mmpipe.images.rgb import check_range, to_rgb_array, to_rgb_image, unconvertible_error  # noqa: F401 - here too
 from mmpipe.images.transparency import (ENGINE_TRANSPARENCY, TRANSPARENCY_ENV, TRANSPARENCY_RULES,  # noqa: F401
                                         apply_rule, check_transparency, has_transparency, installed_transparency,
                                         rule_of, transparency_rule)
@@ -181,6 +183,8 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
     missing or oversized file raises `ImageError` naming the path and what it is.
     """
     if isinstance(value, Image.Image):
+        if closed_before_read(value):
+            raise closed_error(value, where)
         return value
     found = f"{type(value).__name__}"
     try:
@@ -220,6 +224,27 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
         expected="a PIL image, a datasets Image dict, a path, encoded bytes or a uint8 array [H, W, C]",
         found=type(value).__name__, fix="convert the value to one of those",
     )
+
+
+def closed_before_read(img: Image.Image) -> bool:
+    """Whether ``img`` is a PIL image whose file was closed before its pixels were read (PIL
+    reads them on first use): ``with Image.open(p) as im: images.append(im)``."""
+    if not isinstance(img, ImageFile.ImageFile):
+        return False
+    fp = img.fp
+    if fp is not None and not getattr(fp, "closed", False):
+        return False
+    return bool(img.tile) or getattr(img, "_im", None) is None  # nothing loaded yet
+
+
+def closed_error(img: Image.Image, where: str) -> ImageError:
+    kind = f"{img.format} " if img.format else ""
+    return ImageError(
+        "the PIL image's file was closed before the image was read (PIL reads the pixels on first use, "
+        "after the file is opened)", where=where, expected="a PIL image that is loaded, or whose file is still open",
+        found=f"a {kind}image ({img.mode}, {img.width}x{img.height}) whose file is closed, its pixels unread",
+        fix="call im.load() inside the `with Image.open(...) as im:` block (or keep the file open until encoding), "
+            "or pass the image's path or bytes instead")
 
 
 def _data_uri_bytes(uri: str, where: str) -> bytes:
@@ -285,35 +310,6 @@ def _check_array(arr: np.ndarray, where: str) -> np.ndarray:
                      fix="channels last; one image per array")
 
 
-# EXIF orientations 5..8 swap width and height (transpose / rotate by 90 degrees)
-_EXIF_ORIENTATION = 0x0112
-
-
-_SWAPS_AXES = (5, 6, 7, 8)
-
-
-def exif_orientation(img: Image.Image) -> int:
-    """The EXIF orientation tag (1..8; 1 = upright) from the header; no pixel decode.
-
-    A PNG's eXIf chunk counts only when it comes before the image data (where the PNG
-    standard puts it, and PIL writes it): looking for a later one makes PIL decode the image."""
-    if img.format == "PNG" and "exif" not in img.info:
-        return 1
-    try:
-        o = img.getexif().get(_EXIF_ORIENTATION, 1)
-    except Exception:  # a broken EXIF block: PIL itself ignores it when decoding
-        return 1
-    return int(o) if isinstance(o, int) and 1 <= o <= 8 else 1
-
-
-def upright(img: Image.Image) -> Image.Image:
-    """The image as displayed: EXIF orientation applied (``PIL.ImageOps.exif_transpose``,
-    as ``datasets.Image()`` decoding does); the image itself when already upright."""
-    if exif_orientation(img) == 1:
-        return img
-    return ImageOps.exif_transpose(img)
-
-
 def decoded_rgb(value: Any, *, where: str = "image") -> Image.Image:
     """One image (any form `load_image` takes) -> the upright RGB PIL image, its whole file decoded
     now (PIL decodes lazily): a truncated or corrupt file is this image's `ImageError`
@@ -349,10 +345,7 @@ def image_hw(value: Any, *, where: str = "image") -> tuple[int, int]:
 
 def _upright_hw(img: Image.Image) -> tuple[int, int]:
     w, h = img.size
-    return (w, h) if exif_orientation(img) in _SWAPS_AXES else (h, w)
-
-
-_WIDE_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")
+    return (w, h) if exif_orientation(img) in SWAPS_AXES else (h, w)
 
 
 def located(e: InputError, where: str) -> InputError:
@@ -361,37 +354,3 @@ def located(e: InputError, where: str) -> InputError:
     if e.where == "":
         e.where = where
     return e
-
-
-def check_range(img: Image.Image, where: str = "") -> None:
-    """16-bit / int / float images: PIL's (and so the processor's) RGB conversion clips
-    values to 0..255, turning a 16-bit photo white. Raise instead of training on that
-    (``where``: the image's location, "" where the caller adds it)."""
-    if img.mode not in _WIDE_MODES:
-        return
-    lo, hi = img.getextrema()
-    if lo < 0 or hi > 255:
-        raise ImageError(
-            f"{img.mode} image with values {lo}..{hi}: converting it to RGB clips them to 0..255 "
-            "(what the transformers processor does), which would wash the image out", where=where,
-            expected="8-bit data (values 0..255)", found=f"mode {img.mode}, values {lo}..{hi}",
-            fix="convert to 8 bits yourself, e.g. Image.fromarray((np.asarray(img) >> 8).astype(np.uint8))",
-        )
-
-
-def to_rgb_image(img: Image.Image, transparency: Optional[str] = None) -> Image.Image:
-    """The RGB PIL image the processor works on. ``transparency``: how an image with
-    transparency becomes RGB (`TRANSPARENCY_RULES`): None / ``"auto"`` as the installed
-    transformers' processors do it (`transparency_rule`), ``"white"`` (composited onto white)
-    or ``"drop"`` (``convert("RGB")``). An RGB image without transparency is returned as is
-    (no copy); the rule is looked up only for an image with transparency."""
-    check_range(img)
-    if has_transparency(img):
-        return apply_rule(img, transparency_rule(transparency))
-    check_transparency(transparency)
-    return img if img.mode == "RGB" else img.convert("RGB")
-
-
-def to_rgb_array(img: Image.Image, transparency: Optional[str] = None) -> np.ndarray:
-    """uint8 [H, W, 3]: `to_rgb_image` as an array."""
-    return np.asarray(to_rgb_image(img, transparency))

@@ -42,6 +42,7 @@ class VisionSpec:
     backend: str = "pil"
     resize_rule: str = "qwen"  # `RESIZE_RULES`: the family's ``ModelFamily.resize_rule``
     transparency: Optional[str] = None  # `mmpipe.images.transparency.TRANSPARENCY_RULES`; None: the installed one
+    family: str = ""  # the family's name (`ModelFamily.name`): what refusals name ("" when built by hand)
 
     @property
     def factor(self) -> int:
@@ -59,9 +60,10 @@ class VisionSpec:
         its family's resize rule (`smart_resize` or `glm4v_smart_resize`); ImageError when refused."""
         if self.resize_rule == "glm4v":
             return glm4v_smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels,
-                                      temporal_factor=self.temporal_patch_size, max_ratio=self.max_aspect_ratio)
+                                      temporal_factor=self.temporal_patch_size, max_ratio=self.max_aspect_ratio,
+                                      family=self.family)
         return smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels,
-                            max_ratio=self.max_aspect_ratio)
+                            max_ratio=self.max_aspect_ratio, family=self.family)
 
     @classmethod
     def from_family(cls, fam: ModelFamily, backend: str = "pil", transparency: Optional[str] = None) -> "VisionSpec":
@@ -69,7 +71,7 @@ class VisionSpec:
             fam.patch_size, fam.temporal_patch_size, fam.merge_size, fam.min_pixels, fam.max_pixels,
             tuple(fam.image_mean), tuple(fam.image_std), max_aspect_ratio=fam.max_aspect_ratio,
             backend=resolve_backend(backend), resize_rule=fam.resize_rule,
-            transparency=check_transparency(transparency) or engine_transparency(backend),
+            transparency=check_transparency(transparency) or engine_transparency(backend), family=fam.name,
         )
 
     @classmethod
@@ -106,6 +108,7 @@ class VisionSpec:
             backend,
             fam.resize_rule,
             transparency,
+            fam.name,
         )
 
     def for_rows(self, backends: Sequence[Optional[str]]) -> "VisionSpec":
@@ -172,11 +175,14 @@ def _make_lut(spec: VisionSpec) -> np.ndarray:
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int, *,
-                 max_ratio: float = ModelFamily.max_aspect_ratio) -> tuple[int, int]:
+                 max_ratio: float = ModelFamily.max_aspect_ratio, family: str = "",
+                 size: Optional[tuple[int, int]] = None) -> tuple[int, int]:
     """Qwen's resize target: both sides multiples of ``factor``, area within bounds,
     aspect ratio kept as closely as possible. ``max_ratio``: the largest accepted
     ``max(h, w) / min(h, w)`` (`VisionSpec.max_aspect_ratio`; default the family table's
-    200, what every Qwen-VL image processor enforces); ImageError beyond it."""
+    200, what every Qwen-VL image processor enforces); ImageError beyond it, naming the
+    processor of ``family`` (`VisionSpec.family`) and the image's ``size`` (height, width; default
+    ``height`` x ``width``: a caller that scaled the image first passes the original's)."""
     if min(height, width) <= 0:
         raise ImageError(
             f"image has size {height}x{width}; an image needs at least one pixel each way",
@@ -184,11 +190,13 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
             fix="drop the row or replace the empty image",
         )
     if max(height, width) / min(height, width) > max_ratio:
+        h, w = size or (height, width)
+        ratio = max(height, width) / min(height, width)
+        who = f"{family} processors need" if family else "the processor needs"
         raise ImageError(
-            f"image {height}x{width} has aspect ratio {max(height, width) / min(height, width):.1f}; "
-            f"Qwen-VL processors need it to be at most {max_ratio:g}", where="",
-            expected=f"max(h, w) / min(h, w) <= {max_ratio:g} (transformers smart_resize)",
-            found=f"{max(height, width) / min(height, width):.1f}", fix="crop or pad the image",
+            f"image {h}x{w} (height x width) has aspect ratio {ratio:.1f}; {who} it to be at most {max_ratio:g}",
+            where="", expected=f"max(h, w) / min(h, w) <= {max_ratio:g} (transformers smart_resize)",
+            found=f"{ratio:.1f}", fix="crop or pad the image",
         )
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
@@ -208,17 +216,20 @@ RESIZE_RULES = ("qwen", "glm4v")  # the values of ModelFamily.resize_rule / Visi
 
 
 def glm4v_smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int, *,
-                       temporal_factor: int = 2, max_ratio: float = ModelFamily.max_aspect_ratio) -> tuple[int, int]:
+                       temporal_factor: int = 2, max_ratio: float = ModelFamily.max_aspect_ratio,
+                       family: str = "") -> tuple[int, int]:
     """GLM-4.1V's resize target (transformers ``glm4v`` ``smart_resize`` with an image's
     ``num_frames = temporal_factor``): a side below ``factor`` first scales the image up (``int``
     of the scaled sides), then Qwen's rounding, with the bounds applied to ``temporal_factor``
     frames of the image (``t * h * w``, so an image may hold half the pixels of the bound)."""
     if min(height, width) <= 0:
         return smart_resize(height, width, factor, min_pixels, max_pixels, max_ratio=max_ratio)  # its ImageError
+    size = (height, width)
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
-    smart_resize(height, width, factor, max_pixels, max_pixels, max_ratio=max_ratio)  # the aspect check only
+    # the aspect check only, on the scaled sides (as transformers), naming the image's own size
+    smart_resize(height, width, factor, max_pixels, max_pixels, max_ratio=max_ratio, family=family, size=size)
     t = temporal_factor  # an image is num_frames = temporal_factor frames: round(t / t) * t
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor

@@ -141,7 +141,7 @@ def _target_size(h: int, w: int, n_frames: int, spec: VisionSpec, opts: VideoOpt
                          fix="downscale the video before encoding it")
     min_px, max_px = frame_bounds(n_frames, spec, opts)
     try:
-        return smart_resize(h, w, spec.factor, min_px, max_px, max_ratio=spec.max_aspect_ratio)
+        return smart_resize(h, w, spec.factor, min_px, max_px, max_ratio=spec.max_aspect_ratio, family=spec.family)
     except ImageError as e:
         raise VideoError(e.detail.replace("image", "video frame", 1), where=where, expected=e.expected,
                          found=e.found, fix=e.fix) from None
