@@ -46,7 +46,7 @@ from mmpipe.testing.invariants import assert_roundtrip, assert_rows_from_arrow, 
 from conftest import processor_for
 from strategies import fuzz_encode_options, fuzz_raw_rows, image_pool
 
-from mmpipe.errors import DOCUMENTED_ERRORS
+from mmpipe.errors import DOCUMENTED_ERRORS, PixelDataError
 
 # Documented: the `mmpipe.errors` hierarchy only (InputError and its subclasses, all
 # ValueErrors) - never a bare ValueError/TypeError/KeyError/numpy/PIL error.
@@ -268,10 +268,10 @@ def test_fuzz_collate_unbatch(case):
                                pad_to_multiple_of=multiple)
     except Exception as e:  # noqa: BLE001
         _documented(e, "collate")
-        # the only refusal allowed for valid rows: layout-only rows with images mixed with rows
-        # whose images carry pixels (the batch would silently drop those pixels)
+        # the only refusal allowed for valid rows: layout-only rows with images (the model would not
+        # see them; mixed with rows whose images carry pixels, the batch would drop those pixels)
         with_images = {r.pixel_format for r in rows if r.num_images}
-        assert "none" in with_images and len(with_images) > 1, e
+        assert "none" in with_images, e
         return
     assert_roundtrip(rows, batch=batch)
     B, L = batch.input_ids.shape
@@ -443,8 +443,10 @@ def test_regression_layout_only_rows_do_not_drop_other_rows_pixels():
     rows = [pool[1], as_format(pool[1], "none", True)]
     with pytest.raises(ValueError, match=r"rows \[1\] hold images but no pixel data.*rows \[0\] carry pixels"):
         mmpipe.collate(rows, processor=processor_for("qwen2_vl"))
-    # all layout-only: still allowed (length filters), with the warning
-    batch = mmpipe.collate([rows[1], rows[1]], processor=processor_for("qwen2_vl"))
+    # all layout-only: refused (the model would not see its images), allowed when asked for
+    with pytest.raises(PixelDataError, match="pixels"):
+        mmpipe.collate([rows[1], rows[1]], processor=processor_for("qwen2_vl"))
+    batch = mmpipe.collate([rows[1], rows[1]], processor=processor_for("qwen2_vl"), allow_layout_only=True)
     assert batch.pixel_values is None
     assert_roundtrip([rows[1], rows[1]], batch=batch)
 

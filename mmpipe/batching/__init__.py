@@ -2,8 +2,9 @@
 
 One module per step, in the order rows flow::
 
+    token_counts.py  an encoded dataset -> each row's tokens and images (token_counts)
     sampler.py  row lengths -> batches of row indices under a token/image budget
-                (TokenBudgetBatchSampler, token_counts, token_efficiency)
+                (TokenBudgetBatchSampler, token_efficiency; token_counts re-exported)
     checks.py   stored rows -> validated records, typed errors naming row and column (checked_records)
     text.py     the text part of a padded batch (ids, masks, positions, labels), and back
     media_fields.py  the per-item layout (grids, sizes, tile counts) and its offsets, and back

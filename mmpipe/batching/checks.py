@@ -4,8 +4,8 @@ Every check is O(rows) or vectorised and raises the typed errors of `mmpipe.erro
 the row (its index in the batch) and the column: rows that failed to encode under
 ``on_error="skip"``, rows of different kinds of family (`check_one_kind`), values whose dtype
 would be cast silently (float token ids, integer pixel values), records-level inconsistencies
-(`MultiModalInputs.validate`), layout-only rows mixed with rows that carry pixels
-(`carries_pixels`), NaN/inf in float pixel values (`check_finite`, once the batch's pixels are
+(`MultiModalInputs.validate`), rows with image / video tokens but no pixel data
+(layout-only rows, alone or mixed with rows that carry pixels: `carries_pixels`), NaN/inf in float pixel values (`check_finite`, once the batch's pixels are
 concatenated), and image / video pad tokens at text positions
 (`check_vision_tokens`: a sampled ``<|image_pad|>`` in a response, the "Image features and
 image tokens do not match" crash).
@@ -40,6 +40,8 @@ def checked_records(rows: Sequence[Any], verify_pixels: bool = False, family: An
         raise InputError("collate got an empty list of rows", where="", stage="collate",
                          fix="drop empty batches (DataLoader(drop_last=...)) or filter before collating")
     table = arrow_table(rows)
+    if table is None:
+        rows = row_dicts(rows)
     try:
         if table is not None:  # stored rows as Arrow (ArrowRows): numpy views of the column buffers
             _check_error_column(table.column(ERROR_COLUMN).to_pylist() if ERROR_COLUMN in table.column_names else ())
@@ -173,25 +175,43 @@ def check_finite(pv: np.ndarray, offsets: np.ndarray, name: str) -> None:
     )
 
 
-def carries_pixels(recs: Sequence[MultiModalInputs]) -> bool:
-    """Whether a batch of ``recs`` (any kind) carries pixels: False when its rows with images or
-    videos store none (layout-only rows, ``pixels="none"``: the batch is text-only, logged, for
-    the model will not see any image); a `PixelDataError` naming them when such rows are mixed
-    with rows that carry pixels (a text-only batch would silently drop the others' pixels, found
-    by fuzzing). Source-file rows carry pixels (collate decodes them)."""
+def carries_pixels(recs: Sequence[MultiModalInputs], allow_layout_only: bool = False) -> bool:
+    """Whether a batch of ``recs`` (any kind) carries pixels. Rows holding images or videos
+    (their image / video tokens) but no pixel data (layout-only rows, ``pixels="none"``) are
+    refused with a `PixelDataError` naming the first such row: the model would train on their
+    image tokens without seeing the images. ``allow_layout_only=True`` (an explicit opt-in for
+    callers that want ids without pixels: token statistics, packing plans) returns False
+    instead: a text-only batch without pixel inputs, logged. Such rows mixed with rows that
+    carry pixels are refused either way (a text-only batch would silently drop the others'
+    pixels, found by fuzzing). Rows without images or videos (text-only rows, layout-only ones
+    included) lose nothing and batch with any rows; source-file rows carry pixels (collate
+    decodes them)."""
     media = [i for i, r in enumerate(recs) if r.num_images or r.num_videos]
     missing = [i for i in media if recs[i].pixel_format == "none"]
     carry = [i for i in media if recs[i].pixel_format != "none"]
-    if missing and carry:
+    if not missing:
+        return True
+    if carry:
         raise PixelDataError(f"rows {missing} hold images but no pixel data (layout-only rows, pixels='none') while "
                              f"rows {carry} carry pixels; one batch cannot mix them", row=missing[0],
                              column="pixel_values_u8", stage="collate",
                              fix="encode every row with the same pixels= option that stores pixels (or filter "
                                  "layout-only rows out)")
-    if missing:
-        logger.warning("rows %s hold images but no pixel data (layout-only encoding?); the batch is text-only: the "
-                       "model will not see any image. Encode with pixels='uint8' to train on images.", missing)
-    return not missing
+    if not allow_layout_only:
+        r = recs[missing[0]]
+        held = " and ".join(f"{n} {what}(s)" for n, what in ((r.num_images, "image"), (r.num_videos, "video")) if n)
+        column = "pixel_values_u8" if r.num_images else "pixel_values_videos_u8"  # the column it lacks
+        raise PixelDataError(
+            f"rows {missing} hold image/video tokens but no pixel data (layout-only rows, pixels='none'): the model "
+            "would train (or answer) without seeing them", row=missing[0], column=column, stage="collate",
+            expected=f"the pixel data of its {held} (a row encoded with pixels='uint8', 'float32' or 'source')",
+            found="no pixel column (a layout-only row, encoded with pixels='none')",
+            fix="re-encode the rows with pixels='uint8' (or 'source') to train on them; layout-only rows are for "
+                "length filters, token budgets and rollout prompt layouts. To collate their ids without pixels "
+                "on purpose, pass allow_layout_only=True (collate, Collator, pack, PackingCollator)")
+    logger.info("rows %s hold images but no pixel data (layout-only rows, allow_layout_only=True); the batch is "
+                "text-only: a model given it does not see those images", missing)
+    return False
 
 
 def check_vision_tokens(recs: Sequence[MultiModalInputs], vision_tokens: Optional[VisionTokens] = None) -> None:
@@ -224,6 +244,43 @@ def _as_row_error(e: Exception) -> InputError:
     cls = PixelDataError if ("pixel" in msg or "grid" in msg or "image tokens" in msg) else InputError
     fix = None if "re-encode" in msg else "re-encode the row with mmpipe.encode"
     return cls(msg, where="", stage="collate", fix=fix)
+
+
+def row_dicts(rows):
+    """Rows as collate reads them, from what ``datasets``' pandas format hands over: a
+    ``pandas.DataFrame`` (``ds.with_format("pandas")[a:b]``) or a list of one-row frames
+    (``ds.with_format("pandas")[i]``) become a list of dicts, and in each dict row a nested list
+    that pandas gives as a 1-D object array of equally long arrays (``position_ids`` [3, L], a
+    grid [I, 3]) is stacked into its 2-D array (exact: the same values, their own dtype; a
+    ragged one is left for the reader to refuse). Other rows are returned as they are (a
+    cheap per-column dtype check)."""
+    if _is_frame(rows):
+        rows = rows.to_dict("records")
+    elif isinstance(rows, (list, tuple)) and rows and all(_is_frame(r) for r in rows):
+        rows = [d for r in rows for d in r.to_dict("records")]
+    if not isinstance(rows, (list, tuple)) or not any(isinstance(r, dict) for r in rows):
+        return rows
+    return [_stacked(r) if isinstance(r, dict) else r for r in rows]
+
+
+def _is_frame(x) -> bool:
+    return type(x).__name__ == "DataFrame" and hasattr(x, "to_dict") and hasattr(x, "iloc")
+
+
+def _stacked(r: dict) -> dict:
+    """``r`` with each 1-D object array of equally shaped numeric arrays stacked (see `row_dicts`)."""
+    out = None
+    for k, v in r.items():
+        if not (isinstance(v, np.ndarray) and v.dtype == object and v.ndim == 1 and len(v)):
+            continue
+        parts = list(v)
+        if not all(isinstance(p, np.ndarray) and p.dtype.kind in "biuf" and p.shape == parts[0].shape
+                   for p in parts):
+            continue
+        if out is None:
+            out = dict(r)
+        out[k] = np.stack(parts)
+    return r if out is None else out
 
 
 def arrow_table(rows):

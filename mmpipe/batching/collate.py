@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.batching.checks import arrow_table, carries_pixels, checked_records
+from mmpipe.batching.checks import arrow_table, carries_pixels, checked_records, row_dicts
 from mmpipe.batching.media_fields import collate_layout
 from mmpipe.batching.pack_batch import refuse_packing
 from mmpipe.batching.text import pad_id, padded_length, text_fields
@@ -46,7 +46,8 @@ class CollateContext:
     """What a strategy's ``collate_media`` is told about the batch being built: its family, the
     collator state (``fam.media.collator_state``), the padding side, the padded length L, the
     batch's layout fields and offsets (`mmpipe.batching.media_fields.collate_layout`) and whether
-    its rows carry pixels (False: layout-only rows, a text-only batch; `carries_pixels`)."""
+    its rows carry pixels (False: layout-only rows collated with ``allow_layout_only=True``, a
+    text-only batch; `carries_pixels`)."""
 
     fam: ModelFamily
     state: dict
@@ -70,6 +71,7 @@ def collate(
     keep_columns: Sequence[str] = (),
     verify_pixels: bool = False,
     pixels_on_device: bool = False,
+    allow_layout_only: bool = False,
 ) -> BatchedMultiModalInputs:
     """Pad and pack encoded rows of one family into a batch.
 
@@ -93,6 +95,12 @@ def collate(
             (``pixel_values`` None) and let ``batch.model_inputs(device)`` expand them on that
             device, bit for bit (`mmpipe.images.pixels.u8_to_pixel_values_torch`): the DataLoader
             workers only gather bytes and 1/8 of the float32 bytes cross to the GPU.
+        allow_layout_only: collate rows that hold image / video tokens but no pixel data
+            (layout-only rows, ``pixels="none"``) into a text-only batch without pixel inputs,
+            on purpose (ids without pixels: token statistics, packing plans; a model given it
+            does not see those images). Default False: such rows raise `PixelDataError` naming
+            the row (re-encode with ``pixels="uint8"`` or ``"source"`` to train on them).
+            Text-only rows (no image tokens) collate either way.
 
     Returns a `BatchedMultiModalInputs`: input_ids / attention_mask / mm_token_type_ids int64
     [B, L], position_ids int64 [3, B, L] (patch grids) or [B, L], image_offsets int64 [B+1],
@@ -104,20 +112,21 @@ def collate(
     and column: pixel data that disagree with the layout or the image tokens, NaN/inf in float
     pixel values, integer pixel values or float token ids, rows encoded for another model
     family or processor (`FamilyMismatchError`), rows of another kind of family, rows that
-    failed to encode under ``on_error="skip"`` (filter them with `mmpipe.drop_failed`), and
+    failed to encode under ``on_error="skip"`` (filter them with `mmpipe.drop_failed`), rows
+    with images or videos but no pixel data (`PixelDataError`, see ``allow_layout_only``), and
     image / video pad tokens at text positions (`mmpipe.batching.checks.check_vision_tokens`).
     """
     check_padding_side(padding_side)
     table = arrow_table(rows)  # Arrow rows concatenated once, for the records and the kept columns
-    if table is not None:
-        rows = table
+    rows = table if table is not None else row_dicts(rows)  # pandas-format rows as dicts, once
     given = None if family is None and processor is None else \
         resolve_family(family if family is not None else processor)
     recs = checked_records(rows, verify_pixels, None if given is None else given.name)
     fam, state = batch_state(recs, family, processor, spec=spec, vision_tokens=vision_tokens)
     state = device_pixels_state(fam, state, pixels_on_device)
     batch = collate_records(recs, fam, state, padding_side=padding_side, pad_token_id=pad_id(processor, pad_token_id),
-                            pad_to_length=pad_to_length, pad_to_multiple_of=pad_to_multiple_of)
+                            pad_to_length=pad_to_length, pad_to_multiple_of=pad_to_multiple_of,
+                            allow_layout_only=allow_layout_only)
     batch.columns = kept_columns(rows, keep_columns)
     return batch
 
@@ -141,14 +150,17 @@ def check_padding_side(padding_side: str) -> None:
 
 def collate_records(recs: list[MultiModalInputs], fam: ModelFamily, state: dict, *, padding_side: str,
                     pad_token_id: int, pad_to_length: Optional[int] = None,
-                    pad_to_multiple_of: Optional[int] = None) -> BatchedMultiModalInputs:
+                    pad_to_multiple_of: Optional[int] = None,
+                    allow_layout_only: bool = False) -> BatchedMultiModalInputs:
     """Checked records of ``fam`` -> the batch: the text part placed under the padding
     (`mmpipe.batching.text.text_fields`), the layout of the kind's media items
     (``fam.media.MEDIA_ITEMS``, `collate_layout`), the rest of the media fields from
-    ``fam.media.collate_media`` (``state``: ``fam.media.collator_state``)."""
+    ``fam.media.collate_media`` (``state``: ``fam.media.collator_state``). Rows with images or
+    videos but no pixel data raise unless ``allow_layout_only`` (`carries_pixels`)."""
     L = padded_length(np.array([len(r) for r in recs], np.int64), pad_to_length, pad_to_multiple_of)
     layout = collate_layout(recs, fam.media.MEDIA_ITEMS)
-    media = fam.media.collate_media(recs, CollateContext(fam, state, padding_side, L, layout, carries_pixels(recs)))
+    media = fam.media.collate_media(recs, CollateContext(fam, state, padding_side, L, layout,
+                                                        carries_pixels(recs, allow_layout_only)))
     text = text_fields(recs, L, pad_token_id, padding_side)
     batch = BatchedMultiModalInputs(**{**_no_media(len(recs)), **text, **layout, **media},
                                     family=fam.name, padding_side=padding_side)
@@ -284,12 +296,14 @@ class Collator:
     ``audio="source"`` need its audio call), so it ships cheaply to ``num_workers > 0`` worker
     processes. ``keep_columns``: pass-through columns each batch carries as ``batch.columns``;
     ``verify_pixels``: check each row's pixel digest; ``pixels_on_device``: batches keep uint8
-    pixels that ``model_inputs(device)`` expands there (see `collate`).
+    pixels that ``model_inputs(device)`` expands there; ``allow_layout_only``: collate rows with
+    images but no pixel data (``pixels="none"``) into text-only batches on purpose (see `collate`;
+    refused by default).
     """
 
     def __init__(self, processor=None, *, padding_side: str = "left", pad_to_multiple_of: Optional[int] = None,
                  family: Any = None, pad_token_id: Optional[int] = None, keep_columns: Sequence[str] = (),
-                 verify_pixels: bool = False, pixels_on_device: bool = False):
+                 verify_pixels: bool = False, pixels_on_device: bool = False, allow_layout_only: bool = False):
         self.family, self.state = collator_family("Collator", processor, family)
         self.state = device_pixels_state(self.family, self.state, pixels_on_device)
         self.processor_class = None if processor is None else processor_class_name(processor)
@@ -299,6 +313,7 @@ class Collator:
         self.verify_pixels = verify_pixels
         self.padding_side = padding_side
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.allow_layout_only = bool(allow_layout_only)
 
     @property
     def spec(self) -> Optional[VisionSpec]:
@@ -308,12 +323,12 @@ class Collator:
     def __call__(self, rows: Sequence[Any]) -> BatchedMultiModalInputs:
         check_padding_side(self.padding_side)
         table = arrow_table(rows)
-        if table is not None:
-            rows = table
+        rows = table if table is not None else row_dicts(rows)  # pandas-format rows as dicts, once
         recs = checked_records(rows, self.verify_pixels, self.family.name)
         fam = batch_family(recs, self.family, self.processor_class)
         state = self.state if fam.name == self.family.name else fam.media.collator_state(None, fam)  # see batch_family
         batch = collate_records(recs, fam, state, padding_side=self.padding_side, pad_token_id=self.pad_token_id,
-                                pad_to_multiple_of=self.pad_to_multiple_of)
+                                pad_to_multiple_of=self.pad_to_multiple_of,
+                                allow_layout_only=getattr(self, "allow_layout_only", False))
         batch.columns = kept_columns(rows, self.keep_columns)
         return batch

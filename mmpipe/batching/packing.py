@@ -104,6 +104,7 @@ def pack(
     max_images: Optional[int] = None,
     vision_tokens: Optional[VisionTokens] = None,
     model: Any = None,
+    allow_layout_only: bool = False,
 ) -> PackedMultiModalInputs:
     """Pack encoded rows (``MultiModalInputs``, stored dicts or Arrow rows) into one sequence.
 
@@ -114,7 +115,9 @@ def pack(
     processor's by default, else the pads the rows' image blocks show). ``model``: the model the
     pack is for (or its config, or a ``config.json`` dict): its layers are checked
     (`mmpipe.batching.attention_layers.check_packing`; `PackingUnsupportedError` naming the layer
-    type that does not keep packed rows apart); without it, one warning per process.
+    type that does not keep packed rows apart); without it, one warning per process. Rows with
+    images or videos but no pixel data (layout-only, ``pixels="none"``) are refused as in
+    `mmpipe.collate` unless ``allow_layout_only=True`` (a pack of ids without pixels).
 
     The steps: the rows read and their family resolved as in `mmpipe.collate`; a family whose
     model does not take packed rows refused with the reason (`refuse_packing`: Gemma 3, the
@@ -125,7 +128,8 @@ def pack(
     fam, state = batch_state(recs, family, processor, spec=spec, vision_tokens=vision_tokens)
     refuse_packing("pack", fam, state.get("processor_class") or recs[0].processor_class)
     model_packing("pack", model, fam)
-    b = collate_records(recs, fam, state, padding_side="right", pad_token_id=pad_id(processor, pad_token_id))
+    b = collate_records(recs, fam, state, padding_side="right", pad_token_id=pad_id(processor, pad_token_id),
+                        allow_layout_only=allow_layout_only)
     return pack_batch(b, max_tokens, max_images)
 
 
@@ -179,19 +183,23 @@ class PackingCollator:
     (`mmpipe.errors.PackingUnsupportedError`): a family whose model does not take packed rows,
     and a ``model`` (a transformers model, its config or a ``config.json`` dict) with a layer
     type that does not keep packed rows apart (`mmpipe.batching.attention_layers`). Without
-    ``model``, one warning per process says its layers were not checked.
+    ``model``, one warning per process says its layers were not checked. ``allow_layout_only``:
+    as in `pack` (layout-only rows are refused by default).
     """
 
     def __init__(self, processor=None, *, model: Any = None, max_tokens: Optional[int] = None,
-                 max_images: Optional[int] = None, family: Any = None, pad_token_id: Optional[int] = None):
+                 max_images: Optional[int] = None, family: Any = None, pad_token_id: Optional[int] = None,
+                 allow_layout_only: bool = False):
         self.family, self.state = collator_family("PackingCollator", processor, family, packing=True)
         self.layers = model_packing("PackingCollator", model, self.family)
         self.pad_token_id = pad_id(processor, pad_token_id)
         self.max_tokens = max_tokens
         self.max_images = max_images
+        self.allow_layout_only = bool(allow_layout_only)
 
     def __call__(self, rows: Sequence[Any]) -> PackedMultiModalInputs:
         recs = checked_records(rows)
         fam = batch_family(recs, self.family)
-        b = collate_records(recs, fam, self.state, padding_side="right", pad_token_id=self.pad_token_id)
+        b = collate_records(recs, fam, self.state, padding_side="right", pad_token_id=self.pad_token_id,
+                            allow_layout_only=getattr(self, "allow_layout_only", False))
         return pack_batch(b, self.max_tokens, self.max_images)

@@ -47,8 +47,8 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
+from mmpipe.batching.token_counts import token_counts  # noqa: F401  (re-exported: its home was here)
 from mmpipe.errors import ArgumentError, InputError
-from mmpipe.records.arrow import list_lengths
 
 COSTS = ("padded", "packed")
 OVERSIZE = ("raise", "alone")
@@ -143,8 +143,17 @@ class TokenBudgetBatchSampler:
     # ---- construction from data -----------------------------------------------------
     @classmethod
     def from_dataset(cls, dataset, **kwargs) -> "TokenBudgetBatchSampler":
-        """From an encoded ``datasets.Dataset`` (any pixel storage, layout-only included)."""
+        """From an encoded map-style ``datasets.Dataset`` (any pixel storage, layout-only
+        included; `token_counts`). ``max_images`` needs the rows' image counts: a dataset
+        without a column that says them (generic-path rows of an earlier mmpipe, no
+        ``image_hw``) raises `ArgumentError` then, never a silent 0 images per row."""
         lengths, num_images = token_counts(dataset)
+        if num_images is None and kwargs.get("max_images") is not None:
+            raise ArgumentError(
+                "max_images needs each row's image count, and this dataset has no column that says it "
+                "(image_grid_thw, tiles_per_image or image_hw; generic-path rows of an earlier mmpipe store no "
+                "image_hw): re-encode it with mmpipe.encode (which stores image_hw), or leave max_images out, or "
+                "pass TokenBudgetBatchSampler(lengths, num_images, ...) with counts you know")
         return cls(lengths, num_images, **kwargs)
 
     # ---- epochs ---------------------------------------------------------------------
@@ -343,37 +352,6 @@ class TokenBudgetBatchSampler:
         return (f"TokenBudgetBatchSampler(rows={len(self.lengths)}, max_tokens={self.max_tokens}, "
                 f"max_images={self.max_images}, cost={self.cost!r}, shuffle={self.shuffle}, seed={self.seed}, "
                 f"epoch={self.epoch}, rank={self.rank}/{self.num_replicas})")
-
-
-def token_counts(dataset) -> tuple[np.ndarray, np.ndarray]:
-    """``(lengths, num_images)``, int64 [n] each, of an encoded ``datasets.Dataset``.
-
-    Read from the Arrow list offsets of ``input_ids`` and ``image_grid_thw`` (no row is
-    decoded, no pixel touched), so it works on a layout-only encoding
-    (``mmpipe.encode(..., pixels="none")``) as well as on a stored training set. A list of
-    rows (``MultiModalInputs`` or dicts) works too.
-    """
-    if isinstance(dataset, (list, tuple)):
-        from mmpipe.records.row import MultiModalInputs
-
-        recs = [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(dataset)]
-        return (np.asarray([r.num_tokens for r in recs], np.int64),
-                np.asarray([r.num_images for r in recs], np.int64))
-    names = set(getattr(dataset, "column_names", []) or [])
-    if "input_ids" not in names:
-        raise InputError(
-            "token_counts needs an encoded dataset with an 'input_ids' column", where="", column="input_ids",
-            stage="collate", expected="an encoded dataset (input_ids, image_grid_thw, ...)",
-            found=f"columns {sorted(names)}",
-            fix="encode first, e.g. layout-only: ds.map(mmpipe.encode, fn_kwargs={'processor': p, 'pixels': 'none'})",
-        )
-    # images: one image_grid_thw entry (Qwen / GLM) or one tiles_per_image entry (tiled families) each
-    cols = [c for c in ("input_ids", "image_grid_thw", "tiles_per_image") if c in names]
-    table = dataset.select_columns(cols).with_format("arrow")[:]  # honours select/shuffle indices
-    lengths = list_lengths(table.column("input_ids"))
-    image_col = next((c for c in cols[1:]), None)
-    num_images = list_lengths(table.column(image_col)) if image_col is not None else np.zeros_like(lengths)
-    return lengths, num_images
 
 
 def token_efficiency(lengths: Sequence[int], batches: Sequence[Sequence[int]], *, cost: str = "padded",

@@ -5,7 +5,8 @@ Each takes a column (or the table) and returns the repaired Arrow data:
 
 - `lossless_cast`: a column cast to the schema type when every value survives the round trip
   (int64 -> int32 when every value fits, large_list -> list, large_binary -> binary, float64
-  -> float32 when exact);
+  -> float32 when exact, a column holding no value at all, ``list<null>`` after a pandas round
+  trip, to its typed empty lists);
 - `u8_list_to_binary`: compact pixels stored as ``list<uint8>`` (older layout) -> ``binary``
   with the end marker;
 - `add_empty_column`: a missing video column, empty for every row (no videos);
@@ -26,14 +27,29 @@ from mmpipe.records.columns import END_MARKER
 
 
 def lossless_cast(col: pa.ChunkedArray, typ: pa.DataType) -> Optional[pa.ChunkedArray]:
-    """``col`` cast to ``typ`` when no value changes (the cast back gives ``col``), else None."""
+    """``col`` cast to ``typ`` when no value changes (the cast back gives ``col``), else None.
+    A column that holds no value at all (all null, or lists of nulls and empty lists: Arrow's
+    ``null`` / ``list<null>`` after a pandas round trip) casts losslessly to any type whose
+    values are as many lists and nulls (checked on the Python values, which are only nulls and
+    empty lists there)."""
     try:
         out = col.cast(typ, safe=True)
-        if not out.cast(col.type).equals(col):
-            return None
-        return out
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
+    if _holds_no_value(col.type):
+        return out if out.to_pylist() == col.to_pylist() else None
+    try:
+        return out if out.cast(col.type).equals(col) else None
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+
+
+def _holds_no_value(t: pa.DataType) -> bool:
+    """Whether a column of type ``t`` can hold nulls and (nested) lists only: its innermost type
+    is ``null``."""
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return pa.types.is_null(t)
 
 
 def is_u8_list(t: pa.DataType) -> bool:

@@ -34,6 +34,48 @@ def _kind_types(schema: pa.Schema) -> dict[str, dict[str, str]]:
     return out
 
 
+# The optional stored columns (`mmpipe.records.columns.OPTIONAL_ROW_COLUMNS`: a row carries them
+# only when it needs them) with their Arrow types, published after the columns every row has.
+def _optional_types() -> dict[str, pa.DataType]:
+    from mmpipe.records.columns import SOURCE_LIST_TYPE
+
+    return {"image_backend": pa.string(), "image_sources": SOURCE_LIST_TYPE, "audio_sources": SOURCE_LIST_TYPE}
+
+
+# Columns the generic path (kind processor) stores under a row-schema name with its own type:
+# the processor's own outputs (named by generic_layout), flat, their shapes in generic_shapes.
+PROCESSOR_OUTPUT_TYPES = {"pixel_values": (pa.list_(pa.float32()), "kind processor: float32 [prod(shape)] the "
+                                            "processor's own pixel_values, flat; its shape in generic_shapes")}
+
+
+def row_schema() -> pa.Schema:
+    """The published stored-row schema: every kind's columns (`MultiModalInputs.arrow_schema`
+    with ``kind=None``), then the optional ones (`OPTIONAL_ROW_COLUMNS`), each with its doc."""
+    from mmpipe.records.columns import OPTIONAL_ROW_COLUMNS
+    from mmpipe.records.row import MultiModalInputs
+
+    schema = MultiModalInputs.arrow_schema(kind=None)
+    fields = []
+    for f in schema:
+        extra = PROCESSOR_OUTPUT_TYPES.get(f.name)
+        if extra is not None:
+            f = f.with_metadata({"doc": (f.metadata or {}).get(b"doc", b"").decode() + "; " + extra[1]})
+        fields.append(f)
+    types = _optional_types()
+    fields += [pa.field(name, types[name], nullable=True, metadata={"doc": "optional: " + doc})
+               for name, doc in OPTIONAL_ROW_COLUMNS.items()]
+    return pa.schema(fields)
+
+
+def _row_kind_types(schema: pa.Schema) -> dict[str, dict[str, str]]:
+    """`_kind_types` of the row schema, plus the generic path's own outputs under row-schema
+    names (`PROCESSOR_OUTPUT_TYPES`)."""
+    out = _kind_types(schema)
+    for name, (typ, _) in PROCESSOR_OUTPUT_TYPES.items():
+        out.setdefault(name, {})["processor"] = str(typ)
+    return out
+
+
 def _document(name: str, schema: pa.Schema, doc: str, examples: Optional[dict] = None,
               kind_types: Optional[dict] = None) -> dict:
     kind_types = kind_types or {}
@@ -68,7 +110,7 @@ def schema_documents() -> dict[str, dict]:
     return {
         "multimodal_inputs.json": _document(
             "MultiModalInputs",
-            MultiModalInputs.arrow_schema(kind=None),
+            row_schema(),
             "One encoded row of any family as stored in Arrow (the union of the columns every "
             "family kind writes; each field's doc names the kinds that write it where not all: "
             "patches = Qwen2/2.5/3-VL, GLM-4.1V, text; tiles = Gemma 3, InternVL, LLaVA-OneVision; "
@@ -78,9 +120,10 @@ def schema_documents() -> dict[str, dict]:
             "source (image_sources) or none (layout only). Examples: per family, one row with one "
             "28x28 image (the text family: text only) as stored, long values shortened to their shape "
             "and first values. A field's arrow_type_by_kind gives the type a family kind stores "
-            "where it differs.",
+            "where it differs. Fields whose doc starts with 'optional:' are stored only by the rows "
+            "that need them (image_sources with pixels=source, image_backend, audio_sources).",
             row_examples(),
-            _kind_types(MultiModalInputs.arrow_schema(kind=None)),
+            _row_kind_types(row_schema()),
         ),
         "batched_multimodal_inputs.json": _document(
             "BatchedMultiModalInputs",

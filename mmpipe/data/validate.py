@@ -15,17 +15,20 @@ to fix it::
 
 One path for every family: the rows' family (`dataset_family`) picks its media strategy
 (``fam.media``, `mmpipe.media`), which says only what differs per kind: the columns its rows
-carry (``expected_columns``: the patch grids' are `MultiModalInputs.arrow_schema`'s, exactly
-typed; the tiles and processor kinds' any type of the same shape), its dataset-level checks
+carry (``expected_columns``: the published row schema's columns, `MultiModalInputs.arrow_schema`
+for the kind, exactly typed for every kind; the generic path's own processor outputs, which
+the schema does not list, by shape), its dataset-level checks
 (``dataset_checks``: one processor layout per generic-path dataset) and its check of a read row
 (``row_checks``: M-RoPE positions; tile feature tokens, exact counts with ``processor=``). The
 rest is done once here: columns and types (`mmpipe.data.validate_columns`), then one family per
 dataset and every row read as collate reads it, pixel digests verified
 (`mmpipe.data.validate_rows`).
 
-Safe repairs (``fix=True``; each reported as "fixed"; patch-grid rows): lossless casts to the
-schema types (int64 -> int32 when every value fits, large_list -> list, large_binary -> binary,
-float64 -> float32 when exact), ``list<uint8>`` / ``list<list<uint8>>`` compact pixels ->
+Safe repairs (``fix=True``; each reported as "fixed"): lossless casts to the schema types, for
+every kind (int64 -> int32 when every value fits, large_list -> list, large_string -> string,
+large_binary -> binary, float64 -> float32 when exact, a column holding no value at all such as
+pandas' ``list<null>`` -> its typed empty lists), patch-grid rows' ``list<uint8>`` /
+``list<list<uint8>>`` compact pixels ->
 ``binary`` with the end marker (when the sizes match the grids), a missing ``rope_delta``
 recomputed as ``max(position_ids) + 1 - L``, missing video columns added empty. Anything else
 (missing tokens, inconsistent rows) needs a re-encode: the report says so.
@@ -36,6 +39,7 @@ from __future__ import annotations
 from typing import Optional
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 # re-exported: mmpipe.data.validate was the home of the report types and the loaders
 from mmpipe.data.loading import DamagedDatasetError, load_table, table_to_dataset  # noqa: F401
@@ -72,11 +76,7 @@ def dataset_family(table: pa.Table) -> ModelFamily:
 # ---- the checks after the columns ----------------------------------------------------------
 def _processor_issues(fam: ModelFamily, processor) -> list[Issue]:
     """The processor passed for exact checks must be the one of the rows' family."""
-    try:
-        ok = resolve_family(processor).accepts(fam.name)
-    except (TypeError, ArgumentError):  # not a processor at all
-        ok = False
-    if ok:
+    if _processor_accepts(processor, fam.name):
         return []
     return [Issue("error", "family", "family", f"rows of {fam.name} but the processor is "
                   f"{type(processor).__name__}", "pass the processor the rows were encoded with")]
@@ -98,13 +98,57 @@ def _dataset_issues(table: pa.Table, fam: ModelFamily, processor) -> tuple[list[
 def _row_level_issues(table: pa.Table, fam: ModelFamily, pixel_format: str, *, processor,
                       images_kwargs: Optional[dict], positions: bool, chunk: int) -> list[Issue]:
     """Checks reading rows: images without pixels, unreadable source files, every row read as
-    collate reads it and given to the kind's row check (``fam.media.row_checks``)."""
-    media = fam.media
-    check = media.row_checks(table, processor=processor, images_kwargs=images_kwargs,
-                             positions=positions)
-    no_pixels = missing_pixels(table, pixel_format, media.IMAGE_LAYOUT_COLUMN)
+    collate reads it and given to its family's row check (``fam.media.row_checks``,
+    `_row_check`)."""
+    check = _row_check(table, fam, processor=processor, images_kwargs=images_kwargs, positions=positions)
+    no_pixels = missing_pixels(table, pixel_format, fam.media.IMAGE_LAYOUT_COLUMN)
     reported = frozenset(r for i in no_pixels for r in i.rows)
     return no_pixels + unreadable_files(table, chunk) + row_issues(table, check, chunk, reported)
+
+
+def _row_check(table: pa.Table, fam: ModelFamily, *, processor, images_kwargs: Optional[dict],
+               positions: bool):
+    """The kind's row check (``fam.media.row_checks``) for the rows' family; where the rows are
+    of several families of the kind (already an error, `family_issues`), one check per family,
+    built from that family's rows alone and given the processor only where it is that family's,
+    so each row is checked against its own family's tokens (a table-wide token would blame the
+    right rows)."""
+    names = sorted(str(n) for n in pc.unique(table.column("family").drop_null()).to_pylist()
+                   if str(n) in ALL_FAMILIES) if "family" in table.column_names else []
+    if len(names) < 2:
+        return fam.media.row_checks(table, processor=processor, images_kwargs=images_kwargs, positions=positions)
+    checks = {}
+    for name in names:
+        own = processor is not None and _processor_accepts(processor, name)
+        rows = table.filter(pc.equal(table.column("family"), name))
+        checks[name] = get_family(name).media.row_checks(rows, processor=processor if own else None,
+                                                          images_kwargs=images_kwargs if own else None,
+                                                          positions=positions)
+
+    def check(r, i: int) -> None:
+        one = checks.get(r.family)
+        if one is not None:
+            one(r, i)
+
+    return check
+
+
+def _processor_accepts(processor, name: str) -> bool:
+    try:
+        return resolve_family(processor).accepts(name)
+    except (TypeError, ArgumentError):  # not a processor at all
+        return False
+
+
+def _cast_hint(table: pa.Table, fam: ModelFamily, fmt: Optional[str], labels: bool) -> str:
+    """How to cast a table's columns to the stored types: ``ds.cast(features)`` where the row
+    schema of the rows' kind lists every column (a cast needs them all), else the repair."""
+    from mmpipe.records.row import MultiModalInputs
+
+    listed = set(MultiModalInputs.arrow_schema(fmt, labels, fam.kind).names)
+    if not set(table.column_names) <= listed:  # the generic path's own outputs, extra columns
+        return "mmpipe.load_encoded(path, fix=True)"
+    return f"ds = ds.cast(mmpipe.MultiModalInputs.features({fmt!r}, labels={labels}, kind={fam.kind!r}))"
 
 
 # ---- public API ----------------------------------------------------------------------------
@@ -147,8 +191,7 @@ def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: b
                                    "(pixel_values_u8 / pixel_values / image_sources): rows may mix "
                                    "pixel formats", "encode with one pixels= setting"))
     columns = fam.media.expected_columns(table, labels=labels, pixel_format=fmt)
-    hint = (f"ds = ds.cast(mmpipe.MultiModalInputs.features("
-            f"{None if fmt == 'mixed' else fmt!r}, labels={labels}))")
+    hint = _cast_hint(table, fam, None if fmt == "mixed" else fmt, labels)
     table = check_columns(table, columns, report, fix=fix, cast_hint=hint)
     if report.fixed:  # columns in schema order (appended ones move into place), extras last
         order = [c.name for c in columns if c.name in table.column_names]

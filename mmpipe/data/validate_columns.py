@@ -3,7 +3,8 @@ Arrow types against the columns its kind of rows carries (``fam.media.expected_c
 `mmpipe.data.column_rules.ExpectedColumn` each), with the safe repairs of ``fix=True``: a
 missing column (error, or a warning and its repair for an older layout), a column no kind
 stores (a warning), a column of the wrong Arrow type (strict: a lossless cast repairs it; of
-the same shape: any type that reads the same passes).
+the same shape: any type that reads the same passes). Every kind's columns of the published
+row schema are strict (`mmpipe.data.column_rules`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Callable, NamedTuple
 
 import pyarrow as pa
 
-from mmpipe.data.column_rules import ExpectedColumn, same_shape, shape_text
+from mmpipe.data.column_rules import ExpectedColumn, published, same_shape, shape_text
 from mmpipe.data.repair import (
     add_empty_column, is_u8_list, lossless_cast, pixel_digests, recompute_rope_deltas,
     u8_list_to_binary,
@@ -55,11 +56,13 @@ _REPAIR_NEEDS = {"rope_delta": {"position_ids", "input_ids"}}  # what a repair i
 
 def declared_columns(table: pa.Table, columns: tuple, kind: str) -> list[ExpectedColumn]:
     """The columns a kind's rows store, as its declarations (``fam.media.COLUMNS``,
-    `mmpipe.records.codec.Column`) say, any Arrow type of the same shape: a column is required
-    when its reader needs it (``missing="error"``) and, for a column of some pixel formats only
-    (``pixels``), when the table stores another column of the same formats (the tiles' ``tile_hw``
-    with their ``pixel_values_u8``); every other declared column is optional. A
-    declaration that is a function (the processor kind's own outputs) is left to the kind."""
+    `mmpipe.records.codec.Column`) say: a column of the published row schema with its exact
+    Arrow type for the kind (strict: ``fix=True`` repairs another width by a lossless cast, as
+    for the patch grids), any other one unchecked. A column is required when its reader needs
+    it (``missing="error"``) and, for a column of some pixel formats only (``pixels``), when the
+    table stores another column of the same formats (the tiles' ``tile_hw`` with their
+    ``pixel_values_u8``); every other declared column is optional. A declaration that is a
+    function (the processor kind's own outputs) is left to the kind."""
     declared = [c for c in columns if not callable(c)]
     stored = set(table.column_names)
 
@@ -69,8 +72,9 @@ def declared_columns(table: pa.Table, columns: tuple, kind: str) -> list[Expecte
         return not c.pixels or any(o is not c and o.pixels == c.pixels and o.name in stored for o in declared)
 
     need = [c.name for c in declared if required(c)]
-    return [ExpectedColumn.stored(n, kind) for n in need] + \
-        [ExpectedColumn.stored(c.name, kind, if_missing="optional") for c in declared if c.name not in need]
+    return [ExpectedColumn.stored(n, kind, strict=published(n)) for n in need] + \
+        [ExpectedColumn.stored(c.name, kind, strict=published(c.name), if_missing="optional")
+         for c in declared if c.name not in need]
 
 
 def check_columns(table: pa.Table, columns: list[ExpectedColumn], report: ValidationReport, *,
@@ -125,12 +129,16 @@ def _check_type(table: pa.Table, c: ExpectedColumn, report: ValidationReport, fi
         return table
     if col.type.equals(c.type):
         return table
-    if c.name.endswith("_u8") and is_u8_list(col.type):
+    earlier = any(col.type.equals(t) for t in c.earlier)
+    if earlier and not fix:
+        return table  # an earlier release's type: reads the same (fix=True casts it to today's)
+    if pa.types.is_binary(c.type) and c.name.endswith("_u8") and is_u8_list(col.type):
         how = "compact pixels as a list of uint8 (older layout) instead of binary + end marker"
         repaired = u8_list_to_binary(col) if fix else None
     else:
         cast = lossless_cast(col, c.type)
-        how = "wrong Arrow type" + ("" if cast is not None else ", and a cast would change values")
+        how = ("an earlier release's Arrow type" if earlier else "wrong Arrow type") + \
+            ("" if cast is not None else ", and a cast would change values")
         repaired = cast if fix else None
     if repaired is not None:
         report.issues.append(Issue("fixed", "type", c.name,

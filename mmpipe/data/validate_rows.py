@@ -52,15 +52,32 @@ def failed_rows(table: pa.Table) -> list[Issue]:
 
 def family_issues(table: pa.Table, known: list[str]) -> tuple[list[Issue], bool]:
     """Rows of a family not in ``known`` (the families of the dataset's kind; an error, and
-    False: the rows cannot be read further) and rows of several families (an error: token ids
-    and positions differ between families)."""
+    False: the rows cannot be read further): a name no family has is "unknown", a known family
+    of another kind (a Qwen row among generic-path rows) is named with its kind; and rows of
+    several families (an error: token ids and positions differ between families)."""
+    from mmpipe.families import ALL_FAMILIES
+
     fams = table.column("family")
-    unknown = pc.fill_null(pc.invert(pc.is_in(fams, value_set=pa.array(known))), True)
-    bad = _flags(unknown)
-    if len(bad):
-        vals = sorted({str(v) for v in pc.unique(pc.filter(fams, unknown)).to_pylist()})
-        return [Issue("error", "family", "family", f"unknown model family {vals}; known: {known}",
-                      REENCODE, bad.tolist())], False
+    outside = pc.fill_null(pc.invert(pc.is_in(fams, value_set=pa.array(known))), True)
+    if len(_flags(outside)):
+        other = pc.fill_null(pc.is_in(fams, value_set=pa.array(sorted(ALL_FAMILIES))), False)
+        issues = []
+        unknown = pc.and_(outside, pc.invert(other))
+        if len(_flags(unknown)):
+            vals = sorted({str(v) for v in pc.unique(pc.filter(fams, unknown)).to_pylist()})
+            issues.append(Issue("error", "family", "family", f"unknown model family {vals}; known: "
+                                f"{sorted(ALL_FAMILIES)}", REENCODE, _flags(unknown).tolist()))
+        foreign = pc.and_(outside, other)
+        if len(_flags(foreign)):
+            vals = sorted(str(v) for v in pc.unique(pc.filter(fams, foreign)).to_pylist())
+            kinds = ", ".join(f"{v!r} ({ALL_FAMILIES[v].kind})" for v in vals)
+            kind = ALL_FAMILIES[known[0]].kind if known else "?"
+            issues.append(Issue("error", "family", "family", f"rows of model families of another kind: {kinds}, "
+                                f"in a dataset of {kind} rows (families {known}); one dataset holds rows of one "
+                                "family: their columns, token ids and positions differ",
+                                "re-encode these rows with the training model's processor, or split by family",
+                                _flags(foreign).tolist()))
+        return issues, False
     counts = pc.value_counts(fams).to_pylist()
     if len(counts) < 2:
         return [], True

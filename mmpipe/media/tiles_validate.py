@@ -1,7 +1,8 @@
 """The validate stage's part of the ``tiles`` kind (Gemma 3, InternVL, LLaVA-OneVision),
 one of its modules (`mmpipe.media.KINDS`, asked as ``fam.media.<name>``): the columns a
-stored tiles row carries (any integer width: the reader casts, and rows of the previous release
-stored ``mm_token_type_ids`` as int32), and each row's image feature tokens:
+stored tiles row carries (the published schema's types, strict as for every kind; rows of the
+previous release stored ``mm_token_type_ids`` as int32, which reads the same and ``fix=True``
+casts), and each row's image feature tokens:
 
 - every token marked 1 in ``mm_token_type_ids`` holds the family's feature token and no
   unmarked token does; the marked tokens form one run per image (per tile for Gemma 3, whose
@@ -34,7 +35,7 @@ KIND_COLUMN = "tiles_per_image"  # only tiles rows store it (names a table witho
 def expected_columns(table: pa.Table, *, labels: bool, pixel_format: str) -> list[ExpectedColumn]:
     """The stored tiles columns as `mmpipe.media.tiles.COLUMNS` declare them
     (`mmpipe.data.validate_columns.declared_columns`): the token and layout columns, and
-    ``tile_hw`` with stored tiles; any Arrow type of the same shape."""
+    ``tile_hw`` with stored tiles; the published schema's columns with their exact types."""
     from mmpipe.data.validate_columns import declared_columns
     from mmpipe.media.tiles import COLUMNS
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import datasets
 import numpy as np
 import pytest
@@ -43,12 +41,14 @@ def _rows(proc, counts=(2, 0, 1, 3)):
     st.sampled_from(["qwen2_vl", "qwen3_vl"]),
 )
 def test_unbatch_inverts_collate(raws, side, multiple, formats, family):
-    """unbatch(collate(rows)) == rows for any rows, storage formats mixed."""
+    """unbatch(collate(rows)) == rows for any rows, storage formats mixed (layout-only rows with
+    images alone: a text-only batch, asked for with allow_layout_only=True)."""
     proc = processor_for(family)
     rows = [mmpipe.encode_row(r, proc, pixels=formats[i]) for i, r in enumerate(raws)]
     if any(r.pixel_format == "none" and r.num_images for r in rows) and any(r.has_pixels for r in rows):
         rows = [mmpipe.encode_row(r, proc) for r in raws]  # layout-only rows make a text-only batch
-    batch = mmpipe.collate([r.to_dict() for r in rows], processor=proc, padding_side=side, pad_to_multiple_of=multiple)
+    batch = mmpipe.collate([r.to_dict() for r in rows], processor=proc, padding_side=side, pad_to_multiple_of=multiple,
+                           allow_layout_only=True)
     assert_roundtrip(rows, batch=batch)
     assert_positions_match_rows(batch, rows)
     if multiple:
@@ -109,13 +109,45 @@ def test_dataloader_with_workers_over_arrow_rows(tmp_path):
         assert_roundtrip(expected, batch=list(loader), label=str(fmt))
 
 
-def test_layout_only_rows_warn_and_go_text_only(caplog):
+@pytest.mark.parametrize("family", ["qwen2_vl", "glm4v", "internvl"])
+def test_pandas_format_rows_collate_exactly(family):
+    """``with_format("pandas")`` hands nested lists (position_ids [3, L], grids [I, 3]) as 1-D
+    object arrays of arrays: collate stacks them (same values, same dtype), so a DataLoader over
+    the pandas format, a pandas slice and a list of one-row frames give the rows back exactly."""
+    proc = processor_for(family)
+    raw = datasets.Dataset.from_list(_rows(proc, counts=(1, 0, 2, 1)))
+    enc = raw.map(mmpipe.encode, fn_kwargs={"processor": proc}, remove_columns=raw.column_names)
+    expected = [mmpipe.MultiModalInputs.from_dict(r) for r in enc]
+    pandas = enc.with_format("pandas")
+    loader = torch.utils.data.DataLoader(pandas, batch_size=2, collate_fn=mmpipe.Collator(proc))
+    assert_roundtrip(expected, batch=list(loader), label="pandas loader")
+    assert_roundtrip(expected, batch=mmpipe.collate(pandas[0:4], processor=proc), label="pandas slice")
+    assert_roundtrip(expected, batch=mmpipe.collate([pandas[i] for i in range(4)], processor=proc),
+                     label="one-row frames")
+
+
+def test_layout_only_rows_with_images_are_refused_unless_allowed():
+    """Layout-only rows (pixels="none") holding image tokens: collate refuses them (the model
+    would train on image tokens without pixels); ``allow_layout_only=True`` is the explicit
+    opt-in for ids without pixels; a layout-only row without images collates either way."""
+    from mmpipe.errors import PixelDataError
+
     proc = processor_for("qwen2_vl")
     rows = _encode_all(_rows(proc, counts=(1, 0)), proc, pixels="none")
-    with caplog.at_level(logging.WARNING, logger="mmpipe"):
-        batch = mmpipe.collate(rows, processor=proc)
-    assert "rows [0] hold images but no pixel data" in caplog.text
+    for build in (lambda: mmpipe.collate(rows, processor=proc), lambda: mmpipe.Collator(proc)(rows),
+                  lambda: mmpipe.Collator(proc)([r.to_dict() for r in rows])):
+        with pytest.raises(PixelDataError) as info:
+            build()
+        e = info.value
+        assert (e.row, e.column, e.stage) == (0, "pixel_values_u8", "collate")
+        assert "1 image(s)" in e.expected and "pixels='none'" in e.found
+        assert "pixels='uint8'" in e.fix and "allow_layout_only=True" in e.fix
+    batch = mmpipe.collate(rows, processor=proc, allow_layout_only=True)
     assert "pixel_values" not in batch.model_inputs()
+    assert_roundtrip(rows, batch=batch)
+    assert mmpipe.Collator(proc, allow_layout_only=True)(rows).pixel_values is None
+    text_only = mmpipe.collate(rows[1:], processor=proc)  # no image tokens: nothing is missing
+    assert_roundtrip(rows[1:], batch=text_only)
 
 
 def test_pixel_grid_mismatch_names_the_row():

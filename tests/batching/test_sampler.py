@@ -188,3 +188,57 @@ def test_data_parallel_split_and_its_limit():
     assert "rank=0/3" in repr(s)
     with pytest.raises(ValueError, match="0 <= rank < num_replicas"):
         TokenBudgetBatchSampler([1, 1], max_tokens=100, num_replicas=2, rank=2)
+
+
+def _generic_raw(counts):
+    import datasets
+
+    from mmpipe import testing
+
+    return datasets.Dataset.from_list([
+        {"messages": [{"role": "user", "content": [{"type": "image"}] * k + [{"type": "text", "text": "Describe."}]},
+                      {"role": "assistant", "content": [{"type": "text", "text": "Shapes."}]}],
+         "images": [testing.tiny_image(40, 48, seed=10 * i + j) for j in range(k)]} for i, k in enumerate(counts)])
+
+
+def test_generic_path_rows_count_their_images_and_keep_the_image_budget():
+    """Generic-path rows (no image_grid_thw / tiles_per_image) count their images from
+    image_hw (2 values per image): max_images is kept and a row over it alone is refused; rows
+    of an earlier release (no image_hw) have no count, so max_images is an ArgumentError, never
+    a silent 0 images per row."""
+    from mmpipe.errors import ArgumentError, InputError
+    from mmpipe.offline.other_vlms import build_foreign_processor
+
+    proc = build_foreign_processor("idefics3")
+    counts = [3, 2, 1, 0, 1]
+    raw = _generic_raw(counts)
+    enc = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, "family": "generic"}, remove_columns=raw.column_names)
+    lengths, num_images = token_counts(enc)
+    assert num_images.tolist() == counts == [mmpipe.MultiModalInputs.from_dict(r).num_images for r in enc]
+    assert token_counts(enc.select([2, 0]))[1].tolist() == [1, 3]
+    assert token_counts([enc[i] for i in range(len(enc))])[1].tolist() == counts
+    with pytest.raises(InputError, match=r"row 0 is over the batch budget on its own.*3 images \(max_images=2\)"):
+        TokenBudgetBatchSampler.from_dataset(enc, max_tokens=10**6, max_images=2)
+    s = TokenBudgetBatchSampler.from_dataset(enc, max_tokens=10**6, max_images=2, oversize="alone", shuffle=False)
+    batches = list(s)
+    assert sorted(i for b in batches for i in b) == list(range(len(counts)))
+    assert all(sum(counts[i] for i in b) <= 2 for b in batches if b != [0]) and [0] in batches
+    old = enc.remove_columns(["image_hw"])  # what the release before image_hw stored
+    assert token_counts(old)[1] is None
+    assert token_counts(old)[0].tolist() == lengths.tolist()
+    with pytest.raises(ArgumentError, match="max_images needs each row's image count.*image_hw"):
+        TokenBudgetBatchSampler.from_dataset(old, max_tokens=10**6, max_images=2)
+    assert len(TokenBudgetBatchSampler.from_dataset(old, max_tokens=10**6).batches()) >= 1  # no image budget: fine
+
+
+def test_from_dataset_refuses_an_iterable_dataset_with_a_typed_error(demo_raw):
+    from mmpipe.errors import ArgumentError
+
+    proc = processor_for("qwen2_vl")
+    enc = demo_raw.select(range(4)).map(mmpipe.encode, fn_kwargs={"processor": proc, "pixels": "none"},
+                                        remove_columns=demo_raw.column_names)
+    for data in (enc.to_iterable_dataset(), enc.to_iterable_dataset(num_shards=2)):
+        with pytest.raises(ArgumentError, match="need a map-style datasets.Dataset.*got IterableDataset"):
+            TokenBudgetBatchSampler.from_dataset(data, max_tokens=1000)
+        with pytest.raises(ArgumentError, match="TokenBudgetBatchSampler\\(lengths, num_images"):
+            token_counts(data)

@@ -108,23 +108,24 @@ def test_bad_batches_are_refused(proc, raws, stored):
         MultiModalInputs.from_dict(broken, 1)
 
 
-def test_layout_only_rows_follow_the_one_rule_of_every_kind(proc, raws, caplog):
+def test_layout_only_rows_follow_the_one_rule_of_every_kind(proc, raws):
     """Layout-only rows (pixels="none") in a tiled batch: the rule of every kind (the batching
-    checks' `carries_pixels`): rows with images but no pixels make a text-only batch, logged; mixed
-    with rows that carry pixels a PixelDataError naming both; a layout-only row WITHOUT images
-    loses nothing, so it batches with rows that carry pixels."""
-    import logging
-
+    checks' `carries_pixels`): rows with images but no pixels are refused (PixelDataError
+    naming the row) unless ``allow_layout_only=True`` (a text-only batch, on purpose); mixed
+    with rows that carry pixels a PixelDataError naming both, opt-in or not; a layout-only row
+    WITHOUT images loses nothing, so it batches with rows that carry pixels."""
     from mmpipe.errors import PixelDataError
 
     layout = [mmpipe.encode_row(r, proc, pixels="none") for r in raws]
     rows = [mmpipe.encode_row(r, proc) for r in raws]
-    with caplog.at_level(logging.WARNING, logger="mmpipe"):
-        batch = mmpipe.collate(layout, processor=proc)
-    assert "rows [1, 2, 3] hold images but no pixel data" in caplog.text
+    with pytest.raises(PixelDataError, match=r"rows \[1, 2, 3\] hold image/video tokens but no pixel data") as info:
+        mmpipe.collate(layout, processor=proc)
+    assert (info.value.row, info.value.column) == (1, "pixel_values_u8") and "pixels='uint8'" in info.value.fix
+    batch = mmpipe.collate(layout, processor=proc, allow_layout_only=True)
     assert batch.pixel_format == "none" and "pixel_values" not in batch.model_inputs()
-    with pytest.raises(PixelDataError, match=r"rows \[1\] hold images but no pixel data.*rows \[0\] carry pixels"):
-        mmpipe.collate([rows[1], layout[1]], processor=proc)
+    for allow in (False, True):
+        with pytest.raises(PixelDataError, match=r"rows \[1\] hold images but no pixel data.*rows \[0\] carry pixels"):
+            mmpipe.collate([rows[1], layout[1]], processor=proc, allow_layout_only=allow)
     mixed = mmpipe.collate([layout[0], rows[1], rows[2]], processor=proc)  # layout[0]: no image
     alone = mmpipe.collate([rows[0], rows[1], rows[2]], processor=proc)
     np.testing.assert_array_equal(mixed.pixel_values, alone.pixel_values)

@@ -121,7 +121,9 @@ def test_rows_without_labels_and_layout_only_rows(name):
     packed = invariants.assert_pack_roundtrip(prompts, processor=proc)
     assert packed.labels is None and packed.first_labels is None and "labels" not in packed.model_inputs()
     layout = [mmpipe.encode(_raw(n, k), processor=proc, pixels="none") for k, n in enumerate([1, 0, 3])]
-    packed = invariants.assert_pack_roundtrip(layout)  # no processor needed without pixels
+    with pytest.raises(mmpipe.errors.PixelDataError, match="allow_layout_only=True"):
+        mmpipe.pack(layout)  # image tokens without pixels: refused unless asked for
+    packed = invariants.assert_pack_roundtrip(layout, allow_layout_only=True)  # no processor needed without pixels
     assert packed.pixel_values is None and "pixel_values" not in packed.model_inputs()
     assert packed.num_images == 4 and packed.sequence_ids[0].tolist() == np.repeat([0, 1, 2], packed.seq_lengths).tolist()
 

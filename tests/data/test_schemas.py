@@ -122,3 +122,35 @@ def test_each_family_batch_has_sample_to_image_indices(name):
         assert prec.schema.equals(mmpipe.PackedMultiModalInputs.arrow_schema())
         assert prec.column("sample_to_image_indices").to_pylist() == [want]
     assert_roundtrip(rows, batch=batch)
+
+
+def test_optional_columns_and_the_generic_pixels_are_published():
+    """The optional stored columns (a row carries them only when it needs them) are published
+    with their Arrow types, and the generic path's flat pixel_values has its kind's type; every
+    column a pixels="source" row stores is published with the type it is stored with."""
+    from conftest import processor_for
+    from mmpipe import testing
+    from mmpipe.records.columns import OPTIONAL_ROW_COLUMNS
+
+    fields = {f["name"]: f for f in _published("multimodal_inputs.json")["fields"]}
+    want = {"image_sources": "list<item: binary>", "audio_sources": "list<item: binary>", "image_backend": "string"}
+    assert set(OPTIONAL_ROW_COLUMNS) == set(want)
+    for name, typ in want.items():
+        assert fields[name]["arrow_type"] == typ and fields[name]["nullable"], name
+        assert fields[name]["doc"].startswith("optional: ")
+    assert fields["pixel_values"]["arrow_type_by_kind"] == {"processor": "list<item: float>"}
+    stored = _published("multimodal_inputs.json")["examples"]["generic"]["pixel_values"]
+    assert len(stored["shape"]) == 1  # the generic example's pixels are flat, as published
+    raw = datasets.Dataset.from_list([{
+        "messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
+                     {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]}],
+        "images": [testing.tiny_image(56, 56)]}]).cast_column("images", datasets.List(datasets.Image(decode=False)))
+    for name in ("qwen2_vl", "internvl"):
+        enc = raw.map(mmpipe.encode, fn_kwargs={"processor": processor_for(name), "pixels": "source"},
+                      remove_columns=raw.column_names)
+        kind = get_family(name).kind
+        assert "image_sources" in enc.column_names
+        for f in enc.data.table.schema:
+            assert f.name in fields, (name, f.name)
+            assert str(f.type) == fields[f.name].get("arrow_type_by_kind", {}).get(kind, fields[f.name]["arrow_type"]), \
+                (name, f.name, str(f.type))

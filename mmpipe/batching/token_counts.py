@@ -1,0 +1,93 @@
+"""Each row's token and image counts from an encoded dataset's stored columns, for
+`mmpipe.batching.sampler.TokenBudgetBatchSampler` (its lengths and image budget) and length
+statistics: `token_counts`. Only Arrow list offsets are read: no row is decoded, no pixel
+touched, so a layout-only encoding (``pixels="none"``) gives the same counts as the stored
+training set.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from mmpipe.errors import ArgumentError, InputError
+from mmpipe.records.arrow import list_lengths
+
+__all__ = ["COUNT_COLUMNS", "IMAGE_COUNT_COLUMNS", "token_counts"]
+
+
+def token_counts(dataset) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """``(lengths, num_images)``, int64 [n] each, of an encoded map-style ``datasets.Dataset``.
+
+    Read from the Arrow list offsets of ``input_ids`` and of the column that says each row's
+    image count (no row is decoded, no pixel touched): ``image_grid_thw`` (Qwen / GLM: one
+    entry per image), ``tiles_per_image`` (tiled families: one entry per image) or
+    ``image_hw`` (the generic path: each image's (height, width), 2 values per image, stored
+    flat). So it works on a layout-only encoding (``mmpipe.encode(..., pixels="none")``) as
+    well as on a stored training set. ``num_images`` is None when no column says it
+    (generic-path rows of an earlier mmpipe store no ``image_hw``): never a silent 0. A list
+    of rows (``MultiModalInputs`` or dicts) works too. An ``IterableDataset`` (streaming) has
+    no length to plan an epoch with: `ArgumentError` (pass the lengths to the constructor).
+    """
+    if isinstance(dataset, (list, tuple)):
+        from mmpipe.records.row import MultiModalInputs
+
+        recs = [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(dataset)]
+        # generic-path rows of an earlier mmpipe (no image_hw) do not know their image count
+        unknown = any(r.image_hw is None and r.fam.media.IMAGE_LAYOUT_COLUMN == "image_hw" for r in recs)
+        return (np.asarray([r.num_tokens for r in recs], np.int64),
+                None if unknown else np.asarray([r.num_images for r in recs], np.int64))
+    _check_map_style(dataset)
+    names = set(getattr(dataset, "column_names", []) or [])
+    if "input_ids" not in names:
+        raise InputError(
+            "token_counts needs an encoded dataset with an 'input_ids' column", where="", column="input_ids",
+            stage="collate", expected="an encoded dataset (input_ids, image_grid_thw, ...)",
+            found=f"columns {sorted(names)}",
+            fix="encode first, e.g. layout-only: ds.map(mmpipe.encode, fn_kwargs={'processor': p, 'pixels': 'none'})",
+        )
+    table = dataset.select_columns(sorted(names & COUNT_COLUMNS)).with_format("arrow")[:]  # honours select/shuffle indices
+    lengths = list_lengths(table.column("input_ids"))
+    return lengths, _image_counts(table)
+
+
+# the stored columns that say a row's image count, and how many of their values make one image:
+# one image_grid_thw entry (patch grids), one tiles_per_image entry (tiles), two image_hw values
+# (the generic path's (height, width), stored flat)
+IMAGE_COUNT_COLUMNS = (("image_grid_thw", 1), ("tiles_per_image", 1), ("image_hw", 2))
+COUNT_COLUMNS = {"input_ids"} | {c for c, _ in IMAGE_COUNT_COLUMNS}
+
+
+def _image_counts(table) -> Optional[np.ndarray]:
+    """int64 [n] images per row from the first column of `IMAGE_COUNT_COLUMNS` the table has;
+    None when none says it (generic-path rows of an earlier mmpipe store no ``image_hw``), so
+    that a count is never a silent 0."""
+    for name, per_image in IMAGE_COUNT_COLUMNS:
+        if name in table.column_names:
+            n = list_lengths(table.column(name))
+            if per_image > 1 and (n % per_image).any():
+                i = int(np.flatnonzero(n % per_image)[0])
+                raise InputError(f"{name} holds {int(n[i])} values; it stores {per_image} per image",
+                                 row=i, column=name, stage="collate",
+                                 expected=f"a multiple of {per_image} values", found=f"{int(n[i])} values",
+                                 fix="re-encode the row with mmpipe.encode")
+            return n // per_image
+    return None
+
+
+def _check_map_style(dataset) -> None:
+    """`ArgumentError` for a dataset the sampler cannot plan an epoch over: an
+    ``IterableDataset`` (streaming; no length, no random access) or anything without columns."""
+    try:
+        import datasets
+        iterable = isinstance(dataset, datasets.IterableDataset)
+    except ImportError:  # pragma: no cover - datasets is a dependency
+        iterable = False
+    if iterable or not hasattr(dataset, "select_columns") or not hasattr(dataset, "__len__"):
+        raise ArgumentError(
+            f"token_counts / TokenBudgetBatchSampler.from_dataset need a map-style datasets.Dataset (random "
+            f"access by row index, a known length), got {type(dataset).__name__}: a batch_sampler hands out row "
+            "indices, which an IterableDataset (streaming) cannot take; load it map-style (load_dataset(..., "
+            "streaming=False) or Dataset.from_generator), or pass the lengths yourself: "
+            "TokenBudgetBatchSampler(lengths, num_images, max_tokens=...)")
