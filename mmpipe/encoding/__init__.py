@@ -9,8 +9,9 @@ module                 step
                        ``t*h*w/merge^2``), shared by encode, multi-turn, ReMA, rollout inputs
 ``media``              a raw row's image and video columns, the queues placeholders take them from
 ``render``             the chat template: renders, a row's tools, assistant spans -> labels
-``spans``              where the assistant replies are in a render (generation blocks, markers,
-                       prefixes) and where each turn ends
+``spans``              where the assistant replies are in a render (generation blocks, markers;
+                       a thinking reply's answer marked) and where each turn ends
+``prefix_spans``       the fallback: replies by the conversation's prefixes, or a typed refusal
 ``marked_render``      one render gives the text and the replies' spans where provably exact
                        (replies written out untouched), else the caller renders twice
 ``text_ids``           rendered (or placeholder-spliced) text -> ids and labels, for the kinds

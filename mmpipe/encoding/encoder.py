@@ -41,6 +41,7 @@ from mmpipe.encoding.glm_videos import token_types
 from mmpipe.encoding.mapping import EncodeStats, check_max_length, encode_or_drop, map_call
 from mmpipe.encoding.options import ERROR_POLICIES, TRUNCATION_POLICIES, check_choice, check_options
 from mmpipe.encoding.parse import no_audio, parse_media, row_where
+from mmpipe.encoding.placeholders import check_rendered_images
 from mmpipe.encoding.render import ChatTemplate
 from mmpipe.encoding.spans import END_OF_TURN
 from mmpipe.errors import ArgumentError, ImageError, InputError
@@ -231,9 +232,12 @@ class Encoder(ChatTemplate, CodeStamped):
         ``end_of_turn="stop_token"``); ([] without labels)."""
         agp = self.generation_prompt(messages)
         if not (self.labels and any(m["role"] == "assistant" for m in messages)):
-            return self.prompt_text(messages, agp, tools, where), []
+            text = self.prompt_text(messages, agp, tools, where)
+            check_rendered_images(text, messages, self.family.image_token, where)
+            return text, []
         text, marked = self.marked_render([messages], agp, tools)[0]  # one render where it is exact
         text = self.prompt_text(messages, agp, tools, where, text)
+        check_rendered_images(text, messages, self.family.image_token, where)
         text, spans, _ = self.reply_spans(messages, text, where, tools, agp, marked_text=marked)
         return text, spans
 

@@ -270,7 +270,7 @@ def _columns(enc, rows: list) -> dict:
     lens = np.fromiter((len(r.ids) for r in rows), np.int64, n)
     starts = np.cumsum(lens) - lens
     ids = np.fromiter(itertools.chain.from_iterable(r.ids for r in rows), np.int64, int(lens.sum()))
-    labels = _labels(rows, ids, starts) if enc.labels else None
+    labels = enc.unlabel_vision(ids, _labels(rows, ids, starts)) if enc.labels else None
     n_img = np.fromiter((len(r.grids) for r in rows), np.int64, n)
     grids = np.asarray([g for r in rows for g in r.grids], dtype=np.int64).reshape(-1, 3)
     pads = np.flatnonzero(ids == enc.image_token_id)  # one per image: rows in order, images in order

@@ -23,8 +23,10 @@ order, like user turns) and may carry ``tool_call_id`` / ``name``; `parse_tools`
 row's ``tools`` column (a list of JSON-schema function specs, or that list as a JSON string).
 
 The parsed messages carry only ``{"type": "image"}`` / ``{"type": "text", "text": str}``
-items (or plain string contents), plus the tool fields above: what the chat template renders,
-one image placeholder per image. Nothing here tokenizes or decodes (but to name the bad image of
+items (or plain string contents), the tool fields above and every other key of the raw message
+(``reasoning_content``, GLM-4.1V's ``metadata``, ...) as the processor's own chat path hands it to
+the template (a None value left out: Arrow gives every message every key of the column's struct):
+what the chat template renders, one image placeholder per image. Nothing here tokenizes or decodes (but to name the bad image of
 a column ``datasets`` failed to decode: `UnreadableImages`); a malformed row raises `mmpipe.errors.ParseError`
 or `mmpipe.errors.PlaceholderError` naming the row and column.
 """
@@ -49,6 +51,9 @@ from mmpipe.records.columns import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_P
 # (a documented corpus case); a non-string or empty role is refused.
 KNOWN_ROLES = ("system", "user", "assistant", "tool")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# the message keys parse reads itself; every other key reaches the template as it is (`_extra_fields`)
+_OWN_KEYS = frozenset(("role", "content", "tool_calls", "tool_call_id", "name"))
+_TEXT_KEYS = frozenset(("reasoning_content",))  # keys templates concatenate as text: a string or nothing
 
 __all__ = ["KNOWN_ROLES", "UnreadableImages", "row_where", "check_text", "is_image_item", "inline_image",
            "split_placeholders", "parse_tool_calls", "parse_tools", "parse_row", "parse_media"]
@@ -241,6 +246,27 @@ def _tool_fields(msg: dict, m_i: int, column: str, where: str) -> dict:
     return out
 
 
+def _extra_fields(msg: dict, m_i: int, column: str, where: str) -> dict:
+    """The keys of one raw message that parse does not read itself (`_OWN_KEYS`), for the chat
+    template as the processor's chat path gets them (templates read ``reasoning_content``,
+    ``metadata``, ...). None values are left out (Arrow's filler); text is checked (`check_text`);
+    ``reasoning_content`` must be a string (templates concatenate it into the reply)."""
+    out = {}
+    for key, value in msg.items():
+        if key in _OWN_KEYS or value is None:
+            continue
+        if isinstance(value, np.ndarray):  # an Arrow list in numpy format: the list it stores
+            value = value.tolist()
+        if isinstance(value, str):
+            check_text(value, where=where, column=column, what=f"message {m_i}, {key}")
+        elif key in _TEXT_KEYS:
+            raise ParseError(f"message {m_i}: {key} must be a string (the chat template writes it into the reply)",
+                             where=where, column=column, expected="str or None", found=type(value).__name__,
+                             fix=f"store {key} as a string (join a list of reasoning parts), or None")
+        out[key] = value
+    return out
+
+
 def _bad_call(what: str, where: str, column: str, message: int, k: int, found: Any) -> ParseError:
     return ParseError(
         f"message {message}, tool call {k}: {what}", where=where, column=column,
@@ -311,8 +337,9 @@ def parse_media(example: dict, *, idx=None, images_column: str = "images", video
     appearance.
 
     Returned messages carry only ``{"type": "image"}`` / ``{"type": "video"}`` / ``{"type": "audio"}`` /
-    ``{"type": "text", "text": ...}`` items (or plain string contents), and the tool fields
-    (``tool_calls`` on assistant messages, ``tool_call_id`` / ``name``); image and video values
+    ``{"type": "text", "text": ...}`` items (or plain string contents), the tool fields
+    (``tool_calls`` on assistant messages, ``tool_call_id`` / ``name``) and the message's other
+    keys (``reasoning_content``, ...: `_extra_fields`); image and video values
     are returned separately (a video item's per-video options ride with its value, see
     `mmpipe.encoding.media`). The row's ``tools`` are read by `parse_tools`.
     """
@@ -323,6 +350,7 @@ def parse_media(example: dict, *, idx=None, images_column: str = "images", video
     messages = [_parse_message(msg, m_i, media, columns[m_i], where) for m_i, msg in enumerate(raw)]
     for m_i, (msg, raw_msg) in enumerate(zip(messages, raw)):
         msg.update(_tool_fields(raw_msg, m_i, columns[m_i], where))
+        msg.update(_extra_fields(raw_msg, m_i, columns[m_i], where))
     media.iq.check_all_used()
     media.vq.check_all_used()
     media.aq.check_all_used()

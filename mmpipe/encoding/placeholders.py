@@ -18,8 +18,9 @@ merges with its neighbours, and avoids tokenizing thousands of special tokens pe
 - `collapse_placeholders` / `expand_placeholders`: training ids <-> ids with one pad per block
   (what vLLM takes, `mmpipe.rollout.inputs`); `check_roundtrip` asserts they invert exactly.
 - `check_image_placeholders`: one placeholder per image in the rendered prompt (every kind that
-  lays images out itself); `splice_text`: each image's placeholder <-> its text, in the text
-  (the tiled families: encode expands, their vLLM prompt collapses).
+  lays images out itself); `check_rendered_images`: the turns of the images a template dropped;
+  `splice_text`: each image's placeholder <-> its text, in the text (the tiled families: encode
+  expands, their vLLM prompt collapses).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = [
     "expand_placeholders",
     "check_roundtrip",
     "check_image_placeholders",
+    "check_rendered_images",
     "splice_text",
 ]
 
@@ -166,6 +168,33 @@ def check_image_placeholders(found: int, n_images: int, token: str, where: str, 
             fix=(f"remove literal {token} text from the messages" if found > n_images
                  else "the chat template did not render every image item" + missing),
         )
+
+
+def check_rendered_images(text: str, messages: list, token: Optional[str], where: str) -> None:
+    """`check_image_placeholders` where the rendered prompt ``text`` holds fewer ``token`` than
+    ``messages`` hold image items (the template dropped some), its fix naming the turns that hold
+    images: the ones outside user turns when they are exactly as many as are missing."""
+    per = [(i, m.get("role"), sum(1 for p in m["content"] if isinstance(p, dict) and p.get("type") == "image"))
+           for i, m in enumerate(messages) if isinstance(m.get("content"), list)]
+    per = [x for x in per if x[2]]
+    total = sum(n for *_, n in per)
+    found = text.count(token) if token and total else total
+    if found >= total:
+        return
+    outside = [x for x in per if x[1] != "user"]
+    missing = total - found
+
+    def named(xs) -> str:
+        return ", ".join(f"message {i} ({role}, {n} image{'s' if n > 1 else ''})" for i, role, n in xs)
+    if outside and sum(n for *_, n in outside) == missing:
+        roles = sorted({str(r) for _, r, _ in outside})
+        cause = (f" ({missing} missing, as many as the row's images outside user turns: {named(outside)}; this "
+                 f"template apparently drops images in {' or '.join(roles)} messages): move those images to a "
+                 f"user turn, or use a chat template that renders them there")
+    else:
+        cause = (f" ({missing} missing; the images sit in {named(per)}): check which turns and content items "
+                 "the chat template renders images for")
+    check_image_placeholders(found, total, token, where, missing=cause)
 
 
 def splice_text(text: str, olds: list, news: list) -> tuple[list, list, list]:

@@ -14,6 +14,7 @@ import numpy as np
 
 from mmpipe.encoding.marked_render import Probe, TrackedText, overlay, plain_text
 from mmpipe.encoding.parse import check_text, parse_tools
+from mmpipe.encoding.prefix_spans import prefix_spans
 from mmpipe.encoding.spans import ReplySpans, StopRule, locate_replies, marked_messages, reply_indices
 from mmpipe.errors import InputError, PlaceholderError
 from mmpipe.records.columns import IGNORE_INDEX
@@ -280,6 +281,19 @@ class ChatTemplate:
         return out
 
     # -- replies ------------------------------------------------------------------------------
+    def unlabel_vision(self, ids: np.ndarray, labels: Optional[np.ndarray]) -> Optional[np.ndarray]:
+        """``labels`` int64 [L] with -100 at every vision token of the family in ``ids`` int64 [L]
+        (`ModelFamily.vision_token_ids`: image and video pads and the image's start and end tokens,
+        ``<|vision_start|>`` / ``<|begin_of_image|>``), an image inside a reply included: inputs,
+        never targets (the rollout side bans them in samples). In place; None stays None."""
+        if labels is None:
+            return None
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        vision = [i for i in self.family.vision_token_ids(self.tokenizer).values() if i is not None and i != unk]
+        if vision:
+            labels[np.isin(ids, vision)] = IGNORE_INDEX
+        return labels
+
     def stop_rule(self) -> StopRule:
         """The end-of-turn rule of this encoder (`mmpipe.encoding.spans.StopRule`): the end-of-turn
         text the template writes after a reply (what it writes there up to its last added token
@@ -324,34 +338,11 @@ class ChatTemplate:
             full_agp = self.generation_prompt(messages)
         return locate_replies(self, messages, full, where, tools, full_agp, self.stop_rule(), marked_text)
 
-    def prefix_spans(self, messages: list[dict], full: str, where: str,
-                     tools: Optional[list] = None,
+    def prefix_spans(self, messages: list[dict], full: str, where: str, tools: Optional[list] = None,
                      full_agp: Optional[bool] = None) -> list[tuple[int, int]]:
-        """Character spans of assistant responses in ``full`` by rendering the conversation up
-        to each (`mmpipe.encoding.spans` way 3): from the end of the conversation rendered
-        before it (with the generation prompt) to the end of the conversation rendered up to
-        it, trailing newlines and spaces dropped. ``full_agp``: the ``add_generation_prompt`` of
-        ``full``; when False, ``full`` is the last prefix, not rendered again. The other
-        prefixes: at most two batched renders."""
-        ks = [k for k, msg in enumerate(messages) if msg["role"] == "assistant"]
-        again = [k for k in ks if not (k == len(messages) - 1 and full_agp is False)]
-        befores = iter(self.render_many([messages[:k] for k in ks if k], True, tools)
-                       if ks and ks[-1] else [])
-        uptos = dict(zip(again, self.render_many([messages[: k + 1] for k in again], False, tools)
-                         if again else []))
-        spans = []
-        for k in ks:
-            before = next(befores) if k else ""
-            upto = uptos.get(k, full)
-            if not (full.startswith(before) and full.startswith(upto) and upto.startswith(before)):
-                raise InputError(
-                    "the chat template does not render conversation prefixes as prefixes of the "
-                    "whole conversation, so assistant tokens cannot be located", where=where,
-                    stage="template", column="messages",
-                    fix="pass labels=False or a prefix-stable chat template")
-            # up to the end-of-turn token: trailing newlines/spaces dropped, never into ``before``
-            spans.append((len(before), max(len(before), len(upto.rstrip("\n ")))))
-        return spans
+        """Character spans of assistant responses in ``full`` by rendering the conversation up to
+        each (`mmpipe.encoding.prefix_spans`; `mmpipe.encoding.spans` way 3)."""
+        return prefix_spans(self, messages, full, where, tools, full_agp)
 
     def warn_ignored_tools(self, messages: list[dict], agp: bool, tools: Optional[list], text: str) -> None:
         """Log once per encoder when the chat template renders a row's ``tool_calls`` or

@@ -10,12 +10,18 @@ train on, found from the chat template itself, whatever its whitespace:
    text (trailing spaces and newlines included), tool calls and end-of-turn token following it.
    Where the template provably only writes each reply out untouched (`mmpipe.encoding.marked_render`
    sees every read of it), the marked render alone gives the real text too: one render, not two.
+   A template that splits a reply's reasoning out of its content (``<think>...</think>``:
+   GLM-4.6V, Qwen3 thinking templates; reasoning kept after the last user turn only) drops the
+   first marker with the reasoning: those replies are marked once more around their answer
+   (all that follows the last ``</think>``), and each such reply starts where its turn's header
+   ends, so it is what the template wrote for it: the reasoning as rendered (``<think></think>``
+   in history turns), then the answer (one more render).
 3. **prefixes**: a template whose output outside the replies depends on their content (one
-   that writes a newline only before a non-empty reply, drops a reasoning part) is located the
-   old way, by rendering the conversation up to each reply (quadratic in the turns; a template
-   that does not render prefixes as prefixes is refused).
+   that writes a newline only before a non-empty reply) is located the old way, by rendering
+   the conversation up to each reply (quadratic in the turns); a template that does not render
+   prefixes as prefixes is refused (`mmpipe.encoding.prefix_spans`: where they differ, and what to do).
 
-Every way costs one or two renders of the conversation, linear in its turns (the prefixes way
+Every way costs one to three renders of the conversation, linear in its turns (the prefixes way
 excepted).
 
 End of turn (`StopRule`): what the template marks (its generation blocks; without them the
@@ -37,11 +43,12 @@ from mmpipe.errors import InputError
 
 logger = logging.getLogger("mmpipe.encoding.encoder")
 
-__all__ = ["GENERATION_TAG", "END_OF_TURN", "ReplySpans", "StopRule", "locate_replies"]
+__all__ = ["GENERATION_TAG", "END_OF_TURN", "THINK_END", "ReplySpans", "StopRule", "locate_replies"]
 
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 END_OF_TURN = ("template", "stop_token")  # the Encoder's end_of_turn choices
 _MARK = "\x02mmpipe{}{}\x03"  # a marker string: never in a rendered text (`_markable`), kept by templates
+THINK_END = "</think>"  # where a reply's reasoning ends in its content (the thinking templates split there)
 
 
 class ReplySpans(NamedTuple):
@@ -80,6 +87,8 @@ def locate_replies(enc, messages: list, full: str, where: str, tools, agp: Optio
             except InputError:
                 marked_text = None
         found, how = _marker_spans(enc, messages, full, marked_text), "markers"
+        if found is None:
+            found = _answer_spans(enc, messages, full, tools, agp)
     if found is None:
         found, how = enc.prefix_spans(messages, full, where, tools, agp), "prefixes"
     text, spans = _with_stops(full, found, stop, marked=how == "generation")
@@ -163,16 +172,42 @@ def _marks(k: int) -> tuple[str, str]:
     return _MARK.format("S", k), _MARK.format("E", k)
 
 
-def _marked(message: dict, k: int, probe=None) -> dict:
+def _answer_at(message: dict) -> Optional[tuple]:
+    """(index of the text part holding the reply's last `THINK_END`, None for a string content;
+    where its answer starts in that text: right after the tag (whitespace a template strips there
+    is then not in its render, whitespace it keeps is the reply's), None when nothing but
+    whitespace follows), or None when the content holds no tag."""
+    content = message.get("content")
+    texts = [(None, content)] if isinstance(content, str) else [
+        (i, p["text"]) for i, p in enumerate(content or ()) if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    for n, (i, text) in enumerate(reversed(texts)):
+        at = text.rfind(THINK_END)
+        if at >= 0:
+            empty = not text[at + len(THINK_END):].strip() and not any(t.strip() for _, t in texts[len(texts) - n:])
+            return i, None if empty else at + len(THINK_END)
+    return None
+
+
+def _marked(message: dict, k: int, probe=None, answer: Optional[tuple] = None) -> dict:
     """Assistant message ``k`` with its content between its two markers (a content list: inside
     its first and last text parts, or as text parts of their own); with a ``probe``
-    (`mmpipe.encoding.marked_render`) each marked string a `TrackedText` reporting to it."""
+    (`mmpipe.encoding.marked_render`) each marked string a `TrackedText` reporting to it.
+    ``answer`` (`_answer_at`): the first marker where the answer starts, not before the content."""
     start, end = _marks(k)
 
     def mark(before: str, text: str, after: str) -> str:
         return before + text + after if probe is None else TrackedText(before + text + after, probe, bool(text))
 
     content = message.get("content")
+    if answer is not None:
+        i, at = answer
+        if i is None:
+            return {**message, "content": content[:at] + start + content[at:] + end}
+        parts = [dict(p) if isinstance(p, dict) else p for p in content]
+        parts[i]["text"] = parts[i]["text"][:at] + start + parts[i]["text"][at:]
+        last = max(j for j, p in enumerate(parts) if isinstance(p, dict) and isinstance(p.get("text"), str))
+        parts[last]["text"] += end
+        return {**message, "content": parts}
     if isinstance(content, str):
         return {**message, "content": mark(start, content, end)}
     parts = [dict(p) if isinstance(p, dict) else p for p in content]
@@ -208,23 +243,48 @@ def reply_indices(messages: list) -> list:
     return [k for k, m in enumerate(messages) if m["role"] == "assistant" and _has_text(m)]
 
 
-def marked_messages(messages: list, probe=None) -> list:
+def marked_messages(messages: list, probe=None, answers: Optional[dict] = None, unmarked=frozenset()) -> list:
     """``messages`` with each reply that has text between its two markers (`_marked`; ``probe``:
-    marked strings tracked, `mmpipe.encoding.marked_render`)."""
-    ks = set(reply_indices(messages))
-    return [(_marked(m, k, probe) if k in ks else m) for k, m in enumerate(messages)]
+    marked strings tracked, `mmpipe.encoding.marked_render`; ``answers``: reply index ->
+    `_answer_at`, those replies marked around their answer; ``unmarked``: replies left as they are)."""
+    ks, answers = set(reply_indices(messages)) - set(unmarked), answers or {}
+    return [(_marked(m, k, probe, answers.get(k)) if k in ks else m) for k, m in enumerate(messages)]
 
 
-def _marker_spans(enc, messages: list, full: str, text: Optional[str]) -> Optional[list]:
+def _answer_spans(enc, messages: list, full: str, tools, agp) -> Optional[list]:
+    """The replies located by markers with each reply that holds reasoning (`THINK_END`) marked
+    around its answer (module doc, way 2): one more render; None where that does not locate them.
+    A reply of reasoning alone (a tool call's) is left unmarked where the template writes a stop
+    token: it runs from its turn's header to that token (`_empty_reply_spans`)."""
+    answers, unmarked = {}, set()
+    for k in reply_indices(messages):
+        at = _answer_at(messages[k])
+        if at is not None and at[1] is not None:
+            answers[k] = at
+        elif at is not None and enc.stop_rule().written:
+            unmarked.add(k)
+    if not (answers or unmarked) or "\x02" in full:
+        return None
+    try:
+        text = enc.render(marked_messages(messages, answers=answers, unmarked=unmarked), bool(agp), tools)
+    except InputError:
+        return None
+    return _marker_spans(enc, messages, full, text, set(answers), unmarked)
+
+
+def _marker_spans(enc, messages: list, full: str, text: Optional[str], answers=frozenset(),
+                  unmarked=frozenset()) -> Optional[list]:
     """Each reply's span in ``full``: between the pieces of text the template writes around the
     replies, read from ``text``, the render of `marked_messages` (an empty reply is not marked:
     it starts after its turn's header, `_empty_reply_spans`); each reply starts after its turn's
     header where the template writes text between the two (GLM-4.6V's ``<think></think>``); None
     when ``text`` does not show the replies as pieces of ``full`` (the template writes
-    something else around a marked reply)."""
+    something else around a marked reply). ``answers``: the replies marked around their answer;
+    None when one of them has a ``</think>`` before it that its turn's header does not precede
+    (reasoning written where its start is unknown); ``unmarked``: replies located as empty ones."""
     if text is None or "\x02" in full:
         return None
-    ks = reply_indices(messages)
+    ks = [k for k in reply_indices(messages) if k not in unmarked]
     pieces, pos = [], 0  # the text outside the replies: before the first, between them, after the last
     for k in ks:
         start, end = _marks(k)
@@ -238,6 +298,9 @@ def _marker_spans(enc, messages: list, full: str, text: Optional[str]) -> Option
     for piece in pieces:
         if "\x02" in piece:
             return None
+    if not ks:  # every reply located as an empty one
+        empty = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+        return _empty_reply_spans(enc, messages, full, ks, empty, pieces, [0]) if text == full else None
     if not full.startswith(pieces[0]) or not full.endswith(pieces[-1]):
         return None
     spans, at, stop = [], len(pieces[0]), len(full) - len(pieces[-1])
@@ -256,11 +319,13 @@ def _marker_spans(enc, messages: list, full: str, text: Optional[str]) -> Option
     spans.append((at, stop))
     where.append(stop)
     header = enc.reply_header()
-    if header:  # a reply starts where its turn's header (the generation prompt) ends
-        for i, (piece, (a, b)) in enumerate(zip(pieces, spans)):
-            h = piece.rfind(header)
-            if h >= 0:
-                spans[i] = (a - (len(piece) - h - len(header)), b)
+    tag = header.split("\n", 1)[0] or header  # the header's role tag ("<|im_start|>assistant")
+    for i, (piece, (a, b), k) in enumerate(zip(pieces, spans, ks)):
+        own = piece[piece.rfind(tag):] if tag and tag in piece else piece  # the reply's turn before it
+        if header and own.startswith(header):  # a reply starts where its turn's header ends
+            spans[i] = (a - (len(own) - len(header)), b)
+        elif k in answers and THINK_END in own:
+            return None
     empty = [k for k, m in enumerate(messages) if m["role"] == "assistant" and k not in ks]
     if empty:
         found = _empty_reply_spans(enc, messages, full, ks, empty, pieces, where)
@@ -272,11 +337,14 @@ def _marker_spans(enc, messages: list, full: str, text: Optional[str]) -> Option
 
 def _empty_reply_spans(enc, messages, full, ks, empty, pieces, where) -> Optional[list]:
     """Spans of the empty replies: each starts after its turn's header (the generation prompt's
-    text, found in order in the piece of text that holds it) and runs to the stop token the
-    template writes (its tool calls included); None when the header is not found."""
+    text, found in order in the piece of text that holds it; where the template writes only its
+    first line, a thinking template's history turn ``<|im_start|>assistant\n`` without
+    ``<think>\n``, after that line) and runs to the stop token the template writes (its tool
+    calls included); None when the header is not found."""
     header = enc.reply_header()
     if not header:
         return None
+    line = header[:header.find("\n") + 1] or header  # the role line of the header
     stop = enc.stop_rule()
     out, piece, pos = [], -1, 0
     for k in empty:
@@ -284,10 +352,10 @@ def _empty_reply_spans(enc, messages, full, ks, empty, pieces, where) -> Optiona
         if p != piece:
             piece, pos = p, where[p]
         limit = where[p] + len(pieces[p])
-        a = full.find(header, pos, limit)
+        a = full.find(line, pos, limit)
         if a < 0:
             return None
-        a += len(header)
+        a += len(header) if full.startswith(header, a) else len(line)
         b = full.find(stop.token, a, limit) if stop.written and stop.token else -1
         out.append((a, a if b < 0 else b + len(stop.token)))
         pos = out[-1][1]

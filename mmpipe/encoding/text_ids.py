@@ -26,12 +26,13 @@ __all__ = ["rendered_ids", "spliced_ids", "spliced_labels"]
 
 
 def rendered_ids(enc, messages: list[dict], where: str, tools: Optional[list]) -> tuple:
-    """Rendered messages -> (ids int64 [L], labels int64 [L] or None without ``enc.labels``), the
-    template's text as it is (one placeholder per image)."""
+    """Rendered messages -> (ids int64 [L], labels int64 [L] or None without ``enc.labels``; the
+    family's vision tokens never labelled, `ChatTemplate.unlabel_vision`), the template's text as
+    it is (one placeholder per image)."""
     text, spans = enc.text_and_replies(messages, tools, where)
     # memory (a 10 MB row): long texts are tokenized in verified pieces (encoding/tokenize.py)
     ids, offsets = tokenize_text(enc.tokenizer, text, bool(spans))
-    return ids, (span_labels(ids, offsets, spans) if enc.labels else None)
+    return ids, (enc.unlabel_vision(ids, span_labels(ids, offsets, spans)) if enc.labels else None)
 
 
 def spliced_ids(tokenizer, text: str, replies: list, olds: list, news: list, *, labels: bool, feature_id: int,

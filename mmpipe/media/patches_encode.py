@@ -90,8 +90,8 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
 def _image_pads(enc, ids: np.ndarray, n_images: int, where: str) -> np.ndarray:
     """Positions int [I] of the one ``<|image_pad|>`` per image the template rendered."""
     pad_pos = np.flatnonzero(enc.token_types(ids) == 1)  # GLM-4.1V's videos hold <|image|> too
-    check_image_placeholders(len(pad_pos), n_images, enc.family.image_token, where, missing=(
-        " (Qwen3-VL's template drops images in system messages): move those images to a user turn"))
+    # a template that drops images was refused with their turns named (`check_rendered_images`)
+    check_image_placeholders(len(pad_pos), n_images, enc.family.image_token, where)
     return pad_pos
 
 

@@ -163,10 +163,9 @@ def test_reasoning_in_replies_follows_the_template(omni, clips):
     """The Qwen3 rule the Omni template carries: a reply's ``<think>`` part is kept only after the
     last string user query. With a list (multimodal) user content it is rendered away (the published
     template's behavior reported for Qwen3-Omni fine-tuning), and the labels are the rendered reply;
-    reasoning in an earlier reply of a string conversation renders differently in a prefix, so its
-    replies cannot be located: a typed refusal."""
-    from mmpipe.errors import InputError
-
+    reasoning in an earlier reply of a string conversation is rendered away in the whole conversation
+    (not in its prefix): each reply is labelled as the whole conversation renders it (this was a
+    refusal before the replies holding reasoning were located by their answers)."""
     proc, _ = omni
     audio_turn = {"role": "user", "content": [{"type": "audio", "path": clips["a.wav"]}, {"type": "text", "text": "?"}]}
     row = mmpipe.encode_row({"messages": [audio_turn, {"role": "assistant", "content": "<think>hm</think>A tone."}]},
@@ -180,8 +179,12 @@ def test_reasoning_in_replies_follows_the_template(omni, clips):
     assert proc.tokenizer.decode(text_row.input_ids[text_row.labels != -100]) == "<think>\n\n</think>\n\nyo<|im_end|>"
     history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "<think>x</think>b"},
                {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
-    with pytest.raises(InputError, match="prefixes"):
-        mmpipe.encode_row({"messages": history}, proc)
+    row = mmpipe.encode_row({"messages": history}, proc)
+    own = proc.apply_chat_template(history, tokenize=True, return_dict=True, return_tensors="np")
+    np.testing.assert_array_equal(row.input_ids, own["input_ids"][0])
+    marked = np.flatnonzero(row.labels != -100)
+    runs = np.split(marked, np.flatnonzero(np.diff(marked) != 1) + 1)
+    assert [proc.tokenizer.decode(row.input_ids[r]) for r in runs] == ["b<|im_end|>", "<think>\n\n</think>\n\nd<|im_end|>"]
     assert mmpipe.encode_row({"messages": history}, proc, labels=False).labels is None
 
 

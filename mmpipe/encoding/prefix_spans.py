@@ -1,0 +1,58 @@
+"""Where the assistant replies are, the old way (`mmpipe.encoding.spans`, way 3): the conversation
+rendered up to each reply. Used only where the other ways do not locate the replies (a template
+whose output outside the replies depends on their content); quadratic in the turns. A template
+that does not render a conversation's prefixes as prefixes of the whole leaves a reply's span
+undefined: the row is refused with where the renders differ (`prefix_error`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from mmpipe.errors import InputError
+
+__all__ = ["prefix_spans", "prefix_error"]
+
+
+def prefix_spans(enc, messages: list[dict], full: str, where: str, tools: Optional[list] = None,
+                 full_agp: Optional[bool] = None) -> list[tuple[int, int]]:
+    """Character spans of assistant responses in ``full``: from the end of the conversation
+    rendered before each (with the generation prompt) to the end of the conversation rendered up
+    to it, trailing newlines and spaces dropped. ``full_agp``: the ``add_generation_prompt`` of
+    ``full``; when False, ``full`` is the last prefix, not rendered again. The other prefixes: at
+    most two batched renders (``enc.render_many``)."""
+    ks = [k for k, msg in enumerate(messages) if msg["role"] == "assistant"]
+    again = [k for k in ks if not (k == len(messages) - 1 and full_agp is False)]
+    befores = iter(enc.render_many([messages[:k] for k in ks if k], True, tools) if ks and ks[-1] else [])
+    uptos = dict(zip(again, enc.render_many([messages[: k + 1] for k in again], False, tools) if again else []))
+    spans = []
+    for k in ks:
+        before = next(befores) if k else ""
+        upto = uptos.get(k, full)
+        if not (full.startswith(before) and full.startswith(upto) and upto.startswith(before)):
+            raise prefix_error(k, before, upto, full, where)
+        # up to the end-of-turn token: trailing newlines/spaces dropped, never into ``before``
+        spans.append((len(before), max(len(before), len(upto.rstrip("\n ")))))
+    return spans
+
+
+def prefix_error(k: int, before: str, upto: str, full: str, where: str) -> InputError:
+    """The `InputError` of a template that does not render the conversation before reply ``k``
+    (``before``, with the generation prompt) and up to it (``upto``) as prefixes of the whole
+    (``full``): where the first that differs does, and what to do."""
+    if not full.startswith(before):
+        what, bad, ref = f"before message {k} (with the generation prompt)", before, full
+    elif not full.startswith(upto):
+        what, bad, ref = f"up to message {k}", upto, full
+    else:  # both prefixes of the whole, the reply's end before its start
+        what, bad, ref = f"up to message {k}", upto, before
+    i = next((j for j, (x, y) in enumerate(zip(bad, ref)) if x != y), min(len(bad), len(ref)))
+    return InputError(
+        "the chat template does not render conversation prefixes as prefixes of the whole conversation, "
+        f"and its replies cannot be located by markers either, so the span of reply {k} is not defined",
+        where=where, stage="template", column="messages",
+        expected="the conversation rendered up to each reply = the start of the whole conversation's render",
+        found=f"the conversation {what} renders {bad[i:i + 40]!r} at character {i}, where the "
+              f"{'whole conversation' if ref is full else 'render before the reply'} has {ref[i:i + 40]!r}",
+        fix="give the chat template {% generation %} blocks around each reply (mmpipe labels what they mark), "
+            "or pass labels=False (no training targets)")
