@@ -4,9 +4,10 @@ Every check is O(rows) or vectorised and raises the typed errors of `mmpipe.erro
 the row (its index in the batch) and the column: rows that failed to encode under
 ``on_error="skip"``, rows of different kinds of family (`check_one_kind`), values whose dtype
 would be cast silently (float token ids, integer pixel values), records-level inconsistencies
-(`MultiModalInputs.validate`), rows with image / video tokens but no pixel data
-(layout-only rows, alone or mixed with rows that carry pixels: `carries_pixels`), NaN/inf in float pixel values (`check_finite`, once the batch's pixels are
-concatenated), and image / video pad tokens at text positions
+(`MultiModalInputs.validate`), rows with image / video tokens but no pixel data (layout-only
+rows, alone or mixed with rows that carry pixels: `carries_pixels`), NaN/inf in float pixel
+values (`check_finite`, once the batch's pixels are concatenated), and image / video pad tokens
+at text positions
 (`check_vision_tokens`: a sampled ``<|image_pad|>`` in a response, the "Image features and
 image tokens do not match" crash).
 """

@@ -26,9 +26,10 @@ The parsed messages carry only ``{"type": "image"}`` / ``{"type": "text", "text"
 items (or plain string contents), the tool fields above and every other key of the raw message
 (``reasoning_content``, GLM-4.1V's ``metadata``, ...) as the processor's own chat path hands it to
 the template (a None value left out: Arrow gives every message every key of the column's struct):
-what the chat template renders, one image placeholder per image. Nothing here tokenizes or decodes (but to name the bad image of
-a column ``datasets`` failed to decode: `UnreadableImages`); a malformed row raises `mmpipe.errors.ParseError`
-or `mmpipe.errors.PlaceholderError` naming the row and column.
+what the chat template renders, one image placeholder per image. Nothing here tokenizes or
+decodes (but to name the bad image of a column ``datasets`` failed to decode:
+`UnreadableImages`); a malformed row raises `mmpipe.errors.ParseError` or
+`mmpipe.errors.PlaceholderError` naming the row and column.
 """
 
 from __future__ import annotations
