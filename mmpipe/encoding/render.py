@@ -345,19 +345,26 @@ class ChatTemplate:
         return prefix_spans(self, messages, full, where, tools, full_agp)
 
     def warn_ignored_tools(self, messages: list[dict], agp: bool, tools: Optional[list], text: str) -> None:
-        """Log once per encoder when the chat template renders a row's ``tool_calls`` or
-        ``tools`` as nothing (Qwen2-VL's / Qwen2.5-VL's processor templates ignore both, so the
-        model would be trained on conversations without them)."""
-        checks = (("tool_calls", any(m.get("tool_calls") for m in messages)), ("tools", bool(tools)))
+        """Log once per encoder when the chat template renders a row's ``tool_calls``, ``tools``
+        or tool turns (``role: "tool"`` messages) as nothing (Qwen2-VL's / Qwen2.5-VL's processor
+        templates ignore the first two, GLM-4.1V's published one drops tool turns, so the model
+        would be trained on conversations without them)."""
+        checks = (("tool_calls", any(m.get("tool_calls") for m in messages)), ("tools", bool(tools)),
+                  ("tool turns", any(m.get("role") == "tool" for m in messages)))
         for field, present in checks:
             if not present or field in self._checked_tool_fields:
                 continue
             self._checked_tool_fields.add(field)
             if field == "tools":
                 without = self.render(messages, agp, [])
-            else:
+            elif field == "tool_calls":
                 plain = [{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]
                 without = self.render(plain, agp, tools)
+            else:
+                try:  # a template may refuse the conversation without them (roles must alternate)
+                    without = self.render([m for m in messages if m.get("role") != "tool"], agp, tools)
+                except Exception:  # noqa: BLE001  (it renders them, then)
+                    continue
             if without == text:
                 logger.warning("mmpipe.encode: the chat template ignores %s (it renders the conversation "
                                "the same without them); use a chat template that renders tool use", field)

@@ -234,3 +234,27 @@ def test_template_that_ignores_tool_calls_is_reported_once(caplog):
             enc.encode_row({"messages": _agent_chat(n), "images": _images(1)})
     said = [r.getMessage() for r in caplog.records]
     assert sum("ignores tool_calls" in m for m in said) == 1 and sum("ignores tools" in m for m in said) == 1
+
+
+@pytest.mark.parametrize("family, dropped", [("glm4v", True), ("qwen2_vl", False)])
+def test_template_that_drops_tool_turns_is_reported_once(caplog, family, dropped):
+    """GLM-4.1V's published template renders no ``role: "tool"`` message: the reply after a tool
+    result would be trained without it in context; logged once per encoder, like ignored tool calls.
+    Qwen2-VL's published template renders tool turns: nothing logged."""
+    from mmpipe.offline.published_templates import published_template
+
+    if family == "glm4v":
+        from mmpipe.offline.glm4v import build_processor
+
+        proc = build_processor()
+    else:
+        proc = testing.build_processor(family)
+    proc.chat_template = proc.tokenizer.chat_template = published_template(family)
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}, {"role": "assistant", "content": "Let me check."},
+            {"role": "tool", "content": "Paris: 31C, sunny"}, {"role": "assistant", "content": "It is 31C and sunny."}]
+    enc = mmpipe.Encoder(proc)
+    with caplog.at_level(logging.WARNING, logger="mmpipe.encoding.encoder"):
+        rows = [enc.encode_row({"messages": msgs}) for _ in range(2)]
+    said = [r.getMessage() for r in caplog.records if "ignores tool turns" in r.getMessage()]
+    assert len(said) == (1 if dropped else 0), said
+    assert ("31C, sunny" in proc.tokenizer.decode(rows[0].input_ids)) != dropped
