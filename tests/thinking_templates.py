@@ -13,6 +13,7 @@ header).
 
 from __future__ import annotations
 
+from mmpipe.offline.chat_templates import _with_generation_blocks as _edited  # each anchor once
 from mmpipe.offline.glm46v import GLM46V_CHAT_TEMPLATE
 
 __all__ = ["QWEN3_VL_THINKING", "QWEN3_VL_THINKING_GENERATION", "GLM46V_GENERATION"]
@@ -58,13 +59,6 @@ QWEN3_VL_THINKING = r"""{%- macro render(content) -%}
 {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n<think>\n' -}}{%- endif -%}"""
-
-
-def _edited(template: str, edits: tuple) -> str:
-    for anchor, replacement in edits:
-        assert template.count(anchor) == 1, anchor
-        template = template.replace(anchor, replacement)
-    return template
 
 
 QWEN3_VL_THINKING_GENERATION = _edited(QWEN3_VL_THINKING, (
