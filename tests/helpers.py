@@ -21,6 +21,33 @@ from mmpipe.records.generation import SamplingParams
 from conftest import processor_for
 
 
+TOOL_CALL = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}
+
+
+def user_turn(*parts) -> dict:
+    """A user message of image items (None) and text parts (str), in order."""
+    return {"role": "user", "content": [{"type": "image"} if p is None else {"type": "text", "text": p} for p in parts]}
+
+
+def reply(content, **kw) -> dict:
+    """An assistant message with ``content`` and any other keys (``tool_calls``, ``reasoning_content``...)."""
+    return {"role": "assistant", "content": content, **kw}
+
+
+def counted_renders(monkeypatch) -> list:
+    """The number of conversations each ``Encoder.render_many`` call renders, appended to the
+    returned list as calls happen (render counts, not times, bound the cost of locating replies)."""
+    calls = []
+    real = mmpipe.Encoder.render_many
+
+    def counting(self, conversations, *args, **kw):
+        calls.append(len(conversations))
+        return real(self, conversations, *args, **kw)
+
+    monkeypatch.setattr(mmpipe.Encoder, "render_many", counting)
+    return calls
+
+
 def processor_reference(processor, messages, images, add_generation_prompt=None):
     """What the transformers processor returns for a chat row (numpy)."""
     if add_generation_prompt is None:

@@ -14,7 +14,6 @@ import numpy as np
 
 from mmpipe.encoding.marked_render import Probe, TrackedText, overlay, plain_text
 from mmpipe.encoding.parse import check_text, parse_tools
-from mmpipe.encoding.prefix_spans import prefix_spans
 from mmpipe.encoding.spans import ReplySpans, StopRule, locate_replies, marked_messages, reply_indices
 from mmpipe.errors import InputError, PlaceholderError
 from mmpipe.records.columns import IGNORE_INDEX
@@ -283,13 +282,15 @@ class ChatTemplate:
     # -- replies ------------------------------------------------------------------------------
     def unlabel_vision(self, ids: np.ndarray, labels: Optional[np.ndarray]) -> Optional[np.ndarray]:
         """``labels`` int64 [L] with -100 at every vision token of the family in ``ids`` int64 [L]
-        (`ModelFamily.vision_token_ids`: image and video pads and the image's start and end tokens,
-        ``<|vision_start|>`` / ``<|begin_of_image|>``), an image inside a reply included: inputs,
-        never targets (the rollout side bans them in samples). In place; None stays None."""
+        (the ids the patch-grid encoder found once, `ModelFamily.vision_token_ids`: image and video
+        pads and the image's start and end tokens, ``<|vision_start|>`` / ``<|begin_of_image|>``),
+        an image inside a reply included: inputs, never targets (the rollout side bans them in
+        samples). In place; None stays None."""
         if labels is None:
             return None
         unk = getattr(self.tokenizer, "unk_token_id", None)
-        vision = [i for i in self.family.vision_token_ids(self.tokenizer).values() if i is not None and i != unk]
+        vision = [i for i in (self.image_token_id, self.video_token_id, self.vision_start_id, self.vision_end_id)
+                  if i is not None and i != unk]
         if vision:
             labels[np.isin(ids, vision)] = IGNORE_INDEX
         return labels
@@ -337,12 +338,6 @@ class ChatTemplate:
         if full_agp is None:
             full_agp = self.generation_prompt(messages)
         return locate_replies(self, messages, full, where, tools, full_agp, self.stop_rule(), marked_text)
-
-    def prefix_spans(self, messages: list[dict], full: str, where: str, tools: Optional[list] = None,
-                     full_agp: Optional[bool] = None) -> list[tuple[int, int]]:
-        """Character spans of assistant responses in ``full`` by rendering the conversation up to
-        each (`mmpipe.encoding.prefix_spans`; `mmpipe.encoding.spans` way 3)."""
-        return prefix_spans(self, messages, full, where, tools, full_agp)
 
     def warn_ignored_tools(self, messages: list[dict], agp: bool, tools: Optional[list], text: str) -> None:
         """Log once per encoder when the chat template renders a row's ``tool_calls``, ``tools``

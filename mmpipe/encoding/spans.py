@@ -39,6 +39,7 @@ import re
 from typing import NamedTuple, Optional
 
 from mmpipe.encoding.marked_render import TrackedText
+from mmpipe.encoding.prefix_spans import prefix_spans
 from mmpipe.errors import InputError
 
 logger = logging.getLogger("mmpipe.encoding.encoder")
@@ -90,7 +91,7 @@ def locate_replies(enc, messages: list, full: str, where: str, tools, agp: Optio
         if found is None:
             found = _answer_spans(enc, messages, full, tools, agp)
     if found is None:
-        found, how = enc.prefix_spans(messages, full, where, tools, agp), "prefixes"
+        found, how = prefix_spans(enc, messages, full, where, tools, agp), "prefixes"
     text, spans = _with_stops(full, found, stop, marked=how == "generation")
     return ReplySpans(text, spans, how)
 

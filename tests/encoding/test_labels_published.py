@@ -21,17 +21,9 @@ from mmpipe.encoding.render import span_labels
 from mmpipe.errors import ArgumentError, PlaceholderError
 from mmpipe.offline.published_templates import PUBLISHED, generation_template, published_template
 
+from helpers import TOOL_CALL, counted_renders, reply as _reply, user_turn as _user
+
 FAMILIES = sorted(PUBLISHED)
-TOOL_CALL = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}
-
-
-def _user(*parts):
-    return {"role": "user", "content": [{"type": "image"} if p is None else {"type": "text", "text": p} for p in parts]}
-
-
-def _reply(content, **kw):
-    return {"role": "assistant", "content": content, **kw}
-
 
 CONVERSATIONS = {
     "image, reply ends in a space": [_user(None, "Describe"), _reply("A cat. ")],
@@ -150,14 +142,7 @@ def test_locating_replies_costs_the_same_renders_for_any_number_of_turns(fam, mo
     """A 2,000-turn row renders its conversation as often as a 2-turn row (the prefix way
     rendered it once per reply: quadratic). Counted, not timed."""
     proc = _processor(fam, published_template(fam))
-    calls = []
-    real = mmpipe.Encoder.render_many
-
-    def counting(self, conversations, *args, **kw):
-        calls.append(len(conversations))
-        return real(self, conversations, *args, **kw)
-
-    monkeypatch.setattr(mmpipe.Encoder, "render_many", counting)
+    calls = counted_renders(monkeypatch)
     counts = {}
     for turns in (2, 2000):
         enc = mmpipe.Encoder(proc)

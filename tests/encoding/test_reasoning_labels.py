@@ -26,17 +26,9 @@ from mmpipe.offline import glm46v
 from mmpipe.offline.published_templates import generation_template, published_template
 from mmpipe.testing import invariants
 
+from helpers import TOOL_CALL as CALL, counted_renders, reply as _a, user_turn as _u
 from thinking_templates import GLM46V_GENERATION, QWEN3_VL_THINKING, QWEN3_VL_THINKING_GENERATION
 
-CALL = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}
-
-
-def _u(*parts):
-    return {"role": "user", "content": [{"type": "image"} if p is None else {"type": "text", "text": p} for p in parts]}
-
-
-def _a(content, **kw):
-    return {"role": "assistant", "content": content, **kw}
 
 
 CONVERSATIONS = {
@@ -179,14 +171,7 @@ def test_reasoning_rows_are_located_in_a_fixed_number_of_renders(monkeypatch):
     rendered away) render their conversation as often at 2,000 turns as at 2 (the prefix way
     rendered it once per reply). Counted, not timed."""
     proc = _glm46v(glm46v.GLM46V_CHAT_TEMPLATE)
-    calls = []
-    real = mmpipe.Encoder.render_many
-
-    def counting(self, conversations, *args, **kw):
-        calls.append(len(conversations))
-        return real(self, conversations, *args, **kw)
-
-    monkeypatch.setattr(mmpipe.Encoder, "render_many", counting)
+    calls = counted_renders(monkeypatch)
     counts = {}
     for turns, history in ((2, False), (2000, False), (2000, True)):
         enc = mmpipe.Encoder(proc)
