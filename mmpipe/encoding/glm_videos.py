@@ -29,7 +29,7 @@ import numpy as np
 
 from mmpipe.errors import ImageError, VideoError
 from mmpipe.images.spec import VisionSpec, smart_resize
-from mmpipe.images.video import MAX_FRAME_PIXELS, VideoOptions
+from mmpipe.images.video import MAX_FRAME_PIXELS, VideoOptions, check_resized, refuse_clip
 
 __all__ = ["GLM_FPS", "GLM_MAX_DURATION", "GLM_MIN_PIXELS", "GLM_MAX_PIXELS", "VIDEO_BEGIN", "VIDEO_END", "VIDEO_SPANS",
            "glm_sample_indices", "glm_video_size", "glm_plan", "glm_time_text", "token_types"]
@@ -86,7 +86,7 @@ def glm_video_size(n: int, h: int, w: int, spec: VisionSpec, opts: VideoOptions,
     elif t_bar * h_bar * w_bar < lo:
         beta = math.sqrt(lo / (n * h * w))
         h_bar, w_bar = math.ceil(h * beta / f) * f, math.ceil(w * beta / f) * f
-    return h_bar, w_bar
+    return check_resized((h_bar, w_bar), where)
 
 
 def glm_plan(total: int, fps: float, h: int, w: int, spec: VisionSpec, opts: VideoOptions, where: str,
@@ -97,6 +97,7 @@ def glm_plan(total: int, fps: float, h: int, w: int, spec: VisionSpec, opts: Vid
         raise VideoError("GLM-4.1V's video processor samples by fps; it takes no nframes", where=where,
                          expected="the fps option (default 2)", found=f"nframes={opts.nframes}",
                          fix="give fps instead of nframes")
+    refuse_clip(opts, where, "GLM-4.1V's video processor samples the whole video")
     idx = np.arange(total, dtype=np.int64) if frame_list else glm_sample_indices(total, fps, opts.fps, total / fps)
     T = spec.temporal_patch_size
     times = tuple(int(i) / fps for i in idx[::T])

@@ -22,9 +22,11 @@ from mmpipe.records.columns import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_P
 __all__ = ["VIDEO_ITEM_OPTIONS", "UnreadableImages", "MediaQueue", "column_values", "is_video_item", "inline_video",
            "is_audio_item", "inline_audio"]
 
-# per-video options a video item may carry (qwen-vl-utils' names); `sample_fps`: a frame list's rate
+# per-video options a video item may carry (qwen-vl-utils' names); `sample_fps`: a frame list's rate;
+# `video_start` / `video_end`: the clip in seconds; `resized_height` / `resized_width` are carried so
+# that mmpipe.encoding.videos refuses them (a VideoError) instead of their being dropped here unseen
 VIDEO_ITEM_OPTIONS = ("fps", "nframes", "min_frames", "max_frames", "min_pixels", "max_pixels", "total_pixels",
-                      "sample_fps")
+                      "sample_fps", "video_start", "video_end", "resized_height", "resized_width")
 _MARKERS = {"image": IMAGE_PLACEHOLDER, "video": VIDEO_PLACEHOLDER, "audio": AUDIO_PLACEHOLDER}
 
 

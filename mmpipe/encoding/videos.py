@@ -5,8 +5,8 @@ A video value (a ``videos`` column entry, or the value of an inline video item) 
 
 - a file path (or ``file://``), encoded bytes, or a ``datasets.Video(decode=False)`` dict
   ``{"path", "bytes"}`` (a decoded ``datasets`` video decoder is read from the file it came from);
-- a list of frames (PIL images or uint8 [H, W, 3] arrays; a uint8 [n, H, W, 3] array) whose
-  rate is the ``frames_fps`` option (default 2.0), or ``{"frames": [...], "fps": float}``;
+- a list of frames (PIL images or uint8 [H, W, 3] arrays; a uint8 [n, H, W, 3] numpy array or
+  torch tensor) whose rate is the ``frames_fps`` option (default 2.0), or ``{"frames": [...], "fps": float}``;
 - ``{"video": <one of the above>, **options}``: per-video options with qwen-vl-utils' names
   (what an inline item's extra keys give, `mmpipe.encoding.media`).
 
@@ -38,6 +38,12 @@ from mmpipe.records.arrow import most_per_row
 __all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes", "keeps_video_wrapper"]
 
 
+# what a ``{"video": ..., **options}`` value may carry: the inline item options, plus qwen-vl-utils'
+# clip range in seconds (`mmpipe.images.video.frame_range`)
+ITEM_OPTIONS = (*VIDEO_ITEM_OPTIONS, *(k for k in ("video_start", "video_end") if k not in VIDEO_ITEM_OPTIONS))
+UNSUPPORTED_ITEM_OPTIONS = ("resized_height", "resized_width")
+
+
 def video_options(value: Any) -> VideoOptions:
     """The encoder's ``video_options`` (None, a dict of `VideoOptions` fields, or a
     `VideoOptions`) -> `VideoOptions`; unknown keys raise `ArgumentError`."""
@@ -57,7 +63,13 @@ def video_options(value: Any) -> VideoOptions:
 def resolve_video(value: Any, opts: VideoOptions, where: str) -> tuple[Any, VideoOptions]:
     """A video value (any form above) -> (what `encode_video` takes, the options for it)."""
     if isinstance(value, dict) and "video" in value:
-        extra = {k: value[k] for k in VIDEO_ITEM_OPTIONS if value.get(k) is not None}
+        unsupported = sorted(k for k in UNSUPPORTED_ITEM_OPTIONS if value.get(k) is not None)
+        if unsupported:  # qwen-vl-utils' fixed frame size: refused rather than silently ignored
+            raise VideoError(f"per-video options {unsupported} are not supported", where=where,
+                             expected=f"qwen-vl-utils' options mmpipe applies: {sorted(ITEM_OPTIONS)}",
+                             found=str({k: value[k] for k in unsupported}),
+                             fix="bound the frame size with min_pixels / max_pixels instead")
+        extra = {k: value[k] for k in ITEM_OPTIONS if value.get(k) is not None}
         if "sample_fps" in extra:
             extra["frames_fps"] = extra.pop("sample_fps")
         if extra.get("nframes") is not None:  # an item's nframes replaces the encoder's fps
@@ -66,18 +78,25 @@ def resolve_video(value: Any, opts: VideoOptions, where: str) -> tuple[Any, Vide
             extra.setdefault("nframes", None)
         try:
             opts = dataclasses.replace(opts, **extra)
-        except (ArgumentError, TypeError) as e:
+        except (ArgumentError, TypeError, ValueError) as e:
             raise VideoError(f"bad per-video options {extra}: {e}", where=where, expected="qwen-vl-utils' video "
-                             "options (fps or nframes, min/max_frames, min/max/total_pixels)", found=str(extra),
-                             fix="fix the video item's options") from None
+                             "options (fps or nframes, min/max_frames, min/max/total_pixels, video_start/end)",
+                             found=str(extra), fix="fix the video item's options") from None
         value = value["video"]
     if isinstance(value, dict) and "frames" in value:
         fps = value.get("fps")
         if fps is not None:
-            opts = dataclasses.replace(opts, frames_fps=float(fps))
+            try:
+                opts = dataclasses.replace(opts, frames_fps=float(fps))
+            except (ArgumentError, TypeError, ValueError) as e:  # a row's value: its error, not a call's
+                raise VideoError(f"bad frame rate {fps!r} for the frame list: {e}", where=where,
+                                 expected="{'frames': [...], 'fps': <frames per second > 0>}", found=repr(fps)[:40],
+                                 fix="give the frames' rate as a positive number") from None
         value = value["frames"]
     if hasattr(value, "_hf_encoded"):  # a datasets.Video() value decoded by torchcodec: its file
         value = value._hf_encoded
+    if hasattr(value, "detach") and getattr(value, "ndim", 0) == 4:  # a torch uint8 [n, H, W, 3] frame stack
+        value = value.detach().cpu().numpy()
     if isinstance(value, np.ndarray) and value.ndim == 4:
         value = list(value)
     return value, opts
@@ -136,8 +155,8 @@ def _one(enc, i: int, value: Any, where: str):
         fn = video_layout if enc.pixels == "none" else encode_video
         return fn(value, enc.spec, opts, where=at, plan=VIDEO_RULES[enc.family.video_rule][0])
     except ImageError as e:  # a VideoError, or confine_image's ImageError about the video's path
-        if not isinstance(e, VideoError):
-            e = VideoError(e.detail.replace("image path", "video path"), where=at, expected=e.expected,
+        if not isinstance(e, VideoError):  # keep a listed frame's own place ("row 3, video 0, frame 7")
+            e = VideoError(e.detail.replace("image path", "video path"), where=e.where or at, expected=e.expected,
                            found=e.found, fix=e.fix)
         raise e.locate(column=enc.videos_column) from None
 

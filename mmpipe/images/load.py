@@ -310,14 +310,16 @@ def _check_array(arr: np.ndarray, where: str) -> np.ndarray:
                      fix="channels last; one image per array")
 
 
-def decoded_rgb(value: Any, *, where: str = "image") -> Image.Image:
-    """One image (any form `load_image` takes) -> the upright RGB PIL image, its whole file decoded
-    now (PIL decodes lazily): a truncated or corrupt file is this image's `ImageError`
-    (`unreadable_error`, `bomb_error`), not PIL's ``OSError`` later (in a processor's call)."""
+def decoded_rgb(value: Any, *, where: str = "image", orient: bool = True,
+                transparency: Optional[str] = None) -> Image.Image:
+    """One image (any form `load_image` takes) -> the RGB PIL image (upright by its EXIF unless
+    ``orient=False``; ``transparency``: `to_rgb_image`'s rule), its whole file decoded now (PIL
+    decodes lazily): a truncated or corrupt file is this image's `ImageError` (`unreadable_error`,
+    `bomb_error`), not PIL's ``OSError`` later (in a processor's call)."""
     img = load_image(value, where=where)
     try:
         img.load()
-        return to_rgb_image(upright(img))
+        return to_rgb_image(upright(img) if orient else img, transparency)
     except InputError as e:
         raise located(e, where)
     except Image.DecompressionBombError as e:

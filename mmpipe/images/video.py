@@ -6,8 +6,9 @@ sampled and sized by the published Qwen rules (qwen-vl-utils 0.0.14 ``vision_pro
 
 - how many: ``nframes`` rounded to `FRAME_FACTOR`, or ``total / video_fps * fps`` clamped to
   ``[min_frames, min(max_frames, total)]`` and floored to `FRAME_FACTOR` (`sample_count`);
-- which: ``round(linspace(0, total - 1, n))`` (`sample_indices`); a frame list is used whole,
-  its last frame repeated up to a multiple of `FRAME_FACTOR`;
+- which: ``round(linspace(0, total - 1, n))`` (`sample_indices`); with ``video_start`` /
+  ``video_end`` (seconds) the same over the clip's frames (`frame_range`: ``total`` is then the
+  clip's count); a frame list is used whole, its last frame repeated up to a multiple of `FRAME_FACTOR`;
 - how large: `smart_resize` with ``min_pixels`` (default 128 tokens' worth) and
   ``max_pixels = max(min(768 tokens' worth, total_pixels / n * FRAME_FACTOR), int(min_pixels * 1.05))``,
   lowered to the caller's ``max_pixels`` (`frame_bounds`);
@@ -34,17 +35,19 @@ import numpy as np
 
 from mmpipe.errors import ArgumentError, ImageError, VideoError
 from mmpipe.images.backends import resize_u8_torch
-from mmpipe.images.load import load_image
+from mmpipe.images.load import decoded_rgb
 from mmpipe.images.spec import VisionSpec, smart_resize
 from mmpipe.images.video_container import Container, check_codec, decode_sampled
 
-__all__ = ["FRAME_FACTOR", "VideoOptions", "VideoPatches", "sample_count", "sample_indices", "frame_bounds",
+__all__ = ["FRAME_FACTOR", "VideoOptions", "VideoPatches", "sample_count", "sample_indices", "frame_range",
+           "file_indices", "refuse_clip", "check_resized", "frame_bounds",
            "group_times", "qwen_plan", "encode_video", "video_layout", "patchify_video_u8", "sampled_frames"]
 
 FRAME_FACTOR = 2  # qwen-vl-utils: sampled frame counts are multiples of this
 VIDEO_MIN_TOKENS, VIDEO_MAX_TOKENS = 128, 768  # per-frame pixel bounds, in merged tokens
 MODEL_SEQ_LEN = 128000  # qwen-vl-utils' default total budget: 90% of this many tokens' pixels
 MAX_FRAME_PIXELS = 2 * 89_478_485  # PIL's decompression-bomb limit, as for images
+MAX_RESIZED_PIXELS = 2 * 89_478_485  # the same bound on a resized frame (a row's min_pixels can ask for more)
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,16 @@ class VideoOptions:
     max_pixels: Optional[int] = None
     total_pixels: Optional[float] = None
     frames_fps: float = 2.0  # the fps of a frame list (qwen-vl-utils' ``sample_fps``)
+    video_start: Optional[float] = None  # seconds: the clip of a video file to sample (`frame_range`)
+    video_end: Optional[float] = None
 
     def __post_init__(self):
         if self.nframes is not None and self.fps is not None:
             raise ArgumentError(f"give fps or nframes, not both (fps={self.fps!r}, nframes={self.nframes!r})")
+        for name in ("video_start", "video_end"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v)):
+                raise ArgumentError(f"VideoOptions.{name} must be a number of seconds, got {v!r}")
         for name in ("fps", "nframes", "frames_fps"):
             v = getattr(self, name)
             if v is not None and not v > 0:
@@ -108,6 +117,13 @@ def sample_count(total_frames: int, video_fps: float, opts: VideoOptions, *, whe
         hi = math.floor(min(opts.max_frames, total_frames) / FRAME_FACTOR) * FRAME_FACTOR
         n = min(min(max(total_frames / video_fps * fps, lo), hi), total_frames)
         n = math.floor(n / FRAME_FACTOR) * FRAME_FACTOR
+    if total_frames < FRAME_FACTOR:  # a still image opened as a video (a JPEG/PNG/GIF), or a one-frame clip
+        raise VideoError(f"cannot sample {FRAME_FACTOR} frames from a video of {total_frames} frame (the least "
+                         "qwen-vl-utils' rule samples)",
+                         where=where, expected=f"a video of at least {FRAME_FACTOR} frames",
+                         found=f"{total_frames} frame (a still image file read as a video?)",
+                         fix="give a still image as an image (an image item / the images column), or its frame "
+                             "as a one-frame list [frame] (repeated to 2 frames), or drop the row (on_error='skip')")
     if not FRAME_FACTOR <= n <= total_frames:
         raise VideoError(f"cannot sample {n} frames from a video of {total_frames} frames", where=where,
                          expected=f"between {FRAME_FACTOR} and the video's {total_frames} frames",
@@ -115,12 +131,31 @@ def sample_count(total_frames: int, video_fps: float, opts: VideoOptions, *, whe
     return int(n)
 
 
-def sample_indices(total_frames: int, n: int) -> np.ndarray:
-    """int64 [n]: ``round(linspace(0, total - 1, n))`` as qwen-vl-utils computes it (torch's
-    float32 linspace, round half to even)."""
+def sample_indices(total_frames: int, n: int, first: int = 0) -> np.ndarray:
+    """int64 [n]: ``round(linspace(first, first + total - 1, n))`` as qwen-vl-utils computes it
+    (torch's float32 linspace, round half to even; ``first``: a clip's first frame, `frame_range`)."""
     import torch
 
-    return torch.linspace(0, total_frames - 1, n).round().long().numpy()
+    return torch.linspace(first, first + total_frames - 1, n).round().long().numpy()
+
+
+def frame_range(total_frames: int, video_fps: float, opts: VideoOptions, *, where: str = "video") -> tuple[int, int]:
+    """(first, last) source frame of the clip ``[video_start, video_end]`` seconds, qwen-vl-utils'
+    ``calculate_video_frame_range``: times clamped to the video's ``total / fps`` seconds, first
+    ``ceil(start * fps)``, last ``min(floor(end * fps), total - 1)``; the whole video without them."""
+    if opts.video_start is None and opts.video_end is None:
+        return 0, total_frames - 1
+    duration = total_frames / video_fps
+    first = 0 if opts.video_start is None else math.ceil(max(0.0, min(opts.video_start, duration)) * video_fps)
+    last = total_frames - 1
+    if opts.video_end is not None:
+        last = min(math.floor(max(0.0, min(opts.video_end, duration)) * video_fps), total_frames - 1)
+    if first >= last:
+        raise VideoError(f"the clip {opts.video_start}..{opts.video_end} s holds no frame range", where=where,
+                         expected=f"video_start < video_end within the video's {duration:.2f} s",
+                         found=f"frames {first}..{last} of {total_frames} at {video_fps:g} fps",
+                         fix="fix video_start / video_end (seconds from the start of the video)")
+    return first, last
 
 
 def frame_bounds(n_frames: int, spec: VisionSpec, opts: VideoOptions) -> tuple[int, int]:
@@ -141,10 +176,24 @@ def _target_size(h: int, w: int, n_frames: int, spec: VisionSpec, opts: VideoOpt
                          fix="downscale the video before encoding it")
     min_px, max_px = frame_bounds(n_frames, spec, opts)
     try:
-        return smart_resize(h, w, spec.factor, min_px, max_px, max_ratio=spec.max_aspect_ratio, family=spec.family)
+        size = smart_resize(h, w, spec.factor, min_px, max_px, max_ratio=spec.max_aspect_ratio, family=spec.family)
     except ImageError as e:
         raise VideoError(e.detail.replace("image", "video frame", 1), where=where, expected=e.expected,
                          found=e.found, fix=e.fix) from None
+    return check_resized(size, where)
+
+
+def check_resized(size: tuple[int, int], where: str) -> tuple[int, int]:
+    """``size`` (height, width), or a `VideoError` where a row's ``min_pixels`` asks for frames
+    larger than `MAX_RESIZED_PIXELS` (before: a torch allocation of terabytes, or the machine's
+    memory)."""
+    th, tw = size
+    if th * tw > MAX_RESIZED_PIXELS:
+        raise VideoError(f"the frames would be resized to {th}x{tw} pixels", where=where,
+                         expected=f"at most {MAX_RESIZED_PIXELS} pixels per resized frame",
+                         found=f"{th * tw} pixels",
+                         fix="lower min_pixels (pixels per frame, e.g. 128 * 28 * 28)")
+    return th, tw
 
 
 def _resize(frame: np.ndarray, th: int, tw: int, spec: VisionSpec) -> np.ndarray:
@@ -178,14 +227,23 @@ def _finish(frames: list, indices: np.ndarray, sample_fps: float, spec: VisionSp
 
 
 # ---- frame lists -----------------------------------------------------------------------
+def _frame_rgb(value: Any, where: str) -> np.ndarray:
+    """One listed frame (PIL image, path, encoded bytes, uint8 array) -> uint8 [H, W, 3] RGB as the
+    video processors convert it: transparency composited onto white (transformers'
+    ``video_utils.convert_to_rgb`` and qwen-vl-utils' ``to_rgb`` both blend with white, whatever
+    the image rule), 16-bit data refused rather than clipped (`check_range`), a truncated or corrupt
+    file an `ImageError` here rather than PIL's ``OSError``. No EXIF turn: the video processors
+    take PIL frames as they are."""
+    return np.asarray(decoded_rgb(value, where=where, orient=False, transparency="white"))
+
+
 def _list_frames(frames: Sequence, where: str) -> list[np.ndarray]:
     out = []
     for i, f in enumerate(frames):
         if isinstance(f, np.ndarray) and f.ndim == 3 and f.shape[2] == 3 and f.dtype == np.uint8:
             out.append(f)
         else:
-            img = load_image(f, where=f"{where}, frame {i}")
-            out.append(np.asarray(img.convert("RGB")))
+            out.append(_frame_rgb(f, f"{where}, frame {i}"))
     if not out:
         raise VideoError("the video has no frames", where=where, expected="at least one frame",
                          found="an empty frame list", fix="drop the row or give the video's frames")
@@ -209,13 +267,30 @@ def qwen_plan(total: int, fps: float, h: int, w: int, spec: VisionSpec, opts: Vi
     """qwen-vl-utils' plan for ``total`` frames at ``fps`` of ``h`` x ``w``: (indices int64 [n], resized
     (height, width), sample fps, group times); `mmpipe.encoding.glm_videos.glm_plan` is another."""
     if frame_list:
+        refuse_clip(opts, where)
         n = math.ceil(total / FRAME_FACTOR) * FRAME_FACTOR
         idx, sample_fps, times = np.minimum(np.arange(n), total - 1), fps, group_times(range(n), fps, spec.temporal_patch_size)
     else:
-        n = sample_count(total, fps, opts, where=where)
-        idx = sample_indices(total, n)
-        sample_fps, times = n / total * fps, group_times(idx, fps, spec.temporal_patch_size)
+        idx, count = file_indices(total, fps, opts, where)
+        n = len(idx)
+        sample_fps, times = n / count * fps, group_times(idx, fps, spec.temporal_patch_size)
     return idx, _target_size(h, w, n, spec, opts, where), sample_fps, times
+
+
+def file_indices(total: int, fps: float, opts: VideoOptions, where: str) -> tuple[np.ndarray, int]:
+    """A video file's sampled source frames (int64 [n]) and the frame count they are drawn from
+    (the clip's, `frame_range`; the sample fps is ``n / count * fps``), qwen-vl-utils' readers."""
+    first, last = frame_range(total, fps, opts, where=where)
+    count = last - first + 1
+    return sample_indices(count, sample_count(count, fps, opts, where=where), first), count
+
+
+def refuse_clip(opts: VideoOptions, where: str, why: str = "a frame list is used whole") -> None:
+    """A `VideoError` where ``video_start`` / ``video_end`` cannot apply (rather than ignoring them)."""
+    if opts.video_start is not None or opts.video_end is not None:
+        raise VideoError(f"video_start / video_end clip a video file; {why}", where=where,
+                         expected="no video_start / video_end", found=f"video_start={opts.video_start}, "
+                         f"video_end={opts.video_end}", fix="drop them, or cut the clip yourself (slice the frames)")
 
 
 def _encode_container(value: Any, spec: VisionSpec, opts: VideoOptions, where: str, plan) -> VideoPatches:
@@ -223,7 +298,8 @@ def _encode_container(value: Any, spec: VisionSpec, opts: VideoOptions, where: s
     try:
         check_codec(c)
         total = c.total_frames()
-        idx, (th, tw), sample_fps, times = plan(total, c.fps, c.height, c.width, spec, opts, where, False)
+        h, w = c.upright_size()  # after total_frames: it may read the packets and rewind
+        idx, (th, tw), sample_fps, times = plan(total, c.fps, h, w, spec, opts, where, False)
         idx = np.asarray(idx)
         out = decode_sampled(c, idx, total, lambda frame: _resize(frame, th, tw, spec))
     finally:
@@ -238,8 +314,9 @@ def sampled_frames(value: Any, opts: Optional[VideoOptions] = None, *, where: st
     c = Container(value, where)
     try:
         check_codec(c)
+        refuse_clip(opts, where, "the frames here go with the video's whole sound track")
         total = c.total_frames()
-        idx = sample_indices(total, sample_count(total, c.fps, opts, where=where))
+        idx, _ = file_indices(total, c.fps, opts, where)
         return np.stack(decode_sampled(c, idx, total, lambda frame: frame))
     finally:
         c.close()
@@ -261,8 +338,9 @@ def encode_video(value: Any, spec: VisionSpec, opts: Optional[VideoOptions] = No
 def video_layout(value: Any, spec: VisionSpec, opts: Optional[VideoOptions] = None, *,
                  where: str = "video", plan=None) -> VideoPatches:
     """The grid, sampled indices and ``second_per_grid_ts`` of `encode_video` from the
-    container's metadata alone (no frame decoded; ``patches`` is None). For a frame list, from
-    the first frame's size."""
+    container's metadata (``patches`` is None): its frame count, rate and size; only the first
+    frame is decoded, for its display rotation (`Container.rotation`: a portrait phone video's
+    grid is upright). For a frame list, from the first frame's size."""
     opts, plan, T = opts or VideoOptions(), plan or qwen_plan, spec.temporal_patch_size
     if isinstance(value, (list, tuple)):
         if not value:
@@ -275,8 +353,9 @@ def video_layout(value: Any, spec: VisionSpec, opts: Optional[VideoOptions] = No
         c = Container(value, where)
         try:
             check_codec(c)
-            idx, (th, tw), sample_fps, times = plan(c.total_frames(), c.fps, c.height, c.width, spec, opts, where,
-                                                    False)
+            total = c.total_frames()
+            h, w = c.upright_size()  # decodes the first frame only: its display rotation
+            idx, (th, tw), sample_fps, times = plan(total, c.fps, h, w, spec, opts, where, False)
         finally:
             c.close()
     idx, n = np.asarray(idx), len(idx)

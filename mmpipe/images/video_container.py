@@ -2,7 +2,13 @@
 what ``av.open`` takes (`av_source`), the opened container with its first video stream, frame rate,
 size and frame count (`Container`), the codec checks, and one decoding pass over sampled frames
 (`decode_sampled`). Every failure is a `mmpipe.errors.VideoError` naming where and the fix.
-`mmpipe.images.video` builds the patch grids on top of it."""
+`mmpipe.images.video` builds the patch grids on top of it.
+
+Frames come out upright: a stream's display matrix (phone videos recorded portrait store landscape
+frames and "rotate 90") is applied in quarter turns (`Container.rotation`), as FFmpeg's CLI, players
+and torchcodec >= 0.11 do (torchcodec is what transformers' processors and qwen-vl-utils decode
+with); PyAV and transformers' ``pyav`` backend return the coded frames. PyAV shows the matrix on
+decoded frames only, so the first frame is decoded to read it (and kept for `Container.frames`)."""
 
 from __future__ import annotations
 
@@ -47,6 +53,29 @@ def av_source(value: Any, where: str):
                      found=type(value).__name__, fix="pass the video file or its frames")
 
 
+# demuxers that open other files named inside the one given (HLS playlists, concat lists): a row's
+# video would read media from anywhere on the machine, past an encoder's image_root
+PLAYLIST_FORMATS = frozenset({"hls", "applehttp", "concat", "dash"})
+_PLAYLIST_MAGIC = (b"#EXTM3U", b"ffconcat")
+
+
+def _head(src, n: int = 16) -> bytes:
+    """The first ``n`` bytes of ``av_source``'s result (a path or a BytesIO, left at its start)."""
+    if isinstance(src, io.BytesIO):  # read + seek: getbuffer() would copy a BytesIO sharing its bytes
+        head = src.read(n)
+        src.seek(0)
+        return head
+    with open(src, "rb") as f:
+        return f.read(n)
+
+
+def _refuse_playlist(head: bytes, where: str) -> None:
+    if head.lstrip(b"\xef\xbb\xbf").startswith(_PLAYLIST_MAGIC):
+        raise VideoError("the file is a playlist (HLS .m3u8 or an ffconcat list), not a video", where=where,
+                         expected="a video file", found=f"a file starting {head[:8]!r}",
+                         fix="give the media file itself (mmpipe does not follow playlists to other files)")
+
+
 class Container:
     """An open container's first video stream and its metadata (frame count, fps, size)."""
 
@@ -54,11 +83,16 @@ class Container:
         av = import_av()
         self.where = where
         try:
-            self.c = av.open(av_source(value, where), mode="r", metadata_errors="ignore")
+            src = av_source(value, where)
+            _refuse_playlist(_head(src), where)
+            self.c = av.open(src, mode="r", metadata_errors="ignore")
         except VideoError:
             raise
         except (av.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:
             raise self.error("the video container cannot be opened", "a readable video file", e) from None
+        if self.c.format.name in PLAYLIST_FORMATS:  # found by content past the check above
+            self.c.close()
+            _refuse_playlist(b"#EXTM3U", where)
         if not self.c.streams.video:
             self.c.close()
             raise VideoError("the file has no video stream", where=where, expected="a video stream",
@@ -67,18 +101,37 @@ class Container:
         rate = self.s.average_rate or self.s.guessed_rate or self.s.base_rate
         self.fps = float(rate) if rate else 0.0
         cc = self.s.codec_context  # None: FFmpeg knows no codec for the stream
-        self.height, self.width = (cc.height, cc.width) if cc is not None else (0, 0)
+        self.height, self.width = (cc.height, cc.width) if cc is not None else (0, 0)  # coded, not upright
         if cc is not None:
             self.s.thread_type = "AUTO"
+        self._decoder = None  # the one decoding pass (`_next_frame`), started on first use
+        self._peeked: list = []  # the first frame, decoded by `rotation` and not yet given out
+        self._rotation = None
 
     def error(self, what: str, expected: str, e: Exception) -> VideoError:
         return VideoError(what, where=self.where, expected=expected, found=f"{type(e).__name__}: {e}"[:200],
                           fix="re-encode the video (e.g. ffmpeg -c:v libx264) or drop the row (on_error='skip')")
 
+    def _header_short(self, n: int) -> bool:
+        """Whether a header count of ``n`` frames covers less time than the stream lasts by more
+        than a frame and a half: a fragmented MP4 (``movflags=frag_keyframe``) counts only the
+        samples in its moov (its first fragment), not those in the moof fragments after it. The
+        stream's duration, else the container's (which may be a longer audio track's: then the
+        packets are counted for nothing, never wrongly)."""
+        spans = []
+        if self.s.duration and self.s.time_base:
+            spans.append(float(self.s.duration * self.s.time_base))
+        if self.c.duration:
+            spans.append(self.c.duration / 1_000_000)  # AV_TIME_BASE
+        return bool(spans) and self.fps > 0 and n / self.fps < max(spans) - 1.5 / self.fps
+
     def total_frames(self) -> int:
-        """The stream's frame count: its header, else one pass over the packets (no decoding)."""
+        """The stream's frame count: its header, else (no count, or one that covers less than the
+        stream's duration, `_header_short`) one pass over the packets (no decoding). Decoders that
+        scan (torchcodec's exact mode, what transformers' processors and qwen-vl-utils use) count
+        every frame, so a header's partial count would sample the clip's first fragment only."""
         n = int(self.s.frames or 0)
-        if n <= 0:
+        if n <= 0 or self._header_short(n):
             av = import_av()
             try:
                 n = sum(1 for pk in self.c.demux(self.s) if pk.size)
@@ -90,26 +143,56 @@ class Container:
                              found=f"{n} frames at {self.fps:g} fps", fix="drop the row or replace the video")
         return n
 
-    def frames(self) -> Iterator:
-        """Decoded frames in order (PyAV frames, one at a time; ``to_ndarray(format="rgb24")``
-        gives uint8 [H, W, 3] RGB: only sampled frames are converted)."""
+    def _next_frame(self):
+        """The next decoded frame of the stream's one decoding pass, None at its end."""
         av = import_av()
         try:
-            for frame in self.c.decode(self.s):
-                yield frame
+            if self._decoder is None:
+                self._decoder = self.c.decode(self.s)
+            return next(self._decoder, None)
         except (av.FFmpegError, OSError, ValueError) as e:
             raise self.error("the video stream cannot be decoded", "a decodable video stream", e) from None
+
+    def frames(self) -> Iterator:
+        """Decoded frames in order (PyAV frames, one at a time; `rgb_frame` gives the upright
+        uint8 [H, W, 3] RGB: only sampled frames are converted)."""
+        self.rotation()  # reads (and keeps) the first frame now, never from inside this pass
+        while self._peeked:
+            yield self._peeked.pop()
+        while (frame := self._next_frame()) is not None:
+            yield frame
+
+    def rotation(self) -> int:
+        """Quarter turns counter-clockwise (0..3) that make the frames upright: the display
+        matrix's rotation (PyAV's ``frame.rotation``, degrees counter-clockwise) rounded to a
+        multiple of 90 degrees as torchcodec rounds it; flips are not applied. Read from the first
+        frame, which is decoded once and kept for `frames`."""
+        if self._rotation is None:
+            first = self._next_frame()
+            self._peeked = [first] if first is not None else []
+            degrees = float(getattr(first, "rotation", 0) or 0)
+            self._rotation = int(round(degrees / 90)) % 4
+        return self._rotation
+
+    def upright_size(self) -> tuple[int, int]:
+        """(height, width) of the upright frames: the coded size, swapped for a quarter turn."""
+        return (self.width, self.height) if self.rotation() % 2 else (self.height, self.width)
 
     def close(self) -> None:
         self.c.close()
 
 
 def rgb_frame(c: Container, frame) -> np.ndarray:
+    """One decoded frame -> uint8 [H, W, 3] RGB, upright (`Container.rotation` applied)."""
     av = import_av()
     try:
-        return frame.to_ndarray(format="rgb24")
+        rgb = frame.to_ndarray(format="rgb24")
     except (av.FFmpegError, ValueError) as e:
         raise c.error("a video frame cannot be converted to RGB", "a decodable video stream", e) from None
+    k = c.rotation()
+    # np.rot90 turns counter-clockwise from axis 0 to axis 1 (rows to columns), as the display
+    # matrix asks; contiguous for the torch resize (a rotated view has negative strides)
+    return np.ascontiguousarray(np.rot90(rgb, k)) if k else rgb
 
 
 def check_codec(c: Container) -> None:
@@ -145,6 +228,7 @@ def decode_sampled(c: Container, idx: np.ndarray, total: int, convert) -> list[n
         if i >= last:
             break
     if len(out) < len(idx):
-        raise VideoError("the video stream ends early", where=c.where, expected=f"{total} frames (header)",
+        raise VideoError("the video stream ends early", where=c.where,
+                         expected=f"{total} frames (the header's count, else its packets')",
                          found=f"{len(out)} of {len(idx)} sampled frames decoded", fix="re-encode the video")
     return out

@@ -193,17 +193,28 @@ def test_videos_follow_the_torchvision_rule_whatever_the_image_backend():
     assert np.array_equal(a.patches, b.patches) and a.grid == b.grid
 
 
-def test_layout_decodes_no_frame(monkeypatch):
+def test_layout_decodes_the_first_frame_only(monkeypatch):
+    """The layout reads the header and the first frame (PyAV shows a stream's rotation on decoded
+    frames only), never the frames it samples."""
     data = make_video(20, 10.0, 48, 64)
     spec = VisionSpec.from_family(_fam("qwen2_vl"))
     full = encode_video(data, spec, VideoOptions(**SMALL))
+    decoded = []
+    next_frame = Container._next_frame
+
+    def counted(self):
+        frame = next_frame(self)
+        decoded.append(frame)
+        return frame
 
     def no_decode(self):
-        raise AssertionError("video_layout decoded a frame")
+        raise AssertionError("video_layout decoded the sampled frames")
 
     monkeypatch.setattr(Container, "frames", no_decode)
+    monkeypatch.setattr(Container, "_next_frame", counted)
     lay = video_layout(data, spec, VideoOptions(**SMALL))
     assert lay.grid == full.grid and lay.size == full.size
+    assert len(decoded) == 1
 
 
 def test_path_and_datasets_dict_inputs(tmp_path):
