@@ -231,7 +231,9 @@ def closed_before_read(img: Image.Image) -> bool:
     reads them on first use): ``with Image.open(p) as im: images.append(im)``."""
     if not isinstance(img, ImageFile.ImageFile):
         return False
-    fp = img.fp
+    # an image unpickled in another process (DataLoader workers hand rows back by pickle) has no
+    # ``fp`` attribute at all: its pixels came with it
+    fp = getattr(img, "fp", None)
     if fp is not None and not getattr(fp, "closed", False):
         return False
     return bool(img.tile) or getattr(img, "_im", None) is None  # nothing loaded yet

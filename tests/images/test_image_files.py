@@ -1,7 +1,8 @@
 """Real-world image files and PIL objects that once went wrong (the image defect hunt): big-endian
 16-bit TIFFs (PIL mode ``I;16B``, and the ``I;16L`` / ``I;16N`` variants), PIL modes neither PNG
 nor TIFF stores on the ``pixels="source"`` route (``RGBa``, ``HSV``, ``La``), PIL images whose
-file was closed before they were read, PNGs whose orientation is in XMP or in an ``eXIf`` chunk
+file was closed before they were read or that were unpickled in another process (a DataLoader
+worker's), PNGs whose orientation is in XMP or in an ``eXIf`` chunk
 after the image data, and the GLM-4.1V aspect-ratio refusal's message.
 
 Pixels are compared bit for bit with the transformers processor given the image as
@@ -172,6 +173,21 @@ def test_closed_pil_image_is_a_typed_error_on_every_route(tmp_path, fmt):
         im.load()
         loaded = im
     _assert_as_stock(proc, loaded, _decoded(path.read_bytes()))
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_pil_image_unpickled_in_another_process_encodes_as_the_processor(fmt):
+    """A decoded image handed back by a DataLoader worker (pickle) has no ``fp`` attribute at all;
+    it raised a bare ``AttributeError`` where a file-backed image's ``fp`` was read."""
+    import pickle
+
+    proc = processor_for("qwen2_vl")
+    buf = io.BytesIO()
+    testing.tiny_image(40, 60).save(buf, fmt)
+    im = _decoded(buf.getvalue())
+    moved = pickle.loads(pickle.dumps(im))
+    assert not hasattr(moved, "fp")  # what makes it differ from the image it was
+    _assert_as_stock(proc, moved, im)
 
 
 # ---- PNG orientation after the image data or in XMP -------------------------------------------
