@@ -2,7 +2,8 @@
 (its feature extractor, `audio_extractor`) needs, whatever kind of family it is.
 
 - `load_clips`: the row's clips -> mono float32 waveforms at the extractor's sampling rate
-  (`load_audio`), a clip longer than the processor's call takes (`clip_limit`) refused;
+  (`load_audio`), a clip longer than the processor's call takes (`clip_limit`) or shorter than one
+  analysis window of its extractor (`clip_window`) refused;
 - `call_kwargs`: the call's ``audio=`` / ``sampling_rate=`` keywords; `clip_files`: each clip's file
   for a row stored with ``audio="source"``;
 - `audio_outputs`: the audio outputs of a row stored with ``audio="source"`` (its clips' files),
@@ -13,36 +14,79 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from mmpipe.audio.load import audio_extractor, audio_source, load_audio
-from mmpipe.errors import ArgumentError, InputError
+from mmpipe.errors import ArgumentError, AudioError, InputError
 from mmpipe.records.columns import from_arrow_scalar
 
-__all__ = ["audio_outputs", "call_kwargs", "clip_files", "clip_limit", "load_clips", "stored_sources", "warn_padded_audio"]
+__all__ = ["audio_outputs", "call_kwargs", "clip_files", "clip_limit", "clip_window", "load_clips", "stored_sources",
+           "warn_padded_audio"]
 
 logger = logging.getLogger("mmpipe")
 
 
 def clip_limit(processor, fe) -> int:
-    """The most samples a clip may hold where the processor's call cuts longer ones (0: no limit)."""
-    # the extractor cuts at n_samples only where the processor's call truncates (Qwen2.5-Omni's does; Qwen3-Omni's
-    # sets truncation=False and takes a clip whole)
-    truncates = dict(getattr(processor, "audio_kwargs", None) or {}).get("truncation", True)
-    return int(getattr(fe, "n_samples", 0) or 0) if truncates else 0
+    """The most samples a clip may hold where the processor's call cuts longer ones (0: no limit).
+
+    The call's audio keywords as transformers merges them (the processor's ``audio_kwargs``, then its
+    kwargs class ``_defaults``) over the extractor's own ``__call__`` defaults: with ``truncation`` on,
+    ``max_length`` samples, else the extractor's ``n_samples``. Whisper's (Qwen2.5-Omni) cuts at
+    ``n_samples`` (30 s); Gemma 3n's and Gemma 4's at ``max_length=480000`` (30 s: a 60 s clip gave
+    its first 30 s's features and tokens, silently); Qwen3-Omni's call sets ``truncation=False`` and
+    Phi-4-multimodal's extractor does not truncate (0)."""
+    kw = dict(getattr(processor, "audio_kwargs", None) or {})
+    defaults = getattr(getattr(processor, "valid_processor_kwargs", None), "_defaults", None) or {}
+    kw.update(defaults.get("audio_kwargs", None) or {})
+    try:
+        params = inspect.signature(type(fe).__call__).parameters
+    except (TypeError, ValueError):
+        params = {}
+
+    def default(name):
+        p = params.get(name)
+        return None if p is None or p.default is inspect.Parameter.empty else p.default
+
+    if not kw.get("truncation", default("truncation")):
+        return 0
+    return int(kw.get("max_length") or default("max_length") or getattr(fe, "n_samples", 0) or 0)
+
+
+def clip_window(fe) -> int:
+    """Samples of one analysis window of the feature extractor (``win_length``: Phi-4-multimodal's 400;
+    ``frame_length``: Gemma 3n's 512, Gemma 4's 320; ``n_fft``: Whisper's 400, the Omni thinkers'), 0
+    when it names none."""
+    for name in ("win_length", "frame_length", "n_fft"):
+        value = getattr(fe, name, None)
+        if isinstance(value, (int, np.integer)) and value > 0:
+            return int(value)
+    return 0
 
 
 def load_clips(processor, audios: Sequence, where: str, *, column: str = "audios") -> list:
     """The row's clips -> mono float32 waveforms at the feature extractor's sampling rate
-    (`mmpipe.audio.load_audio`); a clip longer than a Whisper-style extractor takes (``n_samples``)
-    refused where the processor's call would cut it (`clip_limit`). ``processor`` has an extractor."""
+    (`mmpipe.audio.load_audio`); a clip longer than the processor's call takes (`clip_limit`) refused
+    where that call would cut it, and one shorter than one analysis window (`clip_window`, 25 ms at
+    16 kHz for Whisper's): such a clip gives Qwen2.5-Omni no audio token (the model never hears it,
+    silently) and crashes Qwen3-Omni's and Phi-4-multimodal's extractors. ``processor`` has an
+    extractor."""
     fe = audio_extractor(processor)
-    limit = clip_limit(processor, fe)
-    return [load_audio(a, int(fe.sampling_rate), where=f"{where}, audio {i}", column=column, max_samples=limit)
-            for i, a in enumerate(audios)]
+    limit, window, rate = clip_limit(processor, fe), clip_window(fe), int(fe.sampling_rate)
+    waves = []
+    for i, a in enumerate(audios):
+        wave = load_audio(a, rate, where=f"{where}, audio {i}", column=column, max_samples=limit)
+        if wave.size < window:
+            raise AudioError(f"the clip is {wave.size / rate * 1000:.1f} ms, shorter than one analysis window of "
+                             f"{type(fe).__name__}", where=f"{where}, audio {i}", column=column,
+                             expected=f"at least {window} samples at {rate} Hz ({window / rate * 1000:.0f} ms)",
+                             found=f"{wave.size} samples",
+                             fix="drop the clip (and its audio item) or the row, or pad the clip with silence")
+        waves.append(wave)
+    return waves
 
 
 def clip_files(processor, audios: Sequence, waves: Sequence) -> list[bytes]:

@@ -3,10 +3,13 @@
 Accepted values (the same conventions as images and videos: a row's ``audios`` column, or inline
 in an ``{"type": "audio"}`` item):
 
-- a file path (``str`` / ``os.PathLike``) or its bytes (WAV, FLAC, OGG, MP3: what libsndfile reads);
+- a file path (``str`` / ``os.PathLike``), its bytes (WAV, FLAC, OGG, MP3: what libsndfile reads) or
+  a ``data:<type>;base64,<data>`` URI of them (as the chat path's ``load_audio`` takes);
 - a ``datasets.Audio(decode=False)`` dict ``{"path", "bytes"}`` (bytes first);
 - a decoded ``datasets.Audio`` dict ``{"array", "sampling_rate"}``, or ``(array, sampling_rate)``
-  (vLLM's form); an object with ``get_all_samples()`` (torchcodec's ``AudioDecoder``, what
+  (vLLM's form, and ``soundfile.read``'s): float samples, or integer PCM scaled as soundfile reads
+  it (uint8: 8-bit WAV, offset binary); [n], [channels, n] or [n, channels] (the shorter axis is
+  the channels); an object with ``get_all_samples()`` (torchcodec's ``AudioDecoder``, what
   ``datasets`` 4 decodes to).
 
 Files are decoded as transformers' ``load_audio(..., backend="soundfile")`` and ``librosa.load``
@@ -30,6 +33,7 @@ from mmpipe.errors import AudioError
 __all__ = ["AUDIO_ITEM_KEYS", "audio_source", "checked_wave", "load_audio"]
 
 AUDIO_ITEM_KEYS = ("audio", "audio_url", "input_audio", "path")  # where an inline audio item holds its clip
+MIN_RATE, MAX_RATE = 1000, 1_000_000  # sampling rates (Hz) of audio: telephony's 8000 to studio's 768000, with room
 _FIX_RATE = "give the clip with its sampling rate: {'array': samples, 'sampling_rate': rate}"
 
 
@@ -53,59 +57,154 @@ def _resampled(wave: np.ndarray, rate: int, target: int) -> np.ndarray:
     return np.pad(out, (0, max(0, n - len(out))))[:n]
 
 
-def _decode_file(source, where: str, column: str) -> tuple[np.ndarray, int]:
-    """A path or bytes -> (mono float32 [n], its rate)."""
+def _data_uri(value: Any, where: str = "row", column: str = "audios") -> Any:
+    """A ``data:[<type>];base64,<data>`` string -> its bytes (the chat path's ``load_audio`` takes such
+    a URI, e.g. an OpenAI-style ``audio_url``); any other value as it is."""
+    if not (isinstance(value, str) and value.startswith("data:")):
+        return value
+    import base64
+    import binascii
+
+    head, _, data = value.partition(",")
+    problem = None if head.endswith(";base64") else "no ';base64' before the comma"
+    if problem is None:
+        try:
+            return base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError) as e:
+            problem = f"{type(e).__name__}: {e}"
+    raise AudioError("an audio data: URI that is not valid base64", where=where, column=column,
+                     expected="'data:audio/<type>;base64,<base64 of the file>'",
+                     found=f"{value[:40]!r}... ({problem})"[:160],
+                     fix="encode the file's bytes with base64.b64encode, or give its path or bytes")
+
+
+def _decode_file(source, where: str, column: str, limit: tuple = (0, 0)) -> tuple[np.ndarray, int]:
+    """A path, a ``data:`` URI or bytes -> (mono float32 [n], its rate). ``limit``: (max_samples > 0,
+    at rate): a file whose header puts it clearly over (1 %: MP3 headers may estimate) is refused
+    before it is decoded (an hour of 48 kHz stereo took 15 s and 2 GB to refuse after decoding)."""
     soundfile, _ = _modules()
+    source = _data_uri(source, where, column)
     what = f"file {str(source)!r:.80}" if not isinstance(source, (bytes, bytearray)) else f"{len(source)} bytes"
     if not isinstance(source, (bytes, bytearray)) and not os.path.exists(source):
+        remote = str(source).startswith(("http://", "https://", "s3://", "gs://", "hf://"))
         raise AudioError(f"audio file {str(source)!r:.120} does not exist", where=where, column=column,
-                         expected="a readable audio file", found="no such file",
-                         fix="fix the path (relative paths are read from the working directory)")
+                         expected="a readable audio file", found="a URL (not fetched)" if remote else "no such file",
+                         fix="download the clip and give its path or bytes" if remote else
+                         "fix the path (relative paths are read from the working directory; base64: give it as "
+                         "'data:audio/wav;base64,...')")
     try:
         with soundfile.SoundFile(io.BytesIO(bytes(source)) if isinstance(source, (bytes, bytearray)) else source) as f:
             rate = int(f.samplerate)
+            max_samples, target = limit
+            if max_samples and f.frames > 0 and math.ceil(f.frames * target / rate) > max_samples * 1.01:
+                _too_long(math.ceil(f.frames * target / rate), target, max_samples, where, column)
             data = f.read(dtype="float32", always_2d=True).T  # [channels, n]
-    except (RuntimeError, soundfile.LibsndfileError, TypeError, ValueError, EOFError) as e:
+        declared = _wav_declared_frames(source)
+    except AudioError:  # too long by its header (a ValueError too)
+        raise
+    except (RuntimeError, soundfile.LibsndfileError, TypeError, ValueError, EOFError, OSError) as e:
         raise AudioError(f"audio {what} cannot be decoded ({type(e).__name__}: {e})"[:300], where=where,
                          column=column, expected="a WAV, FLAC, OGG or MP3 file libsndfile reads",
                          found="a corrupt, truncated or unknown file",
                          fix="re-export the clip (e.g. ffmpeg -i in -ar 16000 -ac 1 out.wav) or drop the row") from None
+    if declared is not None and declared > data.shape[1]:
+        # libsndfile reads what is there and says nothing (nor does the chat path): a cut file would train
+        # the row on part of its clip
+        raise AudioError(f"the WAV {what} is truncated: its header holds {declared / rate:.2f} s, the file "
+                         f"{data.shape[1] / rate:.2f} s", where=where, column=column,
+                         expected=f"{declared} frames (the header's data size)", found=f"{data.shape[1]} frames",
+                         fix="re-download or re-export the clip, or drop the row")
     return (data.mean(axis=0) if data.shape[0] > 1 else data[0]), rate
 
 
+def _wav_declared_frames(source) -> int | None:
+    """Frames a PCM / float WAV's ``data`` chunk header declares (None: not such a WAV, or a streamed
+    one whose size field is 0 or 0xFFFFFFFF, which readers size from the file)."""
+    f = io.BytesIO(bytes(source)) if isinstance(source, (bytes, bytearray)) else open(source, "rb")
+    with f:
+        head = f.read(12)
+        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return None
+        block, pos = 0, 12
+        while True:
+            f.seek(pos)
+            chunk = f.read(8)
+            if len(chunk) < 8:
+                return None
+            size = int.from_bytes(chunk[4:], "little")
+            if chunk[:4] == b"fmt ":
+                fmt = f.read(16)
+                # PCM, IEEE float, extensible: a frame is block_align bytes (not so for ADPCM, GSM...)
+                tag = int.from_bytes(fmt[:2], "little") if len(fmt) == 16 else 0
+                block = int.from_bytes(fmt[12:14], "little") if tag in (1, 3, 0xFFFE) else 0
+            elif chunk[:4] == b"data":
+                return size // block if block and size not in (0, 0xFFFFFFFF) else None
+            pos += 8 + size + (size & 1)
+
+
 def _array(samples: Any, rate: Any, where: str, column: str) -> tuple[np.ndarray, int]:
-    """Samples with a rate -> (mono float32 [n], rate); [channels, n] averaged."""
+    """Samples with a rate -> (mono float32 [n], rate). 2-D samples are [channels, n] (torchcodec,
+    ``datasets``) or [n, channels] (``soundfile.read``, ``scipy.io.wavfile.read``): the shorter axis
+    is the channels (a square array is refused: either reading fits), averaged as a file's are.
+    Integer samples are PCM scaled as soundfile reads a file of that width: signed ``x / 2**(bits-1)``,
+    unsigned offset binary ``(x - 2**(bits-1)) / 2**(bits-1)`` (8-bit WAV: 128 is silence); integers
+    wider than 32 bits are refused (Python ints, e.g. int16 samples read back from an Arrow column,
+    have lost their width)."""
+    given = rate
     try:
-        rate = int(rate)
-    except (TypeError, ValueError):
+        rate = int(rate) if not isinstance(rate, float) or rate.is_integer() else 0  # 22050.5: no rate
+    except (TypeError, ValueError, OverflowError):  # None, an array (scipy's (rate, data) order), inf, nan
         rate = 0
     if rate <= 0:
+        found = repr(given)[:40] if isinstance(given, (int, float, str, type(None))) else type(given).__name__
         raise AudioError("audio array without a sampling rate", where=where, column=column,
-                         expected="a positive integer sampling rate", found=repr(rate)[:40], fix=_FIX_RATE)
+                         expected="a positive integer sampling rate", found=found,
+                         fix=_FIX_RATE + " (a tuple is (samples, rate); scipy.io.wavfile.read returns (rate, samples))")
     if hasattr(samples, "detach"):  # a torch tensor
         samples = samples.detach().cpu().numpy()
-    arr = np.asarray(samples)
+    try:
+        arr = np.asarray(samples)
+    except (TypeError, ValueError) as e:  # a ragged list: channels of different lengths
+        raise AudioError("audio samples must be a 1-D (or [channels, n]) numeric array", where=where, column=column,
+                         expected="float samples [n]", found=f"{type(samples).__name__} that is no array ({e})"[:160],
+                         fix=_FIX_RATE) from None
     if arr.dtype.kind not in "fiu" or arr.ndim not in (1, 2):
         raise AudioError("audio samples must be a 1-D (or [channels, n]) numeric array", where=where, column=column,
                          expected="float samples [n]", found=f"{arr.dtype} array of shape {arr.shape}", fix=_FIX_RATE)
+    if arr.dtype.kind in "iu" and arr.dtype.itemsize > 4:
+        raise AudioError("integer audio samples wider than 32 bits: their PCM width (full scale) is unknown", where=where,
+                         column=column, expected="float samples, or int8 / int16 / int32 (uint8: 8-bit WAV) PCM",
+                         found=f"{arr.dtype} samples (e.g. int16 samples read back from a datasets / Arrow column as "
+                               "Python ints)",
+                         fix="give the samples with their width (np.asarray(samples, np.int16)) or as floats in [-1, 1]")
+    if arr.ndim == 2:
+        if arr.shape[0] == arr.shape[1] and arr.shape[0] > 1:
+            raise AudioError("2-D audio samples whose channel axis is ambiguous", where=where, column=column,
+                             expected="[channels, n] or [n, channels] with more samples than channels",
+                             found=f"shape {arr.shape}", fix="give the samples as [channels, n] of a longer clip, or mono [n]")
+        if arr.shape[0] > arr.shape[1] or not arr.shape[0]:  # [n, channels]: soundfile.read's layout
+            arr = arr.T
     if arr.dtype.kind in "iu":  # integer PCM: the full scale is 1.0, as soundfile reads it
-        arr = arr.astype(np.float32) / float(np.iinfo(arr.dtype).max + 1)
+        half = float(2 ** (8 * arr.dtype.itemsize - 1))
+        unsigned = arr.dtype.kind == "u"
+        arr = arr.astype(np.float32)
+        arr = (arr - half) / half if unsigned else arr / half
     arr = arr.astype(np.float32, copy=False)
     return (arr.mean(axis=0) if arr.ndim == 2 else arr), rate
 
 
-def _wave(value: Any, where: str, column: str) -> tuple[np.ndarray, int]:
+def _wave(value: Any, where: str, column: str, limit: tuple = (0, 0)) -> tuple[np.ndarray, int]:
     if isinstance(value, (str, os.PathLike, bytes, bytearray)):
-        return _decode_file(os.fspath(value) if isinstance(value, os.PathLike) else value, where, column)
+        return _decode_file(os.fspath(value) if isinstance(value, os.PathLike) else value, where, column, limit)
     if isinstance(value, tuple) and len(value) == 2:
         return _array(value[0], value[1], where, column)
     if isinstance(value, dict):
         if value.get("array") is not None:
             return _array(value["array"], value.get("sampling_rate"), where, column)
         if value.get("bytes") is not None:
-            return _decode_file(value["bytes"], where, column)
+            return _decode_file(value["bytes"], where, column, limit)
         if value.get("path") is not None:
-            return _decode_file(value["path"], where, column)
+            return _decode_file(value["path"], where, column, limit)
     if hasattr(value, "get_all_samples"):  # torchcodec's AudioDecoder (datasets 4's decoded Audio)
         samples = value.get_all_samples()
         return _array(samples.data, samples.sample_rate, where, column)
@@ -119,10 +218,16 @@ def _wave(value: Any, where: str, column: str) -> tuple[np.ndarray, int]:
 def load_audio(value: Any, sampling_rate: int, *, where: str = "row", column: str = "audios",
                max_samples: int = 0) -> np.ndarray:
     """One clip -> mono float32 [n] at ``sampling_rate`` (see the module doc). Refused with an
-    `AudioError` naming ``where`` / ``column``: unreadable, no rate, zero samples, non-finite
-    samples, or over ``max_samples`` (> 0: what the feature extractor takes; a longer clip would be
-    cut)."""
-    wave, rate = _wave(value, where, column)
+    `AudioError` naming ``where`` / ``column``: unreadable or cut short (a WAV), no rate or one outside
+    `MIN_RATE`..`MAX_RATE` Hz (a rate in kHz), zero samples, non-finite samples, or over
+    ``max_samples`` (> 0: what the feature extractor takes; a longer clip would be cut; a file over it
+    by its header is refused before it is decoded)."""
+    wave, rate = _wave(value, where, column, (int(max_samples or 0), int(sampling_rate)))
+    if not MIN_RATE <= rate <= MAX_RATE:  # e.g. a rate in kHz: 16 would upsample the clip 1000x, silently
+        raise AudioError(f"a sampling rate of {rate} Hz is no audio rate", where=where, column=column,
+                         expected=f"a rate in Hz between {MIN_RATE} and {MAX_RATE} (16000, 44100, 48000...)",
+                         found=f"{rate} Hz for {wave.size} samples",
+                         fix="give the rate in Hz (16000, not 16), or re-export the file with its true rate")
     return checked_wave(_resampled(wave, rate, int(sampling_rate)), sampling_rate, where=where, column=column,
                         max_samples=max_samples)
 
@@ -141,11 +246,16 @@ def checked_wave(wave: np.ndarray, sampling_rate: int, *, where: str = "row", co
                          expected="finite samples", found=f"{int((~np.isfinite(wave)).sum())} non-finite",
                          fix="clean or drop the clip")
     if max_samples and wave.size > max_samples:
-        raise AudioError(f"the clip is {wave.size / sampling_rate:.2f} s; the processor takes at most "
-                         f"{max_samples / sampling_rate:.2f} s and would cut the rest", where=where, column=column,
-                         expected=f"at most {max_samples} samples at {sampling_rate} Hz", found=f"{wave.size} samples",
-                         fix="split the clip into parts of at most that length (one audio item each), or drop the row")
+        _too_long(wave.size, sampling_rate, max_samples, where, column)
     return wave
+
+
+def _too_long(n: int, sampling_rate: int, max_samples: int, where: str, column: str):
+    """Refuse a clip of ``n`` samples at ``sampling_rate`` over ``max_samples`` (`AudioError`)."""
+    raise AudioError(f"the clip is {n / sampling_rate:.2f} s; the processor takes at most "
+                     f"{max_samples / sampling_rate:.2f} s and would cut the rest", where=where, column=column,
+                     expected=f"at most {max_samples} samples at {sampling_rate} Hz", found=f"{n} samples",
+                     fix="split the clip into parts of at most that length (one audio item each), or drop the row")
 
 
 def audio_source(value: Any, wave: np.ndarray, sampling_rate: int) -> bytes:
@@ -155,6 +265,7 @@ def audio_source(value: Any, wave: np.ndarray, sampling_rate: int) -> bytes:
     as a 32-bit float WAV, which reads back exactly."""
     if isinstance(value, dict) and value.get("array") is None:
         value = value.get("bytes") if value.get("bytes") is not None else value.get("path")
+    value = _data_uri(value)
     if isinstance(value, (bytes, bytearray)):
         return bytes(value)
     if isinstance(value, (str, os.PathLike)):

@@ -59,7 +59,8 @@ def call_kwargs(order: Sequence[str], audios: Sequence, video_audios: Sequence, 
         elif kind == "video":
             wave = video_audios[v]
             if wave is None:
-                raise AudioError("use_audio_in_video: a video of this row has no sound", where=f"video {v}",
+                # no `where`: the caller's locate(row=...) then names the row in the message
+                raise AudioError(f"use_audio_in_video: video {v} of this row has no sound",
                                  column="videos", expected="a sound track for every video", found="none",
                                  fix="encode the row with use_audio_in_video=False, or drop the silent video")
             clips.append(wave)

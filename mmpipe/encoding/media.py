@@ -60,17 +60,28 @@ def is_audio_item(item: dict) -> bool:
 
 def inline_audio(item: dict) -> Any:
     """The clip an audio item carries itself (``audio``, ``audio_url`` (str or ``{"url"}``),
-    OpenAI's ``input_audio`` ``{"data": base64, "format"}`` as its bytes, or ``path``), or None for a
-    bare placeholder."""
+    OpenAI's ``input_audio`` ``{"data": base64, "format"}`` as its bytes, ``path`` or ``url`` (as the
+    chat path reads an audio item), or None for a bare placeholder. Data that is not base64: `AudioError`."""
     import base64
+    import binascii
 
     value = item.get("audio")
     if value is None and item.get("audio_url") is not None:
         url = item["audio_url"]
         value = url.get("url") if isinstance(url, dict) else url
     if value is None and isinstance(item.get("input_audio"), dict) and item["input_audio"].get("data"):
-        value = base64.b64decode(item["input_audio"]["data"])
-    return value if value is not None else item.get("path")
+        try:
+            value = base64.b64decode(item["input_audio"]["data"])  # lenient: line-wrapped base64 too
+        except (binascii.Error, ValueError, TypeError) as e:
+            from mmpipe.errors import AudioError
+
+            raise AudioError("an input_audio item whose data is not base64", column="audios",
+                             expected="{'data': base64 of the audio file, 'format': 'wav' | 'mp3' | ...}",
+                             found=f"{type(e).__name__}: {e}"[:120],
+                             fix="encode the file's bytes with base64.b64encode(...).decode()") from None
+    if value is None:
+        value = item.get("path")
+    return value if value is not None else item.get("url")
 
 
 class UnreadableImages:
