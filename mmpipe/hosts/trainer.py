@@ -72,6 +72,7 @@ class TrainerCollator:
 
     def __call__(self, rows: Sequence[Any]) -> dict[str, Any]:
         check_not_stripped(rows)
+        check_not_truncated(rows)
         batch = self.collator(rows)
         if batch.labels is None:
             raise ArgumentError(
@@ -82,6 +83,30 @@ class TrainerCollator:
         out = batch.model_inputs(positions=positions, labels=False)
         out["labels"] = batch.as_torch().labels  # the 1-D kinds' batches hold numpy fields
         return out
+
+
+def check_not_truncated(rows: Sequence[Any]) -> None:
+    """Refuse dict rows whose ``input_ids`` and ``labels`` were cut after encoding while the other
+    per-token columns kept their length: ``trl.SFTTrainer`` prepares a dataset it is not told to
+    skip (``dataset_kwargs={"skip_prepare_dataset": True}``) by truncating only ``input_ids`` and
+    ``labels`` to its ``max_length`` (1024 by default) and dropping the rows left without a target
+    token. The collator would otherwise blame the row's encoding."""
+    if not isinstance(rows, (list, tuple)):
+        return
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping) or "family" not in row or row.get("input_ids") is None:
+            continue
+        n = len(row["input_ids"])
+        mask = row.get("attention_mask")
+        if mask is None or len(mask) == n or (row.get("labels") is not None and len(row["labels"]) != n):
+            continue
+        raise ArgumentError(
+            f"row {i}: input_ids and labels hold {n} tokens but attention_mask {len(mask)}: they were cut after "
+            "encoding, with the image tokens and positions out of step. trl.SFTTrainer does this when it prepares "
+            "an encoded dataset (it truncates input_ids/labels to max_length and silently drops the rows left "
+            "without a target token): pass dataset_kwargs={'skip_prepare_dataset': True} in SFTConfig "
+            "(SFTConfig(..., **mmpipe.hosts.sft_settings())), and bound lengths when encoding "
+            "(mmpipe.encode_dataset(..., max_length=N))")
 
 
 def check_not_stripped(rows: Sequence[Any]) -> None:

@@ -10,7 +10,9 @@ builds the policy batch; TRL keeps its loop, rewards, advantages and loss.
     trainer.train()
 
 The dataset holds raw rows in any format `mmpipe.encode` reads (TRL's own ``prompt`` messages +
-``images`` included), encoded on the fly with ``labels=False``, or rows already encoded by
+``images`` included), encoded on the fly with ``labels=False`` as prompts (a ``completion`` column
+and the assistant turns ending a ``messages`` conversation left out, as stock TRL generates
+from ``prompt`` alone; the rewards get the whole ``messages``), or rows already encoded by
 `mmpipe.encode_dataset` (``labels=False``; keep the reward's columns with ``keep_columns``).
 Rows with 0, 1, 2 ... images mix in one batch. What the subclass changes, and where:
 
@@ -24,7 +26,8 @@ Rows with 0, 1, 2 ... images mix in one batch. What the subclass changes, and wh
   neither re-renders nor re-processes them) and a ``prompt`` (the row's own, else the decoded
   prompt text); mmpipe's ``pixel_values`` [N, D], ``image_grid_thw`` [I, 3], ``num_images`` [B]
   and ``mm_token_type_ids`` [B, P+C] are added to its output, which TRL shuffles and splits per
-  row (``split_pixel_values_by_grid``) into the optimisation batches.
+  row (``split_pixel_values_by_grid``) into the optimisation batches. The reward functions get
+  the rows' ``image`` / ``images`` columns back (``_calculate_rewards``), as stock TRL gives them.
 - ``_get_per_token_logps_and_entropies`` (TRL has no positions hook): each forward (old, ref and
   the loss) gets the images of its rows and ``position_ids`` [3, B, L] from `mmpipe.rope.get_rope_index`
   over TRL's layout (left-padded prompt + right-padded completion): the exact M-RoPE positions.
@@ -53,6 +56,7 @@ except ImportError as e:  # pragma: no cover - trl is a test dependency
     raise ImportError("mmpipe.hosts.trl_grpo needs TRL: pip install 'trl>=1.16'") from e
 
 from mmpipe.errors import ArgumentError
+from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.generation import SamplingParams
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.rope import get_rope_index
@@ -75,7 +79,8 @@ class VisionGRPOTrainer(GRPOTrainer):
 
     Takes GRPOTrainer's arguments (``processing_class``: the processor the rows are, or will be,
     encoded with) plus ``encode_options`` (`mmpipe.encode_row` keywords for raw rows, e.g.
-    ``max_pixels``) and ``measure_logprob_gap``. After each generation ``last_rollout`` holds the
+    ``max_pixels``; raw rows get TRL's ``add_generation_prompt=True`` and ``GRPOConfig.chat_template_kwargs``
+    unless these say otherwise) and ``measure_logprob_gap``. After each generation ``last_rollout`` holds the
     training rows (one `MultiModalInputs` per completion) and ``last_logprob_gap`` the per-token
     gaps (float32 [T], when measured).
     """
@@ -113,20 +118,25 @@ class VisionGRPOTrainer(GRPOTrainer):
                                 "engine samples with temperature / top_p / top_k only; leave them at 1.0 / None")
         self.engine_class = TransformersEngine
         self._family = family_of(self.processing_class)
-        self._encoder = Encoder(self.processing_class, **{**self.encode_options, "labels": False})
+        # the prompt as TRL renders it: apply_chat_template(add_generation_prompt=True, **chat_template_kwargs)
+        options = {"add_generation_prompt": True, **self.encode_options, "labels": False}
+        kwargs = self.chat_template_kwargs if isinstance(self.chat_template_kwargs, Mapping) else {}
+        if kwargs:
+            options["chat_template_kwargs"] = {**kwargs, **(self.encode_options.get("chat_template_kwargs") or {})}
+        self._encoder = Encoder(self.processing_class, **options)
 
     # ---- prompts: dataset rows -> mmpipe prompt rows + what TRL sees -----------------------------
     def _prompt_row(self, x: Any, i: int) -> MultiModalInputs:
         """Row ``i`` of a generation batch -> its prompt record (encoded rows as they are)."""
         if isinstance(x, MultiModalInputs):
-            return x
+            return _check_prompt_labels(x, i)
         if isinstance(x, Mapping) and "family" in x:
-            return MultiModalInputs.from_dict(x, row=i)
+            return _check_prompt_labels(MultiModalInputs.from_dict(x, row=i), i)
         raw = dict(x)
         if "images" not in raw and "image" in raw:  # TRL's one-image column
             image = raw.pop("image")
             raw["images"] = [] if image is None else [image]
-        return self._encoder.encode_row(raw, i)
+        return self._encoder.encode_row(_prompt_only(raw, i), i)
 
     def _trl_row(self, x: Any, row: MultiModalInputs) -> dict:
         """What TRL reads of a row: its columns without images, and a ``prompt`` (the row's own,
@@ -139,6 +149,9 @@ class VisionGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list) -> dict:
         rows = [self._prompt_row(x, i) for i, x in enumerate(inputs)]
         self._mm_pending = _PromptMedia(rows, self.processing_class)
+        # the image columns TRL does not see, kept for the reward functions (`_calculate_rewards`)
+        self._mm_pending.image_columns = [{k: x[k] for k in _IMAGE_KEYS if k in x} if isinstance(x, Mapping)
+                                          else {} for x in inputs]
         try:
             out = super()._generate_and_score_completions([self._trl_row(x, r) for x, r in zip(inputs, rows)])
             out.update(self._mm_pending.loss_inputs(out["prompt_ids"].shape[1], out["completion_ids"].shape[1],
@@ -147,6 +160,16 @@ class VisionGRPOTrainer(GRPOTrainer):
         finally:
             self._mm_pending = None
         return out
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's rewards, with each row's ``image`` / ``images`` column given back: stock
+        ``GRPOTrainer`` passes every dataset column to the reward functions (``images=[...]``, one
+        entry per completion), and ``_trl_row`` took the images out only to keep TRL from
+        re-processing them."""
+        media = self._mm_pending
+        if media is not None and len(media.image_columns) == len(inputs) and any(media.image_columns):
+            inputs = [{**x, **cols} for x, cols in zip(inputs, media.image_columns)]
+        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
 
     # ---- rollout (TRL's rollout_func) -----------------------------------------------------------
     def _mm_rollout(self) -> dict:
@@ -243,6 +266,60 @@ class VisionGRPOTrainer(GRPOTrainer):
             self._metrics[mode]["rollout/logprob_gap/mean"].append(gap.mean().item())
 
 
+def _check_prompt_labels(row: MultiModalInputs, i: int) -> MultiModalInputs:
+    """Refuse an encoded row with target tokens: it was encoded for SFT (``labels=True``), so its
+    ids end with the assistant's answer, and the policy would be sampled after that answer."""
+    labels = getattr(row, "labels", None)
+    if labels is not None:
+        n = int((np.asarray(labels) != IGNORE_INDEX).sum())
+        if n:
+            raise ArgumentError(f"row {i}: an encoded row with {n} target tokens in 'labels': it was encoded for SFT "
+                                "and its ids hold the assistant's answer, which VisionGRPOTrainer would prompt the "
+                                "policy with; expected prompt rows; fix: encode the prompts with "
+                                "mmpipe.encode_dataset(ds, processor, labels=False) from rows without the answer "
+                                "(a 'prompt' column), or pass the raw rows (answers are then left out)")
+    return row
+
+
+def _prompt_only(raw: dict, i: int) -> dict:
+    """A raw row as the prompt to generate from: without TRL's ``completion`` column (stock
+    ``GRPOTrainer`` generates from ``prompt`` alone) and without the assistant turns that end a
+    ``messages`` conversation (an SFT-style row's answer). Encoded as they are, both would put the
+    reference answer into the prompt, and the model would be sampled after its end-of-turn token
+    instead of after the assistant header. The reward functions get the row's whole ``messages``."""
+    raw.pop("completion", None)
+    messages = raw.get("messages")
+    if "prompt" in raw or not isinstance(messages, (list, tuple)):
+        return raw
+    keep = len(messages)
+    while keep and isinstance(messages[keep - 1], Mapping) and messages[keep - 1].get("role") == "assistant":
+        keep -= 1
+    if keep == len(messages):
+        return raw
+    if keep == 0:
+        raise ArgumentError(f"row {i}: column 'messages' holds only assistant turns: nothing to prompt with; "
+                            "expected a conversation ending with a user (or tool) turn; fix: give each row a "
+                            "'prompt' (TRL style) or a 'messages' conversation with the user's question")
+    if any(_has_media(m) for m in messages[keep:]):
+        raise ArgumentError(f"row {i}: the assistant turns that end column 'messages' hold images / videos: "
+                            "VisionGRPOTrainer generates from the conversation before them and cannot tell which "
+                            "of the row's images they take; expected media in the prompt turns only; fix: "
+                            "give the rows as 'prompt' (the turns to generate from) + 'images'")
+    raw["messages"] = list(messages[:keep])
+    return raw
+
+
+def _has_media(message: Any) -> bool:
+    """Whether a raw chat message holds an image / video / audio item or placeholder text."""
+    content = message.get("content") if isinstance(message, Mapping) else None
+    if isinstance(content, str):
+        return any(tag in content for tag in ("<image>", "<video>", "<audio>"))
+    # Arrow gives every content item every key of the column's struct: an absent image is None
+    return any(isinstance(item, Mapping) and (item.get("type") in ("image", "video", "audio", "image_url")
+                                             or any(item.get(k) is not None for k in ("image", "video", "audio")))
+               for item in content or ())
+
+
 def _rollout(prompts: list, trainer: VisionGRPOTrainer) -> dict:
     """TRL's ``rollout_func(prompts, trainer)``: the prompts TRL passes are the display ones; the
     rows generated from are those `VisionGRPOTrainer._generate_and_score_completions` encoded."""
@@ -264,6 +341,7 @@ class _PromptMedia:
                 raise ArgumentError(f"row {i} holds videos: VisionGRPOTrainer passes images only (TRL splits "
                                     "pixel_values per row by image_grid_thw); drop the videos or use verl / cosmos-rl")
         self.rows = list(rows)
+        self.image_columns: list[dict] = [{} for _ in self.rows]  # each row's image / images, for the rewards
         batch = mmpipe.collate(self.rows, processor=processor, padding_side="left")
         if batch.position_ids is None or np.ndim(batch.position_ids) != 3:
             raise ArgumentError(f"family {batch.family!r} has 1-D positions: VisionGRPOTrainer supports the "
