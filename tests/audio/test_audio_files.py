@@ -341,6 +341,18 @@ def test_a_silent_video_in_the_call_keywords_names_its_row():
     assert e.value.column == "videos" and e.value.fix
 
 
+def _as_chat_path(proc, item: dict) -> list:
+    """One user turn holding audio ``item`` and a reply: mmpipe's row equals the processor's chat path
+    (ids and ``input_features``); -> the messages."""
+    msgs = [{"role": "user", "content": [item, {"type": "text", "text": "?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
+    own = proc.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="np")
+    row = mmpipe.encode_row({"messages": msgs}, proc)
+    np.testing.assert_array_equal(row.input_ids, own["input_ids"][0])
+    np.testing.assert_array_equal(row.vision["input_features"], own["input_features"])
+    return msgs
+
+
 def test_data_uris_load_as_the_chat_path(omni, files):
     """A clip given as a ``data:audio/...;base64,`` URI (the chat path's ``load_audio`` decodes it; an
     OpenAI-style ``audio_url`` holds one): encoded as the chat path encodes it, stored by
@@ -351,12 +363,7 @@ def test_data_uris_load_as_the_chat_path(omni, files):
     data = open(files["stereo_44k.mp3"], "rb").read()
     uri = "data:audio/mpeg;base64," + base64.b64encode(data).decode()
     np.testing.assert_array_equal(load_audio(uri, RATE), load_audio(data, RATE))
-    msgs = [{"role": "user", "content": [{"type": "audio", "audio": uri}, {"type": "text", "text": "?"}]},
-            {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
-    own = proc.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="np")
-    row = mmpipe.encode_row({"messages": msgs}, proc)
-    np.testing.assert_array_equal(row.input_ids, own["input_ids"][0])
-    np.testing.assert_array_equal(row.vision["input_features"], own["input_features"])
+    msgs = _as_chat_path(proc, {"type": "audio", "audio": uri})
     assert mmpipe.encode_row({"messages": msgs}, proc, audio="source").audio_sources == [data]
     for bad in ("data:audio/wav;base64,@@@@", "data:audio/wav,plain"):
         with pytest.raises(AudioError, match="not valid base64") as e:
@@ -373,12 +380,7 @@ def test_audio_items_by_url_and_bad_base64(omni, files):
     raised a bare ``binascii.Error``."""
     proc, _ = omni
     path = str(files["stereo_44k.mp3"])
-    msgs = [{"role": "user", "content": [{"type": "audio", "url": path}, {"type": "text", "text": "?"}]},
-            {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
-    own = proc.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="np")
-    row = mmpipe.encode_row({"messages": msgs}, proc)
-    np.testing.assert_array_equal(row.input_ids, own["input_ids"][0])
-    np.testing.assert_array_equal(row.vision["input_features"], own["input_features"])
+    _as_chat_path(proc, {"type": "audio", "url": path})
     bad = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "!!!not base64",
                                                                                "format": "wav"}},
                                         {"type": "text", "text": "?"}]}]
