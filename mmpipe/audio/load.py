@@ -59,23 +59,13 @@ def _resampled(wave: np.ndarray, rate: int, target: int) -> np.ndarray:
 
 def _data_uri(value: Any, where: str = "row", column: str = "audios") -> Any:
     """A ``data:[<type>];base64,<data>`` string -> its bytes (the chat path's ``load_audio`` takes such
-    a URI, e.g. an OpenAI-style ``audio_url``); any other value as it is."""
+    a URI, e.g. an OpenAI-style ``audio_url``; `mmpipe.images.load.data_uri_bytes`); any other value
+    as it is."""
     if not (isinstance(value, str) and value.startswith("data:")):
         return value
-    import base64
-    import binascii
+    from mmpipe.images.load import data_uri_bytes
 
-    head, _, data = value.partition(",")
-    problem = None if head.endswith(";base64") else "no ';base64' before the comma"
-    if problem is None:
-        try:
-            return base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError) as e:
-            problem = f"{type(e).__name__}: {e}"
-    raise AudioError("an audio data: URI that is not valid base64", where=where, column=column,
-                     expected="'data:audio/<type>;base64,<base64 of the file>'",
-                     found=f"{value[:40]!r}... ({problem})"[:160],
-                     fix="encode the file's bytes with base64.b64encode, or give its path or bytes")
+    return data_uri_bytes(value, where, error=AudioError, kind="audio", column=column)
 
 
 def _decode_file(source, where: str, column: str, limit: tuple = (0, 0)) -> tuple[np.ndarray, int]:

@@ -204,7 +204,7 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
         if isinstance(value, (bytes, bytearray, memoryview)):
             return Image.open(io.BytesIO(bytes(value)))
         if isinstance(value, str) and value.startswith("data:"):
-            return Image.open(io.BytesIO(_data_uri_bytes(value, where)))
+            return Image.open(io.BytesIO(data_uri_bytes(value, where)))
         if isinstance(value, (str, os.PathLike)):
             path = image_path(value, where=where)
             found = f"file {path!r}"
@@ -249,20 +249,25 @@ def closed_error(img: Image.Image, where: str) -> ImageError:
             "or pass the image's path or bytes instead")
 
 
-def _data_uri_bytes(uri: str, where: str) -> bytes:
-    """``data:image/png;base64,...`` (OpenAI-style ``image_url``) -> the encoded image bytes."""
+def data_uri_bytes(uri: str, where: str, *, error: type = ImageError, kind: str = "image",
+                   column: Optional[str] = None) -> bytes:
+    """``data:<kind>/<type>;base64,<payload>`` (an OpenAI-style ``image_url`` / ``audio_url``, what
+    the chat path's loaders take) -> the encoded file's bytes; a URI that is not base64 is an
+    ``error`` (`ImageError`, or the caller's: `mmpipe.audio.load` gives `AudioError`)."""
     import base64
     import binascii
 
     head, sep, payload = uri.partition(",")
+    expected, fix = (f"data:{kind}/<type>;base64,<payload>",
+                     f"base64-encode the {kind} file's bytes (base64.b64encode), or give its path or bytes")
     if not sep or not head.endswith(";base64"):
-        raise ImageError("unsupported data: URI", where=where, expected="data:image/<type>;base64,<payload>",
-                         found=repr(uri[:40]), fix="base64-encode the image bytes")
+        raise error("unsupported data: URI (not valid base64: no ';base64' before the comma)", where=where,
+                    column=column, expected=expected, found=repr(uri[:40]), fix=fix)
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as e:
-        raise ImageError(f"the data: URI's base64 payload is invalid ({e})", where=where,
-                         fix="re-encode the image with base64.b64encode") from e
+        raise error(f"the data: URI's base64 payload is invalid (not valid base64: {e})", where=where,
+                    column=column, expected=expected, found=f"{uri[:40]!r}...", fix=fix) from e
 
 
 _OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
