@@ -55,8 +55,10 @@ try:
 except ImportError as e:  # pragma: no cover - trl is a test dependency
     raise ImportError("mmpipe.hosts.trl_grpo needs TRL: pip install 'trl>=1.16'") from e
 
+from mmpipe.encoding.media import is_audio_item, is_video_item
+from mmpipe.encoding.row_checks import is_image_item
 from mmpipe.errors import ArgumentError
-from mmpipe.records.columns import IGNORE_INDEX
+from mmpipe.records.columns import AUDIO_PLACEHOLDER, IGNORE_INDEX, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from mmpipe.records.generation import SamplingParams
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.rope import get_rope_index
@@ -148,10 +150,9 @@ class VisionGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: list) -> dict:
         rows = [self._prompt_row(x, i) for i, x in enumerate(inputs)]
-        self._mm_pending = _PromptMedia(rows, self.processing_class)
-        # the image columns TRL does not see, kept for the reward functions (`_calculate_rewards`)
-        self._mm_pending.image_columns = [{k: x[k] for k in _IMAGE_KEYS if k in x} if isinstance(x, Mapping)
-                                          else {} for x in inputs]
+        # the image columns TRL does not see (`_trl_row`) go with the rows to the reward functions
+        images = [{k: x[k] for k in _IMAGE_KEYS if k in x} if isinstance(x, Mapping) else {} for x in inputs]
+        self._mm_pending = _PromptMedia(rows, self.processing_class, images)
         try:
             out = super()._generate_and_score_completions([self._trl_row(x, r) for x, r in zip(inputs, rows)])
             out.update(self._mm_pending.loss_inputs(out["prompt_ids"].shape[1], out["completion_ids"].shape[1],
@@ -269,9 +270,8 @@ class VisionGRPOTrainer(GRPOTrainer):
 def _check_prompt_labels(row: MultiModalInputs, i: int) -> MultiModalInputs:
     """Refuse an encoded row with target tokens: it was encoded for SFT (``labels=True``), so its
     ids end with the assistant's answer, and the policy would be sampled after that answer."""
-    labels = getattr(row, "labels", None)
-    if labels is not None:
-        n = int((np.asarray(labels) != IGNORE_INDEX).sum())
+    if row.labels is not None:
+        n = int((np.asarray(row.labels) != IGNORE_INDEX).sum())
         if n:
             raise ArgumentError(f"row {i}: an encoded row with {n} target tokens in 'labels': it was encoded for SFT "
                                 "and its ids hold the assistant's answer, which VisionGRPOTrainer would prompt the "
@@ -310,13 +310,13 @@ def _prompt_only(raw: dict, i: int) -> dict:
 
 
 def _has_media(message: Any) -> bool:
-    """Whether a raw chat message holds an image / video / audio item or placeholder text."""
+    """Whether a raw chat message holds an image / video / audio item or placeholder text (the
+    classifiers `mmpipe.encode` parses items with)."""
     content = message.get("content") if isinstance(message, Mapping) else None
     if isinstance(content, str):
-        return any(tag in content for tag in ("<image>", "<video>", "<audio>"))
+        return any(tag in content for tag in (IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, AUDIO_PLACEHOLDER))
     # Arrow gives every content item every key of the column's struct: an absent image is None
-    return any(isinstance(item, Mapping) and (item.get("type") in ("image", "video", "audio", "image_url")
-                                             or any(item.get(k) is not None for k in ("image", "video", "audio")))
+    return any(isinstance(item, Mapping) and (is_image_item(item) or is_video_item(item) or is_audio_item(item))
                for item in content or ())
 
 
@@ -333,7 +333,7 @@ class _PromptMedia:
     ``pixel_values`` float32 [N, D] + ``image_grid_thw`` int64 [I, 3] (mmpipe's collate),
     ``num_images`` [B] and each row's prompt token types."""
 
-    def __init__(self, rows: Sequence[MultiModalInputs], processor):
+    def __init__(self, rows: Sequence[MultiModalInputs], processor, image_columns: Sequence[dict] = ()):
         import mmpipe
 
         for i, r in enumerate(rows):
@@ -341,7 +341,7 @@ class _PromptMedia:
                 raise ArgumentError(f"row {i} holds videos: VisionGRPOTrainer passes images only (TRL splits "
                                     "pixel_values per row by image_grid_thw); drop the videos or use verl / cosmos-rl")
         self.rows = list(rows)
-        self.image_columns: list[dict] = [{} for _ in self.rows]  # each row's image / images, for the rewards
+        self.image_columns = list(image_columns)  # each row's image / images columns, for the rewards
         batch = mmpipe.collate(self.rows, processor=processor, padding_side="left")
         if batch.position_ids is None or np.ndim(batch.position_ids) != 3:
             raise ArgumentError(f"family {batch.family!r} has 1-D positions: VisionGRPOTrainer supports the "
