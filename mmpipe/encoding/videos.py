@@ -38,9 +38,8 @@ from mmpipe.records.arrow import most_per_row
 __all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes", "keeps_video_wrapper"]
 
 
-# what a ``{"video": ..., **options}`` value may carry: the inline item options, plus qwen-vl-utils'
-# clip range in seconds (`mmpipe.images.video.frame_range`)
-ITEM_OPTIONS = (*VIDEO_ITEM_OPTIONS, *(k for k in ("video_start", "video_end") if k not in VIDEO_ITEM_OPTIONS))
+# qwen-vl-utils' per-video options a ``{"video": ..., **options}`` value (or an inline item,
+# `mmpipe.encoding.media.VIDEO_ITEM_OPTIONS`) may carry that mmpipe refuses: its fixed frame size
 UNSUPPORTED_ITEM_OPTIONS = ("resized_height", "resized_width")
 
 
@@ -66,10 +65,11 @@ def resolve_video(value: Any, opts: VideoOptions, where: str) -> tuple[Any, Vide
         unsupported = sorted(k for k in UNSUPPORTED_ITEM_OPTIONS if value.get(k) is not None)
         if unsupported:  # qwen-vl-utils' fixed frame size: refused rather than silently ignored
             raise VideoError(f"per-video options {unsupported} are not supported", where=where,
-                             expected=f"qwen-vl-utils' options mmpipe applies: {sorted(ITEM_OPTIONS)}",
+                             expected="qwen-vl-utils' options mmpipe applies: "
+                                      f"{sorted(set(VIDEO_ITEM_OPTIONS) - set(UNSUPPORTED_ITEM_OPTIONS))}",
                              found=str({k: value[k] for k in unsupported}),
                              fix="bound the frame size with min_pixels / max_pixels instead")
-        extra = {k: value[k] for k in ITEM_OPTIONS if value.get(k) is not None}
+        extra = {k: value[k] for k in VIDEO_ITEM_OPTIONS if value.get(k) is not None}
         if "sample_fps" in extra:
             extra["frames_fps"] = extra.pop("sample_fps")
         if extra.get("nframes") is not None:  # an item's nframes replaces the encoder's fps
