@@ -237,24 +237,50 @@ class FakeSamplingParams:
 
 
 # ---- videos (tests/images/test_video.py, tests/encoding/test_video_encode.py) -------------------
-def make_video(n: int, fps: float, h: int, w: int, *, seed: int = 0, fmt: str = "mp4") -> bytes:
-    """n frames of moving shapes and noise, h264 in mp4 (mpeg4 where libx264 is missing), made with PyAV."""
+def make_video(n: int, fps: float, h: int, w: int, *, seed: int = 0, fmt: str = "mp4", codec: Optional[str] = None,
+               pix: str = "yuv420p", frame=None, rotation=None, pts=None, audio: bool = False, movflags=None,
+               gop=None) -> bytes:
+    """n frames of moving shapes and noise (``frame(i)``: uint8 [h, w, 3] frame i instead), h264 in mp4
+    (mpeg4 where libx264 is missing; ``codec``, ``fmt``, ``pix``: others), made with PyAV. ``pts``:
+    per-frame times in 1/1000 s (variable frame rate); ``rotation``: the display matrix (degrees
+    counter-clockwise); ``audio``: a silent AAC track first; ``movflags``: the mp4 muxer's
+    (``frag_keyframe``: fragmented); ``gop``: frames per keyframe."""
     import io
     from fractions import Fraction
 
     import av
 
-    codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    with av.open(buf, "w", format=fmt) as c:
-        s = c.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
-        s.height, s.width, s.pix_fmt = h, w, "yuv420p"
-        base = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-        for i in range(n):
+    codec = codec or ("libx264" if "libx264" in av.codecs_available else "mpeg4")
+    if frame is None:
+        base = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+        def frame(i):
             a = np.roll(base, i * 3, axis=1)
             a[(i * 2) % h: (i * 2) % h + 4, :, 1] = 255
-            for p in s.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
+            return a
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=fmt, **({"options": {"movflags": movflags}} if movflags else {})) as c:
+        opts = {"options": {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"}} if gop else {}
+        s = c.add_stream(codec, rate=Fraction(fps).limit_denominator(1001), **opts)
+        s.height, s.width, s.pix_fmt = h, w, pix
+        if pts is not None:
+            s.codec_context.time_base = s.time_base = Fraction(1, 1000)
+        if rotation is not None:
+            s.set_display_rotation(rotation)
+        if audio:
+            a = c.add_stream("aac", rate=16000)
+            a.layout = "mono"
+            af = av.AudioFrame.from_ndarray(np.zeros((1, 16000 * n // int(fps)), np.float32), format="fltp",
+                                            layout="mono")
+            af.sample_rate, af.pts = 16000, 0
+            for p in [*a.encode(af), *a.encode()]:
+                c.mux(p)
+        for i in range(n):
+            f = av.VideoFrame.from_ndarray(frame(i), format="rgb24")
+            if pts is not None:
+                f.pts, f.time_base = pts[i], Fraction(1, 1000)
+            for p in s.encode(f):
                 c.mux(p)
         for p in s.encode():
             c.mux(p)

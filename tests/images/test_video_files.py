@@ -34,7 +34,7 @@ from mmpipe.images.spec import VisionSpec
 from mmpipe.images.video import (VideoOptions, encode_video, sample_count, sample_indices, sampled_frames,
                                  video_layout)
 
-from helpers import all_frames
+from helpers import all_frames, make_video
 
 av = pytest.importorskip("av", reason="PyAV is a test extra (pip install mmpipe[test])")
 SMALL = dict(min_pixels=28 * 28 * 2, max_pixels=28 * 28 * 12)
@@ -48,37 +48,10 @@ def _frame(i: int, h: int, w: int) -> np.ndarray:
     return a
 
 
-def write_video(n: int, fps, h: int, w: int, *, codec: str = "libx264", fmt: str = "mp4", pix: str = "yuv420p",
-                rotation=None, pts=None, audio: bool = False, movflags=None, gop=None) -> bytes:
-    """n frames encoded with PyAV; ``pts``: per-frame times in 1/1000 s (variable frame rate);
-    ``rotation``: the display matrix (degrees counter-clockwise); ``audio``: an AAC track first;
-    ``movflags``: the mp4 muxer's (``frag_keyframe``: fragmented); ``gop``: frames per keyframe."""
-    buf = io.BytesIO()
-    with av.open(buf, "w", format=fmt, options={"movflags": movflags} if movflags else {}) as c:
-        opts = {"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"} if gop else {}
-        s = c.add_stream(codec, rate=Fraction(fps).limit_denominator(1001), options=opts)
-        s.height, s.width, s.pix_fmt = h, w, pix
-        if pts is not None:
-            s.codec_context.time_base = s.time_base = Fraction(1, 1000)
-        if rotation is not None:
-            s.set_display_rotation(rotation)
-        if audio:
-            a = c.add_stream("aac", rate=16000)
-            a.layout = "mono"
-            af = av.AudioFrame.from_ndarray(np.zeros((1, 16000 * n // int(fps)), np.float32), format="fltp",
-                                            layout="mono")
-            af.sample_rate, af.pts = 16000, 0
-            for p in [*a.encode(af), *a.encode()]:
-                c.mux(p)
-        for i in range(n):
-            f = av.VideoFrame.from_ndarray(_frame(i, h, w), format="rgb24")
-            if pts is not None:
-                f.pts, f.time_base = pts[i], Fraction(1, 1000)
-            for p in s.encode(f):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
-    return buf.getvalue()
+def write_video(n: int, fps, h: int, w: int, *, codec: str = "libx264", **kwargs) -> bytes:
+    """n of the frames above, encoded (`helpers.make_video`: ``fmt``, ``pix``, ``rotation``, ``pts``,
+    ``audio``, ``movflags``, ``gop``)."""
+    return make_video(n, fps, h, w, codec=codec, frame=lambda i: _frame(i, h, w), **kwargs)
 
 
 def _coded_rotation(data: bytes) -> int:
