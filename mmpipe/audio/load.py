@@ -3,8 +3,9 @@
 Accepted values (the same conventions as images and videos: a row's ``audios`` column, or inline
 in an ``{"type": "audio"}`` item):
 
-- a file path (``str`` / ``os.PathLike``), its bytes (WAV, FLAC, OGG, MP3: what libsndfile reads) or
-  a ``data:<type>;base64,<data>`` URI of them (as the chat path's ``load_audio`` takes);
+- a file path (``str`` / ``os.PathLike``), its bytes or a ``data:<type>;base64,<data>`` URI of them
+  (as the chat path's ``load_audio`` takes): WAV, FLAC, OGG, MP3 (what libsndfile reads) and, with
+  PyAV (the ``video`` extra), what FFmpeg reads beyond them (M4A / AAC, WebM, AMR, WMA...);
 - a ``datasets.Audio(decode=False)`` dict ``{"path", "bytes"}`` (bytes first);
 - a decoded ``datasets.Audio`` dict ``{"array", "sampling_rate"}``, or ``(array, sampling_rate)``
   (vLLM's form, and ``soundfile.read``'s): float samples, or integer PCM scaled as soundfile reads
@@ -16,7 +17,10 @@ Files are decoded as transformers' ``load_audio(..., backend="soundfile")`` and 
 decode them (the processor's own chat path): soundfile, channels averaged to mono, resampled with
 soxr's ``soxr_hq`` and padded or cut to ``ceil(n * rate / source_rate)``; arrays at another rate are
 resampled the same way. A bare array has no rate and is refused (`AudioError`): 16 kHz and 24 kHz
-clips look alike. ``soundfile`` and ``soxr`` are the ``audio`` extra, imported on first use.
+clips look alike. A file libsndfile does not recognise is decoded as the chat path decodes it with
+torchcodec installed (without torchcodec, transformers refuses such formats): FFmpeg's decode,
+converted to mono at the target rate by libswresample in one step (`mmpipe.audio.video.decoded_sound`).
+``soundfile`` and ``soxr`` are the ``audio`` extra, imported on first use.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ from typing import Any
 
 import numpy as np
 
+from mmpipe.audio.checks import checked_wave, too_long
 from mmpipe.errors import AudioError
 
 __all__ = ["AUDIO_ITEM_KEYS", "audio_source", "checked_wave", "load_audio"]
 
 AUDIO_ITEM_KEYS = ("audio", "audio_url", "input_audio", "path")  # where an inline audio item holds its clip
 MIN_RATE, MAX_RATE = 1000, 1_000_000  # sampling rates (Hz) of audio: telephony's 8000 to studio's 768000, with room
+_SF_UNRECOGNISED = 1  # libsndfile's SF_ERR_UNRECOGNISED_FORMAT: a container it does not read at all
 _FIX_RATE = "give the clip with its sampling rate: {'array': samples, 'sampling_rate': rate}"
 
 
@@ -87,12 +93,14 @@ def _decode_file(source, where: str, column: str, limit: tuple = (0, 0)) -> tupl
             rate = int(f.samplerate)
             max_samples, target = limit
             if max_samples and f.frames > 0 and math.ceil(f.frames * target / rate) > max_samples * 1.01:
-                _too_long(math.ceil(f.frames * target / rate), target, max_samples, where, column)
+                too_long(math.ceil(f.frames * target / rate), target, max_samples, where, column)
             data = f.read(dtype="float32", always_2d=True).T  # [channels, n]
         declared = _wav_declared_frames(source)
     except AudioError:  # too long by its header (a ValueError too)
         raise
     except (RuntimeError, soundfile.LibsndfileError, TypeError, ValueError, EOFError, OSError) as e:
+        if getattr(e, "code", None) == _SF_UNRECOGNISED:  # not libsndfile's: M4A / AAC, WebM, AMR... (FFmpeg's)
+            return _decode_ffmpeg(source, what, where, column, limit)
         raise AudioError(f"audio {what} cannot be decoded ({type(e).__name__}: {e})"[:300], where=where,
                          column=column, expected="a WAV, FLAC, OGG or MP3 file libsndfile reads",
                          found="a corrupt, truncated or unknown file",
@@ -105,6 +113,27 @@ def _decode_file(source, where: str, column: str, limit: tuple = (0, 0)) -> tupl
                          expected=f"{declared} frames (the header's data size)", found=f"{data.shape[1]} frames",
                          fix="re-download or re-export the clip, or drop the row")
     return (data.mean(axis=0) if data.shape[0] > 1 else data[0]), rate
+
+
+def _decode_ffmpeg(source, what: str, where: str, column: str, limit: tuple) -> tuple[np.ndarray, int]:
+    """A file libsndfile does not recognise -> (mono float32 [n], the target rate): decoded by FFmpeg
+    (PyAV, the ``video`` extra) and converted to mono at the target rate in one libswresample step,
+    as the chat path's ``load_audio`` decodes such a file (torchcodec's ``AudioDecoder``; without
+    torchcodec transformers refuses M4A, AAC, WebM, AMR, WMA...: soundfile cannot read them).
+    Without PyAV, or where FFmpeg cannot read it either, an `AudioError` naming the file."""
+    from mmpipe.audio.video import decoded_sound
+
+    max_samples, target = limit
+    try:
+        import av  # noqa: F401  (the `video` extra)
+    except ImportError:
+        raise AudioError(f"audio {what} is no format libsndfile reads (WAV, FLAC, OGG, MP3), and FFmpeg's "
+                         "decoder (PyAV) is not installed", where=where, column=column,
+                         expected="a WAV, FLAC, OGG or MP3 file, or PyAV for M4A / AAC / WebM / AMR / WMA",
+                         found="a file libsndfile does not recognise",
+                         fix="pip install 'mmpipe[video]' (PyAV), or re-export the clip as WAV / FLAC") from None
+    wave = decoded_sound(source, target, where=where, column=column, max_samples=max_samples)
+    return wave, target
 
 
 def _wav_declared_frames(source) -> int | None:
@@ -220,32 +249,6 @@ def load_audio(value: Any, sampling_rate: int, *, where: str = "row", column: st
                          fix="give the rate in Hz (16000, not 16), or re-export the file with its true rate")
     return checked_wave(_resampled(wave, rate, int(sampling_rate)), sampling_rate, where=where, column=column,
                         max_samples=max_samples)
-
-
-def checked_wave(wave: np.ndarray, sampling_rate: int, *, where: str = "row", column: str = "audios",
-                 max_samples: int = 0) -> np.ndarray:
-    """``wave`` (samples at ``sampling_rate``) as contiguous float32, refused with an `AudioError`
-    naming ``where`` / ``column`` when it is empty, holds non-finite samples, or is over
-    ``max_samples`` (> 0)."""
-    wave = np.ascontiguousarray(wave, dtype=np.float32)
-    if not wave.size:
-        raise AudioError("the audio clip has no samples", where=where, column=column, expected="at least one sample",
-                         found="0 samples", fix="drop the empty clip (and its audio item) or the row")
-    if not np.isfinite(wave).all():
-        raise AudioError("the audio clip holds NaN or infinite samples", where=where, column=column,
-                         expected="finite samples", found=f"{int((~np.isfinite(wave)).sum())} non-finite",
-                         fix="clean or drop the clip")
-    if max_samples and wave.size > max_samples:
-        _too_long(wave.size, sampling_rate, max_samples, where, column)
-    return wave
-
-
-def _too_long(n: int, sampling_rate: int, max_samples: int, where: str, column: str):
-    """Refuse a clip of ``n`` samples at ``sampling_rate`` over ``max_samples`` (`AudioError`)."""
-    raise AudioError(f"the clip is {n / sampling_rate:.2f} s; the processor takes at most "
-                     f"{max_samples / sampling_rate:.2f} s and would cut the rest", where=where, column=column,
-                     expected=f"at most {max_samples} samples at {sampling_rate} Hz", found=f"{n} samples",
-                     fix="split the clip into parts of at most that length (one audio item each), or drop the row")
 
 
 def audio_source(value: Any, wave: np.ndarray, sampling_rate: int) -> bytes:

@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from mmpipe.audio.load import checked_wave
+from mmpipe.audio.checks import checked_wave, too_long
 from mmpipe.errors import ArgumentError, AudioError
 
-__all__ = ["has_audio_stream", "load_video_audio"]
+__all__ = ["decoded_sound", "has_audio_stream", "load_video_audio"]
 
 _FIX_SILENT = ("encode this row with use_audio_in_video=False (the video's frames only), add a sound track, "
                "or drop the row")
@@ -67,14 +67,18 @@ def _source(value: Any, where: str, column: str):
                      fix="store the row's videos as files (paths or bytes) to use their sound")
 
 
-def _open(av, source, what: str, where: str, column: str):
+def _open(av, source, what: str, where: str, column: str, media: str = "video"):
+    """``av.open(source)``; what FFmpeg cannot open is an `AudioError` (``what``: the file, named)."""
     try:
         return av.open(source)
     except (av.error.FFmpegError, ValueError, OSError) as e:
-        raise AudioError(f"video {what} cannot be opened ({type(e).__name__}: {e})"[:300], where=where,
-                         column=column, expected="a video container FFmpeg reads (mp4, mkv, webm, mov, avi...)",
+        video = media == "video"
+        raise AudioError(f"{what} cannot be opened ({type(e).__name__}: {e})"[:300], where=where, column=column,
+                         expected="a video container FFmpeg reads (mp4, mkv, webm, mov, avi...)" if video else
+                         "an audio file libsndfile or FFmpeg reads (WAV, FLAC, OGG, MP3, M4A, AAC, WebM...)",
                          found="a corrupt, truncated or unknown file",
                          fix="re-encode the video (e.g. ffmpeg -i in.mp4 -c:v libx264 -c:a aac out.mp4) or drop the row"
+                         if video else "re-export the clip (e.g. ffmpeg -i in -ar 16000 -ac 1 out.wav) or drop the row"
                          ) from None
 
 
@@ -83,7 +87,7 @@ def has_audio_stream(value: Any, *, where: str = "row", column: str = "videos") 
     what the processor checks before it loads a video's sound."""
     av = _av()
     source, what = _source(value, where, column)
-    with _open(av, source, what, where, column) as container:
+    with _open(av, source, f"video {what}", where, column) as container:
         return bool(container.streams.audio)
 
 
@@ -93,21 +97,39 @@ def load_video_audio(value: Any, sampling_rate: int, *, where: str = "row", colu
     ``sampling_rate``: its first audio stream decoded and converted by libswresample to mono at that
     rate (see the module doc). A video without an audio stream: `AudioError` (``missing="error"``)
     or None (``missing="none"``). Refused as `mmpipe.audio.load_audio` refuses clips: unreadable,
-    no samples, non-finite samples, over ``max_samples`` (> 0)."""
+    no samples, non-finite samples, over ``max_samples`` (> 0; a stream over it by its header is
+    refused before it is decoded)."""
     if missing not in ("error", "none"):
         raise ArgumentError(f"missing must be 'error' or 'none', not {missing!r}")
+    return decoded_sound(value, sampling_rate, where=where, column=column, max_samples=max_samples,
+                         missing=missing, media="video")
+
+
+def decoded_sound(value: Any, sampling_rate: int, *, where: str, column: str, max_samples: int = 0,
+                  missing: str = "error", media: str = "audio") -> np.ndarray | None:
+    """The first audio stream of a file FFmpeg reads (``media``: "video", a video's sound track;
+    "audio", an audio file libsndfile does not read: M4A / AAC, WebM / Opus, AMR, WMA...) -> mono
+    float32 [n] at ``sampling_rate``, as torchcodec's ``AudioDecoder(source, sample_rate=rate,
+    num_channels=1)`` gives it (the chat path's ``load_audio`` with torchcodec installed; see the
+    module doc). No audio stream: `AudioError`, or None with ``missing="none"``."""
     av = _av()
     source, what = _source(value, where, column)
+    what = f"{media} {what}"
     chunks = []
-    with _open(av, source, what, where, column) as container:
+    with _open(av, source, what, where, column, media) as container:
         if not container.streams.audio:
             if missing == "none":
                 return None
             kinds = sorted({s.type for s in container.streams}) or ["no streams"]
-            raise AudioError("use_audio_in_video: the video has no audio stream", where=where, column=column,
-                             expected="a video with a sound track", found=f"streams: {', '.join(kinds)}",
-                             fix=_FIX_SILENT)
+            raise AudioError(f"{'use_audio_in_video: the video' if media == 'video' else f'the {what}'} has no audio "
+                             "stream", where=where, column=column, expected=f"a {media} with a sound track",
+                             found=f"streams: {', '.join(kinds)}",
+                             fix=_FIX_SILENT if media == "video" else "give an audio file, or drop the row")
         stream = container.streams.audio[0]
+        if max_samples:  # the header's length first: an hour-long track is not decoded to be refused
+            seconds = _header_seconds(container, stream)
+            if seconds is not None and seconds * sampling_rate > max_samples * 1.01:
+                too_long(int(seconds * sampling_rate), int(sampling_rate), max_samples, where, column)
         resampler = av.AudioResampler(format="fltp", layout="mono", rate=int(sampling_rate))
         try:
             for frame in container.decode(stream):
@@ -116,10 +138,19 @@ def load_video_audio(value: Any, sampling_rate: int, *, where: str = "row", colu
             for out in resampler.resample(None):  # the converter's buffered tail
                 chunks.append(out.to_ndarray()[0])
         except av.error.FFmpegError as e:
-            raise AudioError(f"the sound track of video {what} cannot be decoded ({type(e).__name__}: {e})"[:300],
+            raise AudioError(f"the sound track of {what} cannot be decoded ({type(e).__name__}: {e})"[:300],
                              where=where, column=column, expected="an audio stream FFmpeg decodes",
                              found="a corrupt or truncated stream",
-                             fix="re-encode the video's audio (e.g. ffmpeg -i in.mp4 -c:v copy -c:a aac out.mp4) "
-                                 "or drop the row") from None
+                             fix=f"re-encode the {media}'s audio (e.g. ffmpeg -i in.mp4 -c:v copy -c:a aac out.mp4) "
+                                 "or drop the row" if media == "video" else
+                                 "re-export the clip (e.g. ffmpeg -i in -ar 16000 -ac 1 out.wav) or drop the row") from None
     wave = np.concatenate(chunks).astype(np.float32, copy=False) if chunks else np.zeros(0, np.float32)
     return checked_wave(wave, int(sampling_rate), where=where, column=column, max_samples=max_samples)
+
+
+def _header_seconds(container, stream) -> float | None:
+    """The audio stream's length by its header (the stream's duration, else the container's), None
+    where neither says."""
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    return container.duration / 1e6 if container.duration else None

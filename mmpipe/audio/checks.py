@@ -1,0 +1,37 @@
+"""The checks every loaded clip passes (a file's, an array's, a video's sound track): samples there,
+finite, within what the processor's call takes; each refusal an `AudioError` naming the row, the
+column and the fix."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mmpipe.errors import AudioError
+
+__all__ = ["checked_wave", "too_long"]
+
+
+def checked_wave(wave: np.ndarray, sampling_rate: int, *, where: str = "row", column: str = "audios",
+                 max_samples: int = 0) -> np.ndarray:
+    """``wave`` (samples at ``sampling_rate``) as contiguous float32, refused with an `AudioError`
+    naming ``where`` / ``column`` when it is empty, holds non-finite samples, or is over
+    ``max_samples`` (> 0)."""
+    wave = np.ascontiguousarray(wave, dtype=np.float32)
+    if not wave.size:
+        raise AudioError("the audio clip has no samples", where=where, column=column, expected="at least one sample",
+                         found="0 samples", fix="drop the empty clip (and its audio item) or the row")
+    if not np.isfinite(wave).all():
+        raise AudioError("the audio clip holds NaN or infinite samples", where=where, column=column,
+                         expected="finite samples", found=f"{int((~np.isfinite(wave)).sum())} non-finite",
+                         fix="clean or drop the clip")
+    if max_samples and wave.size > max_samples:
+        too_long(wave.size, sampling_rate, max_samples, where, column)
+    return wave
+
+
+def too_long(n: int, sampling_rate: int, max_samples: int, where: str, column: str):
+    """Refuse a clip of ``n`` samples at ``sampling_rate`` over ``max_samples`` (`AudioError`)."""
+    raise AudioError(f"the clip is {n / sampling_rate:.2f} s; the processor takes at most "
+                     f"{max_samples / sampling_rate:.2f} s and would cut the rest", where=where, column=column,
+                     expected=f"at most {max_samples} samples at {sampling_rate} Hz", found=f"{n} samples",
+                     fix="split the clip into parts of at most that length (one audio item each), or drop the row")
