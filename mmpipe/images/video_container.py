@@ -8,17 +8,20 @@ Frames come out upright: a stream's display matrix (phone videos recorded portra
 frames and "rotate 90") is applied in quarter turns (`Container.rotation`), as FFmpeg's CLI, players
 and torchcodec >= 0.11 do (torchcodec is what transformers' processors and qwen-vl-utils decode
 with); PyAV and transformers' ``pyav`` backend return the coded frames. PyAV shows the matrix on
-decoded frames only, so the first frame is decoded to read it (and kept for `Container.frames`)."""
+decoded frames only: an MP4 / MOV header's is read from its boxes (`mmpipe.images.mp4_rotation`),
+another container's first frame is decoded to read it (and kept for `Container.frames`)."""
 
 from __future__ import annotations
 
 import io
+import math
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
 from mmpipe.errors import VideoError
+from mmpipe.images.mp4_rotation import mp4_rotation_degrees
 
 __all__ = ["Container", "av_source", "check_codec", "decode_sampled", "import_av", "rgb_frame"]
 
@@ -85,6 +88,7 @@ class Container:
         try:
             src = av_source(value, where)
             _refuse_playlist(_head(src), where)
+            self._src = src  # read again for the header's display rotation (`_header_rotation`)
             self.c = av.open(src, mode="r", metadata_errors="ignore")
         except VideoError:
             raise
@@ -165,14 +169,25 @@ class Container:
     def rotation(self) -> int:
         """Quarter turns counter-clockwise (0..3) that make the frames upright: the display
         matrix's rotation (PyAV's ``frame.rotation``, degrees counter-clockwise) rounded to a
-        multiple of 90 degrees as torchcodec rounds it; flips are not applied. Read from the first
+        multiple of 90 degrees as torchcodec rounds it; flips are not applied. Read from an MP4 /
+        MOV header where it answers plainly (`mmpipe.images.mp4_rotation`), else from the first
         frame, which is decoded once and kept for `frames`."""
         if self._rotation is None:
-            first = self._next_frame()
-            self._peeked = [first] if first is not None else []
-            degrees = float(getattr(first, "rotation", 0) or 0)
-            self._rotation = int(round(degrees / 90)) % 4
+            degrees = self._header_rotation()
+            if degrees is None:
+                first = self._next_frame()
+                self._peeked = [first] if first is not None else []
+                degrees = getattr(first, "rotation", 0) or 0
+            self._rotation = int(round(float(degrees) / 90)) % 4
         return self._rotation
+
+    def _header_rotation(self) -> Optional[int]:
+        """An MP4 / MOV file's display rotation from its header (`mp4_rotation_degrees`, cast to
+        int as PyAV's ``frame.rotation`` casts it), None where the first frame must tell."""
+        if not self.c.format.name.startswith("mov,mp4") or self._src is None:
+            return None
+        degrees = mp4_rotation_degrees(self._src)
+        return None if degrees is None or math.isnan(degrees) else int(degrees)
 
     def upright_size(self) -> tuple[int, int]:
         """(height, width) of the upright frames: the coded size, swapped for a quarter turn."""
