@@ -73,7 +73,8 @@ def _open(av, source, what: str, where: str, column: str, media: str = "video"):
         return av.open(source)
     except (av.error.FFmpegError, ValueError, OSError) as e:
         video = media == "video"
-        raise AudioError(f"{what} cannot be opened ({type(e).__name__}: {e})"[:300], where=where, column=column,
+        raise AudioError(f"{what} cannot be {'opened' if video else 'decoded'} ({type(e).__name__}: {e})"[:300],
+                         where=where, column=column,
                          expected="a video container FFmpeg reads (mp4, mkv, webm, mov, avi...)" if video else
                          "an audio file libsndfile or FFmpeg reads (WAV, FLAC, OGG, MP3, M4A, AAC, WebM...)",
                          found="a corrupt, truncated or unknown file",

@@ -114,7 +114,7 @@ def test_damaged_ffmpeg_files_are_typed():
     data = sound_file(tone(2 * 44100, 44100, 2), 44100, "m4a")
     png = __import__("io").BytesIO()
     __import__("PIL.Image").Image.new("RGB", (8, 8)).save(png, "PNG")
-    for bad, words in ((data[: len(data) // 2], "cannot be"), (png.getvalue(), "no audio stream")):
+    for bad, words in ((data[: len(data) // 2], "cannot be decoded"), (png.getvalue(), "no audio stream")):
         with pytest.raises(AudioError, match=words) as e:
             load_audio(bad, RATE, where="row 2, audio 1")
         assert "row 2" in str(e.value) and e.value.column == "audios" and e.value.fix
