@@ -297,8 +297,8 @@ class ChatTemplate:
 
     def stop_rule(self) -> StopRule:
         """The end-of-turn rule of this encoder (`mmpipe.encoding.spans.StopRule`): the end-of-turn
-        text the template writes after a reply (what it writes there up to its last added token
-        or the family's stop token: ``<|im_end|>``, ``<end_of_turn>``; one probe), else the
+        text the template writes after a reply (what it writes there up to its last special added
+        token or the family's stop token: ``<|im_end|>``, ``<end_of_turn>``; one probe), else the
         family's stop token (the tokenizer's eos), and the ``end_of_turn`` option."""
         rule = self.__dict__.get("_stop_rule")
         if rule is None:
@@ -309,7 +309,10 @@ class ChatTemplate:
                 text = ""
             after = text[text.index(_PROBE) + len(_PROBE):] if _PROBE in text else ""
             stop = self.family.stop_token or getattr(self.tokenizer, "eos_token", None)
-            special = [*getattr(self.tokenizer, "get_added_vocab", dict)(), stop]
+            # special added tokens only: a tokenizer may hold "\n" runs as plain added tokens (Gemma's), and
+            # the newline after <end_of_turn> is the template's, not the reply's
+            added = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+            special = [str(t) for t in added.values() if getattr(t, "special", True)] + [stop]
             end = max((after.find(t) + len(t) for t in special if t and t in after), default=0)
             token = after[:end] or stop
             rule = self._stop_rule = StopRule(token, end > 0, self.end_of_turn == "stop_token")

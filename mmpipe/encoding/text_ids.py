@@ -22,7 +22,7 @@ from mmpipe.encoding.render import span_labels
 from mmpipe.encoding.tokenize import tokenize_text
 from mmpipe.records.columns import IGNORE_INDEX
 
-__all__ = ["rendered_ids", "spliced_ids", "spliced_labels"]
+__all__ = ["chat_special_tokens", "rendered_ids", "spliced_ids", "spliced_labels"]
 
 
 def rendered_ids(enc, messages: list[dict], where: str, tools: Optional[list]) -> tuple:
@@ -37,13 +37,15 @@ def rendered_ids(enc, messages: list[dict], where: str, tools: Optional[list]) -
 
 def spliced_ids(tokenizer, text: str, replies: list, olds: list, news: list, *, labels: bool, feature_id: int,
                 runs: Optional[list] = None) -> tuple[np.ndarray, Optional[np.ndarray], int]:
-    """``text`` with ``olds[k]`` replaced by ``news[k]`` (`splice_text`), tokenized in ONE call ->
+    """``text`` with ``olds[k]`` replaced by ``news[k]`` (`splice_text`), tokenized in ONE call (special
+    tokens as the processor's chat path adds them, `chat_special_tokens`) ->
     (ids int64 [L], labels int64 [L] or None without ``labels``, the ``feature_id`` tokens the ids
     hold). ``runs``: the lengths, in order, of the runs of the feature token that ``news`` write
     once (None: written out), each such id repeated to its run (`run_repeats`); ``replies``:
     [(start, end)] of the reply spans in ``text`` (`spliced_labels`)."""
     pieces, inserted, at = splice_text(text, olds, news)
-    out = tokenizer("".join(pieces), return_offsets_mapping=labels)
+    spliced = "".join(pieces)
+    out = tokenizer(spliced, add_special_tokens=chat_special_tokens(tokenizer, spliced), return_offsets_mapping=labels)
     ids = np.asarray(out["input_ids"], np.int64)  # each collapsed run of feature tokens as one id
     repeat, found = run_repeats(ids, feature_id, runs)
     lab = None
@@ -53,6 +55,16 @@ def spliced_ids(tokenizer, text: str, replies: list, olds: list, news: list, *, 
     if repeat is not None:
         ids, lab = np.repeat(ids, repeat), None if lab is None else np.repeat(lab, repeat)
     return ids, lab, found
+
+
+def chat_special_tokens(tokenizer, text: str) -> bool:
+    """The ``add_special_tokens`` a processor's chat path tokenizes a rendered ``text`` with: False
+    when the template wrote the tokenizer's BOS itself (Gemma 3's ``{{ bos_token }}``: its published
+    tokenizer adds another one, which the chat path leaves out, as mmpipe does), else True (the
+    tokenizer's own additions, as the chat path makes them). The processor's flat call on the text
+    always adds them (a double BOS there)."""
+    bos = getattr(tokenizer, "bos_token", None)
+    return not (bos and text.startswith(str(bos)))
 
 
 def spliced_labels(ids: np.ndarray, offsets: np.ndarray, replies: list, inserted: list, at: list,

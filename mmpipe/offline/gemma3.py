@@ -26,10 +26,23 @@ GEMMA3_REAL_TILE = 896  # google/gemma-3-*-it preprocessor_config.json: size 896
 GEMMA3_REAL_TOKENS = 256  # processor_config.json: image_seq_length
 
 
-def build_gemma3_processor(*, real: bool = False):
+def build_gemma3_processor(*, real: bool = False, tokenizer: str = "offline"):
     """A real ``Gemma3Processor`` (offline tokenizer with the Gemma 3 image tokens, the PIL image
-    processor); ``real=True``: the real checkpoints' tile size and token count. A fresh object."""
+    processor); ``real=True``: the real checkpoints' tile size and token count; ``tokenizer="gemma"``:
+    a tokenizer built like the published one and the published chat template
+    (`mmpipe.offline.gemma_tokenizer`: SentencePiece-style BPE that adds its BOS, the template writing
+    one too; transformers 5). A fresh object."""
     proc = build_foreign_processor("gemma3")
+    if tokenizer == "gemma":
+        import transformers
+
+        from mmpipe.offline.gemma_tokenizer import build_gemma_tokenizer
+        from mmpipe.offline.published_templates import published_template
+
+        proc = transformers.Gemma3Processor(image_processor=proc.image_processor, tokenizer=build_gemma_tokenizer(),
+                                            chat_template=published_template("gemma3"), image_seq_length=4)
+    elif tokenizer != "offline":
+        raise ArgumentError(f"tokenizer must be 'offline' or 'gemma', got {tokenizer!r}")
     if real:
         import transformers
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "FAMILY_NAMES", "SPECIAL_TOKENS", "EXTRA_TOKENS", "MERGE_SETS", "build_tokenizer", "special_token_ids",
-    "check_family", "OWN_BUILDERS", "base_tokenizer",
+    "check_family", "OWN_BUILDERS", "base_tokenizer", "CORPUS",
 ]
 
 # Vision families whose offline tokenizer / processor / model come from a module of their own
@@ -91,7 +91,7 @@ MERGE_SETS = tuple(_EXTRA_MERGES)  # the accepted values of build_tokenizer(merg
 
 # A small built-in English corpus (written for this module) to learn the BPE merges on, so text
 # is not one token per character. Changing it changes every token id above 255: don't.
-_CORPUS = """\
+CORPUS = """\
 You are a helpful assistant. Describe this image in one sentence.
 What is shown in the picture? Please answer the question about the image.
 The photograph shows a woman in a uniform standing in front of a flag.
@@ -163,7 +163,7 @@ def _bpe_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS.splitlines(), trainer)
+    tok.train_from_iterator(CORPUS.splitlines(), trainer)
     model = json.loads(tok.to_str())["model"]  # {"type": "BPE", "vocab": {...}, "merges": [...]}
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
     return dict(model["vocab"]), merges
