@@ -22,26 +22,22 @@ import mmpipe
 from mmpipe.compat import is_transformers_5
 from mmpipe.testing import invariants
 
+from helpers import reply, user_turn  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not is_transformers_5(), reason="transformers 5's GemmaTokenizer builds from vocab and merges")
 
 IMAGE = Image.new("RGB", (40, 30), (30, 120, 60))
 
 
-def _user(*parts):
-    return {"role": "user", "content": [{"type": "image"} if p is None else {"type": "text", "text": p} for p in parts]}
-
-
 CONVERSATIONS = {
-    "system, image, two replies": [{"role": "system", "content": "Be brief."}, _user(None, "what?"),
-                                   {"role": "assistant", "content": "A cat."}, _user("more"),
-                                   {"role": "assistant", "content": "Green."}],
-    "bytes beyond the vocabulary": [_user(None, "Über café 東京 🙂 naïve?"),
-                                    {"role": "assistant", "content": "Ja — 🙂 東京!  two  spaces"}],
-    "spaces and newlines": [_user("  leading and trailing  ", None, " after the image"),
-                            {"role": "assistant", "content": "  indented\n\n\ncode  "}],
-    "two images side by side": [_user(None, None, "compare"), {"role": "assistant", "content": "Same."}],
-    "a long row": [_user(None, "the picture shows " * 600), {"role": "assistant", "content": "a long reply " * 400}],
-    "prompt row": [_user(None, "what?"), {"role": "assistant", "content": "A cat."}, _user("and?")],
+    "system, image, two replies": [{"role": "system", "content": "Be brief."}, user_turn(None, "what?"),
+                                   reply("A cat."), user_turn("more"), reply("Green.")],
+    "bytes beyond the vocabulary": [user_turn(None, "Über café 東京 🙂 naïve?"), reply("Ja — 🙂 東京!  two  spaces")],
+    "spaces and newlines": [user_turn("  leading and trailing  ", None, " after the image"),
+                            reply("  indented\n\n\ncode  ")],
+    "two images side by side": [user_turn(None, None, "compare"), reply("Same.")],
+    "a long row": [user_turn(None, "the picture shows " * 600), reply("a long reply " * 400)],
+    "prompt row": [user_turn(None, "what?"), reply("A cat."), user_turn("and?")],
 }
 
 
