@@ -66,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
 def _ping(args: argparse.Namespace) -> int:
     import os
 
+    from mmpipe.errors import InputError
     from mmpipe.reward import JudgeClient, RewardConfig, VLMJudge, encode_frame
 
     if not os.path.isfile(args.image):
@@ -81,9 +82,13 @@ def _ping(args: argparse.Namespace) -> int:
     except ImportError as e:
         print(f"mmpipe judge ping: {e}", file=sys.stderr)
         return 2
-    judge = VLMJudge(client, task=args.task, primitives=primitives, reward=RewardConfig(mode=args.mode), cache_size=0)
     try:
         frame = encode_frame(args.image)
+    except InputError as e:  # a damaged / unsupported image: a message, not a traceback
+        print(f"mmpipe judge ping: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    judge = VLMJudge(client, task=args.task, primitives=primitives, reward=RewardConfig(mode=args.mode), cache_size=0)
+    try:
         result = judge.judge(frame, primitive, prev_progress=args.prev_progress)
     finally:
         judge.close()

@@ -27,6 +27,7 @@ __all__ = ["RESOLVE_ERRORS", "ImageResolver", "resolve_images", "resolve_media_p
 
 # per row: JSON list of the references that did not resolve ({"image", "path", "reason"}), or ""
 RESOLVE_ERRORS = "mmpipe_resolve_errors"
+_NOT_A_LIST = "<images value is not a list>"  # RESOLVE_ERRORS "path" of a row whose images value is one string
 
 
 def _resolve_one(value: Any, base: Path, loc: dict, root: Optional[str] = None) -> Optional[dict]:
@@ -107,7 +108,20 @@ class ImageResolver:
     def __call__(self, example: dict, idx: int) -> dict:
         from mmpipe.encoding.parse import inline_image, is_image_item
 
-        column = list(example.get(self.images_column) or [])
+        raw = example.get(self.images_column)
+        failed: list = []
+        if isinstance(raw, (str, bytes)):
+            # one image where a list is expected: list() would make each character an "image"
+            # ("image file 'i' not found")
+            err = ImageError(f"column {self.images_column!r} holds one value, not a list of images",
+                             row=idx, column=self.images_column, expected="a list of images per row",
+                             found=f"{type(raw).__name__} {raw!r:.80}",
+                             fix=f'wrap it in a list: "{self.images_column}": ["photo.jpg"]')
+            if self.strict:
+                raise err
+            failed.append({"image": 0, "path": _NOT_A_LIST, "reason": str(err)})
+            raw = None
+        column = list(raw or [])
         images: list = []
         next_col = 0
         out: dict = {}
@@ -140,7 +154,6 @@ class ImageResolver:
                 new_msgs.append({**msg, "content": items})
             out[key] = new_msgs
         images.extend(column[next_col:])  # surplus images: encode reports the mismatch
-        failed: list = []
         out[self.images_column] = [self._resolve(v, {"row": idx, "image": i, "column": self.images_column}, failed)
                                    for i, v in enumerate(images)]
         if not self.strict:
@@ -223,7 +236,9 @@ def explain_failures(errors: list, unresolved: dict) -> list:
     encoder's, which names only the absolute path it was passed. Other errors are kept."""
     out = []
     for e in errors:
-        match = next((u for u in unresolved.get(e.get("row"), ()) if e.get("stage") == "image"
-                      and repr(u["path"]) in str(e.get("reason", ""))), None)
+        match = next((u for u in unresolved.get(e.get("row"), ()) if u["path"] == _NOT_A_LIST or (
+            e.get("stage") == "image" and repr(u["path"]) in str(e.get("reason", "")))), None)
+        # an images value that is not a list fails the row at the template stage (no images
+        # for its placeholders): the resolver's reason names the real cause
         out.append({**e, "reason": match["reason"]} if match else e)
     return out

@@ -91,8 +91,10 @@ def action_term(verdict: Optional[ActionVerdict], config: RewardConfig) -> tuple
 
 
 def progress_term(progress: Optional[float], prev_progress: Optional[float], config: RewardConfig) -> float:
-    """The progress term; 0.0 when either progress is unknown."""
-    if progress is None or prev_progress is None:
+    """The progress term; 0.0 when either progress is unknown (None or NaN: the judge's own
+    ``{prefix}progress`` column stores an invalid progress as NaN, and users feed it back as
+    the next frame's ``prev_progress``)."""
+    if _unknown(progress) or _unknown(prev_progress):
         return 0.0
     if config.progress_term == "potential":
         return config.gamma * progress - prev_progress
@@ -102,6 +104,11 @@ def progress_term(progress: Optional[float], prev_progress: Optional[float], con
     if config.mode == "penalty_only":
         return min(0.0, d)
     return d
+
+
+def _unknown(value: Optional[float]) -> bool:
+    """None or NaN: no progress known (NaN is how an invalid progress is stored in Arrow)."""
+    return value is None or value != value  # NaN (also numpy's float32) is unequal to itself
 
 
 def combine(
@@ -120,6 +127,7 @@ def combine(
     """
     binary, c = action_term(action, config)
     p = progress.progress if progress is not None else None
+    prev_progress = None if _unknown(prev_progress) else prev_progress
     term = progress_term(p, prev_progress, config)
     vlm = config.binary_weight * binary + config.progress_weight * term
     return RewardParts(

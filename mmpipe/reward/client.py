@@ -280,7 +280,7 @@ def _retry_after(e: Any) -> Optional[float]:
     for name, unit in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
         try:
             value = headers.get(name)
-            if value is not None:
+            if value is not None and float(value) == float(value):  # "nan" parses but cannot be slept
                 return float(value) * unit
         except (TypeError, ValueError):
             continue

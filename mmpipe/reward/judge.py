@@ -268,8 +268,11 @@ class VLMJudge:
                    tasks: Optional[Sequence[Optional[str]]] = None,
                    prev_progress: Optional[Sequence[Optional[float]]] = None) -> list[JudgeResult]:
         """Score many frames concurrently; results in input order."""
+        prev = list(prev_progress) if prev_progress is not None else [None] * len(images)
+        if len(prev) != len(images):  # zip would drop the frames past the shorter list
+            raise ArgumentError(f"judge_many: expected one prev_progress per image, found {len(images)} images and "
+                                f"{len(prev)} prev_progress values; pass None for frames without a previous progress")
         answers = self.ask_many(images, primitives, tasks)
-        prev = list(prev_progress) if prev_progress is not None else [None] * len(answers)
         return [self.result(a, p) for a, p in zip(answers, prev)]
 
     def score(self, batch: dict[str, list]) -> dict[str, list]:

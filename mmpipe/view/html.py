@@ -21,7 +21,7 @@ from mmpipe.records.rollout import RolloutSample
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.view.images import media_colour, media_pictures, png_data_uri, row_pictures, shown_size, tint
 from mmpipe.view.spans import (
-    Span, TokenText, collapse_plan, media_tokens, position_ranges, span_label, token_position, token_spans,
+    CONTINUED, Span, TokenText, collapse_plan, media_tokens, position_ranges, span_label, token_position, token_spans,
 )
 from mmpipe.view.style import style_block
 from mmpipe.view.summary import as_row, batch_table_rows, count_list, row_summary, size_notes
@@ -137,6 +137,7 @@ def _strip_html(row: MultiModalInputs, row_spans: list[Span], toks: TokenText, m
     ids = np.asarray(row.input_ids)
     labels = None if row.labels is None else np.asarray(row.labels)
     out = []
+    split = toks.split_chars(ids)  # characters split over byte-level tokens, shown whole
     for item in collapse_plan(row_spans, max_tokens):
         if isinstance(item, Span):
             s = item
@@ -173,7 +174,9 @@ def _strip_html(row: MultiModalInputs, row_spans: list[Span], toks: TokenText, m
                     title += " label -100"
             if extra and i in extra:
                 title += " " + extra[i]
-            out.append(f'<span class="{cls}" title="{_esc(title)}">{_esc(toks.shown(tid))}</span>')
+            if split.get(i) == CONTINUED:
+                title += " (continues the character of the token before)"
+            out.append(f'<span class="{cls}" title="{_esc(title)}">{_esc(toks.shown(tid, split.get(i)))}</span>')
     return f'<div class="mmpipe-strip">{"".join(out)}</div>'
 
 

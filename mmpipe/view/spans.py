@@ -156,6 +156,11 @@ def default_processor_for(family: Optional[str] = None) -> Any:
 
 
 # ---- token text ----------------------------------------------------------------------------
+# a token that continues a character started by the token before it (`TokenText.split_chars`)
+CONTINUED = "◌"
+_MAX_CHAR_TOKENS = 8  # a character is at most 4 UTF-8 bytes; a run may start with other text
+
+
 class TokenText:
     """Token id -> display text, via the tokenizer when there is one (decoded one by one)."""
 
@@ -182,10 +187,37 @@ class TokenText:
         s = self.text(i)
         return int(i) in self.special or (s.startswith("<|") and s.endswith("|>"))
 
-    def shown(self, i: int) -> str:
-        """Text for a token chip: newlines and tabs made visible, empty tokens marked."""
-        s = self.text(i)
+    def split_chars(self, ids: np.ndarray) -> dict[int, str]:
+        """``{position: text}`` for tokens of ``ids`` (int [L]) that hold part of a character.
+
+        Byte-level BPE splits a character of several UTF-8 bytes (emoji, CJK, Hebrew, ...)
+        over tokens; decoded one by one each shows only U+FFFD. The token that starts such a
+        character gets the text of the run decoded together (the whole character), the tokens
+        that continue it get `CONTINUED`. A run that never decodes cleanly (a row cut inside a
+        character, a real U+FFFD) keeps the tokens' own text."""
+        out: dict[int, str] = {}
         if self.tok is None:
+            return out
+        ids = [int(t) for t in np.asarray(ids).reshape(-1)]
+        i, n = 0, len(ids)
+        while i < n:
+            end = None
+            if "\ufffd" in self.text(ids[i]) and ids[i] not in self.special:
+                for e in range(i + 2, min(i + _MAX_CHAR_TOKENS, n) + 1):
+                    joined = self.tok.decode(ids[i:e], skip_special_tokens=False)
+                    if "\ufffd" not in joined:
+                        end = e
+                        out[i] = joined
+                        out.update((k, CONTINUED) for k in range(i + 1, e))
+                        break
+            i = end if end is not None else i + 1
+        return out
+
+    def shown(self, i: int, text: Optional[str] = None) -> str:
+        """Text for a token chip: newlines and tabs made visible, empty tokens marked.
+        ``text``: the token's text from `split_chars` (a character split over tokens)."""
+        s = self.text(i) if text is None else text
+        if self.tok is None or s == CONTINUED:
             return s
         s = s.replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
         return s if s else "∅"

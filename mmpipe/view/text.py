@@ -14,7 +14,7 @@ from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.columns import IGNORE_INDEX, to_numpy
 from mmpipe.records.rollout import RolloutSample
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.view.spans import Span, TokenText, collapse_plan, position_ranges, span_label, token_spans
+from mmpipe.view.spans import CONTINUED, Span, TokenText, collapse_plan, position_ranges, span_label, token_spans
 from mmpipe.view.summary import as_row, batch_table_rows, count_list, row_summary, size_notes
 
 
@@ -32,6 +32,7 @@ def _token_line(row: MultiModalInputs, row_spans: list[Span], toks: TokenText, m
     ids = np.asarray(row.input_ids)
     out, trained_open = [], False
     sep = "" if toks.tok is not None else " "
+    split = toks.split_chars(ids)  # characters split over byte-level tokens, shown whole
 
     def mark(trained: bool):
         nonlocal trained_open
@@ -49,7 +50,8 @@ def _token_line(row: MultiModalInputs, row_spans: list[Span], toks: TokenText, m
         else:
             i = item[1]
             mark(labels is not None and int(labels[i]) != IGNORE_INDEX)
-            out.append(toks.shown(int(ids[i])) + sep)
+            shown = split.get(i)
+            out.append("" if shown == CONTINUED else toks.shown(int(ids[i]), shown) + sep)
     mark(False)
     return "".join(out).strip()
 
