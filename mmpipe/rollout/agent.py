@@ -111,8 +111,8 @@ class AgentLoop:
         import inspect
 
         steps = self._steps(prompts, params)
-        request = next(steps)
-        try:
+        try:  # next() inside: every trajectory may end before the first turn (prompts over max_tokens)
+            request = next(steps)
             while True:
                 gens = self.engine.generate(*request)
                 request = steps.send(asyncio.run(gens) if inspect.isawaitable(gens) else gens)
@@ -124,8 +124,8 @@ class AgentLoop:
         import inspect
 
         steps = self._steps(prompts, params)
-        request = next(steps)
-        try:
+        try:  # as in run: the loop may end before the first turn
+            request = next(steps)
             while True:
                 gens = self.engine.generate(*request)
                 request = steps.send(await gens if inspect.isawaitable(gens) else gens)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional, Sequence
 
+import numpy as np
+
 from mmpipe.errors import ArgumentError
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.row import MultiModalInputs
@@ -37,6 +39,8 @@ def pad_to_multiple(rows: Sequence, multiple: int) -> tuple[list, int]:
     """
     if int(multiple) < 1:
         raise ArgumentError(f"multiple must be >= 1 (e.g. the data-parallel world size), got {multiple}")
+    if rows is None or isinstance(rows, (str, bytes)) or not hasattr(rows, "__iter__"):
+        raise ArgumentError(f"pad_to_multiple takes a list of rows, got {type(rows).__name__}")
     rows = list(rows)
     if not rows:
         raise ArgumentError("pad_to_multiple got no rows; it accepts one or more rows (there is nothing to copy as a dummy row)")
@@ -63,6 +67,9 @@ def trim(outputs, n_real: int):
     `BatchedMultiModalInputs` (every per-row field, pixel rows by ``patch_offsets``, grids
     by ``image_offsets``; offsets keep their prefix).
     """
+    # int(2.7) would floor and outputs[:-1] would drop a REAL row: both silent data loss
+    if isinstance(n_real, bool) or not isinstance(n_real, (int, np.integer)) or n_real < 1:
+        raise ArgumentError(f"trim: n_real must be an int >= 1 (the n_real pad_to_multiple returned), got {n_real!r}")
     n = int(n_real)
     if isinstance(outputs, BatchedMultiModalInputs):
         return _trim_batch(outputs, n)

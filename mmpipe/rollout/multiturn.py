@@ -39,7 +39,7 @@ from mmpipe.records.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, InputError, ParseError, PlaceholderError
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.conversation import Conversation
-from mmpipe.rollout.support import check_processor, check_rollout
+from mmpipe.rollout.support import check_processor, check_rollout, token_ids
 from mmpipe.rollout.turn_media import add_turn_images, add_turn_videos
 
 __all__ = ["Conversation", "start", "conversation_encoder", "append_response", "append_observation", "append_messages"]
@@ -132,7 +132,9 @@ def append_response(conv: Conversation, response=None, *, text: Optional[str] = 
         if hasattr(response, "token_ids"):  # a generation.Completion
             finish_reason = finish_reason or getattr(response, "finish_reason", None)
             response = response.token_ids
-        new_ids, labels, n_resp, full, messages = _response_from_ids(conv, np.asarray(list(response), dtype=np.int64))
+        new_ids, labels, n_resp, full, messages = _response_from_ids(conv, token_ids(
+            response, where=conv.where, row=conv.index, error=ParseError,
+            fix="pass the Completion or its token_ids; a reply as text goes in text="))
     else:
         new_ids, labels, n_resp, full, messages = _response_from_text(conv, text)
     L = conv.num_tokens

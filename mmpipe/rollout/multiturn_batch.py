@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
+from mmpipe.errors import ArgumentError
 from mmpipe.records.conversation import Conversation
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.rollout.multiturn import append_observation, append_response, conversation_encoder, start
@@ -43,6 +44,9 @@ class MultiTurnBatch:
     @classmethod
     def start(cls, raw_rows: Sequence[dict], processor, **encode_options) -> "MultiTurnBatch":
         """Encode every raw row as a first prompt (one shared `Encoder`)."""
+        if isinstance(raw_rows, (str, bytes, dict)) or not hasattr(raw_rows, "__iter__"):  # a Dataset iterates
+            raise ArgumentError(f"MultiTurnBatch.start takes a list of raw rows (dicts with 'messages' and "
+                                f"'images'), got {type(raw_rows).__name__}; for one row pass [row]")
         enc = conversation_encoder(processor, encode_options)
         return cls([start(r, enc, index=i) for i, r in enumerate(raw_rows)])
 

@@ -19,13 +19,13 @@ from typing import Sequence
 
 import numpy as np
 
-from mmpipe.errors import ArgumentError
+from mmpipe.errors import ArgumentError, InputError
 from mmpipe.records.generation import Generation
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.rollout import RolloutSample
 from mmpipe.records.vision_tokens import VisionTokens, check_policy
 from mmpipe.rollout.inputs import as_rows
-from mmpipe.rollout.support import check_processor, check_rows
+from mmpipe.rollout.support import check_processor, check_row_families, check_rows, token_ids
 
 __all__ = ["unbatch_rollout", "rollout_rows"]
 
@@ -48,7 +48,8 @@ def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=Non
     """
     rows = as_rows(prompts)
     check_rows(rows, "samples")
-    if processor is not None:
+    if processor is not None:  # rows of another model would get that model's vision tokens checked
+        check_row_families(rows, "samples", processor)
         vt = VisionTokens.from_processor(processor, family=check_processor(processor, "samples"),
                                          policy=on_vision_token)
     elif check_policy(on_vision_token) == "mask":
@@ -56,6 +57,9 @@ def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=Non
                             "tokenizer's pad id")
     else:
         vt = None
+    if isinstance(generations, (str, bytes)) or not hasattr(generations, "__len__"):
+        raise ArgumentError(f"generations must be a list of Generation (one per prompt, as engine.generate "
+                            f"returns), got {type(generations).__name__}")
     if len(generations) != len(rows):
         raise ArgumentError(
             f"{len(generations)} generations for {len(rows)} prompts; unbatch_rollout takes one Generation per "
@@ -64,25 +68,51 @@ def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=Non
         )
     out = []
     for i, (row, gen) in enumerate(zip(rows, generations)):
+        if not (hasattr(gen, "prompt_index") and hasattr(gen, "completions")):
+            raise ArgumentError(f"generation {i} is a {type(gen).__name__}, not a Generation (prompt_index, "
+                                "completions); build one with mmpipe.records.generation.Generation / Completion")
         if gen.prompt_index != i:
             raise ArgumentError(
                 f"generation {i} is for prompt {gen.prompt_index}; generations must be in prompt order "
                 "(generations[i].prompt_index == i)"
             )
         for j, c in enumerate(gen.completions):
+            ids, lps = _completion_arrays(c, i, j)
             out.append(
                 RolloutSample(
                     prompt=row,
                     prompt_index=i,
                     sample_index=j,
-                    response_ids=np.asarray(c.token_ids, dtype=np.int64),
-                    logprobs=np.asarray(c.logprobs, dtype=np.float32) if c.logprobs is not None else None,
+                    response_ids=ids,
+                    logprobs=lps,
                     finish_reason=c.finish_reason,
                     stop_reason=c.stop_reason,
                     vision_tokens=vt,
                 )
             )
     return out
+
+
+def _completion_arrays(c, i: int, j: int) -> tuple[np.ndarray, "np.ndarray | None"]:
+    """Completion ``j`` of prompt ``i`` -> (ids int64 [R], logprobs float32 [R] or None).
+
+    Refused (`InputError`, stage "rollout"): ids that are not integers >= 0 (`token_ids`:
+    ``np.asarray(..., int64)`` would silently floor 1.7 to 1 and keep -5), and logprobs of another
+    length than the ids (column "logprobs": every per-token loss term would pair a token with
+    another token's logprob)."""
+    where = f"prompt {i}, sample {j}"
+    if not hasattr(c, "token_ids"):
+        raise ArgumentError(f"{where}: a completion must be a Completion (token_ids, logprobs, finish_reason), "
+                            f"got {type(c).__name__}")
+    ids = token_ids(c.token_ids, where=where, row=i)
+    if c.logprobs is None:
+        return ids, None
+    lps = np.asarray(c.logprobs, dtype=np.float32).reshape(-1)
+    if len(lps) != len(ids):
+        raise InputError("a completion's logprobs", where=where, row=i, column="logprobs", stage="rollout",
+                         expected=f"one logprob per token id ({len(ids)})", found=f"{len(lps)} logprobs",
+                         fix="return the logprob of each sampled token, cut where the token ids are cut")
+    return ids, lps
 
 
 def rollout_rows(prompts, generations: Sequence[Generation], processor=None, *,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional, Sequence
 
-from mmpipe.errors import ArgumentError, FamilyMismatchError
+from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
 from mmpipe.families import ModelFamily, get_family, resolve_family
 
 # stage -> what the error message calls it
@@ -116,3 +116,34 @@ def check_row_families(rows: Sequence, stage: str, processor: Any = None, *, arg
                 fix=f"make the {ROLLOUT_STAGES[stage].split(' (')[0]} of each family's rows with that family's "
                     "own processor, one call per family",
             )
+
+
+def token_ids(raw: Any, *, where: str, row: Optional[int], error: type = InputError,
+              fix: str = "return the sampled ids as ints (the engine's token ids, not text or scores)") -> "np.ndarray":
+    """Sampled token ids as an engine gives them (a list, an array, a torch tensor) -> int64 [n].
+    Refused (``error``, stage "rollout", column "token_ids", naming ``where``): anything but a 1-D
+    sequence of integers >= 0 (a string, None, floats that int64 would floor, a -1 fill that the
+    embedding would read out of range). Ids above the tokenizer's vocabulary are kept (the
+    model's embedding may be larger)."""
+    import numpy as np
+
+    if isinstance(raw, (str, bytes)):
+        arr = np.asarray([raw])
+    else:
+        try:
+            seq = raw.cpu() if hasattr(raw, "cpu") else raw
+            arr = np.asarray(list(seq) if hasattr(seq, "__iter__") and not hasattr(seq, "__len__") else seq)
+        except (TypeError, ValueError):  # ragged
+            arr = np.asarray([object()], dtype=object)
+    if not (arr.ndim == 1 or arr.size == 0) or (arr.size and arr.dtype.kind not in "iu"):
+        raise error("sampled token ids", where=where, row=row, column="token_ids", stage="rollout",
+                    expected="a 1-D sequence of integer token ids",
+                    found=f"{type(raw).__name__} of dtype {arr.dtype}, shape {arr.shape}: {str(raw)[:80]}", fix=fix)
+    ids = arr.astype(np.int64).reshape(-1)
+    if ids.size and ids.min() < 0:
+        k = int(np.flatnonzero(ids < 0)[0])
+        raise error("sampled token ids", where=where, row=row, column="token_ids", stage="rollout",
+                    expected="token ids >= 0", found=f"id {int(ids[k])} at response position {k}",
+                    fix="drop padding / sentinel ids (e.g. -1 fill) from the engine's output")
+    return ids
+
