@@ -57,25 +57,9 @@ def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=Non
                             "tokenizer's pad id")
     else:
         vt = None
-    if isinstance(generations, (str, bytes)) or not hasattr(generations, "__len__"):
-        raise ArgumentError(f"generations must be a list of Generation (one per prompt, as engine.generate "
-                            f"returns), got {type(generations).__name__}")
-    if len(generations) != len(rows):
-        raise ArgumentError(
-            f"{len(generations)} generations for {len(rows)} prompts; unbatch_rollout takes one Generation per "
-            "prompt: trim data-parallel padding rows first (mmpipe.rollout.data_parallel.trim) and keep one "
-            "Generation per prompt"
-        )
+    _check_generations(generations, len(rows))
     out = []
     for i, (row, gen) in enumerate(zip(rows, generations)):
-        if not (hasattr(gen, "prompt_index") and hasattr(gen, "completions")):
-            raise ArgumentError(f"generation {i} is a {type(gen).__name__}, not a Generation (prompt_index, "
-                                "completions); build one with mmpipe.records.generation.Generation / Completion")
-        if gen.prompt_index != i:
-            raise ArgumentError(
-                f"generation {i} is for prompt {gen.prompt_index}; generations must be in prompt order "
-                "(generations[i].prompt_index == i)"
-            )
         for j, c in enumerate(gen.completions):
             ids, lps = _completion_arrays(c, i, j)
             out.append(
@@ -91,6 +75,28 @@ def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=Non
                 )
             )
     return out
+
+
+def _check_generations(generations, n_prompts: int) -> None:
+    """`ArgumentError` unless ``generations`` holds one `Generation` per prompt, in prompt order."""
+    if isinstance(generations, (str, bytes)) or not hasattr(generations, "__len__"):
+        raise ArgumentError(f"generations must be a list of Generation (one per prompt, as engine.generate "
+                            f"returns), got {type(generations).__name__}")
+    if len(generations) != n_prompts:
+        raise ArgumentError(
+            f"{len(generations)} generations for {n_prompts} prompts; unbatch_rollout takes one Generation per "
+            "prompt: trim data-parallel padding rows first (mmpipe.rollout.data_parallel.trim) and keep one "
+            "Generation per prompt"
+        )
+    for i, gen in enumerate(generations):
+        if not (hasattr(gen, "prompt_index") and hasattr(gen, "completions")):
+            raise ArgumentError(f"generation {i} is a {type(gen).__name__}, not a Generation (prompt_index, "
+                                "completions); build one with mmpipe.records.generation.Generation / Completion")
+        if gen.prompt_index != i:
+            raise ArgumentError(
+                f"generation {i} is for prompt {gen.prompt_index}; generations must be in prompt order "
+                "(generations[i].prompt_index == i)"
+            )
 
 
 def _completion_arrays(c, i: int, j: int) -> tuple[np.ndarray, "np.ndarray | None"]:
