@@ -107,7 +107,7 @@ def is_batch(example: dict) -> bool:
     known = _datasets_batched(example)
     if known is not None:
         return known
-    for key in ("messages", "prompt"):
+    for key in ("messages", "prompt", "conversations"):
         v = example.get(key)
         if v is None:
             continue

@@ -40,12 +40,19 @@ def _message_texts(messages) -> set:
 
 
 def check_one_source(example: dict, where: str) -> None:
-    """Refuse a row holding both ``messages`` and ``prompt``: the prompt (and its image
-    placeholders) would be ignored. A prompt repeating a message's text verbatim (the
+    """Refuse a row holding both ``messages`` and ``prompt`` (or either and ShareGPT
+    ``conversations``): the other (and its image placeholders) would be ignored. A prompt repeating a message's text verbatim (the
     UltraChat layout: ``prompt`` = the first user turn) is allowed."""
     messages, prompt = example.get("messages"), example.get("prompt")
     filled = [v is not None and not (isinstance(v, (str, list, tuple, np.ndarray)) and len(v) == 0)
-              for v in (messages, prompt)]  # datasets fills a missing column with None
+              for v in (messages, prompt, example.get("conversations"))]  # datasets fills a missing column with None
+    if filled[2] and any(filled[:2]):
+        column = "messages" if filled[0] else "prompt"
+        raise ParseError(f"the row holds both a {column!r} and a 'conversations' column; mmpipe would encode "
+                         f"{column!r} and ignore the conversations", where=where, column="conversations",
+                         expected="one of 'messages', 'prompt' or 'conversations' per row", found="both filled",
+                         fix=f"drop one of the two columns (ds.remove_columns('conversations') or {column!r})")
+    filled = filled[:2]
     if not all(filled) or (isinstance(prompt, str) and isinstance(messages, (list, tuple, np.ndarray))
                            and prompt in _message_texts(messages)):
         return
