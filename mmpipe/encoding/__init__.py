@@ -5,6 +5,7 @@ module                 step
 =====================  ==================================================================
 ``row_checks``         the row's shape before parsing: a dict, one message source, a text/messages completion
 ``parse``              raw row -> (chat messages, images): the accepted row formats
+``sharegpt``           ShareGPT / LLaVA ``conversations`` turns (``from`` / ``value``) read as chat messages
 ``placeholders``       THE one expand/collapse of image/video pads (one per block <->
                        ``t*h*w/merge^2``), shared by encode, multi-turn, ReMA, rollout inputs
 ``media``              a raw row's image and video columns, the queues placeholders take them from

@@ -57,8 +57,7 @@ _OWN_KEYS = frozenset(("role", "content", "tool_calls", "tool_call_id", "name"))
 _TEXT_KEYS = frozenset(("reasoning_content",))  # keys templates concatenate as text: a string or nothing
 
 __all__ = ["KNOWN_ROLES", "UnreadableImages", "row_where", "check_text", "is_image_item", "inline_image",
-           "split_placeholders", "parse_tool_calls", "parse_tools", "parse_row", "parse_media", "sharegpt_messages",
-           "SHAREGPT_ROLES"]
+           "split_placeholders", "parse_tool_calls", "parse_tools", "parse_row", "parse_media"]
 
 
 def row_where(idx: Optional[int]) -> str:
@@ -121,6 +120,8 @@ def _raw_messages(example: dict, where: str) -> tuple[list, str, int]:
         if isinstance(raw, str):
             raw = [{"role": "user", "content": raw}]
     elif example.get("conversations") is not None:  # ShareGPT / LLaVA: [{"from": "human", "value": "<image>\n..."}]
+        from mmpipe.encoding.sharegpt import sharegpt_messages
+
         raw, column = sharegpt_messages(example["conversations"], where), "conversations"
     else:
         raise ParseError(
@@ -140,35 +141,6 @@ def _raw_messages(example: dict, where: str) -> tuple[list, str, int]:
     if completion is not None:
         raw = list(raw) + ([{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion))
     return raw, column, n_main
-
-
-# ShareGPT / LLaVA speakers ("from") -> chat roles (LLaMA-Factory's sharegpt defaults, LLaVA's data)
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "model": "assistant",
-                  "system": "system"}
-
-
-def sharegpt_messages(turns: Any, where: str) -> Any:
-    """A ShareGPT / LLaVA ``conversations`` list (``{"from": "human" | "gpt" | "system", "value":
-    text with <image> markers}``) -> chat messages (``{"role", "content"}``); a turn already in
-    ``{"role", "content"}`` form stays as it is. Tool turns (``function_call``, ``observation``)
-    and other speakers are a `ParseError` naming the turn (their meaning differs between
-    datasets); anything but a list is left to the caller's check."""
-    if not isinstance(turns, (list, tuple)):
-        return turns
-    out = []
-    for k, turn in enumerate(turns):
-        if isinstance(turn, dict) and "from" in turn and "role" not in turn:
-            speaker, value = turn.get("from"), turn.get("value")
-            role = SHAREGPT_ROLES.get(speaker) if isinstance(speaker, str) else None
-            if role is None or not isinstance(value, str):
-                bad = f"from={speaker!r}" if role is None else f"value of type {type(value).__name__}"
-                raise ParseError(f"conversation turn {k} is not a ShareGPT text turn", where=where,
-                                 column="conversations", expected=f"from in {sorted(SHAREGPT_ROLES)} and a text value",
-                                 found=bad, fix="convert tool turns (function_call / observation) to chat messages with "
-                                 "tool_calls and role 'tool' in a 'messages' column, or drop the row")
-            turn = {"role": role, "content": value}
-        out.append(turn)
-    return out
 
 
 class _Media:

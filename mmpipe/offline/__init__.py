@@ -22,6 +22,9 @@ the functions, so importing this package stays cheap.
   InternVL and LLaVA-OneVision - their real processors with small fixed-size tiles and tiny
   matching models (the last two share `mmpipe.offline.tiny_towers`;
   `mmpipe.offline.tile_builders` picks either by name).
+- `mmpipe.offline.gemma_tokenizer`: a tokenizer built like Gemma's published one (SentencePiece-style
+  BPE with byte fallback that adds its BOS, newline runs as added tokens);
+  ``build_gemma3_processor(tokenizer="gemma")`` puts it in Gemma 3's processor (transformers 5).
 - `mmpipe.offline.qwen3_5`: tiny Qwen3.5, Qwen3.5-MoE (hybrid linear attention) and Qwen3-VL-MoE
   models that take the Qwen3-VL processor's rows (``build_model("qwen3_5")`` routes there).
 - `mmpipe.offline.glm46v`, `mmpipe.offline.minicpmv`: GLM-4.6V's ``Glm46VProcessor`` and MiniCPM-V
