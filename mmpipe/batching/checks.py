@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mmpipe.records.vision_tokens import VisionTokens
-from mmpipe.errors import InputError, PixelDataError
+from mmpipe.errors import ArgumentError, InputError, PixelDataError
 from mmpipe.families import ALL_FAMILIES
 from mmpipe.records.arrow import rows_from_arrow
 from mmpipe.records.row import MultiModalInputs
@@ -126,8 +126,13 @@ def _families(rows: Any, table: Any) -> list:
 
 
 def _dtype_of(value):
-    dt = getattr(value, "dtype", None)  # numpy or torch; python lists are typed by their Arrow schema
-    return None if dt is None else str(dt).replace("torch.", "")
+    """The dtype name of a numpy / torch value holding at least one value; None for python lists
+    (typed by their Arrow schema) and for empty arrays: ``np.asarray([])`` / ``torch.tensor([])``
+    (a row without videos) are float by default, and no value of theirs can be cast wrongly."""
+    dt = getattr(value, "dtype", None)
+    size = getattr(value, "size", None)
+    size = value.numel() if callable(size) else size  # torch: size() is the shape, numel() the count
+    return None if dt is None or size == 0 else str(dt).replace("torch.", "")
 
 
 def _check_dtypes(r: Any, i: int) -> None:
@@ -254,7 +259,10 @@ def row_dicts(rows):
     that pandas gives as a 1-D object array of equally long arrays (``position_ids`` [3, L], a
     grid [I, 3]) is stacked into its 2-D array (exact: the same values, their own dtype; a
     ragged one is left for the reader to refuse). Other rows are returned as they are (a
-    cheap per-column dtype check)."""
+    cheap per-column dtype check). A dict of columns (``ds[i:j]`` in the python / numpy / torch
+    formats, a batched map's batch) becomes its rows too (`_column_rows`)."""
+    if isinstance(rows, dict):
+        rows = _column_rows(rows)
     if _is_frame(rows):
         rows = rows.to_dict("records")
     elif isinstance(rows, (list, tuple)) and rows and all(_is_frame(r) for r in rows):
@@ -262,6 +270,29 @@ def row_dicts(rows):
     if not isinstance(rows, (list, tuple)) or not any(isinstance(r, dict) for r in rows):
         return rows
     return [_stacked(r) if isinstance(r, dict) else r for r in rows]
+
+
+def _column_rows(cols: dict) -> list[dict]:
+    """A dict of columns -> its rows, each value the column's entry ``i`` as the format holds it
+    (a list, a numpy array or a tensor; exact). One row's dict (``ds[i]``: its ``family`` a
+    string) or columns of unequal lengths raise `ArgumentError` (iterating a dict would take its
+    keys for rows and blame a "row 0" that is a column name)."""
+    fam = cols.get("family")
+    if isinstance(fam, str) or fam is None:
+        what = "one row's dict (ds[i])" if isinstance(fam, str) else f"a dict with keys {sorted(cols)[:8]}"
+        raise ArgumentError(f"collate takes a list of rows, a dict of columns (ds[i:j]), an Arrow table or a "
+                            f"DataFrame; got {what}: pass a list, e.g. [ds[i]]")
+    try:
+        lengths = {k: len(v) for k, v in cols.items()}
+    except TypeError as e:
+        raise ArgumentError(f"collate got a dict of columns with a value that is not a column ({e}): pass "
+                            "ds[i:j] as datasets returns it, or a list of rows") from e
+    n = len(fam)
+    uneven = {k: m for k, m in lengths.items() if m != n}
+    if uneven:
+        raise ArgumentError(f"collate got a dict of columns of unequal lengths: 'family' has {n} rows, "
+                            f"{uneven}; pass ds[i:j] as datasets returns it, or a list of rows")
+    return [{k: v[i] for k, v in cols.items()} for i in range(n)]
 
 
 def _is_frame(x) -> bool:

@@ -23,7 +23,7 @@ import numpy as np
 from mmpipe.batching.media_checks import check_media_items
 from mmpipe.batching.media_fields import cut_layout
 from mmpipe.batching.text import text_row_fields
-from mmpipe.errors import InputError
+from mmpipe.errors import ArgumentError, InputError
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.columns import to_numpy
 from mmpipe.records.row import MultiModalInputs
@@ -37,7 +37,9 @@ def unbatch(batch: BatchedMultiModalInputs) -> list[MultiModalInputs]:
     family's declarations: each row's layout fields cut out by the offsets (``fam.media.MEDIA_ITEMS``,
     `cut_layout`) and its values of the per-row batch fields (``fam.media.ROW_FIELDS``), then
     the kind's own (``fam.media.unbatch_media``: patches, or the processor's outputs, each
-    checked against the batch where the kind can be)."""
+    checked against the batch where the kind can be). Anything but a batch (its
+    ``model_inputs()`` dict, a pack, a list of rows) raises `ArgumentError` saying what to pass."""
+    check_batch_type(batch)
     check_batch(batch)
     media = batch.fam.media
     check_media_items(batch, media.MEDIA_ITEMS)
@@ -54,6 +56,25 @@ def unbatch(batch: BatchedMultiModalInputs) -> list[MultiModalInputs]:
 
 
 FIX = "build the batch with mmpipe.collate(rows) and do not edit its fields in place"
+
+
+def check_batch_type(batch) -> None:
+    """`ArgumentError` unless ``batch`` is a `BatchedMultiModalInputs`: the dict of
+    ``model_inputs()`` has lost the lengths, padding side and offsets a split needs, and a pack
+    is split by `mmpipe.batching.packing.unpack` (an attribute error deep inside otherwise)."""
+    if isinstance(batch, BatchedMultiModalInputs):
+        return
+    from mmpipe.records.packed import PackedMultiModalInputs
+
+    kind = type(batch).__name__
+    if isinstance(batch, PackedMultiModalInputs):
+        fix = "split a pack with mmpipe.unpack(packed) (or mmpipe.batching.packing.unpack)"
+    elif isinstance(batch, dict):
+        fix = ("pass the batch itself (what mmpipe.collate / Collator returned), not batch.model_inputs(): "
+               "the dict has no row lengths, padding side or image offsets")
+    else:
+        fix = "pass the BatchedMultiModalInputs that mmpipe.collate / Collator returned"
+    raise ArgumentError(f"unbatch takes a BatchedMultiModalInputs, got a {kind}; {fix}")
 
 
 def check_batch(batch: BatchedMultiModalInputs) -> None:

@@ -18,8 +18,8 @@ import pyarrow as pa
 from mmpipe.errors import ArgumentError, InputError
 
 ACCEPTED = ("a datasets.Dataset, a save_to_disk directory of one Dataset, a .parquet or Arrow IPC file "
-            "(.arrow), an object-store URL of those or of a folder of .parquet shards (s3://...), or a pyarrow "
-            "Table / RecordBatch")
+            "(.arrow), a folder or glob of .parquet shards (write_shards), an object-store URL of those "
+            "(s3://...), or a pyarrow Table / RecordBatch")
 # suffixes of raw (not encoded) data: refused up front with the way to encode them
 RAW_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".txt", ".zip", ".tar", ".gz")
 # what reading a damaged file raises (pyarrow's ArrowInvalid / IOError are OSError / ValueError)

@@ -114,6 +114,8 @@ def write_shards(ds, url: str, *, num_shards: int = 1, storage_options: Optional
     for i in range(num_shards):
         target = f"{url.rstrip('/')}/shard-{i:05d}-of-{num_shards:05d}.parquet"
         fs, path = filesystem(target, storage_options)  # a fresh filesystem: the endpoint as it is now
+        if not is_url(target):  # a local folder is made as an object-store prefix would be (never a bucket)
+            fs.makedirs(fs._parent(path), exist_ok=True)
         with fs.open(path, "wb") as f:
             ds.shard(num_shards, i, contiguous=True).to_parquet(f, batch_size=rows_per_row_group)
         urls.append(target)
@@ -124,13 +126,30 @@ def write_shards(ds, url: str, *, num_shards: int = 1, storage_options: Optional
 def open_table(data, storage_options: Optional[dict] = None) -> tuple[pa.Table, Any]:
     """What `mmpipe.validate_dataset` / `mmpipe.load_encoded` read: `read_table` for an object-store
     URL, `mmpipe.data.loading.load_table` for anything else (a ``file://`` URL as its path)."""
+    import os
+
     from mmpipe.data.loading import load_table
 
     if is_url(data):
         return read_table(data, storage_options)
     if isinstance(data, str) and data.lower().startswith("file://"):
         data = data[len("file://"):]
+    if isinstance(data, (str, os.PathLike)) and _local_shards(os.fspath(data)):
+        return read_table(os.path.abspath(os.fspath(data)), storage_options)  # what write_shards wrote locally
     return load_table(data)
+
+
+def _local_shards(path: str) -> bool:
+    """A local glob, or a local folder of ``.parquet`` shards that is no ``save_to_disk`` folder
+    (what `write_shards` writes to a local path and `stream_encoded` reads): read as the same
+    shards under an object-store URL are (`read_table`)."""
+    import os
+
+    if any(c in path for c in GLOB_CHARS) and not os.path.exists(path):
+        return True
+    if not os.path.isdir(path) or any(os.path.exists(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
+        return False
+    return any(f.endswith(".parquet") for _, _, files in os.walk(path) for f in files)
 
 
 def read_table(url: str, storage_options: Optional[dict] = None) -> tuple[pa.Table, Any]:

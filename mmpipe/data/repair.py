@@ -8,7 +8,7 @@ Each takes a column (or the table) and returns the repaired Arrow data:
   -> float32 when exact, a column holding no value at all, ``list<null>`` after a pandas round
   trip, to its typed empty lists);
 - `u8_list_to_binary`: compact pixels stored as ``list<uint8>`` (older layout) -> ``binary``
-  with the end marker;
+  with the end marker (when every value is a byte, `u8_values_fit`);
 - `add_empty_column`: a missing video column, empty for every row (no videos);
 - `recompute_rope_deltas`: a missing ``rope_delta`` as ``max(position_ids) + 1 - L``;
 - `pixel_digests`: a missing ``pixel_digest`` computed from the pixel data as stored now
@@ -59,8 +59,22 @@ def is_u8_list(t: pa.DataType) -> bool:
     return pa.types.is_uint8(t) or pa.types.is_integer(t)
 
 
+def u8_values_fit(col: pa.ChunkedArray) -> bool:
+    """Whether every value of a (nested) integer list column is a byte (0..255): only then is
+    `u8_list_to_binary` lossless (an int64 / int16 list written by another tool may hold others)."""
+    values = col
+    while pa.types.is_list(values.type) or pa.types.is_large_list(values.type) or \
+            pa.types.is_fixed_size_list(values.type):
+        values = pc.list_flatten(values)
+    if len(values) == values.null_count:
+        return True
+    mm = pc.min_max(values)
+    return 0 <= mm["min"].as_py() and mm["max"].as_py() <= 255
+
+
 def u8_list_to_binary(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Compact pixels stored as list<uint8> or list<list<uint8>> -> binary + end marker (nulls stay null)."""
+    """Compact pixels stored as list<uint8> or list<list<uint8>> -> binary + end marker (nulls stay null).
+    Every value must be a byte (`u8_values_fit`; the caller checks: numpy refuses others)."""
     out = []
     for v in col.to_pylist():
         if v is None:

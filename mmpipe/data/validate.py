@@ -53,7 +53,7 @@ from mmpipe.errors import ArgumentError
 from mmpipe.families import (
     ALL_FAMILIES, DEFAULT_FAMILY, ModelFamily, get_family, resolve_family,
 )
-from mmpipe.records.columns import stored_pixel_format
+from mmpipe.records.columns import STORED_PIXEL_COLUMN, stored_pixel_format
 
 
 
@@ -151,6 +151,53 @@ def _cast_hint(table: pa.Table, fam: ModelFamily, fmt: Optional[str], labels: bo
     return f"ds = ds.cast(mmpipe.MultiModalInputs.features({fmt!r}, labels={labels}, kind={fam.kind!r}))"
 
 
+def expected_columns(table: pa.Table, fam: ModelFamily, *, labels: bool, pixel_format: str) -> list:
+    """The columns ``table``'s rows must carry (``fam.media.expected_columns``). A ``"mixed"``
+    table (``concatenate_datasets`` of encodes with different ``pixels=``: each row reads its
+    own format, and collate takes the mix) needs the columns of each format it stores, not
+    those of every format: a float32 ``pixel_values`` column no row was written with is not
+    missing."""
+    if pixel_format != "mixed":
+        return fam.media.expected_columns(table, labels=labels, pixel_format=pixel_format)
+    out: dict = {}
+    for fmt, col in STORED_PIXEL_COLUMN.items():
+        if col in table.column_names:
+            for c in fam.media.expected_columns(table, labels=labels, pixel_format=fmt):
+                out.setdefault(c.name, c)
+    return list(out.values())
+
+
+# a column only an encode that stored pixels writes, next to its image pixel column
+_PIXEL_SIBLINGS = (("pixel_values_videos_u8", "uint8"), ("pixel_values_videos", "float32"), ("pixel_digest", None))
+
+
+def _lost_pixel_format(table: pa.Table, report: ValidationReport, fam) -> str:
+    """The pixel format of a table that has no image pixel column (it reads as layout-only,
+    ``"none"``) but keeps a column of an encode that stored pixels: the image pixel column was
+    lost (``remove_columns``, ``select_columns``, a column subset written to parquet), and every
+    row with images would be refused by collate. Returns that encode's format where a sibling
+    column says it (``"uint8"``: ``pixel_values_videos_u8``; ``"float32"``: ``pixel_values_videos``),
+    whose missing image column the column check then reports as an error; with only a
+    ``pixel_digest`` left, adds the error here. ``"none"`` when nothing was lost. Only the siblings
+    the family's kind declares count (``fam.media.COLUMNS``: a generic-path row's
+    ``pixel_values_videos`` is its processor's own output, not a sibling)."""
+    names = set(table.column_names)
+    declared = {getattr(c, "name", None) for c in fam.media.COLUMNS}
+    for column, fmt in _PIXEL_SIBLINGS:
+        if column not in names or column not in declared:
+            continue
+        if fmt is not None:
+            return fmt
+        report.issues.append(Issue(
+            "error", "missing_column", "pixel_values_u8 / pixel_values / image_sources",
+            "missing: the table keeps pixel_digest, written only by an encode that stored pixels, but no image "
+            "pixel column; its rows read as layout-only (pixels='none') and collate refuses those with images",
+            "restore the column from the encoded dataset (remove_columns / select_columns or a column subset "
+            "written to parquet dropped it), or re-encode"))
+        return "none"
+    return "none"
+
+
 # ---- public API ----------------------------------------------------------------------------
 def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: bool = True,
                      max_rows_listed: int = 10, chunk: int = 1024, processor=None,
@@ -159,8 +206,9 @@ def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: b
 
     Args:
         data: a ``datasets.Dataset``, a ``save_to_disk`` directory, a ``.parquet`` or Arrow
-            IPC file path, an object-store URL of those (``s3://bucket/folder``, any fsspec
-            protocol: `mmpipe.data.object_store`), or a ``pyarrow.Table`` / ``RecordBatch``.
+            IPC file path, a folder or glob of ``.parquet`` shards (what ``write_shards`` writes),
+            an object-store URL of those (``s3://bucket/folder``, any fsspec protocol:
+            `mmpipe.data.object_store`), or a ``pyarrow.Table`` / ``RecordBatch``.
         storage_options: for a URL, the fsspec options (endpoint, credentials; default: the
             environment's, e.g. ``AWS_ENDPOINT_URL``).
         fix: apply the safe repairs (module docstring); ``report.data`` is then the repaired
@@ -190,7 +238,9 @@ def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: b
         report.issues.append(Issue("warning", "shape", None, "pixel columns of several formats "
                                    "(pixel_values_u8 / pixel_values / image_sources): rows may mix "
                                    "pixel formats", "encode with one pixels= setting"))
-    columns = fam.media.expected_columns(table, labels=labels, pixel_format=fmt)
+    if fmt == "none":
+        fmt = _lost_pixel_format(table, report, fam)
+    columns = expected_columns(table, fam, labels=labels, pixel_format=fmt)
     hint = _cast_hint(table, fam, None if fmt == "mixed" else fmt, labels)
     table = check_columns(table, columns, report, fix=fix, cast_hint=hint)
     if report.fixed:  # columns in schema order (appended ones move into place), extras last

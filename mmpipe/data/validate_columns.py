@@ -16,7 +16,7 @@ import pyarrow as pa
 from mmpipe.data.column_rules import ExpectedColumn, published, same_shape, shape_text
 from mmpipe.data.repair import (
     add_empty_column, is_u8_list, lossless_cast, pixel_digests, recompute_rope_deltas,
-    u8_list_to_binary,
+    u8_list_to_binary, u8_values_fit,
 )
 from mmpipe.data.report import REENCODE, Issue, ValidationReport
 from mmpipe.records.columns import OPTIONAL_ROW_COLUMNS
@@ -134,7 +134,9 @@ def _check_type(table: pa.Table, c: ExpectedColumn, report: ValidationReport, fi
         return table  # an earlier release's type: reads the same (fix=True casts it to today's)
     if pa.types.is_binary(c.type) and c.name.endswith("_u8") and is_u8_list(col.type):
         how = "compact pixels as a list of uint8 (older layout) instead of binary + end marker"
-        repaired = u8_list_to_binary(col) if fix else None
+        fits = u8_values_fit(col)  # a value outside 0..255 is no pixel byte: nothing to convert losslessly
+        how += "" if fits else ", and a cast would change values (values outside 0..255)"
+        repaired = u8_list_to_binary(col) if fix and fits else None
     else:
         cast = lossless_cast(col, c.type)
         how = ("an earlier release's Arrow type" if earlier else "wrong Arrow type") + \

@@ -93,11 +93,17 @@ def missing_pixels(table: pa.Table, pixel_format: str, layout_column: str) -> li
     """Rows with images (a non-empty ``layout_column``, the kind's per-image layout) but a
     null pixel value in a dataset that stores pixels: collate refuses them next to rows with
     pixels (and would train blind on them alone)."""
-    col = STORED_PIXEL_COLUMN.get(pixel_format)
-    if col not in table.column_names or layout_column not in table.column_names:
+    # a "mixed" table (encodes of several pixels= settings concatenated): a row's pixels are in
+    # the column of its own format, the others null; a row is missing them when every one is null
+    cols = [STORED_PIXEL_COLUMN[pixel_format]] if pixel_format in STORED_PIXEL_COLUMN else \
+        list(STORED_PIXEL_COLUMN.values()) if pixel_format == "mixed" else []
+    cols = [c for c in cols if c in table.column_names]
+    if not cols or layout_column not in table.column_names:
         return []
-    null = np.asarray(table.column(col).is_null().to_numpy(zero_copy_only=False))
+    null = np.logical_and.reduce([np.asarray(table.column(c).is_null().to_numpy(zero_copy_only=False))
+                                  for c in cols])
     bad = np.flatnonzero(null & (list_lengths(table.column(layout_column)) > 0))
+    col = cols[0] if len(cols) == 1 else " / ".join(cols)
     return [Issue("error", "content", col, "rows hold images but no pixel data (null)", REENCODE,
                   bad.tolist())] if len(bad) else []
 
