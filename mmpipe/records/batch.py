@@ -207,9 +207,24 @@ class BatchedMultiModalInputs(ProcessorOutputs):
         value) as a torch tensor (zero-copy); a torch batch is returned as it is."""
         if not isinstance(self.input_ids, np.ndarray):
             return self
-        change = {f.name: _torch(v) for f in dataclasses.fields(self)
-                  if isinstance(v := getattr(self, f.name), np.ndarray)}
-        change.update({n: {k: _torch(v) for k, v in getattr(self, n).items()} for n in ("extras", "sequence", "vision")})
+        return self._with_arrays(np.ndarray, _torch)
+
+    def pin_memory(self) -> "BatchedMultiModalInputs":
+        """The same batch with every torch tensor (the fields and the ``extras`` / ``sequence`` /
+        ``vision`` values) in pinned host memory. ``DataLoader(pin_memory=True)`` calls this: its
+        pin step pins a tensor, a dict, a sequence or an object with a ``pin_memory`` method, and
+        hands any other object over as it is (unpinned, silently). numpy fields (the kinds whose
+        batches stay numpy until ``model_inputs``) are left as they are."""
+        import torch
+
+        return self._with_arrays(torch.Tensor, lambda t: t.pin_memory())
+
+    def _with_arrays(self, kind: type, fn) -> "BatchedMultiModalInputs":
+        """The batch with ``fn`` applied to every field, and every ``extras`` / ``sequence`` /
+        ``vision`` value, of type ``kind``."""
+        change = {f.name: fn(v) for f in dataclasses.fields(self) if isinstance(v := getattr(self, f.name), kind)}
+        change.update({n: {k: fn(v) if isinstance(v, kind) else v for k, v in getattr(self, n).items()}
+                       for n in ("extras", "sequence", "vision")})
         return dataclasses.replace(self, **change)
 
     def vision_inputs(self, token_types: Optional[torch.Tensor] = None) -> dict[str, Any]:

@@ -114,6 +114,18 @@ class PackedMultiModalInputs(PackedFacts):
         out["use_cache"] = False
         return out
 
+    def pin_memory(self) -> "PackedMultiModalInputs":
+        """The same pack with its tensors (and ``meta``'s, `BatchedMultiModalInputs.pin_memory`) in
+        pinned host memory: what ``DataLoader(pin_memory=True)`` calls (an object without this
+        method is handed over unpinned, silently)."""
+        import dataclasses
+
+        import torch
+
+        change = {f.name: v.pin_memory() for f in dataclasses.fields(self)
+                  if f.name != "meta" and isinstance(v := getattr(self, f.name), torch.Tensor)}
+        return dataclasses.replace(self, meta=self.meta.pin_memory(), **change)
+
     def split(self, values: torch.Tensor) -> list[torch.Tensor]:
         """Per-row views of a packed ``[1, T, ...]`` or ``[T, ...]`` tensor, e.g. the logits:
         ``packed.split(out.logits)[k]`` is row k's ``[L_k, ...]``."""
