@@ -84,6 +84,7 @@ def verl_rows(rows_or_batch, processor=None, *, max_prompt_length: Optional[int]
     recs, kept = _inputs(rows_or_batch, keep_columns)
     fam_src = family if family is not None else (None if processor is not None else recs[0].family)
     fam, spec, pad_id = collator_constants("verl_rows", processor, fam_src, pad_token_id)
+    _check_prompt_lengths(recs, max_prompt_length)
     batch = collate(recs, spec=spec, family=fam, padding_side="left", pad_token_id=pad_id,
                     pad_to_length=max_prompt_length)
     positions = _verl_positions(batch, fam.is_vision)
@@ -133,6 +134,29 @@ def collate_verl_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 arr[i] = v
             out[k] = arr
     return out
+
+
+def _check_prompt_lengths(recs: Sequence[MultiModalInputs], max_prompt_length: Optional[int]) -> None:
+    """A row longer than ``max_prompt_length`` raises `TruncationError` naming verl's settings
+    (verl's agent loop refuses a multimodal prompt over ``rollout.prompt_length`` too; cutting it
+    would cut image tokens)."""
+    if max_prompt_length is None:
+        return
+    if isinstance(max_prompt_length, bool) or not isinstance(max_prompt_length, (int, np.integer)) \
+            or max_prompt_length < 1:
+        raise ArgumentError(f"verl_rows: max_prompt_length must be an int >= 1 (verl's data.max_prompt_length) "
+                            f"or None (the longest row), got {max_prompt_length!r}")
+    from mmpipe.errors import TruncationError
+
+    for i, r in enumerate(recs):
+        if r.num_tokens > max_prompt_length:
+            raise TruncationError("the prompt does not fit verl's prompt width", row=i, column="input_ids",
+                                  stage="collate", expected=f"at most max_prompt_length={max_prompt_length} tokens (the "
+                                  f"width every row is left-padded to: pad_to_length={max_prompt_length})",
+                                  found=f"{r.num_tokens} tokens",
+                                  fix=f"raise data.max_prompt_length / rollout.prompt_length to at least "
+                                      f"{r.num_tokens}, or drop such rows (data.filter_overlong_prompts=true, or "
+                                      f"encode with max_length={max_prompt_length}, truncation='drop')")
 
 
 def _check_families(rows_or_batch, processor, family) -> None:
@@ -269,7 +293,8 @@ def verl_prompt_rows(rows_or_batch, processor=None, *, prompt_key: str = "prompt
             raise ArgumentError(f"row {b}: verl_prompt_rows takes image rows; found {len(mm['video'])} video(s); "
                                 "fix: use verl_rows for the actor side, or pass videos as verl's dataset does")
         row = {name: values[b] for name, values in kept.items()}
-        row["raw_prompt"] = row[prompt_key] = _messages_with_images(row[prompt_key], list(mm.get("image", [])), b)
+        row["raw_prompt"] = row[prompt_key] = _messages_with_images(row[prompt_key], list(mm.get("image", [])), b,
+                                                                   prompt_key)
         row["dummy_tensor"] = torch.tensor([0], dtype=torch.uint8)
         row["extra_info"] = row.get("extra_info") or {}
         row.update(_extra_info_fields(row))
@@ -277,13 +302,23 @@ def verl_prompt_rows(rows_or_batch, processor=None, *, prompt_key: str = "prompt
     return out
 
 
-def _messages_with_images(messages, images: list, row: int) -> list[dict]:
-    """verl's ``RLHFDataset._build_messages`` on a prompt column, with ``images`` in order."""
+def _messages_with_images(messages, images: list, row: int, column: str = "prompt") -> list[dict]:
+    """verl's ``RLHFDataset._build_messages`` on a prompt column, with ``images`` in order. A
+    column that is not a string or a list of message dicts raises `InputError` (row, column)."""
     import copy
     import re
 
+    from mmpipe.errors import InputError
+
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
+    bad = next((m for m in messages if not isinstance(m, Mapping)), None) if isinstance(messages, (list, tuple)) \
+        else messages
+    if bad is not None or not isinstance(messages, (list, tuple)):
+        raise InputError("verl_prompt_rows builds raw_prompt from the prompt column", row=row, column=column,
+                         stage="rollout", expected="a list of {'role', 'content'} message dicts (or a string)",
+                         found=f"{type(bad).__name__}: {str(bad)[:60]}",
+                         fix="keep the source rows' own prompt column (verl's format) when encoding")
     out, k = [], 0
     for m in messages:
         m = dict(m)
@@ -332,64 +367,16 @@ def verl_images_from_messages(messages) -> Optional[list]:
     return [im if hasattr(im, "size") else load_image(im) for im in images] or None
 
 
-def _record_columns() -> set:
-    from mmpipe.records.columns import ERROR_COLUMN, OPTIONAL_ROW_COLUMNS, ROW_COLUMNS
-
-    return {n for n, _, _ in ROW_COLUMNS} | set(OPTIONAL_ROW_COLUMNS) | {ERROR_COLUMN}
-
-
-def _encoded(dataframe) -> bool:
-    """A ``datasets.Dataset`` of mmpipe-encoded rows (what ``encode_dataset`` writes)."""
-    return dataframe is not None and {"input_ids", "family"} <= set(dataframe.column_names)
-
-
-def _make_dataset_class():
-    try:
-        from verl.utils.dataset.rl_dataset import RLHFDataset
-    except ImportError as e:
-        raise ImportError(f"MMPipeRLHFDataset subclasses verl's RLHFDataset, and verl does not import here ({e}); "
-                          "fix: install verl (scripts/envs/verl.sh builds .venv-verl)") from e
-
-    class MMPipeRLHFDataset(RLHFDataset):
-        """verl's ``RLHFDataset`` whose agent-loop hook takes the images as the rows hold them
-        (`verl_prompt_rows`'s mmpipe-resized PIL images), without ``qwen_vl_utils``. Its
-        ``data_files`` may hold mmpipe-ENCODED rows (``encode_dataset(...).to_parquet(path)``,
-        the prompt column kept): each item is then `verl_prompt_rows` of the row (every column
-        that is not a record column passes through), and ``filter_overlong_prompts`` keeps the
-        rows whose ``input_ids`` fit ``max_prompt_length``. Raw rows go verl's own way."""
-
-        def maybe_filter_out_long_prompts(self, dataframe=None):
-            if not _encoded(dataframe):
-                return super().maybe_filter_out_long_prompts(dataframe)
-            if not self.filter_overlong_prompts:
-                return dataframe
-            n = self.max_prompt_length
-            return dataframe.filter(lambda ids: len(ids) <= n, input_columns="input_ids", desc=f"input_ids <= {n}")
-
-        def __getitem__(self, item):
-            if not _encoded(self.dataframe):
-                return super().__getitem__(item)
-            keep = [c for c in self.dataframe.column_names if c not in _record_columns()]
-            return verl_prompt_rows([self.dataframe[item]], self.processor, prompt_key=self.prompt_key,
-                                    keep_columns=keep)[0]
-
-        @classmethod
-        def _process_multi_modal_info(cls, messages, image_patch_size=14, config=None):
-            return verl_images_from_messages(messages), None, cls._extract_audio_info(messages) or None
-
-        @classmethod
-        async def process_vision_info(cls, messages, image_patch_size=14, config=None):
-            return verl_images_from_messages(messages), None
-
-    MMPipeRLHFDataset.__module__, MMPipeRLHFDataset.__qualname__ = "mmpipe.hosts.verl", "MMPipeRLHFDataset"
-    return MMPipeRLHFDataset
-
-
 def __getattr__(name: str):
     if name == "MMPipeRLHFDataset":  # one class however this file is loaded (verl loads it by path): pickles by name
         import importlib
 
         home = importlib.import_module("mmpipe.hosts.verl")
-        cls = globals()[name] = _make_dataset_class() if vars(home) is globals() else getattr(home, name)
+        if vars(home) is globals():
+            from mmpipe.hosts.verl_dataset import make_dataset_class
+
+            cls = globals()[name] = make_dataset_class(verl_prompt_rows, verl_images_from_messages)
+        else:
+            cls = globals()[name] = getattr(home, name)
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,7 +31,9 @@ its token bookkeeping done by mmpipe instead of verl's continuous-token builder:
 Ends: a reply without a tool call; ``multi_turn.max_assistant_turns`` / ``max_user_turns``;
 the response budget (``rollout.response_length``): a reply gets ``max_tokens`` = the room left,
 and a tool turn that would not fit whole is not appended (an image is never cut); a sampled
-vision token (the reply is cut before it: an image slot with no image). Image rows of the
+vision token (the reply is cut before it: an image slot with no image). A prompt longer than
+``rollout.prompt_length`` (template and tool schemas included) raises `mmpipe.errors.TruncationError`
+(verl pads prompts to that width without cutting them). Image rows of the
 Qwen-VL families (mmpipe's multi-turn support); videos from tools are refused.
 verl is imported only when the class is built (first attribute access).
 """
@@ -83,6 +85,26 @@ def split_inline_images(messages) -> tuple[list[dict], list]:
     return out, images
 
 
+def _check_prompt_length(n: int, prompt_length: int, kwargs: dict, has_images: bool) -> None:
+    """Refuse a prompt of ``n`` tokens (template, tool schemas and image tokens included) longer
+    than ``rollout.prompt_length`` with a `TruncationError` naming the row (``index``, as verl's
+    dataset derives it from ``extra_info``). Why: verl's ``_agent_loop_postprocess`` pads the
+    prompt to ``prompt_length`` without cutting it, so a longer one either breaks the batch's
+    ``torch.cat`` (``Sizes of tensors must match``) or silently widens ``prompts`` past
+    ``prompt_length``. verl's own loops refuse a multimodal prompt here too and left-truncate a
+    text one; mmpipe never cuts a prompt (its start is the system turn and the tool schemas)."""
+    if n <= prompt_length:
+        return
+    from mmpipe.errors import TruncationError
+
+    raise TruncationError(
+        "the agent loop's prompt (chat template" + (", image tokens" if has_images else "") + " and tool schemas "
+        "included) does not fit rollout.prompt_length", row=kwargs.get("index"), column="raw_prompt",
+        stage="rollout", expected=f"at most rollout.prompt_length={prompt_length} tokens", found=f"{n} tokens",
+        fix="raise actor_rollout_ref.rollout.prompt_length (and data.max_prompt_length), or drop such rows before "
+            "training (data.filter_overlong_prompts=true; with tools, count the tool schemas' tokens too)")
+
+
 def _encoder(processor):
     """One mmpipe `Encoder` per processor (agent loops are built per sample)."""
     from mmpipe.rollout.multiturn import conversation_encoder
@@ -116,6 +138,7 @@ def _make_class():
             if data._active_tool_schemas:
                 raw["tools"] = data._active_tool_schemas
             conv = start(raw, enc)
+            _check_prompt_length(conv.num_tokens, self.rollout_config.prompt_length, kwargs, bool(images))
             n_prompt, mask, lps, state = conv.num_tokens, [], [], {"lp": False}
             while True:
                 room = n_prompt + self.response_length - conv.num_tokens
@@ -187,6 +210,8 @@ def _make_class():
 
         async def _tool_turn(self, conv, data, enc, append_messages, tool_result_content, tool_role_of):
             """Run the parsed calls (verl's ``_call_tool``) and append their results as one turn."""
+            from mmpipe.images.load import load_image
+
             calls = data.tool_calls[: self.max_parallel_calls]
             results = await asyncio.gather(*(self._call_tool(c, data.tools_kwargs, data) for c in calls))
             role, msgs, images = tool_role_of(enc), [], []
@@ -194,7 +219,10 @@ def _make_class():
                 if resp.video:
                     raise ArgumentError("a tool returned a video; MMPipeToolAgentLoop takes image results (as verl's "
                                         "ToolAgentLoop); fix: return frames as images")
-                items = [im for im in (resp.image or []) if im is not None] + ([resp.text] if resp.text else [])
+                # every image item is opened here: a path string would otherwise go in as the turn's TEXT
+                # (tool_result_content reads str items as text) and the model would never see the page
+                items = [load_image(im, where=f"tool result image {k}")
+                         for k, im in enumerate(resp.image or []) if im is not None] + ([resp.text] if resp.text else [])
                 content, imgs = tool_result_content(items)
                 if role == "user":
                     content = ([{"type": "text", "text": "<tool_response>\n"}] + (content if isinstance(content, list) else

@@ -52,6 +52,9 @@ from mmpipe.records.generation import Completion
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.rollout import RolloutSample
 from mmpipe.records.cosmos import CosmosRow
+from mmpipe.rollout.cosmos_side import (  # noqa: F401  (register_with_cosmos: public here too)
+    check_fits, completed_conversation, cosmos_base_packer, item_shape, register_with_cosmos,
+)
 
 __all__ = ["DataPacker", "DecoderOnlyLLMDataPacker", "QwenVLDataPacker", "CosmosRow", "packer_class",
            "cosmos_base_packer", "register_with_cosmos", "shift_to_logit_positions"]
@@ -87,7 +90,7 @@ class DataPackerCore:
         self.on_vision_token = on_vision_token
         self.encode_options = dict(encode_options)
         self.processor = None
-        self._cache: dict[int, tuple[Any, MultiModalInputs]] = {}
+        self._cache: dict[int, tuple[Any, MultiModalInputs, Any]] = {}
         if processor is not None:
             self.bind(processor)
 
@@ -158,12 +161,13 @@ class DataPackerCore:
             return item
         self._need_processor()
         cached = self._cache.get(id(item))
-        if cached is not None and cached[0] is item:
+        shape = item_shape(item)
+        if cached is not None and cached[0] is item and cached[2] == shape:
             return cached[1]
         row = self.encoder.encode_row(self.to_row(item))
         if len(self._cache) > 4096:
             self._cache.clear()
-        self._cache[id(item)] = (item, row)
+        self._cache[id(item)] = (item, row, shape)
         return row
 
     def get_rollout_input(self, item: Any) -> dict:
@@ -209,7 +213,14 @@ class DataPackerCore:
         The first ``n_ignore_prefix_tokens`` response tokens get no loss (cosmos-rl). A vision
         special token in the response is refused or masked (``on_vision_token``).
         """
-        prompt = self.encode_prompt(sample)
+        from mmpipe.rollout.support import token_ids
+
+        if isinstance(n_ignore_prefix_tokens, bool) or not isinstance(n_ignore_prefix_tokens, (int, np.integer)) \
+                or n_ignore_prefix_tokens < 0:
+            raise ArgumentError(f"get_policy_input: n_ignore_prefix_tokens must be an int >= 0 (response tokens "
+                                f"without loss), got {n_ignore_prefix_tokens!r}")
+        completed = completed_conversation(self, sample)
+        prompt = self.sft_encoder.encode_row({"messages": completed[:-1]}) if completed else self.encode_prompt(sample)
         if isinstance(rollout_output, RolloutSample):
             ids = rollout_output.response_ids
         elif isinstance(rollout_output, Completion):
@@ -218,9 +229,14 @@ class DataPackerCore:
             ids = self.tokenizer(rollout_output, add_special_tokens=False)["input_ids"]
         else:
             ids = rollout_output
-        ids = np.asarray(ids, dtype=np.int64)
+        # floats (int64 would floor them), -1 fills, None, nested lists: refused here, by name, not
+        # by the model's embedding deep in the trainer step
+        ids = token_ids(ids, where="get_policy_input(sample, rollout_output)", row=None,
+                        fix="pass the completion's token ids as ints (cosmos-rl: rollout_as_token_ids) or its text")
         at = (rollout_output.prompt_index, rollout_output.sample_index) if isinstance(rollout_output, RolloutSample) else (0, 0)
         row = RolloutSample(prompt, *at, ids, None, "stop").to_row(self.vision_tokens)
+        if completed:  # the earlier assistant turns are scored too, as cosmos-rl's multi-turn packer scores them
+            row.labels[:prompt.num_tokens] = prompt.labels
         if n_ignore_prefix_tokens:
             start = prompt.num_tokens
             row.labels[start:start + n_ignore_prefix_tokens] = IGNORE_INDEX
@@ -279,6 +295,7 @@ class DataPackerCore:
     # ---- batches -------------------------------------------------------------------------
     def _collate(self, rows: Sequence[MultiModalInputs], max_len: int):
         self._need_processor()
+        check_fits(self, rows, max_len)
         return collate(rows, processor=self.processor, padding_side=self.padding_side, pad_to_length=max_len)
 
     def batch_size(self, batch: Any) -> int:
@@ -356,17 +373,6 @@ _CORES = {
 }
 
 
-def cosmos_base_packer() -> Optional[type]:
-    """cosmos-rl's ``BaseDataPacker``, or None when cosmos-rl is not installed."""
-    try:
-        from cosmos_rl.dispatcher.data.packer.base import BaseDataPacker
-    except ModuleNotFoundError as e:
-        if (e.name or "").split(".")[0] == "cosmos_rl":
-            return None
-        raise
-    return BaseDataPacker
-
-
 @functools.lru_cache(maxsize=None)
 def packer_class(name: str) -> type:
     """The public packer class ``name``: its core (the methods above) on top of cosmos-rl's
@@ -378,14 +384,6 @@ def packer_class(name: str) -> type:
         base = cosmos_base_packer()
         bases = (core,) if base is None else (core, base)
     return type(name, bases, {"__module__": __name__, "__doc__": core.__doc__, "__qualname__": name})
-
-
-def register_with_cosmos(cls: type, model_types: Sequence[str], *, allow_override: bool = True) -> None:
-    """Make cosmos-rl's ``BaseDataPacker.get_default_data_packer(model_type)`` build ``cls``."""
-    base = cosmos_base_packer()
-    if base is None:
-        raise ModuleNotFoundError("register_with_cosmos needs cosmos-rl: pip install cosmos-rl", name="cosmos_rl")
-    base.register(list(model_types), cls, allow_override=allow_override)
 
 
 def __getattr__(name: str):  # PEP 562: the public classes are built on first use

@@ -19,27 +19,15 @@ import mmpipe
 from mmpipe.hosts.verl import verl_prompt_rows, verl_rows
 
 from conftest import model_for, processor_for
-from verl_fit_steps import HFServer, Trainer, agent_worker, cpu_world, fit_tail, rule_reward, verl_config
+from verl_fit_steps import (
+    HFServer, Trainer, agent_worker, cpu_world, fit_tail, page_tool_source, rule_reward, verl_config,
+)
 
 pytestmark = pytest.mark.needs_env("verl")
 
 KEEP = ["prompt", "data_source", "reward_model", "extra_info"]
 PL, RL, N = 256, 160, 2
-TOOLS = '''
-from verl.tools.function_tool import function_tool
-from verl.tools.schemas import ToolResponse
-from mmpipe.testing import tiny_image
-
-
-@function_tool
-def fetch_page(page: int) -> ToolResponse:
-    """Fetch one page of the document as an image.
-
-    Args:
-        page: the page number.
-    """
-    return ToolResponse(image=[tiny_image(60, 44 + 8 * page, seed=page)], text=f"page {page}")
-'''
+TOOLS = page_tool_source("fetch_page")
 
 
 def _source(n=3):

@@ -229,3 +229,24 @@ def fit_tail(trainer, batch):
                               config=cfg.algorithm)
     out = RayPPOTrainer._update_actor(trainer, batch)
     return batch, out.meta_info["metrics"]
+
+
+def page_tool_source(name: str) -> str:
+    """The text of a verl function-tool module: ``name(page)`` returns one tiny image per page (60 x
+    44 + 8 * page, seeded by the page) and the text ``page N``, as a VRAG search tool returns a page."""
+    return f'''
+from verl.tools.function_tool import function_tool
+from verl.tools.schemas import ToolResponse
+from mmpipe.testing import tiny_image
+
+
+@function_tool
+def {name}(page: int) -> ToolResponse:
+    """Open one page of the document as an image.
+
+    Args:
+        page: the page number.
+    """
+    return ToolResponse(image=[tiny_image(60, 44 + 8 * page, seed=page)], text=f"page {{page}}")
+'''
+

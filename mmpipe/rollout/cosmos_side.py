@@ -1,0 +1,83 @@
+"""cosmos-rl's side of mmpipe's data packers (`mmpipe.rollout.packers`): its ``BaseDataPacker``
+(resolved on first use, None without cosmos-rl) and registration, and what its trainers hand a
+packer beyond one prompt item: a dataset item its multi-turn rollout grows in place (`item_shape`,
+the prompt cache's key), a multi-turn rollout's completed conversation (`completed_conversation`),
+and the collate length it asks for (`check_fits`)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from mmpipe.records.row import MultiModalInputs
+
+__all__ = ["check_fits", "completed_conversation", "cosmos_base_packer", "item_shape", "register_with_cosmos"]
+
+
+def cosmos_base_packer() -> Optional[type]:
+    """cosmos-rl's ``BaseDataPacker``, or None when cosmos-rl is not installed."""
+    try:
+        from cosmos_rl.dispatcher.data.packer.base import BaseDataPacker
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] == "cosmos_rl":
+            return None
+        raise
+    return BaseDataPacker
+
+
+def register_with_cosmos(cls: type, model_types: Sequence[str], *, allow_override: bool = True) -> None:
+    """Make cosmos-rl's ``BaseDataPacker.get_default_data_packer(model_type)`` build ``cls``."""
+    base = cosmos_base_packer()
+    if base is None:
+        raise ModuleNotFoundError("register_with_cosmos needs cosmos-rl: pip install cosmos-rl", name="cosmos_rl")
+    base.register(list(model_types), cls, allow_override=allow_override)
+
+
+def item_shape(item: Any) -> Any:
+    """What an in-place edit of a dataset item changes: its messages' identities. Why: cosmos-rl's
+    multi-turn rollout calls ``get_rollout_input`` each turn on ONE conversation list that
+    ``extend_conversation`` grows in place (``messages += [...]``); an identity-only cache hit
+    gave every turn the first turn's prompt (the model never saw its reply or the tool result)."""
+    if isinstance(item, (list, tuple)):
+        return tuple(map(id, item))
+    if isinstance(item, dict):
+        msgs = item.get("messages")
+        return tuple((k, id(v)) for k, v in item.items()) + (
+            (tuple(map(id, msgs)),) if isinstance(msgs, (list, tuple)) else ())
+    return None
+
+
+def completed_conversation(packer, sample: Any) -> Optional[list]:
+    """The messages of a multi-turn rollout's completed conversation, else None.
+
+    With ``rollout.multi_turn_config.enable`` cosmos-rl's trainer passes
+    ``rollout.completed_conversation`` (the dialogue WITH the last reply, appended by
+    ``extend_conversation``) and the last reply's ids. Why: taken as a prompt, that reply
+    would sit in the row twice (as text, then as the sampled ids) and only the copy would be
+    scored. Here the row is the conversation up to the last reply (its generation prompt
+    added), then the sampled ids, every assistant turn labelled (cosmos-rl's own multi-turn
+    packer scores all of them)."""
+    mt = getattr(getattr(getattr(packer, "config", None), "rollout", None), "multi_turn_config", None)
+    if not getattr(mt, "enable", False) or not isinstance(sample, (list, tuple)) or not sample:
+        return None
+    messages = packer.to_row(sample)["messages"]
+    last = messages[-1]
+    return messages if isinstance(last, dict) and last.get("role") == "assistant" and len(messages) > 1 else None
+
+
+def check_fits(packer, rows: Sequence[MultiModalInputs], max_len: int) -> None:
+    """A row longer than ``max_len`` raises `TruncationError` naming cosmos-rl's setting. Why:
+    cosmos-rl asks for ``min(policy.model_max_length, sft_compute_max_len)`` in SFT (and
+    ``model_max_length`` under pipeline parallelism) and its own packers cut longer rows
+    silently (an image's tokens with them); mmpipe never cuts a row."""
+    from mmpipe.errors import TruncationError
+
+    for b, r in enumerate(rows):
+        n = r.num_tokens if isinstance(r, MultiModalInputs) else None
+        if n is not None and n > max_len:
+            limit = getattr(getattr(getattr(packer, "config", None), "policy", None), "model_max_length", None)
+            raise TruncationError(
+                "the sample does not fit the length cosmos-rl asked the collate for", row=b, column="input_ids",
+                stage="collate", expected=f"at most computed_max_len={max_len} tokens"
+                + (f" (policy.model_max_length={limit})" if limit is not None else ""), found=f"{n} tokens",
+                fix=f"raise policy.model_max_length to at least {n}, or bound the samples when they are made "
+                    f"({type(packer).__name__}(max_length=..., truncation='drop' or 'truncate_text'))")
