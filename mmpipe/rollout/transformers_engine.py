@@ -17,11 +17,11 @@ import numpy as np
 
 from mmpipe.batching.collate import Collator
 from mmpipe.compat import is_transformers_5
-from mmpipe.errors import ArgumentError, PixelDataError
+from mmpipe.errors import PixelDataError
 from mmpipe.records.generation import Generation, SamplingParams
 from mmpipe.records.vision_tokens import VisionTokens
 from mmpipe.rollout.inputs import as_rows, to_generate_kwargs
-from mmpipe.rollout.sampling import sample
+from mmpipe.rollout.sampling import check_params, sample
 from mmpipe.rollout.support import check_processor
 
 __all__ = ["TransformersEngine", "teacher_forced_logprobs", "response_logprobs", "banned_tokens"]
@@ -76,6 +76,8 @@ class TransformersEngine:
         stop token; per-token logprobs float when ``params.logprobs``)."""
         check_params(params)
         recs = as_rows(rows)
+        if not recs:
+            return []
         blind = [i for i, r in enumerate(recs) if r.num_images and not r.has_pixels]
         if blind and self.see_images:  # the failure this layer exists to prevent: answering without the images
             raise PixelDataError("a prompt row holds images but no pixels (layout-only, pixels='none'): the "
@@ -93,26 +95,6 @@ class TransformersEngine:
         stop = tuple(self.eos_ids) + tuple(params.stop_token_ids)
         suppress = [] if params.allow_vision_tokens else list(self.vision_tokens.ids)
         return sample(self.model, kw, params, stop=stop, pad_id=self.pad_id, suppress=suppress, num_prompts=len(recs))
-
-
-def check_params(params) -> None:
-    """`ArgumentError` unless ``params`` is a `SamplingParams` the engine can run: ``n`` and
-    ``max_new_tokens`` ints >= 1, ``stop_token_ids`` ints >= 0 (a dict, ``n=0`` or a stop
-    string would otherwise surface as an AttributeError, an empty-collate error or a
-    TypeError deep in ``generate``)."""
-    if not isinstance(params, SamplingParams):
-        raise ArgumentError(f"params must be a mmpipe.records.SamplingParams, got {type(params).__name__}: "
-                            "SamplingParams(max_new_tokens=..., n=..., temperature=...)")
-    bad = [f"{k}={getattr(params, k)!r}" for k in ("n", "max_new_tokens")
-           if isinstance(getattr(params, k), bool) or not isinstance(getattr(params, k), (int, np.integer))
-           or getattr(params, k) < 1]
-    stops = params.stop_token_ids
-    if isinstance(stops, (str, bytes)) or not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0
-                                                  for t in stops):
-        bad.append(f"stop_token_ids={stops!r} (token ids, ints >= 0; a stop string is not supported here)")
-    if bad:
-        raise ArgumentError(f"SamplingParams the engine cannot run: {', '.join(bad)}; n and max_new_tokens must be "
-                            "ints >= 1")
 
 
 def banned_tokens(processor) -> list[int]:

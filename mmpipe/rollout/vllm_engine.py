@@ -28,6 +28,7 @@ from mmpipe.errors import ArgumentError, InputError, PlaceholderError
 from mmpipe.records.generation import Completion, Generation, SamplingParams
 from mmpipe.images.spec import VisionSpec
 from mmpipe.rollout.inputs import as_rows, to_vllm_prompts
+from mmpipe.rollout.sampling import check_params
 from mmpipe.rollout.support import check_processor
 
 PIP_NAME = 'pip install "mmpipe[vllm]"'
@@ -195,7 +196,9 @@ class VLLMEngine:
         self.vision_token_ban = vision_token_ban
 
     def sampling_params(self, params: SamplingParams):
-        """Engine-neutral `SamplingParams` -> vLLM ``SamplingParams`` (`vllm_sampling_kwargs`)."""
+        """Engine-neutral `SamplingParams` -> vLLM ``SamplingParams`` (`vllm_sampling_kwargs`);
+        `ArgumentError` for values no engine runs (`mmpipe.rollout.sampling.check_params`)."""
+        check_params(params)
         factory = self.sampling_params_factory
         if factory is None:
             try:
@@ -211,6 +214,9 @@ class VLLMEngine:
         """rows: prompt `MultiModalInputs`, stored dicts, or a `BatchedMultiModalInputs`;
         returns one `Generation` per row, in order (``prompt_index`` = position)."""
         recs = as_rows(rows)
+        if not recs:
+            check_params(params)
+            return []
         # the processor itself: each row's strategy takes what it needs (a patch grid's spec, a
         # tiled family's tokenizer and image texts)
         prompts = to_vllm_prompts(recs, self.processor, tokenizer=self.processor)

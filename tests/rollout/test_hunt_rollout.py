@@ -119,6 +119,41 @@ def test_engine_refuses_bad_sampling_params(qwen, prompts, params):
         TransformersEngine(qwen[1], qwen[0]).generate(prompts, params)
 
 
+_BAD_VALUES = [dict(temperature=-1.0), dict(temperature=float("nan")), dict(temperature="1"), dict(top_p=0.0),
+               dict(top_p=1.5), dict(top_k=-1), dict(top_k=2.5), dict(seed="0"), dict(max_new_tokens=2.5)]
+_BAD_IDS = ["temperature-1", "temperature-nan", "temperature-str", "top_p0", "top_p1.5", "top_k-1", "top_k2.5",
+            "seed-str", "max_new_tokens2.5"]
+
+
+@pytest.mark.parametrize("kw", _BAD_VALUES, ids=_BAD_IDS)
+def test_every_engine_refuses_bad_sampling_values(qwen, prompts, kw):
+    """Old: a negative temperature and top_p=0 sampled greedily in transformers without a word
+    (vLLM refuses the first and keeps no token for the second); the vLLM engine and the
+    OpenAI-wire engine passed every value on unchecked. One rule now, for every engine."""
+    from mmpipe.rollout.openai_engine import OpenAIEngine
+    from mmpipe.rollout.vllm_engine import VLLMEngine
+
+    params = SamplingParams(**kw)
+    with pytest.raises(ArgumentError, match="SamplingParams the engine cannot run") as e:
+        TransformersEngine(qwen[1], qwen[0]).generate(prompts, params)
+    assert next(iter(kw)) in str(e.value)
+    llm = type("LLM", (), {"generate": lambda self, *a, **k: []})()
+    with pytest.raises(ArgumentError, match="SamplingParams the engine cannot run"):
+        VLLMEngine(llm, processor=qwen[0], sampling_params_factory=dict).generate(prompts, params)
+    engine = OpenAIEngine("http://127.0.0.1:9/v1", model="m", processor=qwen[0])
+    with pytest.raises(ArgumentError, match="SamplingParams the engine cannot run"):
+        asyncio.run(engine.generate(prompts, params))
+
+
+def test_engines_return_nothing_for_no_rows(qwen):
+    """Old: generate([]) raised collate's 'got an empty list' (a filtered-out step is empty)."""
+    from mmpipe.rollout.vllm_engine import VLLMEngine
+
+    assert TransformersEngine(qwen[1], qwen[0]).generate([], SamplingParams()) == []
+    llm = type("LLM", (), {"generate": lambda self, *a, **k: []})()
+    assert VLLMEngine(llm, processor=qwen[0], sampling_params_factory=dict).generate([], SamplingParams()) == []
+
+
 # ---- multi-turn ------------------------------------------------------------------------------
 @pytest.mark.parametrize("ids", ["hello", [-1], [None], [3.7]], ids=["str", "negative", "none", "float"])
 def test_append_response_refuses_bad_ids(qwen, ids):
