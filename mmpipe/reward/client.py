@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
+import numbers
 import os
 import random
 import threading
@@ -92,6 +94,7 @@ class JudgeClient:
                 f"JudgeClient: expected max_concurrency >= 1, max_retries >= 0, timeout_s > 0; found "
                 f"{max_concurrency}, {max_retries}, {timeout_s}"
             )
+        check_sampling(temperature=temperature, max_tokens=max_tokens, top_logprobs=top_logprobs)
         self.base_url, self.model, self.api_key = base_url, model, api_key
         self.timeout_s, self.max_retries = float(timeout_s), int(max_retries)
         self.backoff_s, self.max_backoff_s = float(backoff_s), float(max_backoff_s)
@@ -285,3 +288,22 @@ def _retry_after(e: Any) -> Optional[float]:
         except (TypeError, ValueError):
             continue
     return None
+
+
+def check_sampling(*, temperature, max_tokens, top_logprobs) -> None:
+    """`ArgumentError` for judge sampling settings a server would refuse on every question (or,
+    for ``max_tokens=0``, answer with nothing): ``temperature`` a finite number >= 0,
+    ``max_tokens`` an int >= 1, ``top_logprobs`` an int in 0..20 (the OpenAI limit)."""
+    def is_int(v):
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    bad = []
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) \
+            or not math.isfinite(temperature) or temperature < 0:
+        bad.append(f"temperature={temperature!r} (a finite number >= 0)")
+    if not is_int(max_tokens) or max_tokens < 1:
+        bad.append(f"max_tokens={max_tokens!r} (an int >= 1: the judge's answer must fit)")
+    if not is_int(top_logprobs) or not 0 <= top_logprobs <= 20:
+        bad.append(f"top_logprobs={top_logprobs!r} (an int in 0..20)")
+    if bad:
+        raise ArgumentError(f"JudgeClient: {', '.join(bad)}; e.g. JudgeClient(..., temperature=0.0, max_tokens=256)")

@@ -52,3 +52,17 @@ def test_retry_after_nan_is_retried_with_the_backoff(server):  # noqa: F811  (fi
     r = judge.judge(tiny_image(12, 16, seed=1), "grasp")
     assert r.valid and r.action.attempts == 2 and r.action.error is None
     assert judge.stats.snapshot()["retries"] == 1
+
+
+@pytest.mark.parametrize("kw", [dict(max_tokens=0), dict(max_tokens=-5), dict(max_tokens=2.5),
+                                dict(temperature=-0.5), dict(temperature=float("inf")), dict(top_logprobs=21)],
+                         ids=["max_tokens0", "max_tokens-5", "max_tokens2.5", "temperature-0.5", "temperature-inf",
+                              "top_logprobs21"])
+def test_judge_client_refuses_settings_no_server_answers(kw):
+    """Old: accepted, then every question failed at the server (or, max_tokens=0, came back
+    empty and was scored as an unparsable verdict) with no word about the setting."""
+    name = next(iter(kw))
+    with pytest.raises(ArgumentError, match=f"JudgeClient: {name}=") as e:
+        JudgeClient("http://127.0.0.1:9/v1", "judge-model", **kw)
+    assert "e.g. JudgeClient(" in str(e.value)
+    JudgeClient("http://127.0.0.1:9/v1", "judge-model", max_tokens=np.int64(8), temperature=np.float32(0.7))
