@@ -67,10 +67,12 @@ def validate(r, row: Optional[int]) -> None:
     for kind, code, grid in (("image", 1, r.image_grid_thw), ("video", 2, r.video_grid_thw)):
         n_tok, expect = int((r.mm_token_type_ids == code).sum()), fam.num_tokens(grid)
         if n_tok != expect:
-            raise stored_row_error(f"{n_tok} {kind} tokens in input_ids but {kind}_grid_thw {grid.tolist()} "
-                                   f"needs sum(t*h*w)/{fam.merge_area} = {expect}; the text and the {kind} data "
-                                   "disagree (truncated or appended without its pixels?)", row, f"{kind}_grid_thw",
-                                   fix="re-encode the row", error=PixelDataError)
+            lost = ", or its mm_token_type_ids column, which marks them, was dropped" if not n_tok else ""
+            raise stored_row_error(f"{n_tok} {kind} tokens in input_ids but {kind}_grid_thw {grid.tolist()} needs "
+                                   f"sum(t*h*w)/{fam.merge_area} = {expect} (counted where mm_token_type_ids == "
+                                   f"{code}); the text and the {kind} data disagree (truncated or appended without "
+                                   f"its pixels{lost}?)", row, f"{kind}_grid_thw",
+                                   fix="re-encode the row, keeping every column encode wrote", error=PixelDataError)
     for c in [c for c in COLUMNS if c.rows]:  # the pixels: a row per patch of the grids, of the patch width
         arr, want = getattr(r, c.name), (pixel_rows(getattr(r, c.rows)), getattr(fam, c.width))
         if arr is not None and arr.shape != want:

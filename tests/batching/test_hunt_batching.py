@@ -97,3 +97,16 @@ def test_dataset_slice_collates_like_its_rows(stored, fmt):
     assert torch.equal(packed.input_ids, pack([stored[i] for i in range(len(stored))], processor=proc).input_ids)
     with pytest.raises(ArgumentError, match=r"one row's dict"):
         mmpipe.Collator(proc)(ds[0])
+
+
+def test_row_without_token_types_says_the_column_was_dropped(rows):
+    """A row dict whose mm_token_type_ids column was dropped (a hand-made ``select`` of the
+    columns) read as '0 image tokens in input_ids' although input_ids hold every image pad:
+    the error now says what marks them and that the column may be gone."""
+    proc = processor_for("qwen2_vl")
+    lost = {k: v for k, v in rows[0].items() if k != "mm_token_type_ids"}
+    with pytest.raises(InputError) as e:
+        mmpipe.Collator(proc)([lost])
+    assert e.value.row == 0 and e.value.column == "image_grid_thw"
+    assert "counted where mm_token_type_ids == 1" in str(e.value) and "was dropped" in str(e.value)
+    mmpipe.Collator(proc)([{k: v for k, v in rows[1].items() if k != "mm_token_type_ids"}])  # text-only: fine
