@@ -79,7 +79,8 @@ def save_gemma3_checkpoint(path, *, seed: int = 0):
         text_config=dict(model_type="gemma3_text", vocab_size=len(tok), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
                          sliding_window=8, layer_types=["sliding_attention", "full_attention"],
-                         max_position_embeddings=4096, pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>")),
+                         max_position_embeddings=4096, pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+                         eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id),  # not Gemma's 1 / 2 ('"', '#' here)
         vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                            num_attention_heads=2, patch_size=8, image_size=32, vision_use_head=False),
         mm_tokens_per_image=4, image_token_index=ids["<image_soft_token>"], boi_token_index=ids["<start_of_image>"],

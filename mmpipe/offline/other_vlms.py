@@ -173,8 +173,11 @@ def _config(name: str):
 
     tok = _named_tokenizer(name)
     pad = tok.convert_tokens_to_ids("<|endoftext|>")
+    # the tokenizer's own eos / bos: the configs' defaults (eos 1, bos 2, Llama's and Gemma's ids)
+    # are '"' and '#' in this vocabulary, so generation stopped at a quote mark
     text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, pad_token_id=pad)
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, pad_token_id=pad,
+                eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, patch_size=16)
     if name == "idefics3":
         return transformers.Idefics3Config(text_config=dict(text, model_type="llama"),

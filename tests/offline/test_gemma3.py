@@ -45,3 +45,21 @@ def test_build_processor_and_model_take_the_tiled_families(name):
     assert build_model(name) is not None
     with pytest.raises(ArgumentError, match="fixed-size tiles"):
         build_processor(name, max_pixels=4096)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "idefics3", "llava", "llava_onevision1_5", "ovis2_5", "paligemma"])
+def test_tiny_models_stop_where_their_chat_template_ends_a_turn(name):
+    """The configs' default eos / bos (1 and 2: Gemma's and Llama's own ids) are '"' and '#' in
+    the offline vocabulary, so a generation stopped at a quote mark and never at the turn's
+    end. The tiny models now take their tokenizer's ids, as a checkpoint's config does."""
+    from mmpipe.offline.other_vlms import MODELS, build_foreign_model, build_foreign_processor
+
+    if name not in MODELS + ("paligemma",):
+        pytest.skip(f"{name}: this transformers has no such model class")
+    tok = build_foreign_processor(name).tokenizer
+    gen = build_foreign_model(name).generation_config
+    assert gen.eos_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert gen.bos_token_id == tok.bos_token_id
+    ended = tok.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+                                    tokenize=False)
+    assert ended.rstrip().endswith(tok.eos_token)
