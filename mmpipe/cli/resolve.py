@@ -106,10 +106,14 @@ class ImageResolver:
         self.strict = strict
 
     def __call__(self, example: dict, idx: int) -> dict:
+        from mmpipe.encoding.media import media_column
         from mmpipe.encoding.parse import inline_image, is_image_item
 
-        raw = example.get(self.images_column)
+        source = media_column(example, self.images_column)  # a LLaVA row's single `image`: resolved too
+        raw = example.get(source)
         failed: list = []
+        if source != self.images_column and not isinstance(raw, (list, tuple)):
+            raw = [raw]
         if isinstance(raw, (str, bytes)):
             # one image where a list is expected: list() would make each character an "image"
             # ("image file 'i' not found")

@@ -30,6 +30,7 @@ from typing import Optional, Sequence
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.fingerprint import StampedFunction
 from mmpipe.encoding.mapping import DROP_REASON_COLUMN
+from mmpipe.encoding.media import SINGULAR_COLUMNS
 from mmpipe.encoding.options import check_choice
 from mmpipe.encoding.videos import video_row_bytes
 from mmpipe.errors import ArgumentError
@@ -146,9 +147,11 @@ def row_byte_bound(enc: Encoder, n_images: int) -> int:
 
 
 def max_images_per_row(ds, images_column: str = "images") -> int:
-    """The most images any row of ``ds`` holds in ``images_column`` (1 when unknown: no
-    dataset, no such list column, an IterableDataset). Reads Arrow list lengths only."""
-    return most_per_row(ds, images_column) or 1
+    """The most images any row of ``ds`` holds in ``images_column`` (or in a LLaVA row's
+    ``image`` list, `mmpipe.encoding.media.SINGULAR_COLUMNS`; 1 when unknown: no dataset, no
+    such list column, an IterableDataset). Reads Arrow list lengths only."""
+    one = SINGULAR_COLUMNS.get(images_column)
+    return max(most_per_row(ds, images_column), most_per_row(ds, one) if one else 0) or 1
 
 
 _ENCODERS: dict[tuple, Encoder] = {}

@@ -19,7 +19,8 @@ import numpy as np
 from mmpipe.errors import ImageError, ParseError, PlaceholderError, VideoError
 from mmpipe.records.columns import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
-__all__ = ["VIDEO_ITEM_OPTIONS", "UnreadableImages", "MediaQueue", "column_values", "is_video_item", "inline_video",
+__all__ = ["VIDEO_ITEM_OPTIONS", "SINGULAR_COLUMNS", "UnreadableImages", "MediaQueue", "column_values", "media_column",
+           "is_video_item", "inline_video",
            "is_audio_item", "inline_audio"]
 
 # per-video options a video item may carry (qwen-vl-utils' names); `sample_fps`: a frame list's rate;
@@ -27,6 +28,9 @@ __all__ = ["VIDEO_ITEM_OPTIONS", "UnreadableImages", "MediaQueue", "column_value
 # that mmpipe.encoding.videos refuses them (a VideoError) instead of their being dropped here unseen
 VIDEO_ITEM_OPTIONS = ("fps", "nframes", "min_frames", "max_frames", "min_pixels", "max_pixels", "total_pixels",
                       "sample_fps", "video_start", "video_end", "resized_height", "resized_width")
+# LLaVA-Instruct, ShareGPT4V and LLaVA-OneVision rows name their image ``image`` (one value, or a
+# list), LLaVA-Video's its video ``video``: read where the row has no images / videos of its own
+SINGULAR_COLUMNS = {"images": "image", "videos": "video"}
 _MARKERS = {"image": IMAGE_PLACEHOLDER, "video": VIDEO_PLACEHOLDER, "audio": AUDIO_PLACEHOLDER}
 
 
@@ -123,12 +127,41 @@ class UnreadableImages:
                               "datasets.List(datasets.Video(decode=False))), or use mmpipe.encode_dataset")
 
 
+def _is_list(values) -> bool:
+    return isinstance(values, (list, tuple)) or (isinstance(values, np.ndarray) and values.dtype == object
+                                                 and values.ndim == 1)
+
+
+def media_column(example: dict, column: str) -> str:
+    """The column a row's images (``column="images"``) or videos (``"videos"``) come from:
+    ``column`` itself, or its singular LLaVA name (`SINGULAR_COLUMNS`: ``image`` / ``video``)
+    when the row holds a value there and none (absent, None or empty) under ``column``. Other
+    column names are taken as given."""
+    one = SINGULAR_COLUMNS.get(column)
+    if one is None:
+        return column
+    try:
+        plural = example.get(column)
+        if plural is not None and len(plural):
+            return column
+    except Exception:  # noqa: BLE001 - a value datasets cannot decode: column_values names it
+        return column
+    try:
+        return one if example.get(one) is not None else column
+    except Exception:  # noqa: BLE001
+        return one
+
+
 def column_values(example: dict, column: str, where: str, kind: str = "image") -> list:
-    """The row's images (``kind="image"``) or videos column as a list ([] when absent)."""
+    """The row's images (``kind="image"``) or videos column as a list ([] when absent); a
+    singular LLaVA column (``image`` / ``video``, `media_column`) may hold one value."""
     try:
         values = example.get(column)
     except Exception as e:  # noqa: BLE001 - datasets decodes Image() / Video() values lazily, on this read
         values = UnreadableImages(example, column, e)
+    if column in SINGULAR_COLUMNS.values() and values is not None and not _is_list(values) \
+            and not isinstance(values, UnreadableImages):
+        values = [values]
     if isinstance(values, UnreadableImages):
         if kind == "audio":
             from mmpipe.errors import AudioError
@@ -139,8 +172,7 @@ def column_values(example: dict, column: str, where: str, kind: str = "image") -
                              fix=f"read the column undecoded (mmpipe decodes it): ds.cast_column({column!r}, "
                                  "datasets.List(datasets.Audio(decode=False)))")
         raise values.error(where, column) if kind == "image" else values.video_error(where, column)
-    if values is not None and not isinstance(values, (list, tuple)) and not (
-            isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1):
+    if values is not None and not _is_list(values):
         # one bare value (or a string) instead of a list: iterating it would crash or split it (found by fuzzing)
         raise ParseError(f"column {column!r} must hold a list of {kind}s", where=where, column=column,
                          expected=f"a list (datasets.Sequence(datasets.{kind.title()}()))", found=type(values).__name__,

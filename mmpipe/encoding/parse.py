@@ -42,7 +42,7 @@ import re
 import numpy as np
 
 from mmpipe.encoding.media import (
-    MediaQueue, UnreadableImages, column_values, inline_audio, inline_video, is_audio_item, is_video_item,
+    MediaQueue, UnreadableImages, column_values, inline_audio, inline_video, is_audio_item, is_video_item, media_column,
 )
 from mmpipe.encoding.row_checks import check_completion, check_one_source, check_row, is_image_item
 from mmpipe.errors import ParseError
@@ -148,6 +148,7 @@ class _Media:
 
     def __init__(self, example: dict, images_column: str, videos_column: str, where: str,
                  audios_column: str = "audios"):
+        images_column, videos_column = media_column(example, images_column), media_column(example, videos_column)
         self.iq = MediaQueue(column_values(example, images_column, where), images_column, where)
         self.vq = MediaQueue(column_values(example, videos_column, where, "video"), videos_column, where, "video")
         self.aq = MediaQueue(column_values(example, audios_column, where, "audio"), audios_column, where, "audio")
