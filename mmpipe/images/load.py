@@ -211,6 +211,7 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
             return Image.open(io.BytesIO(read_image_file(path, where=where)))
         if hasattr(value, "detach"):
             value = value.detach().cpu().numpy()
+        value = nested_lists_array(value, where)
         if isinstance(value, np.ndarray):
             return _array_to_pil(value, where)
     except (ImageError, ArgumentError):
@@ -295,6 +296,27 @@ def bomb_error(e: Exception, where: str) -> ImageError:
     )
 
 
+def nested_lists_array(value: Any, where: str = "image") -> Any:
+    """An image held as nested lists of integers (what ``datasets`` stores of a numpy array in a
+    row: ``Dataset.from_list``, a ``map`` returning frames) -> that uint8 array [H, W(, C)];
+    any other value is returned as it is (ragged or non-integer lists stay lists and are
+    refused as such). Values outside 0..255 raise `ImageError` (never wrapped around)."""
+    if not (isinstance(value, list) and value and isinstance(value[0], list)):
+        return value
+    try:
+        arr = np.asarray(value)
+    except ValueError:  # ragged rows
+        return value
+    if arr.dtype.kind not in "iu" or arr.size == 0:
+        return value
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi > 255:
+        raise ImageError("an image given as nested lists holds values outside 0..255", where=where,
+                         expected="uint8 values [H, W, C]", found=f"values {lo}..{hi}",
+                         fix="store uint8 pixels (np.clip(x, 0, 255).astype(np.uint8))")
+    return arr.astype(np.uint8)
+
+
 def _array_to_pil(arr: np.ndarray, where: str = "image") -> Image.Image:
     arr = _check_array(arr, where)
     if arr.ndim == 2:
@@ -337,6 +359,7 @@ def decoded_rgb(value: Any, *, where: str = "image", orient: bool = True,
 
 def image_hw(value: Any, *, where: str = "image") -> tuple[int, int]:
     """(height, width) of the upright image from the header alone; no pixel decode."""
+    value = nested_lists_array(value, where)
     if isinstance(value, np.ndarray):
         _check_array(value, where)
         return int(value.shape[0]), int(value.shape[1])
