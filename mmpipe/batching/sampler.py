@@ -16,7 +16,8 @@ Two costs, matching the two collators:
 Each epoch: shuffle the rows (seeded by ``seed + epoch``), cut them into buckets of
 ``bucket_size`` rows, sort each bucket by length (longest first), fill batches (padded: in
 order; packed: first-fit, so short rows fill the gaps long rows leave), then shuffle the
-batch order. Every row is in exactly one batch per epoch; nothing is dropped or repeated.
+batch order. Every row is in exactly one batch per epoch; nothing is dropped or repeated
+(unless ranks cannot get the same number of batches otherwise and ``uneven`` says to).
 
 Resuming: ``state_dict()`` is ``{"epoch", "seed", "consumed_rows", ...}``, where
 ``consumed_rows`` counts the rows of the epoch's global order that all ranks together have
@@ -24,6 +25,8 @@ been handed, the same number on every rank whatever ``num_replicas`` is. A sampl
 the same rows with the same budgets (any ``num_replicas`` / ``rank``) continues from it after
 ``load_state_dict``: the same global order, no row repeated or skipped in the epoch. It works
 as the ``batch_sampler`` of torchdata's ``StatefulDataLoader`` (worker prefetching included).
+A resume on more ranks near an epoch's end can leave fewer rows than ranks: ``uneven="drop"``
+or ``"repeat"`` (like ``DistributedSampler(drop_last=True/False)``) continues from the same state.
 
 A row over a budget on its own (longer than ``max_tokens`` or with more than ``max_images``
 images) raises at construction by default (``oversize="raise"``: a budget is usually a
@@ -43,15 +46,17 @@ Example::
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.batching.token_counts import token_counts  # noqa: F401  (re-exported: its home was here)
+from mmpipe.batching.token_counts import (  # noqa: F401  (re-exported: their home was here)
+    COSTS, count_arg, token_counts, token_efficiency)
 from mmpipe.errors import ArgumentError, InputError
 
-COSTS = ("padded", "packed")
 OVERSIZE = ("raise", "alone")
+UNEVEN = ("raise", "drop", "repeat")
 
 
 class TokenBudgetBatchSampler:
@@ -76,6 +81,12 @@ class TokenBudgetBatchSampler:
             r-th): each rank gets the same number of batches (batches are split in two, in
             place, never merged, until the count divides evenly), and the ranks' rows
             together are every row exactly once.
+        uneven: when the rows left cannot make a multiple of ``num_replicas`` batches (every
+            batch down to one row: fewer rows than ranks, or a resume near an epoch's end on
+            more ranks): ``"raise"`` (`ArgumentError`), ``"drop"`` the last few rows of the epoch
+            (fewer than ``num_replicas``; like ``DistributedSampler(drop_last=True)``) or
+            ``"repeat"`` rows from the epoch's start (``drop_last=False``). Not part of the saved
+            state: a state saved with one value loads with another.
 
     Resumable and elastic: `state_dict` / `load_state_dict` save and restore the epoch, the
     seed and the number of rows all ranks have consumed (a prefix of the global order), so a
@@ -89,7 +100,7 @@ class TokenBudgetBatchSampler:
     def __init__(self, lengths: Sequence[int], num_images: Optional[Sequence[int]] = None, *, max_tokens: int,
                  max_images: Optional[int] = None, max_rows: Optional[int] = None, cost: str = "padded",
                  shuffle: bool = True, seed: int = 0, bucket_size: Optional[int] = 2048, oversize: str = "raise",
-                 num_replicas: int = 1, rank: int = 0):
+                 num_replicas: int = 1, rank: int = 0, uneven: str = "raise"):
         self.lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
         n = self.lengths.shape[0]
         self.num_images = (np.zeros(n, np.int64) if num_images is None
@@ -100,17 +111,16 @@ class TokenBudgetBatchSampler:
             raise ArgumentError(f"cost must be one of {COSTS}, got {cost!r}")
         if oversize not in OVERSIZE:
             raise ArgumentError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
-        if max_tokens is None or max_tokens < 1:
-            raise ArgumentError(f"max_tokens must be a positive token count, got {max_tokens!r}")
-        if max_images is not None and max_images < 0:
-            raise ArgumentError(f"max_images must be >= 0 or None, got {max_images!r}")
-        if max_rows is not None and max_rows < 1:
-            raise ArgumentError(f"max_rows must be >= 1 or None, got {max_rows!r}")
+        if uneven not in UNEVEN:
+            raise ArgumentError(f"uneven must be one of {UNEVEN}, got {uneven!r}")
+        who = "TokenBudgetBatchSampler"
+        max_tokens = count_arg(who, "max_tokens", max_tokens, 1, none_ok=False, example=16384)
+        max_images, max_rows = count_arg(who, "max_images", max_images, 0), count_arg(who, "max_rows", max_rows, 1)
+        bucket_size = count_arg(who, "bucket_size", bucket_size, 1)
+        seed = count_arg(who, "seed", seed, 0, none_ok=False, example=0)
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ArgumentError(f"need num_replicas >= 1 and 0 <= rank < num_replicas, got num_replicas={num_replicas}, "
                                 f"rank={rank}")
-        if bucket_size is not None and bucket_size < 1:
-            raise ArgumentError(f"bucket_size must be >= 1 or None, got {bucket_size!r}")
         if n and (self.lengths.min() < 0 or self.num_images.min() < 0):
             raise ArgumentError(f"lengths and num_images must be >= 0, got min length {int(self.lengths.min())}, "
                                 f"min images {int(self.num_images.min())}")
@@ -118,7 +128,7 @@ class TokenBudgetBatchSampler:
             raise ArgumentError("max_images needs num_images (images per row); pass both or neither")
         self.max_tokens, self.max_images, self.max_rows = int(max_tokens), max_images, max_rows
         self.cost, self.shuffle, self.seed = cost, shuffle, int(seed)
-        self.bucket_size, self.oversize = bucket_size, oversize
+        self.bucket_size, self.oversize, self.uneven = bucket_size, oversize, uneven
         self.num_replicas, self.rank = int(num_replicas), int(rank)
         over = self.lengths > self.max_tokens
         if max_images is not None:
@@ -160,7 +170,8 @@ class TokenBudgetBatchSampler:
     def set_epoch(self, epoch: int) -> None:
         """Use the batches of ``epoch`` (shuffled with ``seed + epoch``). The same epoch as a
         loaded state keeps its position; another one starts at its beginning."""
-        if int(epoch) != self.epoch:
+        epoch = count_arg("TokenBudgetBatchSampler.set_epoch", "epoch", epoch, 0, none_ok=False, example=0)
+        if epoch != self.epoch:
             self._resume, self._live = None, 0
         self.epoch = int(epoch)
 
@@ -211,22 +222,25 @@ class TokenBudgetBatchSampler:
         """Resume from `state_dict` (of this or any rank, of any ``num_replicas``): the next
         iteration starts after the rows already consumed in that epoch. Epoch and seed come
         from the state; the rows and budgets must be the ones it was saved with."""
-        missing = [k for k in ("epoch", "seed", "consumed_rows", "num_rows", "config") if k not in state]
+        keys = ("epoch", "seed", "consumed_rows", "num_rows", "config")
+        missing = list(keys) if not isinstance(state, Mapping) else [k for k in keys if k not in state]
         if missing:
             raise ArgumentError(f"not a TokenBudgetBatchSampler state: missing {missing}; pass sampler.state_dict()")
-        n = int(self.lengths.shape[0])
-        if int(state["num_rows"]) != n or state["config"] != self._config():
-            diff = {k: (state["config"].get(k), v) for k, v in self._config().items() if state["config"].get(k) != v}
+        n, saved = int(self.lengths.shape[0]), state["config"] if isinstance(state["config"], Mapping) else {}
+        if state["num_rows"] != n or saved != self._config():
+            diff = {k: (saved.get(k), v) for k, v in self._config().items() if saved.get(k) != v}
             raise ArgumentError(
                 f"the state was saved by a sampler over other rows or budgets (saved num_rows={state['num_rows']}, "
                 f"here {n}; differing settings as (saved, here): {diff}); the global order would differ, so "
                 "resuming could repeat or skip rows: build the sampler with the same lengths and settings "
                 "(num_replicas and rank may change)"
             )
-        consumed = int(state["consumed_rows"])
-        if not 0 <= consumed <= n:
-            raise ArgumentError(f"consumed_rows must be in 0..{n}, got {consumed}")
-        self.seed, self.epoch = int(state["seed"]), int(state["epoch"])
+        who = "TokenBudgetBatchSampler.load_state_dict"
+        consumed = count_arg(who, "consumed_rows", state["consumed_rows"], 0, none_ok=False)
+        if consumed > n:
+            raise ArgumentError(f"{who}: consumed_rows must be in 0..{n}, got {consumed}; pass sampler.state_dict()")
+        self.seed = count_arg(who, "seed", state["seed"], 0, none_ok=False)
+        self.epoch = count_arg(who, "epoch", state["epoch"], 0, none_ok=False)
         self._cache = None
         self._resume = self._live = consumed
 
@@ -241,11 +255,13 @@ class TokenBudgetBatchSampler:
         if self._planned is not None and self._planned[0] == (epoch, start, self.seed):
             return self._planned[1]
         units, R = self._remaining(self.global_batches(epoch), start), self.num_replicas
-        units = self._split_to_multiple(units, R) if R > 1 else units
+        units = self._split_to_multiple(units, R, epoch, start) if R > 1 else units
         out, done = [], start
         for s in range(0, len(units), R):
             done += sum(len(b) for b in units[s:s + R])
             out.append((units[s + self.rank], done))
+        if out:  # the last step ends the epoch (rows uneven="repeat" added or "drop" left out included)
+            out[-1] = (out[-1][0], int(self.lengths.shape[0]))
         self._planned = ((epoch, start, self.seed), out)
         return out
 
@@ -283,24 +299,39 @@ class TokenBudgetBatchSampler:
         L = self.lengths[batch]
         return int(L.sum()) if self.cost == "packed" else len(batch) * int(L.max())
 
-    def _split_to_multiple(self, batches: list[list[int]], R: int) -> list[list[int]]:
+    def _split_to_multiple(self, batches: list[list[int]], R: int, epoch: int, start: int) -> list[list[int]]:
         """Split batches in place (the two halves side by side, so the global row order is
-        kept) until their count is a multiple of ``R``: every rank gets the same number."""
+        kept) until their count is a multiple of ``R``: every rank gets the same number. When
+        every batch is down to one row, ``uneven`` says what happens (`_uneven_tail`)."""
         batches = [list(b) for b in batches]
         while len(batches) % R:
             # splitting a batch keeps both halves under every budget (costs only shrink)
             most = max(len(b) for b in batches)
             k = max((j for j, b in enumerate(batches) if len(b) == most), key=lambda j: self._cost(batches[j]))
             if len(batches[k]) < 2:
-                raise ArgumentError(
-                    f"cannot give each of {R} ranks the same number of batches: the epoch's remaining "
-                    f"{sum(len(b) for b in batches)} rows make {len(batches)} batches of one row each (not a "
-                    f"multiple of {R}) and a row is never split or repeated; use more rows per epoch, fewer "
-                    "ranks, or a larger max_tokens"
-                )
+                return self._uneven_tail(batches, R, epoch, start)
             b = batches[k]
             batches[k:k + 1] = [b[: len(b) // 2], b[len(b) // 2:]]
         return batches
+
+    def _uneven_tail(self, units: list[list[int]], R: int, epoch: int, start: int) -> list[list[int]]:
+        """One-row ``units`` whose count is not a multiple of ``R``, made one as ``uneven`` says:
+        the last rows dropped, rows from the epoch's start repeated, or `ArgumentError`."""
+        extra = len(units) % R
+        if self.uneven == "drop":
+            return units[: len(units) - extra]
+        if self.uneven == "repeat":
+            order = [i for b in self.global_batches(epoch) for i in b]
+            return units + [[order[j % len(order)]] for j in range(R - extra)]
+        n = int(self.lengths.shape[0])
+        raise ArgumentError(
+            f"cannot give each of {R} ranks the same number of batches: the epoch's remaining {len(units)} rows "
+            + (f"(resumed after {start} of its {n} rows) " if start else "")
+            + f"make {len(units)} batches of one row each (not a multiple of {R}) and a row is never split or "
+            f"repeated; pass uneven='drop' (leave the epoch's last {extra} row(s) out, like "
+            f"DistributedSampler(drop_last=True)) or uneven='repeat' (repeat {R - extra} row(s) from the epoch's "
+            "start, like drop_last=False): a saved state loads into a sampler with either"
+            + ("" if start else "; or use more rows per epoch, fewer ranks, or a larger max_tokens"))
 
     def _fits_rows_images(self, rows: int, images: int) -> bool:
         return ((self.max_rows is None or rows <= self.max_rows)
@@ -353,23 +384,3 @@ class TokenBudgetBatchSampler:
                 f"max_images={self.max_images}, cost={self.cost!r}, shuffle={self.shuffle}, seed={self.seed}, "
                 f"epoch={self.epoch}, rank={self.rank}/{self.num_replicas})")
 
-
-def token_efficiency(lengths: Sequence[int], batches: Sequence[Sequence[int]], *, cost: str = "padded",
-                     slots_per_batch: Optional[int] = None) -> float:
-    """Real tokens / token slots the batches occupy (1.0: no padding at all).
-
-    ``cost="padded"``: a batch occupies rows x its longest row (a padded ``[B, L]`` batch);
-    ``"packed"``: the sum of its lengths (a ``[1, T]`` pack: always 1.0), or
-    ``slots_per_batch`` per batch when packs are padded to a fixed length (static shapes).
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    real = int(sum(int(lengths[b].sum()) for b in batches))
-    if slots_per_batch is not None:
-        slots = slots_per_batch * len(batches)
-    elif cost == "padded":
-        slots = int(sum(len(b) * int(lengths[b].max()) for b in batches if len(b)))
-    elif cost == "packed":
-        slots = real
-    else:
-        raise ArgumentError(f"cost must be one of {COSTS}, got {cost!r}")
-    return real / slots if slots else 1.0

@@ -1,20 +1,21 @@
 """Each row's token and image counts from an encoded dataset's stored columns, for
 `mmpipe.batching.sampler.TokenBudgetBatchSampler` (its lengths and image budget) and length
-statistics: `token_counts`. Only Arrow list offsets are read: no row is decoded, no pixel
+statistics: `token_counts`; what batches of them occupy: `token_efficiency`; a budget, seed or
+epoch argument checked: `count_arg`. Only Arrow list offsets are read: no row is decoded, no pixel
 touched, so a layout-only encoding (``pixels="none"``) gives the same counts as the stored
 training set.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 from mmpipe.errors import ArgumentError, InputError
 from mmpipe.records.arrow import list_lengths
 
-__all__ = ["COUNT_COLUMNS", "IMAGE_COUNT_COLUMNS", "token_counts"]
+__all__ = ["COUNT_COLUMNS", "COSTS", "IMAGE_COUNT_COLUMNS", "count_arg", "token_counts", "token_efficiency"]
 
 
 def token_counts(dataset) -> tuple[np.ndarray, Optional[np.ndarray]]:
@@ -91,3 +92,45 @@ def _check_map_style(dataset) -> None:
             "indices, which an IterableDataset (streaming) cannot take; load it map-style (load_dataset(..., "
             "streaming=False) or Dataset.from_generator), or pass the lengths yourself: "
             "TokenBudgetBatchSampler(lengths, num_images, max_tokens=...)")
+
+
+COSTS = ("padded", "packed")
+
+
+def token_efficiency(lengths: Sequence[int], batches: Sequence[Sequence[int]], *, cost: str = "padded",
+                     slots_per_batch: Optional[int] = None) -> float:
+    """Real tokens / token slots the batches occupy (1.0: no padding at all).
+
+    ``cost="padded"``: a batch occupies rows x its longest row (a padded ``[B, L]`` batch);
+    ``"packed"``: the sum of its lengths (a ``[1, T]`` pack: always 1.0), or
+    ``slots_per_batch`` per batch when packs are padded to a fixed length (static shapes).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    real = int(sum(int(lengths[b].sum()) for b in batches))
+    if slots_per_batch is not None:
+        slots = slots_per_batch * len(batches)
+    elif cost == "padded":
+        slots = int(sum(len(b) * int(lengths[b].max()) for b in batches if len(b)))
+    elif cost == "packed":
+        slots = real
+    else:
+        raise ArgumentError(f"cost must be one of {COSTS}, got {cost!r}")
+    return real / slots if slots else 1.0
+
+
+def count_arg(who: str, name: str, value, minimum: int, *, none_ok: bool = True,
+              example: Optional[int] = None) -> Optional[int]:
+    """``value`` as an int >= ``minimum`` (None passes when ``none_ok``): a budget, a seed or an
+    epoch of a sampler or a packer. Anything else (a string, a fraction, NaN, a bool, a number
+    below ``minimum``) is an `ArgumentError` naming ``who``'s argument, at construction, rather
+    than a TypeError or a numpy error on the first batch (``example``: a value to suggest)."""
+    if value is None and none_ok:
+        return None
+    whole = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        whole = True
+    if not whole or int(value) < minimum:
+        allowed = f"an integer >= {minimum}" + (" or None" if none_ok else "")
+        hint = f"e.g. {name}={example}" if example is not None else "a whole number" + " or None" * none_ok
+        raise ArgumentError(f"{who}: {name} must be {allowed}, got {value!r}; pass {hint}")
+    return int(value)
