@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mmpipe.errors import InputError, PackingUnsupportedError
+from mmpipe.batching.token_counts import count_arg
+from mmpipe.errors import ArgumentError, InputError, PackingUnsupportedError
 from mmpipe.families import ModelFamily, get_family
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.columns import IGNORE_INDEX
@@ -27,17 +28,30 @@ def refuse_packing(who: str, fam: ModelFamily, processor_class: Optional[str] = 
             f"use mmpipe.Collator(processor) for padded batches", model_type=fam.name)
 
 
+def pack_budgets(who: str, max_tokens, max_images, oversize: str = "raise") -> tuple[Optional[int], Optional[int]]:
+    """``(max_tokens, max_images)`` checked when a packer is built: integers >= 1 / >= 0 or None,
+    ``oversize`` one of ``("raise", "alone")`` (`ArgumentError` naming the argument otherwise,
+    instead of every batch failing as over a budget of 0 or -5)."""
+    if oversize not in ("raise", "alone"):
+        raise ArgumentError(f"{who}: oversize must be 'raise' or 'alone', got {oversize!r}")
+    return count_arg(who, "max_tokens", max_tokens, 1, example=16384), count_arg(who, "max_images", max_images, 0)
+
+
 def pack_batch(b: BatchedMultiModalInputs, max_tokens: Optional[int] = None,
-               max_images: Optional[int] = None) -> PackedMultiModalInputs:
+               max_images: Optional[int] = None, oversize: str = "raise") -> PackedMultiModalInputs:
     """A right-padded batch of unpadded rows (of any family whose model takes packed rows) ->
-    the pack of its rows: budgets and holes checked (`_check_pack`), the valid tokens end to end
-    (`_packed_positions`, `_packed_labels`), the rest kept in ``meta``."""
+    the pack of its rows: budgets and holes checked (`_check_pack`; ``oversize="alone"``: a pack
+    of ONE row may be over them, as `TokenBudgetBatchSampler(oversize="alone")` hands such a row
+    out alone), the valid tokens end to end (`_packed_positions`, `_packed_labels`), the rest
+    kept in ``meta``."""
     import torch
 
     b = b.as_torch()
     lengths = b.seq_lengths
     n, L = b.batch_size, b.input_ids.shape[1]
     valid = torch.arange(L)[None, :] < lengths[:, None]  # [n, L], right padding
+    if oversize == "alone" and n == 1:
+        max_tokens = max_images = None
     _check_pack(b, valid, max_tokens, max_images)
     cu = torch.zeros(n + 1, dtype=torch.int32)
     cu[1:] = lengths.cumsum(0)
@@ -54,6 +68,12 @@ def pack_batch(b: BatchedMultiModalInputs, max_tokens: Optional[int] = None,
     )
 
 
+# a row over a budget on its own: what a sampler with oversize="alone" hands out
+_ALONE = ("; this row is over the budget on its own: if the sampler hands such rows out alone "
+          "(TokenBudgetBatchSampler(oversize='alone')), build the packer with oversize='alone' too, "
+          "or drop or truncate the row at encode time")
+
+
 def _check_pack(b: BatchedMultiModalInputs, valid, max_tokens: Optional[int], max_images: Optional[int]) -> None:
     """The batch fits the pack budgets and every row is unpadded (``valid``: bool [n, L])."""
     lengths = b.seq_lengths
@@ -62,14 +82,15 @@ def _check_pack(b: BatchedMultiModalInputs, valid, max_tokens: Optional[int], ma
         raise InputError(
             f"the {n} rows hold {total} tokens (lengths {lengths.tolist()}), over the pack budget "
             f"max_tokens={max_tokens}", where="", column="input_ids", stage="collate",
-            fix=f"build batches with TokenBudgetBatchSampler(cost='packed', max_tokens={max_tokens}) or raise max_tokens",
+            fix=f"build batches with TokenBudgetBatchSampler(cost='packed', max_tokens={max_tokens}) or raise "
+                "max_tokens" + _ALONE * (n == 1),
         )
     n_img = int(b.image_offsets[-1])
     if max_images is not None and n_img > max_images:
         raise InputError(
             f"the {n} rows hold {n_img} images (per row {[len(x) for x in b.sample_to_image_indices]}), over the "
             f"pack budget max_images={max_images}", where="", column=b.fam.media.IMAGE_LAYOUT_COLUMN, stage="collate",
-            fix=f"build batches with TokenBudgetBatchSampler(max_images={max_images})",
+            fix=f"build batches with TokenBudgetBatchSampler(max_images={max_images})" + _ALONE * (n == 1),
         )
     holes = (b.attention_mask == 0) & valid
     if bool(holes.any()):

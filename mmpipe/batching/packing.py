@@ -62,7 +62,7 @@ from typing import Any, Optional, Sequence
 from mmpipe.batching.attention_layers import ModelLayers, check_packing
 from mmpipe.batching.checks import checked_records
 from mmpipe.batching.collate import batch_family, batch_state, collate_records, collator_family
-from mmpipe.batching.pack_batch import pack_batch, refuse_packing
+from mmpipe.batching.pack_batch import pack_batch, pack_budgets, refuse_packing
 from mmpipe.batching.text import pad_id
 from mmpipe.batching.unbatch import unbatch
 from mmpipe.images.spec import VisionSpec
@@ -105,12 +105,15 @@ def pack(
     vision_tokens: Optional[VisionTokens] = None,
     model: Any = None,
     allow_layout_only: bool = False,
+    oversize: str = "raise",
 ) -> PackedMultiModalInputs:
     """Pack encoded rows (``MultiModalInputs``, stored dicts or Arrow rows) into one sequence.
 
-    ``max_tokens`` / ``max_images``: the pack's budgets; a batch over either raises (group
-    rows with `mmpipe.batching.sampler.TokenBudgetBatchSampler(cost="packed")`, which never exceeds
-    them). Rows must be unpadded (attention_mask all ones), as ``mmpipe.encode`` stores them.
+    ``max_tokens`` / ``max_images``: the pack's budgets (integers >= 1 / >= 0, or None); a batch
+    over either raises (group rows with `mmpipe.batching.sampler.TokenBudgetBatchSampler(cost="packed")`,
+    which never exceeds them); ``oversize="alone"``: a pack of one row may be over them (the
+    sampler's ``oversize="alone"`` hands such a row out alone). Rows must be unpadded
+    (attention_mask all ones), as ``mmpipe.encode`` stores them.
     An image / video pad at a text position is refused as in collate (``vision_tokens``: the
     processor's by default, else the pads the rows' image blocks show). ``model``: the model the
     pack is for (or its config, or a ``config.json`` dict): its layers are checked
@@ -124,13 +127,14 @@ def pack(
     generic path), then the model's layers (`model_packing`); the rows collated right-padded,
     then the valid tokens end to end (`mmpipe.batching.pack_batch`).
     """
+    max_tokens, max_images = pack_budgets("pack", max_tokens, max_images, oversize)
     recs = checked_records(rows)
     fam, state = batch_state(recs, family, processor, spec=spec, vision_tokens=vision_tokens)
     refuse_packing("pack", fam, state.get("processor_class") or recs[0].processor_class)
     model_packing("pack", model, fam)
     b = collate_records(recs, fam, state, padding_side="right", pad_token_id=pad_id(processor, pad_token_id),
                         allow_layout_only=allow_layout_only)
-    return pack_batch(b, max_tokens, max_images)
+    return pack_batch(b, max_tokens, max_images, oversize)
 
 
 def to_padded(packed: PackedMultiModalInputs, padding_side: str = "right") -> BatchedMultiModalInputs:
@@ -184,22 +188,25 @@ class PackingCollator:
     and a ``model`` (a transformers model, its config or a ``config.json`` dict) with a layer
     type that does not keep packed rows apart (`mmpipe.batching.attention_layers`). Without
     ``model``, one warning per process says its layers were not checked. ``allow_layout_only``:
-    as in `pack` (layout-only rows are refused by default).
+    as in `pack` (layout-only rows are refused by default). ``oversize="alone"``: a batch of one
+    row may be over the budgets (pair it with ``TokenBudgetBatchSampler(oversize="alone")``).
     """
 
     def __init__(self, processor=None, *, model: Any = None, max_tokens: Optional[int] = None,
                  max_images: Optional[int] = None, family: Any = None, pad_token_id: Optional[int] = None,
-                 allow_layout_only: bool = False):
+                 allow_layout_only: bool = False, oversize: str = "raise"):
+        max_tokens, max_images = pack_budgets("PackingCollator", max_tokens, max_images, oversize)
         self.family, self.state = collator_family("PackingCollator", processor, family, packing=True)
         self.layers = model_packing("PackingCollator", model, self.family)
         self.pad_token_id = pad_id(processor, pad_token_id)
         self.max_tokens = max_tokens
         self.max_images = max_images
         self.allow_layout_only = bool(allow_layout_only)
+        self.oversize = oversize
 
     def __call__(self, rows: Sequence[Any]) -> PackedMultiModalInputs:
         recs = checked_records(rows)
         fam = batch_family(recs, self.family)
         b = collate_records(recs, fam, self.state, padding_side="right", pad_token_id=self.pad_token_id,
                             allow_layout_only=getattr(self, "allow_layout_only", False))
-        return pack_batch(b, self.max_tokens, self.max_images)
+        return pack_batch(b, self.max_tokens, self.max_images, getattr(self, "oversize", "raise"))
