@@ -73,6 +73,9 @@ def collate_episodes(episodes: Sequence[Episode], processor, *, agent_roles: Seq
 
     if not len(episodes):
         raise ArgumentError("collate_episodes got no episodes; pass the episodes of at least one question")
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+        raise ArgumentError(f"max_length must be a positive int (ReMA: prompt_length + response_length) or None, "
+                            f"found {max_length!r}")
     codec = processor if isinstance(processor, RoleCodec) else RoleCodec(processor)
     roles = tuple(agent_roles)
     fam = codec.fam

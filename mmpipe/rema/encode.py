@@ -24,6 +24,7 @@ from mmpipe.images.pixels import encode_image
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.rema.views import content_items, num_images
+from mmpipe.rollout.support import RolloutRefusal, check_rollout
 from mmpipe.records.rema import content_text
 from mmpipe.records.rema import RoleEncoding
 
@@ -42,6 +43,19 @@ class RoleCodec:
     def __init__(self, processor):
         enc = processor if isinstance(processor, Encoder) else Encoder(processor, labels=False)
         self.enc, self.fam, self.tok = enc, enc.family, enc.tokenizer
+        try:  # the views are multi-turn conversations laid out as patch grids (ReMA has no stage of its own)
+            check_rollout(self.fam, "multiturn")
+        except RolloutRefusal:
+            raise ArgumentError(
+                f"the ReMA rollout takes the patch-grid families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4.xV) or a "
+                f"text tokenizer; {type(processor).__name__} is of family {self.fam.name!r}, whose multi-turn "
+                "rows are not laid out here; use a patch-grid family's processor, or pass processor.tokenizer "
+                "for text-only questions"
+            ) from None
+        # a template that writes no end of turn after a reply (GLM-4.xV) gets the family's stop token
+        # appended to each reply, as LLaMA-Factory does: ReMA's target after a stopped response is EOS
+        rule = enc.stop_rule()
+        self.appended_stop = None if rule.written or not rule.token else rule.token
         specials = set(getattr(self.tok, "all_special_tokens", ()))
         self.special_ids = set(int(i) for i in getattr(self.tok, "all_special_ids", ()))
         # longest first, so "<|im_end|>" is removed before a shorter special it might contain
@@ -91,6 +105,8 @@ class RoleCodec:
             {"role": m["role"], "content": m["content"] if num_images(m["content"]) else content_text(m["content"])}
             for m in messages
         ]
+        if self.appended_stop:  # assistant contents are text (`encode` refuses images there)
+            msgs = [{**m, "content": m["content"] + self.appended_stop} if m["role"] == "assistant" else m for m in msgs]
         return self.enc.render(msgs, add_generation_prompt)
 
     # -- one view -------------------------------------------------------------------------
@@ -210,19 +226,43 @@ def encode_conversation(messages: Sequence[dict], processor, *, images: Sequence
         tok.decode(enc.input_ids[enc.labels != -100])    # '4<|im_end|>'
     """
     codec = RoleCodec(processor)
-    msgs = []
-    for k, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
-            raise ParseError("message", where=f"{where}, message {k}", stage="rollout", column="messages",
-                             expected="{'role': system|user|assistant, 'content': ...}", found=f"{m!r:.80}")
-        content = content_items(m.get("content") or "", f"{where}, message {k}", "messages")
-        msgs.append({"role": m["role"], "content": content})
+    msgs = _parse_messages(messages, where)
     n_items = sum(num_images(m["content"]) for m in msgs)
     if n_items != len(images):
         raise PlaceholderError(f"{n_items} image item(s) in the messages but {len(images)} image(s) given",
                                where=where, column="images", fix="give one image per item")
     return codec.encode(msgs, image_data=codec.encode_images(images, where), add_generation_prompt=add_generation_prompt,
                         finish_reasons=finish_reasons, where=where)
+
+
+def _parse_messages(messages, where: str) -> list[dict]:
+    """Messages -> normalised messages (`content_items`); `ParseError` (stage "rollout", column
+    "messages") for a value that is not a list of messages, a message without a known role or
+    without content (None is not an empty reply: pass ""), and a conversation whose first
+    non-system message is not the user's (a role's view starts [system,] user)."""
+    if not isinstance(messages, (list, tuple)):
+        raise ParseError("messages", where=where, stage="rollout", column="messages",
+                         expected="a list of {'role': ..., 'content': ...} dicts", found=type(messages).__name__,
+                         fix="pass the role's view as a list of chat messages")
+    msgs = []
+    for k, m in enumerate(messages):
+        at = f"{where}, message {k}"
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+            raise ParseError("message", where=at, stage="rollout", column="messages",
+                             expected="{'role': system|user|assistant, 'content': ...}", found=f"{m!r:.80}",
+                             fix="a role's own replies are 'assistant'; the other roles' turns reach it as 'user'")
+        if m.get("content") is None:
+            raise ParseError(f"{m['role']} message without content", where=at, stage="rollout", column="messages",
+                             expected="a string or a list of content items", found=f"{m!r:.80}",
+                             fix='give its text; an empty reply is content ""')
+        msgs.append({"role": m["role"], "content": content_items(m["content"], at, "messages")})
+    first = next((k for k, m in enumerate(msgs) if m["role"] != "system"), None)
+    if first is not None and msgs[first]["role"] != "user":
+        raise ParseError("the conversation starts with an assistant message", where=f"{where}, message {first}",
+                         stage="rollout", column="messages", expected="[system,] user, assistant, user, ...",
+                         found=f"{[m['role'] for m in msgs][:4]}",
+                         fix="put the message the role answers (the question) as a user message before its reply")
+    return msgs
 
 
 def response_text(token_ids: Sequence[int], processor) -> str:

@@ -35,9 +35,18 @@ FINISH_FLAG = None         # finish_reason: a finish role's response contained t
 MAX_TURNS = REACH_MAX_TURN  # finish_reason: max_num_turns rounds were played without the flag
 
 
-def _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns, finish_flag, codec):
+def _role_names(agent_roles) -> tuple:
+    """``agent_roles`` as a tuple; a string or a non-sequence is refused (a string would be read as
+    one role per character)."""
+    if isinstance(agent_roles, (str, bytes, Mapping)) or not hasattr(agent_roles, "__iter__"):
+        raise ArgumentError(f"agent_roles must be a list of role names in turn order, e.g. ['meta', 'reasoner'], "
+                            f"found {agent_roles!r:.80}")
+    return tuple(agent_roles)
+
+
+def _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns, finish_flag, codec, strip=()):
     """Validate the rollout's arguments (`ArgumentError`); returns the roles as a tuple."""
-    roles = tuple(agent_roles)
+    roles = _role_names(agent_roles)
     if not roles or len(set(roles)) != len(roles) or not all(isinstance(r, str) and r for r in roles):
         raise ArgumentError(f"agent_roles must be distinct non-empty strings, found {list(agent_roles)!r}")
     if PAD_ROLE in roles:
@@ -51,9 +60,13 @@ def _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns
     missing = [r for r in roles if r not in views]
     if missing:
         raise ArgumentError(f"views: no view for roles {missing}; give one per role (or views=None for ReMA's views)")
-    bad = [r for r in finish_roles if r not in roles]
-    if bad:
-        raise ArgumentError(f"finish_roles {bad} are not in agent_roles {list(roles)}")
+    for name, given in (("finish_roles", finish_roles), ("strip_finish_flag", strip)):
+        bad = [r for r in given if r not in roles]
+        if isinstance(given, str) or bad:
+            raise ArgumentError(f"{name} {list(bad or [given])} are not in agent_roles {list(roles)}; "
+                                "give a list of role names")
+    if finish_flag is not None and not isinstance(finish_flag, str):
+        raise ArgumentError(f"finish_flag must be a string (or None), found {type(finish_flag).__name__} {finish_flag!r:.40}")
     if finish_flag is not None and (not finish_flag or finish_flag in codec.special_strings):
         raise ArgumentError(
             f"finish_flag {finish_flag!r} must be non-empty plain text: special tokens are removed from responses "
@@ -68,8 +81,16 @@ def _per_role(value, roles, name, kind):
         missing = [r for r in roles if r not in value]
         if missing:
             raise ArgumentError(f"{name}: no entry for roles {missing}; give one {kind} per role, or a single one for all")
-        return {r: value[r] for r in roles}
-    return {r: value for r in roles}
+        out = {r: value[r] for r in roles}
+    else:
+        out = {r: value for r in roles}
+    if kind == "RolloutEngine":
+        bad = [r for r, e in out.items() if not callable(getattr(e, "generate", None))]
+        if bad:
+            raise ArgumentError(f"{name} for roles {bad} is {type(out[bad[0]]).__name__}, not a RolloutEngine; pass an "
+                                "engine with generate(rows, params) (e.g. mmpipe.rollout.TransformersEngine(model, "
+                                "processor)), or a mapping role -> engine")
+    return out
 
 
 def run_episodes(questions: Sequence, engine, processor, *, agent_roles: Sequence[str],
@@ -80,10 +101,11 @@ def run_episodes(questions: Sequence, engine, processor, *, agent_roles: Sequenc
                  stop_when_truncated: bool = False, strip_finish_flag: Sequence[str] = ()) -> list[Episode]:
     """The turn-taking loop: one `Episode` per question (see `rollout` for the arguments)."""
     codec = processor if isinstance(processor, RoleCodec) else RoleCodec(processor)
-    system_prompts = dict(system_prompts or {})
+    agent_roles, system_prompts = _role_names(agent_roles), dict(system_prompts or {})
     views = dict(views) if views is not None else rema_views(agent_roles)
     finish_roles = tuple(finish_roles) if finish_roles is not None else tuple(agent_roles[:1])
-    roles = _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns, finish_flag, codec)
+    roles = _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns, finish_flag, codec,
+                         strip_finish_flag)
     engines = _per_role(engine, roles, "engine", "RolloutEngine")
     params = _per_role(params, roles, "params", "SamplingParams")
     for r, p in params.items():
@@ -92,8 +114,9 @@ def run_episodes(questions: Sequence, engine, processor, *, agent_roles: Sequenc
                 f"params for role {r!r}: n={p.n}; a turn-taking rollout takes one completion per question per turn. "
                 "For groups (GRPO), repeat each question n times in `questions`"
             )
-    if not len(questions):
-        raise ArgumentError("questions is empty; pass at least one question")
+    if isinstance(questions, (str, bytes, Mapping)) or not hasattr(questions, "__len__") or not len(questions):
+        raise ArgumentError(f"questions must be a non-empty list of questions (strings or {{'question': ..., "
+                            f"'images': [...]}} dicts), found {questions!r:.80}")
     ctx = dict(roles=roles, views=views, system_prompts=system_prompts, codec=codec)
     episodes = _start_episodes(questions, codec)
     for turn in range(max_num_turns):
@@ -192,6 +215,7 @@ def _record_responses(active: list[Episode], gens: Sequence[Generation], role: s
         )
     flagged = set()
     for e, g in zip(active, gens):
+        _check_generation(g, e.index, role, turn)
         if len(g.completions) != 1:
             raise InputError(
                 f"{len(g.completions)} completions; expected exactly one (SamplingParams.n=1)",
@@ -208,6 +232,26 @@ def _record_responses(active: list[Episode], gens: Sequence[Generation], role: s
         if finish_flag is not None and finish_flag in text:
             flagged.add(e.index)
     return flagged
+
+
+def _check_generation(g, row: int, role: str, turn: int) -> None:
+    """One engine output: a `Generation` whose completions hold a list of token ids and a finish
+    reason string (`InputError` naming the row, role and turn otherwise)."""
+    comps = getattr(g, "completions", None)
+    bad = None if isinstance(comps, (list, tuple)) else f"{type(g).__name__} {g!r:.60}"
+    for c in comps if bad is None else ():
+        ids = getattr(c, "token_ids", None)
+        if not isinstance(ids, (list, tuple)) and not hasattr(ids, "tolist"):
+            bad = f"token_ids {ids!r:.60}"
+        elif not isinstance(getattr(c, "finish_reason", None), str):
+            bad = f"finish_reason {getattr(c, 'finish_reason', None)!r:.40}"
+    if bad is not None:
+        raise InputError(
+            "the engine's output is not a Generation of completions with token ids and a finish reason",
+            where=f"row {row}, role {role!r}, turn {turn}", row=row, stage="rollout",
+            expected="Generation(completions=[Completion(token_ids=[int...], finish_reason='stop'|'length'|...)])",
+            found=bad, fix="make the engine's generate(prompts, params) return mmpipe Generation objects",
+        )
 
 
 def rollout(questions: Sequence, engine, processor, *, agent_roles: Sequence[str], max_num_turns: int,

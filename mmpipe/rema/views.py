@@ -85,7 +85,15 @@ def question_items(q, idx: int) -> tuple[list[dict], tuple]:
                 expected="{'question': str | content list, 'images': [...]}", found=f"keys {sorted(q)}",
                 fix="give each question as a string or a dict with a 'question' key (and its 'images')",
             )
-        images = q.get("images") or ()
+        images = q.get("images")
+        if images is None:
+            images = ()
+        elif not isinstance(images, (list, tuple)):  # one image, not a list of them
+            raise ParseError(
+                "question images", where=where, row=idx, stage="rollout", column="images",
+                expected="a list of images (one per <image> / {'type': 'image'})", found=type(images).__name__,
+                fix="wrap a single image in a list: {'question': ..., 'images': [image]}",
+            )
         q = q["question"]
     if isinstance(q, str) and images:
         if q.count(IMAGE_PLACEHOLDER) != len(images):
