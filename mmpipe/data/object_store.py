@@ -27,12 +27,13 @@ s3fs reads (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Optional, Sequence, Union
 
 import pyarrow as pa
 
 from mmpipe.data.loading import READ_ERRORS, DamagedDatasetError
-from mmpipe.errors import ArgumentError
+from mmpipe.errors import ArgumentError, MMPipeError
 
 logger = logging.getLogger("mmpipe")
 
@@ -40,6 +41,39 @@ BAD_SHARD_POLICIES = ("raise", "skip")
 GLOB_CHARS = "*?["
 # reading errors that are not a damaged file (a missing object, no access, the network): raised as they are
 NOT_DAMAGE = (FileNotFoundError, PermissionError, ConnectionError, TimeoutError)
+# packages whose errors mean the network or the endpoint failed (after the filesystem's own retries)
+TRANSPORT_MODULES = ("aiohttp", "botocore", "aiobotocore", "urllib3", "requests", "http", "google", "gcsfs",
+                     "s3fs", "adlfs", "azure", "huggingface_hub")
+
+
+class ShardReadError(MMPipeError, ConnectionError):
+    """Reading a shard failed in the network or at the endpoint, after the filesystem's retries
+    (e.g. aiohttp's ``ClientPayloadError`` for a body cut off every time): ``shard`` its URL. Not
+    a damaged shard, so ``on_bad_shard="skip"`` does not skip it. A ``ConnectionError``."""
+
+    def __init__(self, shard: str, cause: Any = None, *, message: Optional[str] = None):
+        self.shard = shard
+        super().__init__(message or (
+            f"reading shard {shard!r} failed in the network or at the endpoint, after the filesystem's retries "
+            f"({type(cause).__name__}: {cause}); the shard is not known to be damaged: check the endpoint and "
+            "credentials, then resume from the last checkpoint, or raise the filesystem's retries "
+            "(s3fs.S3FileSystem.retries, default 5)"))
+
+    def __reduce__(self):  # picklable from DataLoader workers
+        return (_rebuild_read_error, (type(self), self.shard, str(self)))
+
+
+def _rebuild_read_error(cls, shard, message):
+    return cls(shard, message=message)
+
+
+def _check_damage(shard: str, e: BaseException) -> None:
+    """Raise ``e`` unless it says the bytes of ``shard`` are damaged: a network / endpoint failure
+    as `ShardReadError` naming the shard, a missing object or no access (or a bug) as it is."""
+    if isinstance(e, (ConnectionError, TimeoutError)) or type(e).__module__.split(".")[0] in TRANSPORT_MODULES:
+        raise ShardReadError(shard, e) from e
+    if isinstance(e, NOT_DAMAGE) or not isinstance(e, READ_ERRORS):
+        raise e
 
 
 def is_url(path: Any) -> bool:
@@ -79,20 +113,23 @@ def _full(fs, path: str) -> str:
     return fs.unstrip_protocol(path)
 
 
-def list_shards(data_files: Union[str, Sequence[str]], storage_options: Optional[dict] = None) -> list[str]:
-    """The parquet shard URLs of ``data_files`` (a URL, a folder / prefix, a glob, or a list of
-    those), sorted within each entry. Raises `ArgumentError` when an entry matches nothing."""
-    entries = [data_files] if isinstance(data_files, str) else list(data_files)
+def list_shards(data_files: Union[str, os.PathLike, Sequence], storage_options: Optional[dict] = None) -> list[str]:
+    """The parquet shard URLs of ``data_files`` (a URL or local path, a folder / prefix, a glob, or a
+    list of those), sorted within each entry. A path that exists is read as it is, glob characters
+    (``[``, ``*``, ``?``) in its name included. Raises `ArgumentError` when an entry matches nothing."""
+    entries = [data_files] if isinstance(data_files, (str, os.PathLike)) else data_files
+    if not isinstance(entries, (list, tuple)) or not entries or not all(isinstance(e, (str, os.PathLike))
+                                                                           for e in entries):
+        raise ArgumentError(f"data_files must be a shard URL or path, a folder, a glob or a non-empty list of those, "
+                            f"got {data_files!r}")
     out: list[str] = []
-    for entry in entries:
+    for entry in map(os.fspath, entries):
         fs, path = filesystem(entry, storage_options)
         fresh(fs, path)
-        if any(c in path for c in GLOB_CHARS):
-            found = sorted(fs.glob(path))
-        elif fs.isdir(path):
-            found = sorted(p for p in fs.find(path) if p.endswith(".parquet"))
-        elif fs.exists(path):
-            found = [path]
+        if fs.exists(path):
+            found = sorted(p for p in fs.find(path) if p.endswith(".parquet")) if fs.isdir(path) else [path]
+        elif any(c in path for c in GLOB_CHARS):  # a pattern: the files it matches (not the folders)
+            found = sorted(p for p, info in fs.glob(path, detail=True).items() if info.get("type") != "directory")
         else:
             found = []
         if not found:
@@ -126,8 +163,6 @@ def write_shards(ds, url: str, *, num_shards: int = 1, storage_options: Optional
 def open_table(data, storage_options: Optional[dict] = None) -> tuple[pa.Table, Any]:
     """What `mmpipe.validate_dataset` / `mmpipe.load_encoded` read: `read_table` for an object-store
     URL, `mmpipe.data.loading.load_table` for anything else (a ``file://`` URL as its path)."""
-    import os
-
     from mmpipe.data.loading import load_table
 
     if is_url(data):
@@ -143,8 +178,6 @@ def _local_shards(path: str) -> bool:
     """A local glob, or a local folder of ``.parquet`` shards that is no ``save_to_disk`` folder
     (what `write_shards` writes to a local path and `stream_encoded` reads): read as the same
     shards under an object-store URL are (`read_table`)."""
-    import os
-
     if any(c in path for c in GLOB_CHARS) and not os.path.exists(path):
         return True
     if not os.path.isdir(path) or any(os.path.exists(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
@@ -162,7 +195,7 @@ def read_table(url: str, storage_options: Optional[dict] = None) -> tuple[pa.Tab
 
     fs, path = filesystem(url, storage_options)
     fresh(fs, path)
-    is_glob = any(c in path for c in GLOB_CHARS)
+    is_glob = any(c in path for c in GLOB_CHARS) and not fs.exists(path)
     if not is_glob and not fs.exists(path):
         raise ArgumentError(f"data {url!r} does not exist (no object or prefix there; endpoint and credentials "
                             f"from storage_options or the environment): data must be {ACCEPTED}")
@@ -201,9 +234,8 @@ def _read_parquet(fs, path: str, url: str, start: int) -> pa.Table:
             for group in range(reader.num_row_groups):
                 parts.append(reader.read_row_group(group))
             return pa.concat_tables(parts) if parts else reader.schema_arrow.empty_table()
-    except NOT_DAMAGE:
-        raise
-    except READ_ERRORS as e:
+    except Exception as e:  # noqa: BLE001 - anything but damage is raised by _check_damage
+        _check_damage(url, e)
         n = sum(t.num_rows for t in parts)
         raise DamagedShardError(url, rows_read=n, row_group=group, cause=e, start=start) from e
 
@@ -276,9 +308,8 @@ def _shard_tables(shards: list, *, storage_options, on_bad_shard: str, errors: _
             fs = systems[proto]
             f = fs.open(fs._strip_protocol(shard), "rb")
             reader = pq.ParquetFile(f)
-        except NOT_DAMAGE:
-            raise
-        except READ_ERRORS as e:
+        except Exception as e:  # noqa: BLE001 - anything but damage is raised by _check_damage
+            _check_damage(shard, e)
             _bad_shard(DamagedShardError(shard, cause=e), e, on_bad_shard, errors)
             continue
         rows = 0
@@ -286,9 +317,8 @@ def _shard_tables(shards: list, *, storage_options, on_bad_shard: str, errors: _
             for group in range(reader.num_row_groups):
                 try:
                     table = reader.read_row_group(group)
-                except NOT_DAMAGE:
-                    raise
-                except READ_ERRORS as e:
+                except Exception as e:  # noqa: BLE001 - anything but damage is raised by _check_damage
+                    _check_damage(shard, e)
                     _bad_shard(DamagedShardError(shard, rows_read=rows, row_group=group, cause=e), e,
                                on_bad_shard, errors)
                     break
@@ -304,7 +334,7 @@ def _bad_shard(err: "DamagedShardError", cause: Exception, on_bad_shard: str, er
         errors.errors.append(err.record())
 
 
-def stream_encoded(data_files: Union[str, Sequence[str]], *, storage_options: Optional[dict] = None,
+def stream_encoded(data_files: Union[str, os.PathLike, Sequence], *, storage_options: Optional[dict] = None,
                    on_bad_shard: str = "raise", errors: Optional[list] = None, features=None):
     """Stream encoded parquet shards (local or any fsspec URL) as a ``datasets.IterableDataset``:
     one shard per ``num_shards`` unit (rank sharding, DataLoader workers), one row group in
@@ -315,16 +345,18 @@ def stream_encoded(data_files: Union[str, Sequence[str]], *, storage_options: Op
     ``features``). A shard that cannot be read raises `DamagedShardError` (``on_bad_shard=
     "raise"``) when the stream reaches it; ``"skip"`` leaves the rest of that shard out, logs a
     warning and appends ``{"shard", "row_group", "rows_read", "reason"}`` to ``errors`` (a list
-    in this process: each DataLoader worker fills its own copy).
+    in this process: each DataLoader worker fills its own copy, so pass a
+    ``multiprocessing.Manager().list()`` there). A read that fails in the network after the
+    filesystem's retries raises `ShardReadError` naming the shard (never skipped).
     """
     import datasets
     from datasets.iterable_dataset import ArrowExamplesIterable
 
+    from mmpipe.data.streaming import check_errors_sink
+
     if on_bad_shard not in BAD_SHARD_POLICIES:
         raise ArgumentError(f"on_bad_shard must be one of {BAD_SHARD_POLICIES}, got {on_bad_shard!r}")
-    if errors is not None and not isinstance(errors, list):
-        raise ArgumentError("errors must be a list (bad shards are appended to it) or None, "
-                            f"got {type(errors).__name__}")
+    check_errors_sink(errors, "bad shards")
     shards = list_shards(data_files, storage_options)
     if features is None:
         features = _first_features(shards, storage_options, on_bad_shard)
@@ -346,9 +378,8 @@ def _first_features(shards: list, storage_options, on_bad_shard: str):
         try:
             with fs.open(path, "rb") as f:
                 return datasets.Features.from_arrow_schema(pq.read_schema(f))
-        except NOT_DAMAGE:
-            raise
-        except READ_ERRORS as e:
+        except Exception as e:  # noqa: BLE001 - anything but damage is raised by _check_damage
+            _check_damage(shard, e)
             if on_bad_shard == "raise":
                 raise DamagedShardError(shard, cause=e) from e
     raise DamagedShardError(shards[-1], detail=f"none of the {len(shards)} shards can be read (the last: "

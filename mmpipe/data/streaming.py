@@ -51,12 +51,14 @@ resumes on any number of ranks).
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Optional, Sequence
 
 from mmpipe.errors import ArgumentError
 
+logger = logging.getLogger("mmpipe")
 STRATEGIES = ("auto", "shards", "examples")
 
 
@@ -76,7 +78,7 @@ def shard_for_rank(ds, rank: int, world_size: int, *, strategy: str = "auto", nu
     Args:
         ds: a raw (not yet encoded) ``datasets.IterableDataset``, or a ``datasets.Dataset``
             (its contiguous ``1/world_size`` block, then streamed with ``num_shards`` shards,
-            default 1; raise it for DataLoader workers).
+            default 1, at most one per row of the block; raise it for DataLoader workers).
         strategy: ``"shards"`` gives each rank whole shards (no row is read twice; ranks get
             unequal counts when ``ds.num_shards % world_size != 0``); ``"examples"`` keeps
             stream positions ``rank, rank + world_size, ...`` before anything else runs;
@@ -90,13 +92,12 @@ def shard_for_rank(ds, rank: int, world_size: int, *, strategy: str = "auto", nu
 
     if strategy not in STRATEGIES:
         raise ArgumentError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    if not 0 <= rank < world_size:
-        raise ArgumentError(f"rank must be in 0..{world_size - 1} for world_size={world_size}, got {rank}")
+    _check_rank(rank, world_size)
     if isinstance(ds, datasets.Dataset):
-        part = split_dataset_by_node(ds, rank=rank, world_size=world_size)
-        return part.to_iterable_dataset(num_shards=num_shards or 1)
+        return _rank_block(ds, rank, world_size, num_shards)
     if not isinstance(ds, datasets.IterableDataset):
-        raise TypeError(f"expected a datasets.Dataset or IterableDataset, found {type(ds).__name__}")
+        raise ArgumentError(f"ds must be a datasets.Dataset or IterableDataset, found {type(ds).__name__}: "
+                            "load it with datasets.load_dataset(..., streaming=True)")
     if num_shards is not None:
         raise ArgumentError("num_shards applies to a map-style Dataset; an IterableDataset keeps its own shards")
     n = ds.num_shards
@@ -110,7 +111,36 @@ def shard_for_rank(ds, rank: int, world_size: int, *, strategy: str = "auto", nu
     # Keep this rank's positions on undecoded rows: a filter on decoded rows would decode
     # every image on every rank. (A stream with unknown features decodes nothing itself.)
     undecoded = ds.decode(False) if ds.features is not None else ds
-    return undecoded.filter(_KeepEvery(world_size, rank), with_indices=True, batched=True)
+    # batches of world_size rows: the rank's first row comes after world_size rows are read, not
+    # after datasets' default 1,000 (raw rows, images included, held at once on every rank)
+    return undecoded.filter(_KeepEvery(world_size, rank), with_indices=True, batched=True, batch_size=world_size)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_rank(rank, world_size) -> None:
+    if not _is_int(world_size) or world_size < 1:
+        raise ArgumentError(f"world_size must be an int >= 1 (the number of ranks), got {world_size!r}")
+    if not _is_int(rank) or not 0 <= rank < world_size:
+        raise ArgumentError(f"rank must be in 0..{world_size - 1} for world_size={world_size} (an int), got {rank!r}")
+
+
+def _rank_block(ds, rank: int, world_size: int, num_shards: Optional[int]):
+    """Rank ``rank``'s contiguous block of the map-style ``ds``, streamed with ``num_shards``
+    shards (at most one per row of the block)."""
+    from datasets.distributed import split_dataset_by_node
+
+    if num_shards is not None and (not _is_int(num_shards) or num_shards < 1):
+        raise ArgumentError(f"num_shards must be an int >= 1 (the stream's shards, for DataLoader workers), "
+                            f"got {num_shards!r}")
+    if len(ds) < world_size:
+        raise ArgumentError(f"the dataset has {len(ds)} rows for world_size={world_size}: ranks {len(ds)}.."
+                            f"{world_size - 1} would read none (and wait at the first collective); use at most "
+                            f"{len(ds)} ranks or more data")
+    part = split_dataset_by_node(ds, rank=rank, world_size=world_size)
+    return part.to_iterable_dataset(num_shards=min(num_shards or 1, len(part)))
 
 
 def epoch_shuffle(ds, *, seed: int, buffer_size: int = 1000, num_workers: int = 0):
@@ -127,26 +157,79 @@ def epoch_shuffle(ds, *, seed: int, buffer_size: int = 1000, num_workers: int = 
 
 
 class _DropFailed:
-    """Batched ``filter`` function over `ERROR_COLUMN`: keep the encoded rows; each failed row is
-    logged (a warning: seen from any DataLoader worker) and its ``{"row", "stage", "column",
-    "reason"}`` appended to ``errors`` (a list in this process, when given)."""
+    """Batched ``filter`` function over `ERROR_COLUMN` (and ``names``, the kept input columns):
+    keep the encoded rows; each failed row is logged (a warning: seen from any DataLoader worker)
+    and its ``{"row", "stage", "column", "reason"}`` appended to ``errors`` when given, plus
+    ``"worker"`` (the DataLoader worker whose stream ``row`` counts in) and ``"keep"`` (the row's
+    ``keep_columns`` values, e.g. its id)."""
 
-    def __init__(self, errors: Optional[list]):
+    def __init__(self, errors, names: Sequence[str] = ()):
         self.errors = errors
+        self.names = list(names)
+        self._told = False
 
-    def __call__(self, marks: list) -> list[bool]:
+    def __call__(self, marks: list, *kept: list) -> list[bool]:
         import json
-        import logging
 
-        for x in marks:
+        worker = _worker_id()
+        for i, x in enumerate(marks):
             if x:
                 rec = json.loads(x)
-                logging.getLogger("mmpipe").warning("mmpipe.encode_stream skipped row %s (stage %s, column %s): %s",
-                                                    rec.get("row"), rec.get("stage"), rec.get("column"),
-                                                    rec.get("reason"))
-                if self.errors is not None:
-                    self.errors.append(rec)
+                if worker is not None:
+                    rec["worker"] = worker
+                if self.names:
+                    rec["keep"] = {c: values[i] for c, values in zip(self.names, kept)}
+                where = "" if worker is None else f" of DataLoader worker {worker}'s stream"
+                logger.warning("mmpipe.encode_stream skipped row %s%s %s(stage %s, column %s): %s", rec.get("row"),
+                               where, "".join(f"{k}={v!r} " for k, v in rec.get("keep", {}).items()),
+                               rec.get("stage"), rec.get("column"), rec.get("reason"))
+                self._record(rec, worker)
         return [not x for x in marks]
+
+    def _record(self, rec: dict, worker: Optional[int]) -> None:
+        if self.errors is None:
+            return
+        if worker is not None and type(self.errors) is list and not self._told:
+            self._told = True  # a worker's copy of a plain list: the caller's list never sees it
+            logger.warning("mmpipe.encode_stream: errors= is a plain list, which DataLoader worker %s only "
+                           "copies; pass errors=multiprocessing.Manager().list() to collect the skipped rows "
+                           "of every worker", worker)
+        self.errors.append(rec)
+
+
+def _worker_id() -> Optional[int]:
+    """The torch DataLoader worker running this code, None in the main process."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    info = torch.utils.data.get_worker_info() if torch is not None else None
+    return None if info is None else info.id
+
+
+def check_errors_sink(errors, what: str) -> None:
+    """``errors`` must be None or a list-like with ``append`` (a list, or a
+    ``multiprocessing.Manager().list()`` that DataLoader workers share)."""
+    if errors is not None and (isinstance(errors, (str, bytes)) or not callable(getattr(errors, "append", None))):
+        raise ArgumentError(f"errors must be a list ({what} are appended to it; multiprocessing.Manager().list() "
+                            f"to collect them from DataLoader workers) or None, got {type(errors).__name__}")
+
+
+def _check_stream(ds, batch_size, keep_columns) -> None:
+    import datasets
+
+    if not isinstance(ds, datasets.IterableDataset):
+        fix = ("stream it with ds.to_iterable_dataset(num_shards=...) or shard_for_rank(ds, rank, world_size), "
+               "or encode it whole with mmpipe.encode_dataset") if isinstance(ds, datasets.Dataset) else \
+              "load it with datasets.load_dataset(..., streaming=True) or IterableDataset.from_generator"
+        raise ArgumentError(f"encode_stream needs a datasets.IterableDataset, got {type(ds).__name__}: {fix}")
+    if not _is_int(batch_size) or batch_size < 1:  # datasets reads the WHOLE stream as one batch for <= 0 / None
+        raise ArgumentError(f"batch_size must be an int >= 1 (rows encoded per call), got {batch_size!r}")
+    if isinstance(keep_columns, str) or not all(isinstance(c, str) for c in keep_columns):
+        raise ArgumentError(f"keep_columns must be a list of column names, got {keep_columns!r}")
+    known = ds.features
+    missing = [c for c in keep_columns if known is not None and c not in known]
+    if missing:
+        raise ArgumentError(f"keep_columns {missing} are not columns of the stream (its columns: {list(known)})")
 
 
 def undecoded_stream(ds):
@@ -173,9 +256,14 @@ def encode_stream(ds, processor, *, batch_size: int = 64, keep_columns: Sequence
 
     ``truncation="drop"`` leaves over-long rows out of the stream. ``on_error="skip"`` leaves
     failed rows out of the stream too, each logged as a warning and its ``{"row", "stage",
-    "column", "reason"}`` appended to ``errors`` when a list is given (this process's rows: with
-    DataLoader workers, each worker fills its own copy, so read the warnings). The row index in
-    error messages is the position in this process's stream (a rank's, a DataLoader worker's).
+    "column", "reason"}`` appended to ``errors`` when a list is given. The row index is the
+    position in this process's stream (a rank's, a DataLoader worker's: ``"worker"`` in the
+    record), so keep an id column (``keep_columns=["id"]``: the record's ``"keep"``) to find the
+    row. With DataLoader workers a plain list is each worker's own copy: pass
+    ``errors=multiprocessing.Manager().list()`` to collect every worker's records.
+
+    Raises `ArgumentError` for a ``ds`` that is no ``IterableDataset``, ``batch_size < 1`` (which
+    ``datasets`` would read as "the whole stream in one batch") and unknown ``keep_columns``.
     """
     import datasets
 
@@ -183,9 +271,8 @@ def encode_stream(ds, processor, *, batch_size: int = 64, keep_columns: Sequence
     from mmpipe.records.columns import ERROR_COLUMN
     from mmpipe.records.row import MultiModalInputs
 
-    if errors is not None and not isinstance(errors, list):
-        raise ArgumentError("errors must be a list (failed rows are appended to it) or None, "
-                            f"got {type(errors).__name__}")
+    check_errors_sink(errors, "failed rows")
+    _check_stream(ds, batch_size, keep_columns)
     enc = make_encoder(processor, **options)  # the options checked now; the family's kind and pixel format
     skip = enc.on_error == "skip"
     ds = undecoded_stream(ds)
@@ -209,7 +296,8 @@ def encode_stream(ds, processor, *, batch_size: int = 64, keep_columns: Sequence
     mapped = ds.map(encode, fn_kwargs={"processor": processor, **options}, batched=True, batch_size=batch_size,
                     with_indices=True, features=features)
     if skip:  # failed rows: out of the stream, logged and counted (never an empty row the Collator takes)
-        mapped = mapped.filter(_DropFailed(errors), input_columns=[ERROR_COLUMN], batched=True,
+        names = [c for c in keep_columns if c not in enc.empty_row_dict() and c != ERROR_COLUMN]
+        mapped = mapped.filter(_DropFailed(errors, names), input_columns=[ERROR_COLUMN, *names], batched=True,
                                batch_size=batch_size)
     return mapped.select_columns(out_columns)
 
