@@ -5,7 +5,7 @@
     mmpipe encode rows.jsonl --processor /models/Qwen2.5-VL-3B-Instruct --out enc/ --num-proc 4
     mmpipe encode data.parquet --processor testing:qwen2_vl --out enc/ --max-length 2048 --truncation drop
 
-Inputs (`load_raw`):
+Inputs (`load_raw`; one that cannot be read, e.g. a line that is not a JSON object, is named):
 
 - ``.jsonl`` / ``.json`` (JSON lines or one JSON list): rows in any format `mmpipe.encode`
   accepts. Images are paths, relative to the file's directory or absolute, ``file://`` paths
@@ -23,17 +23,16 @@ outside ``--image-root`` is reported with its row before any pixel is decoded (u
 ``--on-error skip``: recorded in the report with that reason). A saved dataset is encoded as is
 (bytes or absolute paths).
 
-The processor (`load_processor`) is a saved processor or model directory
-(``AutoProcessor.from_pretrained``, offline), or ``testing:FAMILY`` for the offline test
-processors of `mmpipe.offline`. Rows are encoded by `mmpipe.encode_dataset` (progress bar
-from ``datasets.map``), saved with ``save_to_disk``, and the run is recorded next to the
-data in ``mmpipe_encode.json`` (input, processor, options, rows in/out, dropped rows by
-reason), which ``mmpipe inspect`` reads.
+The processor (`load_processor`): a saved processor or model directory (offline), or ``testing:FAMILY``.
+Rows are encoded by `mmpipe.encode_dataset`, saved next to ``--out`` and moved there when complete
+(a failed or interrupted run leaves ``--out`` as it was) with the run record ``mmpipe_encode.json``
+(input, processor, options, rows in/out, dropped rows by reason) that ``mmpipe inspect`` reads.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -84,29 +83,100 @@ def input_format(path: Path) -> str:
 
 
 def load_raw(path: Path, *, split: Optional[str] = None, cache_dir: Optional[str] = None):
-    """The raw rows of ``path`` as a ``datasets.Dataset`` (see the module docstring)."""
+    """The raw rows of ``path`` as a ``datasets.Dataset`` (see the module docstring); `CLIError`
+    when it cannot be read (a JSON line that is not a row names its line), holds no rows or is
+    encoded already."""
     import datasets
 
     fmt = input_format(path)
     if fmt == "saved":
-        ds = datasets.load_from_disk(str(path))
-        if isinstance(ds, datasets.DatasetDict):
-            if split is None:
-                if len(ds) != 1:
-                    raise CLIError(f"input {str(path)!r} holds splits {sorted(ds)}; pick one with --split")
-                split = next(iter(ds))
-            if split not in ds:
-                raise CLIError(f"input {str(path)!r} has no split {split!r}; it holds {sorted(ds)}")
-            ds = ds[split]
-        return ds
-    builder = "json" if fmt == "json" else "parquet"
+        ds = _load_saved(path, split)
+    elif split not in (None, "train"):
+        raise CLIError(f"--split {split!r}: a .jsonl/.json/.parquet file is one split (omit --split)")
+    else:
+        builder = "json" if fmt == "json" else "parquet"
+        verbosity = datasets.logging.get_verbosity()
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its "Failed to load JSON" line repeats ours
+        try:
+            ds = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache_dir)
+        except Exception as e:  # noqa: BLE001 - a parse error becomes one clear message
+            cause = e.__cause__ or e
+            where = (_json_problem(path) if fmt == "json" else None) or (
+                "it holds no rows" if "corresponds to no data" in str(cause) else None)
+            if where:
+                raise CLIError(f"cannot read {str(path)!r}: {where}") from None
+            raise CLIError(f"cannot read {str(path)!r} as {builder}: {type(cause).__name__}: {str(cause)[:400]}; "
+                           "every row must have the same column types (e.g. message contents all lists "
+                           "or all strings)") from None
+        finally:
+            datasets.logging.set_verbosity(verbosity)
+    if not len(ds):
+        raise CLIError(f"input {str(path)!r} holds no rows; nothing to encode")
+    cols = set(ds.column_names)
+    if {"input_ids", "family"} <= cols and not cols & {"messages", "prompt", "conversations"}:
+        raise CLIError(f"input {str(path)!r} is already encoded (columns input_ids, family); use it as is "
+                       f"(mmpipe inspect {path}), or encode the raw rows it was made from")
+    return ds
+
+
+def _load_saved(path: Path, split: Optional[str]):
+    """One split of the ``save_to_disk`` directory ``path``."""
+    import datasets
+
     try:
-        return datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache_dir)
-    except Exception as e:  # noqa: BLE001 - a parse error becomes one clear message
-        cause = e.__cause__ or e
-        raise CLIError(f"cannot read {str(path)!r} as {builder}: {type(cause).__name__}: {str(cause)[:400]}; "
-                       "every row must have the same column types (e.g. message contents all lists "
-                       "or all strings)") from None
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:  # noqa: BLE001 - a damaged or empty save: one line, not a traceback
+        raise CLIError(f"cannot read the saved dataset {str(path)!r} ({type(e).__name__}: {str(e)[:200]}); "
+                       "re-save it with Dataset.save_to_disk") from None
+    if isinstance(ds, datasets.DatasetDict):
+        split = next(iter(ds)) if split is None and len(ds) == 1 else split
+        if split not in ds:
+            raise CLIError(f"input {str(path)!r} holds splits {sorted(ds)}" + (f", no split {split!r}" if split else "")
+                           + "; pick one with --split")
+        ds = ds[split]
+    elif split is not None:
+        raise CLIError(f"--split {split!r}: {str(path)!r} is one Dataset, not a DatasetDict (omit --split)")
+    return ds
+
+
+_JSON_KIND = {"list": "array", "str": "string", "NoneType": "null", "bool": "boolean"}  # .get(.., "number")
+
+
+def _json_problem(path: Path) -> Optional[str]:
+    """Why a .jsonl/.json file is not rows: no rows, the first line (1-based) that is not UTF-8 JSON or not
+    an object, the first item of a JSON list that is not an object; None: none found (the reader's message)."""
+    with open(path, "rb") as f:
+        if f.read(4096).lstrip(b"\xef\xbb\xbf").strip()[:1] == b"[":  # one JSON list of rows
+            try:
+                rows = json.loads(path.read_text(encoding="utf-8-sig"))
+            except ValueError as e:
+                return f"it is not valid JSON ({e}); write one JSON list of row objects, or one object per line"
+            bad = [i for i, r in enumerate(rows) if not isinstance(r, dict)][:1] if isinstance(rows, list) else []
+            kind = _JSON_KIND.get(type(rows[bad[0]]).__name__, "number") if bad else None
+            return f"item {bad[0]} of its JSON list is a {kind}, not a row object" if bad else None
+        f.seek(0)
+        n_rows = 0
+        for n, raw in enumerate(f, 1):
+            shown = repr(raw[:80].decode("utf-8", "replace").strip())
+            try:
+                value = json.loads(raw.decode("utf-8").lstrip("\ufeff")) if raw.strip() else {}
+            except ValueError as e:  # UnicodeDecodeError too
+                if not n_rows and _parses_whole(path):  # one pretty-printed object, not JSON lines
+                    return None
+                why = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else f"not UTF-8: {e.reason}"
+                return f"line {n} is not valid JSON ({why}): {shown}; each line must be one JSON object"
+            if not isinstance(value, dict):
+                kind = _JSON_KIND.get(type(value).__name__, "number")
+                return f"line {n} holds a JSON {kind}, not an object: {shown}; each line must be one row"
+            n_rows += bool(raw.strip())
+    return None if n_rows else "it holds no rows (the file is empty or blank)"
+
+
+def _parses_whole(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text(encoding="utf-8-sig")) is not None
+    except ValueError:
+        return False
 
 
 # ---- the command -------------------------------------------------------------------------
@@ -145,10 +215,9 @@ def encode_options(args) -> dict:
 
 
 def run_encode(args) -> int:
-    """``mmpipe encode``; returns the exit status (0 ok, 1 a row failed, 2 bad arguments).
-
-    The steps: check the paths (`check_out_dir`), load the processor, encode and save
-    (`encode_to_disk`), write the run record (`run_record`) next to the data."""
+    """``mmpipe encode``; returns the exit status (0 ok, 1 a row failed, 2 bad arguments). The steps:
+    check the paths (`check_out_dir`; numbers: `mmpipe.cli.main.check_numbers`), load the processor, encode
+    into a staging directory (`staging_dir`, `encode_to_disk`), add the run record and move it (`publish`)."""
     import datasets
 
     import mmpipe
@@ -161,12 +230,15 @@ def run_encode(args) -> int:
     if args.quiet:
         datasets.disable_progress_bars()
     options = encode_options(args)  # before the processor loads: a bad --image-root fails fast
-    processor = load_processor(args.processor)
-    fam = mmpipe.families.resolve_family(processor)  # the generic path's processors too
-    report = encode_to_disk(args, src, fmt, out, processor, options)
-    seconds = time.perf_counter() - t0
-    record = run_record(args, src, fmt, fam.name, options, report, seconds)
-    (out / REPORT_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    staging = staging_dir(out.resolve())  # (a symlink's target) an unwritable --out fails before any row
+    try:
+        processor = load_processor(args.processor)
+        fam = mmpipe.families.resolve_family(processor)  # the generic path's processors too
+        report = encode_to_disk(args, src, fmt, staging, processor, options)
+        seconds = time.perf_counter() - t0
+        publish(staging, out.resolve(), run_record(args, src, fmt, fam.name, options, report, seconds))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     print(f"{report}")
     print(f"saved to {out} ({dir_bytes(out) / 1e6:.2f} MB, family {fam.name}, pixels {options['pixels']}) "
           f"in {seconds:.1f} s; look at it with: mmpipe inspect {out}")
@@ -174,21 +246,59 @@ def run_encode(args) -> int:
 
 
 def check_out_dir(out: Path, src: Path, *, overwrite: bool) -> None:
-    """``--out`` must be new, empty, or (with ``--overwrite``) a saved dataset, and not the input."""
+    """``--out`` must be new, empty, or (with ``--overwrite``) a saved dataset, and neither the
+    input nor a directory holding it."""
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {str(out)!r} is a file, not a directory; pass a directory to save the dataset to")
     if out.exists() and any(out.iterdir()):
         if not overwrite:
             raise CLIError(f"--out {str(out)!r} exists and is not empty; pass --overwrite or another directory")
         if not any((out / f).is_file() for f in ("state.json", "dataset_dict.json", REPORT_FILE)):
             raise CLIError(f"--out {str(out)!r} is not a saved dataset; --overwrite only replaces one "
                            "(refusing to delete another directory)")
+        if out.resolve() in src.resolve().parents:
+            raise CLIError(f"--out {str(out)!r} holds the input {str(src)!r}; --overwrite would delete it: "
+                           "pick another --out")
     if out.resolve() == src.resolve():
         raise CLIError("--out must differ from the input")
 
 
+def staging_dir(out: Path) -> Path:
+    """A new empty directory next to ``out`` that the run saves into (`publish` moves it to ``out``)."""
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"  # mkdir: the umask's mode, as save_to_disk's
+    try:
+        shutil.rmtree(staging, ignore_errors=True)  # left by a killed run of the same process id
+        staging.mkdir(parents=True)
+        return staging
+    except OSError as e:
+        raise write_failed(out, e, "cannot write there") from None
+
+
+def write_failed(out: Path, error: OSError, what: str = "writing the dataset failed") -> CLIError:
+    """An OSError writing ``--out`` (unwritable, disk full) -> `CLIError`; ``--out`` is left as it was."""
+    return CLIError(f"--out {str(out)!r}: {what} ({type(error).__name__}: {error}); --out was left as it was: "
+                    "free some space or pick a directory you can write to")
+
+
+def publish(staging: Path, out: Path, record: dict) -> None:
+    """Write the run ``record`` into ``staging``, move it to ``out``; an old dataset there goes last."""
+    old = staging.with_name(staging.name + "-old")
+    try:
+        (staging / REPORT_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        if out.is_dir() and any(out.iterdir()):
+            os.replace(out, old)
+        os.replace(staging, out)  # onto a missing or empty directory
+    except OSError as e:
+        if old.exists() and not out.exists():
+            os.replace(old, out)
+        raise write_failed(out, e) from None
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def encode_to_disk(args, src: Path, fmt: str, out: Path, processor, options: dict):
     """Load the raw rows, resolve their images, encode (`mmpipe.encode_dataset`) and save
-    to ``out``; returns the `EncodeReport`. Intermediate Arrow files go to a temporary
-    directory (never next to the user's input): only the saved result stays."""
+    to ``out`` (a new or empty directory); returns the `EncodeReport`. Intermediate Arrow files
+    go to a temporary directory (never next to the user's input): only the saved result stays."""
     import datasets
 
     import mmpipe
@@ -217,9 +327,10 @@ def encode_to_disk(args, src: Path, fmt: str, out: Path, processor, options: dic
                 raise CLIError(("--keep-columns: " if "keep_columns" in str(e) else "") + str(e)) from None
             report.errors = explain_failures(report.errors, unresolved)
             options.setdefault("pixels", mmpipe.records.columns.stored_pixel_format(enc.column_names))
-            if out.exists() and args.overwrite:
-                shutil.rmtree(out)
-            enc.save_to_disk(str(out), num_proc=num_proc)
+            try:
+                enc.save_to_disk(str(out), num_proc=num_proc)
+            except OSError as e:  # disk full, a read-only file system, ...
+                raise write_failed(Path(args.out), e) from None
     finally:
         if caching:
             datasets.enable_caching()
@@ -232,18 +343,11 @@ def run_record(args, src: Path, fmt: str, family: str, options: dict, report, se
     import mmpipe
 
     return {
-        "input": str(src.resolve()),
-        "input_format": fmt,
-        "processor": args.processor,
-        "family": family,
-        "options": options,
-        "rows_in": report.rows_in,
-        "rows_out": report.rows_out,
-        "dropped": report.dropped,
+        "input": str(src.resolve()), "input_format": fmt, "processor": args.processor, "family": family,
+        "options": options, "rows_in": report.rows_in, "rows_out": report.rows_out, "dropped": report.dropped,
         "errors": list(getattr(report, "errors", None) or []),  # {"row", "stage", "column", "reason"}
         "keep_columns": list(getattr(args, "keep_columns", [])),  # input columns kept next to the encoded ones
-        "seconds": round(seconds, 3),
-        "mmpipe_version": mmpipe.__version__,
+        "seconds": round(seconds, 3), "mmpipe_version": mmpipe.__version__,
     }
 
 

@@ -261,9 +261,14 @@ def _run_record(path: Path) -> Optional[dict]:
     if not report_file.is_file():
         return None
     try:
-        return json.loads(report_file.read_text())
+        record = json.loads(report_file.read_text())
     except ValueError:
         return {"error": f"{REPORT_FILE} is not valid JSON"}
+    if not isinstance(record, dict) or not isinstance(record.get("dropped") or {}, dict) or not isinstance(
+            record.get("errors") or [], list):  # edited by hand or by another tool: say so, do not crash
+        return {"error": f"{REPORT_FILE} is not the run record `mmpipe encode` writes (a JSON object with "
+                         "'dropped' {reason: count} and 'errors' [...]); re-encode to get one"}
+    return record
 
 
 # ---- text output -------------------------------------------------------------------------

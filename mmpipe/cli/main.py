@@ -9,7 +9,7 @@
 encoded rows saved with ``save_to_disk`` (`mmpipe.cli.encode`); ``inspect`` prints the counts
 and histograms of an encoded dataset (`mmpipe.cli.inspect`); ``demo`` runs `mmpipe.cli.demo`.
 Errors in the arguments or the input exit with status 2 and one line saying what to fix; a
-row that fails to encode exits with status 1 and names the row.
+row that fails to encode exits with status 1 and names the row; Ctrl-C exits with 130 (``--out`` untouched).
 
     mmpipe judge ping --base-url http://localhost:8000/v1 --model Qwen/Qwen3-VL-8B-Instruct \\
         --image frame.png [--task "stack the red cube on the green cube"] [--primitive grasp]
@@ -116,12 +116,60 @@ def _ping(args: argparse.Namespace) -> int:
     return 0 if result.valid else 1
 
 
+# numeric flag of encode / inspect -> (smallest value, what to do instead)
+NUMBER_FLAGS = {
+    "num_proc": (1, "omit it to encode in this process"), "batch_size": (1, "omit it for the default"),
+    "max_length": (1, "omit it for no token budget"), "limit": (1, "omit it to encode every row"),
+    "min_pixels": (1, "omit it to keep the processor's min_pixels"),
+    "max_pixels": (1, "omit it to keep the processor's max_pixels"), "bins": (1, "e.g. --bins 10"),
+}
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Numeric flags out of range -> `CLIError` naming the flag and the fix, before any work
+    (``--batch-size 0`` would map the whole dataset as one batch, ``--num-proc 0`` / ``--max-pixels 0``
+    would be ignored, ``--bins 0`` would divide by zero)."""
+    from mmpipe.cli.encode import CLIError
+
+    for name, (low, fix) in NUMBER_FLAGS.items():
+        value = getattr(args, name, None)
+        if value is not None and value < low:
+            raise CLIError(f"--{name.replace('_', '-')} must be >= {low}, got {value}; {fix}")
+    lo, hi = getattr(args, "min_pixels", None), getattr(args, "max_pixels", None)
+    if lo is not None and hi is not None and lo > hi:
+        raise CLIError(f"--min-pixels {lo} is more than --max-pixels {hi}; give min <= max")
+
+
+def _interrupted(error: BaseException) -> bool:
+    """Ctrl-C, or an error raised while handling it (``datasets.map(num_proc=...)``'s pool
+    raises a TimeoutError from its cleanup)."""
+    while error is not None:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        error = error.__context__
+    return False
+
+
 def _run_data_command(args: argparse.Namespace) -> int:
+    """encode / inspect / validate: a user error is one line on stderr (2), a row error names the
+    row (1), Ctrl-C says what was left (130), never a traceback."""
+    try:
+        return _dispatch(args)
+    except BaseException as e:  # noqa: BLE001 - re-raised unless it is Ctrl-C
+        if not _interrupted(e):
+            raise
+        left = "; --out was left as it was (nothing saved)" if args.command == "encode" else ""
+        print(f"\nmmpipe {args.command}: interrupted{left}", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     from mmpipe.cli.encode import CLIError, run_encode
     from mmpipe.cli.inspect import run_inspect
     from mmpipe.cli.validate import run_validate
 
     try:
+        check_numbers(args)
         return {"encode": run_encode, "inspect": run_inspect, "validate": run_validate}[args.command](args)
     except CLIError as e:
         print(f"mmpipe {args.command}: {e}", file=sys.stderr)
@@ -132,6 +180,8 @@ def _run_data_command(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (ValueError, TypeError, KeyError) as e:  # a row that cannot be encoded names itself
+        if _interrupted(e):
+            raise
         hint = ""
         if args.command == "encode" and getattr(args, "on_error", None) == "raise":
             hint = " (pass --on-error skip to leave failing rows out and list them in the report)"

@@ -4,17 +4,23 @@
 
     mmpipe validate enc/                              # schema + every row; exit 1 on an error
     mmpipe validate enc/ --processor testing:gemma3   # tiled rows: + tile and token counts
+    mmpipe validate enc/ --json                       # one JSON object: ok, counts, every issue
 
 Prints the `mmpipe.data.report.ValidationReport` (one line per problem: column, rows, fix).
 Exit status: 0 clean (warnings allowed), 1 errors, 2 bad arguments (no such dataset, a
-processor that does not load).
+processor that does not load, raw rows that were never encoded).
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+
 from mmpipe.cli.encode import CLIError, load_processor
 
 __all__ = ["add_validate_parser", "run_validate"]
+
+RAW_COLUMNS = ("messages", "prompt", "conversations")  # a raw row's chat column (`mmpipe.encode` parses them)
 
 
 def run_validate(args) -> int:
@@ -30,8 +36,27 @@ def run_validate(args) -> int:
         report = validate_dataset(args.path, processor=processor, positions=not args.no_positions)
     except ArgumentError as e:
         raise CLIError(str(e)) from None
-    print(report)
+    except json.JSONDecodeError as e:  # a damaged state.json / dataset_info.json
+        raise CLIError(f"{args.path!r}: a metadata file of the saved dataset (state.json, dataset_info.json) is "
+                       f"not valid JSON ({e}); re-save the dataset with Dataset.save_to_disk") from None
+    missing = {i.column for i in report.issues if i.kind == "missing_column" and i.severity == "error"}
+    raw = [i.column for i in report.issues if i.kind == "extra_column" and i.column in RAW_COLUMNS]
+    if "input_ids" in missing and raw:
+        raise CLIError(f"{args.path!r} holds raw rows (column {raw[0]!r}), not encoded ones; encode them first: "
+                       f"mmpipe encode {args.path} --processor DIR --out ENC, then mmpipe validate ENC")
+    if getattr(args, "json", False):
+        print(json.dumps({"path": str(args.path), "ok": report.ok, "num_rows": report.num_rows,
+                          "pixel_format": report.pixel_format, "labels": report.labels,
+                          "errors": len(report.errors), "warnings": len(report.warnings),
+                          "issues": [asdict(i) for i in report.issues]}, indent=2, default=_plain))
+    else:
+        print(report)
     return 0 if report.ok else 1
+
+
+def _plain(value):
+    """numpy scalars (row indexes) as Python numbers; anything else as its text."""
+    return value.item() if hasattr(value, "item") else str(value)
 
 
 def add_validate_parser(sub) -> None:
@@ -42,3 +67,4 @@ def add_validate_parser(sub) -> None:
     p.add_argument("--processor", default=None, metavar="DIR",
                    help="the processor the rows were encoded with (tiled families: exact tile / token counts)")
     p.add_argument("--no-positions", action="store_true", help="skip recomputing M-RoPE positions (faster)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (ok, counts, every issue) instead of text")
