@@ -28,6 +28,7 @@ from typing import Optional
 import numpy as np
 
 from mmpipe.cli.encode import REPORT_FILE, CLIError, dir_bytes
+from mmpipe.errors import ArgumentError
 from mmpipe.records.arrow import list_lengths
 from mmpipe.records.columns import stored_pixel_format
 
@@ -123,6 +124,9 @@ def dataset_stats(path, *, split: Optional[str] = None, bins: int = 10, batch_si
     distributions and the run record (`_Tally.stats`)."""
     import datasets
 
+    for name, value in (("bins", bins), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ArgumentError(f"dataset_stats: {name} must be an int >= 1, got {value!r}")
     path = Path(path).expanduser()
     ds = open_encoded(path, split)
     cols = set(ds.column_names)

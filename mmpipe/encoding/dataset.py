@@ -297,6 +297,8 @@ def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size:
     check_keep_columns(keep_columns, ds.column_names)
     enc = make_encoder(processor, **options)
     enc.mark_dropped = True
+    if len(ds) == 0:  # datasets.map never calls the encoder on no rows: no encoded column would exist
+        return _no_rows(ds, enc, keep_columns if remove_columns else ds.column_names), EncodeReport(0, 0, {})
     row_bytes = row_byte_bound(enc, max_images_per_row(ds, enc.images_column)) + video_row_bytes(enc, ds)
     k = max(1, min(1000, ROW_BUFFER_BYTES // row_bytes))
     batch_size = batch_size or min(64, k)
@@ -313,6 +315,34 @@ def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size:
                          num_proc=num_proc)
     out = out.remove_columns(marks)
     return out, EncodeReport(rows_in=len(ds), rows_out=len(out), dropped=dict(reasons), errors=errors)
+
+
+def _no_rows(ds, enc: Encoder, kept: Sequence[str]):
+    """The encoded dataset of a dataset with no rows: no row, the columns (and types) encode
+    writes for this encoder, then ``kept`` input columns."""
+    import datasets
+
+    import pyarrow as pa
+
+    from mmpipe.records.columns import SOURCE_LIST_COLUMNS, SOURCE_LIST_TYPE
+    from mmpipe.records.row import MultiModalInputs
+
+    inferred = datasets.Dataset.from_list([enc.empty_row_dict()]).data.schema
+    # an empty list's inferred type is null: the published one instead
+    published = {f.name: f for f in MultiModalInputs.arrow_schema(kind=None)}
+    published.update({c: pa.field(c, SOURCE_LIST_TYPE) for c in SOURCE_LIST_COLUMNS})
+    fields = [published.get(f.name, f) if _null_typed(f.type) else f for f in inferred]
+    encoded = datasets.Features.from_arrow_schema(pa.schema(fields))
+    features = datasets.Features({**{c: ds.features[c] for c in kept}, **encoded})  # map's order: kept first
+    return datasets.Dataset.from_dict({c: [] for c in features}, features=features)
+
+
+def _null_typed(t) -> bool:
+    import pyarrow as pa
+
+    while pa.types.is_list(t) or pa.types.is_large_list(t):
+        t = t.value_type
+    return pa.types.is_null(t)
 
 
 def check_keep_columns(keep_columns: Sequence[str], columns: Sequence[str]) -> None:

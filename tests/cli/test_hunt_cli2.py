@@ -227,6 +227,12 @@ def test_inspect_bins_out_of_range(rows, capsys):
     for bins in ("0", "-1"):
         assert main(["inspect", str(rows.parent / "enc"), "--bins", bins]) == 2
         assert "--bins must be >= 1" in _err(capsys)
+    from mmpipe.cli.inspect import dataset_stats
+    from mmpipe.errors import ArgumentError
+
+    for bins in (0, -1, 2.5):  # the library call too (it divided by zero)
+        with pytest.raises(ArgumentError, match="bins must be an int >= 1"):
+            dataset_stats(rows.parent / "enc", bins=bins, progress=False)
 
 
 # ---- inspect / validate ----------------------------------------------------------------------

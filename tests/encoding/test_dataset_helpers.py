@@ -118,3 +118,22 @@ def test_drop_failed_on_a_stream_without_the_error_column_is_a_no_op(processor, 
     stream = raw.to_iterable_dataset()  # columns known, no error column: nothing can have failed
     same, errors = mmpipe.drop_failed(stream)
     assert same is stream and errors == []
+
+
+@pytest.mark.parametrize("family, pixels", [("qwen2_vl", "uint8"), ("qwen2_vl", "source"), ("qwen2_vl", "none"),
+                                            ("gemma3", "uint8"), ("idefics3", "float32")])
+def test_encode_dataset_of_no_rows_has_the_encoded_columns(family, pixels):
+    """A dataset filtered down to no rows crashed encode_dataset ("Column 'mmpipe_drop_reason'
+    doesn't exist": datasets.map never calls the encoder on no rows). It now gives no rows with
+    the columns and types one encoded row has (kept columns first, as map keeps them), so the
+    pieces of a sharded job concatenate."""
+    proc = build_processor(family)
+    raw = datasets.Dataset.from_list([{
+        "id": "a", "images": [tiny_image(40, 56)],
+        "messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]},
+                     {"role": "assistant", "content": [{"type": "text", "text": "A card."}]}]}])
+    one, _ = mmpipe.encode_dataset(raw, proc, keep_columns=["id"], pixels=pixels)
+    none, report = mmpipe.encode_dataset(raw.select([]), proc, keep_columns=["id"], pixels=pixels)
+    assert (report.rows_in, report.rows_out, report.dropped, report.errors) == (0, 0, {}, [])
+    assert len(none) == 0 and none.column_names == one.column_names and none.features == one.features
+    assert len(datasets.concatenate_datasets([none, one])) == 1
