@@ -13,6 +13,19 @@ import numpy as np
 from mmpipe.images.pixels import pixel_values_to_u8, unpatchify_u8, video_pixel_values_to_u8
 
 
+def sourced_pixels(row, decode):
+    """``decode(row)``: a ``pixels="source"`` row with its files decoded into uint8 pixels as
+    collate decodes them; the row as it is when they do not decode to its stored layout (read
+    with other sizes than it was encoded with: `mmpipe.view.set_default_processor` names the
+    processor) or do not decode at all, so a view shows a placeholder instead of failing."""
+    from mmpipe.errors import InputError
+
+    try:
+        return decode(row)
+    except InputError:
+        return row
+
+
 def spec_for(fam, source: Any = None):
     """The `VisionSpec` pixels are read with: ``source`` when it is one, a processor's own,
     else the family's constants."""

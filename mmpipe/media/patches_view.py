@@ -19,12 +19,16 @@ STATS_COLUMNS = ("mm_token_type_ids", "image_grid_thw")  # the columns `table_co
 def view_pictures(row, kind: str, source: Any = None) -> tuple[Optional[list], bool]:
     """Per image (video) of ``kind``, its pictures rebuilt from the stored patches
     (`mmpipe.images.pictures`): the resized image uint8 [h*p, w*p, 3], or a video's first frame
-    of each temporal patch group; None without stored pixels; and whether they are exact
+    of each temporal patch group (``pixels="source"`` rows: their files decoded with ``source``'s
+    sizes); None without pixels; and whether they are exact
     (float32 rows read with other constants than ``source``'s are undone approximately).
     ``source``: a `VisionSpec` or processor (default: the family's constants)."""
-    from mmpipe.images.pictures import grid_pictures, patches_u8, spec_for
+    from mmpipe.encoding.sources import with_pixels
+    from mmpipe.images.pictures import grid_pictures, patches_u8, sourced_pixels, spec_for
 
     spec, video = spec_for(row.fam, source), kind == "video"
+    if not video and row.image_sources is not None:  # pixels="source": the files, decoded as collate does
+        row = sourced_pixels(row, lambda r: with_pixels(r, spec))
     if video:
         patches, exact = patches_u8(row.pixel_values_videos_u8, row.pixel_values_videos, spec, video=True)
     else:

@@ -73,7 +73,7 @@ def collate_media(rows: list, ctx) -> dict:
     ``tiles_per_image`` int64 [I], ``image_offsets`` int64 [B+1] (the images of each row),
     ``patch_offsets`` int64 [B+1] (the tiles of each row)."""
     sources = [r.image_sources for r in rows]
-    rows = _decoded(rows, ctx.state.get("image_processor"), ctx.fam.images())
+    rows = decoded_source_rows(rows, ctx.state.get("image_processor"), ctx.fam.images())
     u8, pv = _pixels(rows, ctx.state.get("table"), ctx.fam, ctx.layout["tiles_per_image"]) if ctx.pixels else (None, None)
     image_hw, extra, extras = ctx.layout["image_hw"], getattr(ctx.fam.images(), "extra_inputs", None), {}
     if extra is not None and len(image_hw):
@@ -86,7 +86,7 @@ def collate_media(rows: list, ctx) -> dict:
                 row_image_sources=sources if any(s is not None for s in sources) else None)
 
 
-def _decoded(rows: list, image_processor, module) -> list:
+def decoded_source_rows(rows: list, image_processor, module) -> list:
     """`decoded_rows`, each ``pixels="source"`` row re-tiled with the image processor as the
     processor's call for its conversation used it where the family's tiling depends on that
     (the module's ``row_image_processor``: LLaVA-OneVision's mode, read from the row's layout)."""

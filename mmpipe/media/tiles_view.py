@@ -43,8 +43,16 @@ def view_runs(row, kind: str, runs: list) -> list:
 
 def view_pictures(row, kind: str, source: Any = None) -> tuple[Optional[list], bool]:
     """Per image, its stored uint8 tiles [S, S, 3] (resized, cropped, padded: what the processor
-    normalises into ``pixel_values``), None without stored tiles (layout-only or
-    ``pixels="source"`` rows; videos); always exact. ``source`` is not needed (uint8 storage)."""
+    normalises into ``pixel_values``; ``pixels="source"`` rows: their files tiled as collate tiles
+    them, with ``source``'s image processor), None without them (layout-only rows, source rows
+    without a processor; videos); always exact."""
+    if kind != "video" and row.image_sources is not None and getattr(source, "image_processor", None) is not None:
+        from mmpipe.images.pictures import sourced_pixels
+        from mmpipe.images.tiles import effective_image_processor
+        from mmpipe.media.tiles_collate import decoded_source_rows
+
+        ip = effective_image_processor(source)
+        row = sourced_pixels(row, lambda r: decoded_source_rows([r], ip, r.fam.images())[0])
     if kind == "video" or row.pixel_values_u8 is None:
         return None, True
     first = np.concatenate([[0], np.cumsum(row.tiles_per_image)]).astype(int)

@@ -138,7 +138,8 @@ _DEFAULT: dict[str, Any] = {"processor": None}
 
 def set_default_processor(processor) -> None:
     """Use ``processor`` (or a tokenizer) whenever a view is given none: token text for every
-    ``row`` / ``batch`` shown in Jupyter, and its constants for float32 rows of its family.
+    ``row`` / ``batch`` shown in Jupyter, its constants for float32 rows of its family, and its
+    image processor for ``pixels="source"`` rows (their files decoded as collate decodes them).
     ``None`` goes back to token ids."""
     _DEFAULT["processor"] = processor
 
