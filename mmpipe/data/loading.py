@@ -4,7 +4,9 @@
 Bad arguments (a path that does not exist, a ``.jsonl`` / ``.csv`` file, any other object) raise
 `ArgumentError` naming what is accepted. Damaged files (a truncated or byte-flipped ``.arrow``
 file, a data file listed in ``state.json`` that is missing, an unreadable ``.parquet``) raise
-`DamagedDatasetError` naming the file, the record batch that failed and the rows still readable.
+`DamagedDatasetError` naming the file, the record batch that failed and the rows still readable; a
+missing or non-JSON ``state.json`` / ``dataset_info.json`` too. A save_to_disk folder of no rows (an
+empty encode: ``datasets.load_from_disk`` cannot read it) loads with its features; ``~`` is expanded.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def load_table(data) -> tuple[pa.Table, Any]:
     if isinstance(data, pa.Table):
         return data, None
     if isinstance(data, (str, os.PathLike)):
-        return _load_path(os.fspath(data))
+        return _load_path(os.path.expanduser(os.fspath(data)))  # "~/data/encoded" as a shell reads it
     if hasattr(data, "data") and hasattr(data, "features"):  # a datasets.Dataset
         return dataset_table(data), data
     raise ArgumentError(f"cannot validate a {type(data).__name__}: data must be {ACCEPTED}")
@@ -105,13 +107,20 @@ def _read_ipc(path: str) -> pa.Table:
 def _load_dir(path: str) -> tuple[pa.Table, Any]:
     import datasets
 
+    saved = any(os.path.isfile(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json"))
+    if not saved and any(f.endswith(".parquet") for _, _, files in os.walk(path) for f in files):
+        # a folder of shards is read by mmpipe.data.object_store.open_table (load_encoded, validate_dataset)
+        raise ArgumentError(f"{path!r} is a folder of .parquet shards, no save_to_disk folder: read it with "
+                            "mmpipe.load_encoded(path) or mmpipe.data.object_store.open_table(path)")
     try:
-        ds = datasets.load_from_disk(path)
+        ds = _empty_saved(path)  # (an empty Dataset is falsy)
+        if ds is None:
+            ds = datasets.load_from_disk(path)
     except READ_ERRORS as e:
-        if not any(os.path.isfile(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
+        if not saved:
             raise ArgumentError(f"directory {path!r} is not a save_to_disk directory (no state.json): "
                                 f"data must be {ACCEPTED}") from e
-        damage = diagnose_saved(path)
+        damage = _metadata_damage(path) or diagnose_saved(path)
         if damage is None:
             raise
         raise damage from e
@@ -119,6 +128,52 @@ def _load_dir(path: str) -> tuple[pa.Table, Any]:
         raise ArgumentError(f"data must be {ACCEPTED}; got {path!r}, which holds a DatasetDict "
                             f"{list(ds)}: validate one split, load_from_disk(path)[split]")
     return dataset_table(ds), ds
+
+
+def _empty_saved(path: str):
+    """The ``datasets.Dataset`` of a ``save_to_disk`` directory of no rows (``state.json`` lists
+    no data file: what ``save_to_disk`` writes for an empty encode, which ``load_from_disk``
+    cannot read), with the features of its ``dataset_info.json``; None for any other directory."""
+    import datasets
+    from datasets.table import InMemoryTable
+
+    try:
+        with open(os.path.join(path, "state.json")) as f:
+            if json.load(f).get("_data_files") != []:
+                return None
+    except (OSError, ValueError, AttributeError):
+        return None  # no Dataset directory, or damaged: load_from_disk / _metadata_damage say so
+    info = datasets.DatasetInfo.from_directory(path)
+    if info.features is None:
+        file = os.path.join(path, "dataset_info.json")
+        raise DamagedDatasetError(f"{file!r} lists no features, and the directory holds no data file to read "
+                                  "them from", file=file, rows_readable=(0, 0), where="",
+                                  fix="re-save the dataset (ds.save_to_disk) or re-encode the raw rows")
+    return datasets.Dataset(InMemoryTable(info.features.arrow_schema.empty_table()), info=info)
+
+
+def _metadata_damage(path: str) -> Optional[DamagedDatasetError]:
+    """A `DamagedDatasetError` naming the ``state.json`` or ``dataset_info.json`` of a
+    ``save_to_disk`` directory of one Dataset that is missing or not JSON, or None (both read,
+    or a ``DatasetDict`` directory). ``rows_readable``: the rows its data files hold."""
+    if not os.path.isfile(os.path.join(path, "state.json")):
+        return None
+    for name in ("state.json", "dataset_info.json"):
+        file = os.path.join(path, name)
+        try:
+            with open(file) as f:
+                json.load(f)
+            continue
+        except OSError:
+            what = "is missing"
+        except ValueError as e:
+            what = f"is not JSON ({e})"
+        stop = sum(_count_ipc_rows(os.path.join(path, a))[0] for a in sorted(os.listdir(path)) if a.endswith(".arrow"))
+        return DamagedDatasetError(
+            f"{name} of the save_to_disk directory {path!r} {what}, so datasets cannot load it; its "
+            f".arrow data files hold {stop} rows", file=file, rows_readable=(0, stop), where="",
+            fix=f"copy {name} from a good copy of the dataset, or re-save it (ds.save_to_disk) / re-encode")
+    return None
 
 
 def diagnose_saved(path: str) -> Optional[DamagedDatasetError]:

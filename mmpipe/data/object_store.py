@@ -169,6 +169,8 @@ def open_table(data, storage_options: Optional[dict] = None) -> tuple[pa.Table, 
         return read_table(data, storage_options)
     if isinstance(data, str) and data.lower().startswith("file://"):
         data = data[len("file://"):]
+    if isinstance(data, (str, os.PathLike)):
+        data = os.path.expanduser(os.fspath(data))  # "~/runs/enc" as a shell reads it
     if isinstance(data, (str, os.PathLike)) and _local_shards(os.fspath(data)):
         return read_table(os.path.abspath(os.fspath(data)), storage_options)  # what write_shards wrote locally
     return load_table(data)

@@ -140,7 +140,7 @@ class RayBatchEncoder:
             options["threads"] = actor_cpus()
         self.encoder = Encoder(self.processor, **options)
         self.encoder.mark_dropped = True  # dropped rows stay, marked, so the kept ones are known
-        self.keep_columns = list(keep_columns)
+        self.keep_columns = column_names(keep_columns)
         self.index_column = index_column
         self.features = None  # the first batch's datasets.Features, as datasets' writer keeps them
         self._names = None
@@ -148,6 +148,7 @@ class RayBatchEncoder:
 
     def __call__(self, batch: Any) -> pa.Table:
         rows = batch_rows(batch)
+        _check_inputs(rows, self.keep_columns, self.index_column)
         if not rows:  # Ray hands over empty blocks too: the same columns and types, no row
             return self._with_inputs(self._empty(), batch, rows, [])
         columns = {k: [r.get(k) for r in rows] for k in rows[0]}
@@ -235,6 +236,25 @@ def _has_null(typ: pa.DataType) -> bool:
     return any(_has_null(typ.field(i).type) for i in range(typ.num_fields))
 
 
+def column_names(names: Any) -> list:
+    """``keep_columns`` as a list of column names (one name alone as a string)."""
+    names = [names] if isinstance(names, str) else names
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise ArgumentError(f"keep_columns must be column names (a list of str, or one str), got {names!r}")
+    return list(names)
+
+
+def _check_inputs(rows: list, keep_columns: list, index_column: Optional[str]) -> None:
+    """Each ``keep_columns`` name and ``index_column`` must be an input column (checked on the batch's
+    first row: Ray's rows share the dataset's schema)."""
+    if not rows:
+        return
+    for what, name in [("keep_columns", n) for n in keep_columns] + [("index_column", index_column)]:
+        if name is not None and name not in rows[0]:
+            raise ArgumentError(f"{what}: {name!r} is not a column of the input rows (columns: "
+                                f"{sorted(rows[0])}); pass an input column's name")
+
+
 def _columns(rows: list) -> dict:
     return {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
 
@@ -245,6 +265,8 @@ def _input_column(batch: Any, rows: list, name: str, kept: list) -> pa.Array:
         return batch.column(name).take(pa.array(kept, pa.int64()))
     if isinstance(batch, dict) and isinstance(batch.get(name), np.ndarray) and batch[name].dtype != object:
         return pa.array(batch[name][np.asarray(kept, np.int64)])  # keeps the dtype when no row is left
+    if hasattr(batch, "columns") and name in batch.columns and batch[name].dtype != object:  # pandas
+        return pa.array(batch[name].to_numpy()[np.asarray(kept, np.int64)])  # the dtype, with no row left too
     return pa.array([rows[i][name] for i in kept])
 
 
@@ -281,9 +303,16 @@ def encode_with_ray(ds, processor: Any, *, workers: Optional[int] = None, batch_
     ``ray.data.Dataset`` of encoded rows (``.write_parquet(url)``, ``.take_all()`` ...)."""
     import ray
 
+    if not hasattr(ds, "map_batches"):
+        raise ArgumentError(f"ds must be a ray.data.Dataset, got {type(ds).__name__}: wrap a datasets.Dataset "
+                            "with ray.data.from_huggingface(ds), or use mmpipe.encode_dataset")
+    for name, value in (("workers", workers), ("batch_size", batch_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ArgumentError(f"{name} must be an int >= 1{' or None (sized from the cluster)' if name == 'workers' else ''}, "
+                                f"got {value!r}")
     n = workers or cluster_workers()
     return ds.map_batches(RayBatchEncoder, fn_constructor_args=(processor,),
-                          fn_constructor_kwargs={"keep_columns": list(keep_columns), "index_column": index_column,
+                          fn_constructor_kwargs={"keep_columns": column_names(keep_columns), "index_column": index_column,
                                                  **options},
                           batch_size=batch_size, batch_format="pyarrow", num_cpus=1,
                           compute=ray.data.ActorPoolStrategy(size=n))
