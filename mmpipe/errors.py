@@ -25,6 +25,8 @@ accepts and what was given.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Optional
 
 STAGES = ("parse", "image", "audio", "template", "truncate", "collate", "validate", "encode", "rollout")
@@ -250,3 +252,16 @@ class PackingUnsupportedError(ArgumentError):
     def __reduce__(self):  # picklable across DataLoader workers
         return (_rebuild, (type(self), self.args[0], dict(layer_type=self.layer_type, layers=self.layers,
                                                           model_type=self.model_type)))
+
+
+# ---- what argument checks accept -------------------------------------------------------
+def is_integer(value: Any) -> bool:
+    """An integer type (``int``, a numpy integer), not a ``bool``: what checks of counts, ids
+    and seeds accept before raising `ArgumentError`."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_finite_number(value: Any) -> bool:
+    """A finite real number (``int``, ``float``, numpy scalars), not a ``bool``: what checks of
+    temperatures and probabilities accept."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from mmpipe.errors import ArgumentError, InputError
+from mmpipe.errors import ArgumentError, InputError, is_integer
 from mmpipe.records.arrow import list_lengths
 
 __all__ = ["COUNT_COLUMNS", "COSTS", "IMAGE_COUNT_COLUMNS", "count_arg", "token_counts", "token_efficiency"]
@@ -126,7 +126,7 @@ def count_arg(who: str, name: str, value, minimum: int, *, none_ok: bool = True,
     than a TypeError or a numpy error on the first batch (``example``: a value to suggest)."""
     if value is None and none_ok:
         return None
-    whole = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    whole = is_integer(value)
     if isinstance(value, (float, np.floating)) and float(value).is_integer():
         whole = True
     if not whole or int(value) < minimum:

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import math
-import numbers
 import os
 import random
 import threading
 import time
 from typing import Any, Callable, Optional
 
-from mmpipe.errors import ArgumentError
+from mmpipe.errors import ArgumentError, is_finite_number, is_integer
 from mmpipe.reward.deadline import RequestDeadline
 from mmpipe.reward.parsing import verdict_probability
 from mmpipe.records.reward import Reply
@@ -294,16 +292,12 @@ def check_sampling(*, temperature, max_tokens, top_logprobs) -> None:
     """`ArgumentError` for judge sampling settings a server would refuse on every question (or,
     for ``max_tokens=0``, answer with nothing): ``temperature`` a finite number >= 0,
     ``max_tokens`` an int >= 1, ``top_logprobs`` an int in 0..20 (the OpenAI limit)."""
-    def is_int(v):
-        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
     bad = []
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) \
-            or not math.isfinite(temperature) or temperature < 0:
+    if not is_finite_number(temperature) or temperature < 0:
         bad.append(f"temperature={temperature!r} (a finite number >= 0)")
-    if not is_int(max_tokens) or max_tokens < 1:
+    if not is_integer(max_tokens) or max_tokens < 1:
         bad.append(f"max_tokens={max_tokens!r} (an int >= 1: the judge's answer must fit)")
-    if not is_int(top_logprobs) or not 0 <= top_logprobs <= 20:
+    if not is_integer(top_logprobs) or not 0 <= top_logprobs <= 20:
         bad.append(f"top_logprobs={top_logprobs!r} (an int in 0..20)")
     if bad:
         raise ArgumentError(f"JudgeClient: {', '.join(bad)}; e.g. JudgeClient(..., temperature=0.0, max_tokens=256)")

@@ -10,18 +10,10 @@ from typing import Sequence
 
 import numpy as np
 
-from mmpipe.errors import ArgumentError
+from mmpipe.errors import ArgumentError, is_finite_number, is_integer
 from mmpipe.records.generation import Completion, Generation, SamplingParams
 
 __all__ = ["check_params", "sample"]
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def _is_real(v) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and bool(np.isfinite(v))
 
 
 def check_params(params) -> None:
@@ -39,17 +31,17 @@ def check_params(params) -> None:
         raise ArgumentError(f"params must be a mmpipe.records.SamplingParams, got {type(params).__name__}: "
                             "SamplingParams(max_new_tokens=..., n=..., temperature=...)")
     bad = [f"{k}={getattr(params, k)!r} (an int >= 1)" for k in ("n", "max_new_tokens")
-           if not _is_int(getattr(params, k)) or getattr(params, k) < 1]
-    if not _is_real(params.temperature) or params.temperature < 0:
+           if not is_integer(getattr(params, k)) or getattr(params, k) < 1]
+    if not is_finite_number(params.temperature) or params.temperature < 0:
         bad.append(f"temperature={params.temperature!r} (a finite number >= 0; 0 samples greedily)")
-    if not _is_real(params.top_p) or not 0 < params.top_p <= 1:
+    if not is_finite_number(params.top_p) or not 0 < params.top_p <= 1:
         bad.append(f"top_p={params.top_p!r} (in (0, 1]; 1.0 keeps every token)")
-    if not _is_int(params.top_k) or params.top_k < 0:
+    if not is_integer(params.top_k) or params.top_k < 0:
         bad.append(f"top_k={params.top_k!r} (an int >= 0; 0 keeps every token)")
-    if params.seed is not None and not _is_int(params.seed):
+    if params.seed is not None and not is_integer(params.seed):
         bad.append(f"seed={params.seed!r} (None or an int)")
     stops = params.stop_token_ids
-    if isinstance(stops, (str, bytes)) or not all(_is_int(t) and t >= 0 for t in stops):
+    if isinstance(stops, (str, bytes)) or not all(is_integer(t) and t >= 0 for t in stops):
         bad.append(f"stop_token_ids={stops!r} (token ids, ints >= 0; a stop string is not supported here)")
     if bad:
         raise ArgumentError(f"SamplingParams the engine cannot run: {', '.join(bad)}; fix these values, e.g. "
