@@ -28,13 +28,14 @@ def run_validate(args) -> int:
     import datasets
 
     from mmpipe.data.validate import validate_dataset
+    from mmpipe.data.loading import DamagedDatasetError
     from mmpipe.errors import ArgumentError
 
     datasets.disable_progress_bars()
     processor = load_processor(args.processor) if args.processor else None
     try:
         report = validate_dataset(args.path, processor=processor, positions=not args.no_positions)
-    except ArgumentError as e:
+    except (ArgumentError, DamagedDatasetError) as e:  # a wrong path or a damaged save: the user's to fix
         raise CLIError(str(e)) from None
     except json.JSONDecodeError as e:  # a damaged state.json / dataset_info.json
         raise CLIError(f"{args.path!r}: a metadata file of the saved dataset (state.json, dataset_info.json) is "
