@@ -56,7 +56,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Optional, Sequence
 
-from mmpipe.errors import ArgumentError
+from mmpipe.errors import ArgumentError, is_integer
 
 logger = logging.getLogger("mmpipe")
 STRATEGIES = ("auto", "shards", "examples")
@@ -93,6 +93,7 @@ def shard_for_rank(ds, rank: int, world_size: int, *, strategy: str = "auto", nu
     if strategy not in STRATEGIES:
         raise ArgumentError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     _check_rank(rank, world_size)
+    rank, world_size = int(rank), int(world_size)  # numpy ints (a rank computed from an array) as Python's
     if isinstance(ds, datasets.Dataset):
         return _rank_block(ds, rank, world_size, num_shards)
     if not isinstance(ds, datasets.IterableDataset):
@@ -116,14 +117,10 @@ def shard_for_rank(ds, rank: int, world_size: int, *, strategy: str = "auto", nu
     return undecoded.filter(_KeepEvery(world_size, rank), with_indices=True, batched=True, batch_size=world_size)
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _check_rank(rank, world_size) -> None:
-    if not _is_int(world_size) or world_size < 1:
+    if not is_integer(world_size) or world_size < 1:
         raise ArgumentError(f"world_size must be an int >= 1 (the number of ranks), got {world_size!r}")
-    if not _is_int(rank) or not 0 <= rank < world_size:
+    if not is_integer(rank) or not 0 <= rank < world_size:
         raise ArgumentError(f"rank must be in 0..{world_size - 1} for world_size={world_size} (an int), got {rank!r}")
 
 
@@ -132,9 +129,10 @@ def _rank_block(ds, rank: int, world_size: int, num_shards: Optional[int]):
     shards (at most one per row of the block)."""
     from datasets.distributed import split_dataset_by_node
 
-    if num_shards is not None and (not _is_int(num_shards) or num_shards < 1):
+    if num_shards is not None and (not is_integer(num_shards) or num_shards < 1):
         raise ArgumentError(f"num_shards must be an int >= 1 (the stream's shards, for DataLoader workers), "
                             f"got {num_shards!r}")
+    num_shards = None if num_shards is None else int(num_shards)
     if len(ds) < world_size:
         raise ArgumentError(f"the dataset has {len(ds)} rows for world_size={world_size}: ranks {len(ds)}.."
                             f"{world_size - 1} would read none (and wait at the first collective); use at most "
@@ -222,7 +220,7 @@ def _check_stream(ds, batch_size, keep_columns) -> None:
                "or encode it whole with mmpipe.encode_dataset") if isinstance(ds, datasets.Dataset) else \
               "load it with datasets.load_dataset(..., streaming=True) or IterableDataset.from_generator"
         raise ArgumentError(f"encode_stream needs a datasets.IterableDataset, got {type(ds).__name__}: {fix}")
-    if not _is_int(batch_size) or batch_size < 1:  # datasets reads the WHOLE stream as one batch for <= 0 / None
+    if not is_integer(batch_size) or batch_size < 1:  # datasets reads the WHOLE stream as one batch for <= 0 / None
         raise ArgumentError(f"batch_size must be an int >= 1 (rows encoded per call), got {batch_size!r}")
     if isinstance(keep_columns, str) or not all(isinstance(c, str) for c in keep_columns):
         raise ArgumentError(f"keep_columns must be a list of column names, got {keep_columns!r}")
@@ -273,6 +271,7 @@ def encode_stream(ds, processor, *, batch_size: int = 64, keep_columns: Sequence
 
     check_errors_sink(errors, "failed rows")
     _check_stream(ds, batch_size, keep_columns)
+    batch_size = int(batch_size)  # a numpy int as Python's (datasets checks its type)
     enc = make_encoder(processor, **options)  # the options checked now; the family's kind and pixel format
     skip = enc.on_error == "skip"
     ds = undecoded_stream(ds)

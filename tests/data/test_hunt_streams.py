@@ -9,6 +9,7 @@ import multiprocessing
 import shutil
 
 import datasets
+import numpy as np
 import pytest
 from bad_inputs import jpeg_bytes, photo
 from torch.utils.data import DataLoader
@@ -120,6 +121,19 @@ def test_shard_for_rank_arguments_are_typed_errors():
     parts = [shard_for_rank(ds, rank, 4, num_shards=2) for rank in range(4)]
     assert [p.num_shards for p in parts] == [2, 2, 1, 1]
     assert exactly_once([[r["id"] for r in p] for p in parts], range(6)).ok
+
+
+def test_numpy_integer_ranks_shards_and_batch_sizes_are_taken(proc):
+    """A rank, world size, shard count or batch size computed with numpy (np.int64) is an integer:
+    it was refused ("world_size must be an int >= 1, got 2") as if it were a float."""
+    ds = datasets.Dataset.from_list([{"id": i} for i in range(6)])
+    parts = [shard_for_rank(ds, np.int64(rank), np.int64(3), num_shards=np.int32(2)) for rank in range(3)]
+    assert exactly_once([[r["id"] for r in p] for p in parts], range(6)).ok
+    stream_parts = [shard_for_rank(_stream(images=False), np.int64(rank), np.int64(2), strategy="examples")
+                    for rank in range(2)]
+    assert exactly_once([[r["id"] for r in p] for p in stream_parts], range(16)).ok
+    rows = list(encode_stream(_stream([[0, 1, 2]]), proc, batch_size=np.int64(2), keep_columns=["id"]))
+    assert [r["id"] for r in rows] == [0, 1, 2]
 
 
 @pytest.fixture(scope="module")
