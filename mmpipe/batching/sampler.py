@@ -52,8 +52,8 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 
 from mmpipe.batching.token_counts import (  # noqa: F401  (re-exported: their home was here)
-    COSTS, count_arg, token_counts, token_efficiency)
-from mmpipe.errors import ArgumentError, InputError
+    COSTS, count_arg, count_array, token_counts, token_efficiency)
+from mmpipe.errors import ArgumentError, InputError, is_integer
 
 OVERSIZE = ("raise", "alone")
 UNEVEN = ("raise", "drop", "repeat")
@@ -101,10 +101,10 @@ class TokenBudgetBatchSampler:
                  max_images: Optional[int] = None, max_rows: Optional[int] = None, cost: str = "padded",
                  shuffle: bool = True, seed: int = 0, bucket_size: Optional[int] = 2048, oversize: str = "raise",
                  num_replicas: int = 1, rank: int = 0, uneven: str = "raise"):
-        self.lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        who = "TokenBudgetBatchSampler"
+        self.lengths = count_array(who, "lengths", lengths)
         n = self.lengths.shape[0]
-        self.num_images = (np.zeros(n, np.int64) if num_images is None
-                           else np.asarray(num_images, dtype=np.int64).reshape(-1))
+        self.num_images = np.zeros(n, np.int64) if num_images is None else count_array(who, "num_images", num_images)
         if self.num_images.shape[0] != n:
             raise ArgumentError(f"num_images has {self.num_images.shape[0]} entries but lengths has {n}; give one per row")
         if cost not in COSTS:
@@ -113,12 +113,12 @@ class TokenBudgetBatchSampler:
             raise ArgumentError(f"oversize must be one of {OVERSIZE}, got {oversize!r}")
         if uneven not in UNEVEN:
             raise ArgumentError(f"uneven must be one of {UNEVEN}, got {uneven!r}")
-        who = "TokenBudgetBatchSampler"
         max_tokens = count_arg(who, "max_tokens", max_tokens, 1, none_ok=False, example=16384)
         max_images, max_rows = count_arg(who, "max_images", max_images, 0), count_arg(who, "max_rows", max_rows, 1)
         bucket_size = count_arg(who, "bucket_size", bucket_size, 1)
         seed = count_arg(who, "seed", seed, 0, none_ok=False, example=0)
-        if num_replicas < 1 or not 0 <= rank < num_replicas:
+        num_replicas = count_arg(who, "num_replicas", num_replicas, 1, none_ok=False, example=1)
+        if not is_integer(rank) or not 0 <= rank < num_replicas:
             raise ArgumentError(f"need num_replicas >= 1 and 0 <= rank < num_replicas, got num_replicas={num_replicas}, "
                                 f"rank={rank}")
         if n and (self.lengths.min() < 0 or self.num_images.min() < 0):

@@ -134,3 +134,30 @@ def count_arg(who: str, name: str, value, minimum: int, *, none_ok: bool = True,
         hint = f"e.g. {name}={example}" if example is not None else "a whole number" + " or None" * none_ok
         raise ArgumentError(f"{who}: {name} must be {allowed}, got {value!r}; pass {hint}")
     return int(value)
+
+
+def count_array(who: str, name: str, values) -> np.ndarray:
+    """``values`` (a sequence or array of per-row counts: token lengths, image counts) as int64
+    [n], each a whole number >= 0. A fraction, NaN, a string, a bool or a negative count is an
+    `ArgumentError` naming ``who``'s argument and the first bad row, never truncated (12.7 read
+    as 12 tokens) or a bare numpy error."""
+    try:
+        arr = np.asarray(values)
+    except (ValueError, TypeError) as e:  # ragged nesting
+        raise ArgumentError(f"{who}: {name} must be one count per row (a list of ints), got {e}") from None
+    arr = arr.reshape(-1)
+    kind = arr.dtype.kind
+    if kind in "iu":
+        bad = np.flatnonzero(arr < 0)
+    elif kind == "f":
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.floor(arr)) | (arr < 0))
+    elif kind == "O":  # mixed values (None, strings among ints)
+        bad = np.flatnonzero([not (is_integer(v) and v >= 0) for v in arr])
+    else:  # strings, bools
+        bad = np.arange(len(arr))
+    if len(bad):
+        i = int(bad[0])
+        found = arr[i].item() if isinstance(arr[i], np.generic) else arr[i]
+        raise ArgumentError(f"{who}: {name} must hold whole numbers >= 0 (one per row), got {found!r} at row {i}"
+                            f" ({len(bad)} such row(s)); pass each row's count as an int")
+    return arr.astype(np.int64, copy=False)

@@ -134,3 +134,32 @@ def test_bad_epoch_and_states_are_refused_with_typed_errors():
         s.load_state_dict({**good, "consumed_rows": 4})
     s.load_state_dict(good)
     assert sorted(i for b in s for i in b) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("lengths, num_images, match", [
+    ([10, 12.7, 30], None, r"lengths must hold whole numbers >= 0.*12\.7 at row 1"),  # was read as 12 tokens
+    ([10, float("nan")], None, r"lengths must hold whole numbers.*at row 1"),  # was a numpy cast error
+    (["10", "12"], None, r"lengths must hold whole numbers.*at row 0"),  # was a bare ValueError
+    ([10, None], None, r"lengths must hold whole numbers.*at row 1"),  # was a TypeError
+    ([10, 12], [1, 0.5], r"num_images must hold whole numbers.*0\.5 at row 1"),  # was read as 0 images
+    ([10, 12], [True, False], r"num_images must hold whole numbers"),
+])
+def test_counts_that_are_not_whole_numbers_are_refused_not_truncated(lengths, num_images, match):
+    with pytest.raises(ArgumentError, match=match):
+        TokenBudgetBatchSampler(lengths, num_images, max_tokens=64, max_images=None if num_images is None else 4)
+
+
+def test_whole_float_and_numpy_counts_and_replica_arguments():
+    """Lengths read from a float column (12.0) are the same counts; num_replicas 1.5 was taken as 1
+    and rank True as 1."""
+    a = TokenBudgetBatchSampler([10.0, 12.0, 30.0], max_tokens=64, seed=3)
+    b = TokenBudgetBatchSampler(np.asarray([10, 12, 30], np.int32), max_tokens=64, seed=3)
+    assert list(a) == list(b)
+    for kw, match in (({"num_replicas": 1.5}, "num_replicas must be an integer >= 1"),
+                      ({"num_replicas": 2, "rank": True}, "0 <= rank < num_replicas"),
+                      ({"num_replicas": 2, "rank": 1.0}, "0 <= rank < num_replicas")):
+        with pytest.raises(ArgumentError, match=match):
+            TokenBudgetBatchSampler([10, 12], max_tokens=64, **kw)
+    ranks = [TokenBudgetBatchSampler([10, 12], max_tokens=64, num_replicas=np.int64(2), rank=np.int64(r),
+                                     max_rows=1) for r in range(2)]
+    assert sorted(i for s in ranks for b in s for i in b) == [0, 1]
