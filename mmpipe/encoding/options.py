@@ -68,7 +68,7 @@ def _either(values: tuple) -> str:
 def check_options(o: dict) -> None:
     """Refuse option values that silently do the wrong thing (max_length <= 0 cuts every token), before any work."""
     for name, low, kinds in (("max_length", 1, (int, np.integer)), ("threads", 0, (int, np.integer)),
-                             ("min_pixels", 0, (int, float, np.number)), ("max_pixels", 0, (int, float, np.number))):
+                             ("min_pixels", 0, (int, float, np.number)), ("max_pixels", 1, (int, float, np.number))):
         if o[name] is not None and (isinstance(o[name], bool) or not isinstance(o[name], kinds) or o[name] < low):
             raise ArgumentError(f"{name} must be a number >= {low} (an int for counts) or None, got {o[name]!r}")
     for name in ("images_column", "tools_column"):

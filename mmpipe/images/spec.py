@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from mmpipe.errors import ImageError, PixelDataError
+from mmpipe.errors import ArgumentError, ImageError, PixelDataError
 from mmpipe.images.backends import engine_transparency, lut as backend_lut, resolve_backend
 from mmpipe.images.transparency import check_transparency
 from mmpipe.families import ModelFamily, family_of
@@ -89,8 +89,16 @@ class VisionSpec:
             return cls.from_family(fam, backend, transparency)
         size = getattr(ip, "size", None) or {}
         get = (lambda k: size.get(k)) if isinstance(size, dict) else (lambda k: getattr(size, k, None))
-        mn = min_pixels or get("shortest_edge") or getattr(ip, "min_pixels", None) or fam.min_pixels
-        mx = max_pixels or get("longest_edge") or getattr(ip, "max_pixels", None) or fam.max_pixels
+        # a bound given here wins, 0 included (min_pixels=0: no lower bound but the one patch window)
+        mn = min_pixels if min_pixels is not None else (
+            get("shortest_edge") or getattr(ip, "min_pixels", None) or fam.min_pixels)
+        mx = max_pixels if max_pixels is not None else (
+            get("longest_edge") or getattr(ip, "max_pixels", None) or fam.max_pixels)
+        if mn > mx:  # smart_resize would then give sizes over max_pixels, whichever bound came from where
+            given = ", ".join(f"{k}={v}" for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels))
+                              if v is not None) or "none given"
+            raise ArgumentError(f"min_pixels {mn} is more than max_pixels {mx} (given: {given}; the rest from the "
+                                f"processor's image processor {type(ip).__name__}); pass min_pixels <= max_pixels")
         mean = getattr(ip, "image_mean", None) or fam.image_mean
         std = getattr(ip, "image_std", None) or fam.image_std
         mean = tuple(mean) if isinstance(mean, (list, tuple)) else (mean,) * 3

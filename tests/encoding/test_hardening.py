@@ -17,6 +17,7 @@ import io
 import json
 
 import datasets
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -110,7 +111,8 @@ def test_messages_with_an_empty_or_repeating_prompt_encode(prompt):
 # ---- 4. option values -------------------------------------------------------------------------
 @pytest.mark.parametrize("option, value", [
     ("max_length", 0), ("max_length", -5), ("max_length", 1.5), ("max_length", True), ("max_length", "64"),
-    ("threads", -1), ("threads", "2"), ("min_pixels", -1), ("max_pixels", "big"), ("images_column", None),
+    ("threads", -1), ("threads", "2"), ("min_pixels", -1), ("max_pixels", "big"), ("max_pixels", 0),
+    ("images_column", None),
     ("tools_column", ""),
 ])
 def test_bad_option_values_are_refused_at_construction(option, value):
@@ -120,6 +122,23 @@ def test_bad_option_values_are_refused_at_construction(option, value):
 
 def test_good_option_values_are_accepted():
     Encoder(processor_for("qwen2_vl"), max_length=1, threads=0, min_pixels=0, max_pixels=1e6)
+
+
+def test_resize_bounds_that_cross_are_refused_and_zero_is_a_bound():
+    """min_pixels above max_pixels (both given, or one against the processor's other bound) gave
+    images over max_pixels without a word; max_pixels=0 and min_pixels=0 were read as 'not given'
+    (the processor's bounds): max_pixels=0 is refused, min_pixels=0 is no lower bound."""
+    from mmpipe.images.spec import smart_resize
+
+    proc = processor_for("qwen2_vl")
+    for kw in ({"min_pixels": 10**6, "max_pixels": 1000}, {"min_pixels": 10**7}, {"max_pixels": 100}):
+        with pytest.raises(ArgumentError, match=r"min_pixels \d+ is more than max_pixels"):
+            Encoder(proc, **kw)
+    tiny = np.full((20, 30, 3), 90, np.uint8)
+    enc = Encoder(proc, min_pixels=0)
+    want = smart_resize(20, 30, enc.spec.factor, 0, enc.spec.max_pixels)
+    grid = enc.encode_one({"prompt": "<image> hi", "images": [tiny]})["image_grid_thw"].tolist()
+    assert grid == [[1, want[0] // 14, want[1] // 14]] == [[1, 2, 2]]  # was [[1, 4, 6]] (the processor's 3136)
 
 
 # ---- 5. a list-of-strings prompt under a per-row map --------------------------------------------
