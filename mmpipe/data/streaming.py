@@ -326,7 +326,12 @@ def exactly_once(per_rank_keys: Iterable[Iterable[Hashable]], expected_keys: Ite
     """Check that the rows read by all ranks (any row key, e.g. an id column) cover
     ``expected_keys`` once each. ``per_rank_keys``: one iterable of keys per rank."""
     seen: Counter[Any] = Counter()
-    for keys in per_rank_keys:
+    for rank, keys in enumerate(per_rank_keys):
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+            # a flat list of keys (["a1", "b2"]) would count each string's characters as one rank's keys
+            raise ArgumentError(f"exactly_once: per_rank_keys must hold one iterable of keys per rank, e.g. "
+                                f"[[ids read by rank 0], [ids read by rank 1]]; entry {rank} is {keys!r}: wrap a "
+                                f"single rank's keys in a list ([keys])")
         seen.update(keys)
     expected = list(expected_keys)
     want = set(expected)

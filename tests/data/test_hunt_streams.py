@@ -10,6 +10,7 @@ import shutil
 
 import datasets
 import numpy as np
+import pyarrow as pa
 import pytest
 from bad_inputs import jpeg_bytes, photo
 from torch.utils.data import DataLoader
@@ -189,3 +190,30 @@ def test_a_read_that_fails_in_the_network_names_the_shard(encoded, monkeypatch):
             s3.faults[path].clear()
             assert isinstance(info.value, ConnectionError) and info.value.shard == urls[1]
             assert urls[1] in str(info.value) and "not known to be damaged" in str(info.value)
+
+
+def test_exactly_once_refuses_flat_keys():
+    """exactly_once(["a1", "b2"], ...) counted each string's characters as one rank's keys and reported
+    2 missing and 4 unexpected keys; flat ints were a TypeError."""
+    for flat in (["a1", "b2"], [1, 2]):
+        with pytest.raises(ArgumentError, match="one iterable of keys per rank"):
+            exactly_once(flat, flat)
+    assert exactly_once([["a1"], ("b2",), iter(["c3"])], ["a1", "b2", "c3"]).ok
+
+
+def test_shards_of_different_encodes_are_a_schema_error_naming_the_shard(tmp_path):
+    """Shards with other columns (one encode with labels, one without) were pyarrow's bare ValueError
+    from the cast; shards with the same columns in another order or type are read as the first."""
+    import pyarrow.parquet as pq
+
+    from mmpipe.data.report import SchemaError
+
+    pq.write_table(pa.table({"input_ids": [[1, 2]], "labels": [[1, 2]]}), tmp_path / "part-0.parquet")
+    pq.write_table(pa.table({"labels": [[5]], "input_ids": pa.array([[5, 6]], pa.list_(pa.int32()))}),
+                   tmp_path / "part-1.parquet")
+    table, _ = object_store.read_table(str(tmp_path))
+    assert table.column_names == ["input_ids", "labels"] and table.column("input_ids").to_pylist() == [[1, 2], [5, 6]]
+    pq.write_table(pa.table({"input_ids": [[7]]}), tmp_path / "part-2.parquet")
+    with pytest.raises(SchemaError, match=r"part-2.parquet.*columns \['labels'\] are missing") as info:
+        object_store.read_table(str(tmp_path))
+    assert info.value.column == "labels" and "re-encode them together" in str(info.value)
