@@ -239,3 +239,32 @@ def table_to_dataset(table: pa.Table):
     from datasets.table import InMemoryTable
 
     return datasets.Dataset(InMemoryTable(table.replace_schema_metadata(None)))
+
+
+def concat_shards(tables: list, shards: list, url: str) -> pa.Table:
+    """The shards' tables (``shards``: their names, in order) as one, each as the first shard's
+    schema (its column order and types); shards written by different encodes (other columns:
+    labels or not, another pixel format or family) are a `SchemaError` naming the first odd shard
+    and its columns, not pyarrow's bare ValueError."""
+    schema = tables[0].schema
+    return pa.concat_tables([t if t.schema == schema else _as_first(t, schema, shard, shards[0], url)
+                             for t, shard in zip(tables, shards)])
+
+
+def _as_first(table: pa.Table, schema: pa.Schema, shard: str, first: str, url: str) -> pa.Table:
+    from mmpipe.data.report import SchemaError
+
+    extra = sorted(set(table.column_names) - set(schema.names))
+    missing = sorted(set(schema.names) - set(table.column_names))
+    why = "; ".join(([f"columns {extra} are not in the first shard"] if extra else [])
+                    + ([f"columns {missing} are missing"] if missing else []))
+    if not why:
+        try:
+            return table.select(schema.names).cast(schema)
+        except (ValueError, TypeError, NotImplementedError) as e:  # pa.ArrowInvalid is a ValueError
+            why = str(e)
+    raise SchemaError(f"shard {shard!r} of {url!r} does not match the first shard {first!r}: {why}", where="",
+                      column=(extra or missing or [None])[0],
+                      fix="the shards come from different encodes (other options, processor or mmpipe version): "
+                          "re-encode them together, or read each encode's shards with its own glob")
+

@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence, Union
 
 import pyarrow as pa
 
-from mmpipe.data.loading import READ_ERRORS, DamagedDatasetError
+from mmpipe.data.loading import READ_ERRORS, DamagedDatasetError, concat_shards
 from mmpipe.errors import ArgumentError, MMPipeError
 
 logger = logging.getLogger("mmpipe")
@@ -222,34 +222,7 @@ def read_table(url: str, storage_options: Optional[dict] = None) -> tuple[pa.Tab
         table = _read_parquet(fs, fs._strip_protocol(shard), shard, start)  # the shards share url's filesystem
         tables.append(table)
         start += table.num_rows
-    return _concat_shards(tables, shards, url), None
-
-
-def _concat_shards(tables: list, shards: list, url: str) -> pa.Table:
-    """The shards' tables as one, each cast to the first shard's schema; shards written by
-    different encodes (other columns: labels or not, another pixel format or family) are a
-    `SchemaError` naming the first odd shard and its columns, not pyarrow's bare ValueError."""
-    from mmpipe.data.report import SchemaError
-
-    schema = tables[0].schema
-    out = []
-    for table, shard in zip(tables, shards):
-        if table.schema != schema:
-            extra, missing = sorted(set(table.column_names) - set(schema.names)), \
-                sorted(set(schema.names) - set(table.column_names))
-            try:
-                if extra or missing:
-                    raise ValueError("; ".join(([f"columns {extra} are not in the first shard"] if extra else [])
-                                               + ([f"columns {missing} are missing"] if missing else [])))
-                table = table.select(schema.names).cast(schema)
-            except (ValueError, TypeError, NotImplementedError) as e:  # pa.ArrowInvalid is a ValueError
-                raise SchemaError(f"shard {shard!r} of {url!r} does not match the first shard {shards[0]!r}: {e}",
-                                  where="", column=(extra or missing or [None])[0],
-                                  fix="the shards come from different encodes (other options, processor or "
-                                      "mmpipe version): re-encode them together, or read each encode's shards "
-                                      "with its own glob") from None
-        out.append(table)
-    return pa.concat_tables(out)
+    return concat_shards(tables, shards, url), None
 
 
 def _read_parquet(fs, path: str, url: str, start: int) -> pa.Table:
