@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from mmpipe.audio.checks import checked_wave, too_long
+from mmpipe.audio.headers import declared_frames
 from mmpipe.errors import AudioError
 
 __all__ = ["AUDIO_ITEM_KEYS", "audio_source", "checked_wave", "load_audio"]
@@ -94,8 +95,9 @@ def _decode_file(source, where: str, column: str, limit: tuple = (0, 0)) -> tupl
             max_samples, target = limit
             if max_samples and f.frames > 0 and math.ceil(f.frames * target / rate) > max_samples * 1.01:
                 too_long(math.ceil(f.frames * target / rate), target, max_samples, where, column)
-            data = f.read(dtype="float32", always_2d=True).T  # [channels, n]
-        declared = _wav_declared_frames(source)
+            # GSM 6.10, G.721 / G.723 WAV and AU are not seekable: soundfile reads them given their frames
+            data = f.read(-1 if f.seekable() else f.frames, dtype="float32", always_2d=True).T  # [channels, n]
+        declared = declared_frames(source)
     except AudioError:  # too long by its header (a ValueError too)
         raise
     except (RuntimeError, soundfile.LibsndfileError, TypeError, ValueError, EOFError, OSError) as e:
@@ -105,12 +107,13 @@ def _decode_file(source, where: str, column: str, limit: tuple = (0, 0)) -> tupl
                          column=column, expected="a WAV, FLAC, OGG or MP3 file libsndfile reads",
                          found="a corrupt, truncated or unknown file",
                          fix="re-export the clip (e.g. ffmpeg -i in -ar 16000 -ac 1 out.wav) or drop the row") from None
-    if declared is not None and declared > data.shape[1]:
+    if declared is not None and declared[0] > data.shape[1]:
         # libsndfile reads what is there and says nothing (nor does the chat path): a cut file would train
         # the row on part of its clip
-        raise AudioError(f"the WAV {what} is truncated: its header holds {declared / rate:.2f} s, the file "
+        (frames, container) = declared
+        raise AudioError(f"the {container} {what} is truncated: its header holds {frames / rate:.2f} s, the file "
                          f"{data.shape[1] / rate:.2f} s", where=where, column=column,
-                         expected=f"{declared} frames (the header's data size)", found=f"{data.shape[1]} frames",
+                         expected=f"{frames} frames (the header's data size)", found=f"{data.shape[1]} frames",
                          fix="re-download or re-export the clip, or drop the row")
     return (data.mean(axis=0) if data.shape[0] > 1 else data[0]), rate
 
@@ -136,31 +139,6 @@ def _decode_ffmpeg(source, what: str, where: str, column: str, limit: tuple) -> 
     return wave, target
 
 
-def _wav_declared_frames(source) -> int | None:
-    """Frames a PCM / float WAV's ``data`` chunk header declares (None: not such a WAV, or a streamed
-    one whose size field is 0 or 0xFFFFFFFF, which readers size from the file)."""
-    f = io.BytesIO(bytes(source)) if isinstance(source, (bytes, bytearray)) else open(source, "rb")
-    with f:
-        head = f.read(12)
-        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-            return None
-        block, pos = 0, 12
-        while True:
-            f.seek(pos)
-            chunk = f.read(8)
-            if len(chunk) < 8:
-                return None
-            size = int.from_bytes(chunk[4:], "little")
-            if chunk[:4] == b"fmt ":
-                fmt = f.read(16)
-                # PCM, IEEE float, extensible: a frame is block_align bytes (not so for ADPCM, GSM...)
-                tag = int.from_bytes(fmt[:2], "little") if len(fmt) == 16 else 0
-                block = int.from_bytes(fmt[12:14], "little") if tag in (1, 3, 0xFFFE) else 0
-            elif chunk[:4] == b"data":
-                return size // block if block and size not in (0, 0xFFFFFFFF) else None
-            pos += 8 + size + (size & 1)
-
-
 def _array(samples: Any, rate: Any, where: str, column: str) -> tuple[np.ndarray, int]:
     """Samples with a rate -> (mono float32 [n], rate). 2-D samples are [channels, n] (torchcodec,
     ``datasets``) or [n, channels] (``soundfile.read``, ``scipy.io.wavfile.read``): the shorter axis
@@ -169,6 +147,8 @@ def _array(samples: Any, rate: Any, where: str, column: str) -> tuple[np.ndarray
     unsigned offset binary ``(x - 2**(bits-1)) / 2**(bits-1)`` (8-bit WAV: 128 is silence); integers
     wider than 32 bits are refused (Python ints, e.g. int16 samples read back from an Arrow column,
     have lost their width)."""
+    if getattr(rate, "ndim", None) == 0 and hasattr(rate, "item"):  # a numpy / torch scalar: np.float32(16000.7)
+        rate = rate.item()
     given = rate
     try:
         rate = int(rate) if not isinstance(rate, float) or rate.is_integer() else 0  # 22050.5: no rate
@@ -179,8 +159,9 @@ def _array(samples: Any, rate: Any, where: str, column: str) -> tuple[np.ndarray
         raise AudioError("audio array without a sampling rate", where=where, column=column,
                          expected="a positive integer sampling rate", found=found,
                          fix=_FIX_RATE + " (a tuple is (samples, rate); scipy.io.wavfile.read returns (rate, samples))")
-    if hasattr(samples, "detach"):  # a torch tensor
-        samples = samples.detach().cpu().numpy()
+    if hasattr(samples, "detach"):  # a torch tensor (bfloat16 has no numpy dtype; float32 holds it exactly)
+        samples = samples.detach().cpu()
+        samples = (samples.float() if str(samples.dtype) == "torch.bfloat16" else samples).numpy()
     try:
         arr = np.asarray(samples)
     except (TypeError, ValueError) as e:  # a ragged list: channels of different lengths
@@ -196,6 +177,8 @@ def _array(samples: Any, rate: Any, where: str, column: str) -> tuple[np.ndarray
                          found=f"{arr.dtype} samples (e.g. int16 samples read back from a datasets / Arrow column as "
                                "Python ints)",
                          fix="give the samples with their width (np.asarray(samples, np.int16)) or as floats in [-1, 1]")
+    if arr.ndim == 2 and not arr.size:  # [channels, 0]: no samples (not 2 channels of a 0-channel clip)
+        arr = arr.reshape(0)
     if arr.ndim == 2:
         if arr.shape[0] == arr.shape[1] and arr.shape[0] > 1:
             raise AudioError("2-D audio samples whose channel axis is ambiguous", where=where, column=column,
@@ -225,7 +208,12 @@ def _wave(value: Any, where: str, column: str, limit: tuple = (0, 0)) -> tuple[n
         if value.get("path") is not None:
             return _decode_file(value["path"], where, column, limit)
     if hasattr(value, "get_all_samples"):  # torchcodec's AudioDecoder (datasets 4's decoded Audio)
-        samples = value.get_all_samples()
+        try:
+            samples = value.get_all_samples()
+        except (RuntimeError, ValueError, OSError) as e:  # a stream FFmpeg cannot decode (torchcodec raises these)
+            raise AudioError(f"the audio decoder of the clip failed ({type(e).__name__}: {e})"[:300], where=where,
+                             column=column, expected="a clip FFmpeg decodes", found="a corrupt or truncated stream",
+                             fix="re-export the clip (e.g. ffmpeg -i in -ar 16000 -ac 1 out.wav) or drop the row") from None
         return _array(samples.data, samples.sample_rate, where, column)
     found = f"{type(value).__name__} of shape {np.shape(value)}" if isinstance(value, np.ndarray) else type(value).__name__
     raise AudioError("an audio clip must be a path, bytes, {'path', 'bytes'}, {'array', 'sampling_rate'} or "
@@ -237,7 +225,8 @@ def _wave(value: Any, where: str, column: str, limit: tuple = (0, 0)) -> tuple[n
 def load_audio(value: Any, sampling_rate: int, *, where: str = "row", column: str = "audios",
                max_samples: int = 0) -> np.ndarray:
     """One clip -> mono float32 [n] at ``sampling_rate`` (see the module doc). Refused with an
-    `AudioError` naming ``where`` / ``column``: unreadable or cut short (a WAV), no rate or one outside
+    `AudioError` naming ``where`` / ``column``: unreadable or cut short (WAV, RF64, Wave64, AIFF, AU: by
+    their header, `mmpipe.audio.headers`), no rate or one outside
     `MIN_RATE`..`MAX_RATE` Hz (a rate in kHz), zero samples, non-finite samples, or over
     ``max_samples`` (> 0: what the feature extractor takes; a longer clip would be cut; a file over it
     by its header is refused before it is decoded)."""
