@@ -28,10 +28,12 @@ one decoded frame, never the clip. Every failure is a `mmpipe.errors.VideoError`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import numbers
+from dataclasses import dataclass, fields
 from typing import Any, Optional, Sequence
 
 import numpy as np
+from PIL import Image
 
 from mmpipe.errors import ArgumentError, ImageError, VideoError
 from mmpipe.images.backends import resize_u8_torch
@@ -70,10 +72,12 @@ class VideoOptions:
     def __post_init__(self):
         if self.nframes is not None and self.fps is not None:
             raise ArgumentError(f"give fps or nframes, not both (fps={self.fps!r}, nframes={self.nframes!r})")
-        for name in ("video_start", "video_end"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v)):
-                raise ArgumentError(f"VideoOptions.{name} must be a number of seconds, got {v!r}")
+        # a row's JSON may carry "4" or true: refused here, not a bare TypeError deep in sampling;
+        # inf is refused too (a frame list at fps=inf had second_per_grid_ts 0 and every time 0.0)
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)):
+                raise ArgumentError(f"VideoOptions.{f.name} must be a finite number, got {v!r:.40}")
         for name in ("fps", "nframes", "frames_fps"):
             v = getattr(self, name)
             if v is not None and not v > 0:
@@ -253,6 +257,23 @@ def _list_frames(frames: Sequence, where: str) -> list[np.ndarray]:
     return out
 
 
+def _check_listed_sizes(frames: Sequence, hw: tuple, where: str) -> None:
+    """`VideoError` where an in-memory frame (uint8 array, PIL image) differs in size from the first
+    (height, width) ``hw``, as `_list_frames` refuses it, without decoding (`video_layout`: before,
+    a mixed-size list got the first frame's grid under ``pixels="none"``). Paths and bytes are
+    left to the decode."""
+    for f in frames:
+        if isinstance(f, np.ndarray) and f.ndim >= 2:
+            found = tuple(f.shape[:2])
+        elif isinstance(f, Image.Image):
+            found = (f.height, f.width)
+        else:
+            continue
+        if found != tuple(hw):
+            raise VideoError("the video's frames differ in size", where=where, expected="frames of one size",
+                             found=sorted({tuple(hw), found}), fix="resize the frames to one size")
+
+
 def _encode_frames(frames: Sequence, spec: VisionSpec, opts: VideoOptions, where: str, plan) -> VideoPatches:
     """A frame list (its fps ``opts.frames_fps``): the frames ``plan`` picks (qwen-vl-utils: every
     frame, the last repeated to a multiple of FRAME_FACTOR)."""
@@ -347,6 +368,7 @@ def video_layout(value: Any, spec: VisionSpec, opts: Optional[VideoOptions] = No
             raise VideoError("the video has no frames", where=where, expected="at least one frame",
                              found="an empty frame list", fix="drop the row or give the video's frames")
         first = _list_frames(value[:1], where)[0]
+        _check_listed_sizes(value, first.shape[:2], where)
         idx, (th, tw), sample_fps, times = plan(len(value), float(opts.frames_fps), *first.shape[:2], spec, opts,
                                                 where, True)
     else:
