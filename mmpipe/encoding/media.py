@@ -172,6 +172,8 @@ def column_values(example: dict, column: str, where: str, kind: str = "image") -
                              fix=f"read the column undecoded (mmpipe decodes it): ds.cast_column({column!r}, "
                                  "datasets.List(datasets.Audio(decode=False)))")
         raise values.error(where, column) if kind == "image" else values.video_error(where, column)
+    if kind == "image" and isinstance(values, np.ndarray) and values.dtype == np.uint8 and values.ndim == 4:
+        values = list(values)  # datasets' numpy format stacks a row's same-size images: [n, H, W, C] uint8
     if values is not None and not _is_list(values):
         # one bare value (or a string) instead of a list: iterating it would crash or split it (found by fuzzing)
         raise ParseError(f"column {column!r} must hold a list of {kind}s", where=where, column=column,

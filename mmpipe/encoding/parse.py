@@ -8,6 +8,11 @@ Accepted raw rows (the format is found by looking at the row):
 (c) verl style: ``prompt`` text (or a message list with string contents) containing
     ``<image>`` placeholders, plus an ``images`` column.
 
+Content items are read by `mmpipe.encoding.parse_items` (OpenAI chat ``image_url`` and Responses
+``input_image`` / ``input_text`` parts too); lists that pandas or ``datasets``' numpy format hand
+over as object arrays are read as lists. A role that is a ShareGPT speaker name or a misspelled chat
+role (``gpt``, ``Assistant``) is a `ParseError` (`mmpipe.encoding.sharegpt.check_chat_role`).
+
 An image may be a ``datasets.Image()`` value (dict with bytes/path, or PIL), a path, raw
 bytes, a PIL image or a uint8 array. Videos follow the same three conventions (``{"type": "video"}`` + a
 ``videos`` column, inline ``{"type": "video", "video": ...}``, ``<video>`` in prompt text;
@@ -41,17 +46,16 @@ import re
 
 import numpy as np
 
-from mmpipe.encoding.media import (
-    MediaQueue, UnreadableImages, column_values, inline_audio, inline_video, is_audio_item, is_video_item, media_column,
-)
-from mmpipe.encoding.row_checks import check_completion, check_one_source, check_row, is_image_item
+from mmpipe.encoding.media import MediaQueue, UnreadableImages, column_values, media_column
+from mmpipe.encoding.parse_items import as_list, check_text, inline_image, is_image_item, parse_item
+from mmpipe.encoding.row_checks import check_completion, check_one_source, check_row
+from mmpipe.encoding.sharegpt import check_chat_role
 from mmpipe.errors import ParseError
 from mmpipe.records.columns import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
 # The roles the Qwen-VL chat templates render as turns. Another string is rendered as given
 # (a documented corpus case); a non-string or empty role is refused.
 KNOWN_ROLES = ("system", "user", "assistant", "tool")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 # the message keys parse reads itself; every other key reaches the template as it is (`_extra_fields`)
 _OWN_KEYS = frozenset(("role", "content", "tool_calls", "tool_call_id", "name"))
 _TEXT_KEYS = frozenset(("reasoning_content",))  # keys templates concatenate as text: a string or nothing
@@ -63,32 +67,6 @@ __all__ = ["KNOWN_ROLES", "UnreadableImages", "row_where", "check_text", "is_ima
 def row_where(idx: Optional[int]) -> str:
     """The location prefix of a raw row's errors: ``"row 7"``, or a hint to pass indices."""
     return f"row {idx}" if idx is not None else "row (index unknown: pass with_indices=True to map)"
-
-
-def inline_image(item: dict):
-    """The image value an image item carries itself (``image``, ``image_url`` (str or
-    ``{"url"}``), ``path`` or ``url``), or None when it is a bare placeholder."""
-    if item.get("image") is not None:
-        return item["image"]
-    url = item.get("image_url")
-    if isinstance(url, dict):
-        url = url.get("url")
-    return url if url is not None else (item.get("path") or item.get("url"))
-
-
-def check_text(text: str, *, where: str, column: str, what: str) -> str:
-    """``text``, refused with `ParseError` when it holds a lone UTF-16 surrogate (``"\\ud800"``:
-    no tokenizer can encode it). ``what`` names the text (``"message 2"``)."""
-    if not text.isascii():
-        bad = _SURROGATE.search(text)
-        if bad is not None:
-            raise ParseError(f"{what}: the text holds a lone UTF-16 surrogate at character {bad.start()}",
-                             where=where, column=column, expected="valid Unicode text",
-                             found=f"{bad.group()!r} at character {bad.start()}",
-                             fix="repair the text when building the dataset (a split pair: "
-                                 "s.encode('utf-16', 'surrogatepass').decode('utf-16'); else drop it: "
-                                 "s.encode('utf-8', 'replace').decode())")
-    return text
 
 
 def split_placeholders(text: str, markers=(IMAGE_PLACEHOLDER,)) -> list[dict]:
@@ -111,18 +89,18 @@ def _raw_messages(example: dict, where: str) -> tuple[list, str, int]:
     number of messages from that column)."""
     check_row(example, where)
     check_one_source(example, where)
-    if example.get("messages") is not None:
-        raw = example["messages"]
+    if example.get("messages") is not None:  # as_list: pandas / numpy-format rows hold object arrays
+        raw = as_list(example["messages"])
         column = "messages"
     elif example.get("prompt") is not None:
-        raw = example["prompt"]
+        raw = as_list(example["prompt"])
         column = "prompt"
         if isinstance(raw, str):
             raw = [{"role": "user", "content": raw}]
     elif example.get("conversations") is not None:  # ShareGPT / LLaVA: [{"from": "human", "value": "<image>\n..."}]
         from mmpipe.encoding.sharegpt import sharegpt_messages
 
-        raw, column = sharegpt_messages(example["conversations"], where), "conversations"
+        raw, column = sharegpt_messages(as_list(example["conversations"]), where), "conversations"
     else:
         raise ParseError(
             f"found columns {sorted(example)}", where=where,
@@ -136,7 +114,7 @@ def _raw_messages(example: dict, where: str) -> tuple[list, str, int]:
                          fix="parse JSON-encoded messages first (json.loads)" if isinstance(raw, str) else
                              "drop rows without messages, or give at least one {'role', 'content'} message")
     n_main = len(raw)
-    completion = example.get("completion")
+    completion = as_list(example.get("completion"))
     check_completion(completion, where)
     if completion is not None:
         raw = list(raw) + ([{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion))
@@ -162,38 +140,6 @@ class _Media:
                 if q.images and m in text]
 
 
-def _parse_item(item, m_i: int, media: _Media, column: str, where: str) -> dict:
-    """One content item -> its template item; an image / video item appends its value to
-    ``media.images`` / ``media.videos``."""
-    if isinstance(item, str):
-        return {"type": "text", "text": item}
-    if not isinstance(item, dict):
-        raise ParseError(f"message {m_i}: content item {item!r:.60} is not a dict", where=where, column=column,
-                         expected="{'type': 'text', 'text': str} or {'type': 'image', ...}",
-                         found=type(item).__name__, fix="wrap the item in a dict")
-    if is_image_item(item):
-        inline = inline_image(item)
-        media.images.append(media.iq.take() if inline is None else inline)
-        return {"type": "image"}
-    if is_video_item(item):
-        inline = inline_video(item)
-        media.videos.append(media.vq.take() if inline is None else inline)
-        return {"type": "video"}
-    if is_audio_item(item):
-        inline = inline_audio(item)
-        media.audios.append(media.aq.take() if inline is None else inline)
-        return {"type": "audio"}
-    text = item.get("text")
-    if text is None:
-        raise ParseError(f"message {m_i}: content item {item!r:.80} has neither text nor an image, video or audio",
-                         where=where, column=column, fix="give text items a 'text' string")
-    if not isinstance(text, str):
-        raise ParseError(f"message {m_i}: text must be a string, found {type(text).__name__}",
-                         where=where, column=column, expected="str", found=type(text).__name__,
-                         fix="convert the value to a string (str(x)) when building the dataset")
-    return {"type": "text", "text": check_text(text, where=where, column=column, what=f"message {m_i}")}
-
-
 def _parse_message(msg, m_i: int, media: _Media, column: str, where: str) -> dict:
     """One raw message -> ``{"role", "content"}`` for the chat template."""
     if isinstance(msg, str) and column == "prompt":
@@ -210,7 +156,8 @@ def _parse_message(msg, m_i: int, media: _Media, column: str, where: str) -> dic
                          f"{str(role)!r})", where=where, column=column, expected=f"one of {KNOWN_ROLES}",
                          found=f"{role!r:.40} ({type(role).__name__})",
                          fix="set every message's role (e.g. 'user'); drop rows without roles")
-    content = msg.get("content")
+    check_chat_role(role, m_i, column, where)
+    content = as_list(msg.get("content"))
     if content is None:
         content = ""
     if isinstance(content, str):
@@ -225,7 +172,7 @@ def _parse_message(msg, m_i: int, media: _Media, column: str, where: str) -> dic
             f"found {type(content).__name__}", where=where, column=column,
             fix="store text as a string, or as [{'type': 'text', 'text': ...}] items",
         )
-    items = [_parse_item(item, m_i, media, column, where) for item in content]
+    items = [parse_item(item, m_i, media, column, where) for item in content]
     return {"role": msg["role"], "content": items}
 
 

@@ -64,10 +64,10 @@ def check_one_source(example: dict, where: str) -> None:
 
 
 def is_image_item(item: dict) -> bool:
-    """Whether a content item stands for an image (``{"type": "image" | "image_url", ...}``,
-    or an untyped item holding an ``image`` / ``image_url`` value)."""
+    """Whether a content item stands for an image (``{"type": "image" | "image_url" | "input_image"
+    (OpenAI Responses), ...}``, or an untyped item holding an ``image`` / ``image_url`` value)."""
     t = item.get("type")
-    if t in ("image", "image_url"):
+    if t in ("image", "image_url", "input_image"):
         return True
     return t is None and (item.get("image") is not None or item.get("image_url") is not None)
 

@@ -8,11 +8,15 @@ from typing import Any
 
 from mmpipe.errors import ParseError
 
-__all__ = ["SHAREGPT_ROLES", "sharegpt_messages"]
+__all__ = ["SHAREGPT_ROLES", "check_chat_role", "sharegpt_messages"]
 
 # ShareGPT / LLaVA speakers ("from") -> chat roles (LLaMA-Factory's sharegpt defaults, LLaVA's data)
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "model": "assistant",
                   "system": "system"}
+# a role the templates would not recognise but a writer meant as a chat role (ShareGPT / Gemma speaker
+# names, another case, stray spaces) -> that role: rendered as given it becomes a foreign turn
+# (``<|im_start|>gpt``) that is never labelled (Gemma's template renders "model" as "assistant" does)
+_MEANT_ROLES = SHAREGPT_ROLES
 
 
 def sharegpt_messages(turns: Any, where: str) -> Any:
@@ -37,3 +41,20 @@ def sharegpt_messages(turns: Any, where: str) -> Any:
             turn = {"role": role, "content": value}
         out.append(turn)
     return out
+
+
+def check_chat_role(role: str, m_i: int, column: str, where: str) -> None:
+    """Refuse (`ParseError`) a chat message whose ``role`` means the assistant but is spelled
+    otherwise: a ShareGPT / Gemma speaker name (``gpt``, ``model``) or ``assistant`` in another
+    case or with spaces (``"Assistant"``): templates would render it as an unknown turn and mmpipe
+    labels only ``assistant`` turns, so the answer would silently never be a target. Other roles
+    pass (a template renders them as given: ``"USER"``, ``"human"``, ``"narrator"``; no answer is
+    lost)."""
+    use = _MEANT_ROLES.get(role.strip().lower())
+    if use == "assistant" and use != role:
+        kind = "a chat role spelled otherwise" if role.strip().lower() == use else "a ShareGPT speaker name"
+        raise ParseError(f"message {m_i} has role {role!r} ({kind}): the template would render it "
+                         f"as a turn of its own and the turn would not be labelled", where=where, column=column,
+                         expected="role 'system', 'user', 'assistant' or 'tool'", found=f"role {role!r}",
+                         fix=f"rename role {role!r} to {use!r} (or give ShareGPT turns as a 'conversations' column "
+                             "with 'from' / 'value')")
