@@ -10,7 +10,8 @@ builds the policy batch; TRL keeps its loop, rewards, advantages and loss.
     trainer.train()
 
 The dataset holds raw rows in any format `mmpipe.encode` reads (TRL's own ``prompt`` messages +
-``images`` included), encoded on the fly with ``labels=False`` as prompts (a ``completion`` column
+``image`` / ``images`` included, string contents too: the images go before the first user text, as
+TRL puts them; `mmpipe.hosts.trl_grpo_prompts`), encoded on the fly with ``labels=False`` as prompts (a ``completion`` column
 and the assistant turns ending a ``messages`` conversation left out, as stock TRL generates
 from ``prompt`` alone; the rewards get the whole ``messages``), or rows already encoded by
 `mmpipe.encode_dataset` (``labels=False``; keep the reward's columns with ``keep_columns``).
@@ -27,7 +28,10 @@ Rows with 0, 1, 2 ... images mix in one batch. What the subclass changes, and wh
   prompt text); mmpipe's ``pixel_values`` [N, D], ``image_grid_thw`` [I, 3], ``num_images`` [B]
   and ``mm_token_type_ids`` [B, P+C] are added to its output, which TRL shuffles and splits per
   row (``split_pixel_values_by_grid``) into the optimisation batches. The reward functions get
-  the rows' ``image`` / ``images`` columns back (``_calculate_rewards``), as stock TRL gives them.
+  the rows' ``image`` / ``images`` columns back and the prompts with their images in the image
+  parts (``_calculate_rewards``), as stock TRL gives them. At a temperature other than 1 the
+  engine's logprobs (raw logits) are not handed to TRL as ``sampling_per_token_logps`` (its
+  loss logprobs are of logits / T; its off-policy mask would read the difference as drift).
 - ``_get_per_token_logps_and_entropies`` (TRL has no positions hook): each forward (old, ref and
   the loss) gets the images of its rows and ``position_ids`` [3, B, L] from `mmpipe.rope.get_rope_index`
   over TRL's layout (left-padded prompt + right-padded completion): the exact M-RoPE positions.
@@ -55,17 +59,13 @@ try:
 except ImportError as e:  # pragma: no cover - trl is a test dependency
     raise ImportError("mmpipe.hosts.trl_grpo needs TRL: pip install 'trl>=1.16'") from e
 
-from mmpipe.encoding.media import is_audio_item, is_video_item
-from mmpipe.encoding.row_checks import is_image_item
 from mmpipe.errors import ArgumentError
-from mmpipe.records.columns import AUDIO_PLACEHOLDER, IGNORE_INDEX, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
+from mmpipe.hosts.trl_grpo_prompts import IMAGE_KEYS, check_prompt_labels, is_encoded_row, raw_prompt, reward_prompts
 from mmpipe.records.generation import SamplingParams
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.rope import get_rope_index
 
 __all__ = ["VisionGRPOTrainer", "grpo_settings"]
-
-_IMAGE_KEYS = ("image", "images")
 
 
 def grpo_settings() -> dict[str, Any]:
@@ -131,19 +131,15 @@ class VisionGRPOTrainer(GRPOTrainer):
     def _prompt_row(self, x: Any, i: int) -> MultiModalInputs:
         """Row ``i`` of a generation batch -> its prompt record (encoded rows as they are)."""
         if isinstance(x, MultiModalInputs):
-            return _check_prompt_labels(x, i)
-        if isinstance(x, Mapping) and "family" in x:
-            return _check_prompt_labels(MultiModalInputs.from_dict(x, row=i), i)
-        raw = dict(x)
-        if "images" not in raw and "image" in raw:  # TRL's one-image column
-            image = raw.pop("image")
-            raw["images"] = [] if image is None else [image]
-        return self._encoder.encode_row(_prompt_only(raw, i), i)
+            return check_prompt_labels(x, i)
+        if is_encoded_row(x):  # a raw row's own 'family' column (a reward kwarg) is no encoding marker
+            return check_prompt_labels(MultiModalInputs.from_dict(x, row=i), i)
+        return self._encoder.encode_row(raw_prompt(x, i), i)
 
     def _trl_row(self, x: Any, row: MultiModalInputs) -> dict:
         """What TRL reads of a row: its columns without images, and a ``prompt`` (the row's own,
         else the prompt text with its special tokens); rewards receive the other columns."""
-        cols = {k: v for k, v in x.items() if k not in _IMAGE_KEYS} if isinstance(x, Mapping) else {}
+        cols = {k: v for k, v in x.items() if k not in IMAGE_KEYS} if isinstance(x, Mapping) else {}
         if "prompt" not in cols:
             cols["prompt"] = self.processing_class.decode(np.asarray(row.input_ids).tolist())
         return cols
@@ -151,13 +147,18 @@ class VisionGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list) -> dict:
         rows = [self._prompt_row(x, i) for i, x in enumerate(inputs)]
         # the image columns TRL does not see (`_trl_row`) go with the rows to the reward functions
-        images = [{k: x[k] for k in _IMAGE_KEYS if k in x} if isinstance(x, Mapping) else {} for x in inputs]
+        images = [{k: x[k] for k in IMAGE_KEYS if k in x} if isinstance(x, Mapping) else {} for x in inputs]
         self._mm_pending = _PromptMedia(rows, self.processing_class, images)
         try:
             out = super()._generate_and_score_completions([self._trl_row(x, r) for x, r in zip(inputs, rows)])
             out.update(self._mm_pending.loss_inputs(out["prompt_ids"].shape[1], out["completion_ids"].shape[1],
                                                     out["prompt_ids"].device))
             self._log_logprob_gap(out)
+            if self.temperature != 1.0:
+                # the engine's logprobs are of the raw logits, TRL's loss ones of logits / T: left in,
+                # TRL's off-policy mask would read their difference as policy drift. Without them TRL
+                # uses its own old logprobs, as with its transformers generation.
+                out.pop("sampling_per_token_logps", None)
         finally:
             self._mm_pending = None
         return out
@@ -165,11 +166,12 @@ class VisionGRPOTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         """TRL's rewards, with each row's ``image`` / ``images`` column given back: stock
         ``GRPOTrainer`` passes every dataset column to the reward functions (``images=[...]``, one
-        entry per completion), and ``_trl_row`` took the images out only to keep TRL from
-        re-processing them."""
+        entry per completion) and the prompts with the images in their image parts; ``_trl_row``
+        took the images out only to keep TRL from re-processing them."""
         media = self._mm_pending
         if media is not None and len(media.image_columns) == len(inputs) and any(media.image_columns):
             inputs = [{**x, **cols} for x, cols in zip(inputs, media.image_columns)]
+            prompts = reward_prompts(prompts, media.image_columns)
         return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
 
     # ---- rollout (TRL's rollout_func) -----------------------------------------------------------
@@ -265,59 +267,6 @@ class VisionGRPOTrainer(GRPOTrainer):
         if gap.numel():
             self._metrics[mode]["rollout/logprob_gap/max"].append(gap.max().item())
             self._metrics[mode]["rollout/logprob_gap/mean"].append(gap.mean().item())
-
-
-def _check_prompt_labels(row: MultiModalInputs, i: int) -> MultiModalInputs:
-    """Refuse an encoded row with target tokens: it was encoded for SFT (``labels=True``), so its
-    ids end with the assistant's answer, and the policy would be sampled after that answer."""
-    if row.labels is not None:
-        n = int((np.asarray(row.labels) != IGNORE_INDEX).sum())
-        if n:
-            raise ArgumentError(f"row {i}: an encoded row with {n} target tokens in 'labels': it was encoded for SFT "
-                                "and its ids hold the assistant's answer, which VisionGRPOTrainer would prompt the "
-                                "policy with; expected prompt rows; fix: encode the prompts with "
-                                "mmpipe.encode_dataset(ds, processor, labels=False) from rows without the answer "
-                                "(a 'prompt' column), or pass the raw rows (answers are then left out)")
-    return row
-
-
-def _prompt_only(raw: dict, i: int) -> dict:
-    """A raw row as the prompt to generate from: without TRL's ``completion`` column (stock
-    ``GRPOTrainer`` generates from ``prompt`` alone) and without the assistant turns that end a
-    ``messages`` conversation (an SFT-style row's answer). Encoded as they are, both would put the
-    reference answer into the prompt, and the model would be sampled after its end-of-turn token
-    instead of after the assistant header. The reward functions get the row's whole ``messages``."""
-    raw.pop("completion", None)
-    messages = raw.get("messages")
-    if "prompt" in raw or not isinstance(messages, (list, tuple)):
-        return raw
-    keep = len(messages)
-    while keep and isinstance(messages[keep - 1], Mapping) and messages[keep - 1].get("role") == "assistant":
-        keep -= 1
-    if keep == len(messages):
-        return raw
-    if keep == 0:
-        raise ArgumentError(f"row {i}: column 'messages' holds only assistant turns: nothing to prompt with; "
-                            "expected a conversation ending with a user (or tool) turn; fix: give each row a "
-                            "'prompt' (TRL style) or a 'messages' conversation with the user's question")
-    if any(_has_media(m) for m in messages[keep:]):
-        raise ArgumentError(f"row {i}: the assistant turns that end column 'messages' hold images / videos: "
-                            "VisionGRPOTrainer generates from the conversation before them and cannot tell which "
-                            "of the row's images they take; expected media in the prompt turns only; fix: "
-                            "give the rows as 'prompt' (the turns to generate from) + 'images'")
-    raw["messages"] = list(messages[:keep])
-    return raw
-
-
-def _has_media(message: Any) -> bool:
-    """Whether a raw chat message holds an image / video / audio item or placeholder text (the
-    classifiers `mmpipe.encode` parses items with)."""
-    content = message.get("content") if isinstance(message, Mapping) else None
-    if isinstance(content, str):
-        return any(tag in content for tag in (IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, AUDIO_PLACEHOLDER))
-    # Arrow gives every content item every key of the column's struct: an absent image is None
-    return any(isinstance(item, Mapping) and (is_image_item(item) or is_video_item(item) or is_audio_item(item))
-               for item in content or ())
 
 
 def _rollout(prompts: list, trainer: VisionGRPOTrainer) -> dict:
