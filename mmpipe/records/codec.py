@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from mmpipe.errors import InputError
+from mmpipe.errors import InputError, PixelDataError
 from mmpipe.images.backends import BACKENDS
 from mmpipe.records.columns import (
     PIXEL_COLUMNS, as_array, fit_width, pixel_digest, source_list, sources_digest, u8_block, u8_bytes,
@@ -151,6 +151,8 @@ def read_columns(d, columns: tuple, fam, row) -> dict:
         if c.missing in ("ones", "zeros"):
             default = getattr(np, c.missing)(len(kw["input_ids"]))
         v = d.get(c.name, default)
+        if v is None and c.pixels and pixel_rows(kw.get(c.rows)) and _stores_pixels(d, columns, c):
+            raise _dropped_pixels(c, kw, row)
         if (v is None and c.missing in ("none", "no rows")) or \
                 (c.missing == "no rows" and not pixel_rows(kw.get(c.rows))):
             continue
@@ -166,6 +168,25 @@ def read_columns(d, columns: tuple, fam, row) -> dict:
     return kw
 
 
+def _stores_pixels(d, columns: tuple, c: Column) -> bool:
+    """Whether stored row ``d`` holds another pixel column of ``c``'s pixel formats (the row's
+    pixel format is theirs: ``c`` belongs to it too; a layout-only row holds none)."""
+    return any(not callable(o) and o is not c and o.rows and o.pixels == c.pixels and d.get(o.name) is not None
+               for o in columns)
+
+
+def _dropped_pixels(c: Column, kw: dict, row) -> InputError:
+    """The error of a row whose pixel column ``c`` is absent or null although its ``c.rows``
+    layout holds items and the row stores pixels (its other pixel columns): the column was dropped
+    (``select_columns`` / ``remove_columns``) or nulled; collate would batch the items without it."""
+    n = len(kw[c.rows])
+    return stored_row_error(f"no {c.name!r} value, but the row's {c.rows} holds {n} item(s) and the row stores "
+                            f"its other pixel data in the {'/'.join(c.pixels)} format: the column was dropped or "
+                            "nulled", row, c.name, expected=f"the pixel rows of its {n} item(s)", found="none",
+                            fix="keep every column mmpipe.encode wrote (select_columns / remove_columns must not "
+                                "drop it), or re-encode the row", error=PixelDataError)
+
+
 def read_row(cls, d, fam, row=None, *, verify_pixels: bool = False):
     """A stored row of family ``fam`` (python lists, numpy or torch formatted) -> a ``cls``
     record: the declared columns (`read_columns`), then the kind's own (``read_media``). A kind
@@ -176,9 +197,34 @@ def read_row(cls, d, fam, row=None, *, verify_pixels: bool = False):
     kw = read_columns(d, media.COLUMNS, fam, row)
     kw.update(media.read_media(d, kw, fam, row))
     out = cls(family=fam.name, **kw)
-    if (verify_pixels or media.CHECK_ON_READ) and d.get("pixel_digest") is not None:
+    if (verify_pixels or media.CHECK_ON_READ) and digest_value(d.get("pixel_digest")) is not None:
         out.verify_pixel_digest(d["pixel_digest"], row)
     return out.validate(row) if media.CHECK_ON_READ else out
+
+
+def digest_value(stored: Any) -> Union[int, np.floating, None]:
+    """A stored ``pixel_digest`` as read back: a python int, or None for a row without one (null;
+    NaN where numpy / torch / pandas formatting turned a column holding nulls into floats). Such a
+    column's other digests come back as floats too (float32 or float64, rounded): returned as that
+    float, for `digest_matches`."""
+    if stored is None:
+        return None
+    if hasattr(stored, "detach"):  # torch tensor, no torch import here
+        stored = stored.detach().cpu().numpy()
+    v = np.asarray(stored).reshape(-1)[0] if not isinstance(stored, int) else stored
+    if isinstance(v, (float, np.floating)):
+        return None if np.isnan(v) else v
+    return int(v)
+
+
+def digest_matches(found: int, stored: Union[int, np.floating]) -> bool:
+    """Whether digest ``found`` (of the row's pixel data) is the stored one: exactly for an int;
+    for a digest read back as a float (`digest_value`), to that float's precision (two units in
+    its last place), all a rounded copy can tell - never a false alarm about damage."""
+    if not isinstance(stored, (float, np.floating)):
+        return found == stored
+    eps = np.finfo(np.asarray(stored).dtype).eps
+    return abs(float(found) - float(stored)) <= 2 * eps * max(abs(float(found)), 1.0)
 
 
 def stored_backend(value: Any, row: Any = None) -> str:

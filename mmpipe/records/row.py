@@ -31,7 +31,9 @@ import pyarrow as pa
 
 from mmpipe.errors import ArgumentError, InputError, PixelDataError
 from mmpipe.families import GENERIC_FAMILY, ModelFamily, get_family
-from mmpipe.records.codec import digested_columns, pixel_rows, read_row, stored_pixel_digest, write_columns
+from mmpipe.records.codec import (
+    digest_matches, digest_value, digested_columns, pixel_rows, read_row, stored_pixel_digest, write_columns,
+)
 from mmpipe.records.columns import KIND_TYPES, NULLABLE_ROW_COLUMNS, ROW_COLUMNS, empty_rows, row_column_wanted
 from mmpipe.records.display_hooks import render
 from mmpipe.records.media_layout import MediaLayout
@@ -233,12 +235,11 @@ class MultiModalInputs(ProcessorOutputs):
 
     def verify_pixel_digest(self, stored: Any, row: Any = None) -> None:
         """Raise `PixelDataError` when this row's pixel data no longer hash to ``stored``."""
-        found = self.stored_pixel_digest()
-        want = int(np.asarray(stored).reshape(-1)[0]) if not isinstance(stored, int) else stored
-        if found is not None and found != want:
+        found, want = self.stored_pixel_digest(), digest_value(stored)
+        if found is not None and want is not None and not digest_matches(found, want):
             raise PixelDataError(
                 f"the stored pixel data hash to {found & (2**64 - 1):#018x} but the row's pixel_digest says "
-                f"{want & (2**64 - 1):#018x}: bytes changed after encoding (disk or copy damage, or an edit)",
+                f"{int(want) & (2**64 - 1):#018x}: bytes changed after encoding (disk or copy damage, or an edit)",
                 row=row, column=digested_columns(self), stage="validate",
                 fix="re-encode the row (or restore the file from a good copy)",
             )
