@@ -9,6 +9,9 @@ Each takes a column (or the table) and returns the repaired Arrow data:
   trip, to its typed empty lists);
 - `u8_list_to_binary`: compact pixels stored as ``list<uint8>`` (older layout) -> ``binary``
   with the end marker (when every value is a byte, `u8_values_fit`);
+- `class_ids_to_names`: a string column (``family``) a ``datasets`` ClassLabel turned into
+  integer class ids (``class_encode_column``, wanted by ``stratify_by_column``) -> its names, as
+  the ClassLabel the table's schema metadata records lists them (`class_label_names`);
 - `add_empty_column`: a missing video column, empty for every row (no videos);
 - `recompute_rope_deltas`: a missing ``rope_delta`` as ``max(position_ids) + 1 - L``;
 - `pixel_digests`: a missing ``pixel_digest`` computed from the pixel data as stored now
@@ -17,6 +20,7 @@ Each takes a column (or the table) and returns the repaired Arrow data:
 
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 import numpy as np
@@ -83,6 +87,29 @@ def u8_list_to_binary(col: pa.ChunkedArray) -> pa.ChunkedArray:
         arr = np.asarray(v, dtype=np.uint8).reshape(-1)
         out.append(arr.tobytes() + bytes([END_MARKER]))
     return pa.chunked_array([pa.array(out, type=pa.binary())])
+
+
+def class_label_names(schema: pa.Schema, name: str) -> Optional[list]:
+    """The names of column ``name``'s ``datasets`` ClassLabel, as the schema metadata a Dataset
+    (or its parquet / save_to_disk files) records them, else None."""
+    try:
+        meta = json.loads((schema.metadata or {}).get(b"huggingface", b"{}"))
+        feature = meta.get("info", {}).get("features", {}).get(name, {})
+    except (ValueError, AttributeError):
+        return None
+    names = feature.get("names") if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" else None
+    return list(names) if isinstance(names, list) and all(isinstance(n, str) for n in names) else None
+
+
+def class_ids_to_names(col: pa.ChunkedArray, names: list) -> Optional[pa.ChunkedArray]:
+    """string [rows]: each integer class id of ``col`` replaced by ``names[id]`` (nulls stay null);
+    None when an id is not one of the names' (ClassLabel's -1 for "no label" included)."""
+    ids = col.combine_chunks().cast(pa.int64())
+    if len(ids) > ids.null_count:
+        mm = pc.min_max(ids)
+        if mm["min"].as_py() < 0 or mm["max"].as_py() >= len(names):
+            return None
+    return pa.chunked_array([pc.take(pa.array(names, pa.string()), ids)])
 
 
 def add_empty_column(table: pa.Table, f: pa.Field) -> pa.Table:

@@ -47,7 +47,8 @@ from mmpipe.data.object_store import open_table
 from mmpipe.data.report import REENCODE, Issue, SchemaError, ValidationReport  # noqa: F401
 from mmpipe.data.validate_columns import BOOKKEEPING, check_columns  # noqa: F401
 from mmpipe.data.validate_rows import (
-    failed_rows, family_issues, listed, missing_pixels, row_issues, unreadable_files,
+    failed_rows, family_issues, images_without_tokens, listed, missing_pixels, row_issues,
+    unreadable_files, untrained_rows,
 )
 from mmpipe.errors import ArgumentError
 from mmpipe.families import (
@@ -92,16 +93,19 @@ def _dataset_issues(table: pa.Table, fam: ModelFamily, processor) -> tuple[list[
         return failed_rows(table) + issues, False
     more = _processor_issues(fam, processor) if processor is not None else []
     more += fam.media.dataset_checks(table, processor)
-    return failed_rows(table) + issues + more, not any(i.severity == "error" for i in more)
+    return failed_rows(table) + issues + untrained_rows(table) + more, not any(i.severity == "error" for i in more)
 
 
 def _row_level_issues(table: pa.Table, fam: ModelFamily, pixel_format: str, *, processor,
                       images_kwargs: Optional[dict], positions: bool, chunk: int) -> list[Issue]:
     """Checks reading rows: images without pixels, unreadable source files, every row read as
     collate reads it and given to its family's row check (``fam.media.row_checks``,
-    `_row_check`)."""
+    `_row_check`); where the kind has nothing to check (no row marks an image token, so the tiles
+    kind cannot tell its feature token), rows with images but no image token at all."""
     check = _row_check(table, fam, processor=processor, images_kwargs=images_kwargs, positions=positions)
     no_pixels = missing_pixels(table, pixel_format, fam.media.IMAGE_LAYOUT_COLUMN)
+    if check is None:
+        no_pixels += images_without_tokens(table, fam.media.IMAGE_LAYOUT_COLUMN)
     reported = frozenset(r for i in no_pixels for r in i.rows)
     return no_pixels + unreadable_files(table, chunk) + row_issues(table, check, chunk, reported)
 
@@ -198,6 +202,13 @@ def _lost_pixel_format(table: pa.Table, report: ValidationReport, fam) -> str:
     return "none"
 
 
+def _no_rows(table: pa.Table) -> list[Issue]:
+    """A warning for a table without rows (a filter or select that kept none): it passes every
+    check and yields no batch."""
+    return [] if table.num_rows else [Issue("warning", "shape", None, "the dataset has no rows: training on it "
+                                            "yields no batch", "check the filter / select before it (did it keep none?)")]
+
+
 # ---- public API ----------------------------------------------------------------------------
 def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: bool = True,
                      max_rows_listed: int = 10, chunk: int = 1024, processor=None,
@@ -233,7 +244,7 @@ def validate_dataset(data, *, fix: bool = False, rows: bool = True, positions: b
     table, ds = open_table(data, storage_options)  # a local path, a Dataset or table, or an s3:// (any fsspec) URL
     fam = dataset_family(table)
     fmt, labels = stored_pixel_format(table.column_names), "labels" in table.column_names
-    report = ValidationReport(num_rows=table.num_rows, pixel_format=fmt, labels=labels)
+    report = ValidationReport(num_rows=table.num_rows, pixel_format=fmt, labels=labels, issues=_no_rows(table))
     if fmt == "mixed":
         report.issues.append(Issue("warning", "shape", None, "pixel columns of several formats "
                                    "(pixel_values_u8 / pixel_values / image_sources): rows may mix "

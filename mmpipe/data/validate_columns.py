@@ -15,8 +15,8 @@ import pyarrow as pa
 
 from mmpipe.data.column_rules import ExpectedColumn, published, same_shape, shape_text
 from mmpipe.data.repair import (
-    add_empty_column, is_u8_list, lossless_cast, pixel_digests, recompute_rope_deltas,
-    u8_list_to_binary, u8_values_fit,
+    add_empty_column, class_ids_to_names, class_label_names, is_u8_list, lossless_cast,
+    pixel_digests, recompute_rope_deltas, u8_list_to_binary, u8_values_fit,
 )
 from mmpipe.data.report import REENCODE, Issue, ValidationReport
 from mmpipe.records.columns import OPTIONAL_ROW_COLUMNS
@@ -61,7 +61,8 @@ def declared_columns(table: pa.Table, columns: tuple, kind: str) -> list[Expecte
     for the patch grids), any other one unchecked. A column is required when its reader needs
     it (``missing="error"``) and, for a column of some pixel formats only (``pixels``), when the
     table stores another column of the same formats (the tiles' ``tile_hw`` with their
-    ``pixel_values_u8``); every other declared column is optional. A declaration that is a
+    ``pixel_values_u8``); every other declared column is optional, but for a ``pixel_digest`` lost
+    next to stored pixels (warned as for the patch grids; ``fix=True`` adds it). A declaration that is a
     function (the processor kind's own outputs) is left to the kind."""
     declared = [c for c in columns if not callable(c)]
     stored = set(table.column_names)
@@ -71,9 +72,12 @@ def declared_columns(table: pa.Table, columns: tuple, kind: str) -> list[Expecte
             return False
         return not c.pixels or any(o is not c and o.pixels == c.pixels and o.name in stored for o in declared)
 
+    def if_missing(c) -> str:  # a digest lost next to stored pixels: warned (damage undetectable), fix=True adds it
+        return "digest" if c.name == "pixel_digest" and stored & {"pixel_values_u8", "image_sources"} else "optional"
+
     need = [c.name for c in declared if required(c)]
     return [ExpectedColumn.stored(n, kind, strict=published(n)) for n in need] + \
-        [ExpectedColumn.stored(c.name, kind, strict=published(c.name), if_missing="optional")
+        [ExpectedColumn.stored(c.name, kind, strict=published(c.name), if_missing=if_missing(c))
          for c in declared if c.name not in need]
 
 
@@ -129,6 +133,8 @@ def _check_type(table: pa.Table, c: ExpectedColumn, report: ValidationReport, fi
         return table
     if col.type.equals(c.type):
         return table
+    if pa.types.is_string(c.type) and pa.types.is_integer(col.type):
+        return _class_ids(table, c, report, fix)
     earlier = any(col.type.equals(t) for t in c.earlier)
     if earlier and not fix:
         return table  # an earlier release's type: reads the same (fix=True casts it to today's)
@@ -150,4 +156,26 @@ def _check_type(table: pa.Table, c: ExpectedColumn, report: ValidationReport, fi
     cast_fix = f"{cast_hint} or validate_dataset(..., fix=True)"
     report.issues.append(Issue("error", "type", c.name, f"{how}: expected {c.type}, found {found}",
                                REENCODE if "change values" in how else cast_fix))
+    return table
+
+
+def _class_ids(table: pa.Table, c: ExpectedColumn, report: ValidationReport, fix: bool) -> pa.Table:
+    """A name column (``family``) holding integer class ids (a ``datasets`` ClassLabel): a cast
+    would store the ids as text ("0"), so only the ClassLabel's own names (schema metadata,
+    `class_label_names`) repair it, with ``fix``; the table's stale metadata is then dropped."""
+    names = class_label_names(table.schema, c.name)
+    repaired = class_ids_to_names(table.column(c.name), names) if names is not None else None
+    how = (f"integer class ids instead of names (a datasets ClassLabel: class_encode_column, "
+           f"stratify_by_column?): expected {c.type}, found {table.column(c.name).type}")
+    if repaired is not None and fix:
+        report.issues.append(Issue("fixed", "type", c.name, f"{how}; mapped back to the ClassLabel's names {names}"))
+        at = table.column_names.index(c.name)
+        return table.set_column(at, pa.field(c.name, c.type), repaired).replace_schema_metadata(None)
+    if repaired is not None:
+        fix_text = "validate_dataset(..., fix=True) maps them back to the ClassLabel's names (a cast stores '0')"
+    else:
+        how += "; the ClassLabel's names are not stored with it"
+        fix_text = (f"map the ids back to the names they were made from (ds.map(lambda r: {{{c.name!r}: "
+                    f"names[r[{c.name!r}]]}})), or {REENCODE}; a cast would store the ids as text ('0')")
+    report.issues.append(Issue("error", "type", c.name, how, fix_text))
     return table

@@ -18,10 +18,10 @@ from mmpipe.data.report import REENCODE, Issue
 from mmpipe.data.sources_check import unreadable_sources
 from mmpipe.errors import InputError
 from mmpipe.records.arrow import list_lengths, rows_from_arrow
-from mmpipe.records.columns import STORED_PIXEL_COLUMN
+from mmpipe.records.columns import IGNORE_INDEX, STORED_PIXEL_COLUMN
 
-__all__ = ["failed_rows", "family_issues", "listed", "missing_pixels", "unreadable_files",
-           "row_issues"]
+__all__ = ["failed_rows", "family_issues", "images_without_tokens", "listed", "missing_pixels",
+           "unreadable_files", "row_issues", "untrained_rows"]
 
 RowCheck = Callable[..., None]  # (row: MultiModalInputs, index: int) -> None, raising InputError
 
@@ -106,6 +106,53 @@ def missing_pixels(table: pa.Table, pixel_format: str, layout_column: str) -> li
     col = cols[0] if len(cols) == 1 else " / ".join(cols)
     return [Issue("error", "content", col, "rows hold images but no pixel data (null)", REENCODE,
                   bad.tolist())] if len(bad) else []
+
+
+def _per_row_count(column: pa.ChunkedArray, hit, num_rows: int) -> np.ndarray:
+    """int64 [rows]: how many values of each row of a list column ``hit(values)`` (an Arrow
+    compute of the flat values -> bool) marks; a null row counts 0. No row is built."""
+    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    parents = np.asarray(pc.list_parent_indices(col).to_numpy(zero_copy_only=False), np.int64)
+    mask = np.asarray(pc.fill_null(hit(pc.list_flatten(col)), False).to_numpy(zero_copy_only=False), bool)
+    return np.bincount(parents[mask], minlength=num_rows)
+
+
+def images_without_tokens(table: pa.Table, layout_column: str) -> list[Issue]:
+    """Rows with images (a non-empty ``layout_column``) but no token marked as an image
+    (``mm_token_type_ids == 1``): their image tokens were cut (a truncating ``map``) while the
+    images stayed; collate still sends the pixels and the model fails ("image features and image
+    tokens do not match"). For a kind whose row check needs a marked token to find its feature
+    token (`mmpipe.media.tiles_validate` without a processor), the one check left when no row
+    marks any."""
+    if "mm_token_type_ids" not in table.column_names or layout_column not in table.column_names:
+        return []
+    marked = _per_row_count(table.column("mm_token_type_ids"), lambda v: pc.equal(v, 1), table.num_rows)
+    bad = np.flatnonzero((marked == 0) & (list_lengths(table.column(layout_column)) > 0))
+    return [Issue("error", "content", "input_ids", f"rows hold images ({layout_column}) but no image token "
+                  "(no mm_token_type_ids == 1): the image tokens were cut from input_ids (truncated?) while "
+                  "the images stayed", REENCODE + " (truncate before encoding, never the encoded ids)",
+                  bad.tolist())] if len(bad) else []
+
+
+def untrained_rows(table: pa.Table) -> list[Issue]:
+    """Rows of a labelled dataset without a trained token (every label -100, or null labels, read
+    as all -100) while other rows have some: they add nothing to the loss (a batch of only such
+    rows gives a NaN loss), and next to trained rows they are responses cut away (a truncating
+    ``map``) or labels lost. A warning; a dataset whose rows all train nothing (prompt-only rows
+    for RL) gets none. Rows that failed to encode (`failed_rows`) are warned about there."""
+    if "labels" not in table.column_names or not table.num_rows:
+        return []
+    trained = _per_row_count(table.column("labels"), lambda v: pc.not_equal(v, IGNORE_INDEX), table.num_rows) > 0
+    if "mmpipe_error" in table.column_names:
+        failed = pc.fill_null(pc.greater(pc.utf8_length(table.column("mmpipe_error").cast(pa.string())), 0), False)
+        trained |= np.asarray(failed.to_numpy(zero_copy_only=False), bool)
+    if not trained.any() or trained.all():
+        return []
+    return [Issue("warning", "content", "labels", "rows without a trained token (every label -100, or null) "
+                  "among rows with trained tokens: they add nothing to the loss (their response cut by a "
+                  "truncation, or their labels lost?)", "drop them (ds.filter(lambda r: any(x != -100 for x "
+                  "in r['labels'] or []))) or re-encode them with a longer max_length",
+                  np.flatnonzero(~trained).tolist())]
 
 
 def unreadable_files(table: pa.Table, chunk: int) -> list[Issue]:
