@@ -10,8 +10,9 @@ Accepted raw rows (the format is found by looking at the row):
 
 Content items are read by `mmpipe.encoding.parse_items` (OpenAI chat ``image_url`` and Responses
 ``input_image`` / ``input_text`` parts too); lists that pandas or ``datasets``' numpy format hand
-over as object arrays are read as lists. A role that is a ShareGPT speaker name or a misspelled chat
-role (``gpt``, ``Assistant``) is a `ParseError` (`mmpipe.encoding.sharegpt.check_chat_role`).
+over as object arrays are read as lists. An assistant turn whose role is spelled otherwise (the
+ShareGPT / Gemma speakers ``gpt`` / ``model``, ``Assistant``) is a `ParseError`
+(`mmpipe.encoding.sharegpt.check_chat_role`); other roles render as given.
 
 An image may be a ``datasets.Image()`` value (dict with bytes/path, or PIL), a path, raw
 bytes, a PIL image or a uint8 array. Videos follow the same three conventions (``{"type": "video"}`` + a
