@@ -73,6 +73,12 @@ def validate(r, row: Optional[int]) -> None:
                                    f"{code}); the text and the {kind} data disagree (truncated or appended without "
                                    f"its pixels{lost}?)", row, f"{kind}_grid_thw",
                                    fix="re-encode the row, keeping every column encode wrote", error=PixelDataError)
+    n_sec, n_vid = len(r.second_per_grid_ts), len(r.video_grid_thw)
+    if fam.takes_second_per_grid_ts and n_sec != n_vid:  # the model's video time scale (positions="none")
+        raise stored_row_error("", row, "second_per_grid_ts", f"{n_vid} (one value per video)", f"{n_sec}",
+                               fix="re-encode the row, keeping every column encode wrote (the dataset's "
+                                   "second_per_grid_ts column was dropped or cut?)", error=PixelDataError,
+                               column_in_location=True)
     for c in [c for c in COLUMNS if c.rows]:  # the pixels: a row per patch of the grids, of the patch width
         arr, want = getattr(r, c.name), (pixel_rows(getattr(r, c.rows)), getattr(fam, c.width))
         if arr is not None and arr.shape != want:

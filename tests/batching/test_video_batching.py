@@ -129,3 +129,21 @@ def test_compact_and_float_video_rows_give_the_same_model_inputs(encoded):
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert all(mmpipe.compact(r, spec) == c for r, c in zip(f32, rows))
+
+
+@pytest.mark.parametrize("cut", ["dropped", "short"])
+def test_a_row_without_its_seconds_per_grid_step_is_refused_at_collate(cut):
+    """Qwen2.5-VL's model reads one ``second_per_grid_ts`` value per video (its video time scale,
+    whenever it computes positions itself): a stored row whose column was dropped or cut collated
+    into a batch with 0 values for 1 video (unbatch then refused it, the model raised IndexError
+    with ``positions="none"``). Collate now names the row and the column, as validate_dataset does."""
+    proc = processor_for("qwen2_5_vl")
+    text, video = (r.to_dict() for r in encode_mixed(["", "v"], proc))
+    if cut == "dropped":
+        del video["second_per_grid_ts"]
+    else:
+        video["second_per_grid_ts"] = video["second_per_grid_ts"][:0]
+    with pytest.raises(mmpipe.errors.PixelDataError) as err:
+        mmpipe.collate([text, video], processor=proc)
+    assert err.value.row == 1 and err.value.column == "second_per_grid_ts"
+    assert "one value per video" in str(err.value) and "re-encode" in str(err.value)
