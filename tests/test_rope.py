@@ -545,3 +545,18 @@ def test_image_token_inside_a_video_block_raises():
     bad[0, 9] = 1
     with pytest.raises(ValueError, match=r"row 0: "):
         get_rope_index(bad, bad, family="qwen2_vl", **grids)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "glm46v"])
+@pytest.mark.parametrize("L", [0, 1, 300])
+def test_a_text_rows_positions_take_the_short_way_to_the_same_answer(family, L):
+    """`row_positions` (what validate_dataset recomputes for every row) answers a row without
+    images or videos directly: the same [3, L] int64 positions and rope_delta as `get_rope_index`."""
+    from mmpipe.families import get_family
+    from mmpipe.media.patches_encode import row_positions
+
+    fam, ids = get_family(family), np.random.default_rng(L).integers(0, 1000, L)
+    mm, none3 = np.zeros(L, np.int64), np.zeros((0, 3), np.int64)
+    pos, delta = row_positions(fam, ids, mm, none3, none3, np.zeros(0, np.float32))
+    want, want_delta = get_rope_index(ids[None], mm[None], family=fam)
+    assert pos.dtype == np.int64 and np.array_equal(pos, want[:, 0].numpy()) and delta == int(want_delta.reshape(-1)[0])

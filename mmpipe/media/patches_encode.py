@@ -145,6 +145,8 @@ def row_positions(fam, ids: np.ndarray, mm: np.ndarray, grids: np.ndarray, vgrid
     from mmpipe.rope import get_rope_index
 
     videos = len(vgrids) > 0
+    if not videos and not len(grids) and not mm.any():  # a text row: the rule's one text run, 0..L-1 on each row
+        return np.repeat(np.arange(len(ids), dtype=np.int64)[None], 3, 0), 0
     pos, delta = get_rope_index(ids[None], mm[None], image_grid_thw=grids if len(grids) else None,
                                 video_grid_thw=vgrids if videos else None,
                                 second_per_grid_ts=seconds if videos else None, family=fam)
