@@ -221,6 +221,11 @@ __all__ = [
 ]
 
 
+class NotAFamilyError(ArgumentError, TypeError):
+    """`mmpipe.families.family_of` of what names no family (None, a number, a list): pass a
+    processor, tokenizer, model, config or family name. A `TypeError` too, as it was before."""
+
+
 class UnsupportedProcessorError(ArgumentError):
     """A vision-language processor (or model config) of a family mmpipe has no table row for.
 

@@ -15,9 +15,10 @@ never guessed from attributes (`family_of`); other families raise `UnsupportedPr
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Optional
 
-from mmpipe.errors import ArgumentError, UnsupportedProcessorError
+from mmpipe.errors import ArgumentError, NotAFamilyError, UnsupportedProcessorError
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -41,9 +42,9 @@ class ModelFamily:
     name: str
     model_types: tuple[str, ...]
     rope: str
-    # how the family's images are laid out and stored (`mmpipe.media`): "patches" (patch grids,
-    # uint8 patches expanded at collate), "tiles" (fixed-size tiles, a placeholder text per image)
-    # or "processor" (the generic path: whatever the processor's own call returns)
+    # how the family's images are laid out and stored (`mmpipe.media`): "patches" (patch grids, uint8 patches
+    # expanded at collate), "tiles" (fixed-size tiles, a placeholder text per image) or "processor" (the generic
+    # path: whatever the processor's own call returns)
     kind: str = "patches"
     patch_size: int = 14
     temporal_patch_size: int = 2
@@ -63,12 +64,11 @@ class ModelFamily:
     processor_classes: tuple[str, ...] = ()
     model_class: str = ""
     mrope_section: tuple[int, int, int] = (16, 24, 24)  # real checkpoints' (t, h, w) split of head_dim / 2
-    # the image resize rule (`mmpipe.images.spec.RESIZE_RULES`): "qwen" (Qwen's smart_resize) or
-    # "glm4v" (GLM-4.1V's: the pixel bounds count temporal_patch_size frames of the image, and a
-    # side below patch * merge is first scaled up)
+    # the image resize rule (`mmpipe.images.spec.RESIZE_RULES`): "qwen" (Qwen's smart_resize) or "glm4v" (GLM-4.1V's:
+    # the pixel bounds count temporal_patch_size frames of the image, a side below patch * merge first scaled up)
     resize_rule: str = "qwen"
-    # how a processor call takes pixel bounds (vLLM's mm_processor_kwargs): "pixels"
-    # ({"min_pixels", "max_pixels"}) or "size" ({"size": {"shortest_edge", "longest_edge"}})
+    # how a processor call takes pixel bounds (vLLM's mm_processor_kwargs): "pixels" ({"min_pixels", "max_pixels"})
+    # or "size" ({"size": {"shortest_edge", "longest_edge"}})
     processor_bounds: str = "pixels"
     encodes_videos: bool = True  # False: the encoder refuses video items (VideoError naming the family)
     stop_token: Optional[str] = "<|im_end|>"  # a reply's end (`mmpipe.encoding.spans`); None: the eos token
@@ -272,8 +272,7 @@ INTERNVL = ModelFamily(
 LLAVA_ONEVISION = ModelFamily(
     name="llava_onevision", kind="tiles", rope="1d", model_types=("llava_onevision",), processor_classes=("LlavaOnevisionProcessor",),
     model_class="LlavaOnevisionForConditionalGeneration", image_token="<image>", feature_token="<image>",
-    module="mmpipe.images.onevision",
-    no_packing=None)  # packed rows: as InternVL (image_sizes per image, pixels per image)
+    module="mmpipe.images.onevision", no_packing=None)  # packed rows: as InternVL (image_sizes, pixels per image)
 # The generic path: a VLM processor without a row of its own (Idefics3, LLaVA 1.5, Mllama, the Omni thinkers...):
 # its rows hold what the processor's own call returns (kind "processor"); stored family "generic".
 MASKED_AUDIO = ("Qwen3OmniMoeProcessor", "Gemma4Processor")  # audio encoders masking padded frames (no padding effect)
@@ -285,8 +284,7 @@ GENERIC = ModelFamily(
                "allows packed rows is unknown)")
 
 # The whole table, and views of it by kind (names kept by the stages that take one kind's rows).
-ALL_FAMILIES: dict[str, ModelFamily] = {
-    **FAMILIES, **{f.name: f for f in (GEMMA3, INTERNVL, LLAVA_ONEVISION, GENERIC)}}
+ALL_FAMILIES: dict[str, ModelFamily] = {**FAMILIES, **{f.name: f for f in (GEMMA3, INTERNVL, LLAVA_ONEVISION, GENERIC)}}
 TILED_FAMILIES: dict[str, ModelFamily] = {n: f for n, f in ALL_FAMILIES.items() if f.kind == "tiles"}
 # Processor class name -> family (for processors that carry no model config); model type -> family.
 _PROCESSOR_CLASSES = {cls: f for f in ALL_FAMILIES.values() for cls in f.processor_classes}
@@ -294,8 +292,8 @@ _MODEL_TYPES = {t: f for f in ALL_FAMILIES.values() for t in f.model_types}
 
 
 def tiled_family_of(obj) -> Optional[ModelFamily]:
-    """The family of a processor (by class), model or config (by ``model_type``), family name or
-    `ModelFamily` when it is of the tiles kind; None for anything else (no error)."""
+    """The family of a processor (by class), model or config (by ``model_type``), family name or `ModelFamily`
+    of the tiles kind; None for anything else (no error)."""
     if isinstance(obj, ModelFamily):
         return obj if obj.kind == "tiles" else None
     if isinstance(obj, str):
@@ -348,14 +346,15 @@ def family_of(obj) -> ModelFamily:
     From classes only, never from attributes: a processor by its transformers class
     (`processor_class_name`, `ModelFamily.processor_classes`), a model or config by ``model_type``
     (`ModelFamily.model_types`; the tiles kind first: `tiled_family_of`); a tokenizer alone is a text decoder.
-    Raises `UnsupportedProcessorError` (naming the class and the generic path) for a
-    processor with an image processor, or a config with a ``vision_config``, of any other
-    family; `ArgumentError` for an unknown family name.
+    Raises `UnsupportedProcessorError` (naming the class and the generic path) for a processor with an image
+    processor, or a config with a ``vision_config``, of any other family; `ArgumentError` for an unknown name.
     """
     if isinstance(obj, ModelFamily):
         return obj
-    if isinstance(obj, str):
-        return get_family(obj)
+    if isinstance(obj, str):  # a family name, or a native family's model type ("qwen3_5": qwen3_vl)
+        return ALL_FAMILIES.get(obj) or _MODEL_TYPES.get(obj) or get_family(obj)
+    if isinstance(obj, dict) and isinstance(obj.get("model_type"), str):  # a config.json read as a dict
+        obj = SimpleNamespace(**obj)
     if (tiled := tiled_family_of(obj)) is not None:  # a tiled family (TILED_FAMILIES)
         return tiled
     if hasattr(obj, "image_processor"):
@@ -376,12 +375,11 @@ def family_of(obj) -> ModelFamily:
         return TEXT
     if hasattr(obj, "convert_tokens_to_ids"):
         return TEXT
-    raise TypeError(f"cannot tell the model family of {type(obj).__name__}")
+    raise NotAFamilyError(f"cannot tell the model family of {type(obj).__name__}: pass a processor, model or name")
 
 
 def takes_generic_path(obj) -> bool:
-    """Whether ``obj`` is a vision-language processor of a family without a table row (the
-    generic path, `GENERIC_PATH`), found from its class as `family_of` does."""
+    """Whether ``obj`` is a VLM processor of a family without a table row (`GENERIC_PATH`), as `family_of` finds."""
     if not hasattr(obj, "image_processor") or isinstance(obj, (str, ModelFamily)):
         return False
     try:

@@ -64,13 +64,23 @@ def rollout_refusal(fam, stage: str) -> Optional[str]:
 
 
 def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
-                index: int = 0, videos: Optional[list] = None, video_options: Any = None) -> dict:
+                index: int = 0, videos: Optional[list] = None, video_options: Any = None,
+                audios: Optional[list] = None) -> dict:
     """Row ``r`` -> its vLLM prompt dict (`mmpipe.rollout.inputs.to_vllm_prompts`), in the prompt style
-    the kind declares (``VLLM_PROMPT``: `mmpipe.rollout.vllm_prompts.STYLES`)."""
+    the kind declares (``VLLM_PROMPT``: `mmpipe.rollout.vllm_prompts.STYLES`); ``audios``: the row's
+    clips, for the ``processor`` style only (the Omni thinkers)."""
+    from mmpipe.errors import ArgumentError
     from mmpipe.rollout.vllm_prompts import STYLES
 
-    return STYLES[r.fam.media.VLLM_PROMPT](r, processor, tokenizer=tokenizer, images=images, index=index,
-                                           videos=videos, video_options=video_options)
+    style = r.fam.media.VLLM_PROMPT
+    extra = {}
+    if audios is not None:
+        if style != "processor":
+            raise ArgumentError(f"audios= is for the Omni thinkers' rows (audio clips in the prompt); {r.family} "
+                                "rows hold no audio: drop audios=")
+        extra["audios"] = audios
+    return STYLES[style](r, processor, tokenizer=tokenizer, images=images, index=index, videos=videos,
+                         video_options=video_options, **extra)
 
 
 def view_runs(row, kind: str, runs: list) -> list:

@@ -86,7 +86,7 @@ def _column_rows(columns: Mapping, n: int) -> list[MultiModalInputs]:
 
 
 def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, images=None, videos=None,
-                    video_options=None) -> list[dict]:
+                    video_options=None, audios=None) -> list[dict]:
     """Rows (or a batch) -> vLLM prompt dicts, one per row, in order.
 
     Each prompt is a dict with
@@ -120,7 +120,9 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
     (`mmpipe.rollout.support.RolloutRefusal` naming the row) but the Omni
     thinkers' (`mmpipe.rollout.processor_prompts`: clips and images as media, each run collapsed;
     ``videos``: one list per row of the video files a row encoded with ``use_audio_in_video`` was
-    encoded from, sampled again at the row's own rate or by ``video_options`` as given at encode).
+    encoded from, sampled again at the row's own rate or by ``video_options`` as given at encode;
+    ``audios``: one list per row of the clips of a row encoded without ``audio='source'``, any form
+    `mmpipe.audio.load_audio` takes).
 
     Each row is checked against its own family first (`mmpipe.rollout.support.check_row_families`):
     the rows are one model's, the processor's (or, without one, row 0's family); the first row of
@@ -130,6 +132,7 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
     rows = as_rows(rows_or_batch)
     _check_per_row(images, "images", "images", len(rows))
     _check_per_row(videos, "videos", "video files", len(rows))
+    _check_per_row(audios, "audios", "audio clips", len(rows))
     check_row_families(rows, "vllm_prompts", processor_or_spec, argument="processor_or_spec")
     if video_options is not None and videos is None:
         raise ArgumentError("video_options= goes with videos= (the rows' video files, sampled again by those options)")
@@ -137,7 +140,7 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
         raise ArgumentError(f"videos= is for rows encoded with use_audio_in_video=True (the Omni thinkers); "
                             f"{rows[0].family} rows hold their video frames: drop videos=")
     return [_row_prompt(r, i, processor_or_spec, tokenizer, None if images is None else images[i],
-                        None if videos is None else videos[i], video_options)
+                        None if videos is None else videos[i], video_options, None if audios is None else audios[i])
             for i, r in enumerate(rows)]
 
 
@@ -148,12 +151,14 @@ def _check_per_row(value, name: str, what: str, n: int) -> None:
         raise ArgumentError(f"{name}= must hold one list of {what} per row ({n} rows), got {got}")
 
 
-def _row_prompt(r: MultiModalInputs, i: int, processor_or_spec, tokenizer, images, videos, video_options) -> dict:
+def _row_prompt(r: MultiModalInputs, i: int, processor_or_spec, tokenizer, images, videos, video_options,
+                audios=None) -> dict:
     """Row ``i``'s prompt (its family's media strategy's; ``videos`` / ``video_options``: the generic
     path's videos with their sound), any error naming row ``i``."""
     try:
+        extra = {} if audios is None else {"audios": audios}  # the Omni thinkers' clips (processor style only)
         return r.fam.media.vllm_prompt(r, processor_or_spec, tokenizer=tokenizer, images=images, index=i,
-                                       videos=videos, video_options=video_options)
+                                       videos=videos, video_options=video_options, **extra)
     except InputError as e:
         raise e.locate(row=i)
     except ArgumentError as e:

@@ -131,6 +131,8 @@ def vllm_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[Se
         data["image"] = _row_images(r, len(runs["image"]), images, index)
     n_audios = len(runs.get("audio", []))
     if n_audios:
+        if audios is not None and not isinstance(audios, (list, tuple)):
+            raise ArgumentError(f"row {index}: audios= holds one list of clips per row, got {type(audios).__name__}")
         given = audios if audios is not None else r.audio_sources
         if given is None or len(given) != n_audios:
             raise ArgumentError(f"row {index}: {n_audios} audio placeholders; pass audios= (the row's clips) or "
