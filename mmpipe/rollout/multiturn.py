@@ -39,7 +39,7 @@ from mmpipe.records.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, InputError, ParseError, PlaceholderError
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.conversation import Conversation
-from mmpipe.rollout.support import check_processor, check_rollout, token_ids
+from mmpipe.rollout.support import check_no_early_stop, check_processor, check_rollout, stop_ids, token_ids
 from mmpipe.rollout.turn_media import add_turn_images, add_turn_videos
 
 __all__ = ["Conversation", "start", "conversation_encoder", "append_response", "append_observation", "append_messages"]
@@ -116,7 +116,8 @@ def append_response(conv: Conversation, response=None, *, text: Optional[str] = 
     Raises `ArgumentError` (naming the conversation) when the conversation is done or does not
     end with a generation prompt, `PlaceholderError` (stage "rollout") when the ids hold a vision
     special token (a pad would be read as an image slot without an image; the shared check of
-    `mmpipe.records.vision_tokens`), `InputError` (stage "template")
+    `mmpipe.records.vision_tokens`), `ParseError` (column "token_ids") when a stop token (eos, end
+    of turn) sits before the last id (`check_no_early_stop`), `InputError` (stage "template")
     when the template does not render the reply verbatim.
     """
     _check_open(conv, "a response")
@@ -151,6 +152,9 @@ def _response_from_ids(conv: Conversation, ids: np.ndarray):
     the model did not produce is tokenized in context and gets label -100."""
     tok = conv.encoder.tokenizer
     _refuse_vision_tokens(conv, ids)
+    # a stop id before the end (padding, text past <|im_end|>) would be labelled as the reply and the
+    # turn would end twice in the row
+    check_no_early_stop(ids, stop_ids(tok, conv.encoder.family), where=conv.where, row=conv.index, error=ParseError)
     close = _end_of_turn(conv)  # e.g. "<|im_end|>\n"
     last = tok.convert_ids_to_tokens(int(ids[-1])) if len(ids) else None
     ended = last is not None and last in _added_tokens(tok) and close.startswith(last)

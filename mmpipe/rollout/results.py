@@ -25,7 +25,8 @@ from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.rollout import RolloutSample
 from mmpipe.records.vision_tokens import VisionTokens, check_policy
 from mmpipe.rollout.inputs import as_rows
-from mmpipe.rollout.support import check_processor, check_row_families, check_rows, token_ids
+from mmpipe.rollout.support import (check_no_early_stop, check_processor, check_row_families, check_rows, stop_ids,
+                                    token_ids)
 
 __all__ = ["unbatch_rollout", "rollout_rows"]
 
@@ -48,10 +49,12 @@ def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=Non
     """
     rows = as_rows(prompts)
     check_rows(rows, "samples")
+    stops = frozenset()
     if processor is not None:  # rows of another model would get that model's vision tokens checked
         check_row_families(rows, "samples", processor)
-        vt = VisionTokens.from_processor(processor, family=check_processor(processor, "samples"),
-                                         policy=on_vision_token)
+        fam = check_processor(processor, "samples")
+        vt = VisionTokens.from_processor(processor, family=fam, policy=on_vision_token)
+        stops = stop_ids(processor, fam)
     elif check_policy(on_vision_token) == "mask":
         raise ArgumentError("unbatch_rollout(on_vision_token='mask') needs processor=: the replacement is the "
                             "tokenizer's pad id")
@@ -61,7 +64,7 @@ def unbatch_rollout(prompts, generations: Sequence[Generation], *, processor=Non
     out = []
     for i, (row, gen) in enumerate(zip(rows, generations)):
         for j, c in enumerate(gen.completions):
-            ids, lps = _completion_arrays(c, i, j)
+            ids, lps = _completion_arrays(c, i, j, stops)
             out.append(
                 RolloutSample(
                     prompt=row,
@@ -99,26 +102,59 @@ def _check_generations(generations, n_prompts: int) -> None:
             )
 
 
-def _completion_arrays(c, i: int, j: int) -> tuple[np.ndarray, "np.ndarray | None"]:
+def _completion_arrays(c, i: int, j: int, stops=frozenset()) -> tuple[np.ndarray, "np.ndarray | None"]:
     """Completion ``j`` of prompt ``i`` -> (ids int64 [R], logprobs float32 [R] or None).
 
     Refused (`InputError`, stage "rollout"): ids that are not integers >= 0 (`token_ids`:
-    ``np.asarray(..., int64)`` would silently floor 1.7 to 1 and keep -5), and logprobs of another
-    length than the ids (column "logprobs": every per-token loss term would pair a token with
-    another token's logprob)."""
+    ``np.asarray(..., int64)`` would silently floor 1.7 to 1 and keep -5); a stop id (``stops``,
+    the processor's `stop_ids`, and the completion's own int ``stop_reason``) before the last
+    token (`check_no_early_stop`: padding or text past the end would be trained on); logprobs
+    of another length than the ids (column "logprobs": every per-token loss term would pair a
+    token with another token's logprob) or that are no log-probabilities (`_logprob_array`)."""
     where = f"prompt {i}, sample {j}"
     if not hasattr(c, "token_ids"):
         raise ArgumentError(f"{where}: a completion must be a Completion (token_ids, logprobs, finish_reason), "
                             f"got {type(c).__name__}")
     ids = token_ids(c.token_ids, where=where, row=i)
+    own = c.stop_reason if isinstance(c.stop_reason, (int, np.integer)) and not isinstance(c.stop_reason, bool) else None
+    check_no_early_stop(ids, stops | ({int(own)} if own is not None else set()), where=where, row=i)
     if c.logprobs is None:
         return ids, None
-    lps = np.asarray(c.logprobs, dtype=np.float32).reshape(-1)
+    lps = _logprob_array(c.logprobs, where, i)
     if len(lps) != len(ids):
         raise InputError("a completion's logprobs", where=where, row=i, column="logprobs", stage="rollout",
                          expected=f"one logprob per token id ({len(ids)})", found=f"{len(lps)} logprobs",
                          fix="return the logprob of each sampled token, cut where the token ids are cut")
     return ids, lps
+
+
+# a sampled token's log-probability is <= 0; float rounding of log_softmax stays far below this
+_LOGPROB_SLACK = 1e-3
+
+
+def _logprob_array(raw, where: str, i: int) -> np.ndarray:
+    """A completion's logprobs -> float32 [R]. Refused (`InputError`, column "logprobs"): values
+    that are not numbers (vLLM's per-position ``{token_id: Logprob}`` dicts: take the sampled
+    token's ``.logprob``), NaN or infinite ones (one poisons every importance ratio of the batch),
+    and values above 0 (probabilities or logits, not log-probabilities)."""
+    try:
+        lps = np.asarray(raw, dtype=np.float32).reshape(-1)
+    except (TypeError, ValueError) as e:
+        first = next(iter(raw), None) if hasattr(raw, "__iter__") else raw
+        raise InputError("a completion's logprobs", where=where, row=i, column="logprobs", stage="rollout",
+                         expected="one float per sampled token (its log-probability)",
+                         found=f"{type(first).__name__} values ({str(first)[:60]}): {e}",
+                         fix="pass the sampled token's logprob at each position (vLLM: "
+                             "out.logprobs[k][out.token_ids[k]].logprob)") from None
+    bad = np.flatnonzero(~np.isfinite(lps) | (lps > _LOGPROB_SLACK))
+    if len(bad):
+        k = int(bad[0])
+        raise InputError("a completion's logprobs", where=where, row=i, column="logprobs", stage="rollout",
+                         expected="finite log-probabilities <= 0", found=f"{lps[k]} at response position {k} "
+                         f"({len(bad)} such of {len(lps)})",
+                         fix="return log-probabilities of the sampled tokens (log_softmax of the logits, not "
+                             "logits or probabilities); drop or re-sample responses whose logprob is NaN/inf")
+    return lps
 
 
 def rollout_rows(prompts, generations: Sequence[Generation], processor=None, *,

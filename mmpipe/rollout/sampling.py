@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mmpipe.errors import ArgumentError, is_finite_number, is_integer
+from mmpipe.errors import ArgumentError, InputError, is_finite_number, is_integer
 from mmpipe.records.generation import Completion, Generation, SamplingParams
 
 __all__ = ["check_params", "sample"]
@@ -57,10 +57,17 @@ def sample(model, kw: dict, params: SamplingParams, *, stop: Sequence[int], pad_
     last token); ``suppress``: ids never sampled (``[]``: none). A completion holds the
     generated ids up to and including the first stop id, and with ``params.logprobs`` each
     sampled token's log-probability under the raw logits (float), what teacher forcing computes.
+    A completion ends where its prompt + response fill the model's context
+    (``max_position_embeddings``, finish reason "length"), as vLLM ends it at ``max_model_len``;
+    a prompt that fills it alone raises `InputError` (`_room`).
     """
     import torch
 
-    gen_kw = dict(max_new_tokens=params.max_new_tokens, eos_token_id=list(stop), pad_token_id=pad_id,
+    lens = kw["attention_mask"].sum(-1).cpu().numpy() if "attention_mask" in kw else \
+        np.full(kw["input_ids"].shape[0], kw["input_ids"].shape[1])
+    room = _room(model, lens, params.n)  # per row [B*n]: tokens left in the model's context
+    gen_kw = dict(max_new_tokens=int(min(params.max_new_tokens, room.max())), eos_token_id=list(stop),
+                  pad_token_id=pad_id,
                   return_dict_in_generate=True, output_logits=params.logprobs)
     if suppress:
         gen_kw["suppress_tokens"] = list(suppress)
@@ -81,9 +88,44 @@ def sample(model, kw: dict, params: SamplingParams, *, stop: Sequence[int], pad_
     gens = [Generation(prompt_index=i) for i in range(num_prompts)]
     stops = list(stop)
     for k, ids in enumerate(new):
+        ids = ids[:room[k]]  # what vLLM does at max_model_len: the completion ends there ("length")
         hits = np.flatnonzero(np.isin(ids, stops))
         end = int(hits[0]) + 1 if len(hits) else len(ids)
         gens[k // params.n].completions.append(Completion(
             token_ids=[int(x) for x in ids[:end]], logprobs=None if lp is None else [float(x) for x in lp[k, :end]],
             finish_reason="stop" if len(hits) else "length", stop_reason=int(ids[end - 1]) if len(hits) else None))
     return gens
+
+
+def _context(model) -> "int | None":
+    """The model's context in tokens: ``max_position_embeddings`` of its text config (or its own);
+    None when it names none or its RoPE is scaled past it (a ``factor`` > 1: YaRN and the like,
+    whose context vLLM stretches by that factor)."""
+    cfg = getattr(model, "config", None)
+    for c in (getattr(cfg, "text_config", None), cfg):
+        n = getattr(c, "max_position_embeddings", None)
+        if is_integer(n) and n > 0:
+            rope = getattr(c, "rope_scaling", None) or getattr(c, "rope_parameters", None) or {}
+            factor = rope.get("factor") if isinstance(rope, dict) else None
+            return None if is_finite_number(factor) and factor > 1 else int(n)
+    return None
+
+
+def _room(model, lens: np.ndarray, n: int) -> np.ndarray:
+    """Tokens each row (prompt lengths int [B*n]) may still generate within the model's context
+    (`_context`; unbounded without one): int64 [B*n]. A prompt that leaves no room: `InputError`
+    naming the prompt (``generate`` would silently run past the positions the model knows, where
+    vLLM refuses the prompt)."""
+    ctx = _context(model)
+    lens = np.asarray(lens, dtype=np.int64)
+    if ctx is None:
+        return np.full(len(lens), np.iinfo(np.int64).max // 2, dtype=np.int64)
+    full = np.flatnonzero(lens >= ctx)
+    if len(full):
+        k = int(full[0])
+        raise InputError("a rollout prompt", row=k // n, column="input_ids", stage="rollout",
+                         expected=f"fewer tokens than the model's context ({ctx}, max_position_embeddings)",
+                         found=f"{int(lens[k])} prompt tokens (images expanded): no room for a response",
+                         fix="filter or shorten long prompts (encode with max_length below the context), or "
+                             "end the multi-turn conversation before it fills the context")
+    return ctx - lens

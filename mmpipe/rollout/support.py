@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional, Sequence
 
+import numpy as np
+
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
 from mmpipe.families import ModelFamily, get_family, resolve_family
 
@@ -125,8 +127,6 @@ def token_ids(raw: Any, *, where: str, row: Optional[int], error: type = InputEr
     sequence of integers >= 0 (a string, None, floats that int64 would floor, a -1 fill that the
     embedding would read out of range). Ids above the tokenizer's vocabulary are kept (the
     model's embedding may be larger)."""
-    import numpy as np
-
     if isinstance(raw, (str, bytes)):
         arr = np.asarray([raw])
     else:
@@ -147,3 +147,35 @@ def token_ids(raw: Any, *, where: str, row: Optional[int], error: type = InputEr
                     fix="drop padding / sentinel ids (e.g. -1 fill) from the engine's output")
     return ids
 
+
+
+def stop_ids(tokenizer: Any, family: Optional[ModelFamily] = None) -> frozenset:
+    """The ids that end every sampled response: the family's end-of-turn token (``<|im_end|>``,
+    ``<end_of_turn>``) and the tokenizer's eos (a processor's tokenizer is used). Engines stop
+    at the first of them (`mmpipe.rollout.sampling.sample`), so none sits before a response's
+    last token. The pad id is not one: where it is no eos, a model may sample it mid-response."""
+    tok = getattr(tokenizer, "tokenizer", tokenizer)
+    out = {getattr(tok, "eos_token_id", None)}
+    if family is not None and family.stop_token and hasattr(tok, "convert_tokens_to_ids"):
+        sid = tok.convert_tokens_to_ids(family.stop_token)
+        out.add(sid if sid != getattr(tok, "unk_token_id", None) else None)
+    return frozenset(int(t) for t in out if isinstance(t, (int, np.integer)) and not isinstance(t, bool))
+
+
+def check_no_early_stop(ids: "np.ndarray", stops, *, where: str, row: Optional[int],
+                        error: type = InputError) -> None:
+    """Refuse (``error``, stage "rollout", column "token_ids") a response int64 [R] holding a
+    stop id (`stop_ids`) before its last token: padding after the end (a padded engine output,
+    ``[..., <|im_end|>, pad, pad]``) or text sampled past the end of turn would be trained on
+    as the model's reply, and a multi-turn row would hold a turn that ends twice."""
+    if len(ids) < 2 or not stops:
+        return
+    hits = np.flatnonzero(np.isin(ids[:-1], np.fromiter(stops, np.int64)))
+    if len(hits):
+        k = int(hits[0])
+        raise error("a sampled response", where=where, row=row, column="token_ids", stage="rollout",
+                    expected="a response ending at its first stop token (eos / end of turn)",
+                    found=f"stop id {int(ids[k])} at response position {k} of {len(ids)}, then "
+                          f"{len(ids) - k - 1} more token(s)",
+                    fix=f"cut the ids after the first stop token (keep ids[:{k + 1}]) and drop the padding, "
+                        "as engines return them; its logprobs likewise")
