@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mmpipe.errors import ArgumentError, InputError, PixelDataError
+from mmpipe.errors import ArgumentError, PixelDataError
 from mmpipe.records.codec import (
     DIGEST, FAMILY, SOURCES, Column, backend_column, check_token_shapes, pixel_rows, stored_row_error,
 )
@@ -123,7 +123,6 @@ def model_inputs(batch, token_types=None) -> dict:
     out: dict = {}
     if not fam.is_vision:
         return out
-    _check_glm_media_mix(batch)
     if batch.pixel_values is not None and batch.image_grid_thw.shape[0]:
         out["pixel_values"] = batch.pixel_values
         out["image_grid_thw"] = batch.image_grid_thw
@@ -133,23 +132,6 @@ def model_inputs(batch, token_types=None) -> dict:
         if fam.takes_second_per_grid_ts:
             out["second_per_grid_ts"] = batch.second_per_grid_ts
     return out
-
-
-def _check_glm_media_mix(batch) -> None:
-    """GLM-4.1V writes each video frame group as ``<|image|>`` tokens, and transformers'
-    ``Glm4vModel`` finds its image slots and its video slots both as those tokens: a forward given
-    images and videos together counts every slot for each and fails ("Image features and image tokens
-    do not match"). Such a batch is refused here, naming its rows (vLLM takes them)."""
-    if batch.fam.video_rule != "glm4v" or not (len(batch.image_grid_thw) and len(batch.video_grid_thw)):
-        return
-    images = [b for b, ix in enumerate(batch.sample_to_image_indices) if ix]
-    videos = [b for b, ix in enumerate(batch.sample_to_video_indices) if ix]
-    raise InputError(f"transformers' {batch.family} model cannot take images and videos in one forward (its video "
-                     "frames are <|image|> tokens, counted as both)", row=videos[0], column="video_grid_thw",
-                     stage="collate", expected="a batch of image rows or of video rows",
-                     found=f"images in rows {images[:8]}, videos in rows {videos[:8]}",
-                     fix="batch GLM-4.1V rows with images apart from rows with videos (a row holding both "
-                         "cannot run in the transformers model; vLLM's can)")
 
 
 # ---- rollout ----

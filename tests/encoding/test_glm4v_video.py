@@ -26,7 +26,7 @@ from PIL import Image
 
 import mmpipe
 from mmpipe import testing
-from mmpipe.errors import InputError, VideoError
+from mmpipe.errors import VideoError
 from mmpipe.images.backends import resize_u8_torch
 from mmpipe.images.pixels import u8_video_to_pixel_values
 from mmpipe.images.spec import VisionSpec
@@ -174,20 +174,12 @@ def test_images_with_videos_in_one_forward_fail_in_transformers(tmp_path):
     """transformers' Glm4vModel.get_placeholder_mask takes every <|image|> as both an image and a
     video token, so a forward holding images AND videos fails there (with the processor's own
     outputs too, which a row equals): mmpipe encodes such rows (vLLM, positions, storage), but a
-    transformers forward needs batches of image rows or of video rows. ``model_inputs`` refuses such a
-    batch with a typed error naming its rows (it was the model's bare ValueError); the forward given the
-    batch's fields directly still fails in transformers (when it stops failing, lift the refusal)."""
+    transformers forward needs batches of image rows or of video rows."""
     proc, model = processor_for(FAMILY), model_for(FAMILY)
     row = mmpipe.encode_row(build_case("column", tmp_path)[0], proc, video_options=BOUNDS)
     assert row.image_grid_thw.shape[0] == 1 and row.video_grid_thw.shape[0] == 1
-    batch = mmpipe.collate([row], processor=proc)
-    with pytest.raises(InputError, match="cannot take images and videos in one forward") as err:
-        batch.model_inputs()
-    assert err.value.row == 0 and "apart" in err.value.fix
-    direct = {k: getattr(batch, k) for k in ("input_ids", "attention_mask", "position_ids", "mm_token_type_ids",
-                                             "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")}
     with torch.no_grad(), pytest.raises(ValueError, match="Image features and image tokens do not match"):
-        model(**direct)
+        model(**mmpipe.collate([row], processor=proc).model_inputs())
 
 
 def test_glm_video_takes_no_nframes(tmp_path):
