@@ -156,9 +156,8 @@ def _row_prompt(r: MultiModalInputs, i: int, processor_or_spec, tokenizer, image
     """Row ``i``'s prompt (its family's media strategy's; ``videos`` / ``video_options``: the generic
     path's videos with their sound), any error naming row ``i``."""
     try:
-        extra = {} if audios is None else {"audios": audios}  # the Omni thinkers' clips (processor style only)
         return r.fam.media.vllm_prompt(r, processor_or_spec, tokenizer=tokenizer, images=images, index=i,
-                                       videos=videos, video_options=video_options, **extra)
+                                       videos=videos, video_options=video_options, audios=audios)
     except InputError as e:
         raise e.locate(row=i)
     except ArgumentError as e:

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from mmpipe.errors import ArgumentError, InputError
+from mmpipe.errors import ArgumentError, InputError, is_integer
 from mmpipe.records.generation import Generation
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.rollout import RolloutSample
@@ -116,8 +116,7 @@ def _completion_arrays(c, i: int, j: int, stops=frozenset()) -> tuple[np.ndarray
         raise ArgumentError(f"{where}: a completion must be a Completion (token_ids, logprobs, finish_reason), "
                             f"got {type(c).__name__}")
     ids = token_ids(c.token_ids, where=where, row=i)
-    own = c.stop_reason if isinstance(c.stop_reason, (int, np.integer)) and not isinstance(c.stop_reason, bool) else None
-    check_no_early_stop(ids, stops | ({int(own)} if own is not None else set()), where=where, row=i)
+    check_no_early_stop(ids, stops | {int(c.stop_reason)} if is_integer(c.stop_reason) else stops, where=where, row=i)
     if c.logprobs is None:
         return ids, None
     lps = _logprob_array(c.logprobs, where, i)

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
+from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, is_integer
 from mmpipe.families import ModelFamily, get_family, resolve_family
 
 # stage -> what the error message calls it
@@ -159,7 +159,7 @@ def stop_ids(tokenizer: Any, family: Optional[ModelFamily] = None) -> frozenset:
     if family is not None and family.stop_token and hasattr(tok, "convert_tokens_to_ids"):
         sid = tok.convert_tokens_to_ids(family.stop_token)
         out.add(sid if sid != getattr(tok, "unk_token_id", None) else None)
-    return frozenset(int(t) for t in out if isinstance(t, (int, np.integer)) and not isinstance(t, bool))
+    return frozenset(int(t) for t in out if is_integer(t))
 
 
 def check_no_early_stop(ids: "np.ndarray", stops, *, where: str, row: Optional[int],
