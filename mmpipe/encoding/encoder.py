@@ -68,8 +68,9 @@ class Encoder(ChatTemplate, CodeStamped):
         max_length: token budget per row (after image expansion); None = no limit.
         truncation: ``"raise"`` (`TruncationError` naming the row), ``"drop"`` (the row is left
             out of a batched map and counted in ``stats``), or ``"truncate_text"`` (patch-grid
-            families: cut text from the end; an image's tokens are never cut - if the cut would
-            reach one, raise).
+            families: cut text from the end - a prompt row, rendered with a generation prompt,
+            keeps its last turn's end and the generation prompt, its text before them cut; an
+            image's tokens are never cut - if the cut would reach one, raise).
         pixels: ``"uint8"`` (compact; the default), ``"float32"`` (processor pixel_values;
             patch grids; the generic path's only format), ``"source"`` (each image's file) or
             ``"none"`` (layout only: ids, layouts and positions from image headers, no decode).

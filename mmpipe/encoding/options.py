@@ -76,14 +76,17 @@ def check_options(o: dict) -> None:
             raise ArgumentError(f"{name} must be a column name (a non-empty str), got {o[name]!r}")
 
 
-def truncate_row(enc, ids: np.ndarray, labels, mm: np.ndarray, where: str) -> tuple:
+def truncate_row(enc, ids: np.ndarray, labels, mm: np.ndarray, where: str, tail=None) -> tuple:
     """``enc.truncation`` applied to a row over ``enc.max_length``: ``"raise"`` (`TruncationError`),
     ``"drop"`` (`RowDropped`), or ``"truncate_text"``: cut ids int64 [L] / labels / mm to the cap
     unless that reaches into a vision block - its pads and the ``<|vision_end|>`` token(s) after
     them (Qwen3-VL videos close each frame group and then the video: two) - then raise. A row
     whose replies (labelled tokens) all lie past the cut would keep 0 trained tokens: raise too
     (`TruncationError`, column ``labels``; recorded and counted under ``on_error="skip"``),
-    never kept silently.
+    never kept silently. ``tail``: called only when a row is cut, the count of its last tokens
+    that must stay (`generation_tail`: a prompt row's end of turn and generation prompt, which the
+    model answers after); the text before them is cut instead, so a cut prompt still ends as the
+    template ends it.
     Returns ``(ids, labels, mm)``."""
     L, cap = len(ids), enc.max_length
     if cap is None or L <= cap:
@@ -96,21 +99,52 @@ def truncate_row(enc, ids: np.ndarray, labels, mm: np.ndarray, where: str) -> tu
                               fix="raise max_length, lower max_pixels, or pass truncation='drop' / 'truncate_text'")
     if enc.truncation == "drop":
         raise RowDropped("too_long", detail)
-    vis = np.flatnonzero(mm > 0)
+    kept = 0 if tail is None else tail()  # the row's last tokens that stay
+    if kept >= cap:
+        raise TruncationError(detail + f"; its last {kept} tokens (the end of its last turn and the generation "
+                              "prompt) alone fill max_length", where="", column="input_ids",
+                              fix="use truncation='drop' or a larger max_length")
+    cut = cap - kept  # the text is cut here; the kept tail follows
+    vis = np.flatnonzero(mm[:L - kept] > 0)
     if len(vis):
         end = int(vis[-1]) + 2  # the block's pads, then <|vision_end|>
         if mm[vis[-1]] == 2 and end < L and ids[end] == enc.vision_end_id:
             end += 1  # a Qwen3-VL video: the video's own <|vision_end|> after its last frame group's
-        if cap < end:
+        if cut < end:
             kind = "a video" if mm[vis[-1]] == 2 else "an image"
             raise TruncationError(detail + f"; truncating text only would cut into {kind} (its tokens end at {end})",
                                   where="", column="input_ids", fix="use truncation='drop' or a larger max_length")
     if labels is not None:
         trained = np.flatnonzero(labels != IGNORE_INDEX)
-        if len(trained) and trained[0] >= cap:  # the replies all lie past the cut: nothing left to train on
+        if len(trained) and trained[0] >= cut:  # the replies all lie past the cut: nothing left to train on
             raise TruncationError(detail + f"; truncating text would cut every trained token (the replies start "
                                   f"at token {int(trained[0])}): the row would train on nothing", where="",
                                   column="labels", expected=f"a reply starting before token {cap}",
                                   found=f"the first reply at token {int(trained[0])}",
                                   fix="use truncation='drop', a larger max_length or a shorter prompt")
-    return ids[:cap], (labels[:cap] if labels is not None else None), mm[:cap]
+    keep = np.r_[0:cut, L - kept:L]
+    return ids[keep], (labels[keep] if labels is not None else None), mm[keep]
+
+
+def generation_tail(enc, messages: list, tools, where: str, ids: np.ndarray) -> int:
+    """The count of ``ids``' last tokens that a cut must keep: 0 for a row rendered without a
+    generation prompt; else the tokens the generation prompt adds (the template's render with
+    and without it) and the family's end of turn before them (``<|im_end|>\\n``: the last turn
+    stays closed), so a cut prompt row still asks the model for its answer. A row whose ids do
+    not end with those tokens (its render is not the plain render's prefix) is a
+    `TruncationError`: it cannot be cut safely."""
+    if not enc.generation_prompt(messages):
+        return 0
+    from mmpipe.encoding.tokenize import tokenize_text
+
+    plain = [tokenize_text(enc.tokenizer, enc.render(messages, agp, tools), False)[0] for agp in (False, True)]
+    n, tail = len(plain[0]), len(plain[1]) - len(plain[0])
+    stop = enc.family.stop_token
+    stop_id = enc.tokenizer.convert_tokens_to_ids(stop) if stop else None
+    back = [i for i in range(max(n - 3, 0), n) if stop_id is not None and plain[0][i] == stop_id]
+    tail += n - back[-1] if back else 0
+    if tail <= 0 or not np.array_equal(plain[1][:n], plain[0]) or not np.array_equal(ids[-tail:], plain[1][-tail:]):
+        raise TruncationError(f"{where}: truncation='truncate_text' would cut this prompt row's generation prompt, and "
+                              "its end could not be located in its tokens", where="", column="input_ids",
+                              fix="use truncation='drop' or a larger max_length")
+    return tail

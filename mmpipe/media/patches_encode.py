@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmpipe.encoding.options import TRUNCATION_POLICIES, kind_options, truncate_row
+from mmpipe.encoding.options import TRUNCATION_POLICIES, generation_tail, kind_options, truncate_row
 from mmpipe.encoding.placeholders import check_image_placeholders, expand_image_pads
 from mmpipe.encoding.sources import source_bytes
 from mmpipe.encoding.text_ids import rendered_ids
@@ -83,7 +83,8 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
     mm = enc.token_types(ids)
     if labels is not None:
         labels[mm > 0] = IGNORE_INDEX  # image / video pads are inputs, never targets
-    ids, labels, mm = truncate_row(enc, ids, labels, mm, where)
+    ids, labels, mm = truncate_row(enc, ids, labels, mm, where,
+                                   tail=lambda: generation_tail(enc, messages, tools, where, ids))
     return _fields(enc, ids, labels, mm, grids, blocks, vid)
 
 
