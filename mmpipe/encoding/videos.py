@@ -17,7 +17,8 @@ one ``<|video_pad|>`` into ``t*h*w/merge^2`` pads; Qwen3-VL writes ``<{t:.1f} se
 ``<|vision_start|>`` ``h*w/merge^2`` pads ``<|vision_end|>`` per frame group (its processor's
 ``replace_video_token``; the times are `mmpipe.images.video.group_times`), inside the template's
 own ``<|vision_start|>``/``<|vision_end|>`` pair or, where the processor collapses that pair
-(transformers >= 5.25), without it (`keeps_video_wrapper`).
+(transformers >= 5.25), without it (`keeps_video_wrapper`); then a video's first timestamp is
+tokenized together with the text before it, as that processor tokenizes them (`_glue_first_times`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from mmpipe.encoding.glm_videos import glm_plan, glm_time_text
 from mmpipe.images.video import VideoOptions, encode_video, frame_bounds, qwen_plan, video_layout
 from mmpipe.records.arrow import most_per_row
 
-__all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes", "keeps_video_wrapper"]
+__all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes", "keeps_video_wrapper",
+           "text_run_start"]
 
 
 # qwen-vl-utils' per-video options a ``{"video": ..., **options}`` value (or an inline item,
@@ -136,6 +138,53 @@ def _expand_qwen(enc, ids, pads, grids, labels, times_ids) -> tuple:
                              outer_wrapper=enc.video_wrapper)
 
 
+def text_run_start(ids: np.ndarray, end: int, floor: int, tokenizer) -> int:
+    """The first index of the run of text ids before ``end``: back to one of ``tokenizer``'s added
+    (special or not) tokens, where its text splits, or to ``floor``."""
+    boundaries = {int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})}
+    j = end
+    while j > floor and int(ids[j - 1]) not in boundaries:
+        j -= 1
+    return j
+
+
+def _glue_first_times(enc, ids, labels, pads, times_ids, first_texts) -> tuple:
+    """Where the processor drops the template's ``<|vision_start|>``/``<|vision_end|>`` pair around a
+    video (`keeps_video_wrapper` False), its first ``<t seconds>`` follows the text before the video
+    directly and the processor tokenizes the two as ONE string: a vocabulary that merges across the
+    seam (``" <"``, a token of the real Qwen vocabularies) writes other ids than the text and the
+    timestamp tokenized apart. Re-tokenizes each such run + first timestamp together: the run keeps
+    its ids (and labels) up to where the two tokenizations part, the rest becomes the first time ids
+    (``times_ids[v][0]``, replaced in place; -100 in the expansion). Returns ``(ids, labels, pads)``."""
+    tok, vs, ve = enc.tokenizer, enc.vision_start_id, enc.vision_end_id
+    pieces, lab, prev, new_pads, shift = [], [], 0, [], 0
+    for v, pos in enumerate(np.asarray(pads).tolist()):
+        if not (prev < pos - 1 and pos + 1 < len(ids) and ids[pos - 1] == vs and ids[pos + 1] == ve):
+            new_pads.append(pos + shift)
+            continue
+        j = text_run_start(ids, pos - 1, prev, tok)
+        run = ids[j:pos - 1].tolist()
+        text = tok.decode(run, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        joint = tok(text + first_texts[v], add_special_tokens=False)["input_ids"]
+        if not run or joint[len(run):] == list(times_ids[v][0]) or \
+                tok(text, add_special_tokens=False)["input_ids"] != run:  # nothing merged, or no exact round trip
+            new_pads.append(pos + shift)
+            continue
+        c = next((k for k, (a, b) in enumerate(zip(run, joint)) if a != b), min(len(run), len(joint)))
+        times_ids[v] = [joint[c:]] + list(times_ids[v][1:])
+        pieces += [ids[prev:j], np.asarray(joint[:c], np.int64)]
+        if labels is not None:
+            lab += [labels[prev:j + c]]
+        shift += c - len(run)
+        new_pads.append(pos + shift)
+        prev = pos - 1
+    if not pieces:
+        return ids, labels, pads
+    ids = np.concatenate(pieces + [ids[prev:]]).astype(np.int64)
+    labels = None if labels is None else np.concatenate(lab + [labels[prev:]]).astype(np.int64)
+    return ids, labels, np.asarray(new_pads, np.int64)
+
+
 # `ModelFamily.video_rule` -> (sampling/sizing plan, a frame group's time text, pad expansion)
 VIDEO_RULES = {"qwen": (qwen_plan, timestamp_text, _expand_qwen),
                "glm4v": (glm_plan, glm_time_text, expand_glm_video_pads)}
@@ -193,6 +242,9 @@ def add_videos(enc, ids: np.ndarray, labels: Optional[np.ndarray], videos: list,
         tok = enc.tokenizer
         times_ids = [[cache.setdefault(s, tok(s, add_special_tokens=False)["input_ids"])
                       for s in map(time_text, v.timestamps)] for v in encoded]
+        if not enc.video_wrapper:
+            ids, labels, pads = _glue_first_times(enc, ids, labels, pads, times_ids,
+                                                  [time_text(v.timestamps[0]) for v in encoded])
     ids, labels = expand(enc, ids, pads, grids, labels, times_ids)
     blocks = [v.patches for v in encoded if v.patches is not None]
     return ids, labels, grids, seconds, blocks

@@ -18,8 +18,10 @@ it hands to the transformers processor (``VideoMetadata`` fields):
   group itself, ``t`` the mean of the group's ``frames_indices / fps``. The row holds those
   timestamps as text: they are read back (the tokenizer decodes them), the whole expanded span
   (timestamps and per-group blocks) becomes the one pad, and ``fps = 10`` with each group's
-  two indices ``= round(10 * t)`` re-creates the same text. The timestamp text must start a
-  token (the processor's layout puts ``<|vision_start|>`` / ``<|vision_end|>`` before each).
+  two indices ``= round(10 * t)`` re-creates the same text. The timestamp text starts a token
+  where ``<|vision_start|>`` / ``<|vision_end|>`` precede it; a video's first one that the
+  processor tokenized together with the text before it (5.25's layout, a vocabulary merging
+  ``" <"``) is split off that text, which is tokenized again as the template wrote it.
   The prompt holds the video as the chat template writes it, ``<|vision_start|><|video_pad|>
   <|vision_end|>``, whichever processor made the row: up to transformers 5.24 the row keeps that
   outer pair around its frame groups (vLLM 0.32 expands the pad inside it); 5.25's processor
@@ -42,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from mmpipe.encoding.placeholders import collapse_placeholders
+from mmpipe.encoding.videos import text_run_start
 from mmpipe.errors import ArgumentError, PlaceholderError
 from mmpipe.families import ModelFamily
 from mmpipe.images.spec import VisionSpec
@@ -55,6 +58,7 @@ TIMESTAMP_FPS = 10.0  # Qwen3-VL timestamps are printed with one decimal: tenths
 VIDEO_KWARGS = {"do_resize": False, "do_sample_frames": False}
 PROMPT_RULES = {"glm4v": glm_prompt_videos}  # `ModelFamily.video_rule` -> its prompt builder (else Qwen's)
 _TIMESTAMP = re.compile(r"^<(\d+(?:\.\d+)?) seconds>$")
+_GLUED_TIMESTAMP = re.compile(r"^(.*)<(\d+(?:\.\d+)?) seconds>$", re.S)  # text, then a timestamp
 _MAX_TIMESTAMP_TOKENS = 32  # "<123456.7 seconds>" is 18 characters; a byte-level tokenizer: 18 tokens
 
 
@@ -138,7 +142,7 @@ def _collapse_timestamps(ids: np.ndarray, grids: list, fam: ModelFamily, tokeniz
             raise PlaceholderError(f"video {v}: expected {t} frame-group blocks <|vision_start|><|video_pad|>"
                                    "<|vision_end|>", row=index, stage="rollout", column="input_ids",
                                    fix="re-encode the row")
-        start, first = _timestamp_before(ids, blocks[0] - 1, cursor, tok, index, v)
+        start, first, head = _timestamp_before(ids, blocks[0] - 1, cursor, tok, index, v)
         ts = [first]
         for g in range(1, t):
             ts.append(_parse_timestamp(ids[blocks[g - 1] + 2:blocks[g] - 1], tok, index, v))
@@ -146,19 +150,28 @@ def _collapse_timestamps(ids: np.ndarray, grids: list, fam: ModelFamily, tokeniz
         wrapped = start > cursor and ids[start - 1] == vt["vision_start"] and after < len(ids) \
             and ids[after] == vt["vision_end"]
         pad = [vt["video"]] if wrapped else [vt["vision_start"], vt["video"], vt["vision_end"]]
-        out += [ids[cursor:start], np.asarray(pad, np.int64)]
+        out += [ids[cursor:start], np.asarray(head, np.int64), np.asarray(pad, np.int64)]
         cursor = after
         stamps.append(ts)
     out.append(ids[cursor:])
     return np.concatenate(out), stamps
 
 
-def _timestamp_before(ids: np.ndarray, end: int, floor: int, tok, index, v) -> tuple[int, float]:
-    """The shortest token run ``ids[j:end]`` (``j >= floor``) decoding to ``<x seconds>``."""
+def _timestamp_before(ids: np.ndarray, end: int, floor: int, tok, index, v) -> tuple[int, float, list]:
+    """The shortest token run ``ids[j:end]`` (``j >= floor``) decoding to ``<x seconds>``: ``(j, x, [])``.
+    Where the processor tokenized the text before the video together with it (transformers >= 5.25
+    drops the template's wrapper, so ``"in <0.5 seconds>"`` is one string and a vocabulary merging
+    ``" <"`` leaves no token boundary before ``<``): the whole text run before ``end`` (back to an
+    added token or ``floor``) as ``(its start, x, the ids of its text without the timestamp)``, the
+    text the template wrote before the video."""
     for j in range(end - 1, max(floor, end - _MAX_TIMESTAMP_TOKENS) - 1, -1):
         m = _TIMESTAMP.match(tok.decode(ids[j:end].tolist()))
         if m:
-            return j, float(m.group(1))
+            return j, float(m.group(1)), []
+    j = text_run_start(ids, end, floor, tok)
+    m = _GLUED_TIMESTAMP.match(tok.decode(ids[j:end].tolist(), clean_up_tokenization_spaces=False))
+    if m and j < end:
+        return j, float(m.group(2)), tok(m.group(1), add_special_tokens=False)["input_ids"]
     raise PlaceholderError(f"video {v}: no '<x seconds>' timestamp text before its first frame group",
                            row=index, stage="rollout", column="input_ids",
                            fix="encode the row with the Qwen3-VL processor's layout (mmpipe.encode)")
