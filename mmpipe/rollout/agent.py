@@ -20,6 +20,9 @@ fit, or the tool turn is not appended); the tool turn would bring the row past
 ``max_images`` (it is not appended); a sampled vision token (the reply is cut before it,
 since a vision token in the text is an image slot with no image). A malformed call, an
 unknown tool or a tool that raises never ends the loop: the model gets an error text.
+The engine's model context (`engine_context`) bounds ``max_tokens``. A reply no rollout route
+would train on (a stop id before its end, NaN / inf / positive logprobs, ...) is an `InputError`
+(`_checked_replies`), noted with the prompt, sample and turn of the engine row.
 """
 
 from __future__ import annotations
@@ -31,10 +34,14 @@ import numpy as np
 
 from mmpipe.errors import ArgumentError, InputError
 from mmpipe.records.conversation import Conversation
-from mmpipe.records.generation import Completion, SamplingParams
+from mmpipe.records.generation import Completion, Generation, SamplingParams
 from mmpipe.records.trajectory import AgentTurn, ToolCall, Trajectory
 from mmpipe.rollout.multiturn import append_messages, append_response
 from mmpipe.rollout.multiturn_batch import MultiTurnBatch
+from mmpipe.rollout.async_engine import run_sync
+from mmpipe.rollout.results import unbatch_rollout
+from mmpipe.rollout.sampling import engine_context
+from mmpipe.rollout.support import check_no_early_stop, stop_ids
 from mmpipe.rollout.tool_calls import (
     parse_qwen_tool_calls,
     run_tool_call,
@@ -70,7 +77,10 @@ class AgentLoop:
             returns text, an image, a list of texts/images or ``(text, images)``.
         parser: ``text -> list[ToolCall]`` (``[]`` = final answer); default Qwen's format.
         max_turns: model replies per trajectory at most.
-        max_tokens: tokens per trajectory row at most (prompt included), or None.
+        max_tokens: tokens per trajectory row at most (prompt included), or None. The engine's
+            model context (`engine_context`: ``max_position_embeddings``, vLLM's ``max_model_len``)
+            bounds it too (``token_budget``): a trajectory that fills it ends ("max_tokens") instead
+            of the engine refusing its prompt and the whole batch of trajectories with it.
         max_images: images per trajectory row at most (prompt images included), or None.
         tool_role: "auto" (the template's tool role if it renders one, else "user"), "tool" or "user".
         tool_workers: threads running one turn's tool calls (all trajectories) concurrently; 1 = in order.
@@ -93,6 +103,8 @@ class AgentLoop:
         self.engine, self.processor, self.tools = engine, processor, tool_table(tools)
         self.parser, self.tool_role = parser, tool_role
         self.max_turns, self.max_tokens, self.max_images = max_turns, max_tokens, max_images
+        budgets = [b for b in (max_tokens, engine_context(engine)) if b is not None]
+        self.token_budget = min(budgets) if budgets else None
         if tool_specs is not None:  # through chat_template_kwargs: the template's tools= (a system block for Qwen3-VL)
             kw = dict(encode_options.get("chat_template_kwargs") or {})
             if "tools" in kw:
@@ -107,15 +119,19 @@ class AgentLoop:
         and sample (``params.n`` samples per prompt, prompt-major), in order. An engine whose
         ``generate`` is a coroutine (`AsyncRolloutEngine`) is run to completion each turn;
         inside an event loop use `arun`."""
-        import asyncio
         import inspect
 
         steps = self._steps(prompts, params)
         try:  # next() inside: every trajectory may end before the first turn (prompts over max_tokens)
             request = next(steps)
             while True:
-                gens = self.engine.generate(*request)
-                request = steps.send(asyncio.run(gens) if inspect.isawaitable(gens) else gens)
+                try:
+                    gens = self.engine.generate(*request)
+                    gens = run_sync(gens, caller="AgentLoop.run()", fix="its engine's generate() is a coroutine: "
+                                    "use `await loop.arun(prompts, params)` there") if inspect.isawaitable(gens) else gens
+                except InputError as e:  # thrown into the loop, which names the trajectory of its row
+                    steps.throw(e)
+                request = steps.send(gens)
         except StopIteration as done:
             return done.value
 
@@ -127,8 +143,12 @@ class AgentLoop:
         try:  # as in run: the loop may end before the first turn
             request = next(steps)
             while True:
-                gens = self.engine.generate(*request)
-                request = steps.send(await gens if inspect.isawaitable(gens) else gens)
+                try:
+                    gens = self.engine.generate(*request)
+                    gens = await gens if inspect.isawaitable(gens) else gens
+                except InputError as e:  # as in run
+                    steps.throw(e)
+                request = steps.send(gens)
         except StopIteration as done:
             return done.value
 
@@ -146,14 +166,19 @@ class AgentLoop:
             idx = batch.active_indices
             if not idx:
                 break
-            room = max(self._room(batch[i]) for i in idx)
-            gens = yield batch.active_rows(), replace(one, max_new_tokens=min(one.max_new_tokens, room))
-            self.engine_calls += 1
-            if len(gens) != len(idx) or any(not g.completions for g in gens):
-                raise ArgumentError(f"the engine returned {len(gens)} generations for {len(idx)} prompts (or one "
-                                    "without a completion); a RolloutEngine returns one Generation per row")
-            for i, g in zip(idx, gens):
-                self._respond(batch, i, tracks[i], g.completions[0])
+            room, rows = max(self._room(batch[i]) for i in idx), batch.active_rows()
+            try:
+                gens = yield rows, replace(one, max_new_tokens=min(one.max_new_tokens, room))
+                self.engine_calls += 1
+                replies = _checked_replies(rows, gens, batch[idx[0]].encoder)
+            except InputError as e:  # the engine's "row k" is the k-th running trajectory, not prompt k
+                if e.row is not None and 0 <= e.row < len(idx):
+                    t = tracks[idx[e.row]]
+                    e.add_note(f"(agent loop: engine row {e.row} is prompt {t.prompt_index}, sample "
+                               f"{t.sample_index}, turn {len(t.turns)})")
+                raise
+            for i, g, reply in zip(idx, gens, replies):
+                self._respond(batch, i, tracks[i], g.completions[0], *reply)
             waiting = batch.active_indices
             results = self._run_tools([tracks[i].pending for i in waiting])
             for i, res in zip(waiting, results):
@@ -162,7 +187,7 @@ class AgentLoop:
 
     def _room(self, conv: Conversation) -> int:
         """New tokens a reply of ``conv`` may have under the token budget (huge when none)."""
-        return 1 << 30 if self.max_tokens is None else self.max_tokens - conv.num_tokens - _ROOM + 1
+        return 1 << 30 if self.token_budget is None else self.token_budget - conv.num_tokens - _ROOM + 1
 
     def _close_full(self, batch: MultiTurnBatch) -> None:
         """End the trajectories with no room left for a reply under ``max_tokens``."""
@@ -171,12 +196,12 @@ class AgentLoop:
                 batch.mark_done(i, "max_tokens")
 
     # ---- one reply -----------------------------------------------------------------------
-    def _respond(self, batch: MultiTurnBatch, i: int, track: _Track, c: Completion) -> None:
-        """Append reply ``c`` to trajectory ``i`` (cut before a vision token / to the token
-        budget, which ends it); parse its calls; end it on a final answer or ``max_turns``."""
+    def _respond(self, batch: MultiTurnBatch, i: int, track: _Track, c: Completion, ids: np.ndarray,
+                 lps: Optional[np.ndarray]) -> None:
+        """Append reply ``c`` (its checked ids int64 [R] and logprobs float32 [R] or None) to
+        trajectory ``i`` (cut before a vision token / to the token budget, which ends it); parse
+        its calls; end it on a final answer or ``max_turns``."""
         conv = batch[i]
-        ids = np.asarray(c.token_ids, np.int64)
-        lps = None if c.logprobs is None else np.asarray(c.logprobs, np.float32)
         ended = None
         vision = np.flatnonzero(np.isin(ids, self._vision_ids(conv)))
         if len(vision):
@@ -210,7 +235,7 @@ class AgentLoop:
         (None when even no ids do not fit)."""
         while True:
             new = append_response(conv, ids)
-            over = 0 if self.max_tokens is None else new.num_tokens - self.max_tokens
+            over = 0 if self.token_budget is None else new.num_tokens - self.token_budget
             if over <= 0:
                 return new, ids
             if len(ids) == 0:
@@ -254,7 +279,7 @@ class AgentLoop:
             why = _plain(f"Error: the tool output could not be added ({type(e).__name__}: {str(e)[:300]})", conv)
             results = [([why], True) for _ in results]
             new = self._append_results(conv, results)
-        if self.max_tokens is not None and new.num_tokens > self.max_tokens:
+        if self.token_budget is not None and new.num_tokens > self.token_budget:
             batch.mark_done(i, "max_tokens")
             return
         batch.conversations[i] = new  # MultiTurnBatch has no append_messages: set it directly
@@ -281,6 +306,20 @@ class AgentLoop:
         return Trajectory(row=conv.row, turns=tuple(track.turns), finish_reason=conv.finish_reason or "max_turns",
                           prompt_index=track.prompt_index, sample_index=track.sample_index,
                           messages=conv.messages, images=conv.images, tools=track.tools)
+
+
+def _checked_replies(rows: list, gens: Sequence[Generation], encoder) -> list[tuple]:
+    """One turn's generations for the running ``rows`` -> per row (ids int64 [R], logprobs float32
+    [R] or None) of its first completion, refused as every rollout route refuses a response
+    (`unbatch_rollout`, `check_no_early_stop`: `InputError` naming the engine row "prompt k")."""
+    if len(gens) != len(rows) or any(not getattr(g, "completions", None) for g in gens):
+        raise ArgumentError(f"the engine returned {len(gens)} generations for {len(rows)} prompts (or one "
+                            "without a completion); a RolloutEngine returns one Generation per row")
+    samples = unbatch_rollout(rows, [Generation(k, [g.completions[0]]) for k, g in enumerate(gens)])
+    stops = stop_ids(encoder.tokenizer, encoder.family)
+    for s in samples:
+        check_no_early_stop(s.response_ids, stops, where=f"prompt {s.prompt_index}, sample 0", row=s.prompt_index)
+    return [(s.response_ids, s.logprobs) for s in samples]
 
 
 def _plain(text: str, conv: Conversation) -> str:

@@ -95,14 +95,15 @@ class ConcurrencyGate:
             self.release()
 
 
-def run_sync(awaitable):
-    """Run an engine coroutine from sync code (no event loop may be running in this thread)."""
+def run_sync(awaitable, *, caller: str = "run_sync", fix: str = "`await` the engine's generate() instead"):
+    """Run an engine coroutine from sync code. Inside a running event loop (Jupyter, an async
+    trainer) the coroutine is closed and ``caller`` is an `ArgumentError` saying ``fix``."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(awaitable)
-    awaitable.close()
-    raise ArgumentError("run_sync was called inside a running event loop: `await` the engine's generate() instead")
+    getattr(awaitable, "close", lambda: None)()
+    raise ArgumentError(f"{caller} was called inside a running event loop: {fix}")
 
 
 class ThreadedEngine:

@@ -69,11 +69,12 @@ def _data_uri(image) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def prompt_content(row, processor, *, index: Any = None) -> list[dict]:
+def prompt_content(row, processor, *, index: Any = None, check_ids: bool = True) -> list[dict]:
     """The row's prompt as OpenAI content parts: ``{"type": "text", "text": ...}`` for each run
     of text tokens (decoded with special tokens kept) and ``{"type": "image_url", "image_url":
     {"url": "data:image/png;base64,..."}}`` where each image's pad run stands. Rows with
-    videos raise NotImplementedError."""
+    videos raise NotImplementedError. ``check_ids``: each text run must be the tokenizer's own
+    encoding of its text (`_text_part`), since the server tokenizes the text again."""
     from mmpipe.encoding.placeholders import collapse_placeholders
     from mmpipe.rollout.images import row_images, vision_spec_for
 
@@ -92,8 +93,7 @@ def prompt_content(row, processor, *, index: Any = None) -> list[dict]:
     for t in ids + [None]:
         if t is None or (t == pad and k < len(images)):
             if run:
-                parts.append({"type": "text", "text": tok.decode(run, skip_special_tokens=False,
-                                                                 clean_up_tokenization_spaces=False)})
+                parts.append(_text_part(tok, run, index, len(parts), check_ids))
                 run = []
             if t is not None:
                 parts.append({"type": "image_url", "image_url": {"url": _data_uri(images[k])}})
@@ -103,10 +103,32 @@ def prompt_content(row, processor, *, index: Any = None) -> list[dict]:
     return parts
 
 
+def _text_part(tok, run: list, index: Any, part: int, check: bool) -> dict:
+    """Text ids [n] -> a text content part. With ``check``, ids that are not the tokenizer's
+    encoding of their decoded text raise `InputError` (column "input_ids"): a sampled reply
+    appended by a multi-turn / agent loop usually is not (sampling picks ``l``,``l`` where the
+    tokenizer has ``ll``), and the server, re-tokenizing the text, would generate from other ids
+    than the training row's (vLLM then reports a prompt mismatch; a text-only server none)."""
+    text = tok.decode(run, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    again = tok.encode(text, add_special_tokens=False) if check else run
+    if list(again) != list(run):
+        k = next((j for j, (a, b) in enumerate(zip(run, again)) if a != b), min(len(run), len(again)))
+        raise InputError(
+            "a server prompt's text", where=f"prompt {index}", row=index, column="input_ids", stage="rollout",
+            expected="text ids that re-tokenize to themselves (a chat-completions server takes text, not ids)",
+            found=f"text part {part}: ids {run[k:k + 3]} at its token {k} ({tok.decode(run[k:k + 3])!r}) re-tokenize "
+                  f"as {list(again[k:k + 3])} ({len(run)} ids -> {len(again)})",
+            fix="rows holding sampled replies (multi-turn, agent loops) need an engine that takes token ids: "
+                "VLLMEngine / AsyncVLLMEngine (or the server's /v1/completions with token ids); or "
+                "check_prompt_ids=False to accept a server prompt that differs from the training row")
+    return {"type": "text", "text": text}
+
+
 def request_body(row, params: SamplingParams, *, model: str, processor, server: str = "vllm",
-                 index: Any = None) -> dict:
+                 index: Any = None, check_ids: bool = True) -> dict:
     """The JSON body of the chat-completions request for one row (``n`` completions; the
-    ``"transformers"`` server takes one per request: the engine sends ``n`` of these)."""
+    ``"transformers"`` server takes one per request: the engine sends ``n`` of these).
+    ``check_ids``: as `prompt_content`."""
     from mmpipe.records.vision_tokens import VisionTokens
     from mmpipe.rollout.images import vision_spec_for, vllm_processor_kwargs
 
@@ -114,7 +136,8 @@ def request_body(row, params: SamplingParams, *, model: str, processor, server: 
         raise ArgumentError(f"server must be one of {SERVERS}, got {server!r}")
     r = MultiModalInputs.from_dict(row, row=index)
     template = verbatim_chat_template(r.fam.image_token or "")
-    body: dict = {"model": model, "messages": [{"role": "user", "content": prompt_content(r, processor, index=index)}],
+    content = prompt_content(r, processor, index=index, check_ids=check_ids)
+    body: dict = {"model": model, "messages": [{"role": "user", "content": content}],
                   "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p}
     if params.seed is not None:
         body["seed"] = params.seed
@@ -222,7 +245,9 @@ class OpenAIEngine:
         max_concurrency: HTTP requests in flight at once (``gate`` counts them).
         timeout, max_retries, api_key: for the ``openai.AsyncOpenAI`` client (transport errors
             are retried by the client; HTTP 4xx are not).
-        check_prompt_ids: compare the server's prompt with each row's ``input_ids``.
+        check_prompt_ids: compare the server's prompt with each row's ``input_ids``, and refuse
+            before sending a row whose text ids the server would tokenize differently (`_text_part`:
+            a sampled reply in a multi-turn row).
         client: an ``openai.AsyncOpenAI`` the caller owns (reused, never closed here); by
             default each ``generate`` call opens its own client and closes it (an async HTTP
             client belongs to one event loop, and `run_sync` makes a new loop per call).
@@ -255,7 +280,8 @@ class OpenAIEngine:
         return resp.model_dump()
 
     async def _one(self, client, row: MultiModalInputs, i: int, params: SamplingParams) -> Generation:
-        body = request_body(row, params, model=self.model, processor=self.processor, server=self.server, index=i)
+        body = request_body(row, params, model=self.model, processor=self.processor, server=self.server, index=i,
+                            check_ids=self.check_prompt_ids)
         if self.server == "vllm" or params.n == 1:
             resps = [await self._post(client, body)]
         else:  # one completion per request; seeds seed, seed+1, ... keep a seeded group reproducible

@@ -97,7 +97,7 @@ def sample(model, kw: dict, params: SamplingParams, *, stop: Sequence[int], pad_
     return gens
 
 
-def _context(model) -> "int | None":
+def model_context(model) -> "int | None":
     """The model's context in tokens: ``max_position_embeddings`` of its text config (or its own);
     None when it names none or its RoPE is scaled past it (a ``factor`` > 1: YaRN and the like,
     whose context vLLM stretches by that factor)."""
@@ -111,12 +111,27 @@ def _context(model) -> "int | None":
     return None
 
 
+def engine_context(engine) -> "int | None":
+    """The context in tokens of the model behind a rollout ``engine`` (or behind the engine it
+    wraps, ``.engine`` / ``._sync``: `ThreadedEngine`, `AsyncVLLMEngine`): a transformers model's
+    (`model_context`), vLLM's ``max_model_len``; None where it names none (an HTTP server)."""
+    for _ in range(4):
+        if getattr(engine, "model", None) is not None and hasattr(engine.model, "config"):
+            return model_context(engine.model)
+        llm = getattr(engine, "llm", None)
+        n = getattr(getattr(getattr(llm, "llm_engine", llm), "model_config", None), "max_model_len", None)
+        if is_integer(n) and n > 0:
+            return int(n)
+        engine = getattr(engine, "engine", None) or getattr(engine, "_sync", None)
+    return None
+
+
 def _room(model, lens: np.ndarray, n: int) -> np.ndarray:
     """Tokens each row (prompt lengths int [B*n]) may still generate within the model's context
-    (`_context`; unbounded without one): int64 [B*n]. A prompt that leaves no room: `InputError`
+    (`model_context`; unbounded without one): int64 [B*n]. A prompt that leaves no room: `InputError`
     naming the prompt (``generate`` would silently run past the positions the model knows, where
     vLLM refuses the prompt)."""
-    ctx = _context(model)
+    ctx = model_context(model)
     lens = np.asarray(lens, dtype=np.int64)
     if ctx is None:
         return np.full(len(lens), np.iinfo(np.int64).max // 2, dtype=np.int64)
