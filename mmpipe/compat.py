@@ -5,7 +5,8 @@ differs is API surface:
 
 - Qwen-VL ``forward`` / ``generate`` take ``mm_token_type_ids`` in 5.x only; 4.57's
   ``generate`` refuses it ("model_kwargs are not used by the model"). `forward_accepts`
-  answers per model (from its forward signature), `is_transformers_5` per installed version.
+  answers per model (from its forward signature; for a PEFT / ``torch.compile`` / DDP wrapper,
+  the model inside), `is_transformers_5` per installed version.
 - Building a tokenizer from a vocab dict: 5.x's ``Qwen2Tokenizer`` is tokenizers-backed and
   takes ``vocab=``/``merges=``; 4.57's is the slow (file-based) one, the fast class is
   ``Qwen2TokenizerFast(tokenizer_object=...)``. Named special tokens beyond eos/pad are
@@ -24,7 +25,7 @@ import inspect
 
 __all__ = [
     "transformers_version", "is_transformers_5", "extra_special_tokens_key", "forward_accepts",
-    "mm_token_type_ids_kwargs", "hf_get_rope_index",
+    "mm_token_type_ids_kwargs", "hf_get_rope_index", "unwrapped_model",
 ]
 
 
@@ -49,12 +50,32 @@ def extra_special_tokens_key() -> str:
 
 def forward_accepts(model, name: str) -> bool:
     """Whether ``model.forward`` names the argument ``name`` (``**kwargs`` does not count:
-    generate refuses kwargs the forward does not name)."""
+    generate refuses kwargs the forward does not name). Asked of the model inside a wrapper
+    (`unwrapped_model`: PEFT, ``torch.compile``, DDP / FSDP), whose own forward takes
+    ``**kwargs`` and passes them on: the wrapper's signature would say no for every model."""
     try:
-        params = inspect.signature(model.forward).parameters
+        params = inspect.signature(unwrapped_model(model).forward).parameters
     except (TypeError, ValueError):  # pragma: no cover - builtins / C extensions
         return True
     return name in params
+
+
+_PARALLEL_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
+
+
+def unwrapped_model(model):
+    """The model inside PEFT (``get_base_model()``), ``torch.compile`` (``_orig_mod``) and DDP /
+    DataParallel / FSDP (``module``) wrappers, however nested; ``model`` itself when unwrapped."""
+    for _ in range(16):
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None and callable(getattr(model, "get_base_model", None)):
+            inner = model.get_base_model()
+        if inner is None and type(model).__name__ in _PARALLEL_WRAPPERS:
+            inner = getattr(model, "module", None)
+        if inner is None or inner is model:
+            return model
+        model = inner
+    return model
 
 
 def mm_token_type_ids_kwargs() -> dict:

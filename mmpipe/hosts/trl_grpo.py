@@ -59,6 +59,7 @@ try:
 except ImportError as e:  # pragma: no cover - trl is a test dependency
     raise ImportError("mmpipe.hosts.trl_grpo needs TRL: pip install 'trl>=1.16'") from e
 
+from mmpipe.compat import is_transformers_5
 from mmpipe.errors import ArgumentError
 from mmpipe.hosts.trl_grpo_prompts import IMAGE_KEYS, check_prompt_labels, is_encoded_row, raw_prompt, reward_prompts
 from mmpipe.records.generation import SamplingParams
@@ -188,6 +189,7 @@ class VisionGRPOTrainer(GRPOTrainer):
             generation_kwargs=self.generation_kwargs,
             gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
         with unwrapped as model, torch.no_grad(), self._dist.summon_full_params(self.model_wrapped, recurse=False):
+            _settle_generation_config(model)
             gens = self.engine_class(model, self.processing_class).generate(rows, params)
         # the training rows, checked: a completion holding a vision token is refused (PlaceholderError)
         self.last_rollout = rollout_rows(rows, gens, self.processing_class)
@@ -309,3 +311,16 @@ class _PromptMedia:
         out = {"mm_token_type_ids": types.to(device), "num_images": list(self.num_images)}
         out.update({k: v.to(device) for k, v in self.vision.items()})
         return out
+
+
+def _settle_generation_config(model) -> None:
+    """transformers 4.x: TRL's ``unwrap_model_for_generation(generation_kwargs=...)`` swaps in
+    ``GenerationConfig.from_dict(config.to_dict())``, which keeps ``_from_model_config=True`` (a
+    model built from its config, a checkpoint without generation_config.json) but drops
+    ``_original_object_hash``; 4.57's ``generate()`` without an explicit ``generation_config``
+    then fails with an AttributeError on it. TRL's own generate passes that config explicitly (no
+    legacy model-config lookup); marking the temporary copy not-from-model-config does the same."""
+    config = getattr(model, "generation_config", None)
+    if is_transformers_5() or config is None or hasattr(config, "_original_object_hash"):
+        return  # 5.x: TRL leaves the model's own config in place; never edit that one
+    config._from_model_config = False

@@ -22,6 +22,7 @@ import math
 import numpy as np
 from PIL import Image
 
+from mmpipe.images.settings import size_field
 from mmpipe.images.tiles import effective_image_processor, resize_tile
 
 BACKENDS = ("pil", "torchvision")  # image-processor backends tiles_u8 reproduces (mmpipe.images.tiles.resize_tile)
@@ -33,8 +34,7 @@ __all__ = ["BACKENDS", "tile_count", "image_tokens", "tiles_u8", "expand_placeho
 def tile_size(image_processor) -> tuple[int, int]:
     """(height, width) of every tile: the image processor's ``size``."""
     size = image_processor.size
-    get = size.get if isinstance(size, dict) else (lambda k: getattr(size, k, None))
-    return int(get("height")), int(get("width"))
+    return int(size_field(size, "height")), int(size_field(size, "width"))
 
 
 def crop_boxes(height: int, width: int, image_processor) -> list[tuple[int, int, int, int]]:

@@ -29,6 +29,7 @@ import functools
 import numpy as np
 from PIL import Image
 
+from mmpipe.images.settings import size_field
 from mmpipe.images.tiles import effective_image_processor
 
 __all__ = ["settings", "grid", "tile_count", "image_tokens", "tiles_u8", "placeholder_text", "expand_placeholder",
@@ -44,8 +45,7 @@ def settings(image_processor) -> dict:
         image_processor = effective_image_processor(image_processor)
     ip = image_processor
     size = ip.size
-    get = size.get if isinstance(size, dict) else functools.partial(getattr, size)
-    return {"tile": (int(get("height")), int(get("width"))), "crop": bool(ip.crop_to_patches),
+    return {"tile": (int(size_field(size, "height")), int(size_field(size, "width"))), "crop": bool(ip.crop_to_patches),
             "min_patches": int(ip.min_patches), "max_patches": int(ip.max_patches), "resample": int(ip.resample)}
 
 

@@ -46,6 +46,7 @@ import numpy as np
 from PIL import Image
 
 from mmpipe.errors import ArgumentError
+from mmpipe.images.settings import size_field
 from mmpipe.images.tiles import effective_image_processor
 
 __all__ = ["settings", "best_resolution", "tile_count", "image_tokens", "tiles_u8", "placeholder_text",
@@ -121,8 +122,9 @@ def settings(image_processor) -> dict:
         image_processor = effective_image_processor(image_processor)
     ip = image_processor
     size, crop = ip.size, getattr(ip, "crop_size", None)
-    tile = (size.height, size.width) if size.height and size.width else (size.shortest_edge, size.shortest_edge)
-    patch = crop.height if crop is not None and crop.height else tile[0]
+    h, w, short = (size_field(size, k) for k in ("height", "width", "shortest_edge"))
+    tile = (h, w) if h and w else (short, short)
+    patch = size_field(crop, "height") if crop is not None and size_field(crop, "height") else tile[0]
     return {"tile": (int(tile[0]), int(tile[1])), "patch": int(patch),
             "pinpoints": tuple((int(h), int(w)) for h, w in ip.image_grid_pinpoints), "resample": int(ip.resample),
             "fill": tuple(int(x * 255) for x in ip.image_mean)}

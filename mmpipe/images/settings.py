@@ -9,10 +9,16 @@ import hashlib
 import json
 import re
 
-__all__ = ["image_settings"]
+__all__ = ["image_settings", "size_field"]
 
 # image-processor settings that decide output shapes and token counts (named in `image_settings`)
 _SIZE_WORDS = ("size", "pixels", "patch", "crop", "tile", "split", "resample", "pad", "grid", "num_", "max_", "min_")
+
+
+def size_field(size, key: str):
+    """One value of an image processor's ``size`` / ``crop_size``: a ``SizeDict`` (transformers 5,
+    attributes) or a plain dict (4.57's slow processors); None where it has none."""
+    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
 
 
 def image_settings(processor) -> str:

@@ -4,6 +4,7 @@ mean/std, backend) and the per-channel uint8 -> float32 table; `smart_resize`: t
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -13,6 +14,7 @@ import numpy as np
 
 from mmpipe.errors import ArgumentError, ImageError, PixelDataError
 from mmpipe.images.backends import engine_transparency, lut as backend_lut, resolve_backend
+from mmpipe.images.settings import size_field
 from mmpipe.images.transparency import check_transparency
 from mmpipe.families import ModelFamily, family_of
 
@@ -88,7 +90,7 @@ class VisionSpec:
         if ip is None:
             return cls.from_family(fam, backend, transparency)
         size = getattr(ip, "size", None) or {}
-        get = (lambda k: size.get(k)) if isinstance(size, dict) else (lambda k: getattr(size, k, None))
+        get = functools.partial(size_field, size)
         # a bound given here wins, 0 included (min_pixels=0: no lower bound but the one patch window)
         mn = min_pixels if min_pixels is not None else (
             get("shortest_edge") or getattr(ip, "min_pixels", None) or fam.min_pixels)
