@@ -99,7 +99,38 @@ def check_columns(table: pa.Table, columns: list[ExpectedColumn], report: Valida
     for c in columns:
         if c.type is not None and c.name in table.column_names:
             table = _check_type(table, c, report, fix, cast_hint)
+        if c.if_missing == "digest" and c.name in table.column_names and table.column(c.name).null_count:
+            table = _null_digests(table, c.name, report, fix)
     return table
+
+
+def _null_digests(table: pa.Table, name: str, report: ValidationReport, fix: bool, listed: int = 10) -> pa.Table:
+    """Rows whose ``pixel_digest`` is null although they store pixel data (a row of another
+    dataset concatenated in, a value nulled by an edit): reading them skips the digest check, so
+    their damage cannot be detected. A warning naming them (the first ``listed``); ``fix=True``
+    stores digests of their pixel data as it is now. Rows without pixel data (null by right) pass."""
+    import pyarrow.compute as pc
+
+    nulls = pc.indices_nonzero(pc.is_null(table.column(name))).to_pylist()
+    computed = pixel_digests(table.take(nulls)).to_pylist()
+    bare = [(i, d) for i, d in zip(nulls, computed) if d is not None]
+    if not bare:
+        return table
+    rows = [i for i, _ in bare]
+    if not fix:
+        report.issues.append(Issue("warning", "content", name, "null in rows that store pixel data: damaged pixel "
+                                   "bytes in them cannot be detected", "re-encode them, or validate_dataset(..., "
+                                   "fix=True) stores digests of their pixel data as it is now",
+                                   rows=rows[:listed], num_rows=len(rows)))
+        return table
+    values = table.column(name).to_pylist()
+    for i, d in bare:
+        values[i] = d
+    report.issues.append(Issue("fixed", "content", name, "null in rows that store pixel data; computed from their "
+                               "pixel data as stored now (damage already there is not detected)",
+                               rows=rows[:listed], num_rows=len(rows)))
+    at = table.column_names.index(name)
+    return table.set_column(at, table.schema.field(name), pa.array(values, table.schema.field(name).type))
 
 
 def _missing(table: pa.Table, c: ExpectedColumn, report: ValidationReport, fix: bool,

@@ -103,3 +103,23 @@ def test_tiles_rows_that_lost_their_pixel_digest_warn_and_fix_adds_it(pixels):
     assert fixed.ok and fixed.data["pixel_digest"] == enc["pixel_digest"], str(fixed)
     layout_only = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, "pixels": "none"}, remove_columns=raw.column_names)
     assert not validate_dataset(layout_only).issues  # no pixels stored: no digest to miss
+
+
+@pytest.mark.parametrize("name, pixels", [("qwen2_vl", "uint8"), ("qwen2_vl", "source"), ("gemma3", "uint8")])
+def test_a_null_pixel_digest_in_a_row_with_pixels_is_warned_and_fix_fills_it(name, pixels):
+    """One row's pixel_digest nulled (an edit, a concatenated row) while it stores pixel data: its
+    digest check was skipped and validate_dataset said OK, even with its pixel bytes changed.
+    Now a warning names the row; fix=True stores the digest of its data."""
+    proc = testing.build_processor(name)
+    raw = datasets.Dataset.from_list([
+        {"messages": [{"role": "user", "content": [{"type": "image"}] * k + [{"type": "text", "text": f"row {i}?"}]}],
+         "images": [testing.tiny_image(40, 56, seed=i)] * k} for i, k in enumerate((1, 1, 0))])
+    enc = raw.map(mmpipe.encode, fn_kwargs={"processor": proc, "pixels": pixels}, remove_columns=raw.column_names)
+    digests = enc["pixel_digest"]
+    nulled = enc.map(lambda r, i: {"pixel_digest": None if i == 1 else r["pixel_digest"]}, with_indices=True)
+    report = validate_dataset(nulled)
+    warned = [w for w in report.warnings if w.column == "pixel_digest"]
+    assert report.ok and len(warned) == 1 and warned[0].rows == [1], str(report)
+    fixed = validate_dataset(nulled, fix=True)
+    assert fixed.ok and fixed.data["pixel_digest"] == digests, str(fixed)
+    assert not [w for w in validate_dataset(enc).warnings if w.column == "pixel_digest"]
