@@ -51,6 +51,7 @@ from mmpipe.encoding.media import MediaQueue, UnreadableImages, column_values, m
 from mmpipe.encoding.parse_items import as_list, check_text, inline_image, is_image_item, parse_item
 from mmpipe.encoding.row_checks import check_completion, check_one_source, check_row
 from mmpipe.encoding.sharegpt import check_chat_role
+from mmpipe.encoding.sft_formats import alpaca_messages, is_alpaca_row, with_system
 from mmpipe.errors import ParseError
 from mmpipe.records.columns import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
@@ -102,11 +103,13 @@ def _raw_messages(example: dict, where: str) -> tuple[list, str, int]:
         from mmpipe.encoding.sharegpt import sharegpt_messages
 
         raw, column = sharegpt_messages(as_list(example["conversations"]), where), "conversations"
+    elif is_alpaca_row(example):  # LLaMA-Factory / ms-swift: instruction, input, output, history
+        raw, column = alpaca_messages(example, where), "instruction"
     else:
         raise ParseError(
             f"found columns {sorted(example)}", where=where,
-            expected="a 'messages' column (chat messages), a 'prompt' column (text or chat messages) or a "
-                     "'conversations' column (ShareGPT / LLaVA turns)",
+            expected="a 'messages' column (chat messages), a 'prompt' column (text or chat messages), a "
+                     "'conversations' column (ShareGPT / LLaVA turns) or an alpaca 'instruction' column",
             fix="rename your column",
         )
     if not isinstance(raw, (list, tuple)) or not raw:
@@ -114,6 +117,7 @@ def _raw_messages(example: dict, where: str) -> tuple[list, str, int]:
                          where=where, column=column,
                          fix="parse JSON-encoded messages first (json.loads)" if isinstance(raw, str) else
                              "drop rows without messages, or give at least one {'role', 'content'} message")
+    raw = with_system(raw, example, where)  # a 'system' column (LLaMA-Factory, ms-swift): the first turn
     n_main = len(raw)
     completion = as_list(example.get("completion"))
     check_completion(completion, where)
