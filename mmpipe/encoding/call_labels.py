@@ -6,7 +6,10 @@ Three ways, cheapest first: a row without media whose ids are the tokenizer's fo
 replies' character spans (one render, `mmpipe.encoding.spans` via ``enc.reply_spans``) and the
 tokenizer's offsets; else each reply's edges from the text after it tokenized alone
 (`suffix_cut`), when the row's ids end with those tokens; else the call run on the conversation
-up to each edge (``ids_of``), the longest common prefix with the row's ids.
+up to each edge (``ids_of``), the longest common prefix with the row's ids. The edges are the
+same replies' spans (`_reply_edges`), so a row is labelled alike with and without media (a
+template's ``{% generation %}`` blocks followed either way); the conversation rendered before and
+up to each reply only where those spans are not one per reply.
 """
 
 from __future__ import annotations
@@ -49,11 +52,11 @@ def call_labels(enc, messages: list, media: tuple, agp: bool, tools, ids: np.nda
     """int64 [L]: the ids where a token overlaps an assistant reply (its text and end-of-turn
     token, not the newline after), -100 elsewhere. A row without images whose ids are the
     tokenizer's for its text: the replies located in one render (`mmpipe.encoding.spans`) and
-    the tokenizer's offsets (linear in the turns). Otherwise each reply's start and end: the text
-    after it tokenized alone, when the row's ids end with those tokens and it holds no
-    image or clip (no processor call); else the processor run on the conversation up to there
-    (its images and clips included: their tokens count), a token merged across the edge
-    labelled. ``media``: (the row's images, its audio waveforms); ``ids_of(enc, text, images, audios)``:
+    the tokenizer's offsets (linear in the turns). Otherwise each reply's start and end (the same
+    spans, `_reply_edges`): the text after it tokenized alone, when the row's ids end with those
+    tokens and it holds no image or clip (no processor call); else the processor run on the
+    conversation up to there (its images and clips included: their tokens count), a token merged
+    across the edge labelled. ``media``: (the row's images, its audio waveforms); ``ids_of(enc, text, images, audios)``:
     the ids of the call on a prefix (the kind's processor call)."""
     images, audios = media
     if not images and not audios:
@@ -68,15 +71,18 @@ def call_labels(enc, messages: list, media: tuple, agp: bool, tools, ids: np.nda
     def upto(text: str, k: int) -> np.ndarray:  # the ids of a prefix holding messages[:k]'s media
         return ids_of(enc, text, images[:sum(n_images[:k])], audios[:sum(n_audios[:k])])
 
+    edges = iter(_reply_edges(enc, messages, agp, tools, full) or ())
     for k, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
         text_after = not any(n_images[k:]) and not any(n_audios[k:])  # no media at or after: the rest alone
-        before = enc.render(messages[:k], True, tools) if k else ""
+        edge = next(edges, None)
+        if edge is None or n_images[k] or n_audios[k]:  # a reply holding media: its text may follow them
+            edge = _rendered_edges(enc, messages, k, tools)
+        before, upto_text = edge
         start = suffix_cut(enc, ids, full, before) if text_after else None
         if start is None:
-            start = _common_prefix(upto(before, k), ids) if k else 0
-        upto_text = enc.render(messages[: k + 1], False, tools).rstrip("\n ")
+            start = _common_prefix(upto(before, k), ids) if before else 0
         end = suffix_cut(enc, ids, full, upto_text) if text_after else None
         if end is None:
             upto_ids = upto(upto_text, k + 1)
@@ -84,6 +90,30 @@ def call_labels(enc, messages: list, media: tuple, agp: bool, tools, ids: np.nda
             end = shared + (1 if shared < len(upto_ids) else 0)  # a last token merged with what follows
         labels[start:end] = ids[start:end]
     return labels
+
+
+def _reply_edges(enc, messages: list, agp: bool, tools, full: str) -> Optional[list]:
+    """[(the text before reply k, the text up to its end)] for each assistant message, both prefixes
+    of ``full``: the replies' spans as a row without media gets them (`mmpipe.encoding.spans`: the
+    template's ``{% generation %}`` blocks, else markers, else prefixes), so a row's labels do not
+    depend on whether it holds images. None where those spans are not one per assistant message
+    in ``full`` itself (stop tokens appended, empty replies without a span, no way applies)."""
+    from mmpipe.errors import InputError
+
+    try:
+        text, spans, _ = enc.reply_spans(messages, full, "", tools, agp)
+    except InputError:  # no way locates the replies: the renders below
+        return None
+    if text != full or len(spans) != sum(1 for m in messages if m["role"] == "assistant"):
+        return None
+    return [(full[:a], full[:b]) for a, b in spans]
+
+
+def _rendered_edges(enc, messages: list, k: int, tools) -> tuple[str, str]:
+    """(the conversation before reply ``k`` with the generation prompt, up to its end with trailing
+    newlines and spaces dropped): reply ``k``'s edges where its span is not known."""
+    before = enc.render(messages[:k], True, tools) if k else ""
+    return before, enc.render(messages[: k + 1], False, tools).rstrip("\n ")
 
 
 def suffix_cut(enc, ids: np.ndarray, full: str, prefix: str) -> Optional[int]:

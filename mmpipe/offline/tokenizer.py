@@ -9,6 +9,9 @@ family (the tokenizer is the same apart from its chat template).
 vocabularies (``ĠĠ``, ``ĊĊ``, ``ĊĊĊ``): a reply starting with a newline then shares one
 token with the newline that ends the ``<|im_start|>assistant`` header, as with the real
 tokenizers (what assistant-token masks must handle). Its special tokens sit 3 ids higher.
+``merges="qwen-punct"`` adds their punctuation merges too (``" <"``, ``".\\n\\n"``, ``":\\n"``,
+``"</"``...): text joins across the seams where chat text is assembled from pieces, which the
+default set hides.
 """
 
 from __future__ import annotations
@@ -83,9 +86,27 @@ _BPE_VOCAB_SIZE = 640  # 256 byte tokens + up to 384 merges
 # Merges appended (lowest priority) to the learned ones, per merge set of build_tokenizer. The
 # corpus is learned line by line, so it never merges whitespace runs; real Qwen vocabularies do
 # ("ĊĊ" is one token there), and a reply starting with "\n" then merges with its header's "\n".
+_QWEN_LIKE = (("Ġ", "Ġ"), ("Ċ", "Ċ"), ("ĊĊ", "Ċ"))
+
+
+def _punctuation_merges() -> tuple:
+    """The punctuation merges of the real Qwen vocabularies that join text across the places where
+    chat text is assembled: space + punctuation (``" <"``, ``" ("``), punctuation runs
+    (``"</"``, ``"?!"``, ``'":'``), punctuation + newlines (``".\\n"``, ``":\\n\\n"``, ``"?\\n"``,
+    ``">\\n"``) and whitespace before a newline (``" \\n"``)."""
+    pairs = [("Ġ", "Ċ"), ("ĠĠ", "Ċ"), ("<", "/"), ("/", ">"), ("?", '"'), (".", '"'), ('"', ","), ('"', ":"),
+             ("{", '"'), ('"', "}"), ("}", "}"), (")", "."), (")", ","), ("*", "*"), (".", "."), ("..", "."),
+             ("-", "-"), ("!", "!"), ("?", "?"), ("?", "!"), (")", ":"), ('"', "."), ("}", ","), ("]", ",")]
+    pairs += [("Ġ", p) for p in ("<", "(", "[", "{", '"', "'", "-", "*", "#", ":", ".", "?", "=", "/", "`", "</")]
+    for p in (".", ":", "?", "!", ",", ">", ")", "}", "]", '"', "*", ";"):
+        pairs += [(p, "Ċ"), (p, "ĊĊ"), (p + "Ċ", "Ċ")]
+    return tuple(pairs)
+
+
 _EXTRA_MERGES = {
     "default": (),
-    "qwen-like": (("Ġ", "Ġ"), ("Ċ", "Ċ"), ("ĊĊ", "Ċ")),
+    "qwen-like": _QWEN_LIKE,
+    "qwen-punct": _QWEN_LIKE + _punctuation_merges(),
 }
 MERGE_SETS = tuple(_EXTRA_MERGES)  # the accepted values of build_tokenizer(merges=...)
 
@@ -239,7 +260,9 @@ def build_tokenizer(family: str = DEFAULT_FAMILY, *, merges: str = "default") ->
     ``merges="qwen-like"`` appends the whitespace merges of the real Qwen vocabularies (``ĠĠ``,
     ``ĊĊ``, ``ĊĊĊ``, see :data:`MERGE_SETS`) to the learned ones: text without whitespace runs
     tokenizes as with the default set, ``"\n\n"`` becomes one token, and the special tokens
-    sit 3 ids higher (look them up with ``convert_tokens_to_ids``).
+    sit 3 ids higher (look them up with ``convert_tokens_to_ids``). ``merges="qwen-punct"``
+    also appends the punctuation merges of the real vocabularies (space + punctuation,
+    punctuation runs, punctuation + newlines: ``" <"``, ``"</"``, ``".\\n\\n"``).
 
     The tokenizer is built once per family and each call returns a deep copy (~ms), so
     setting ``padding_side`` or other attributes on it cannot leak into other callers.
