@@ -35,6 +35,9 @@ the functions, so importing this package stays cheap.
 - `mmpipe.offline.other_vlms`: the stock processors and tiny models of VLMs mmpipe has no
   family-table row for (Idefics3, LLaVA 1.5, Mllama, PaliGemma), the base the modules above
   adjust.
+- `mmpipe.offline.tf_lines`: what the builders do differently on transformers 4.57 and 5.x (the
+  PIL image processors' class names, image-only processors, rope config fields), so every family
+  above builds on both lines (tests/offline/test_tf457_families.py checks 4.57).
 - `mmpipe.offline.images`: :func:`sample_photos`, :func:`generated_images`,
   :func:`tiny_image` - real photographs that ship with matplotlib, and deterministic
   synthetic images.

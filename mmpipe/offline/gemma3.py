@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from mmpipe.errors import ArgumentError
 from mmpipe.offline.other_vlms import build_foreign_model, build_foreign_processor
+from mmpipe.offline.tf_lines import pil_image_processor
 
 __all__ = ["GEMMA3_REAL_TILE", "GEMMA3_REAL_TOKENS", "build_gemma3_processor", "build_gemma3_model",
            "save_gemma3_checkpoint"]
@@ -44,9 +45,7 @@ def build_gemma3_processor(*, real: bool = False, tokenizer: str = "offline"):
     elif tokenizer != "offline":
         raise ArgumentError(f"tokenizer must be 'offline' or 'gemma', got {tokenizer!r}")
     if real:
-        import transformers
-
-        proc.image_processor = transformers.Gemma3ImageProcessorPil(
+        proc.image_processor = pil_image_processor("Gemma3ImageProcessorPil")(
             size={"height": GEMMA3_REAL_TILE, "width": GEMMA3_REAL_TILE})
         proc.image_seq_length = GEMMA3_REAL_TOKENS
         tok = proc.tokenizer

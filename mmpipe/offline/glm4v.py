@@ -26,6 +26,7 @@ import functools
 from mmpipe.compat import extra_special_tokens_key
 from mmpipe.errors import ArgumentError
 from mmpipe.families import GLM4V
+from mmpipe.offline.tf_lines import image_only_subclass, pil_image_processor, rope_config_fields
 
 __all__ = [
     "GLM4V_SPECIAL_TOKENS", "GLM4V_EXTRA_TOKENS", "GLM4V_CHAT_TEMPLATE", "default_pixel_bounds",
@@ -104,14 +105,12 @@ def build_image_processor(*, min_pixels: int | None = None, max_pixels: int | No
     """The real ``Glm4vImageProcessorPil`` (PIL backend, whatever is installed) with
     ``size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}`` (default
     `default_pixel_bounds`) and GLM's patch 14, merge 2, temporal patch 2, CLIP mean/std."""
-    from transformers import Glm4vImageProcessorPil
-
     lo, hi = default_pixel_bounds()
     lo = lo if min_pixels is None else int(min_pixels)
     hi = hi if max_pixels is None else int(max_pixels)
     if lo > hi:
         raise ArgumentError(f"min_pixels {lo} > max_pixels {hi}")
-    return Glm4vImageProcessorPil(
+    return pil_image_processor("Glm4vImageProcessorPil")(
         size={"shortest_edge": lo, "longest_edge": hi}, patch_size=GLM4V.patch_size,
         temporal_patch_size=GLM4V.temporal_patch_size, merge_size=GLM4V.merge_size,
         image_mean=list(GLM4V.image_mean), image_std=list(GLM4V.image_std),
@@ -124,12 +123,8 @@ def image_only_processor_class() -> type:
     torchvision, even for None); the stock class stays in the MRO, so `family_of` finds glm4v."""
     from transformers import Glm4vProcessor
 
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-        Glm4vProcessor.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
-
     doc = "``Glm4vProcessor`` without a video processor (works without torchvision); built by mmpipe.offline."
-    return type("ImageOnlyGlm4vProcessor", (Glm4vProcessor,), {"__init__": __init__, "__doc__": doc,
-                                                               "__module__": __name__})
+    return image_only_subclass(Glm4vProcessor, module=__name__, doc=doc)
 
 
 def build_processor(*, min_pixels: int | None = None, max_pixels: int | None = None):
@@ -153,8 +148,8 @@ def _model_config():
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096, rms_norm_eps=1e-5,
         pad_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|endoftext|>"],
         # head_dim 64, half of it rotary: 16 frequencies split (t, h, w) as the checkpoints' 32 are [8, 12, 12]
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-                         "mrope_section": [4, 6, 6]},
+        **rope_config_fields({"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                              "mrope_section": [4, 6, 6]}),
     )
     vision = dict(
         depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=128, in_channels=3,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 
 from mmpipe.offline.other_vlms import build_foreign_processor
+from mmpipe.offline.tf_lines import pil_image_processor
 from mmpipe.offline.tiny_towers import (
     TILE,
     cached_model_copy,
@@ -35,11 +36,9 @@ _MODEL_CLASS = "InternVLForConditionalGeneration"
 def build_internvl_processor(**image_kwargs):
     """A real InternVL processor with 32x32 tiles; ``image_kwargs`` override the image
     processor's settings (e.g. ``max_patches=12``). A fresh object on every call."""
-    import transformers
-
     proc = build_foreign_processor("internvl")
     kwargs = {"size": {"height": TILE, "width": TILE}, "max_patches": 6, **image_kwargs}
-    proc.image_processor = transformers.GotOcr2ImageProcessorPil(**kwargs)
+    proc.image_processor = pil_image_processor("GotOcr2ImageProcessorPil")(**kwargs)
     return proc
 
 

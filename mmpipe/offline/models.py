@@ -9,9 +9,9 @@ import functools
 import importlib
 from typing import TYPE_CHECKING
 
-from mmpipe.compat import is_transformers_5
 from mmpipe.families import DEFAULT_FAMILY, QWEN2_5_VL, QWEN2_VL, QWEN3_VL, get_family
 from mmpipe.offline.qwen3_5 import MODEL_LINES, build_qwen3_5_model
+from mmpipe.offline.tf_lines import rope_config_fields
 from mmpipe.offline.tokenizer import OWN_BUILDERS, build_tokenizer, check_family, special_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -79,10 +79,7 @@ def _model_config(family: str):
         vision_end_token_id=ids[fam.vision_end_token],
     )
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(tiny["mrope_section"])}
-    if is_transformers_5():
-        rope_fields = dict(rope_parameters=dict(rope, **tiny["rope"]))
-    else:  # 4.x: theta apart, the M-RoPE split in rope_scaling
-        rope_fields = dict(rope_theta=rope.pop("rope_theta"), rope_scaling=dict(rope, **tiny["rope"]))
+    rope_fields = rope_config_fields(dict(rope, **tiny["rope"]))  # 4.x: theta apart, the split in rope_scaling
     text = dict(
         _TEXT,
         vocab_size=len(build_tokenizer(family)),

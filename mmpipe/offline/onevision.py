@@ -19,6 +19,7 @@ from __future__ import annotations
 
 
 from mmpipe.offline.other_vlms import build_foreign_processor
+from mmpipe.offline.tf_lines import pil_image_processor
 from mmpipe.offline.tiny_towers import (
     TILE,
     cached_model_copy,
@@ -40,12 +41,10 @@ _MODEL_CLASS = "LlavaOnevisionForConditionalGeneration"
 def build_onevision_processor(**image_kwargs):
     """A real LLaVA-OneVision processor with 32x32 tiles; ``image_kwargs`` override the image
     processor's settings (e.g. ``image_grid_pinpoints=...``). A fresh object on every call."""
-    import transformers
-
     proc = build_foreign_processor("llava_onevision")
     kwargs = {"size": {"height": TILE, "width": TILE},
               "image_grid_pinpoints": ONEVISION_PINPOINTS, **image_kwargs}
-    proc.image_processor = transformers.LlavaOnevisionImageProcessorPil(**kwargs)
+    proc.image_processor = pil_image_processor("LlavaOnevisionImageProcessorPil")(**kwargs)
     return proc
 
 

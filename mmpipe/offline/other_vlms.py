@@ -21,11 +21,13 @@ import copy
 import functools
 import tempfile
 
+from mmpipe.compat import is_transformers_5
 from mmpipe.errors import ArgumentError
 from mmpipe.offline.chat_templates import QWEN2_VL_CHAT_TEMPLATE
 from mmpipe.families import DEFAULT_FAMILY, FAMILIES
 from mmpipe.offline.minicpmv import MINICPMV_NAMES, build_minicpmv_model, build_minicpmv_processor
 from mmpipe.offline.ovis2 import OVIS2_NAMES, build_ovis2_model, build_ovis2_processor
+from mmpipe.offline.tf_lines import image_only_subclass, pil_image_processor
 from mmpipe.offline.tokenizer import build_tokenizer
 
 __all__ = ["FOREIGN_PROCESSORS", "IDEFICS3_TILE", "MINICPMV_NAMES", "OVIS2_NAMES", "MODELS", "MORE_MODELS",
@@ -133,13 +135,11 @@ def _processor_class(name: str) -> type:
     import transformers
 
     base = getattr(transformers, _SPECS[name][0])
+    # 4.57's PaliGemmaProcessor takes Gemma tokenizers only (5.x any): the offline one is Qwen2's
+    loose = {} if is_transformers_5() or name != "paligemma" else {"tokenizer_class": "AutoTokenizer"}
     if "video_processor" not in inspect.signature(base.__init__).parameters:
-        return base
-
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-        base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
-
-    return type("ImageOnly" + base.__name__, (base,), {"__init__": __init__, "__module__": __name__})
+        return type(base.__name__, (base,), dict(loose, __module__=__name__)) if loose else base
+    return image_only_subclass(base, module=__name__, **loose)
 
 
 def build_foreign_processor(name: str):
@@ -156,11 +156,9 @@ def build_foreign_processor(name: str):
     if not _available(name):
         raise ArgumentError(f"the offline {name!r} processor needs {_NEEDS[name]}, which the installed "
                             "transformers lacks; upgrade transformers (5.25 or later)")
-    import transformers
-
     _, ip_name, _, image_text, kwargs = _SPECS[name]
     template = QWEN2_VL_CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", image_text)
-    image_processor = getattr(transformers, ip_name)(**_IMAGE_KWARGS.get(name, {}))
+    image_processor = pil_image_processor(ip_name)(**_IMAGE_KWARGS.get(name, {}))
     if name == "paligemma":  # read by PaliGemmaProcessor: 2x2 patches of 16 -> 4 tokens per image
         image_processor.image_seq_length = 4
     return _processor_class(name)(image_processor=image_processor, tokenizer=copy.deepcopy(_named_tokenizer(name)),

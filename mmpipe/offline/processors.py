@@ -13,6 +13,7 @@ from mmpipe.compat import is_transformers_5
 from mmpipe.errors import ArgumentError
 from mmpipe.families import DEFAULT_FAMILY, get_family
 from mmpipe.offline.chat_templates import chat_template
+from mmpipe.offline.tf_lines import image_only_subclass
 from mmpipe.offline.tokenizer import FAMILY_NAMES, OWN_BUILDERS, build_tokenizer, check_family
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,23 +74,14 @@ def image_only_processor_class(family: str) -> type:
 def _image_only_classes() -> dict[str, type]:
     import transformers
 
-    def make(base: type, name: str) -> type:
-        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-            base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
-
+    def make(base: type) -> type:
         doc = (
             f"``{base.__name__}`` without a video processor (works without torchvision); "
             "built by :func:`mmpipe.testing.build_processor`."
         )
-        attrs = {"__init__": __init__, "__doc__": doc, "__module__": __name__}
-        if not is_transformers_5():
-            # 4.x's ProcessorMixin takes its sub-processors from this list, not the signature
-            attrs["attributes"] = ["image_processor", "tokenizer"]
-        return type(name, (base,), attrs)
+        return image_only_subclass(base, module=__name__, doc=doc)
 
-    return {
-        f: make(getattr(transformers, image_only_base_class_name(f)), image_only_class_name(f)) for f in FAMILY_NAMES
-    }
+    return {f: make(getattr(transformers, image_only_base_class_name(f))) for f in FAMILY_NAMES}
 
 
 def build_image_processor(family: str = DEFAULT_FAMILY, *, min_pixels: int | None = None,

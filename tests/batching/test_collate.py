@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 import mmpipe
 from mmpipe import testing
-from mmpipe.compat import is_transformers_5
 from mmpipe.testing.invariants import assert_positions_match_rows, assert_roundtrip
 
 from conftest import processor_for
@@ -115,8 +114,6 @@ def test_pandas_format_rows_collate_exactly(family):
     """``with_format("pandas")`` hands nested lists (position_ids [3, L], grids [I, 3]) as 1-D
     object arrays of arrays: collate stacks them (same values, same dtype), so a DataLoader over
     the pandas format, a pandas slice and a list of one-row frames give the rows back exactly."""
-    if family != "qwen2_vl" and not is_transformers_5():
-        pytest.skip(f"the offline {family} processor uses transformers 5's image processor classes")
     proc = processor_for(family)
     raw = datasets.Dataset.from_list(_rows(proc, counts=(1, 0, 2, 1)))
     enc = raw.map(mmpipe.encode, fn_kwargs={"processor": proc}, remove_columns=raw.column_names)

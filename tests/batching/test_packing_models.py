@@ -142,10 +142,6 @@ def test_sliding_window_layers_pack_exactly():
 def test_gemma3_is_refused_by_its_family_and_by_its_layers():
     """The family table's refusal (Gemma 3) raises the same typed error; a Gemma 3 model is
     refused by its layers too (bidirectional image blocks)."""
-    from mmpipe.compat import is_transformers_5
-
-    if not is_transformers_5():
-        pytest.skip("the offline Gemma 3 processor uses transformers 5's Gemma3ImageProcessorPil")
     from mmpipe.offline.gemma3 import build_gemma3_model, build_gemma3_processor
 
     with pytest.raises(PackingUnsupportedError, match="packing is not available for gemma3"):

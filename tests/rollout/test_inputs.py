@@ -371,10 +371,7 @@ def test_pad_to_multiple_then_trim_gives_the_real_rows_back(case):
 
 
 def _offline_processor(family: str):
-    """The offline processor of ``family``; skipped on transformers 4.57 for the families whose
-    offline builders use transformers 5's ``...ImageProcessorPil`` classes."""
-    if family != "qwen2_vl" and not is_transformers_5():
-        pytest.skip(f"the offline {family} processor uses transformers 5's image processor classes")
+    """The offline processor of ``family`` (on both transformers lines: `mmpipe.offline.tf_lines`)."""
     return processor_for(family)
 
 

@@ -1,0 +1,62 @@
+"""What the offline builders do differently on the two transformers lines mmpipe supports
+(4.57.x and 5.x), in one place so every family module builds the same way on both:
+
+- `pil_image_processor`: 5.x names the PIL/numpy image processors ``*ImageProcessorPil``
+  (``Gemma3ImageProcessorPil``); 4.57 has the same backend under the plain name
+  (``Gemma3ImageProcessor``; its ``*Fast`` class is the torchvision one).
+- `image_only_subclass`: a stock processor class without its video processor. 5.x's
+  ``ProcessorMixin`` reads the sub-processors from the ``__init__`` signature; 4.57's from the
+  class's ``attributes`` list, so that list is overridden too (4.57 otherwise refuses the
+  missing video processor: "Received a NoneType for argument video_processor").
+- `rope_config_fields`: 5.x takes ``rope_parameters``; 4.57 takes ``rope_theta`` and
+  ``partial_rotary_factor`` as config fields and the rest (``mrope_section``) as ``rope_scaling``.
+"""
+
+from __future__ import annotations
+
+from mmpipe.compat import is_transformers_5
+
+__all__ = ["pil_image_processor", "image_only_subclass", "rope_config_fields"]
+
+_PIL_SUFFIX = "Pil"
+
+
+def pil_image_processor(name: str) -> type:
+    """``transformers.<name>`` (a 5.x ``*ImageProcessorPil`` name), or on 4.x the class of the
+    same backend: ``name`` without its ``Pil`` suffix."""
+    import transformers
+
+    if is_transformers_5() or not name.endswith(_PIL_SUFFIX):
+        return getattr(transformers, name)
+    return getattr(transformers, name[: -len(_PIL_SUFFIX)])
+
+
+def image_only_subclass(base: type, *, module: str, doc: str | None = None, **class_attrs) -> type:
+    """``ImageOnly<base>``: ``base`` whose ``__init__`` takes no video processor (the stock one's
+    class check fails without torchvision, even for None). ``base`` stays in the MRO, so
+    `mmpipe.families.family_of` recognises it; ``class_attrs`` are set on the class (e.g. a
+    looser ``tokenizer_class``)."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    attrs = {"__init__": __init__, "__module__": module, **class_attrs}
+    if doc is not None:
+        attrs["__doc__"] = doc
+    if not is_transformers_5():  # 4.x's ProcessorMixin takes its sub-processors from this list
+        attrs["attributes"] = ["image_processor", "tokenizer"]
+    return type("ImageOnly" + base.__name__, (base,), attrs)
+
+
+def rope_config_fields(rope: dict) -> dict:
+    """A text config's rope keyword arguments from 5.x's ``rope_parameters`` dict ``rope``
+    (``rope_type``, ``rope_theta``, optional ``partial_rotary_factor``, ``mrope_section``, ...):
+    ``{"rope_parameters": rope}`` on 5.x; on 4.x ``rope_theta`` and ``partial_rotary_factor``
+    as fields and the rest as ``rope_scaling``."""
+    rope = dict(rope)
+    if is_transformers_5():
+        return {"rope_parameters": rope}
+    fields = {"rope_theta": rope.pop("rope_theta")}
+    if "partial_rotary_factor" in rope:
+        fields["partial_rotary_factor"] = rope.pop("partial_rotary_factor")
+    return dict(fields, rope_scaling=rope)
