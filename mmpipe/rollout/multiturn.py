@@ -41,6 +41,7 @@ from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.conversation import Conversation
 from mmpipe.rollout.support import check_no_early_stop, check_processor, check_rollout, stop_ids, token_ids
 from mmpipe.rollout.turn_media import add_turn_images, add_turn_videos
+from mmpipe.rollout.turn_text import added_tokens, drop_tail, end_of_turn, tokenize_suffix, turn_headers
 
 __all__ = ["Conversation", "start", "conversation_encoder", "append_response", "append_observation", "append_messages"]
 
@@ -102,8 +103,13 @@ def append_response(conv: Conversation, response=None, *, text: Optional[str] = 
         response: the generated ids (``Sequence[int]``, as the engine returned them, usually
             ending with ``<|im_end|>``) or a `mmpipe.records.generation.Completion`. They are kept
             as generated, never re-tokenized, and all of them are labels (response mask 1).
+            GLM-4.1V stops at the next turn's header (``<|user|>``, ``<|observation|>``): that
+            last id is kept and opens the next appended turn (which must be of its kind).
         text: instead of ids, the reply as text (tokenized in context, ``<|im_end|>`` added
-            and labelled): what encoding the whole conversation at once gives.
+            and labelled): what encoding the whole conversation at once gives. A reply that
+            merges with the generation prompt's last token (a leading ``\\n`` after
+            ``assistant\\n`` under the real Qwen merges: one ``ĊĊ``) replaces that prompt token
+            with the merged one, labelled (the row's prompt part is one token shorter).
         done: the conversation ends with this reply (no more observations).
         finish_reason: recorded when ``done`` (default: the Completion's, else "stop").
 
@@ -136,11 +142,12 @@ def append_response(conv: Conversation, response=None, *, text: Optional[str] = 
         new_ids, labels, n_resp, full, messages = _response_from_ids(conv, token_ids(
             response, where=conv.where, row=conv.index, error=ParseError,
             fix="pass the Completion or its token_ids; a reply as text goes in text="))
+        span = (0, n_resp)
     else:
-        new_ids, labels, n_resp, full, messages = _response_from_text(conv, text)
+        conv, new_ids, labels, span, full, messages = _response_from_text(conv, text)
     L = conv.num_tokens
     out = _extend(conv, new_ids, labels, [], [], full, messages, awaiting=False, images_added=())
-    out = replace(out, response_spans=conv.response_spans + ((L, L + n_resp),))
+    out = replace(out, response_spans=conv.response_spans + ((L + span[0], L + span[1]),))
     if done:
         out = replace(out, done=True, finish_reason=finish_reason or "stop")
     return out
@@ -155,10 +162,13 @@ def _response_from_ids(conv: Conversation, ids: np.ndarray):
     # a stop id before the end (padding, text past <|im_end|>) would be labelled as the reply and the
     # turn would end twice in the row
     check_no_early_stop(ids, stop_ids(tok, conv.encoder.family), where=conv.where, row=conv.index, error=ParseError)
-    close = _end_of_turn(conv)  # e.g. "<|im_end|>\n"
+    close = end_of_turn(conv)  # e.g. "<|im_end|>\n"
     last = tok.convert_ids_to_tokens(int(ids[-1])) if len(ids) else None
-    ended = last is not None and last in _added_tokens(tok) and close.startswith(last)
-    content_ids = ids[:-1] if ended else ids
+    ended = last is not None and last in added_tokens(tok) and close.startswith(last)
+    # GLM-4.1V writes no end of turn and stops at the next turn's header (<|user|>, <|observation|>):
+    # that sampled header opens the next turn, which must not render it again
+    header = not ended and not close and last in added_tokens(tok) and last in turn_headers(conv)
+    content_ids = ids[:-1] if ended or header else ids
     content = tok.decode(content_ids.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
     messages = conv.messages + ({"role": "assistant", "content": content},)
     full = _render_checked(conv, messages, False, "the response")
@@ -169,41 +179,38 @@ def _response_from_ids(conv: Conversation, ids: np.ndarray):
             fix="re-encode the whole conversation with mmpipe.encode_row instead of appending",
         )
     added = close[len(last):] if ended else close
-    close_ids, _ = _tokenize_suffix(conv, full[: len(full) - len(added)], added, "the end of the turn")
+    close_ids = tokenize_suffix(conv, full[: len(full) - len(added)], added, "the end of the turn")[0]
     new_ids = np.concatenate([ids, close_ids]).astype(np.int64)
     labels = np.concatenate([ids, np.full(len(close_ids), IGNORE_INDEX, np.int64)])
-    return new_ids, labels, len(ids), full, messages
+    return new_ids, labels, len(ids), full + (last if header else ""), messages
 
 
 def _response_from_text(conv: Conversation, text: str):
-    """A reply as text -> (its ids in context, labels, n response tokens, rendered text,
-    messages): labels up to and including the end-of-turn token, as encoding it whole gives."""
+    """A reply as text -> (the conversation without the prompt tokens the reply re-tokenizes,
+    the reply's ids in context, labels, (first, end) of the labelled tokens in the new ids,
+    rendered text, messages): labels as encoding it whole gives, up to and including the
+    end-of-turn token.
+
+    A reply that merges with the generation prompt's last token (``"\\n..."`` after
+    ``"assistant\\n"``: one ``"ĊĊ"`` under the real Qwen merges) replaces that token with the
+    merged one, which is labelled (it holds reply text), as ``encode_row`` and transformers'
+    assistant mask label it."""
     messages = conv.messages + ({"role": "assistant", "content": text},)
     full = _render_checked(conv, messages, False, "the response")
     suffix = full[len(conv.text):]
-    new_ids, starts = _tokenize_suffix(conv, conv.text, suffix, "the response")
+    new_ids, starts, ends, k = tokenize_suffix(conv, conv.text, suffix, "the response", merge_back=True)
     _refuse_vision_tokens(conv, new_ids)
     # the encoder's rule (`mmpipe.encoding.spans`): the reply as rendered, then the stop token where the
     # template writes it after a reply, never what follows it
-    close, stop = _end_of_turn(conv), conv.encoder.stop_rule()
+    close, stop = end_of_turn(conv), conv.encoder.stop_rule()
     end = len(suffix) - len(close) if suffix.endswith(close) else len(suffix.rstrip("\n "))
     if stop.written and suffix.endswith(close) and stop.token in close:
         end += close.index(stop.token) + len(stop.token)
-    labels = np.where(starts < end, new_ids, IGNORE_INDEX).astype(np.int64)
-    return new_ids, labels, int((starts < end).sum()), full, messages
-
-
-def _end_of_turn(conv: Conversation) -> str:
-    """The text the chat template puts after an assistant reply (found with a probe reply)."""
-    probe = "\x00mmpipe-probe\x00"
-    full = conv.encoder.render(list(conv.messages) + [{"role": "assistant", "content": probe}], False, conv.tools)
-    if full.find(probe) != len(conv.text) or not full.startswith(conv.text):
-        raise InputError(
-            "the chat template does not render an assistant reply right after the generation prompt",
-            where=conv.where, row=conv.index, stage="template",
-            fix="re-encode the whole conversation with mmpipe.encode_row instead of appending",
-        )
-    return full[len(conv.text) + len(probe):]
+    keep = (starts < end) & ((starts >= 0) | (ends > 0))  # reply tokens, one merged with the header's included
+    labels = np.where(keep, new_ids, IGNORE_INDEX).astype(np.int64)
+    hit = np.flatnonzero(keep)
+    span = (int(hit[0]), int(hit[-1]) + 1) if len(hit) else (0, 0)
+    return drop_tail(conv, k), new_ids, labels, span, full, messages
 
 
 def _refuse_vision_tokens(conv: Conversation, ids: np.ndarray) -> None:
@@ -274,9 +281,10 @@ def append_messages(conv: Conversation, messages: Sequence[dict], images: Sequen
         )
     all_msgs = conv.messages + tuple(new_msgs)
     full = _render_checked(conv, all_msgs, add_generation_prompt, "the observation")
-    ids, _ = _tokenize_suffix(conv, conv.text, full[len(conv.text):], "the observation")
-    ids, video = add_turn_videos(conv, ids, new_videos)
+    ids = tokenize_suffix(conv, conv.text, full[len(conv.text):], "the observation")[0]
+    # images first: GLM-4.1V expands a video into frames of <|image|> tokens, not to be counted as images
     ids, grids, blocks = add_turn_images(conv, ids, new_images)
+    ids, video = add_turn_videos(conv, ids, new_videos)
     labels = np.full(ids.shape, IGNORE_INDEX, np.int64)
     return _extend(conv, ids, labels, grids, blocks, full, all_msgs, awaiting=add_generation_prompt,
                    images_added=tuple(new_images), video=video)
@@ -299,6 +307,14 @@ def _render_checked(conv: Conversation, messages: Sequence[dict], agp: bool, wha
     full = conv.encoder.render(list(messages), agp, conv.tools)
     if not full.startswith(conv.text):
         at = next((i for i, (a, b) in enumerate(zip(full, conv.text)) if a != b), min(len(full), len(conv.text)))
+        head = next((t for t in added_tokens(conv.encoder.tokenizer) if conv.text.endswith(t)
+                     and at >= len(conv.text) - len(t) and not conv.awaiting_response), None)
+        if head is not None:  # the reply's ids ended with the next turn's header (GLM-4.1V)
+            raise InputError(
+                f"the model's reply ended with {head!r}, which opens the next turn, but {what} renders "
+                f"{full[len(conv.text) - len(head):][:40]!r} there", where=conv.where, row=conv.index,
+                stage="template", fix=f"append the turn {head} opens (GLM: <|user|> a user turn, <|observation|> "
+                "a tool turn), or re-encode the whole conversation with mmpipe.encode_row")
         raise InputError(
             f"with {what} appended, the chat template re-renders earlier text (first difference "
             f"at character {at}: {conv.text[at:at + 40]!r} became {full[at:at + 40]!r}), so the tokens so far "
@@ -308,44 +324,6 @@ def _render_checked(conv: Conversation, messages: Sequence[dict], agp: bool, wha
             fix="re-encode the whole conversation with mmpipe.encode_row instead",
         )
     return full
-
-
-_ADDED: dict[int, tuple[Any, tuple[str, ...]]] = {}
-
-
-def _added_tokens(tok) -> tuple[str, ...]:
-    """The tokenizer's added (special) token strings: tokenization never crosses them."""
-    hit = _ADDED.get(id(tok))
-    if hit is None or hit[0] is not tok:
-        hit = _ADDED[id(tok)] = (tok, tuple(tok.get_added_vocab()))
-    return hit[1]
-
-
-def _tokenize_suffix(conv: Conversation, before: str, suffix: str, what: str):
-    """Tokens of ``suffix`` exactly as tokenizing ``before + suffix`` whole would give them.
-
-    The tokenizer splits at added tokens, so re-tokenizing from the last one in ``before``
-    is equivalent to tokenizing everything. Returns (ids int64 [n], char starts int64 [n]
-    relative to ``suffix``). Raises if a token would straddle the border (the tokens so far
-    would change on a whole re-encode).
-    """
-    tok = conv.encoder.tokenizer
-    cut = max((before.rfind(t) + len(t) for t in _added_tokens(tok) if before.rfind(t) >= 0), default=0)
-    tail = before[cut:]
-    enc = tok(tail + suffix, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offs = enc["input_ids"], enc["offset_mapping"]
-    head = tok(tail, add_special_tokens=False)["input_ids"] if tail else []
-    n = len(head)
-    if ids[:n] != head:
-        raise InputError(
-            f"{what} merges with the text before it into one token ({tail[-20:]!r} + "
-            f"{suffix[:20]!r}); appending would disagree with encoding the whole conversation",
-            where=conv.where, row=conv.index, stage="template",
-            fix="start the appended text at a token boundary, or append the generated ids (append_response(ids)) "
-            "instead of text",
-        )
-    starts = np.asarray([s for s, _ in offs[n:]], np.int64).reshape(-1) - len(tail)
-    return np.asarray(ids[n:], np.int64), starts
 
 
 def _extend(conv: Conversation, ids, labels, grids, blocks, text, messages, *, awaiting, images_added, video=None):
