@@ -28,7 +28,7 @@ from mmpipe.images.tiles import effective_image_processor, resize_tile
 BACKENDS = ("pil", "torchvision")  # image-processor backends tiles_u8 reproduces (mmpipe.images.tiles.resize_tile)
 
 __all__ = ["BACKENDS", "tile_count", "image_tokens", "tiles_u8", "expand_placeholder", "placeholder_runs", "crop_boxes",
-           "tile_size", "max_tiles"]
+           "tile_size", "max_tiles", "vllm_prompt_ids"]
 
 
 def tile_size(image_processor) -> tuple[int, int]:
@@ -120,3 +120,42 @@ def placeholder_runs(height: int, width: int, processor, image_processor=None) -
 # The interface name (`mmpipe.images.tiles`); the placeholder mechanics themselves (finding the
 # placeholders, splicing the text) are written once, in mmpipe.media.tiles_encode.
 expand_placeholder = placeholder_text
+
+
+# ---- vLLM ----
+def _replace_runs(ids: list, old: list, new: list) -> list:
+    """``ids`` with each occurrence of ``old`` replaced by ``new``, left to right, not overlapping."""
+    out, i = [], 0
+    while i < len(ids):
+        if ids[i:i + len(old)] == old:
+            out += new
+            i += len(old)
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def vllm_prompt_ids(prompt: list, image_ids: list, image_token: int, tok) -> tuple[list, bool]:
+    """What vLLM 0.32's ``gemma3_mm`` makes of ``prompt`` (int ids, one ``image_token`` per image;
+    `mmpipe.rollout.vllm_prompts` compares it with the row): each ``<start_of_image>`` replaced by its
+    image text tokenized ALONE (``image_ids``), then the newline runs it joins ("\\n"+"\\n\\n",
+    "\\n\\n"+"\\n" -> "\\n\\n\\n", "\\n\\n"+"\\n\\n" -> "\\n\\n\\n\\n"; no others); and whether it finds
+    each image's tokens again (it reads "\\n\\n\\n" back as "\\n"+"\\n\\n" only). ``([], True)``
+    for a vocabulary without the newline-run tokens (vLLM refuses it itself)."""
+    vocab = tok.get_vocab()
+    nl = [vocab.get("\n" * k) for k in range(5)]
+    if any(t is None for t in nl[1:]):
+        return [], True
+    it = iter(image_ids)
+    ids = [t for x in prompt for t in (next(it) if x == image_token else [x])]
+    for a, b, c in ((1, 2, 3), (2, 1, 3), (2, 2, 4)):
+        ids = _replace_runs(ids, [nl[a], nl[b]], [nl[c]])
+    split = {nl[3]: [nl[1], nl[2]], nl[4]: [nl[2], nl[2]]}
+    flat, at = [t for x in ids for t in split.get(x, [x])], 0
+    for want in image_ids:  # vLLM's placeholder search, in order
+        at = next((k for k in range(at, len(flat) - len(want) + 1) if flat[k:k + len(want)] == want), -1)
+        if at < 0:
+            return ids, False
+        at += len(want)
+    return ids, True

@@ -15,6 +15,10 @@ style           the prompt
 ==============  ====================================================================================
 
 Every style takes ``(r, processor, *, tokenizer, images, index, videos, video_options)``.
+
+A spliced row whose ids vLLM cannot write back is refused (`_check_vllm_expansion`): vLLM tokenizes
+each image's text apart from its neighbours and joins only some seams again (Gemma 3: three newline
+runs), so a tokenizer merge across an image's edge would give vLLM other ids than the row's.
 """
 
 from __future__ import annotations
@@ -111,11 +115,41 @@ def splice_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[
     if not np.array_equal(starts, r.input_ids):  # the row's text must tokenize back to its ids
         raise InputError("the row's ids do not decode to a text that tokenizes back to them", row=index,
                          column="input_ids", stage="rollout", fix="encode the rows with this processor")
+    _check_vllm_expansion(r, [int(t) for t in out], texts, tok, index)
     prompt = {"prompt_token_ids": [int(t) for t in out], "multi_modal_data": {"image": pictures}}
     kwargs = vllm_image_options(r, ip, index)
     if kwargs:
         prompt["mm_processor_kwargs"] = kwargs
     return prompt
+
+
+def _check_vllm_expansion(r, prompt: list, texts: list, tok, index: int) -> None:
+    """Refuse a row that vLLM cannot expand its prompt back to: vLLM tokenizes each image's text
+    apart from the text around it (the family's image module's ``vllm_prompt_ids``: how it joins
+    them again; `mmpipe.images.gemma3.vllm_prompt_ids`), so a row whose
+    tokenizer merged text across an image's edge (Gemma 3: a newline run of 3+ or a single "\\n"
+    right after the image, under a template that does not trim text) would silently get other ids
+    in vLLM, or a RuntimeError from deep inside it."""
+    rule = getattr(r.fam.images(), "vllm_prompt_ids", None)
+    if rule is None:
+        return
+    image_ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    got, found = rule(prompt, image_ids, int(tok.convert_tokens_to_ids(r.fam.image_token)), tok)
+    want = [int(t) for t in r.input_ids]
+    if found and (not got or got == want):
+        return
+    from mmpipe.errors import InputError
+
+    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    show = (lambda ids: tok.convert_ids_to_tokens(ids[max(0, k - 2):k + 3]))
+    raise InputError(
+        f"vLLM writes each {r.fam.name} image's text tokenized apart from the text around it, and this row's "
+        "tokenizer merged text across an image's edge: "
+        + (f"vLLM's prompt ids would differ from the row at token {k}" if got != want else
+           "vLLM would not find the image's tokens again (it raises a RuntimeError)"),
+        row=index, column="input_ids", stage="rollout", expected=f"the row's tokens {show(want)}",
+        found=f"vLLM's {show(got)}", fix="keep newlines away from the images in the text (the published "
+        "Gemma 3 chat template trims each text part), or generate with mmpipe.rollout.TransformersEngine")
 
 
 def _check_vllm_mode(r, index: int) -> None:

@@ -34,7 +34,7 @@ TESTS=(tests/rollout/test_vllm_real.py tests/rollout/test_vllm_engine.py tests/i
        tests/reward/test_judge_vllm.py tests/rollout/test_video_pixel_oracle.py
        tests/rollout/test_video_vllm.py tests/rollout/test_glm4v_vllm.py tests/rollout/test_tiled_vllm_real.py tests/rollout/test_tiles2_vllm.py
        tests/encoding/test_glm4v_video_stock.py tests/rollout/test_glm_video_prompts.py tests/images/test_transparency.py
-       tests/rollout/test_2026_vllm.py tests/rollout/test_omni_vllm.py)
+       tests/rollout/test_2026_vllm.py tests/rollout/test_omni_vllm.py tests/rollout/test_hunt_vllm_seams.py)
 say() { echo "[env vllm] $*" >&2; }
 fail() { say "SET-UP FAILED at step: $1"; exit 2; }
 start=$(date +%s)
