@@ -110,13 +110,13 @@ def splice_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[
     if len(found) < len(texts):
         raise InputError(f"image {len(found)}'s text is not in the row", row=index, column="input_ids",
                          stage="rollout", fix="encode the rows with this processor")
-    out = np.asarray(tok("".join(pieces), add_special_tokens=False)["input_ids"], np.int64)
+    out = [int(t) for t in tok("".join(pieces), add_special_tokens=False)["input_ids"]]
     starts = np.asarray(tok(text, add_special_tokens=False)["input_ids"], np.int64)
     if not np.array_equal(starts, r.input_ids):  # the row's text must tokenize back to its ids
         raise InputError("the row's ids do not decode to a text that tokenizes back to them", row=index,
                          column="input_ids", stage="rollout", fix="encode the rows with this processor")
-    _check_vllm_expansion(r, [int(t) for t in out], texts, tok, index)
-    prompt = {"prompt_token_ids": [int(t) for t in out], "multi_modal_data": {"image": pictures}}
+    _check_vllm_expansion(r, out, texts, tok, index)
+    prompt = {"prompt_token_ids": out, "multi_modal_data": {"image": pictures}}
     kwargs = vllm_image_options(r, ip, index)
     if kwargs:
         prompt["mm_processor_kwargs"] = kwargs
