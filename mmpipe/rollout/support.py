@@ -151,14 +151,17 @@ def token_ids(raw: Any, *, where: str, row: Optional[int], error: type = InputEr
 
 def stop_ids(tokenizer: Any, family: Optional[ModelFamily] = None) -> frozenset:
     """The ids that end every sampled response: the family's end-of-turn token (``<|im_end|>``,
-    ``<end_of_turn>``) and the tokenizer's eos (a processor's tokenizer is used). Engines stop
-    at the first of them (`mmpipe.rollout.sampling.sample`), so none sits before a response's
-    last token. The pad id is not one: where it is no eos, a model may sample it mid-response."""
+    ``<end_of_turn>``), the other tokens its checkpoints' generation config stops at
+    (``ModelFamily.turn_stops``: GLM-4.1V's next-turn headers ``<|user|>``, ``<|observation|>``)
+    and the tokenizer's eos (a processor's tokenizer is used). Engines stop at the first of them
+    (`mmpipe.rollout.sampling.sample`), so none sits before a response's last token. The pad id
+    is not one: where it is no eos, a model may sample it mid-response."""
     tok = getattr(tokenizer, "tokenizer", tokenizer)
     out = {getattr(tok, "eos_token_id", None)}
-    if family is not None and family.stop_token and hasattr(tok, "convert_tokens_to_ids"):
-        sid = tok.convert_tokens_to_ids(family.stop_token)
-        out.add(sid if sid != getattr(tok, "unk_token_id", None) else None)
+    if family is not None and hasattr(tok, "convert_tokens_to_ids"):
+        for token in ((family.stop_token,) if family.stop_token else ()) + family.turn_stops:
+            sid = tok.convert_tokens_to_ids(token)
+            out.add(sid if sid != getattr(tok, "unk_token_id", None) else None)
     return frozenset(int(t) for t in out if is_integer(t))
 
 
