@@ -15,11 +15,15 @@ is one), normalizer context (NFC combining marks) and BPE merges that span ``c``
 passes, the piece grows (worst case: the whole text in one call, as before). Short texts (under
 ``MIN_CHARS``) take the single call. `tests/encoding/test_tokenize.py` checks pieces == whole
 on adversarial texts with tiny pieces and windows, on a tokenizer with learned BPE merges.
+
+Also here: where a tokenizer's text splits at all, its added tokens (`added_tokens`, and
+`text_run_start` for the run of text ids before a position), which the video timestamps and the
+multi-turn appends re-tokenize from.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -113,3 +117,26 @@ def tokenize_text(tokenizer, text: str, offsets: bool, *, min_chars: int = MIN_C
     if not offsets:
         return ids, None
     return ids, (np.concatenate(off_parts) if len(off_parts) > 1 else off_parts[0])
+
+
+# ---- where a tokenizer's text splits: at its added (special or not) tokens --------------------
+_ADDED: dict[int, tuple[Any, tuple[str, ...]]] = {}
+
+
+def added_tokens(tok) -> tuple[str, ...]:
+    """The tokenizer's added (special) token strings: tokenization never crosses them (cached per
+    tokenizer object)."""
+    hit = _ADDED.get(id(tok))
+    if hit is None or hit[0] is not tok:
+        hit = _ADDED[id(tok)] = (tok, tuple(tok.get_added_vocab()))
+    return hit[1]
+
+
+def text_run_start(ids: np.ndarray, end: int, floor: int, tokenizer) -> int:
+    """The first index of the run of text ids (int [L]) before ``end``: back to one of
+    ``tokenizer``'s added tokens (special or not), where its text splits, or to ``floor``."""
+    boundaries = {int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})}
+    j = end
+    while j > floor and int(ids[j - 1]) not in boundaries:
+        j -= 1
+    return j

@@ -30,14 +30,14 @@ import numpy as np
 
 from mmpipe.encoding.media import VIDEO_ITEM_OPTIONS
 from mmpipe.encoding.placeholders import expand_glm_video_pads, expand_video_pads
+from mmpipe.encoding.tokenize import text_run_start
 from mmpipe.errors import ArgumentError, ImageError, PlaceholderError, VideoError
 from mmpipe.images.load import confine_image
 from mmpipe.encoding.glm_videos import glm_plan, glm_time_text
 from mmpipe.images.video import VideoOptions, encode_video, frame_bounds, qwen_plan, video_layout
 from mmpipe.records.arrow import most_per_row
 
-__all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes", "keeps_video_wrapper",
-           "text_run_start"]
+__all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes", "keeps_video_wrapper"]
 
 
 # qwen-vl-utils' per-video options a ``{"video": ..., **options}`` value (or an inline item,
@@ -136,16 +136,6 @@ def _expand_qwen(enc, ids, pads, grids, labels, times_ids) -> tuple:
     return expand_video_pads(ids, pads, grids, enc.family, labels, times_ids=times_ids,
                              vision_start_id=enc.vision_start_id, vision_end_id=enc.vision_end_id,
                              outer_wrapper=enc.video_wrapper)
-
-
-def text_run_start(ids: np.ndarray, end: int, floor: int, tokenizer) -> int:
-    """The first index of the run of text ids before ``end``: back to one of ``tokenizer``'s added
-    (special or not) tokens, where its text splits, or to ``floor``."""
-    boundaries = {int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})}
-    j = end
-    while j > floor and int(ids[j - 1]) not in boundaries:
-        j -= 1
-    return j
 
 
 def _glue_first_times(enc, ids, labels, pads, times_ids, first_texts) -> tuple:

@@ -35,13 +35,14 @@ import numpy as np
 
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.parse import no_audio, parse_media, row_where
+from mmpipe.encoding.tokenize import added_tokens
 from mmpipe.records.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, InputError, ParseError, PlaceholderError
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.conversation import Conversation
 from mmpipe.rollout.support import check_no_early_stop, check_processor, check_rollout, stop_ids, token_ids
 from mmpipe.rollout.turn_media import add_turn_images, add_turn_videos
-from mmpipe.rollout.turn_text import added_tokens, drop_tail, end_of_turn, tokenize_suffix, turn_headers
+from mmpipe.rollout.turn_text import drop_tail, end_of_turn, tokenize_suffix, turn_headers
 
 __all__ = ["Conversation", "start", "conversation_encoder", "append_response", "append_observation", "append_messages"]
 

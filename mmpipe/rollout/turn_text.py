@@ -15,24 +15,13 @@ Also here: what the template writes around a reply, found with probe renders (`e
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
-
 import numpy as np
 
+from mmpipe.encoding.tokenize import added_tokens
 from mmpipe.errors import InputError
 from mmpipe.records.conversation import Conversation
 
-__all__ = ["added_tokens", "tokenize_suffix", "drop_tail", "end_of_turn", "turn_headers"]
-
-_ADDED: dict[int, tuple[Any, tuple[str, ...]]] = {}
-
-
-def added_tokens(tok) -> tuple[str, ...]:
-    """The tokenizer's added (special) token strings: tokenization never crosses them."""
-    hit = _ADDED.get(id(tok))
-    if hit is None or hit[0] is not tok:
-        hit = _ADDED[id(tok)] = (tok, tuple(tok.get_added_vocab()))
-    return hit[1]
+__all__ = ["tokenize_suffix", "drop_tail", "end_of_turn", "turn_headers"]
 
 
 def tokenize_suffix(conv: Conversation, before: str, suffix: str, what: str, *, merge_back: bool = False):

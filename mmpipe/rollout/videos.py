@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from mmpipe.encoding.placeholders import collapse_placeholders
-from mmpipe.encoding.videos import text_run_start
+from mmpipe.encoding.tokenize import text_run_start
 from mmpipe.errors import ArgumentError, PlaceholderError
 from mmpipe.families import ModelFamily
 from mmpipe.images.spec import VisionSpec
