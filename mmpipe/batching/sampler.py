@@ -46,6 +46,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping
 from typing import Iterator, Optional, Sequence
 
@@ -55,6 +56,7 @@ from mmpipe.batching.token_counts import (  # noqa: F401  (re-exported: their ho
     COSTS, count_arg, count_array, token_counts, token_efficiency)
 from mmpipe.errors import ArgumentError, InputError, is_integer
 
+logger = logging.getLogger("mmpipe")
 OVERSIZE = ("raise", "alone")
 UNEVEN = ("raise", "drop", "repeat")
 
@@ -149,6 +151,9 @@ class TokenBudgetBatchSampler:
         self._resume: Optional[int] = None  # global rows consumed, from load_state_dict
         self._live = 0  # global rows consumed by the current iteration
         self._planned: tuple | None = None  # ((epoch, start, seed), this rank's plan)
+        self._asked: Optional[int] = None  # set_epoch's epoch until the next iteration hands out a batch
+        if n == 0:  # valid, an empty epoch (as torch's BatchSampler gives), but 0 steps are rarely meant
+            logger.warning("TokenBudgetBatchSampler over 0 rows: every epoch is empty (a filter or drop left none?)")
 
     # ---- construction from data -----------------------------------------------------
     @classmethod
@@ -173,7 +178,7 @@ class TokenBudgetBatchSampler:
         epoch = count_arg("TokenBudgetBatchSampler.set_epoch", "epoch", epoch, 0, none_ok=False, example=0)
         if epoch != self.epoch:
             self._resume, self._live = None, 0
-        self.epoch = int(epoch)
+        self.epoch = self._asked = int(epoch)
 
     def batches(self, epoch: Optional[int] = None) -> list[list[int]]:
         """This rank's batches (lists of row indices) of ``epoch`` (default: the current one),
@@ -194,12 +199,12 @@ class TokenBudgetBatchSampler:
         # which is when StatefulDataLoader may ask for state_dict
         epoch = self.epoch
         start = self._resume if self._resume is not None else 0
-        self._resume = None
         plan = self._plan(epoch, start)
         self._live = start
         return self._walk(plan)
 
     def _walk(self, plan: list[tuple[list[int], int]]) -> Iterator[list[int]]:
+        self._asked = self._resume = None  # at the 1st batch: iter() runs before a load, twice with workers
         for batch, after in plan:  # a batch counts as consumed once handed out
             self._live = after
             yield list(batch)
@@ -221,7 +226,9 @@ class TokenBudgetBatchSampler:
     def load_state_dict(self, state: dict) -> None:
         """Resume from `state_dict` (of this or any rank, of any ``num_replicas``): the next
         iteration starts after the rows already consumed in that epoch. Epoch and seed come
-        from the state; the rows and budgets must be the ones it was saved with."""
+        from the state; the rows and budgets must be the ones it was saved with. After an epoch's
+        last batch, a ``set_epoch`` made before the load (``StatefulDataLoader`` loads at ``iter()``)
+        wins: that epoch, whole. Mid-epoch, another epoch is an `ArgumentError`."""
         keys = ("epoch", "seed", "consumed_rows", "num_rows", "config")
         missing = list(keys) if not isinstance(state, Mapping) else [k for k in keys if k not in state]
         if missing:
@@ -239,10 +246,16 @@ class TokenBudgetBatchSampler:
         consumed = count_arg(who, "consumed_rows", state["consumed_rows"], 0, none_ok=False)
         if consumed > n:
             raise ArgumentError(f"{who}: consumed_rows must be in 0..{n}, got {consumed}; pass sampler.state_dict()")
+        epoch = count_arg(who, "epoch", state["epoch"], 0, none_ok=False)
+        if self._asked not in (None, epoch) and consumed < n:
+            raise ArgumentError(
+                f"{who}: the state stopped {consumed} rows into epoch {epoch} (of {n} rows), but set_epoch("
+                f"{self._asked}) came before it loaded (StatefulDataLoader loads it at the first iter()); that would "
+                f"skip or repeat rows: call sampler.set_epoch({epoch}) to finish the saved epoch first")
         self.seed = count_arg(who, "seed", state["seed"], 0, none_ok=False)
-        self.epoch = count_arg(who, "epoch", state["epoch"], 0, none_ok=False)
-        self._cache = None
-        self._resume = self._live = consumed
+        self._cache = self._planned = None
+        keep = self._asked in (None, epoch)  # else the saved epoch is over: set_epoch's epoch, from its start
+        self.epoch, self._resume, self._live = (int(epoch), consumed, consumed) if keep else (self.epoch, None, 0)
 
     def _config(self) -> dict:
         digest = hashlib.sha256(self.lengths.tobytes() + b"|" + self.num_images.tobytes()).hexdigest()[:16]

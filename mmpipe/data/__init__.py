@@ -5,7 +5,7 @@ One module per step::
     filters.py    raw rows -> token counts, keep rows within a token range
                   (TokenCounter, token_lengths, filter_by_length)
     streaming.py  a stream per data-parallel rank, encoded on the fly
-                  (shard_for_rank, encode_stream, undecoded_stream, exactly_once)
+                  (shard_for_rank, encode_stream, undecoded_stream, exactly_once, load_loader_state)
     ray_data.py   encode with Ray Data: rows batches -> Arrow tables of stored rows (RayBatchEncoder,
                   encode_with_ray sized from the cluster's CPUs)
     object_store.py  encoded shards on S3-compatible object storage: write, stream into the Collator,
@@ -33,7 +33,7 @@ _EXPORTS = {
     "mmpipe.data.filters": ("TokenCounter", "TokenLengths", "LengthFilterReport", "token_lengths",
         "filter_by_length"),
     "mmpipe.data.streaming": ("STRATEGIES", "Coverage", "shard_for_rank", "encode_stream", "undecoded_stream",
-        "exactly_once", "epoch_shuffle"),
+        "exactly_once", "epoch_shuffle", "load_loader_state"),
     "mmpipe.data.ray_data": ("RayBatchEncoder", "batch_rows", "rows_to_arrow", "cluster_workers", "encode_with_ray"),
     "mmpipe.data.object_store": ("stream_encoded", "write_shards", "open_table", "read_table", "list_shards",
         "DamagedShardError"),

@@ -21,6 +21,8 @@ a multi-node job needs around it:
 - `exactly_once(per_rank_keys, expected_keys)`: which keys were missed or seen twice.
 - `epoch_shuffle(ds, seed=..., num_workers=...)`: a per-epoch stream shuffle that resumes
   exactly (see Resuming below).
+- `load_loader_state(loader, state)`: a ``StatefulDataLoader`` checkpoint loaded, checked against
+  the loader's ``num_workers`` (see Resuming below).
 
 Already-encoded shards (local or on S3) stream with `mmpipe.data.object_store.stream_encoded`
 (one shard per rank / worker unit, a damaged shard named); `shard_for_rank` splits that stream too.
@@ -46,7 +48,8 @@ DataLoader workers when a worker reads fewer shards than ``max_buffer_input_shar
 default: ``IndexError`` inside ``datasets``' ``load_state_dict``, datasets 5.2). Not elastic: the
 saved position is per rank and per worker, so resume a stream with the same ``world_size`` and
 ``num_workers`` (`mmpipe.batching.sampler.TokenBudgetBatchSampler` over a map-style dataset
-resumes on any number of ranks).
+resumes on any number of ranks, and through `load_loader_state` on any number of workers;
+torchdata's own ``load_state_dict`` fails on another ``num_workers`` with a bare ``AssertionError``).
 """
 
 from __future__ import annotations
@@ -301,6 +304,41 @@ def encode_stream(ds, processor, *, batch_size: int = 64, keep_columns: Sequence
     return mapped.select_columns(out_columns)
 
 
+def load_loader_state(loader, state: dict) -> None:
+    """``loader.load_state_dict(state)`` for a torchdata ``StatefulDataLoader``, checked against its
+    ``num_workers`` now (torchdata fails at the next ``iter()`` with a bare ``AssertionError``).
+
+    A state saved with another ``num_workers`` resumes exactly when the loader's ``batch_sampler``
+    holds the whole position (a map-style dataset under `TokenBudgetBatchSampler`: the workers
+    keep no state; their random seeds, for random augmentations, differ with their number). A
+    stream's position is saved per worker, so a stream (or a dataset with a ``state_dict``), a
+    sampler without one, or a state taken between ``snapshot_every_n_steps`` snapshots raises
+    `ArgumentError` naming both counts and the fix."""
+    if not isinstance(state, dict) or not state:
+        return loader.load_state_dict(state)
+    snap = state.get("_snapshot")
+    main = snap.get("_main_snapshot", {}) if isinstance(snap, dict) else state
+    saved = main.get("_num_workers", 0) if snap is not None else 0
+    if saved == loader.num_workers:
+        return loader.load_state_dict(state)
+    import torch.utils.data
+
+    sampler, sampler_state = loader.batch_sampler, main.get("_index_sampler_state")
+    lag = state.get("_steps_since_snapshot", 0)
+    per_worker = isinstance(loader.dataset, torch.utils.data.IterableDataset) or callable(
+        getattr(loader.dataset, "state_dict", None))  # a dataset with a state: each worker's copy saves its own
+    if per_worker or lag or sampler_state is None or not callable(getattr(sampler, "load_state_dict", None)):
+        why = (f"a snapshot {lag} step(s) old (snapshot_every_n_steps > 1)" if lag else
+               "the dataset's position per DataLoader worker" if per_worker else
+               f"a {type(sampler).__name__} with no state of its own")
+        raise ArgumentError(
+            f"the loader state was saved with num_workers={saved}, this loader has num_workers="
+            f"{loader.num_workers}; it holds {why}, which does not carry over to another number of "
+            f"workers: resume with StatefulDataLoader(..., num_workers={saved})")
+    loader.load_state_dict({})  # drop a live iterator; the sampler's own state is the position
+    sampler.load_state_dict(sampler_state)
+
+
 @dataclass
 class Coverage:
     """`exactly_once` result: keys never seen, keys seen more than once (with counts), keys
@@ -324,19 +362,36 @@ class Coverage:
 
 def exactly_once(per_rank_keys: Iterable[Iterable[Hashable]], expected_keys: Iterable[Hashable]) -> Coverage:
     """Check that the rows read by all ranks (any row key, e.g. an id column) cover
-    ``expected_keys`` once each. ``per_rank_keys``: one iterable of keys per rank."""
+    ``expected_keys`` once each. ``per_rank_keys``: one iterable of keys per rank (a list, or a
+    tensor / array of ids as batches give them: its elements are compared as Python values)."""
     seen: Counter[Any] = Counter()
     for rank, keys in enumerate(per_rank_keys):
+        keys = keys.tolist() if hasattr(keys, "tolist") else keys  # a tensor's elements hash by identity
         if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
             # a flat list of keys (["a1", "b2"]) would count each string's characters as one rank's keys
             raise ArgumentError(f"exactly_once: per_rank_keys must hold one iterable of keys per rank, e.g. "
                                 f"[[ids read by rank 0], [ids read by rank 1]]; entry {rank} is {keys!r}: wrap a "
                                 f"single rank's keys in a list ([keys])")
-        seen.update(keys)
-    expected = list(expected_keys)
+        seen.update(_hashable(keys, f"per_rank_keys[{rank}]"))
+    expected = _hashable(expected_keys.tolist() if hasattr(expected_keys, "tolist") else expected_keys,
+                         "expected_keys")
     want = set(expected)
     return Coverage(
         missing=[k for k in expected if k not in seen],
         duplicated={k: c for k, c in seen.items() if c > 1},
         unexpected=[k for k in seen if k not in want],
     )
+
+
+def _hashable(keys: Iterable, where: str) -> list:
+    """``keys`` as a list of hashable Python values (0-d tensors / numpy scalars by value), or
+    `ArgumentError` naming the first key that is no key (a list: per-rank lists passed as keys)."""
+    out = [k.item() if getattr(k, "ndim", None) == 0 and hasattr(k, "item") else k for k in keys]
+    for i, k in enumerate(out):
+        try:
+            hash(k)
+        except TypeError:
+            raise ArgumentError(f"exactly_once: {where}[{i}] is {k!r} ({type(k).__name__}), not a row key: keys "
+                                f"must be hashable (ids, strings, tuples); pass expected_keys flat (every key "
+                                f"once) and per_rank_keys as one list of keys per rank, or tuple(key)") from None
+    return out
