@@ -145,8 +145,14 @@ def count_array(who: str, name: str, values) -> np.ndarray:
         arr = np.asarray(values)
     except (ValueError, TypeError) as e:  # ragged nesting
         raise ArgumentError(f"{who}: {name} must be one count per row (a list of ints), got {e}") from None
+    if arr.ndim > 1:  # e.g. per-rank lists, or [length, images] pairs: flattened they would be other rows
+        raise ArgumentError(f"{who}: {name} must be one count per row (a flat list of ints), got an array of "
+                            f"shape {arr.shape}; pass one int per row (e.g. lengths[:, 0] for the first column)")
     arr = arr.reshape(-1)
     kind = arr.dtype.kind
+    if kind in "iu" and isinstance(values, (list, tuple)) and any(isinstance(v, (bool, np.bool_)) for v in values):
+        kind = "O"  # True among ints: numpy reads it as 1
+        arr = np.asarray(values, dtype=object)
     if kind in "iu":
         bad = np.flatnonzero(arr < 0)
     elif kind == "f":

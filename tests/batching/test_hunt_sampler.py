@@ -163,3 +163,14 @@ def test_whole_float_and_numpy_counts_and_replica_arguments():
     ranks = [TokenBudgetBatchSampler([10, 12], max_tokens=64, num_replicas=np.int64(2), rank=np.int64(r),
                                      max_rows=1) for r in range(2)]
     assert sorted(i for s in ranks for b in s for i in b) == [0, 1]
+
+
+@pytest.mark.parametrize("lengths, match", [
+    ([[3, 4], [5, 6]], r"shape \(2, 2\)"),  # 2 rows' [length, images] pairs: 4 rows when flattened
+    (np.ones((3, 2), np.int64), r"shape \(3, 2\)"),
+    ([True, 4, 5], "True at row 0"),  # numpy reads True among ints as 1
+    ([4, np.bool_(False)], "False at row 1"),
+])
+def test_nested_or_bool_lengths_are_refused_not_flattened(lengths, match):
+    with pytest.raises(ArgumentError, match=match):
+        TokenBudgetBatchSampler(lengths, max_tokens=16)
