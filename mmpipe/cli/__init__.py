@@ -5,6 +5,8 @@ One module per step::
     main.py         the ``mmpipe`` parser, ``judge ping``, exit statuses (main)
     encode.py       ``mmpipe encode``: local rows -> resolved images -> encode -> save_to_disk
                     (run_encode, load_raw, CLIError)
+    json_input.py   why a .jsonl / .json input is not rows (null or non-object lines, not UTF-8,
+                    one object of columns), said before pyarrow's reader runs (json_problem)
     resolve.py      its image references -> Image(decode=False) values, relative to the input
                     file's directory (resolve_images, ImageResolver)
     inspect.py      ``mmpipe inspect``: counts and histograms of a saved dataset (dataset_stats)

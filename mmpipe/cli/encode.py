@@ -5,7 +5,8 @@
     mmpipe encode rows.jsonl --processor /models/Qwen2.5-VL-3B-Instruct --out enc/ --num-proc 4
     mmpipe encode data.parquet --processor testing:qwen2_vl --out enc/ --max-length 2048 --truncation drop
 
-Inputs (`load_raw`; one that cannot be read, e.g. a line that is not a JSON object, is named):
+Inputs (`load_raw`; one that cannot be read, e.g. a line that is not a JSON object or not UTF-8, is
+named, checked before the reader runs: `mmpipe.cli.json_input`):
 
 - ``.jsonl`` / ``.json`` (JSON lines or one JSON list): rows in any format `mmpipe.encode`
   accepts. Images are paths, relative to the file's directory or absolute, ``file://`` paths
@@ -39,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from mmpipe.cli.json_input import columnar_problem, json_problem
 from mmpipe.cli.resolve import (ImageResolver, explain_failures, resolve_images, resolve_media_paths,  # noqa: F401
                                 resolver_errors)
 
@@ -84,8 +86,8 @@ def input_format(path: Path) -> str:
 
 def load_raw(path: Path, *, split: Optional[str] = None, cache_dir: Optional[str] = None):
     """The raw rows of ``path`` as a ``datasets.Dataset`` (see the module docstring); `CLIError`
-    when it cannot be read (a JSON line that is not a row names its line), holds no rows or is
-    encoded already."""
+    when it cannot be read (a JSON line that is not a row names its line), holds no rows, is one
+    object of column lists (columnar JSON: `columnar_problem`) or is encoded already."""
     import datasets
 
     fmt = input_format(path)
@@ -95,13 +97,17 @@ def load_raw(path: Path, *, split: Optional[str] = None, cache_dir: Optional[str
         raise CLIError(f"--split {split!r}: a .jsonl/.json/.parquet file is one split (omit --split)")
     else:
         builder = "json" if fmt == "json" else "parquet"
+        # before the reader: pyarrow crashes (SIGSEGV) on a first line `null`, reads a later one as a row of nulls
+        problem = json_problem(path, quick=True) if fmt == "json" else None
+        if problem:
+            raise CLIError(f"cannot read {str(path)!r}: {problem}")
         verbosity = datasets.logging.get_verbosity()
         datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its "Failed to load JSON" line repeats ours
         try:
             ds = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache_dir)
         except Exception as e:  # noqa: BLE001 - a parse error becomes one clear message
             cause = e.__cause__ or e
-            where = (_json_problem(path) if fmt == "json" else None) or (
+            where = (json_problem(path) if fmt == "json" else None) or (
                 "it holds no rows" if "corresponds to no data" in str(cause) else None)
             if where:
                 raise CLIError(f"cannot read {str(path)!r}: {where}") from None
@@ -112,6 +118,9 @@ def load_raw(path: Path, *, split: Optional[str] = None, cache_dir: Optional[str
             datasets.logging.set_verbosity(verbosity)
     if not len(ds):
         raise CLIError(f"input {str(path)!r} holds no rows; nothing to encode")
+    columnar = columnar_problem(ds) if fmt == "json" else None
+    if columnar:  # {"messages": [...], "images": [...]}: datasets reads ONE row
+        raise CLIError(f"cannot read {str(path)!r} as rows: {columnar}")
     cols = set(ds.column_names)
     if {"input_ids", "family"} <= cols and not cols & {"messages", "prompt", "conversations"}:
         raise CLIError(f"input {str(path)!r} is already encoded (columns input_ids, family); use it as is "
@@ -137,46 +146,6 @@ def _load_saved(path: Path, split: Optional[str]):
     elif split is not None:
         raise CLIError(f"--split {split!r}: {str(path)!r} is one Dataset, not a DatasetDict (omit --split)")
     return ds
-
-
-_JSON_KIND = {"list": "array", "str": "string", "NoneType": "null", "bool": "boolean"}  # .get(.., "number")
-
-
-def _json_problem(path: Path) -> Optional[str]:
-    """Why a .jsonl/.json file is not rows: no rows, the first line (1-based) that is not UTF-8 JSON or not
-    an object, the first item of a JSON list that is not an object; None: none found (the reader's message)."""
-    with open(path, "rb") as f:
-        if f.read(4096).lstrip(b"\xef\xbb\xbf").strip()[:1] == b"[":  # one JSON list of rows
-            try:
-                rows = json.loads(path.read_text(encoding="utf-8-sig"))
-            except ValueError as e:
-                return f"it is not valid JSON ({e}); write one JSON list of row objects, or one object per line"
-            bad = [i for i, r in enumerate(rows) if not isinstance(r, dict)][:1] if isinstance(rows, list) else []
-            kind = _JSON_KIND.get(type(rows[bad[0]]).__name__, "number") if bad else None
-            return f"item {bad[0]} of its JSON list is a {kind}, not a row object" if bad else None
-        f.seek(0)
-        n_rows = 0
-        for n, raw in enumerate(f, 1):
-            shown = repr(raw[:80].decode("utf-8", "replace").strip())
-            try:
-                value = json.loads(raw.decode("utf-8").lstrip("\ufeff")) if raw.strip() else {}
-            except ValueError as e:  # UnicodeDecodeError too
-                if not n_rows and _parses_whole(path):  # one pretty-printed object, not JSON lines
-                    return None
-                why = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else f"not UTF-8: {e.reason}"
-                return f"line {n} is not valid JSON ({why}): {shown}; each line must be one JSON object"
-            if not isinstance(value, dict):
-                kind = _JSON_KIND.get(type(value).__name__, "number")
-                return f"line {n} holds a JSON {kind}, not an object: {shown}; each line must be one row"
-            n_rows += bool(raw.strip())
-    return None if n_rows else "it holds no rows (the file is empty or blank)"
-
-
-def _parses_whole(path: Path) -> bool:
-    try:
-        return json.loads(path.read_text(encoding="utf-8-sig")) is not None
-    except ValueError:
-        return False
 
 
 # ---- the command -------------------------------------------------------------------------

@@ -16,6 +16,7 @@ place of the encoder's (which can only name the absolute path it was given).
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -48,15 +49,41 @@ def _resolve_one(value: Any, base: Path, loc: dict, root: Optional[str] = None) 
         return {"bytes": bytes(value), "path": None}
     if isinstance(value, str):
         if value.startswith("data:"):
-            header, sep, data = value.partition(",")
-            if not sep or ";base64" not in header:
-                raise ImageError(f"data URI {value[:40]!r}... is not base64 encoded", **loc,
-                                 expected="data:image/png;base64,...", fix="encode the image data as base64")
-            return {"bytes": base64.b64decode(data), "path": None}
+            return {"bytes": _data_uri_bytes(value, loc), "path": None}
         return {"bytes": None, "path": _local_path(value, base, loc, root)}
     raise ImageError(f"unsupported image value of type {type(value).__name__}", **loc,
                      expected="a path, a data:image/...;base64 URI or a {'bytes', 'path'} dict",
                      found=type(value).__name__)
+
+
+def _data_uri_bytes(value: str, loc: dict) -> bytes:
+    """The bytes of a ``data:image/...;base64,`` URI, decoded strictly: whitespace (line-wrapped
+    base64, as ``base64.encodebytes`` writes and transformers' ``load_image`` reads) is dropped,
+    anything else outside the base64 alphabet or wrong padding is an ImageError (a lenient decoder
+    drops such characters and hands the encoder other bytes). Not checked here: that the bytes are an
+    image (the encoder's ImageError names the row)."""
+    header, sep, data = value.partition(",")
+    if not sep or not header.lower().endswith(";base64"):
+        raise ImageError(f"data URI {value[:40]!r}... is not base64 encoded", **loc,
+                         expected="data:image/png;base64,<base64 data>", found=f"{header[:40]!r}",
+                         fix="encode the image data as base64 and write 'data:image/<type>;base64,' before it")
+    data = "".join(data.split())
+    try:
+        decoded = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ImageError(f"data URI {value[:40]!r}... holds invalid base64 ({e})", **loc,
+                         expected="standard base64 (A-Z a-z 0-9 + /, '=' padding to a multiple of 4 characters)",
+                         found=f"{len(data)} characters{_odd_char(data)}",
+                         fix="re-encode the image with base64.b64encode (not URL-safe, not truncated)") from None
+    if not decoded:
+        raise ImageError(f"data URI {value[:40]!r} holds no data", **loc, expected="the image's base64 bytes",
+                         found="an empty payload", fix="encode the image's bytes after 'base64,'")
+    return decoded
+
+
+def _odd_char(data: str) -> str:
+    odd = next((c for c in data if not (c.isascii() and (c.isalnum() or c in "+/="))), None)
+    return "" if odd is None else f", first odd character {odd!r} at {data.index(odd)}"
 
 
 def _absolute(p: str, base: Path) -> Path:
@@ -170,7 +197,8 @@ class ImageResolver:
         except ImageError as e:
             if self.strict:
                 raise
-            path = value if isinstance(value, str) else value.get("path") if isinstance(value, dict) else None
+            path = value if isinstance(value, str) and not value.startswith("data:") else (
+                value.get("path") if isinstance(value, dict) else None)  # a data URI is no path
             passed = str(self.base / path) if path else "<unreadable image value>"
             failed.append({"image": loc["image"], "path": passed, "reason": str(e)})
             return {"bytes": None, "path": passed}

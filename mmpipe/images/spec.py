@@ -4,7 +4,6 @@ mean/std, backend) and the per-channel uint8 -> float32 table; `smart_resize`: t
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -12,6 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from mmpipe.compat import is_transformers_5
 from mmpipe.errors import ArgumentError, ImageError, PixelDataError
 from mmpipe.images.backends import engine_transparency, lut as backend_lut, resolve_backend
 from mmpipe.images.settings import size_field
@@ -89,18 +89,7 @@ class VisionSpec:
         transparency = check_transparency(transparency) or engine_transparency(option)
         if ip is None:
             return cls.from_family(fam, backend, transparency)
-        size = getattr(ip, "size", None) or {}
-        get = functools.partial(size_field, size)
-        # a bound given here wins, 0 included (min_pixels=0: no lower bound but the one patch window)
-        mn = min_pixels if min_pixels is not None else (
-            get("shortest_edge") or getattr(ip, "min_pixels", None) or fam.min_pixels)
-        mx = max_pixels if max_pixels is not None else (
-            get("longest_edge") or getattr(ip, "max_pixels", None) or fam.max_pixels)
-        if mn > mx:  # smart_resize would then give sizes over max_pixels, whichever bound came from where
-            given = ", ".join(f"{k}={v}" for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels))
-                              if v is not None) or "none given"
-            raise ArgumentError(f"min_pixels {mn} is more than max_pixels {mx} (given: {given}; the rest from the "
-                                f"processor's image processor {type(ip).__name__}); pass min_pixels <= max_pixels")
+        mn, mx = _pixel_bounds(ip, fam, min_pixels, max_pixels)
         mean = getattr(ip, "image_mean", None) or fam.image_mean
         std = getattr(ip, "image_std", None) or fam.image_std
         mean = tuple(mean) if isinstance(mean, (list, tuple)) else (mean,) * 3
@@ -167,6 +156,39 @@ class VisionSpec:
         return _lut(self)
 
 
+def _pixel_bounds(ip, fam: ModelFamily, min_pixels, max_pixels) -> tuple:
+    """(min_pixels, max_pixels) of image processor ``ip``: a bound given here wins, 0 included
+    (min_pixels=0: no lower bound but the one patch window); else the processor's own (``size``
+    ``shortest_edge`` / ``longest_edge``, or 4.x's ``min_pixels`` / ``max_pixels`` attributes; a
+    0 there is the processor's value, not "unset"), else the family's. A processor bound that the
+    processor itself refuses (a max of 0; a min of 0 on transformers 5, whose resize raises
+    ``size dict must contain 'shortest_edge' and 'longest_edge'``; 4.x takes it as no lower bound),
+    and bounds that cross, are an ArgumentError naming both values, where each came from, the fix."""
+    size = getattr(ip, "size", None) or {}
+    name = type(ip).__name__
+    found = {}
+    for arg, key, given, default in (("min_pixels", "shortest_edge", min_pixels, fam.min_pixels),
+                                     ("max_pixels", "longest_edge", max_pixels, fam.max_pixels)):
+        own = next((v for v in (size_field(size, key), getattr(ip, arg, None)) if v is not None), None)
+        if given is not None:
+            found[arg] = (given, f"{arg}={given} given")
+        elif own is None:
+            found[arg] = (default, f"the {fam.name or 'family'} default {default}")
+        else:
+            found[arg] = (own, f"{name}'s size {key}={own}")
+            if own < 0 or (own == 0 and (arg == "max_pixels" or is_transformers_5())):
+                raise ArgumentError(
+                    f"the processor's image processor {name} has size {key}={own} ({arg}), which transformers "
+                    f"refuses when it resizes an image; set {key} in its preprocessor_config.json \"size\" to a "
+                    f"positive number of pixels (e.g. {default}, the {fam.name or 'family'} default), or pass {arg}=")
+    (mn, mn_from), (mx, mx_from) = found["min_pixels"], found["max_pixels"]
+    if mn > mx:  # smart_resize would then give sizes over max_pixels, whichever bound came from where
+        raise ArgumentError(f"min_pixels {mn} is more than max_pixels {mx} (min_pixels: {mn_from}; max_pixels: "
+                            f"{mx_from}); pass min_pixels <= max_pixels (--min-pixels / --max-pixels), or fix the "
+                            f"image processor's size in its preprocessor_config.json")
+    return mn, mx
+
+
 @lru_cache(maxsize=64)
 def _video_spec(spec: VisionSpec) -> VisionSpec:
     return replace(spec, backend="torchvision")
@@ -218,8 +240,9 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
         beta = math.sqrt(min_pixels / (height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
+    # min_pixels <= 0 only: a side under factor / 2 rounds to 0, where transformers' rule gives 0 and
+    # its resize fails; one window a side instead ("no lower bound but the one patch window")
+    return max(factor, h_bar), max(factor, w_bar)
 
 
 RESIZE_RULES = ("qwen", "glm4v")  # the values of ModelFamily.resize_rule / VisionSpec.resize_rule
