@@ -4,7 +4,9 @@ Every check is O(rows) or vectorised and raises the typed errors of `mmpipe.erro
 the row (its index in the batch) and the column: rows that failed to encode under
 ``on_error="skip"``, rows of different kinds of family (`check_one_kind`), values whose dtype
 would be cast silently (float token ids, integer pixel values), records-level inconsistencies
-(`MultiModalInputs.validate`), rows with image / video tokens but no pixel data (layout-only
+(`MultiModalInputs.validate`), token values no encoder writes (an attention mask with zeros
+among ones, a negative token id or label other than -100: `check_token_values`), rows with image / video
+tokens but no pixel data (layout-only
 rows, alone or mixed with rows that carry pixels: `carries_pixels`), NaN/inf in float pixel
 values (`check_finite`, once the batch's pixels are concatenated), and image / video pad tokens
 at text positions
@@ -69,14 +71,46 @@ def checked_records(rows: Sequence[Any], verify_pixels: bool = False, family: An
 
 def _validated(r: MultiModalInputs, i: int, read: bool) -> MultiModalInputs:
     """``r.validate(i)``, its errors reported at stage "collate"; once: not again for a row
-    just ``read`` from its stored columns by a kind whose reader validates (``CHECK_ON_READ``)."""
-    if read and r.fam.media.CHECK_ON_READ:
-        return r
-    try:
-        return r.validate(i)
-    except InputError as e:
-        e.restage("collate")
-        raise
+    just ``read`` from its stored columns by a kind whose reader validates (``CHECK_ON_READ``).
+    Then its token values (`check_token_values`)."""
+    if not (read and r.fam.media.CHECK_ON_READ):
+        try:
+            r = r.validate(i)
+        except InputError as e:
+            e.restage("collate")
+            raise
+    check_token_values(r, i)
+    return r
+
+
+def check_token_values(r: MultiModalInputs, i: int) -> None:
+    """Values no encoder writes in a row's token fields, O(L): an ``attention_mask`` value other than
+    0 / 1, or zeros among ones (a stored row is unpadded: a 0 hides a real token from the model,
+    silently, under positions that count it; a row of zeros only, a dummy row, is taken), a negative
+    label other than -100 or a negative token id (the loss / the embedding lookup fails on it; on a
+    GPU a device-side assert).
+    `InputError` naming the row, the column and the first bad token."""
+    att, labels = r.attention_mask, r.labels
+    if att is not None and len(att) and not (att == 1).all():
+        bad = (att != 0) & (att != 1)
+        if bad.any() or att.any():  # not a dummy row of zeros only
+            t = int(np.flatnonzero(bad if bad.any() else att == 0)[0])
+            _bad_token(r, i, "attention_mask", t, "1 at every token (a dummy row: 0 at every token)")
+    if labels is not None and len(labels) and labels.min() < 0:
+        bad = (labels < 0) & (labels != IGNORE_INDEX)
+        if bad.any():
+            _bad_token(r, i, "labels", int(np.flatnonzero(bad)[0]), f"{IGNORE_INDEX} (ignored) or a token id >= 0")
+    if len(r.input_ids) and r.input_ids.min() < 0:
+        _bad_token(r, i, "input_ids", int(np.flatnonzero(r.input_ids < 0)[0]), "a token id >= 0")
+
+
+def _bad_token(r: MultiModalInputs, i: int, name: str, t: int, expected: str) -> None:
+    value = int(getattr(r, name)[t])
+    why = ": a stored row must be unpadded (attention_mask all ones)" if name == "attention_mask" else ""
+    raise InputError(f"{name} holds {value} at token {t}{why}", row=i, column=name, stage="collate",
+                     expected=expected, found=value,
+                     fix="re-encode the row with mmpipe.encode (mmpipe.validate_dataset names every such row), "
+                         "or drop it")
 
 
 _INT_COLUMNS = ("input_ids", "attention_mask", "mm_token_type_ids", "position_ids", "labels",

@@ -48,7 +48,7 @@ from mmpipe.data.report import REENCODE, Issue, SchemaError, ValidationReport  #
 from mmpipe.data.validate_columns import BOOKKEEPING, check_columns  # noqa: F401
 from mmpipe.data.validate_rows import (
     failed_rows, family_issues, images_without_tokens, listed, missing_pixels, row_issues,
-    unreadable_files, untrained_rows,
+    token_value_issues, unreadable_files, untrained_rows,
 )
 from mmpipe.errors import ArgumentError
 from mmpipe.families import (
@@ -93,7 +93,17 @@ def _dataset_issues(table: pa.Table, fam: ModelFamily, processor) -> tuple[list[
         return failed_rows(table) + issues, False
     more = _processor_issues(fam, processor) if processor is not None else []
     more += fam.media.dataset_checks(table, processor)
-    return failed_rows(table) + issues + untrained_rows(table) + more, not any(i.severity == "error" for i in more)
+    issues += token_value_issues(table, _vocab_size(processor)) + untrained_rows(table)
+    return failed_rows(table) + issues + more, not any(i.severity == "error" for i in more)
+
+
+def _vocab_size(processor) -> Optional[int]:
+    """``len(tokenizer)`` of the processor (its tokenizer, or itself); None without one."""
+    tok = getattr(processor, "tokenizer", processor)
+    try:
+        return len(tok) if tok is not None and hasattr(tok, "convert_tokens_to_ids") else None
+    except TypeError:
+        return None
 
 
 def _row_level_issues(table: pa.Table, fam: ModelFamily, pixel_format: str, *, processor,

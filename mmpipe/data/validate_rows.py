@@ -1,7 +1,8 @@
 """The row part of `mmpipe.data.validate.validate_dataset`, the same for every kind of family:
-rows that failed to encode, one kind and one family per dataset, rows with images but no pixel
-data, ``pixels="source"`` files that do not open, and every row read as collate reads it
-(`rows_from_arrow`, pixel digests checked), validated, and given to the kind's own row check
+rows that failed to encode, one kind and one family per dataset, token values no encoder writes
+(`token_value_issues`), rows that train nothing or lost their labels (`untrained_rows`), rows
+with images but no pixel data, ``pixels="source"`` files that do not open, and every row read as
+collate reads it (`rows_from_arrow`, pixel digests checked), validated, and given to the kind's own row check
 (``fam.media.row_checks``: M-RoPE positions, tile feature tokens). Each finding is an `Issue`
 naming the column and the rows; identical problems of several rows are one issue.
 """
@@ -21,7 +22,7 @@ from mmpipe.records.arrow import list_lengths, rows_from_arrow
 from mmpipe.records.columns import IGNORE_INDEX, STORED_PIXEL_COLUMN
 
 __all__ = ["failed_rows", "family_issues", "images_without_tokens", "listed", "missing_pixels",
-           "unreadable_files", "row_issues", "untrained_rows"]
+           "token_value_issues", "unreadable_files", "row_issues", "untrained_rows"]
 
 RowCheck = Callable[..., None]  # (row: MultiModalInputs, index: int) -> None, raising InputError
 
@@ -135,11 +136,11 @@ def images_without_tokens(table: pa.Table, layout_column: str) -> list[Issue]:
 
 
 def untrained_rows(table: pa.Table) -> list[Issue]:
-    """Rows of a labelled dataset without a trained token (every label -100, or null labels, read
-    as all -100) while other rows have some: they add nothing to the loss (a batch of only such
-    rows gives a NaN loss), and next to trained rows they are responses cut away (a truncating
-    ``map``) or labels lost. A warning; a dataset whose rows all train nothing (prompt-only rows
-    for RL) gets none. Rows that failed to encode (`failed_rows`) are warned about there."""
+    """Rows of a labelled dataset without a trained token while other rows have some: they add
+    nothing to the loss (a batch of only such rows gives a NaN loss). Warnings, one per cause: every
+    label -100 (a response cut away by a truncating ``map``), or null labels (`_null_labels`: the row
+    reads as unlabelled; its labels were lost). A dataset whose rows all train nothing (prompt-only
+    rows for RL) gets none. Rows that failed to encode (`failed_rows`) are warned about there."""
     if "labels" not in table.column_names or not table.num_rows:
         return []
     trained = _per_row_count(table.column("labels"), lambda v: pc.not_equal(v, IGNORE_INDEX), table.num_rows) > 0
@@ -148,11 +149,79 @@ def untrained_rows(table: pa.Table) -> list[Issue]:
         trained |= np.asarray(failed.to_numpy(zero_copy_only=False), bool)
     if not trained.any() or trained.all():
         return []
-    return [Issue("warning", "content", "labels", "rows without a trained token (every label -100, or null) "
-                  "among rows with trained tokens: they add nothing to the loss (their response cut by a "
-                  "truncation, or their labels lost?)", "drop them (ds.filter(lambda r: any(x != -100 for x "
-                  "in r['labels'] or []))) or re-encode them with a longer max_length",
-                  np.flatnonzero(~trained).tolist())]
+    null = np.asarray(table.column("labels").is_null().to_numpy(zero_copy_only=False), bool)
+    cut = np.flatnonzero(~trained & ~null).tolist()
+    issues = [Issue("warning", "content", "labels", "rows without a trained token (every label -100) among rows "
+                    "with trained tokens: they add nothing to the loss (their response cut by a truncation?)",
+                    "drop them (ds.filter(lambda r: any(x != -100 for x in r['labels'] or []))) or re-encode them "
+                    "with a longer max_length", cut)] if cut else []
+    return issues + _null_labels(np.flatnonzero(null & ~trained).tolist())
+
+
+def _null_labels(rows: list) -> list[Issue]:
+    """A warning naming the rows of a labelled dataset whose ``labels`` are null: each reads as an
+    unlabelled row (collate gives it all -100 labels, unbatch gives it none), so it trains silently
+    with no loss."""
+    if not rows:
+        return []
+    return [Issue("warning", "content", "labels", "null labels among labelled rows: each reads as an unlabelled "
+                  "(prompt-only) row and trains with no loss (collate gives it all -100); its labels were lost "
+                  "(a concatenation with an unlabelled encode, a map returning None?)",
+                  "re-encode these rows from their conversations, or drop them (ds.filter(lambda r: r['labels'] "
+                  "is not None))", rows)]
+
+
+def token_value_issues(table: pa.Table, vocab: Optional[int] = None) -> list[Issue]:
+    """Token columns holding values no encoder writes, found without reading a row (errors): an
+    ``attention_mask`` with values other than 0 / 1 or zeros among ones (stored rows are unpadded:
+    a 0 hides a real token from the model, silently, and collate refuses the row), a negative token
+    id or a negative label other than -100 (the embedding lookup / the loss fails on them, on a GPU
+    as a device-side assert), and, given ``vocab`` (the processor's ``len(tokenizer)``), ids or labels
+    the tokenizer does not have (rows of another tokenizer). Rows whose mask is all 0 (dummy rows:
+    the model attends to none of their tokens) are warned."""
+    out, n = [], table.num_rows
+    if "attention_mask" in table.column_names and n:
+        col = table.column("attention_mask")
+        ones = _per_row_count(col, lambda v: pc.equal(v, 1), n)
+        zeros = _per_row_count(col, lambda v: pc.equal(v, 0), n)
+        other = _per_row_count(col, lambda v: pc.and_(pc.not_equal(v, 0), pc.not_equal(v, 1)), n)
+        holed = np.flatnonzero((other > 0) | ((ones > 0) & (zeros > 0))).tolist()
+        if holed:
+            out.append(Issue("error", "content", "attention_mask", "values other than 1 inside rows (a stored row is "
+                             "unpadded: all 1): the model would not attend to those tokens, silently",
+                             REENCODE + " (or drop these rows)", holed))
+        dummy = np.flatnonzero((zeros > 0) & (ones == 0) & (other == 0)).tolist()
+        if dummy:
+            out.append(Issue("warning", "content", "attention_mask", "all 0 (dummy rows?): the model attends to none "
+                             "of their tokens", "drop them (ds.filter(lambda r: any(r['attention_mask'])))", dummy))
+    for name, ignored in (("input_ids", None), ("labels", IGNORE_INDEX)):
+        if name in table.column_names and n:
+            out += _out_of_range(table.column(name), name, ignored, vocab, n)
+    return out
+
+
+def _out_of_range(col, name: str, ignored: Optional[int], vocab: Optional[int], n: int) -> list[Issue]:
+    """Rows of a token column holding a negative value other than ``ignored`` (-100 in labels), and
+    values >= ``vocab`` when given: one error each."""
+    out = []
+    what = "token ids" if ignored is None else f"labels other than {ignored} (the ignore index)"
+    neg = _per_row_count(col, lambda v: pc.less(v, 0) if ignored is None else
+                         pc.and_(pc.less(v, 0), pc.not_equal(v, ignored)), n)
+    if neg.any():
+        out.append(Issue("error", "content", name, f"negative {what}: the model fails on them (an embedding "
+                         "index / the loss; on a GPU a device-side assert)", REENCODE + " (or drop these rows)",
+                         np.flatnonzero(neg).tolist()))
+    if vocab is not None:
+        big = _per_row_count(col, lambda v: pc.greater_equal(v, vocab), n)
+        if big.any():
+            # a warning: sampled rollout ids may lie in the model's embedding beyond the tokenizer
+            # (`mmpipe.rollout.support.token_ids` keeps them), which an encode never writes
+            out.append(Issue("warning", "content", name, f"{name} values >= {vocab}, the size of the processor's "
+                             "tokenizer: rows encoded with another tokenizer (or edited), unless they hold sampled "
+                             "ids from the model's larger embedding (rollouts)",
+                             "pass the processor the rows were encoded with, or re-encode these rows with this one",
+                             np.flatnonzero(big).tolist()))
+    return out
 
 
 def unreadable_files(table: pa.Table, chunk: int) -> list[Issue]:

@@ -192,6 +192,26 @@ _PROCESSOR_FAILURES = (ValueError, TypeError, IndexError, KeyError, ArithmeticEr
                        AttributeError, AssertionError)
 
 
+def _failure(enc, e: Exception, where: str, has_images: bool) -> InputError:
+    """The row's `InputError` for the processor's failure ``e`` (its message kept). A row without
+    images whose failure the processor repeats on the smallest text-only conversation
+    (`probe_call` with no image) is refused for having none (PaliGemma on transformers 4.x: "`images`
+    are expected"): the fix says so, not to check image items the row does not have."""
+    what = f"the processor {enc.processor_class} failed on this row ({type(e).__name__}: {e})"
+    if not has_images:
+        try:
+            probe_call(enc, [])
+        except _PROCESSOR_FAILURES:
+            return InputError(f"{what}; it fails on every row without images (a text-only probe too): it needs at "
+                              "least one image per row", where=where, stage="encode", column="images",
+                              expected="at least one image (an image item in the messages and its image)",
+                              found="no image",
+                              fix="give every row an image, or filter the text-only rows out before encoding "
+                                  "(ds.filter(lambda r: len(r['images']) > 0)); on_error='skip' drops them")
+    return InputError(what, where=where, stage="encode", column="messages",
+                      fix="check the row's image items against its images and the chat template")
+
+
 def encode_row(enc, messages: list, images: list, videos: list, *, where: str, tools, prefetched,
                audios: Sequence = ()) -> dict:
     """One parsed row -> the record's fields: the processor's outputs split by its layout into
@@ -216,9 +236,7 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
     try:
         out, low = run_processor(enc, text=[text], images=pil or None, **kwargs)
     except _PROCESSOR_FAILURES as e:
-        raise InputError(f"the processor {enc.processor_class} failed on this row ({type(e).__name__}: {e})",
-                         where=where, stage="encode", column="messages",
-                         fix="check the row's image items against its images and the chat template") from e
+        raise _failure(enc, e, where, bool(pil)) from e
     ids = out["input_ids"][0].astype(np.int64)
     sequence, vision = {}, {}
     vision_keys = {name for name, _, _ in layout.vision}

@@ -8,8 +8,10 @@ images (`MEDIA_ITEMS`, `mmpipe.batching.media_fields`).
 - `collate_media`: the compact uint8 tiles expanded to the processor's float32 ``pixel_values``
   (`mmpipe.images.tiles.normalise_tiles`, bit-exact) and the family's extras (LLaVA-OneVision:
   ``image_sizes`` and ``batch_num_images``, which tells the model each row's multi-image mode);
-- unbatch: nothing of its own (`mmpipe.batching.unbatch` cuts each row's layout and tiles back out by
-  the offsets, `MEDIA_ITEMS`, and gives it its ``images_kwargs``, `ROW_FIELDS`).
+- `unbatch_media`: each row's tiles as `mmpipe.batching.unbatch` cut them out by the offsets
+  (`MEDIA_ITEMS`; its ``images_kwargs``: `ROW_FIELDS`), in the storage the row came in: a
+  layout-only text row (``pixels="none"``) batched with uint8 rows gets no tiles back, not an
+  empty block (``row_pixel_formats``).
 """
 
 from __future__ import annotations
@@ -68,11 +70,15 @@ def collate_media(rows: list, ctx) -> dict:
     ``pixel_values_u8`` uint8 [N, S, S, 3] and ``pixel_values`` float32 in the family's layout
     (InternVL [N, 3, S, S]; LLaVA-OneVision [I, max tiles, 3, S, S]) or None for layout-only
     rows, ``pixel_format``, and the family's ``extras`` (LLaVA-OneVision ``image_sizes`` int64
-    [I, 2] and ``batch_num_images`` int64 [K], `mmpipe.images.onevision.extra_inputs`).
-    ``ctx.state`` from `collator_state`; ``ctx.layout``: ``image_hw`` int64 [I, 2],
-    ``tiles_per_image`` int64 [I], ``image_offsets`` int64 [B+1] (the images of each row),
+    [I, 2] and ``batch_num_images`` int64 [K], `mmpipe.images.onevision.extra_inputs`), and, for
+    a batch mixing rows with and without stored tiles, each row's ``row_pixel_formats`` (for an
+    exact unbatch; None otherwise). ``ctx.state`` from `collator_state`;
+    ``ctx.layout``: ``image_hw`` int64 [I, 2], ``tiles_per_image`` int64 [I], ``image_offsets``
+    int64 [B+1] (the images of each row),
     ``patch_offsets`` int64 [B+1] (the tiles of each row)."""
     sources = [r.image_sources for r in rows]
+    # what each row holds in the batch (source rows: their decoded tiles), for an exact unbatch
+    formats = ["none" if r.pixel_format == "none" else "uint8" for r in rows]
     rows = decoded_source_rows(rows, ctx.state.get("image_processor"), ctx.fam.images())
     u8, pv = _pixels(rows, ctx.state.get("table"), ctx.fam, ctx.layout["tiles_per_image"]) if ctx.pixels else (None, None)
     image_hw, extra, extras = ctx.layout["image_hw"], getattr(ctx.fam.images(), "extra_inputs", None), {}
@@ -80,10 +86,21 @@ def collate_media(rows: list, ctx) -> dict:
         extras = extra(image_hw, tiles_per_image=ctx.layout["tiles_per_image"],
                        image_offsets=ctx.layout["image_offsets"])
     kwargs = [r.images_kwargs for r in rows]
+    mixed = u8 is not None and "none" in formats  # else every row's tiles cut back as it came
     return dict(pixel_format="uint8" if u8 is not None else "none", pixel_values_u8=u8, pixel_values=pv,
-                extras={k: np.asarray(v) for k, v in extras.items()},
+                row_pixel_formats=formats if mixed else None, extras={k: np.asarray(v) for k, v in extras.items()},
                 row_images_kwargs=kwargs if any(k is not None for k in kwargs) else None,
                 row_image_sources=sources if any(s is not None for s in sources) else None)
+
+
+def unbatch_media(batch, rows: list) -> list[dict]:
+    """Each row's media fields as unbatch cut them out (``rows``), its tiles in the storage it came
+    in (``batch.row_pixel_formats``): a row stored without pixels (a layout-only text row next to
+    uint8 rows) gets ``pixel_values_u8`` None, not the empty block its offsets cut."""
+    for row, fmt in zip(rows, batch.row_pixel_formats or ()):
+        if fmt == "none":
+            row["pixel_values_u8"] = None
+    return rows
 
 
 def decoded_source_rows(rows: list, image_processor, module) -> list:
