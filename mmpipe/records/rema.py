@@ -26,7 +26,7 @@ from mmpipe.errors import ArgumentError, InputError
 from mmpipe.families import get_family
 from mmpipe.images.pixels import u8_to_pixel_values
 from mmpipe.images.spec import VisionSpec
-from mmpipe.records.columns import IMAGE_PLACEHOLDER, offsets, u8_block, u8_bytes
+from mmpipe.records.columns import IGNORE_INDEX, IMAGE_PLACEHOLDER, offsets, u8_block, u8_bytes
 from mmpipe.records.row import MultiModalInputs
 
 if TYPE_CHECKING:  # records never import torch at import time (the methods that need it do)
@@ -206,9 +206,12 @@ class ReMABatch:
         input_ids / attention_mask [B, L], position_ids [3, B, L] (text: [B, L]),
         mm_token_type_ids, pixel_values [N, D] + image_grid_thw [I, 3] when there are images;
         with ``labels=True`` the shifted labels as both ``labels`` and ``shift_labels``
-        (transformers' causal-LM loss then scores them unshifted: ReMA's loss positions)."""
+        (transformers' causal-LM loss then scores them unshifted: ReMA's loss positions), left
+        out where the role has no target token (every one cut by ``max_length``): the loss of
+        none is NaN, as `BatchedMultiModalInputs.model_inputs` leaves them out too."""
         if role not in self.agent_roles:
-            raise KeyError(f"role {role!r} is not in this batch's agent_roles {list(self.agent_roles)}")
+            raise ArgumentError(f"role {role!r} is not in this batch's agent_roles {list(self.agent_roles)}; pass one "
+                                "of them")
         b = self.batch
         out = {"input_ids": b[f"{role}_input_ids"], "attention_mask": b[f"{role}_attention_mask"]}
         if get_family(self.family).is_vision:
@@ -218,7 +221,7 @@ class ReMABatch:
                 out["pixel_values"], out["image_grid_thw"] = self.pixel_values, self.image_grid_thw
         else:
             out["position_ids"] = b[f"{role}_position_ids"]
-        if labels:
+        if labels and bool((b[f"{role}_labels"] != IGNORE_INDEX).any()):
             out["labels"] = out["shift_labels"] = b[f"{role}_labels"]
         return {k: v.to(device) for k, v in out.items()} if device is not None else out
 

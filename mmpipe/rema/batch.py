@@ -11,6 +11,8 @@ non-tensor ``question, finish_reason, num_turns, response, history`` and
 
 from __future__ import annotations
 
+import logging
+from numbers import Integral
 from typing import Optional, Sequence
 
 import numpy as np
@@ -21,7 +23,10 @@ from mmpipe.records.columns import IGNORE_INDEX, offsets
 from mmpipe.records.rema import ROLE_TENSORS, Episode, ReMABatch, RoleEncoding, content_text, rema_arrow_schema
 from mmpipe.rema.encode import RoleCodec
 
+logger = logging.getLogger("mmpipe")
+
 __all__ = ["PAD_ROLE", "PAD_CONTENT", "REACH_MAX_TURN", "COMPLETION_TOKEN_EXCEEDED", "STOP_WHEN_TRUNCATED", "FINISH_CODES",
+           "check_lengths",
            "ROLE_TENSORS", "ReMABatch", "collate_episodes", "rema_arrow_schema",
            "history_size", "history_pad_entry", "conversation_pad_entry"]
 
@@ -59,6 +64,19 @@ def history_size(num_roles: int, max_num_turns: int) -> int:
     return max(2, num_roles) * max_num_turns
 
 
+def check_lengths(max_length, pad_to_multiple_of) -> None:
+    """`ArgumentError` unless ``max_length`` and ``pad_to_multiple_of`` are positive ints or None
+    (checked before a rollout spends its engine calls)."""
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, Integral)
+                                   or max_length < 1):
+        raise ArgumentError(f"max_length must be a positive int (ReMA: prompt_length + response_length) or None, "
+                            f"found {max_length!r}")
+    if pad_to_multiple_of is not None and (isinstance(pad_to_multiple_of, bool) or not isinstance(
+            pad_to_multiple_of, Integral) or pad_to_multiple_of < 1):
+        raise ArgumentError(f"pad_to_multiple_of must be a positive int or None (no rounding), found "
+                            f"{pad_to_multiple_of!r}; pass e.g. pad_to_multiple_of=8")
+
+
 def collate_episodes(episodes: Sequence[Episode], processor, *, agent_roles: Sequence[str], max_num_turns: int,
                      pad_to_multiple_of: Optional[int] = None, max_length: Optional[int] = None) -> "ReMABatch":
     """Finished episodes -> a `ReMABatch` (every role encoded, padded to one common length).
@@ -73,9 +91,7 @@ def collate_episodes(episodes: Sequence[Episode], processor, *, agent_roles: Seq
 
     if not len(episodes):
         raise ArgumentError("collate_episodes got no episodes; pass the episodes of at least one question")
-    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
-        raise ArgumentError(f"max_length must be a positive int (ReMA: prompt_length + response_length) or None, "
-                            f"found {max_length!r}")
+    check_lengths(max_length, pad_to_multiple_of)
     codec = processor if isinstance(processor, RoleCodec) else RoleCodec(processor)
     roles = tuple(agent_roles)
     fam = codec.fam
@@ -83,7 +99,7 @@ def collate_episodes(episodes: Sequence[Episode], processor, *, agent_roles: Seq
     views = {r: [x.rema_view() for x in encs[r]] for r in roles}
     L = max(len(v["input_ids"]) for r in roles for v in views[r])
     if pad_to_multiple_of:
-        L = -(-L // pad_to_multiple_of) * pad_to_multiple_of
+        L = -(-L // int(pad_to_multiple_of)) * int(pad_to_multiple_of)
     L = L if max_length is None else int(max_length)
     tok = codec.tok
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
@@ -154,10 +170,31 @@ def _pad_role(views: Sequence[dict], L: int, pad_id: int, fam: ModelFamily, role
                                 "response_length)")
         ids[b, :n], labels[b, :n], steps[b, :n] = v["input_ids"][:n], v["labels"][:n], v["step_ids"][:n]
         att[b, :n], mm[b, :n], pos[b, :, :n] = 1, v["mm_token_type_ids"][:n], v["position_ids"][:, :n]
+    _warn_cut_targets(views, L, role)
     if not fam.is_vision:
         pos[:] = np.clip(np.cumsum(att, axis=1) - 1, 0, None)[:, None, :]
     return {"input_ids": ids, "labels": labels, "step_ids": steps, "attention_mask": att,
             "position_ids": fam.model_positions(pos, axis=1), "mm_token_type_ids": mm}
+
+
+def _warn_cut_targets(views: Sequence[dict], L: int, role: str) -> None:
+    """Log (logger "mmpipe") the rows whose target tokens the cut at ``max_length`` drops, as
+    ReMA prints the lengths it cuts: counted, and the rows that keep no target named (they
+    train nothing, their loss mask is empty)."""
+    cut, empty, lost = [], [], 0
+    for b, v in enumerate(views):
+        kept, total = int((v["labels"][:L] != IGNORE_INDEX).sum()), int((v["labels"] != IGNORE_INDEX).sum())
+        if kept < total:
+            cut.append(b)
+            lost += total - kept
+            if not kept:
+                empty.append(b)
+    if cut:
+        logger.warning(
+            "collate_episodes: max_length=%d cut %d target token(s) of role %r in %d of %d row(s) %s (kept: each "
+            "sequence's start, as ReMA cuts); %d row(s) keep no target at all and train nothing: %s. Raise "
+            "max_length (ReMA: prompt_length + response_length) to train them",
+            L, lost, role, len(cut), len(views), cut[:20], len(empty), empty[:20])
 
 
 def _turn_tensors(episodes: Sequence[Episode], encs: Sequence[RoleEncoding], role: str, T: int) -> dict[str, np.ndarray]:

@@ -8,6 +8,12 @@ spellings removed, then normalised as the tokenizer normalises text, so the labe
 decode to exactly the stored response. If a response starts with characters the tokenizer
 merges with the template's text before it (a leading newline with the real Qwen
 vocabulary), that merged token starts in the template and is not a target.
+
+Each reply must stand verbatim right after the generation prompt it was sampled after, in its
+own turn and once later turns exist. A template that rewrites replies (GLM-4.6V and other
+thinking templates write ``<think></think>`` in place of an earlier reply's reasoning) is
+refused with where the renders part; such models are encoded exactly with thinking off
+(``Encoder(processor, labels=False, chat_template_kwargs={"enable_thinking": False})``).
 """
 
 from __future__ import annotations
@@ -138,7 +144,7 @@ class RoleCodec:
                         "an assistant message holds an image; responses are text", where=f"{where}, message {k}",
                         stage="rollout", column="messages", fix="show images in the question or a user turn",
                     )
-                a, b = self._span(messages, k, full, where)
+                a, b = self.reply_span(messages, k, full, where)
                 sel = (starts >= a) & (starts < b)
                 self._refuse_vision_tokens(ids, sel, f"{where}, message {k}")
                 labels[sel], steps[sel] = ids[sel], step
@@ -182,20 +188,43 @@ class RoleCodec:
         if len(pos):
             self.vision_tokens.with_policy("raise").apply(ids[pos], where=where, row=None, offset=int(pos[0]))
 
-    def _span(self, messages, k: int, full: str, where: str) -> tuple[int, int]:
-        """Character span of assistant message ``k``'s content in ``full``."""
+    def reply_span(self, messages, k: int, full: str, where: str) -> tuple[int, int]:
+        """Character span of assistant message ``k``'s content in ``full``: right after the
+        conversation before it rendered with the generation prompt (the prompt the reply was
+        sampled after), verbatim; `_unstable_error` where the template writes it otherwise."""
         before = self.render(messages[:k], True)
         upto = self.render(messages[: k + 1], False)
         text = content_text(messages[k]["content"])
         a = len(before)
         if not (full.startswith(upto) and upto.startswith(before) and upto[a:a + len(text)] == text):
-            raise InputError(
-                "the chat template does not render the conversation's prefixes as prefixes "
-                "of the whole, with the response verbatim right after the generation prompt, so the response "
-                "tokens cannot be located", where=f"{where}, message {k}", stage="template",
-                fix="use a prefix-stable template (one that does not rewrite earlier turns)",
-            )
+            raise _unstable_error(k, before, text, upto, full, where)
         return a, a + len(text)
+
+
+def _unstable_error(k: int, before: str, text: str, upto: str, full: str, where: str) -> InputError:
+    """The `InputError` of a template that does not write reply ``k`` verbatim right after the
+    generation prompt it was sampled after (``before``): where the renders part, and what to do."""
+    sampled = before + text  # what the model saw and wrote in the rollout
+    if not (upto.startswith(before) and upto[len(before):len(before) + len(text)] == text):
+        what, bad = "this reply's own turn (rendered as the conversation's last message)", upto
+    else:
+        what, bad = "the whole conversation (a later turn follows the reply)", full
+    i = next((j for j, (x, y) in enumerate(zip(sampled, bad)) if x != y), min(len(sampled), len(bad)))
+    think = "<think>" in bad[max(0, i - 20):i + 40] or "</think>" in text
+    return InputError(
+        "the chat template does not write this reply verbatim after the generation prompt it was sampled "
+        f"after: {what} renders it differently, so its training tokens would not be the ones the model "
+        "generated in that context and the reply cannot be labeled" + (
+            " (a thinking template: earlier replies' reasoning is replaced by '<think></think>', "
+            "or the generation prompt lacks the '<think></think>' the reply's turn gets)" if think else ""),
+        where=f"{where}, message {k}", stage="template", column="messages",
+        expected=f"at character {i}: {sampled[max(0, i - 20):i + 40]!r} (the prompt, then the reply as sampled)",
+        found=f"{bad[max(0, i - 20):i + 40]!r}",
+        fix="render the role's turns so every prompt is a prefix of the next: for a thinking template "
+            "(GLM-4.6V, Qwen3) pass Encoder(processor, labels=False, chat_template_kwargs={'enable_thinking': "
+            "False}) as the processor and sample replies without reasoning; otherwise give the tokenizer a chat "
+            "template that writes each reply unchanged (no stripping, no rewriting of earlier turns)",
+    )
 
 
 def encode_conversation(messages: Sequence[dict], processor, *, images: Sequence = (),
@@ -238,8 +267,11 @@ def encode_conversation(messages: Sequence[dict], processor, *, images: Sequence
 def _parse_messages(messages, where: str) -> list[dict]:
     """Messages -> normalised messages (`content_items`); `ParseError` (stage "rollout", column
     "messages") for a value that is not a list of messages, a message without a known role or
-    without content (None is not an empty reply: pass ""), and a conversation whose first
-    non-system message is not the user's (a role's view starts [system,] user)."""
+    without content (None is not an empty reply: pass ""), a conversation whose first
+    non-system message is not the user's (a role's view starts [system,] user), and two
+    assistant messages in a row (a reply without a prompt: another role's reply or a split
+    one). Consecutive user messages are kept: they are context, never targets, and ReMA's
+    encoder takes them too."""
     if not isinstance(messages, (list, tuple)):
         raise ParseError("messages", where=where, stage="rollout", column="messages",
                          expected="a list of {'role': ..., 'content': ...} dicts", found=type(messages).__name__,
@@ -262,7 +294,28 @@ def _parse_messages(messages, where: str) -> list[dict]:
                          stage="rollout", column="messages", expected="[system,] user, assistant, user, ...",
                          found=f"{[m['role'] for m in msgs][:4]}",
                          fix="put the message the role answers (the question) as a user message before its reply")
+    _refuse_reply_without_prompt(msgs, where)
     return msgs
+
+
+def _refuse_reply_without_prompt(msgs: list[dict], where: str) -> None:
+    """`ParseError` for an assistant message whose previous non-system message is an assistant
+    message too (ReMA's turns alternate: the role's reply follows the prompt it answers)."""
+    last = None  # the previous non-system message's index
+    for k, m in enumerate(msgs):
+        if m["role"] == "system":
+            continue
+        prev, last = last, k
+        if m["role"] == "assistant" and prev is not None and msgs[prev]["role"] == "assistant":
+            raise ParseError(
+                "two assistant messages in a row: each assistant message is this role's own reply to the user "
+                "message before it (one turn of ReMA's loop, trained as this role's tokens and counted as its own "
+                "turn in step_ids); a reply with no prompt before it is another role's reply (its tokens would be "
+                "trained as this role's) or one reply split in two (counted as two turns)",
+                where=f"{where}, message {k}", stage="rollout", column="messages",
+                expected="[system,] user, assistant, user, assistant, ...", found=f"messages {prev} and {k} assistant",
+                fix="pass another role's reply as a user message (its content is this role's view of it), or merge "
+                    "the role's consecutive replies into one assistant message")
 
 
 def response_text(token_ids: Sequence[int], processor) -> str:

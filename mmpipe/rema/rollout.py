@@ -20,14 +20,17 @@ finish reason>}``), so every round in ``history`` has all roles, as ReMA's.
 
 from __future__ import annotations
 
+from numbers import Integral
 from typing import Mapping, Optional, Sequence
 
 from mmpipe.errors import ArgumentError, InputError
 from mmpipe.records.generation import Generation, SamplingParams
 from mmpipe.records.rema import Episode, text_item
-from mmpipe.rema.batch import COMPLETION_TOKEN_EXCEEDED, PAD_ROLE, REACH_MAX_TURN, STOP_WHEN_TRUNCATED, collate_episodes
+from mmpipe.rema.batch import (COMPLETION_TOKEN_EXCEEDED, PAD_ROLE, REACH_MAX_TURN, STOP_WHEN_TRUNCATED, check_lengths,
+                               collate_episodes)
 from mmpipe.rema.encode import RoleCodec
-from mmpipe.rema.views import View, ViewContext, content_items, question_items, rema_views
+from mmpipe.rema.views import (AskQuestion, QuestionWithInstruction, View, ViewContext, content_items,
+                               question_items, rema_views)
 
 __all__ = ["FINISH_FLAG", "MAX_TURNS", "Episode", "run_episodes", "rollout"]
 
@@ -44,7 +47,8 @@ def _role_names(agent_roles) -> tuple:
     return tuple(agent_roles)
 
 
-def _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns, finish_flag, codec, strip=()):
+def _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns, finish_flag, codec, strip=(),
+                 prompt_length=None):
     """Validate the rollout's arguments (`ArgumentError`); returns the roles as a tuple."""
     roles = _role_names(agent_roles)
     if not roles or len(set(roles)) != len(roles) or not all(isinstance(r, str) and r for r in roles):
@@ -53,6 +57,11 @@ def _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns
         raise ArgumentError(f"agent role {PAD_ROLE!r} is reserved for history padding entries; rename the role")
     if not isinstance(max_num_turns, int) or max_num_turns < 1:
         raise ArgumentError(f"max_num_turns must be an int >= 1, found {max_num_turns!r}")
+    if prompt_length is not None and (isinstance(prompt_length, bool) or not isinstance(prompt_length, Integral)
+                                      or prompt_length < 1):
+        raise ArgumentError(f"prompt_length must be a positive int (the most tokens a role's prompt may hold, image "
+                            f"tokens expanded; ReMA's rollout prompt_length) or None for no limit, found "
+                            f"{prompt_length!r}; pass e.g. prompt_length=1024")
     for name, mapping in (("system_prompts", system_prompts), ("views", views)):
         extra = set(mapping) - set(roles)
         if extra:
@@ -60,6 +69,8 @@ def _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns
     missing = [r for r in roles if r not in views]
     if missing:
         raise ArgumentError(f"views: no view for roles {missing}; give one per role (or views=None for ReMA's views)")
+    for r, v in views.items():  # a misspelt source role would only show up once the rollout runs
+        _check_view_roles(r, v, roles)
     for name, given in (("finish_roles", finish_roles), ("strip_finish_flag", strip)):
         bad = [r for r in given if r not in roles]
         if isinstance(given, str) or bad:
@@ -73,6 +84,19 @@ def _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns
             "(they would re-tokenize as control tokens), so the flag could never be seen"
         )
     return roles
+
+
+def _check_view_roles(role: str, view, roles: tuple) -> None:
+    """`ArgumentError` for ReMA's views taking replies from a role not in ``roles`` (it never answers)."""
+    if isinstance(view, QuestionWithInstruction) and view.instruction_from not in (None, *roles):
+        raise ArgumentError(f"views[{role!r}] needs the latest response of {view.instruction_from!r}, which has not "
+                            f"answered yet and never will: it is not among agent_roles {list(roles)}; set "
+                            "instruction_from to a role of agent_roles")
+    names = view.reply_from if isinstance(view, AskQuestion) else None
+    names = (names,) if isinstance(names, str) else tuple(names or ())
+    if any(n not in roles for n in names):
+        raise ArgumentError(f"views[{role!r}] takes replies from {list(names)}, which are not all in agent_roles "
+                            f"{list(roles)}; name roles of agent_roles (a list of names, or one name)")
 
 
 def _per_role(value, roles, name, kind):
@@ -105,7 +129,7 @@ def run_episodes(questions: Sequence, engine, processor, *, agent_roles: Sequenc
     views = dict(views) if views is not None else rema_views(agent_roles)
     finish_roles = tuple(finish_roles) if finish_roles is not None else tuple(agent_roles[:1])
     roles = _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns, finish_flag, codec,
-                         strip_finish_flag)
+                         strip_finish_flag, prompt_length)
     engines = _per_role(engine, roles, "engine", "RolloutEngine")
     params = _per_role(params, roles, "params", "SamplingParams")
     for r, p in params.items():
@@ -129,7 +153,8 @@ def run_episodes(questions: Sequence, engine, processor, *, agent_roles: Sequenc
             for e in (e for e in playing if not e.finished):
                 msgs, row = _prompt_row(e, role, turn, **ctx)
                 if prompt_length is not None and row.num_tokens > prompt_length:
-                    _end_in_round(e, COMPLETION_TOKEN_EXCEEDED, k, turn, ctx, first=msgs, limit=prompt_length)
+                    _end_in_round(e, COMPLETION_TOKEN_EXCEEDED, k, turn, ctx, first=msgs,
+                                  limit=(prompt_length, row.num_tokens))
                     continue
                 e.messages[role] = msgs
                 prompts.append(row)
@@ -162,7 +187,8 @@ def _end_in_round(e: Episode, reason: str, k: int, turn: int, ctx: dict, first=N
         if turn == 0:
             raise InputError(
                 "the first role's first prompt is longer than prompt_length", where=f"row {e.index}, role {roles[0]!r}",
-                row=e.index, stage="rollout", expected=f"at most {limit} tokens", found="a longer prompt",
+                row=e.index, stage="rollout", expected=f"at most prompt_length={limit[0]} tokens",
+                found=f"{limit[1]} tokens (image tokens expanded)",
                 fix="raise prompt_length or shorten the question / system prompt",
             )
         k = len(roles)  # the round had not started: nothing to fill (ReMA)
@@ -198,7 +224,12 @@ def _prompt_row(e: Episode, role: str, turn: int, roles: tuple, views: Mapping[s
     else:
         msgs = list(e.messages[role])
     msgs.append(user)
-    return msgs, codec.encode(msgs, image_data=e.image_data, add_generation_prompt=True, where=where).row
+    enc = codec.encode(msgs, image_data=e.image_data, add_generation_prompt=True, where=where)
+    if turn and msgs[-2]["role"] == "assistant":
+        # the role's last reply must stand verbatim in this prompt, as it was sampled: a template
+        # that rewrites it (GLM-4.6V's '<think></think>') is refused now, not after the whole rollout
+        codec.reply_span(msgs, len(msgs) - 2, enc.text, where)
+    return msgs, enc.row
 
 
 def _record_responses(active: list[Episode], gens: Sequence[Generation], role: str, turn: int,
@@ -279,8 +310,9 @@ def rollout(questions: Sequence, engine, processor, *, agent_roles: Sequence[str
         params: `SamplingParams` (n must be 1), or a mapping role -> params.
         finish_roles: roles whose responses are checked for the flag (default: the first role,
             the meta-thinker in ReMA).
-        prompt_length: a role prompt longer than this (tokens, image pads expanded) ends its row
-            (``"completion_token_exceeded"``; ReMA's ``prompt_length``). None: no limit.
+        prompt_length: a positive int: a role prompt longer than this (tokens, image pads
+            expanded) ends its row (``"completion_token_exceeded"``; ReMA's ``prompt_length``).
+            None: no limit.
         max_length: the fixed padded length of every role's tensors (ReMA:
             ``prompt_length + response_length``); None: the longest, rounded up to
             ``pad_to_multiple_of``.
@@ -291,6 +323,7 @@ def rollout(questions: Sequence, engine, processor, *, agent_roles: Sequence[str
     Every round makes ONE batched ``engine.generate`` call per role over the rows still
     running; each prompt row carries the question's images. Returns a `ReMABatch`.
     """
+    check_lengths(max_length, pad_to_multiple_of)
     codec = RoleCodec(processor)
     episodes = run_episodes(questions, engine, codec, agent_roles=agent_roles, max_num_turns=max_num_turns,
                             finish_flag=finish_flag, system_prompts=system_prompts, views=views, params=params,

@@ -141,20 +141,33 @@ class ViewContext:
     question: tuple
     history: tuple
 
+    def _known(self, roles: Sequence[str], what: str) -> tuple:
+        """``roles`` (one name or a sequence of names) as a tuple; `ArgumentError` for a name not in
+        ``agent_roles`` (it never answers: the view would silently get nothing from it)."""
+        names = (roles,) if isinstance(roles, str) else tuple(roles)
+        bad = [r for r in names if r not in self.agent_roles]
+        if bad:
+            raise ArgumentError(f"row {self.index}, role {self.role!r}, turn {self.turn}: the view's {what} names "
+                                f"{bad}, not among agent_roles {list(self.agent_roles)}; name roles of agent_roles "
+                                "(a list of names, or one name)")
+        return names
+
     def latest(self, role: str) -> Optional[str]:
-        """The most recent response of ``role`` in this row, or None."""
+        """The most recent response of ``role`` (one of ``agent_roles``) in this row, or None."""
+        self._known(role, "role")
         for h in reversed(self.history):
             if h["role"] == role:
                 return h["content"]
         return None
 
     def since_own_last(self, roles: Optional[Sequence[str]] = None) -> list[str]:
-        """Responses of ``roles`` (default: every other role) after this role's last response."""
+        """Responses of ``roles`` (names of ``agent_roles``, or one name; default: every other role)
+        after this role's last response."""
         start = 0
         for k, h in enumerate(self.history):
             if h["role"] == self.role:
                 start = k + 1
-        want = set(roles) if roles is not None else set(self.agent_roles) - {self.role}
+        want = set(self._known(roles, "reply_from")) if roles is not None else set(self.agent_roles) - {self.role}
         return [h["content"] for h in self.history[start:] if h["role"] in want]
 
 
@@ -163,9 +176,9 @@ View = Callable[[ViewContext], Union[str, list]]
 
 @dataclass(frozen=True)
 class AskQuestion:
-    """View: turn 0 the question; later turns the responses of ``reply_from`` (default: every
-    other role) since this role last spoke, joined by ``joiner``; ``continue_text`` when there
-    are none (a single role). ReMA's first-role (meta-thinker) view."""
+    """View: turn 0 the question; later turns the responses of ``reply_from`` (role names, or
+    one name; default: every other role) since this role last spoke, joined by ``joiner``;
+    ``continue_text`` when there are none (a single role). ReMA's first-role (meta-thinker) view."""
 
     reply_from: Optional[tuple] = None
     joiner: str = "\n\n"
@@ -189,6 +202,7 @@ class QuestionWithInstruction:
 
     def __call__(self, ctx: ViewContext):
         src = self.instruction_from or ctx.agent_roles[0]
+        ctx._known(src, "instruction_from")
         instruction = ctx.latest(src)
         if instruction is None:
             raise ArgumentError(
