@@ -205,13 +205,10 @@ class ReMABatch:
         """Forward kwargs of ``role``'s sequences for a transformers Qwen-VL (or text) model:
         input_ids / attention_mask [B, L], position_ids [3, B, L] (text: [B, L]),
         mm_token_type_ids, pixel_values [N, D] + image_grid_thw [I, 3] when there are images;
-        with ``labels=True`` the shifted labels as both ``labels`` and ``shift_labels``
-        (transformers' causal-LM loss then scores them unshifted: ReMA's loss positions), left
-        out where the role has no target token (every one cut by ``max_length``): the loss of
-        none is NaN, as `BatchedMultiModalInputs.model_inputs` leaves them out too."""
+        with ``labels=True`` the shifted labels as ``labels`` and ``shift_labels`` (transformers'
+        loss then scores them unshifted: ReMA's), none where all were cut (a NaN loss)."""
         if role not in self.agent_roles:
-            raise ArgumentError(f"role {role!r} is not in this batch's agent_roles {list(self.agent_roles)}; pass one "
-                                "of them")
+            raise ArgumentError(f"role {role!r} is not in this batch's agent_roles {list(self.agent_roles)}")
         b = self.batch
         out = {"input_ids": b[f"{role}_input_ids"], "attention_mask": b[f"{role}_attention_mask"]}
         if get_family(self.family).is_vision:
