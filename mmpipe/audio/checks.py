@@ -8,7 +8,7 @@ import numpy as np
 
 from mmpipe.errors import AudioError
 
-__all__ = ["checked_wave", "too_long"]
+__all__ = ["checked_wave", "too_long", "too_short"]
 
 
 def checked_wave(wave: np.ndarray, sampling_rate: int, *, where: str = "row", column: str = "audios",
@@ -35,3 +35,15 @@ def too_long(n: int, sampling_rate: int, max_samples: int, where: str, column: s
                      f"{max_samples / sampling_rate:.2f} s and would cut the rest", where=where, column=column,
                      expected=f"at most {max_samples} samples at {sampling_rate} Hz", found=f"{n} samples",
                      fix="split the clip into parts of at most that length (one audio item each), or drop the row")
+
+
+def too_short(n: int, sampling_rate: int, window: int, extractor: str, where: str, column: str, *,
+              what: str = "the clip",
+              fix: str = "drop the clip (and its audio item) or the row, or pad the clip with silence"):
+    """Refuse a clip (or a video's sound track) of ``n`` samples under one analysis ``window`` of the
+    feature extractor named ``extractor`` (`AudioError`): Qwen2.5-Omni's call gives it no audio
+    token (the model never hears it, silently), Qwen3-Omni's extractor crashes on it."""
+    raise AudioError(f"{what} is {n / sampling_rate * 1000:.1f} ms, shorter than one analysis window of {extractor}",
+                     where=where, column=column,
+                     expected=f"at least {window} samples at {sampling_rate} Hz ({window / sampling_rate * 1000:.0f} ms)",
+                     found=f"{n} samples", fix=fix)

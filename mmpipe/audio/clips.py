@@ -20,8 +20,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from mmpipe._fork import torch_fork_safe
+from mmpipe.audio.checks import too_short
 from mmpipe.audio.load import audio_extractor, audio_source, load_audio
-from mmpipe.errors import ArgumentError, AudioError, InputError
+from mmpipe.errors import ArgumentError, InputError
 from mmpipe.records.columns import from_arrow_scalar
 
 __all__ = ["audio_outputs", "call_kwargs", "clip_files", "clip_limit", "clip_window", "load_clips", "stored_sources",
@@ -58,12 +60,13 @@ def clip_limit(processor, fe) -> int:
 
 def clip_window(fe) -> int:
     """Samples of one analysis window of the feature extractor (``win_length``: Phi-4-multimodal's 400;
-    ``frame_length``: Gemma 3n's 512, Gemma 4's 320; ``n_fft``: Whisper's 400, the Omni thinkers'), 0
-    when it names none."""
+    ``n_fft``: Whisper's 400, the Omni thinkers'; ``frame_length`` + 1: Gemma 3n's 513, Gemma 4's 321,
+    whose extractors unfold one sample more than a frame for pre-emphasis: Gemma 3n's gave a 512-sample
+    clip no feature frame under its audio tokens), 0 when it names none."""
     for name in ("win_length", "frame_length", "n_fft"):
         value = getattr(fe, name, None)
         if isinstance(value, (int, np.integer)) and value > 0:
-            return int(value)
+            return int(value) + (name == "frame_length")
     return 0
 
 
@@ -73,18 +76,18 @@ def load_clips(processor, audios: Sequence, where: str, *, column: str = "audios
     where that call would cut it, and one shorter than one analysis window (`clip_window`, 25 ms at
     16 kHz for Whisper's): such a clip gives Qwen2.5-Omni no audio token (the model never hears it,
     silently) and crashes Qwen3-Omni's and Phi-4-multimodal's extractors. ``processor`` has an
-    extractor."""
+    extractor. In a forked worker torch is set to one thread first (`mmpipe._fork.torch_fork_safe`):
+    Whisper's extractor runs a torch STFT, which hung ``datasets.map(num_proc=2)`` once the parent
+    had run one (e.g. a first `encode_row` to look at a row)."""
     fe = audio_extractor(processor)
     limit, window, rate = clip_limit(processor, fe), clip_window(fe), int(fe.sampling_rate)
+    if len(audios):  # the extractor's torch STFT follows: in a forked map worker it deadlocks otherwise
+        torch_fork_safe()
     waves = []
     for i, a in enumerate(audios):
         wave = load_audio(a, rate, where=f"{where}, audio {i}", column=column, max_samples=limit)
         if wave.size < window:
-            raise AudioError(f"the clip is {wave.size / rate * 1000:.1f} ms, shorter than one analysis window of "
-                             f"{type(fe).__name__}", where=f"{where}, audio {i}", column=column,
-                             expected=f"at least {window} samples at {rate} Hz ({window / rate * 1000:.0f} ms)",
-                             found=f"{wave.size} samples",
-                             fix="drop the clip (and its audio item) or the row, or pad the clip with silence")
+            too_short(wave.size, rate, window, type(fe).__name__, f"{where}, audio {i}", column)
         waves.append(wave)
     return waves
 
@@ -114,6 +117,7 @@ def audio_outputs(processor, keys: Sequence[str], sources: list, where: str = "r
         raise ArgumentError(f"{type(processor).__name__} has no audio feature extractor: collate rows encoded with "
                             "audio='source' with the processor that encoded them")
     rate = int(fe.sampling_rate)
+    torch_fork_safe()  # the extractor's torch STFT: a forked worker (datasets.map, a Pool) deadlocks otherwise
     waves = [load_audio(b, rate, where=f"{where}, audio {i}") for i, b in enumerate(sources)]
     token = getattr(processor, "audio_token", None) or getattr(getattr(processor, "tokenizer", None), "audio_token")
     out = processor(text=[token * len(waves)], audio=waves, sampling_rate=rate, return_tensors="np")

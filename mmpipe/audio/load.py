@@ -40,6 +40,7 @@ __all__ = ["AUDIO_ITEM_KEYS", "audio_source", "checked_wave", "load_audio"]
 
 AUDIO_ITEM_KEYS = ("audio", "audio_url", "input_audio", "path")  # where an inline audio item holds its clip
 MIN_RATE, MAX_RATE = 1000, 1_000_000  # sampling rates (Hz) of audio: telephony's 8000 to studio's 768000, with room
+MAX_FLOAT_PEAK = 8.0  # float samples past +18 dBFS: unscaled integer PCM (whose audible peaks are in the hundreds or more)
 _SF_UNRECOGNISED = 1  # libsndfile's SF_ERR_UNRECOGNISED_FORMAT: a container it does not read at all
 _FIX_RATE = "give the clip with its sampling rate: {'array': samples, 'sampling_rate': rate}"
 
@@ -191,8 +192,26 @@ def _array(samples: Any, rate: Any, where: str, column: str) -> tuple[np.ndarray
         unsigned = arr.dtype.kind == "u"
         arr = arr.astype(np.float32)
         arr = (arr - half) / half if unsigned else arr / half
+    else:
+        _check_full_scale(arr, where, column)
     arr = arr.astype(np.float32, copy=False)
     return (arr.mean(axis=0) if arr.ndim == 2 else arr), rate
+
+
+def _check_full_scale(arr: np.ndarray, where: str, column: str) -> None:
+    """Float samples have a full scale of 1.0; peaks over `MAX_FLOAT_PEAK` are integer PCM that lost
+    its width on the way (``int16_array.astype(np.float32)``; a ``datasets`` column whose float rows
+    turn its int16 rows into float32), which the processor takes as they are, silently: Whisper's
+    features of such a clip differ by up to 2.3 from the scaled clip's. Non-finite samples are
+    `checked_wave`'s to refuse."""
+    peak = float(np.max(np.abs(arr), initial=0.0, where=np.isfinite(arr))) if arr.size else 0.0
+    if peak > MAX_FLOAT_PEAK:
+        raise AudioError(f"float audio samples peak at {peak:g}: integer PCM not scaled to full scale 1.0",
+                         where=where, column=column, expected=f"float samples in [-1, 1] (peaks up to {MAX_FLOAT_PEAK:g})",
+                         found=f"{arr.dtype} samples with peak |sample| {peak:g}",
+                         fix="give integer samples with their width (np.asarray(samples, np.int16): mmpipe scales them "
+                             "as soundfile reads them) or divide them by their full scale (int16: 32768); a datasets "
+                             "column with float and int16 clips stores them all as float: keep one dtype, or store files")
 
 
 def _wave(value: Any, where: str, column: str, limit: tuple = (0, 0)) -> tuple[np.ndarray, int]:
@@ -216,6 +235,9 @@ def _wave(value: Any, where: str, column: str, limit: tuple = (0, 0)) -> tuple[n
                              fix="re-export the clip (e.g. ffmpeg -i in -ar 16000 -ac 1 out.wav) or drop the row") from None
         return _array(samples.data, samples.sample_rate, where, column)
     found = f"{type(value).__name__} of shape {np.shape(value)}" if isinstance(value, np.ndarray) else type(value).__name__
+    if value is None or (isinstance(value, dict) and all(v is None for v in value.values())):  # a null Arrow value
+        raise AudioError("the audio clip is missing", where=where, column=column, expected="an audio clip",
+                         found=f"{value!r:.80}", fix="give the clip, or drop its audio item or the row")
     raise AudioError("an audio clip must be a path, bytes, {'path', 'bytes'}, {'array', 'sampling_rate'} or "
                      "(array, sampling_rate)", where=where, column=column, expected="an audio clip with its rate",
                      found=found, fix=_FIX_RATE if isinstance(value, (np.ndarray, list)) else

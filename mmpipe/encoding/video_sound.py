@@ -112,11 +112,13 @@ def _find_all(text: str, token: str) -> list[int]:
 
 
 def load_videos(videos: Sequence, opts, rate: int, where: str, *, column: str = "videos",
-                max_samples: int = 0) -> tuple[list, list]:
+                max_samples: int = 0, window: tuple = (0, "")) -> tuple[list, list]:
     """A row's videos -> (their frames sampled by ``opts`` (`VideoOptions`, None: the defaults), their
-    sound tracks: mono float32 at ``rate``, at most ``max_samples`` (> 0) each); each video's
-    `AudioError` / `VideoError` located at ``column``."""
+    sound tracks: mono float32 at ``rate``, at most ``max_samples`` (> 0) each, at least ``window``
+    ((samples, the feature extractor's name): one analysis window, `mmpipe.audio.clips.clip_window`)
+    each); each video's `AudioError` / `VideoError` located at ``column``."""
     from mmpipe.audio import load_video_audio
+    from mmpipe.audio.checks import too_short
     from mmpipe.images.video import VideoOptions
 
     frames, waves = [], []
@@ -137,6 +139,9 @@ def load_videos(videos: Sequence, opts, rate: int, where: str, *, column: str = 
             value = value._hf_encoded
         try:
             waves.append(load_video_audio(value, rate, where=at, column=column, max_samples=max_samples))
+            if waves[-1].size < window[0]:  # Qwen2.5-Omni: no audio token for the video's sound, silently
+                too_short(waves[-1].size, rate, window[0], window[1], at, column, what="the video's sound track",
+                          fix="encode this row with use_audio_in_video=False (the frames only), or drop the row")
             frames.append(sampled_frames(value, opts, at))
         except ImageError as e:  # VideoError
             raise e.locate(column=column) from None
@@ -160,14 +165,17 @@ def video_call_kwargs(enc, text: str, frames: Sequence, video_waves: Sequence, c
 
 def load_video_sounds(enc, videos: list, where: str) -> tuple[list, list]:
     """``use_audio_in_video``: the row's videos -> (sampled frames, sound tracks at the feature
-    extractor's rate) (`load_videos`); a sound track longer than the processor takes is refused as
-    a clip is (`mmpipe.audio.clips.clip_limit`)."""
-    from mmpipe.audio.clips import clip_limit
+    extractor's rate) (`load_videos`); a sound track longer than the processor takes or shorter than
+    one analysis window is refused as a clip is (`mmpipe.audio.clips.clip_limit`, ``clip_window``)."""
+    from mmpipe.audio.clips import clip_limit, clip_window
     from mmpipe.audio.load import audio_extractor
 
+    from mmpipe._fork import torch_fork_safe
+
+    torch_fork_safe()  # the extractor's torch STFT: a forked map worker deadlocks otherwise (`load_clips`)
     fe = audio_extractor(enc.processor)
     return load_videos(videos, enc.video_opts, int(fe.sampling_rate), where, column=enc.videos_column,
-                       max_samples=clip_limit(enc.processor, fe))
+                       max_samples=clip_limit(enc.processor, fe), window=(clip_window(fe), type(fe).__name__))
 
 
 def call_media_kwargs(enc, text: str, audios: Sequence, videos: tuple = ()) -> dict:
