@@ -5,7 +5,9 @@ inline in content items, is resolved here (`resolve_images`): a relative path ag
 file's directory (not the working directory), ``file://`` paths, ``data:image/...;base64`` URIs,
 ``{"bytes", "path"}`` dicts. Inline items become ``{"type": "image"}`` placeholders and their
 images move, in order, into the images column. A missing file, a non-file (FIFO, device, ...)
-or a path outside ``--image-root`` is reported with its row before any pixel is decoded.
+or a path outside ``--image-root`` is reported with its row before any pixel is decoded. The
+files of inline audio and video items, and of the videos / audios columns (`resolve_media_paths`),
+are made absolute against the same directory (`media_path`); the encoder loads and checks them.
 
 Under ``--on-error skip`` (``strict=False``) such a row is left to the encoder, which fails it
 and records it; the resolver keeps its own reason (which says where a relative path was looked
@@ -116,6 +118,7 @@ def _local_path(p: str, base: Path, loc: dict, root: Optional[str] = None) -> st
 
 
 _INLINE_KEYS = ("image", "image_url", "path", "url")
+_MEDIA_PATH_KEYS = ("audio", "video", "path")  # where an inline audio / video item names its file
 
 
 class ImageResolver:
@@ -134,7 +137,6 @@ class ImageResolver:
 
     def __call__(self, example: dict, idx: int) -> dict:
         from mmpipe.encoding.media import media_column
-        from mmpipe.encoding.parse import inline_image, is_image_item
 
         source = media_column(example, self.images_column)  # a LLaVA row's single `image`: resolved too
         raw = example.get(source)
@@ -170,18 +172,7 @@ class ImageResolver:
                         images.extend(column[next_col:next_col + n])
                         next_col += n
                     continue
-                items = []
-                for item in content:
-                    if isinstance(item, dict) and is_image_item(item):
-                        inline = inline_image(item)
-                        if inline is None:
-                            if next_col < len(column):
-                                images.append(column[next_col])
-                            next_col += 1
-                        else:
-                            images.append(inline)
-                            item = {**item, **{k: None for k in _INLINE_KEYS if k in item}, "type": "image"}
-                    items.append(item)
+                items, next_col = self._items(content, column, images, next_col)
                 new_msgs.append({**msg, "content": items})
             out[key] = new_msgs
         images.extend(column[next_col:])  # surplus images: encode reports the mismatch
@@ -190,6 +181,30 @@ class ImageResolver:
         if not self.strict:
             out[RESOLVE_ERRORS] = json.dumps(failed) if failed else ""
         return out
+
+    def _items(self, content: list, column: list, images: list, next_col: int) -> tuple[list, int]:
+        """One message's content items: an image item's image appended to ``images`` (inline, or
+        the images ``column``'s next, whose index is ``next_col``) and the item made a placeholder;
+        an inline audio / video item's file made absolute (`media_path`). -> (items, next_col)."""
+        from mmpipe.encoding.media import is_audio_item, is_video_item
+        from mmpipe.encoding.parse import inline_image, is_image_item
+
+        items = []
+        for item in content:
+            if isinstance(item, dict) and is_image_item(item):
+                inline = inline_image(item)
+                if inline is None:
+                    if next_col < len(column):
+                        images.append(column[next_col])
+                    next_col += 1
+                else:
+                    images.append(inline)
+                    item = {**item, **{k: None for k in _INLINE_KEYS if k in item}, "type": "image"}
+            elif isinstance(item, dict) and (is_audio_item(item) or is_video_item(item)):
+                item = {**item, **{k: media_path(item[k], self.base) for k in _MEDIA_PATH_KEYS
+                                   if isinstance(item.get(k), str)}}
+            items.append(item)
+        return items, next_col
 
     def _resolve(self, value, loc: dict, failed: list):
         try:
@@ -224,6 +239,16 @@ def resolve_images(ds, base: Path, *, images_column: str = "images", num_proc: O
                   desc="mmpipe: resolve images")
 
 
+def media_path(value, base: Path):
+    """A video / audio reference made absolute against ``base`` when it is a relative local path
+    (``~`` expanded, ``file://`` dropped); anything else (bytes, dicts, URLs, ``data:``) as it is."""
+    if isinstance(value, str) and value.startswith("file://"):
+        value = value[len("file://"):]
+    if not isinstance(value, str) or "://" in value or value.startswith("data:"):
+        return value
+    return str(_absolute(value, base))
+
+
 def resolve_media_paths(ds, base: Path, columns, *, num_proc: Optional[int] = None):
     """The relative file paths in ``ds``'s media ``columns`` (lists of video files or audio clips) made
     absolute against ``base`` (the input file's directory, as image paths are; ``~`` expanded, ``file://``
@@ -239,15 +264,8 @@ def resolve_media_paths(ds, base: Path, columns, *, num_proc: Optional[int] = No
     if not cols:
         return ds
 
-    def absolute(value):
-        if isinstance(value, str) and value.startswith("file://"):
-            value = value[len("file://"):]
-        if not isinstance(value, str) or "://" in value or value.startswith("data:"):
-            return value
-        return str(_absolute(value, base))
-
     def row(r):
-        return {c: r[c] if not isinstance(r[c], list) else [absolute(v) for v in r[c]] for c in cols}
+        return {c: r[c] if not isinstance(r[c], list) else [media_path(v, base) for v in r[c]] for c in cols}
 
     return ds.map(row, num_proc=num_proc, desc="mmpipe: resolve media paths")
 

@@ -238,3 +238,34 @@ def test_min_pixels_zero_keeps_one_patch_window_for_tiny_images():
     enc = Encoder(build_processor("qwen2_vl"), min_pixels=0)
     row = enc.encode_one({"prompt": "<image> hi", "images": [np.full((10, 10, 3), 90, np.uint8)]})
     assert row["image_grid_thw"].tolist() == [[1, 2, 2]]
+
+
+# ---- inline audio / video files resolve against the input file, as images do ------------------------------
+def test_inline_audio_paths_resolve_against_the_input_file_not_the_cwd(tmp_path, monkeypatch):
+    """Old code: an inline audio item's relative path (``{"type": "audio", "audio": "media/a.wav"}``) was
+    looked up in the working directory: run from elsewhere the row failed ("does not exist"), and a file
+    of that name there was encoded instead, silently. Now it is the input file's folder's, as images."""
+    import numpy as np
+    import soundfile
+
+    t = np.arange(16000) / 16000
+    data, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    for folder, hz in ((data, 440), (elsewhere, 1250)):  # a decoy of the same name in the cwd
+        (folder / "media").mkdir(parents=True)
+        soundfile.write(folder / "media" / "a.wav", (0.2 * np.sin(2 * np.pi * hz * t)).astype(np.float32), 16000)
+    turn = [{"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
+    rows = [{"messages": [{"role": "user", "content": [{"type": "audio", key: "media/a.wav"},
+                                                       {"type": "text", "text": "?"}]}] + turn}
+            for key in ("audio", "path")]
+    (data / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    outs = {}
+    for cwd in (data, elsewhere):
+        monkeypatch.chdir(cwd)
+        out = tmp_path / f"enc-{cwd.name}"
+        assert main(["encode", str(data / "rows.jsonl"), "--processor", "testing:qwen2_5_omni", "--out", str(out),
+                     "--quiet"]) == 0
+        outs[cwd.name] = datasets.load_from_disk(str(out))
+    a, b = outs["data"], outs["elsewhere"]
+    assert len(a) == len(b) == 2
+    for col in a.column_names:
+        assert a[col] == b[col], col
