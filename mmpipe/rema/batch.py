@@ -12,12 +12,11 @@ non-tensor ``question, finish_reason, num_turns, response, history`` and
 from __future__ import annotations
 
 import logging
-from numbers import Integral
 from typing import Optional, Sequence
 
 import numpy as np
 
-from mmpipe.errors import ArgumentError, InputError
+from mmpipe.errors import ArgumentError, InputError, is_integer
 from mmpipe.families import ModelFamily
 from mmpipe.records.columns import IGNORE_INDEX, offsets
 from mmpipe.records.rema import ROLE_TENSORS, Episode, ReMABatch, RoleEncoding, content_text, rema_arrow_schema
@@ -67,12 +66,10 @@ def history_size(num_roles: int, max_num_turns: int) -> int:
 def check_lengths(max_length, pad_to_multiple_of) -> None:
     """`ArgumentError` unless ``max_length`` and ``pad_to_multiple_of`` are positive ints or None
     (checked before a rollout spends its engine calls)."""
-    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, Integral)
-                                   or max_length < 1):
+    if max_length is not None and (not is_integer(max_length) or max_length < 1):
         raise ArgumentError(f"max_length must be a positive int (ReMA: prompt_length + response_length) or None, "
                             f"found {max_length!r}")
-    if pad_to_multiple_of is not None and (isinstance(pad_to_multiple_of, bool) or not isinstance(
-            pad_to_multiple_of, Integral) or pad_to_multiple_of < 1):
+    if pad_to_multiple_of is not None and (not is_integer(pad_to_multiple_of) or pad_to_multiple_of < 1):
         raise ArgumentError(f"pad_to_multiple_of must be a positive int or None (no rounding), found "
                             f"{pad_to_multiple_of!r}; pass e.g. pad_to_multiple_of=8")
 

@@ -20,10 +20,9 @@ finish reason>}``), so every round in ``history`` has all roles, as ReMA's.
 
 from __future__ import annotations
 
-from numbers import Integral
 from typing import Mapping, Optional, Sequence
 
-from mmpipe.errors import ArgumentError, InputError
+from mmpipe.errors import ArgumentError, InputError, is_integer
 from mmpipe.records.generation import Generation, SamplingParams
 from mmpipe.records.rema import Episode, text_item
 from mmpipe.rema.batch import (COMPLETION_TOKEN_EXCEEDED, PAD_ROLE, REACH_MAX_TURN, STOP_WHEN_TRUNCATED, check_lengths,
@@ -57,8 +56,7 @@ def _check_setup(agent_roles, system_prompts, views, finish_roles, max_num_turns
         raise ArgumentError(f"agent role {PAD_ROLE!r} is reserved for history padding entries; rename the role")
     if not isinstance(max_num_turns, int) or max_num_turns < 1:
         raise ArgumentError(f"max_num_turns must be an int >= 1, found {max_num_turns!r}")
-    if prompt_length is not None and (isinstance(prompt_length, bool) or not isinstance(prompt_length, Integral)
-                                      or prompt_length < 1):
+    if prompt_length is not None and (not is_integer(prompt_length) or prompt_length < 1):
         raise ArgumentError(f"prompt_length must be a positive int (the most tokens a role's prompt may hold, image "
                             f"tokens expanded; ReMA's rollout prompt_length) or None for no limit, found "
                             f"{prompt_length!r}; pass e.g. prompt_length=1024")
