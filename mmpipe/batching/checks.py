@@ -83,25 +83,51 @@ def _validated(r: MultiModalInputs, i: int, read: bool) -> MultiModalInputs:
     return r
 
 
+# the token-value rule, once for collate (numpy, one row) and mmpipe.validate_dataset (Arrow compute,
+# a column's flat values): the ops it is written in, (less, not_equal, and), per array library
+NUMPY_OPS = (np.less, np.not_equal, np.logical_and)
+
+
+def token_value_faults(name: str, values, ops=NUMPY_OPS):
+    """bool [n]: which ``values`` (int [n], a token column's) no encoder writes in column ``name``: in
+    ``attention_mask`` a value other than 0 / 1, in ``labels`` a negative value other than -100 (the
+    ignore index), in ``input_ids`` (and any other) a negative id. ``ops``: `NUMPY_OPS` for a numpy
+    array, ``(pc.less, pc.not_equal, pc.and_)`` for an Arrow array (then a null value gives null)."""
+    less, not_equal, both = ops
+    if name == "attention_mask":
+        return both(not_equal(values, 0), not_equal(values, 1))
+    if name == "labels":
+        return both(less(values, 0), not_equal(values, IGNORE_INDEX))
+    return less(values, 0)
+
+
+def mask_has_holes(ones, zeros, other):
+    """Whether an attention mask with ``ones`` 1s, ``zeros`` 0s and ``other`` other values (counts:
+    ints, or int arrays [rows]) is refused: any other value, or zeros among ones (a stored row is
+    unpadded; all 0 is a dummy row, which collate takes and validate warns about)."""
+    return (other > 0) | ((ones > 0) & (zeros > 0))
+
+
 def check_token_values(r: MultiModalInputs, i: int) -> None:
-    """Values no encoder writes in a row's token fields, O(L): an ``attention_mask`` value other than
-    0 / 1, or zeros among ones (a stored row is unpadded: a 0 hides a real token from the model,
-    silently, under positions that count it; a row of zeros only, a dummy row, is taken), a negative
-    label other than -100 or a negative token id (the loss / the embedding lookup fails on it; on a
-    GPU a device-side assert).
+    """Values no encoder writes in a row's token fields, O(L) (`token_value_faults`,
+    `mask_has_holes`): an ``attention_mask`` value other than 0 / 1, or zeros among ones (a stored
+    row is unpadded: a 0 hides a real token from the model, silently, under positions that count it;
+    a row of zeros only, a dummy row, is taken), a negative label other than -100 or a negative token
+    id (the loss / the embedding lookup fails on it; on a GPU a device-side assert).
     `InputError` naming the row, the column and the first bad token."""
     att, labels = r.attention_mask, r.labels
     if att is not None and len(att) and not (att == 1).all():
-        bad = (att != 0) & (att != 1)
-        if bad.any() or att.any():  # not a dummy row of zeros only
+        bad = token_value_faults("attention_mask", att)
+        if mask_has_holes(np.count_nonzero(att == 1), np.count_nonzero(att == 0), np.count_nonzero(bad)):
             t = int(np.flatnonzero(bad if bad.any() else att == 0)[0])
             _bad_token(r, i, "attention_mask", t, "1 at every token (a dummy row: 0 at every token)")
     if labels is not None and len(labels) and labels.min() < 0:
-        bad = (labels < 0) & (labels != IGNORE_INDEX)
+        bad = token_value_faults("labels", labels)
         if bad.any():
             _bad_token(r, i, "labels", int(np.flatnonzero(bad)[0]), f"{IGNORE_INDEX} (ignored) or a token id >= 0")
     if len(r.input_ids) and r.input_ids.min() < 0:
-        _bad_token(r, i, "input_ids", int(np.flatnonzero(r.input_ids < 0)[0]), "a token id >= 0")
+        _bad_token(r, i, "input_ids", int(np.flatnonzero(token_value_faults("input_ids", r.input_ids))[0]),
+                   "a token id >= 0")
 
 
 def _bad_token(r: MultiModalInputs, i: int, name: str, t: int, expected: str) -> None:

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from mmpipe.cli.json_input import columnar_problem, json_problem
+from mmpipe.cli.json_input import columnar_problem, json_problem, wrapped_problem
 from mmpipe.cli.resolve import (ImageResolver, explain_failures, resolve_images, resolve_media_paths,  # noqa: F401
                                 resolver_errors)
 
@@ -87,7 +87,8 @@ def input_format(path: Path) -> str:
 def load_raw(path: Path, *, split: Optional[str] = None, cache_dir: Optional[str] = None):
     """The raw rows of ``path`` as a ``datasets.Dataset`` (see the module docstring); `CLIError`
     when it cannot be read (a JSON line that is not a row names its line), holds no rows, is one
-    object of column lists (columnar JSON: `columnar_problem`) or is encoded already."""
+    object of column lists (columnar JSON: `columnar_problem`) or of a field holding the rows
+    (``{"data": [row, ...]}``: `wrapped_problem`), or is encoded already."""
     import datasets
 
     fmt = input_format(path)
@@ -118,8 +119,8 @@ def load_raw(path: Path, *, split: Optional[str] = None, cache_dir: Optional[str
             datasets.logging.set_verbosity(verbosity)
     if not len(ds):
         raise CLIError(f"input {str(path)!r} holds no rows; nothing to encode")
-    columnar = columnar_problem(ds) if fmt == "json" else None
-    if columnar:  # {"messages": [...], "images": [...]}: datasets reads ONE row
+    columnar = (columnar_problem(ds) or wrapped_problem(ds, path)) if fmt == "json" else None
+    if columnar:  # {"messages": [...], "images": [...]} or {"data": [row, ...]}: datasets reads ONE row
         raise CLIError(f"cannot read {str(path)!r} as rows: {columnar}")
     cols = set(ds.column_names)
     if {"input_ids", "family"} <= cols and not cols & {"messages", "prompt", "conversations"}:
@@ -162,7 +163,7 @@ def encode_options(args) -> dict:
         opts["end_of_turn"] = args.end_of_turn
     # options not given are left to the encoder (no --pixels: uint8, the generic path's float32 outputs)
     given = {"pixels": args.pixels, "max_length": args.max_length, "min_pixels": args.min_pixels,
-             "max_pixels": args.max_pixels}
+             "max_pixels": args.max_pixels, "audio": getattr(args, "audio", None)}
     opts.update({k: v for k, v in given.items() if v is not None})
     for name in ("videos_column", "audios_column"):
         if getattr(args, name, None):
@@ -323,6 +324,7 @@ def run_record(args, src: Path, fmt: str, family: str, options: dict, report, se
 def add_encode_parser(sub) -> None:
     from mmpipe.encoding.encoder import ERROR_POLICIES, TRUNCATION_POLICIES
     from mmpipe.encoding.spans import END_OF_TURN
+    from mmpipe.media.processor_encode import AUDIO_STORAGE
     from mmpipe.records.columns import ENCODE_PIXEL_FORMATS
 
     p = sub.add_parser("encode", help="encode a local dataset (jsonl/json/parquet/saved dir) and save it",
@@ -344,6 +346,9 @@ def add_encode_parser(sub) -> None:
     p.add_argument("--images-column", default="images", help="column holding the images (default: %(default)s)")
     p.add_argument("--videos-column", default=None, help="column holding the videos (default: videos)")
     p.add_argument("--audios-column", default=None, help="column holding the audio clips (default: audios)")
+    p.add_argument("--audio", choices=AUDIO_STORAGE, default=None,
+                   help="stored audio clips: the processor's features, or source (each clip's file; collate computes "
+                        "the features) (default: features)")
     p.add_argument("--use-audio-in-video", action="store_true",
                    help="encode each video with its sound track (the Omni thinkers: Qwen2.5-Omni, Qwen3-Omni)")
     p.add_argument("--video-fps", type=float, default=None, metavar="FPS",

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import codecs
 import json
+import shlex
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["columnar_problem", "json_problem"]
+__all__ = ["columnar_problem", "json_problem", "wrapped_problem"]
 
 _JSON_KIND = {"list": "array", "str": "string", "NoneType": "null", "bool": "boolean", "dict": "object"}
 _UTF16_32 = (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
 _CHAT = ("messages", "conversations", "prompt")  # a raw row's chat column (`mmpipe.encode` parses them)
+_ROW_COLUMNS = (*_CHAT, "instruction")  # any of them: the file holds rows (an alpaca row: instruction)
 
 
 def _kind(value) -> str:
@@ -126,6 +128,34 @@ def columnar_problem(ds) -> Optional[str]:
     return (f"it holds one JSON object of columns ({lengths}), the columnar layout ({layout}), which "
             f"datasets.load_dataset('json') reads as ONE row whose {chat!r} is every row's{uneven}; "
             f"write one row object per line instead, e.g. {how}")
+
+
+def wrapped_problem(ds, path: Path) -> Optional[str]:
+    """Why ``ds``, as ``datasets.load_dataset("json")`` read ``path``, is ONE object whose field
+    holds the rows: ``{"data": [row, row, ...]}`` (SQuAD style, often with ``"version"`` beside it)
+    or ``{"train": [...], "test": [...]}``. datasets reads it as one row with a ``data`` column
+    (checked: datasets 5.2), which fails later as a row without a chat column; said here with the
+    field(s) and how to take the rows out. None: not that shape (no list of row objects in a field,
+    or a chat column: a real row)."""
+    if len(ds) != 1:
+        return None
+    row = ds[0]
+    if any(row.get(c) is not None for c in _ROW_COLUMNS):
+        return None
+    fields = {k: len(v) for k, v in row.items() if isinstance(v, list) and v
+              and all(isinstance(x, dict) and not set(x) <= {"bytes", "path"} for x in v)}  # not an image list
+    if not fields:
+        return None
+    name = next(iter(fields))
+    src, dst = shlex.quote(str(path)), shlex.quote(str(path.with_suffix(f".{name}.jsonl")))
+    jq = shlex.quote(f".{name}[]" if name.isidentifier() else f".[{json.dumps(name)}][]")
+    listed = ", ".join(f"{k!r} ({n} objects)" for k, n in fields.items())
+    which = f"field {listed} holds" if len(fields) == 1 else f"fields {listed} hold"
+    pick = "" if len(fields) == 1 else " (one field at a time)"
+    return (f"it holds one JSON object whose {which} the rows ({{{name!r}: [row, row, ...]}}), which "
+            f"datasets.load_dataset('json') reads as ONE row with a {name!r} column; write the field's rows "
+            f"one object per line, next to it (relative image paths), and encode that file{pick}: "
+            f"jq -c {jq} {src} > {dst}")
 
 
 def _is_column(value, chat: str) -> bool:

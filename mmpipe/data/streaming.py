@@ -363,7 +363,12 @@ class Coverage:
 def exactly_once(per_rank_keys: Iterable[Iterable[Hashable]], expected_keys: Iterable[Hashable]) -> Coverage:
     """Check that the rows read by all ranks (any row key, e.g. an id column) cover
     ``expected_keys`` once each. ``per_rank_keys``: one iterable of keys per rank (a list, or a
-    tensor / array of ids as batches give them: its elements are compared as Python values)."""
+    tensor / array of ids as batches give them: its elements are compared as Python values). Tuple
+    keys: a rank's keys as a list (``[[(0, "a")], [(1, "b")]]``); a rank given as a tuple of
+    non-tuples (a flat ``[(0, "a"), (1, "b")]``: a key or a rank's keys?) is an `ArgumentError`."""
+    expected = _hashable(expected_keys.tolist() if hasattr(expected_keys, "tolist") else expected_keys,
+                         "expected_keys")
+    want, tuple_keys = set(expected), any(isinstance(k, tuple) for k in expected)
     seen: Counter[Any] = Counter()
     for rank, keys in enumerate(per_rank_keys):
         keys = keys.tolist() if hasattr(keys, "tolist") else keys  # a tensor's elements hash by identity
@@ -372,15 +377,13 @@ def exactly_once(per_rank_keys: Iterable[Iterable[Hashable]], expected_keys: Ite
             raise ArgumentError(f"exactly_once: per_rank_keys must hold one iterable of keys per rank, e.g. "
                                 f"[[ids read by rank 0], [ids read by rank 1]]; entry {rank} is {keys!r}: wrap a "
                                 f"single rank's keys in a list ([keys])")
+        if tuple_keys and isinstance(keys, tuple) and keys and not any(isinstance(k, tuple) for k in keys):
+            raise ArgumentError(f"exactly_once: per_rank_keys[{rank}] is the tuple {keys!r} and the expected keys are "
+                                "tuples: one key, or one rank's keys? Pass each rank's keys as a list, e.g. "
+                                "[[keys of rank 0], [keys of rank 1]] (a single rank's: [list(keys)])")
         seen.update(_hashable(keys, f"per_rank_keys[{rank}]"))
-    expected = _hashable(expected_keys.tolist() if hasattr(expected_keys, "tolist") else expected_keys,
-                         "expected_keys")
-    want = set(expected)
-    return Coverage(
-        missing=[k for k in expected if k not in seen],
-        duplicated={k: c for k, c in seen.items() if c > 1},
-        unexpected=[k for k in seen if k not in want],
-    )
+    return Coverage(missing=[k for k in expected if k not in seen], unexpected=[k for k in seen if k not in want],
+                    duplicated={k: c for k, c in seen.items() if c > 1})
 
 
 def _hashable(keys: Iterable, where: str) -> list:

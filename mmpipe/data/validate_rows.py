@@ -15,11 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mmpipe.batching.checks import mask_has_holes, token_value_faults
 from mmpipe.data.report import REENCODE, Issue
 from mmpipe.data.sources_check import unreadable_sources
 from mmpipe.errors import InputError
 from mmpipe.records.arrow import list_lengths, rows_from_arrow
 from mmpipe.records.columns import IGNORE_INDEX, STORED_PIXEL_COLUMN
+
+ARROW_OPS = (pc.less, pc.not_equal, pc.and_)  # `token_value_faults` over Arrow arrays
 
 __all__ = ["failed_rows", "family_issues", "images_without_tokens", "listed", "missing_pixels",
            "token_value_issues", "unreadable_files", "row_issues", "untrained_rows"]
@@ -184,8 +187,8 @@ def token_value_issues(table: pa.Table, vocab: Optional[int] = None) -> list[Iss
         col = table.column("attention_mask")
         ones = _per_row_count(col, lambda v: pc.equal(v, 1), n)
         zeros = _per_row_count(col, lambda v: pc.equal(v, 0), n)
-        other = _per_row_count(col, lambda v: pc.and_(pc.not_equal(v, 0), pc.not_equal(v, 1)), n)
-        holed = np.flatnonzero((other > 0) | ((ones > 0) & (zeros > 0))).tolist()
+        other = _per_row_count(col, lambda v: token_value_faults("attention_mask", v, ARROW_OPS), n)
+        holed = np.flatnonzero(mask_has_holes(ones, zeros, other)).tolist()
         if holed:
             out.append(Issue("error", "content", "attention_mask", "values other than 1 inside rows (a stored row is "
                              "unpadded: all 1): the model would not attend to those tokens, silently",
@@ -201,12 +204,11 @@ def token_value_issues(table: pa.Table, vocab: Optional[int] = None) -> list[Iss
 
 
 def _out_of_range(col, name: str, ignored: Optional[int], vocab: Optional[int], n: int) -> list[Issue]:
-    """Rows of a token column holding a negative value other than ``ignored`` (-100 in labels), and
-    values >= ``vocab`` when given: one error each."""
+    """Rows of a token column holding a negative value other than ``ignored`` (-100 in labels: the
+    rule collate checks, `token_value_faults`), and values >= ``vocab`` when given: one error each."""
     out = []
     what = "token ids" if ignored is None else f"labels other than {ignored} (the ignore index)"
-    neg = _per_row_count(col, lambda v: pc.less(v, 0) if ignored is None else
-                         pc.and_(pc.less(v, 0), pc.not_equal(v, ignored)), n)
+    neg = _per_row_count(col, lambda v: token_value_faults(name, v, ARROW_OPS), n)
     if neg.any():
         out.append(Issue("error", "content", name, f"negative {what}: the model fails on them (an embedding "
                          "index / the loss; on a GPU a device-side assert)", REENCODE + " (or drop these rows)",
