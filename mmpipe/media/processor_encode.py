@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from typing import Sequence
 
 import numpy as np
 
+from mmpipe._fork import torch_fork_safe
 from mmpipe.audio import audio_extractor
 from mmpipe.audio.clips import clip_files, load_clips
 from mmpipe.encoding.call_labels import call_labels
@@ -136,7 +138,10 @@ LOW_FLOATS = ("bfloat16", "float16")
 def run_processor(enc, **kwargs) -> tuple[dict, dict]:
     """The processor's call -> ({key: numpy}, {key: dtype} of its `LOW_FLOATS` outputs, now float32).
     Asked for numpy; a processor whose outputs numpy cannot hold (bf16 tensors) is asked for torch
-    (at once, once its layout says so)."""
+    (at once, once its layout says so). In a forked worker torch runs on one thread first: the
+    processor's own torch ops (Whisper's STFT, a torch image processor; the layout probe's call
+    included) deadlock there once the parent has run a parallel torch op (`torch_fork_safe`)."""
+    torch_fork_safe()
     layout = getattr(enc, "_layout", None)
     pt = layout is not None and bool(layout.dtypes)
     bos, texts = getattr(enc.tokenizer, "bos_token", None), kwargs.get("text") or []
@@ -192,22 +197,39 @@ _PROCESSOR_FAILURES = (ValueError, TypeError, IndexError, KeyError, ArithmeticEr
                        AttributeError, AssertionError)
 
 
+# per Encoder: whether its processor fails on the text-only probe, probed once (`_text_only_fails`). Kept
+# here, not on the Encoder: a new attribute would change its pickled state (the map's cache fingerprint)
+_TEXT_ONLY_FAILS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _text_only_fails(enc) -> bool:
+    """Whether the processor fails on the smallest text-only conversation (`probe_call` with no
+    image); one processor call per Encoder, however many rows fail."""
+    fails = _TEXT_ONLY_FAILS.get(enc)
+    if fails is None:
+        try:
+            probe_call(enc, [])
+            fails = False
+        except _PROCESSOR_FAILURES:
+            fails = True
+        _TEXT_ONLY_FAILS[enc] = fails
+    return fails
+
+
 def _failure(enc, e: Exception, where: str, has_images: bool) -> InputError:
     """The row's `InputError` for the processor's failure ``e`` (its message kept). A row without
     images whose failure the processor repeats on the smallest text-only conversation
-    (`probe_call` with no image) is refused for having none (PaliGemma on transformers 4.x: "`images`
-    are expected"): the fix says so, not to check image items the row does not have."""
+    (`_text_only_fails`, probed once per Encoder) is refused for having none (PaliGemma on
+    transformers 4.x: "`images` are expected"): the fix says so, not to check image items the row
+    does not have."""
     what = f"the processor {enc.processor_class} failed on this row ({type(e).__name__}: {e})"
-    if not has_images:
-        try:
-            probe_call(enc, [])
-        except _PROCESSOR_FAILURES:
-            return InputError(f"{what}; it fails on every row without images (a text-only probe too): it needs at "
-                              "least one image per row", where=where, stage="encode", column="images",
-                              expected="at least one image (an image item in the messages and its image)",
-                              found="no image",
-                              fix="give every row an image, or filter the text-only rows out before encoding "
-                                  "(ds.filter(lambda r: len(r['images']) > 0)); on_error='skip' drops them")
+    if not has_images and _text_only_fails(enc):
+        return InputError(f"{what}; it fails on every row without images (a text-only probe too): it needs at "
+                          "least one image per row", where=where, stage="encode", column="images",
+                          expected="at least one image (an image item in the messages and its image)",
+                          found="no image",
+                          fix="give every row an image, or filter the text-only rows out before encoding "
+                              "(ds.filter(lambda r: len(r['images']) > 0)); on_error='skip' drops them")
     return InputError(what, where=where, stage="encode", column="messages",
                       fix="check the row's image items against its images and the chat template")
 
