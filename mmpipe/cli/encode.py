@@ -84,14 +84,17 @@ def input_format(path: Path) -> str:
                    "(or a directory written by Dataset.save_to_disk)")
 
 
-def load_raw(path: Path, *, split: Optional[str] = None, cache_dir: Optional[str] = None):
+def load_raw(path: Path, *, split: Optional[str] = None, cache_dir: Optional[str] = None,
+             field: Optional[str] = None):
     """The raw rows of ``path`` as a ``datasets.Dataset`` (see the module docstring); `CLIError`
     when it cannot be read (a JSON line that is not a row names its line), holds no rows, is one
     object of column lists (columnar JSON: `columnar_problem`) or of a field holding the rows
-    (``{"data": [row, ...]}``: `wrapped_problem`), or is encoded already."""
+    (``{"data": [row, ...]}``: `wrapped_problem`; ``field="data"`` reads them), or is encoded already."""
     import datasets
 
     fmt = input_format(path)
+    if field is not None and fmt != "json":
+        raise CLIError(f"--field {field!r}: only a .json file holds its rows in a field ({str(path)!r} is {fmt})")
     if fmt == "saved":
         ds = _load_saved(path, split)
     elif split not in (None, "train"):
@@ -105,9 +108,14 @@ def load_raw(path: Path, *, split: Optional[str] = None, cache_dir: Optional[str
         verbosity = datasets.logging.get_verbosity()
         datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its "Failed to load JSON" line repeats ours
         try:
-            ds = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache_dir)
+            ds = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache_dir,
+                                       **({"field": field} if field is not None else {}))
         except Exception as e:  # noqa: BLE001 - a parse error becomes one clear message
             cause = e.__cause__ or e
+            if field is not None:
+                raise CLIError(f"cannot read {str(path)!r} with --field {field!r}: it must be one JSON object whose "
+                               f"field {field!r} holds the row objects ({type(cause).__name__}: {str(cause)[:200]}); "
+                               "a file of rows (one per line, or a JSON list) needs no --field") from None
             where = (json_problem(path) if fmt == "json" else None) or (
                 "it holds no rows" if "corresponds to no data" in str(cause) else None)
             if where:
@@ -278,7 +286,7 @@ def encode_to_disk(args, src: Path, fmt: str, out: Path, processor, options: dic
     datasets.disable_caching()
     try:
         with tempfile.TemporaryDirectory(prefix="mmpipe-encode-") as tmp:
-            raw = load_raw(src, split=args.split, cache_dir=tmp)
+            raw = load_raw(src, split=args.split, cache_dir=tmp, field=getattr(args, "field", None))
             if args.limit is not None:
                 raw = raw.select(range(min(args.limit, len(raw))))
             unresolved: dict = {}
@@ -335,6 +343,8 @@ def add_encode_parser(sub) -> None:
                    help="saved processor/model directory, or testing:FAMILY (offline test processors: qwen2_vl ... gemma3)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory to save the encoded dataset to")
     p.add_argument("--split", default=None, help="split of a saved DatasetDict")
+    p.add_argument("--field", default=None, metavar="NAME",
+                   help="a .json file of one object holding the rows in this field ({\"data\": [row, ...]})")
     p.add_argument("--num-proc", type=int, default=None, help="datasets.map processes (default: in-process)")
     p.add_argument("--batch-size", type=int, default=None, help="rows per map batch (default: mmpipe.map_kwargs, <= 64)")
     p.add_argument("--max-length", type=int, default=None, help="token budget per row, image tokens included")

@@ -153,9 +153,9 @@ def wrapped_problem(ds, path: Path) -> Optional[str]:
     which = f"field {listed} holds" if len(fields) == 1 else f"fields {listed} hold"
     pick = "" if len(fields) == 1 else " (one field at a time)"
     return (f"it holds one JSON object whose {which} the rows ({{{name!r}: [row, row, ...]}}), which "
-            f"datasets.load_dataset('json') reads as ONE row with a {name!r} column; write the field's rows "
-            f"one object per line, next to it (relative image paths), and encode that file{pick}: "
-            f"jq -c {jq} {src} > {dst}")
+            f"datasets.load_dataset('json') reads as ONE row with a {name!r} column; name the field: "
+            f"--field {shlex.quote(name)}{pick}, or write its rows one object per line next to it (relative "
+            f"image paths) and encode that file: jq -c {jq} {src} > {dst}")
 
 
 def _is_column(value, chat: str) -> bool:

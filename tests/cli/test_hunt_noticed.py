@@ -117,3 +117,29 @@ def test_audio_source_through_the_command_equals_the_python_api(tmp_path, capsys
     enc = mmpipe.Encoder(load_processor("testing:qwen2_5_omni"), audio="source")
     assert_rows_equal(got, [enc.encode_row(r, i) for i, r in enumerate(absolute)])
     assert json.loads((tmp_path / "enc" / "mmpipe_encode.json").read_text())["options"]["audio"] == "source"
+
+
+# ---- --field: read the rows out of the field ---------------------------------------------------------
+@pytest.mark.parametrize("indent", [None, 2])
+def test_field_option_reads_the_wrapped_rows(folder, capsys, indent):
+    """``--field data`` (what the refusal now offers first) encodes the field's rows, compact or
+    pretty-printed, with image paths relative to the input file: the same rows as the file written
+    one per line."""
+    src = folder / "wrapped.json"
+    src.write_text(json.dumps({"version": "1.1", "data": [_row(i) for i in range(3)]}, indent=indent))
+    assert main(["encode", str(src), "--processor", "testing:qwen2_vl", "--out", str(folder / "o"),
+                 "--quiet"]) == 2
+    assert "--field data" in capsys.readouterr().err
+    assert main(["encode", str(src), "--processor", "testing:qwen2_vl", "--out", str(folder / "o"), "--quiet",
+                 "--field", "data"]) == 0, capsys.readouterr().err
+    (folder / "rows.jsonl").write_text("".join(json.dumps(_row(i)) + "\n" for i in range(3)))
+    assert main(["encode", str(folder / "rows.jsonl"), "--processor", "testing:qwen2_vl", "--out",
+                 str(folder / "lines"), "--quiet"]) == 0
+    got, want = datasets.load_from_disk(str(folder / "o")), datasets.load_from_disk(str(folder / "lines"))
+    assert len(got) == 3 and got.to_list() == want.to_list()
+
+
+def test_field_option_on_a_lines_file_is_refused(folder):
+    (folder / "rows.jsonl").write_text(json.dumps(_row(0)) + "\n")
+    with pytest.raises(CLIError, match="with --field .data.: it must be one JSON object"):
+        load_raw(folder / "rows.jsonl", field="data")
