@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from mmpipe.encoding.encoder import Encoder
-from mmpipe.encoding.fingerprint import StampedFunction
+from mmpipe.encoding.fingerprint import StampedFunction, quick_state
 from mmpipe.encoding.mapping import DROP_REASON_COLUMN
 from mmpipe.encoding.media import SINGULAR_COLUMNS
 from mmpipe.encoding.options import check_choice
@@ -168,11 +168,13 @@ def _encode(example: dict, idx=None, *, processor, **options) -> dict:
 
     Works per row and with ``batched=True``, ``with_indices=True`` (errors then name the
     row index) and ``num_proc``. The encoder is built once per process per
-    (processor, options) and reused. The map's cache fingerprint includes mmpipe's version
+    (processor, its settings, options) and reused: a processor changed in place (its image
+    processor's ``size``, its chat template, a token added) gets a new one, as the map's
+    fingerprint moves. The map's cache fingerprint includes mmpipe's version
     and a hash of its encoding code (`mmpipe.encoding.fingerprint`): after an upgrade the
     same map re-encodes instead of reusing rows an older mmpipe wrote.
     """
-    key = (id(processor), tuple(sorted((k, repr(v)) for k, v in options.items())))
+    key = (id(processor), quick_state(processor), tuple(sorted((k, repr(v)) for k, v in options.items())))
     enc = _ENCODERS.get(key)
     if enc is None or enc.processor is not processor:
         if len(_ENCODERS) > 16:

@@ -36,7 +36,7 @@ from typing import Optional
 
 import numpy as np
 
-from mmpipe.encoding.fingerprint import CodeStamped
+from mmpipe.encoding.fingerprint import CodeStamped, processor_settings, quick_state
 from mmpipe.encoding.glm_videos import token_types
 from mmpipe.encoding.mapping import EncodeStats, check_max_length, encode_or_drop, map_call
 from mmpipe.encoding.options import ERROR_POLICIES, TRUNCATION_POLICIES, check_choice, check_options
@@ -129,7 +129,7 @@ class Encoder(ChatTemplate, CodeStamped):
     """
 
     RUNTIME_STATE = ("stats", "_checked_tool_fields", "_lut_cache", "_layout", "_image_bytes", "_content_forms",
-                     "_stop_rule", "_reply_header", "_direct_kwargs", "_generation_templates")
+                     "_stop_rule", "_reply_header", "_direct_kwargs", "_generation_templates", "_processor_quick")
 
     def __init__(self, processor, *, max_length: Optional[int] = None, truncation: str = "raise",
                  pixels: Optional[str] = None, add_generation_prompt: Optional[bool] = None,
@@ -182,6 +182,9 @@ class Encoder(ChatTemplate, CodeStamped):
         self.use_audio_in_video = use_audio_in_video
         self.family.media.encode_settings(self, given)  # sets pixels and the kind's own attributes
         self.image_root = check_image_root(image_root)
+        # what the settings above were taken from (`processor_settings`: hashed with the encoder, the
+        # same in any process), set by fresh_runtime_state
+        self.processor_settings = None
         self.fresh_runtime_state()
 
     def fresh_runtime_state(self) -> None:
@@ -192,10 +195,34 @@ class Encoder(ChatTemplate, CodeStamped):
             self.__dict__.pop(name, None)
         self._layout = None
         self._image_bytes: Optional[int] = None
+        # an unpickled encoder (num_proc workers) whose processor was changed before it was sent
+        # fails its first call, as one changed later does (`check_processor`)
+        now = processor_settings(self.processor)
+        self.processor_settings = self.__dict__.get("processor_settings") or now  # an older pickle: none recorded
+        self._processor_quick = quick_state(self.processor) if now == self.processor_settings else None
+
+    def check_processor(self) -> None:
+        """`ArgumentError` when the processor was changed in place (image processor settings, chat
+        template, tokens) after this encoder took its settings from it: its rows would mix the old
+        settings (pixel bounds, tiles, token ids) with the new ones, and ``datasets`` would cache
+        them under the new processor's fingerprint."""
+        if self._processor_quick is not None and quick_state(self.processor) == self._processor_quick:
+            return
+        now = processor_settings(self.processor)
+        changed = sorted(k for k in set(now) | set(self.processor_settings)
+                         if now.get(k) != self.processor_settings.get(k))
+        if not changed:  # changed back, or a pickled form that differs only in bytes
+            self._processor_quick = quick_state(self.processor)
+            return
+        raise ArgumentError(f"the processor's {', '.join(changed)} changed after this Encoder was built from it; "
+                            "an Encoder takes its settings from the processor once: build a new "
+                            "mmpipe.Encoder(processor, ...) after changing the processor")
 
     # -- datasets.map entry point ----------------------------------------------------
     def __call__(self, example: dict, idx=None) -> dict:
-        """One raw row or a batch (dict of lists) -> output column(s); see `mmpipe.encoding.mapping`."""
+        """One raw row or a batch (dict of lists) -> output column(s); see `mmpipe.encoding.mapping`.
+        A processor changed in place since this encoder was built: `check_processor`'s error."""
+        self.check_processor()
         return map_call(self, example, idx)
 
     # -- one row --------------------------------------------------------------------
