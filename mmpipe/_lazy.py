@@ -98,8 +98,17 @@ class SubmoduleAccess(types.ModuleType):
 
     def __reduce__(self):
         # pickled by reference, as pickle/dill/cloudpickle pickle a plain module (their tables
-        # key on the exact type): datasets' fingerprint of a function that reads `mmpipe`
-        return importlib.import_module, (self.__name__,)
+        # key on the exact type), with mmpipe's code stamp: datasets' fingerprint of a function
+        # that reads `mmpipe` (``lambda b: mmpipe.encode(b, processor=p)``) moves with mmpipe's
+        # version, code and the libraries it runs on, as ``ds.map(mmpipe.encode)``'s does
+        from mmpipe.encoding.fingerprint import code_stamp
+
+        return _import_stamped, (self.__name__, *code_stamp())
+
+
+def _import_stamped(name: str, *stamp) -> types.ModuleType:
+    """Unpickle a `SubmoduleAccess` module: imported by name (the stamp is only there to be hashed)."""
+    return importlib.import_module(name)
 
 
 def install(module: types.ModuleType) -> None:

@@ -164,3 +164,24 @@ def test_streaming_map_is_unchanged():
     stream = datasets.Dataset.from_dict({"prompt": ["Hi.", "Bye."]}).to_iterable_dataset()
     out = list(stream.map(mmpipe.encode, fn_kwargs={"processor": processor_for("qwen2_vl")}))
     assert [len(r["input_ids"]) > 0 for r in out] == [True, True]
+
+
+@pytest.mark.parametrize("change", ["version", "code"])
+def test_a_user_function_that_reads_mmpipe_is_stamped_too(monkeypatch, change):
+    """``ds.map(lambda b: mmpipe.encode(b, processor=p))``: datasets hashes the lambda, which pickles
+    the ``mmpipe`` module by reference; the reference carries the code stamp, so an upgrade or a code
+    edit re-encodes instead of serving rows an older mmpipe wrote."""
+    p = processor_for("qwen2_vl")
+
+    def fn(b):
+        return mmpipe.encode(b, processor=p)
+
+    before = Hasher.hash(fn)
+    if change == "version":
+        monkeypatch.setattr(mmpipe, "__version__", mmpipe.__version__ + ".post1")
+    else:
+        monkeypatch.setattr(fingerprint, "code_hash", lambda: "0" * 64)
+    assert Hasher.hash(fn) != before
+    monkeypatch.undo()
+    assert Hasher.hash(fn) == before
+    assert pickle.loads(pickle.dumps(mmpipe)) is mmpipe
