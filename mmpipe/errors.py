@@ -27,13 +27,31 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from typing import Any, Optional
 
 STAGES = ("parse", "image", "audio", "template", "truncate", "collate", "validate", "encode", "rollout")
 
 
 class MMPipeError(Exception):
-    """Base of every error mmpipe raises on purpose."""
+    """Base of every error mmpipe raises on purpose.
+
+    Pickles with its message and every attribute (``row``, ``class_name``, ``layer_type``, ...)
+    whatever its ``__init__`` takes, so it crosses process boundaries intact: ``datasets.map(
+    num_proc=...)`` workers (a worker's error that cannot be unpickled hangs the pool), spawn /
+    forkserver DataLoader workers, Ray. Subclasses need no ``__reduce__`` of their own.
+    """
+
+    def __reduce__(self):
+        return (_restore, (type(self), self.args), dict(vars(self)))
+
+
+def _restore(cls, args):
+    """An instance of ``cls`` with ``args`` and no ``__init__`` run (pickle then sets its
+    ``__dict__``): a subclass whose ``__init__`` takes other arguments than its message loads too."""
+    e = cls.__new__(cls)
+    e.args = args
+    return e
 
 
 class ArgumentError(MMPipeError, ValueError):
@@ -85,7 +103,28 @@ class InputError(MMPipeError, ValueError):
         self.image = image
         self.where = where
         self.column_in_location = column_in_location
+        if row is None and column is None and stage is None and image is None:
+            self._locate_from_worker_text()
         super().__init__(self._compose())
+
+    def _locate_from_worker_text(self) -> None:
+        """A torch DataLoader worker's error reaches the main process as its type and text only
+        (``type(e)("Caught ... in DataLoader worker process N. Original Traceback ...")``): take
+        ``row``, ``image``, ``column`` and ``stage`` back from the original message's location and
+        tags. A no-op for any other detail."""
+        head = _WORKER_TEXT.match(self.detail)
+        if head is None:
+            return
+        lines = list(re.finditer(rf"^(?:[\w.]+\.)?{re.escape(head.group(1))}: ", self.detail, re.M))
+        original = self.detail[lines[-1].end():].strip() if lines else ""
+        tag = _TAGS.search(original)
+        if tag:
+            self.stage, self.column = tag.group(1), tag.group(2)
+        loc = _LOCATION.match(original)
+        if loc:
+            self.row = int(loc.group(1))
+            self.image = None if loc.group(2) is None else int(loc.group(2))
+            self.column = self.column if loc.group(3) is None else loc.group(3)
 
     def location(self) -> str:
         """``"row 3, image 1"`` (or the caller's own `where` text; ``where=""``: none, the
@@ -110,6 +149,8 @@ class InputError(MMPipeError, ValueError):
         return "; ".join(body) if body else "invalid input"
 
     def _compose(self) -> str:
+        if _WORKER_TEXT.match(self.detail):  # the worker's text already says where, what and the tags
+            return self.detail
         loc = self.location()
         msg = (f"{loc}: " if loc else "") + self.message_body()
         if self.fix:
@@ -146,11 +187,21 @@ class InputError(MMPipeError, ValueError):
         """``{"row", "stage", "column", "reason"}``: what ``on_error="skip"`` stores."""
         return {"row": self.row, "stage": self.stage, "column": self.column, "reason": str(self)}
 
-    def __reduce__(self):  # picklable across datasets.map(num_proc=...) workers
+    def __reduce__(self):
+        """Every attribute (``__notes__`` and any set after raising included), as `MMPipeError`;
+        a subclass whose own ``__reduce__`` builds on this one gets ``(_rebuild, (cls, detail,
+        kwargs))``, the form it unpacks."""
+        if type(self).__reduce__ is InputError.__reduce__:
+            return super().__reduce__()
         return (_rebuild, (type(self), self.detail, dict(
             row=self.row, column=self.column, stage=self.stage, expected=self.expected,
             found=self.found, fix=self.fix, image=self.image, where=self.where,
             column_in_location=self.column_in_location)))
+
+
+_WORKER_TEXT = re.compile(r"Caught (\w+) [^\n]*\.\nOriginal Traceback")  # torch._utils.ExceptionWrapper
+_TAGS = re.compile(r"\[stage: (\w+)(?:, column: '([^']*)')?\]$")  # what `InputError._compose` ends with
+_LOCATION = re.compile(r"row (\d+)(?:, image (\d+))?(?:, column '([^']*)')?: ")  # what `location` starts with
 
 
 def _rebuild(cls, detail, kwargs):
@@ -230,10 +281,11 @@ class UnsupportedProcessorError(ArgumentError):
     """A vision-language processor (or model config) of a family mmpipe has no table row for.
 
     The message names the class and the path such a processor takes (`GENERIC_PATH`: the
-    processor's own chat template and call, 1-D positions). ``class_name`` holds the class.
+    processor's own chat template and call, 1-D positions). ``class_name`` holds the class (None
+    when only the message is known, e.g. re-raised by a DataLoader worker, which passes the text).
     """
 
-    def __init__(self, message: str, class_name: str):
+    def __init__(self, message: str, class_name: Optional[str] = None):
         super().__init__(message)
         self.class_name = class_name
 
@@ -253,10 +305,6 @@ class PackingUnsupportedError(ArgumentError):
         self.layer_type = layer_type
         self.layers = tuple(layers)
         self.model_type = model_type
-
-    def __reduce__(self):  # picklable across DataLoader workers
-        return (_rebuild, (type(self), self.args[0], dict(layer_type=self.layer_type, layers=self.layers,
-                                                          model_type=self.model_type)))
 
 
 # ---- what argument checks accept -------------------------------------------------------
