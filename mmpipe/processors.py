@@ -9,10 +9,11 @@ One loader for every place that takes a processor by name (``mmpipe encode --pro
     load_processor(lambda: build_my_processor())        # a zero-argument factory, called here
     load_processor(processor)                           # a processor / tokenizer, returned as is
 
-A Qwen-VL directory whose stock processor class cannot be built here (transformers 5.x also
-builds a video processor, which may need torchvision), or one saved from a ``testing:``
-processor (a class name AutoProcessor cannot resolve), loads as the image-only subclass of
-`mmpipe.offline` from the same files: the same tokenizer, chat template and image processor.
+A Qwen-VL or GLM-4.1V / GLM-4.6V directory whose stock processor class cannot be built here
+(transformers 5.x also builds a video processor, which may need torchvision), or one saved from a
+``testing:`` processor (a class name AutoProcessor cannot resolve), loads as the image-only
+subclass of `mmpipe.offline` from the same files: the same tokenizer, chat template and image
+processor.
 """
 
 from __future__ import annotations
@@ -57,10 +58,32 @@ def _config_processor_class(path: Path) -> Optional[str]:
     return image_only_base_class_name(model_type) if model_type in FAMILY_NAMES else None
 
 
-def _image_only(family: str, path: Path):
-    from mmpipe.offline import image_only_processor_class
+def _image_only_class(cls_name: Optional[str]) -> tuple[Optional[type], bool]:
+    """``(cls, saved_as_it)``: the image-only offline class that loads the files a processor of class
+    ``cls_name`` saved (its family's stock class, or the image-only class itself: ``saved_as_it``),
+    else ``(None, False)``. The Qwen families' (`mmpipe.offline.processors`) and those of builder
+    modules of their own that have one (glm4v, glm46v: ``image_only_processor_class()``)."""
+    import importlib
 
-    return image_only_processor_class(family).from_pretrained(str(path), local_files_only=True)
+    from mmpipe.families import FAMILIES
+    from mmpipe.offline import image_only_class_name, image_only_family, image_only_processor_class
+    from mmpipe.offline.tokenizer import OWN_BUILDERS
+
+    family = image_only_family(cls_name)
+    if family is not None:
+        return image_only_processor_class(family), cls_name == image_only_class_name(family)
+    for name, module in OWN_BUILDERS.items():
+        stock = FAMILIES[name].processor_classes if name in FAMILIES else ()
+        if cls_name in stock or cls_name in {"ImageOnly" + c for c in stock}:
+            own = importlib.import_module(module)
+            if hasattr(own, "image_only_processor_class") and getattr(own, "available", lambda: True)():
+                cls = own.image_only_processor_class()
+                return cls, cls_name == cls.__name__
+    return None, False
+
+
+def _image_only(cls: type, path: Path):
+    return cls.from_pretrained(str(path), local_files_only=True)
 
 
 def load_processor(spec: Any, *, log: Optional[Callable[[str], None]] = None):
@@ -155,30 +178,28 @@ def _load_directory(spec: str, path: Path, log: Callable[[str], None]):
 def _build_from_directory(spec: str, path: Path, cls_name: Optional[str], log: Callable[[str], None]):
     from transformers import AutoProcessor
 
-    from mmpipe.offline import image_only_class_name, image_only_family
-
-    # the family whose image-only offline processor can load these files: the class recorded
-    # is that family's stock processor class (ModelFamily.processor_classes) or the image-only
-    # subclass a `testing:` processor saves as
-    family = image_only_family(cls_name)
-    if family is not None and cls_name == image_only_class_name(family):
-        return _image_only(family, path)
+    # the image-only offline class that can load these files: the class recorded is its family's
+    # stock processor class (ModelFamily.processor_classes) or the image-only subclass a
+    # `testing:` processor saves as
+    image_only, saved_as_it = _image_only_class(cls_name)
+    if saved_as_it:
+        return _image_only(image_only, path)
     tiled = _tiled_image_only(cls_name)
     if tiled is not None:  # saved from testing:internvl / testing:llava_onevision (image-only subclasses)
         return type(_load_testing(TESTING_PREFIX + tiled)).from_pretrained(str(path), local_files_only=True)
     try:
         proc = AutoProcessor.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # noqa: BLE001
-        if family is None:
+        if image_only is None:
             hint = (" (this processor class needs torchvision: pip install torchvision, or load a processor "
                     "whose image processor does not)") if "torchvision" in str(e).lower() else ""
             raise ProcessorLoadError(f"processor {spec!r}: " + (_missing_files(path) or (
                 f"AutoProcessor.from_pretrained failed: {type(e).__name__}: {e}{hint}"))) from None
         log(f"note: AutoProcessor could not build {cls_name} ({type(e).__name__}: {str(e)[:160]}); "
             f"loading it without a video processor (images only)")
-        return _image_only(family, path)
-    if getattr(proc, "image_processor", None) is None and family is not None:
-        return _image_only(family, path)
+        return _image_only(image_only, path)
+    if getattr(proc, "image_processor", None) is None and image_only is not None:
+        return _image_only(image_only, path)
     return proc
 
 

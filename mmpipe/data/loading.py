@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Optional
 
 import pyarrow as pa
@@ -32,7 +33,7 @@ RESAVE = "re-save the dataset (ds.save_to_disk) from a good copy, or re-encode t
 class DamagedDatasetError(InputError):
     """A stored file of an encoded dataset cannot be read: truncated, corrupted framing, or
     missing. ``file`` is the file, ``rows_readable`` the ``(0, stop)`` dataset rows that read
-    before the damage (None when unknown)."""
+    before the damage (None when unknown). Pickles with every field (`mmpipe.errors.MMPipeError`)."""
 
     default_stage = "validate"
 
@@ -43,13 +44,16 @@ class DamagedDatasetError(InputError):
         kw.setdefault("fix", RESAVE)
         super().__init__(detail, **kw)
 
-    def __reduce__(self):
-        fn, (cls, detail, kwargs) = super().__reduce__()
-        return (_rebuild_damaged, (cls, detail, kwargs, self.file, self.rows_readable))
 
-
-def _rebuild_damaged(cls, detail, kwargs, file, rows_readable):
-    return cls(detail, file=file, rows_readable=rows_readable, **kwargs)
+def worker_original(text: Any, cls: type) -> Optional[str]:
+    """The original message of ``cls``'s error inside ``text`` when ``text`` is what a torch
+    DataLoader re-raises a worker's error with (``type(e)(text)``: ``Caught X in DataLoader worker
+    process N.``, ``Original Traceback ...``, then a line ``module.X: <message>``), else None. An
+    error whose ``__init__`` takes fields before its message takes them back from it."""
+    if not (isinstance(text, str) and text.startswith(f"Caught {cls.__name__} ") and "\nOriginal Traceback" in text):
+        return None
+    lines = list(re.finditer(rf"^(?:[\w.]+\.)?{re.escape(cls.__name__)}: ", text, re.M))
+    return text[lines[-1].end():].strip() if lines else ""
 
 
 def load_table(data) -> tuple[pa.Table, Any]:

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any, Optional, Sequence, Union
 
 import pyarrow as pa
 
-from mmpipe.data.loading import READ_ERRORS, DamagedDatasetError, concat_shards
+from mmpipe.data.loading import READ_ERRORS, DamagedDatasetError, concat_shards, worker_original
 from mmpipe.errors import ArgumentError, MMPipeError
 
 logger = logging.getLogger("mmpipe")
@@ -49,22 +50,21 @@ TRANSPORT_MODULES = ("aiohttp", "botocore", "aiobotocore", "urllib3", "requests"
 class ShardReadError(MMPipeError, ConnectionError):
     """Reading a shard failed in the network or at the endpoint, after the filesystem's retries
     (e.g. aiohttp's ``ClientPayloadError`` for a body cut off every time): ``shard`` its URL. Not
-    a damaged shard, so ``on_bad_shard="skip"`` does not skip it. A ``ConnectionError``."""
+    a damaged shard, so ``on_bad_shard="skip"`` does not skip it. A ``ConnectionError``. Pickles
+    with every field (`MMPipeError`); ``ShardReadError(text)`` of a DataLoader worker's re-raise
+    takes the shard back from the text."""
 
     def __init__(self, shard: str, cause: Any = None, *, message: Optional[str] = None):
+        original = worker_original(shard, type(self)) if cause is None and message is None else None
+        if original is not None:  # torch's re-raise of a worker's error: type(e)(text)
+            found = re.match(r"reading shard '([^']*)'", original)
+            shard, message = (found and found.group(1)), shard
         self.shard = shard
         super().__init__(message or (
             f"reading shard {shard!r} failed in the network or at the endpoint, after the filesystem's retries "
             f"({type(cause).__name__}: {cause}); the shard is not known to be damaged: check the endpoint and "
             "credentials, then resume from the last checkpoint, or raise the filesystem's retries "
             "(s3fs.S3FileSystem.retries, default 5)"))
-
-    def __reduce__(self):  # picklable from DataLoader workers
-        return (_rebuild_read_error, (type(self), self.shard, str(self)))
-
-
-def _rebuild_read_error(cls, shard, message):
-    return cls(shard, message=message)
 
 
 def _check_damage(shard: str, e: BaseException) -> None:
@@ -258,10 +258,18 @@ def _read_ipc(fs, path: str, url: str) -> pa.Table:
 class DamagedShardError(DamagedDatasetError):
     """A parquet shard that cannot be read (truncated, corrupt): ``file`` / ``shard`` its URL,
     ``rows_read`` the rows of that shard read before the damage, ``row_group`` the row group
-    that failed (None: the footer, i.e. the file cannot be opened at all)."""
+    that failed (None: the footer, i.e. the file cannot be opened at all). Pickles with every field
+    (`MMPipeError`); ``DamagedShardError(text)`` of a DataLoader worker's re-raise takes ``shard``,
+    ``row_group`` and ``rows_read`` back from the text."""
 
     def __init__(self, shard: str, *, rows_read: int = 0, row_group: Optional[int] = None, cause=None,
                  start: Optional[int] = None, detail: Optional[str] = None, **kw):
+        original = worker_original(shard, type(self)) if detail is None and cause is None else None
+        if original is not None:  # torch's re-raise of a worker's error: type(e)(text)
+            found = _DAMAGE_TEXT.match(original)
+            detail, shard = shard, found and found.group(1)
+            if found:
+                rows_read, row_group = int(found.group(3)), found.group(2) and int(found.group(2))
         what = "its footer (the file is cut short or not parquet)" if row_group is None else f"row group {row_group}"
         if detail is None:
             detail = (f"shard {shard!r} is damaged: reading {what} failed ({cause}); {rows_read} of its rows read "
@@ -274,16 +282,14 @@ class DamagedShardError(DamagedDatasetError):
         super().__init__(detail, file=shard, **kw)
         self.shard, self.rows_read, self.row_group = shard, rows_read, row_group
 
-    def __reduce__(self):  # picklable from DataLoader workers
-        return (_rebuild_shard_error, (type(self), self.detail, self.file, self.rows_read, self.row_group))
-
     def record(self) -> dict:
         """``{"shard", "row_group", "rows_read", "reason"}``: what ``on_bad_shard="skip"`` counts."""
         return {"shard": self.shard, "row_group": self.row_group, "rows_read": self.rows_read, "reason": str(self)}
 
 
-def _rebuild_shard_error(cls, detail, shard, rows_read, row_group):
-    return cls(shard, rows_read=rows_read, row_group=row_group, detail=detail)
+# what DamagedShardError's own message starts with: shard, row group (None: the footer), rows read
+_DAMAGE_TEXT = re.compile(r"shard '([^']*)' is damaged: reading (?:row group (\d+)|its footer).*?; (\d+) of its rows "
+                          r"read before it", re.S)
 
 
 # ---- streaming -------------------------------------------------------------------------------

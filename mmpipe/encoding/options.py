@@ -21,11 +21,18 @@ def check_choice(name: str, value, accepted: tuple) -> None:
 
 class RowDropped(Exception):
     """Raised inside the encoder when a row is dropped under ``truncation="drop"`` (the map
-    protocol's drop signal, `mmpipe.encoding.mapping`)."""
+    protocol's drop signal, `mmpipe.encoding.mapping`). ``reason`` is the counted cause
+    (``"too_long"``), the message the detail. Pickles with both (a ``num_proc`` map worker, a
+    spawn DataLoader worker); ``RowDropped(text)`` (a DataLoader worker's re-raise) has reason None."""
 
-    def __init__(self, reason: str, detail: str):
+    def __init__(self, reason: Optional[str], detail: Optional[str] = None):
+        if detail is None:  # one argument: the message only
+            reason, detail = None, reason
         super().__init__(detail)
         self.reason = reason
+
+    def __reduce__(self):
+        return (type(self), (self.reason, *self.args), dict(vars(self)))
 
 
 def refusal(enc, template: str, what: str, why: str) -> ArgumentError:

@@ -22,9 +22,10 @@ import copy
 import functools
 
 from mmpipe.errors import ArgumentError
+from mmpipe.offline.tf_lines import classes_by_name
 
-__all__ = ["GLM46V_CHAT_TEMPLATE", "available", "build_processor", "build_model", "offline_processor",
-           "offline_model"]
+__all__ = ["GLM46V_CHAT_TEMPLATE", "available", "build_processor", "build_model", "image_only_processor_class",
+           "offline_processor", "offline_model"]
 
 # GLM-4.6V's chat format, as zai-org publishes it with its Glm46VProcessor checkpoints (the
 # GLM-4.5V-style template; tool definitions in the system header are left out here):
@@ -94,7 +95,7 @@ def _require():
 
 
 @functools.lru_cache(maxsize=None)
-def _processor_class() -> type:
+def image_only_processor_class() -> type:
     """``Glm46VProcessor`` without a video processor; the stock class stays in the MRO, so
     `mmpipe.families.processor_class_name` names it (and `family_of` finds the glm46v row)."""
     from transformers import Glm46VProcessor
@@ -105,6 +106,11 @@ def _processor_class() -> type:
     return type("ImageOnlyGlm46VProcessor", (Glm46VProcessor,), {
         "__init__": __init__, "__module__": __name__,
         "__doc__": "``Glm46VProcessor`` without a video processor (works without torchvision)."})
+
+
+# the image-only class pickles by name (spawn DataLoader workers, pickled encoders)
+__getattr__ = classes_by_name(__name__, lambda name: image_only_processor_class()
+                              if name == "ImageOnlyGlm46VProcessor" else None)
 
 
 def build_processor(*, min_pixels: int | None = None, max_pixels: int | None = None):
@@ -125,7 +131,8 @@ def build_processor(*, min_pixels: int | None = None, max_pixels: int | None = N
                                               merge_size=MERGE, temporal_patch_size=TEMPORAL)
     tok = build_tokenizer()
     tok.chat_template = GLM46V_CHAT_TEMPLATE
-    return _processor_class()(image_processor=image_processor, tokenizer=tok, chat_template=GLM46V_CHAT_TEMPLATE)
+    return image_only_processor_class()(image_processor=image_processor, tokenizer=tok,
+                                        chat_template=GLM46V_CHAT_TEMPLATE)
 
 
 def _config():

@@ -26,7 +26,7 @@ import functools
 from mmpipe.compat import extra_special_tokens_key
 from mmpipe.errors import ArgumentError
 from mmpipe.families import GLM4V
-from mmpipe.offline.tf_lines import image_only_subclass, pil_image_processor, rope_config_fields
+from mmpipe.offline.tf_lines import classes_by_name, image_only_subclass, pil_image_processor, rope_config_fields
 
 __all__ = [
     "GLM4V_SPECIAL_TOKENS", "GLM4V_EXTRA_TOKENS", "GLM4V_CHAT_TEMPLATE", "default_pixel_bounds",
@@ -125,6 +125,11 @@ def image_only_processor_class() -> type:
 
     doc = "``Glm4vProcessor`` without a video processor (works without torchvision); built by mmpipe.offline."
     return image_only_subclass(Glm4vProcessor, module=__name__, doc=doc)
+
+
+# the image-only class pickles by name (spawn DataLoader workers, pickled encoders)
+__getattr__ = classes_by_name(__name__, lambda name: image_only_processor_class() if name == "ImageOnlyGlm4vProcessor"
+                              else None)
 
 
 def build_processor(*, min_pixels: int | None = None, max_pixels: int | None = None):

@@ -31,8 +31,10 @@ from __future__ import annotations
 import copy
 import functools
 import tempfile
+from typing import Optional
 
 from mmpipe.errors import ArgumentError
+from mmpipe.offline.tf_lines import classes_by_name
 
 __all__ = ["MINICPMV_NAMES", "MINICPMV_TOKENS", "build_minicpmv_processor", "build_minicpmv_model"]
 
@@ -67,10 +69,12 @@ def _tokenizer():
         return type(tok).from_pretrained(d, extra_special_tokens=dict(MINICPMV_TOKENS))
 
 
+@functools.lru_cache(maxsize=None)
 def _processor_class(name: str) -> type:
     """An image-only subclass of the stock processor: its ``__init__`` takes no video processor
     (the stock one needs torchvision) and hands the stock ``__init__`` a stand-in holding the
-    two settings it reads (``slice_mode``, ``downsample_mode``)."""
+    two settings it reads (``slice_mode``, ``downsample_mode``). One class per name (pickle finds
+    it by its name, `_class_named`)."""
     import types
 
     import transformers
@@ -88,6 +92,14 @@ def _processor_class(name: str) -> type:
         base.__init__(self, image_processor, None, tokenizer, chat_template=chat_template, **kwargs)
 
     return type("ImageOnly" + base.__name__, (base, _NoVideo), {"__init__": __init__, "__module__": __name__})
+
+
+def _class_named(class_name: str) -> Optional[type]:
+    name = next((n for n, classes in _CLASSES.items() if class_name == "ImageOnly" + classes[0]), None)
+    return None if name is None else _processor_class(name)
+
+
+__getattr__ = classes_by_name(__name__, _class_named)  # the image-only classes pickle by name
 
 
 def build_minicpmv_processor(name: str = "minicpmv4_6", **image_kwargs):

@@ -27,7 +27,7 @@ from mmpipe.offline.chat_templates import QWEN2_VL_CHAT_TEMPLATE
 from mmpipe.families import DEFAULT_FAMILY, FAMILIES
 from mmpipe.offline.minicpmv import MINICPMV_NAMES, build_minicpmv_model, build_minicpmv_processor
 from mmpipe.offline.ovis2 import OVIS2_NAMES, build_ovis2_model, build_ovis2_processor
-from mmpipe.offline.tf_lines import image_only_subclass, pil_image_processor
+from mmpipe.offline.tf_lines import classes_by_name, image_only_subclass, pil_image_processor
 from mmpipe.offline.tokenizer import build_tokenizer
 
 __all__ = ["FOREIGN_PROCESSORS", "IDEFICS3_TILE", "MINICPMV_NAMES", "OVIS2_NAMES", "MODELS", "MORE_MODELS",
@@ -129,7 +129,10 @@ def _named_tokenizer(name: str):
         return type(tok).from_pretrained(d, extra_special_tokens=dict(named), **bos)
 
 
+@functools.lru_cache(maxsize=None)
 def _processor_class(name: str) -> type:
+    """``name``'s processor class: the stock one, or one built here (one per name: pickle finds it
+    by its name, `_class_named`)."""
     import inspect
 
     import transformers
@@ -140,6 +143,18 @@ def _processor_class(name: str) -> type:
     if "video_processor" not in inspect.signature(base.__init__).parameters:
         return type(base.__name__, (base,), dict(loose, __module__=__name__)) if loose else base
     return image_only_subclass(base, module=__name__, **loose)
+
+
+def _class_named(class_name: str):
+    for name, spec in _SPECS.items():
+        if class_name in (spec[0], "ImageOnly" + spec[0]) and _available(name):
+            cls = _processor_class(name)
+            if cls.__module__ == __name__ and cls.__name__ == class_name:
+                return cls
+    return None
+
+
+__getattr__ = classes_by_name(__name__, _class_named)  # the classes built here pickle by name
 
 
 def build_foreign_processor(name: str):

@@ -13,7 +13,7 @@ from mmpipe.compat import is_transformers_5
 from mmpipe.errors import ArgumentError
 from mmpipe.families import DEFAULT_FAMILY, get_family
 from mmpipe.offline.chat_templates import chat_template
-from mmpipe.offline.tf_lines import image_only_subclass
+from mmpipe.offline.tf_lines import classes_by_name, image_only_subclass
 from mmpipe.offline.tokenizer import FAMILY_NAMES, OWN_BUILDERS, build_tokenizer, check_family
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -82,6 +82,14 @@ def _image_only_classes() -> dict[str, type]:
         return image_only_subclass(base, module=__name__, doc=doc)
 
     return {f: make(getattr(transformers, image_only_base_class_name(f))) for f in FAMILY_NAMES}
+
+
+def _class_named(name: str) -> type | None:
+    family = image_only_family(name)
+    return image_only_processor_class(family) if family is not None and name == image_only_class_name(family) else None
+
+
+__getattr__ = classes_by_name(__name__, _class_named)  # the image-only classes pickle by name
 
 
 def build_image_processor(family: str = DEFAULT_FAMILY, *, min_pixels: int | None = None,

@@ -51,6 +51,7 @@ import copy
 import functools
 
 from mmpipe.offline.qwen_omni import no_video_class
+from mmpipe.offline.tf_lines import classes_by_name
 from mmpipe.offline.vision_env_vlms import ids, offline_tokenizer
 
 __all__ = ["QWEN3_OMNI_CHAT_TEMPLATE", "QWEN3_OMNI_TOKENS", "build_processor", "build_model"]
@@ -209,7 +210,12 @@ def _class() -> type:
                  + self.image_processor.model_input_names + ["feature_attention_mask", "video_second_per_grid"])
         return list(dict.fromkeys(names))
 
-    return no_video_class(transformers.Qwen3OmniMoeProcessor, {"model_input_names": model_input_names})
+    return no_video_class(transformers.Qwen3OmniMoeProcessor, {"model_input_names": model_input_names},
+                          module=__name__)
+
+
+# the class pickles by name (spawn DataLoader workers, pickled encoders)
+__getattr__ = classes_by_name(__name__, lambda name: _class() if name == "NoVideoQwen3OmniMoeProcessor" else None)
 
 
 def build_model(head_dim: int = 16):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 
+from mmpipe.offline.tf_lines import classes_by_name
 from mmpipe.offline.vision_env_vlms import ids, offline_tokenizer
 
 __all__ = ["QWEN2_5_OMNI_CHAT_TEMPLATE", "QWEN2_5_OMNI_TOKENS", "build_processor", "build_model", "checkpoint_model",
@@ -76,11 +77,12 @@ def build_processor(videos: bool = False):
                     chat_template=QWEN2_5_OMNI_CHAT_TEMPLATE)
 
 
-def no_video_class(base: type, extra: dict = None) -> type:
+def no_video_class(base: type, extra: dict = None, *, module: str = __name__) -> type:
     """An Omni processor class ``base`` without its video processor (whose class check needs
     torchvision): ``ProcessorMixin`` takes the sub-processors from the ``__init__`` signature, so
     this one lists image processor, feature extractor and tokenizer; the stock class stays in the MRO
-    (`mmpipe.families.processor_class_name`). ``extra``: further class attributes."""
+    (`mmpipe.families.processor_class_name`). ``extra``: further class attributes; ``module``: the
+    module that builds it once and finds it by name (`classes_by_name`: pickle looks it up there)."""
 
     def __init__(self, image_processor=None, feature_extractor=None, tokenizer=None, chat_template=None):
         # the stock __init__ passes a video processor positionally: call the mixin's, then set what it sets
@@ -91,7 +93,7 @@ def no_video_class(base: type, extra: dict = None) -> type:
         for name in ("vision_bos", "vision_eos", "audio_bos", "audio_eos"):
             setattr(self, f"{name}_token", getattr(tokenizer, f"{name}_token"))
 
-    return type(f"NoVideo{base.__name__}", (base,), {"__init__": __init__, "__module__": __name__, **(extra or {})})
+    return type(f"NoVideo{base.__name__}", (base,), {"__init__": __init__, "__module__": module, **(extra or {})})
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,6 +101,10 @@ def _class() -> type:
     import transformers
 
     return no_video_class(transformers.Qwen2_5OmniProcessor)
+
+
+# the class pickles by name (spawn DataLoader workers, pickled encoders)
+__getattr__ = classes_by_name(__name__, lambda name: _class() if name == "NoVideoQwen2_5OmniProcessor" else None)
 
 
 def build_model(head_dim: int = 16):

@@ -8,15 +8,19 @@
   ``ProcessorMixin`` reads the sub-processors from the ``__init__`` signature; 4.57's from the
   class's ``attributes`` list, so that list is overridden too (4.57 otherwise refuses the
   missing video processor: "Received a NoneType for argument video_processor").
+- `classes_by_name`: a module ``__getattr__`` that finds such run-time classes by name, so their
+  processors pickle (spawn DataLoader workers, ``IterableDataset.map(..., fn_kwargs=...)``).
 - `rope_config_fields`: 5.x takes ``rope_parameters``; 4.57 takes ``rope_theta`` and
   ``partial_rotary_factor`` as config fields and the rest (``mrope_section``) as ``rope_scaling``.
 """
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 from mmpipe.compat import is_transformers_5
 
-__all__ = ["pil_image_processor", "image_only_subclass", "rope_config_fields"]
+__all__ = ["pil_image_processor", "image_only_subclass", "classes_by_name", "rope_config_fields"]
 
 _PIL_SUFFIX = "Pil"
 
@@ -46,6 +50,23 @@ def image_only_subclass(base: type, *, module: str, doc: str | None = None, **cl
     if not is_transformers_5():  # 4.x's ProcessorMixin takes its sub-processors from this list
         attrs["attributes"] = ["image_processor", "tokenizer"]
     return type("ImageOnly" + base.__name__, (base,), attrs)
+
+
+def classes_by_name(module: str, find: Callable[[str], Optional[type]]) -> Callable[[str], type]:
+    """A module-level ``__getattr__`` (PEP 562) for ``module``, whose processor classes are built at
+    run time (`image_only_subclass`, ``type(...)``): pickle stores a class as ``module.name`` and
+    loads it by that lookup, so without one a processor cannot cross a process boundary (spawn /
+    forkserver DataLoader workers running ``IterableDataset.map(mmpipe.encode, fn_kwargs={"processor":
+    p})``, a pickled `mmpipe.Encoder`). ``find(name)``: the class of that name (the one object the
+    module builds: cached), or None."""
+
+    def __getattr__(name: str) -> type:
+        cls = None if name.startswith("__") else find(name)
+        if cls is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        return cls
+
+    return __getattr__
 
 
 def rope_config_fields(rope: dict) -> dict:

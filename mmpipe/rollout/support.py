@@ -32,18 +32,13 @@ ROLLOUT_STAGES = {
 class RolloutRefusal(ArgumentError):
     """A rollout stage refusing a family's rows (`check_rollout`): an `ArgumentError` that
     carries the ``stage``, the ``family`` and, when a row was refused, its index ``row`` (the
-    message then starts ``"row N: "``)."""
+    message then starts ``"row N: "``). ``stage`` and ``family`` are None when only the message is
+    known (a torch DataLoader re-raises a worker's error as ``type(e)(text)``)."""
 
-    def __init__(self, message: str, *, stage: str, family: str, row: Optional[int] = None):
+    def __init__(self, message: str, *, stage: Optional[str] = None, family: Optional[str] = None,
+                 row: Optional[int] = None):
         super().__init__(message)
         self.stage, self.family, self.row = stage, family, row
-
-    def __reduce__(self):  # picklable across DataLoader / datasets workers
-        return (_refusal, (self.args[0], self.stage, self.family, self.row))
-
-
-def _refusal(message, stage, family, row):
-    return RolloutRefusal(message, stage=stage, family=family, row=row)
 
 
 def check_rollout(fam: ModelFamily, stage: str, *, row: Optional[int] = None) -> ModelFamily:
