@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from mmpipe._fork import torch_fork_safe
 from mmpipe.batching.checks import arrow_table, carries_pixels, checked_records, row_dicts
 from mmpipe.batching.media_fields import collate_layout
 from mmpipe.batching.pack_batch import refuse_packing
@@ -321,6 +322,7 @@ class Collator:
         return self.state.get("spec")
 
     def __call__(self, rows: Sequence[Any]) -> BatchedMultiModalInputs:
+        torch_fork_safe()  # a user's forked Pool after a parallel torch op: torch's ops deadlock otherwise
         check_padding_side(self.padding_side)
         table = arrow_table(rows)
         rows = table if table is not None else row_dicts(rows)  # pandas-format rows as dicts, once

@@ -59,6 +59,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional, Sequence
 
+from mmpipe._fork import torch_fork_safe
 from mmpipe.batching.attention_layers import ModelLayers, check_packing
 from mmpipe.batching.checks import checked_records
 from mmpipe.batching.collate import batch_family, batch_state, collate_records, collator_family
@@ -205,6 +206,7 @@ class PackingCollator:
         self.oversize = oversize
 
     def __call__(self, rows: Sequence[Any]) -> PackedMultiModalInputs:
+        torch_fork_safe()  # a user's forked Pool after a parallel torch op: the packing ops deadlock otherwise
         recs = checked_records(rows)
         fam = batch_family(recs, self.family)
         b = collate_records(recs, fam, self.state, padding_side="right", pad_token_id=self.pad_token_id,

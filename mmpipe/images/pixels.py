@@ -8,6 +8,7 @@ from typing import Any, Optional
 import numpy as np
 from PIL import Image
 
+from mmpipe._fork import torch_fork_safe
 from mmpipe.errors import ImageError, PixelDataError
 from mmpipe.images import buffers
 from mmpipe.images.load import bomb_error, image_hw, load_image, located, to_rgb_image, unreadable_error, upright
@@ -222,9 +223,11 @@ def u8_to_pixel_values_torch(patches, lut, reps: int):
     channel's block written ``reps`` times (the temporal slots of a still image; 1 for videos).
     ``lut``: float32 [3, 256] (numpy or torch). A table lookup, so bit for bit the CPU result:
     a trainer gets uint8 from its DataLoader (1/(4*reps) of the float32 bytes over the bus) and
-    expands on its GPU."""
+    expands on its GPU. In a forked child (a ``Pool``, a ``datasets.map`` worker) torch runs on one
+    thread first: its CPU gather deadlocks there once the parent has run a parallel torch op."""
     import torch
 
+    torch_fork_safe()
     n, d = patches.shape
     table = torch.as_tensor(np.array(lut, np.float32) if isinstance(lut, np.ndarray) else lut,
                             dtype=torch.float32, device=patches.device)

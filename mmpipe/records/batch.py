@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import pyarrow as pa
 
+from mmpipe._fork import torch_fork_safe
 from mmpipe.errors import InputError
 from mmpipe.families import ModelFamily, get_family
 from mmpipe.images.spec import VisionSpec
@@ -189,8 +190,10 @@ class BatchedMultiModalInputs(ProcessorOutputs):
         (no image in the batch) are left out, so a text-only batch runs a text-only forward.
         ``positions``: ``"mrope"`` (the default of the M-RoPE families) -> position_ids [3, B, L];
         ``"verl"`` -> [4, B, L] with the plain text positions first; ``"1d"`` (the default of the
-        others) -> [B, L]; ``"none"`` -> let the model compute them.
+        others) -> [B, L]; ``"none"`` -> let the model compute them. In a forked child (a ``Pool``)
+        torch runs on one thread first (`mmpipe._fork.torch_fork_safe`).
         """
+        torch_fork_safe()
         dev = device if device is not None else getattr(self.input_ids, "device", None)
         out: dict[str, Any] = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
         out.update(self.fam.media.position_inputs(self, positions))

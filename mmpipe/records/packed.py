@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
+from mmpipe._fork import torch_fork_safe
 from mmpipe.errors import ArgumentError
 from mmpipe.families import get_family
 from mmpipe.records.batch import BatchedMultiModalInputs
@@ -101,8 +102,10 @@ class PackedMultiModalInputs(PackedFacts):
 
         No ``attention_mask`` (see the module docstring: the packed rows are found from
         ``position_ids`` row 0 only when the mask is None) and ``use_cache=False``. Pixel keys
-        only when the pack holds images; ``labels`` only when it holds a target token.
+        only when the pack holds images; ``labels`` only when it holds a target token. In a forked
+        child torch runs on one thread first (`mmpipe._fork.torch_fork_safe`).
         """
+        torch_fork_safe()
         dev = device if device is not None else self.input_ids.device
         m, fam = self.meta, get_family(self.meta.family)
         out: dict[str, Any] = {"input_ids": self.input_ids, "position_ids": self.position_ids}
