@@ -132,13 +132,21 @@ def quick_state(processor) -> bytes:
     """The same settings as `processor_settings`, pickled (15-90 us; comparable only within a
     process): what an encoder compares on each call to see that its processor changed in place."""
     tok = getattr(processor, "tokenizer", processor)
-    parts = {k: {a: x for a, x in vars(v).items() if not a.startswith("_")} if hasattr(v, "to_dict") else v
+    parts = {k: {a: _plain(x) for a, x in vars(v).items() if not a.startswith("_")} if hasattr(v, "to_dict")
+             else _plain(v)
              for k, v in getattr(processor, "__dict__", {}).items() if not k.startswith("_") and v is not tok} \
         if tok is not processor else {}
     try:
         return pickle.dumps((_len(tok), getattr(tok, "chat_template", None), parts), 5)
     except Exception:  # an attribute that does not pickle: the slower digests
         return repr(processor_settings(processor)).encode()
+
+
+def _plain(v):
+    """A callable attribute by its type name, as `_canonical` counts it: a host's patched method
+    (verl binds ``get_rope_index`` and a ``validate_inputs`` lambda on the processor) would pickle
+    the whole processor, or fail to (1.5 ms a call, measured), and is not a setting."""
+    return type(v).__name__ if callable(v) and not isinstance(v, type) else v
 
 
 def _len(tok):

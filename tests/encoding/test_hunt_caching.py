@@ -184,3 +184,29 @@ def test_the_stamp_covers_the_libraries_and_the_variables_that_shape_rows(monkey
     before = fingerprint.code_stamp()
     monkeypatch.setattr(fingerprint, "library_versions", lambda: (("transformers", "0.0"),))
     assert fingerprint.code_stamp() != before
+
+
+def test_a_host_patched_processor_is_checked_cheaply_and_not_refused():
+    """verl's ``hf_processor`` binds ``get_rope_index`` (a method of the processor) and a
+    ``validate_inputs`` lambda on the processor and sets its model ``config``: none is a setting the
+    encoder took. The per-call check must not pickle the whole processor through the bound method
+    (the old check's state was the processor's full pickle: megabytes, ~1.5 ms a call) nor refuse."""
+    import types
+
+    import transformers
+
+    from mmpipe.encoding.fingerprint import quick_state
+
+    p = build("qwen2_vl")
+    plain = len(quick_state(p))
+    p.config = transformers.Qwen2VLConfig()
+    p.get_rope_index = types.MethodType(lambda self, *a: None, p)
+    assert len(quick_state(p)) < plain + 20_000  # the config's fields, not the processor again
+    p.validate_inputs = lambda *a, **k: None
+    assert len(quick_state(p)) < plain + 20_000
+    enc = mmpipe.Encoder(p)
+    out = enc({"messages": [[{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                             {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]]})
+    assert len(out["input_ids"]) == 1
+    p.get_rope_index = types.MethodType(lambda self, *a: 1, p)  # another patch: still not a setting
+    enc({"messages": [[{"role": "user", "content": [{"type": "text", "text": "hi"}]}]]})
