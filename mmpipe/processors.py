@@ -82,6 +82,32 @@ def _image_only_class(cls_name: Optional[str]) -> tuple[Optional[type], bool]:
     return None, False
 
 
+# the generic-path builders whose image-only / no-video classes (LLaVA-OneVision-1.5, Ovis2.5,
+# MiniCPM-V 4.6 / 4.7, the Omni thinkers) are found by name (their modules' ``__getattr__``)
+_NO_VIDEO_MODULES = ("mmpipe.offline.other_vlms", "mmpipe.offline.minicpmv", "mmpipe.offline.qwen_omni",
+                     "mmpipe.offline.qwen3_omni")
+
+
+def _no_video_class(cls_name: Optional[str]) -> tuple[Optional[type], bool]:
+    """``(cls, saved_as_it)`` for a family of no family-table row whose stock processor needs
+    torchvision (its video processor): the class of that name a `_NO_VIDEO_MODULES` module builds,
+    or its ``ImageOnly`` / ``NoVideo`` subclass of the stock class ``cls_name``; else ``(None, False)``."""
+    import importlib
+
+    from mmpipe.families import FAMILIES
+
+    native = {c for fam in FAMILIES.values() for c in fam.processor_classes}
+    if not cls_name or cls_name in native or cls_name in {"ImageOnly" + c for c in native}:
+        return None, False
+    for module in _NO_VIDEO_MODULES:
+        own = importlib.import_module(module)
+        for name in (cls_name, "ImageOnly" + cls_name, "NoVideo" + cls_name):
+            cls = getattr(own, name, None)
+            if isinstance(cls, type) and cls.__module__ == module and cls.__name__ == name:
+                return cls, name == cls_name
+    return None, False
+
+
 def _image_only(cls: type, path: Path):
     return cls.from_pretrained(str(path), local_files_only=True)
 
@@ -187,6 +213,10 @@ def _build_from_directory(spec: str, path: Path, cls_name: Optional[str], log: C
     tiled = _tiled_image_only(cls_name)
     if tiled is not None:  # saved from testing:internvl / testing:llava_onevision (image-only subclasses)
         return type(_load_testing(TESTING_PREFIX + tiled)).from_pretrained(str(path), local_files_only=True)
+    if image_only is None:  # LLaVA-OneVision-1.5, Ovis2.5, MiniCPM-V 4.6 / 4.7, the Omni thinkers
+        image_only, saved_as_it = _no_video_class(cls_name)
+        if saved_as_it:
+            return _image_only(image_only, path)
     try:
         proc = AutoProcessor.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # noqa: BLE001
