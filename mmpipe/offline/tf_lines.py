@@ -41,15 +41,37 @@ def image_only_subclass(base: type, *, module: str, doc: str | None = None, **cl
     `mmpipe.families.family_of` recognises it; ``class_attrs`` are set on the class (e.g. a
     looser ``tokenizer_class``)."""
 
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-        base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
-
-    attrs = {"__init__": __init__, "__module__": module, **class_attrs}
+    attrs = {"__init__": _image_only_init(base), "__module__": module, **class_attrs}
     if doc is not None:
         attrs["__doc__"] = doc
     if not is_transformers_5():  # 4.x's ProcessorMixin takes its sub-processors from this list
         attrs["attributes"] = ["image_processor", "tokenizer"]
     return type("ImageOnly" + base.__name__, (base,), attrs)
+
+
+_SUB_PROCESSORS = ("self", "image_processor", "tokenizer", "video_processor", "chat_template")
+
+
+def _image_only_init(base: type):
+    """``__init__(self, image_processor=None, tokenizer=None, chat_template=None, <base's own
+    settings>, **kwargs)`` calling ``base.__init__`` with no video processor. The settings (LLaVA-
+    OneVision's ``num_image_tokens``, InternVL's ``image_seq_length``, ...) are real parameters,
+    with ``base``'s defaults: transformers saves a processor's settings by its ``__init__``
+    signature and loads only those named in ``__init__.__code__.co_varnames``, so behind a bare
+    ``**kwargs`` a saved checkpoint's settings were dropped on load (LLaVA-OneVision: None, then a
+    TypeError; InternVL: ``image_seq_length`` back to 256). Hence a generated function."""
+    import inspect
+
+    settings = [p for p in inspect.signature(base.__init__).parameters.values()
+                if p.name not in _SUB_PROCESSORS and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    names = [p.name for p in settings if p.name.isidentifier()]
+    src = ("def __init__(self, image_processor=None, tokenizer=None, chat_template=None, "
+           + "".join(f"{n}=_DEFAULTS[{n!r}], " for n in names) + "**kwargs):\n"
+           "    _BASE.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, "
+           + "".join(f"{n}={n}, " for n in names) + "**kwargs)\n")
+    namespace = {"_BASE": base, "_DEFAULTS": {p.name: None if p.default is p.empty else p.default for p in settings}}
+    exec(compile(src, f"<image-only {base.__name__}.__init__>", "exec"), namespace)  # noqa: S102 - see above
+    return namespace["__init__"]
 
 
 def classes_by_name(module: str, find: Callable[[str], Optional[type]]) -> Callable[[str], type]:

@@ -21,13 +21,11 @@ from mmpipe.processors import load_processor
 
 # stock processors that need torchvision (a video processor) and have no family-table row
 NO_VIDEO = ("llava_onevision1_5", "ovis2_5", "minicpmv4_6", "minicpmv4_7", "qwen2_5_omni", "qwen3_omni_moe")
-# open: `mmpipe.offline.tf_lines.image_only_subclass`'s ``__init__(image_processor, tokenizer,
-# chat_template, **kwargs)`` neither saves the stock keywords (ProcessorMixin saves what the signature
-# names) nor gets them back (from_args_and_dict keeps ``__init__.__code__.co_varnames``): InternVL's
-# image_seq_length 4 reloads as 256, LLaVA-OneVision's num_image_tokens as None (TypeError in encode)
-_KEYWORDS_LOST = pytest.mark.xfail(reason="image-only subclass drops the processor's keyword settings on a round trip")
-CASES = [pytest.param(n, "saved", marks=[_KEYWORDS_LOST] if n in ("internvl", "llava_onevision") else [])
-         for n in PROCESSOR_NAMES]
+# InternVL / LLaVA-OneVision: their image-only subclasses took the stock settings behind ``**kwargs``,
+# which transformers neither saves (ProcessorMixin saves what the signature names) nor loads
+# (from_args_and_dict keeps ``__init__.__code__.co_varnames``): InternVL's image_seq_length 4 came
+# back as 256, LLaVA-OneVision's num_image_tokens as None (a TypeError in encode)
+CASES = [pytest.param(n, "saved") for n in PROCESSOR_NAMES]
 CASES += [pytest.param(n, "stock") for n in NO_VIDEO if n in PROCESSOR_NAMES]
 
 
