@@ -268,8 +268,9 @@ def _image_row(i=1):
 def test_processors_pickle(tmp_path):
     """The offline processors, and what ``load_processor(dir)`` returns without torchvision, are
     image-only subclasses built at run time (``type()``): pickle finds them by name and they
-    encode a row as before."""
-    proc = processor_for("qwen2_vl")
+    encode a row as before. A fresh processor: ``save_pretrained`` changes the one it saves (its
+    ``datasets`` fingerprint moved for the later tests sharing ``processor_for``'s)."""
+    proc = testing.build_processor("qwen2_vl")
     assert type(pickle.loads(pickle.dumps(proc))) is type(proc)
     proc.save_pretrained(tmp_path)
     loaded = load_processor(str(tmp_path))
@@ -294,7 +295,7 @@ def test_a_glm_processor_directory_loads_without_torchvision(tmp_path, family, r
 
     if family == "glm46v" and not glm46v.available():
         pytest.skip("GLM-4.6V needs transformers 5")
-    proc = processor_for(family)
+    proc = testing.build_processor(family)  # fresh: save_pretrained changes the processor it saves
     stock = type(proc).__mro__[1]
     proc.save_pretrained(tmp_path)
     if recorded == "stock":
@@ -333,7 +334,7 @@ def test_every_run_time_processor_class_is_found_by_name_in_a_fresh_process():
 def test_a_loaded_processor_encodes_in_spawn_workers(tmp_path):
     """``IterableDataset.map(mmpipe.encode, fn_kwargs={"processor": load_processor(dir)})`` under a
     spawn DataLoader gives the rows of ``num_workers=0``."""
-    processor_for("qwen2_vl").save_pretrained(tmp_path)
+    testing.build_processor("qwen2_vl").save_pretrained(tmp_path)  # fresh: saving changes the processor
     raw = datasets.Dataset.from_list([_image_row(i) for i in range(2)])
     stream = raw.to_iterable_dataset().map(
         mmpipe.encode, fn_kwargs={"processor": load_processor(str(tmp_path))}, remove_columns=raw.column_names)
