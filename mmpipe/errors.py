@@ -112,11 +112,9 @@ class InputError(MMPipeError, ValueError):
         (``type(e)("Caught ... in DataLoader worker process N. Original Traceback ...")``): take
         ``row``, ``image``, ``column`` and ``stage`` back from the original message's location and
         tags. A no-op for any other detail."""
-        head = _WORKER_TEXT.match(self.detail)
-        if head is None:
+        original = worker_original(self.detail, type(self))
+        if original is None:
             return
-        lines = list(re.finditer(rf"^(?:[\w.]+\.)?{re.escape(head.group(1))}: ", self.detail, re.M))
-        original = self.detail[lines[-1].end():].strip() if lines else ""
         tag = _TAGS.search(original)
         if tag:
             self.stage, self.column = tag.group(1), tag.group(2)
@@ -149,7 +147,7 @@ class InputError(MMPipeError, ValueError):
         return "; ".join(body) if body else "invalid input"
 
     def _compose(self) -> str:
-        if _WORKER_TEXT.match(self.detail):  # the worker's text already says where, what and the tags
+        if worker_original(self.detail, type(self)) is not None:  # the worker's text already says where, what, the tags
             return self.detail
         loc = self.location()
         msg = (f"{loc}: " if loc else "") + self.message_body()
@@ -199,7 +197,18 @@ class InputError(MMPipeError, ValueError):
             column_in_location=self.column_in_location)))
 
 
-_WORKER_TEXT = re.compile(r"Caught (\w+) [^\n]*\.\nOriginal Traceback")  # torch._utils.ExceptionWrapper
+def worker_original(text: Any, cls: type) -> Optional[str]:
+    """The original message of ``cls``'s error inside ``text`` when ``text`` is what a torch
+    DataLoader re-raises a worker's error with (``type(e)(text)``, torch._utils.ExceptionWrapper:
+    ``Caught X in DataLoader worker process N.``, ``Original Traceback ...``, then a line
+    ``module.X: <message>``), else None. An error whose ``__init__`` takes fields takes them back
+    from it (`InputError`, the shard errors of `mmpipe.data.object_store`)."""
+    if not (isinstance(text, str) and text.startswith(f"Caught {cls.__name__} ") and "\nOriginal Traceback" in text):
+        return None
+    lines = list(re.finditer(rf"^(?:[\w.]+\.)?{re.escape(cls.__name__)}: ", text, re.M))
+    return text[lines[-1].end():].strip() if lines else ""
+
+
 _TAGS = re.compile(r"\[stage: (\w+)(?:, column: '([^']*)')?\]$")  # what `InputError._compose` ends with
 _LOCATION = re.compile(r"row (\d+)(?:, image (\d+))?(?:, column '([^']*)')?: ")  # what `location` starts with
 

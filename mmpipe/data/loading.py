@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any, Optional
 
 import pyarrow as pa
@@ -43,17 +42,6 @@ class DamagedDatasetError(InputError):
         self.rows_readable = rows_readable
         kw.setdefault("fix", RESAVE)
         super().__init__(detail, **kw)
-
-
-def worker_original(text: Any, cls: type) -> Optional[str]:
-    """The original message of ``cls``'s error inside ``text`` when ``text`` is what a torch
-    DataLoader re-raises a worker's error with (``type(e)(text)``: ``Caught X in DataLoader worker
-    process N.``, ``Original Traceback ...``, then a line ``module.X: <message>``), else None. An
-    error whose ``__init__`` takes fields before its message takes them back from it."""
-    if not (isinstance(text, str) and text.startswith(f"Caught {cls.__name__} ") and "\nOriginal Traceback" in text):
-        return None
-    lines = list(re.finditer(rf"^(?:[\w.]+\.)?{re.escape(cls.__name__)}: ", text, re.M))
-    return text[lines[-1].end():].strip() if lines else ""
 
 
 def load_table(data) -> tuple[pa.Table, Any]:

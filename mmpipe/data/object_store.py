@@ -33,8 +33,8 @@ from typing import Any, Optional, Sequence, Union
 
 import pyarrow as pa
 
-from mmpipe.data.loading import READ_ERRORS, DamagedDatasetError, concat_shards, worker_original
-from mmpipe.errors import ArgumentError, MMPipeError
+from mmpipe.data.loading import READ_ERRORS, DamagedDatasetError, concat_shards
+from mmpipe.errors import ArgumentError, MMPipeError, worker_original
 
 logger = logging.getLogger("mmpipe")
 
