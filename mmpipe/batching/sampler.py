@@ -366,31 +366,32 @@ class TokenBudgetBatchSampler:
         return out
 
     def _fill_packed(self, bucket: np.ndarray) -> list[list[int]]:
-        """First-fit decreasing (the bucket is sorted longest first)."""
-        bins: list[list[int]] = []
-        tokens: list[int] = []
-        images: list[int] = []
-        open_bins: list[int] = []  # bins that can still take the shortest possible row
-        min_len = int(self.lengths[bucket].min()) if len(bucket) else 0
+        """First-fit decreasing (the bucket is sorted longest first): each row into the first batch
+        with room, found in a max-tree over the batches' free tokens and images: O(log n) a row, not
+        a scan of the open batches (hours at 10^6 rows, bucket_size=None). Leaves are batches."""
+        size = 1 << max(len(bucket) - 1, 0).bit_length()  # leaves >= rows >= batches
+        img_cap = int(self.num_images[bucket].sum()) if self.max_images is None else self.max_images
+        free_tok, free_img = [self.max_tokens] * (2 * size), [img_cap] * (2 * size)
+        bins: list[list[int]] = [[] for _ in range(size)]  # unused leaves: empty batches, room for any row
         for i in bucket.tolist():
             L, k = int(self.lengths[i]), int(self.num_images[i])
-            placed = False
-            for b in open_bins:
-                if tokens[b] + L <= self.max_tokens and self._fits_rows_images(len(bins[b]) + 1, images[b] + k):
-                    bins[b].append(i)
-                    tokens[b] += L
-                    images[b] += k
-                    placed = True
-                    break
-            if not placed:
-                bins.append([i])
-                tokens.append(L)
-                images.append(k)
-                open_bins.append(len(bins) - 1)
-            # a bin that cannot take even the shortest row of the bucket is closed for good
-            open_bins = [b for b in open_bins if tokens[b] + min_len <= self.max_tokens
-                         and (self.max_rows is None or len(bins[b]) < self.max_rows)]
-        return bins
+            node = 1  # depth-first, left to right, skipping subtrees where no batch has room
+            while node < size or free_tok[node] < L or free_img[node] < k:
+                if free_tok[node] >= L and free_img[node] >= k:
+                    node *= 2
+                    continue
+                while node & 1:  # a right child without room: its parent's subtree has none left
+                    node >>= 1
+                node += 1
+            bins[node - size].append(i)
+            free_tok[node], free_img[node] = free_tok[node] - L, free_img[node] - k
+            if self.max_rows is not None and len(bins[node - size]) >= self.max_rows:
+                free_tok[node] = -1  # full: takes no row
+            while node > 1:
+                node >>= 1
+                free_tok[node] = max(free_tok[2 * node], free_tok[2 * node + 1])
+                free_img[node] = max(free_img[2 * node], free_img[2 * node + 1])
+        return [b for b in bins if b]  # the used leaves come first
 
     def __repr__(self) -> str:
         return (f"TokenBudgetBatchSampler(rows={len(self.lengths)}, max_tokens={self.max_tokens}, "
