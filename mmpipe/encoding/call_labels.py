@@ -5,8 +5,9 @@ assistant reply, -100 elsewhere, found without the call's offsets.
 Three ways, cheapest first: a row without media whose ids are the tokenizer's for its text: the
 replies' character spans (one render, `mmpipe.encoding.spans` via ``enc.reply_spans``) and the
 tokenizer's offsets; else each reply's edges from the text after it tokenized alone
-(`suffix_cut`), when the row's ids end with those tokens; else the call run on the conversation
-up to each edge (``ids_of``), the longest common prefix with the row's ids. The edges are the
+(`tail_cuts`: the text between two edges once, linear in the turns), when the row's ids end
+with those tokens; else the call run on the conversation up to each edge (``ids_of``), the
+longest common prefix with the row's ids (quadratic in the turns: each call holds the images). The edges are the
 same replies' spans (`_reply_edges`), so a row is labelled alike with and without media (a
 template's ``{% generation %}`` blocks followed either way); the conversation rendered before and
 up to each reply only where those spans are not one per reply.
@@ -21,7 +22,7 @@ import numpy as np
 from mmpipe.encoding.render import span_labels
 from mmpipe.records.columns import IGNORE_INDEX
 
-__all__ = ["call_labels", "suffix_cut"]
+__all__ = ["call_labels", "suffix_cut", "tail_cuts"]
 
 
 def _text_row_labels(enc, messages: list, agp: bool, tools, ids: np.ndarray, full: str) -> Optional[np.ndarray]:
@@ -71,7 +72,7 @@ def call_labels(enc, messages: list, media: tuple, agp: bool, tools, ids: np.nda
     def upto(text: str, k: int) -> np.ndarray:  # the ids of a prefix holding messages[:k]'s media
         return ids_of(enc, text, images[:sum(n_images[:k])], audios[:sum(n_audios[:k])])
 
-    edges = iter(_reply_edges(enc, messages, agp, tools, full) or ())
+    edges, replies = iter(_reply_edges(enc, messages, agp, tools, full) or ()), []
     for k, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
@@ -79,11 +80,14 @@ def call_labels(enc, messages: list, media: tuple, agp: bool, tools, ids: np.nda
         edge = next(edges, None)
         if edge is None or n_images[k] or n_audios[k]:  # a reply holding media: its text may follow them
             edge = _rendered_edges(enc, messages, k, tools)
-        before, upto_text = edge
-        start = suffix_cut(enc, ids, full, before) if text_after else None
+        replies.append((k, *edge, text_after))
+    tails = [edge for *_, before, upto_text, after in replies if after for edge in (before, upto_text)]
+    cuts = tail_cuts(enc, ids, full, tails)  # the edges of the replies after the row's last media
+    for k, before, upto_text, text_after in replies:
+        start = cuts.get(before) if text_after else None
         if start is None:
             start = _common_prefix(upto(before, k), ids) if before else 0
-        end = suffix_cut(enc, ids, full, upto_text) if text_after else None
+        end = cuts.get(upto_text) if text_after else None
         if end is None:
             upto_ids = upto(upto_text, k + 1)
             shared = _common_prefix(upto_ids, ids)
@@ -114,6 +118,27 @@ def _rendered_edges(enc, messages: list, k: int, tools) -> tuple[str, str]:
     newlines and spaces dropped): reply ``k``'s edges where its span is not known."""
     before = enc.render(messages[:k], True, tools) if k else ""
     return before, enc.render(messages[: k + 1], False, tools).rstrip("\n ")
+
+
+def tail_cuts(enc, ids: np.ndarray, full: str, prefixes: list) -> dict:
+    """{prefix: where it ends in ``ids``} (`suffix_cut`, None where unknown) for prefixes of ``full``
+    followed by text alone, found from the end: the text between two cuts tokenized alone once, the
+    tokens before a known cut ending with it (a cut where they do not: `suffix_cut`). Linear in the
+    turns; `suffix_cut` on each prefix tokenized each one's whole rest (quadratic)."""
+    out, at, cut = {}, len(full), len(ids)  # the last known cut: characters, tokens
+    for prefix in sorted(set(prefixes), key=len, reverse=True):
+        found = None
+        if full.startswith(prefix):
+            seg = np.asarray(enc.tokenizer(full[len(prefix):at], add_special_tokens=False)["input_ids"]
+                             if len(prefix) < at else [], np.int64)
+            n = len(seg)
+            found = cut - n if n <= cut and np.array_equal(ids[cut - n:cut], seg) else None
+        if found is None:
+            found = suffix_cut(enc, ids, full, prefix)
+        out[prefix] = found
+        if found is not None:
+            at, cut = len(prefix), found
+    return out
 
 
 def suffix_cut(enc, ids: np.ndarray, full: str, prefix: str) -> Optional[int]:
