@@ -18,6 +18,12 @@ Why the settings (`trainer_settings`, `sft_settings`):
   ranks. ``pixel_values`` ``[N, D]`` (patches of all rows) and ``position_ids`` ``[3, B, L]`` are
   not batch-first, so the slices lose patches / positions and the vision tower fails. Without
   dispatch, each rank iterates its own loader.
+- ``ddp_find_unused_parameters=True``: on several ranks, a step where one rank's batch holds no
+  image leaves the vision tower without gradients there. With ``gradient_checkpointing=True`` the
+  Trainer builds DDP with ``find_unused_parameters=False``, and the ranks then wait on different
+  collectives forever (a hang, no error). With it DDP skips the unused parameters (transformers 5
+  checkpoints with ``use_reentrant=False``, which allows it; without checkpointing it is the
+  Trainer's own default).
 - TRL only: ``dataset_kwargs={"skip_prepare_dataset": True}``: the dataset is already encoded
   (ids, labels, images); SFTTrainer must not tokenize, truncate or add EOS to it.
 """
@@ -36,8 +42,10 @@ __all__ = ["TrainerCollator", "trainer_settings", "sft_settings"]
 
 def trainer_settings() -> dict[str, Any]:
     """``TrainingArguments`` keywords an encoded dataset needs (see the module docstring):
-    ``remove_unused_columns=False``, ``accelerator_config={"dispatch_batches": False}``."""
-    return {"remove_unused_columns": False, "accelerator_config": {"dispatch_batches": False}}
+    ``remove_unused_columns=False``, ``accelerator_config={"dispatch_batches": False}``,
+    ``ddp_find_unused_parameters=True``."""
+    return {"remove_unused_columns": False, "accelerator_config": {"dispatch_batches": False},
+            "ddp_find_unused_parameters": True}
 
 
 def sft_settings() -> dict[str, Any]:
