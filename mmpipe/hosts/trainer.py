@@ -16,7 +16,8 @@ Why the settings (`trainer_settings`, `sft_settings`):
 - ``accelerator_config={"dispatch_batches": False}``: with an ``IterableDataset`` (streaming),
   accelerate by default builds each batch on rank 0 and slices every tensor along dim 0 for the
   ranks. ``pixel_values`` ``[N, D]`` (patches of all rows) and ``position_ids`` ``[3, B, L]`` are
-  not batch-first, so the slices lose patches / positions and the vision tower fails. Without
+  not batch-first, so the slices lose patches / positions and the vision tower fails
+  (`TrainerCollator` refuses such a batch by name, `check_not_dispatched`). Without
   dispatch, each rank iterates its own loader.
 - ``ddp_find_unused_parameters=True``: on several ranks, a step where one rank's batch holds no
   image leaves the vision tower without gradients there. With ``gradient_checkpointing=True`` the
@@ -30,6 +31,7 @@ Why the settings (`trainer_settings`, `sft_settings`):
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any, Sequence
 
@@ -90,7 +92,35 @@ class TrainerCollator:
         positions = self.positions if batch.position_ids.ndim == 3 else None
         out = batch.model_inputs(positions=positions, labels=False)
         out["labels"] = batch.as_torch().labels  # the 1-D kinds' batches hold numpy fields
+        check_not_dispatched(out)
         return out
+
+
+def check_not_dispatched(out: Mapping[str, Any]) -> None:
+    """Refuse a batch that accelerate is about to dispatch (``dispatch_batches=True``, its default for
+    an ``IterableDataset``): it concatenates the batches rank 0 collated along dim 0 and cuts every
+    tensor into ``num_processes`` equal slices of it (one slice with ``split_batches=True``), which
+    mixes up the tensors that are not ``[B, L, ...]`` (``pixel_values`` [N, D], ``image_grid_thw``
+    [I, 3], ``position_ids`` [3, B, L]): the model failed with a size mismatch, or, with equal lengths,
+    got a few patch rows (measured on 1 and 2 ranks). Read from accelerate's live dataloader."""
+    state = sys.modules.get("accelerate.state")
+    if state is None or not state.GradientState._shared_state:
+        return
+    from accelerate.data_loader import DataLoaderDispatcher
+
+    refs = state.GradientState().dataloader_references
+    loader = refs[-1] if refs else None
+    if not isinstance(loader, DataLoaderDispatcher):  # the loader being iterated now (a wrapped collator too)
+        return
+    rows = tuple(out["input_ids"].shape)
+    mixed = sorted(k for k, v in out.items() if hasattr(v, "shape") and tuple(v.shape[:2]) != rows)
+    if mixed:
+        raise ArgumentError(
+            f"accelerate dispatches this loader's batches (dispatch_batches=True, its default for an IterableDataset): "
+            f"it would slice every tensor along dim 0 for the ranks, but {mixed} are not [B, L, ...] (input_ids "
+            f"{list(rows)}), so the ranks would get other rows' patches and positions. Pass accelerator_config="
+            "{'dispatch_batches': False} in TrainingArguments / SFTConfig (each rank then reads its own batches), "
+            "e.g. TrainingArguments(..., **mmpipe.hosts.trainer_settings())")
 
 
 def check_not_truncated(rows: Sequence[Any]) -> None:
