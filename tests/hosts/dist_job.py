@@ -83,6 +83,25 @@ def trainer_run(name, family, out, enc, processor, *, settings, resume=None, str
             "steps": trainer.state.global_step}
 
 
+def rank_stream_run(family, out, enc, processor, per_rank):
+    """A raw stream of 2 shards encoded with encode_stream, given to the Trainer whole or (scale-out.md's
+    recipe for plain loops) each rank's part (shard_for_rank)."""
+    from transformers import Trainer, TrainingArguments
+
+    from mmpipe.data.streaming import encode_stream, shard_for_rank
+
+    raw = datasets.Dataset.from_list(rows()).to_iterable_dataset(num_shards=2)
+    mine = encode_stream(shard_for_rank(raw, int(os.environ["RANK"]), 2) if per_rank else raw, processor)
+    model = testing.build_model(family)
+    watch = Watch(model, enc, processor)
+    targs = TrainingArguments(os.path.join(out, f"stream{per_rank}"), per_device_train_batch_size=2, max_steps=3,
+                              report_to=[], use_cpu=True, ddp_timeout=60, save_strategy="no", **trainer_settings())
+    trainer = Trainer(model=model, args=targs, train_dataset=mine, data_collator=TrainerCollator(processor))
+    trainer.train()
+    return {"batches": watch.batches, "intact": watch.intact, "notes": watch.notes, "losses": [],
+            "steps": trainer.state.global_step}
+
+
 def sft_run(family, out, enc, processor):
     from trl import SFTConfig, SFTTrainer
 
@@ -159,6 +178,8 @@ def main(out, family, scenarios):
         "budget": lambda: loop_run(family, enc, processor, budget=True),
         "sft": lambda: sft_run(family, out, enc, processor),
         "loop": lambda: loop_run(family, enc, processor),
+        "rank_stream": lambda: rank_stream_run(family, out, enc, processor, per_rank=True),
+        "full_stream": lambda: rank_stream_run(family, out, enc, processor, per_rank=False),
         "iter_padded": lambda: trainer_run("iter_padded", family, out, enc, processor, stream=True, settings=plain,
                                            collate={"pad_to_multiple_of": 128}, max_steps=2),
         "iter_split": lambda: trainer_run("iter_split", family, out, enc, processor, stream=True, max_steps=2,
