@@ -90,6 +90,7 @@ class VisionSpec:
         if ip is None:
             return cls.from_family(fam, backend, transparency)
         mn, mx = _pixel_bounds(ip, fam, min_pixels, max_pixels)
+        _check_patch_sizes(ip, fam)
         mean = getattr(ip, "image_mean", None) or fam.image_mean
         std = getattr(ip, "image_std", None) or fam.image_std
         mean = tuple(mean) if isinstance(mean, (list, tuple)) else (mean,) * 3
@@ -187,6 +188,23 @@ def _pixel_bounds(ip, fam: ModelFamily, min_pixels, max_pixels) -> tuple:
                             f"{mx_from}); pass min_pixels <= max_pixels (--min-pixels / --max-pixels), or fix the "
                             f"image processor's size in its preprocessor_config.json")
     return mn, mx
+
+
+def _check_patch_sizes(ip, fam: ModelFamily) -> None:
+    """The image processor's ``patch_size`` and ``merge_size`` must be its family's (the table
+    counts each image's tokens as ``t*h*w // merge**2`` and sizes its pixel rows by the patch):
+    a processor edited to other sizes would give encode, collate and rollout other token counts
+    and pixel widths than its own call and its model. `ArgumentError` naming both."""
+    if not fam.is_vision:
+        return
+    for key in ("patch_size", "merge_size"):
+        own, want = getattr(ip, key, None), getattr(fam, key)
+        if own is not None and int(own) != want:
+            raise ArgumentError(
+                f"the processor's image processor {type(ip).__name__} has {key}={own}, but {fam.name} models take "
+                f"{key}={want} (the family table, by which mmpipe counts image tokens and sizes pixel rows); "
+                f"rows made with it would disagree with the processor's own call and the model: set {key} to "
+                f"{want} in its preprocessor_config.json, or load the checkpoint's own processor")
 
 
 @lru_cache(maxsize=64)

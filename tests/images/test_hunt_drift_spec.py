@@ -1,0 +1,44 @@
+"""A patch-grid processor whose image processor's patch_size / merge_size drifted from its family's
+(an edited preprocessor_config.json): encode counted tokens by the table (rows disagreeing with
+the processor's own call) and collate / rollout used the rows as if it were the encoder's. Now
+every stage building its `VisionSpec` refuses it with an `ArgumentError` naming both sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mmpipe
+from mmpipe import testing
+from mmpipe.errors import ArgumentError
+from mmpipe.rollout import to_vllm_prompts
+
+RAW = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]}],
+       "images": [testing.tiny_image(60, 90)]}
+
+
+def _processor(**settings):
+    p = testing.build_processor("qwen2_vl")
+    for k, v in settings.items():
+        setattr(p.image_processor, k, v)
+    return p
+
+
+@pytest.mark.parametrize("key,value", [("merge_size", 1), ("patch_size", 16)])
+def test_processor_with_other_patch_or_merge_size_is_refused_at_every_stage(key, value):
+    drifted = _processor(**{key: value})
+    with pytest.raises(ArgumentError, match=f"{key}={value}.*qwen2_vl models take {key}="):
+        mmpipe.encode_row(RAW, drifted)
+    rows = [mmpipe.encode_row(RAW, _processor())]
+    with pytest.raises(ArgumentError, match=key):
+        mmpipe.collate(rows, processor=drifted)
+    with pytest.raises(ArgumentError, match=key):
+        to_vllm_prompts(rows, drifted)
+
+
+def test_the_families_own_sizes_encode_as_the_processor_calls():
+    p = _processor()
+    row = mmpipe.encode_row(RAW, p)
+    text = p.apply_chat_template(RAW["messages"], add_generation_prompt=True, tokenize=False)
+    ref = p(text=[text], images=RAW["images"], return_tensors="np")
+    assert np.array_equal(row.input_ids, ref["input_ids"][0])
