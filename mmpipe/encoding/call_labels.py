@@ -5,9 +5,10 @@ assistant reply, -100 elsewhere, found without the call's offsets.
 Three ways, cheapest first: a row without media whose ids are the tokenizer's for its text: the
 replies' character spans (one render, `mmpipe.encoding.spans` via ``enc.reply_spans``) and the
 tokenizer's offsets; else each reply's edges from the text after it tokenized alone
-(`tail_cuts`: the text between two edges once, linear in the turns), when the row's ids end
-with those tokens; else the call run on the conversation up to each edge (``ids_of``), the
-longest common prefix with the row's ids (quadratic in the turns: each call holds the images). The edges are the
+(`tail_cuts`: the text between two edges once, linear in the turns; the processor's call on it
+with its own media where it holds any), when the row's ids end with those tokens; else the call
+run on the conversation up to each edge (``ids_of``), the longest common prefix with the row's
+ids (quadratic in the turns: each call holds every earlier image). The edges are the
 same replies' spans (`_reply_edges`), so a row is labelled alike with and without media (a
 template's ``{% generation %}`` blocks followed either way); the conversation rendered before and
 up to each reply only where those spans are not one per reply.
@@ -15,6 +16,7 @@ up to each reply only where those spans are not one per reply.
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Callable, Optional
 
 import numpy as np
@@ -49,7 +51,7 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def call_labels(enc, messages: list, media: tuple, agp: bool, tools, ids: np.ndarray, full: str,
-                ids_of: Callable) -> np.ndarray:
+                ids_of: Callable, segment_ids_of: Optional[Callable] = None) -> np.ndarray:
     """int64 [L]: the ids where a token overlaps an assistant reply (its text and end-of-turn
     token, not the newline after), -100 elsewhere. A row without images whose ids are the
     tokenizer's for its text: the replies located in one render (`mmpipe.encoding.spans`) and
@@ -58,7 +60,9 @@ def call_labels(enc, messages: list, media: tuple, agp: bool, tools, ids: np.nda
     tokens and it holds no image or clip (no processor call); else the processor run on the
     conversation up to there (its images and clips included: their tokens count), a token merged
     across the edge labelled. ``media``: (the row's images, its audio waveforms); ``ids_of(enc, text, images, audios)``:
-    the ids of the call on a prefix (the kind's processor call)."""
+    the ids of the call on a prefix (the kind's processor call); ``segment_ids_of`` (same arguments,
+    None where the call refuses): the call on the text between two edges, no special tokens added,
+    so that each edge is found from the next one's (`tail_cuts`) with each image processed once."""
     images, audios = media
     if not images and not audios:
         found = _text_row_labels(enc, messages, agp, tools, ids, full)
@@ -81,13 +85,15 @@ def call_labels(enc, messages: list, media: tuple, agp: bool, tools, ids: np.nda
         if edge is None or n_images[k] or n_audios[k]:  # a reply holding media: its text may follow them
             edge = _rendered_edges(enc, messages, k, tools)
         replies.append((k, *edge, text_after))
-    tails = [edge for *_, before, upto_text, after in replies if after for edge in (before, upto_text)]
-    cuts = tail_cuts(enc, ids, full, tails)  # the edges of the replies after the row's last media
+    held = list(zip(accumulate(n_images, initial=0), accumulate(n_audios, initial=0)))  # media before message k
+    tails = [(edge, held[j]) for k, before, upto_text, after in replies if after or segment_ids_of is not None
+             for edge, j in ((before, k), (upto_text, k + 1))]
+    cuts = tail_cuts(enc, ids, full, tails, media, segment_ids_of)
     for k, before, upto_text, text_after in replies:
-        start = cuts.get(before) if text_after else None
+        start = cuts.get(before)
         if start is None:
             start = _common_prefix(upto(before, k), ids) if before else 0
-        end = cuts.get(upto_text) if text_after else None
+        end = cuts.get(upto_text)
         if end is None:
             upto_ids = upto(upto_text, k + 1)
             shared = _common_prefix(upto_ids, ids)
@@ -120,24 +126,32 @@ def _rendered_edges(enc, messages: list, k: int, tools) -> tuple[str, str]:
     return before, enc.render(messages[: k + 1], False, tools).rstrip("\n ")
 
 
-def tail_cuts(enc, ids: np.ndarray, full: str, prefixes: list) -> dict:
-    """{prefix: where it ends in ``ids``} (`suffix_cut`, None where unknown) for prefixes of ``full``
-    followed by text alone, found from the end: the text between two cuts tokenized alone once, the
-    tokens before a known cut ending with it (a cut where they do not: `suffix_cut`). Linear in the
-    turns; `suffix_cut` on each prefix tokenized each one's whole rest (quadratic)."""
-    out, at, cut = {}, len(full), len(ids)  # the last known cut: characters, tokens
-    for prefix in sorted(set(prefixes), key=len, reverse=True):
-        found = None
-        if full.startswith(prefix):
-            seg = np.asarray(enc.tokenizer(full[len(prefix):at], add_special_tokens=False)["input_ids"]
-                             if len(prefix) < at else [], np.int64)
-            n = len(seg)
-            found = cut - n if n <= cut and np.array_equal(ids[cut - n:cut], seg) else None
-        if found is None:
+def tail_cuts(enc, ids: np.ndarray, full: str, edges: list, media: tuple = ((), ()),
+              segment_ids_of: Optional[Callable] = None) -> dict:
+    """{prefix: where it ends in ``ids``, or None} for ``edges`` [(a prefix of ``full``, (images,
+    clips) before it)], found from the end: the tokens before a known cut must end with the text
+    between the two, tokenized alone (the processor on it with its own media, ``segment_ids_of``,
+    where it holds any). Each piece once: linear in the turns, each image processed once; `suffix_cut`
+    (each rest whole, quadratic) where a text-only rest does not match; a processor whose pieces
+    differ from its whole call is asked no more (the prefixes' calls, `call_labels`)."""
+    images, audios = media
+    out, at, cut, after = {}, len(full), len(ids), (len(images), len(audios))  # the last known cut
+    for prefix, held in sorted(set(edges), key=lambda e: len(e[0]), reverse=True):
+        found, text, seg = None, full[len(prefix):at], None
+        if full.startswith(prefix) and held == after:
+            seg = enc.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        elif full.startswith(prefix) and text and segment_ids_of is not None:
+            seg = segment_ids_of(enc, text, images[held[0]:after[0]], audios[held[1]:after[1]])
+        if seg is not None:
+            seg = np.asarray(seg, np.int64)
+            found = cut - len(seg) if len(seg) <= cut and np.array_equal(ids[cut - len(seg):cut], seg) else None
+        if found is None and held != after:  # refused or unlike the whole call: each image once at most
+            segment_ids_of = None
+        if found is None and held == (len(images), len(audios)):
             found = suffix_cut(enc, ids, full, prefix)
         out[prefix] = found
         if found is not None:
-            at, cut = len(prefix), found
+            at, cut, after = len(prefix), found, held
     return out
 
 

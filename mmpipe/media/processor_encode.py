@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import weakref
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -285,7 +285,8 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
         sequence.setdefault(k, np.zeros(len(ids), np.int64))
     # a prefix holds the videos its text names (their count: the text's video placeholders)
     ids_of = functools.partial(_prefix_ids, videos=moving)
-    labels = call_labels(enc, messages, (pil, waves), agp, tools, ids, text, ids_of) if enc.labels else None
+    labels = call_labels(enc, messages, (pil, waves), agp, tools, ids, text, ids_of,
+                         None if moving else _segment_ids) if enc.labels else None
     trained = np.flatnonzero(labels != IGNORE_INDEX) if labels is not None else ()
     if len(trained) and "labels" in out and "token_type_ids" in sequence:
         # the processor's labels are its token type 1 (PaliGemma's suffix: causal, trained; type 0 is the
@@ -305,6 +306,18 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
 def _prefix_ids(enc, text: str, images: list, audios: Sequence = (), videos: tuple = ()) -> np.ndarray:
     """Token ids of a rendered conversation prefix with its own images and clips (and ``videos``, `_call`)."""
     return _call(enc, text, images, audios, videos)["input_ids"][0].astype(np.int64)
+
+
+def _segment_ids(enc, text: str, images: list, audios: Sequence = ()) -> Optional[np.ndarray]:
+    """Token ids of a piece of a rendered conversation with its own images and clips, no special
+    tokens added (a reply's edge found from the next one's, `mmpipe.encoding.call_labels.tail_cuts`);
+    None where the processor refuses the piece."""
+    try:
+        out, _ = run_processor(enc, text=[text], images=images or None, add_special_tokens=False,
+                               **call_media_kwargs(enc, text, audios))
+    except _PROCESSOR_FAILURES:
+        return None
+    return out["input_ids"][0].astype(np.int64)
 
 
 def _no_clips(enc):

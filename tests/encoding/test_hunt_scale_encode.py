@@ -13,14 +13,15 @@ from mmpipe.offline import tiny_image
 from conftest import processor_for
 
 
-def _conversation(turns: int) -> dict:
-    """One image in the first user turn, then ``turns`` question/answer pairs of text."""
+def _conversation(turns: int, image_every_turn: bool = False) -> dict:
+    """``turns`` question/answer pairs of text, an image in the first question (in every one)."""
     messages = []
     for i in range(turns):
         content = [{"type": "text", "text": f"question {i}: what else is there?"}]
-        messages.append({"role": "user", "content": ([{"type": "image"}] if i == 0 else []) + content})
+        image = i == 0 or image_every_turn
+        messages.append({"role": "user", "content": ([{"type": "image"}] if image else []) + content})
         messages.append({"role": "assistant", "content": [{"type": "text", "text": f"answer {i}, a small thing."}]})
-    return {"messages": messages, "images": [tiny_image(40, 56)]}
+    return {"messages": messages, "images": [tiny_image(40 + i % 3, 56) for i in range(turns if image_every_turn else 1)]}
 
 
 def _tokenized_chars(monkeypatch, processor, row) -> tuple[int, mmpipe.MultiModalInputs]:
@@ -51,17 +52,53 @@ def test_labels_after_the_last_image_tokenize_linear_in_the_turns(monkeypatch, f
     assert (row.labels != -100).any()
 
 
-def test_tail_cuts_agree_with_each_rest_tokenized_alone(monkeypatch):
-    """Guard: the labels are those of each edge's whole rest tokenized alone (`suffix_cut`)."""
-    processor = processor_for("llava")
-    row = _conversation(6)
+def _images_processed(monkeypatch, processor, row) -> tuple[int, mmpipe.MultiModalInputs]:
+    """Images the processor's image processor is called on while ``row`` is encoded, and the row."""
+    image_class, seen = type(processor.image_processor), [0]
+    original = image_class.__call__
+
+    def count(images) -> int:  # a list of images, or one list of them per text (Idefics3)
+        return sum(count(x) for x in images) if isinstance(images, (list, tuple)) else 1
+
+    def counting(self, images, *args, **kwargs):
+        seen[0] += count(images)
+        return original(self, images, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(image_class, "__call__", counting)
+        row = mmpipe.encode_row(row, processor)
+    return seen[0], row
+
+
+@pytest.mark.parametrize("family", ["llava", "idefics3"])
+def test_labels_of_a_conversation_with_an_image_every_turn_process_each_image_once(monkeypatch, family):
+    """Each reply with an image after it was located by the processor's call on the conversation
+    up to each of its two edges, every earlier image in it: images processed quadratic in the turns
+    (64 turns with one image each: 4.2 s a row, Idefics3). Now the text between two edges is
+    called with its own images only. 4x the turns processed 10.2x the images before, 2.4x now."""
+    processor = processor_for(family)
+    small, _ = _images_processed(monkeypatch, processor, _conversation(4, image_every_turn=True))
+    large, row = _images_processed(monkeypatch, processor, _conversation(16, image_every_turn=True))
+    assert large < 6 * small, (small, large)
+    assert row.num_images == 16 and (row.labels != -100).any()
+
+
+@pytest.mark.parametrize("family", ["llava", "idefics3"])
+@pytest.mark.parametrize("image_every_turn", [False, True])
+def test_tail_cuts_agree_with_each_edge_found_alone(monkeypatch, family, image_every_turn):
+    """Guard: the labels are those of each edge found on its own: its whole rest tokenized alone
+    where no image follows (`suffix_cut`), else the processor's call on the conversation up to it."""
+    processor = processor_for(family)
+    row = _conversation(5, image_every_turn)
     row["messages"][5]["content"][0]["text"] = "  spaced\n\n reply "
     fast = mmpipe.encode_row(row, processor)
+    n_images = len(row["images"])
 
-    def each_alone(enc, ids, full, prefixes):
-        return {p: call_labels_module.suffix_cut(enc, ids, full, p) for p in prefixes}
+    def each_alone(enc, ids, full, edges, media=((), ()), segment_ids_of=None):
+        return {p: call_labels_module.suffix_cut(enc, ids, full, p) if held == (n_images, 0) else None
+                for p, held in edges}
 
     monkeypatch.setattr(call_labels_module, "tail_cuts", each_alone)
     slow = mmpipe.encode_row(row, processor)
     np.testing.assert_array_equal(fast.labels, slow.labels)
-    assert (fast.labels != -100).sum() > 6
+    assert (fast.labels != -100).sum() > 10
