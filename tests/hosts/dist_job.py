@@ -130,7 +130,7 @@ def loop_run(family, enc, processor, budget=False):
         dist.init_process_group("gloo")
     model = testing.build_model(family)
     watch = Watch(model, enc, processor)
-    ddp = DistributedDataParallel(model, find_unused_parameters=True)
+    ddp = DistributedDataParallel(model, find_unused_parameters=True)  # imageless batches
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     collate = mmpipe.Collator(processor, padding_side="right")
     if budget:
@@ -152,6 +152,41 @@ def loop_run(family, enc, processor, budget=False):
             losses.append(float(loss))
     return {"batches": watch.batches, "intact": watch.intact, "notes": watch.notes, "losses": losses,
             "epochs": epochs}
+
+
+def budget_resume_run(family, enc, processor, stop=2, workers=1):
+    """TokenBudgetBatchSampler under torchdata's StatefulDataLoader on 2 ranks (DDP): epoch 1 stopped
+    after `stop` steps, its state saved, a fresh loader (workers) loads it and finishes the epoch."""
+    from torch.nn.parallel import DistributedDataParallel
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from mmpipe.data import load_loader_state
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    model = testing.build_model(family)
+    watch = Watch(model, enc, processor)
+    ddp = DistributedDataParallel(model, find_unused_parameters=True)
+
+    def loader(num_workers):
+        sampler = mmpipe.TokenBudgetBatchSampler.from_dataset(enc, max_tokens=160, seed=0, num_replicas=2,
+                                                              rank=dist.get_rank())
+        sampler.set_epoch(1)
+        return StatefulDataLoader(enc, batch_sampler=sampler, num_workers=num_workers,
+                                  collate_fn=mmpipe.Collator(processor, padding_side="right"))
+
+    first = loader(0)
+    for step, batch in enumerate(first):
+        ddp(**batch.model_inputs()).loss.backward()
+        if step + 1 == stop:
+            state = first.state_dict()
+            break
+    cut = len(watch.batches)
+    second = loader(workers)
+    load_loader_state(second, state)
+    for batch in second:
+        ddp(**batch.model_inputs()).loss.backward()
+    return {"batches": watch.batches, "intact": watch.intact, "notes": watch.notes, "losses": [], "cut": cut}
 
 
 def main(out, family, scenarios):
@@ -176,6 +211,7 @@ def main(out, family, scenarios):
         "map_gc": lambda: trainer_run("map_gc", family, out, enc, processor, settings=trainer_settings(),
                                       num_train_epochs=1, gradient_checkpointing=True),
         "budget": lambda: loop_run(family, enc, processor, budget=True),
+        "budget_resume": lambda: budget_resume_run(family, enc, processor),
         "sft": lambda: sft_run(family, out, enc, processor),
         "loop": lambda: loop_run(family, enc, processor),
         "rank_stream": lambda: rank_stream_run(family, out, enc, processor, per_rank=True),

@@ -21,7 +21,7 @@ import pytest
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_job.py")
 N_ROWS = 10  # dist_job.N_ROWS; rows i % 3 == 0 hold no image
 TIMEOUT = 180  # the whole job (about 25 s here); each rank dumps its stack and exits 30 s before
-QWEN = ["map", "map_resume", "iter_save", "iter_resume", "sft", "loop", "budget", "full_stream", "rank_stream",
+QWEN = ["map", "map_resume", "iter_save", "iter_resume", "sft", "loop", "budget", "budget_resume", "full_stream", "rank_stream",
         "map_gc", "iter_plain"]
 GEMMA = ["map", "iter_save"]
 
@@ -157,6 +157,14 @@ def test_token_budget_sampler_on_two_ranks_each_row_once_per_epoch(qwen):
     for epoch in (slice(0, half), slice(half, None)):
         rows = [i for r in ranks for b in r["batches"][epoch] for i in b]
         assert sorted(rows) == list(range(N_ROWS)), (per_epoch, rows)
+
+
+def test_token_budget_sampler_resumes_under_stateful_dataloader_on_two_ranks(qwen):
+    """Epoch 1 stopped after 2 steps, the loader state saved per rank, a fresh StatefulDataLoader
+    with a worker loads it (load_loader_state): each rank's batches equal the uninterrupted epoch's."""
+    full, resumed = trained(qwen, "budget"), trained(qwen, "budget_resume")
+    for f, r in zip(full, resumed):
+        assert r["cut"] == 2 and r["batches"] == f["batches"][f["epochs"][1]:]
 
 
 def test_streaming_with_accelerates_default_dispatch_is_refused(qwen):
