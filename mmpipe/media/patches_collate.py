@@ -18,6 +18,7 @@ import numpy as np
 from mmpipe.batching.checks import check_finite, check_vision_tokens
 from mmpipe.batching.media_fields import MediaItems
 from mmpipe.encoding.sources import with_pixels
+from mmpipe.errors import InputError, PixelDataError
 from mmpipe.images.pixels import (
     pixel_values_to_u8, u8_to_pixel_values, u8_video_to_pixel_values, video_pixel_values_to_u8,
 )
@@ -51,7 +52,7 @@ def collator_state(processor, fam) -> dict:
     with_processor = processor is not None and fam.is_vision
     spec = VisionSpec.from_processor(processor) if with_processor else VisionSpec.from_family(fam)
     tokens = None if processor is None else VisionTokens.from_processor(processor, family=fam)
-    return {"spec": spec, "vision_tokens": tokens}
+    return {"spec": spec, "vision_tokens": tokens, "spec_from_processor": with_processor}
 
 
 def collate_media(rows: list, ctx) -> dict:
@@ -61,6 +62,7 @@ def collate_media(rows: list, ctx) -> dict:
     ``row_pixel_formats``. ``ctx``: the collate context (``ctx.state`` from `collator_state`,
     ``ctx.layout`` the grids and offsets)."""
     check_vision_tokens(rows, ctx.state.get("vision_tokens"))
+    check_pad_ids(rows, ctx.state.get("vision_tokens"))
     spec, sources = ctx.state["spec"], [r.image_sources for r in rows]
     rows = [with_pixels(r, spec, i) for i, r in enumerate(rows)]  # pixels="source" rows: decode + resize here
     # the rows' shared storage ("uint8", "float32", "mixed"; "none": no media, or layout-only rows)
@@ -69,8 +71,79 @@ def collate_media(rows: list, ctx) -> dict:
     spec = spec.for_rows([r.image_backend if r.has_pixels and r.num_images else None for r in rows])  # images only
     pixels = {} if not ctx.pixels else _assemble_pixels(rows, spec, pixel_format, ctx.layout,
                                                         ctx.state.get("pixels_on_device", False))
+    if ctx.pixels and pixel_format in ("float32", "mixed"):  # float32 rows next to the floats this spec makes
+        check_normalisation(rows, spec, strict=bool(ctx.state.get("spec_from_processor")) or pixel_format == "mixed")
     return {**pixels, "pixel_format": pixel_format, "spec": spec, "row_pixel_formats": [r.pixel_format for r in rows],
             "row_image_sources": sources if any(s is not None for s in sources) else None}
+
+
+def check_pad_ids(rows: list, vision_tokens) -> None:
+    """Every image / video slot of each row (``mm_token_type_ids`` 1 / 2) must hold a pad id of the
+    collating processor's tokenizer (``vision_tokens.pad_ids``; None: not checked): rows whose ids
+    came from another tokenizer (a checkpoint of the family with another vocabulary) would reach
+    the model with no image token where its images go, and every other id read in the wrong
+    vocabulary. `InputError` naming the row, ``input_ids``, the ids expected and found, the fix."""
+    pads = np.asarray(getattr(vision_tokens, "pad_ids", ()) or (), np.int64)
+    if not pads.size:
+        return
+    for b, r in enumerate(rows):
+        slots = np.flatnonzero(r.mm_token_type_ids > 0)
+        wrong = slots[~np.isin(r.input_ids[slots], pads)]
+        if len(wrong):
+            k = int(wrong[0])
+            names = [n for n, i in zip(vision_tokens.names, vision_tokens.ids) if i in pads]
+            raise InputError("the row's image / video slots hold another id than the processor's pad tokens: its "
+                             "ids come from another tokenizer than this processor's", row=b, column="input_ids",
+                             stage="collate", expected=f"{' or '.join(names)} (ids {pads.tolist()})",
+                             found=f"id {int(r.input_ids[k])} at token {k}",
+                             fix="collate with the processor the rows were encoded with, or re-encode them with "
+                                 "this one")
+
+
+def check_normalisation(rows: list, spec: VisionSpec, *, stage: str = "collate", index=None,
+                        strict: bool = True) -> None:
+    """Each row's stored float32 ``pixel_values`` / ``pixel_values_videos`` [N, 3*T*p*p] must be
+    what ``spec`` makes (its patch width, its uint8 -> float table): compact rows take the
+    collator's normalisation, float32 rows keep their encoder's, so a row normalised by another
+    processor (image_mean/std, rescale_factor, do_normalize, temporal_patch_size) would be mixed in
+    silently. The first patch row of each row is inverted (`pixel_values_to_u8`: exact or
+    raise; a changed table moves every value). ``strict=False`` (a spec that is only the family's
+    defaults, no processor given): only rows of two tables in one batch, some made with ``spec``
+    and some not, are refused. `PixelDataError` naming the row (``index``, else its place in
+    ``rows``), the column, the collator's settings and the fix."""
+    errors = [_normalisation_error(r, spec, b if index is None else index, stage) for b, r in enumerate(rows)]
+    found = [e for e in errors if e is not None]
+    if found and (strict or len(found) < sum(r.pixel_values is not None or r.pixel_values_videos is not None
+                                             for r in rows)):
+        raise found[0]
+
+
+def _normalisation_error(r, spec: VisionSpec, row, stage: str):
+    """The `PixelDataError` of row ``r`` when its float32 pixels are not ``spec``'s, else None."""
+    for videos, name in ((False, "pixel_values"), (True, "pixel_values_videos")):
+        pv = getattr(r, name)
+        if pv is None or not len(pv):
+            continue
+        width = 3 * spec.temporal_patch_size * spec.patch_size ** 2
+        reason = f"rows {pv.shape[1]} wide" if pv.shape[1] != width else None
+        if reason is None:
+            try:
+                _compact(np.ascontiguousarray(pv[:1]), spec, videos)
+            except PixelDataError as e:
+                reason = e.message_body()
+        if reason is not None:
+            return PixelDataError(
+                f"float32 {name} were not made with this processor's image settings ({reason}): "
+                "compact rows take the processor's normalisation at collate, float32 rows keep the one "
+                "they were encoded with", row=row, column=name, stage=stage,
+                expected=f"rows {width} wide from uint8 pixels under image_mean={list(spec.image_mean)}, "
+                         f"image_std={list(spec.image_std)}, rescale_factor={spec.rescale_factor}, "
+                         f"do_normalize={spec.do_normalize}, temporal_patch_size={spec.temporal_patch_size} "
+                         f"({spec.backend} backend)",
+                found="values off that table", fix="collate with the processor the rows were encoded with, or "
+                "re-encode them with pixels='uint8' (compact rows take the collating processor's "
+                "normalisation)")
+    return None
 
 
 def expand_u8(u8: np.ndarray, spec: VisionSpec, videos: bool) -> np.ndarray:

@@ -38,8 +38,29 @@ def expected_columns(table: pa.Table, *, labels: bool, pixel_format: str) -> lis
 def row_checks(table: pa.Table, *, processor=None, images_kwargs: Optional[dict] = None,
                positions: bool = True) -> Optional[Callable]:
     """``check(row, index)``: the row's positions and ``rope_delta`` recomputed from its grids
-    (about a millisecond per row); None with ``positions=False``."""
-    return _check_positions if positions else None
+    (about a millisecond per row; not with ``positions=False``) and, with ``processor``, its float32
+    pixels against the processor's image settings (`patches_collate.check_normalisation`: rows
+    normalised by another processor, which collate with this one refuses); None when nothing is
+    checked."""
+    checks = [_check_positions] if positions else []
+    if processor is not None:
+        from mmpipe.families import resolve_family
+        from mmpipe.images.spec import VisionSpec
+        from mmpipe.media.patches_collate import check_normalisation
+
+        # the processor's spec (an ArgumentError for one whose patch / merge sizes are not its family's)
+        spec = VisionSpec.from_processor(processor) if resolve_family(processor).is_vision else None
+        if spec is not None and {"pixel_values", "pixel_values_videos"} & set(table.column_names):
+            checks.append(lambda r, row: check_normalisation([r], spec.for_rows([r.image_backend]),
+                                                             stage="validate", index=row))
+    if len(checks) < 2:
+        return checks[0] if checks else None
+
+    def check_all(r, row: int) -> None:
+        for check in checks:
+            check(r, row)
+
+    return check_all
 
 
 def _check_positions(r, row: int) -> None:
