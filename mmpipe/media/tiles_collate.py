@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 
 from mmpipe.batching.media_fields import MediaItems
-from mmpipe.errors import ArgumentError, InputError
+from mmpipe.errors import ArgumentError, InputError, PixelDataError
 from mmpipe.images.tile_sources import decoded_rows
 from mmpipe.images.tiles import effective_image_processor, normalise_table, normalise_tiles
 
@@ -38,9 +38,33 @@ def collator_state(processor, fam) -> dict:
     """``{"table": float32 [3, 256] or None, "image_processor": ... or None}`` (None without a
     processor: rows with pixels then cannot be collated)."""
     if processor is None:
-        return {"table": None, "image_processor": None}
+        return {"table": None, "image_processor": None, "tile": None}
     ip = effective_image_processor(processor)
-    return {"table": normalise_table(ip), "image_processor": ip}
+    return {"table": normalise_table(ip), "image_processor": ip, "tile": tile_size(ip, fam)}
+
+
+def tile_size(image_processor, fam) -> tuple[int, int]:
+    """(S_h, S_w): the size the image processor resizes every tile to (its family's image module's
+    rule: Gemma 3's ``tile_size``, else ``settings(...)["tile"]``)."""
+    module = fam.images()
+    own = getattr(module, "tile_size", None)
+    return tuple(int(x) for x in (own(image_processor) if own is not None else module.settings(image_processor)["tile"]))
+
+
+def check_tile_size(rows: list, tile: Optional[tuple], stage: str = "collate", index=None) -> None:
+    """Each row's stored tiles uint8 [n, S, S, 3] must be of the processor's tile size ``tile``:
+    collate would normalise tiles of another processor's size (a checkpoint of another image size)
+    as they are, and the model's vision tower takes its own size. `InputError` naming the row
+    (``index``, else its place in ``rows``), ``tile_hw``, both sizes and the fix."""
+    for b, r in enumerate(rows):
+        u8 = r.pixel_values_u8
+        if tile is None or u8 is None or not len(u8) or tuple(u8.shape[1:3]) == tuple(tile):
+            continue
+        raise PixelDataError(f"the row's tiles are {u8.shape[1]}x{u8.shape[2]} but the processor resizes every tile to "
+                         f"{tile[0]}x{tile[1]} (its image processor's size): rows encoded by a processor of another "
+                         "image size", row=b if index is None else index, column="tile_hw", stage=stage,
+                         expected=str(list(tile)), found=str(list(u8.shape[1:3])),
+                         fix="collate with the processor the rows were encoded with, or re-encode them with this one")
 
 
 def _pixels(rows: list, table: Optional[np.ndarray], fam, tiles: np.ndarray) -> tuple:
@@ -80,6 +104,8 @@ def collate_media(rows: list, ctx) -> dict:
     # what each row holds in the batch (source rows: their decoded tiles), for an exact unbatch
     formats = ["none" if r.pixel_format == "none" else "uint8" for r in rows]
     rows = decoded_source_rows(rows, ctx.state.get("image_processor"), ctx.fam.images())
+    if ctx.pixels:
+        check_tile_size(rows, ctx.state.get("tile"))
     u8, pv = _pixels(rows, ctx.state.get("table"), ctx.fam, ctx.layout["tiles_per_image"]) if ctx.pixels else (None, None)
     image_hw, extra, extras = ctx.layout["image_hw"], getattr(ctx.fam.images(), "extra_inputs", None), {}
     if extra is not None and len(image_hw):

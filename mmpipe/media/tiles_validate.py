@@ -50,7 +50,20 @@ def row_checks(table: pa.Table, *, processor=None, images_kwargs: Optional[dict]
     feature_id = counts[0] if counts is not None else _most_marked_id(table)
     if feature_id is None:
         return None
-    return partial(_check_features, feature_id=feature_id, counts=None if counts is None else counts[1])
+    tile = None if processor is None else _processor_tile(processor, images_kwargs)
+    return partial(_check_features, feature_id=feature_id, counts=None if counts is None else counts[1], tile=tile)
+
+
+def _processor_tile(processor, images_kwargs: Optional[dict]) -> tuple[int, int]:
+    """(S_h, S_w) the processor (with ``images_kwargs``) resizes every tile to."""
+    from mmpipe.families import resolve_family
+    from mmpipe.images.tiles import effective_image_processor
+    from mmpipe.media.tiles_collate import tile_size
+
+    fam = resolve_family(processor)
+    split = getattr(fam.images(), "split_images_kwargs", None)
+    call = split(images_kwargs)[1] if split is not None else dict(images_kwargs or {})
+    return tile_size(effective_image_processor(processor, **call), fam)
 
 
 def _processor_counts(processor, images_kwargs: Optional[dict]) -> tuple[int, Callable]:
@@ -114,10 +127,14 @@ def _most_marked_id(table: pa.Table) -> Optional[int]:
     return int(np.bincount(marked.astype(np.int64)).argmax()) if len(marked) else None
 
 
-def _check_features(r, i: int, *, feature_id: int, counts: Optional[Callable]) -> None:
+def _check_features(r, i: int, *, feature_id: int, counts: Optional[Callable], tile=None) -> None:
     """The feature tokens of row ``r`` (table row ``i``), see the module doc; ``counts``: the
-    processor's per-row counts (`_processor_counts`), or None."""
+    processor's per-row counts (`_processor_counts`), or None; ``tile``: the processor's tile
+    size (S_h, S_w), which the row's stored tiles must have (`tiles_collate.check_tile_size`)."""
+    from mmpipe.media.tiles_collate import check_tile_size
     from mmpipe.view.spans import marked_runs
+
+    check_tile_size([r], tile, stage="validate", index=i)
 
     token = r.fam.feature_token
     marked = r.mm_token_type_ids == 1

@@ -1,0 +1,67 @@
+"""Settings drift for tiled-family rows (Gemma 3, InternVL, LLaVA-OneVision): uint8 tiles take the
+collating processor's normalisation and equal its own call bit for bit; tiles of another
+processor's image size (a checkpoint of another resolution) are refused (`PixelDataError` naming
+the row and ``tile_hw``), never normalised as they are and handed to a tower of another size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import mmpipe
+from mmpipe import testing
+from mmpipe.errors import PixelDataError
+
+IMAGES = [testing.tiny_image(60, 90), testing.tiny_image(100, 50)]
+FAMILIES = ("gemma3", "internvl", "llava_onevision")
+
+
+def _raw(image):
+    return {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
+                         {"role": "assistant", "content": [{"type": "text", "text": "A."}]}], "images": [image]}
+
+
+def _processor(family, **settings):
+    p = testing.build_processor(family)
+    for k, v in settings.items():
+        setattr(p.image_processor, k, v)
+    return p
+
+
+def _own_call(p):
+    text = [p.apply_chat_template(_raw(im)["messages"], tokenize=False) for im in IMAGES]
+    return p(text=text, images=[[im] for im in IMAGES], return_tensors="pt", padding=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tiles_take_the_collating_processors_normalisation_exactly(family):
+    b = _processor(family, image_mean=[0.1, 0.2, 0.3], image_std=[0.2, 0.3, 0.4])
+    rows = [mmpipe.encode_row(_raw(im), _processor(family)) for im in IMAGES]
+    pv = mmpipe.collate(rows, processor=b).model_inputs()["pixel_values"]
+    assert torch.equal(pv, _own_call(b)["pixel_values"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tiles_of_another_image_size_are_refused(family):
+    a = _processor(family)
+    side = int(np.asarray(mmpipe.encode_row(_raw(IMAGES[0]), a).pixel_values_u8).shape[1])
+    b = _processor(family, size={"height": 2 * side, "width": 2 * side})
+    rows = [mmpipe.encode_row(_raw(im), a) for im in IMAGES]
+    with pytest.raises(PixelDataError) as e:
+        mmpipe.collate(rows, processor=b)
+    assert e.value.row == 0 and e.value.column == "tile_hw"
+    assert e.value.expected == str([2 * side] * 2) and e.value.found == str([side] * 2)
+    mmpipe.collate(rows, processor=a)  # the encoder's processor: fine
+
+
+def test_source_rows_are_tiled_by_the_collating_processor_exactly():
+    """pixels='source' rows keep their files: a processor of another tile size tiles them itself,
+    as its own call does (Gemma 3: the tile size does not change the text)."""
+    b = _processor("gemma3", size={"height": 64, "width": 64})
+    rows = [mmpipe.encode_row(_raw(im), _processor("gemma3"), pixels="source") for im in IMAGES]
+    batch = mmpipe.collate(rows, processor=b)
+    ref = _own_call(b)
+    assert torch.equal(batch.model_inputs()["pixel_values"], ref["pixel_values"])
+    for i, r in enumerate(rows):
+        assert np.array_equal(r.input_ids, ref["input_ids"][i][ref["attention_mask"][i].bool()].numpy())
