@@ -102,6 +102,41 @@ def rank_stream_run(family, out, enc, processor, per_rank):
             "steps": trainer.state.global_step}
 
 
+def grpo_run(family, out, processor, **over):
+    """mmpipe's VisionGRPOTrainer on 2 ranks (GRPOConfig's own defaults + grpo_settings()): prompts
+    with 0..3 images; every forward's pixel rows match its grids."""
+    from trl import GRPOConfig
+
+    from mmpipe.hosts.trl_grpo import VisionGRPOTrainer, grpo_settings
+
+    prompts = []
+    for i in range(8):
+        k = i % 4
+        prompts.append({"prompt": [{"role": "user", "content": [{"type": "image"}] * k + [
+            {"type": "text", "text": f"Describe the {k} pictures ({i})."}]}],
+            "images": [testing.tiny_image(28 * (2 + j % 2), 28 * (2 + i % 2), seed=10 * i + j) for j in range(k)]})
+    model = testing.build_model(family)
+    seen = []
+
+    def saw(module, args, kwargs):
+        grid, pv = kwargs.get("image_grid_thw"), kwargs.get("pixel_values")
+        seen.append(pv is None or int(grid.prod(-1).sum()) == pv.shape[0])
+
+    model.register_forward_pre_hook(saw, with_kwargs=True)
+    args = GRPOConfig(os.path.join(out, "grpo"), **{**dict(
+        per_device_train_batch_size=2, num_generations=2, max_completion_length=8, max_steps=2,
+        learning_rate=1e-2, logging_steps=1, report_to="none", save_strategy="no", seed=0, use_cpu=True,
+        ddp_timeout=60), **over}, **grpo_settings())
+    trainer = VisionGRPOTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(prompts),
+                                processing_class=processor,
+                                reward_funcs=lambda completions, **kw: [float(len(str(c))) for c in completions])
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return {"batches": [], "intact": seen, "notes": [], "losses": losses, "steps": trainer.state.global_step,
+            "gc": model.is_gradient_checkpointing,
+            "find_unused": getattr(trainer.model_wrapped, "find_unused_parameters", None)}
+
+
 def sft_run(family, out, enc, processor):
     from trl import SFTConfig, SFTTrainer
 
@@ -213,6 +248,7 @@ def main(out, family, scenarios):
         "budget": lambda: loop_run(family, enc, processor, budget=True),
         "budget_resume": lambda: budget_resume_run(family, enc, processor),
         "sft": lambda: sft_run(family, out, enc, processor),
+        "grpo": lambda: grpo_run(family, out, processor),
         "loop": lambda: loop_run(family, enc, processor),
         "rank_stream": lambda: rank_stream_run(family, out, enc, processor, per_rank=True),
         "full_stream": lambda: rank_stream_run(family, out, enc, processor, per_rank=False),

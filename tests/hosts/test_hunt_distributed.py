@@ -21,7 +21,7 @@ import pytest
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_job.py")
 N_ROWS = 10  # dist_job.N_ROWS; rows i % 3 == 0 hold no image
 TIMEOUT = 180  # the whole job (about 25 s here); each rank dumps its stack and exits 30 s before
-QWEN = ["map", "map_resume", "iter_save", "iter_resume", "sft", "loop", "budget", "budget_resume", "full_stream", "rank_stream",
+QWEN = ["map", "map_resume", "iter_save", "iter_resume", "sft", "grpo", "loop", "budget", "budget_resume", "full_stream", "rank_stream",
         "map_gc", "iter_plain"]
 GEMMA = ["map", "iter_save"]
 
@@ -102,6 +102,14 @@ def test_trainer_each_row_once_per_epoch_and_batches_intact(qwen):
 def test_sft_trainer_on_two_ranks_sees_the_same_rows_as_the_trainer(qwen):
     ranks = trained(qwen, "sft")
     assert [r["batches"] for r in ranks] == [r["batches"] for r in qwen["map"]]
+
+
+def test_vision_grpo_trainer_on_two_ranks(qwen):
+    """mmpipe's VisionGRPOTrainer with GRPOConfig's defaults (gradient checkpointing on; TRL builds
+    DDP with find_unused_parameters=True) and prompts of 0..3 images: 2 steps on each rank, every
+    forward's pixel rows matching its grids."""
+    ranks = trained(qwen, "grpo")
+    assert [r["steps"] for r in ranks] == [2, 2] and all(len(r["intact"]) > 2 for r in ranks)
 
 
 def test_resumed_run_continues_with_the_uninterrupted_runs_rows_per_rank(qwen):
@@ -198,3 +206,8 @@ def test_dispatched_batches_are_refused_before_accelerate_slices_them(family, tm
     with pytest.raises(mmpipe.errors.ArgumentError, match="dispatch_batches.: False") as e:
         trainer.train()
     assert ("position_ids" if family == "qwen2_vl" else "pixel_values") in str(e.value)  # [3, B, L]; [I, 3, S, S]
+
+
+def test_one_d_family_each_row_once_per_epoch_map_style_and_streaming(gemma):
+    assert_epoch([r["batches"] for r in trained(gemma, "map")])
+    assert_epoch([r["batches"][:3] for r in trained(gemma, "iter_save")])
