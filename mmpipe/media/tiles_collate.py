@@ -51,7 +51,9 @@ def tile_size(image_processor, fam) -> tuple[int, int]:
     return tuple(int(x) for x in (own(image_processor) if own is not None else module.settings(image_processor)["tile"]))
 
 
-def check_tile_size(rows: list, tile: Optional[tuple], stage: str = "collate", index=None) -> None:
+def check_tile_size(rows: list, tile: Optional[tuple], stage: str = "collate", index=None,
+                    fix: str = "collate with the processor the rows were encoded with, or re-encode them with "
+                               "this one") -> None:
     """Each row's stored tiles uint8 [n, S, S, 3] must be of the processor's tile size ``tile``:
     collate would normalise tiles of another processor's size (a checkpoint of another image size)
     as they are, and the model's vision tower takes its own size. `InputError` naming the row
@@ -64,7 +66,7 @@ def check_tile_size(rows: list, tile: Optional[tuple], stage: str = "collate", i
                          f"{tile[0]}x{tile[1]} (its image processor's size): rows encoded by a processor of another "
                          "image size", row=b if index is None else index, column="tile_hw", stage=stage,
                          expected=str(list(tile)), found=str(list(u8.shape[1:3])),
-                         fix="collate with the processor the rows were encoded with, or re-encode them with this one")
+                         fix=fix)
 
 
 def _pixels(rows: list, table: Optional[np.ndarray], fam, tiles: np.ndarray) -> tuple:

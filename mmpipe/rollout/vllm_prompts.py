@@ -101,6 +101,7 @@ def splice_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[
     if not r.num_images:
         return {"prompt_token_ids": ids}
     _check_vllm_mode(r, index)
+    _check_stored_tiles(r, processor, images, index)
     pictures = original_images(r, images, index)
     tok = processor.tokenizer
     text = tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -121,6 +122,21 @@ def splice_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[
     if kwargs:
         prompt["mm_processor_kwargs"] = kwargs
     return prompt
+
+
+def _check_stored_tiles(r, processor, images: Optional[list], index: int) -> None:
+    """Where a row's stored tile stands in for its image (`original_images`: Gemma 3 without
+    pan-and-scan, no ``images=``, no source files), the tile must be of ``processor``'s tile size:
+    vLLM would resize a tile of another processor's size again instead of the image
+    (`mmpipe.media.tiles_collate.check_tile_size`, a `PixelDataError` naming the row)."""
+    if not r.fam.vllm_tile_prompts or images is not None or r.image_sources is not None:
+        return
+    from mmpipe.images.tiles import effective_image_processor
+    from mmpipe.media.tiles_collate import check_tile_size, tile_size
+
+    check_tile_size([r], tile_size(effective_image_processor(processor), r.fam), stage="rollout", index=index,
+                    fix="pass images= (each row's images, as encoded), or prompt with the processor the rows "
+                        "were encoded with")
 
 
 def _check_vllm_expansion(r, prompt: list, texts: list, tok, index: int) -> None:
