@@ -101,14 +101,14 @@ def check_not_dispatched(out: Mapping[str, Any]) -> None:
     an ``IterableDataset``): it concatenates the batches rank 0 collated along dim 0 and cuts every
     tensor into ``num_processes`` equal slices of it (one slice with ``split_batches=True``), which
     mixes up the tensors that are not ``[B, L, ...]`` (``pixel_values`` [N, D], ``image_grid_thw``
-    [I, 3], ``position_ids`` [3, B, L]): the model failed with a size mismatch, or, with equal lengths,
-    got a few patch rows (measured on 1 and 2 ranks). Read from accelerate's live dataloader."""
+    [I, 3], ``position_ids`` [3, B, L]): rows got other rows' patches, and the model failed with a bare
+    size mismatch (measured on 1 and 2 ranks). Read from accelerate's live dataloader."""
     state = sys.modules.get("accelerate.state")
     if state is None or not state.GradientState._shared_state:
         return
     from accelerate.data_loader import DataLoaderDispatcher
 
-    refs = state.GradientState().dataloader_references
+    refs = getattr(state.GradientState(), "dataloader_references", None)
     loader = refs[-1] if refs else None
     if not isinstance(loader, DataLoaderDispatcher):  # the loader being iterated now (a wrapped collator too)
         return
