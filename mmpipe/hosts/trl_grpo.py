@@ -146,7 +146,10 @@ class VisionGRPOTrainer(GRPOTrainer):
         return cols
 
     def _generate_and_score_completions(self, inputs: list) -> dict:
-        rows = [self._prompt_row(x, i) for i, x in enumerate(inputs)]
+        # TRL repeats each prompt num_generations times in a row: one encode (and image processing) each
+        rows = []
+        for i, x in enumerate(inputs):
+            rows.append(rows[-1] if i and _same_input(x, inputs[i - 1]) else self._prompt_row(x, i))
         # the image columns TRL does not see (`_trl_row`) go with the rows to the reward functions
         images = [{k: x[k] for k in IMAGE_KEYS if k in x} if isinstance(x, Mapping) else {} for x in inputs]
         self._mm_pending = _PromptMedia(rows, self.processing_class, images)
@@ -311,6 +314,15 @@ class _PromptMedia:
         out = {"mm_token_type_ids": types.to(device), "num_images": list(self.num_images)}
         out.update({k: v.to(device) for k, v in self.vision.items()})
         return out
+
+
+def _same_input(a: Any, b: Any) -> bool:
+    """Whether two dataset rows are equal (a prompt TRL repeated: the same row read again, images
+    decoded again); False where they cannot be compared (arrays)."""
+    try:
+        return a is b or bool(a == b)
+    except (ValueError, TypeError):  # numpy arrays, tensors: not a repeat worth checking
+        return False
 
 
 def _settle_generation_config(model) -> None:
