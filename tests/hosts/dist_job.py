@@ -137,6 +137,31 @@ def grpo_run(family, out, processor, **over):
             "find_unused": getattr(trainer.model_wrapped, "find_unused_parameters", None)}
 
 
+def best_run(family, out, enc, processor):
+    """load_best_model_at_end on 2 ranks (evaluation every step on 5 rows, uneven over the ranks):
+    the final weights equal the best checkpoint's (the worst loss, step 1), read with load_checkpoint_weights."""
+    from transformers import Trainer, TrainingArguments
+
+    from mmpipe.hosts.resume import load_checkpoint_weights
+
+    model = testing.build_model(family)
+    targs = TrainingArguments(os.path.join(out, "best"), per_device_train_batch_size=2, per_device_eval_batch_size=2,
+                              num_train_epochs=1, learning_rate=5e-2, report_to=[], seed=0, use_cpu=True,
+                              ddp_timeout=60, eval_strategy="steps", eval_steps=1, save_strategy="steps",
+                              save_steps=1, load_best_model_at_end=True, metric_for_best_model="loss", greater_is_better=True,
+                              **trainer_settings())
+    trainer = restore_checkpoint_weights(Trainer(model=model, args=targs, train_dataset=enc,
+                                                 eval_dataset=enc.select(range(5)),
+                                                 data_collator=TrainerCollator(processor)))
+    trainer.train()
+    best = testing.build_model(family)
+    load_checkpoint_weights(best, trainer.state.best_model_checkpoint)
+    same = all(torch.equal(a, b) for a, b in zip(best.state_dict().values(), trainer.model.state_dict().values()))
+    evals = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
+    return {"batches": [], "intact": [same], "notes": [trainer.state.best_model_checkpoint], "losses": evals,
+            "steps": trainer.state.global_step}
+
+
 def sft_run(family, out, enc, processor):
     from trl import SFTConfig, SFTTrainer
 
@@ -249,6 +274,7 @@ def main(out, family, scenarios):
         "budget_resume": lambda: budget_resume_run(family, enc, processor),
         "sft": lambda: sft_run(family, out, enc, processor),
         "grpo": lambda: grpo_run(family, out, processor),
+        "best": lambda: best_run(family, out, enc, processor),
         "loop": lambda: loop_run(family, enc, processor),
         "rank_stream": lambda: rank_stream_run(family, out, enc, processor, per_rank=True),
         "full_stream": lambda: rank_stream_run(family, out, enc, processor, per_rank=False),

@@ -1,6 +1,7 @@
 """Two-process (gloo, CPU) training loops: transformers.Trainer and TRL's SFTTrainer with
-TrainerCollator, a resumed run, a streaming dataset, a plain DDP loop over DistributedSampler
-and over TokenBudgetBatchSampler. Each family runs ONE 2-rank job (tests/hosts/dist_job.py; each
+TrainerCollator (resumed, streaming, load_best_model_at_end, gradient checkpointing), mmpipe's
+VisionGRPOTrainer, plain DDP loops over DistributedSampler and TokenBudgetBatchSampler (resumed
+under StatefulDataLoader). Each family runs ONE 2-rank job (tests/hosts/dist_job.py; each
 rank in its own session, killed past its deadline) whose per-scenario records these tests read:
 the dataset rows of every batch the model received, whether the batch equalled a fresh collate of
 those rows tensor for tensor (pixels vs grids, positions [3, B, L]), and the losses."""
@@ -21,7 +22,7 @@ import pytest
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_job.py")
 N_ROWS = 10  # dist_job.N_ROWS; rows i % 3 == 0 hold no image
 TIMEOUT = 180  # the whole job (about 25 s here); each rank dumps its stack and exits 30 s before
-QWEN = ["map", "map_resume", "iter_save", "iter_resume", "sft", "grpo", "loop", "budget", "budget_resume", "full_stream", "rank_stream",
+QWEN = ["map", "map_resume", "iter_save", "iter_resume", "sft", "grpo", "best", "loop", "budget", "budget_resume", "full_stream", "rank_stream",
         "map_gc", "iter_plain"]
 GEMMA = ["map", "iter_save"]
 
@@ -110,6 +111,14 @@ def test_vision_grpo_trainer_on_two_ranks(qwen):
     forward's pixel rows matching its grids."""
     ranks = trained(qwen, "grpo")
     assert [r["steps"] for r in ranks] == [2, 2] and all(len(r["intact"]) > 2 for r in ranks)
+
+
+def test_load_best_model_at_end_on_two_ranks(qwen):
+    """Evaluation every step on 5 rows (uneven over 2 ranks), best = step 1 (greater_is_better): both
+    ranks agree on the eval losses and end with checkpoint-1's weights (restore_checkpoint_weights)."""
+    ranks = trained(qwen, "best")
+    assert ranks[0]["losses"] == ranks[1]["losses"] and len(ranks[0]["losses"]) == 3
+    assert [r["notes"][0].rsplit("/", 1)[-1] for r in ranks] == ["checkpoint-1"] * 2
 
 
 def test_resumed_run_continues_with_the_uninterrupted_runs_rows_per_rank(qwen):
