@@ -65,3 +65,19 @@ def test_source_rows_are_tiled_by_the_collating_processor_exactly():
     assert torch.equal(batch.model_inputs()["pixel_values"], ref["pixel_values"])
     for i, r in enumerate(rows):
         assert np.array_equal(r.input_ids, ref["input_ids"][i][ref["attention_mask"][i].bool()].numpy())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rows_of_another_tokenizer_are_refused(family):
+    """Rows whose feature slots hold another id than the collating processor's feature token
+    (InternVL checkpoints of one family ship different vocabularies): simulated by moving the
+    row's feature tokens to another id."""
+    from mmpipe.errors import InputError
+
+    p = _processor(family)
+    rows = [mmpipe.encode_row(_raw(im), p).to_dict() for im in IMAGES]
+    ids = np.asarray(rows[1]["input_ids"]).copy()
+    ids[np.asarray(rows[1]["mm_token_type_ids"]) == 1] = 5
+    with pytest.raises(InputError) as e:
+        mmpipe.collate([rows[0], {**rows[1], "input_ids": ids}], processor=p)
+    assert e.value.row == 1 and e.value.column == "input_ids" and "id 5" in e.value.found
