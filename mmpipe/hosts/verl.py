@@ -89,6 +89,7 @@ def verl_rows(rows_or_batch, processor=None, *, max_prompt_length: Optional[int]
                     pad_to_length=max_prompt_length)
     positions = _verl_positions(batch, fam.is_vision)
     prompts = to_vllm_prompts(recs, spec, tokenizer=processor)
+    vision = _vision_parts(batch) if fam.is_vision else None
     out = []
     for b, prompt in enumerate(prompts):
         row = {"input_ids": batch.input_ids[b].clone(), "attention_mask": batch.attention_mask[b].clone(),
@@ -96,7 +97,7 @@ def verl_rows(rows_or_batch, processor=None, *, max_prompt_length: Optional[int]
         if fam.is_vision:
             row["multi_modal_data"] = {k: prompt["multi_modal_data"][k] for k in ("image", "video")
                                        if k in prompt.get("multi_modal_data", {})}
-            row["multi_modal_inputs"] = _row_vision_inputs(batch, b)
+            row["multi_modal_inputs"] = _row_vision_inputs(vision, b)
         row.update({name: values[b] for name, values in kept.items()})
         row.update(_extra_info_fields(row))
         out.append(row)
@@ -226,20 +227,24 @@ def _verl_positions(batch: BatchedMultiModalInputs, vision: bool):
     return pos.masked_fill_(~valid[:, None, :], VERL_PAD_POSITION)
 
 
-def _row_vision_inputs(batch: BatchedMultiModalInputs, b: int) -> dict[str, Any]:
-    """Row ``b``'s share of ``batch.vision_inputs()`` (+ ``images_seqlens``), or {}."""
-    import torch
-
-    full = batch.vision_inputs()
+def _vision_parts(batch: BatchedMultiModalInputs) -> dict[str, tuple]:
+    """``{key: (batch.vision_inputs()[key], its row offsets [B+1])}``, read once for all rows (per
+    row they were B reads of the batch and its offsets: quadratic in the rows)."""
     io, po = batch.image_offsets.tolist(), batch.patch_offsets.tolist()
     vo, vpo = batch.video_offsets.tolist(), batch.video_patch_offsets.tolist()
-    parts = {"pixel_values": (po, b), "image_grid_thw": (io, b), "pixel_values_videos": (vpo, b),
-             "video_grid_thw": (vo, b), "second_per_grid_ts": (vo, b)}
+    offsets = {"pixel_values": po, "image_grid_thw": io, "pixel_values_videos": vpo, "video_grid_thw": vo,
+               "second_per_grid_ts": vo}
+    return {key: (value, offsets[key]) for key, value in batch.vision_inputs().items()}
+
+
+def _row_vision_inputs(parts: dict[str, tuple], b: int) -> dict[str, Any]:
+    """Row ``b``'s share of the batch's vision inputs (`_vision_parts`; + ``images_seqlens``), or {}."""
+    import torch
+
     out = {}
-    for key, value in full.items():
-        off, i = parts[key]
-        if off[i + 1] > off[i]:
-            out[key] = value[off[i]:off[i + 1]].clone()
+    for key, (value, off) in parts.items():
+        if off[b + 1] > off[b]:
+            out[key] = value[off[b]:off[b + 1]].clone()
     if "image_grid_thw" in out:
         g = out["image_grid_thw"]
         out["images_seqlens"] = torch.repeat_interleave(g[:, 1] * g[:, 2], g[:, 0])
