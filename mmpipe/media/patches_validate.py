@@ -38,18 +38,23 @@ def expected_columns(table: pa.Table, *, labels: bool, pixel_format: str) -> lis
 def row_checks(table: pa.Table, *, processor=None, images_kwargs: Optional[dict] = None,
                positions: bool = True) -> Optional[Callable]:
     """``check(row, index)``: the row's positions and ``rope_delta`` recomputed from its grids
-    (about a millisecond per row; not with ``positions=False``) and, with ``processor``, its float32
-    pixels against the processor's image settings (`patches_collate.check_normalisation`: rows
-    normalised by another processor, which collate with this one refuses); None when nothing is
+    (about a millisecond per row; not with ``positions=False``) and, with ``processor``, its image /
+    video slots against the processor's pad ids (`patches_collate.check_pad_ids`) and its float32
+    pixels against its image settings (`patches_collate.check_normalisation`): rows of another
+    tokenizer or normalisation, which collate with this processor refuses; None when nothing is
     checked."""
     checks = [_check_positions] if positions else []
     if processor is not None:
         from mmpipe.families import resolve_family
         from mmpipe.images.spec import VisionSpec
-        from mmpipe.media.patches_collate import check_normalisation
+        from mmpipe.media.patches_collate import check_normalisation, check_pad_ids
+        from mmpipe.records.vision_tokens import VisionTokens
 
         # the processor's spec (an ArgumentError for one whose patch / merge sizes are not its family's)
         spec = VisionSpec.from_processor(processor) if resolve_family(processor).is_vision else None
+        if spec is not None:
+            tokens = VisionTokens.from_processor(processor)
+            checks.append(lambda r, row: check_pad_ids([r], tokens, stage="validate", index=row))
         if spec is not None and {"pixel_values", "pixel_values_videos"} & set(table.column_names):
             checks.append(lambda r, row: check_normalisation([r], spec.for_rows([r.image_backend]),
                                                              stage="validate", index=row))

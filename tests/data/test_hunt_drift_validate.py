@@ -46,3 +46,16 @@ def test_validate_with_another_processor_names_tiles_of_another_image_size():
     assert mmpipe.validate_dataset(ds, processor=a).ok
     report = mmpipe.validate_dataset(ds, processor=b)
     assert [(i.column, i.rows) for i in report.errors] == [("tile_hw", [0, 1])], str(report)
+
+
+def test_validate_with_another_processor_names_rows_of_another_tokenizer():
+    """Image slots holding another id than the processor's pads (simulated: the pads moved to id 5)."""
+    import numpy as np
+
+    p = _processor()
+    rows = [r.to_dict() for r in _rows(p, "uint8")]
+    ids = np.asarray(rows[1]["input_ids"]).copy()
+    ids[np.asarray(rows[1]["mm_token_type_ids"]) == 1] = 5
+    ds = datasets.Dataset.from_list([rows[0], {**rows[1], "input_ids": ids}])
+    report = mmpipe.validate_dataset(ds, processor=p, positions=False)
+    assert [(i.column, i.rows) for i in report.errors] == [("input_ids", [1])], str(report)
