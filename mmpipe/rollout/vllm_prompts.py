@@ -45,6 +45,11 @@ def collapse_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optiona
                             "carry their own resized images")
     fam = r.fam
     spec = vision_spec_for(processor, fam) if (r.num_images or r.num_videos) else None
+    if spec is not None and hasattr(processor, "tokenizer"):  # the row's pads are this tokenizer's?
+        from mmpipe.media.patches_collate import check_pad_ids
+        from mmpipe.records.vision_tokens import VisionTokens
+
+        check_pad_ids([r], VisionTokens.from_processor(processor), stage="rollout", index=index)
     if r.num_videos:
         tok = tokenizer if tokenizer is not None else processor
         ids, videos, videos_kwargs = vllm_video_prompt(r, spec, tok, index=index)

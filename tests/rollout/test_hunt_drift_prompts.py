@@ -52,3 +52,17 @@ def test_gemma3_stored_tile_of_another_size_is_refused_as_the_prompt_image():
     assert e.value.row == 0 and e.value.column == "tile_hw" and "images=" in e.value.fix
     prompts = to_vllm_prompts(rows, b, images=[[im] for im in IMAGES])  # the originals: vLLM tiles them
     assert [p["multi_modal_data"]["image"][0].size for p in prompts] == [(90, 60), (50, 100)]
+
+
+def test_patch_grid_rows_of_another_tokenizer_are_refused():
+    """A row whose image slots hold another id than the processor's pads (simulated: moved to id
+    5) would reach vLLM with no image placeholder its tokenizer knows."""
+    import numpy as np
+
+    p = _processor("qwen2_vl")
+    rows = [mmpipe.encode_row(r, p).to_dict() for r in _raws()]
+    ids = np.asarray(rows[1]["input_ids"]).copy()
+    ids[np.asarray(rows[1]["mm_token_type_ids"]) == 1] = 5
+    with pytest.raises(mmpipe.errors.InputError) as e:
+        to_vllm_prompts([rows[0], {**rows[1], "input_ids": ids}], p)
+    assert e.value.row == 1 and e.value.column == "input_ids" and e.value.stage == "rollout"
