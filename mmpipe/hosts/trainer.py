@@ -22,9 +22,11 @@ Why the settings (`trainer_settings`, `sft_settings`):
 - ``ddp_find_unused_parameters=True``: on several ranks, a step where one rank's batch holds no
   image leaves the vision tower without gradients there. With ``gradient_checkpointing=True`` the
   Trainer builds DDP with ``find_unused_parameters=False``, and the ranks then wait on different
-  collectives forever (a hang, no error). With it DDP skips the unused parameters (transformers 5
-  checkpoints with ``use_reentrant=False``, which allows it; without checkpointing it is the
-  Trainer's own default).
+  collectives forever (a hang, no error). With it DDP skips the unused parameters; without
+  checkpointing it is the Trainer's own default. It needs non-reentrant checkpointing (DDP fails at
+  the first step with "Expected to mark a variable ready only once" otherwise): recent
+  transformers checkpoint so by default, for older ones (4.x) the settings add
+  ``gradient_checkpointing_kwargs={"use_reentrant": False}``.
 - TRL only: ``dataset_kwargs={"skip_prepare_dataset": True}``: the dataset is already encoded
   (ids, labels, images); SFTTrainer must not tokenize, truncate or add EOS to it.
 """
@@ -45,9 +47,16 @@ __all__ = ["TrainerCollator", "trainer_settings", "sft_settings"]
 def trainer_settings() -> dict[str, Any]:
     """``TrainingArguments`` keywords an encoded dataset needs (see the module docstring):
     ``remove_unused_columns=False``, ``accelerator_config={"dispatch_batches": False}``,
-    ``ddp_find_unused_parameters=True``."""
-    return {"remove_unused_columns": False, "accelerator_config": {"dispatch_batches": False},
-            "ddp_find_unused_parameters": True}
+    ``ddp_find_unused_parameters=True``, and ``gradient_checkpointing_kwargs={"use_reentrant": False}``
+    where ``TrainingArguments`` has no ``activation_checkpointing_kwargs`` yet (4.x and earlier 5.x,
+    which checkpoint reentrantly by default up to transformers PR #43203; the later ones do not)."""
+    from transformers import TrainingArguments
+
+    settings = {"remove_unused_columns": False, "accelerator_config": {"dispatch_batches": False},
+                "ddp_find_unused_parameters": True}
+    if "activation_checkpointing_kwargs" not in TrainingArguments.__dataclass_fields__:
+        settings["gradient_checkpointing_kwargs"] = {"use_reentrant": False}  # DDP refuses reentrant with the above
+    return settings
 
 
 def sft_settings() -> dict[str, Any]:
