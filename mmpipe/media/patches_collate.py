@@ -82,7 +82,8 @@ def check_pad_ids(rows: list, vision_tokens, *, stage: str = "collate", index=No
     collating processor's tokenizer (``vision_tokens.pad_ids``; None: not checked): rows whose ids
     came from another tokenizer (a checkpoint of the family with another vocabulary) would reach
     the model with no image token where its images go, and every other id read in the wrong
-    vocabulary. `InputError` naming the row (``index``, else its place in ``rows``), ``input_ids``, the ids expected and found, the fix."""
+    vocabulary. `InputError` naming the row (``index``, else its place in ``rows``), ``input_ids``,
+    the ids expected and found, the fix."""
     pads = np.asarray(getattr(vision_tokens, "pad_ids", ()) or (), np.int64)
     if not pads.size:
         return
@@ -93,8 +94,9 @@ def check_pad_ids(rows: list, vision_tokens, *, stage: str = "collate", index=No
             k = int(wrong[0])
             names = [n for n, i in zip(vision_tokens.names, vision_tokens.ids) if i in pads]
             raise InputError("the row's image / video slots hold another id than the processor's pad tokens: its "
-                             "ids come from another tokenizer than this processor's", row=b if index is None else index,
-                             column="input_ids", stage=stage, expected=f"{' or '.join(names)} (ids {pads.tolist()})",
+                             "ids come from another tokenizer than this processor's",
+                             row=b if index is None else index, column="input_ids", stage=stage,
+                             expected=f"{' or '.join(names)} (ids {pads.tolist()})",
                              found=f"id {int(r.input_ids[k])} at token {k}",
                              fix="collate with the processor the rows were encoded with, or re-encode them with "
                                  "this one")

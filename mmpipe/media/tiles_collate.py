@@ -71,7 +71,8 @@ def tile_size(image_processor, fam) -> tuple[int, int]:
     rule: Gemma 3's ``tile_size``, else ``settings(...)["tile"]``)."""
     module = fam.images()
     own = getattr(module, "tile_size", None)
-    return tuple(int(x) for x in (own(image_processor) if own is not None else module.settings(image_processor)["tile"]))
+    tile = own(image_processor) if own is not None else module.settings(image_processor)["tile"]
+    return tuple(int(x) for x in tile)
 
 
 def check_tile_size(rows: list, tile: Optional[tuple], stage: str = "collate", index=None,
