@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
@@ -43,10 +44,10 @@ def run_job(out, family: str, scenarios: list[str], world: int = 2) -> dict:
                    OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", DIST_JOB_DUMP_AFTER=str(TIMEOUT - 30))
         procs.append(subprocess.Popen([sys.executable, JOB, str(out), family, *scenarios], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True))
-    logs = []
+    logs, deadline = [], time.monotonic() + TIMEOUT
     try:
         for p in procs:
-            logs.append(p.communicate(timeout=TIMEOUT)[0])
+            logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
     except subprocess.TimeoutExpired:
         logs.append("killed past the deadline")
     finally:
