@@ -28,9 +28,10 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from mmpipe._fork import torch_fork_safe
-from mmpipe.batching.checks import arrow_table, carries_pixels, checked_records, row_dicts
+from mmpipe.batching.checks import carries_pixels, checked_records
 from mmpipe.batching.media_fields import collate_layout
 from mmpipe.batching.pack_batch import refuse_packing
+from mmpipe.batching.row_inputs import arrow_table, row_dicts
 from mmpipe.batching.text import pad_id, padded_length, text_fields
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
 from mmpipe.families import ModelFamily, get_family, processor_class_name, resolve_family

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmpipe.batching.checks import check_finite, check_vision_tokens
+from mmpipe.batching.checks import check_finite, check_slot_ids, check_vision_tokens
 from mmpipe.batching.media_fields import MediaItems
 from mmpipe.encoding.sources import with_pixels
 from mmpipe.errors import InputError, PixelDataError
@@ -78,28 +78,13 @@ def collate_media(rows: list, ctx) -> dict:
 
 
 def check_pad_ids(rows: list, vision_tokens, *, stage: str = "collate", index=None) -> None:
-    """Every image / video slot of each row (``mm_token_type_ids`` 1 / 2) must hold a pad id of the
-    collating processor's tokenizer (``vision_tokens.pad_ids``; None: not checked): rows whose ids
-    came from another tokenizer (a checkpoint of the family with another vocabulary) would reach
-    the model with no image token where its images go, and every other id read in the wrong
-    vocabulary. `InputError` naming the row (``index``, else its place in ``rows``), ``input_ids``,
-    the ids expected and found, the fix."""
-    pads = np.asarray(getattr(vision_tokens, "pad_ids", ()) or (), np.int64)
-    if not pads.size:
+    """Every image / video slot of each row must hold a pad id of the processor's tokenizer
+    (``vision_tokens.pad_ids``; None: not checked): `mmpipe.batching.checks.check_slot_ids`."""
+    if vision_tokens is None:
         return
-    for b, r in enumerate(rows):
-        slots = np.flatnonzero(r.mm_token_type_ids > 0)
-        wrong = slots[~np.isin(r.input_ids[slots], pads)]
-        if len(wrong):
-            k = int(wrong[0])
-            names = [n for n, i in zip(vision_tokens.names, vision_tokens.ids) if i in pads]
-            raise InputError("the row's image / video slots hold another id than the processor's pad tokens: its "
-                             "ids come from another tokenizer than this processor's",
-                             row=b if index is None else index, column="input_ids", stage=stage,
-                             expected=f"{' or '.join(names)} (ids {pads.tolist()})",
-                             found=f"id {int(r.input_ids[k])} at token {k}",
-                             fix="collate with the processor the rows were encoded with, or re-encode them with "
-                                 "this one")
+    pads = set(vision_tokens.pad_ids)
+    names = [n for n, i in zip(vision_tokens.names, vision_tokens.ids) if i in pads]
+    check_slot_ids(rows, sorted(pads), names, stage=stage, index=index)
 
 
 def check_normalisation(rows: list, spec: VisionSpec, *, stage: str = "collate", index=None,

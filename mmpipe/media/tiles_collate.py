@@ -21,6 +21,7 @@ from typing import Optional
 
 import numpy as np
 
+from mmpipe.batching.checks import check_slot_ids
 from mmpipe.batching.media_fields import MediaItems
 from mmpipe.errors import ArgumentError, InputError, PixelDataError
 from mmpipe.images.tile_sources import decoded_rows
@@ -44,26 +45,6 @@ def collator_state(processor, fam) -> dict:
     feature = None if tok is None else fam.token_ids(tok)["feature"]
     return {"table": normalise_table(ip), "image_processor": ip, "tile": tile_size(ip, fam),
             "feature_id": None if feature is None else int(feature)}
-
-
-def check_feature_ids(rows: list, feature_id: Optional[int]) -> None:
-    """Every image feature slot of each row (``mm_token_type_ids`` 1) must hold the collating
-    processor's feature token id (None: not checked): rows whose ids came from another tokenizer
-    (InternVL checkpoints of one family ship InternLM and Qwen vocabularies) would reach the model
-    with no feature token where its tiles go and every other id read in the wrong vocabulary.
-    `InputError` naming the row, ``input_ids``, the ids expected and found and the fix."""
-    if feature_id is None:
-        return
-    for b, r in enumerate(rows):
-        wrong = np.flatnonzero((r.mm_token_type_ids == 1) & (r.input_ids != feature_id))
-        if len(wrong):
-            k = int(wrong[0])
-            raise InputError("the row's image feature slots hold another id than the processor's feature token: "
-                             "its ids come from another tokenizer than this processor's", row=b, column="input_ids",
-                             stage="collate", expected=f"{r.fam.feature_token} (id {feature_id})",
-                             found=f"id {int(r.input_ids[k])} at token {k}",
-                             fix="collate with the processor the rows were encoded with, or re-encode them with "
-                                 "this one")
 
 
 def tile_size(image_processor, fam) -> tuple[int, int]:
@@ -129,7 +110,8 @@ def collate_media(rows: list, ctx) -> dict:
     sources = [r.image_sources for r in rows]
     # what each row holds in the batch (source rows: their decoded tiles), for an exact unbatch
     formats = ["none" if r.pixel_format == "none" else "uint8" for r in rows]
-    check_feature_ids(rows, ctx.state.get("feature_id"))
+    if ctx.state.get("feature_id") is not None:  # rows of this processor's tokenizer?
+        check_slot_ids(rows, [ctx.state["feature_id"]], [ctx.fam.feature_token], kinds=(1,))
     rows = decoded_source_rows(rows, ctx.state.get("image_processor"), ctx.fam.images())
     if ctx.pixels:
         check_tile_size(rows, ctx.state.get("tile"))
