@@ -49,7 +49,8 @@ def trainer_settings() -> dict[str, Any]:
     ``remove_unused_columns=False``, ``accelerator_config={"dispatch_batches": False}``,
     ``ddp_find_unused_parameters=True``, and ``gradient_checkpointing_kwargs={"use_reentrant": False}``
     where ``TrainingArguments`` has no ``activation_checkpointing_kwargs`` yet (4.x and earlier 5.x,
-    which checkpoint reentrantly by default up to transformers PR #43203; the later ones do not)."""
+    whose ``gradient_checkpointing_enable`` defaults to reentrant checkpointing; 5.25's
+    ``activation_checkpointing_enable`` defaults to ``use_reentrant=False``)."""
     from transformers import TrainingArguments
 
     settings = {"remove_unused_columns": False, "accelerator_config": {"dispatch_batches": False},
