@@ -36,8 +36,9 @@ ROW_FIELDS = (("images_kwargs", "row_images_kwargs"), ("image_sources", "row_ima
 
 
 def collator_state(processor, fam) -> dict:
-    """``{"table": float32 [3, 256] or None, "image_processor": ... or None}`` (None without a
-    processor: rows with pixels then cannot be collated)."""
+    """``{"table": float32 [3, 256], "image_processor": ..., "tile": (S_h, S_w) its tile size
+    (`tile_size`), "feature_id": its tokenizer's feature token id or None}``; every value None
+    without a processor (rows with pixels then cannot be collated, nothing is checked)."""
     if processor is None:
         return {"table": None, "image_processor": None, "tile": None, "feature_id": None}
     ip = effective_image_processor(processor)
@@ -59,19 +60,22 @@ def tile_size(image_processor, fam) -> tuple[int, int]:
 def check_tile_size(rows: list, tile: Optional[tuple], stage: str = "collate", index=None,
                     fix: str = "collate with the processor the rows were encoded with, or re-encode them with "
                                "this one") -> None:
-    """Each row's stored tiles uint8 [n, S, S, 3] must be of the processor's tile size ``tile``:
-    collate would normalise tiles of another processor's size (a checkpoint of another image size)
-    as they are, and the model's vision tower takes its own size. `InputError` naming the row
-    (``index``, else its place in ``rows``), ``tile_hw``, both sizes and the fix."""
+    """Each row's stored tiles uint8 [n, S, S, 3] must be of the processor's tile size ``tile``
+    (None: not checked): collate would normalise tiles of another processor's size (a checkpoint of
+    another image size) as they are, and the model's vision tower takes its own size.
+    `PixelDataError` naming the row (``index``, else its place in ``rows``), ``tile_hw``, both sizes
+    and the fix."""
+    if tile is None:
+        return
     for b, r in enumerate(rows):
         u8 = r.pixel_values_u8
-        if tile is None or u8 is None or not len(u8) or tuple(u8.shape[1:3]) == tuple(tile):
+        if u8 is None or not len(u8) or tuple(u8.shape[1:3]) == tuple(tile):
             continue
-        raise PixelDataError(f"the row's tiles are {u8.shape[1]}x{u8.shape[2]} but the processor resizes every tile to "
-                         f"{tile[0]}x{tile[1]} (its image processor's size): rows encoded by a processor of another "
-                         "image size", row=b if index is None else index, column="tile_hw", stage=stage,
-                         expected=str(list(tile)), found=str(list(u8.shape[1:3])),
-                         fix=fix)
+        raise PixelDataError(f"the row's tiles are {u8.shape[1]}x{u8.shape[2]} but the processor resizes every "
+                             f"tile to {tile[0]}x{tile[1]} (its image processor's size): rows encoded by a "
+                             "processor of another image size", row=b if index is None else index,
+                             column="tile_hw", stage=stage, expected=str(list(tile)),
+                             found=str(list(u8.shape[1:3])), fix=fix)
 
 
 def _pixels(rows: list, table: Optional[np.ndarray], fam, tiles: np.ndarray) -> tuple:
