@@ -34,6 +34,22 @@ def reply(content, **kw) -> dict:
     return {"role": "assistant", "content": content, **kw}
 
 
+def one_image_row(image, answer=None) -> dict:
+    """A raw row: a user turn of ``image`` then "What?", with ``answer`` an assistant reply too."""
+    messages = [user_turn(None, "What?")] + ([reply([{"type": "text", "text": answer}])] if answer is not None else [])
+    return {"messages": messages, "images": [image]}
+
+
+def edited_processor(family: str = "qwen2_vl", **image_settings):
+    """A freshly built processor of ``family`` with ``image_settings`` set on its image processor:
+    a checkpoint of the family with other image settings (the shared `processor_for` one stays
+    as built)."""
+    p = testing.build_processor(family)
+    for k, v in image_settings.items():
+        setattr(p.image_processor, k, v)
+    return p
+
+
 def counted_renders(monkeypatch) -> list:
     """The number of conversations each ``Encoder.render_many`` call renders, appended to the
     returned list as calls happen (render counts, not times, bound the cost of locating replies)."""

@@ -13,41 +13,31 @@ import mmpipe
 from mmpipe import testing
 from mmpipe.errors import PixelDataError
 
+from helpers import edited_processor, one_image_row
+
 IMAGES = [testing.tiny_image(60, 90), testing.tiny_image(100, 50)]
 FAMILIES = ("gemma3", "internvl", "llava_onevision")
 
 
-def _raw(image):
-    return {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
-                         {"role": "assistant", "content": [{"type": "text", "text": "A."}]}], "images": [image]}
-
-
-def _processor(family, **settings):
-    p = testing.build_processor(family)
-    for k, v in settings.items():
-        setattr(p.image_processor, k, v)
-    return p
-
-
 def _own_call(p):
-    text = [p.apply_chat_template(_raw(im)["messages"], tokenize=False) for im in IMAGES]
+    text = [p.apply_chat_template(one_image_row(im, "A.")["messages"], tokenize=False) for im in IMAGES]
     return p(text=text, images=[[im] for im in IMAGES], return_tensors="pt", padding=True)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tiles_take_the_collating_processors_normalisation_exactly(family):
-    b = _processor(family, image_mean=[0.1, 0.2, 0.3], image_std=[0.2, 0.3, 0.4])
-    rows = [mmpipe.encode_row(_raw(im), _processor(family)) for im in IMAGES]
+    b = edited_processor(family, image_mean=[0.1, 0.2, 0.3], image_std=[0.2, 0.3, 0.4])
+    rows = [mmpipe.encode_row(one_image_row(im, "A."), edited_processor(family)) for im in IMAGES]
     pv = mmpipe.collate(rows, processor=b).model_inputs()["pixel_values"]
     assert torch.equal(pv, _own_call(b)["pixel_values"])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tiles_of_another_image_size_are_refused(family):
-    a = _processor(family)
-    side = int(np.asarray(mmpipe.encode_row(_raw(IMAGES[0]), a).pixel_values_u8).shape[1])
-    b = _processor(family, size={"height": 2 * side, "width": 2 * side})
-    rows = [mmpipe.encode_row(_raw(im), a) for im in IMAGES]
+    a = edited_processor(family)
+    side = int(np.asarray(mmpipe.encode_row(one_image_row(IMAGES[0], "A."), a).pixel_values_u8).shape[1])
+    b = edited_processor(family, size={"height": 2 * side, "width": 2 * side})
+    rows = [mmpipe.encode_row(one_image_row(im, "A."), a) for im in IMAGES]
     with pytest.raises(PixelDataError) as e:
         mmpipe.collate(rows, processor=b)
     assert e.value.row == 0 and e.value.column == "tile_hw"
@@ -58,8 +48,8 @@ def test_tiles_of_another_image_size_are_refused(family):
 def test_source_rows_are_tiled_by_the_collating_processor_exactly():
     """pixels='source' rows keep their files: a processor of another tile size tiles them itself,
     as its own call does (Gemma 3: the tile size does not change the text)."""
-    b = _processor("gemma3", size={"height": 64, "width": 64})
-    rows = [mmpipe.encode_row(_raw(im), _processor("gemma3"), pixels="source") for im in IMAGES]
+    b = edited_processor("gemma3", size={"height": 64, "width": 64})
+    rows = [mmpipe.encode_row(one_image_row(im, "A."), edited_processor("gemma3"), pixels="source") for im in IMAGES]
     batch = mmpipe.collate(rows, processor=b)
     ref = _own_call(b)
     assert torch.equal(batch.model_inputs()["pixel_values"], ref["pixel_values"])
@@ -74,8 +64,8 @@ def test_rows_of_another_tokenizer_are_refused(family):
     row's feature tokens to another id."""
     from mmpipe.errors import InputError
 
-    p = _processor(family)
-    rows = [mmpipe.encode_row(_raw(im), p).to_dict() for im in IMAGES]
+    p = edited_processor(family)
+    rows = [mmpipe.encode_row(one_image_row(im, "A."), p).to_dict() for im in IMAGES]
     ids = np.asarray(rows[1]["input_ids"]).copy()
     ids[np.asarray(rows[1]["mm_token_type_ids"]) == 1] = 5
     with pytest.raises(InputError) as e:

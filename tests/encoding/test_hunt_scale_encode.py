@@ -24,19 +24,32 @@ def _conversation(turns: int, image_every_turn: bool = False) -> dict:
     return {"messages": messages, "images": [tiny_image(40 + i % 3, 56) for i in range(turns if image_every_turn else 1)]}
 
 
-def _tokenized_chars(monkeypatch, processor, row) -> tuple[int, mmpipe.MultiModalInputs]:
-    """Characters the processor's tokenizer is called on while ``row`` is encoded, and the row."""
-    tokenizer_class, seen = type(processor.tokenizer), [0]
-    original = tokenizer_class.__call__
+def _counted_encode(monkeypatch, cls, param: str, measure, processor, row) -> tuple[int, mmpipe.MultiModalInputs]:
+    """The sum of ``measure`` over the argument ``param`` (first positional, or by name) of every
+    ``cls.__call__`` while ``row`` is encoded, and the row."""
+    original, seen = cls.__call__, [0]
 
-    def counting(self, text=None, *args, **kwargs):
-        seen[0] += len(text) if isinstance(text, str) else sum(len(t) for t in text or () if isinstance(t, str))
-        return original(self, text, *args, **kwargs)
+    def counting(self, *args, **kwargs):
+        seen[0] += measure(args[0] if args else kwargs.get(param))
+        return original(self, *args, **kwargs)
 
     with monkeypatch.context() as m:
-        m.setattr(tokenizer_class, "__call__", counting)
+        m.setattr(cls, "__call__", counting)
         row = mmpipe.encode_row(row, processor)
     return seen[0], row
+
+
+def _chars(text) -> int:  # a string, or a list of them
+    return len(text) if isinstance(text, str) else sum(len(t) for t in text or () if isinstance(t, str))
+
+
+def _images(images) -> int:  # a list of images, or one list of them per text (Idefics3)
+    return sum(_images(x) for x in images) if isinstance(images, (list, tuple)) else 1
+
+
+def _tokenized_chars(monkeypatch, processor, row) -> tuple[int, mmpipe.MultiModalInputs]:
+    """Characters the processor's tokenizer is called on while ``row`` is encoded, and the row."""
+    return _counted_encode(monkeypatch, type(processor.tokenizer), "text", _chars, processor, row)
 
 
 @pytest.mark.parametrize("family", ["llava", "idefics3"])
@@ -54,20 +67,7 @@ def test_labels_after_the_last_image_tokenize_linear_in_the_turns(monkeypatch, f
 
 def _images_processed(monkeypatch, processor, row) -> tuple[int, mmpipe.MultiModalInputs]:
     """Images the processor's image processor is called on while ``row`` is encoded, and the row."""
-    image_class, seen = type(processor.image_processor), [0]
-    original = image_class.__call__
-
-    def count(images) -> int:  # a list of images, or one list of them per text (Idefics3)
-        return sum(count(x) for x in images) if isinstance(images, (list, tuple)) else 1
-
-    def counting(self, images, *args, **kwargs):
-        seen[0] += count(images)
-        return original(self, images, *args, **kwargs)
-
-    with monkeypatch.context() as m:
-        m.setattr(image_class, "__call__", counting)
-        row = mmpipe.encode_row(row, processor)
-    return seen[0], row
+    return _counted_encode(monkeypatch, type(processor.image_processor), "images", _images, processor, row)
 
 
 @pytest.mark.parametrize("family", ["llava", "idefics3"])

@@ -13,23 +13,17 @@ from mmpipe import testing
 from mmpipe.errors import ArgumentError
 from mmpipe.rollout import to_vllm_prompts
 
-RAW = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]}],
-       "images": [testing.tiny_image(60, 90)]}
+from helpers import edited_processor, one_image_row
 
-
-def _processor(**settings):
-    p = testing.build_processor("qwen2_vl")
-    for k, v in settings.items():
-        setattr(p.image_processor, k, v)
-    return p
+RAW = one_image_row(testing.tiny_image(60, 90))
 
 
 @pytest.mark.parametrize("key,value", [("merge_size", 1), ("patch_size", 16)])
 def test_processor_with_other_patch_or_merge_size_is_refused_at_every_stage(key, value):
-    drifted = _processor(**{key: value})
+    drifted = edited_processor(**{key: value})
     with pytest.raises(ArgumentError, match=f"{key}={value}.*qwen2_vl models take {key}="):
         mmpipe.encode_row(RAW, drifted)
-    rows = [mmpipe.encode_row(RAW, _processor())]
+    rows = [mmpipe.encode_row(RAW, edited_processor())]
     with pytest.raises(ArgumentError, match=key):
         mmpipe.collate(rows, processor=drifted)
     with pytest.raises(ArgumentError, match=key):
@@ -37,7 +31,7 @@ def test_processor_with_other_patch_or_merge_size_is_refused_at_every_stage(key,
 
 
 def test_the_families_own_sizes_encode_as_the_processor_calls():
-    p = _processor()
+    p = edited_processor()
     row = mmpipe.encode_row(RAW, p)
     text = p.apply_chat_template(RAW["messages"], add_generation_prompt=True, tokenize=False)
     ref = p(text=[text], images=RAW["images"], return_tensors="np")

@@ -13,26 +13,16 @@ from mmpipe import testing
 from mmpipe.errors import PixelDataError
 from mmpipe.rollout import to_vllm_prompts
 
+from helpers import edited_processor, one_image_row
+
 IMAGES = [testing.tiny_image(60, 90), testing.tiny_image(100, 50)]
-
-
-def _raws():
-    return [{"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]}],
-             "images": [im]} for im in IMAGES]
-
-
-def _processor(family, **settings):
-    p = testing.build_processor(family)
-    for k, v in settings.items():
-        setattr(p.image_processor, k, v)
-    return p
 
 
 @pytest.mark.parametrize("settings", [dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5]),
                                       dict(size={"shortest_edge": 56 * 56, "longest_edge": 56 * 56})])
 def test_patch_grid_prompts_recreate_the_rows_under_the_drifted_processor(settings):
-    b = _processor("qwen2_vl", **settings)
-    rows = [mmpipe.encode_row(r, _processor("qwen2_vl")) for r in _raws()]
+    b = edited_processor("qwen2_vl", **settings)
+    rows = [mmpipe.encode_row(r, edited_processor("qwen2_vl")) for r in [one_image_row(im) for im in IMAGES]]
     batch = mmpipe.collate(rows, processor=b)
     for k, prompt in enumerate(to_vllm_prompts(rows, b)):
         kw = dict(prompt["mm_processor_kwargs"])
@@ -44,8 +34,8 @@ def test_patch_grid_prompts_recreate_the_rows_under_the_drifted_processor(settin
 
 
 def test_gemma3_stored_tile_of_another_size_is_refused_as_the_prompt_image():
-    a, b = _processor("gemma3"), _processor("gemma3", size={"height": 64, "width": 64})
-    rows = [mmpipe.encode_row(r, a) for r in _raws()]
+    a, b = edited_processor("gemma3"), edited_processor("gemma3", size={"height": 64, "width": 64})
+    rows = [mmpipe.encode_row(r, a) for r in [one_image_row(im) for im in IMAGES]]
     assert [p["multi_modal_data"]["image"][0].size for p in to_vllm_prompts(rows, a)] == [(32, 32)] * 2
     with pytest.raises(PixelDataError) as e:
         to_vllm_prompts(rows, b)
@@ -59,8 +49,8 @@ def test_patch_grid_rows_of_another_tokenizer_are_refused():
     5) would reach vLLM with no image placeholder its tokenizer knows."""
     import numpy as np
 
-    p = _processor("qwen2_vl")
-    rows = [mmpipe.encode_row(r, p).to_dict() for r in _raws()]
+    p = edited_processor("qwen2_vl")
+    rows = [mmpipe.encode_row(r, p).to_dict() for r in [one_image_row(im) for im in IMAGES]]
     ids = np.asarray(rows[1]["input_ids"]).copy()
     ids[np.asarray(rows[1]["mm_token_type_ids"]) == 1] = 5
     with pytest.raises(mmpipe.errors.InputError) as e:
