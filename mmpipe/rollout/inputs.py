@@ -173,7 +173,8 @@ def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_
     Returns input_ids / attention_mask / mm_token_type_ids int64 [B, L], pixel_values float32
     [N, 3*T*p*p] + image_grid_thw int64 [I, 3] and pixel_values_videos float32 [Nv, 3*T*p*p] +
     video_grid_thw int64 [V, 3] (+ second_per_grid_ts float32 [V] for Qwen2.5-VL) when the
-    batch holds them (any mix of images and videos per row, zero included).
+    batch holds them (any mix of images and videos per row, zero included). A batch collated with
+    ``pixels_on_device=True`` (uint8 pixels only) is expanded on ``device`` (`model_inputs`).
 
     No ``position_ids`` by default: ``generate`` builds the 3-D positions and rope deltas
     itself at prefill (``_prepare_position_ids_for_generation`` -> ``get_rope_index``) and
@@ -203,7 +204,9 @@ def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_
         )
     has_vision = bool(int(batch.image_offsets[-1])) or bool(batch.video_grid_thw.shape[0])
     in_vision = any(k.startswith("pixel_values") for k in (batch.vision or {}))  # the generic path's pixels
-    if has_vision and batch.pixel_values is None and batch.pixel_values_videos is None and not in_vision:
+    # a batch collated with pixels_on_device holds its pixels as uint8 only (model_inputs expands them)
+    held = ("pixel_values", "pixel_values_u8", "pixel_values_videos", "pixel_values_videos_u8")
+    if has_vision and all(getattr(batch, k) is None for k in held) and not in_vision:
         rows = [b for b, (i, v) in enumerate(zip(batch.sample_to_image_indices, batch.sample_to_video_indices))
                 if i or v]
         raise PixelDataError(
