@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 from mmpipe.errors import ArgumentError
@@ -172,21 +173,24 @@ def tool_result_content(items: Sequence) -> tuple[Any, list]:
 
 
 _PROBE = "\x00mmpipe-tool-probe\x00"
-_ROLES: dict[int, tuple[Any, str]] = {}
+# encoder -> its tool role. Weak keys: every `AgentLoop.run` builds its own Encoder, and a
+# dict holding them kept each one (and what it caches) alive for the whole run of the process.
+_ROLES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 
 
 def tool_role_of(encoder) -> str:
     """``"tool"`` when the encoder's chat template renders a ``tool`` message (Qwen2-VL as
     ``<|im_start|>tool``, Qwen3-VL as ``<tool_response>`` inside a user turn), else ``"user"``
-    (then results are wrapped in ``<tool_response>`` tags by the loop). Cached per encoder."""
-    hit = _ROLES.get(id(encoder))
-    if hit is not None and hit[0] is encoder:
-        return hit[1]
+    (then results are wrapped in ``<tool_response>`` tags by the loop). Cached per encoder
+    while the encoder lives."""
+    hit = _ROLES.get(encoder)
+    if hit is not None:
+        return hit
     msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
             {"role": "tool", "content": _PROBE}]
     try:
         role = "tool" if _PROBE in encoder.render(msgs, True) else "user"
     except ValueError:  # the template refuses the role (raise_exception in jinja -> InputError)
         role = "user"
-    _ROLES[id(encoder)] = (encoder, role)
+    _ROLES[encoder] = role
     return role
