@@ -17,13 +17,16 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
 from mmpipe.errors import ArgumentError
 from mmpipe.encoding.encoder import Encoder
+from mmpipe.encoding.mapping import as_input_error
+from mmpipe.records.columns import ERROR_COLUMN
 
 
 class TokenCounter:
@@ -32,7 +35,9 @@ class TokenCounter:
     ``options``: the `mmpipe.Encoder` options the training encode will use (``min_pixels``,
     ``max_pixels``, ``add_generation_prompt``, ``chat_template_kwargs``, ``images_column``);
     pixel, label and truncation options do not change a count and are overridden. With
-    ``on_error="skip"`` a row that fails to encode counts -1 (`filter_by_length` removes it).
+    ``on_error="skip"`` a row that fails to encode counts -1 (`filter_by_length` removes it) and
+    a third column, ``mmpipe_error``, holds its JSON ``{"row", "stage", "column", "reason"}``
+    (``""`` on counted rows), as ``mmpipe.encode`` records it.
     """
 
     def __init__(self, processor, **options):
@@ -40,31 +45,36 @@ class TokenCounter:
             options.pop(name, None)
         self.encoder = Encoder(processor, pixels="none", labels=False, **options)
 
-    def __call__(self, batch, indices: list[int]) -> dict[str, list[int]]:
+    def __call__(self, batch, indices: list[int]) -> dict[str, list]:
         rows = batch.to_pylist() if hasattr(batch, "to_pylist") else [
             {k: v[i] for k, v in batch.items()} for i in range(len(indices))]
-        total, image = [], []
+        total, image, errors = [], [], []
         skip = getattr(self.encoder, "on_error", "raise") == "skip"
         for row, idx in zip(rows, indices):
             try:
                 r = self.encoder.encode_row(row, idx)
-            except Exception:
+            except Exception as e:
                 if not skip:
                     raise
                 total.append(-1)
                 image.append(-1)
+                errors.append(json.dumps(as_input_error(e, idx).record()))  # which row, and why: never only a count
                 continue
             total.append(r.num_tokens)
             image.append(int((r.mm_token_type_ids == 1).sum()))
-        return {"num_tokens": total, "num_image_tokens": image}
+            errors.append("")
+        return {"num_tokens": total, "num_image_tokens": image, **({ERROR_COLUMN: errors} if skip else {})}
 
 
 @dataclass
 class TokenLengths:
-    """Per-row token counts of a dataset: ``total`` and ``image`` int64 [n]."""
+    """Per-row token counts of a dataset: ``total`` and ``image`` int64 [n] (-1: the row failed to
+    encode under ``on_error="skip"``; ``errors`` holds each such row's ``{"row", "stage", "column",
+    "reason"}``)."""
 
     total: np.ndarray
     image: np.ndarray
+    errors: list = field(default_factory=list)
 
     @property
     def text(self) -> np.ndarray:
@@ -90,16 +100,20 @@ def token_lengths(ds, processor, *, num_proc: Optional[int] = None, batch_size: 
         remove_columns=ds.column_names, num_proc=num_proc, desc="mmpipe token lengths",
     )
     table = counted.data.table
+    errors = [json.loads(x) for x in table.column(ERROR_COLUMN).to_pylist() if x] \
+        if ERROR_COLUMN in table.column_names else []
     return TokenLengths(
         total=table.column("num_tokens").to_numpy().astype(np.int64),
         image=table.column("num_image_tokens").to_numpy().astype(np.int64),
+        errors=errors,
     )
 
 
 @dataclass
 class LengthFilterReport:
     """What `filter_by_length` removed: rows over ``max_tokens``, rows under ``min_tokens``,
-    rows that failed to encode (``on_error="skip"`` only)."""
+    rows that failed to encode (``on_error="skip"`` only: ``failed`` of them, each one's
+    ``{"row", "stage", "column", "reason"}`` in ``errors``, as `mmpipe.encode_dataset` reports them)."""
 
     rows_in: int
     rows_out: int
@@ -110,6 +124,7 @@ class LengthFilterReport:
     tokens_in: int
     tokens_out: int
     failed: int = 0
+    errors: list = field(default_factory=list)
 
     @property
     def removed(self) -> int:
@@ -135,7 +150,8 @@ def filter_by_length(ds, processor, *, max_tokens: Optional[int] = None, min_tok
         raise ArgumentError("filter_by_length needs max_tokens and/or min_tokens")
     if max_tokens is not None and min_tokens is not None and min_tokens > max_tokens:
         raise ArgumentError(f"min_tokens={min_tokens} is above max_tokens={max_tokens}; nothing could be kept")
-    lengths = token_lengths(ds, processor, num_proc=num_proc, batch_size=batch_size, **options).total
+    counted = token_lengths(ds, processor, num_proc=num_proc, batch_size=batch_size, **options)
+    lengths = counted.total
     failed = lengths < 0
     too_long = (lengths > max_tokens) if max_tokens is not None else np.zeros(len(lengths), bool)
     too_short = (lengths < min_tokens) & ~failed if min_tokens is not None else np.zeros(len(lengths), bool)
@@ -145,6 +161,6 @@ def filter_by_length(ds, processor, *, max_tokens: Optional[int] = None, min_tok
     report = LengthFilterReport(
         rows_in=len(ds), rows_out=int(keep.sum()), too_long=int(too_long.sum()), too_short=int(too_short.sum()),
         max_tokens=max_tokens, min_tokens=min_tokens, tokens_in=int(lengths[~failed].sum()),
-        tokens_out=int(lengths[keep].sum()), failed=int(failed.sum()),
+        tokens_out=int(lengths[keep].sum()), failed=int(failed.sum()), errors=counted.errors,
     )
     return out, report
