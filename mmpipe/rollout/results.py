@@ -135,7 +135,10 @@ def _logprob_array(raw, where: str, i: int) -> np.ndarray:
     """A completion's logprobs -> float32 [R]. Refused (`InputError`, column "logprobs"): values
     that are not numbers (vLLM's per-position ``{token_id: Logprob}`` dicts: take the sampled
     token's ``.logprob``), NaN or infinite ones (one poisons every importance ratio of the batch),
-    and values above 0 (probabilities or logits, not log-probabilities)."""
+    and values above 0 (probabilities or logits, not log-probabilities). A torch tensor is taken on
+    any device and in any float dtype (a bf16 model's bfloat16 logprobs: numpy has no such dtype)."""
+    if hasattr(raw, "detach") and hasattr(raw, "float"):  # torch: bf16 and GPU tensors do not convert to numpy
+        raw = raw.detach().cpu().float()
     try:
         lps = np.asarray(raw, dtype=np.float32).reshape(-1)
     except (TypeError, ValueError) as e:

@@ -40,3 +40,19 @@ def test_greedy_generate_in_bfloat16_from_a_pixels_on_device_batch():
             outs.append(model.generate(**to_generate_kwargs(batch, "cpu", model=model), max_new_tokens=4,
                                        do_sample=False, pad_token_id=proc.tokenizer.pad_token_id))
     assert torch.equal(outs[0], outs[1])
+
+
+def test_bfloat16_logprob_tensors_are_taken_as_their_values():
+    """An engine over a bf16 model that hands back its logprobs as they come (a bfloat16 tensor):
+    before the fix an InputError said the values were not numbers ('Got unsupported ScalarType
+    BFloat16') and told the caller to pass the sampled token's logprob, which it had done."""
+    from mmpipe.records.generation import Completion, Generation
+    from mmpipe.rollout.results import unbatch_rollout
+
+    proc = testing.build_processor("qwen2_vl")
+    prompts = prompt_rows(proc, (1,))
+    lp = torch.tensor([-0.5, -1.25, -0.0078125], dtype=torch.bfloat16)  # exact in bf16 and float32
+    got, want = (unbatch_rollout(prompts, [Generation(0, [Completion(ids, lps, "length")])], processor=proc)
+                 for ids, lps in ((torch.tensor([40, 41, 42]), lp), ([40, 41, 42], lp.float().tolist())))
+    assert got[0].logprobs.dtype == want[0].logprobs.dtype
+    assert got[0].logprobs.tolist() == want[0].logprobs.tolist() == [-0.5, -1.25, -0.0078125]
