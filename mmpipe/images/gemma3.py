@@ -26,6 +26,7 @@ from mmpipe.images.settings import size_field
 from mmpipe.images.tiles import effective_image_processor, resize_tile
 
 BACKENDS = ("pil", "torchvision")  # image-processor backends tiles_u8 reproduces (mmpipe.images.tiles.resize_tile)
+RESIZES_ALWAYS = True  # do_resize=False keeps images at their own size: refused (mmpipe.images.tiles.check_call_kwargs)
 
 __all__ = ["BACKENDS", "tile_count", "image_tokens", "tiles_u8", "expand_placeholder", "placeholder_runs", "crop_boxes",
            "tile_size", "max_tiles", "vllm_prompt_ids"]

@@ -58,6 +58,12 @@ MODE_KEY = "multi_image"  # the encoder's images_kwargs key naming the multi-ima
 MODES = ("per_conversation", "flat")  # the processor's chat path (and TRL, batch_num_images) / a flat list (vLLM)
 DEFAULT_MODE = "per_conversation"
 VLLM_MODE = "flat"  # vLLM's LLaVA-OneVision processor passes each prompt's images as a flat list
+RESIZES_ALWAYS = True  # do_resize=False: a conversation's several images stay at their own size (refused)
+# processor-call options refused (mmpipe.images.tiles.check_call_kwargs): the processor tiles with call pinpoints but
+# counts an image's tokens with its image processor's own, and the model its features with its config's
+REFUSED_CALL_KWARGS = {"image_grid_pinpoints": "the processor would tile with these but count the image's tokens with "
+                       "its image processor's own pinpoints (and the model its features with its config's): set "
+                       "image_grid_pinpoints on the image processor and in the model config"}
 
 
 def split_images_kwargs(images_kwargs: Optional[dict]) -> tuple[dict, dict]:

@@ -44,7 +44,17 @@ from mmpipe.errors import ArgumentError
 from mmpipe.images.pixels import u8_video_to_pixel_values
 
 __all__ = ["effective_image_processor", "normalise_table", "normalise_tiles", "resize_tile", "tiles_to_u8",
-           "image_tiles", "with_images_kwargs"]
+           "image_tiles", "with_images_kwargs", "check_call_kwargs"]
+
+_NORMALISED_AT_COLLATE = ("collate expands the stored uint8 tiles with the collating processor's own rescale and "
+                          "normalisation: set it on the processor's image processor (its preprocessor_config.json)")
+# processor-call image options whose effect the stored tiles cannot carry -> what to do instead (a family's
+# image module adds its own in REFUSED_CALL_KWARGS)
+REFUSED_CALL_KWARGS = {
+    "size": "collate takes tiles of the collating processor's tile size only: set size on the processor's image "
+            "processor (its preprocessor_config.json), as the checkpoint's vision tower expects",
+    **{k: _NORMALISED_AT_COLLATE for k in ("image_mean", "image_std", "do_normalize", "do_rescale", "rescale_factor")},
+}
 
 
 def effective_image_processor(processor, **images_kwargs):
@@ -59,6 +69,23 @@ def effective_image_processor(processor, **images_kwargs):
         if v is not None:
             setattr(out, k, v)
     return out
+
+
+def check_call_kwargs(images_kwargs: dict, image_processor, module, what: str) -> None:
+    """`ArgumentError` for an encoder's ``images_kwargs`` (the processor call's image options) whose
+    effect mmpipe would not reproduce, so its rows would silently differ from the processor's call:
+    normalisation and tile size (collate uses the collating processor's), and the family module's
+    ``REFUSED_CALL_KWARGS``. ``image_processor``: the `effective_image_processor` (a family whose
+    module sets ``RESIZES_ALWAYS`` refuses ``do_resize=False`` there, given or the processor's own:
+    its processor then keeps each image at its own size, not a tile). ``what``: "Cls (family)"."""
+    refused = {**REFUSED_CALL_KWARGS, **getattr(module, "REFUSED_CALL_KWARGS", {})}
+    for key in images_kwargs:
+        if key in refused:
+            raise ArgumentError(f"images_kwargs {key!r} is not available for {what}: {refused[key]}")
+    if getattr(module, "RESIZES_ALWAYS", False) and getattr(image_processor, "do_resize", True) is False:
+        raise ArgumentError(f"do_resize=False is not available for {what}: its processor then keeps every image at "
+                            "its own size instead of resizing it to a tile, which mmpipe's tiles (and the vision "
+                            "tower) do not take; leave do_resize at True (images_kwargs and the image processor)")
 
 
 def with_images_kwargs(image_processor, images_kwargs: Optional[dict]):

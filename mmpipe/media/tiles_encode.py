@@ -38,7 +38,7 @@ from mmpipe.encoding.sources import source_bytes
 from mmpipe.encoding.text_ids import spliced_ids
 from mmpipe.errors import ArgumentError, PlaceholderError
 from mmpipe.images.load import image_hw
-from mmpipe.images.tiles import effective_image_processor, image_tiles
+from mmpipe.images.tiles import check_call_kwargs, effective_image_processor, image_tiles
 
 # its stored pixel formats: tiles, source files, layout-only (float32: the same values, 4x the bytes), its
 # truncation policies (`mmpipe.encoding.options.kind_options`), and why only those
@@ -83,6 +83,7 @@ def encode_settings(enc, given: dict) -> None:
     split = getattr(enc.module, "split_images_kwargs", None)  # mmpipe's own options (OneVision's mode)
     enc.row_options, enc.call_kwargs = split(enc.images_kwargs) if split is not None else ({}, enc.images_kwargs)
     enc.image_processor = effective_image_processor(enc.processor, **enc.call_kwargs)
+    check_call_kwargs(enc.call_kwargs, enc.image_processor, enc.module, f"{enc.processor_class} ({fam.name})")
     enc.feature_id = fam.token_ids(enc.tokenizer)["feature"]
     text, runs = enc.module.placeholder_runs(8, 8, enc.processor, enc.image_processor)
     enc.collapse = collapse_is_exact(enc.tokenizer, enc.feature_id, fam.feature_token, text, runs)
