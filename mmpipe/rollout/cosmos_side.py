@@ -2,15 +2,17 @@
 (resolved on first use, None without cosmos-rl) and registration, and what its trainers hand a
 packer beyond one prompt item: a dataset item its multi-turn rollout grows in place (`item_shape`,
 the prompt cache's key), a multi-turn rollout's completed conversation (`completed_conversation`),
-and the collate length it asks for (`check_fits`)."""
+the collate length it asks for (`check_fits`), and the packers' bounded prompt cache (`PromptCache`)."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Optional, Sequence
 
 from mmpipe.records.row import MultiModalInputs
 
-__all__ = ["check_fits", "completed_conversation", "cosmos_base_packer", "item_shape", "register_with_cosmos"]
+__all__ = ["PromptCache", "check_fits", "completed_conversation", "cosmos_base_packer", "item_shape",
+           "register_with_cosmos"]
 
 
 def cosmos_base_packer() -> Optional[type]:
@@ -81,3 +83,61 @@ def check_fits(packer, rows: Sequence[MultiModalInputs], max_len: int) -> None:
                 + (f" (policy.model_max_length={limit})" if limit is not None else ""), found=f"{n} tokens",
                 fix=f"raise policy.model_max_length to at least {n}, or bound the samples when they are made "
                     f"({type(packer).__name__}(max_length=..., truncation='drop' or 'truncate_text'))")
+
+
+class PromptCache:
+    """Encoded prompts by item identity (an item edited in place misses: `item_shape`), least
+    recently used first out, bounded by entries AND bytes (the rows' arrays plus the images the
+    items hold, which the cache keeps alive). Why bytes: cosmos-rl's policy side gets each
+    rollout's item deserialized anew, so nothing there ever hits, and 4,096 entries of real
+    photos (encoded row + decoded item images, MBs each) kept GBs alive for the whole run."""
+
+    MAX_ENTRIES = 4096
+    MAX_BYTES = 256 << 20
+
+    def __init__(self):
+        self._entries: OrderedDict = OrderedDict()  # id(item) -> (item, row, shape, bytes)
+        self._bytes = 0
+
+    def get(self, item: Any) -> Optional[MultiModalInputs]:
+        hit = self._entries.get(id(item))
+        if hit is None or hit[0] is not item or hit[2] != item_shape(item):
+            return None
+        self._entries.move_to_end(id(item))
+        return hit[1]
+
+    def put(self, item: Any, row: MultiModalInputs) -> None:
+        old = self._entries.pop(id(item), None)
+        self._bytes -= old[3] if old is not None else 0
+        size = _nbytes(row) + _nbytes(item)
+        self._entries[id(item)] = (item, row, item_shape(item), size)
+        self._bytes += size
+        while len(self._entries) > self.MAX_ENTRIES or (self._bytes > self.MAX_BYTES and len(self._entries) > 1):
+            self._bytes -= self._entries.popitem(last=False)[1][3]
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _nbytes(value: Any, depth: int = 0) -> int:
+    """Bytes of the arrays, images and byte strings in a row or a dataset item (nested lists and
+    dicts, a few levels)."""
+    if hasattr(value, "nbytes"):
+        return int(value.nbytes)
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    if hasattr(value, "getbands") and hasattr(value, "size"):  # a PIL image, decoded
+        return value.size[0] * value.size[1] * len(value.getbands())
+    if depth > 4:
+        return 0
+    if isinstance(value, dict):
+        return sum(_nbytes(v, depth + 1) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v, depth + 1) for v in value)
+    if isinstance(value, MultiModalInputs):
+        return sum(_nbytes(v, depth + 1) for v in vars(value).values())
+    return 0

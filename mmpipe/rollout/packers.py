@@ -53,7 +53,7 @@ from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.rollout import RolloutSample
 from mmpipe.records.cosmos import CosmosRow
 from mmpipe.rollout.cosmos_side import (  # noqa: F401  (register_with_cosmos: public here too)
-    check_fits, completed_conversation, cosmos_base_packer, item_shape, register_with_cosmos,
+    PromptCache, check_fits, completed_conversation, cosmos_base_packer, register_with_cosmos,
 )
 
 __all__ = ["DataPacker", "DecoderOnlyLLMDataPacker", "QwenVLDataPacker", "CosmosRow", "packer_class",
@@ -90,7 +90,7 @@ class DataPackerCore:
         self.on_vision_token = on_vision_token
         self.encode_options = dict(encode_options)
         self.processor = None
-        self._cache: dict[int, tuple[Any, MultiModalInputs, Any]] = {}
+        self._cache = PromptCache()
         if processor is not None:
             self.bind(processor)
 
@@ -160,14 +160,11 @@ class DataPackerCore:
         if isinstance(item, MultiModalInputs):
             return item
         self._need_processor()
-        cached = self._cache.get(id(item))
-        shape = item_shape(item)
-        if cached is not None and cached[0] is item and cached[2] == shape:
-            return cached[1]
+        cached = self._cache.get(item)
+        if cached is not None:
+            return cached
         row = self.encoder.encode_row(self.to_row(item))
-        if len(self._cache) > 4096:
-            self._cache.clear()
-        self._cache[id(item)] = (item, row, shape)
+        self._cache.put(item, row)
         return row
 
     def get_rollout_input(self, item: Any) -> dict:
