@@ -11,11 +11,12 @@ stage, the family and what to use instead::
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, is_integer
+from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError, is_integer, worker_original
 from mmpipe.families import ModelFamily, get_family, resolve_family
 
 # stage -> what the error message calls it
@@ -32,13 +33,26 @@ ROLLOUT_STAGES = {
 class RolloutRefusal(ArgumentError):
     """A rollout stage refusing a family's rows (`check_rollout`): an `ArgumentError` that
     carries the ``stage``, the ``family`` and, when a row was refused, its index ``row`` (the
-    message then starts ``"row N: "``). ``stage`` and ``family`` are None when only the message is
-    known (a torch DataLoader re-raises a worker's error as ``type(e)(text)``)."""
+    message then starts ``"row N: "``). A torch DataLoader re-raises a worker's error as
+    ``type(e)(text)``: the three are then taken back from the original message (None where it
+    does not say them)."""
 
     def __init__(self, message: str, *, stage: Optional[str] = None, family: Optional[str] = None,
                  row: Optional[int] = None):
         super().__init__(message)
         self.stage, self.family, self.row = stage, family, row
+        original = worker_original(message, type(self)) if (stage, family, row) == (None, None, None) else None
+        if original:
+            loc = re.match(r"row (\d+): ", original)
+            self.row = int(loc.group(1)) if loc else None
+            said = _REFUSED.search(original)
+            if said:
+                self.stage = next((k for k, v in ROLLOUT_STAGES.items() if v == said.group(1)), None)
+                self.family = said.group(2)
+
+
+# what `check_rollout` says: "<ROLLOUT_STAGES value> are not available for <family> rows: "
+_REFUSED = re.compile("(" + "|".join(re.escape(v) for v in ROLLOUT_STAGES.values()) + r") are not available for (\w+) rows: ")
 
 
 def check_rollout(fam: ModelFamily, stage: str, *, row: Optional[int] = None) -> ModelFamily:
