@@ -23,6 +23,7 @@ multi-turn appends re-tokenize from.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Optional
 
 import numpy as np
@@ -120,15 +121,21 @@ def tokenize_text(tokenizer, text: str, offsets: bool, *, min_chars: int = MIN_C
 
 
 # ---- where a tokenizer's text splits: at its added (special or not) tokens --------------------
-_ADDED: dict[int, tuple[Any, tuple[str, ...]]] = {}
+# tokenizer -> (its length, its added tokens). Weak keys: a dict keyed by id() that held the
+# tokenizer kept every tokenizer used once alive after its processor was dropped.
+_ADDED: "weakref.WeakKeyDictionary[Any, tuple[int, tuple[str, ...]]]" = weakref.WeakKeyDictionary()
 
 
 def added_tokens(tok) -> tuple[str, ...]:
     """The tokenizer's added (special) token strings: tokenization never crosses them (cached per
-    tokenizer object)."""
-    hit = _ADDED.get(id(tok))
-    if hit is None or hit[0] is not tok:
-        hit = _ADDED[id(tok)] = (tok, tuple(tok.get_added_vocab()))
+    tokenizer object while it lives and its length is unchanged: ``add_tokens`` refreshes it)."""
+    size = len(tok)
+    try:
+        hit = _ADDED.get(tok)
+    except TypeError:  # not a weakref-able key: read every time
+        return tuple(tok.get_added_vocab())
+    if hit is None or hit[0] != size:
+        hit = _ADDED[tok] = (size, tuple(tok.get_added_vocab()))
     return hit[1]
 
 
