@@ -34,8 +34,9 @@ def resize_image(img: Image.Image, spec: VisionSpec) -> np.ndarray:
     w, h = img.size
     th, tw = spec.target_size(h, w)
     rule = getattr(spec, "transparency", None)  # None: the installed transformers' rule
-    if spec.backend == "torchvision":
-        return resize_u8_torch(np.asarray(to_rgb_image(img, rule)), th, tw)
+    if spec.backend == "torchvision":  # its processor resizes even to the same size, unless do_resize=False
+        rgb = np.asarray(to_rgb_image(img, rule))
+        return rgb if not getattr(spec, "do_resize", True) else resize_u8_torch(rgb, th, tw)
     if img.mode == "L" and img.info.get("transparency") is None:
         small = img.resize((tw, th), resample=spec.resample) if (tw, th) != img.size else img
         return rgb_view(small.convert("RGB"))

@@ -45,6 +45,7 @@ class VisionSpec:
     resize_rule: str = "qwen"  # `RESIZE_RULES`: the family's ``ModelFamily.resize_rule``
     transparency: Optional[str] = None  # `mmpipe.images.transparency.TRANSPARENCY_RULES`; None: the installed one
     family: str = ""  # the family's name (`ModelFamily.name`): what refusals name ("" when built by hand)
+    do_resize: bool = True  # False: the image processor's own do_resize=False (images kept at their size)
 
     @property
     def factor(self) -> int:
@@ -59,7 +60,12 @@ class VisionSpec:
 
     def target_size(self, height: int, width: int) -> tuple[int, int]:
         """(H', W') an image of ``height`` x ``width`` is resized to under this spec's bounds and
-        its family's resize rule (`smart_resize` or `glm4v_smart_resize`); ImageError when refused."""
+        its family's resize rule (`smart_resize` or `glm4v_smart_resize`); ImageError when refused.
+        ``do_resize=False`` (the image processor's): the image's own size, as the processor keeps it
+        (no bounds, no aspect limit); sides that are not multiples of `factor` are an ImageError
+        (the processor cannot cut such an image into merge windows either)."""
+        if not self.do_resize:
+            return _unresized(height, width, self.factor, self.family)
         if self.resize_rule == "glm4v":
             return glm4v_smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels,
                                       temporal_factor=self.temporal_patch_size, max_ratio=self.max_aspect_ratio,
@@ -109,6 +115,7 @@ class VisionSpec:
             fam.resize_rule,
             transparency,
             fam.name,
+            getattr(ip, "do_resize", None) is not False,
         )
 
     def for_rows(self, backends: Sequence[Optional[str]]) -> "VisionSpec":
@@ -205,6 +212,20 @@ def _check_patch_sizes(ip, fam: ModelFamily) -> None:
                 f"{key}={want} (the family table, by which mmpipe counts image tokens and sizes pixel rows); "
                 f"rows made with it would disagree with the processor's own call and the model: set {key} to "
                 f"{want} in its preprocessor_config.json, or load the checkpoint's own processor")
+
+
+def _unresized(height: int, width: int, factor: int, family: str) -> tuple[int, int]:
+    """(height, width) of an image the processor does not resize (its ``do_resize=False``), refused
+    as an ImageError when a side is not a multiple of ``factor`` (patch * merge)."""
+    if min(height, width) <= 0 or height % factor or width % factor:
+        who = f"the {family} image processor" if family else "the image processor"
+        raise ImageError(
+            f"image has size {height}x{width} (height x width), but {who} has do_resize=False: it keeps each image's "
+            f"size and cuts it into {factor}x{factor} merge windows, so both sides must be multiples of {factor}",
+            where="", expected=f"height and width multiples of {factor}", found=f"{height}x{width}",
+            fix="resize the image to multiples of the window first, or set do_resize=True on the image processor "
+                "(its preprocessor_config.json) so that it is resized within its pixel bounds")
+    return height, width
 
 
 @lru_cache(maxsize=64)
