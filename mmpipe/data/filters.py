@@ -33,17 +33,20 @@ class TokenCounter:
     """Batched ``Dataset.map`` function over Arrow batches: total and image tokens per row.
 
     ``options``: the `mmpipe.Encoder` options the training encode will use (``min_pixels``,
-    ``max_pixels``, ``add_generation_prompt``, ``chat_template_kwargs``, ``images_column``);
-    pixel, label and truncation options do not change a count and are overridden. With
+    ``max_pixels``, ``add_generation_prompt``, ``chat_template_kwargs``, ``end_of_turn``,
+    ``images_column``); pixel and truncation options do not change a count and are overridden, and
+    so are labels, except under ``end_of_turn="stop_token"``, where a labelled encode appends the stop
+    token to replies the template ends without one (GLM-4.1V/4.6V): counted as that encode counts. With
     ``on_error="skip"`` a row that fails to encode counts -1 (`filter_by_length` removes it) and
     a third column, ``mmpipe_error``, holds its JSON ``{"row", "stage", "column", "reason"}``
     (``""`` on counted rows), as ``mmpipe.encode`` records it.
     """
 
     def __init__(self, processor, **options):
-        for name in ("pixels", "labels", "max_length", "truncation"):
+        labels = options.pop("labels", True) and options.get("end_of_turn") == "stop_token"  # the appended stops
+        for name in ("pixels", "max_length", "truncation"):
             options.pop(name, None)
-        self.encoder = Encoder(processor, pixels="none", labels=False, **options)
+        self.encoder = Encoder(processor, pixels="none", labels=bool(labels), **options)
 
     def __call__(self, batch, indices: list[int]) -> dict[str, list]:
         rows = batch.to_pylist() if hasattr(batch, "to_pylist") else [
