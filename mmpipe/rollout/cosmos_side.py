@@ -124,11 +124,11 @@ class PromptCache:
 
 
 def _nbytes(value: Any, depth: int = 0) -> int:
-    """Bytes of the arrays, images and byte strings in a row or a dataset item (nested lists and
-    dicts, a few levels)."""
+    """Bytes of the arrays, images, byte strings and strings (base64 images) in a row or a dataset
+    item (nested lists and dicts, a few levels)."""
     if hasattr(value, "nbytes"):
         return int(value.nbytes)
-    if isinstance(value, (bytes, bytearray)):
+    if isinstance(value, (bytes, bytearray, str)):
         return len(value)
     if hasattr(value, "getbands") and hasattr(value, "size"):  # a PIL image, decoded
         return value.size[0] * value.size[1] * len(value.getbands())
