@@ -98,7 +98,8 @@ def resolve_video(value: Any, opts: VideoOptions, where: str) -> tuple[Any, Vide
     if hasattr(value, "_hf_encoded"):  # a datasets.Video() value decoded by torchcodec: its file
         value = value._hf_encoded
     if hasattr(value, "detach") and getattr(value, "ndim", 0) == 4:  # a torch uint8 [n, H, W, 3] frame stack
-        value = value.detach().cpu().numpy()
+        # bfloat16 has no numpy dtype: its frames go one by one, each refused as a float image is
+        value = list(value) if str(value.dtype) == "torch.bfloat16" else value.detach().cpu().numpy()
     if isinstance(value, np.ndarray) and value.ndim == 4:
         value = list(value)
     return value, opts

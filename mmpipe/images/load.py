@@ -210,7 +210,7 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
             found = f"file {path!r}"
             return Image.open(io.BytesIO(read_image_file(path, where=where)))
         if hasattr(value, "detach"):
-            value = value.detach().cpu().numpy()
+            value = tensor_array(value, where)
         value = nested_lists_array(value, where)
         if isinstance(value, np.ndarray):
             return _array_to_pil(value, where)
@@ -324,12 +324,23 @@ def _array_to_pil(arr: np.ndarray, where: str = "image") -> Image.Image:
     return Image.fromarray(arr, mode="RGB" if arr.shape[-1] == 3 else "RGBA")
 
 
+def tensor_array(value: Any, where: str = "image") -> np.ndarray:
+    """A torch image or frame stack (any device) -> numpy. bfloat16 (a dtype numpy lacks; torch's
+    ``.numpy()`` raised a bare TypeError) is refused as every non-uint8 image is (`_dtype_error`)."""
+    if str(getattr(value, "dtype", "")) == "torch.bfloat16":
+        raise _dtype_error("torch.bfloat16", where, "x.float().clamp(0, 255).to(torch.uint8)")
+    return value.detach().cpu().numpy()
+
+
+def _dtype_error(dtype: Any, where: str, convert: str = "np.clip(x, 0, 255).astype(np.uint8)") -> ImageError:
+    return ImageError("image arrays must be uint8", where=where, expected="dtype uint8 [H, W, C]",
+                      found=f"dtype {dtype}", fix=f"convert with {convert} (x*255 first for 0..1 floats)")
+
+
 def _check_array(arr: np.ndarray, where: str) -> np.ndarray:
     """A uint8 [H, W] / [H, W, 1|3|4] array (a trailing channel of 1 dropped), or raise."""
     if arr.dtype != np.uint8:
-        raise ImageError("image arrays must be uint8", where=where, expected="dtype uint8 [H, W, C]",
-                         found=f"dtype {arr.dtype}",
-                         fix="convert with np.clip(x, 0, 255).astype(np.uint8) (x*255 first for 0..1 floats)")
+        raise _dtype_error(arr.dtype, where)
     if arr.ndim == 3 and arr.shape[-1] == 1:
         arr = arr[..., 0]
     if arr.ndim == 2 or (arr.ndim == 3 and arr.shape[-1] in (3, 4)):
