@@ -59,6 +59,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Optional, Sequence
 
+from mmpipe.data.stream_skips import check_errors_sink, leave_out
 from mmpipe.errors import ArgumentError, is_integer
 
 logger = logging.getLogger("mmpipe")
@@ -157,64 +158,6 @@ def epoch_shuffle(ds, *, seed: int, buffer_size: int = 1000, num_workers: int = 
     return ds.shuffle(seed=seed, buffer_size=buffer_size, max_buffer_input_shards=min(10, per_worker))
 
 
-class _DropFailed:
-    """Batched ``filter`` function over `ERROR_COLUMN` (and ``names``, the kept input columns):
-    keep the encoded rows; each failed row is logged (a warning: seen from any DataLoader worker)
-    and its ``{"row", "stage", "column", "reason"}`` appended to ``errors`` when given, plus
-    ``"worker"`` (the DataLoader worker whose stream ``row`` counts in) and ``"keep"`` (the row's
-    ``keep_columns`` values, e.g. its id)."""
-
-    def __init__(self, errors, names: Sequence[str] = ()):
-        self.errors = errors
-        self.names = list(names)
-        self._told = False
-
-    def __call__(self, marks: list, *kept: list) -> list[bool]:
-        import json
-
-        worker = _worker_id()
-        for i, x in enumerate(marks):
-            if x:
-                rec = json.loads(x)
-                if worker is not None:
-                    rec["worker"] = worker
-                if self.names:
-                    rec["keep"] = {c: values[i] for c, values in zip(self.names, kept)}
-                where = "" if worker is None else f" of DataLoader worker {worker}'s stream"
-                logger.warning("mmpipe.encode_stream skipped row %s%s %s(stage %s, column %s): %s", rec.get("row"),
-                               where, "".join(f"{k}={v!r} " for k, v in rec.get("keep", {}).items()),
-                               rec.get("stage"), rec.get("column"), rec.get("reason"))
-                self._record(rec, worker)
-        return [not x for x in marks]
-
-    def _record(self, rec: dict, worker: Optional[int]) -> None:
-        if self.errors is None:
-            return
-        if worker is not None and type(self.errors) is list and not self._told:
-            self._told = True  # a worker's copy of a plain list: the caller's list never sees it
-            logger.warning("mmpipe.encode_stream: errors= is a plain list, which DataLoader worker %s only "
-                           "copies; pass errors=multiprocessing.Manager().list() to collect the skipped rows "
-                           "of every worker", worker)
-        self.errors.append(rec)
-
-
-def _worker_id() -> Optional[int]:
-    """The torch DataLoader worker running this code, None in the main process."""
-    import sys
-
-    torch = sys.modules.get("torch")
-    info = torch.utils.data.get_worker_info() if torch is not None else None
-    return None if info is None else info.id
-
-
-def check_errors_sink(errors, what: str) -> None:
-    """``errors`` must be None or a list-like with ``append`` (a list, or a
-    ``multiprocessing.Manager().list()`` that DataLoader workers share)."""
-    if errors is not None and (isinstance(errors, (str, bytes)) or not callable(getattr(errors, "append", None))):
-        raise ArgumentError(f"errors must be a list ({what} are appended to it; multiprocessing.Manager().list() "
-                            f"to collect them from DataLoader workers) or None, got {type(errors).__name__}")
-
-
 def _check_stream(ds, batch_size, keep_columns) -> None:
     import datasets
 
@@ -248,60 +191,74 @@ def undecoded_stream(ds):
 
 
 def encode_stream(ds, processor, *, batch_size: int = 64, keep_columns: Sequence[str] = (),
-                  errors: Optional[list] = None, **options):
+                  errors: Optional[list] = None, dropped: Optional[list] = None, **options):
     """``ds.map(mmpipe.encode, batched=True)`` keeping only the encoded columns (plus
     ``keep_columns``), with their features declared. ``options``: `mmpipe.Encoder` options.
 
     ``datasets.Image()`` columns are read undecoded (`undecoded_stream`): a corrupt image fails
     its own row (``on_error="skip"`` holds) instead of ``datasets``' iteration.
 
-    ``truncation="drop"`` leaves over-long rows out of the stream. ``on_error="skip"`` leaves
-    failed rows out of the stream too, each logged as a warning and its ``{"row", "stage",
-    "column", "reason"}`` appended to ``errors`` when a list is given. The row index is the
-    position in this process's stream (a rank's, a DataLoader worker's: ``"worker"`` in the
-    record), so keep an id column (``keep_columns=["id"]``: the record's ``"keep"``) to find the
-    row. With DataLoader workers a plain list is each worker's own copy: pass
-    ``errors=multiprocessing.Manager().list()`` to collect every worker's records.
+    ``truncation="drop"`` leaves over-long rows out of the stream, each logged as a warning and
+    its ``{"row", "reason"}`` appended to ``dropped`` when a list is given. ``on_error="skip"``
+    leaves failed rows out of the stream too, each logged and its ``{"row", "stage", "column",
+    "reason"}`` appended to ``errors``. The row index is the position in this process's stream (a
+    rank's, a DataLoader worker's: ``"worker"`` in the record), so keep an id column
+    (``keep_columns=["id"]``: the record's ``"keep"``) to find the row. With DataLoader workers a
+    plain list is each worker's own copy: pass ``errors=multiprocessing.Manager().list()`` (and
+    ``dropped=``) to collect every worker's records.
 
     Raises `ArgumentError` for a ``ds`` that is no ``IterableDataset``, ``batch_size < 1`` (which
     ``datasets`` would read as "the whole stream in one batch") and unknown ``keep_columns``.
     """
-    import datasets
-
     from mmpipe.encoding.dataset import encode, make_encoder
+    from mmpipe.encoding.mapping import DROP_REASON_COLUMN
     from mmpipe.records.columns import ERROR_COLUMN
-    from mmpipe.records.row import MultiModalInputs
 
     check_errors_sink(errors, "failed rows")
+    check_errors_sink(dropped, "dropped rows", name="dropped")
     _check_stream(ds, batch_size, keep_columns)
     batch_size = int(batch_size)  # a numpy int as Python's (datasets checks its type)
     enc = make_encoder(processor, **options)  # the options checked now; the family's kind and pixel format
-    skip = enc.on_error == "skip"
+    drop = enc.truncation == "drop"
     ds = undecoded_stream(ds)
-    # the columns this encoder writes (a tiled family writes some of its kind's; the generic path its
-    # processor's), declared where the kind's schema types them all
+    out_columns = list(enc.empty_row_dict())
+    out_columns += [c for c in keep_columns if c not in out_columns]
+    marks = dict(([("drop", DROP_REASON_COLUMN)] if drop else [])
+                 + ([("error", ERROR_COLUMN)] if enc.on_error == "skip" else []))
+    features = _stream_features(enc, ds, keep_columns, marks.values())
+    if drop:  # dropped rows stay in the map, marked, so the filter below can record them with the failed ones
+        enc.mark_dropped = True
+        mapped = ds.map(enc, batched=True, batch_size=batch_size, with_indices=True, features=features)
+    else:
+        mapped = ds.map(encode, fn_kwargs={"processor": processor, **options}, batched=True, batch_size=batch_size,
+                        with_indices=True, features=features)
+    if marks:  # failed / dropped rows: out of the stream, logged and counted (never an empty row the Collator takes)
+        names = [c for c in keep_columns if c not in enc.empty_row_dict() and c not in marks.values()]
+        mapped = leave_out(mapped, marks, names, errors=errors, dropped=dropped, batch_size=batch_size)
+    return mapped.select_columns(out_columns)
+
+
+def _stream_features(enc, ds, keep_columns: Sequence[str], marks: Iterable[str]):
+    """The ``datasets.Features`` of what ``enc`` writes for stream ``ds`` (plus ``keep_columns`` and
+    the string ``marks`` columns), or None: declared where the kind's schema types every column a
+    family writes (a tiled family writes some of its kind's; the generic path its processor's)."""
+    import datasets
+
+    from mmpipe.records.row import MultiModalInputs
+
     out_columns = list(enc.empty_row_dict())
     kind_features = MultiModalInputs.features(enc.pixels, enc.labels, enc.family.kind)
-    features = datasets.Features({c: kind_features[c] for c in out_columns}) \
-        if all(c in kind_features for c in out_columns) else None
-    out_columns += [c for c in keep_columns if c not in out_columns]
-    if keep_columns and features is not None:
-        known = ds.features or {}
-        missing = [c for c in keep_columns if c not in known]
-        features = None if missing else features.copy()
-        if features is not None:
-            for c in keep_columns:
-                features[c] = known[c]
-    if skip and features is not None:
-        features = features.copy()
-        features[ERROR_COLUMN] = datasets.Value("string")
-    mapped = ds.map(encode, fn_kwargs={"processor": processor, **options}, batched=True, batch_size=batch_size,
-                    with_indices=True, features=features)
-    if skip:  # failed rows: out of the stream, logged and counted (never an empty row the Collator takes)
-        names = [c for c in keep_columns if c not in enc.empty_row_dict() and c != ERROR_COLUMN]
-        mapped = mapped.filter(_DropFailed(errors, names), input_columns=[ERROR_COLUMN, *names], batched=True,
-                               batch_size=batch_size)
-    return mapped.select_columns(out_columns)
+    if not all(c in kind_features for c in out_columns):
+        return None
+    known = ds.features or {}
+    if any(c not in known for c in keep_columns):
+        return None
+    features = datasets.Features({c: kind_features[c] for c in out_columns})
+    for c in keep_columns:
+        features[c] = known[c]
+    for column in marks:
+        features[column] = datasets.Value("string")
+    return features
 
 
 def load_loader_state(loader, state: dict) -> None:

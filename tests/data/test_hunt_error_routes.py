@@ -65,3 +65,46 @@ def test_length_filter_names_the_rows_it_skipped(broken, num_proc):
     assert _where(lengths.errors) == FAILED and sorted(int(i) for i in (lengths.total < 0).nonzero()[0]) == [1, 3, 4, 6]
     _, encoded = mmpipe.encode_dataset(broken, proc, on_error="skip", num_proc=num_proc)
     assert _where(encoded.errors) == _where(report.errors)  # the same rows, reported the same way
+
+
+def _same(x):
+    return x
+
+
+def _stream_rows(good: str) -> list:
+    long_text = "x " * 3000  # ~6,000 tokens: over max_length=1000
+    rows = [_row(good), _row(good), _row(good, 2), _row(good), _row(good), _row(good)]
+    rows[1]["messages"][0]["content"][-1]["text"] = long_text
+    rows[4]["messages"][0]["content"][-1]["text"] = long_text
+    return [dict(r, id=i) for i, r in enumerate(rows)]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stream_drops_are_counted_and_named_like_failures(tmp_path, num_workers, caplog):
+    """encode_stream(truncation="drop") left over-long rows out with only a log line naming the
+    position in a worker's stream (no worker, no id) and no count anywhere, while failed rows
+    (on_error="skip") are recorded with their worker and kept columns. Drops now reach
+    ``dropped=`` (any DataLoader worker) and the log names them as failures are named."""
+    import multiprocessing as mp
+
+    from torch.utils.data import DataLoader
+
+    from mmpipe.data.streaming import encode_stream
+
+    (tmp_path / "good.jpg").write_bytes(_jpeg(0))
+    ds = datasets.Dataset.from_list(_stream_rows(str(tmp_path / "good.jpg"))).to_iterable_dataset(num_shards=2)
+    with mp.Manager() as manager:
+        errors, dropped = manager.list(), manager.list()
+        stream = encode_stream(ds, processor_for("qwen2_vl"), batch_size=2, keep_columns=["id"], errors=errors,
+                               dropped=dropped, on_error="skip", max_length=1000, truncation="drop")
+        with caplog.at_level("WARNING", logger="mmpipe"):
+            ids = [r["id"] for r in DataLoader(stream, batch_size=None, num_workers=num_workers, collate_fn=_same)]
+        errors, dropped = list(errors), list(dropped)
+    assert sorted(ids) == [0, 3, 5]
+    assert [(e["keep"], e["stage"]) for e in errors] == [({"id": 2}, "template")]
+    assert sorted((d["keep"]["id"], d["reason"]) for d in dropped) == [(1, "too_long"), (4, "too_long")]
+    assert all(("worker" in d) == (num_workers > 0) for d in dropped + errors)
+    if num_workers == 0:  # the log names the dropped row's kept columns too
+        assert sorted(m for m in caplog.messages if "dropped row" in m) == [
+            "mmpipe.encode_stream dropped row 1 id=1 (too_long: truncation='drop')",
+            "mmpipe.encode_stream dropped row 4 id=4 (too_long: truncation='drop')"]
