@@ -53,7 +53,7 @@ HOST_CLASSES = ("MMPipeToolAgentLoop",)  # built from verl's own classes on firs
 
 AGENT_NAME = "mmpipe_tool_agent"
 _ROOM = 3  # the least room a reply needs: one token and the template's end of turn
-_ENCODERS: dict[int, tuple[Any, Any]] = {}
+_ENCODERS: dict[tuple, tuple[Any, Any]] = {}
 
 
 def write_agent_loop_config(path) -> str:
@@ -105,14 +105,28 @@ def _check_prompt_length(n: int, prompt_length: int, kwargs: dict, has_images: b
             "training (data.filter_overlong_prompts=true; with tools, count the tool schemas' tokens too)")
 
 
-def _encoder(processor):
-    """One mmpipe `Encoder` per processor (agent loops are built per sample)."""
+def _encoder(processor, chat_template_kwargs=None):
+    """One mmpipe `Encoder` per processor and template keywords (agent loops are built per sample):
+    ``chat_template_kwargs`` is verl's ``data.apply_chat_template_kwargs`` (``enable_thinking``,
+    ``add_vision_id`` ...), which verl's own loops render every prompt and turn with."""
     from mmpipe.rollout.multiturn import conversation_encoder
 
-    hit = _ENCODERS.get(id(processor))
+    kwargs = _plain(chat_template_kwargs or {})  # an OmegaConf DictConfig from verl's config
+    key = (id(processor), repr(sorted(kwargs.items())))
+    hit = _ENCODERS.get(key)
     if hit is None or hit[0] is not processor:
-        hit = _ENCODERS[id(processor)] = (processor, conversation_encoder(processor, {}))
+        options = {"chat_template_kwargs": kwargs} if kwargs else {}
+        hit = _ENCODERS[key] = (processor, conversation_encoder(processor, options))
     return hit[1]
+
+
+def _plain(value):
+    """dicts and lists of a config value (OmegaConf's DictConfig / ListConfig) as plain ones."""
+    if hasattr(value, "items"):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return [_plain(v) for v in value]
+    return value
 
 
 def _make_class():
@@ -130,7 +144,7 @@ def _make_class():
         """verl's ``ToolAgentLoop`` with mmpipe's multi-turn rows (see the module docstring)."""
 
         async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
-            enc = _encoder(self.processor)
+            enc = _encoder(self.processor, self.apply_chat_template_kwargs)
             spec = vision_spec_for(self.processor, enc.family)
             messages, images = split_inline_images(kwargs["raw_prompt"])
             data = self._agent_data(kwargs, priority)
