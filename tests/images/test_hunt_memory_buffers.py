@@ -2,7 +2,8 @@
 collating ahead (``prefetch_factor``), batches sent through shared memory, pinned by the pin
 thread, and all of them kept alive at once by the consumer (gradient accumulation, a list).
 No batch may come out with another batch's pixels: each equals the same rows collated with
-the pool off."""
+the pool off. (Without an accelerator torch skips pinning: ``pin_memory=True`` checks the pin
+thread only on a machine with a GPU.)"""
 
 from __future__ import annotations
 
