@@ -84,7 +84,9 @@ def video_time_scale(second_per_grid_ts, n_videos: int, tps: float, rule: str, d
     float32 seconds read as a Python float, times ``tokens_per_second``, and ``i * scale``
     all in float64) or ``"transformers"`` (transformers 5.x ``get_rope_index``, and verl which
     calls it: ``tokens_per_second * seconds`` and ``i * scale`` in the seconds' dtype,
-    float32 as processors return them). Default seconds: 1.0 each."""
+    float32 as processors return them). Default seconds: 1.0 each. bfloat16 seconds (a bf16 cast
+    of the processor's, e.g. DeepSpeed's of every float input) under ``"transformers"``: an
+    `ArgumentError` (numpy, which computes the positions, has no bfloat16 arithmetic)."""
     if rule not in VIDEO_TIME_RULES:
         raise ArgumentError(f"video_time must be one of {VIDEO_TIME_RULES}, got {rule!r}")
     if second_per_grid_ts is None:
@@ -93,6 +95,11 @@ def video_time_scale(second_per_grid_ts, n_videos: int, tps: float, rule: str, d
         sec = as_tensor(second_per_grid_ts, device).reshape(-1)
         if not sec.is_floating_point():
             sec = sec.to(torch.float32)
+    if rule == "transformers" and sec.dtype == torch.bfloat16:
+        raise ArgumentError("second_per_grid_ts is bfloat16: video_time='transformers' computes the video temporal "
+                            "index in the seconds' dtype, which numpy cannot do in bfloat16; pass the processor's "
+                            "float32 second_per_grid_ts (a bf16 cast of them also moves transformers' own positions "
+                            "of long videos), or video_time='vllm'")
     if sec.numel() != n_videos:
         raise ArgumentError(
             f"second_per_grid_ts has {sec.numel()} values but video_grid_thw has "
