@@ -105,19 +105,42 @@ def _check_prompt_length(n: int, prompt_length: int, kwargs: dict, has_images: b
             "training (data.filter_overlong_prompts=true; with tools, count the tool schemas' tokens too)")
 
 
-def _encoder(processor, chat_template_kwargs=None):
-    """One mmpipe `Encoder` per processor and template keywords (agent loops are built per sample):
-    ``chat_template_kwargs`` is verl's ``data.apply_chat_template_kwargs`` (``enable_thinking``,
-    ``add_vision_id`` ...), which verl's own loops render every prompt and turn with."""
+def _encoder(processor, chat_template_kwargs=None, mm_processor_kwargs=None):
+    """One mmpipe `Encoder` per processor and settings (agent loops are built per sample), with
+    what verl's own loops render and process with: ``chat_template_kwargs`` is verl's
+    ``data.apply_chat_template_kwargs`` (``enable_thinking``, ``add_vision_id`` ...) and
+    ``mm_processor_kwargs`` its ``data.mm_processor_kwargs`` (image bounds, `_pixel_bounds`)."""
     from mmpipe.rollout.multiturn import conversation_encoder
 
     kwargs = _plain(chat_template_kwargs or {})  # an OmegaConf DictConfig from verl's config
-    key = (id(processor), repr(sorted(kwargs.items())))
+    options = {"chat_template_kwargs": kwargs} if kwargs else {}
+    options.update(_pixel_bounds(_plain(mm_processor_kwargs or {})))
+    key = (id(processor), repr(sorted(options.items())))
     hit = _ENCODERS.get(key)
     if hit is None or hit[0] is not processor:
-        options = {"chat_template_kwargs": kwargs} if kwargs else {}
         hit = _ENCODERS[key] = (processor, conversation_encoder(processor, options))
     return hit[1]
+
+
+_VIDEO_KEYS = ("fps", "num_frames", "do_sample_frames", "videos_kwargs")  # the loop takes no videos (refused there)
+
+
+def _pixel_bounds(mm: dict) -> dict:
+    """verl's ``mm_processor_kwargs`` (the processor call's keywords for every image of the loop) as
+    the `Encoder`'s ``min_pixels`` / ``max_pixels``: top level or in ``images_kwargs``, as the pixel
+    counts or as ``size`` ``{"shortest_edge", "longest_edge"}``. Another image keyword would make
+    verl's images differ from mmpipe's: `ArgumentError`."""
+    flat = {**{k: v for k, v in mm.items() if k != "images_kwargs"}, **(mm.get("images_kwargs") or {})}
+    size = flat.pop("size", None) or {}
+    bounds = {"min_pixels": flat.pop("min_pixels", size.get("shortest_edge")),
+              "max_pixels": flat.pop("max_pixels", size.get("longest_edge"))}
+    other = sorted(k for k in flat if k not in _VIDEO_KEYS)
+    if other or set(size) - {"shortest_edge", "longest_edge"}:
+        raise ArgumentError(f"data.mm_processor_kwargs {other or sorted(size)} are not taken by MMPipeToolAgentLoop: "
+                            "it processes images with the processor's settings and the pixel bounds min_pixels / "
+                            "max_pixels (or size shortest_edge / longest_edge) only; set the others on the "
+                            "checkpoint's image processor (preprocessor_config.json)")
+    return {k: v for k, v in bounds.items() if v is not None}
 
 
 def _plain(value):
@@ -144,7 +167,7 @@ def _make_class():
         """verl's ``ToolAgentLoop`` with mmpipe's multi-turn rows (see the module docstring)."""
 
         async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
-            enc = _encoder(self.processor, self.apply_chat_template_kwargs)
+            enc = _encoder(self.processor, self.apply_chat_template_kwargs, self.mm_processor_kwargs)
             spec = vision_spec_for(self.processor, enc.family)
             messages, images = split_inline_images(kwargs["raw_prompt"])
             data = self._agent_data(kwargs, priority)
