@@ -97,11 +97,28 @@ def check_columns(table: pa.Table, columns: list[ExpectedColumn], report: Valida
                                        "not a stored-row column; collate ignores it",
                                        f"ds.remove_columns([{name!r}]) if it is not yours"))
     for c in columns:
-        if c.type is not None and c.name in table.column_names:
+        if c.name in table.column_names and _float16(table.column(c.name).type):
+            report.issues.append(Issue("error", "type", c.name, f"float values stored as float16 ("
+                                       f"{table.column(c.name).type}): rounded from the float32 values encode "
+                                       "wrote, so the model gets other values than the processor's; a cast back "
+                                       "cannot restore them", REENCODE + _COMPACT))
+        elif c.type is not None and c.name in table.column_names:
             table = _check_type(table, c, report, fix, cast_hint)
         if c.if_missing == "digest" and c.name in table.column_names and table.column(c.name).null_count:
             table = _null_digests(table, c.name, report, fix)
     return table
+
+
+# smaller stored pixels than float32, exactly: what to say instead of a float16 cast
+_COMPACT = " (to store less: pixels='uint8' where the family takes it, 1 byte per value, exact)"
+
+
+def _float16(t: pa.DataType) -> bool:
+    """Whether ``t`` (a column's Arrow type) holds float16 values (in lists): never written by
+    encode (it stores float32, and a processor's float16 / bfloat16 outputs exactly as float32)."""
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return pa.types.is_float16(t)
 
 
 def _null_digests(table: pa.Table, name: str, report: ValidationReport, fix: bool, listed: int = 10) -> pa.Table:

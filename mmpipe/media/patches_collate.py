@@ -118,6 +118,11 @@ def _normalisation_error(r, spec: VisionSpec, row, stage: str):
                 _compact(np.ascontiguousarray(pv[:1]), spec, videos)
             except PixelDataError as e:
                 reason = e.message_body()
+        if reason is not None and _float16_rounded(pv[:1]):  # a cast of the stored column, not a setting
+            return PixelDataError(f"{name} were rounded to float16 after encoding (every value of the row's first "
+                                  "patch is a float16 one): the processor's float32 values are lost", row=row,
+                                  column=name, stage=stage, fix="re-encode the rows (pixels='uint8' stores 1 byte "
+                                  "per value, exactly), and keep float pixel columns float32")
         if reason is not None:
             return PixelDataError(
                 f"float32 {name} were not made with this processor's image settings ({reason}): "
@@ -131,6 +136,12 @@ def _normalisation_error(r, spec: VisionSpec, row, stage: str):
                 "re-encode them with pixels='uint8' (compact rows take the collating processor's "
                 "normalisation)")
     return None
+
+
+def _float16_rounded(pv: np.ndarray) -> bool:
+    """Whether float32 patch rows hold float16 values only (more than two distinct ones: a black
+    or white patch of unnormalised pixels, 0 and 1, is float16 too)."""
+    return bool(pv.size) and np.unique(pv).size > 2 and np.array_equal(pv, pv.astype(np.float16))
 
 
 def expand_u8(u8: np.ndarray, spec: VisionSpec, videos: bool) -> np.ndarray:
