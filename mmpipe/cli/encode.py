@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from mmpipe.cli.json_input import columnar_problem, json_problem, wrapped_problem
+from mmpipe.cli.json_input import columnar_problem, json_object, json_problem, wrapped_problem
 from mmpipe.cli.resolve import (ImageResolver, explain_failures, resolve_images, resolve_media_paths,  # noqa: F401
                                 resolver_errors)
 
@@ -182,6 +182,9 @@ def encode_options(args) -> dict:
         if not args.video_fps > 0:
             raise CLIError(f"--video-fps must be a positive number of frames a second, got {args.video_fps}")
         opts["video_options"] = {"fps": args.video_fps}
+    for name in ("chat_template_kwargs", "images_kwargs"):  # JSON objects (`json_object`)
+        if getattr(args, name, None):
+            opts[name] = getattr(args, name)
     if args.on_error != "raise":
         opts["on_error"] = args.on_error
     if getattr(args, "image_root", None) is not None:
@@ -365,6 +368,12 @@ def add_encode_parser(sub) -> None:
                    help="frames sampled per second of video (default: 2.0, as qwen-vl-utils)")
     p.add_argument("--min-pixels", type=int, default=None, help="override the processor's min_pixels")
     p.add_argument("--max-pixels", type=int, default=None, help="override the processor's max_pixels")
+    p.add_argument("--chat-template-kwargs", type=json_object("--chat-template-kwargs"), default=None, metavar="JSON",
+                   help="chat template keywords as a JSON object, e.g. '{\"enable_thinking\": false}' or "
+                        "'{\"add_vision_id\": true}' (as apply_chat_template(..., **kwargs))")
+    p.add_argument("--images-kwargs", type=json_object("--images-kwargs"), default=None, metavar="JSON",
+                   help="the processor call's image options of a tiled family as a JSON object, e.g. "
+                        "'{\"do_pan_and_scan\": true}' (Gemma 3)")
     p.add_argument("--no-labels", action="store_true", help="do not store labels (e.g. RL prompts)")
     p.add_argument("--end-of-turn", choices=END_OF_TURN, default="template",
                    help="labels after each reply: what the chat template marks (template), or also the family's "

@@ -9,6 +9,8 @@ not UTF-8, an item of a JSON list that is not an object: each is named by its 1-
 list index) with what was found and the fix. The quick check parses only suspicious lines (one
 that does not start with ``{``, or is not UTF-8); the full check (``quick=False``, after the reader
 failed) parses every line, to name the first one that is not valid JSON.
+
+Also `json_object`: an option whose value is a JSON object (``--chat-template-kwargs``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["columnar_problem", "json_problem", "wrapped_problem"]
+__all__ = ["columnar_problem", "json_object", "json_problem", "wrapped_problem"]
 
 _JSON_KIND = {"list": "array", "str": "string", "NoneType": "null", "bool": "boolean", "dict": "object"}
 _UTF16_32 = (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
@@ -167,3 +169,19 @@ def _is_column(value, chat: str) -> bool:
         return False
     kinds = (list, str) if chat == "prompt" else (list,)
     return all(isinstance(v, kinds) for v in value)
+
+
+def json_object(flag: str):
+    """An argparse ``type`` reading ``flag``'s value as a JSON object (a dict), else a usage error."""
+    import argparse
+
+    def parse(text: str) -> dict:
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{flag} must be a JSON object, e.g. '{{\"enable_thinking\": false}}' "
+                                             f"({e})") from None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{flag} must be a JSON object, got {text!r}")
+        return value
+    return parse
