@@ -313,7 +313,7 @@ def prefetch_images(enc, examples: list[dict], rows_idx: list) -> Iterator[Any]:
     if n_threads <= 1 or len(examples) <= 1:
         yield from (None for _ in examples)
         return
-    pool, started, ahead = thread_pool(), set(), {}
+    pool, started, ahead = thread_pool(n_threads), set(), {}  # at most n_threads decodes at once
     window = 2 * n_threads
     for i in range(len(examples)):
         for j in range(i, min(len(examples), i + window)):
