@@ -457,3 +457,19 @@ def odd_images() -> list:
     return [{"bytes": png(testing.tiny_image(1, 1, seed=1)), "path": None}, png(testing.tiny_image(1, 300, seed=2)),
             testing.tiny_image(90, 70, seed=3, mode="RGBA"), pal, testing.tiny_image(64, 130, seed=4, mode="L"),
             {"bytes": exif_rotated_jpeg(), "path": None}, exif_rotated_jpeg(33, 97, orientation=8)]
+
+
+def mapped_with_a_failed_row():
+    """A plain ``ds.map(mmpipe.encode, on_error="skip")``: row 1 (two placeholders, one image)
+    is kept as an empty placeholder whose ``mmpipe_error`` holds its failure."""
+    def raw(placeholders):
+        return {"messages": [{"role": "user", "content": [{"type": "image"}] * placeholders
+                              + [{"type": "text", "text": "What is shown?"}]}],
+                "images": [testing.tiny_image(28, 28)]}
+
+    ds = datasets.Dataset.from_list([raw(1), raw(2), raw(1)])
+    proc = processor_for("qwen2_vl")
+    enc = ds.map(mmpipe.encode, fn_kwargs={"processor": proc, "on_error": "skip", "labels": False},
+                 with_indices=True, remove_columns=ds.column_names)
+    assert enc[1]["mmpipe_error"] and len(enc[1]["input_ids"]) == 0
+    return enc, proc

@@ -17,6 +17,7 @@ image tokens do not match" crash).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -146,14 +147,35 @@ _FLOAT_PIXELS = ("pixel_values", "pixel_values_videos")
 _U8_PIXELS = ("pixel_values_u8", "pixel_values_videos_u8")
 
 
-def _check_error_column(values) -> None:
+def _check_error_column(values, stage: str = "collate", first: int = 0) -> None:
     """Rows that failed under ``on_error="skip"`` are empty placeholders: never train on them."""
     for i, v in enumerate(values):
         if v:
             raise InputError(
-                f"this row failed to encode ({v})", row=i, stage="collate", column=ERROR_COLUMN,
+                f"this row failed to encode ({v})", row=first + i, stage=stage, column=ERROR_COLUMN,
                 fix="filter failed rows first: ds, errors = mmpipe.drop_failed(ds), or use mmpipe.encode_dataset",
             )
+
+
+def check_not_failed(rows, stage: str, *, first: int = 0) -> None:
+    """`InputError` naming the first of ``rows`` that failed to encode under ``on_error="skip"``
+    (an empty placeholder, 0 tokens, its failure in `ERROR_COLUMN`): what collate refuses, for the
+    stages that read stored rows without collating them (rollout prompts and engines, verl rows,
+    TRL prompts). ``rows``: an Arrow table or record batch, a dict of columns (with a list
+    ``family`` column), one stored row, or a list of rows (records carry no failure); ``first``:
+    the index of the first of them."""
+    import pyarrow as pa
+
+    if isinstance(rows, (pa.Table, pa.RecordBatch)):
+        names = rows.schema.names
+        values = rows.column(names.index(ERROR_COLUMN)).to_pylist() if ERROR_COLUMN in names else ()
+    elif isinstance(rows, Mapping):  # one row, or columns (``dataset[i:j]``): a list / 1-D family column
+        v, fam = rows.get(ERROR_COLUMN), rows.get("family")
+        values = ([] if v is None else list(v)) if isinstance(fam, (list, tuple)) or getattr(fam, "ndim", 0) == 1 \
+            else [v]
+    else:
+        values = [r.get(ERROR_COLUMN) if isinstance(r, Mapping) else None for r in rows]
+    _check_error_column(values, stage, first)
 
 
 def check_one_kind(families: Sequence[Any], expected: Any = None):

@@ -59,6 +59,7 @@ try:
 except ImportError as e:  # pragma: no cover - trl is a test dependency
     raise ImportError("mmpipe.hosts.trl_grpo needs TRL: pip install 'trl>=1.16'") from e
 
+from mmpipe.batching.checks import check_not_failed
 from mmpipe.compat import is_transformers_5
 from mmpipe.errors import ArgumentError
 from mmpipe.hosts.trl_grpo_prompts import IMAGE_KEYS, check_prompt_labels, is_encoded_row, raw_prompt, reward_prompts
@@ -134,6 +135,7 @@ class VisionGRPOTrainer(GRPOTrainer):
         if isinstance(x, MultiModalInputs):
             return check_prompt_labels(x, i)
         if is_encoded_row(x):  # a raw row's own 'family' column (a reward kwarg) is no encoding marker
+            check_not_failed(x, "rollout", first=i)  # an on_error="skip" placeholder is no prompt
             return check_prompt_labels(MultiModalInputs.from_dict(x, row=i), i)
         return self._encoder.encode_row(raw_prompt(x, i), i)
 

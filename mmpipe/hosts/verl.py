@@ -45,6 +45,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from mmpipe.batching.checks import check_not_failed
 from mmpipe.batching.collate import collate, collator_constants, kept_columns
 from mmpipe.errors import ArgumentError
 from mmpipe.families import resolve_family
@@ -205,10 +206,12 @@ def _inputs(rows_or_batch, keep_columns) -> tuple[list[MultiModalInputs], dict[s
 
         if not rows_or_batch.num_rows:
             raise ArgumentError("verl_rows got no rows")
+        check_not_failed(rows_or_batch, "rollout")
         return rows_from_arrow(rows_or_batch), kept_columns(rows_or_batch, list(keep_columns or ())) or {}
     rows = list(rows_or_batch) if not isinstance(rows_or_batch, MultiModalInputs) else [rows_or_batch]
     if not rows:
         raise ArgumentError("verl_rows got no rows")
+    check_not_failed(rows, "rollout")  # an on_error="skip" placeholder is no prompt
     kept = kept_columns(rows, list(keep_columns or ())) or {}
     return [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(rows)], kept
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from mmpipe.batching.checks import check_not_failed
 from mmpipe.compat import forward_accepts, is_transformers_5
 from mmpipe.errors import ArgumentError, InputError, PixelDataError
 from mmpipe.records.batch import BatchedMultiModalInputs
@@ -63,8 +64,10 @@ def as_rows(rows_or_batch) -> list[MultiModalInputs]:
     if isinstance(rows_or_batch, (pa.Table, pa.RecordBatch)):
         from mmpipe.records.arrow import rows_from_arrow
 
+        check_not_failed(rows_or_batch, "rollout")
         return rows_from_arrow(rows_or_batch)
     if isinstance(rows_or_batch, Mapping):
+        check_not_failed(rows_or_batch, "rollout")  # an on_error="skip" placeholder is no prompt
         fam = rows_or_batch.get("family")
         if isinstance(fam, (list, tuple)) or (hasattr(fam, "ndim") and getattr(fam, "ndim", 0) == 1):
             return _column_rows(rows_or_batch, len(fam))
@@ -73,7 +76,9 @@ def as_rows(rows_or_batch) -> list[MultiModalInputs]:
         raise ArgumentError(
             "rows must be encoded rows (MultiModalInputs or the dicts mmpipe.encode stores; a list, a dataset, "
             f"an Arrow table, one row) or a collated batch, got {type(rows_or_batch).__name__}")
-    return [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(rows_or_batch)]
+    rows = list(rows_or_batch)
+    check_not_failed(rows, "rollout")
+    return [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(rows)]
 
 
 def _column_rows(columns: Mapping, n: int) -> list[MultiModalInputs]:
