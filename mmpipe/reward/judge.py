@@ -164,6 +164,7 @@ class VLMJudge:
             # what is wrong with it, without the encode-stage fix and tags (stored with the answers)
             bad = Answer(error=f"bad frame: {e.message_body() if isinstance(e, InputError) else e}")
             return FrameAnswers(bad, bad, time.monotonic() - t0)
+        action = progress = None
         try:
             self.client.connect()  # the one-time openai import is not part of an answer's latency
             t0 = time.monotonic()
@@ -179,10 +180,12 @@ class VLMJudge:
                 return FrameAnswers(action, self._cancelled(1, t0).progress, time.monotonic() - t0)
             progress = self._question(frame, self.prompts.render_progress(task, self.primitives),
                                       PROGRESS_SCHEMA_NAME, PROGRESS_SCHEMA, stops)
-        except Exception as e:  # a bug must not stop a training loop: log it, return invalid
+        except Exception as e:  # a bug must not stop a training loop: log it, return invalid (and count it)
             logger.exception("mmpipe VLM judge: unexpected error while asking")
             bad = Answer(error=f"unexpected {type(e).__name__}: {e}")
-            return FrameAnswers(bad, bad, time.monotonic() - t0)
+            self.stats.add(invalid=(action is None) + (progress is None))  # an answer already given stays
+            return FrameAnswers(bad if action is None else action, bad if progress is None else progress,
+                                time.monotonic() - t0)
         return FrameAnswers(action, progress, time.monotonic() - t0)
 
     def _cancelled(self, questions: int, t0: float) -> FrameAnswers:
