@@ -136,22 +136,57 @@ def truncate_row(enc, ids: np.ndarray, labels, mm: np.ndarray, where: str, tail=
 def generation_tail(enc, messages: list, tools, where: str, ids: np.ndarray) -> int:
     """The count of ``ids``' last tokens that a cut must keep: 0 for a row rendered without a
     generation prompt; else the tokens the generation prompt adds (the template's render with
-    and without it) and the family's end of turn before them (``<|im_end|>\\n``: the last turn
-    stays closed), so a cut prompt row still asks the model for its answer. A row whose ids do
-    not end with those tokens (its render is not the plain render's prefix) is a
-    `TruncationError`: it cannot be cut safely."""
+    and without it) and the end the template writes for the last turn before them (`_turn_end`:
+    ``<|im_end|>\n``, or GLM-4.6V's ``/nothink`` with ``enable_thinking=False``; else the family's
+    end of turn), so a cut prompt row still asks the model for its answer as the template asks it.
+    A row whose ids do not end with those tokens (its render is not the plain render's prefix) is
+    a `TruncationError`: it cannot be cut safely."""
     if not enc.generation_prompt(messages):
         return 0
     from mmpipe.encoding.tokenize import tokenize_text
 
-    plain = [tokenize_text(enc.tokenizer, enc.render(messages, agp, tools), False)[0] for agp in (False, True)]
+    texts = [enc.render(messages, agp, tools) for agp in (False, True)]
+    (ids0, offsets), ids1 = tokenize_text(enc.tokenizer, texts[0], True), tokenize_text(enc.tokenizer, texts[1], False)[0]
+    plain = [ids0, ids1]
     n, tail = len(plain[0]), len(plain[1]) - len(plain[0])
-    stop = enc.family.stop_token
-    stop_id = enc.tokenizer.convert_tokens_to_ids(stop) if stop else None
-    back = [i for i in range(max(n - 3, 0), n) if stop_id is not None and plain[0][i] == stop_id]
-    tail += n - back[-1] if back else 0
+    end = _turn_end(enc, messages, tools, texts[0])
+    if end:  # the tokens from the first one reaching into the last turn's end
+        tail += n - int(np.searchsorted(offsets[:, 1], len(texts[0]) - len(end), side="right"))
+    else:
+        stop = enc.family.stop_token
+        stop_id = enc.tokenizer.convert_tokens_to_ids(stop) if stop else None
+        back = [i for i in range(max(n - 3, 0), n) if stop_id is not None and plain[0][i] == stop_id]
+        tail += n - back[-1] if back else 0
     if tail <= 0 or not np.array_equal(plain[1][:n], plain[0]) or not np.array_equal(ids[-tail:], plain[1][-tail:]):
         raise TruncationError(f"{where}: truncation='truncate_text' would cut this prompt row's generation prompt, and "
                               "its end could not be located in its tokens", where="", column="input_ids",
                               fix="use truncation='drop' or a larger max_length")
     return tail
+
+
+_END_PROBE = "\x02mmpipe-turn-end\x03"
+
+
+def _turn_end(enc, messages: list, tools, text: str) -> str:
+    """What the template writes after the last message's text (its end of turn, and any text it
+    adds to the turn: ``"/nothink"``), read from a render with a probe after that text; "" where
+    the message ends in no text part, the probe is not rendered, or ``text`` does not end the same."""
+    last = messages[-1]
+    content = last.get("content")
+    if isinstance(content, str):
+        probed = {**last, "content": content + _END_PROBE}
+    else:
+        parts = list(content or ())
+        at = [i for i, p in enumerate(parts) if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        if not at or at[-1] != len(parts) - 1:
+            return ""
+        parts[-1] = {**parts[-1], "text": parts[-1]["text"] + _END_PROBE}
+        probed = {**last, "content": parts}
+    try:
+        render = enc.render([*messages[:-1], probed], False, tools)
+    except Exception:  # noqa: BLE001 - the template refuses the probe: the family's end of turn
+        return ""
+    if render.count(_END_PROBE) != 1:
+        return ""
+    end = render[render.index(_END_PROBE) + len(_END_PROBE):]
+    return end if end and text.endswith(end) else ""
