@@ -174,27 +174,32 @@ class ChatTemplate:
     ``tools_column``, ``chat_template_kwargs``, ``add_generation_prompt`` and the runtime set
     ``_checked_tool_fields``)."""
 
-    def render(self, messages: list[dict], add_generation_prompt: bool, tools: Optional[list] = None) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool, tools: Optional[list] = None, *,
+               probe: bool = False) -> str:
         """The chat template applied to ``messages`` (text, not tokenized), with ``tools``
-        (None: the encoder's ``tools`` option) passed as ``tools=``."""
-        return self.render_many([messages], add_generation_prompt, tools)[0]
+        (None: the encoder's ``tools`` option) passed as ``tools=``. ``probe``: a probe render of
+        how the template writes turns (`stop_rule`, `reply_header`, `content_form`): without
+        ``continue_final_message``, which would cut the probe's own last turn open."""
+        return self.render_many([messages], add_generation_prompt, tools, probe=probe)[0]
 
     def render_many(self, conversations: list, add_generation_prompt: bool,
-                    tools: Optional[list] = None) -> list:
+                    tools: Optional[list] = None, *, probe: bool = False) -> list:
         """`render` of each conversation in one batched ``apply_chat_template`` call (same strings);
         plain conversations of a transformers processor go through its compiled template directly
         (`_DirectRender`: the same render without the call's two deep copies, ~half its time)."""
         target = self.processor if hasattr(self.processor, "apply_chat_template") else self.tokenizer
         tools = self.tools if tools is None else tools
-        if tools is None and not self.chat_template_kwargs:
+        kwargs = self.chat_template_kwargs
+        if probe and "continue_final_message" in kwargs:
+            kwargs = {k: v for k, v in kwargs.items() if k != "continue_final_message"}
+        if tools is None and not kwargs:
             out = _DirectRender.run(self, target, conversations, add_generation_prompt)
             if out is not None:
                 return out
         extra = {"tools": tools} if tools is not None else {}
         try:
             out = target.apply_chat_template([list(c) for c in conversations], tokenize=False, **extra,
-                                             add_generation_prompt=add_generation_prompt,
-                                             **self.chat_template_kwargs)
+                                             add_generation_prompt=add_generation_prompt, **kwargs)
         except Exception as e:  # jinja raises its own types (TemplateError, TypeError, ...)
             raise InputError(f"the chat template failed on these messages ({type(e).__name__}: {e})",
                              stage="template", column="messages",
@@ -248,7 +253,7 @@ class ChatTemplate:
         if role not in forms:
             def shows(content, repr_free: bool) -> bool:
                 try:
-                    text = self.render(_probe_conversation(role, content), False, [] if self.tools else None)
+                    text = self.render(_probe_conversation(role, content), False, [] if self.tools else None, probe=True)
                 except InputError:
                     return True  # the probe conversation is not one this template takes: leave rows as they are
                 return _PROBE in text and not (repr_free and ("'text'" in text or '"text"' in text))
@@ -304,7 +309,7 @@ class ChatTemplate:
         if rule is None:
             probe = self.template_messages(_probe_conversation("assistant", [{"type": "text", "text": _PROBE}]), "")
             try:
-                text = self.render(probe, False, None)
+                text = self.render(probe, False, None, probe=True)
             except InputError:
                 text = ""
             after = text[text.index(_PROBE) + len(_PROBE):] if _PROBE in text else ""
@@ -325,7 +330,7 @@ class ChatTemplate:
         if header is None:
             probe = self.template_messages([{"role": "user", "content": "a"}], "")
             try:
-                without, with_prompt = self.render(probe, False, None), self.render(probe, True, None)
+                without, with_prompt = self.render(probe, False, None, probe=True), self.render(probe, True, None, probe=True)
             except InputError:
                 without, with_prompt = "", ""
             header = self._reply_header = with_prompt[len(without):] if with_prompt.startswith(without) else ""
