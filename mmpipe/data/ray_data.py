@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from mmpipe.encoding.encoder import Encoder
-from mmpipe.errors import ArgumentError
+from mmpipe.errors import ArgumentError, InputError
 from mmpipe.encoding.mapping import DROP_REASON_COLUMN, is_batch
 from mmpipe.records.columns import ERROR_COLUMN
 from mmpipe.processors import load_processor
@@ -153,11 +153,16 @@ class RayBatchEncoder:
             return self._with_inputs(self._empty(), batch, rows, [])
         columns = {k: [r.get(k) for r in rows] for k in rows[0]}
         idx = [r.get(self.index_column) for r in rows] if self.index_column else None
-        if is_batch(columns):
-            out = self.encoder(columns, idx)  # the batched path datasets.map(batched=True) takes
-        else:  # no messages / prompt column: row by row, each row's own parse error
-            out = _columns([self.encoder.encode_one(r, None if idx is None else idx[i])
-                            for i, r in enumerate(rows)])
+        try:
+            if is_batch(columns):
+                out = self.encoder(columns, idx)  # the batched path datasets.map(batched=True) takes
+            else:  # no messages / prompt column: row by row, each row's own parse error
+                out = _columns([self.encoder.encode_one(r, None if idx is None else idx[i])
+                                for i, r in enumerate(rows)])
+        except InputError as e:
+            raise _ray_advice(e) if e.row is None else e
+        if ERROR_COLUMN in out and idx is None:
+            out[ERROR_COLUMN] = [_ray_advice(x) for x in out[ERROR_COLUMN]]
         kept = [i for i, why in enumerate(out.pop(DROP_REASON_COLUMN)) if not why]
         encoded = self._encoded_names()
         out = {k: v for k, v in out.items() if k in encoded or k not in columns}
@@ -221,6 +226,21 @@ class RayBatchEncoder:
         table = self._to_arrow({k: [v] for k, v in row.items()})
         self.features = None  # a real batch fixes them
         return table.slice(0, 0)
+
+
+# what an error of a row of unknown index advises (`mmpipe.errors.InputError.location`), and the option
+# that names rows here: Ray batches carry no row index and there is no map(with_indices=True)
+_MAP_ADVICE, _RAY_ADVICE = "pass with_indices=True to map", "pass index_column= to RayBatchEncoder"
+
+
+def _ray_advice(x):
+    """An error (its location and detail) or a stored error record with the advice for Ray."""
+    if isinstance(x, str):
+        return x.replace(_MAP_ADVICE, _RAY_ADVICE)
+    x.detail, location = _ray_advice(x.detail), x.location()
+    if _MAP_ADVICE in location:
+        x.where = _ray_advice(location)  # "row (index unknown: ...), image 1" as it was, other advice
+    return x.restage(x.stage)  # the message composed again
 
 
 def SOURCES_FEATURE():
