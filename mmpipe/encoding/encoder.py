@@ -39,7 +39,8 @@ import numpy as np
 from mmpipe.encoding.fingerprint import CodeStamped, processor_settings, quick_state
 from mmpipe.encoding.glm_videos import token_types
 from mmpipe.encoding.mapping import EncodeStats, check_max_length, encode_or_drop, map_call
-from mmpipe.encoding.options import ERROR_POLICIES, TRUNCATION_POLICIES, check_choice, check_options
+from mmpipe.encoding.options import (ERROR_POLICIES, TRUNCATION_POLICIES, check_choice, check_options,
+                                    check_template_kwargs)
 from mmpipe.encoding.parse import no_audio, parse_media, row_where
 from mmpipe.encoding.placeholders import check_rendered_images
 from mmpipe.encoding.render import ChatTemplate
@@ -159,6 +160,7 @@ class Encoder(ChatTemplate, CodeStamped):
             if tools is not None:
                 raise ArgumentError("pass tools once: tools= or chat_template_kwargs['tools'], not both")
             tools = self.chat_template_kwargs.pop("tools")
+        check_template_kwargs(self.chat_template_kwargs)
         if tools is not None and (not isinstance(tools, (list, tuple))
                                   or not all(isinstance(t, dict) for t in tools)):
             raise ArgumentError(f"tools must be a list of tool spec dicts, got {tools!r:.80}")

@@ -83,6 +83,23 @@ def check_options(o: dict) -> None:
             raise ArgumentError(f"{name} must be a column name (a non-empty str), got {o[name]!r}")
 
 
+# apply_chat_template's own arguments: the Encoder passes them itself -> what to pass instead
+_CALL_ARGUMENTS = {"add_generation_prompt": "the Encoder's add_generation_prompt= option",
+                   "conversation": "the row's messages column", "tokenize": None}
+
+
+def check_template_kwargs(kwargs: dict) -> None:
+    """`ArgumentError` for a ``chat_template_kwargs`` key that is one of ``apply_chat_template``'s
+    own arguments, which the encoder sets itself (each row would fail with a TypeError otherwise)."""
+    for key in kwargs:
+        if key in _CALL_ARGUMENTS:
+            instead = _CALL_ARGUMENTS[key]
+            raise ArgumentError(f"chat_template_kwargs[{key!r}] is apply_chat_template's own argument, which the "
+                                "encoder sets itself; " + (f"use {instead}" if instead else "leave it out")
+                                + " (chat_template_kwargs are the template's keywords: enable_thinking, "
+                                "add_vision_id, ...)")
+
+
 def truncate_row(enc, ids: np.ndarray, labels, mm: np.ndarray, where: str, tail=None) -> tuple:
     """``enc.truncation`` applied to a row over ``enc.max_length``: ``"raise"`` (`TruncationError`),
     ``"drop"`` (`RowDropped`), or ``"truncate_text"``: cut ids int64 [L] / labels / mm to the cap
