@@ -40,6 +40,7 @@ from mmpipe.images.backends import resize_u8_torch
 from mmpipe.images.load import decoded_rgb
 from mmpipe.images.spec import VisionSpec, smart_resize
 from mmpipe.images.video_container import Container, check_codec, decode_sampled
+from mmpipe.images.video_frames import SampledFrames, patchify_video_u8  # noqa: F401 (public here too)
 
 __all__ = ["FRAME_FACTOR", "VideoOptions", "VideoPatches", "sample_count", "sample_indices", "frame_range",
            "file_indices", "refuse_clip", "check_resized", "frame_bounds",
@@ -206,28 +207,13 @@ def _resize(frame: np.ndarray, th: int, tw: int, spec: VisionSpec) -> np.ndarray
     return resize_u8_torch(frame, th, tw)
 
 
-def patchify_video_u8(frames: np.ndarray, spec: VisionSpec) -> np.ndarray:
-    """uint8 [n, H, W, 3] (n a multiple of T, H and W multiples of patch*merge) -> uint8
-    [n/T * gh * gw, 3 * T * p * p], the video processor's patch layout (channel, then the T
-    frames of the patch, then p x p), merge windows consecutive as for images."""
-    p, m, T = spec.patch_size, spec.merge_size, spec.temporal_patch_size
-    n, H, W, C = frames.shape
-    gt, gh, gw = n // T, H // p, W // p
-    x = frames.reshape(gt, T, gh // m, m, p, gw // m, m, p, C)
-    # -> (gt, gh/m, gw/m, m_h, m_w, C, T, p_h, p_w)
-    x = x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
-    return np.ascontiguousarray(x).reshape(gt * gh * gw, C * T * p * p)
-
-
-def _finish(frames: list, indices: np.ndarray, sample_fps: float, spec: VisionSpec, times: tuple) -> VideoPatches:
+def _finish(frames: SampledFrames, indices: np.ndarray, sample_fps: float, spec: VisionSpec,
+            times: tuple) -> VideoPatches:
+    stack, indices = frames.padded(indices)
     T = spec.temporal_patch_size
-    pad = -len(frames) % T  # the video processor repeats the last frame up to a multiple of T
-    frames = frames + [frames[-1]] * pad
-    indices = np.concatenate([indices, np.repeat(indices[-1:], pad)])
-    stack = np.stack(frames)
     grid = (stack.shape[0] // T, stack.shape[1] // spec.patch_size, stack.shape[2] // spec.patch_size)
-    return VideoPatches(patchify_video_u8(stack, spec), grid, indices.astype(np.int64), T / sample_fps,
-                        sample_fps, stack.shape[1:3], times)
+    return VideoPatches(patchify_video_u8(stack, spec), grid, indices, T / sample_fps, sample_fps,
+                        stack.shape[1:3], times)
 
 
 # ---- frame lists -----------------------------------------------------------------------
@@ -284,16 +270,17 @@ def _encode_frames(frames: Sequence, spec: VisionSpec, opts: VideoOptions, where
     first = _list_frames(frames[:1], where)[0]
     hw = first.shape
     idx, (th, tw), sample_fps, times = plan(len(frames), float(opts.frames_fps), *hw[:2], spec, opts, where, True)
-    want, resized = {int(i) for i in idx}, {}
+    idx = np.asarray(idx)
+    out = SampledFrames(idx, th, tw, spec.temporal_patch_size)
     for i in range(len(frames)):  # every frame decoded and checked, as the plan may skip some
         arr = first if i == 0 else _one_frame(frames[i], where, i)
         first = None
         if arr.shape != hw:
             raise VideoError("the video's frames differ in size", where=where, expected="frames of one size",
                              found=sorted({hw[:2], arr.shape[:2]}), fix="resize the frames to one size")
-        if i in want:
-            resized[i] = _resize(arr, th, tw, spec)
-    return _finish([resized[int(i)] for i in idx], np.asarray(idx), sample_fps, spec, times)
+        if i in out.slots:
+            out.put(i, _resize(arr, th, tw, spec))
+    return _finish(out, idx, sample_fps, spec, times)
 
 
 def qwen_plan(total: int, fps: float, h: int, w: int, spec: VisionSpec, opts: VideoOptions, where: str,
@@ -335,7 +322,9 @@ def _encode_container(value: Any, spec: VisionSpec, opts: VideoOptions, where: s
         h, w = c.upright_size()  # after total_frames: it may read the packets and rewind
         idx, (th, tw), sample_fps, times = plan(total, c.fps, h, w, spec, opts, where, False)
         idx = np.asarray(idx)
-        out = decode_sampled(c, idx, total, lambda frame: _resize(frame, th, tw, spec))
+        out = SampledFrames(idx, th, tw, spec.temporal_patch_size)
+        sources = iter(sorted(out.slots))  # decode_sampled converts each sampled source frame once, in order
+        decode_sampled(c, idx, total, lambda frame: out.put(next(sources), _resize(frame, th, tw, spec)))
     finally:
         c.close()
     return _finish(out, idx, sample_fps, spec, times)
