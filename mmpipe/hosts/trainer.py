@@ -33,6 +33,7 @@ Why the settings (`trainer_settings`, `sft_settings`):
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping
 from typing import Any, Sequence
@@ -44,26 +45,55 @@ from mmpipe.records.batch import BatchedMultiModalInputs
 __all__ = ["TrainerCollator", "trainer_settings", "sft_settings"]
 
 
-def trainer_settings() -> dict[str, Any]:
+def trainer_settings(**yours: Any) -> dict[str, Any]:
     """``TrainingArguments`` keywords an encoded dataset needs (see the module docstring):
     ``remove_unused_columns=False``, ``accelerator_config={"dispatch_batches": False}``,
     ``ddp_find_unused_parameters=True``, and ``gradient_checkpointing_kwargs={"use_reentrant": False}``
     where ``TrainingArguments`` has no ``activation_checkpointing_kwargs`` yet (4.x and earlier 5.x,
     whose ``gradient_checkpointing_enable`` defaults to reentrant checkpointing; 5.25's
-    ``activation_checkpointing_enable`` defaults to ``use_reentrant=False``)."""
+    ``activation_checkpointing_enable`` defaults to ``use_reentrant=False``).
+
+    ``yours``: your own keywords, merged in (``TrainingArguments(**trainer_settings(bf16=True,
+    gradient_checkpointing_kwargs={...}))`` instead of a duplicate-keyword ``TypeError``); the dict
+    settings (``accelerator_config``, ``gradient_checkpointing_kwargs``) merge key by key. A value
+    that undoes a setting the rows need (``remove_unused_columns=True``, ``dispatch_batches=True``)
+    is an `ArgumentError`."""
     from transformers import TrainingArguments
 
     settings = {"remove_unused_columns": False, "accelerator_config": {"dispatch_batches": False},
                 "ddp_find_unused_parameters": True}
     if "activation_checkpointing_kwargs" not in TrainingArguments.__dataclass_fields__:
         settings["gradient_checkpointing_kwargs"] = {"use_reentrant": False}  # DDP refuses reentrant with the above
-    return settings
+    return merge_settings(settings, yours, "trainer_settings")
 
 
-def sft_settings() -> dict[str, Any]:
+def merge_settings(settings: dict[str, Any], yours: Mapping[str, Any], who: str) -> dict[str, Any]:
+    """``settings`` with the user's keywords ``yours`` merged in (dict values key by key); refuses
+    ``remove_unused_columns=True`` and ``accelerator_config`` ``dispatch_batches=True`` (the rows'
+    columns stripped / their batches cut along dim 0) with an `ArgumentError` naming ``who``."""
+    out = dict(settings)
+    for key, value in yours.items():
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):  # e.g. transformers' AcceleratorConfig:
+            value = {k: v for k, v in dataclasses.asdict(value).items() if v is not None}  # its set fields
+        mine = settings.get(key)
+        out[key] = {**mine, **value} if isinstance(mine, dict) and isinstance(value, Mapping) else value
+    if out.get("remove_unused_columns") is not False:
+        raise ArgumentError(f"{who}(remove_unused_columns={out.get('remove_unused_columns')!r}): the Trainer would "
+                            "strip every encoded column the model's forward does not name (pixel_values_u8, family, "
+                            "rope_delta ...) before collate; leave it out (the settings set it False)")
+    accel = out.get("accelerator_config")
+    if accel is not None and (not isinstance(accel, Mapping) or accel.get("dispatch_batches") is not False):
+        raise ArgumentError(f"{who}(accelerator_config={accel!r}): pass it as a dict without dispatch_batches=True "
+                            "(accelerate would cut pixel_values [N, D] and position_ids [3, B, L] along dim 0); "
+                            "the settings add dispatch_batches=False to the dict you pass")
+    return out
+
+
+def sft_settings(**yours: Any) -> dict[str, Any]:
     """``trl.SFTConfig`` keywords for an encoded dataset: `trainer_settings` plus
-    ``dataset_kwargs={"skip_prepare_dataset": True}``."""
-    return {**trainer_settings(), "dataset_kwargs": {"skip_prepare_dataset": True}}
+    ``dataset_kwargs={"skip_prepare_dataset": True}``; ``yours`` merged in as there."""
+    settings = {**trainer_settings(), "dataset_kwargs": {"skip_prepare_dataset": True}}
+    return merge_settings(settings, yours, "sft_settings")
 
 
 class TrainerCollator:

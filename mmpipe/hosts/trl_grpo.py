@@ -70,12 +70,16 @@ from mmpipe.rope import get_rope_index
 __all__ = ["VisionGRPOTrainer", "grpo_settings"]
 
 
-def grpo_settings() -> dict[str, Any]:
+def grpo_settings(**yours: Any) -> dict[str, Any]:
     """``trl.GRPOConfig`` keywords for mmpipe rows: ``remove_unused_columns=False`` (TRL would keep
     only ``prompt`` / ``image`` / ``images``, dropping ``messages`` and every encoded column),
     ``use_vllm=False`` (generation is mmpipe's engine), ``bf16`` only where CUDA is present
-    (TRL's default ``True`` needs a GPU)."""
-    return {"remove_unused_columns": False, "use_vllm": False, "bf16": torch.cuda.is_available()}
+    (TRL's default ``True`` needs a GPU). ``yours``: your own keywords merged in, as in
+    `mmpipe.hosts.trainer.trainer_settings` (``GRPOConfig(**grpo_settings(bf16=True, ...))``)."""
+    from mmpipe.hosts.trainer import merge_settings
+
+    settings = {"remove_unused_columns": False, "use_vllm": False, "bf16": torch.cuda.is_available()}
+    return merge_settings(settings, yours, "grpo_settings")
 
 
 class VisionGRPOTrainer(GRPOTrainer):
