@@ -6,6 +6,7 @@ the collate length it asks for (`check_fits`), and the packers' bounded prompt c
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Any, Optional, Sequence
 
@@ -98,26 +99,39 @@ class PromptCache:
     def __init__(self):
         self._entries: OrderedDict = OrderedDict()  # id(item) -> (item, row, shape, bytes)
         self._bytes = 0
+        # one packer serves concurrent calls (threaded rollout servers): a hit's move_to_end raced
+        # another call's eviction (a bare KeyError) and the byte count lost updates
+        self._lock = threading.Lock()
 
     def get(self, item: Any) -> Optional[MultiModalInputs]:
-        hit = self._entries.get(id(item))
-        if hit is None or hit[0] is not item or hit[2] != item_shape(item):
-            return None
-        self._entries.move_to_end(id(item))
-        return hit[1]
+        shape = item_shape(item)
+        with self._lock:
+            hit = self._entries.get(id(item))
+            if hit is None or hit[0] is not item or hit[2] != shape:
+                return None
+            self._entries.move_to_end(id(item))
+            return hit[1]
 
     def put(self, item: Any, row: MultiModalInputs) -> None:
-        old = self._entries.pop(id(item), None)
-        self._bytes -= old[3] if old is not None else 0
-        size = _nbytes(row) + _nbytes(item)
-        self._entries[id(item)] = (item, row, item_shape(item), size)
-        self._bytes += size
-        while len(self._entries) > self.MAX_ENTRIES or (self._bytes > self.MAX_BYTES and len(self._entries) > 1):
-            self._bytes -= self._entries.popitem(last=False)[1][3]
+        entry = (item, row, item_shape(item), _nbytes(row) + _nbytes(item))
+        with self._lock:
+            old = self._entries.pop(id(item), None)
+            self._bytes -= old[3] if old is not None else 0
+            self._entries[id(item)] = entry
+            self._bytes += entry[3]
+            while len(self._entries) > self.MAX_ENTRIES or (self._bytes > self.MAX_BYTES and len(self._entries) > 1):
+                self._bytes -= self._entries.popitem(last=False)[1][3]
 
     def clear(self) -> None:
-        self._entries.clear()
-        self._bytes = 0
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+    def __getstate__(self) -> dict:  # a pickled packer (Ray, cosmos-rl workers): entries are by id, this process's
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
 
     def __len__(self) -> int:
         return len(self._entries)
