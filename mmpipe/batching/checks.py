@@ -178,6 +178,33 @@ def check_not_failed(rows, stage: str, *, first: int = 0) -> None:
     _check_error_column(values, stage, first)
 
 
+def check_none_failed(errors, who: str, stage: str = "collate") -> None:
+    """`InputError` naming the rows of a whole dataset that failed to encode under ``on_error="skip"``
+    (their count, the first ones, the first one's failure), for the entry points that read a dataset's
+    lengths before any row is collated (`token_counts`, the verl dataset's length filter): such a
+    row has 0 tokens, so it fits every budget, and training would run until the collator refuses its
+    batch, possibly hours in. ``errors``: the dataset's `ERROR_COLUMN` (an Arrow array or chunked
+    array: null or "" on good rows); ``who``: the caller, named in the message."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(errors, pa.ChunkedArray):
+        errors = errors.combine_chunks()
+    errors = pa.array(errors, pa.string()) if not isinstance(errors, pa.Array) else errors
+    failed = np.flatnonzero(pc.fill_null(pc.not_equal(errors, ""), False).to_numpy(zero_copy_only=False))
+    if not len(failed):
+        return
+    first = int(failed[0])
+    more = f", e.g. rows {failed[:5].tolist()}" if len(failed) > 1 else ""
+    raise InputError(
+        f"{who}: {len(failed)} row(s) of the dataset failed to encode under on_error='skip' (empty rows of 0 "
+        f"tokens that fit every budget; the collator would refuse their batch mid-epoch){more}; the first "
+        f"failed with {errors[first].as_py()}", row=first, column=ERROR_COLUMN, stage=stage,
+        expected="rows that encoded (an empty mmpipe_error)", found=f"{len(failed)} failed row(s)",
+        fix="filter failed rows first: ds, errors = mmpipe.drop_failed(ds) (errors: each failed row's record), "
+            "or encode with mmpipe.encode_dataset, which drops and reports them")
+
+
 def check_one_kind(families: Sequence[Any], expected: Any = None):
     """Every row of a batch of one kind of family (`mmpipe.families.ModelFamily.kind`): the kind of
     ``expected`` (the collator's family name) when a row has it, else the kind most rows have

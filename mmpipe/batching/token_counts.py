@@ -14,6 +14,7 @@ import numpy as np
 
 from mmpipe.errors import ArgumentError, InputError, is_integer
 from mmpipe.records.arrow import list_lengths
+from mmpipe.records.columns import ERROR_COLUMN
 
 __all__ = ["COUNT_COLUMNS", "COSTS", "IMAGE_COUNT_COLUMNS", "count_arg", "token_counts", "token_efficiency"]
 
@@ -29,11 +30,17 @@ def token_counts(dataset) -> tuple[np.ndarray, Optional[np.ndarray]]:
     well as on a stored training set. ``num_images`` is None when no column says it
     (generic-path rows of an earlier mmpipe store no ``image_hw``): never a silent 0. A list
     of rows (``MultiModalInputs`` or dicts) works too. An ``IterableDataset`` (streaming) has
-    no length to plan an epoch with: `ArgumentError` (pass the lengths to the constructor).
+    no length to plan an epoch with: `ArgumentError` (pass the lengths to the constructor). Rows that
+    failed to encode under ``on_error="skip"`` (0 tokens, their failure in ``mmpipe_error``) are an
+    `InputError` naming them (`mmpipe.batching.checks.check_none_failed`): drop them first
+    (``mmpipe.drop_failed``).
     """
+    from mmpipe.batching.checks import check_none_failed
+
     if isinstance(dataset, (list, tuple)):
         from mmpipe.records.row import MultiModalInputs
 
+        check_none_failed([r.get(ERROR_COLUMN) if isinstance(r, dict) else None for r in dataset], _WHO)
         recs = [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(dataset)]
         # generic-path rows of an earlier mmpipe (no image_hw) do not know their image count
         unknown = any(r.image_hw is None and r.fam.media.IMAGE_LAYOUT_COLUMN == "image_hw" for r in recs)
@@ -48,7 +55,9 @@ def token_counts(dataset) -> tuple[np.ndarray, Optional[np.ndarray]]:
             found=f"columns {sorted(names)}",
             fix="encode first, e.g. layout-only: ds.map(mmpipe.encode, fn_kwargs={'processor': p, 'pixels': 'none'})",
         )
-    table = dataset.select_columns(sorted(names & COUNT_COLUMNS)).with_format("arrow")[:]  # honours select/shuffle indices
+    table = dataset.select_columns(sorted(names & (COUNT_COLUMNS | {ERROR_COLUMN}))).with_format("arrow")[:]  # honours
+    if ERROR_COLUMN in table.column_names:  # select/shuffle indices; a failed row (0 tokens) fits every budget
+        check_none_failed(table.column(ERROR_COLUMN), _WHO)
     lengths = list_lengths(table.column("input_ids"))
     return lengths, _image_counts(table)
 
@@ -57,6 +66,7 @@ def token_counts(dataset) -> tuple[np.ndarray, Optional[np.ndarray]]:
 # one image_grid_thw entry (patch grids), one tiles_per_image entry (tiles), two image_hw values
 # (the generic path's (height, width), stored flat)
 IMAGE_COUNT_COLUMNS = (("image_grid_thw", 1), ("tiles_per_image", 1), ("image_hw", 2))
+_WHO = "token_counts (TokenBudgetBatchSampler.from_dataset)"
 COUNT_COLUMNS = {"input_ids"} | {c for c, _ in IMAGE_COUNT_COLUMNS}
 
 

@@ -46,6 +46,18 @@ def _record_columns() -> set:
     return {n for n, _, _ in ROW_COLUMNS} | set(OPTIONAL_ROW_COLUMNS) | {ERROR_COLUMN}
 
 
+def _check_none_failed(dataframe) -> None:
+    """Encoded rows that failed under ``on_error="skip"`` (0 ``input_ids``: they pass every length
+    filter) refused when the dataset is read, naming them (`mmpipe.batching.checks.check_none_failed`),
+    not when verl's loop reaches the first of them, possibly hours in."""
+    from mmpipe.batching.checks import check_none_failed
+    from mmpipe.records.columns import ERROR_COLUMN
+
+    if ERROR_COLUMN in dataframe.column_names:
+        check_none_failed(dataframe.select_columns([ERROR_COLUMN]).with_format("arrow")[:].column(ERROR_COLUMN),
+                          "MMPipeRLHFDataset", stage="rollout")
+
+
 def _encoded(dataframe) -> bool:
     """A ``datasets.Dataset`` of mmpipe-encoded rows (what ``encode_dataset`` writes)."""
     return dataframe is not None and {"input_ids", "family"} <= set(dataframe.column_names)
@@ -67,12 +79,15 @@ def make_dataset_class(verl_prompt_rows, verl_images_from_messages) -> type:
         ``data_files`` may hold mmpipe-ENCODED rows (``encode_dataset(...).to_parquet(path)``,
         the prompt column kept): each item is then `verl_prompt_rows` of the row (every column
         that is not a record column passes through), and ``filter_overlong_prompts`` keeps the
-        rows whose ``input_ids`` fit ``max_prompt_length``. Raw rows go verl's own way; their images
+        rows whose ``input_ids`` fit ``max_prompt_length``; rows that failed to encode under
+        ``on_error="skip"`` are an `InputError` naming them when the files are read (drop them with
+        ``mmpipe.drop_failed`` first). Raw rows go verl's own way; their images
         are opened without ``qwen_vl_utils``, their videos go to verl's own (``qwen_vl_utils``) path."""
 
         def maybe_filter_out_long_prompts(self, dataframe=None):
             if not _encoded(dataframe):
                 return super().maybe_filter_out_long_prompts(dataframe)
+            _check_none_failed(dataframe)
             if not self.filter_overlong_prompts:
                 return dataframe
             n = self.max_prompt_length
