@@ -110,13 +110,22 @@ class TrainerCollator:
     A 1-D family's processor (Gemma 3, InternVL, LLaVA-OneVision, the generic path) gives its
     batch's inputs as they are: ``position_ids`` int64 [B, L], ``pixel_values`` float32
     [N, 3, S, S], Gemma 3's ``token_type_ids``, LLaVA-OneVision's ``image_sizes``.
-    Picklable (``dataloader_num_workers > 0``). Rows stripped by ``remove_unused_columns=True``
+    Picklable (``dataloader_num_workers > 0``). ``pixels_on_device=True`` is an `ArgumentError`: the
+    Trainer never calls ``model_inputs(device)``, so the pixels would be expanded on the CPU here. Rows stripped by ``remove_unused_columns=True``
     or rows without labels raise `ArgumentError` saying what to change.
     """
 
     def __init__(self, processor=None, *, padding_side: str = "right", positions: str = "mrope", **collator_options):
         if positions not in ("mrope", "verl"):
             raise ArgumentError(f"positions must be 'mrope' or 'verl', got {positions!r}")
+        if collator_options.get("pixels_on_device"):
+            raise ArgumentError(
+                "TrainerCollator(pixels_on_device=True): the Trainer moves the collator's dict to the device "
+                "itself and never calls batch.model_inputs(device), so the uint8 pixels would be expanded to "
+                "float32 on the CPU inside the collator (the model gets the same float32 pixel_values: nothing "
+                "saved). Leave it out (the expansion then runs in the DataLoader workers with "
+                "dataloader_num_workers > 0), or, in a training loop of your own, use "
+                "mmpipe.Collator(processor, pixels_on_device=True) and batch.model_inputs(device)")
         self.collator = Collator(processor, padding_side=padding_side, **collator_options)
         self.positions = positions
 
