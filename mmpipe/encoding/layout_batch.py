@@ -81,8 +81,7 @@ def encode_layout(enc, examples: list[dict], rows_idx: list) -> tuple[dict, list
     _grids(enc, rows)
     good = [i for i, r in enumerate(rows) if r is not None]
     columns = _columns(enc, [rows[i] for i in good]) if good else {}
-    enc.stats.rows += len(good)
-    enc.stats.encoded += len(good)
+    enc.stats.count(rows=len(good), encoded=len(good))
     return columns, good
 
 

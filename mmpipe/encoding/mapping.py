@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 from collections import Counter
 from concurrent.futures import wait
 from dataclasses import dataclass
@@ -72,6 +74,31 @@ class EncodeStats:
     def __post_init__(self):
         self.dropped = Counter() if self.dropped is None else self.dropped
         self.failed = Counter() if self.failed is None else self.failed
+
+    def count(self, *, rows: int = 0, encoded: int = 0, dropped: Optional[str] = None,
+              failed: Optional[str] = None) -> None:
+        """Add to the counts (``dropped``: a reason, ``failed``: a stage, each counted once) under a
+        lock: one Encoder may encode on many threads (async servers, Ray actors), and two threads
+        counting a reason first at once both read the Counter's missing 0 (one count lost)."""
+        with _COUNT_LOCK:
+            self.rows += rows
+            self.encoded += encoded
+            if dropped is not None:
+                self.dropped[dropped] += 1
+            if failed is not None:
+                self.failed[failed] += 1
+
+
+_COUNT_LOCK = threading.Lock()
+
+
+def _fresh_count_lock() -> None:  # a forked child: the lock may have been held by a parent's thread
+    global _COUNT_LOCK
+    _COUNT_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_count_lock)
 
 
 def as_input_error(e: Exception, row=None) -> InputError:
@@ -129,13 +156,13 @@ def encode_or_drop(enc, example: dict, idx=None, images=None) -> tuple[Optional[
     """One row -> (its output dict, None): the encoded row, or (on_error="skip" / marked drops)
     an empty row carrying why; ``(None, the RowDropped)`` when a drop cannot be recorded
     (unmarked). ``images``: the row's image futures from `prefetch_images`."""
-    enc.stats.rows += 1
+    enc.stats.count(rows=1)
     extra = {}
     try:
         out = enc.encode_row(example, idx, _images=images).to_dict()
-        enc.stats.encoded += 1
+        enc.stats.count(encoded=1)
     except RowDropped as e:
-        enc.stats.dropped[e.reason] += 1
+        enc.stats.count(dropped=e.reason)
         if not enc.mark_dropped:
             logger.warning("mmpipe.encode dropped %s", e)
             return None, e
@@ -144,7 +171,7 @@ def encode_or_drop(enc, example: dict, idx=None, images=None) -> tuple[Optional[
         if enc.on_error != "skip" or isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
         err = as_input_error(e, idx)
-        enc.stats.failed[err.stage] += 1
+        enc.stats.count(failed=err.stage)
         out, extra = empty_row_dict(enc), {ERROR_COLUMN: json.dumps(err.record())}
     if enc.mark_dropped:
         out[DROP_REASON_COLUMN] = ""
