@@ -24,8 +24,19 @@ ERROR_COLUMN = "mmpipe_error"  # encode(on_error="skip"): the JSON record of a f
 
 
 def to_numpy(value) -> np.ndarray:
-    """A torch tensor (any device, no torch import here) or any array-like -> numpy."""
-    return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+    """A torch tensor (any device, no torch import here) or any array-like -> numpy. A float
+    tensor in a dtype numpy lacks (a bf16 model's ``bfloat16`` logprobs or values, float8) comes
+    back float32, which holds each of its values exactly (as `mmpipe.rollout.results` reads
+    logprobs and the encoder a processor's bf16 outputs)."""
+    if not hasattr(value, "detach"):
+        return np.asarray(value)
+    t = value.detach().cpu()
+    try:
+        return t.numpy()
+    except TypeError:  # "Got unsupported ScalarType BFloat16"
+        if not t.is_floating_point():
+            raise
+        return t.float().numpy()
 IMAGE_PLACEHOLDER = "<image>"  # one image in verl-style raw text (and in ReMA's question column)
 VIDEO_PLACEHOLDER = "<video>"  # one video in verl-style raw text
 AUDIO_PLACEHOLDER = "<audio>"  # one audio clip in raw prompt text (LLaMA-Factory / ms-swift style)
@@ -44,8 +55,8 @@ def as_array(value, dtype, ndim: int, name: str, row: Any = None) -> np.ndarray:
     if value is None:
         raise InputError(f"column {name!r} is missing", row=row, column=name, stage="validate",
                          fix="re-encode the row with mmpipe.encode")
-    if hasattr(value, "detach"):  # torch tensor, no torch import needed here
-        value = value.detach().cpu().numpy()
+    if hasattr(value, "detach"):  # torch tensor, no torch import needed here; bfloat16 read as float32
+        value = to_numpy(value)
     try:
         arr = np.asarray(value)
     except ValueError as e:  # ragged nested lists

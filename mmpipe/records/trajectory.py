@@ -14,6 +14,7 @@ from typing import Optional
 
 import numpy as np
 
+from mmpipe.records.columns import to_numpy
 from mmpipe.records.row import MultiModalInputs
 
 __all__ = ["ToolCall", "AgentTurn", "Trajectory", "TRAJECTORY_FINISH_REASONS"]
@@ -134,7 +135,7 @@ class Trajectory:
         (aligned with ``row.labels != -100``), or None when some turn has none."""
         if any(t.logprobs is None for t in self.turns):
             return None
-        parts = [np.asarray(t.logprobs, np.float32) for t in self.turns]
+        parts = [to_numpy(t.logprobs).astype(np.float32, copy=False) for t in self.turns]  # bf16 tensors too
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
     def to_raw_row(self) -> dict:

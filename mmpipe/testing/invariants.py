@@ -32,6 +32,7 @@ from mmpipe.batching.packing import pack, unpack
 from mmpipe.batching.unbatch import unbatch
 from mmpipe.errors import ArgumentError
 from mmpipe.records.arrow import rows_from_arrow
+from mmpipe.records.columns import to_numpy
 from mmpipe.records.batch import BatchedMultiModalInputs
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.packed import PackedMultiModalInputs
@@ -285,13 +286,14 @@ def policy_logprobs(model: Any, batch: BatchedMultiModalInputs) -> list[np.ndarr
 
 
 def _row_gap(g: Any, w: Any, b: int) -> float:
-    g, w = np.asarray(g), np.asarray(w)
+    g, w = to_numpy(g), to_numpy(w)  # torch on any device, bfloat16 read as float32
     assert g.shape == w.shape, f"row {b}: logprobs of shape {g.shape}, expected {w.shape}"
     return float(np.abs(g - w).max()) if g.size else 0.0
 
 
 def logprob_gap(got: Sequence[Any], want: Sequence[Any]) -> float:
-    """max |got - want| over all rows (float32 [n_b] each); asserts the per-row shapes agree."""
+    """max |got - want| over all rows (float32 [n_b] each: numpy, lists or torch tensors on any device,
+    bfloat16 ones read as float32); asserts the per-row shapes agree."""
     assert len(got) == len(want), f"{len(got)} rows of logprobs, expected {len(want)}"
     return max([_row_gap(g, w, b) for b, (g, w) in enumerate(zip(got, want))], default=0.0)
 
