@@ -205,6 +205,18 @@ def check_none_failed(errors, who: str, stage: str = "collate") -> None:
             "or encode with mmpipe.encode_dataset, which drops and reports them")
 
 
+def check_dataset_not_failed(dataset, who: str, stage: str = "collate") -> None:
+    """`check_none_failed` over the `ERROR_COLUMN` of a map-style ``datasets.Dataset`` (its selection
+    honoured), for hosts handed a whole dataset before training; anything else (an ``IterableDataset``,
+    a list, None, a dataset without that column) is left to the readers that refuse each failed row
+    when it comes (collate, the prompt readers)."""
+    names = getattr(dataset, "column_names", None)
+    if isinstance(names, list) and ERROR_COLUMN in names and hasattr(dataset, "select_columns") \
+            and hasattr(dataset, "__len__"):
+        table = dataset.select_columns([ERROR_COLUMN]).with_format("arrow")[:]
+        check_none_failed(table.column(ERROR_COLUMN), who, stage)
+
+
 def check_one_kind(families: Sequence[Any], expected: Any = None):
     """Every row of a batch of one kind of family (`mmpipe.families.ModelFamily.kind`): the kind of
     ``expected`` (the collator's family name) when a row has it, else the kind most rows have

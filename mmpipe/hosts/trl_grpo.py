@@ -59,7 +59,7 @@ try:
 except ImportError as e:  # pragma: no cover - trl is a test dependency
     raise ImportError("mmpipe.hosts.trl_grpo needs TRL: pip install 'trl>=1.16'") from e
 
-from mmpipe.batching.checks import check_not_failed
+from mmpipe.batching.checks import check_dataset_not_failed, check_not_failed
 from mmpipe.compat import is_transformers_5
 from mmpipe.errors import ArgumentError
 from mmpipe.hosts.trl_grpo_prompts import IMAGE_KEYS, check_prompt_labels, is_encoded_row, raw_prompt, reward_prompts
@@ -126,6 +126,9 @@ class VisionGRPOTrainer(GRPOTrainer):
                                 "engine samples with temperature / top_p / top_k only; leave them at 1.0 / None")
         self.engine_class = TransformersEngine
         self._family = family_of(self.processing_class)
+        evals = getattr(self, "eval_dataset", None)  # failed encoded rows refused now, not when a batch reaches them
+        for ds in [self.train_dataset, *(evals.values() if isinstance(evals, Mapping) else [evals])]:
+            check_dataset_not_failed(ds, "VisionGRPOTrainer", stage="rollout")
         # the prompt as TRL renders it: apply_chat_template(add_generation_prompt=True, **chat_template_kwargs)
         options = {"add_generation_prompt": True, **self.encode_options, "labels": False}
         kwargs = self.chat_template_kwargs if isinstance(self.chat_template_kwargs, Mapping) else {}

@@ -46,18 +46,6 @@ def _record_columns() -> set:
     return {n for n, _, _ in ROW_COLUMNS} | set(OPTIONAL_ROW_COLUMNS) | {ERROR_COLUMN}
 
 
-def _check_none_failed(dataframe) -> None:
-    """Encoded rows that failed under ``on_error="skip"`` (0 ``input_ids``: they pass every length
-    filter) refused when the dataset is read, naming them (`mmpipe.batching.checks.check_none_failed`),
-    not when verl's loop reaches the first of them, possibly hours in."""
-    from mmpipe.batching.checks import check_none_failed
-    from mmpipe.records.columns import ERROR_COLUMN
-
-    if ERROR_COLUMN in dataframe.column_names:
-        check_none_failed(dataframe.select_columns([ERROR_COLUMN]).with_format("arrow")[:].column(ERROR_COLUMN),
-                          "MMPipeRLHFDataset", stage="rollout")
-
-
 def _encoded(dataframe) -> bool:
     """A ``datasets.Dataset`` of mmpipe-encoded rows (what ``encode_dataset`` writes)."""
     return dataframe is not None and {"input_ids", "family"} <= set(dataframe.column_names)
@@ -87,7 +75,10 @@ def make_dataset_class(verl_prompt_rows, verl_images_from_messages) -> type:
         def maybe_filter_out_long_prompts(self, dataframe=None):
             if not _encoded(dataframe):
                 return super().maybe_filter_out_long_prompts(dataframe)
-            _check_none_failed(dataframe)
+            from mmpipe.batching.checks import check_dataset_not_failed
+
+            # failed rows (0 ids) pass every length filter: refused now, not when verl's loop reaches them
+            check_dataset_not_failed(dataframe, "MMPipeRLHFDataset", stage="rollout")
             if not self.filter_overlong_prompts:
                 return dataframe
             n = self.max_prompt_length
