@@ -66,10 +66,10 @@ def _usable(img: Image.Image, where: str) -> Image.Image:
     (`check_range`: 16-bit data past 255 would wash out), else this image's `ImageError` now:
     at encode, where ``on_error="skip"`` records it, not in the DataLoader worker that collates."""
     from mmpipe.errors import InputError
-    from mmpipe.images.load import bomb_error, check_range, unreadable_error
+    from mmpipe.images.load import bomb_error, check_range, read_pixels, unreadable_error
 
     try:
-        img.load()
+        read_pixels(img)  # one thread at a time per image object (`mmpipe.images.orientation`)
         check_range(img, where)
     except InputError:
         raise

@@ -33,6 +33,7 @@ from mmpipe.images.load import (
     max_image_bytes,
     open_image_file,
     read_image_file,
+    read_pixels,
     to_rgb_array,
     to_rgb_image,
     upright,
@@ -54,6 +55,7 @@ from mmpipe.images.threads import default_threads, thread_pool
 __all__ = [
     "VisionSpec", "check_image_file", "confine_image", "default_threads", "encode_image", "exif_orientation",
     "image_grid", "image_hw", "image_path", "load_image", "max_image_bytes", "open_image_file", "read_image_file",
-    "patchify_u8", "pixel_values_to_u8", "resize_image", "smart_resize", "thread_pool", "to_rgb_array", "to_rgb_image",
+    "read_pixels", "patchify_u8", "pixel_values_to_u8", "resize_image", "smart_resize", "thread_pool", "to_rgb_array",
+    "to_rgb_image",
     "u8_to_pixel_values", "u8_video_to_pixel_values", "unpatchify_u8", "upright", "video_pixel_values_to_u8",
 ]

@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image, ImageFile
 
 from mmpipe.errors import ArgumentError, ImageError, InputError
-from mmpipe.images.orientation import SWAPS_AXES, exif_orientation, upright  # noqa: F401 - exported here too
+from mmpipe.images.orientation import SWAPS_AXES, exif_orientation, read_pixels, upright  # noqa: F401 - here too
 from mmpipe.images.rgb import check_range, to_rgb_array, to_rgb_image, unconvertible_error  # noqa: F401 - here too
 from mmpipe.images.transparency import (ENGINE_TRANSPARENCY, TRANSPARENCY_ENV, TRANSPARENCY_RULES,  # noqa: F401
                                         apply_rule, check_transparency, has_transparency, installed_transparency,
@@ -358,7 +358,7 @@ def decoded_rgb(value: Any, *, where: str = "image", orient: bool = True,
     `bomb_error`), not PIL's ``OSError`` later (in a processor's call)."""
     img = load_image(value, where=where)
     try:
-        img.load()
+        read_pixels(img)  # one thread at a time per image object (`mmpipe.images.orientation`)
         return to_rgb_image(upright(img) if orient else img, transparency)
     except InputError as e:
         raise located(e, where)

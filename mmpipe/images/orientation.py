@@ -19,11 +19,12 @@ import io
 import os
 import re
 import struct
+import threading
 from typing import Any, Callable, Optional
 
-from PIL import Image, ImageOps, PngImagePlugin
+from PIL import Image, ImageFile, ImageOps, PngImagePlugin
 
-__all__ = ["ORIENTATION_TAG", "SWAPS_AXES", "exif_orientation", "upright",
+__all__ = ["ORIENTATION_TAG", "SWAPS_AXES", "exif_orientation", "upright", "read_pixels",
            "png_orientation", "png_loaded_info", "orientation_of_info"]
 
 ORIENTATION_TAG = 0x0112
@@ -58,12 +59,43 @@ def exif_orientation(img: Image.Image) -> int:
     return int(o) if isinstance(o, int) and 1 <= o <= 8 else 1
 
 
+# A PIL image from ``Image.open`` reads its file lazily, through its ONE file object: two threads
+# reading it at once (rows sharing an image object, encoded on threads sharing an Encoder) interleaved
+# their seeks and reads - wrong pixels without an error, or truncated / closed-file errors. Every read
+# of such an image's file here holds that image's lock (striped by object id; renewed in a forked child).
+_FILE_LOCKS: tuple = ()
+
+
+def _fresh_file_locks() -> None:
+    global _FILE_LOCKS
+    _FILE_LOCKS = tuple(threading.Lock() for _ in range(61))
+
+
+_fresh_file_locks()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_file_locks)
+
+
+def file_lock(img: Image.Image) -> threading.Lock:
+    """The lock every read of ``img``'s file holds (see above)."""
+    return _FILE_LOCKS[(id(img) >> 4) % len(_FILE_LOCKS)]
+
+
+def read_pixels(img: Image.Image) -> Image.Image:
+    """``img`` with its pixels read (``img.load()``: PIL decodes lazily), one thread at a time per
+    image object; PIL's own errors pass (the callers locate them)."""
+    if isinstance(img, ImageFile.ImageFile):
+        with file_lock(img):
+            img.load()
+    return img
+
+
 def upright(img: Image.Image) -> Image.Image:
     """The image as displayed: its orientation applied (``PIL.ImageOps.exif_transpose``, as
-    ``datasets.Image()`` decoding does); the image itself when already upright. A PNG is decoded
-    first, so PIL reads what follows its image data, as ``datasets`` does (load, then getexif)."""
-    if img.format == "PNG" and getattr(img, "tile", None):
-        img.load()
+    ``datasets.Image()`` decoding does); the image itself when already upright. The image is
+    decoded first (`read_pixels`), so PIL reads what follows a PNG's image data, as ``datasets``
+    does (load, then getexif)."""
+    read_pixels(img)
     if exif_orientation(img) == 1:
         return img
     return ImageOps.exif_transpose(img)
@@ -74,8 +106,9 @@ def png_orientation(img: Image.Image) -> int:
     chunk list (module doc): what ``img.info`` holds after ``load()``. An image whose file is gone
     (closed) gets what its header gave."""
     try:
-        reads = _positional(getattr(img, "fp", None))
-        info = None if reads is None else png_loaded_info(*reads, animated=bool(getattr(img, "is_animated", False)))
+        with file_lock(img):  # not while another thread decodes (and then closes) the file
+            reads = _positional(getattr(img, "fp", None))
+            info = None if reads is None else png_loaded_info(*reads, animated=bool(getattr(img, "is_animated", False)))
     except (OSError, ValueError):  # the file cannot be read again: what its header gave
         info = None
     return orientation_of_info(dict(img.info) if info is None else info)

@@ -10,6 +10,7 @@ import numpy as np
 from PIL import Image
 
 from mmpipe.errors import ImageError
+from mmpipe.images.orientation import read_pixels
 from mmpipe.images.transparency import apply_rule, check_transparency, has_transparency, transparency_rule
 
 __all__ = ["check_range", "to_rgb_image", "to_rgb_array", "unconvertible_error"]
@@ -42,13 +43,13 @@ def to_rgb_image(img: Image.Image, transparency: Optional[str] = None) -> Image.
     transformers' processors do it (`transparency_rule`), ``"white"`` (composited onto white)
     or ``"drop"`` (``convert("RGB")``). An RGB image without transparency is returned as is
     (no copy); the rule is looked up only for an image with transparency."""
+    read_pixels(img)  # a decode error is the file's (the caller's); a ValueError below is the conversion's
     check_range(img)
     if has_transparency(img):
         return apply_rule(img, transparency_rule(transparency))
     check_transparency(transparency)
     if img.mode == "RGB":
         return img
-    img.load()  # a decode error is the file's (the caller's); a ValueError below is the conversion's
     try:
         return img.convert("RGB")
     except ValueError as e:

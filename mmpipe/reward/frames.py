@@ -10,7 +10,7 @@ from typing import Any
 
 from PIL import Image
 
-from mmpipe.images.load import image_path, load_image, read_image_file, unreadable_error
+from mmpipe.images.load import image_path, load_image, read_image_file, read_pixels, unreadable_error
 
 # Formats every OpenAI-compatible VLM server decodes; others are re-encoded as PNG.
 _PASS_THROUGH = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
@@ -55,7 +55,7 @@ def encode_frame(value: Any, *, where: str = "frame") -> EncodedFrame:
         if fmt in _PASS_THROUGH:
             return _frame(raw, _PASS_THROUGH[fmt], size)
         value = raw
-    img = load_image(value, where=where)
+    img = read_pixels(load_image(value, where=where))  # one thread at a time per image object
     if img.mode not in _PNG_MODES:
         img = img.convert("RGB")
     buf = io.BytesIO()
