@@ -216,13 +216,34 @@ def _text_only_fails(enc) -> bool:
     return fails
 
 
-def _failure(enc, e: Exception, where: str, has_images: bool) -> InputError:
-    """The row's `InputError` for the processor's failure ``e`` (its message kept). A row without
+def default_dtype_failure(e: Exception) -> Optional[str]:
+    """torch's default dtype (e.g. ``"torch.float64"``) when the processor's failure ``e`` is a
+    RuntimeError raised while it is not float32 (Qwen2.5-Omni's feature extractor under
+    ``torch.set_default_dtype(torch.float64)``: "expected scalar type Double but found Float"); else None."""
+    if not isinstance(e, RuntimeError):
+        return None
+    import torch
+
+    default = torch.get_default_dtype()
+    return None if default == torch.float32 else str(default)
+
+
+def _failure(enc, e: Exception, where: str, has_images: bool, has_audios: bool = False) -> InputError:
+    """The row's `InputError` for the processor's failure ``e`` (its message kept). One raised in a
+    torch default dtype other than float32 names it (`default_dtype_failure`). A row without
     images whose failure the processor repeats on the smallest text-only conversation
     (`_text_only_fails`, probed once per Encoder) is refused for having none (PaliGemma on
     transformers 4.x: "`images` are expected"): the fix says so, not to check image items the row
     does not have."""
     what = f"the processor {enc.processor_class} failed on this row ({type(e).__name__}: {e})"
+    dtype = default_dtype_failure(e)
+    if dtype is not None:
+        return InputError(f"{what}, while torch's default dtype is {dtype} (torch.set_default_dtype): the "
+                          "processor's torch ops (an audio feature extractor's) fail in that default dtype",
+                          where=where, stage="encode", column="audios" if has_audios else "messages",
+                          expected="torch's default dtype torch.float32", found=dtype,
+                          fix="encode with the default dtype torch.float32 (set another one after encoding, or "
+                              "only around the model code)")
     if not has_images and _text_only_fails(enc):
         return InputError(f"{what}; it fails on every row without images (a text-only probe too): it needs at "
                           "least one image per row", where=where, stage="encode", column="images",
@@ -258,7 +279,7 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
     try:
         out, low = run_processor(enc, text=[text], images=pil or None, **kwargs)
     except _PROCESSOR_FAILURES as e:
-        raise _failure(enc, e, where, bool(pil)) from e
+        raise _failure(enc, e, where, bool(pil), bool(waves)) from e
     ids = out["input_ids"][0].astype(np.int64)
     sequence, vision = {}, {}
     vision_keys = {name for name, _, _ in layout.vision}
