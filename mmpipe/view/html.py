@@ -291,7 +291,7 @@ def rollout_html(sample, *, tokenizer=None, max_tokens: Optional[int] = DEFAULT_
     decoded response."""
     row = sample.to_row()
     P = sample.prompt.num_tokens
-    lp = None if sample.logprobs is None else np.asarray(sample.logprobs, np.float64)
+    lp = None if sample.logprobs is None else to_numpy(sample.logprobs).astype(np.float64)  # bf16 too
     extra = {P + k: f"logprob {lp[k]:.4f}" for k in range(len(lp))} if lp is not None else None
     toks = TokenText(tokenizer)
     R = len(sample.response_ids)

@@ -128,7 +128,7 @@ def describe(obj, *, tokenizer=None, max_tokens: Optional[int] = 120) -> str:
     if isinstance(obj, BatchedMultiModalInputs):
         return "\n".join(_describe_batch(obj, toks, max_tokens))
     if isinstance(obj, RolloutSample):
-        lp = None if obj.logprobs is None else np.asarray(obj.logprobs, np.float64)
+        lp = None if obj.logprobs is None else to_numpy(obj.logprobs).astype(np.float64)  # bf16 too
         R = len(obj.response_ids)
         stats = f", logprobs mean {lp.mean():.4f} min {lp.min():.4f}" if (lp is not None and R) else ""
         lines = [f"RolloutSample: prompt {obj.prompt_index} sample {obj.sample_index}, finish {obj.finish_reason}"
