@@ -32,6 +32,8 @@ The ``datasets.map`` side (batches, drops, ``on_error="skip"``) is `mmpipe.encod
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Optional
 
 import numpy as np
@@ -289,7 +291,11 @@ class Encoder(ChatTemplate, CodeStamped):
         found once by probe calls; None for the families mmpipe lays out itself."""
         layout = getattr(self.family.media, "encode_layout", None)  # the processor kind's probe
         if self._layout is None and layout is not None:
-            self._layout = layout(self)
+            # threads sharing a fresh encoder probe once, and wait for it: the probe's padding=True calls
+            # set the tokenizer's padding, which a concurrent plain call reset mid-probe (IndexError)
+            with _PROBE_LOCK:
+                if self._layout is None:
+                    self._layout = layout(self)
         return self._layout
 
     def row_keys(self) -> tuple[str, ...]:
@@ -354,6 +360,18 @@ class Encoder(ChatTemplate, CodeStamped):
         if getattr(self, "_lut_cache", None) is None:
             self._lut_cache = self.spec.lut()
         return self._lut_cache
+
+
+_PROBE_LOCK = threading.RLock()
+
+
+def _fresh_probe_lock() -> None:  # a forked child: a parent's thread may have held it
+    global _PROBE_LOCK
+    _PROBE_LOCK = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_probe_lock)
 
 
 def _family(processor, asked: Optional[str]) -> ModelFamily:
