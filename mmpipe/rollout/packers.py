@@ -36,7 +36,6 @@ What cosmos-rl receives:
 from __future__ import annotations
 
 import base64
-import functools
 import io
 from dataclasses import replace
 from typing import Any, Optional, Sequence, Union
@@ -53,7 +52,7 @@ from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.rollout import RolloutSample
 from mmpipe.records.cosmos import CosmosRow
 from mmpipe.rollout.cosmos_side import (  # noqa: F401  (register_with_cosmos: public here too)
-    PromptCache, check_fits, completed_conversation, cosmos_base_packer, register_with_cosmos,
+    PromptCache, built_once, check_fits, completed_conversation, cosmos_base_packer, register_with_cosmos,
 )
 
 __all__ = ["DataPacker", "DecoderOnlyLLMDataPacker", "QwenVLDataPacker", "CosmosRow", "packer_class",
@@ -370,10 +369,13 @@ _CORES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
 def packer_class(name: str) -> type:
     """The public packer class ``name``: its core (the methods above) on top of cosmos-rl's
-    ``BaseDataPacker`` when cosmos-rl is installed, standalone otherwise."""
+    ``BaseDataPacker`` when cosmos-rl is installed, standalone otherwise; one per process (`built_once`)."""
+    return built_once(name, lambda: _build_class(name))
+
+
+def _build_class(name: str) -> type:
     core, parent = _CORES[name]
     if parent is not None:
         bases = (core, packer_class(parent))
