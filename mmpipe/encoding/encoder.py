@@ -32,12 +32,11 @@ The ``datasets.map`` side (batches, drops, ``on_error="skip"``) is `mmpipe.encod
 
 from __future__ import annotations
 
-import os
-import threading
 from typing import Optional
 
 import numpy as np
 
+from mmpipe._fork import ForkSafeLock
 from mmpipe.encoding.fingerprint import CodeStamped, processor_settings, quick_state
 from mmpipe.encoding.glm_videos import token_types
 from mmpipe.encoding.mapping import EncodeStats, check_max_length, encode_or_drop, map_call
@@ -362,16 +361,7 @@ class Encoder(ChatTemplate, CodeStamped):
         return self._lut_cache
 
 
-_PROBE_LOCK = threading.RLock()
-
-
-def _fresh_probe_lock() -> None:  # a forked child: a parent's thread may have held it
-    global _PROBE_LOCK
-    _PROBE_LOCK = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_probe_lock)
+_PROBE_LOCK = ForkSafeLock(reentrant=True)
 
 
 def _family(processor, asked: Optional[str]) -> ModelFamily:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import threading
 from collections import Counter
 from concurrent.futures import wait
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from mmpipe._fork import ForkSafeLock
 from mmpipe.encoding.layout_batch import encode_layout, takes_layout_batch
 from mmpipe.encoding.options import RowDropped  # the map protocol's drop signal (re-exported)
 from mmpipe.encoding.parse import UnreadableImages, parse_row, row_where
@@ -89,16 +88,7 @@ class EncodeStats:
                 self.failed[failed] += 1
 
 
-_COUNT_LOCK = threading.Lock()
-
-
-def _fresh_count_lock() -> None:  # a forked child: the lock may have been held by a parent's thread
-    global _COUNT_LOCK
-    _COUNT_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_count_lock)
+_COUNT_LOCK = ForkSafeLock()
 
 
 def as_input_error(e: Exception, row=None) -> InputError:

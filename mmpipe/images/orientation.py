@@ -19,10 +19,11 @@ import io
 import os
 import re
 import struct
-import threading
 from typing import Any, Callable, Optional
 
 from PIL import Image, ImageFile, ImageOps, PngImagePlugin
+
+from mmpipe._fork import ForkSafeLock
 
 __all__ = ["ORIENTATION_TAG", "SWAPS_AXES", "exif_orientation", "upright", "read_pixels",
            "png_orientation", "png_loaded_info", "orientation_of_info"]
@@ -63,20 +64,10 @@ def exif_orientation(img: Image.Image) -> int:
 # reading it at once (rows sharing an image object, encoded on threads sharing an Encoder) interleaved
 # their seeks and reads - wrong pixels without an error, or truncated / closed-file errors. Every read
 # of such an image's file here holds that image's lock (striped by object id; renewed in a forked child).
-_FILE_LOCKS: tuple = ()
+_FILE_LOCKS = tuple(ForkSafeLock() for _ in range(61))
 
 
-def _fresh_file_locks() -> None:
-    global _FILE_LOCKS
-    _FILE_LOCKS = tuple(threading.Lock() for _ in range(61))
-
-
-_fresh_file_locks()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_file_locks)
-
-
-def file_lock(img: Image.Image) -> threading.Lock:
+def file_lock(img: Image.Image) -> ForkSafeLock:
     """The lock every read of ``img``'s file holds (see above)."""
     return _FILE_LOCKS[(id(img) >> 4) % len(_FILE_LOCKS)]
 

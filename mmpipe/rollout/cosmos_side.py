@@ -6,11 +6,11 @@ the collate length it asks for (`check_fits`), and the packers' bounded prompt c
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from typing import Any, Optional, Sequence
 
+from mmpipe._fork import ForkSafeLock
 from mmpipe.records.row import MultiModalInputs
 
 __all__ = ["PromptCache", "built_once", "check_fits", "completed_conversation", "cosmos_base_packer", "item_shape",
@@ -31,16 +31,7 @@ def cosmos_base_packer() -> Optional[type]:
 _BUILT: dict = {}  # name -> the packer class built for it in this process
 # threads racing the first use each built a class (lru_cache does not lock its misses): an instance of a
 # losing one is no QwenVLDataPacker for isinstance, and pickle refuses it ("not the same object")
-_BUILT_LOCK = threading.RLock()
-
-
-def _fresh_built_lock() -> None:  # a forked child: a parent's thread may have held it
-    global _BUILT_LOCK
-    _BUILT_LOCK = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_built_lock)
+_BUILT_LOCK = ForkSafeLock(reentrant=True)
 
 
 def built_once(name: str, build) -> type:

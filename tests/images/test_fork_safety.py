@@ -13,11 +13,10 @@ with its workers on timeout, so a hang fails the test instead of the whole run:
 """
 
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
+
+from helpers import run_child_group
 
 pytest.importorskip("datasets")
 pytest.importorskip("av")
@@ -98,18 +97,37 @@ def pack_length(_):
 
 def run_child(script: str, timeout: float = 180):
     """Run ``script`` in a child process group; a hang (past ``timeout``) kills it and its workers and fails."""
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
-    try:
-        out, err = child.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)  # the workers too: they hold the pipes
-        child.communicate()
-        pytest.fail("forked workers hung after the parent ran a parallel torch op")
-    assert child.returncode == 0 and "done" in out, err[-2000:]
+    out = run_child_group(script, timeout, "forked workers hung after the parent ran a parallel torch op")
+    assert "done" in out, out[-2000:]
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))
 def test_forked_workers_after_a_parent_torch_op_do_not_hang(route):
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     run_child(HEAD.format(tests=tests) + LONG_ROWS + ROUTES[route])
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_fork_safe_lock_held_by_another_thread_is_free_in_a_forked_child(reentrant):
+    """`mmpipe._fork.ForkSafeLock` (the encoder's probe and stats locks, the image file locks, the
+    packer classes' lock): a child forked while a parent's thread holds it gets a fresh lock, not one
+    that stays held forever."""
+    run_child(f"""
+import os, threading
+from mmpipe._fork import ForkSafeLock
+lock, held, release = ForkSafeLock(reentrant={reentrant}), threading.Event(), threading.Event()
+def hold():
+    with lock:
+        held.set()
+        release.wait()
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    with lock:
+        os._exit(0)
+_, status = os.waitpid(pid, 0)
+release.set()
+assert os.waitstatus_to_exitcode(status) == 0
+print("done")
+""", timeout=60)
