@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Optional
 from pathlib import Path
@@ -473,3 +475,60 @@ def mapped_with_a_failed_row():
                  with_indices=True, remove_columns=ds.column_names)
     assert enc[1]["mmpipe_error"] and len(enc[1]["input_ids"]) == 0
     return enc, proc
+
+
+def run_threads(work, threads: int) -> None:
+    """``work(t)`` for ``t`` in ``range(threads)``, each on its own thread, released together by a
+    barrier, with the interpreter's switch interval shortened to 1 µs while they run (races widened:
+    counted in the thread tests, never timed); returns when all have finished."""
+    barrier = threading.Barrier(threads)
+
+    def start(t: int) -> None:
+        barrier.wait()
+        work(t)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        ts = [threading.Thread(target=start, args=(t,)) for t in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+
+
+def run_child_group(script: str, timeout: float, hang: str) -> str:
+    """Run ``script`` (``python -c``) in a child process group of its own and return its stdout; past
+    ``timeout`` seconds the group is killed (the child's workers too: they hold the pipes) and the
+    test fails with ``hang``; a non-zero exit fails it with the child's stderr."""
+    import os
+    import signal
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        pytest.fail(hang)
+    assert child.returncode == 0, err[-2000:]
+    return out
+
+
+def published_pair(processor, family: str) -> tuple:
+    """Two copies of ``processor``: one with ``family``'s chat template as published with its
+    checkpoint, one with that template's ``{% generation %}`` copy (transformers' assistant mask:
+    the labels' reference)."""
+    import copy
+
+    from mmpipe.offline.published_templates import generation_template, published_template
+
+    proc = copy.deepcopy(processor)
+    proc.chat_template = proc.tokenizer.chat_template = published_template(family)
+    ref = copy.deepcopy(proc)
+    ref.chat_template = ref.tokenizer.chat_template = generation_template(family)
+    return proc, ref

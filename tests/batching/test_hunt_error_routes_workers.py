@@ -9,12 +9,9 @@ in a child process in its own session, killed with its workers on timeout."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-
 import pytest
+
+from helpers import run_child_group
 
 HANG_S = 240  # generous: the shared machine is slow; a hang is forever
 
@@ -88,17 +85,8 @@ WANT = {
 
 
 def run_child(script: str, timeout: float = HANG_S) -> list:
-    """Run ``script`` in a child process group; a hang (past ``timeout``) kills it and its workers and fails."""
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
-    try:
-        out, err = child.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)  # the workers too: they hold the pipes
-        child.communicate()
-        pytest.fail("a dead worker hung the caller")
-    assert child.returncode == 0, err[-2000:]
-    return out.splitlines()
+    """``script``'s output lines; a hang (past ``timeout``) kills it and its workers and fails."""
+    return run_child_group(script, timeout, "a dead worker hung the caller").splitlines()
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))

@@ -6,8 +6,6 @@ a barrier, the switch interval shortened."""
 
 from __future__ import annotations
 
-import sys
-import threading
 
 import torch
 
@@ -17,6 +15,7 @@ from mmpipe.images.buffers import BufferPool
 from mmpipe.testing import tiny_image
 
 from conftest import processor_for
+from helpers import run_threads
 
 
 def _tensors(batch) -> dict:
@@ -49,17 +48,7 @@ def test_shared_collators_with_the_buffer_pool(monkeypatch):
         except Exception as e:  # noqa: BLE001
             wrong.append((t, repr(e)))
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        for _ in range(6):
-            barrier = threading.Barrier(6)
-            ts = [threading.Thread(target=lambda t=t: (barrier.wait(), work(t))) for t in range(6)]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
-    finally:
-        sys.setswitchinterval(old)
+    for _ in range(6):
+        run_threads(work, 6)
     assert wrong == []
     assert buffers.PIXEL_BUFFERS.held_bytes() > 0  # the pool was in use

@@ -7,17 +7,15 @@ GLM-4.6V's ``enable_thinking``; the answer labelled, nothing else."""
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 
 import mmpipe
 from mmpipe import testing
-from mmpipe.offline.published_templates import PUBLISHED, generation_template, published_template
+from mmpipe.offline.published_templates import PUBLISHED
 
 from conftest import processor_for
-from helpers import chat_path
+from helpers import chat_path, published_pair
 
 NATIVE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "glm46v", "gemma3", "internvl", "llava_onevision")
 IMAGES = [testing.tiny_image(40, 56, seed=1), testing.tiny_image(48, 64, seed=2)]
@@ -57,10 +55,7 @@ def test_rows_equal_the_chat_path_with_the_template_options(family, case):
 @pytest.mark.parametrize("family", sorted(PUBLISHED))
 def test_published_templates_label_as_their_generation_copy_with_vision_ids(family):
     """ids and labels == transformers' assistant mask on the generation copy, add_vision_id on."""
-    proc = copy.deepcopy(processor_for(family))
-    proc.chat_template = proc.tokenizer.chat_template = published_template(family)
-    ref = copy.deepcopy(proc)
-    ref.chat_template = ref.tokenizer.chat_template = generation_template(family)
+    proc, ref = published_pair(processor_for(family), family)
     # GLM-4.1V's template prints assistant content as it is: a string there (as transformers needs it)
     conv = [USER, {"role": "assistant", "content": "Two boxes." if family == "glm4v" else ANSWER["content"]},
             {"role": "user", "content": [{"type": "text", "text": "Sure?"}]},

@@ -13,16 +13,15 @@ GLM-4.6V's replies their ``<think></think>``.
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 
 import mmpipe
 from mmpipe import testing
-from mmpipe.offline.published_templates import PUBLISHED, generation_template, published_template
+from mmpipe.offline.published_templates import PUBLISHED
 
 from conftest import processor_for
+from helpers import published_pair
 
 IMAGE = testing.tiny_image(40, 56, seed=1)
 
@@ -37,10 +36,7 @@ def _conversation(family: str) -> list:
 
 @pytest.mark.parametrize("family", sorted(PUBLISHED))
 def test_continue_final_message_keeps_the_earlier_replies_labels(family):
-    proc = copy.deepcopy(processor_for(family))
-    proc.chat_template = proc.tokenizer.chat_template = published_template(family)
-    ref = copy.deepcopy(proc)
-    ref.chat_template = ref.tokenizer.chat_template = generation_template(family)
+    proc, ref = published_pair(processor_for(family), family)
     conv = _conversation(family)
     inline = [{**m, "content": [dict(p, image=IMAGE) if p.get("type") == "image" else p for p in m["content"]]}
               if isinstance(m["content"], list) else m for m in conv]

@@ -5,8 +5,6 @@ threads released together by a barrier, the switch interval shortened to widen t
 
 from __future__ import annotations
 
-import sys
-import threading
 
 import numpy as np
 
@@ -16,25 +14,7 @@ from mmpipe.errors import InputError
 from mmpipe.testing import tiny_image
 
 from conftest import processor_for
-
-
-def _run_threads(work, threads: int) -> None:
-    barrier = threading.Barrier(threads)
-
-    def start(t: int) -> None:
-        barrier.wait()
-        work(t)
-
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        ts = [threading.Thread(target=start, args=(t,)) for t in range(threads)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+from helpers import run_threads
 
 
 class _FailingEncoder:
@@ -65,7 +45,7 @@ def test_stats_count_every_row_from_many_threads():
             for i in range(4):
                 encode_or_drop(enc, {"k": t}, i)
 
-        _run_threads(work, 8)
+        run_threads(work, 8)
         s = enc.stats
         if (s.rows, s.dropped["too_long"], s.failed["parse"]) != (32, 16, 16):
             wrong.append((trial, s.rows, dict(s.dropped), dict(s.failed)))
@@ -96,7 +76,7 @@ def test_shared_encoder_rows_equal_single_thread_rows():
         except Exception as e:  # noqa: BLE001
             errors.append(repr(e))
 
-    _run_threads(work, 8)
+    run_threads(work, 8)
     assert errors == []
     for k, outs in got.items():
         for out in outs:

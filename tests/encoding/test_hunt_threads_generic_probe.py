@@ -7,8 +7,6 @@ now wait for one probe. Counted, not timed: a barrier, the switch interval short
 
 from __future__ import annotations
 
-import sys
-import threading
 
 import numpy as np
 
@@ -16,6 +14,7 @@ import mmpipe
 from mmpipe.testing import tiny_image
 
 from conftest import processor_for
+from helpers import run_threads
 
 
 def _row(k: int) -> dict:
@@ -36,25 +35,15 @@ def test_first_calls_of_a_shared_generic_encoder():
     rows = [_row(k) for k in range(8)]
     ref = [mmpipe.Encoder(proc).encode_row(r).to_dict() for r in rows]
     wrong = []
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        for trial in range(80):
-            enc, barrier = mmpipe.Encoder(proc), threading.Barrier(8)
+    for trial in range(80):
+        enc = mmpipe.Encoder(proc)
 
-            def work(t: int) -> None:
-                barrier.wait()
-                try:
-                    if not _same(enc.encode_row(rows[t]).to_dict(), ref[t]):
-                        wrong.append((trial, t, "another row"))
-                except Exception as e:  # noqa: BLE001 - what the race raised
-                    wrong.append((trial, t, f"{type(e).__name__}: {e}"))
+        def work(t: int) -> None:
+            try:
+                if not _same(enc.encode_row(rows[t]).to_dict(), ref[t]):
+                    wrong.append((trial, t, "another row"))
+            except Exception as e:  # noqa: BLE001 - what the race raised
+                wrong.append((trial, t, f"{type(e).__name__}: {e}"))
 
-            ts = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
-    finally:
-        sys.setswitchinterval(old)
+        run_threads(work, 8)
     assert wrong == []

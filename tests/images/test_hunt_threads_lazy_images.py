@@ -9,8 +9,6 @@ Counted, not timed: threads released together by a barrier, the switch interval 
 from __future__ import annotations
 
 import io
-import sys
-import threading
 
 import numpy as np
 import pytest
@@ -22,6 +20,7 @@ from mmpipe.reward.frames import encode_frame
 from mmpipe.testing import sample_photos
 
 from conftest import processor_for
+from helpers import run_threads
 
 
 def _file(fmt: str) -> bytes:
@@ -34,27 +33,17 @@ def _file(fmt: str) -> bytes:
 def _shared_by_threads(data: bytes, call, want, threads: int = 4, trials: int = 30) -> list:
     """Per trial, ONE lazily opened image handed to ``threads`` threads at once; what went wrong."""
     wrong = []
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        for trial in range(trials):
-            img, barrier = Image.open(io.BytesIO(data)), threading.Barrier(threads)
+    for trial in range(trials):
+        img = Image.open(io.BytesIO(data))
 
-            def work() -> None:
-                barrier.wait()
-                try:
-                    if not want(call(img)):
-                        wrong.append((trial, "different output"))
-                except Exception as e:  # noqa: BLE001 - what the race raised
-                    wrong.append((trial, f"{type(e).__name__}: {e}"[:120]))
+        def work(t: int) -> None:
+            try:
+                if not want(call(img)):
+                    wrong.append((trial, "different output"))
+            except Exception as e:  # noqa: BLE001 - what the race raised
+                wrong.append((trial, f"{type(e).__name__}: {e}"[:120]))
 
-            ts = [threading.Thread(target=work) for _ in range(threads)]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
-    finally:
-        sys.setswitchinterval(old)
+        run_threads(work, threads)
     return wrong
 
 

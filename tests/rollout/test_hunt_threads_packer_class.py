@@ -8,10 +8,10 @@ the switch interval shortened."""
 from __future__ import annotations
 
 import pickle
-import sys
-import threading
 
 from mmpipe.rollout import cosmos_side, packers
+
+from helpers import run_threads
 
 
 def _fresh_process(monkeypatch) -> None:
@@ -24,29 +24,15 @@ def _fresh_process(monkeypatch) -> None:
 
 def test_threads_racing_the_first_use_get_one_class(monkeypatch):
     wrong = []
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        for trial in range(100):  # old code: 269 of 300 rounds gave a thread another class
-            _fresh_process(monkeypatch)
-            got, barrier = [], threading.Barrier(4)
-
-            def work() -> None:
-                barrier.wait()
-                got.append(packers.QwenVLDataPacker)
-
-            ts = [threading.Thread(target=work) for _ in range(4)]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
-            final = packers.QwenVLDataPacker
-            if any(cls is not final for cls in got):
-                wrong.append(trial)
-                packer = next(cls for cls in got if cls is not final)()
-                assert isinstance(packer, final), "a packer of the losing class is no QwenVLDataPacker"
-    finally:
-        sys.setswitchinterval(old)
+    for trial in range(100):  # old code: 269 of 300 rounds gave a thread another class
+        _fresh_process(monkeypatch)
+        got = []
+        run_threads(lambda t: got.append(packers.QwenVLDataPacker), 4)
+        final = packers.QwenVLDataPacker
+        if any(cls is not final for cls in got):
+            wrong.append(trial)
+            packer = next(cls for cls in got if cls is not final)()
+            assert isinstance(packer, final), "a packer of the losing class is no QwenVLDataPacker"
     assert wrong == []
     assert type(pickle.loads(pickle.dumps(final()))) is final
     assert issubclass(final, packers.DataPacker)

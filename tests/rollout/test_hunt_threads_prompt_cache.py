@@ -8,20 +8,19 @@ not timed: threads released together by a barrier, the switch interval shortened
 from __future__ import annotations
 
 import pickle
-import sys
-import threading
 
 import numpy as np
 
 from mmpipe.rollout import cosmos_side
 from mmpipe.rollout.cosmos_side import PromptCache
 
+from helpers import run_threads
+
 
 def _hammer(cache: PromptCache, items: list, rows: list, threads: int = 8, rounds: int = 1500) -> list:
-    errors, barrier = [], threading.Barrier(threads)
+    errors = []
 
     def work(t: int) -> None:
-        barrier.wait()
         try:
             for i in range(rounds):
                 k = (t * 7 + i) % len(items)
@@ -33,16 +32,7 @@ def _hammer(cache: PromptCache, items: list, rows: list, threads: int = 8, round
         except Exception as e:  # noqa: BLE001 - what the race raised
             errors.append(f"{type(e).__name__}: {e}")
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    run_threads(work, threads)
     return errors
 
 
