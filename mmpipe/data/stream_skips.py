@@ -45,9 +45,10 @@ class _DropFailed:
         marks, kept = dict(zip(self.marks, columns)), columns[len(self.marks):]
         worker = _worker_id()
         where = "" if worker is None else f" of DataLoader worker {worker}'s stream"
-        bad = [False] * len(indices)
+        bad, none = [False] * len(indices), [""] * len(indices)
+        errors, drops = marks.get("error", none), marks.get("drop", none)
         for i in range(len(indices)):
-            failed, reason = marks.get("error", [""] * len(indices))[i], marks.get("drop", [""] * len(indices))[i]
+            failed, reason = errors[i], drops[i]
             if not (failed or reason):
                 continue
             bad[i] = True
