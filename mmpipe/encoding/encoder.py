@@ -32,6 +32,7 @@ The ``datasets.map`` side (batches, drops, ``on_error="skip"``) is `mmpipe.encod
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import numpy as np
@@ -130,7 +131,7 @@ class Encoder(ChatTemplate, CodeStamped):
     without a meaning for the family raises it saying what to do instead.
     """
 
-    RUNTIME_STATE = ("stats", "_checked_tool_fields", "_lut_cache", "_layout", "_image_bytes", "_content_forms",
+    RUNTIME_STATE = ("stats", "_checked_tool_fields", "_lut_cache", "_layout", "_layout_dtype", "_image_bytes", "_content_forms",
                      "_stop_rule", "_reply_header", "_direct_kwargs", "_generation_templates", "_processor_quick")
 
     def __init__(self, processor, *, max_length: Optional[int] = None, truncation: str = "raise",
@@ -197,6 +198,7 @@ class Encoder(ChatTemplate, CodeStamped):
                      "_generation_templates"):  # probed again on first use (encoding/render.py, spans.py)
             self.__dict__.pop(name, None)
         self._layout = None
+        self._layout_dtype = None  # torch's default dtype when `_layout` was probed (see `layout`)
         self._image_bytes: Optional[int] = None
         # an unpickled encoder (num_proc workers) whose processor was changed before it was sent
         # fails its first call, as one changed later does (`check_processor`)
@@ -289,12 +291,18 @@ class Encoder(ChatTemplate, CodeStamped):
         """The generic path: the processor's outputs (`mmpipe.media.processor.ProcessorLayout`),
         found once by probe calls; None for the families mmpipe lays out itself."""
         layout = getattr(self.family.media, "encode_layout", None)  # the processor kind's probe
-        if self._layout is None and layout is not None:
+        if layout is None:
+            return None
+        # probed again when torch's default dtype changed since: a processor's torch ops may fail in
+        # one (Qwen2.5-Omni's audio features under float64: no audio keys) and work in another
+        dtype = _default_dtype()
+        if self._layout is None or self._layout_dtype != dtype:
             # threads sharing a fresh encoder probe once, and wait for it: the probe's padding=True calls
             # set the tokenizer's padding, which a concurrent plain call reset mid-probe (IndexError)
             with _PROBE_LOCK:
-                if self._layout is None:
-                    self._layout = layout(self)
+                if self._layout is None or self._layout_dtype != dtype:
+                    probed = layout(self)
+                    self._layout, self._layout_dtype = probed, dtype
         return self._layout
 
     def row_keys(self) -> tuple[str, ...]:
@@ -362,6 +370,12 @@ class Encoder(ChatTemplate, CodeStamped):
 
 
 _PROBE_LOCK = ForkSafeLock(reentrant=True)
+
+
+def _default_dtype():
+    """torch's default dtype (None while torch is not imported: no processor has run torch ops)."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.get_default_dtype()
 
 
 def _family(processor, asked: Optional[str]) -> ModelFamily:
