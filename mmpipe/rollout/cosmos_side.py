@@ -2,19 +2,22 @@
 (resolved on first use, None without cosmos-rl) and registration, and what its trainers hand a
 packer beyond one prompt item: a dataset item its multi-turn rollout grows in place (`item_shape`,
 the prompt cache's key), a multi-turn rollout's completed conversation (`completed_conversation`),
-the collate length it asks for (`check_fits`), and the packers' bounded prompt cache (`PromptCache`)."""
+the collate length it asks for (`check_fits`), what a packer refuses to make a prompt of
+(`refuse_skips`, `stored_item`, `check_prompt`), and the packers' bounded prompt cache (`PromptCache`)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any, Optional, Sequence
 
 from mmpipe._fork import ForkSafeLock
 from mmpipe.records.row import MultiModalInputs
 
-__all__ = ["PromptCache", "built_once", "check_fits", "completed_conversation", "cosmos_base_packer", "item_shape",
-           "register_with_cosmos"]
+__all__ = ["PromptCache", "built_once", "check_fits", "check_prompt", "completed_conversation", "cosmos_base_packer",
+           "encoded_sft_row", "item_shape", "refuse_skips", "register_with_cosmos", "stored_item"]
 
 
 def cosmos_base_packer() -> Optional[type]:
@@ -99,7 +102,80 @@ def check_fits(packer, rows: Sequence[MultiModalInputs], max_len: int) -> None:
                 stage="collate", expected=f"at most computed_max_len={max_len} tokens"
                 + (f" (policy.model_max_length={limit})" if limit is not None else ""), found=f"{n} tokens",
                 fix=f"raise policy.model_max_length to at least {n}, or bound the samples when they are made "
-                    f"({type(packer).__name__}(max_length=..., truncation='drop' or 'truncate_text'))")
+                    f"({type(packer).__name__}(max_length=..., truncation='truncate_text'), or mmpipe.encode_dataset("
+                    "..., max_length=N, truncation='drop') before cosmos-rl reads the dataset)")
+
+
+def refuse_skips(packer, options: Mapping) -> None:
+    """`ArgumentError` for the encode options that leave a row out (``truncation="drop"``,
+    ``on_error="skip"``). Why: cosmos-rl asks a packer for one prompt / policy row per dataset item and
+    has nothing to take a skipped one; ``truncation="drop"`` escaped as the encoder's internal
+    `RowDropped` signal, and ``on_error="skip"`` was silently not applied (every failure raised)."""
+    from mmpipe.errors import ArgumentError
+
+    given = [f"{k}={options[k]!r}" for k, v in (("truncation", "drop"), ("on_error", "skip")) if options.get(k) == v]
+    if given:
+        raise ArgumentError(
+            f"{type(packer).__name__}({', '.join(given)}): a data packer makes one prompt (and one policy row) "
+            "for every dataset item cosmos-rl hands it and cannot leave one out. Filter the dataset before "
+            "cosmos-rl reads it (encode it with mmpipe.encode_dataset(..., max_length=N, truncation='drop', "
+            "on_error='skip'), which drops and reports those rows, and give the packer the encoded rows), or "
+            "use truncation='truncate_text' / the default 'raise'")
+
+
+def stored_item(item: Any, what: str) -> Optional[MultiModalInputs]:
+    """A dataset item that is an encoded row as stored (a dict with ``family`` and ``input_ids``:
+    ``enc[i]`` of a dataset mapped with `mmpipe.encode`) -> its record; None for any other item.
+    A row that failed to encode under ``on_error="skip"`` (0 tokens, its failure in
+    `ERROR_COLUMN`) raises the `InputError` the other readers of stored rows raise (its dataset
+    row, column ``mmpipe_error``, the fix): as a prompt it became an empty one, silently."""
+    from mmpipe.records.columns import ERROR_COLUMN
+
+    if not (isinstance(item, Mapping) and "family" in item and "input_ids" in item):
+        return None
+    failure = item.get(ERROR_COLUMN)
+    if failure:
+        try:
+            row = json.loads(failure).get("row")
+        except (ValueError, AttributeError):
+            row = None
+        from mmpipe.errors import InputError
+
+        raise InputError(
+            f"the dataset item given to {what} is a row that failed to encode ({failure})", row=row if isinstance(row, int)
+            else None, where=None if isinstance(row, int) else "the dataset item", column=ERROR_COLUMN,
+            stage="rollout", expected="an encoded row (an empty mmpipe_error)", found="a failed row (0 tokens)",
+            fix="filter failed rows out of the dataset before cosmos-rl reads it: ds, errors = "
+                "mmpipe.drop_failed(ds), or encode with mmpipe.encode_dataset")
+    return MultiModalInputs.from_dict(item)
+
+
+def check_prompt(row: MultiModalInputs, what: str) -> MultiModalInputs:
+    """``row`` (an encoded prompt), refused when it holds no token: what a row that failed to encode
+    under ``on_error="skip"`` reads as (``MultiModalInputs.from_dict`` keeps no failure), which went
+    to the rollout as an empty prompt and to the policy as a row of response tokens alone."""
+    if row.num_tokens == 0:
+        from mmpipe.errors import InputError
+
+        raise InputError(
+            f"the encoded prompt given to {what} holds no token", where="the dataset item", column="input_ids",
+            stage="rollout", expected="a prompt of at least one token", found="0 tokens (an empty row: what a row "
+            "that failed to encode under on_error='skip' reads as)",
+            fix="filter failed rows out before making records of them: ds, errors = mmpipe.drop_failed(ds), or "
+                "encode with mmpipe.encode_dataset; or give the packer the raw item (chat list / row dict)")
+    return row
+
+
+def encoded_sft_row(sample: Any) -> Optional[MultiModalInputs]:
+    """An SFT item that is an encoded row (a record, or a stored dict: `stored_item`), checked as
+    `check_prompt` checks a prompt and refused without labels; None for any other item."""
+    row = sample if isinstance(sample, MultiModalInputs) else stored_item(sample, "sft_process_sample")
+    if row is not None and check_prompt(row, "sft_process_sample").labels is None:
+        from mmpipe.errors import ArgumentError
+
+        raise ArgumentError("sft_process_sample: the encoded row carries no labels (encoded with labels=False); "
+                            "encode SFT rows with labels=True (the default)")
+    return row
 
 
 class PromptCache:

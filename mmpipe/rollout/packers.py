@@ -52,7 +52,9 @@ from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.rollout import RolloutSample
 from mmpipe.records.cosmos import CosmosRow
 from mmpipe.rollout.cosmos_side import (  # noqa: F401  (register_with_cosmos: public here too)
-    PromptCache, built_once, check_fits, completed_conversation, cosmos_base_packer, register_with_cosmos,
+    PromptCache, built_once, check_fits, check_prompt, completed_conversation, cosmos_base_packer, encoded_sft_row,
+    refuse_skips,
+    register_with_cosmos, stored_item,
 )
 
 __all__ = ["DataPacker", "DecoderOnlyLLMDataPacker", "QwenVLDataPacker", "CosmosRow", "packer_class",
@@ -79,7 +81,9 @@ class DataPackerCore:
             ``"raise"`` (a `PlaceholderError` naming the position and token) or ``"mask"``
             (the pad id with label -100; see `mmpipe.records.vision_tokens`).
         tool_agent: cosmos-rl's multi-turn tool agent (kept as ``self.tool_agent``).
-        encode_options: passed to `Encoder` (``max_length``, ``truncation``, ``pixels``...).
+        encode_options: passed to `Encoder` (``max_length``, ``pixels``...; not the options that
+            leave an item out: `refuse_skips`). An item may be an encoded row (a record or a stored
+            dict; a failed one is refused: `stored_item`, `check_prompt`).
     """
 
     def __init__(self, processor=None, *, padding_side: str = "right", on_vision_token: str = "raise",
@@ -97,6 +101,7 @@ class DataPackerCore:
     def bind(self, processor) -> None:
         """Use ``processor`` (what ``setup`` does with the one it loads)."""
         opts = dict(self.encode_options)
+        refuse_skips(self, opts)
         opts.setdefault("labels", False)
         self.encoder = Encoder(processor, **opts)
         self.sft_encoder = Encoder(processor, **dict(opts, labels=True))
@@ -157,12 +162,13 @@ class DataPackerCore:
         """The encoded prompt of a dataset item (generation prompt added), cached by identity:
         what local engines (`TransformersEngine`) take and what `get_policy_input` extends."""
         if isinstance(item, MultiModalInputs):
-            return item
+            return check_prompt(item, "encode_prompt")
         self._need_processor()
         cached = self._cache.get(item)
         if cached is not None:
             return cached
-        row = self.encoder.encode_row(self.to_row(item))
+        row = stored_item(item, "encode_prompt")
+        row = self.encoder.encode_row(self.to_row(item)) if row is None else check_prompt(row, "encode_prompt")
         self._cache.put(item, row)
         return row
 
@@ -270,9 +276,10 @@ class DataPackerCore:
 
     # ---- SFT -----------------------------------------------------------------------------
     def sft_process_sample(self, sample: Any) -> CosmosRow:
-        """An SFT item (chat list / row dict) -> a row labelled on its assistant tokens."""
+        """An SFT item (chat list / row dict; an encoded row) -> a row labelled on its assistant tokens."""
         self._need_processor()
-        return CosmosRow.of(self.sft_encoder.encode_row(self.to_row(sample)))
+        row = encoded_sft_row(sample)
+        return CosmosRow.of(self.sft_encoder.encode_row(self.to_row(sample)) if row is None else row)
 
     def sft_compute_max_len(self, processed_samples: Sequence[MultiModalInputs]) -> int:
         return max(r.num_tokens for r in processed_samples)
