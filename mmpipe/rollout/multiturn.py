@@ -41,6 +41,7 @@ from mmpipe.errors import ArgumentError, InputError, ParseError, PlaceholderErro
 from mmpipe.records.columns import IGNORE_INDEX
 from mmpipe.records.conversation import Conversation
 from mmpipe.rollout.support import check_no_early_stop, check_processor, check_rollout, stop_ids, token_ids
+from mmpipe.rollout.turn_buffer import compact, grow
 from mmpipe.rollout.turn_media import add_turn_images, add_turn_videos
 from mmpipe.rollout.turn_text import drop_tail, end_of_turn, tokenize_suffix, turn_headers
 
@@ -149,9 +150,16 @@ def append_response(conv: Conversation, response=None, *, text: Optional[str] = 
     L = conv.num_tokens
     out = _extend(conv, new_ids, labels, [], [], full, messages, awaiting=False, images_added=())
     out = replace(out, response_spans=conv.response_spans + ((L + span[0], L + span[1]),))
-    if done:
-        out = replace(out, done=True, finish_reason=finish_reason or "stop")
+    if done:  # nothing more is appended: the pixels get exact-size arrays (no spare room kept alive)
+        out = replace(out, done=True, finish_reason=finish_reason or "stop", row=_compacted(out.row))
     return out
+
+
+def _compacted(row):
+    """``row`` with its grown pixel fields (`turn_buffer.grow`) as exact-size arrays."""
+    fields = {k: compact(getattr(row, k)) for k in ("pixel_values_u8", "pixel_values", "pixel_values_videos_u8",
+                                                    "pixel_values_videos")}
+    return replace(row, **{k: v for k, v in fields.items() if v is not getattr(row, k)})
 
 
 def _response_from_ids(conv: Conversation, ids: np.ndarray):
@@ -359,12 +367,13 @@ def _extend(conv: Conversation, ids, labels, grids, blocks, text, messages, *, a
         second_per_grid_ts=(np.concatenate([row.second_per_grid_ts, secs]).astype(np.float32) if len(vgrids)
                             else row.second_per_grid_ts),
     )
+    # pixels grow in place after the earlier turns' (`turn_buffer.grow`): concatenating copied
+    # every earlier turn's pixels again on each append, O(turns^2) bytes over a loop
     if blocks:
         name = "pixel_values_u8" if conv.encoder.pixels == "uint8" else "pixel_values"
-        setattr(new, name, np.concatenate([getattr(row, name), *blocks]))
+        setattr(new, name, grow(getattr(row, name), blocks))
     if vblocks:
         name = "pixel_values_videos_u8" if conv.encoder.pixels == "uint8" else "pixel_values_videos"
-        old = getattr(row, name)
-        setattr(new, name, np.concatenate(([old] if old is not None else []) + list(vblocks)))
+        setattr(new, name, grow(getattr(row, name), vblocks))
     return replace(conv, row=new, text=text, messages=tuple(messages), awaiting_response=awaiting,
                    images=conv.images + tuple(images_added))
