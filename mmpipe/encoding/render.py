@@ -12,6 +12,7 @@ from typing import Optional
 
 import numpy as np
 
+from mmpipe._fork import ForkSafeLock
 from mmpipe.encoding.marked_render import Probe, TrackedText, overlay, plain_text
 from mmpipe.encoding.parse import check_text, parse_tools
 from mmpipe.encoding.spans import ReplySpans, StopRule, locate_replies, marked_messages, reply_indices
@@ -21,6 +22,25 @@ from mmpipe.records.columns import IGNORE_INDEX
 __all__ = ["ChatTemplate", "span_labels"]
 
 logger = logging.getLogger("mmpipe.encoding.encoder")
+# (processor class, its chat templates, chat_template_kwargs, cause) whose ignored tool use was logged in
+# this process: one warning per template and cause, not one per Encoder (mmpipe.encode_row builds one
+# per call; a dataset's __getitem__ calling it warned on every row)
+_WARNED_TOOLS: set = set()
+_WARNED_LOCK = ForkSafeLock()
+
+
+def _warn_ignored_once(enc, field: str) -> None:
+    """The warning that ``enc``'s chat template ignores ``field`` (``"tool_calls"``, ``"tools"``,
+    ``"tool turns"``), logged the first time only for the same template and cause in this process."""
+    settings = enc.processor_settings or {}
+    key = (enc.processor_class, settings.get("tokenizer"), settings.get("chat_template"),
+           repr(sorted(enc.chat_template_kwargs.items())), field)
+    with _WARNED_LOCK:
+        if key in _WARNED_TOOLS:
+            return
+        _WARNED_TOOLS.add(key)
+    logger.warning("mmpipe.encode: the chat template ignores %s (it renders the conversation the same without "
+                   "them); use a chat template that renders tool use", field)
 
 
 def span_labels(ids: np.ndarray, offsets: np.ndarray, spans: list) -> np.ndarray:
@@ -348,7 +368,7 @@ class ChatTemplate:
         return locate_replies(self, messages, full, where, tools, full_agp, self.stop_rule(), marked_text)
 
     def warn_ignored_tools(self, messages: list[dict], agp: bool, tools: Optional[list], text: str) -> None:
-        """Log once per encoder when the chat template renders a row's ``tool_calls``, ``tools``
+        """Log once per process and cause (`_warn_ignored_once`) when the chat template renders a row's ``tool_calls``, ``tools``
         or tool turns (``role: "tool"`` messages) as nothing (Qwen2-VL's / Qwen2.5-VL's processor
         templates ignore the first two, GLM-4.1V's published one drops tool turns, so the model
         would be trained on conversations without them)."""
@@ -369,5 +389,4 @@ class ChatTemplate:
                 except Exception:  # noqa: BLE001  (it renders them, then)
                     continue
             if without == text:
-                logger.warning("mmpipe.encode: the chat template ignores %s (it renders the conversation "
-                               "the same without them); use a chat template that renders tool use", field)
+                _warn_ignored_once(self, field)

@@ -15,6 +15,7 @@ import pytest
 
 import mmpipe
 from mmpipe import testing
+from mmpipe.encoding import render
 from mmpipe.errors import ParseError
 from mmpipe.offline.chat_templates import chat_template
 from mmpipe.offline.processors import build_image_processor, image_only_processor_class
@@ -228,6 +229,7 @@ def test_bad_tools_and_misplaced_tool_calls_raise():
 
 
 def test_template_that_ignores_tool_calls_is_reported_once(caplog):
+    render._WARNED_TOOLS.clear()  # logged once per process: an earlier test's encoder may have logged it
     enc = mmpipe.Encoder(_processor("qwen2_vl"), tools=TOOLS)
     with caplog.at_level(logging.WARNING, logger="mmpipe.encoding.encoder"):
         for n in (0, 0):
@@ -253,6 +255,7 @@ def test_template_that_drops_tool_turns_is_reported_once(caplog, family, dropped
     msgs = [{"role": "user", "content": "What is the weather in Paris?"}, {"role": "assistant", "content": "Let me check."},
             {"role": "tool", "content": "Paris: 31C, sunny"}, {"role": "assistant", "content": "It is 31C and sunny."}]
     enc = mmpipe.Encoder(proc)
+    render._WARNED_TOOLS.clear()
     with caplog.at_level(logging.WARNING, logger="mmpipe.encoding.encoder"):
         rows = [enc.encode_row({"messages": msgs}) for _ in range(2)]
     said = [r.getMessage() for r in caplog.records if "ignores tool turns" in r.getMessage()]
