@@ -53,7 +53,7 @@ HOST_CLASSES = ("MMPipeToolAgentLoop",)  # built from verl's own classes on firs
 
 AGENT_NAME = "mmpipe_tool_agent"
 _ROOM = 3  # the least room a reply needs: one token and the template's end of turn
-_ENCODERS: dict[tuple, tuple[Any, Any]] = {}
+_CACHE_ATTR = "_mmpipe_agent_encoders"  # on the processor: its encoders, freed with it (`_encoder`)
 
 
 def write_agent_loop_config(path) -> str:
@@ -115,11 +115,39 @@ def _encoder(processor, chat_template_kwargs=None, mm_processor_kwargs=None):
     kwargs = _plain(chat_template_kwargs or {})  # an OmegaConf DictConfig from verl's config
     options = {"chat_template_kwargs": kwargs} if kwargs else {}
     options.update(_pixel_bounds(_plain(mm_processor_kwargs or {})))
-    key = (id(processor), repr(sorted(options.items())))
-    hit = _ENCODERS.get(key)
-    if hit is None or hit[0] is not processor:
-        hit = _ENCODERS[key] = (processor, conversation_encoder(processor, options))
-    return hit[1]
+    key = repr(sorted(options.items()))
+    # cached ON the processor: an Encoder holds its processor, so a module dict (even one with weak
+    # keys: the value would hold the key) kept every processor and its encoders alive for the process
+    cache = _encoder_cache(processor)
+    enc = cache.get(key)
+    if enc is None:
+        enc = cache[key] = conversation_encoder(processor, options)
+    return enc
+
+
+class _ProcessorEncoders(dict):
+    """The encoders `_encoder` built for one processor, by settings, kept in the processor's own
+    ``__dict__``: they live as long as it does (the processor -> encoder -> processor cycle is
+    collected with it). Deep copies and pickles of the processor get an empty one
+    (``ProcessorMixin.to_dict`` deep-copies the processor's ``__dict__``)."""
+
+    def __deepcopy__(self, memo) -> "_ProcessorEncoders":
+        return _ProcessorEncoders()
+
+    def __reduce__(self):
+        return _ProcessorEncoders, ()
+
+
+def _encoder_cache(processor) -> dict:
+    """``processor``'s `_ProcessorEncoders` (made on first use); a fresh dict (no caching) for an
+    object without a ``__dict__``."""
+    own = getattr(processor, "__dict__", None)
+    if not isinstance(own, dict):
+        return {}
+    cache = own.get(_CACHE_ATTR)
+    if not isinstance(cache, _ProcessorEncoders):
+        cache = own[_CACHE_ATTR] = _ProcessorEncoders()
+    return cache
 
 
 _VIDEO_KEYS = ("fps", "num_frames", "do_sample_frames", "videos_kwargs")  # the loop takes no videos (refused there)
