@@ -193,7 +193,8 @@ class MediaQueue:
             raise PlaceholderError(
                 f"the messages hold more {self.kind} placeholders than the "
                 f"{len(self.images)} {self.kind}(s) of column {self.column!r}", where=self.where,
-                column=self.column, fix=f"give one {self.kind} per placeholder",
+                column=self.column, expected=f"{len(self.images)} {self.kind} placeholder(s), one per {self.kind}",
+                found=f"more than {len(self.images)}", fix=f"give one {self.kind} per placeholder",
             )
         self.used += 1
         return self.images[self.used - 1]
@@ -203,6 +204,8 @@ class MediaQueue:
             raise PlaceholderError(
                 f"column {self.column!r} holds {len(self.images)} {self.kind}(s) but the messages hold "
                 f"{self.used} placeholder(s) for them", where=self.where, column=self.column,
+                expected=f"{len(self.images)} {self.kind} placeholder(s), one per {self.kind}",
+                found=f"{self.used} placeholder(s)",
                 fix=f"every {self.kind} needs exactly one placeholder ({{'type': '{self.kind}'}} in a content list, "
                     f"or {_MARKERS[self.kind]} in prompt text)",
             )
