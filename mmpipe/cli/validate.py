@@ -8,7 +8,8 @@
 
 Prints the `mmpipe.data.report.ValidationReport` (one line per problem: column, rows, fix).
 Exit status: 0 clean (warnings allowed), 1 errors, 2 bad arguments (no such dataset, a
-processor that does not load, raw rows that were never encoded).
+processor that does not load, raw rows that were never encoded) or a damaged save (state.json,
+a truncated or corrupt data file: `mmpipe.data.loading.DamagedDatasetError`).
 """
 
 from __future__ import annotations

@@ -94,3 +94,23 @@ def test_model_inputs_positions_are_all_named():
     doc_values = set(re.findall(r'"(\w+)"', text))
     assert {"mrope", "verl", "1d", "none"} <= doc_values, text
     assert inspect.signature(mmpipe.BatchedMultiModalInputs.model_inputs).parameters["positions"].default is None
+
+
+def test_validate_exit_status_of_a_damaged_data_file_is_documented(tmp_path, capsys):
+    """A truncated ``.arrow`` data file exits 2 (a damaged save, the user's to restore), like a
+    damaged ``state.json``; docs/reference/cli.md listed only the latter for exit status 2."""
+    import datasets
+
+    from mmpipe.cli.main import main
+
+    processor = mmpipe.testing.build_processor("qwen2_vl")
+    raw = datasets.Dataset.from_list([{"prompt": "<image>What is it?", "images": [mmpipe.testing.tiny_image(32, 32)]}])
+    enc, _ = mmpipe.encode_dataset(raw, processor)
+    enc.save_to_disk(tmp_path / "enc")
+    data = next((tmp_path / "enc").glob("*.arrow"))
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    assert main(["validate", str(tmp_path / "enc")]) == 2
+    assert "damaged" in capsys.readouterr().err
+    page = " ".join((ROOT / "docs" / "reference" / "cli.md").read_text().split())
+    section = page[page.index("## mmpipe validate"):page.index("## mmpipe demo")]
+    assert "truncated or corrupt `.arrow` / `.parquet` data file" in section, section
