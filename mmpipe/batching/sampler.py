@@ -52,6 +52,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
+from mmpipe.batching.batch_split import batch_costs, split_to_multiple
 from mmpipe.batching.token_counts import (  # noqa: F401  (re-exported: their home was here)
     COSTS, count_arg, count_array, token_counts, token_efficiency)
 from mmpipe.errors import ArgumentError, InputError, is_integer
@@ -316,16 +317,10 @@ class TokenBudgetBatchSampler:
         """Split batches in place (the two halves side by side, so the global row order is
         kept) until their count is a multiple of ``R``: every rank gets the same number. When
         every batch is down to one row, ``uneven`` says what happens (`_uneven_tail`)."""
-        batches = [list(b) for b in batches]
-        while len(batches) % R:
-            # splitting a batch keeps both halves under every budget (costs only shrink)
-            most = max(len(b) for b in batches)
-            k = max((j for j, b in enumerate(batches) if len(b) == most), key=lambda j: self._cost(batches[j]))
-            if len(batches[k]) < 2:
-                return self._uneven_tail(batches, R, epoch, start)
-            b = batches[k]
-            batches[k:k + 1] = [b[: len(b) // 2], b[len(b) // 2:]]
-        return batches
+        # the batch with the most rows first (ties: highest cost, then first in order); splitting
+        # keeps both halves under every budget (costs only shrink). A heap, not a rescan per split
+        out, even = split_to_multiple(batches, R, self._cost, batch_costs(batches, self.lengths, self.cost))
+        return out if even else self._uneven_tail(out, R, epoch, start)
 
     def _uneven_tail(self, units: list[list[int]], R: int, epoch: int, start: int) -> list[list[int]]:
         """One-row ``units`` whose count is not a multiple of ``R``, made one as ``uneven`` says:
