@@ -165,13 +165,11 @@ class VisionSpec:
 
 
 def _pixel_bounds(ip, fam: ModelFamily, min_pixels, max_pixels) -> tuple:
-    """(min_pixels, max_pixels) of image processor ``ip``: a bound given here wins, 0 included
-    (min_pixels=0: no lower bound but the one patch window); else the processor's own (``size``
-    ``shortest_edge`` / ``longest_edge``, or 4.x's ``min_pixels`` / ``max_pixels`` attributes; a
-    0 there is the processor's value, not "unset"), else the family's. A processor bound that the
-    processor itself refuses (a max of 0; a min of 0 on transformers 5, whose resize raises
-    ``size dict must contain 'shortest_edge' and 'longest_edge'``; 4.x takes it as no lower bound),
-    and bounds that cross, are an ArgumentError naming both values, where each came from, the fix."""
+    """(min_pixels, max_pixels) of image processor ``ip``: a bound given here wins; else the
+    processor's own (``size`` ``shortest_edge`` / ``longest_edge``, or 4.x's ``min_pixels`` /
+    ``max_pixels`` attributes; a 0 there is the processor's value, not "unset"), else the family's.
+    `ArgumentError` naming the setting, the value, where it came from and the fix for bounds that
+    cross and for a bound the processor refuses or mmpipe could not reproduce (`_check_bound`)."""
     size = getattr(ip, "size", None) or {}
     name = type(ip).__name__
     found = {}
@@ -179,22 +177,62 @@ def _pixel_bounds(ip, fam: ModelFamily, min_pixels, max_pixels) -> tuple:
                                      ("max_pixels", "longest_edge", max_pixels, fam.max_pixels)):
         own = next((v for v in (size_field(size, key), getattr(ip, arg, None)) if v is not None), None)
         if given is not None:
-            found[arg] = (given, f"{arg}={given} given")
+            found[arg] = (_check_bound(arg, given, None, default, fam), f"{arg}={given} given")
         elif own is None:
             found[arg] = (default, f"the {fam.name or 'family'} default {default}")
         else:
-            found[arg] = (own, f"{name}'s size {key}={own}")
-            if own < 0 or (own == 0 and (arg == "max_pixels" or is_transformers_5())):
-                raise ArgumentError(
-                    f"the processor's image processor {name} has size {key}={own} ({arg}), which transformers "
-                    f"refuses when it resizes an image; set {key} in its preprocessor_config.json \"size\" to a "
-                    f"positive number of pixels (e.g. {default}, the {fam.name or 'family'} default), or pass {arg}=")
+            found[arg] = (_check_bound(arg, own, f"the processor's image processor {name} has size {key}", default,
+                                       fam), f"{name}'s size {key}={own}")
     (mn, mn_from), (mx, mx_from) = found["min_pixels"], found["max_pixels"]
     if mn > mx:  # smart_resize would then give sizes over max_pixels, whichever bound came from where
         raise ArgumentError(f"min_pixels {mn} is more than max_pixels {mx} (min_pixels: {mn_from}; max_pixels: "
                             f"{mx_from}); pass min_pixels <= max_pixels (--min-pixels / --max-pixels), or fix the "
                             f"image processor's size in its preprocessor_config.json")
     return mn, mx
+
+
+def _check_bound(arg: str, value, own: Optional[str], default: int, fam: ModelFamily) -> int:
+    """``value`` of pixel bound ``arg`` as an int, refused (`ArgumentError`: the setting, expected, found,
+    the fix) when it is not a whole number, or is one the processor refuses. ``own``: None for a bound
+    given to mmpipe (what the rollout then sends as the processor's call keywords, ``mm_processor_kwargs``),
+    else where the processor's own value was read.
+
+    What transformers does with the same values (5.25 / 4.57, the Qwen2-VL image processor): 0 as a
+    bound: 5.x refuses it (``size dict must contain 'shortest_edge' and 'longest_edge'``); 4.x divides by
+    a max of 0, and with a min of 0 resizes a side under ``factor / 2`` pixels to 0 and fails (mmpipe took
+    a given min of 0 as one window a side: sizes no processor makes). A negative max: both fail (math
+    domain error); a negative min: both ignore it, mmpipe refuses it. A fraction (3136.5): 5.x refuses it
+    as a call keyword, both take it in ``size``, mmpipe would round it down (another size at the bound). A
+    string: both fail with a TypeError. Bounds that cross: both resize, mmpipe refuses (`_pixel_bounds`).
+    A processor's own min of 0 on 4.x stays its "no lower bound", as 4.x takes it."""
+    whole = isinstance(value, (int, np.integer)) or (isinstance(value, (float, np.floating)) and math.isfinite(value)
+                                                     and float(value).is_integer())
+    zero_ok = own is not None and arg == "min_pixels" and not is_transformers_5()
+    if whole and not isinstance(value, bool) and (value > 0 or (value == 0 and zero_ok)):
+        return int(value)
+    where = own or arg
+    if not whole or isinstance(value, bool):
+        why, expected = "not a whole number of pixels", "an int"
+    elif value == 0:
+        why = ("a bound of 0, which transformers 5 refuses when it resizes ('size dict must contain "
+               "shortest_edge and longest_edge') and 4.x " + ("takes as no lower bound until an image's side "
+                                                              "rounds to 0 pixels and its resize fails"
+                                                              if arg == "min_pixels" else "divides by it"))
+        expected = "an int >= 1"
+    else:
+        why, expected = "a negative number of pixels", "an int >= 1"
+    if own:
+        fix = (f"set {own.split()[-1]} in its preprocessor_config.json \"size\" to {expected} (e.g. {default}, the "
+               f"{fam.name or 'family'} default), or pass {arg}=")
+    elif not whole or isinstance(value, bool):
+        number = isinstance(value, (float, np.floating)) and math.isfinite(value)
+        fix = f"pass a whole number, e.g. {arg}={int(value) if number else default}"
+    else:
+        fix = f"pass {arg}=" + ("1 for no lower bound (transformers' own resize rule then)" if arg == "min_pixels"
+                                else f"{default} (the {fam.name or 'family'} default)")
+    fix += f", or leave it out for the processor's own {arg}" if not own else ""
+    raise ArgumentError(f"{where}={value!r}" + (f" ({arg}), which" if own else "") + f" is {why}; expected "
+                        f"{expected}, found {value!r}; {fix}")
 
 
 def _check_patch_sizes(ip, fam: ModelFamily) -> None:

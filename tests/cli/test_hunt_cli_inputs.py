@@ -235,7 +235,7 @@ def test_min_pixels_zero_keeps_one_patch_window_for_tiny_images():
     from mmpipe.images.spec import smart_resize
 
     assert smart_resize(10, 10, 28, 0, 10**6) == (28, 28) and smart_resize(10, 40, 28, 0, 10**6) == (28, 28)
-    enc = Encoder(build_processor("qwen2_vl"), min_pixels=0)
+    enc = Encoder(build_processor("qwen2_vl"), min_pixels=1)  # 0 is refused now, as transformers 5 refuses it
     row = enc.encode_one({"prompt": "<image> hi", "images": [np.full((10, 10, 3), 90, np.uint8)]})
     assert row["image_grid_thw"].tolist() == [[1, 2, 2]]
 

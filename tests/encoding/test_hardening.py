@@ -121,13 +121,14 @@ def test_bad_option_values_are_refused_at_construction(option, value):
 
 
 def test_good_option_values_are_accepted():
-    Encoder(processor_for("qwen2_vl"), max_length=1, threads=0, min_pixels=0, max_pixels=1e6)
+    Encoder(processor_for("qwen2_vl"), max_length=1, threads=0, min_pixels=1, max_pixels=1e6)
 
 
 def test_resize_bounds_that_cross_are_refused_and_zero_is_a_bound():
     """min_pixels above max_pixels (both given, or one against the processor's other bound) gave
     images over max_pixels without a word; max_pixels=0 and min_pixels=0 were read as 'not given'
-    (the processor's bounds): max_pixels=0 is refused, min_pixels=0 is no lower bound."""
+    (the processor's bounds): both are refused now (transformers 5 refuses a bound of 0;
+    tests/images/test_skip_routes_pixel_bounds.py), min_pixels=1 is no lower bound."""
     from mmpipe.images.spec import smart_resize
 
     proc = processor_for("qwen2_vl")
@@ -135,8 +136,8 @@ def test_resize_bounds_that_cross_are_refused_and_zero_is_a_bound():
         with pytest.raises(ArgumentError, match=r"min_pixels \d+ is more than max_pixels"):
             Encoder(proc, **kw)
     tiny = np.full((20, 30, 3), 90, np.uint8)
-    enc = Encoder(proc, min_pixels=0)
-    want = smart_resize(20, 30, enc.spec.factor, 0, enc.spec.max_pixels)
+    enc = Encoder(proc, min_pixels=1)
+    want = smart_resize(20, 30, enc.spec.factor, 1, enc.spec.max_pixels)
     grid = enc.encode_one({"prompt": "<image> hi", "images": [tiny]})["image_grid_thw"].tolist()
     assert grid == [[1, want[0] // 14, want[1] // 14]] == [[1, 2, 2]]  # was [[1, 4, 6]] (the processor's 3136)
 
