@@ -39,7 +39,17 @@ def _claims() -> list:
     arrow = _case("same, ArrowRows batch vs TRL")
     from_files = _case("same, pixels='source' rows (decode + resize at collate)")
     trl = re.sub(r" \[[^]]*\]", "", vs_trl["baseline"])  # "1.96 [1.92-2.72] s" -> "1.96 s"
+    ray2 = _case("Ray map_batches(RayBatchEncoder)")
+    ray1 = _case("same, 1 worker vs map num_proc=2")
+    ray21 = _case("same, 2 workers vs 1 worker")
+    rows_s = lambda case: case["mmpipe"].replace(" rows/s", "")  # noqa: E731
     return [
+        ("how-to/scale-out.md", f"{ray2['detail']['rows']} rows of real-size photos, 0-2 per row, "
+                                f"{ray2['detail']['images']} images"),
+        ("how-to/scale-out.md", f"Ray with 1 actor {rows_s(ray1)} rows/s, with 2 actors {rows_s(ray2)} rows/s, "
+                                f"`datasets.map(num_proc=2)` {ray2['baseline']}"),
+        ("how-to/scale-out.md", f"2 actors vs 1 {ray21['ratio_text'].split(' ')[0]}, 1 and 2 actors vs the map "
+                                f"{ray1['ratio_text'].split(' ')[0]} and {ray2['ratio_text'].split(' ')[0]}"),
         ("getting-started.md", f"peak RSS {rss['ratio_text']}"),
         ("performance.md", f"peaks at {rss['ratio_text']}"),
         ("concepts/storage.md", f"1.00x the source JPEG/PNG bytes, {source['mmpipe'].split('/')[0].strip()} per image"),
