@@ -112,7 +112,10 @@ class TrainerCollator:
     [N, 3, S, S], Gemma 3's ``token_type_ids``, LLaVA-OneVision's ``image_sizes``.
     Picklable (``dataloader_num_workers > 0``). ``pixels_on_device=True`` is an `ArgumentError`: the
     Trainer never calls ``model_inputs(device)``, so the pixels would be expanded on the CPU here. Rows stripped by ``remove_unused_columns=True``
-    or rows without labels raise `ArgumentError` saying what to change.
+    or rows without labels raise `ArgumentError` saying what to change. The first batch of a loader
+    checks the loader's whole dataset for rows that failed to encode under ``on_error="skip"``
+    (`check_loader_dataset`): an `InputError` naming the dataset row before the first step, not
+    when the failed row's batch comes up, possibly hours in.
     """
 
     def __init__(self, processor=None, *, padding_side: str = "right", positions: str = "mrope", **collator_options):
@@ -128,8 +131,13 @@ class TrainerCollator:
                 "mmpipe.Collator(processor, pixels_on_device=True) and batch.model_inputs(device)")
         self.collator = Collator(processor, padding_side=padding_side, **collator_options)
         self.positions = positions
+        self._checked: list = []  # the loader datasets checked for failed rows (this process)
+
+    def __getstate__(self) -> dict:  # a DataLoader worker (spawn) checks the datasets again
+        return {**vars(self), "_checked": []}
 
     def __call__(self, rows: Sequence[Any]) -> dict[str, Any]:
+        check_loader_dataset(self._checked)
         check_not_stripped(rows)
         check_not_truncated(rows)
         batch = self.collator(rows)
@@ -145,6 +153,31 @@ class TrainerCollator:
         return out
 
 
+def _live_loader():
+    """The dataloader accelerate is iterating now (the Trainer's, wrapped by accelerate), or None
+    (accelerate not imported, or no loader of its being iterated: a loop of your own)."""
+    state = sys.modules.get("accelerate.state")
+    if state is None or not state.GradientState._shared_state:
+        return None
+    refs = getattr(state.GradientState(), "dataloader_references", None)
+    return refs[-1] if refs else None
+
+
+def check_loader_dataset(checked: list) -> None:
+    """`check_dataset_not_failed` on the dataset of the loader being iterated (`_live_loader`), once per
+    dataset (``checked``: those seen). Why here: the Trainer hands the collator rows, never the dataset,
+    so a row that failed to encode under ``on_error="skip"`` was refused only when its batch came up
+    (possibly hours in) and named by its place in that batch; the collator's first call of a loader
+    comes before the first step, and the error names the row in the dataset."""
+    from mmpipe.batching.checks import check_dataset_not_failed
+
+    dataset = getattr(_live_loader(), "dataset", None)
+    if dataset is None or any(d is dataset for d in checked):
+        return
+    check_dataset_not_failed(dataset, "TrainerCollator (the Trainer's train / eval dataset)")
+    checked.append(dataset)
+
+
 def check_not_dispatched(out: Mapping[str, Any]) -> None:
     """Refuse a batch that accelerate is about to dispatch (``dispatch_batches=True``, its default for
     an ``IterableDataset``): it concatenates the batches rank 0 collated along dim 0 and cuts every
@@ -152,13 +185,11 @@ def check_not_dispatched(out: Mapping[str, Any]) -> None:
     mixes up the tensors that are not ``[B, L, ...]`` (``pixel_values`` [N, D], ``image_grid_thw``
     [I, 3], ``position_ids`` [3, B, L]): rows got other rows' patches, and the model failed with a bare
     size mismatch (measured on 1 and 2 ranks). Read from accelerate's live dataloader."""
-    state = sys.modules.get("accelerate.state")
-    if state is None or not state.GradientState._shared_state:
+    loader = _live_loader()
+    if loader is None:
         return
     from accelerate.data_loader import DataLoaderDispatcher
 
-    refs = getattr(state.GradientState(), "dataloader_references", None)
-    loader = refs[-1] if refs else None
     if not isinstance(loader, DataLoaderDispatcher):  # the loader being iterated now (a wrapped collator too)
         return
     rows = tuple(out["input_ids"].shape)
