@@ -114,3 +114,30 @@ def test_validate_exit_status_of_a_damaged_data_file_is_documented(tmp_path, cap
     page = " ".join((ROOT / "docs" / "reference" / "cli.md").read_text().split())
     section = page[page.index("## mmpipe validate"):page.index("## mmpipe demo")]
     assert "truncated or corrupt `.arrow` / `.parquet` data file" in section, section
+
+
+def _extras() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def test_every_extra_is_in_the_install_table_and_the_readme():
+    """getting-started's extras table names every extra of pyproject.toml (the `cpu` extra was
+    missing), with the packages it brings; the README's install comment names every integration
+    extra (it listed 9 of 16)."""
+    extras = _extras()
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    rows = re.findall(r"^\| (`[^|]+`) \| ([^|]+) \|", page, flags=re.M)
+    listed = {n: brings for cell, brings in rows for n in re.findall(r"`([\w-]+)`", cell)}
+    assert set(extras) <= set(listed), f"extras missing from the install table: {sorted(set(extras) - set(listed))}"
+    for name, brings in listed.items():
+        if name in extras and name != "test":
+            for req in extras[name]:
+                package = re.split(r"[<>=\[ ]", req)[0]
+                assert package in brings, (name, package, brings)
+    readme = (ROOT / "README.md").read_text()
+    comment = readme[readme.index("# extras per integration:"):readme.index("python -m mmpipe --help")]
+    named = set(re.findall(r"[\w-]+", comment.replace("# extras per integration:", "").replace("#", " ")))
+    missing = sorted(set(extras) - {"cpu"} - named)
+    assert not missing, f"README's install comment does not name the extras {missing}"
