@@ -5,12 +5,13 @@ One module per step, in the order rows flow::
     token_counts.py  an encoded dataset -> each row's tokens and images (token_counts)
     sampler.py  row lengths -> batches of row indices under a token/image budget
                 (TokenBudgetBatchSampler, token_efficiency; token_counts re-exported)
+    batch_split.py  the sampler's batches split until every rank gets the same number
     checks.py   stored rows -> validated records, typed errors naming row and column (checked_records)
     text.py     the text part of a padded batch (ids, masks, positions, labels), and back
     media_fields.py  the per-item layout (grids, sizes, tile counts) and its offsets, and back
     collate.py  MultiModalInputs rows -> padded BatchedMultiModalInputs (collate, Collator, ArrowRows)
     attention_layers.py  a model's layer types -> whether its rows may share one sequence
-    pack_batch.py  one right-padded batch -> one pack (and which families refuse packing)
+    pack_batch.py  a batch's fields + its rows' tokens end to end -> one pack (and which families refuse packing)
     packing.py  rows -> one padding-free [1, T] PackedMultiModalInputs, and back
                 (pack, unpack, to_padded, PackingCollator)
     unbatch.py  BatchedMultiModalInputs -> the rows, exactly (unbatch)

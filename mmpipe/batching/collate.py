@@ -32,7 +32,7 @@ from mmpipe.batching.checks import carries_pixels, checked_records
 from mmpipe.batching.media_fields import collate_layout
 from mmpipe.batching.pack_batch import refuse_packing
 from mmpipe.batching.row_inputs import arrow_table, row_dicts
-from mmpipe.batching.text import pad_id, padded_length, text_fields
+from mmpipe.batching.text import packed_text, pad_id, padded_length, text_fields
 from mmpipe.errors import ArgumentError, FamilyMismatchError, InputError
 from mmpipe.families import ModelFamily, get_family, processor_class_name, resolve_family
 from mmpipe.images.spec import VisionSpec
@@ -160,13 +160,32 @@ def collate_records(recs: list[MultiModalInputs], fam: ModelFamily, state: dict,
     ``fam.media.collate_media`` (``state``: ``fam.media.collator_state``). Rows with images or
     videos but no pixel data raise unless ``allow_layout_only`` (`carries_pixels`)."""
     L = padded_length(np.array([len(r) for r in recs], np.int64), pad_to_length, pad_to_multiple_of)
+    media = _media_fields(recs, fam, state, padding_side, L, allow_layout_only)
+    text = text_fields(recs, L, pad_token_id, padding_side)
+    batch = BatchedMultiModalInputs(**{**text, **media}, family=fam.name, padding_side=padding_side)
+    return batch.as_torch() if fam.media.BATCH_ARRAYS == "torch" else batch
+
+
+def collate_packed(recs: list[MultiModalInputs], fam: ModelFamily, state: dict, *,
+                   allow_layout_only: bool = False) -> tuple[BatchedMultiModalInputs, dict]:
+    """Checked records of ``fam`` -> what a pack is built from, without padding the tokens:
+    ``(meta, flat)``: ``meta`` the right-padded batch's fields (torch) with its token fields
+    zero-width ([B, 0]: media, layout, offsets, lengths, rope deltas as `collate_records` gives
+    them), ``flat`` the rows' tokens end to end (`mmpipe.batching.text.packed_text`)."""
+    L = padded_length(np.array([len(r) for r in recs], np.int64), None, None)
+    media = _media_fields(recs, fam, state, "right", L, allow_layout_only)
+    text, flat = packed_text(recs, L)
+    return BatchedMultiModalInputs(**{**text, **media}, family=fam.name, padding_side="right").as_torch(), flat
+
+
+def _media_fields(recs: list[MultiModalInputs], fam: ModelFamily, state: dict, padding_side: str, L: int,
+                  allow_layout_only: bool) -> dict:
+    """The batch's media fields: the empty defaults, the layout of the kind's media items
+    (`collate_layout`) and ``fam.media.collate_media``'s fields."""
     layout = collate_layout(recs, fam.media.MEDIA_ITEMS)
     media = fam.media.collate_media(recs, CollateContext(fam, state, padding_side, L, layout,
                                                         carries_pixels(recs, allow_layout_only)))
-    text = text_fields(recs, L, pad_token_id, padding_side)
-    batch = BatchedMultiModalInputs(**{**_no_media(len(recs)), **text, **layout, **media},
-                                    family=fam.name, padding_side=padding_side)
-    return batch.as_torch() if fam.media.BATCH_ARRAYS == "torch" else batch
+    return {**_no_media(len(recs)), **layout, **media}
 
 
 def _no_media(B: int) -> dict[str, np.ndarray]:

@@ -1,6 +1,6 @@
-"""One right-padded batch -> one padding-free pack (`PackedMultiModalInputs`), for every
-family whose model takes packed rows (the others are refused with the reason,
-`refuse_packing`): the budgets and holes checked, the valid tokens end to end, positions
+"""A batch's fields and its rows' tokens end to end -> one padding-free pack
+(`PackedMultiModalInputs`), for every family whose model takes packed rows (the others are
+refused with the reason, `refuse_packing`): the budgets and holes checked, positions
 restarting per row, labels with -100 on each row's first token (see `mmpipe.batching.packing`
 for why), the rest of the batch kept in ``meta``."""
 
@@ -37,34 +37,29 @@ def pack_budgets(who: str, max_tokens, max_images, oversize: str = "raise") -> t
     return count_arg(who, "max_tokens", max_tokens, 1, example=16384), count_arg(who, "max_images", max_images, 0)
 
 
-def pack_batch(b: BatchedMultiModalInputs, max_tokens: Optional[int] = None,
+def pack_batch(meta: BatchedMultiModalInputs, flat: dict, max_tokens: Optional[int] = None,
                max_images: Optional[int] = None, oversize: str = "raise") -> PackedMultiModalInputs:
-    """A right-padded batch of unpadded rows (of any family whose model takes packed rows) ->
-    the pack of its rows: budgets and holes checked (`_check_pack`; ``oversize="alone"``: a pack
-    of ONE row may be over them, as `TokenBudgetBatchSampler(oversize="alone")` hands such a row
-    out alone), the valid tokens end to end (`_packed_positions`, `_packed_labels`), the rest
-    kept in ``meta``."""
+    """A batch's fields and its rows' tokens end to end (`mmpipe.batching.collate.collate_packed`:
+    ``meta`` with zero-width token fields, ``flat`` the [T] token arrays; no [B, L] padded array
+    is built, so memory is the sum of the row lengths, not rows x the longest) -> the pack:
+    budgets and holes checked (`_check_pack`; ``oversize="alone"``: a pack of ONE row may be over
+    them, as `TokenBudgetBatchSampler(oversize="alone")` hands such a row out alone), positions
+    restarting per row (`_packed_positions`), labels -100 on each row's first token
+    (`_packed_labels`), ``meta`` kept."""
     import torch
 
-    b = b.as_torch()
-    lengths = b.seq_lengths
-    n, L = b.batch_size, b.input_ids.shape[1]
-    valid = torch.arange(L)[None, :] < lengths[:, None]  # [n, L], right padding
+    lengths = meta.seq_lengths
+    n = meta.batch_size
     if oversize == "alone" and n == 1:
         max_tokens = max_images = None
-    _check_pack(b, valid, max_tokens, max_images)
+    _check_pack(meta, flat["attention_mask"], max_tokens, max_images)
     cu = torch.zeros(n + 1, dtype=torch.int32)
     cu[1:] = lengths.cumsum(0)
-    labels, first_labels = _packed_labels(b, valid, cu[:-1].long())
-    # the pack owns the tokens; `meta` keeps the rest with zero-width token tensors [n, 0]
-    none = torch.zeros((n, 0), dtype=torch.int64)
-    meta = BatchedMultiModalInputs(**{**b.__dict__, "input_ids": none, "attention_mask": none,
-                                      "mm_token_type_ids": none, "labels": None,
-                                      "position_ids": none if b.position_ids.ndim == 2
-                                      else none[None].expand(b.position_ids.shape[0], n, 0)})
+    labels, first_labels = _packed_labels(flat["labels"], cu[:-1].long())
     return PackedMultiModalInputs(
-        input_ids=b.input_ids[valid][None], mm_token_type_ids=b.mm_token_type_ids[valid][None],
-        position_ids=_packed_positions(b, valid), cu_seqlens=cu, labels=labels, first_labels=first_labels, meta=meta,
+        input_ids=torch.from_numpy(flat["input_ids"])[None],
+        mm_token_type_ids=torch.from_numpy(flat["mm_token_type_ids"])[None],
+        position_ids=_packed_positions(meta, flat), cu_seqlens=cu, labels=labels, first_labels=first_labels, meta=meta,
     )
 
 
@@ -74,8 +69,11 @@ _ALONE = ("; this row is over the budget on its own: if the sampler hands such r
           "or drop or truncate the row at encode time")
 
 
-def _check_pack(b: BatchedMultiModalInputs, valid, max_tokens: Optional[int], max_images: Optional[int]) -> None:
-    """The batch fits the pack budgets and every row is unpadded (``valid``: bool [n, L])."""
+def _check_pack(b: BatchedMultiModalInputs, mask, max_tokens: Optional[int], max_images: Optional[int]) -> None:
+    """The batch fits the pack budgets and every row is unpadded (``mask``: the rows'
+    attention masks end to end, int [T])."""
+    import numpy as np
+
     lengths = b.seq_lengths
     n, total = b.batch_size, int(lengths.sum())
     if max_tokens is not None and total > max_tokens:
@@ -92,35 +90,39 @@ def _check_pack(b: BatchedMultiModalInputs, valid, max_tokens: Optional[int], ma
             f"pack budget max_images={max_images}", where="", column=b.fam.media.IMAGE_LAYOUT_COLUMN, stage="collate",
             fix=f"build batches with TokenBudgetBatchSampler(max_images={max_images})" + _ALONE * (n == 1),
         )
-    holes = (b.attention_mask == 0) & valid
-    if bool(holes.any()):
-        r = int(holes.any(1).nonzero()[0, 0])
+    zeros = np.concatenate([[0], np.cumsum(np.asarray(mask) == 0)])
+    ends = np.cumsum(np.asarray(lengths))
+    holes = zeros[ends] - zeros[ends - np.asarray(lengths)]  # [n] zeros in each row
+    if holes.any():
+        r = int(np.flatnonzero(holes)[0])
         raise InputError(
-            f"attention_mask has {int(holes[r].sum())} zero(s) inside the row; packing attends every token of a "
+            f"attention_mask has {int(holes[r])} zero(s) inside the row; packing attends every token of a "
             "row, so the row must be unpadded (attention_mask all ones)", row=r, column="attention_mask",
             stage="collate", fix="strip the masked tokens",
         )
 
 
-def _packed_positions(b: BatchedMultiModalInputs, valid):
+def _packed_positions(b: BatchedMultiModalInputs, flat: dict):
     """int64 [4, 1, T]: text positions restarting at 0 per row, then the rows' M-RoPE rows;
     int64 [1, T] (text positions only) for a text-only family."""
     import torch
 
-    n, L = valid.shape
-    text_pos = (torch.arange(L)[None, :].expand(n, L))[valid]
-    if b.position_ids.ndim == 3 and get_family(b.family).is_vision:
-        mrope = b.position_ids[:, valid]  # [3, T]
+    text_pos = torch.from_numpy(flat["text_positions"])
+    if flat["position_ids"].ndim == 2 and get_family(b.family).is_vision:
+        mrope = torch.from_numpy(flat["position_ids"])  # [3, T]
         return torch.cat([text_pos[None], mrope], 0)[:, None, :]  # [4, 1, T]
     return text_pos[None]  # [1, T]
 
 
-def _packed_labels(b: BatchedMultiModalInputs, valid, starts):
+def _packed_labels(flat_labels, starts):
     """``(labels int64 [1, T] with -100 on each row's first token, first_labels int64 [n])``,
-    or ``(None, None)`` without labels (``starts``: int64 [n] each row's first token)."""
-    if b.labels is None:
+    or ``(None, None)`` without labels (``flat_labels``: int64 [T] or None; ``starts``: int64
+    [n] each row's first token)."""
+    import torch
+
+    if flat_labels is None:
         return None, None
-    labels = b.labels[valid][None].clone()
+    labels = torch.from_numpy(flat_labels)[None].clone()
     first_labels = labels[0, starts].clone()
     labels[0, starts] = IGNORE_INDEX
     return labels, first_labels

@@ -62,7 +62,7 @@ from typing import Any, Optional, Sequence
 from mmpipe._fork import torch_fork_safe
 from mmpipe.batching.attention_layers import ModelLayers, check_packing
 from mmpipe.batching.checks import checked_records
-from mmpipe.batching.collate import batch_family, batch_state, collate_records, collator_family
+from mmpipe.batching.collate import batch_family, batch_state, collate_packed, collator_family
 from mmpipe.batching.pack_batch import pack_batch, pack_budgets, refuse_packing
 from mmpipe.batching.text import pad_id
 from mmpipe.batching.unbatch import unbatch
@@ -125,17 +125,17 @@ def pack(
 
     The steps: the rows read and their family resolved as in `mmpipe.collate`; a family whose
     model does not take packed rows refused with the reason (`refuse_packing`: Gemma 3, the
-    generic path), then the model's layers (`model_packing`); the rows collated right-padded,
-    then the valid tokens end to end (`mmpipe.batching.pack_batch`).
+    generic path), then the model's layers (`model_packing`); the rows' media collated as in
+    `mmpipe.collate` and their tokens put end to end (`mmpipe.batching.collate.collate_packed`:
+    no padded [B, L] array), then the pack (`mmpipe.batching.pack_batch`).
     """
     max_tokens, max_images = pack_budgets("pack", max_tokens, max_images, oversize)
     recs = checked_records(rows)
     fam, state = batch_state(recs, family, processor, spec=spec, vision_tokens=vision_tokens)
     refuse_packing("pack", fam, state.get("processor_class") or recs[0].processor_class)
     model_packing("pack", model, fam)
-    b = collate_records(recs, fam, state, padding_side="right", pad_token_id=pad_id(processor, pad_token_id),
-                        allow_layout_only=allow_layout_only)
-    return pack_batch(b, max_tokens, max_images, oversize)
+    meta, flat = collate_packed(recs, fam, state, allow_layout_only=allow_layout_only)
+    return pack_batch(meta, flat, max_tokens, max_images, oversize)
 
 
 def to_padded(packed: PackedMultiModalInputs, padding_side: str = "right") -> BatchedMultiModalInputs:
@@ -209,6 +209,5 @@ class PackingCollator:
         torch_fork_safe()  # a user's forked Pool after a parallel torch op: the packing ops deadlock otherwise
         recs = checked_records(rows)
         fam = batch_family(recs, self.family)
-        b = collate_records(recs, fam, self.state, padding_side="right", pad_token_id=self.pad_token_id,
-                            allow_layout_only=getattr(self, "allow_layout_only", False))
-        return pack_batch(b, self.max_tokens, self.max_images, getattr(self, "oversize", "raise"))
+        meta, flat = collate_packed(recs, fam, self.state, allow_layout_only=getattr(self, "allow_layout_only", False))
+        return pack_batch(meta, flat, self.max_tokens, self.max_images, getattr(self, "oversize", "raise"))

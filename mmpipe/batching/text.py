@@ -84,6 +84,37 @@ def text_fields(rows: Sequence, L: int, pad_token_id: int, padding_side: str) ->
         sequence={k: pad(lambda r: r.sequence[k], 0) for k in sorted({k for r in rows for k in r.sequence})})
 
 
+def packed_text(rows: Sequence, L: int) -> tuple[dict, dict]:
+    """Records -> the text part of a pack, without a padded [B, L] array (a pack of many short
+    rows and one long one would otherwise hold B x the longest row, seven times over):
+    ``(meta, flat)``. ``meta``: the fields `text_fields` gives, with the token fields zero-width
+    (``input_ids``, ``attention_mask``, ``mm_token_type_ids`` int64 [B, 0], ``position_ids``
+    [B, 0] or [P, B, 0], ``labels`` None; ``sequence`` padded to ``L``, as `text_fields` pads it).
+    ``flat``: the rows' tokens end to end, T = sum of the row lengths: ``input_ids``,
+    ``attention_mask``, ``mm_token_type_ids``, ``text_positions`` (``0..n-1`` per row) int64
+    [T], ``position_ids`` int64 [T] or [P, T], ``labels`` int64 [T] (-100 for rows without
+    labels) or None when no row has labels."""
+    def cat(get, lead=()):
+        parts = [np.asarray(get(r)).astype(np.int64, copy=False) for r in rows]
+        return np.concatenate(parts, axis=-1) if parts else np.zeros((*lead, 0), np.int64)
+
+    B, has_labels = len(rows), [r.labels is not None for r in rows]
+    lead = rows[0].position_ids.shape[:-1] if rows else ()
+    none = np.zeros((B, 0), np.int64)
+    meta = dict(input_ids=none, attention_mask=none, mm_token_type_ids=none, labels=None,
+                position_ids=np.zeros((*lead, B, 0), np.int64),
+                rope_deltas=np.asarray([[r.rope_delta] for r in rows], np.int64).reshape(B, 1),
+                seq_lengths=np.array([len(r) for r in rows], np.int64), row_has_labels=np.asarray(has_labels, bool),
+                sequence={k: pad_sequences([r.sequence[k] for r in rows], L, 0, "right")
+                          for k in sorted({k for r in rows for k in r.sequence})})
+    flat = dict(input_ids=cat(lambda r: r.input_ids), attention_mask=cat(lambda r: r.attention_mask),
+                mm_token_type_ids=cat(lambda r: r.mm_token_type_ids), position_ids=cat(lambda r: r.position_ids, lead),
+                text_positions=cat(lambda r: np.arange(len(r))),
+                labels=cat(lambda r: r.labels if r.labels is not None else np.full(len(r), IGNORE_INDEX))
+                if any(has_labels) else None)
+    return meta, flat
+
+
 def text_row_fields(batch) -> list[dict]:
     """A batch's text fields cut back into each row's own (numpy copies): ``input_ids``,
     ``attention_mask``, ``mm_token_type_ids`` [n], ``position_ids`` [n] or [P, n], ``rope_delta``,
