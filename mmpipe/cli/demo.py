@@ -127,10 +127,11 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
-def parser() -> argparse.ArgumentParser:
-    """The demo's argument parser (``mmpipe demo ...`` passes its arguments here)."""
+def parser(prog: str = "python -m mmpipe.cli.demo") -> argparse.ArgumentParser:
+    """The demo's argument parser (``mmpipe demo ...`` passes its arguments here, as ``prog``
+    ``"mmpipe demo"``: its usage and errors name the command the user typed)."""
     p = argparse.ArgumentParser(
-        prog="python -m mmpipe.cli.demo",
+        prog=prog,
         description="mmpipe demo: raw chat rows with images -> encode (datasets.map) -> save/load -> "
         "DataLoader + Collator -> model -> unbatch, with checks. Offline by default.",
     )
@@ -149,8 +150,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    p = parser()
+def _parse(argv: Optional[Sequence[str]], prog: Optional[str] = None) -> argparse.Namespace:
+    p = parser() if prog is None else parser(prog)
     args = p.parse_args(argv)
     if args.rows < 1:
         p.error("--rows must be at least 1")
@@ -198,13 +199,14 @@ def _lap(times: dict[str, float], name: str, t0: float) -> float:
 
 
 # ---- main --------------------------------------------------------------------------------
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None) -> int:
     """Run the demo (see the module docstring); returns the exit status (1 if a check failed).
+    ``prog``: the command named in usage and argument errors (``mmpipe demo`` from the CLI).
 
     The steps: load the processor and model (`_load`), build the raw rows (`build_rows`),
     encode with ``datasets.map``, save and load back, then collate with a DataLoader and check
     every batch (`DemoChecks`), and print the table (`_print_report`)."""
-    args = _parse(argv)
+    args = _parse(argv, prog)
     t_start = time.perf_counter()
     times: dict[str, float] = {}
 

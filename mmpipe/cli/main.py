@@ -195,7 +195,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[:1] == ["demo"]:  # everything after `demo` is the demo's own command line
         from mmpipe.cli.demo import main as demo_main
 
-        return demo_main(argv[1:])
+        return demo_main(argv[1:], prog="mmpipe demo")
     args = _parser().parse_args(argv)
     if args.command == "judge" and args.judge_command == "ping":
         return _ping(args)

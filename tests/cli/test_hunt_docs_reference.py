@@ -141,3 +141,20 @@ def test_every_extra_is_in_the_install_table_and_the_readme():
     named = set(re.findall(r"[\w-]+", comment.replace("# extras per integration:", "").replace("#", " ")))
     missing = sorted(set(extras) - {"cpu"} - named)
     assert not missing, f"README's install comment does not name the extras {missing}"
+
+
+def test_mmpipe_demo_usage_names_the_command_typed(capsys):
+    """``mmpipe demo --help`` and its argument errors say ``mmpipe demo`` (the CLI page's command),
+    not ``python -m mmpipe.cli.demo``; run as a module, the demo keeps its module name."""
+    from mmpipe.cli import demo
+    from mmpipe.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--rows", "0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: mmpipe demo ") and "mmpipe demo: error: --rows must be at least 1" in err, err
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert capsys.readouterr().out.startswith("usage: mmpipe demo ")
+    assert demo.parser().prog == "python -m mmpipe.cli.demo"
