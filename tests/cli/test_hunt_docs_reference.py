@@ -158,3 +158,17 @@ def test_mmpipe_demo_usage_names_the_command_typed(capsys):
         main(["demo", "--help"])
     assert capsys.readouterr().out.startswith("usage: mmpipe demo ")
     assert demo.parser().prog == "python -m mmpipe.cli.demo"
+
+
+def test_errors_page_counts_the_bad_input_corpus():
+    """docs/reference/errors.md's count of bad-input kinds is true of tests/bad_inputs.py (it said
+    175 kinds where the corpus holds over 200): "N kinds" must be the count, "more than N
+    kinds" a lower bound of it."""
+    from bad_inputs import CASES, outcome_counts
+
+    page = " ".join((ROOT / "docs" / "reference" / "errors.md").read_text().split())
+    m = re.search(r"`tests/bad_inputs\.py` \((more than )?(\d+) kinds", page)
+    assert m, "the errors page no longer says how many kinds the corpus holds"
+    kinds = outcome_counts()["kinds"]
+    assert kinds == len(CASES)
+    assert (int(m.group(2)) < kinds) if m.group(1) else (int(m.group(2)) == kinds), (m.group(0), kinds)
