@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 from typing import Any, Optional
+
+from mmpipe.error_text import (MESSAGE_FIELDS, fields_from_message, message_fields, note_fields, split_fields_note,
+                               worker_original)
 
 STAGES = ("parse", "image", "audio", "template", "truncate", "collate", "validate", "encode", "rollout")
 
@@ -39,11 +41,27 @@ class MMPipeError(Exception):
     Pickles with its message and every attribute (``row``, ``class_name``, ``layer_type``, ...)
     whatever its ``__init__`` takes, so it crosses process boundaries intact: ``datasets.map(
     num_proc=...)`` workers (a worker's error that cannot be unpickled hangs the pool), spawn /
-    forkserver DataLoader workers, Ray. Subclasses need no ``__reduce__`` of their own.
+    forkserver DataLoader workers, Ray. Subclasses need no ``__reduce__`` of their own. A torch
+    DataLoader's re-raise, ``type(e)(text)``, builds one whose fields are read back from the worker's
+    text (`InputError`'s message; a subclass's own fields from their note: `keep_fields`).
     """
 
     def __reduce__(self):
         return (_restore, (type(self), self.args), dict(vars(self)))
+
+    def keep_fields(self, text: Any, **fields) -> None:
+        """Set ``fields`` (a subclass's own, e.g. ``class_name``) on this error so that they cross a
+        torch DataLoader worker: raised with them, they are noted (`note_fields`); rebuilt by the
+        DataLoader as ``type(e)(text)`` (all of them None or empty, ``text`` the worker's text), they
+        are taken back from that note."""
+        original = None if any(v not in (None, ()) for v in fields.values()) else worker_original(text, type(self))
+        if original is None:
+            note_fields(self, **fields)
+        else:
+            noted = split_fields_note(original)[1]
+            fields.update((k, noted[k]) for k in fields if k in noted)
+        for k, v in fields.items():
+            setattr(self, k, v)
 
 
 def _restore(cls, args):
@@ -103,26 +121,41 @@ class InputError(MMPipeError, ValueError):
         self.image = image
         self.where = where
         self.column_in_location = column_in_location
+        self.worker_text: Optional[str] = None  # a DataLoader's re-raise: the worker's text, the message
         if row is None and column is None and stage is None and image is None:
             self._locate_from_worker_text()
         super().__init__(self._compose())
+        if self.worker_text is None:
+            self._note_if_ambiguous()
+
+    def _note_if_ambiguous(self) -> None:
+        """Note ``detail`` / ``expected`` / ``found`` / ``fix`` (`note_fields`) when the message does not
+        give them back (`fields_from_message`: a found text holding `` - ``, a fix holding ``; found``):
+        a DataLoader worker's re-raise then takes them from the note."""
+        said = {k: getattr(self, k) for k in MESSAGE_FIELDS}
+        texts = [str(v) for v in said.values() if v is not None]
+        if not (any(m in t for t in texts for m in _SPLITS) or self.detail.startswith(("row ", "column "))):
+            return  # no text the parse could split wrongly: it gives them back
+        back = fields_from_message(type(self), self._compose()) or {}
+        if any(back.get(k) != (None if v is None else str(v)) for k, v in said.items()):
+            note_fields(self, **said)
 
     def _locate_from_worker_text(self) -> None:
         """A torch DataLoader worker's error reaches the main process as its type and text only
         (``type(e)("Caught ... in DataLoader worker process N. Original Traceback ...")``): take
-        ``row``, ``image``, ``column`` and ``stage`` back from the original message's location and
-        tags. A no-op for any other detail."""
+        every field back from the original message (`fields_from_message`: the fields whose message
+        composes to it) and from its fields note (`note_fields`: a subclass's own fields);
+        ``worker_text`` keeps the worker's text, which stays the message. A no-op for any other detail."""
         original = worker_original(self.detail, type(self))
         if original is None:
             return
-        tag = _TAGS.search(original)
-        if tag:
-            self.stage, self.column = tag.group(1), tag.group(2)
-        loc = _LOCATION.match(original)
-        if loc:
-            self.row = int(loc.group(1))
-            self.image = None if loc.group(2) is None else int(loc.group(2))
-            self.column = self.column if loc.group(3) is None else loc.group(3)
+        message, noted = split_fields_note(original)
+        fields = message_fields(type(self), message)
+        self.worker_text = self.detail
+        if any(k in noted for k in MESSAGE_FIELDS):  # the message was ambiguous: the note says them all
+            fields.update((k, noted.get(k, fields.get(k))) for k in MESSAGE_FIELDS)
+        for k, v in {**fields, **noted}.items():
+            setattr(self, k, v)
 
     def location(self) -> str:
         """``"row 3, image 1"`` (or the caller's own `where` text; ``where=""``: none, the
@@ -147,8 +180,8 @@ class InputError(MMPipeError, ValueError):
         return "; ".join(body) if body else "invalid input"
 
     def _compose(self) -> str:
-        if worker_original(self.detail, type(self)) is not None:  # the worker's text already says where, what, the tags
-            return self.detail
+        if getattr(self, "worker_text", None) is not None:  # it already says where, what, the tags
+            return self.worker_text
         loc = self.location()
         msg = (f"{loc}: " if loc else "") + self.message_body()
         if self.fix:
@@ -197,20 +230,7 @@ class InputError(MMPipeError, ValueError):
             column_in_location=self.column_in_location)))
 
 
-def worker_original(text: Any, cls: type) -> Optional[str]:
-    """The original message of ``cls``'s error inside ``text`` when ``text`` is what a torch
-    DataLoader re-raises a worker's error with (``type(e)(text)``, torch._utils.ExceptionWrapper:
-    ``Caught X in DataLoader worker process N.``, ``Original Traceback ...``, then a line
-    ``module.X: <message>``), else None. An error whose ``__init__`` takes fields takes them back
-    from it (`InputError`, the shard errors of `mmpipe.data.object_store`)."""
-    if not (isinstance(text, str) and text.startswith(f"Caught {cls.__name__} ") and "\nOriginal Traceback" in text):
-        return None
-    lines = list(re.finditer(rf"^(?:[\w.]+\.)?{re.escape(cls.__name__)}: ", text, re.M))
-    return text[lines[-1].end():].strip() if lines else ""
-
-
-_TAGS = re.compile(r"\[stage: (\w+)(?:, column: '([^']*)')?\]$")  # what `InputError._compose` ends with
-_LOCATION = re.compile(r"row (\d+)(?:, image (\d+))?(?:, column '([^']*)')?: ")  # what `location` starts with
+_SPLITS = (" - ", "; ", "expected ", "found ", "invalid input")  # what `fields_from_message` splits at
 
 
 def _rebuild(cls, detail, kwargs):
@@ -290,13 +310,13 @@ class UnsupportedProcessorError(ArgumentError):
     """A vision-language processor (or model config) of a family mmpipe has no table row for.
 
     The message names the class and the path such a processor takes (`GENERIC_PATH`: the
-    processor's own chat template and call, 1-D positions). ``class_name`` holds the class (None
-    when only the message is known, e.g. re-raised by a DataLoader worker, which passes the text).
+    processor's own chat template and call, 1-D positions). ``class_name`` holds the class (also
+    after a DataLoader worker's re-raise: `MMPipeError.keep_fields`).
     """
 
     def __init__(self, message: str, class_name: Optional[str] = None):
         super().__init__(message)
-        self.class_name = class_name
+        self.keep_fields(message, class_name=class_name)
 
 
 class PackingUnsupportedError(ArgumentError):
@@ -311,9 +331,7 @@ class PackingUnsupportedError(ArgumentError):
     def __init__(self, message: str, *, layer_type: Optional[str] = None, layers: tuple = (),
                  model_type: Optional[str] = None):
         super().__init__(message)
-        self.layer_type = layer_type
-        self.layers = tuple(layers)
-        self.model_type = model_type
+        self.keep_fields(message, layer_type=layer_type, layers=tuple(layers), model_type=model_type)
 
 
 # ---- what argument checks accept -------------------------------------------------------

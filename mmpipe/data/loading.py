@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import pyarrow as pa
 
-from mmpipe.errors import ArgumentError, InputError
+from mmpipe.errors import ArgumentError, InputError, note_fields
 
 ACCEPTED = ("a datasets.Dataset, a save_to_disk directory of one Dataset, a .parquet or Arrow IPC file "
             "(.arrow), a folder or glob of .parquet shards (write_shards), an object-store URL of those "
@@ -32,7 +32,8 @@ RESAVE = "re-save the dataset (ds.save_to_disk) from a good copy, or re-encode t
 class DamagedDatasetError(InputError):
     """A stored file of an encoded dataset cannot be read: truncated, corrupted framing, or
     missing. ``file`` is the file, ``rows_readable`` the ``(0, stop)`` dataset rows that read
-    before the damage (None when unknown). Pickles with every field (`mmpipe.errors.MMPipeError`)."""
+    before the damage (None when unknown). Pickles with every field (`mmpipe.errors.MMPipeError`); a
+    DataLoader worker's re-raise takes ``file`` and ``rows_readable`` back from their note."""
 
     default_stage = "validate"
 
@@ -41,7 +42,8 @@ class DamagedDatasetError(InputError):
         self.file = file
         self.rows_readable = rows_readable
         kw.setdefault("fix", RESAVE)
-        super().__init__(detail, **kw)
+        super().__init__(detail, **kw)  # a DataLoader worker's re-raise takes file, rows_readable from the note
+        note_fields(self, file=file, rows_readable=rows_readable)
 
 
 def load_table(data) -> tuple[pa.Table, Any]:

@@ -47,8 +47,8 @@ __all__ = ["CODE_SOURCES", "CodeStamped", "StampedFunction", "code_hash", "code_
 # so do batching/media_fields.py and batching/output_padding.py (their collate sections cut and
 # pad their media with them).
 CODE_SOURCES = ("encoding", "images", "audio", "media", "records", "families.py", "family_fields.py", "rope.py",
-                "rope_checks.py", "errors.py", "model_rope.py", "_fork.py", "compat.py", "data/column_rules.py",
-                "data/report.py", "batching/media_fields.py", "batching/output_padding.py")
+                "rope_checks.py", "errors.py", "error_text.py", "model_rope.py", "_fork.py", "compat.py",
+                "data/column_rules.py", "data/report.py", "batching/media_fields.py", "batching/output_padding.py")
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the mmpipe/ folder
 
