@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
 
 from mmpipe.cli.encode import CLIError, load_processor
 
@@ -33,9 +35,10 @@ def run_validate(args) -> int:
     from mmpipe.errors import ArgumentError
 
     datasets.disable_progress_bars()
+    path = split_path(str(args.path), getattr(args, "split", None))
     processor = load_processor(args.processor) if args.processor else None
     try:
-        report = validate_dataset(args.path, processor=processor, positions=not args.no_positions)
+        report = validate_dataset(path, processor=processor, positions=not args.no_positions)
     except (ArgumentError, DamagedDatasetError) as e:  # a wrong path or a damaged save: the user's to fix
         raise CLIError(str(e)) from None
     except json.JSONDecodeError as e:  # a damaged state.json / dataset_info.json
@@ -56,6 +59,30 @@ def run_validate(args) -> int:
     return 0 if report.ok else 1
 
 
+def split_path(path: str, split: Optional[str]) -> str:
+    """The folder of one split of a saved ``DatasetDict`` (``save_to_disk`` writes each split to
+    ``path/<split>``, listed in ``dataset_dict.json``), so that the split's files are checked as
+    any saved Dataset's; ``path`` itself when it is no ``DatasetDict`` folder and no split is asked.
+    A dict of one split needs no ``--split``. `CLIError` naming the splits otherwise."""
+    if "://" in path:  # an object-store folder: the split's prefix
+        return path if split is None else path.rstrip("/") + "/" + split
+    listing = Path(path) / "dataset_dict.json"
+    if not listing.is_file():
+        if split is not None and Path(path).exists():
+            raise CLIError(f"--split {split!r}: {path!r} is one dataset, not a DatasetDict (omit --split)")
+        return path
+    try:
+        splits = list(json.loads(listing.read_text())["splits"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise CLIError(f"{str(listing)!r} does not list the splits ({type(e).__name__}: {e}); re-save the "
+                       "DatasetDict with save_to_disk") from None
+    split = splits[0] if split is None and len(splits) == 1 else split
+    if split not in splits:
+        raise CLIError(f"{path!r} holds splits {sorted(splits)}" + (f", no split {split!r}" if split else "")
+                       + "; pick one with --split")
+    return str(Path(path) / split)
+
+
 def _plain(value):
     """numpy scalars (row indexes) as Python numbers; anything else as its text."""
     return value.item() if hasattr(value, "item") else str(value)
@@ -68,5 +95,6 @@ def add_validate_parser(sub) -> None:
     p.add_argument("path", help="directory written by `mmpipe encode` (or Dataset.save_to_disk), .parquet or .arrow")
     p.add_argument("--processor", default=None, metavar="DIR",
                    help="the processor the rows were encoded with (tiled families: exact tile / token counts)")
+    p.add_argument("--split", default=None, help="split of a saved DatasetDict (not needed when it holds one)")
     p.add_argument("--no-positions", action="store_true", help="skip recomputing M-RoPE positions (faster)")
     p.add_argument("--json", action="store_true", help="print one JSON object (ok, counts, every issue) instead of text")
