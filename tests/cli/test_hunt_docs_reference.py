@@ -172,3 +172,16 @@ def test_errors_page_counts_the_bad_input_corpus():
     kinds = outcome_counts()["kinds"]
     assert kinds == len(CASES)
     assert (int(m.group(2)) < kinds) if m.group(1) else (int(m.group(2)) == kinds), (m.group(0), kinds)
+
+
+def test_cli_page_names_every_offline_processor():
+    """``--processor testing:NAME`` takes every name of `mmpipe.offline.builders.PROCESSOR_NAMES`
+    (22: the Omni thinkers' among them, which the Audio guide uses); the CLI page listed the 8
+    families' only."""
+    from mmpipe.offline.builders import PROCESSOR_NAMES
+
+    page = " ".join((ROOT / "docs" / "reference" / "cli.md").read_text().split())
+    section = page[page.index("`--processor` takes"):page.index("A row that fails to encode")]
+    missing = [n for n in PROCESSOR_NAMES if f"`{n}`" not in section]
+    assert not missing, f"docs/reference/cli.md's --processor sentence lacks testing:{missing}"
+    assert "local Hugging Face cache" in section  # a cached hub name loads too (never downloaded)
