@@ -150,16 +150,17 @@ def append_response(conv: Conversation, response=None, *, text: Optional[str] = 
     L = conv.num_tokens
     out = _extend(conv, new_ids, labels, [], [], full, messages, awaiting=False, images_added=())
     out = replace(out, response_spans=conv.response_spans + ((L + span[0], L + span[1]),))
-    if done:  # nothing more is appended: the pixels get exact-size arrays (no spare room kept alive)
-        out = replace(out, done=True, finish_reason=finish_reason or "stop", row=_compacted(out.row))
-    return out
+    return finish(out, finish_reason or "stop") if done else out
 
 
-def _compacted(row):
-    """``row`` with its grown pixel fields (`turn_buffer.grow`) as exact-size arrays."""
+def finish(conv: Conversation, reason: str = "stop") -> Conversation:
+    """``conv`` ended (``done``, ``finish_reason``): nothing more is appended, so its grown pixel
+    fields (`turn_buffer.grow`) become exact-size arrays (no spare room kept alive)."""
+    row = conv.row
     fields = {k: compact(getattr(row, k)) for k in ("pixel_values_u8", "pixel_values", "pixel_values_videos_u8",
                                                     "pixel_values_videos")}
-    return replace(row, **{k: v for k, v in fields.items() if v is not getattr(row, k)})
+    row = replace(row, **{k: v for k, v in fields.items() if v is not getattr(row, k)})
+    return replace(conv, done=True, finish_reason=reason, row=row)
 
 
 def _response_from_ids(conv: Conversation, ids: np.ndarray):

@@ -7,13 +7,13 @@ append_observation); this module only keeps the batch's bookkeeping.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from mmpipe.errors import ArgumentError
 from mmpipe.records.conversation import Conversation
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.rollout.multiturn import append_observation, append_response, conversation_encoder, start
+from mmpipe.rollout.multiturn import append_observation, append_response, conversation_encoder, finish, start
 
 __all__ = ["MultiTurnBatch"]
 
@@ -71,7 +71,7 @@ class MultiTurnBatch:
 
     def mark_done(self, i: int, reason: str = "stop") -> None:
         """End conversation ``i`` (original index); its row is final."""
-        self.conversations[i] = replace(self._get(i), done=True, finish_reason=reason)
+        self.conversations[i] = finish(self._get(i), reason)
 
     def append_response(self, i: int, response=None, **kwargs) -> Conversation:
         """`append_response` on conversation ``i`` (original index)."""

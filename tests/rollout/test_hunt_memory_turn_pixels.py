@@ -95,3 +95,23 @@ def test_grown_pixels_equal_encoding_the_whole_conversation_and_branches_stay_ap
     done = append_response(branches[101][0], _reply(tok, "end"), done=True)
     assert done.row.pixel_values_u8.base is None  # a done conversation keeps no spare room alive
     assert np.array_equal(done.row.pixel_values_u8, branches[101][0].row.pixel_values_u8)
+
+
+def test_a_batch_conversation_marked_done_keeps_no_spare_room():
+    """`MultiTurnBatch.mark_done` ends a conversation as ``append_response(done=True)`` does: its
+    grown pixel fields become exact-size arrays (before: the 1.5x store's spare room stayed alive
+    with every conversation a batch ended early)."""
+    proc = processor_for("qwen2_vl")
+    tok = proc.tokenizer
+    batch = mmpipe.rollout.MultiTurnBatch.start([_prompt(), _prompt()], proc)
+    for i in range(3):
+        for j in (0, 1):
+            batch.append_response(j, _reply(tok, f"look {i}"))
+            batch.append_observation(j, [{"type": "image"}, {"type": "text", "text": "p"}], images=[_img(i + 1)])
+    before = batch.conversations[0].row.pixel_values_u8.copy()
+    batch.mark_done(0, "length")
+    conv = batch.conversations[0]
+    pixels = conv.row.pixel_values_u8
+    assert conv.done and conv.finish_reason == "length"
+    assert pixels.base is None and np.array_equal(pixels, before)  # its own exact-size array, same values
+    assert batch.conversations[1].row.pixel_values_u8.base is not None  # still growing
