@@ -114,7 +114,8 @@ def pack(
     over either raises (group rows with `mmpipe.batching.sampler.TokenBudgetBatchSampler(cost="packed")`,
     which never exceeds them); ``oversize="alone"``: a pack of one row may be over them (the
     sampler's ``oversize="alone"`` hands such a row out alone). Rows must be unpadded
-    (attention_mask all ones), as ``mmpipe.encode`` stores them.
+    (attention_mask all ones), as ``mmpipe.encode`` stores them. ``pad_token_id`` is accepted as
+    `mmpipe.collate` takes it, and unused: a pack has no padding.
     An image / video pad at a text position is refused as in collate (``vision_tokens``: the
     processor's by default, else the pads the rows' image blocks show). ``model``: the model the
     pack is for (or its config, or a ``config.json`` dict): its layers are checked
