@@ -351,7 +351,7 @@ def test_a_loaded_processor_encodes_in_spawn_workers(tmp_path):
     ("DamagedShardError", dict(shard="s3://b/x", file="s3://b/x", rows_read=4, row_group=2, stage="validate")),
     ("DamagedDatasetError", dict(row=2, stage="validate")),
     ("RolloutRefusal", dict(stage=None, family=None)),
-    ("RowDropped", dict(reason=None)),
+    ("RowDropped", dict(reason="too_long")),  # from its fields note (mmpipe.error_text.note_fields)
 ])
 def test_a_dataloader_worker_re_raises_them_typed(name, fields):
     """torch re-raises a worker's error as ``type(e)(text)`` (a RuntimeError when that call fails):
