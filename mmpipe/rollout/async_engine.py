@@ -264,9 +264,9 @@ class AsyncVLLMEngine:
 
     def requests(self, rows: Sequence, params: SamplingParams) -> list[tuple[dict, Any, str]]:
         """The vLLM requests for ``rows``: ``(prompt dict, vLLM SamplingParams, request_id)`` each."""
-        from mmpipe.rollout.inputs import as_rows, to_vllm_prompts
+        from mmpipe.rollout.inputs import to_vllm_prompts
 
-        prompts = to_vllm_prompts(as_rows(rows), self._sync.processor, tokenizer=self._sync.processor)
+        prompts = to_vllm_prompts(rows, self._sync.processor, tokenizer=self._sync.processor)
         sp = final_only(self._sync.sampling_params(params))
         return [(p, sp, f"mmpipe-{next(self._ids)}") for p in prompts]
 
@@ -281,10 +281,10 @@ class AsyncVLLMEngine:
 
     async def generate(self, rows: Sequence, params: SamplingParams = SamplingParams()) -> list[Generation]:
         """rows: prompt rows or a batch; one `Generation` per row, in order."""
-        from mmpipe.rollout.inputs import as_rows
+        from mmpipe.rollout.inputs import prompt_rows
         from mmpipe.rollout.vllm_engine import generation_from_request_output
 
-        recs = as_rows(rows)
+        recs = prompt_rows(rows)
         calls = [(lambda r=r: self._one(*r)) for r in self.requests(recs, params)]
         if self.gate is not None:
             outs = await asyncio.gather(*(self.gate.run_coro(c) for c in calls))

@@ -44,6 +44,7 @@ from mmpipe.rollout.support import check_row_families
 __all__ = [
     "to_vllm_prompts",
     "as_rows",
+    "prompt_rows",
     "to_generate_kwargs",
 ]
 
@@ -79,6 +80,24 @@ def as_rows(rows_or_batch) -> list[MultiModalInputs]:
     rows = list(rows_or_batch)
     check_not_failed(rows, "rollout")
     return [MultiModalInputs.from_dict(r, row=i) for i, r in enumerate(rows)]
+
+
+def prompt_rows(rows_or_batch) -> list[MultiModalInputs]:
+    """`as_rows` for prompts (what the engines and `to_vllm_prompts` read): a row of 0 tokens is
+    refused (`InputError` naming it, column ``input_ids``, stage "rollout"). Why: a row that failed
+    to encode under ``on_error="skip"`` reads as one once it is a record (``MultiModalInputs.from_dict``
+    keeps no failure); it went to vLLM as ``{"prompt_token_ids": []}`` and to `TransformersEngine` as a
+    bare ``torch.cat(): expected a non-empty list of Tensors``."""
+    rows = as_rows(rows_or_batch)
+    for i, r in enumerate(rows):
+        if r.num_tokens == 0:
+            raise InputError("the prompt row holds no token", row=i, column="input_ids", stage="rollout",
+                             expected="a prompt of at least one token",
+                             found="0 tokens (an empty row: what a row that failed to encode under on_error='skip' "
+                                   "reads as)",
+                             fix="filter failed rows out before making records of them: ds, errors = "
+                                 "mmpipe.drop_failed(ds), or encode with mmpipe.encode_dataset")
+    return rows
 
 
 def _column_rows(columns: Mapping, n: int) -> list[MultiModalInputs]:
@@ -134,7 +153,7 @@ def to_vllm_prompts(rows_or_batch, processor_or_spec=None, *, tokenizer=None, im
     another family raises `FamilyMismatchError` naming it, expected and found. Every error names
     its row.
     """
-    rows = as_rows(rows_or_batch)
+    rows = prompt_rows(rows_or_batch)
     _check_per_row(images, "images", "images", len(rows))
     _check_per_row(videos, "videos", "video files", len(rows))
     _check_per_row(audios, "audios", "audio clips", len(rows))

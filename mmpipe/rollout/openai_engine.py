@@ -294,11 +294,11 @@ class OpenAIEngine:
 
     async def generate(self, rows: Sequence, params: SamplingParams = SamplingParams()) -> list[Generation]:
         """rows: prompt rows or a batch; one `Generation` per row, in order, ``params.n`` completions each."""
-        from mmpipe.rollout.inputs import as_rows
+        from mmpipe.rollout.inputs import prompt_rows
         from mmpipe.rollout.sampling import check_params
 
         check_params(params)
-        recs = as_rows(rows)
+        recs = prompt_rows(rows)
         if self.client is not None:
             return list(await asyncio.gather(*(self._one(self.client, r, i, params) for i, r in enumerate(recs))))
         async with self._new_client() as client:

@@ -20,7 +20,7 @@ from mmpipe.compat import is_transformers_5
 from mmpipe.errors import PixelDataError
 from mmpipe.records.generation import Generation, SamplingParams
 from mmpipe.records.vision_tokens import VisionTokens
-from mmpipe.rollout.inputs import as_rows, to_generate_kwargs
+from mmpipe.rollout.inputs import prompt_rows, to_generate_kwargs
 from mmpipe.rollout.sampling import check_params, sample
 from mmpipe.rollout.support import check_processor
 
@@ -75,7 +75,7 @@ class TransformersEngine:
         order, each with ``params.n`` completions (generated ids up to and including the first
         stop token; per-token logprobs float when ``params.logprobs``)."""
         check_params(params)
-        recs = as_rows(rows)
+        recs = prompt_rows(rows)
         if not recs:
             return []
         blind = [i for i, r in enumerate(recs) if r.num_images and not r.has_pixels]

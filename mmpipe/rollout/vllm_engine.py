@@ -27,7 +27,7 @@ from mmpipe.records.vision_tokens import VisionTokens
 from mmpipe.errors import ArgumentError, InputError, PlaceholderError
 from mmpipe.records.generation import Completion, Generation, SamplingParams
 from mmpipe.images.spec import VisionSpec
-from mmpipe.rollout.inputs import as_rows, to_vllm_prompts
+from mmpipe.rollout.inputs import prompt_rows, to_vllm_prompts
 from mmpipe.rollout.sampling import check_params
 from mmpipe.rollout.support import check_processor
 
@@ -213,7 +213,7 @@ class VLLMEngine:
     def generate(self, rows: Sequence, params: SamplingParams = SamplingParams()) -> list[Generation]:
         """rows: prompt `MultiModalInputs`, stored dicts, or a `BatchedMultiModalInputs`;
         returns one `Generation` per row, in order (``prompt_index`` = position)."""
-        recs = as_rows(rows)
+        recs = prompt_rows(rows)
         if not recs:
             check_params(params)
             return []
