@@ -185,3 +185,18 @@ def test_cli_page_names_every_offline_processor():
     missing = [n for n in PROCESSOR_NAMES if f"`{n}`" not in section]
     assert not missing, f"docs/reference/cli.md's --processor sentence lacks testing:{missing}"
     assert "local Hugging Face cache" in section  # a cached hub name loads too (never downloaded)
+
+
+def test_video_options_row_names_every_field_and_its_default():
+    """records.md's `video_options` row names every `VideoOptions` field (it lacked `video_start` /
+    `video_end`, which the encoder takes) and the defaults it states are the dataclass's."""
+    import dataclasses
+
+    from mmpipe.images.video import VideoOptions
+
+    row = next(line for line in RECORDS.splitlines() if line.startswith("| `video_options` |"))
+    fields = {f.name: f.default for f in dataclasses.fields(VideoOptions)}
+    missing = [name for name in fields if f"`{name}`" not in row]
+    assert not missing, f"records.md's video_options row lacks {missing}"
+    for name, default in re.findall(r"`(\w+)` \(([\d.]+)[:)]", row):
+        assert float(default) == fields[name], (name, default, fields[name])
