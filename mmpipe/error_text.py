@@ -28,6 +28,7 @@ _TAGS = re.compile(rf"\[stage: (\w+)(?:, column: ({_STR}))?\]$")  # what `InputE
 _LOCATION = re.compile(rf"row (\d+|\(index unknown: pass with_indices=True to map\))(?:, image (\d+))?: ")
 _COLUMN_LOCATION = re.compile(rf"(?:row (\d+), )?column ({_STR}): ")  # `column_in_location`
 FIELDS_NOTE = "mmpipe fields: "  # what a fields note (`note_fields`) starts with
+MAX_TRIES = 256  # splits `fields_from_message` tries before it gives up
 MESSAGE_FIELDS = ("detail", "expected", "found", "fix")  # what `InputError.message_body` and the fix say
 
 
@@ -79,6 +80,7 @@ def fields_from_message(cls: type, message: str) -> Optional[dict]:
     if tag is None:
         return None
     rest, tags = message[:tag.start()].rstrip(" "), {"stage": tag.group(1), "column": _column(tag.group(2))}
+    tries = 0
     for place, body in _places(rest, tags["column"]):
         for head, fix in _fixes(body):
             for said in _bodies(head):
@@ -88,6 +90,9 @@ def fields_from_message(cls: type, message: str) -> Optional[dict]:
                 vars(probe).update(fields)
                 if probe._compose() == message:
                     return fields
+                tries += 1
+                if tries >= MAX_TRIES:  # a text of many splits: its fields ride in a note (InputError)
+                    return None
     return None
 
 
@@ -129,10 +134,10 @@ def _bodies(head: str):
     if head == "invalid input":
         yield {"detail": "", "expected": None, "found": None}
     parts = head.split("; ")
-    for i in range(len(parts) + 1):  # parts[:i] the detail, then an "expected" part, then a "found" part
-        for j in range(i, len(parts) + 1):
+    ends = [k for k, p in enumerate(parts) if p.startswith("found ")] + [len(parts)]
+    for j in ends:  # parts[:i] the detail, parts[i:j] an "expected" part, parts[j:] a "found" part
+        starts = [k for k in range(j) if parts[k].startswith("expected ")] + [j]
+        for i in starts:
             detail, exp, fnd = "; ".join(parts[:i]), "; ".join(parts[i:j]), "; ".join(parts[j:])
-            if (exp and not exp.startswith("expected ")) or (fnd and not fnd.startswith("found ")):
-                continue
             yield {"detail": detail, "expected": exp[len("expected "):] if exp else None,
                    "found": fnd[len("found "):] if fnd else None}

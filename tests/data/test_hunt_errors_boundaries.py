@@ -215,3 +215,9 @@ def test_an_ambiguous_damaged_file_keeps_both_notes():  # guard: two notes (ambi
                             found="12 bytes - of 40")
     got = _reraised(e)
     assert _fields(got) == _fields(e)
+
+
+def test_a_message_of_many_splits_keeps_its_fields():  # guard: past the parse's tries, the note says them
+    many = "; ".join(["a - b"] * 40)
+    e = E.ParseError(many, row=1, column="messages", expected=many, found=many, fix=many)
+    assert _fields(_reraised(e)) == _fields(e)
