@@ -92,7 +92,8 @@ def add_validate_parser(sub) -> None:
     p = sub.add_parser("validate", help="check an encoded dataset's schema and rows (mmpipe.validate_dataset)",
                        description="Compare an encoded dataset with the stored-row schema and check every row; "
                                    "prints one line per problem (column, rows, fix). Exit 1 when any is an error.")
-    p.add_argument("path", help="directory written by `mmpipe encode` (or Dataset.save_to_disk), .parquet or .arrow")
+    p.add_argument("path", help="directory written by `mmpipe encode` (or Dataset.save_to_disk), a .parquet or "
+                                ".arrow file, a folder or glob of parquet shards, or an s3:// URL of those")
     p.add_argument("--processor", default=None, metavar="DIR",
                    help="the processor the rows were encoded with (tiled families: exact tile / token counts)")
     p.add_argument("--split", default=None, help="split of a saved DatasetDict (not needed when it holds one)")

@@ -53,3 +53,19 @@ def test_a_damaged_split_is_named(saved, tmp_path, capsys):
     assert main(["validate", str(two), "--split", "train"]) == 2
     assert "damaged" in capsys.readouterr().err
     assert main(["validate", str(two), "--split", "test"]) == 0
+
+
+def test_parquet_shards_validate_as_the_page_says(saved, tmp_path, capsys):
+    """`mmpipe validate` takes what `mmpipe.validate_dataset` reads: a folder or glob of parquet
+    shards too (the CLI page said a directory, .parquet or .arrow only)."""
+    from mmpipe.data.object_store import write_shards
+
+    write_shards(datasets.load_from_disk(str(saved / "plain")), str(tmp_path / "shards"), num_shards=2)
+    assert main(["validate", str(tmp_path / "shards")]) == 0
+    assert main(["validate", str(tmp_path / "shards" / "*.parquet")]) == 0
+    assert capsys.readouterr().out.count("3 rows") == 2
+    from pathlib import Path
+
+    page = " ".join((Path(__file__).resolve().parents[2] / "docs" / "reference" / "cli.md").read_text().split())
+    section = page[page.index("## mmpipe validate"):page.index("## mmpipe demo")]
+    assert "folder or glob of parquet shards" in section and "s3://" in section, section
