@@ -139,7 +139,9 @@ def _encode_roles(episodes: Sequence[Episode], codec: RoleCodec, roles: tuple):
             if not msgs:
                 raise InputError(
                     "the episode has no messages for this role", where=where, row=e.index, stage="rollout",
-                    column=f"{role}_conversation_history", fix="run the rollout with these agent_roles",
+                    column=f"{role}_conversation_history", expected=f"messages for role {role!r}",
+                    found=f"roles {sorted(r for r, m in e.messages.items() if m)}",
+                    fix="run the rollout with these agent_roles",
                 )
             reasons = [h["stop_reason"] for h in e.history if h["role"] == role]
             encs[role].append(codec.encode(msgs, image_data=e.image_data, add_generation_prompt=False,

@@ -76,7 +76,9 @@ class RoleCodec:
         fam = self.fam
         if images and not fam.is_vision:
             raise PlaceholderError(f"holds {len(images)} image(s) but the processor is a text-only tokenizer",
-                                   where=where, column="images", fix="pass a Qwen-VL processor for questions with images")
+                                   where=where, column="images", expected="no images (text-only tokenizer)",
+                                   found=f"{len(images)} image(s)",
+                                   fix="pass a Qwen-VL processor for questions with images")
         blocks, grids = [], []
         for k, img in enumerate(images):
             u8, g = encode_image(img, self.enc.spec, where=f"{where}, image {k}")
@@ -142,7 +144,9 @@ class RoleCodec:
                 if num_images(messages[k]["content"]):
                     raise ParseError(
                         "an assistant message holds an image; responses are text", where=f"{where}, message {k}",
-                        stage="rollout", column="messages", fix="show images in the question or a user turn",
+                        stage="rollout", column="messages", expected="text only in assistant messages",
+                        found=f"{num_images(messages[k]['content'])} image item(s)",
+                        fix="show images in the question or a user turn",
                     )
                 a, b = self.reply_span(messages, k, full, where)
                 sel = (starts >= a) & (starts < b)
@@ -161,11 +165,14 @@ class RoleCodec:
                 raise PlaceholderError(
                     f"the rendered view holds {len(pad)} {fam.image_token} token(s) but the question has "
                     f"{len(grids)} image(s); every role's view must show each question image exactly once",
-                    where=where, column="messages", fix="include ctx.question in the role's first message",
+                    where=where, column="messages", expected=f"{len(grids)} {fam.image_token} token(s)",
+                    found=f"{len(pad)} {fam.image_token} token(s)", fix="include ctx.question in the role's first message",
                 )
             if (ids == self.enc.video_token_id).any():
                 raise PlaceholderError(f"the view holds {fam.video_token}; videos are not supported here",
-                                       where=where, column="messages", fix="show images, not videos")
+                                       where=where, column="messages", expected="images only",
+                                       found=f"{int((ids == self.enc.video_token_id).sum())} {fam.video_token} token(s)",
+                                       fix="show images, not videos")
             if len(pad):
                 ids, labels, steps = expand_image_pads(ids, pad, grids, fam, labels, steps)
                 mm = self.enc.token_types(ids)
@@ -259,7 +266,8 @@ def encode_conversation(messages: Sequence[dict], processor, *, images: Sequence
     n_items = sum(num_images(m["content"]) for m in msgs)
     if n_items != len(images):
         raise PlaceholderError(f"{n_items} image item(s) in the messages but {len(images)} image(s) given",
-                               where=where, column="images", fix="give one image per item")
+                               where=where, column="images", expected=f"{n_items} image(s)", found=f"{len(images)} image(s)",
+                               fix="give one image per item")
     return codec.encode(msgs, image_data=codec.encode_images(images, where), add_generation_prompt=add_generation_prompt,
                         finish_reasons=finish_reasons, where=where)
 

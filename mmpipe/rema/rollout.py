@@ -247,8 +247,9 @@ def _record_responses(active: list[Episode], gens: Sequence[Generation], role: s
         _check_generation(g, e.index, role, turn)
         if len(g.completions) != 1:
             raise InputError(
-                f"{len(g.completions)} completions; expected exactly one (SamplingParams.n=1)",
+                "the generation does not hold exactly one completion",
                 where=f"row {e.index}, role {role!r}, turn {turn}", row=e.index, stage="rollout",
+                expected="exactly one completion (SamplingParams.n=1)", found=f"{len(g.completions)} completions",
                 fix="generate one completion per prompt",
             )
         c = g.completions[0]

@@ -54,6 +54,7 @@ def content_items(value, where: str, column: str = "content") -> list[dict]:
             raise ParseError(
                 f"content item {item!r:.80} is neither {{'type': 'text', 'text': str}} nor {{'type': 'image'}}",
                 where=where, stage="rollout", column=column,
+                expected="{'type': 'text', 'text': str} or {'type': 'image'}", found=f"{item!r:.80}",
                 fix="pass images with the question, not inline: a role's view shows the question's images",
             )
         if out and out[-1]["type"] == "text":  # adjacent texts render as one; store them as one
@@ -100,6 +101,8 @@ def question_items(q, idx: int) -> tuple[list[dict], tuple]:
             raise PlaceholderError(
                 f"{len(images)} image(s) but {q.count(IMAGE_PLACEHOLDER)} {IMAGE_PLACEHOLDER} placeholder(s) "
                 "in the text", where=where, row=idx, column="question",
+                expected=f"{len(images)} {IMAGE_PLACEHOLDER} placeholder(s)",
+                found=f"{q.count(IMAGE_PLACEHOLDER)} {IMAGE_PLACEHOLDER} placeholder(s)",
                 fix=f"put one {IMAGE_PLACEHOLDER} where each image goes, or pass a content list",
             )
         items = []
@@ -114,6 +117,7 @@ def question_items(q, idx: int) -> tuple[list[dict], tuple]:
         raise PlaceholderError(
             f"the content holds {num_images(items)} image item(s) but {len(images)} image(s) were given",
             where=where, row=idx, column="question",
+            expected=f"{len(images)} image item(s)", found=f"{num_images(items)} image item(s)",
             fix="give one image per {'type': 'image'} item",
         )
     return items, tuple(images)
