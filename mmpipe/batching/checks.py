@@ -43,6 +43,7 @@ def checked_records(rows: Sequence[Any], verify_pixels: bool = False, family: An
     ``family``: the collator's family name, the kind a row of another kind is told apart from."""
     if not len(rows):
         raise InputError("collate got an empty list of rows", where="", stage="collate",
+                         expected="at least one row", found="0 rows",
                          fix="drop empty batches (DataLoader(drop_last=...)) or filter before collating")
     table = arrow_table(rows)
     if table is None:
@@ -153,6 +154,8 @@ def _check_error_column(values, stage: str = "collate", first: int = 0) -> None:
         if v:
             raise InputError(
                 f"this row failed to encode ({v})", row=first + i, stage=stage, column=ERROR_COLUMN,
+                expected=f"an empty {ERROR_COLUMN} (an encoded row)",
+                found="a recorded encode failure (a placeholder row)",
                 fix="filter failed rows first: ds, errors = mmpipe.drop_failed(ds), or use mmpipe.encode_dataset",
             )
 
@@ -323,6 +326,8 @@ def carries_pixels(recs: Sequence[MultiModalInputs], allow_layout_only: bool = F
         raise PixelDataError(f"rows {missing} hold images but no pixel data (layout-only rows, pixels='none') while "
                              f"rows {carry} carry pixels; one batch cannot mix them", row=missing[0],
                              column="pixel_values_u8", stage="collate",
+                             expected="pixel data in every media row, or in none",
+                             found=f"pixel_format 'none' in {len(missing)} row(s), pixels in {len(carry)}",
                              fix="encode every row with the same pixels= option that stores pixels (or filter "
                                  "layout-only rows out)")
     if not allow_layout_only:

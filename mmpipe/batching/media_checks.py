@@ -65,7 +65,8 @@ def _check_items(batch, it: MediaItems, layout: np.ndarray, mm: np.ndarray, type
         if bad is not None and bad.any():
             b = int(np.flatnonzero(bad.any(1))[0])
             raise PixelDataError(f"media tokens in mm_token_type_ids but the batch holds no {kind}", row=b,
-                                 column=it.fields[0][0], stage="validate", fix=FIX)
+                                 column=it.fields[0][0], stage="validate", expected=f"no media tokens (no {kind})",
+                                 found=f"{int(np.count_nonzero(bad[b]))} media token(s) in row {b}", fix=FIX)
         for name, arr, _ in pixels:
             if arr is not None and len(arr):
                 raise PixelDataError(where="", column=name, stage="validate", expected=f"no rows (no {kind})",
@@ -98,7 +99,9 @@ def _check_units(batch, it: MediaItems, layout, off, uoff, pixels: list) -> None
         b = max(int(np.flatnonzero(uoff != units[off])[0]) - 1, 0)
         raise PixelDataError(f"{uname} {int(uoff[b])}:{int(uoff[b + 1])} disagree with the row's {lname} "
                              f"({int(units[off[b + 1]] - units[off[b]])} {_UNIT.get(grid.ndim, 'units')})",
-                             row=b, column=uname, stage="validate", fix=FIX)
+                             row=b, column=uname, stage="validate",
+                             expected=f"{int(units[off[b + 1]] - units[off[b]])} {_UNIT.get(grid.ndim, 'units')}",
+                             found=f"{int(uoff[b + 1] - uoff[b])} {_UNIT.get(grid.ndim, 'units')}", fix=FIX)
     for name, arr, width in pixels:  # [units, width], or [units, ...] without a declared width
         want = (int(units[-1]),) if width is None else (int(units[-1]), width)
         if arr is not None and (tuple(arr.shape) if width is not None else tuple(arr.shape[:1])) != want:
@@ -121,4 +124,5 @@ def _check_tokens(batch, it: MediaItems, layout, off, mm, typed: bool) -> None:
         b = int(np.flatnonzero(have != want)[0])
         raise PixelDataError(f"{int(have[b])} {kind} tokens (type {code}) in mm_token_type_ids but its "
                              f"{it.fields[0][0]} need {int(want[b])}", row=b, column=it.fields[0][0],
-                             stage="validate", fix=FIX)
+                             stage="validate", expected=f"{int(want[b])} {kind} tokens",
+                             found=f"{int(have[b])} {kind} tokens", fix=FIX)

@@ -80,6 +80,7 @@ def _check_pack(b: BatchedMultiModalInputs, mask, max_tokens: Optional[int], max
         raise InputError(
             f"the {n} rows hold {total} tokens (lengths {lengths.tolist()}), over the pack budget "
             f"max_tokens={max_tokens}", where="", column="input_ids", stage="collate",
+            expected=f"at most {max_tokens} tokens", found=f"{total} tokens",
             fix=f"build batches with TokenBudgetBatchSampler(cost='packed', max_tokens={max_tokens}) or raise "
                 "max_tokens" + _ALONE * (n == 1),
         )
@@ -88,6 +89,7 @@ def _check_pack(b: BatchedMultiModalInputs, mask, max_tokens: Optional[int], max
         raise InputError(
             f"the {n} rows hold {n_img} images (per row {[len(x) for x in b.sample_to_image_indices]}), over the "
             f"pack budget max_images={max_images}", where="", column=b.fam.media.IMAGE_LAYOUT_COLUMN, stage="collate",
+            expected=f"at most {max_images} images", found=f"{n_img} images",
             fix=f"build batches with TokenBudgetBatchSampler(max_images={max_images})" + _ALONE * (n == 1),
         )
     zeros = np.concatenate([[0], np.cumsum(np.asarray(mask) == 0)])
@@ -98,7 +100,8 @@ def _check_pack(b: BatchedMultiModalInputs, mask, max_tokens: Optional[int], max
         raise InputError(
             f"attention_mask has {int(holes[r])} zero(s) inside the row; packing attends every token of a "
             "row, so the row must be unpadded (attention_mask all ones)", row=r, column="attention_mask",
-            stage="collate", fix="strip the masked tokens",
+            stage="collate", expected="attention_mask all ones", found=f"{int(holes[r])} zero(s)",
+            fix="strip the masked tokens",
         )
 
 

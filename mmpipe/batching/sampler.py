@@ -144,6 +144,9 @@ class TokenBudgetBatchSampler:
                 f"{self.max_tokens}), {int(self.num_images[i])} images (max_images={max_images}); "
                 f"{len(self.oversized)} row(s) in all, e.g. {self.oversized[:5].tolist()}", where="", row=i,
                 column="input_ids", stage="collate",
+                expected=f"at most {self.max_tokens} tokens" + (f" and {max_images} images" if max_images is not None
+                                                               else ""),
+                found=f"{int(self.lengths[i])} tokens, {int(self.num_images[i])} images",
                 fix="raise the budget, drop or truncate them at encode time (max_length=..., truncation='drop'), "
                     "or pass oversize='alone' to give each its own batch",
             )

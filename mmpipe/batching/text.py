@@ -33,7 +33,7 @@ def padded_length(lengths: np.ndarray, pad_to_length: Optional[int], pad_to_mult
             row = int(lengths.argmax())
             raise InputError(
                 f"row {row} has {L} tokens, more than pad_to_length={pad_to_length}", where="", row=row,
-                column="input_ids", stage="collate",
+                column="input_ids", stage="collate", expected=f"at most {pad_to_length} tokens", found=f"{L} tokens",
                 fix="compute the length from these rows (e.g. DataPacker.policy_compute_max_len)",
             )
         L = pad_to_length

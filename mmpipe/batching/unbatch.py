@@ -112,7 +112,8 @@ def _check_lengths(batch, a: dict, B: int, L: int) -> None:
         b = int(np.flatnonzero(np.count_nonzero(att, axis=1) > lengths)[0])
         raise InputError(f"{int(np.count_nonzero(att[b]))} attended tokens but seq_lengths {int(lengths[b])}: "
                          f"seq_lengths and attention_mask disagree", row=b, column="seq_lengths", stage="validate",
-                         fix=FIX)
+                         expected=f"at most {int(lengths[b])} attended tokens",
+                         found=f"{int(np.count_nonzero(att[b]))} attended tokens", fix=FIX)
     rows = np.flatnonzero(lengths < L)
     flat = rows * L + ((L - 1 - lengths[rows]) if batch.padding_side == "left" else lengths[rows])
     for name, arr, empty in (("attention_mask", att, 0), ("mm_token_type_ids", mm, 0), ("labels", labels, -100)):
@@ -120,4 +121,7 @@ def _check_lengths(batch, a: dict, B: int, L: int) -> None:
             b = int(rows[np.flatnonzero(arr.take(flat) != empty)[0]])
             raise InputError(f"{name} marks the token next to the row's seq_lengths {int(lengths[b])} "
                              f"({batch.padding_side} padding) as real: seq_lengths and the tokens disagree",
-                             row=b, column="seq_lengths", stage="validate", fix=FIX)
+                             row=b, column="seq_lengths", stage="validate",
+                             expected=f"{name} {empty} next to the row",
+                             found=f"{name} {int(arr.take(flat)[np.flatnonzero(arr.take(flat) != empty)[0]])}",
+                             fix=FIX)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "mmpipe"
 # folders whose every InputError-family call says expected or found
-DONE = ("rema",)
+DONE = ("rema", "batching")
 # calls in the whole package that still say neither: lower it as sites are fixed, never raise it
-RATCHET = 108
+RATCHET = 95
 
 
 def _trees() -> dict[Path, ast.Module]:
