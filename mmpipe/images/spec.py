@@ -178,6 +178,13 @@ def _pixel_bounds(ip, fam: ModelFamily, min_pixels, max_pixels) -> tuple:
         own = next((v for v in (size_field(size, key), getattr(ip, arg, None)) if v is not None), None)
         if given is not None:
             found[arg] = (_check_bound(arg, given, None, default, fam), f"{arg}={given} given")
+        elif own is None and _resize_needs(ip):
+            raise ArgumentError(
+                f"the processor's image processor {name} has no size {key} ({arg}): its size is {size!r}, which "
+                "transformers 5 refuses when it resizes an image ('size dict must contain shortest_edge and "
+                f"longest_edge'); expected size {{'shortest_edge': ..., 'longest_edge': ...}}, found {size!r}; set "
+                f"both in its preprocessor_config.json \"size\" (e.g. {key}={default}, the {fam.name or 'family'} "
+                f"default), or pass {arg}=")
         elif own is None:
             found[arg] = (default, f"the {fam.name or 'family'} default {default}")
         else:
@@ -189,6 +196,14 @@ def _pixel_bounds(ip, fam: ModelFamily, min_pixels, max_pixels) -> tuple:
                             f"{mx_from}); pass min_pixels <= max_pixels (--min-pixels / --max-pixels), or fix the "
                             f"image processor's size in its preprocessor_config.json")
     return mn, mx
+
+
+def _resize_needs(ip) -> bool:
+    """Whether the image processor's own resize needs both size bounds: transformers 5 resizing
+    (``do_resize``) with a ``size`` set (its resize raises without ``shortest_edge`` / ``longest_edge``;
+    mmpipe took the family's defaults, another size than the processor's intent, e.g. a fixed
+    ``{"height": 448, "width": 448}``)."""
+    return is_transformers_5() and getattr(ip, "size", None) is not None and getattr(ip, "do_resize", True) is not False
 
 
 def _check_bound(arg: str, value, own: Optional[str], default: int, fam: ModelFamily) -> int:

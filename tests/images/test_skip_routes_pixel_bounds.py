@@ -56,6 +56,22 @@ def test_vision_spec_refuses_a_processor_size_that_is_no_pixel_count(shortest, w
     assert 'preprocessor_config.json "size"' in str(e.value)
 
 
+@pytest.mark.skipif(not is_transformers_5(), reason="transformers 4.x reads its min_pixels / max_pixels attributes")
+@pytest.mark.parametrize("size", [{"height": 448, "width": 448}, {"shortest_edge": 3136}])
+def test_a_processor_size_without_both_bounds_is_refused_as_transformers_5_refuses_it(size):
+    """Old code: the family's defaults were used (3136, 1003520) for a processor whose own call raises
+    "size dict must contain 'shortest_edge' and 'longest_edge'" (a fixed 448x448 was meant here)."""
+    proc = _own_size(None)
+    proc.image_processor.size = size
+    with pytest.raises(ValueError, match="must contain"):
+        proc.image_processor(images=[testing.tiny_image(20, 30)], return_tensors="np")
+    with pytest.raises(ArgumentError, match="has no size (shortest|longest)_edge") as e:
+        VisionSpec.from_processor(proc)
+    assert "preprocessor_config.json" in str(e.value)
+    given = VisionSpec.from_processor(proc, min_pixels=3136, max_pixels=10**6)  # both given: the call's keywords
+    assert (given.min_pixels, given.max_pixels) == (3136, 10**6)
+
+
 def test_min_pixels_one_is_no_lower_bound_with_the_processor_s_own_sizes():
     """Guard (the fix the error names): with min_pixels=1 every image, thin ones included, gets the grid the
     processor gives with the same bound (transformers' rule: a side that rounds to 0 scales the image up)."""
