@@ -42,8 +42,7 @@ def checked_records(rows: Sequence[Any], verify_pixels: bool = False, family: An
     the reader cannot use at all (missing, not numeric, unknown family) keeps "validate".
     ``family``: the collator's family name, the kind a row of another kind is told apart from."""
     if not len(rows):
-        raise InputError("collate got an empty list of rows", where="", stage="collate",
-                         expected="at least one row", found="0 rows",
+        raise InputError("collate got an empty list of rows", where="", stage="collate", expected="a row", found="none",
                          fix="drop empty batches (DataLoader(drop_last=...)) or filter before collating")
     table = arrow_table(rows)
     if table is None:
@@ -152,12 +151,10 @@ def _check_error_column(values, stage: str = "collate", first: int = 0) -> None:
     """Rows that failed under ``on_error="skip"`` are empty placeholders: never train on them."""
     for i, v in enumerate(values):
         if v:
-            raise InputError(
-                f"this row failed to encode ({v})", row=first + i, stage=stage, column=ERROR_COLUMN,
-                expected=f"an empty {ERROR_COLUMN} (an encoded row)",
-                found="a recorded encode failure (a placeholder row)",
-                fix="filter failed rows first: ds, errors = mmpipe.drop_failed(ds), or use mmpipe.encode_dataset",
-            )
+            raise InputError(f"this row failed to encode ({v})", row=first + i, stage=stage, column=ERROR_COLUMN,
+                             expected=f"an empty {ERROR_COLUMN}", found="a recorded failure (a placeholder row)",
+                             fix="filter failed rows first: ds, errors = mmpipe.drop_failed(ds), or use "
+                                 "mmpipe.encode_dataset")
 
 
 def check_not_failed(rows, stage: str, *, first: int = 0) -> None:
@@ -325,11 +322,9 @@ def carries_pixels(recs: Sequence[MultiModalInputs], allow_layout_only: bool = F
     if carry:
         raise PixelDataError(f"rows {missing} hold images but no pixel data (layout-only rows, pixels='none') while "
                              f"rows {carry} carry pixels; one batch cannot mix them", row=missing[0],
-                             column="pixel_values_u8", stage="collate",
-                             expected="pixel data in every media row, or in none",
-                             found=f"pixel_format 'none' in {len(missing)} row(s), pixels in {len(carry)}",
-                             fix="encode every row with the same pixels= option that stores pixels (or filter "
-                                 "layout-only rows out)")
+                             column="pixel_values_u8", stage="collate", expected="pixels in all media rows or none",
+                             found=f"{len(missing)} row(s) without pixels, {len(carry)} with", fix="encode every row "
+                                 "with the same pixels= option that stores pixels (or filter layout-only rows out)")
     if not allow_layout_only:
         r = recs[missing[0]]
         held = " and ".join(f"{n} {what}(s)" for n, what in ((r.num_images, "image"), (r.num_videos, "video")) if n)
