@@ -99,12 +99,13 @@ def _need_list(c: pa.Array, name: str, depth: int) -> bool:
         if pa.types.is_null(t) and level and len(c) == 0:
             return False
         if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
-            raise InputError(f"column {name!r}: expected a {depth}-level list, found {c.type}", where="", column=name,
-                             stage="validate", fix="check the table with mmpipe.validate_dataset")
+            raise InputError(f"column {name!r}", where="", column=name, stage="validate",
+                             expected=f"a {depth}-level list", found=str(c.type),
+                             fix="check the table with mmpipe.validate_dataset")
         c, t = c.values, t.value_type
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or (pa.types.is_null(t) and len(c) == 0)):
-        raise InputError(f"column {name!r}: expected numbers, found {c.type if depth == 0 else t}", where="",
-                         column=name, stage="validate", fix="check the table with mmpipe.validate_dataset")
+        raise InputError(f"column {name!r}", where="", column=name, stage="validate", expected="numbers",
+                         found=str(c.type if depth == 0 else t), fix="check the table with mmpipe.validate_dataset")
     return True
 
 
@@ -114,7 +115,8 @@ _Parts = tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]
 
 def _not_encoded(column: str) -> InputError:
     return InputError(f"no {column!r} column; this is not a table of rows produced by mmpipe.encode", where="",
-                      column=column, stage="validate", fix="encode the raw rows with mmpipe.encode")
+                      column=column, stage="validate", expected=f"a {column!r} column", found=f"no {column!r} column",
+                      fix="encode the raw rows with mmpipe.encode")
 
 
 def _valid(c: pa.Array) -> Optional[np.ndarray]:
@@ -164,8 +166,8 @@ def _nested_parts(c: pa.Array, k: str) -> _Parts:
 def _blob_parts(c: pa.Array, k: str) -> _Parts:
     """A compact pixel column (binary: pixel bytes + end marker)."""
     if not (pa.types.is_binary(c.type) or pa.types.is_large_binary(c.type)):
-        raise InputError(f"column {k!r}: expected binary (pixel bytes + end marker), found {c.type}",
-                         where="", column=k, stage="validate",
+        raise InputError(f"column {k!r}", where="", column=k, stage="validate",
+                         expected="binary (pixel bytes + end marker)", found=str(c.type),
                          fix="mmpipe.validate_dataset(ds, fix=True) converts older list<uint8> layouts")
     return (*_binary_parts(c), _valid(c))
 
@@ -187,7 +189,8 @@ def _nested_value(c, v: np.ndarray, n_tokens: int, fam: ModelFamily, row: int) -
         # pixel/grid damage is pixel data vs grids (what collate reports it as); positions are plain input
         cls = InputError if c.width is None else PixelDataError
         raise cls(f"{v.size} values are not rows of {width}; the stored row is damaged", row=row, column=c.name,
-                  column_in_location=True, stage="validate", fix="re-encode it")
+                  column_in_location=True, stage="validate", expected=f"a multiple of {width} values",
+                  found=f"{v.size} values", fix="re-encode it")
     return v.reshape(-1, width) if width else np.zeros((3, 0), v.dtype)
 
 
@@ -196,7 +199,8 @@ def _blob_value(k: str, block: np.ndarray, row: int) -> np.ndarray:
     if block.size == 0 or block[-1] != END_MARKER:
         raise PixelDataError(
             f"{block.size} bytes without the 0xFF end marker; the bytes were altered or not written by mmpipe",
-            row=row, column=k, column_in_location=True, stage="validate", fix="re-encode the row",
+            row=row, column=k, column_in_location=True, stage="validate", expected="pixel bytes + the 0xFF end marker",
+            found=f"{block.size} bytes, the last {int(block[-1]) if block.size else None}", fix="re-encode the row",
         )
     return block[:-1]
 
@@ -223,6 +227,7 @@ def _rows_from_batch(table: pa.RecordBatch, first_row: int, verify_pixels: bool 
             d[k] = _take(parts, b)
         if d["input_ids"] is None:
             raise InputError("column 'input_ids' is null", row=row, column="input_ids", stage="validate",
+                             expected="token ids", found="null",
                              fix="re-encode the row with mmpipe.encode")
         for k, parts in nested.items():
             v = _take(parts, b)

@@ -158,7 +158,8 @@ class BatchedMultiModalInputs(ProcessorOutputs):
         their images: an `InputError` saying to re-encode (not a list claiming no images)."""
         if self.image_hw is None and self.fam.media.IMAGE_LAYOUT_COLUMN == "image_hw":
             raise InputError("rows of an earlier mmpipe stored no image_hw: which row owns which image is "
-                             "unknown", where="", column="image_hw", stage="collate",
+                             "unknown", where="", column="image_hw", stage="collate", expected="an image_hw column",
+                             found="none (rows of an earlier mmpipe)",
                              fix="re-encode the dataset with mmpipe.encode (or `mmpipe encode`), which stores it")
         off = self.image_offsets.tolist()
         return [list(range(off[b], off[b + 1])) for b in range(self.batch_size)]

@@ -54,6 +54,7 @@ def as_array(value, dtype, ndim: int, name: str, row: Any = None) -> np.ndarray:
     `InputError` naming the row and column (missing, not numeric, fractional ids, wrong rank)."""
     if value is None:
         raise InputError(f"column {name!r} is missing", row=row, column=name, stage="validate",
+                         expected=f"{ndim}-D array", found="None",
                          fix="re-encode the row with mmpipe.encode")
     if hasattr(value, "detach"):  # torch tensor, no torch import needed here; bfloat16 read as float32
         value = to_numpy(value)
@@ -61,19 +62,20 @@ def as_array(value, dtype, ndim: int, name: str, row: Any = None) -> np.ndarray:
         arr = np.asarray(value)
     except ValueError as e:  # ragged nested lists
         raise InputError(f"column {name!r}: not a rectangular array ({e})", row=row, column=name,
-                         stage="validate", fix="re-encode the row with mmpipe.encode") from None
+                         stage="validate", expected=f"a rectangular {ndim}-D array", found="ragged nested lists",
+                         fix="re-encode the row with mmpipe.encode") from None
     if arr.size == 0 and arr.ndim != ndim:
         arr = np.zeros((0,) * ndim, dtype=dtype)
     if arr.ndim != ndim:
-        raise InputError(f"column {name!r}: expected {ndim}-D array, found shape {arr.shape}", row=row,
-                         column=name, stage="validate", fix="re-encode the row with mmpipe.encode")
+        raise InputError(f"column {name!r}", row=row, column=name, stage="validate", expected=f"{ndim}-D array",
+                         found=f"shape {arr.shape}", fix="re-encode the row with mmpipe.encode")
     if arr.size and arr.dtype.kind not in "biuf":
-        raise InputError(f"column {name!r}: expected numbers, found dtype {arr.dtype}", row=row, column=name,
-                         stage="validate", fix="re-encode the row with mmpipe.encode")
+        raise InputError(f"column {name!r}", row=row, column=name, stage="validate", expected="numbers",
+                         found=f"dtype {arr.dtype}", fix="re-encode the row with mmpipe.encode")
     if np.dtype(dtype).kind in "iu" and arr.dtype.kind == "f" and arr.size and not np.array_equal(arr, np.round(arr)):
         # casting would silently truncate ids/positions/grids: never guess
-        raise InputError(f"column {name!r}: expected integers, found fractional {arr.dtype} values", row=row,
-                         column=name, stage="validate", fix="re-encode the row with mmpipe.encode")
+        raise InputError(f"column {name!r}", row=row, column=name, stage="validate", expected="integers",
+                         found=f"fractional {arr.dtype} values", fix="re-encode the row with mmpipe.encode")
     return arr.astype(dtype, copy=False)
 
 
@@ -82,8 +84,9 @@ def fit_width(arr: np.ndarray, width: int, name: str, row: Any) -> np.ndarray:
     if arr.size == 0:
         return arr.reshape(0, width)
     if arr.shape[1] != width:
-        raise InputError(f"column {name!r}: expected rows of {width} values, found shape {arr.shape}", row=row,
-                         column=name, stage="validate", fix="re-encode the row with mmpipe.encode")
+        raise InputError(f"column {name!r}", row=row, column=name, stage="validate",
+                         expected=f"rows of {width} values", found=f"shape {arr.shape}",
+                         fix="re-encode the row with mmpipe.encode")
     return arr
 
 
@@ -108,17 +111,18 @@ def u8_block(value: Any, n_patches: int, width: int, name: str, row: Any) -> np.
         buf = np.frombuffer(bytes(value), dtype=np.uint8)
         if buf.size != want + 1 or buf[-1] != END_MARKER:
             raise PixelDataError(
-                f"{buf.size} bytes, expected {want} pixel bytes ({n_patches} patches x {width}) plus the end "
-                "marker; the pixel data and the grids disagree or the bytes were altered",
-                row=row, column=name, column_in_location=True, stage="validate", fix="re-encode the row",
+                "the pixel data and the grids disagree or the bytes were altered", row=row, column=name,
+                column_in_location=True, stage="validate", found=f"{buf.size} bytes",
+                expected=f"{want} pixel bytes ({n_patches} patches x {width}) plus the end marker",
+                fix="re-encode the row",
             )
         arr = buf[:-1]
     else:
         arr = as_array(value, np.uint8, np.ndim(value) or 1, name, row)
     if arr.size != want:
         raise PixelDataError(
-            f"{arr.size} values but the grids need {n_patches} patches x {width} = {want}; the pixel data "
-            "and the grids disagree", row=row, column=name, column_in_location=True, stage="validate",
+            "the pixel data and the grids disagree", row=row, column=name, column_in_location=True, stage="validate",
+            expected=f"{n_patches} patches x {width} = {want} values", found=f"{arr.size} values",
             fix="re-encode the row",
         )
     return arr.reshape(n_patches, width)
@@ -274,8 +278,9 @@ def source_list(value, n_images: int, row: Any = None) -> Optional[list]:
         return None
     value = from_arrow_scalar(value)
     if isinstance(value, (bytes, str)) or not hasattr(value, "__len__"):
-        raise InputError(f"column 'image_sources': expected a list of bytes, found {type(value).__name__}", row=row,
-                         column="image_sources", stage="validate", fix="re-encode the row with pixels='source'")
+        raise InputError("column 'image_sources'", row=row, column="image_sources", stage="validate",
+                         expected="a list of bytes", found=type(value).__name__,
+                         fix="re-encode the row with pixels='source'")
     out = [bytes(b) for b in value]
     if len(out) != n_images:
         raise InputError(f"column 'image_sources': {len(out)} sources for {n_images} images", row=row,

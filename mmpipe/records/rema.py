@@ -264,7 +264,7 @@ class ReMABatch:
         except KeyError:
             raise InputError(
                 "the table has no mmpipe.agent_roles / mmpipe.max_num_turns schema metadata; it was not written by "
-                "ReMABatch.to_arrow", where="", stage="validate",
+                "ReMABatch.to_arrow", where="", stage="validate", expected="both keys", found=f"keys {sorted(meta)}",
                 fix="keep the schema metadata when saving (pyarrow.parquet keeps it)",
             ) from None
         rows = table.to_pydict()

@@ -48,7 +48,8 @@ def row_family(name: Any, row: Any = None) -> ModelFamily:
     try:
         return get_family(name)
     except (ValueError, TypeError) as e:
-        raise InputError(str(e), row=row, column="family", stage="validate",
+        raise InputError(str(e), row=row, column="family", stage="validate", expected="a known family name",
+                         found=f"{name!r:.80}",
                          fix="re-encode the row with this model's processor") from None
 
 
@@ -225,7 +226,8 @@ class MultiModalInputs(ProcessorOutputs):
         except (KeyError, TypeError, IndexError):
             raise InputError(
                 "no 'family' column; this is not a row produced by mmpipe.encode", row=row, column="family",
-                stage="validate", fix="encode the raw row with mmpipe.encode",
+                stage="validate", expected="a 'family' column", found=f"no 'family' in a {type(d).__name__}",
+                fix="encode the raw row with mmpipe.encode",
             ) from None
         return read_row(cls, d, row_family(family, row), row, verify_pixels=verify_pixels)
 
@@ -241,6 +243,7 @@ class MultiModalInputs(ProcessorOutputs):
                 f"the stored pixel data hash to {found & (2**64 - 1):#018x} but the row's pixel_digest says "
                 f"{int(want) & (2**64 - 1):#018x}: bytes changed after encoding (disk or copy damage, or an edit)",
                 row=row, column=digested_columns(self), stage="validate",
+                expected=f"pixel data hashing to {int(want) & (2**64 - 1):#018x}", found=f"{found & (2**64 - 1):#018x}",
                 fix="re-encode the row (or restore the file from a good copy)",
             )
 

@@ -205,6 +205,7 @@ class VisionTokens:
             f"{len(bad)} vision token(s) in all. A vision token outside an image "
             "block is read as an image slot or block border with no image ('Image features and image tokens do "
             "not match')", where=where, row=row, column="input_ids", stage=stage,
+            expected="vision tokens only inside image blocks", found=f"{len(bad)} outside, the first {name} at {at}",
             fix="keep the engines' default ban (SamplingParams(allow_vision_tokens=False)), or replace them with "
                 "on_vision_token='mask' (unbatch_rollout / DataPacker), which puts the pad id there with label -100",
         )
