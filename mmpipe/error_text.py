@@ -7,6 +7,7 @@ a fields note under it (`note_fields`, the fields a message does not say)."""
 from __future__ import annotations
 
 import ast
+import math
 import re
 from typing import Any, Optional
 
@@ -32,24 +33,50 @@ MAX_TRIES = 256  # splits `fields_from_message` tries before it gives up
 MESSAGE_FIELDS = ("detail", "expected", "found", "fix")  # what `InputError.message_body` and the fix say
 
 
+def _literal(text: str) -> Any:
+    """``ast.literal_eval(text)``, parsed again when CPython 3.11 raises its spurious "AST constructor
+    recursion depth mismatch" (gh-106905: ``ast.parse`` on threads at once; an error is built on
+    any thread); None if every try hits it (the fields then ride as unknown)."""
+    for _ in range(8):
+        try:
+            return ast.literal_eval(text)
+        except SystemError:
+            continue
+    return None
+
+
 def _column(text: Optional[str]) -> Optional[str]:
-    return None if text is None else ast.literal_eval(text)
+    return None if text is None else _literal(text)
+
+
+def _reads_back(v: Any, depth: int = 0) -> bool:
+    """Whether ``repr(v)`` reads back to ``v`` by `ast.literal_eval`: None, bool, int, str, bytes, a
+    finite float or complex, and tuples / lists / sets / dicts of them (exact types: an IntEnum's or a numpy scalar's repr
+    does not). Decided without parsing: an error is built on hot paths and on many threads at once."""
+    t = type(v)
+    if v is None or t in (bool, int, str, bytes):
+        return True
+    if t is float:
+        return math.isfinite(v)
+    if depth > 16:
+        return False
+    if t is complex:
+        return math.isfinite(v.real) and math.isfinite(v.imag)
+    if t in (tuple, list, set):
+        return all(_reads_back(x, depth + 1) for x in v)
+    if t is dict:
+        return all(_reads_back(k, depth + 1) and _reads_back(x, depth + 1) for k, x in v.items())
+    return False
 
 
 def note_fields(e: BaseException, **fields) -> None:
     """Add to ``e`` a note ``"mmpipe fields: {name: value, ...}"`` of the ``fields`` whose repr reads
-    back (`ast.literal_eval`; None included; nothing when all are None): a torch DataLoader re-raises a
+    back (`_reads_back`; None included; nothing when all are None): a torch DataLoader re-raises a
     worker's error as ``type(e)(text)``, the text holding the traceback with its notes, and the error's
     ``__init__`` takes them back (`split_fields_note`) where its message does not say them
     (``class_name``, ``layer_type``, ``file``). Shown under the message in a traceback; ``str(e)`` is
     unchanged."""
-    kept = {}
-    for k, v in fields.items():
-        try:
-            if ast.literal_eval(repr(v)) == v:
-                kept[k] = v
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
+    kept = {k: v for k, v in fields.items() if _reads_back(v)}
     if any(v not in (None, ()) for v in kept.values()):
         e.add_note(FIELDS_NOTE + repr(kept))
 
@@ -61,7 +88,7 @@ def split_fields_note(original: str) -> tuple[str, dict]:
     notes = list(re.finditer(rf"^{re.escape(FIELDS_NOTE)}(\{{.*\}})$", original, re.M))
     for note in notes:
         try:
-            said = ast.literal_eval(note.group(1))
+            said = _literal(note.group(1))
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             continue
         fields.update(said if isinstance(said, dict) else {})
