@@ -79,7 +79,7 @@ def _load_path(path: str) -> tuple[pa.Table, Any]:
             return pq.read_table(path), None
         except READ_ERRORS as e:
             raise DamagedDatasetError(f"file {path!r} cannot be read as Parquet ({e})", file=path,
-                                      where="") from e
+                                      where="", expected="a readable Parquet file", found=type(e).__name__) from e
     try:
         return _read_ipc(path), None
     except READ_ERRORS as e:
@@ -142,6 +142,7 @@ def _empty_saved(path: str):
         file = os.path.join(path, "dataset_info.json")
         raise DamagedDatasetError(f"{file!r} lists no features, and the directory holds no data file to read "
                                   "them from", file=file, rows_readable=(0, 0), where="",
+                                  expected="features in dataset_info.json", found="features: null",
                                   fix="re-save the dataset (ds.save_to_disk) or re-encode the raw rows")
     return datasets.Dataset(InMemoryTable(info.features.arrow_schema.empty_table()), info=info)
 
@@ -166,6 +167,7 @@ def _metadata_damage(path: str) -> Optional[DamagedDatasetError]:
         return DamagedDatasetError(
             f"{name} of the save_to_disk directory {path!r} {what}, so datasets cannot load it; its "
             f".arrow data files hold {stop} rows", file=file, rows_readable=(0, stop), where="",
+            expected=f"{name} as JSON", found="no file" if what == "is missing" else "not JSON",
             fix=f"copy {name} from a good copy of the dataset, or re-save it (ds.save_to_disk) / re-encode")
     return None
 
@@ -184,7 +186,8 @@ def diagnose_saved(path: str) -> Optional[DamagedDatasetError]:
         if not os.path.isfile(file):
             return DamagedDatasetError(
                 f"data file {file!r} listed in state.json is missing; rows [0, {start}) are in the "
-                f"files before it", file=file, rows_readable=(0, start), where="")
+                f"files before it", file=file, rows_readable=(0, start), where="",
+                expected=f"data file {name!r}", found="no such file")
         n, err = _count_ipc_rows(file)
         if err is not None:
             return _ipc_damage(file, start, n, err)
@@ -217,7 +220,7 @@ def _ipc_damage(file: str, start: int, n: Optional[int] = None, err: Optional[tu
     return DamagedDatasetError(
         f"data file {file!r} is damaged (truncated or corrupted): reading {what} failed ({msg}); "
         f"rows [0, {start + n}) read before it (the file starts at row {start})", file=file,
-        rows_readable=(0, start + n), where="")
+        rows_readable=(0, start + n), where="", expected="a readable Arrow IPC file", found=f"{what} unreadable")
 
 
 def dataset_table(ds) -> pa.Table:
@@ -258,7 +261,8 @@ def _as_first(table: pa.Table, schema: pa.Schema, shard: str, first: str, url: s
         except (ValueError, TypeError, NotImplementedError) as e:  # pa.ArrowInvalid is a ValueError
             why = str(e)
     raise SchemaError(f"shard {shard!r} of {url!r} does not match the first shard {first!r}: {why}", where="",
-                      column=(extra or missing or [None])[0],
+                      column=(extra or missing or [None])[0], expected=f"the first shard's columns {schema.names}",
+                      found=f"columns {table.column_names}",
                       fix="the shards come from different encodes (other options, processor or mmpipe version): "
                           "re-encode them together, or read each encode's shards with its own glob")
 

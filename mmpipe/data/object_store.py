@@ -252,7 +252,7 @@ def _read_ipc(fs, path: str, url: str) -> pa.Table:
             return pa.ipc.open_file(pa.BufferReader(data)).read_all()
     except READ_ERRORS as e:
         raise DamagedDatasetError(f"file {url!r} cannot be read as Parquet or Arrow IPC ({e})", file=url,
-                                  where="") from e
+                                  where="", expected="Parquet or Arrow IPC", found=type(e).__name__) from e
 
 
 class DamagedShardError(DamagedDatasetError):
@@ -277,6 +277,8 @@ class DamagedShardError(DamagedDatasetError):
         kw.setdefault("fix", "re-write the shard from a good copy (or re-encode its rows); stream_encoded("
                              "..., on_bad_shard='skip') leaves it out and counts it")
         kw.setdefault("where", "")
+        kw.setdefault("expected", "a readable parquet shard")
+        kw.setdefault("found", f"{what} unreadable" if cause is not None else None)
         rows = None if start is None else (0, start + rows_read)
         kw.setdefault("rows_readable", rows)
         super().__init__(detail, file=shard, **kw)
@@ -391,4 +393,4 @@ def _first_features(shards: list, storage_options, on_bad_shard: str):
             if on_bad_shard == "raise":
                 raise DamagedShardError(shard, cause=e) from e
     raise DamagedShardError(shards[-1], detail=f"none of the {len(shards)} shards can be read (the last: "
-                                               f"{shards[-1]!r})")
+                                               f"{shards[-1]!r})", found=f"{len(shards)} unreadable shards")

@@ -80,5 +80,7 @@ class ValidationReport:
         if self.errors:
             first = self.errors[0]
             raise SchemaError(str(self), where="", column=first.column, row=(first.rows or [None])[0],
+                              expected="no errors",
+                              found=f"{len(self.errors)} error(s), the first of kind {first.kind!r}",
                               fix="see the report lines; validate_dataset(..., fix=True) applies the safe repairs")
         return self
