@@ -58,7 +58,8 @@ def check_max_length(n_tokens: int, max_length, truncation: str, where: str, fix
     detail = f"{where}: {n_tokens} tokens exceed max_length={max_length}"
     if truncation == "drop":
         raise RowDropped("too_long", detail)
-    raise TruncationError(detail, where="", column="input_ids", fix=fix)
+    raise TruncationError(detail, where="", column="input_ids", expected=f"at most {max_length} tokens",
+                          found=f"{n_tokens} tokens", fix=fix)
 
 
 @dataclass
@@ -98,6 +99,7 @@ def as_input_error(e: Exception, row=None) -> InputError:
         return e.locate(row=row)
     return InputError(
         f"unexpected {type(e).__name__} while encoding: {e}", row=row, stage="encode",
+        expected="a row mmpipe can encode", found=type(e).__name__,
         fix="this input is not handled by mmpipe; please report it with the row",
     )
 
@@ -281,6 +283,7 @@ def map_call(enc, example: dict, idx=None) -> dict:
     if out is None:
         raise TruncationError(  # a documented error, like every other refusal (found by fuzzing)
             f"{dropped} (dropped: {dropped.reason}); a dropped row can only be left out of a batched map", where="",
+            expected="batched=True for rows that may be dropped", found=f"a row dropped ({dropped.reason})",
             fix="pass batched=True (and remove_columns=ds.column_names) to dataset.map, or use mmpipe.encode_dataset"
         )
     return _with_typed_sources(out, batched=False)

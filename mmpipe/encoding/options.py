@@ -125,7 +125,8 @@ def truncate_row(enc, ids: np.ndarray, labels, mm: np.ndarray, where: str, tail=
               f"tokens) exceed max_length={cap}") if (mm == 2).any() else (
               f"{where}: {L} tokens (text + {int((mm > 0).sum())} image tokens) exceed max_length={cap}")
     if enc.truncation == "raise":
-        raise TruncationError(detail, where="", column="input_ids",
+        raise TruncationError(detail, where="", column="input_ids", expected=f"at most {cap} tokens",
+                              found=f"{L} tokens",
                               fix="raise max_length, lower max_pixels, or pass truncation='drop' / 'truncate_text'")
     if enc.truncation == "drop":
         raise RowDropped("too_long", detail)
@@ -133,6 +134,7 @@ def truncate_row(enc, ids: np.ndarray, labels, mm: np.ndarray, where: str, tail=
     if kept >= cap:
         raise TruncationError(detail + f"; its last {kept} tokens (the end of its last turn and the generation "
                               "prompt) alone fill max_length", where="", column="input_ids",
+                              expected=f"a kept tail under {cap} tokens", found=f"{kept} tokens",
                               fix="use truncation='drop' or a larger max_length")
     cut = cap - kept  # the text is cut here; the kept tail follows
     vis = np.flatnonzero(mm[:L - kept] > 0)
@@ -143,7 +145,8 @@ def truncate_row(enc, ids: np.ndarray, labels, mm: np.ndarray, where: str, tail=
         if cut < end:
             kind = "a video" if mm[vis[-1]] == 2 else "an image"
             raise TruncationError(detail + f"; truncating text only would cut into {kind} (its tokens end at {end})",
-                                  where="", column="input_ids", fix="use truncation='drop' or a larger max_length")
+                                  where="", column="input_ids", expected=f"a cut at or after token {end}",
+                                  found=f"a cut at token {cut}", fix="use truncation='drop' or a larger max_length")
     if labels is not None:
         trained = np.flatnonzero(labels != IGNORE_INDEX)
         if len(trained) and trained[0] >= cut:  # the replies all lie past the cut: nothing left to train on
@@ -183,6 +186,8 @@ def generation_tail(enc, messages: list, tools, where: str, ids: np.ndarray) -> 
     if tail <= 0 or not np.array_equal(plain[1][:n], plain[0]) or not np.array_equal(ids[-tail:], plain[1][-tail:]):
         raise TruncationError(f"{where}: truncation='truncate_text' would cut this prompt row's generation prompt, and "
                               "its end could not be located in its tokens", where="", column="input_ids",
+                              expected="ids ending with the template's generation prompt",
+                              found=f"a tail of {tail} token(s)",
                               fix="use truncation='drop' or a larger max_length")
     return tail
 

@@ -113,8 +113,8 @@ def _raw_messages(example: dict, where: str) -> tuple[list, str, int]:
             fix="rename your column",
         )
     if not isinstance(raw, (list, tuple)) or not raw:
-        raise ParseError(f"column {column!r}: expected a non-empty list of chat messages, found {raw!r:.80}",
-                         where=where, column=column,
+        raise ParseError(f"column {column!r}", where=where, column=column,
+                         expected="a non-empty list of chat messages", found=f"{raw!r:.80}",
                          fix="parse JSON-encoded messages first (json.loads)" if isinstance(raw, str) else
                              "drop rows without messages, or give at least one {'role', 'content'} message")
     raw = with_system(raw, example, where)  # a 'system' column (LLaMA-Factory, ms-swift): the first turn
@@ -153,7 +153,7 @@ def _parse_message(msg, m_i: int, media: _Media, column: str, where: str) -> dic
                          expected="str, or [{'role', 'content'}, ...]", found=f"{msg!r:.60}",
                          fix="join the strings into one prompt string, or pass batched=True to map if this is a batch")
     if not isinstance(msg, dict) or "role" not in msg:
-        raise ParseError(f"column {column!r}, message {m_i}: expected {{'role', 'content'}}, found {msg!r:.80}",
+        raise ParseError(f"column {column!r}, message {m_i}: expected {{'role', 'content'}}", found=f"{msg!r:.80}",
                          where=where, column=column, fix="give each message a 'role' and a 'content'")
     role = msg["role"]
     if not isinstance(role, str) or not role.strip():
@@ -174,7 +174,7 @@ def _parse_message(msg, m_i: int, media: _Media, column: str, where: str) -> dic
     if not isinstance(content, (list, tuple)):
         raise ParseError(
             f"column {column!r}, message {m_i}: content must be a string or a list of items, "
-            f"found {type(content).__name__}", where=where, column=column,
+            f"found {type(content).__name__}", where=where, column=column, expected="str or a list of content items",
             fix="store text as a string, or as [{'type': 'text', 'text': ...}] items",
         )
     items = [parse_item(item, m_i, media, column, where) for item in content]

@@ -100,7 +100,8 @@ def parse_item(item, m_i: int, media, column: str, where: str) -> dict:
     text = item.get("text")
     if text is None:
         raise ParseError(f"message {m_i}: content item {item!r:.80} has neither text nor an image, video or audio",
-                         where=where, column=column, fix="give text items a 'text' string")
+                         where=where, column=column, expected="a 'text' string, or an image, video or audio",
+                         found=f"keys {sorted(map(str, item))}", fix="give text items a 'text' string")
     if not isinstance(text, str):
         raise ParseError(f"message {m_i}: text must be a string, found {type(text).__name__}",
                          where=where, column=column, expected="str", found=type(text).__name__,

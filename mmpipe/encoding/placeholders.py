@@ -234,14 +234,17 @@ def _block_starts(ids, types, code, blocks, kind, row) -> list[int]:
                 raise PlaceholderError(
                     f"{int((types == code).sum())} {kind} tokens but the {kind} grids need "
                     f"{sum(blocks)} in {len(blocks)} block(s) of {blocks}; the text holds {kind} tokens "
-                    f"without a grid", row=row, stage="rollout", column="input_ids", fix="re-encode the row",
+                    f"without a grid", row=row, stage="rollout", column="input_ids",
+                    expected=f"{sum(blocks)} {kind} tokens", found=f"{int((types == code).sum())} {kind} tokens",
+                    fix="re-encode the row",
                 )
             n = blocks[k]
             if pos + n > e:
                 raise PlaceholderError(
                     f"{kind} block {k} is a run of {e - pos} {kind} token(s) at position {pos} "
                     f"but its grid needs {n}; the tokens were cut (truncation?) or the grids belong "
-                    f"to other tokens", row=row, stage="rollout", column="input_ids", fix="re-encode the row",
+                    f"to other tokens", row=row, stage="rollout", column="input_ids", expected=f"{n} {kind} tokens",
+                    found=f"{e - pos} {kind} tokens", fix="re-encode the row",
                 )
             if not (ids[pos:pos + n] == ids[pos]).all():
                 raise PlaceholderError(
@@ -255,7 +258,8 @@ def _block_starts(ids, types, code, blocks, kind, row) -> list[int]:
         raise PlaceholderError(
             f"the text holds {k} {kind} block(s) but the {kind} grids need {len(blocks)} "
             f"({blocks} tokens); the {kind} data and the text disagree", row=row, stage="rollout",
-            column=f"{kind}_grid_thw", fix="re-encode the row",
+            column=f"{kind}_grid_thw", expected=f"{len(blocks)} {kind} block(s)", found=f"{k} {kind} block(s)",
+            fix="re-encode the row",
         )
     return out
 
@@ -293,7 +297,8 @@ def collapse_placeholders(
     types = to_numpy(mm_token_type_ids).astype(np.int64).reshape(-1)
     if types.shape != ids.shape:
         raise InputError(f"mm_token_type_ids has shape {types.shape}, input_ids {ids.shape}", row=row,
-                         stage="rollout", column="mm_token_type_ids", fix="pass the row's own mm_token_type_ids")
+                         stage="rollout", column="mm_token_type_ids", expected=f"shape {ids.shape}",
+                         found=f"shape {types.shape}", fix="pass the row's own mm_token_type_ids")
     keep = np.ones(ids.shape, dtype=bool)
     for (kind, code), grid in zip(KINDS, (image_grid_thw, video_grid_thw)):
         blocks = block_tokens(grid, fam, kind)
@@ -347,7 +352,9 @@ def expand_placeholders(
             raise PlaceholderError(
                 f"{len(pos)} {kind} pad token(s) in the collapsed ids but the {kind} grids "
                 f"need {len(blocks)} (one per block); were the ids already expanded?", row=row,
-                stage="rollout", column="input_ids", fix="expand only ids from collapse_placeholders",
+                stage="rollout", column="input_ids", expected=f"{len(blocks)} {kind} pad token(s)",
+                found=f"{len(pos)} {kind} pad token(s)",
+                fix="expand only ids from collapse_placeholders",
             )
         positions.append(pos)
         counts += blocks

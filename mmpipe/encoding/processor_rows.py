@@ -35,7 +35,8 @@ def _count_blocks(tokens_per_grid: np.ndarray, n_tokens: int, row: int, kind: st
     hit = np.flatnonzero(csum == n_tokens)
     if not len(hit):
         raise PlaceholderError(f"{n_tokens} {kind} tokens do not match a whole number of the remaining {kind} grids",
-                               row=row, column="input_ids", fix=f"pass the {kind}_grid_thw of these very inputs")
+                               row=row, column="input_ids", expected=f"one of {csum[1:].tolist()} {kind} tokens",
+                               found=f"{n_tokens} {kind} tokens", fix=f"pass the {kind}_grid_thw of these very inputs")
     return int(hit[0])
 
 

@@ -222,7 +222,8 @@ class ChatTemplate:
                                              add_generation_prompt=add_generation_prompt, **kwargs)
         except Exception as e:  # jinja raises its own types (TemplateError, TypeError, ...)
             raise InputError(f"the chat template failed on these messages ({type(e).__name__}: {e})",
-                             stage="template", column="messages",
+                             stage="template", column="messages", expected="messages the chat template renders",
+                             found=f"{type(e).__name__} from the template",
                              fix="check the roles and their order against the model's chat template") from e
         return [out] if isinstance(out, str) else list(out)
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "mmpipe"
 # folders whose every InputError-family call says expected or found
-DONE = ("rema", "batching", "records", "data")
+DONE = ("rema", "batching", "records", "data", "encoding", "audio", "reward", "view", "cli")
 # calls in the whole package that still say neither: lower it as sites are fixed, never raise it
-RATCHET = 61
+RATCHET = 43
 
 
 def _trees() -> dict[Path, ast.Module]:
