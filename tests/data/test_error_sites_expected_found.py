@@ -10,6 +10,7 @@ so far hold none without; the whole package holds at most RATCHET, a number that
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "mmpipe"
@@ -19,6 +20,7 @@ DONE = ("rema", "batching", "records", "data", "encoding", "audio", "reward", "v
 RATCHET = 43
 
 
+@functools.lru_cache(maxsize=1)
 def _trees() -> dict[Path, ast.Module]:
     return {p: ast.parse(p.read_text(), str(p)) for p in sorted(ROOT.rglob("*.py")) if "__pycache__" not in p.parts}
 
