@@ -122,7 +122,9 @@ def _normalisation_error(r, spec: VisionSpec, row, stage: str):
             return PixelDataError(f"{name} were rounded to float16 after encoding (every value of the row's first "
                                   "patch is a float16 one): the processor's float32 values are lost", row=row,
                                   column=name, stage=stage, fix="re-encode the rows (pixels='uint8' stores 1 byte "
-                                  "per value, exactly), and keep float pixel columns float32")
+                                  "per value, exactly), and keep float pixel columns float32",
+                                  expected="float32 values of the processor's normalisation",
+                                  found=f"{name} whose first patch holds only float16 values")
         if reason is not None:
             return PixelDataError(
                 f"float32 {name} were not made with this processor's image settings ({reason}): "

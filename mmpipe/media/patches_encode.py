@@ -71,7 +71,8 @@ def encode_row(enc, messages: list, images: list, videos: list, *, where: str, t
     if (images or videos) and not fam.is_vision:
         kind, column = ("image", enc.images_column) if images else ("video", enc.videos_column)
         raise PlaceholderError(f"holds {len(images or videos)} {kind}(s) but the processor is a text-only "
-                               "tokenizer", where=where, column=column,
+                               "tokenizer", where=where, column=column, expected="a vision-language processor",
+                               found=f"a text-only tokenizer and {len(images or videos)} {kind}(s)",
                                fix=f"encode with a vision-language processor, or drop the {kind}s")
     ids, labels = rendered_ids(enc, messages, where, tools)
     grids = np.zeros((0, 3), dtype=np.int64)

@@ -252,6 +252,7 @@ def _failure(enc, e: Exception, where: str, has_images: bool, has_audios: bool =
                           fix="give every row an image, or filter the text-only rows out before encoding "
                               "(ds.filter(lambda r: len(r['images']) > 0)); on_error='skip' drops them")
     return InputError(what, where=where, stage="encode", column="messages",
+                      expected="a row the processor accepts", found=f"{type(e).__name__}: {str(e):.80}",
                       fix="check the row's image items against its images and the chat template")
 
 

@@ -86,7 +86,8 @@ def _pixels(rows: list, table: Optional[np.ndarray], fam, tiles: np.ndarray) -> 
     shapes = {u.shape[1:] for u in stored if len(u)}
     if len(shapes) > 1:
         raise InputError(f"tiles of different sizes in one batch: {sorted(shapes)}", row=0, column="pixel_values_u8",
-                         stage="collate", fix="encode every row with the same processor")
+                         stage="collate", expected="one tile size",
+                         found=str(sorted(shapes)), fix="encode every row with the same processor")
     if not stored:
         return None, None
     u8 = np.concatenate(stored)
