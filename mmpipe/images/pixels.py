@@ -163,8 +163,10 @@ def _invert_lut(x: np.ndarray, lut: np.ndarray, what: str, stage: str) -> np.nda
     for c in range(3):  # each channel's table is strictly increasing (std > 0)
         idx = np.searchsorted(lut[c], x[:, c, :]).clip(0, 255)
         if not np.array_equal(lut[c][idx], x[:, c, :]):
+            odd = x[:, c, :][lut[c][idx] != x[:, c, :]]
             raise PixelDataError(f"{what} were not produced from uint8 pixels with these normalisation constants",
-                                 where="", column=what, stage=stage,
+                                 where="", column=what, stage=stage, expected=f"channel {c}: values of its table",
+                                 found=f"channel {c}: {odd.size} value(s) off it, e.g. {float(odd[0])!r}",
                                  fix="pass the spec (processor) the pixels were made with")
         out[:, c, :] = idx
     return out
@@ -179,7 +181,8 @@ def pixel_values_to_u8(pixel_values: np.ndarray, lut: np.ndarray, temporal_patch
     x = pixel_values.reshape(n, 3, temporal_patch_size, d // (3 * temporal_patch_size))
     if not (x == x[:, :, :1, :]).all():
         raise PixelDataError("pixel_values hold different temporal copies: a video, not a still image", where="",
-                             column="pixel_values", stage=stage,
+                             column="pixel_values", stage=stage, expected=f"{temporal_patch_size} equal copies",
+                             found="copies that differ",
                              fix="store videos as pixel_values_videos with video_grid_thw")
     u8 = _invert_lut(np.ascontiguousarray(x[:, :, 0, :]), lut, "pixel_values", stage)
     return u8.reshape(n, d // temporal_patch_size)

@@ -380,5 +380,6 @@ def _rows_value(values: Sequence[Optional[str]], current: Optional[str], what: s
     odd = next((i for i, v in found if v != found[0][1]), None)
     if odd is not None:
         raise PixelDataError(f"rows encoded with different {what} in one batch ({found[0][1]!r} and {values[odd]!r})",
-                             where="", row=odd, column=column, stage="collate", fix=fix)
+                             where="", row=odd, column=column, stage="collate", expected=repr(found[0][1]),
+                             found=repr(values[odd]), fix=fix)
     return found[0][1]

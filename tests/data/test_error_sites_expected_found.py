@@ -15,9 +15,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "mmpipe"
 # folders whose every InputError-family call says expected or found
-DONE = ("rema", "batching", "records", "data", "encoding", "audio", "reward", "view", "cli")
+DONE = ("rema", "batching", "records", "data", "encoding", "audio", "reward", "view", "cli", "media", "images")
 # calls in the whole package that still say neither: lower it as sites are fixed, never raise it
-RATCHET = 43
+RATCHET = 36
 
 
 @functools.lru_cache(maxsize=1)
