@@ -280,13 +280,11 @@ def _grid_order(vis_pos, tt, mask, table: _GridTable, fam, merge):
     # into the next are flagged here and decided exactly by the slow path.
     img_need, vis_need = int(g_n[:n_img].sum()), int(g_n.sum())
     diagnose = lambda: diagnose_blocks(tt, mask, table.grid, torch.from_numpy(g_n), n_img, fam, merge)  # noqa: E731
-    if (
-        vis_need != n_vis
-        or not _types_match(mod, vis_need - img_need)
-        or (n_grids and int(g_n.min()) <= 0)
-    ):
+    if vis_need != n_vis or not _types_match(mod, vis_need - img_need) or (n_grids and int(g_n.min()) <= 0):
         diagnose()
-        raise PlaceholderError("mm_token_type_ids and the grids are inconsistent")  # pragma: no cover
+        raise PlaceholderError(  # pragma: no cover
+            "mm_token_type_ids and the grids are inconsistent", column="mm_token_type_ids",
+            expected=f"{vis_need} vision tokens for the grids", found=f"{n_vis} vision tokens", fix="re-encode the rows")
     last = vis_pos[table.end - 1] if n_grids else table.end
     first = vis_pos[table.start] if n_grids else table.start
     if ((last - first != g_n - 1) | (first // L != last // L)).any():

@@ -137,7 +137,8 @@ def _check_grids_have_tokens(grid: list, g_n: list, n_img_grids: int, merge: int
             arg = "image_grid_thw" if gi < n_img_grids else "video_grid_thw"
             raise PlaceholderError(
                 f"{arg} row {gi if gi < n_img_grids else gi - n_img_grids} = {grid[gi]} has no tokens "
-                f"at spatial_merge_size {merge}", column=arg, fix="drop that grid and its pixels",
+                f"at spatial_merge_size {merge}", column=arg, expected=f"a grid of at least {merge * merge} patches",
+                found=str(grid[gi]), fix="drop that grid and its pixels",
             )
 
 
@@ -195,8 +196,8 @@ def _take_grids(b, key, start, n_run, nxt, first, count, g_n, modality, frames_n
             raise PlaceholderError(
                 f"{name} block at valid token {start} ({n_run} tokens) has no "
                 f"{arg} row left: {arg} has {count[key]} rows{frames_note} but the batch holds more "
-                f"{name} blocks", row=b, column=arg,
-                fix=f"pass one grid per {name}, in batch order, and drop the "
+                f"{name} blocks", row=b, column=arg, expected=f"a {arg} row for this {name} block",
+                found=f"{count[key]} rows, all used", fix=f"pass one grid per {name}, in batch order, and drop the "
                 f"{pad} tokens of {name}s whose pixels were dropped",
             )
         nxt[key] += 1
@@ -215,7 +216,7 @@ def _raise_run_mismatch(b, start, n_run, left, used, first, grid, merge, modalit
         f"grid(s) {shown} expect {expected} tokens (t*h*w/{merge}**2){more}{frames_note}. The token "
         f"run does not match the grid: was the sequence truncated inside {_ARTICLE[name]}, or "
         f"were placeholders expanded for other {name}s?", row=b, column=arg,
-        fix="re-expand the placeholders from these grids or drop the sample",
+        expected=f"{expected} {pad} tokens", found=f"{n_run} {pad} tokens", fix="re-expand the placeholders from these grids or drop the sample",
     )
 
 
@@ -226,5 +227,5 @@ def _raise_left_over(key, used, count, last_row, n_rows, modality, frames_note) 
         f"{arg} has {count} rows{frames_note} but the batch's {pad} tokens cover only "
         f"{used}: grids {used}..{count - 1} are left over, no {name} block uses "
         f"them (none {where} of {n_rows}; their tokens were truncated or never inserted)", column=arg,
-        fix="drop those grids and their pixels, or keep their tokens",
+        expected=f"{count} {name} blocks", found=f"{used} {name} blocks", fix="drop those grids and their pixels, or keep their tokens",
     )

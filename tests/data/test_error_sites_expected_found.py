@@ -14,10 +14,11 @@ import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "mmpipe"
-# folders whose every InputError-family call says expected or found
-DONE = ("rema", "batching", "records", "data", "encoding", "audio", "reward", "view", "cli", "media", "images")
+# folders (or top-level modules, "rope.py") whose every InputError-family call says expected or found
+DONE = ("rema", "batching", "records", "data", "encoding", "audio", "reward", "view", "cli", "media", "images",
+        "rope.py", "rope_checks.py")
 # calls in the whole package that still say neither: lower it as sites are fixed, never raise it
-RATCHET = 36
+RATCHET = 31
 
 
 @functools.lru_cache(maxsize=1)
@@ -85,7 +86,7 @@ def test_the_scan_sees_the_error_family():
 
 
 def test_swept_folders_name_expected_and_found():
-    left = [s for s in sites_without_expected_found() if s.split("/")[1] in DONE]
+    left = [s for s in sites_without_expected_found() if s.split(":")[0].split("/")[1] in DONE]
     assert not left, f"InputError calls naming neither expected nor found: {left}"
 
 
