@@ -181,7 +181,8 @@ class ThreadedEngine:
             gens = await self.gate.start_held(self._pool, self.engine.generate, rows, group[0][1])
             if len(gens) != len(rows):
                 raise InputError(f"the engine returned {len(gens)} generations for {len(rows)} rows", where="",
-                                 stage="rollout", fix="the wrapped engine must return one Generation per row")
+                                 stage="rollout", expected=f"{len(rows)} generations", found=f"{len(gens)}",
+                                 fix="the wrapped engine must return one Generation per row")
         except BaseException as e:  # noqa: BLE001  (handed to every caller of the group)
             for _, _, fut in group:
                 if not fut.done():
@@ -276,6 +277,7 @@ class AsyncVLLMEngine:
             final = out
         if final is None:
             raise InputError(f"vLLM request {request_id} produced no output", where="", stage="rollout",
+                             expected="at least one RequestOutput", found="none",
                              fix="check the AsyncLLM engine's logs")
         return final
 

@@ -33,7 +33,8 @@ def glm_video_ids(ids: np.ndarray, grids: list, fam, tokenizer: Any, index: Any)
     starts, ends = np.flatnonzero(ids == bov).tolist(), np.flatnonzero(ids == eov).tolist()
     if len(starts) != len(grids) or len(ends) != len(grids):
         raise PlaceholderError(f"{len(starts)} {VIDEO_BEGIN} / {len(ends)} {VIDEO_END} for {len(grids)} video(s)",
-                               row=index, stage="rollout", column="input_ids", fix="re-encode the row")
+                               row=index, stage="rollout", column="input_ids", expected=f"{len(grids)} of each",
+                               found=f"{len(starts)} / {len(ends)}", fix="re-encode the row")
     out, stamps, cursor = [], [], 0
     for v, ((t, _, _), s, e) in enumerate(zip(grids, starts, ends)):
         span = ids[s + 1:e]
@@ -45,11 +46,14 @@ def glm_video_ids(ids: np.ndarray, grids: list, fam, tokenizer: Any, index: Any)
             if len(b) < 4 or b[1] != vt["image"] or b[2] != vt["vision_end"] or not text.isdigit():
                 raise PlaceholderError(f"video {v}: frame group {g} is not <|begin_of_image|><|image|>"
                                        f"<|end_of_image|><seconds> (found {text[:20]!r})", row=index,
-                                       stage="rollout", column="input_ids", fix="re-encode the row")
+                                       stage="rollout", column="input_ids",
+                                       expected="<|begin_of_image|><|image|><|end_of_image|><seconds>",
+                                       found=f"{len(b)} tokens, text {text[:20]!r}", fix="re-encode the row")
             secs.append(int(text))
         if len(secs) != t:
             raise PlaceholderError(f"video {v}: {len(secs)} frame groups, its grid has {t}", row=index,
-                                   stage="rollout", column="input_ids", fix="re-encode the row")
+                                   stage="rollout", column="input_ids", expected=f"{t} frame groups",
+                                   found=f"{len(secs)}", fix="re-encode the row")
         out += [ids[cursor:s + 1], np.asarray([vt["video"]], np.int64)]
         cursor = e
         stamps.append(secs)

@@ -62,7 +62,8 @@ def vision_spec_for(processor_or_spec, fam: ModelFamily, *, index: Any = None) -
     if fam.is_vision and spec.patch_size != fam.patch_size:
         raise FamilyMismatchError(
             f"VisionSpec patch size {spec.patch_size} does not match {fam.name} ({fam.patch_size})", row=index,
-            stage="rollout", fix="pass the processor (or its VisionSpec) the rows were encoded with",
+            stage="rollout", expected=f"patch size {fam.patch_size}", found=f"patch size {spec.patch_size}",
+            fix="pass the processor (or its VisionSpec) the rows were encoded with",
         )
     return spec
 
@@ -85,12 +86,14 @@ def _image_u8(r: MultiModalInputs, spec: VisionSpec, index: Any) -> np.ndarray:
             raise PixelDataError(
                 f"cannot recover the images from float32 pixel_values ({reason}); were they made "
                 "with other normalisation constants?", row=index, stage="rollout",
-                column="pixel_values", fix="pass the processor the row was encoded with",
+                column="pixel_values", expected="float32 pixel_values of this processor's normalisation",
+                found=getattr(e, "found", None) or f"{reason:.80}", fix="pass the processor the row was encoded with",
             ) from None
     raise PixelDataError(
         f"holds {r.num_images} image(s) but no pixel data (encoded with pixels='none', layout only); "
         "a rollout engine needs the images", row=index, stage="rollout",
-        column="pixel_values_u8", fix="re-encode with pixels='uint8' (the default)",
+        column="pixel_values_u8", expected=f"pixel data for {r.num_images} image(s)", found="none",
+        fix="re-encode with pixels='uint8' (the default)",
     )
 
 
@@ -121,7 +124,7 @@ def row_images(row, spec: VisionSpec, *, index: Any = None) -> list:
         if t != 1:
             raise PixelDataError(
                 f"grid {(t, h, w)} has t != 1; images have one temporal step", row=index, image=i,
-                stage="rollout", column="image_grid_thw", fix="re-encode the row",
+                stage="rollout", column="image_grid_thw", expected="t == 1", found=f"t == {t}", fix="re-encode the row",
             )
         arr = unpatchify_u8(u8[start:start + h * w], h, w, spec)
         out.append(Image.fromarray(arr, "RGB"))
@@ -147,7 +150,8 @@ def row_video_frames(row, spec: VisionSpec, *, index: Any = None) -> list[np.nda
     else:
         raise PixelDataError(
             f"holds {r.num_videos} video(s) but no pixel data", row=index, stage="rollout",
-            column="pixel_values_videos_u8", fix="re-encode with pixels",
+            column="pixel_values_videos_u8", expected=f"pixel data for {r.num_videos} video(s)", found="none",
+            fix="re-encode with pixels",
         )
     p, m, T = spec.patch_size, spec.merge_size, spec.temporal_patch_size
     out, start = [], 0
@@ -165,10 +169,12 @@ def _video_u8(pixel_values_videos: np.ndarray, spec: VisionSpec, index: Any) -> 
     them whatever the image backend: they invert with ``spec.for_videos().lut()``."""
     try:
         return video_pixel_values_to_u8(pixel_values_videos, spec.for_videos().lut(), stage="rollout")
-    except PixelDataError:
+    except PixelDataError as e:
         raise PixelDataError(
             "cannot recover the video frames from float32 pixel_values_videos; were they made with other "
             "normalisation constants?", row=index, stage="rollout", column="pixel_values_videos",
+            expected="float32 pixel_values_videos of this processor's video normalisation",
+            found=e.found or f"{e.message_body():.80}",
             fix="pass the processor the row was encoded with") from None
 
 
@@ -227,7 +233,8 @@ def vllm_image_options(r: MultiModalInputs, image_processor, i: int) -> dict:
     if extra:
         raise InputError(f"the row was encoded with images_kwargs {extra}, which vLLM's {fam.name} processor "
                          "does not take (it uses the checkpoint's image processor settings)", row=i,
-                         column="images_kwargs", stage="rollout",
+                         column="images_kwargs", stage="rollout", expected=f"only {sorted(fam.vllm_processor_kwargs)}",
+                         found=str(extra),
                          fix="put these settings in the checkpoint's preprocessor_config.json and encode "
                              "without images_kwargs")
     return {k: getattr(image_processor, k) for k in fam.vllm_processor_kwargs if hasattr(image_processor, k)}

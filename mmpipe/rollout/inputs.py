@@ -236,6 +236,7 @@ def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_
         raise PixelDataError(
             f"rows {rows} hold images or videos but the batch has no pixel data (layout-only encoding?): the "
             "model would answer without seeing them", where="", stage="rollout", column="pixel_values",
+            expected="pixel_values or pixel_values_u8 for the rows' images / videos", found="no pixel data",
             fix="re-encode with pixels='uint8'",
         )
     out = batch.model_inputs(device, positions="verl" if position_ids else "none", labels=False)

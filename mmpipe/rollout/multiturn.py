@@ -186,6 +186,7 @@ def _response_from_ids(conv: Conversation, ids: np.ndarray):
         raise InputError(
             f"the chat template does not render the reply verbatim followed by {close!r} "
             f"(it rendered {full[len(conv.text):]!r:.120})", where=conv.where, row=conv.index, stage="template",
+            expected=f"{(content + close)!r:.80}", found=f"{full[len(conv.text):]!r:.80}",
             fix="re-encode the whole conversation with mmpipe.encode_row instead of appending",
         )
     added = close[len(last):] if ended else close
@@ -287,7 +288,9 @@ def append_messages(conv: Conversation, messages: Sequence[dict], images: Sequen
     if (new_images or new_videos) and not enc.family.is_vision:
         raise PlaceholderError(
             f"the observation holds {len(new_images)} image(s) and {len(new_videos)} video(s) but the model is "
-            "text-only", where=conv.where, row=conv.index, column="images", fix="send text-only observations to a text model",
+            "text-only", where=conv.where, row=conv.index, column="images", expected="a text-only observation",
+            found=f"{len(new_images)} image(s), {len(new_videos)} video(s)",
+            fix="send text-only observations to a text model",
         )
     all_msgs = conv.messages + tuple(new_msgs)
     full = _render_checked(conv, all_msgs, add_generation_prompt, "the observation")
@@ -323,7 +326,8 @@ def _render_checked(conv: Conversation, messages: Sequence[dict], agp: bool, wha
             raise InputError(
                 f"the model's reply ended with {head!r}, which opens the next turn, but {what} renders "
                 f"{full[len(conv.text) - len(head):][:40]!r} there", where=conv.where, row=conv.index,
-                stage="template", fix=f"append the turn {head} opens (GLM: <|user|> a user turn, <|observation|> "
+                stage="template", expected=repr(head), found=repr(full[len(conv.text) - len(head):][:40]),
+                fix=f"append the turn {head} opens (GLM: <|user|> a user turn, <|observation|> "
                 "a tool turn), or re-encode the whole conversation with mmpipe.encode_row")
         raise InputError(
             f"with {what} appended, the chat template re-renders earlier text (first difference "
@@ -331,6 +335,7 @@ def _render_checked(conv: Conversation, messages: Sequence[dict], agp: bool, wha
             "are no longer a prefix of the conversation. Templates do this when they merge consecutive tool "
             "messages (pass them in one append_messages call) or rewrite earlier assistant turns (e.g. strip "
             "reasoning)", where=conv.where, row=conv.index, stage="template",
+            expected=f"{conv.text[at:at + 40]!r} at character {at}", found=repr(full[at:at + 40]),
             fix="re-encode the whole conversation with mmpipe.encode_row instead",
         )
     return full

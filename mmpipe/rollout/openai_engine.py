@@ -226,7 +226,7 @@ def generation_from_chat_response(resp: dict, prompt_index: int, *, tokenizer, e
                                       stop_reason=stop if isinstance(stop, (int, str)) else None, token_ids_exact=exact))
     if not completions:
         raise InputError("the server's response has no choices", where=f"prompt {prompt_index}", stage="rollout",
-                         column="choices", fix="check the server's logs")
+                         column="choices", expected="at least one choice", found="none", fix="check the server's logs")
     return Generation(prompt_index=prompt_index, completions=completions)
 
 

@@ -82,7 +82,8 @@ class TransformersEngine:
         if blind and self.see_images:  # the failure this layer exists to prevent: answering without the images
             raise PixelDataError("a prompt row holds images but no pixels (layout-only, pixels='none'): the "
                                  "model would answer without seeing them", row=blind[0], column="pixel_values_u8",
-                                 stage="rollout", fix="encode rollout prompts with pixels='uint8' (or 'source')")
+                                 stage="rollout", expected=f"pixels for {recs[blind[0]].num_images} image(s)",
+                                 found="no pixel data", fix="encode rollout prompts with pixels='uint8' (or 'source')")
         batch = self.collator([r for r in recs for _ in range(params.n)])
         device = next(self.model.parameters()).device
         # videos: pass mmpipe's positions (the original Qwen rule, what training and vLLM use);

@@ -44,6 +44,7 @@ def add_turn_images(conv: Conversation, ids: np.ndarray, images: Sequence):
         raise PlaceholderError(
             f"the new turn renders {len(pad_pos)} {fam.image_token} token(s) for {len(images)} image(s)",
             where=conv.where, row=conv.index, stage="rollout", column="messages",
+            expected=f"{len(images)} {fam.image_token} token(s)", found=f"{len(pad_pos)}",
             fix=f"give one image per placeholder (does the text hold a literal {fam.image_token}?)",
         )
     grids, blocks = [], []

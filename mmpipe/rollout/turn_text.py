@@ -44,7 +44,8 @@ def tokenize_suffix(conv: Conversation, before: str, suffix: str, what: str, *, 
         raise InputError(
             f"{what} merges with the text before it into one token ({tail[-20:]!r} + "
             f"{suffix[:20]!r}); appending would disagree with encoding the whole conversation",
-            where=conv.where, row=conv.index, stage="template",
+            where=conv.where, row=conv.index, stage="template", expected=f"the {len(head)} token(s) before it kept",
+            found=f"a token merging {tail[-20:]!r} + {suffix[:20]!r}",
             fix="start the appended text at a token boundary, or append the generated ids (append_response(ids)) "
             "instead of text",
         )
@@ -62,7 +63,8 @@ def drop_tail(conv: Conversation, k: int) -> Conversation:
     if k > row.num_tokens or (row.mm_token_type_ids is not None and row.mm_token_type_ids[L:].any()):
         raise InputError(  # an image / video block never ends a generation prompt; guard, do not cut one
             f"the reply merges with {k} token(s) before it that are not plain text",
-            where=conv.where, row=conv.index, stage="template",
+            where=conv.where, row=conv.index, stage="template", expected=f"{k} plain text token(s) to re-tokenize",
+            found=f"{row.num_tokens} token(s)" if k > row.num_tokens else "image / video tokens among them",
             fix="re-encode the whole conversation with mmpipe.encode_row instead of appending",
         )
     cut = {name: (None if getattr(row, name) is None else getattr(row, name)[..., :L])
@@ -79,7 +81,9 @@ def end_of_turn(conv: Conversation) -> str:
     if full.find(probe) != len(conv.text) or not full.startswith(conv.text):
         raise InputError(
             "the chat template does not render an assistant reply right after the generation prompt",
-            where=conv.where, row=conv.index, stage="template",
+            where=conv.where, row=conv.index, stage="template", expected=f"the reply at character {len(conv.text)}",
+            found="earlier text re-rendered" if not full.startswith(conv.text) else
+            f"the reply at character {full.find(probe)}" if probe in full else "no reply in the rendered text",
             fix="re-encode the whole conversation with mmpipe.encode_row instead of appending",
         )
     return full[len(conv.text) + len(probe):]

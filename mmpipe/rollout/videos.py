@@ -141,6 +141,8 @@ def _collapse_timestamps(ids: np.ndarray, grids: list, fam: ModelFamily, tokeniz
         if len(blocks) != t or any(ids[b - 1] != vt["vision_start"] or ids[b + 1] != vt["vision_end"] for b in blocks):
             raise PlaceholderError(f"video {v}: expected {t} frame-group blocks <|vision_start|><|video_pad|>"
                                    "<|vision_end|>", row=index, stage="rollout", column="input_ids",
+                                   expected=f"{t} blocks", found=f"{len(blocks)} <|video_pad|> token(s)"
+                                   if len(blocks) != t else "a <|video_pad|> outside <|vision_start|> <|vision_end|>",
                                    fix="re-encode the row")
         start, first, head = _timestamp_before(ids, blocks[0] - 1, cursor, tok, index, v)
         ts = [first]
@@ -173,7 +175,8 @@ def _timestamp_before(ids: np.ndarray, end: int, floor: int, tok, index, v) -> t
     if m and j < end:
         return j, float(m.group(2)), tok(m.group(1), add_special_tokens=False)["input_ids"]
     raise PlaceholderError(f"video {v}: no '<x seconds>' timestamp text before its first frame group",
-                           row=index, stage="rollout", column="input_ids",
+                           row=index, stage="rollout", column="input_ids", expected="'<x seconds>' text",
+                           found=f"{tok.decode(ids[j:end].tolist())[-40:]!r} before it",
                            fix="encode the row with the Qwen3-VL processor's layout (mmpipe.encode)")
 
 
@@ -182,6 +185,7 @@ def _parse_timestamp(span: np.ndarray, tok, index, v) -> float:
     m = _TIMESTAMP.match(text)
     if not m:
         raise PlaceholderError(f"video {v}: expected '<x seconds>' between frame groups, found {text[:40]!r}",
-                               row=index, stage="rollout", column="input_ids", fix="re-encode the row")
+                               row=index, stage="rollout", column="input_ids", expected="'<x seconds>'",
+                               found=f"{text[:40]!r}", fix="re-encode the row")
     return float(m.group(1))
 

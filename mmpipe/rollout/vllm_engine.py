@@ -101,7 +101,7 @@ def _sampled_logprob(entry: Any, token: int, where: str) -> float:
         keys = list(entry)[:5] if entry is not None else None
         raise InputError(
             f"the sampled token {token} is missing from vLLM's logprobs (keys {keys})", where=where,
-            stage="rollout", column="logprobs",
+            stage="rollout", column="logprobs", expected=f"token {token} among the keys", found=f"keys {keys}",
             fix="vLLM always includes the sampled token when SamplingParams.logprobs >= 0: pass vLLM's own outputs",
         )
     return float(getattr(lp, "logprob", lp))
@@ -131,7 +131,8 @@ def generation_from_request_output(req, prompt_index: int, *, expected_prompt_id
             if len(c.logprobs) != len(ids):
                 raise InputError(
                     f"{len(c.logprobs)} logprob entries for {len(ids)} generated tokens", where=where,
-                    stage="rollout", column="logprobs", fix="pass vLLM's RequestOutput unchanged",
+                    stage="rollout", column="logprobs", expected=f"{len(ids)} entries", found=f"{len(c.logprobs)}",
+                    fix="pass vLLM's RequestOutput unchanged",
                 )
             lps = [_sampled_logprob(c.logprobs[j], t, f"{where}, token {j}") for j, t in enumerate(ids)]
         reason = getattr(c, "finish_reason", None)

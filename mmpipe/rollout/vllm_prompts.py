@@ -67,6 +67,22 @@ def collapse_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optiona
     return prompt
 
 
+def _check_round_trip(tok, text: str, r, index: int) -> None:
+    """The row's text must tokenize back to its ids (int [L]); else `InputError` naming the first difference."""
+    import numpy as np
+
+    from mmpipe.errors import InputError
+
+    starts = np.asarray(tok(text, add_special_tokens=False)["input_ids"], np.int64)
+    if not np.array_equal(starts, r.input_ids):
+        at = next((i for i, (a, b) in enumerate(zip(starts, r.input_ids)) if a != b),
+                  min(len(starts), len(r.input_ids)))
+        raise InputError("the row's ids do not decode to a text that tokenizes back to them", row=index,
+                         column="input_ids", stage="rollout", expected=f"the row's {len(r.input_ids)} ids",
+                         found=f"{len(starts)} ids, the first different at {at}",
+                         fix="encode the rows with this processor")
+
+
 def splice_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[list] = None,
                   index: int = 0, videos: Optional[list] = None, video_options: Any = None) -> dict:
     """A tiled row: vLLM takes its prompt as the chat template renders it, ONE ``image_token`` per
@@ -83,8 +99,6 @@ def splice_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[
     tile per image of a row of several, where vLLM tiles every image) is refused with an
     `InputError` saying how to encode rollout rows (`_check_vllm_mode`)."""
     del tokenizer, videos, video_options  # the processor's tokenizer; the rows take images only
-    import numpy as np
-
     from mmpipe.encoding.placeholders import splice_text
     from mmpipe.errors import ArgumentError, InputError, UnsupportedProcessorError
     from mmpipe.families import family_of
@@ -101,7 +115,8 @@ def splice_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[
                             f"{type(processor).__name__}")
     if not fam.accepts(pfam.name):
         raise InputError(f"row encoded for {r.family!r}, prompted with a {pfam.name} processor", row=index,
-                         column="family", stage="rollout", fix="use the processor that encoded the rows")
+                         column="family", stage="rollout", expected=f"a {r.family} processor", found=pfam.name,
+                         fix="use the processor that encoded the rows")
     ids = [int(t) for t in r.input_ids]
     if not r.num_images:
         return {"prompt_token_ids": ids}
@@ -115,12 +130,10 @@ def splice_prompt(r, processor: Any, *, tokenizer: Any = None, images: Optional[
     pieces, _, found = splice_text(text, texts, [fam.image_token] * len(texts))
     if len(found) < len(texts):
         raise InputError(f"image {len(found)}'s text is not in the row", row=index, column="input_ids",
-                         stage="rollout", fix="encode the rows with this processor")
+                         stage="rollout", expected=f"the text of {len(texts)} image(s)", found=f"{len(found)}",
+                         fix="encode the rows with this processor")
     out = [int(t) for t in tok("".join(pieces), add_special_tokens=False)["input_ids"]]
-    starts = np.asarray(tok(text, add_special_tokens=False)["input_ids"], np.int64)
-    if not np.array_equal(starts, r.input_ids):  # the row's text must tokenize back to its ids
-        raise InputError("the row's ids do not decode to a text that tokenizes back to them", row=index,
-                         column="input_ids", stage="rollout", fix="encode the rows with this processor")
+    _check_round_trip(tok, text, r, index)
     _check_vllm_expansion(r, out, texts, tok, index)
     prompt = {"prompt_token_ids": out, "multi_modal_data": {"image": pictures}}
     kwargs = vllm_image_options(r, ip, index)

@@ -16,9 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / "mmpipe"
 # folders (or top-level modules, "rope.py") whose every InputError-family call says expected or found
 DONE = ("rema", "batching", "records", "data", "encoding", "audio", "reward", "view", "cli", "media", "images",
-        "rope.py", "rope_checks.py")
+        "rope.py", "rope_checks.py", "rollout")
 # calls in the whole package that still say neither: lower it as sites are fixed, never raise it
-RATCHET = 31
+RATCHET = 0
 
 
 @functools.lru_cache(maxsize=1)
