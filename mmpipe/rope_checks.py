@@ -227,5 +227,5 @@ def _raise_left_over(key, used, count, last_row, n_rows, modality, frames_note) 
         f"{arg} has {count} rows{frames_note} but the batch's {pad} tokens cover only "
         f"{used}: grids {used}..{count - 1} are left over, no {name} block uses "
         f"them (none {where} of {n_rows}; their tokens were truncated or never inserted)", column=arg,
-        expected=f"{count} {name} blocks", found=f"{used} {name} blocks", fix="drop those grids and their pixels, or keep their tokens",
+        expected=f"{count} {name} block(s), one per row", found=f"{used} {name} block(s)", fix="drop those grids and their pixels, or keep their tokens",
     )
