@@ -81,6 +81,21 @@ def note_fields(e: BaseException, **fields) -> None:
         e.add_note(FIELDS_NOTE + repr(kept))
 
 
+def keep_fields(e: BaseException, text: Any, **fields) -> None:
+    """Set ``fields`` (an error's own, e.g. ``class_name``, ``reason``) on ``e`` so that they cross a
+    torch DataLoader worker: raised with them, they are noted (`note_fields`); rebuilt by the
+    DataLoader as ``type(e)(text)`` (all of them None or empty, ``text`` the worker's text), they are
+    taken back from that note."""
+    original = None if any(v not in (None, ()) for v in fields.values()) else worker_original(text, type(e))
+    if original is None:
+        note_fields(e, **fields)
+    else:
+        noted = split_fields_note(original)[1]
+        fields.update((k, noted[k]) for k in fields if k in noted)
+    for k, v in fields.items():
+        setattr(e, k, v)
+
+
 def split_fields_note(original: str) -> tuple[str, dict]:
     """(message, fields) of a worker error's ``original`` text (`worker_original`): the message
     without the notes under it, and the fields its fields notes (`note_fields`) hold ({} if none)."""

@@ -29,8 +29,8 @@ import math
 import numbers
 from typing import Any, Optional
 
-from mmpipe.error_text import (MESSAGE_FIELDS, fields_from_message, message_fields, note_fields, split_fields_note,
-                               worker_original)
+from mmpipe.error_text import (MESSAGE_FIELDS, fields_from_message, keep_fields, message_fields, note_fields,
+                               split_fields_note, worker_original)
 
 STAGES = ("parse", "image", "audio", "template", "truncate", "collate", "validate", "encode", "rollout")
 
@@ -50,18 +50,9 @@ class MMPipeError(Exception):
         return (_restore, (type(self), self.args), dict(vars(self)))
 
     def keep_fields(self, text: Any, **fields) -> None:
-        """Set ``fields`` (a subclass's own, e.g. ``class_name``) on this error so that they cross a
-        torch DataLoader worker: raised with them, they are noted (`note_fields`); rebuilt by the
-        DataLoader as ``type(e)(text)`` (all of them None or empty, ``text`` the worker's text), they
-        are taken back from that note."""
-        original = None if any(v not in (None, ()) for v in fields.values()) else worker_original(text, type(self))
-        if original is None:
-            note_fields(self, **fields)
-        else:
-            noted = split_fields_note(original)[1]
-            fields.update((k, noted[k]) for k in fields if k in noted)
-        for k, v in fields.items():
-            setattr(self, k, v)
+        """`mmpipe.error_text.keep_fields` on this error: ``fields`` set, and noted so that they cross
+        a torch DataLoader worker (taken back from ``text`` when the DataLoader rebuilds it)."""
+        keep_fields(self, text, **fields)
 
 
 def _restore(cls, args):

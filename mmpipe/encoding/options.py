@@ -7,7 +7,8 @@ from typing import Optional
 
 import numpy as np
 
-from mmpipe.errors import ArgumentError, TruncationError, note_fields, split_fields_note, worker_original
+from mmpipe.error_text import keep_fields
+from mmpipe.errors import ArgumentError, TruncationError
 from mmpipe.records.columns import ENCODE_PIXEL_FORMATS, IGNORE_INDEX
 
 TRUNCATION_POLICIES = ("raise", "drop", "truncate_text")
@@ -24,18 +25,13 @@ class RowDropped(Exception):
     protocol's drop signal, `mmpipe.encoding.mapping`). ``reason`` is the counted cause
     (``"too_long"``), the message the detail. Pickles with both (a ``num_proc`` map worker, a
     spawn DataLoader worker); ``RowDropped(text)`` of a DataLoader worker's re-raise takes the reason
-    back from the text's fields note (`mmpipe.errors.note_fields`)."""
+    back from the text's fields note (`mmpipe.error_text.keep_fields`)."""
 
     def __init__(self, reason: Optional[str], detail: Optional[str] = None):
         if detail is None:  # one argument: the message only
             reason, detail = None, reason
         super().__init__(detail)
-        original = worker_original(detail, type(self)) if reason is None else None
-        if original is None:
-            note_fields(self, reason=reason)
-        else:
-            reason = split_fields_note(original)[1].get("reason")
-        self.reason = reason
+        keep_fields(self, detail, reason=reason)
 
     def __reduce__(self):
         return (type(self), (self.reason, *self.args), dict(vars(self)))
