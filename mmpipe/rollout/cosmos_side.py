@@ -154,16 +154,10 @@ def check_prompt(row: MultiModalInputs, what: str) -> MultiModalInputs:
     """``row`` (an encoded prompt), refused when it holds no token: what a row that failed to encode
     under ``on_error="skip"`` reads as (``MultiModalInputs.from_dict`` keeps no failure), which went
     to the rollout as an empty prompt and to the policy as a row of response tokens alone."""
-    if row.num_tokens == 0:
-        from mmpipe.errors import InputError
+    from mmpipe.rollout.inputs import refuse_empty_prompt
 
-        raise InputError(
-            f"the encoded prompt given to {what} holds no token", where="the dataset item", column="input_ids",
-            stage="rollout", expected="a prompt of at least one token", found="0 tokens (an empty row: what a row "
-            "that failed to encode under on_error='skip' reads as)",
-            fix="filter failed rows out before making records of them: ds, errors = mmpipe.drop_failed(ds), or "
-                "encode with mmpipe.encode_dataset; or give the packer the raw item (chat list / row dict)")
-    return row
+    return refuse_empty_prompt(row, f"the encoded prompt given to {what} holds no token", where="the dataset item",
+                               more_fix="; or give the packer the raw item (chat list / row dict)")
 
 
 def encoded_sft_row(sample: Any) -> Optional[MultiModalInputs]:

@@ -90,14 +90,22 @@ def prompt_rows(rows_or_batch) -> list[MultiModalInputs]:
     bare ``torch.cat(): expected a non-empty list of Tensors``."""
     rows = as_rows(rows_or_batch)
     for i, r in enumerate(rows):
-        if r.num_tokens == 0:
-            raise InputError("the prompt row holds no token", row=i, column="input_ids", stage="rollout",
-                             expected="a prompt of at least one token",
-                             found="0 tokens (an empty row: what a row that failed to encode under on_error='skip' "
-                                   "reads as)",
-                             fix="filter failed rows out before making records of them: ds, errors = "
-                                 "mmpipe.drop_failed(ds), or encode with mmpipe.encode_dataset")
+        refuse_empty_prompt(r, "the prompt row holds no token", row=i)
     return rows
+
+
+def refuse_empty_prompt(record: MultiModalInputs, detail: str, *, more_fix: str = "", **location) -> MultiModalInputs:
+    """``record`` (an encoded prompt), refused when it holds no token: `InputError` (``detail``; column
+    ``input_ids``, stage "rollout", ``location``: ``row=`` or ``where=``; the fix, then ``more_fix``).
+    Such a row is what a row that failed to encode under ``on_error="skip"`` reads as once it is a
+    record (``MultiModalInputs.from_dict`` keeps no failure). For `prompt_rows` and the cosmos-rl packers."""
+    if record.num_tokens == 0:
+        raise InputError(detail, column="input_ids", stage="rollout", expected="a prompt of at least one token",
+                         found="0 tokens (an empty row: what a row that failed to encode under on_error='skip' "
+                               "reads as)",
+                         fix="filter failed rows out before making records of them: ds, errors = "
+                             "mmpipe.drop_failed(ds), or encode with mmpipe.encode_dataset" + more_fix, **location)
+    return record
 
 
 def _column_rows(columns: Mapping, n: int) -> list[MultiModalInputs]:
