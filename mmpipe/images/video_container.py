@@ -136,16 +136,46 @@ class Container:
         every frame, so a header's partial count would sample the clip's first fragment only."""
         n = int(self.s.frames or 0)
         if n <= 0 or self._header_short(n):
-            av = import_av()
-            try:
-                n = sum(1 for pk in self.c.demux(self.s) if pk.size)
-                self.c.seek(0, stream=self.s) if n else None
-            except (av.FFmpegError, OSError) as e:
-                raise self.error("the video stream cannot be read", "a readable video stream", e) from None
+            n, end = self._count_packets()
+            self._check_declared_span(n, end)
         if n <= 0 or self.fps <= 0:
             raise VideoError("the video has no frames", where=self.where, expected="at least one frame",
                              found=f"{n} frames at {self.fps:g} fps", fix="drop the row or replace the video")
         return n
+
+    def _count_packets(self) -> tuple[int, float]:
+        """(the video stream's packets, the end in seconds of the last packet of any stream): one
+        pass over every stream's packets (no decoding), the file left at its start."""
+        av = import_av()
+        n, end = 0, 0.0
+        try:
+            for pk in self.c.demux():
+                if pk.stream.index == self.s.index and pk.size:
+                    n += 1
+                if pk.pts is not None and pk.time_base:
+                    end = max(end, float((pk.pts + (pk.duration or 0)) * pk.time_base))
+            self.c.seek(0, stream=self.s) if n else None
+        except (av.FFmpegError, OSError) as e:
+            raise self.error("the video stream cannot be read", "a readable video stream", e) from None
+        return n, end
+
+    def _check_declared_span(self, n: int, end: float) -> None:
+        """A `VideoError` where a Matroska / WebM header declares more time than the packets hold
+        (by over 1.5 frames and a quarter second): the file was cut short (an interrupted download
+        or copy). Its header has no frame count, so the packets are counted, and a cut file would
+        be sampled from its first part silently (a 10 s clip cut at 30 %: 3 s of frames, spread
+        over the grid as if they were the whole clip). Other formats' durations may be estimated
+        from the bit rate (raw streams) or from the packets themselves (MPEG-TS): not checked."""
+        if not n or not self.c.duration or not self.c.format.name.startswith("matroska"):
+            return
+        declared = self.c.duration / 1_000_000  # AV_TIME_BASE
+        held = end - max(0.0, (self.c.start_time or 0) / 1_000_000)
+        if held < declared - max(1.5 / self.fps if self.fps > 0 else 0.0, 0.25):
+            raise VideoError("the video file is truncated: its header declares more time than its packets hold",
+                             where=self.where, expected=f"{declared:.2f} s (the Matroska / WebM header's duration)",
+                             found=f"{held:.2f} s of packets ({n} video frames)",
+                             fix="re-download or re-encode the video (e.g. ffmpeg -c:v libx264), or drop the row "
+                                 "(on_error='skip')")
 
     def _next_frame(self):
         """The next decoded frame of the stream's one decoding pass, None at its end."""
@@ -230,6 +260,19 @@ def check_codec(c: Container) -> None:
                          found=f"{c.height}x{c.width}", fix="re-encode the video or drop the row")
 
 
+def _check_frame_size(c: Container, frame, i: int) -> None:
+    """A `VideoError` where decoded frame ``i`` is not the stream's size (the grid's): a stream
+    whose frames change size mid-stream (joined clips, an adaptive-bitrate capture) would be
+    resized to the first size's grid, silently stretched; a frame list of mixed sizes is refused
+    alike (`mmpipe.images.video`)."""
+    if (frame.height, frame.width) != (c.height, c.width):
+        raise VideoError("the video's frames change size mid-stream", where=c.where,
+                         expected=f"every frame {c.height}x{c.width} (height x width: the stream's size, the grid's)",
+                         found=f"frame {i} is {frame.height}x{frame.width}",
+                         fix="re-encode the video at one size (e.g. ffmpeg -vf scale=W:H -c:v libx264), or drop "
+                             "the row (on_error='skip')")
+
+
 def decode_sampled(c: Container, idx: np.ndarray, total: int, convert) -> list[np.ndarray]:
     """The frames at ``idx`` (sampled indices into the ``total`` frames; repeats kept), each uint8 RGB
     [H, W, 3] passed through ``convert``, decoded in one pass that stops after the last one; a
@@ -238,6 +281,7 @@ def decode_sampled(c: Container, idx: np.ndarray, total: int, convert) -> list[n
     out: list[np.ndarray] = []
     last = int(idx[-1])
     for i, frame in enumerate(c.frames()):
+        _check_frame_size(c, frame, i)
         if i < total and want[i]:
             out.extend([convert(rgb_frame(c, frame))] * int(want[i]))
         if i >= last:

@@ -236,8 +236,10 @@ def test_damaged_videos_are_counted_under_skip():
     videos = [[good], [good[: len(good) // 2]], [b""], [b"\x00garbage" * 300], [jpg.getvalue()], [mkv[: len(mkv) // 2]]]
     ds = datasets.Dataset.from_list([{"messages": msgs, "videos": v} for v in videos])
     enc, report = mmpipe.encode_dataset(ds, testing.build_processor("qwen2_vl"), video_options=SMALL, on_error="skip")
-    # a matroska file cut in half still holds its first frames (no frame count in its header): kept
-    assert report.rows_out == 2 and [e["row"] for e in report.errors] == [1, 2, 3, 4]
+    # a matroska file cut in half: its header's duration (1.2 s) is more than its packets hold (0.5 s),
+    # refused as truncated (before: kept, sampled from its first half as if it were the whole clip)
+    assert report.rows_out == 1 and [e["row"] for e in report.errors] == [1, 2, 3, 4, 5]
+    assert "truncated" in report.errors[4]["reason"]
     assert {e["column"] for e in report.errors} == {"videos"} and {e["stage"] for e in report.errors} == {"image"}
     frames = datasets.Dataset.from_list([{"messages": msgs, "videos": [[png, png]]},
                                          {"messages": msgs, "videos": [[png, png[:100]]]}])
