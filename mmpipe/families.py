@@ -30,9 +30,11 @@ QWEN2_5_VL = ModelFamily(
     name="qwen2_5_vl", model_types=("qwen2_5_vl",), rope="mrope_tps", tokens_per_second=2.0,
     processor_classes=("Qwen2_5_VLProcessor",), model_class="Qwen2_5_VLForConditionalGeneration",
 )
+# Model types whose checkpoints load the Qwen3-VL processor and take its rope: Qwen3.5 (MoE), Qwen4-Exp (transformers
+# 5.25's auto mapping), Cosmos3 Omni (its Reasoner is a Qwen3-VL model). The model then names the processor's family.
 QWEN3_VL = ModelFamily(
     name="qwen3_vl",
-    model_types=("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"),
+    model_types=("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "qwen4_exp", "cosmos3_omni"),
     rope="mrope_frames",
     patch_size=16,
     image_mean=HALF,
@@ -64,8 +66,9 @@ GLM4V = ModelFamily(
     turn_stops=("<|user|>", "<|observation|>"),  # generation_config eos_token_id [endoftext, user, observation]
 )
 # GLM-4.6V (transformers 5): GLM-4.1V's processor and model, derived; its videos differ (times "1.5 seconds",
-# own sampling): refused. Names only: resolves on 4.57 (no glm46v) too.
-GLM46V = replace(GLM4V, name="glm46v", model_types=("glm46v",),
+# own sampling): refused. Names only: resolves on 4.57 (no glm46v) too. GLM-OCR and GLM-GA checkpoints ship
+# Glm46VProcessor (GLM-GA's model class is Glm46V's; GLM-OCR's GLM-4.1V's rope).
+GLM46V = replace(GLM4V, name="glm46v", model_types=("glm46v", "glm_ocr", "glmga"),
                  processor_classes=("Glm46VProcessor",), encodes_videos=False,
                  model_class="Glm46VForConditionalGeneration")
 TEXT = ModelFamily(
