@@ -34,12 +34,13 @@ from typing import Any, Optional, Sequence, Union
 import pyarrow as pa
 
 from mmpipe.data.loading import READ_ERRORS, DamagedDatasetError, concat_shards
+from mmpipe.error_text import fields_from_message
+from mmpipe.data.shard_paths import GLOB_CHARS, filesystem, fresh, is_url, list_shards  # noqa: F401 - re-exported
 from mmpipe.errors import ArgumentError, MMPipeError, worker_original
 
 logger = logging.getLogger("mmpipe")
 
 BAD_SHARD_POLICIES = ("raise", "skip")
-GLOB_CHARS = "*?["
 # reading errors that are not a damaged file (a missing object, no access, the network): raised as they are
 NOT_DAMAGE = (FileNotFoundError, PermissionError, ConnectionError, TimeoutError)
 # packages whose errors mean the network or the endpoint failed (after the filesystem's own retries)
@@ -56,8 +57,10 @@ class ShardReadError(MMPipeError, ConnectionError):
 
     def __init__(self, shard: str, cause: Any = None, *, message: Optional[str] = None):
         original = worker_original(shard, type(self)) if cause is None and message is None else None
+        if original is None and cause is None and message is None and _READ_TEXT.match(str(shard)):
+            original = shard  # its own message: type(e)(*e.args), as a datasets pool rebuilds it
         if original is not None:  # torch's re-raise of a worker's error: type(e)(text)
-            found = re.match(r"reading shard '([^']*)'", original)
+            found = _READ_TEXT.match(original)
             shard, message = (found and found.group(1)), shard
         self.shard = shard
         super().__init__(message or (
@@ -67,6 +70,9 @@ class ShardReadError(MMPipeError, ConnectionError):
             "(s3fs.S3FileSystem.retries, default 5)"))
 
 
+_READ_TEXT = re.compile(r"reading shard '([^']*)' failed")  # what ShardReadError's own message starts with
+
+
 def _check_damage(shard: str, e: BaseException) -> None:
     """Raise ``e`` unless it says the bytes of ``shard`` are damaged: a network / endpoint failure
     as `ShardReadError` naming the shard, a missing object or no access (or a bug) as it is."""
@@ -74,69 +80,6 @@ def _check_damage(shard: str, e: BaseException) -> None:
         raise ShardReadError(shard, e) from e
     if isinstance(e, NOT_DAMAGE) or not isinstance(e, READ_ERRORS):
         raise e
-
-
-def is_url(path: Any) -> bool:
-    """True for a string with a remote protocol (``s3://``, ``gs://``, ``hf://`` ...), False for
-    local paths and ``file://``."""
-    if not isinstance(path, str) or "://" not in path:
-        return False
-    return path.split("://", 1)[0].lower() not in ("file", "local")
-
-
-def filesystem(url: str, storage_options: Optional[dict] = None):
-    """``(fsspec filesystem, path without protocol)`` of ``url``; a missing protocol package
-    (``s3fs`` for ``s3://``) raises an ImportError naming what to install."""
-    import fsspec
-    from fsspec.registry import known_implementations
-
-    proto = url.split("://", 1)[0]
-    # datasets adds {"hf": {...}} to a storage_options dict it is given: another protocol's options
-    opts = {k: v for k, v in (storage_options or {}).items()
-            if not (k != proto and k in known_implementations and isinstance(v, dict))}
-    try:  # a fresh instance: fsspec's cache keys on the arguments, not on the environment (AWS_ENDPOINT_URL...)
-        return fsspec.core.url_to_fs(url, **{"skip_instance_cache": True, **opts})
-    except ImportError as e:
-        raise ImportError(f"reading {url!r} needs fsspec's {proto}:// filesystem: "
-                          f"pip install {'s3fs' if proto in ('s3', 's3a') else proto + 'fs'} ({e})") from e
-
-
-def fresh(fs, path: str) -> None:
-    """Forget what ``fs`` (fsspec reuses one instance per set of arguments) listed before under
-    ``path``: objects written or replaced since then are seen as they are now (a stale size or
-    ETag otherwise fails the read: s3fs' "no longer exists")."""
-    top = path.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
-    fs.invalidate_cache(top.rstrip("/") or None)
-
-
-def _full(fs, path: str) -> str:
-    return fs.unstrip_protocol(path)
-
-
-def list_shards(data_files: Union[str, os.PathLike, Sequence], storage_options: Optional[dict] = None) -> list[str]:
-    """The parquet shard URLs of ``data_files`` (a URL or local path, a folder / prefix, a glob, or a
-    list of those), sorted within each entry. A path that exists is read as it is, glob characters
-    (``[``, ``*``, ``?``) in its name included. Raises `ArgumentError` when an entry matches nothing."""
-    entries = [data_files] if isinstance(data_files, (str, os.PathLike)) else data_files
-    if not isinstance(entries, (list, tuple)) or not entries or not all(isinstance(e, (str, os.PathLike))
-                                                                           for e in entries):
-        raise ArgumentError(f"data_files must be a shard URL or path, a folder, a glob or a non-empty list of those, "
-                            f"got {data_files!r}")
-    out: list[str] = []
-    for entry in map(os.fspath, entries):
-        fs, path = filesystem(entry, storage_options)
-        fresh(fs, path)
-        if fs.exists(path):
-            found = sorted(p for p in fs.find(path) if p.endswith(".parquet")) if fs.isdir(path) else [path]
-        elif any(c in path for c in GLOB_CHARS):  # a pattern: the files it matches (not the folders)
-            found = sorted(p for p, info in fs.glob(path, detail=True).items() if info.get("type") != "directory")
-        else:
-            found = []
-        if not found:
-            raise ArgumentError(f"data_files {entry!r} matches no file (no such object or prefix, or no .parquet "
-                                "under it): give a shard URL, a folder of .parquet shards or a glob")
-        out += [_full(fs, p) for p in found]
-    return out
 
 
 def write_shards(ds, url: str, *, num_shards: int = 1, storage_options: Optional[dict] = None,
@@ -265,15 +208,20 @@ class DamagedShardError(DamagedDatasetError):
     def __init__(self, shard: str, *, rows_read: int = 0, row_group: Optional[int] = None, cause=None,
                  start: Optional[int] = None, detail: Optional[str] = None, **kw):
         original = worker_original(shard, type(self)) if detail is None and cause is None else None
-        if original is not None:  # torch's re-raise of a worker's error: type(e)(text)
+        said = _own_message(type(self), shard) if original is None and detail is None and cause is None and not kw \
+            and start is None else None
+        if said is not None:  # its own message: type(e)(*e.args), as a datasets pool rebuilds it
+            shard, rows_read, row_group, start, detail, kw = said
+        elif original is not None:  # torch's re-raise of a worker's error: type(e)(text)
             found = _DAMAGE_TEXT.match(original)
             detail, shard = shard, found and found.group(1)
             if found:
                 rows_read, row_group = int(found.group(3)), found.group(2) and int(found.group(2))
         what = "its footer (the file is cut short or not parquet)" if row_group is None else f"row group {row_group}"
         if detail is None:
+            readable = "" if start is None else f" (dataset rows [0, {start + rows_read}) readable)"
             detail = (f"shard {shard!r} is damaged: reading {what} failed ({cause}); {rows_read} of its rows read "
-                      "before it")
+                      f"before it{readable}")
         kw.setdefault("fix", "re-write the shard from a good copy (or re-encode its rows); stream_encoded("
                              "..., on_bad_shard='skip') leaves it out and counts it")
         kw.setdefault("where", "")
@@ -292,6 +240,25 @@ class DamagedShardError(DamagedDatasetError):
 # what DamagedShardError's own message starts with: shard, row group (None: the footer), rows read
 _DAMAGE_TEXT = re.compile(r"shard '([^']*)' is damaged: reading (?:row group (\d+)|its footer).*?; (\d+) of its rows "
                           r"read before it", re.S)
+_READABLE_TEXT = re.compile(r"read before it \(dataset rows \[0, (\d+)\) readable\)")
+_LAST_SHARD_TEXT = re.compile(r"none of the \d+ shards can be read \(the last: '([^']*)'\)")
+
+
+def _own_message(cls: type, text: Any) -> Optional[tuple]:
+    """``(shard, rows_read, row_group, start, detail, fields)`` of a `DamagedShardError` whose
+    message is ``text`` (``type(e)(*e.args)``), or None for any other text."""
+    fields = fields_from_message(cls, text) if isinstance(text, str) else None
+    detail = (fields or {}).get("detail") or ""
+    damage, last = _DAMAGE_TEXT.match(detail), _LAST_SHARD_TEXT.match(detail)
+    if not (damage or last):
+        return None
+    kw = {k: fields[k] for k in ("expected", "found", "fix", "stage")}
+    if last:
+        return last.group(1), 0, None, None, detail, kw
+    rows_read = int(damage.group(3))
+    readable = _READABLE_TEXT.search(detail)
+    start = None if readable is None else int(readable.group(1)) - rows_read
+    return damage.group(1), rows_read, damage.group(2) and int(damage.group(2)), start, detail, kw
 
 
 # ---- streaming -------------------------------------------------------------------------------
