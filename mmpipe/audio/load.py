@@ -98,6 +98,7 @@ def _decode_file(source, where: str, column: str, limit: tuple = (0, 0)) -> tupl
                 too_long(math.ceil(f.frames * target / rate), target, max_samples, where, column)
             # GSM 6.10, G.721 / G.723 WAV and AU are not seekable: soundfile reads them given their frames
             data = f.read(-1 if f.seekable() else f.frames, dtype="float32", always_2d=True).T  # [channels, n]
+            subtype = f.subtype
         declared = declared_frames(source)
     except AudioError:  # too long by its header (a ValueError too)
         raise
@@ -116,6 +117,12 @@ def _decode_file(source, where: str, column: str, limit: tuple = (0, 0)) -> tupl
                          f"{data.shape[1] / rate:.2f} s", where=where, column=column,
                          expected=f"{frames} frames (the header's data size)", found=f"{data.shape[1]} frames",
                          fix="re-download or re-export the clip, or drop the row")
+    # a float WAV / AIFF / CAF holds its samples as written, unscaled: int16 values saved as floats
+    # (peaks in the thousands) reached the processor as they are, where the same samples as an array
+    # are refused (integer formats read back at full scale 1.0; lossy decoders overshoot it slightly)
+    _check_full_scale(data, where, column, found=f"{subtype} samples of the audio {what}",
+                      fix="re-export the file with float samples in [-1, 1] (divide int16 values by 32768), or "
+                          "as integer PCM (e.g. soundfile.write(path, samples, rate, subtype='PCM_16'))")
     return (data.mean(axis=0) if data.shape[0] > 1 else data[0]), rate
 
 
@@ -198,7 +205,7 @@ def _array(samples: Any, rate: Any, where: str, column: str) -> tuple[np.ndarray
     return (arr.mean(axis=0) if arr.ndim == 2 else arr), rate
 
 
-def _check_full_scale(arr: np.ndarray, where: str, column: str) -> None:
+def _check_full_scale(arr: np.ndarray, where: str, column: str, *, found: str = "", fix: str = "") -> None:
     """Float samples have a full scale of 1.0; peaks over `MAX_FLOAT_PEAK` are integer PCM that lost
     its width on the way (``int16_array.astype(np.float32)``; a ``datasets`` column whose float rows
     turn its int16 rows into float32), which the processor takes as they are, silently: Whisper's
@@ -208,8 +215,8 @@ def _check_full_scale(arr: np.ndarray, where: str, column: str) -> None:
     if peak > MAX_FLOAT_PEAK:
         raise AudioError(f"float audio samples peak at {peak:g}: integer PCM not scaled to full scale 1.0",
                          where=where, column=column, expected=f"float samples in [-1, 1] (peaks up to {MAX_FLOAT_PEAK:g})",
-                         found=f"{arr.dtype} samples with peak |sample| {peak:g}",
-                         fix="give integer samples with their width (np.asarray(samples, np.int16): mmpipe scales them "
+                         found=f"{found or f'{arr.dtype} samples'} with peak |sample| {peak:g}",
+                         fix=fix or "give integer samples with their width (np.asarray(samples, np.int16): mmpipe scales them "
                              "as soundfile reads them) or divide them by their full scale (int16: 32768); a datasets "
                              "column with float and int16 clips stores them all as float: keep one dtype, or store files")
 
