@@ -75,8 +75,9 @@ RECURRENT_FIELDS = ("mamba_d_state", "mamba_d_conv", "ssm_state_size", "state_si
                     "lru_width", "linear_conv_kernel_dim", "block_types", "layers_block_type",
                     "hybrid_override_pattern", "attn_layer_period")
 # model types whose image tokens attend both ways (transformers 5.24's gemma3 / paligemma models,
-# which read token_type_ids); Gemma 4 says so in use_bidirectional_attention="vision"
-BIDIRECTIONAL_IMAGE_MODELS = ("gemma3", "paligemma")
+# which read token_type_ids; ShieldGemma 2 checkpoints load Gemma3ForConditionalGeneration with their
+# own model type); Gemma 4 says so in use_bidirectional_attention="vision"
+BIDIRECTIONAL_IMAGE_MODELS = ("gemma3", "paligemma", "shieldgemma2")
 _ATTENTION_KINDS = tuple(k for k in LAYER_BOUNDARIES if k.endswith("attention"))
 _LEGACY = {"mamba": "linear_attention", "attention": "full_attention"}
 _TEXT_KEYS = ("text_config", "llm_config", "language_config")
