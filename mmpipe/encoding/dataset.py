@@ -23,6 +23,7 @@ Each encoded row is a stored `MultiModalInputs` dict (``input_ids`` int64 [L],
 from __future__ import annotations
 
 import json
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -154,7 +155,50 @@ def max_images_per_row(ds, images_column: str = "images") -> int:
     return max(most_per_row(ds, images_column), most_per_row(ds, one) if one else 0) or 1
 
 
-_ENCODERS: dict[tuple, Encoder] = {}
+# id(processor) -> {(its quick state, the options): its encoder}; an entry goes with its processor
+_ENCODERS: dict[int, dict[tuple, Encoder]] = {}
+
+
+class _HeldEncoder(Encoder):
+    """The `Encoder` `encode` keeps: it holds its processor (or a tokenizer passed as one) weakly, so
+    a processor the caller dropped goes, with its tokenizer and this encoder."""
+
+    @property
+    def processor(self):
+        return self._processor_ref()
+
+    @processor.setter
+    def processor(self, value) -> None:
+        self._processor_ref = weakref.ref(value)
+
+    @property
+    def tokenizer(self):
+        held = self.__dict__["_tokenizer"]
+        return self.processor if held is None else held
+
+    @tokenizer.setter
+    def tokenizer(self, value) -> None:
+        self.__dict__["_tokenizer"] = None if value is self.processor else value
+
+
+def _encoder_for(processor, options: dict) -> Encoder:
+    """``processor``'s cached `_HeldEncoder` for ``options`` (a new one after an in-place change); a
+    plain `Encoder` per call for a processor that takes no weak reference."""
+    key = (quick_state(processor), tuple(sorted((k, repr(v)) for k, v in options.items())))
+    mine = _ENCODERS.get(id(processor))
+    enc = None if mine is None else mine.get(key)
+    if enc is not None and enc.processor is processor:
+        return enc
+    if mine is None or any(e.processor is not processor for e in mine.values()):
+        try:
+            weakref.finalize(processor, _ENCODERS.pop, id(processor), None)
+        except TypeError:
+            return make_encoder(processor, **options)
+        mine = _ENCODERS[id(processor)] = {}
+    if len(mine) > 16:  # many option sets or in-place changes of one processor
+        mine.clear()
+    mine[key] = enc = _HeldEncoder(processor, **options)
+    return enc
 
 
 def make_encoder(processor, **options) -> Encoder:
@@ -168,19 +212,13 @@ def _encode(example: dict, idx=None, *, processor, **options) -> dict:
 
     Works per row and with ``batched=True``, ``with_indices=True`` (errors then name the
     row index) and ``num_proc``. The encoder is built once per process per
-    (processor, its settings, options) and reused: a processor changed in place (its image
-    processor's ``size``, its chat template, a token added) gets a new one, as the map's
+    (processor, its settings, options), reused while the processor lives (held weakly); a processor
+    changed in place (its image processor's ``size``, its chat template, a token added) gets a new one, as the map's
     fingerprint moves. The map's cache fingerprint includes mmpipe's version
     and a hash of its encoding code (`mmpipe.encoding.fingerprint`): after an upgrade the
     same map re-encodes instead of reusing rows an older mmpipe wrote.
     """
-    key = (id(processor), quick_state(processor), tuple(sorted((k, repr(v)) for k, v in options.items())))
-    enc = _ENCODERS.get(key)
-    if enc is None or enc.processor is not processor:
-        if len(_ENCODERS) > 16:
-            _ENCODERS.clear()
-        enc = _ENCODERS[key] = make_encoder(processor, **options)
-    return enc(example, idx)
+    return _encoder_for(processor, options)(example, idx)
 
 
 # A callable object, not a plain function: datasets hashes a function by its name only, so the
