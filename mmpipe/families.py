@@ -203,12 +203,18 @@ def family_of(obj) -> ModelFamily:
     if model_type is not None:
         if model_type in _MODEL_TYPES:
             return _MODEL_TYPES[model_type]
-        if getattr(config, "vision_config", None) is not None:
+        if getattr(config, "vision_config", None) is not None or _encoder_vision(config):
             raise _unsupported("model type", repr(model_type), f" ({type(config).__name__})")
         return TEXT
     if hasattr(obj, "convert_tokens_to_ids"):
         return TEXT
     raise NotAFamilyError(f"cannot tell the model family of {type(obj).__name__}: pass a processor, model or name")
+
+
+def _encoder_vision(config) -> bool:
+    """Whether an encoder-decoder config's encoder has a ``vision_config`` (T5Gemma 2: not a text decoder)."""
+    enc = getattr(config, "encoder", None)
+    return (enc.get("vision_config") if isinstance(enc, dict) else getattr(enc, "vision_config", None)) is not None
 
 
 def takes_generic_path(obj) -> bool:

@@ -14,6 +14,7 @@ then stay apart is up to each layer of the text stack (`LAYER_BOUNDARIES`):
   (measured on tiny Qwen3.5 / Qwen3.5-MoE: packed logits off by 0.06 / 0.04 from the second row).
 - ``cross_attention`` (Mllama), ``bidirectional_image`` (Gemma 3, PaliGemma: image tokens attend
   both ways, a mask transformers builds from positions in the whole pack), ``bidirectional``,
+  ``encoder_decoder`` (T5Gemma 2: its encoder attends both ways over the whole input),
   ``chunked_attention`` and any type not listed: refused (known wrong, or never checked).
 
 The types are read from the config (`model_layers`), in this order: the text config's
@@ -64,6 +65,8 @@ LAYER_REFUSALS = {
                            "in the whole pack: from the second row on, tokens see later tokens (measured "
                            "on Gemma 3: logits off by up to 0.41)",
     "bidirectional": "attend both ways, which a causal pack of rows does not describe (never checked)",
+    "encoder_decoder": "run an encoder that attends both ways over its whole input, so in a pack every row "
+                       "would see the others, and a decoder whose rows do not match the pack's (never checked)",
     "chunked_attention": "attend in fixed chunks that transformers 4.x counts from the start of the pack "
                          "(never checked)",
 }
@@ -133,6 +136,8 @@ def model_layers(model: Any) -> ModelLayers:
         wide.append("bidirectional_image")
     if both_ways is True or both_ways == "all":
         wide.append("bidirectional")
+    if _get(outer, "is_encoder_decoder") is True:
+        wide.append("encoder_decoder")
     impl = _get(text, "_attn_implementation") or _get(outer, "_attn_implementation")
     return ModelLayers(model_type, types, tuple(wide), source, impl if isinstance(impl, str) else None)
 

@@ -24,3 +24,23 @@ def test_shieldgemma2_is_refused_as_gemma3():
         assert "bidirectional_image" in model_layers(who).model_wide
         with pytest.raises(PackingUnsupportedError, match="bidirectional_image"):  # was: returned (packs)
             check_packing(who)
+
+
+def test_t5gemma2_is_not_a_text_decoder():
+    """T5Gemma 2 (``t5gemma2``, image-text-to-text, its checkpoints load ``Gemma3Processor``) is an
+    encoder-decoder whose encoder holds the vision tower. Was: `family_of` called its config a text decoder
+    (family "text", 1-D rope) and `check_packing` let it pack (the decoder's sliding / full layers only)."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "T5Gemma2Config"):
+        pytest.skip(f"transformers {transformers.__version__} has no t5gemma2")
+    from mmpipe.errors import UnsupportedProcessorError
+    from mmpipe.families import GENERIC, family_of, resolve_family
+
+    config = transformers.T5Gemma2Config()
+    for who in (config, config.to_dict()):
+        with pytest.raises(UnsupportedProcessorError, match="t5gemma2"):
+            family_of(who)
+        assert resolve_family(who) is GENERIC
+    assert "encoder_decoder" in model_layers(config).model_wide
+    with pytest.raises(PackingUnsupportedError, match="encoder_decoder"):
+        check_packing(config)
