@@ -35,6 +35,7 @@ from mmpipe.errors import ArgumentError, ImageError, PlaceholderError, VideoErro
 from mmpipe.images.load import confine_image
 from mmpipe.encoding.glm_videos import glm_plan, glm_time_text
 from mmpipe.images.video import VideoOptions, encode_video, frame_bounds, qwen_plan, video_layout
+from mmpipe.images.video_processor_plan import processor_plan
 from mmpipe.records.arrow import most_per_row
 
 __all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes", "keeps_video_wrapper"]
@@ -176,8 +177,14 @@ def _glue_first_times(enc, ids, labels, pads, times_ids, first_texts) -> tuple:
     return ids, labels, np.asarray(new_pads, np.int64)
 
 
+def _qwen_plan(total: int, fps: float, h: int, w: int, spec, opts: VideoOptions, where: str, frame_list: bool):
+    """qwen-vl-utils' plan, or under ``sampling="processor"`` the family's video processor's."""
+    plan = processor_plan if opts.sampling == "processor" else qwen_plan
+    return plan(total, fps, h, w, spec, opts, where, frame_list)
+
+
 # `ModelFamily.video_rule` -> (sampling/sizing plan, a frame group's time text, pad expansion)
-VIDEO_RULES = {"qwen": (qwen_plan, timestamp_text, _expand_qwen),
+VIDEO_RULES = {"qwen": (_qwen_plan, timestamp_text, _expand_qwen),
                "glm4v": (glm_plan, glm_time_text, expand_glm_video_pads)}
 
 

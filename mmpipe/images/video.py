@@ -1,28 +1,24 @@
 """Videos in, sampled and resized uint8 frame patches out, decoded with bounded memory.
 
 A video is a file path, encoded bytes, a ``datasets`` Video-style dict (``{"path", "bytes"}``)
-or a list of frames (PIL images or uint8 [H, W, 3] arrays) with their ``fps``. Frames are
-sampled and sized by the published Qwen rules (qwen-vl-utils 0.0.14 ``vision_process.py``):
+or a list of frames (PIL images or uint8 [H, W, 3] arrays) with their ``fps``. Frames are sampled
+and sized by qwen-vl-utils 0.0.14's ``fetch_video`` (the default; ``VideoOptions(sampling=
+"processor")``: as the family's transformers video processor, `mmpipe.images.video_processor_plan`):
 
 - how many: ``nframes`` rounded to `FRAME_FACTOR`, or ``total / video_fps * fps`` clamped to
   ``[min_frames, min(max_frames, total)]`` and floored to `FRAME_FACTOR` (`sample_count`);
-- which: ``round(linspace(0, total - 1, n))`` (`sample_indices`); with ``video_start`` /
-  ``video_end`` (seconds) the same over the clip's frames (`frame_range`: ``total`` is then the
-  clip's count); a frame list is used whole, its last frame repeated up to a multiple of `FRAME_FACTOR`;
-- how large: `smart_resize` with ``min_pixels`` (default 128 tokens' worth) and
-  ``max_pixels = max(min(768 tokens' worth, total_pixels / n * FRAME_FACTOR), int(min_pixels * 1.05))``,
-  lowered to the caller's ``max_pixels`` (`frame_bounds`);
-- ``second_per_grid_ts = temporal_patch_size / sample_fps`` with ``sample_fps = n / total *
-  video_fps`` (what the Qwen2.5-VL processor computes from qwen-vl-utils' metadata).
+- which: ``round(linspace(0, total - 1, n))`` (`sample_indices`), over the clip ``video_start`` ..
+  ``video_end`` seconds if given (`frame_range`); a frame list whole, its last frame repeated to even;
+- how large: `smart_resize` within ``min_pixels`` (default 128 tokens' worth) and ``max(min(768
+  tokens' worth, total_pixels / n * FRAME_FACTOR), int(min_pixels * 1.05))``, lowered to ``max_pixels``;
+- ``second_per_grid_ts = temporal_patch_size / sample_fps``, ``sample_fps = n / total * video_fps``.
 
-Frames are always resized by the torchvision rule (`backends.resize_u8_torch`), whatever the
-image backend: transformers has only torchvision video processors (no PIL one), so that is what
-the stock Qwen video processors and vLLM compute (`VisionSpec.for_videos`). They are stored as
-uint8 patches [grid_t * gh * gw, 3 * T * p * p] in the processor's ``pixel_values_videos``
-layout (T = temporal_patch_size consecutive frames per patch); `u8_video_to_pixel_values` with
-``spec.for_videos().lut()`` expands them to float32. Decoding (PyAV, imported lazily) walks
-the stream once and keeps only the sampled frames, already resized: memory is the output plus
-one decoded frame, never the clip. Every failure is a `mmpipe.errors.VideoError` naming the video.
+Frames are resized by the torchvision rule (`backends.resize_u8_torch`) whatever the image backend:
+transformers has only torchvision video processors, so that is what they and vLLM compute
+(`VisionSpec.for_videos`). Stored as uint8 patches [grid_t * gh * gw, 3 * T * p * p] in the
+processor's ``pixel_values_videos`` layout (`u8_video_to_pixel_values` with ``spec.for_videos().lut()``
+expands them). Decoding (PyAV, imported lazily) walks the stream once and keeps only the sampled
+frames, resized: memory is the output plus one decoded frame. Failures are `mmpipe.errors.VideoError`.
 """
 
 from __future__ import annotations
@@ -41,23 +37,28 @@ from mmpipe.images.load import decoded_rgb
 from mmpipe.images.spec import VisionSpec, smart_resize
 from mmpipe.images.video_container import Container, check_codec, decode_sampled
 from mmpipe.images.video_frames import SampledFrames, patchify_video_u8  # noqa: F401 (public here too)
+from mmpipe.images.video_sampling import (FRAME_FACTOR, frame_range, group_times, sample_count,  # noqa: F401
+                                          sample_indices)
 
-__all__ = ["FRAME_FACTOR", "VideoOptions", "VideoPatches", "sample_count", "sample_indices", "frame_range",
-           "file_indices", "refuse_clip", "check_resized", "frame_bounds",
+__all__ = ["FRAME_FACTOR", "SAMPLINGS", "VideoOptions", "VideoPatches", "sample_count", "sample_indices", "frame_range",
+           "file_indices", "refuse_clip", "check_resized", "sized", "frame_bounds",
            "group_times", "qwen_plan", "encode_video", "video_layout", "patchify_video_u8", "sampled_frames"]
 
-FRAME_FACTOR = 2  # qwen-vl-utils: sampled frame counts are multiples of this
 VIDEO_MIN_TOKENS, VIDEO_MAX_TOKENS = 128, 768  # per-frame pixel bounds, in merged tokens
 MODEL_SEQ_LEN = 128000  # qwen-vl-utils' default total budget: 90% of this many tokens' pixels
 MAX_FRAME_PIXELS = 2 * 89_478_485  # PIL's decompression-bomb limit, as for images
 MAX_RESIZED_PIXELS = 2 * 89_478_485  # the same bound on a resized frame (a row's min_pixels can ask for more)
+SAMPLINGS = ("qwen-vl-utils", "processor")  # VideoOptions.sampling: qwen-vl-utils' fetch_video, the video processor's
+_PROCESSOR_ONLY = ("do_sample_frames", "cap_pixels_per_frame", "max_video_tokens")
 
 
 @dataclass(frozen=True)
 class VideoOptions:
     """Sampling and sizing options (qwen-vl-utils' names and defaults). Give ``fps`` (frames
     sampled per second) or ``nframes`` (a fixed count), not both. Pixel options in pixels per
-    frame; None: qwen-vl-utils' default for the spec's factor."""
+    frame; None: qwen-vl-utils' default for the spec's factor. ``sampling="processor"``: as the
+    family's transformers video processor samples and sizes (`mmpipe.images.video_processor_plan`;
+    ``min_pixels`` / ``max_pixels`` are then its ``size``; None values: the processor's)."""
 
     fps: Optional[float] = None  # None: 2.0 (qwen-vl-utils' FPS) unless nframes is given
     nframes: Optional[int] = None
@@ -69,17 +70,30 @@ class VideoOptions:
     frames_fps: float = 2.0  # the fps of a frame list (qwen-vl-utils' ``sample_fps``)
     video_start: Optional[float] = None  # seconds: the clip of a video file to sample (`frame_range`)
     video_end: Optional[float] = None
+    sampling: str = "qwen-vl-utils"  # or "processor"; the rest only with "processor" (None: the processor's)
+    do_sample_frames: Optional[bool] = None
+    cap_pixels_per_frame: Optional[bool] = None
+    max_video_tokens: Optional[int] = None
 
     def __post_init__(self):
         if self.nframes is not None and self.fps is not None:
             raise ArgumentError(f"give fps or nframes, not both (fps={self.fps!r}, nframes={self.nframes!r})")
+        if self.sampling not in SAMPLINGS:
+            raise ArgumentError(f"VideoOptions.sampling must be one of {SAMPLINGS}, got {self.sampling!r:.40}")
+        other = [k for k in (("total_pixels",) if self.sampling == "processor" else _PROCESSOR_ONLY)
+                 if getattr(self, k) is not None]
+        if other:
+            raise ArgumentError(f"VideoOptions {other} do not apply with sampling={self.sampling!r}")
         # a row's JSON may carry "4" or true: refused here, not a bare TypeError deep in sampling;
         # inf is refused too (a frame list at fps=inf had second_per_grid_ts 0 and every time 0.0)
         for f in fields(self):
             v = getattr(self, f.name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)):
-                raise ArgumentError(f"VideoOptions.{f.name} must be a finite number, got {v!r:.40}")
-        for name in ("fps", "nframes", "frames_fps"):
+            flag = f.name in _PROCESSOR_ONLY[:2]  # True, False or None
+            if v is not None and f.name != "sampling" and (not isinstance(v, bool) if flag else (
+                    isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v))):
+                raise ArgumentError(f"VideoOptions.{f.name} must be {'a bool' if flag else 'a finite number'}, "
+                                    f"got {v!r:.40}")
+        for name in ("fps", "nframes", "frames_fps", "max_video_tokens"):
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ArgumentError(f"VideoOptions.{name} must be > 0, got {v!r}")
@@ -101,68 +115,7 @@ class VideoPatches:
     timestamps: tuple = ()  # seconds per frame group (Qwen3-VL's "<t seconds>" text), `group_times`
 
 
-# ---- sampling and sizing (pure functions of the metadata) ------------------------------
-def group_times(indices, video_fps: float, T: int) -> tuple:
-    """Seconds of each temporal patch (frame group), transformers' Qwen3-VL
-    ``_calculate_timestamps``: indices padded with the last to a multiple of ``T``, each
-    ``index / video_fps``, then the mean of each group's first and last."""
-    idx = [int(i) for i in indices]
-    idx += [idx[-1]] * (-len(idx) % T)
-    ts = [i / video_fps for i in idx]
-    return tuple((ts[i] + ts[i + T - 1]) / 2 for i in range(0, len(ts), T))
-
-
-def sample_count(total_frames: int, video_fps: float, opts: VideoOptions, *, where: str = "video") -> int:
-    """qwen-vl-utils ``smart_nframes``: the number of frames to sample."""
-    if opts.nframes is not None:
-        n = round(opts.nframes / FRAME_FACTOR) * FRAME_FACTOR
-    else:
-        fps = opts.fps if opts.fps is not None else 2.0
-        lo = math.ceil(opts.min_frames / FRAME_FACTOR) * FRAME_FACTOR
-        hi = math.floor(min(opts.max_frames, total_frames) / FRAME_FACTOR) * FRAME_FACTOR
-        n = min(min(max(total_frames / video_fps * fps, lo), hi), total_frames)
-        n = math.floor(n / FRAME_FACTOR) * FRAME_FACTOR
-    if total_frames < FRAME_FACTOR:  # a still image opened as a video (a JPEG/PNG/GIF), or a one-frame clip
-        raise VideoError(f"cannot sample {FRAME_FACTOR} frames from a video of {total_frames} frame (the least "
-                         "qwen-vl-utils' rule samples)",
-                         where=where, expected=f"a video of at least {FRAME_FACTOR} frames",
-                         found=f"{total_frames} frame (a still image file read as a video?)",
-                         fix="give a still image as an image (an image item / the images column), or its frame "
-                             "as a one-frame list [frame] (repeated to 2 frames), or drop the row (on_error='skip')")
-    if not FRAME_FACTOR <= n <= total_frames:
-        raise VideoError(f"cannot sample {n} frames from a video of {total_frames} frames", where=where,
-                         expected=f"between {FRAME_FACTOR} and the video's {total_frames} frames",
-                         found=f"{n} frames", fix="use a longer video, or lower nframes / min_frames")
-    return int(n)
-
-
-def sample_indices(total_frames: int, n: int, first: int = 0) -> np.ndarray:
-    """int64 [n]: ``round(linspace(first, first + total - 1, n))`` as qwen-vl-utils computes it
-    (torch's float32 linspace, round half to even; ``first``: a clip's first frame, `frame_range`)."""
-    import torch
-
-    return torch.linspace(first, first + total_frames - 1, n).round().long().numpy()
-
-
-def frame_range(total_frames: int, video_fps: float, opts: VideoOptions, *, where: str = "video") -> tuple[int, int]:
-    """(first, last) source frame of the clip ``[video_start, video_end]`` seconds, qwen-vl-utils'
-    ``calculate_video_frame_range``: times clamped to the video's ``total / fps`` seconds, first
-    ``ceil(start * fps)``, last ``min(floor(end * fps), total - 1)``; the whole video without them."""
-    if opts.video_start is None and opts.video_end is None:
-        return 0, total_frames - 1
-    duration = total_frames / video_fps
-    first = 0 if opts.video_start is None else math.ceil(max(0.0, min(opts.video_start, duration)) * video_fps)
-    last = total_frames - 1
-    if opts.video_end is not None:
-        last = min(math.floor(max(0.0, min(opts.video_end, duration)) * video_fps), total_frames - 1)
-    if first >= last:
-        raise VideoError(f"the clip {opts.video_start}..{opts.video_end} s holds no frame range", where=where,
-                         expected=f"video_start < video_end within the video's {duration:.2f} s",
-                         found=f"frames {first}..{last} of {total_frames} at {video_fps:g} fps",
-                         fix="fix video_start / video_end (seconds from the start of the video)")
-    return first, last
-
-
+# ---- sizing (pure functions of the metadata; sampling: `mmpipe.images.video_sampling`) ---------
 def frame_bounds(n_frames: int, spec: VisionSpec, opts: VideoOptions) -> tuple[int, int]:
     """(min_pixels, max_pixels) per frame for a video of ``n_frames`` sampled frames."""
     f2 = spec.factor**2
@@ -175,11 +128,15 @@ def frame_bounds(n_frames: int, spec: VisionSpec, opts: VideoOptions) -> tuple[i
 
 
 def _target_size(h: int, w: int, n_frames: int, spec: VisionSpec, opts: VideoOptions, where: str) -> tuple[int, int]:
+    return sized(h, w, spec, *frame_bounds(n_frames, spec, opts), where)
+
+
+def sized(h: int, w: int, spec: VisionSpec, min_px: int, max_px: int, where: str) -> tuple[int, int]:
+    """`smart_resize` of one ``h`` x ``w`` frame within ``min_px`` .. ``max_px``, as a `VideoError`."""
     if h * w > MAX_FRAME_PIXELS:
         raise VideoError(f"video frames of {h}x{w} pixels are too large to decode", where=where,
                          expected=f"at most {MAX_FRAME_PIXELS} pixels per frame", found=f"{h * w} pixels",
                          fix="downscale the video before encoding it")
-    min_px, max_px = frame_bounds(n_frames, spec, opts)
     try:
         size = smart_resize(h, w, spec.factor, min_px, max_px, max_ratio=spec.max_aspect_ratio, family=spec.family)
     except ImageError as e:
@@ -286,7 +243,11 @@ def _encode_frames(frames: Sequence, spec: VisionSpec, opts: VideoOptions, where
 def qwen_plan(total: int, fps: float, h: int, w: int, spec: VisionSpec, opts: VideoOptions, where: str,
               frame_list: bool) -> tuple:
     """qwen-vl-utils' plan for ``total`` frames at ``fps`` of ``h`` x ``w``: (indices int64 [n], resized
-    (height, width), sample fps, group times); `mmpipe.encoding.glm_videos.glm_plan` is another."""
+    (height, width), sample fps, group times); `mmpipe.encoding.glm_videos.glm_plan` is another;
+    ``sampling="processor"`` options go with ``plan=`` `mmpipe.images.video_processor_plan.processor_plan`."""
+    if opts.sampling != "qwen-vl-utils":  # never ignored: the encoder picks that plan itself
+        raise ArgumentError(f"{where}: VideoOptions(sampling={opts.sampling!r}) goes with "
+                            "plan=mmpipe.images.video_processor_plan.processor_plan")
     if frame_list:
         refuse_clip(opts, where)
         n = math.ceil(total / FRAME_FACTOR) * FRAME_FACTOR
@@ -338,6 +299,9 @@ def sampled_frames(value: Any, opts: Optional[VideoOptions] = None, *, where: st
     try:
         check_codec(c)
         refuse_clip(opts, where, "the frames here go with the video's whole sound track")
+        if opts.sampling != "qwen-vl-utils":  # the processor samples these itself on this path
+            raise ArgumentError("sampling='processor' is for the Qwen-VL video rows; here the frames are sampled by "
+                                "qwen-vl-utils' rule and the processor is told the fps: drop sampling")
         total = c.total_frames()
         idx, _ = file_indices(total, c.fps, opts, where)
         return np.stack(decode_sampled(c, idx, total, lambda frame: frame))
