@@ -265,6 +265,14 @@ def _check_patch_sizes(ip, fam: ModelFamily) -> None:
                 f"{key}={want} (the family table, by which mmpipe counts image tokens and sizes pixel rows); "
                 f"rows made with it would disagree with the processor's own call and the model: set {key} to "
                 f"{want} in its preprocessor_config.json, or load the checkpoint's own processor")
+    expand = getattr(ip, "patch_expand_factor", None)  # GLM-GA's image processors: the resize factor's extra term
+    if expand is not None and int(expand) != 1:
+        raise ArgumentError(
+            f"the processor's image processor {type(ip).__name__} has patch_expand_factor={expand}: its torchvision "
+            f"backend then resizes to multiples of patch_size * merge_size * {expand} (its PIL backend ignores it), "
+            f"while {fam.name} rows are sized to multiples of patch_size * merge_size; rows made with it would "
+            f"disagree with the processor's own call; expected patch_expand_factor=1 (every published config), "
+            f"set it to 1 in its preprocessor_config.json")
 
 
 def _unresized(height: int, width: int, factor: int, family: str) -> tuple[int, int]:

@@ -36,3 +36,14 @@ def test_the_families_own_sizes_encode_as_the_processor_calls():
     text = p.apply_chat_template(RAW["messages"], add_generation_prompt=True, tokenize=False)
     ref = p(text=[text], images=RAW["images"], return_tensors="np")
     assert np.array_equal(row.input_ids, ref["input_ids"][0])
+
+
+def test_a_patch_expand_factor_other_than_1_is_refused():
+    """GLM-GA's image processors (`Glm46VProcessor` around `GlmgaImageProcessor`) take a
+    ``patch_expand_factor``: its torchvision backend resizes to multiples of patch * merge * factor,
+    which the glm46v rows do not (measured with factor 2: grid 6x10 where the processor gives 8x8).
+    Every published config has 1; any other is refused by name, and 1 encodes as before."""
+    drifted = edited_processor("glm46v", patch_expand_factor=2)
+    with pytest.raises(ArgumentError, match="patch_expand_factor=2.*expected patch_expand_factor=1"):
+        mmpipe.encode_row(RAW, drifted)
+    assert mmpipe.encode_row(RAW, edited_processor("glm46v", patch_expand_factor=1)).image_grid_thw is not None
