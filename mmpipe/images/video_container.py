@@ -72,6 +72,19 @@ def _head(src, n: int = 16) -> bytes:
         return f.read(n)
 
 
+def _size(src) -> int:
+    """The byte size of ``av_source``'s result (a path, or a BytesIO left at its start; seek, not
+    getbuffer(), which would copy a BytesIO sharing its bytes); 0 where unknown."""
+    if isinstance(src, io.BytesIO):
+        size = src.seek(0, io.SEEK_END)
+        src.seek(0)
+        return size
+    try:
+        return os.path.getsize(src)
+    except OSError:
+        return 0
+
+
 def _refuse_playlist(head: bytes, where: str) -> None:
     if head.lstrip(b"\xef\xbb\xbf").startswith(_PLAYLIST_MAGIC):
         raise VideoError("the file is a playlist (HLS .m3u8 or an ffconcat list), not a video", where=where,
@@ -89,6 +102,7 @@ class Container:
             src = av_source(value, where)
             _refuse_playlist(_head(src), where)
             self._src = src  # read again for the header's display rotation (`_header_rotation`)
+            self._size = _size(src)
             self.c = av.open(src, mode="r", metadata_errors="ignore")
         except VideoError:
             raise
@@ -135,6 +149,7 @@ class Container:
         scan (torchcodec's exact mode, what transformers' processors and qwen-vl-utils use) count
         every frame, so a header's partial count would sample the clip's first fragment only."""
         n = int(self.s.frames or 0)
+        self._check_header_count(n)
         if n <= 0 or self._header_short(n):
             n, end = self._count_packets()
             self._check_declared_span(n, end)
@@ -142,6 +157,18 @@ class Container:
             raise VideoError("the video has no frames", where=self.where, expected="at least one frame",
                              found=f"{n} frames at {self.fps:g} fps", fix="drop the row or replace the video")
         return n
+
+    def _check_header_count(self, n: int) -> None:
+        """A `VideoError` where the header counts more frames than the file has bytes (each coded
+        frame takes at least one): a damaged or forged header (an AVI claiming 2**31 frames) gave a
+        layout of 768 frames spread over days of a clip that holds 20, and the decode allocated
+        16 GiB for its frame table before reading a frame."""
+        size = self._size
+        if size and n > size:
+            raise VideoError("the video header counts more frames than the file could hold", where=self.where,
+                             expected=f"at most {size} frames (one byte each, the file's size)",
+                             found=f"{n} frames in the header", fix="re-encode or remux the video (e.g. ffmpeg "
+                             "-i in -c copy out.mkv rewrites the header), or drop the row (on_error='skip')")
 
     def _count_packets(self) -> tuple[int, float]:
         """(the video stream's packets, the end in seconds of the last packet of any stream): one
@@ -277,13 +304,14 @@ def decode_sampled(c: Container, idx: np.ndarray, total: int, convert) -> list[n
     """The frames at ``idx`` (sampled indices into the ``total`` frames; repeats kept), each uint8 RGB
     [H, W, 3] passed through ``convert``, decoded in one pass that stops after the last one; a
     `VideoError` when the stream ends before it (the header promised more frames than it holds)."""
-    want = np.bincount(idx, minlength=total)  # how often each source frame is used
+    uniq, counts = np.unique(idx, return_counts=True)  # how often each source frame is used (a table of
+    want = dict(zip(uniq.tolist(), counts.tolist()))  # `total` entries is 16 GiB for a header of 2**31 frames)
     out: list[np.ndarray] = []
     last = int(idx[-1])
     for i, frame in enumerate(c.frames()):
         _check_frame_size(c, frame, i)
-        if i < total and want[i]:
-            out.extend([convert(rgb_frame(c, frame))] * int(want[i]))
+        if i < total and want.get(i):
+            out.extend([convert(rgb_frame(c, frame))] * want[i])
         if i >= last:
             break
     if len(out) < len(idx):

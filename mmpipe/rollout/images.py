@@ -16,7 +16,7 @@ import numpy as np
 
 from mmpipe.errors import ArgumentError, FamilyMismatchError, ImageError, InputError, PixelDataError
 from mmpipe.families import DEFAULT_FAMILY, ModelFamily, family_of
-from mmpipe.images.load import load_image, to_rgb_image, upright
+from mmpipe.images.load import decoded_rgb
 from mmpipe.images.pixels import pixel_values_to_u8, unpatchify_u8, video_pixel_values_to_u8
 from mmpipe.images.spec import VisionSpec
 from mmpipe.records.row import MultiModalInputs
@@ -211,7 +211,7 @@ def original_images(r: MultiModalInputs, given: Optional[list], i: int) -> list:
     out = []
     for k, value in enumerate(values):
         where = f"row {i}, image {k}"
-        rgb = to_rgb_image(upright(load_image(value, where=where)))
+        rgb = decoded_rgb(value, where=where)  # a truncated file: this row's ImageError, not PIL's OSError
         want = tuple(int(x) for x in r.image_hw[k])
         if (rgb.height, rgb.width) != want:
             raise ImageError(f"image {k} is {rgb.height}x{rgb.width} (upright) but the row was encoded from a "

@@ -8,6 +8,7 @@ a header-only file, an audio-only file, an odd-size (17x9) clip, a cut MP4 whose
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from fractions import Fraction
@@ -154,3 +155,57 @@ def test_damaged_videos_leave_pil_and_pyav_settings_alone():
         except VideoError:
             pass
     assert (ImageFile.LOAD_TRUNCATED_IMAGES, Image.MAX_IMAGE_PIXELS, av.logging.get_level()) == before
+
+
+def _forged_avi(frames: int) -> bytes:
+    """A 20-frame MPEG-4 AVI whose headers (avih dwTotalFrames, strh dwLength) claim ``frames``."""
+    if "mpeg4" not in av.codecs_available:
+        pytest.skip("PyAV here has no mpeg4 encoder")
+    data = bytearray(_file(20, 48, 64, "avi", codec="mpeg4"))
+    strh, avih = data.find(b"strh"), data.find(b"avih")
+    data[strh + 40: strh + 44] = frames.to_bytes(4, "little")  # strh body: ... dwStart, dwLength
+    data[avih + 24: avih + 28] = frames.to_bytes(4, "little")  # avih body: ..., dwTotalFrames
+    return bytes(data)
+
+
+def test_a_header_counting_more_frames_than_the_file_has_bytes_is_refused(tmp_path):
+    """An AVI header claiming 2**31 - 1 frames for a 27 KB file: the layout route laid out 768
+    frames over 6 days of clip (grid (384, 4, 4), second_per_grid_ts 559240) and the decode
+    allocated a 16 GiB frame table (MemoryError here, or the machine's memory). Now both routes
+    refuse it by its header, as a path or as bytes. Before: video_layout returned."""
+    data = _forged_avi(2**31 - 1)
+    with av.open(io.BytesIO(data)) as c:
+        assert c.streams.video[0].frames == 2**31 - 1
+    path = tmp_path / "forged.avi"
+    path.write_bytes(data)
+    for value in (data, str(path)):
+        for fn in ROUTES:
+            with pytest.raises(VideoError, match="more frames than the file could hold") as e:
+                fn(value, SPEC, VideoOptions(**SMALL), where="row 3, video 0")
+            assert e.value.found == "2147483647 frames in the header" and str(len(data)) in e.value.expected
+
+
+def test_a_forged_frame_count_does_not_allocate_a_table_of_it(tmp_path):
+    """The decode past the header check, in a child under a 6 GiB address-space limit (its own
+    session, killed past the timeout): the stream ends early, a typed VideoError, never a
+    MemoryError (before: np.bincount(idx, minlength=2**31) in decode_sampled)."""
+    from helpers import run_child_group
+
+    path = tmp_path / "forged.avi"
+    path.write_bytes(_forged_avi(2**31 - 1))
+    script = f"""
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
+from mmpipe.errors import VideoError
+from mmpipe.families import get_family
+from mmpipe.images.spec import VisionSpec
+import mmpipe.images.video_container as vc
+from mmpipe.images.video import VideoOptions, encode_video
+vc.Container._check_header_count = lambda self, n: None  # the decode itself, past the header check
+try:
+    encode_video({str(path)!r}, VisionSpec.from_family(get_family("qwen2_5_vl")), VideoOptions(**{SMALL!r}))
+except VideoError as e:
+    print("done", e.detail)
+"""
+    out = run_child_group(script, 240, "decoding a forged AVI hung")
+    assert "done the video stream ends early" in out
