@@ -9,16 +9,18 @@ from __future__ import annotations
 import logging
 from typing import Optional, Sequence
 
+from mmpipe.data.stream_rows import stream_place
 from mmpipe.errors import ArgumentError
 
 logger = logging.getLogger("mmpipe")
 
 
-def leave_out(mapped, marks: dict, names: Sequence[str], *, errors=None, dropped=None, batch_size: int):
+def leave_out(mapped, marks: dict, names: Sequence[str], *, errors=None, dropped=None, batch_size: int,
+              caveat: Optional[str] = None):
     """``mapped`` (an ``IterableDataset`` that carries the ``marks`` columns, ``{"drop":
     DROP_REASON_COLUMN, "error": ERROR_COLUMN}`` or either) without the marked rows, each recorded
     by `_DropFailed` (``names``: kept input columns copied into each record)."""
-    return mapped.filter(_DropFailed(errors, names, dropped=dropped, marks=list(marks)),
+    return mapped.filter(_DropFailed(errors, names, dropped=dropped, marks=list(marks), caveat=caveat),
                          input_columns=[*marks.values(), *names], batched=True, batch_size=batch_size,
                          with_indices=True)
 
@@ -32,8 +34,9 @@ class _DropFailed:
     ``dropped``. Both get ``"worker"`` (the DataLoader worker whose stream ``row`` counts in) and
     ``"keep"`` (the row's ``keep_columns`` values, e.g. its id)."""
 
-    def __init__(self, errors, names: Sequence[str] = (), *, dropped=None, marks: Sequence[str] = ("error",)):
-        self.errors, self.dropped = errors, dropped
+    def __init__(self, errors, names: Sequence[str] = (), *, dropped=None, marks: Sequence[str] = ("error",),
+                 caveat: Optional[str] = None):
+        self.errors, self.dropped, self.caveat = errors, dropped, caveat  # caveat: `stream_place`'s
         self.names = list(names)
         self.marks = tuple(marks)
         self._told = set()
@@ -53,17 +56,19 @@ class _DropFailed:
                 continue
             bad[i] = True
             rec = json.loads(failed) if failed else {"row": indices[i], "reason": reason}
+            if not failed and stream_place(indices[i], self.caveat) is not None:  # a position, not a dataset row
+                rec = {"row": None, "stream_row": indices[i], "reason": reason}
             if worker is not None:
                 rec["worker"] = worker
             if self.names:
                 rec["keep"] = {c: values[i] for c, values in zip(self.names, kept)}
             keep = "".join(f"{k}={v!r} " for k, v in rec.get("keep", {}).items())
             if failed:
-                logger.warning("mmpipe.encode_stream skipped row %s%s %s(stage %s, column %s): %s", rec.get("row"),
+                logger.warning("mmpipe.encode_stream skipped row %s%s %s(stage %s, column %s): %s", _row(rec),
                                where, keep, rec.get("stage"), rec.get("column"), rec.get("reason"))
                 self._record(self.errors, "errors", rec, worker)
             else:
-                logger.warning("mmpipe.encode_stream dropped row %s%s %s(%s: truncation='drop')", rec["row"], where,
+                logger.warning("mmpipe.encode_stream dropped row %s%s %s(%s: truncation='drop')", _row(rec), where,
                                keep, reason)
                 self._record(self.dropped, "dropped", rec, worker)
         return [not b for b in bad]
@@ -77,6 +82,11 @@ class _DropFailed:
                            "copies; pass %s=multiprocessing.Manager().list() to collect the rows "
                            "of every worker", name, worker, name)
         sink.append(rec)
+
+
+def _row(rec: dict) -> str:
+    """A record's row for the log: the dataset row, else its stream position as such."""
+    return str(rec["row"]) if rec.get("row") is not None else f"(stream position {rec.get('stream_row')})"
 
 
 def _worker_id() -> Optional[int]:

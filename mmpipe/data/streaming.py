@@ -59,6 +59,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Optional, Sequence
 
+from mmpipe.data.stream_rows import StreamRows, position_caveat
 from mmpipe.data.stream_skips import check_errors_sink, leave_out
 from mmpipe.errors import ArgumentError, is_integer
 
@@ -201,9 +202,11 @@ def encode_stream(ds, processor, *, batch_size: int = 64, keep_columns: Sequence
     ``truncation="drop"`` leaves over-long rows out of the stream, each logged as a warning and
     its ``{"row", "reason"}`` appended to ``dropped`` when a list is given. ``on_error="skip"``
     leaves failed rows out of the stream too, each logged and its ``{"row", "stage", "column",
-    "reason"}`` appended to ``errors``. The row index is the position in this process's stream (a
-    rank's, a DataLoader worker's: ``"worker"`` in the record), so keep an id column
-    (``keep_columns=["id"]``: the record's ``"keep"``) to find the row. With DataLoader workers a
+    "reason"}`` appended to ``errors``. ``row`` is the dataset row where the stream position is one
+    (an unshuffled, unsplit stream read by one process); elsewhere (a shuffle, a rank split, several
+    DataLoader workers: ``"worker"`` in the record) it is None, the record's ``stream_row`` and its
+    message name the position in this process's stream (`mmpipe.data.stream_rows`), so keep an id
+    column (``keep_columns=["id"]``: the record's ``"keep"``) to find the row. With DataLoader workers a
     plain list is each worker's own copy: pass ``errors=multiprocessing.Manager().list()`` (and
     ``dropped=``) to collect every worker's records.
 
@@ -226,15 +229,18 @@ def encode_stream(ds, processor, *, batch_size: int = 64, keep_columns: Sequence
     marks = dict(([("drop", DROP_REASON_COLUMN)] if drop else [])
                  + ([("error", ERROR_COLUMN)] if enc.on_error == "skip" else []))
     features = _stream_features(enc, ds, keep_columns, marks.values())
+    caveat = position_caveat(ds)  # why a stream position is not the dataset row, if it is not
     if drop:  # dropped rows stay in the map, marked, so the filter below can record them with the failed ones
         enc.mark_dropped = True
-        mapped = ds.map(enc, batched=True, batch_size=batch_size, with_indices=True, features=features)
+        mapped = ds.map(StreamRows(enc, caveat), batched=True, batch_size=batch_size, with_indices=True,
+                        features=features)
     else:
-        mapped = ds.map(encode, fn_kwargs={"processor": processor, **options}, batched=True, batch_size=batch_size,
-                        with_indices=True, features=features)
+        mapped = ds.map(StreamRows(encode, caveat), fn_kwargs={"processor": processor, **options}, batched=True,
+                        batch_size=batch_size, with_indices=True, features=features)
     if marks:  # failed / dropped rows: out of the stream, logged and counted (never an empty row the Collator takes)
         names = [c for c in keep_columns if c not in enc.empty_row_dict() and c not in marks.values()]
-        mapped = leave_out(mapped, marks, names, errors=errors, dropped=dropped, batch_size=batch_size)
+        mapped = leave_out(mapped, marks, names, errors=errors, dropped=dropped, batch_size=batch_size,
+                           caveat=caveat)
     return mapped.select_columns(out_columns)
 
 

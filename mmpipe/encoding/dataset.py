@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from mmpipe.data.stream_rows import StreamRows, stream_place
 from mmpipe.encoding.encoder import Encoder
 from mmpipe.encoding.fingerprint import StampedFunction, quick_state
 from mmpipe.encoding.mapping import DROP_REASON_COLUMN
@@ -173,8 +174,7 @@ class _HeldEncoder(Encoder):
 
     @property
     def tokenizer(self):
-        held = self.__dict__["_tokenizer"]
-        return self.processor if held is None else held
+        return self.processor if (held := self.__dict__["_tokenizer"]) is None else held
 
     @tokenizer.setter
     def tokenizer(self, value) -> None:
@@ -202,8 +202,7 @@ def _encoder_for(processor, options: dict) -> Encoder:
 
 
 def make_encoder(processor, **options) -> Encoder:
-    """The `Encoder` of ``processor`` (any family; the generic path for a VLM processor without
-    a family table: its own chat template and call, and one log line saying so)."""
+    """The `Encoder` of ``processor`` (any family; the generic path, logged once, for the rest)."""
     return Encoder(processor, **options)
 
 
@@ -218,7 +217,9 @@ def _encode(example: dict, idx=None, *, processor, **options) -> dict:
     and a hash of its encoding code (`mmpipe.encoding.fingerprint`): after an upgrade the
     same map re-encodes instead of reusing rows an older mmpipe wrote.
     """
-    return _encoder_for(processor, options)(example, idx)
+    enc = _encoder_for(processor, options)
+    # in one of several DataLoader workers an index counts in the worker's part of a stream, not the dataset
+    return (StreamRows(enc, None) if idx is not None and stream_place(0, None) else enc)(example, idx)
 
 
 # A callable object, not a plain function: datasets hashes a function by its name only, so the

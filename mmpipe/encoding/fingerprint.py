@@ -42,13 +42,15 @@ __all__ = ["CODE_SOURCES", "CodeStamped", "StampedFunction", "code_hash", "code_
 # placeholders, image loading and pixels, records and their columns, M-RoPE positions, the
 # family table, error texts stored under on_error="skip"). Folders mean their *.py files.
 # tests/encoding/test_fingerprint.py checks this list against the import graph, so a new
-# import from the encode path that is not covered here fails a test. The two data/ modules
+# import from the encode path that is not covered here fails a test (data/stream_rows.py: the
+# error texts of a stream's rows in DataLoader workers). The two other data/ modules
 # come with the media strategies (their validate sections type what they find with them), and
 # so do batching/media_fields.py and batching/output_padding.py (their collate sections cut and
 # pad their media with them).
 CODE_SOURCES = ("encoding", "images", "audio", "media", "records", "families.py", "family_fields.py", "rope.py",
                 "rope_checks.py", "errors.py", "error_text.py", "model_rope.py", "_fork.py", "compat.py",
-                "data/column_rules.py", "data/report.py", "batching/media_fields.py", "batching/output_padding.py")
+                "data/column_rules.py", "data/report.py", "data/stream_rows.py", "batching/media_fields.py",
+                "batching/output_padding.py")
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the mmpipe/ folder
 
