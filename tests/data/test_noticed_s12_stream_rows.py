@@ -83,3 +83,15 @@ def test_a_users_own_map_in_one_process_names_the_dataset_row(table, proc):
         mmpipe.encode, batched=True, batch_size=8, with_indices=True, fn_kwargs={"processor": proc, "on_error": "skip"})
     recs = [json.loads(r["mmpipe_error"]) for r in mapped if r["mmpipe_error"]]
     assert [(r["row"], "stream_row" in r) for r in recs] == [(BAD, False)]
+
+
+def test_rows_dropped_from_a_shuffled_stream_name_the_position(proc):
+    ds = datasets.Dataset.from_list([{"prompt": "long " * 200 if i == BAD else "short", "id": i} for i in range(48)])
+    for stream, shuffled in ((ds.to_iterable_dataset(num_shards=4), False),
+                             (ds.to_iterable_dataset(num_shards=4).shuffle(seed=0, buffer_size=16), True)):
+        dropped: list = []
+        rows = list(encode_stream(stream, proc, batch_size=8, keep_columns=["id"], max_length=64, truncation="drop",
+                                  dropped=dropped))
+        assert len(rows) == 47 and len(dropped) == 1 and dropped[0]["keep"] == {"id": BAD}
+        rec = dropped[0]
+        assert (rec["row"], "stream_row" in rec) == ((None, True) if shuffled else (BAD, False)), rec
