@@ -3,6 +3,9 @@ rendered up to each reply. Used only where the other ways do not locate the repl
 whose output outside the replies depends on their content); quadratic in the turns. A template
 that does not render a conversation's prefixes as prefixes of the whole leaves a reply's span
 undefined: the row is refused with where the renders differ (`prefix_error`).
+
+`over_tool_calls`: where a template writes no stop token after a reply (GLM), a reply's tool calls
+end where the conversation rendered up to it ends (the markers way stops at its content).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Optional
 
 from mmpipe.errors import InputError
 
-__all__ = ["prefix_spans", "prefix_error"]
+__all__ = ["prefix_spans", "prefix_error", "over_tool_calls"]
 
 
 def prefix_spans(enc, messages: list[dict], full: str, where: str, tools: Optional[list] = None,
@@ -56,3 +59,29 @@ def prefix_error(k: int, before: str, upto: str, full: str, where: str) -> Input
               f"{'whole conversation' if ref is full else 'render before the reply'} has {ref[i:i + 40]!r}",
         fix="give the chat template {% generation %} blocks around each reply (mmpipe labels what they mark), "
             "or pass labels=False (no training targets)")
+
+
+def over_tool_calls(enc, messages: list, full: str, spans: list, tools) -> list:
+    """``spans`` (one per reply, in order) with each reply that carries ``tool_calls`` run over what
+    the template writes for them after its content, where it writes no stop token after a reply
+    (GLM-4.6V / GLM-OCR: ``<tool_call>name<arg_key>..</tool_call>`` and then the next turn's tag, so
+    neither the markers nor `_with_stops` reach the calls): to the end of the conversation rendered
+    up to that reply (trailing newlines and spaces dropped, as `prefix_spans`), where that render is
+    a prefix of ``full`` ending before the next reply. One batched render of those prefixes
+    (`mmpipe.encoding.spans.locate_replies`, after the markers way)."""
+    ks = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+    calls = [i for i, k in enumerate(ks) if messages[k].get("tool_calls")]
+    if not calls or len(ks) != len(spans):
+        return spans
+    try:
+        uptos = enc.render_many([messages[: ks[i] + 1] for i in calls], False, tools)
+    except InputError:
+        return spans
+    out = list(spans)
+    for i, upto in zip(calls, uptos):
+        a, b = out[i]
+        end = len(upto.rstrip("\n "))
+        nxt = out[i + 1][0] if i + 1 < len(out) else len(full)
+        if full.startswith(upto) and b <= end <= nxt:
+            out[i] = (a, end)
+    return out

@@ -39,7 +39,7 @@ import re
 from typing import NamedTuple, Optional
 
 from mmpipe.encoding.marked_render import TrackedText
-from mmpipe.encoding.prefix_spans import prefix_spans
+from mmpipe.encoding.prefix_spans import over_tool_calls, prefix_spans
 from mmpipe.errors import InputError
 
 logger = logging.getLogger("mmpipe.encoding.encoder")
@@ -92,6 +92,8 @@ def locate_replies(enc, messages: list, full: str, where: str, tools, agp: Optio
             found = _answer_spans(enc, messages, full, tools, agp)
     if found is None:
         found, how = prefix_spans(enc, messages, full, where, tools, agp), "prefixes"
+    elif how == "markers" and not stop.written:
+        found = over_tool_calls(enc, messages, full, found, tools)
     text, spans = _with_stops(full, found, stop, marked=how == "generation")
     return ReplySpans(text, spans, how)
 
