@@ -28,9 +28,10 @@ import struct
 import zlib
 from typing import Optional
 
-from mmpipe.images.jpeg_header import plain_jpeg_hw
+from mmpipe.errors import ImageError
+from mmpipe.images.jpeg_header import jpeg_ends, plain_jpeg_hw
 
-__all__ = ["plain_image_hw", "plain_png_hw", "plain_webp_hw"]
+__all__ = ["file_ends", "open_whole", "plain_image_hw", "plain_png_hw", "plain_webp_hw"]
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # colour type -> the bit depths PIL maps to a mode
@@ -131,3 +132,43 @@ def plain_image_hw(data: bytes) -> Optional[tuple[int, int]]:
     if data[:4] == b"RIFF":
         return plain_webp_hw(data)
     return None
+
+
+def _png_ends(data: bytes) -> bool:
+    """Whether a PNG's chunks run whole from its signature to ``IEND``."""
+    pos, end = 8, len(data)
+    while pos + 12 <= end:
+        length, ctype = struct.unpack(">I4s", data[pos:pos + 8])
+        pos += 12 + length
+        if ctype == b"IEND":
+            return pos <= end
+    return False
+
+
+def file_ends(data: bytes) -> bool:
+    """Whether encoded image bytes reach their format's end marker (JPEG EOI, PNG IEND); True for
+    other formats (not checked here)."""
+    if data[:2] == b"\xff\xd8":
+        return jpeg_ends(data)
+    if data[:8] == _PNG_SIGNATURE:
+        return _png_ends(data)
+    return True
+
+
+def open_whole(data: bytes, where: str):
+    """``PIL.Image.open`` of encoded image bytes. While ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` is
+    set (a line many training scripts carry) PIL decodes a cut JPEG / PNG without a word, its
+    missing part gray or black: such a file is refused here (`file_ends`) as PIL refuses it with
+    the flag unset, so a row never trains on half an image. mmpipe never sets the flag."""
+    import io
+
+    from PIL import Image, ImageFile
+
+    if ImageFile.LOAD_TRUNCATED_IMAGES and not file_ends(data):
+        raise ImageError("the image file is truncated (PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: PIL would "
+                         "decode its missing part as gray)", where=where,
+                         expected="a complete file (a JPEG up to its EOI marker, a PNG up to its IEND chunk)",
+                         found=f"{len(data)} bytes that end before it",
+                         fix="re-export or re-download the image, or drop the row (on_error='skip'); mmpipe "
+                             "refuses cut files whatever LOAD_TRUNCATED_IMAGES says")
+    return Image.open(io.BytesIO(data))

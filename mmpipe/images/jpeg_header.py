@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["plain_jpeg_hw"]
+__all__ = ["jpeg_ends", "plain_jpeg_hw"]
 
 _SKIP = {0xC4, 0xDD, 0xFE}  # DHT, DRI, COM: PIL reads and stores them, nothing can fail
 _SOF = {0xC0, 0xC1, 0xC2}  # baseline, extended sequential, progressive
@@ -66,3 +66,23 @@ def plain_jpeg_hw(data: bytes) -> Optional[tuple[int, int]]:
 
     limit = Image.MAX_IMAGE_PIXELS
     return None if limit is not None and size[0] * size[1] > limit else size
+
+
+def jpeg_ends(data: bytes) -> bool:
+    """Whether a JPEG's markers run from SOI to EOI within ``data``: segments by their lengths (an
+    EXIF thumbnail's own EOI is inside its APP1), scan data up to the next marker (``FF 00``
+    stuffing, ``RSTn`` and fill bytes skipped). False for a file cut before its end."""
+    pos, end = 2, len(data)
+    while True:
+        pos = data.find(b"\xff", pos)
+        if pos < 0 or pos + 1 >= end:
+            return False
+        m = data[pos + 1]
+        if m == 0xD9:
+            return True
+        if m in (0x00, 0x01, 0xFF) or 0xD0 <= m <= 0xD7:  # scan data, TEM, fill: no length follows
+            pos += 1 if m == 0xFF else 2
+            continue
+        if pos + 4 > end:
+            return False
+        pos += 2 + max(2, int.from_bytes(data[pos + 2:pos + 4], "big"))

@@ -4,7 +4,6 @@ RGB PIL image, or an `ImageError` naming the image. Header-only size reads for t
 from __future__ import annotations
 
 import errno
-import io
 import os
 import re
 import stat
@@ -14,6 +13,7 @@ import numpy as np
 from PIL import Image, ImageFile
 
 from mmpipe.errors import ArgumentError, ImageError, InputError
+from mmpipe.images.headers import open_whole
 from mmpipe.images.orientation import SWAPS_AXES, exif_orientation, read_pixels, upright  # noqa: F401 - here too
 from mmpipe.images.rgb import check_range, to_rgb_array, to_rgb_image, unconvertible_error  # noqa: F401 - here too
 from mmpipe.images.transparency import (ENGINE_TRANSPARENCY, TRANSPARENCY_ENV, TRANSPARENCY_RULES,  # noqa: F401
@@ -195,20 +195,20 @@ def load_image(value: Any, *, where: str = "image") -> Image.Image:
                     raise ImageError("the image dict's 'bytes' is not bytes", where=where,
                                      expected="{'bytes': <encoded image bytes>}", found=type(data).__name__,
                                      fix="store the encoded file's bytes (e.g. open(path, 'rb').read()), or give 'path'")
-                return Image.open(io.BytesIO(bytes(data)))
+                return open_whole(bytes(data), where)
             if value.get("path") is not None:
                 return load_image(value["path"], where=where)
             raise ImageError("the image dict has neither 'bytes' nor 'path'", where=where,
                              expected="{'bytes': <encoded image>} or {'path': <file>}", found=f"keys {sorted(value)}",
                              fix="store images with datasets.Image() or give a path")
         if isinstance(value, (bytes, bytearray, memoryview)):
-            return Image.open(io.BytesIO(bytes(value)))
+            return open_whole(bytes(value), where)
         if isinstance(value, str) and value.startswith("data:"):
-            return Image.open(io.BytesIO(data_uri_bytes(value, where)))
+            return open_whole(data_uri_bytes(value, where), where)
         if isinstance(value, (str, os.PathLike)):
             path = image_path(value, where=where)
             found = f"file {path!r}"
-            return Image.open(io.BytesIO(read_image_file(path, where=where)))
+            return open_whole(read_image_file(path, where=where), where)
         if hasattr(value, "detach"):
             value = tensor_array(value, where)
         value = nested_lists_array(value, where)
