@@ -132,8 +132,11 @@ def decoded_sound(value: Any, sampling_rate: int, *, where: str, column: str, ma
             if seconds is not None and seconds * sampling_rate > max_samples * 1.01:
                 too_long(int(seconds * sampling_rate), int(sampling_rate), max_samples, where, column)
         resampler = av.AudioResampler(format="fltp", layout="mono", rate=int(sampling_rate))
+        end = 0.0  # seconds: where the decoded sound ends (`_check_declared`)
         try:
             for frame in container.decode(stream):
+                if frame.time is not None and frame.sample_rate:
+                    end = max(end, frame.time + frame.samples / frame.sample_rate)
                 for out in resampler.resample(frame):
                     chunks.append(out.to_ndarray()[0])
             for out in resampler.resample(None):  # the converter's buffered tail
@@ -145,6 +148,7 @@ def decoded_sound(value: Any, sampling_rate: int, *, where: str, column: str, ma
                              fix=f"re-encode the {media}'s audio (e.g. ffmpeg -i in.mp4 -c:v copy -c:a aac out.mp4) "
                                  "or drop the row" if media == "video" else
                                  "re-export the clip (e.g. ffmpeg -i in -ar 16000 -ac 1 out.wav) or drop the row") from None
+        _check_declared(container, end, what, where, column)
     wave = np.concatenate(chunks).astype(np.float32, copy=False) if chunks else np.zeros(0, np.float32)
     return checked_wave(wave, int(sampling_rate), where=where, column=column, max_samples=max_samples)
 
@@ -155,3 +159,18 @@ def _header_seconds(container, stream) -> float | None:
     if stream.duration and stream.time_base:
         return float(stream.duration * stream.time_base)
     return container.duration / 1e6 if container.duration else None
+
+
+def _check_declared(container, end: float, what: str, where: str, column: str) -> None:
+    """An `AudioError` where a Matroska / WebM file of one (audio) stream declares more time than its
+    sound holds by over a quarter second: a file cut short (an interrupted download), which FFmpeg
+    (and torchcodec, the chat path's decoder) decodes up to where it ends, without a word; WAV,
+    AIFF and AU are checked by their headers (`mmpipe.audio.headers`). With other streams the
+    header's duration may be another track's."""
+    if not container.format.name.startswith("matroska") or len(container.streams) != 1 or not container.duration:
+        return
+    declared, held = container.duration / 1e6, end - max(0.0, (container.start_time or 0) / 1e6)
+    if held < declared - 0.25:
+        raise AudioError(f"the {what} is truncated: its header holds {declared:.2f} s, its sound {held:.2f} s",
+                         where=where, column=column, expected=f"{declared:.2f} s (the Matroska / WebM header's duration)",
+                         found=f"{held:.2f} s of sound", fix="re-download or re-export the clip, or drop the row")

@@ -110,3 +110,33 @@ def test_damaged_clips_are_skipped_and_counted_through_datasets_map():
     assert len(kept) == 2
     assert [(e["row"], e["stage"], e["column"]) for e in errors] == [(1, "audio", "audios"), (3, "audio", "audios")]
     assert "full scale" in errors[0]["reason"] and "truncated" in errors[1]["reason"]
+
+
+def _ffmpeg_clip(fmt: str, codec: str, seconds: float = 4.0) -> bytes:
+    """A mono tone in a container libsndfile does not read (decoded by FFmpeg, as the chat path's
+    torchcodec decodes it)."""
+    av = pytest.importorskip("av")
+    if codec not in av.codecs_available:
+        pytest.skip(f"PyAV here has no {codec} encoder")
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=fmt) as c:
+        a = c.add_stream(codec, rate=RATE if codec == "aac" else 48000)
+        a.layout = "mono"
+        samples = _tone(int(seconds * a.rate))[None]
+        frame = av.AudioFrame.from_ndarray(samples, format="fltp", layout="mono")
+        frame.sample_rate, frame.pts = a.rate, 0
+        for p in [*a.encode(frame), *a.encode()]:
+            c.mux(p)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt,codec", [("matroska", "aac"), ("webm", "libopus")])
+def test_a_cut_matroska_audio_file_is_refused_not_read_in_part(fmt, codec):
+    """An .mka / .webm clip cut in half: FFmpeg decodes the first half and says nothing, while the header
+    still declares the whole clip. Before: load_audio returned 1.92 s of the 4 s clip."""
+    full = _ffmpeg_clip(fmt, codec)
+    assert abs(load_audio(full, RATE).size / RATE - 4.0) < 0.1  # the whole file loads
+    with pytest.raises(AudioError, match="truncated") as e:
+        load_audio(full[: len(full) // 2], RATE, where="row 6", column="audios")
+    assert e.value.expected.startswith("4.0") and "s of sound" in e.value.found and "re-download" in e.value.fix
+    assert "row 6" in str(e.value)
