@@ -29,6 +29,8 @@ the functions, so importing this package stays cheap.
   models that take the Qwen3-VL processor's rows (``build_model("qwen3_5")`` routes there).
 - `mmpipe.offline.same_family_lines`: tiny Qwen4-Exp, Cosmos3 Omni (Qwen3-VL processor) and GLM-OCR
   (GLM-4.6V processor) models of transformers 5.25 (``build_line_model("qwen4_exp")``).
+- `mmpipe.offline.published_525`: Qwen3.6's chat template as published (GLM-OCR's:
+  ``same_family_lines.GLM_OCR_CHAT_TEMPLATE``), to encode as those checkpoints' users do.
 - `mmpipe.offline.glm46v`, `mmpipe.offline.minicpmv`: GLM-4.6V's ``Glm46VProcessor`` and MiniCPM-V
   4.6 / 4.7's processors with tiny models (transformers 5 only; their chat templates are
   reconstructions, see each module).
