@@ -4,11 +4,14 @@ column and the fix."""
 
 from __future__ import annotations
 
+import os
+import stat
+
 import numpy as np
 
 from mmpipe.errors import AudioError
 
-__all__ = ["checked_wave", "too_long", "too_short"]
+__all__ = ["checked_wave", "regular_file", "too_long", "too_short"]
 
 
 def checked_wave(wave: np.ndarray, sampling_rate: int, *, where: str = "row", column: str = "audios",
@@ -47,3 +50,23 @@ def too_short(n: int, sampling_rate: int, window: int, extractor: str, where: st
                      where=where, column=column,
                      expected=f"at least {window} samples at {sampling_rate} Hz ({window / sampling_rate * 1000:.0f} ms)",
                      found=f"{n} samples", fix=fix)
+
+
+def regular_file(path: str, what: str, where: str, column: str) -> None:
+    """An `AudioError` where ``path`` (an existing path) is no regular file: libsndfile and FFmpeg open
+    what they are given, and a FIFO without a writer blocked the encode forever (a device such as
+    /dev/zero never ends); image paths are refused alike (`mmpipe.images.load.check_image_file`)."""
+    from mmpipe.images.load import file_kind
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        found = f"not readable ({e.strerror})"
+    else:
+        if stat.S_ISREG(mode):
+            return
+        found = file_kind(mode)
+    raise AudioError(f"{what} path {path!r:.120} is {found}, not a regular file", where=where, column=column,
+                     expected=f"a regular {what} file", found=found,
+                     fix="point the path at the file itself: mmpipe opens only regular files (a FIFO, device or "
+                         "socket could block or never end), or drop the row (on_error='skip')")

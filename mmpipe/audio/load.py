@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from mmpipe.audio.checks import checked_wave, too_long
+from mmpipe.audio.checks import checked_wave, regular_file, too_long
 from mmpipe.audio.headers import declared_frames
 from mmpipe.errors import AudioError
 
@@ -90,6 +90,8 @@ def _decode_file(source, where: str, column: str, limit: tuple = (0, 0)) -> tupl
                          fix="download the clip and give its path or bytes" if remote else
                          "fix the path (relative paths are read from the working directory; base64: give it as "
                          "'data:audio/wav;base64,...')")
+    if not isinstance(source, (bytes, bytearray)):
+        regular_file(source, "audio", where, column)
     try:
         with soundfile.SoundFile(io.BytesIO(bytes(source)) if isinstance(source, (bytes, bytearray)) else source) as f:
             rate = int(f.samplerate)

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from mmpipe.audio.checks import checked_wave, too_long
+from mmpipe.audio.checks import checked_wave, regular_file, too_long
 from mmpipe.errors import ArgumentError, AudioError
 
 __all__ = ["decoded_sound", "has_audio_stream", "load_video_audio"]
@@ -61,6 +61,7 @@ def _source(value: Any, where: str, column: str):
             raise AudioError(f"video file {path!r:.120} does not exist", where=where, column=column,
                              expected="a readable video file", found="no such file",
                              fix="fix the path (relative paths are read from the working directory)")
+        regular_file(path, "video", where, column)
         return path, f"file {path!r:.80}"
     raise AudioError("the sound track of a video is read from its file: a path, bytes or {'path', 'bytes'}",
                      where=where, column=column, expected="a video file", found=type(value).__name__,

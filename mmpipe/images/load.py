@@ -46,7 +46,8 @@ _OPEN_FIX = ("point the path at an image file: mmpipe opens only regular files (
              "could block or never end), or drop the row (on_error='skip')")
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a path of ``st_mode`` ``mode`` is, in words ("a directory", "a FIFO (named pipe)"...)."""
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
@@ -69,7 +70,7 @@ def _stat_error(path: str, e: OSError, where: Optional[str]) -> ImageError:
 
 def _check_stat(path: str, st: os.stat_result, where: Optional[str], limit: int) -> None:
     if not stat.S_ISREG(st.st_mode):
-        raise _file_error(path, where, _kind(st.st_mode))
+        raise _file_error(path, where, file_kind(st.st_mode))
     if st.st_size > limit:
         raise _too_large(path, f"{st.st_size} bytes", where, limit)
 

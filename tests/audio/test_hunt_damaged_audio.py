@@ -140,3 +140,31 @@ def test_a_cut_matroska_audio_file_is_refused_not_read_in_part(fmt, codec):
         load_audio(full[: len(full) // 2], RATE, where="row 6", column="audios")
     assert e.value.expected.startswith("4.0") and "s of sound" in e.value.found and "re-download" in e.value.fix
     assert "row 6" in str(e.value)
+
+
+def test_a_fifo_or_device_path_is_refused_not_waited_on(tmp_path):
+    """A clip path that is a FIFO with no writer: libsndfile's open blocked forever (the encode, a
+    map worker, a DataLoader hung); /dev/zero never ends. Now the row's AudioError naming what the
+    path is, for a clip and for a video's sound track, in a child killed with its group past the
+    timeout. Before: the child hung (killed at 60 s)."""
+    import os
+
+    from helpers import run_child_group
+
+    fifo = tmp_path / "clip.wav"
+    os.mkfifo(fifo)
+    script = f"""
+from mmpipe.audio.load import load_audio
+from mmpipe.audio.video import load_video_audio
+from mmpipe.errors import AudioError
+for path, kind in (({str(fifo)!r}, "a FIFO"), ("/dev/zero", "a character device"), ({str(tmp_path)!r}, "a directory")):
+    for load in (load_audio, load_video_audio):
+        try:
+            load(path, 16000, where="row 2")
+        except AudioError as e:
+            assert e.found.startswith(kind) and "a regular" in e.expected and "row 2" in str(e), e
+        else:
+            raise SystemExit(f"{{path}} loaded")
+print("done")
+"""
+    assert "done" in run_child_group(script, 60, "loading a clip from a FIFO hung")
