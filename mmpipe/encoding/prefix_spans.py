@@ -50,15 +50,19 @@ def prefix_error(k: int, before: str, upto: str, full: str, where: str) -> Input
     else:  # both prefixes of the whole, the reply's end before its start
         what, bad, ref = f"up to message {k}", upto, before
     i = next((j for j, (x, y) in enumerate(zip(bad, ref)) if x != y), min(len(bad), len(ref)))
+    think = any(tag in text[max(0, i - 16):i + 40] for text in (bad, ref) for tag in ("<think>", "</think>"))
+    why = (" (they differ at a thinking block: the generation prompt closes it, e.g. enable_thinking=False, "
+           "while the reply's reasoning is rendered there)") if think else ""
     return InputError(
         "the chat template does not render conversation prefixes as prefixes of the whole conversation, "
-        f"and its replies cannot be located by markers either, so the span of reply {k} is not defined",
+        f"and its replies cannot be located by markers either, so the span of reply {k} is not defined{why}",
         where=where, stage="template", column="messages",
         expected="the conversation rendered up to each reply = the start of the whole conversation's render",
         found=f"the conversation {what} renders {bad[i:i + 40]!r} at character {i}, where the "
               f"{'whole conversation' if ref is full else 'render before the reply'} has {ref[i:i + 40]!r}",
-        fix="give the chat template {% generation %} blocks around each reply (mmpipe labels what they mark), "
-            "or pass labels=False (no training targets)")
+        fix=("drop the replies' reasoning (reasoning_content / <think> text) or encode with enable_thinking=True; or "
+             if think else "") + "give the chat template {% generation %} blocks around each reply (mmpipe labels what "
+            "they mark), or pass labels=False (no training targets)")
 
 
 def over_tool_calls(enc, messages: list, full: str, spans: list, tools) -> list:

@@ -135,3 +135,16 @@ def test_rl_prompts_and_vllm_prompts(proc, kw):
     n = int(np.prod(own["image_grid_thw"][0])) // proc.image_processor.merge_size ** 2
     rebuilt = [t for tok in prompt["prompt_token_ids"] for t in ([tok] * n if tok == pad else [tok])]
     assert rebuilt == row.input_ids.tolist()
+
+
+def test_the_reasoning_refusal_names_the_thinking_block_and_its_fix(proc):
+    """The refusal of a reply's reasoning under ``enable_thinking=False`` says where the renders part
+    (a thinking block the generation prompt closes) and what to do; it survives a DataLoader worker's re-raise."""
+    with pytest.raises(InputError) as info:
+        _encode(proc, CONVERSATIONS["reasoning"], {"enable_thinking": False})
+    e = info.value
+    assert "differ at a thinking block" in str(e) and "enable_thinking=True" in e.fix
+    text = (f"Caught InputError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+            f"  File \"x.py\", line 1, in f\nmmpipe.errors.InputError: {e}")  # torch's re-raise of a worker's error
+    again = type(e)(text)
+    assert again.fix == e.fix and again.column == "messages"
