@@ -65,11 +65,11 @@ GLM4V = ModelFamily(
     video_rule="glm4v", stop_token="<|endoftext|>",  # its template writes no end of turn
     turn_stops=("<|user|>", "<|observation|>"),  # generation_config eos_token_id [endoftext, user, observation]
 )
-# GLM-4.6V (transformers 5): GLM-4.1V's processor and model, derived; its videos differ (times "1.5 seconds",
-# own sampling): refused. Names only: resolves on 4.57 (no glm46v) too. GLM-OCR and GLM-GA checkpoints ship
-# Glm46VProcessor (GLM-GA's model class is Glm46V's; GLM-OCR's GLM-4.1V's rope).
+# GLM-4.6V (transformers 5): GLM-4.1V's processor and model, derived; its videos (video_rule "glm46v"): its
+# own sampling (a rate by duration) and times ("1.5 seconds"). Names only: resolves on 4.57 (no glm46v) too.
+# GLM-OCR and GLM-GA checkpoints ship Glm46VProcessor (GLM-GA's model class is Glm46V's; GLM-OCR's GLM-4.1V's rope).
 GLM46V = replace(GLM4V, name="glm46v", model_types=("glm46v", "glm_ocr", "glmga"),
-                 processor_classes=("Glm46VProcessor",), encodes_videos=False,
+                 processor_classes=("Glm46VProcessor",), video_rule="glm46v",
                  model_class="Glm46VForConditionalGeneration")
 TEXT = ModelFamily(
     name="text", model_types=(), rope="1d", stop_token=None,

@@ -64,7 +64,7 @@ class ModelFamily:
     # tokens the checkpoints' generation_config also stops at (its eos_token_id list), beyond stop_token and the
     # eos: GLM-4.1V/4.6V stop at the next turn's header (`mmpipe.rollout.support.stop_ids`)
     turn_stops: tuple[str, ...] = ()
-    video_rule: str = "qwen"  # video sampling/sizing/text: "qwen" (qwen-vl-utils) or "glm4v" (encoding.glm_videos)
+    video_rule: str = "qwen"  # video sampling/sizing/text: "qwen" (qwen-vl-utils), "glm4v" / "glm46v" (glm_videos)
     # ---- tiles kind (Gemma 3, InternVL, LLaVA-OneVision) ------------------------------------
     feature_token: Optional[str] = None  # the token the model fills with image features
     module: Optional[str] = None  # the image module: tile_count, image_tokens, tiles_u8, expand_placeholder

@@ -18,11 +18,16 @@ token types of transformers' ``Glm4vVideoProcessor`` / ``Glm4vProcessor`` (trans
   first frame time in whole seconds (``str(int(index / video_fps))``).
 - token types (`token_types`, ``create_mm_token_type_ids``): 2 at ``<|image|>`` inside a video
   span, 1 at other ``<|image|>``; positions are the ``"mrope_frames"`` rule (`mmpipe.rope`).
+
+GLM-4.6V (video_rule ``"glm46v"``, ``Glm46VVideoProcessor`` / ``Glm46VProcessor``): the same sizing,
+layout and token types; its frames `glm46v_sample_indices` (a rate set by the duration, ``fps`` is
+ignored), its group times ``f"{t:.1f} seconds"`` (`glm46v_time_text`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
@@ -32,13 +37,16 @@ from mmpipe.images.spec import VisionSpec, smart_resize
 from mmpipe.images.video import MAX_FRAME_PIXELS, VideoOptions, check_resized, refuse_clip
 
 __all__ = ["GLM_FPS", "GLM_MAX_DURATION", "GLM_MIN_PIXELS", "GLM_MAX_PIXELS", "VIDEO_BEGIN", "VIDEO_END", "VIDEO_SPANS",
-           "glm_sample_indices", "glm_video_size", "glm_plan", "glm_time_text", "token_types"]
+           "glm_sample_indices", "glm_video_size", "glm_plan", "glm_time_text", "token_types",
+           "glm46v_sample_indices", "glm46v_plan", "glm46v_time_text"]
 
 GLM_FPS, GLM_MAX_DURATION = 2.0, 300  # Glm4vVideoProcessor.fps / .max_duration
 GLM_MIN_PIXELS, GLM_MAX_PIXELS = 112 * 112, 28 * 28 * 2 * 30000  # Glm4vVideoProcessor.size
 VIDEO_BEGIN, VIDEO_END = "<|begin_of_video|>", "<|end_of_video|>"
 # `ModelFamily.video_rule` -> the tokens around a video whose pads are image tokens
-VIDEO_SPANS = {"glm4v": (VIDEO_BEGIN, VIDEO_END)}
+VIDEO_SPANS = {"glm4v": (VIDEO_BEGIN, VIDEO_END), "glm46v": (VIDEO_BEGIN, VIDEO_END)}
+# Glm46VVideoProcessor.sample_frames: sampling fps by duration (up to 30 s, 300 s, else), frame cap, duration cap
+GLM46V_RATES, GLM46V_MAX_FRAMES, GLM46V_MAX_DURATION = ((30, 3), (300, 1), (None, 0.5)), 640, 2400
 
 
 def glm_sample_indices(total: int, video_fps: float, fps: Optional[float] = None,
@@ -90,18 +98,76 @@ def glm_video_size(n: int, h: int, w: int, spec: VisionSpec, opts: VideoOptions,
 
 
 def glm_plan(total: int, fps: float, h: int, w: int, spec: VisionSpec, opts: VideoOptions, where: str,
-             frame_list: bool) -> tuple:
+             frame_list: bool, indices: Optional[np.ndarray] = None) -> tuple:
     """GLM-4.1V's plan (`mmpipe.images.video.qwen_plan`'s arguments and result): (indices int64
-    [n], resized (height, width), sample fps, each frame group's first time in seconds)."""
+    [n], resized (height, width), sample fps, each frame group's first time in seconds). ``indices``:
+    a video file's sampled frames (default `glm_sample_indices` at ``opts.fps``; GLM-4.6V's: `glm46v_plan`)."""
     if opts.nframes is not None:
         raise VideoError("GLM-4.1V's video processor samples by fps; it takes no nframes", where=where,
                          expected="the fps option (default 2)", found=f"nframes={opts.nframes}",
                          fix="give fps instead of nframes")
-    refuse_clip(opts, where, "GLM-4.1V's video processor samples the whole video")
-    idx = np.arange(total, dtype=np.int64) if frame_list else glm_sample_indices(total, fps, opts.fps, total / fps)
+    refuse_clip(opts, where, "GLM's video processors sample the whole video")
+    idx = np.arange(total, dtype=np.int64) if frame_list else \
+        indices if indices is not None else glm_sample_indices(total, fps, opts.fps, total / fps)
     T = spec.temporal_patch_size
     times = tuple(int(i) / fps for i in idx[::T])
     return idx, glm_video_size(len(idx), h, w, spec, opts, where), len(idx) / total * fps, times
+
+
+def glm46v_sample_indices(total: int, video_fps: float, duration: Optional[float] = None, T: int = 2) -> np.ndarray:
+    """``Glm46VVideoProcessor.sample_frames``: int64 [n] source frame indices (n even). ``k = int(d *
+    rate * T)`` frames (at most 640) for the duration ``d`` (at most 2400 s) at ``rate`` 3 / 1 / 0.5
+    fps (up to 30 s / 300 s / beyond): the first frame at or past each ``1 / (T * rate)`` s step up
+    to ``int(duration)`` s, then ``linspace(first, last, k)`` truncated where that gives fewer than
+    ``k`` (``linspace(0, total - 1, k)`` where more, or where ``total < k``); duplicates dropped,
+    the last repeated once when the count is odd."""
+    last = total - 1
+    duration = duration or round(last / video_fps) + 1
+    d = min(duration, GLM46V_MAX_DURATION)
+    rate = next(r for bound, r in GLM46V_RATES if bound is None or d <= bound)
+    k = min(int(d * rate * T), GLM46V_MAX_FRAMES)
+    if total < k:
+        idx = np.linspace(0, last, k, dtype=int).tolist()
+    else:
+        idx, now, step, per_frame = [], 0, 1 / (T * rate), 1 / video_fps
+        for i in range(total):
+            if i * per_frame >= now:
+                now += step
+                idx.append(i)
+                if now >= int(duration):
+                    break
+    if len(idx) < k:
+        idx = np.linspace(idx[0] if idx else 0, idx[-1] if idx else max(last, 0), k, dtype=int).tolist()
+    elif len(idx) > k:
+        idx = np.linspace(0, last, k, dtype=int).tolist()
+    uniq = list(dict.fromkeys(int(i) for i in idx))
+    if len(uniq) & 1:
+        uniq.append(uniq[-1])
+    return np.asarray(uniq, dtype=np.int64)
+
+
+def glm46v_plan(total: int, fps: float, h: int, w: int, spec: VisionSpec, opts: VideoOptions, where: str,
+                frame_list: bool) -> tuple:
+    """GLM-4.6V's plan (as `glm_plan`): the frames `glm46v_sample_indices` picks. Its video processor
+    ignores ``fps`` and ``num_frames``: one given is refused, except under ``sampling="processor"`` (what
+    the processor is passed, `processor_options`: ignored as the processor ignores it)."""
+    given = {k: v for k, v in (("fps", opts.fps), ("nframes", opts.nframes)) if v is not None}
+    if given and opts.sampling != "processor":
+        k, v = next(iter(given.items()))
+        raise VideoError(f"GLM-4.6V's video processor picks its own rate (3 fps up to 30 s, 1 fps up to 300 s, "
+                         f"0.5 fps beyond) and ignores {k}", where=where, expected=f"no {k} option",
+                         found=f"{k}={v}", fix=f"drop {k} (or sample the frames yourself: a frame list)")
+    idx = None if frame_list else glm46v_sample_indices(total, fps, total / fps, spec.temporal_patch_size)
+    if idx is not None and len(idx) == 0:  # under 1/6 s: the processor's smart_resize raises on 0 frames
+        raise VideoError("GLM-4.6V's video processor samples no frame from a video this short", where=where,
+                         expected="a video of at least 1/6 s", found=f"{total} frame(s) at {fps:g} fps",
+                         fix="give its frames as a frame list, or drop the row")
+    return glm_plan(total, fps, h, w, spec, replace(opts, fps=None, nframes=None), where, frame_list, idx)
+
+
+def glm46v_time_text(seconds: float) -> str:
+    """The text after a frame group (``Glm46VProcessor.replace_frame_token_id``): ``"1.5 seconds"``."""
+    return f"{seconds:.1f} seconds"
 
 
 def glm_time_text(seconds: float) -> str:

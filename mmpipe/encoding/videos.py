@@ -33,7 +33,7 @@ from mmpipe.encoding.placeholders import expand_glm_video_pads, expand_video_pad
 from mmpipe.encoding.tokenize import text_run_start
 from mmpipe.errors import ArgumentError, ImageError, PlaceholderError, VideoError
 from mmpipe.images.load import confine_image
-from mmpipe.encoding.glm_videos import glm_plan, glm_time_text
+from mmpipe.encoding.glm_videos import glm46v_plan, glm46v_time_text, glm_plan, glm_time_text
 from mmpipe.images.video import VideoOptions, encode_video, frame_bounds, qwen_plan, video_layout
 from mmpipe.images.video_processor_plan import processor_plan
 from mmpipe.records.arrow import most_per_row
@@ -185,7 +185,8 @@ def _qwen_plan(total: int, fps: float, h: int, w: int, spec, opts: VideoOptions,
 
 # `ModelFamily.video_rule` -> (sampling/sizing plan, a frame group's time text, pad expansion)
 VIDEO_RULES = {"qwen": (_qwen_plan, timestamp_text, _expand_qwen),
-               "glm4v": (glm_plan, glm_time_text, expand_glm_video_pads)}
+               "glm4v": (glm_plan, glm_time_text, expand_glm_video_pads),
+               "glm46v": (glm46v_plan, glm46v_time_text, expand_glm_video_pads)}
 
 
 def _one(enc, i: int, value: Any, where: str):

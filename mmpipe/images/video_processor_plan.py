@@ -19,7 +19,7 @@ Two rules, by the family's video processor class (`RULES`):
 
 Values left None are the video processor's: `processor_options` reads them from a processor
 (``processor.video_processor``), else the class defaults of transformers 5.25 (`CLASS_DEFAULTS`).
-GLM-4.1V always samples by its processor's rule (`mmpipe.encoding.glm_videos`).
+GLM-4.1V and GLM-4.6V always sample by their processors' rules (`mmpipe.encoding.glm_videos`).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def _settings(opts, spec) -> tuple[str, dict]:
         RULES[fam.video_frames_are_blocks]
     if rule is None:
         raise ArgumentError(f"sampling='processor' follows the Qwen2-VL / Qwen2.5-VL / Qwen3-VL video processors; "
-                            f"{spec.family or 'this family'} has its own rule (GLM-4.1V: always its processor's)")
+                            f"{spec.family or 'this family'} has its own rule (GLM-4.1V, GLM-4.6V: always its processor's)")
     d, f2 = CLASS_DEFAULTS[rule], spec.factor**2
     do_sample = d["do_sample_frames"] if opts.do_sample_frames is None else opts.do_sample_frames
     do_sample = do_sample or opts.fps is not None or opts.nframes is not None  # given: sampled by them

@@ -7,6 +7,9 @@ seconds ``int(frames_indices[2g] / fps)`` (frames_indices first de-duplicated), 
 seconds back and collapses the video to the three tokens; `glm_video_metadata` gives frame
 indices that are distinct (no de-duplication) and re-create those seconds: ``fps = n`` frames
 and index ``s * n + j`` for frame ``j`` of a group at ``s`` seconds.
+
+GLM-4.6V rows (video_rule ``"glm46v"``, times ``"1.5 seconds"``) are refused (`glm46v_prompt_videos`):
+vLLM's ``glm4_1v`` processor writes GLM-4.1V's whole seconds, so its prompt would not be the row.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from mmpipe.encoding.glm_videos import VIDEO_BEGIN, VIDEO_END
-from mmpipe.errors import ArgumentError, PlaceholderError
+from mmpipe.errors import ArgumentError, PlaceholderError, VideoError
 
-__all__ = ["glm_video_ids", "glm_video_metadata", "glm_prompt_videos"]
+__all__ = ["glm_video_ids", "glm_video_metadata", "glm_prompt_videos", "glm46v_prompt_videos"]
 
 
 def glm_video_ids(ids: np.ndarray, grids: list, fam, tokenizer: Any, index: Any) -> tuple[np.ndarray, list]:
@@ -75,3 +78,13 @@ def glm_prompt_videos(ids: np.ndarray, frames: list, grids: list, fam, tokenizer
     """(prompt ids, ``[(frames, metadata)]`` per video) for a GLM-4.1V row (collapsed ids in)."""
     ids, stamps = glm_video_ids(ids, grids, fam, tokenizer, index)
     return ids, [(f, glm_video_metadata(s, len(f))) for f, s in zip(frames, stamps)]
+
+
+def glm46v_prompt_videos(ids: np.ndarray, frames: list, grids: list, fam, tokenizer: Any, index: Any) -> tuple:
+    """A `VideoError`: a GLM-4.6V row's video prompt cannot be rebuilt exactly (see the module docstring)."""
+    raise VideoError(f"{fam.name} video rows have no vLLM prompt here: a row's frame times are Glm46VProcessor's "
+                     "'1.5 seconds', and vLLM's glm4_1v processor writes GLM-4.1V's whole seconds (its prompt would "
+                     "not be the row)", row=index, stage="rollout", column="input_ids",
+                     expected="images only (GLM-4.6V rows), or GLM-4.1V video rows",
+                     found=f"{len(grids)} video(s) in a {fam.name} row",
+                     fix="give the rollout engine the row's messages and videos (the processor's own chat path)")

@@ -49,14 +49,15 @@ from mmpipe.errors import ArgumentError, PlaceholderError
 from mmpipe.families import ModelFamily
 from mmpipe.images.spec import VisionSpec
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.rollout.glm_video_prompts import glm_prompt_videos
+from mmpipe.rollout.glm_video_prompts import glm46v_prompt_videos, glm_prompt_videos
 from mmpipe.rollout.images import row_video_frames
 
 __all__ = ["vllm_video_prompt", "video_fps_for", "TIMESTAMP_FPS"]
 
 TIMESTAMP_FPS = 10.0  # Qwen3-VL timestamps are printed with one decimal: tenths are exact indices
 VIDEO_KWARGS = {"do_resize": False, "do_sample_frames": False}
-PROMPT_RULES = {"glm4v": glm_prompt_videos}  # `ModelFamily.video_rule` -> its prompt builder (else Qwen's)
+# `ModelFamily.video_rule` -> its prompt builder (else Qwen's); GLM-4.6V's refuses
+PROMPT_RULES = {"glm4v": glm_prompt_videos, "glm46v": glm46v_prompt_videos}
 _TIMESTAMP = re.compile(r"^<(\d+(?:\.\d+)?) seconds>$")
 _GLUED_TIMESTAMP = re.compile(r"^(.*)<(\d+(?:\.\d+)?) seconds>$", re.S)  # text, then a timestamp
 _MAX_TIMESTAMP_TOKENS = 32  # "<123456.7 seconds>" is 18 characters; a byte-level tokenizer: 18 tokens

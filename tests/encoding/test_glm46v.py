@@ -16,7 +16,7 @@ import torch
 
 import mmpipe
 from mmpipe import testing
-from mmpipe.errors import ImageError, VideoError
+from mmpipe.errors import ImageError
 from mmpipe.families import GLM4V, GLM46V, family_of, get_family, resolve_family, takes_generic_path
 from mmpipe.images.spec import VisionSpec, glm4v_smart_resize
 from mmpipe.offline import glm46v
@@ -75,7 +75,7 @@ def test_the_row_resolves_without_transformers_glm46v():
     """Names only: the row resolves by name and model type on every transformers line (4.57
     has no glm46v classes); it is GLM-4.1V's row apart from its names and videos."""
     assert get_family(FAM) is GLM46V and family_of(types.SimpleNamespace(model_type="glm46v")) is GLM46V
-    assert GLM46V.media is GLM4V.media and GLM46V.kind == "patches" and not GLM46V.encodes_videos
+    assert GLM46V.media is GLM4V.media and GLM46V.kind == "patches" and GLM46V.video_rule == "glm46v"
     same = ("rope", "patch_size", "temporal_patch_size", "merge_size", "image_mean", "image_std", "image_token",
             "video_token", "vision_start_token", "vision_end_token", "min_pixels", "max_pixels", "resize_rule",
             "processor_bounds", "mrope_section", "no_packing")
@@ -186,11 +186,3 @@ def test_packed_logits_equal_per_row_logits(proc, model):
     with torch.no_grad():
         alone = [model(**mmpipe.collate([r], processor=proc).model_inputs()).logits[0] for r in rows]
     assert max(_gap(p, a) for p, a in zip(packed.split(out.logits), alone)) < 1e-4
-
-
-def test_videos_are_refused_naming_the_family(proc):
-    """GLM-4.6V lays a video's frames out with "{t:.1f} seconds" and samples its own frames:
-    mmpipe does not encode them yet, and says so (VideoError), never GLM-4.1V's layout."""
-    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}]
-    with pytest.raises(VideoError, match="glm46v videos"):
-        mmpipe.encode_row({"messages": msgs, "videos": [[np.zeros((56, 56, 3), np.uint8)] * 4]}, proc)
