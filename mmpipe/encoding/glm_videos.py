@@ -38,13 +38,16 @@ from mmpipe.images.video import MAX_FRAME_PIXELS, VideoOptions, check_resized, r
 
 __all__ = ["GLM_FPS", "GLM_MAX_DURATION", "GLM_MIN_PIXELS", "GLM_MAX_PIXELS", "VIDEO_BEGIN", "VIDEO_END", "VIDEO_SPANS",
            "glm_sample_indices", "glm_video_size", "glm_plan", "glm_time_text", "token_types",
-           "glm46v_sample_indices", "glm46v_plan", "glm46v_time_text"]
+           "glm46v_sample_indices", "glm46v_plan", "glm46v_time_text", "check_video_processor"]
 
 GLM_FPS, GLM_MAX_DURATION = 2.0, 300  # Glm4vVideoProcessor.fps / .max_duration
 GLM_MIN_PIXELS, GLM_MAX_PIXELS = 112 * 112, 28 * 28 * 2 * 30000  # Glm4vVideoProcessor.size
 VIDEO_BEGIN, VIDEO_END = "<|begin_of_video|>", "<|end_of_video|>"
 # `ModelFamily.video_rule` -> the tokens around a video whose pads are image tokens
 VIDEO_SPANS = {"glm4v": (VIDEO_BEGIN, VIDEO_END), "glm46v": (VIDEO_BEGIN, VIDEO_END)}
+# `ModelFamily.video_rule` -> the video processor class whose sampling it follows: a processor holding
+# another (GLM-GA checkpoints: Glm46VProcessor with GlmgaVideoProcessor, fps 2) is refused, `check_video_processor`
+VIDEO_PROCESSORS = {"glm46v": "Glm46VVideoProcessor"}
 # Glm46VVideoProcessor.sample_frames: sampling fps by duration (up to 30 s, 300 s, else), frame cap, duration cap
 GLM46V_RATES, GLM46V_MAX_FRAMES, GLM46V_MAX_DURATION = ((30, 3), (300, 1), (None, 0.5)), 640, 2400
 
@@ -163,6 +166,18 @@ def glm46v_plan(total: int, fps: float, h: int, w: int, spec: VisionSpec, opts: 
                          expected="a video of at least 1/6 s", found=f"{total} frame(s) at {fps:g} fps",
                          fix="give its frames as a frame list, or drop the row")
     return glm_plan(total, fps, h, w, spec, replace(opts, fps=None, nframes=None), where, frame_list, idx)
+
+
+def check_video_processor(processor, fam, where: str, column: Optional[str] = None) -> None:
+    """A `VideoError` where ``processor.video_processor`` (when it has one) is not the class whose
+    sampling ``fam.video_rule`` follows (`VIDEO_PROCESSORS`): its rows would not be that processor's."""
+    want, vp = VIDEO_PROCESSORS.get(fam.video_rule), getattr(processor, "video_processor", None)
+    if want is None or vp is None or want in {c.__name__ for c in type(vp).__mro__}:
+        return
+    raise VideoError(f"the processor's video processor is {type(vp).__name__}, which samples and sizes videos by "
+                     f"another rule than {want} (the {fam.name} rule mmpipe encodes)", where=where,
+                     column=column, expected=want, found=type(vp).__name__,
+                     fix="drop the videos, or encode these rows with the processor's own call")
 
 
 def glm46v_time_text(seconds: float) -> str:

@@ -33,7 +33,7 @@ from mmpipe.encoding.placeholders import expand_glm_video_pads, expand_video_pad
 from mmpipe.encoding.tokenize import text_run_start
 from mmpipe.errors import ArgumentError, ImageError, PlaceholderError, VideoError
 from mmpipe.images.load import confine_image
-from mmpipe.encoding.glm_videos import glm46v_plan, glm46v_time_text, glm_plan, glm_time_text
+from mmpipe.encoding.glm_videos import check_video_processor, glm46v_plan, glm46v_time_text, glm_plan, glm_time_text
 from mmpipe.images.video import VideoOptions, encode_video, frame_bounds, qwen_plan, video_layout
 from mmpipe.images.video_processor_plan import processor_plan
 from mmpipe.records.arrow import most_per_row
@@ -222,6 +222,8 @@ def add_videos(enc, ids: np.ndarray, labels: Optional[np.ndarray], videos: list,
             column=enc.videos_column, expected="images only", found=f"{len(videos)} video(s)",
             fix=f"drop the videos, or pass sampled frames as image items; {fam.name} video rows need the "
                 "processor's own call for now")
+    if videos:
+        check_video_processor(getattr(enc, "processor", None), fam, where, enc.videos_column)
     pads = np.flatnonzero(ids == enc.video_token_id) if enc.video_token_id is not None else np.zeros(0, np.int64)
     if len(pads) != len(videos):
         raise PlaceholderError(

@@ -115,3 +115,18 @@ def test_vllm_prompts_of_video_rows_are_refused():
     with pytest.raises(VideoError, match="1.5 seconds") as e:
         to_vllm_prompts([row], proc)
     assert e.value.stage == "rollout"
+
+
+def test_a_processor_with_another_video_processor_is_refused():
+    """GLM-GA checkpoints ship Glm46VProcessor with GlmgaVideoProcessor (fps 2, another frame rule):
+    its videos are refused rather than sampled by Glm46VVideoProcessor's rule (a class of that name
+    here: the real one needs torchvision, test_glm46v_video_stock.py)."""
+    proc = processor_for(FAMILY)
+    proc.video_processor = type("GlmgaVideoProcessor", (), {})()
+    with pytest.raises(VideoError, match="GlmgaVideoProcessor") as e:
+        mmpipe.encode_row({"messages": MSGS, "videos": [make_video(20, 10.0, 64, 80, seed=1)]}, proc,
+                          video_options=BOUNDS)
+    assert e.value.expected == "Glm46VVideoProcessor" and e.value.column == "videos"
+    proc.video_processor = type("MyVideoProcessor", (type("Glm46VVideoProcessor", (), {}),), {})()  # a subclass
+    assert mmpipe.encode_row({"messages": MSGS, "videos": [make_video(20, 10.0, 64, 80, seed=1)]}, proc,
+                             video_options=BOUNDS).video_grid_thw.shape == (1, 3)

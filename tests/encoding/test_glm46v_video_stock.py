@@ -94,8 +94,8 @@ def test_rows_equal_the_processor_chat_path_on_files(sampled, tmp_path):
                                         tokenize=True, return_dict=True, add_generation_prompt=True,
                                         return_tensors="np")
         msgs = [{"role": "user", "content": [{"type": "video"}, *ASK]}]
-        for opts, pixels in ((BOUNDS, "uint8"), (processor_options(stock), "float32")):
-            row = mmpipe.encode_row({"messages": msgs, "videos": [str(path)]}, proc0, video_options=opts,
+        for proc, opts, pixels in ((proc0, BOUNDS, "uint8"), (stock, processor_options(stock), "float32")):
+            row = mmpipe.encode_row({"messages": msgs, "videos": [str(path)]}, proc, video_options=opts,
                                     pixels=pixels, labels=False)
             _check(row, out, spec)
         lay = video_layout(str(path), spec.for_videos(), mmpipe.images.video.VideoOptions(**BOUNDS), plan=glm46v_plan)
@@ -159,3 +159,22 @@ def test_frame_sampling_equals_the_video_processor(total, video_fps):
     meta = VideoMetadata(total_num_frames=total, fps=video_fps, duration=total / video_fps)
     ref = Glm46VVideoProcessor().sample_frames(meta)
     assert glm46v_sample_indices(total, video_fps, total / video_fps).tolist() == ref.tolist()
+
+
+def test_glmga_video_processor_is_refused():
+    """A GLM-GA checkpoint's Glm46VProcessor holds GlmgaVideoProcessor (fps 2, up to 640 frames): its
+    chat path samples other frames than Glm46VVideoProcessor (20 frames at 10 fps: 4 vs 12), so its
+    video rows are refused (VideoError naming both classes), never Glm46V's frames."""
+    import transformers
+
+    stock = _stock()
+    stock.video_processor = transformers.GlmgaVideoProcessor(
+        size={"shortest_edge": BOUNDS["min_pixels"], "longest_edge": BOUNDS["max_pixels"]})
+    from transformers.video_utils import VideoMetadata
+
+    meta = VideoMetadata(total_num_frames=20, fps=10.0, duration=2.0)
+    assert stock.video_processor.sample_frames(meta).tolist() != glm46v_sample_indices(20, 10.0, 2.0).tolist()
+    msgs = [{"role": "user", "content": [{"type": "video"}, *ASK]}]
+    with pytest.raises(mmpipe.errors.VideoError, match="GlmgaVideoProcessor"):
+        mmpipe.encode_row({"messages": msgs, "videos": [make_video(20, 10.0, 48, 64, seed=1)]}, stock,
+                          video_options=BOUNDS)
