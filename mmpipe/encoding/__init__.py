@@ -25,7 +25,7 @@ module                 step
 ``options``            the encoder's option checks, a kind's refusals, the truncation policies
 ``sources``            ``pixels="source"``: the images' file bytes kept, decoded at collate
 ``videos``             a row's videos -> grids, seconds per grid, uint8 frame patches, pads expanded
-``glm_videos``         GLM-4.1V's video sampling, sizing, text layout and token types
+``glm_videos``         GLM-4.1V's and GLM-4.6V's video sampling, sizing, text layout and token types
 ``video_sound``        videos with their sound track for an Omni thinker's own call
 ``feature_runs``       a tiled family's feature-token runs written once, the ids repeated
 ``mapping``            the ``datasets.map`` protocol: batches, drops, ``on_error="skip"``,

@@ -280,7 +280,7 @@ CASES = [
          check=tool_failed("returned a value of type int", "ValueError"),
          holds="recorded as the tool's failure", before="ValueError (int digit limit) escaped AgentLoop.run"),
     # -- the default parser (parse_qwen_tool_calls) on a sampled call json cannot read
-    Case("call_nested_too_deep", "agent", agent(reply="<tool_call>" + "[" * 3000 + "</tool_call>"),
+    Case("call_nested_too_deep", "agent", agent(reply="<tool_call>" + "[" * 100_000 + "</tool_call>"),
          check=tool_failed("nested too deeply to read", start="Error: the tool call is not valid JSON"),
          holds="a malformed call: the model reads why, the loop goes on",
          before="RecursionError escaped AgentLoop.run"),
