@@ -27,7 +27,7 @@ from PIL import Image
 from mmpipe.errors import ImageError
 from mmpipe.images.load import load_image, read_image_file
 
-__all__ = ["SOURCE_COLUMN", "source_bytes", "decode_sources", "with_pixels"]
+__all__ = ["SOURCE_COLUMN", "read_once", "source_bytes", "decode_sources", "with_pixels"]
 
 SOURCE_COLUMN = "image_sources"
 
@@ -48,6 +48,20 @@ def source_bytes(value: Any, *, where: str = "image") -> bytes:
         if name and os.path.isfile(name):
             return check_decodes(read_image_file(name, where=where), where)
     return _lossless(_usable(img, where), where)  # a PIL image (maybe edited since it was opened) or an array: its pixels
+
+
+def read_once(value: Any, header, *, where: str = "image") -> tuple[Any, bytes]:
+    """(``header`` of the image: its grid or size, `source_bytes` of it). An image named by a path
+    is read once and ``header`` reads the bytes stored: a file replaced between a header read and
+    a bytes read gave a row whose grid was one file's and whose bytes another's (encoded, then
+    refused at collate in a DataLoader worker). Other values: ``header(value)`` first, as before
+    (its typed errors come before `check_decodes`')."""
+    from mmpipe.images.load import image_path
+
+    if image_path(value, where=where) is None:
+        return header(value), source_bytes(value, where=where)
+    data = source_bytes(value, where=where)
+    return header(data), data
 
 
 def check_decodes(data: bytes, where: str) -> bytes:

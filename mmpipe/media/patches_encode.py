@@ -20,7 +20,7 @@ import numpy as np
 
 from mmpipe.encoding.options import TRUNCATION_POLICIES, generation_tail, kind_options, truncate_row
 from mmpipe.encoding.placeholders import check_image_placeholders, expand_image_pads
-from mmpipe.encoding.sources import source_bytes
+from mmpipe.encoding.sources import read_once
 from mmpipe.encoding.text_ids import rendered_ids
 from mmpipe.encoding.videos import add_videos, keeps_video_wrapper, video_options as check_video_options
 from mmpipe.images.video_processor_plan import with_processor
@@ -61,9 +61,10 @@ def encode_settings(enc, given: dict) -> None:
 
 def encode_image(enc, value, where: str) -> tuple:
     """One image -> (its grid (t, h, w), uint8 patches [n, 3*p*p] / its file bytes / None)."""
-    if enc.pixels in ("none", "source"):  # the grid from the image header
-        grid = image_grid(value, enc.spec, where=where)
-        return grid, (source_bytes(value, where=where) if enc.pixels == "source" else None)
+    if enc.pixels == "source":  # the grid from the header of the bytes stored (`read_once`)
+        return read_once(value, lambda v: image_grid(v, enc.spec, where=where), where=where)
+    if enc.pixels == "none":  # the grid from the image header
+        return image_grid(value, enc.spec, where=where), None
     u8, grid = image_patches(value, enc.spec, where=where)
     return grid, u8
 

@@ -34,7 +34,7 @@ from mmpipe.encoding.feature_runs import collapse_is_exact
 from mmpipe.encoding.options import kind_options
 from mmpipe.encoding.parse import images_only
 from mmpipe.encoding.placeholders import check_image_placeholders
-from mmpipe.encoding.sources import source_bytes
+from mmpipe.encoding.sources import read_once
 from mmpipe.encoding.text_ids import spliced_ids
 from mmpipe.errors import ArgumentError, PlaceholderError
 from mmpipe.images.load import image_hw
@@ -95,8 +95,8 @@ def encode_image(enc, value, where: str) -> tuple:
     (headers read, nothing decoded) / None for layout-only)."""
     if enc.pixels == "none":
         return image_hw(value, where=where), None
-    if enc.pixels == "source":
-        return image_hw(value, where=where), source_bytes(value, where=where)
+    if enc.pixels == "source":  # the size from the header of the bytes stored (`read_once`)
+        return read_once(value, lambda v: image_hw(v, where=where), where=where)
     if _per_conversation(enc):  # tiled by the row's image count, which is not known here
         return image_tiles(value, None, _BothTilings(enc), where=where)
     return image_tiles(value, enc.image_processor, enc.module, where=where)

@@ -173,3 +173,39 @@ def test_damaged_media_finish_in_a_child_without_hanging_or_changing_pil():
     out = run_child_group(CHILD.format(tests=tests, small=SMALL), 240, "encoding damaged media hung")
     assert "done" in out
     assert int(out.split()[-1]) >= 10  # the image cuts on the pixel route and the video damage on both
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "gemma3"])
+def test_a_file_replaced_during_a_source_encode_gives_one_files_row(tmp_path, monkeypatch, family):
+    """pixels='source' read an image path twice: its header for the grid / size, then its bytes to
+    store. A file replaced between the two reads (a sync job, a re-export) gave a row with the old
+    file's grid and the new file's bytes: encoded without a word, then refused at collate in a
+    DataLoader worker ("decodes to grid (1, 14, 6) but the row stores (1, 4, 6)", fix: use the
+    processor the rows were encoded with). Now the path is read once: grid and bytes are one file's."""
+    import mmpipe.images.load as load
+
+    proc = processor_for(family)
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(_jpeg(3, 60, 80))
+    opened = load.open_image_file
+
+    def replaced_after_first_open(p, **kw):
+        f = opened(p, **kw)
+        if not (tmp_path / "replaced").exists():
+            (tmp_path / "replaced").touch()
+            (tmp_path / "new.jpg").write_bytes(_jpeg(4, 200, 80))  # another photo, another size,
+            os.replace(tmp_path / "new.jpg", path)  # renamed over the path (as sync jobs write files)
+        return f
+
+    monkeypatch.setattr(load, "open_image_file", replaced_after_first_open)
+    row = mmpipe.encode_row({"messages": ASK, "images": [str(path)]}, proc, pixels="source")
+    monkeypatch.undo()
+    stored = bytes(row.image_sources[0])
+    again = mmpipe.encode_row({"messages": ASK, "images": [stored]}, proc)  # the stored file's own encode
+    assert np.array_equal(row.input_ids, again.input_ids)
+    batch = mmpipe.Collator(proc)([row])  # decodes the stored bytes: they fit the row's layout
+    assert np.array_equal(np.asarray(batch.pixel_values), np.asarray(mmpipe.Collator(proc)([again]).pixel_values))
+
+
+ASK = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]},
+       {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
