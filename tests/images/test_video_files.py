@@ -323,7 +323,7 @@ def test_clip_range_in_a_videos_value_and_refusals():
         with pytest.raises(VideoError, match=msg) as e:
             mmpipe.encode_row({"messages": msgs, "videos": [value]}, processor, video_options=SMALL)
         assert e.value.column == "videos"
-    with pytest.raises(VideoError, match="GLM-4.1V"):
+    with pytest.raises(VideoError, match="GLM.s video processors sample the whole video"):
         mmpipe.encode_row({"messages": msgs, "videos": [{"video": data, "video_start": 1.0}]},
                           testing.build_processor("glm4v"), video_options=SMALL)
 
