@@ -27,8 +27,16 @@ from mmpipe.offline.tf_lines import classes_by_name
 __all__ = ["GLM46V_CHAT_TEMPLATE", "available", "build_processor", "build_model", "image_only_processor_class",
            "offline_processor", "offline_model"]
 
-# GLM-4.6V's chat format, as zai-org publishes it with its Glm46VProcessor checkpoints (the
-# GLM-4.5V-style template; tool definitions in the system header are left out here):
+# NOT the published text: a cleaned-up copy of GLM-4.6V's chat format (the GLM-4.5V style) that the
+# offline builder defaults to (existing tests assert its renders). GLM-4.6V's own published
+# chat_template (zai-org/GLM-4.6V, GLM-4.6V-Flash) was not found in any public copy to write here
+# verbatim. It leaves out what the published GLM-4.5V-style text writes: the "# Tools" system header
+# (tools=) and an assistant's tool_calls ("\n<tool_call>name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>
+# \n</tool_call>" after the reply); otherwise it rendered GLM-OCR's text on a conversation with a system
+# prompt, images, a tool response with an image and the generation prompt. The nearest published text
+# users load with a Glm46VProcessor is GLM-OCR's
+# (`mmpipe.offline.same_family_lines.GLM_OCR_CHAT_TEMPLATE`; tests/encoding/test_hunt_published_glm46v.py
+# holds mmpipe to it on this processor, tools= included). What this copy renders:
 # - "[gMASK]<sop>" once, then each turn "<|role|>" with no end-of-turn token after it;
 # - a user or system turn: "<|user|>\n" / "<|system|>\n" + its content; an image renders as
 #   "<|begin_of_image|><|image|><|end_of_image|>", a video as "<|begin_of_video|><|video|><|end_of_video|>";

@@ -26,10 +26,12 @@ import functools
 from mmpipe.compat import extra_special_tokens_key
 from mmpipe.errors import ArgumentError
 from mmpipe.families import GLM4V
+from mmpipe.offline import published_templates as _published
 from mmpipe.offline.tf_lines import classes_by_name, image_only_subclass, pil_image_processor, rope_config_fields
 
 __all__ = [
-    "GLM4V_SPECIAL_TOKENS", "GLM4V_EXTRA_TOKENS", "GLM4V_CHAT_TEMPLATE", "default_pixel_bounds",
+    "GLM4V_SPECIAL_TOKENS", "GLM4V_EXTRA_TOKENS", "GLM4V_CHAT_TEMPLATE", "GLM4V_PUBLISHED_CHAT_TEMPLATE",
+    "default_pixel_bounds",
     "build_tokenizer", "build_image_processor", "image_only_processor_class", "build_processor", "build_model",
     "save_checkpoint",
 ]
@@ -47,9 +49,12 @@ ATTN_IMPLEMENTATION = "eager"
 # What generation stops at (GLM-4.1V's generation_config: endoftext, user, observation).
 _STOP_TOKENS = ("<|endoftext|>", "<|user|>", "<|observation|>")
 
-# Renders like GLM-4.1V's template: "[gMASK]<sop>", each turn "<|role|>\n" + content with no
-# end-of-turn token, an image as <|begin_of_image|><|image|><|end_of_image|>, a video as
-# <|begin_of_video|><|video|><|end_of_video|>, tool results as <|observation|> turns.
+# NOT the published text: a cleaned-up copy the offline builders default to (many existing tests
+# assert its renders). It renders like GLM-4.1V's template ("[gMASK]<sop>", each turn "<|role|>\n"
+# + content with no end-of-turn token, an image as <|begin_of_image|><|image|><|end_of_image|>, a
+# video as <|begin_of_video|><|video|><|end_of_video|>) but, unlike it, renders tool results as
+# <|observation|> turns and content lists of any role as their parts. The published text:
+# GLM4V_PUBLISHED_CHAT_TEMPLATE below.
 GLM4V_CHAT_TEMPLATE = (
     "{%- macro render(content) -%}"
     "{%- if content is string -%}{{ content }}"
@@ -67,6 +72,17 @@ GLM4V_CHAT_TEMPLATE = (
     "{%- endif -%}{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|assistant|>\\n' }}{%- endif -%}"
 )
+
+# GLM-4.1V's chat template as zai-org publishes it with zai-org/GLM-4.1V-9B-Thinking (its
+# chat_template; the text recorded at revision 3c1471e5 in a public renderer-validation record, whose
+# sha256 of the JSON-encoded string, 5232dbe7..., this text reproduces; written verbatim in
+# `mmpipe.offline.published_templates.GLM4V`, not copied here). What it does that the offline copy
+# above does not: no tool branch (a "tool" message and tools= render as nothing, tool_calls are
+# dropped), no enable_thinking, assistant / system content printed as it is (a list of parts would
+# be its Python repr). The builders keep the offline copy by default; set
+# ``proc.chat_template = proc.tokenizer.chat_template = GLM4V_PUBLISHED_CHAT_TEMPLATE`` to encode as
+# GLM-4.1V users do.
+GLM4V_PUBLISHED_CHAT_TEMPLATE = _published.GLM4V
 
 
 def default_pixel_bounds() -> tuple[int, int]:
