@@ -327,8 +327,8 @@ def _marker_spans(enc, messages: list, full: str, text: Optional[str], answers=f
         own = piece[piece.rfind(tag):] if tag and tag in piece else piece  # the reply's turn before it
         if header and own.startswith(header):  # a reply starts where its turn's header ends
             spans[i] = (a - (len(own) - len(header)), b)
-        elif k in answers and THINK_END in own:
-            return None
+        elif (k in answers or _other_thinking(header, own)) and THINK_END in own:
+            return None  # reasoning where the generation prompt closes the thinking block (or its start unknown)
     empty = [k for k, m in enumerate(messages) if m["role"] == "assistant" and k not in ks]
     if empty:
         found = _empty_reply_spans(enc, messages, full, ks, empty, pieces, where)
@@ -336,6 +336,12 @@ def _marker_spans(enc, messages: list, full: str, text: Optional[str], answers=f
             return None
         spans = sorted(spans + found)
     return spans
+
+
+def _other_thinking(prompt: str, turn: str) -> bool:
+    """Whether a reply's ``turn`` holds reasoning where the generation ``prompt`` closes the block."""
+    end = THINK_END
+    return end in prompt and end in turn and turn[:turn.find(end)] != prompt[:prompt.find(end)]
 
 
 def _empty_reply_spans(enc, messages, full, ks, empty, pieces, where) -> Optional[list]:
@@ -358,6 +364,9 @@ def _empty_reply_spans(enc, messages, full, ks, empty, pieces, where) -> Optiona
         a = full.find(line, pos, limit)
         if a < 0:
             return None
+        turn = full[a + len(line):max(full.find(line, a + len(line), limit), 0) or limit]  # to the next
+        if not full.startswith(header, a) and _other_thinking(header[len(line):], turn):
+            return None  # its reasoning rendered where the generation prompt closes the thinking block
         a += len(header) if full.startswith(header, a) else len(line)
         b = full.find(stop.token, a, limit) if stop.written and stop.token else -1
         out.append((a, a if b < 0 else b + len(stop.token)))
