@@ -221,10 +221,15 @@ class ChatTemplate:
             out = target.apply_chat_template([list(c) for c in conversations], tokenize=False, **extra,
                                              add_generation_prompt=add_generation_prompt, **kwargs)
         except Exception as e:  # jinja raises its own types (TemplateError, TypeError, ...)
+            calls = [c.get("function") or c for conv in conversations for m in conv if isinstance(m, dict)
+                     for c in m.get("tool_calls") or () if isinstance(c, dict)]  # GLM templates read a mapping
+            as_str = any(isinstance(c, dict) and isinstance(c.get("arguments"), str) for c in calls)
             raise InputError(f"the chat template failed on these messages ({type(e).__name__}: {e})",
                              stage="template", column="messages", expected="messages the chat template renders",
                              found=f"{type(e).__name__} from the template",
-                             fix="check the roles and their order against the model's chat template") from e
+                             fix=("tool_calls arguments are JSON strings: pass them as dicts (json.loads), as "
+                                  "this template may iterate them; or " if as_str else "")
+                             + "check the roles and their order against the model's chat template") from e
         return [out] if isinstance(out, str) else list(out)
 
     def row_tools(self, example: dict, idx=None) -> Optional[list]:

@@ -275,3 +275,23 @@ def test_qwen3_6_reasoning_under_enable_thinking_false_is_refused_too(name):
     with pytest.raises(InputError, match="thinking block"):
         mmpipe.Encoder(proc, chat_template_kwargs={"enable_thinking": False}).encode_row(
             {"messages": REASONING[name]})
+
+
+def test_glm46v_json_string_tool_arguments_refused_with_the_fix(glm46v):
+    """The GLM-4.5V-style templates iterate a call's ``arguments.items()``: OpenAI-style JSON-string
+    arguments (which mmpipe's parser accepts) make the template fail, in transformers' chat path as
+    in mmpipe. The refusal now says so and how to fix it; before, its fix read only "check the roles
+    and their order against the model's chat template"."""
+    from mmpipe.errors import InputError
+
+    call = {"type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
+    conv = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "ok"}]
+    with pytest.raises(Exception):
+        glm46v.apply_chat_template(conv, tokenize=False)
+    with pytest.raises(InputError, match=r"arguments are JSON strings: pass them as dicts \(json.loads\)"):
+        mmpipe.Encoder(glm46v).encode_row({"messages": conv})
+    fixed = [{**m, "tool_calls": [{**call, "function": {"name": "weather", "arguments": {"city": "Paris"}}}]}
+             if m.get("tool_calls") else m for m in conv]
+    row = mmpipe.Encoder(glm46v).encode_row({"messages": fixed})
+    assert "<arg_value>Paris</arg_value>" in glm46v.tokenizer.decode(row.input_ids)
