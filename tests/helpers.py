@@ -305,6 +305,67 @@ def make_video(n: int, fps: float, h: int, w: int, *, seed: int = 0, fmt: str = 
     return buf.getvalue()
 
 
+def chat_images(conv) -> list:
+    """One small distinct RGB image per image part of the chat ``conv`` (its messages), in order."""
+    from PIL import Image
+
+    n = sum(1 for m in conv if isinstance(m["content"], list) for p in m["content"] if p.get("type") == "image")
+    return [Image.new("RGB", (40 + 12 * i, 30 + 5 * i), (30 * i, 120, 60)) for i in range(n)]
+
+
+def with_chat_images(conv, images) -> list:
+    """``conv`` with ``images`` put into its image parts in order (what ``apply_chat_template(tokenize=True)`` reads)."""
+    it = iter(images)
+    return [{**m, "content": [dict(p, image=next(it)) if p.get("type") == "image" else p for p in m["content"]]}
+            if isinstance(m["content"], list) else m for m in conv]
+
+
+def labelled_texts(proc, row) -> list:
+    """The decoded runs of ``row``'s labelled tokens (each label equal to its id), in order."""
+    ids, labels, out, run = np.asarray(row.input_ids), np.asarray(row.labels), [], []
+    for t, lab in zip(ids.tolist(), labels.tolist()):
+        if lab != -100:
+            assert lab == t
+            run.append(t)
+        elif run:
+            out, run = out + [proc.tokenizer.decode(run)], []
+    return out + ([proc.tokenizer.decode(run)] if run else [])
+
+
+def template_reply(proc, conv, k, kw, **call) -> str:
+    """Reply ``k`` of ``conv`` as the chat template writes it after its generation prompt (transformers'
+    renders of the conversation before it and up to it; trailing newlines and spaces dropped)."""
+    before = proc.apply_chat_template(conv[:k], tokenize=False, add_generation_prompt=True, **kw, **call)
+    upto = proc.apply_chat_template(conv[:k + 1], tokenize=False, **kw, **call)
+    assert upto.startswith(before)
+    return upto[len(before):].rstrip("\n ")
+
+
+def template_replies(proc, conv, kw, **call) -> list:
+    """Every assistant reply of ``conv`` as `template_reply` gives it."""
+    return [template_reply(proc, conv, k, kw, **call) for k, m in enumerate(conv) if m["role"] == "assistant"]
+
+
+def pyav_chat_path(monkeypatch) -> list:
+    """Make the processors' chat path (``apply_chat_template`` with a video file) decode with
+    transformers' own PyAV reader (torchcodec, its default, does not load here); returns the list
+    each decoded video's sampled source frame indices are appended to."""
+    from transformers import video_processing_utils as vpu
+    from transformers.video_utils import load_video
+
+    seen = []
+
+    def fetch(self, v, sample_indices_fn=None):
+        if isinstance(v, list):
+            return list(zip(*[fetch(self, x, sample_indices_fn) for x in v]))
+        video, meta = load_video(v, backend="pyav", sample_indices_fn=sample_indices_fn)
+        seen.append(list(range(meta.total_num_frames)) if meta.frames_indices is None else list(meta.frames_indices))
+        return video, meta
+
+    monkeypatch.setattr(vpu.BaseVideoProcessor, "fetch_videos", fetch)
+    return seen
+
+
 def all_frames(data: bytes) -> list:
     """Every frame of an encoded video, uint8 [H, W, 3] RGB (PyAV)."""
     import io

@@ -28,7 +28,7 @@ from mmpipe.images.video import video_layout
 from mmpipe.images.video_processor_plan import processor_options
 from mmpipe.encoding.glm_videos import glm46v_plan, glm46v_sample_indices
 
-from helpers import all_frames, make_video
+from helpers import all_frames, make_video, pyav_chat_path
 
 pytestmark = pytest.mark.needs_env("vision")
 av = pytest.importorskip("av", reason="PyAV is a test extra")
@@ -42,20 +42,7 @@ ASK = [{"type": "text", "text": "What?"}]
 @pytest.fixture
 def sampled(monkeypatch):
     """The chat path's decoder: transformers' PyAV reader; returns the source frames it sampled."""
-    from transformers import video_processing_utils as vpu
-    from transformers.video_utils import load_video
-
-    seen = []
-
-    def fetch(self, v, sample_indices_fn=None):
-        if isinstance(v, list):
-            return list(zip(*[fetch(self, x, sample_indices_fn) for x in v]))
-        video, meta = load_video(v, backend="pyav", sample_indices_fn=sample_indices_fn)
-        seen.append(list(range(meta.total_num_frames)) if meta.frames_indices is None else list(meta.frames_indices))
-        return video, meta
-
-    monkeypatch.setattr(vpu.BaseVideoProcessor, "fetch_videos", fetch)
-    return seen
+    return pyav_chat_path(monkeypatch)
 
 
 def _stock():

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from PIL import Image
 
 import mmpipe
 from mmpipe.errors import InputError
 from mmpipe.rollout import to_vllm_prompts
+
+from helpers import chat_images as _images, labelled_texts as _labelled_texts, template_replies as _replies, \
+    with_chat_images as _with_images
 
 transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "GlmOcrForConditionalGeneration"):
@@ -57,42 +59,8 @@ def proc():
     return p
 
 
-def _images(conv):
-    n = sum(1 for m in conv if isinstance(m["content"], list) for p in m["content"] if p.get("type") == "image")
-    return [Image.new("RGB", (40 + 12 * i, 30 + 5 * i), (30 * i, 120, 60)) for i in range(n)]
-
-
-def _with_images(conv, images):
-    it = iter(images)
-    return [{**m, "content": [dict(p, image=next(it)) if p.get("type") == "image" else p for p in m["content"]]}
-            if isinstance(m["content"], list) else m for m in conv]
-
-
 def _encoder(proc, kw, **opts):
     return mmpipe.Encoder(proc, **({"chat_template_kwargs": kw} if kw else {}), **opts)
-
-
-def _labelled_texts(proc, row) -> list:
-    ids, labels, out, run = np.asarray(row.input_ids), np.asarray(row.labels), [], []
-    for t, lab in zip(ids.tolist(), labels.tolist()):
-        if lab != -100:
-            assert lab == t
-            run.append(t)
-        elif run:
-            out, run = out + [proc.tokenizer.decode(run)], []
-    return out + ([proc.tokenizer.decode(run)] if run else [])
-
-
-def _replies(proc, conv, kw) -> list:
-    """Each reply as the template writes it after its generation prompt (transformers' renders)."""
-    out = []
-    for k, m in enumerate(conv):
-        if m["role"] == "assistant":
-            before = proc.apply_chat_template(conv[:k], tokenize=False, add_generation_prompt=True, **kw)
-            upto = proc.apply_chat_template(conv[:k + 1], tokenize=False, **kw)
-            assert upto.startswith(before)
-            out.append(upto[len(before):].rstrip("\n "))
-    return out
 
 
 @pytest.mark.parametrize("kw", KWARGS, ids=["thinking default", "enable_thinking False"])

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from PIL import Image
 
 import mmpipe
 from mmpipe.errors import InputError
 from mmpipe.offline.published_525 import QWEN3_6_CHAT_TEMPLATE
 from mmpipe.rollout import to_vllm_prompts
+
+from helpers import chat_images as _images, labelled_texts as _labelled_texts, template_reply as _after_prompt, \
+    with_chat_images as _with_images
 
 transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "Qwen3_5ForConditionalGeneration"):
@@ -56,38 +58,10 @@ def proc():
     return p
 
 
-def _images(conv):
-    n = sum(1 for m in conv if isinstance(m["content"], list) for p in m["content"] if p.get("type") == "image")
-    return [Image.new("RGB", (40 + 12 * i, 30 + 5 * i), (30 * i, 120, 60)) for i in range(n)]
-
-
-def _with_images(conv, images):
-    it = iter(images)
-    return [{**m, "content": [dict(p, image=next(it)) if p.get("type") == "image" else p for p in m["content"]]}
-            if isinstance(m["content"], list) else m for m in conv]
-
-
 def _encode(proc, conv, kw, **opts):
     images = _images(conv)
     enc = mmpipe.Encoder(proc, **({"chat_template_kwargs": kw} if kw else {}), **opts)
     return enc.encode_row({"messages": conv, "images": images}), images
-
-
-def _labelled_texts(proc, row) -> list:
-    out, run = [], []
-    for t, lab in zip(row.input_ids.tolist(), np.asarray(row.labels).tolist()):
-        if lab != -100:
-            run.append(t)
-        elif run:
-            out, run = out + [proc.tokenizer.decode(run)], []
-    return out + ([proc.tokenizer.decode(run)] if run else [])
-
-
-def _after_prompt(proc, conv, k, kw) -> str:
-    before = proc.apply_chat_template(conv[:k], tokenize=False, add_generation_prompt=True, **kw)
-    upto = proc.apply_chat_template(conv[:k + 1], tokenize=False, **kw)
-    assert upto.startswith(before)
-    return upto[len(before):].rstrip("\n ")
 
 
 def _same_as_chat_path(proc, row, conv, images, kw, **call):

@@ -21,12 +21,12 @@ import copy
 
 import numpy as np
 import pytest
-from PIL import Image
 
 import mmpipe
 from mmpipe.rollout import to_vllm_prompts
 
-from helpers import TOOL_CALL
+from helpers import TOOL_CALL, chat_images as _images, labelled_texts as _labelled_texts, template_replies, \
+    with_chat_images as _with_images
 
 transformers = pytest.importorskip("transformers")
 
@@ -55,17 +55,6 @@ CONVERSATIONS = {
         {"role": "tool", "content": "sunny"},
         {"role": "assistant", "content": "It is sunny."}],
 }
-
-
-def _images(conv):
-    n = sum(1 for m in conv if isinstance(m["content"], list) for p in m["content"] if p.get("type") == "image")
-    return [Image.new("RGB", (40 + 12 * i, 30 + 5 * i), (30 * i, 120, 60)) for i in range(n)]
-
-
-def _with_images(conv, images):
-    it = iter(images)
-    return [{**m, "content": [dict(p, image=next(it)) if p.get("type") == "image" else p for p in m["content"]]}
-            if isinstance(m["content"], list) else m for m in conv]
 
 
 def _own(proc, conv, images, kw, **opts):
@@ -178,27 +167,8 @@ def glm46v():
     return proc
 
 
-def _labelled_texts(proc, row) -> list:
-    ids, labels, out, run = np.asarray(row.input_ids), np.asarray(row.labels), [], []
-    for t, lab in zip(ids.tolist(), labels.tolist()):
-        if lab != -100:
-            assert lab == t
-            run.append(t)
-        elif run:
-            out, run = out + [proc.tokenizer.decode(run)], []
-    return out + ([proc.tokenizer.decode(run)] if run else [])
-
-
 def _replies(proc, conv, kw) -> list:
-    """Each reply as the template writes it after its generation prompt (transformers' renders)."""
-    out = []
-    for k, m in enumerate(conv):
-        if m["role"] == "assistant":
-            before = proc.apply_chat_template(conv[:k], tools=TOOLS, tokenize=False, add_generation_prompt=True, **kw)
-            upto = proc.apply_chat_template(conv[:k + 1], tools=TOOLS, tokenize=False, **kw)
-            assert upto.startswith(before)
-            out.append(upto[len(before):].rstrip("\n "))
-    return out
+    return template_replies(proc, conv, kw, tools=TOOLS)
 
 
 @pytest.mark.parametrize("kw", KWARGS, ids=KW_IDS)

@@ -27,7 +27,7 @@ from mmpipe.images.spec import VisionSpec
 from mmpipe.images.video import video_layout
 from mmpipe.images.video_processor_plan import processor_options, processor_plan
 
-from helpers import make_video
+from helpers import make_video, pyav_chat_path
 
 pytestmark = pytest.mark.needs_env("vision")
 av = pytest.importorskip("av", reason="PyAV is a test extra")
@@ -41,20 +41,7 @@ CLIPS = [("3.7s@24", 89, 24, {}), ("1s@30", 30, 30, {}), ("2 frames", 2, 2, {}),
 @pytest.fixture
 def sampled(monkeypatch):
     """The chat path's decoder: transformers' PyAV reader; returns the source frames it sampled."""
-    from transformers import video_processing_utils as vpu
-    from transformers.video_utils import load_video
-
-    seen = []
-
-    def fetch(self, v, sample_indices_fn=None):
-        if isinstance(v, list):
-            return list(zip(*[fetch(self, x, sample_indices_fn) for x in v]))
-        video, meta = load_video(v, backend="pyav", sample_indices_fn=sample_indices_fn)
-        seen.append(list(range(meta.total_num_frames)) if meta.frames_indices is None else list(meta.frames_indices))
-        return video, meta
-
-    monkeypatch.setattr(vpu.BaseVideoProcessor, "fetch_videos", fetch)
-    return seen
+    return pyav_chat_path(monkeypatch)
 
 
 def _stock(family):
