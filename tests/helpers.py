@@ -366,6 +366,45 @@ def pyav_chat_path(monkeypatch) -> list:
     return seen
 
 
+def video_file(n: int, h: int, w: int, fmt: str, *, codec: Optional[str] = None, pix: str = "yuv420p",
+               movflags=None, audio_only: bool = False, seed: int = 0) -> bytes:
+    """n random frames at 10 fps written to a real file (the mp4 muxer's ``faststart`` rewrites it),
+    its bytes (``codec``: libx264, mpeg4 where it is missing); ``audio_only``: one second of silent AAC
+    and no video stream. For containers made only on a file (mpegts, ``faststart``); `make_video` otherwise."""
+    import os
+    import tempfile
+    from fractions import Fraction
+
+    import av
+
+    codec = codec or ("libx264" if "libx264" in av.codecs_available else "mpeg4")
+    fd, path = tempfile.mkstemp(suffix=".vid")
+    os.close(fd)
+    try:
+        with av.open(path, "w", format=fmt, **({"options": {"movflags": movflags}} if movflags else {})) as c:
+            if audio_only:
+                a = c.add_stream("aac", rate=16000)
+                a.layout = "mono"
+                af = av.AudioFrame.from_ndarray(np.zeros((1, 16000), np.float32), format="fltp", layout="mono")
+                af.sample_rate, af.pts = 16000, 0
+                for p in [*a.encode(af), *a.encode()]:
+                    c.mux(p)
+            else:
+                s = c.add_stream(codec, rate=Fraction(10))
+                s.height, s.width, s.pix_fmt = h, w, pix
+                rng = np.random.default_rng(seed)
+                for _ in range(n):
+                    f = av.VideoFrame.from_ndarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), format="rgb24")
+                    for p in s.encode(f):
+                        c.mux(p)
+                for p in s.encode():
+                    c.mux(p)
+        with open(path, "rb") as f:
+            return f.read()
+    finally:
+        os.unlink(path)
+
+
 def all_frames(data: bytes) -> list:
     """Every frame of an encoded video, uint8 [H, W, 3] RGB (PyAV)."""
     import io

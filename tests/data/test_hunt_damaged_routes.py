@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-import tempfile
-from fractions import Fraction
 
 import datasets
 import numpy as np
@@ -24,31 +22,10 @@ from mmpipe.errors import ImageError, VideoError
 from mmpipe.rollout import to_vllm_prompts
 
 from conftest import processor_for
-from helpers import make_video, run_child_group
+from helpers import make_video, run_child_group, video_file
 
 av = pytest.importorskip("av", reason="PyAV is a test extra (pip install mmpipe[test])")
 SMALL = dict(min_pixels=28 * 28 * 2, max_pixels=28 * 28 * 12)
-
-
-def _ts(n: int, h: int, w: int, seed: int) -> bytes:
-    """An MPEG-TS clip of n random frames (10 fps); two joined are one stream whose size changes."""
-    fd, path = tempfile.mkstemp(suffix=".ts")
-    os.close(fd)
-    try:
-        with av.open(path, "w", format="mpegts") as c:
-            s = c.add_stream("libx264" if "libx264" in av.codecs_available else "mpeg4", rate=Fraction(10))
-            s.height, s.width, s.pix_fmt = h, w, "yuv420p"
-            rng = np.random.default_rng(seed)
-            for _ in range(n):
-                for p in s.encode(av.VideoFrame.from_ndarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
-                                                              format="rgb24")):
-                    c.mux(p)
-            for p in s.encode():
-                c.mux(p)
-        with open(path, "rb") as f:
-            return f.read()
-    finally:
-        os.unlink(path)
 
 
 def _jpeg(seed: int, h: int = 60, w: int = 80) -> bytes:
@@ -67,7 +44,8 @@ def _video_row(video) -> dict:
 def videos():
     mkv = make_video(40, 10, 48, 64, fmt="matroska")
     return {"good": make_video(12, 10, 48, 64), "cut mkv": mkv[: len(mkv) * 3 // 10],
-            "size change": _ts(6, 48, 64, 0) + _ts(6, 96, 128, 1), "zero bytes": b""}
+            "size change": video_file(6, 48, 64, "mpegts") + video_file(6, 96, 128, "mpegts", seed=1),
+            "zero bytes": b""}
 
 
 # ---------------------------------------------------------------- findings

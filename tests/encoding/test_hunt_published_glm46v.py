@@ -139,9 +139,10 @@ def test_glm41v_rows_and_labels_equal_the_published_template(glm41v, name, kw):
     assert (row.labels != -100).any()
 
 
-@pytest.mark.parametrize("kw", KWARGS, ids=KW_IDS)
-def test_glm41v_rl_prompts_and_vllm_prompts(glm41v, kw):
-    proc, _ = glm41v
+def _check_rl_prompts(proc, kw):
+    """An RL prompt (``add_generation_prompt=True``, ``tools=``) of a conversation with a history reply
+    and images in two turns: its row equals the chat path, the history reply keeps its labels, and
+    `to_vllm_prompts` rebuilds its ids."""
     conv = CONVERSATIONS["system, images in two turns"][:4]
     images = _images(conv)
     enc = mmpipe.Encoder(proc, tools=TOOLS, add_generation_prompt=True,
@@ -151,6 +152,11 @@ def test_glm41v_rl_prompts_and_vllm_prompts(glm41v, kw):
     _assert_rows_equal_chat_path(proc, row, own, images)
     _assert_prompt_labels(proc, conv, images, kw, row)
     _assert_vllm_prompt_rebuilds(proc, row, own, 2)
+
+
+@pytest.mark.parametrize("kw", KWARGS, ids=KW_IDS)
+def test_glm41v_rl_prompts_and_vllm_prompts(glm41v, kw):
+    _check_rl_prompts(glm41v[0], kw)
 
 
 # --- the GLM-4.5V-style text on a Glm46VProcessor (GLM-OCR's, published) -----------------------------------
@@ -187,16 +193,7 @@ def test_glm46v_rows_and_labels_with_tools_in_the_system_header(glm46v, name, kw
 
 @pytest.mark.parametrize("kw", KWARGS, ids=KW_IDS)
 def test_glm46v_rl_prompts_with_tools_and_vllm_prompts(glm46v, kw):
-    proc = glm46v
-    conv = CONVERSATIONS["system, images in two turns"][:4]
-    images = _images(conv)
-    enc = mmpipe.Encoder(proc, tools=TOOLS, add_generation_prompt=True,
-                         **({"chat_template_kwargs": kw} if kw else {}))
-    row = enc.encode_row({"messages": conv, "images": images})
-    own = _own(proc, conv, images, kw, add_generation_prompt=True)
-    _assert_rows_equal_chat_path(proc, row, own, images)
-    _assert_prompt_labels(proc, conv, images, kw, row)
-    _assert_vllm_prompt_rebuilds(proc, row, own, 2)
+    _check_rl_prompts(glm46v, kw)
 
 
 # reasoning rendered where the generation prompt closes the thinking block: refused, as inline <think>

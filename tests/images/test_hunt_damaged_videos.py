@@ -9,9 +9,6 @@ a header-only file, an audio-only file, an odd-size (17x9) clip, a cut MP4 whose
 from __future__ import annotations
 
 import io
-import os
-import tempfile
-from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -22,43 +19,12 @@ from mmpipe.families import get_family
 from mmpipe.images.spec import VisionSpec
 from mmpipe.images.video import VideoOptions, encode_video, video_layout
 
-from helpers import all_frames, make_video
+from helpers import all_frames, make_video, video_file
 
 av = pytest.importorskip("av", reason="PyAV is a test extra (pip install mmpipe[test])")
 SMALL = dict(min_pixels=28 * 28 * 2, max_pixels=28 * 28 * 12)
 SPEC = VisionSpec.from_family(get_family("qwen2_5_vl"))
 ROUTES = (encode_video, video_layout)
-
-
-def _file(n: int, h: int, w: int, fmt: str, *, codec: str = "libx264", pix: str = "yuv420p",
-          movflags=None, audio_only: bool = False, seed: int = 0) -> bytes:
-    """n random frames at 10 fps written to a real file (the mp4 muxer's ``faststart`` rewrites it),
-    its bytes; ``audio_only``: one second of silent AAC and no video stream."""
-    fd, path = tempfile.mkstemp(suffix=".vid")
-    os.close(fd)
-    try:
-        with av.open(path, "w", format=fmt, **({"options": {"movflags": movflags}} if movflags else {})) as c:
-            if audio_only:
-                a = c.add_stream("aac", rate=16000)
-                a.layout = "mono"
-                af = av.AudioFrame.from_ndarray(np.zeros((1, 16000), np.float32), format="fltp", layout="mono")
-                af.sample_rate, af.pts = 16000, 0
-                for p in [*a.encode(af), *a.encode()]:
-                    c.mux(p)
-            else:
-                s = c.add_stream(codec, rate=Fraction(10))
-                s.height, s.width, s.pix_fmt = h, w, pix
-                rng = np.random.default_rng(seed)
-                for _ in range(n):
-                    f = av.VideoFrame.from_ndarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), format="rgb24")
-                    for p in s.encode(f):
-                        c.mux(p)
-                for p in s.encode():
-                    c.mux(p)
-        with open(path, "rb") as f:
-            return f.read()
-    finally:
-        os.unlink(path)
 
 
 def _codec(fmt: str) -> str:
@@ -76,7 +42,7 @@ def test_a_cut_matroska_file_is_refused_not_sampled_from_its_first_part(fmt, kep
     declares 10 s but counts no frames, so mmpipe counted the packets (29 / 69) and sampled them as
     if they were the whole clip: 2.9 s of frames, grid (2, 4, 4), on both routes, silently. Now a
     `VideoError` naming the declared and the held seconds. Before: both calls returned."""
-    full = _file(100, 48, 64, fmt, codec=_codec(fmt))
+    full = video_file(100, 48, 64, fmt, codec=_codec(fmt))
     cut = full[: int(len(full) * kept)]
     held = len(all_frames(cut))
     assert 0 < held < 100  # the decoder reads the first part and says nothing
@@ -93,7 +59,7 @@ def test_frames_that_change_size_mid_stream_are_refused():
     stream's size is the first clip's, and every later frame was resized to that grid without a
     word (a frame list of mixed sizes is refused). Now a `VideoError` naming the frame and both
     sizes. Before: encode_video returned grid (2, 4, 4)."""
-    small, big = _file(10, 48, 64, "mpegts"), _file(10, 96, 128, "mpegts", seed=1)
+    small, big = video_file(10, 48, 64, "mpegts"), video_file(10, 96, 128, "mpegts", seed=1)
     for joined, first, later in ((small + big, "48x64", "96x128"), (big + small, "96x128", "48x64")):
         assert {f.shape[:2] for f in all_frames(joined)} == {(48, 64), (96, 128)}
         with pytest.raises(VideoError, match="change size") as e:
@@ -108,7 +74,7 @@ def test_complete_matroska_files_are_not_taken_for_cut():
     duration is the longest track's, which the packets of every stream reach."""
     for data in (make_video(12, 10, 48, 64, fmt="matroska", audio=True),
                  make_video(14, 10, 48, 64, fmt="matroska", pts=[i * 100 for i in range(7)] + [2000 + i * 50 for i in range(7)]),
-                 _file(12, 48, 64, "webm", codec=_codec("webm"))):
+                 video_file(12, 48, 64, "webm", codec=_codec("webm"))):
         n = len(all_frames(data))
         got = encode_video(data, SPEC, VideoOptions(nframes=n - n % 2, **SMALL))
         assert len(got.frame_indices) == n - n % 2 and got.frame_indices[-1] == n - 1
@@ -118,7 +84,7 @@ def test_complete_matroska_files_are_not_taken_for_cut():
 def test_cut_mp4_with_its_moov_first_is_refused_when_decoded():
     """faststart: the moov (100 frames) is whole, the samples are cut. The decode finds the stream
     short; the layout route reads headers only (it cannot know without reading every sample)."""
-    full = _file(100, 48, 64, "mp4", movflags="faststart")
+    full = video_file(100, 48, 64, "mp4", movflags="faststart")
     for kept in (0.3, 0.7):
         with pytest.raises(VideoError, match="ends early|cannot be decoded") as e:
             encode_video(full[: int(len(full) * kept)], SPEC, VideoOptions(**SMALL), where="row 0, video 0")
@@ -127,9 +93,9 @@ def test_cut_mp4_with_its_moov_first_is_refused_when_decoded():
 
 @pytest.mark.parametrize("case", ["header only", "audio only", "zero bytes", "moov missing"])
 def test_files_without_video_frames_are_typed(case):
-    mkv = _file(100, 48, 64, "matroska")
-    data = {"header only": mkv[:1500], "audio only": _file(0, 0, 0, "matroska", audio_only=True),
-            "zero bytes": b"", "moov missing": _file(20, 48, 64, "mp4")[:2000]}[case]
+    mkv = video_file(100, 48, 64, "matroska")
+    data = {"header only": mkv[:1500], "audio only": video_file(0, 0, 0, "matroska", audio_only=True),
+            "zero bytes": b"", "moov missing": video_file(20, 48, 64, "mp4")[:2000]}[case]
     for fn in ROUTES:
         with pytest.raises(VideoError) as e:
             fn(data, SPEC, VideoOptions(**SMALL), where="row 5, video 0")
@@ -138,7 +104,7 @@ def test_files_without_video_frames_are_typed(case):
 
 def test_odd_size_video_encodes_as_its_decoded_frames():
     """17x9 (4:4:4, so the size is kept): the frames are what PyAV decodes, sized as a frame list of them."""
-    data = _file(10, 9, 17, "mp4", pix="yuv444p")
+    data = video_file(10, 9, 17, "mp4", pix="yuv444p")
     frames = all_frames(data)
     assert frames[0].shape == (9, 17, 3)
     got = encode_video(data, SPEC, VideoOptions(nframes=10, **SMALL))
@@ -148,8 +114,8 @@ def test_odd_size_video_encodes_as_its_decoded_frames():
 
 def test_damaged_videos_leave_pil_and_pyav_settings_alone():
     before = (ImageFile.LOAD_TRUNCATED_IMAGES, Image.MAX_IMAGE_PIXELS, av.logging.get_level())
-    mkv = _file(100, 48, 64, "matroska")
-    for data in (mkv[: len(mkv) // 3], b"\x00" * 500, _file(10, 48, 64, "mpegts") + _file(10, 96, 128, "mpegts")):
+    mkv = video_file(100, 48, 64, "matroska")
+    for data in (mkv[: len(mkv) // 3], b"\x00" * 500, video_file(10, 48, 64, "mpegts") + video_file(10, 96, 128, "mpegts")):
         try:
             encode_video(data, SPEC, VideoOptions(**SMALL))
         except VideoError:
@@ -161,7 +127,7 @@ def _forged_avi(frames: int) -> bytes:
     """A 20-frame MPEG-4 AVI whose headers (avih dwTotalFrames, strh dwLength) claim ``frames``."""
     if "mpeg4" not in av.codecs_available:
         pytest.skip("PyAV here has no mpeg4 encoder")
-    data = bytearray(_file(20, 48, 64, "avi", codec="mpeg4"))
+    data = bytearray(video_file(20, 48, 64, "avi", codec="mpeg4"))
     strh, avih = data.find(b"strh"), data.find(b"avih")
     data[strh + 40: strh + 44] = frames.to_bytes(4, "little")  # strh body: ... dwStart, dwLength
     data[avih + 24: avih + 28] = frames.to_bytes(4, "little")  # avih body: ..., dwTotalFrames
