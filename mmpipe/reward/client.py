@@ -31,6 +31,10 @@ class _DeadlinePassed(Exception):
     """The request's socket was shut down at its deadline (reported as a timeout)."""
 
 
+class _Aborted(Exception):
+    """`JudgeClient.close` shut the request's socket down while it was in flight."""
+
+
 def require_openai() -> None:
     """Raise ImportError naming the pip command when the ``openai`` package is missing."""
     if importlib.util.find_spec("openai") is None:
@@ -150,7 +154,9 @@ class JudgeClient:
             return self._client
 
     def close(self) -> None:
-        """Close the HTTP connections (a later request reopens them)."""
+        """Close the HTTP connections, ending the requests in flight at once (answered
+        ``"cancelled: ..."``, not retried); a later request reopens them."""
+        self._deadline.abort()  # a closed socket does not wake its blocked reader; a shut down one does
         with self._client_lock:
             if self._client is not None:
                 self._client.close()
@@ -192,6 +198,10 @@ class JudgeClient:
             retry_after = None
             try:
                 resp = self._send(kwargs)
+            except _Aborted:
+                self.stats.add(cancelled=1)
+                return self._failed("cancelled: the client was closed while the request was in flight; not scored",
+                                    None, attempt + 1, t0)
             except (openai.APITimeoutError, _DeadlinePassed):
                 self.stats.add(timeouts=1)
                 error, status = f"timeout: no answer within timeout_s={self.timeout_s}", None
@@ -226,6 +236,8 @@ class JudgeClient:
             try:
                 return self._openai().chat.completions.create(**kwargs)
             except Exception:
+                if guard.aborted:  # close() shut the socket down
+                    raise _Aborted() from None
                 if guard.fired:  # the socket was shut down at the deadline
                     raise _DeadlinePassed() from None
                 raise

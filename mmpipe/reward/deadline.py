@@ -9,12 +9,17 @@ The socket is learnt from the HTTP client's event hooks and its ``trace`` extens
 a new connection is opened (which covers a request's whole life, headers included) and
 when the response headers arrive (a reused keep-alive connection: the body). A server
 that stalls the headers on a reused connection is bounded by the per-read timeout only.
+
+`RequestDeadline.abort` is the client's ``close()``: closing a socket does not wake a thread
+blocked reading it (Linux), so every socket the client opened is shut down, which ends the
+requests in flight at once, on new and reused connections alike.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
@@ -22,8 +27,10 @@ from typing import Any, Iterator, Optional
 class _Guard:
     """The timer and the sockets of one request."""
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float, opened: Optional["weakref.WeakSet"] = None):
         self.fired = False
+        self.aborted = False  # `RequestDeadline.abort` shut the sockets down under this request
+        self._opened = opened
         self._done = False
         self._lock = threading.Lock()
         self._socks: list = []
@@ -52,7 +59,10 @@ class _Guard:
     def trace(self, event: str, info: dict) -> None:
         """``trace`` request extension: the socket of a newly opened connection."""
         if event == "connection.connect_tcp.complete":
-            self.watch(_socket_of(info.get("return_value")))
+            sock = _socket_of(info.get("return_value"))
+            if sock is not None and self._opened is not None:
+                self._opened.add(sock)  # kept for `RequestDeadline.abort`, reused or not
+            self.watch(sock)
 
     def finish(self) -> None:
         with self._lock:
@@ -73,6 +83,20 @@ class RequestDeadline:
 
     def __init__(self) -> None:
         self._local = threading.local()
+        self._lock = threading.Lock()
+        self._active: set = set()  # guards of the requests in flight, all threads
+        self._opened: weakref.WeakSet = weakref.WeakSet()  # sockets of the connections opened
+
+    def abort(self) -> None:
+        """End every request in flight now: shut down each socket the client has opened
+        (``guard.aborted`` turns true for the requests it cuts). For the client's
+        ``close()``, before its connections are closed."""
+        with self._lock:
+            guards, socks = list(self._active), list(self._opened)
+        for g in guards:
+            g.aborted = True
+        for sock in socks:
+            _shutdown(sock)
 
     def event_hooks(self) -> dict:
         return {"request": [self._on_request], "response": [self._on_response]}
@@ -81,13 +105,17 @@ class RequestDeadline:
     def guard(self, seconds: float) -> Iterator[_Guard]:
         """Shut down this thread's request's sockets after ``seconds``; yields the guard
         (``guard.fired``: the deadline passed)."""
-        g = _Guard(seconds)
+        g = _Guard(seconds, self._opened)
         self._local.guard = g
+        with self._lock:
+            self._active.add(g)
         g.start()
         try:
             yield g
         finally:
             g.finish()
+            with self._lock:
+                self._active.discard(g)
             self._local.guard = None
 
     def _on_request(self, request: Any) -> None:

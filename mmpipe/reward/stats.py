@@ -19,7 +19,8 @@ class JudgeStats:
     unparsable), ``unparsable``. Per HTTP request: ``requests``, ``retries``, ``timeouts``,
     ``connection_errors``, ``http_errors`` (by status). ``raw_truncated_chars``: characters of
     answers not kept in `Answer.raw` (`mmpipe.reward.parsing.RAW_TEXT_LIMIT`); ``cancelled``:
-    questions not sent because the judge was closed or the call interrupted. ``latency`` percentiles are over
+    questions not sent because the judge was closed or the call interrupted, and requests
+    cut in flight by ``close()``. ``latency`` percentiles are over
     uncached questions (wall time including retries), from the last ``window`` of them.
     """
 

@@ -272,6 +272,52 @@ def test_close_during_judge_many_stops_sending_at_once():
         assert judge.judge(FRAME, "grasp").valid
 
 
+class HeldAfter(Gate):
+    """`Gate`, except the first ``answered`` requests are answered at once (their keep-alive
+    connections are then reused by the held ones)."""
+
+    def __init__(self, answered: int):
+        super().__init__()
+        self.answered = answered
+
+    def __call__(self, request, index):
+        if index < self.answered:
+            return ok(ACTION_OK if request.kind == "action" else PROGRESS_OK)
+        return super().__call__(request, index)
+
+
+@pytest.mark.parametrize("answered", [0, 2], ids=["new-connections", "reused-connections"])
+def test_close_ends_the_requests_in_flight_without_their_answers(answered):
+    # before: close() closed the sockets, which does not wake a thread blocked reading one, so
+    # judge_many waited for the answers in flight (1500 tokens each from a real server: minutes
+    # on a loaded machine; the vLLM env's close test hung past its 120 s guard). Now the sockets
+    # are shut down: the call ends while the server still holds every answer, new and reused
+    # (keep-alive) connections alike, and those questions come back cancelled, not retried
+    gate = HeldAfter(answered)
+    with JudgeServer(gate, lifetime_s=2 * HANG_S) as server:
+        judge = make_judge(server, timeout_s=2 * HANG_S, max_concurrency=2, max_retries=2)
+        if answered:
+            assert judge.judge(FRAME, "grasp").valid  # two requests on two connections, kept alive
+        out: list = []
+        worker = threading.Thread(target=lambda: out.extend(judge.judge_many(frames(6), ["grasp"] * 6)))
+        try:
+            worker.start()
+            wait_until(lambda: len(server.requests) == answered + 2, "2 requests in flight")
+            bounded(judge.close, timeout=HANG_S)
+            worker.join(timeout=HANG_S)  # the gate is still shut: only an abort ends the call
+            ended_held = not worker.is_alive() and not gate.event.is_set()
+        finally:
+            gate.open()
+            worker.join(timeout=HANG_S)
+        assert ended_held, "judge_many waited for the answers held in flight"
+        assert len(server.requests) == answered + 2  # nothing retried or sent after close()
+    assert len(out) == 6 and not any(r.valid for r in out), [r.error for r in out]
+    in_flight = [a.error for r in out for a in (r.action, r.progress) if "in flight" in (a.error or "")]
+    assert in_flight and all(e.startswith("cancelled: the client was closed") for e in in_flight), in_flight
+    stats = judge.stats.snapshot()
+    assert stats["connection_errors"] == stats["timeouts"] == stats["retries"] == 0, stats
+
+
 # the child takes Ctrl-C as a terminal's foreground process does: a runner started in the background
 # (``cmd &`` in a script, nohup) hands its children SIGINT ignored, which Python then keeps
 RESTORE_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
