@@ -20,7 +20,10 @@ The HTTP engine for OpenAI-compatible servers is `mmpipe.rollout.openai_engine`.
 
 Cancellation: cancelling a caller never frees its concurrency slot before the model call it
 started has really finished (a thread cannot be interrupted), so the bound holds even when
-trajectories are cancelled; the cancelled caller's result is dropped.
+trajectories are cancelled; the cancelled caller's result is dropped. A call whose rows go out
+as several requests (`AsyncVLLMEngine`, `mmpipe.rollout.openai_engine.OpenAIEngine`) that
+fails on one of them cancels the others before it raises (`gather_or_cancel`): none keeps
+generating, or holding a slot, for a caller that has already had its error.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from typing import Any, Callable, Optional, Sequence
 from mmpipe.errors import ArgumentError, InputError
 from mmpipe.records.generation import Generation, SamplingParams
 
-__all__ = ["ThreadedEngine", "AsyncTransformersEngine", "AsyncVLLMEngine", "ConcurrencyGate", "run_sync"]
+__all__ = ["ThreadedEngine", "AsyncTransformersEngine", "AsyncVLLMEngine", "ConcurrencyGate", "gather_or_cancel",
+           "run_sync"]
 
 
 class ConcurrencyGate:
@@ -93,6 +97,21 @@ class ConcurrencyGate:
             return await coro_fn()
         finally:
             self.release()
+
+
+async def gather_or_cancel(*aws) -> list:
+    """``asyncio.gather(*aws)``, except that when one fails the others are cancelled, and
+    awaited, before its error is raised. Plain ``gather`` leaves them running: in a long-lived
+    event loop (an agent loop, a trainer) the failed call's other requests kept generating on
+    the server and holding their concurrency slots after the caller had its error."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def run_sync(awaitable, *, caller: str = "run_sync", fix: str = "`await` the engine's generate() instead"):
@@ -244,7 +263,8 @@ class AsyncVLLMEngine:
     bounds the requests this engine keeps in vLLM at once (None: unbounded). The final
     ``RequestOutput`` of each request goes through `generation_from_request_output`, prompt
     ids checked against the row's ``input_ids`` like the sync engine. A cancelled caller's
-    requests are aborted by vLLM (``AsyncLLM.generate`` aborts on cancellation).
+    requests are aborted by vLLM (``AsyncLLM.generate`` aborts on cancellation), and so are
+    the other requests of a call when one of them fails (`gather_or_cancel`).
 
     Args:
         llm: ``vllm.AsyncLLM`` (or anything whose ``generate(prompt, sampling_params,
@@ -289,9 +309,9 @@ class AsyncVLLMEngine:
         recs = prompt_rows(rows)
         calls = [(lambda r=r: self._one(*r)) for r in self.requests(recs, params)]
         if self.gate is not None:
-            outs = await asyncio.gather(*(self.gate.run_coro(c) for c in calls))
+            outs = await gather_or_cancel(*(self.gate.run_coro(c) for c in calls))
         else:
-            outs = await asyncio.gather(*(c() for c in calls))
+            outs = await gather_or_cancel(*(c() for c in calls))
         check = self._sync.check_prompt_ids
         return [generation_from_request_output(o, i, expected_prompt_ids=recs[i].input_ids if check else None)
                 for i, o in enumerate(outs)]

@@ -36,7 +36,6 @@ The ``openai`` client is imported lazily (``pip install "mmpipe[serve]"``).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 from typing import Any, Optional, Sequence
@@ -46,7 +45,7 @@ import numpy as np
 from mmpipe.errors import ArgumentError, InputError, PlaceholderError
 from mmpipe.records.generation import FINISH_REASONS, Completion, Generation, SamplingParams
 from mmpipe.records.row import MultiModalInputs
-from mmpipe.rollout.async_engine import ConcurrencyGate
+from mmpipe.rollout.async_engine import ConcurrencyGate, gather_or_cancel
 
 __all__ = ["OpenAIEngine", "SERVERS", "verbatim_chat_template", "prompt_content", "request_body",
            "generation_from_chat_response"]
@@ -251,6 +250,9 @@ class OpenAIEngine:
         client: an ``openai.AsyncOpenAI`` the caller owns (reused, never closed here); by
             default each ``generate`` call opens its own client and closes it (an async HTTP
             client belongs to one event loop, and `run_sync` makes a new loop per call).
+
+    A call that fails on one request cancels its other requests before it raises
+    (`mmpipe.rollout.async_engine.gather_or_cancel`): none is left running on the server.
     """
 
     def __init__(self, base_url: str, model: str, *, processor, server: str = "vllm", max_concurrency: int = 8,
@@ -286,7 +288,7 @@ class OpenAIEngine:
             resps = [await self._post(client, body)]
         else:  # one completion per request; seeds seed, seed+1, ... keep a seeded group reproducible
             bodies = [dict(body, seed=params.seed + k) if params.seed is not None else body for k in range(params.n)]
-            resps = await asyncio.gather(*(self._post(client, b) for b in bodies))
+            resps = await gather_or_cancel(*(self._post(client, b) for b in bodies))
         want = row.input_ids if self.check_prompt_ids else None
         gens = [generation_from_chat_response(r, i, tokenizer=self.tokenizer, expected_prompt_ids=want,
                                               eos_token_id=self.tokenizer.eos_token_id) for r in resps]
@@ -300,6 +302,6 @@ class OpenAIEngine:
         check_params(params)
         recs = prompt_rows(rows)
         if self.client is not None:
-            return list(await asyncio.gather(*(self._one(self.client, r, i, params) for i, r in enumerate(recs))))
+            return await gather_or_cancel(*(self._one(self.client, r, i, params) for i, r in enumerate(recs)))
         async with self._new_client() as client:
-            return list(await asyncio.gather(*(self._one(client, r, i, params) for i, r in enumerate(recs))))
+            return await gather_or_cancel(*(self._one(client, r, i, params) for i, r in enumerate(recs)))
