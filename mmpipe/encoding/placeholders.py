@@ -106,8 +106,8 @@ def expand_video_pads(ids: np.ndarray, pad_positions, grids, family, labels: Opt
     with their label (the encoder masks pads), the tokens Qwen3-VL inserts get -100.
     ``outer_wrapper`` False: a pad the template wrapped as ``<|vision_start|><|video_pad|>
     <|vision_end|>`` loses that outer pair, as the frame blocks carry their own (the Qwen3-VL
-    processor of transformers >= 5.25, `mmpipe.encoding.videos.keeps_video_wrapper`); True:
-    it stays (earlier transformers lines, vLLM 0.32).
+    processor of transformers 4.57 and >= 5.25, `mmpipe.encoding.videos.keeps_video_wrapper`);
+    True: it stays (transformers 5.x before 5.25, vLLM 0.32).
     Returns ``(ids, labels)``, each [L - V + expanded length - 2 * unwrapped pads].
     """
     fam = family_of(family)

@@ -17,7 +17,7 @@ one ``<|video_pad|>`` into ``t*h*w/merge^2`` pads; Qwen3-VL writes ``<{t:.1f} se
 ``<|vision_start|>`` ``h*w/merge^2`` pads ``<|vision_end|>`` per frame group (its processor's
 ``replace_video_token``; the times are `mmpipe.images.video.group_times`), inside the template's
 own ``<|vision_start|>``/``<|vision_end|>`` pair or, where the processor collapses that pair
-(transformers >= 5.25), without it (`keeps_video_wrapper`); then a video's first timestamp is
+(transformers 4.57 and >= 5.25), without it (`keeps_video_wrapper`); then a video's first timestamp is
 tokenized together with the text before it, as that processor tokenizes them (`_glue_first_times`).
 """
 
@@ -117,21 +117,58 @@ def keeps_video_wrapper(processor, family) -> bool:
 
     Asked of the processor's own text step (``get_text_with_replacements``): the Qwen3-VL
     processor of transformers >= 5.25 collapses the pair (each frame block carries its own),
-    earlier lines (and vLLM 0.32) keep it. A processor without that step (transformers < 5.25,
-    a bare tokenizer) keeps it. True for every other family (nothing to collapse)."""
+    5.x lines before it (and vLLM 0.32) keep it. A processor without that step (transformers 4.x)
+    is asked through its ``__call__`` on the wrapper with a one-frame-group stand-in video
+    processor (`_call_keeps_wrapper`): 4.57's Qwen3VLProcessor collapses the pair too. Something
+    that is not a processor (a bare tokenizer) keeps it. True for every other family."""
     fam = family
-    step = getattr(processor, "get_text_with_replacements", None)
-    if not fam.video_frames_are_blocks or step is None:
+    if not fam.video_frames_are_blocks:
         return True
     wrapper = "".join(getattr(processor, f"{k}_token", None) or getattr(fam, f"{k}_token")
                       for k in ("vision_start", "video", "vision_end"))
+    step = getattr(processor, "get_text_with_replacements", None)
     mark = "\x00mmpipe-video\x00"
     try:
+        if step is None:
+            return _call_keeps_wrapper(processor, fam, wrapper) if _is_processor(processor) else True
         text, _ = step([wrapper], videos_replacements=[mark])
     except Exception as e:  # a processor whose text step takes other arguments: say so, never guess
         raise ArgumentError(f"could not ask the {fam.name} processor how it lays out video placeholders "
                             f"({type(e).__name__}: {e}); report it with your transformers version") from None
     return text[0] != mark
+
+
+def _is_processor(obj) -> bool:
+    return callable(obj) and getattr(obj, "tokenizer", None) is not None and hasattr(obj, "image_processor")
+
+
+class _OneGroupVideos:
+    """A stand-in video processor: any video is one frame group of one merged token (grid
+    ``(1, merge, merge)``) at 2 fps, so the processor's ``__call__`` runs its text step alone."""
+
+    def __init__(self, fam):
+        self.merge_size, self.temporal_patch_size = fam.merge_size, fam.temporal_patch_size
+
+    def __call__(self, videos=None, **_):
+        import torch
+        from transformers.video_utils import VideoMetadata
+
+        m, t = self.merge_size, self.temporal_patch_size
+        meta = VideoMetadata(total_num_frames=t, fps=2.0, frames_indices=list(range(t)))
+        return {"video_grid_thw": torch.tensor([[1, m, m]]), "video_metadata": [meta]}
+
+
+def _call_keeps_wrapper(processor, fam, wrapper: str) -> bool:
+    """Whether ``processor(text=[wrapper], videos=[one clip])`` keeps the wrapper's pair: its ids
+    hold two ``<|vision_start|>`` (the pair and the frame group's) or one (collapsed)."""
+    import copy
+
+    probe = copy.copy(processor)  # shallow: only the video processor is swapped
+    probe.video_processor = _OneGroupVideos(fam)
+    out = probe(text=[wrapper], videos=[np.zeros((fam.temporal_patch_size, 1, 1, 3), np.uint8)])
+    start = processor.tokenizer.convert_tokens_to_ids(getattr(processor, "vision_start_token", None)
+                                                      or fam.vision_start_token)
+    return list(out["input_ids"][0]).count(start) == 2
 
 
 def _expand_qwen(enc, ids, pads, grids, labels, times_ids) -> tuple:

@@ -23,9 +23,9 @@ it hands to the transformers processor (``VideoMetadata`` fields):
   processor tokenized together with the text before it (5.25's layout, a vocabulary merging
   ``" <"``) is split off that text, which is tokenized again as the template wrote it.
   The prompt holds the video as the chat template writes it, ``<|vision_start|><|video_pad|>
-  <|vision_end|>``, whichever processor made the row: up to transformers 5.24 the row keeps that
-  outer pair around its frame groups (vLLM 0.32 expands the pad inside it); 5.25's processor
-  drops it (`mmpipe.encoding.videos.keeps_video_wrapper`), so such a row's prompt gets the pair
+  <|vision_end|>``, whichever processor made the row: on transformers 5.x up to 5.24 the row keeps
+  that outer pair around its frame groups (vLLM 0.32 expands the pad inside it); 4.57's and 5.25's
+  processors drop it (`mmpipe.encoding.videos.keeps_video_wrapper`), so such a row's prompt gets the pair
   back: the template's own text, which a vLLM that expands as that processor does turns into
   the row's frame groups (a bare pad would match only vLLM 0.32's rule, which 5.25 no longer
   follows).
