@@ -237,12 +237,17 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None) ->
     checks = DemoChecks(ds, processor, model, fam, offline)
     out_dir = Path(args.out) if args.out else None
     disk_bytes = _save_load_and_check(enc, out_dir, args, checks, times, t)
-    print(f"mmpipe demo: {label} ({fam.name}), {len(ds)} rows, batch size {args.batch_size}, "
-          f"map num_proc={num_proc or 1}, DataLoader num_workers={args.workers}")
-    _print_report(checks, times, disk_bytes, out_dir)
     problems = [f for fs in checks.failures.values() for f in fs]
-    seconds = time.perf_counter() - t_start
-    print(f"rows {len(ds)}, batches {checks.n_batches}, {seconds:.1f} s; " + "; ".join(checks.summary()))
+    try:
+        print(f"mmpipe demo: {label} ({fam.name}), {len(ds)} rows, batch size {args.batch_size}, "
+              f"map num_proc={num_proc or 1}, DataLoader num_workers={args.workers}")
+        _print_report(checks, times, disk_bytes, out_dir)
+        seconds = time.perf_counter() - t_start
+        print(f"rows {len(ds)}, batches {checks.n_batches}, {seconds:.1f} s; " + "; ".join(checks.summary()))
+    except BrokenPipeError:  # `mmpipe demo | head`: the reader left; the checks still set the status
+        from mmpipe.cli.stops import reader_left
+
+        reader_left()
     return 0 if not problems else 1
 
 

@@ -9,7 +9,9 @@
 encoded rows saved with ``save_to_disk`` (`mmpipe.cli.encode`); ``inspect`` prints the counts
 and histograms of an encoded dataset (`mmpipe.cli.inspect`); ``demo`` runs `mmpipe.cli.demo`.
 Errors in the arguments or the input exit with status 2 and one line saying what to fix; a
-row that fails to encode exits with status 1 and names the row; Ctrl-C exits with 130 (``--out`` untouched).
+row that fails to encode exits with status 1 and names the row; Ctrl-C exits with 130 and SIGTERM
+with 143 (``--out`` untouched, the staging directory removed); ``mmpipe ... | head`` ends quietly
+(`mmpipe.cli.stops`).
 
     mmpipe judge ping --base-url http://localhost:8000/v1 --model Qwen/Qwen3-VL-8B-Instruct \\
         --image frame.png [--task "stack the red cube on the green cube"] [--primitive grasp]
@@ -26,6 +28,8 @@ import argparse
 import json
 import sys
 from typing import Optional, Sequence
+
+from mmpipe.cli.stops import interruption, reader_left, sigterm_interrupts, stopped
 
 DEFAULT_PRIMITIVES = "reach,grasp,lift,place,release"
 
@@ -90,12 +94,22 @@ def _ping(args: argparse.Namespace) -> int:
     judge = VLMJudge(client, task=args.task, primitives=primitives, reward=RewardConfig(mode=args.mode), cache_size=0)
     try:
         result = judge.judge(frame, primitive, prev_progress=args.prev_progress)
+    except KeyboardInterrupt as e:  # Ctrl-C / SIGTERM while waiting for the server
+        return stopped("judge ping", e)
     finally:
         judge.close()
+    try:
+        _print_ping(args, judge, frame, result, primitive, primitives)
+    except BrokenPipeError:  # `mmpipe judge ping ... | head`: the reader left
+        reader_left()
+    return 0 if result.valid else 1
+
+
+def _print_ping(args: argparse.Namespace, judge, frame, result, primitive: str, primitives: list) -> None:
     if args.json:
         print(json.dumps({"base_url": args.base_url, "model": args.model, "primitive": primitive,
                           **result.to_dict()}, indent=2))
-        return 0 if result.valid else 1
+        return
     cfg, parts = judge.reward, result.parts
     w, h = frame.size
     print(f"server    {args.base_url}  model {args.model}")
@@ -113,7 +127,6 @@ def _ping(args: argparse.Namespace) -> int:
           f"+ {cfg.progress_weight} * {parts.progress_term:.4f})  mode {cfg.mode}")
     print(f"latency   {result.latency_s * 1000:.0f} ms for both questions")
     print(f"valid     {result.valid}")
-    return 0 if result.valid else 1
 
 
 # numeric flag of encode / inspect -> (smallest value, what to do instead)
@@ -140,27 +153,17 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise CLIError(f"--min-pixels {lo} is more than --max-pixels {hi}; give min <= max")
 
 
-def _interrupted(error: BaseException) -> bool:
-    """Ctrl-C, or an error raised while handling it (``datasets.map(num_proc=...)``'s pool
-    raises a TimeoutError from its cleanup)."""
-    while error is not None:
-        if isinstance(error, KeyboardInterrupt):
-            return True
-        error = error.__context__
-    return False
-
-
 def _run_data_command(args: argparse.Namespace) -> int:
     """encode / inspect / validate: a user error is one line on stderr (2), a row error names the
-    row (1), Ctrl-C says what was left (130), never a traceback."""
+    row (1), Ctrl-C (130) and SIGTERM (143) say what was left, never a traceback."""
     try:
         return _dispatch(args)
-    except BaseException as e:  # noqa: BLE001 - re-raised unless it is Ctrl-C
-        if not _interrupted(e):
+    except BaseException as e:  # noqa: BLE001 - re-raised unless it is Ctrl-C / SIGTERM
+        stop = interruption(e)
+        if stop is None:
             raise
-        left = "; --out was left as it was (nothing saved)" if args.command == "encode" else ""
-        print(f"\nmmpipe {args.command}: interrupted{left}", file=sys.stderr)
-        return 130
+        return stopped(args.command, stop, "; --out was left as it was (nothing saved)" if args.command == "encode"
+                       else "")
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -175,12 +178,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"mmpipe {args.command}: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `mmpipe inspect DIR | head`: the reader left, not an error
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        reader_left()
         return 0
     except (ValueError, TypeError, KeyError) as e:  # a row that cannot be encoded names itself
-        if _interrupted(e):
+        if interruption(e) is not None:
             raise
         hint = ""
         if args.command == "encode" and getattr(args, "on_error", None) == "raise":
@@ -192,10 +193,18 @@ def _dispatch(args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``mmpipe`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    with sigterm_interrupts():  # SIGTERM stops a command as Ctrl-C does: its cleanup runs
+        return _main(argv)
+
+
+def _main(argv: list) -> int:
     if argv[:1] == ["demo"]:  # everything after `demo` is the demo's own command line
         from mmpipe.cli.demo import main as demo_main
 
-        return demo_main(argv[1:], prog="mmpipe demo")
+        try:
+            return demo_main(argv[1:], prog="mmpipe demo")
+        except KeyboardInterrupt as e:
+            return stopped("demo", e)
     args = _parser().parse_args(argv)
     if args.command == "judge" and args.judge_command == "ping":
         return _ping(args)
