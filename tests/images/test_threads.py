@@ -13,6 +13,8 @@ import pytest
 from mmpipe.images import threads
 from mmpipe.images.threads import CHUNK_ROWS, parallel_rows, thread_pool
 
+from helpers import HANG_S
+
 
 @pytest.mark.parametrize("n", [1, CHUNK_ROWS - 1, 3 * CHUNK_ROWS + 7, 40 * CHUNK_ROWS])
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -31,21 +33,29 @@ def test_every_row_once(n, k):
 
 def test_a_slow_thread_takes_fewer_pieces():
     """The first piece a thread takes stalls it (another process on its core): the other
-    thread takes the remaining pieces instead of waiting with a static half."""
+    thread takes the remaining pieces instead of waiting with a static half. The stalled
+    piece is held until every other row has been taken (an event, not a sleep: a loaded
+    machine cannot reorder it); a static split would leave rows untaken and fail the wait."""
     n = 16 * CHUNK_ROWS
     by_thread: dict = {}
-    first = threading.Event()
+    cond = threading.Condition()
+    taken = [0, None]  # rows taken so far, the stalled thread
 
     def work(a, b):
         me = threading.get_ident()
-        by_thread.setdefault(me, []).append((a, b))
-        if not first.is_set():
-            first.set()
-            time.sleep(0.3)  # this thread is held back
+        with cond:
+            by_thread.setdefault(me, []).append((a, b))
+            taken[0] += b - a
+            cond.notify_all()
+            if taken[1] is not None:
+                return
+            taken[1] = me  # the first piece: this thread is held back
+            # a hang guard (HANG_S), not a timing: the wait ends when the other thread took the rest
+            assert cond.wait_for(lambda: taken[0] == n, HANG_S), f"rows {taken[0]}/{n} taken: a static split"
 
     parallel_rows(work, n, nbytes=1 << 40, threads=2)
-    counts = sorted(len(v) for v in by_thread.values())
-    assert sum(counts) >= 2 and counts[-1] > counts[0]  # not an even static split
+    assert len(by_thread) == 2 and len(by_thread[taken[1]]) == 1  # the stalled thread took one piece
+    assert sum(len(v) for v in by_thread.values()) >= 3  # the other took all the others
     assert sum(b - a for v in by_thread.values() for a, b in v) == n
 
 
