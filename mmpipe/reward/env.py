@@ -152,13 +152,16 @@ class VLMRewardWrapper:
         ``wait=True``: every pending frame is judged first (`flush`). ``wait=False``: stop
         sending now: frames and questions not yet sent are cancelled and delivered as not
         scored (``result.valid`` False, error ``"cancelled: ..."``, neutral reward); only
-        the requests already in flight are waited for."""
+        the requests already in flight are waited for. Interrupted while waiting (Ctrl-C),
+        the frames not yet sent are cancelled and the env is closed all the same before the
+        interrupt propagates."""
         if not wait:
             self._cancel.set()
-        rest = self.flush()
-        if hasattr(self.env, "close"):
-            self.env.close()
-        return rest
+        try:
+            return self.flush()
+        finally:  # an interrupted flush must not leave the env (a simulator, a renderer) open
+            if hasattr(self.env, "close"):
+                self.env.close()
 
     # -- internals ---------------------------------------------------------------------------
     def _render(self) -> Any:
