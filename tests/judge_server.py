@@ -129,6 +129,23 @@ def sequence(*replies: Reply, then: Callable[[Request, int], Reply] = valid_answ
     return script
 
 
+def overlapping(server: "JudgeServer", k: int, then: Callable[[Request, int], Reply] = valid_answers,
+                hang_s: float = 60.0) -> Callable:
+    """Script: every answer waits until ``k`` requests have been in flight at once (a rendezvous,
+    once; later answers go at once), then ``then`` answers. Overlap is then a fact, not a race
+    against a delay: ``server.max_in_flight`` reaches ``k`` on a loaded machine too. A client that
+    never has ``k`` in flight is answered after ``hang_s`` (a hang guard) and its test fails on
+    ``max_in_flight``."""
+    met = threading.Event()
+
+    def script(request: Request, index: int) -> Reply:
+        if server.max_in_flight >= k:  # this request is counted (in flight) before the script runs
+            met.set()
+        met.wait(hang_s)
+        return then(request, index)
+    return script
+
+
 def by_kind(action: Callable, progress: Callable) -> Callable:
     """Script: route action and progress questions to different scripts."""
     return lambda request, index: (action if request.kind == "action" else progress)(request, index)

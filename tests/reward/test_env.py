@@ -10,7 +10,7 @@ import pytest
 from mmpipe.reward import JudgeClient, RewardConfig, VLMJudge, VLMRewardWrapper, encode_frame
 from mmpipe.testing import tiny_image
 
-from judge_server import ok, server  # noqa: F401  (fixture)
+from judge_server import ok, overlapping, server  # noqa: F401  (fixture)
 
 PRIMITIVES = ["reach", "grasp", "lift", "place"]
 CFG = dict(mode="symmetric", binary_weight=0.6, progress_weight=0.4, vlm_reward_scale=0.5)
@@ -120,7 +120,9 @@ def test_sync_and_async_give_the_same_reward_to_the_same_step(server, every):
         if key not in expected:
             assert reward == env_reward
 
-    server.reset()
+    # the first answers wait until two requests are in flight (a rendezvous, not a race of the
+    # next step against a 10 ms answer): async mode must send the next frames while one is out
+    server.reset(overlapping(server, 2, frame_answers(delay=0.0)))
     async_ = VLMRewardWrapper(FrameEnv(steps), make_judge(server), mode="async", eval_frequency=every)
     a_returned, a_scores, a_at = run(async_, episodes, steps)
     assert {k: s.reward for k, s in a_scores.items()} == {k: s.reward for k, s in s_scores.items()}
