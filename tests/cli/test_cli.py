@@ -111,7 +111,7 @@ def _assert_same_rows(out_dir: Path, reference) -> None:
     assert_rows_equal(rows, want, what="the CLI's encode")
 
 
-def _cli(*args, timeout=120):
+def _cli(*args, timeout=300):  # a hang guard: one call ~10-13 s on 2 cores (imports, a processor)
     return subprocess.run([sys.executable, "-m", "mmpipe.cli.main", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout)
 

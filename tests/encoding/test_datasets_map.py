@@ -110,7 +110,8 @@ def test_num_proc_map_after_parallel_torch_in_parent_does_not_hang(tmp_path, med
         enc = ds.map(mmpipe.encode, fn_kwargs={"processor": proc, **kw}, num_proc=2)
         print("done", len(enc), sum(len(g) for g in enc["video_grid_thw"]))
     """).replace("MEDIA", repr(media))
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90,
+    # a hang guard (a forked pool that hangs never ends): ~9-12 s on 2 cores, so 300 s is >20x that
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                          cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"done 8 {8 if media == 'video' else 0}" in out.stdout, out.stdout

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _child(what: str, workdir) -> dict:
     proc = subprocess.run([sys.executable, "-m", "bench.memory", "--child", what, "--quick", "--workdir", str(workdir)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+                          cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)  # a hang guard: a child took ~26 s at load average 5 here (180 s: 7x)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -231,8 +231,10 @@ def test_image_root_through_datasets_map(tree):
 
 
 # ---- mmpipe encode -------------------------------------------------------------------------
-def _cli(*args, timeout=90):
-    """``python -m mmpipe.cli encode ...`` in a process; a hang fails via TimeoutExpired."""
+def _cli(*args, timeout=300):
+    """``python -m mmpipe.cli encode ...`` in a process; a hang fails via TimeoutExpired (a hang
+    guard: one call imports mmpipe and builds a processor, ~9-11 s on 2 idle cores; 90 s was
+    under 10x that, what a loaded CI machine can take)."""
     return subprocess.run([sys.executable, "-m", "mmpipe.cli", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout)
 
