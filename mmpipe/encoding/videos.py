@@ -38,7 +38,8 @@ from mmpipe.images.video import VideoOptions, encode_video, frame_bounds, qwen_p
 from mmpipe.images.video_processor_plan import processor_plan
 from mmpipe.records.arrow import most_per_row
 
-__all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes", "keeps_video_wrapper"]
+__all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes", "keeps_video_wrapper",
+           "check_processor_seconds"]
 
 
 # qwen-vl-utils' per-video options a ``{"video": ..., **options}`` value (or an inline item,
@@ -144,31 +145,67 @@ def _is_processor(obj) -> bool:
 
 class _OneGroupVideos:
     """A stand-in video processor: any video is one frame group of one merged token (grid
-    ``(1, merge, merge)``) at 2 fps, so the processor's ``__call__`` runs its text step alone."""
+    ``(1, merge, merge)``), frames ``indices`` of a ``fps`` video, so the processor's ``__call__``
+    runs its own text and time steps alone."""
 
-    def __init__(self, fam):
+    def __init__(self, fam, fps: float, indices: list):
         self.merge_size, self.temporal_patch_size = fam.merge_size, fam.temporal_patch_size
+        self.fps, self.indices = fps, indices
 
     def __call__(self, videos=None, **_):
         import torch
         from transformers.video_utils import VideoMetadata
 
-        m, t = self.merge_size, self.temporal_patch_size
-        meta = VideoMetadata(total_num_frames=t, fps=2.0, frames_indices=list(range(t)))
+        m = self.merge_size
+        meta = VideoMetadata(total_num_frames=max(self.indices) + 1, fps=self.fps, frames_indices=list(self.indices))
         return {"video_grid_thw": torch.tensor([[1, m, m]]), "video_metadata": [meta]}
+
+
+def _probe_call(processor, fam, text: str, fps: float = 2.0, indices: Optional[list] = None):
+    """``processor(text=[text], videos=[one clip])`` with `_OneGroupVideos` as its video processor."""
+    import copy
+
+    probe = copy.copy(processor)  # shallow: only the video processor is swapped
+    probe.video_processor = _OneGroupVideos(fam, fps, indices or list(range(fam.temporal_patch_size)))
+    return probe(text=[text], videos=[np.zeros((fam.temporal_patch_size, 1, 1, 3), np.uint8)])
 
 
 def _call_keeps_wrapper(processor, fam, wrapper: str) -> bool:
     """Whether ``processor(text=[wrapper], videos=[one clip])`` keeps the wrapper's pair: its ids
     hold two ``<|vision_start|>`` (the pair and the frame group's) or one (collapsed)."""
-    import copy
-
-    probe = copy.copy(processor)  # shallow: only the video processor is swapped
-    probe.video_processor = _OneGroupVideos(fam)
-    out = probe(text=[wrapper], videos=[np.zeros((fam.temporal_patch_size, 1, 1, 3), np.uint8)])
+    out = _probe_call(processor, fam, wrapper)
     start = processor.tokenizer.convert_tokens_to_ids(getattr(processor, "vision_start_token", None)
                                                       or fam.vision_start_token)
     return list(out["input_ids"][0]).count(start) == 2
+
+
+def check_processor_seconds(processor, family) -> None:
+    """Refuse ``sampling="processor"`` where the processor's ``second_per_grid_ts`` does not follow the
+    sampled frames: transformers 4.x's Qwen2.5-VL processor writes ``temporal_patch_size / the fps
+    argument`` (2.0 when none is given), whatever rate the frames were sampled at (5.x: the sampled
+    rate, ``VideoMetadata.sampled_fps``). Asked of a processor without 5.x's text step through its
+    ``__call__``: frames sampled at 5 fps give ``T / 5``, or not. `ArgumentError` naming the fix."""
+    fam = family
+    if not fam.takes_second_per_grid_ts or not _is_processor(processor) \
+            or getattr(processor, "get_text_with_replacements", None) is not None:
+        return
+    T = fam.temporal_patch_size
+    try:  # frames 0, 2 (T = 2) of a 10 fps video: sampled at 5 fps
+        out = _probe_call(processor, fam, fam.video_token, fps=10.0, indices=list(range(0, 2 * T, 2)))
+        got = float(np.asarray(out["second_per_grid_ts"]).reshape(-1)[0])
+    except Exception as e:
+        raise ArgumentError(f"could not ask the {fam.name} processor how it times video frames "
+                            f"({type(e).__name__}: {e}); report it with your transformers version") from None
+    if abs(got - T / 5.0) > 1e-6:
+        import transformers
+
+        raise ArgumentError(
+            f"video_options sampling='processor' cannot equal this {type(processor).__name__}'s chat path "
+            f"(transformers {transformers.__version__}): it writes second_per_grid_ts = temporal_patch_size / "
+            f"the fps argument (2.0 when none is given; {got:g} here for frames sampled at 5 fps), not the rate "
+            "the frames are sampled at, so its M-RoPE time axis does not follow the video. Fix: "
+            "sampling='qwen-vl-utils' (the default: the model card's pipeline, which hands its sample fps "
+            "to the processor), or encode with transformers >= 5 (its processor takes the sampled rate)")
 
 
 def _expand_qwen(enc, ids, pads, grids, labels, times_ids) -> tuple:

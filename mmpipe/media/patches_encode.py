@@ -22,7 +22,8 @@ from mmpipe.encoding.options import TRUNCATION_POLICIES, generation_tail, kind_o
 from mmpipe.encoding.placeholders import check_image_placeholders, expand_image_pads
 from mmpipe.encoding.sources import read_once
 from mmpipe.encoding.text_ids import rendered_ids
-from mmpipe.encoding.videos import add_videos, keeps_video_wrapper, video_options as check_video_options
+from mmpipe.encoding.videos import add_videos, check_processor_seconds, keeps_video_wrapper, \
+    video_options as check_video_options
 from mmpipe.images.video_processor_plan import with_processor
 from mmpipe.errors import PlaceholderError
 from mmpipe.images.pixels import encode_image as image_patches, image_grid
@@ -51,6 +52,7 @@ def encode_settings(enc, given: dict) -> None:
     enc.video_opts = check_video_options(given.get("video_options"))
     if enc.video_opts.sampling == "processor":  # its values left at their defaults: the processor's
         enc.video_opts = with_processor(enc.video_opts, enc.processor)
+        check_processor_seconds(enc.processor, fam)
     token_ids = fam.vision_token_ids(enc.tokenizer)  # None each for a text family
     enc.image_token_id, enc.video_token_id = token_ids["image"], token_ids["video"]
     enc.vision_start_id, enc.vision_end_id = token_ids["vision_start"], token_ids["vision_end"]

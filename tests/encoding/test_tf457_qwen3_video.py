@@ -109,3 +109,43 @@ def test_a_processor_without_a_text_step_is_asked_through_its_call():
     assert keeps_video_wrapper(FourX(collapse=True), fam) is False
     assert keeps_video_wrapper(FourX(collapse=False), fam) is True
     assert keeps_video_wrapper(SimpleNamespace(), fam) is True
+
+
+@pytest.mark.needs_env("tf457")
+def test_qwen2_5_vl_processor_sampling_is_refused_on_4_57(tmp_path):
+    """4.57's Qwen2_5_VLProcessor writes second_per_grid_ts = T / its fps argument (2.0 without one),
+    not the sampled rate (checked against its stock chat path: every frame of a 24 fps clip gives 1.0
+    where the frames say 2/24): sampling='processor' rows cannot equal it, so the encoder refuses,
+    naming sampling='qwen-vl-utils'. Before: rows with second_per_grid_ts 0.0833 where the processor
+    writes 1.0, silently. The default sampling keeps encoding; its second_per_grid_ts is what the 4.57
+    processor writes when handed qwen-vl-utils' sample fps (the model card's call)."""
+    from mmpipe.errors import ArgumentError
+
+    proc = processor_for("qwen2_5_vl")
+    path = tmp_path / "a.mp4"
+    path.write_bytes(make_video(30, 10, 64, 96, seed=3))
+    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What?"}]}]
+    with pytest.raises(ArgumentError, match="sampling='qwen-vl-utils'.*transformers >= 5"):
+        mmpipe.encode_row({"messages": msgs, "videos": [str(path)]}, proc,
+                          video_options=processor_options(proc), pixels="none")
+    row = mmpipe.encode_row({"messages": msgs, "videos": [str(path)]}, proc,
+                            video_options=VideoOptions(max_pixels=64 * 96), pixels="none")
+    spec = VisionSpec.from_processor(proc)
+    lay = video_layout(str(path), spec, VideoOptions(max_pixels=64 * 96))
+    stock = copy.copy(proc)
+    stock.video_processor = _Frames(list(row.video_grid_thw[0]), lay.frame_indices, 10.0, spec.merge_size,
+                                    spec.temporal_patch_size)
+    out = stock(text=[proc.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)], videos=[np.zeros((2, 1, 1, 3), np.uint8)],
+                fps=lay.sample_fps)
+    assert row.input_ids.tolist() == list(out["input_ids"][0])
+    np.testing.assert_allclose(row.second_per_grid_ts, out["second_per_grid_ts"], rtol=1e-6)
+
+
+@pytest.mark.needs_env("main")
+def test_5x_processors_are_not_refused():
+    """Main environment (5.x: the processor takes the sampled rate): no refusal for any family."""
+    from mmpipe.encoding.videos import check_processor_seconds
+
+    for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+        proc = processor_for(name)
+        check_processor_seconds(proc, mmpipe.family_of(proc))
