@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
@@ -46,7 +47,9 @@ class ConcurrencyGate:
 
     ``await gate.run(fn, *args)`` runs ``fn(*args)`` in ``executor`` (a thread) and
     ``await gate.run_coro(coro_fn)`` awaits a coroutine; either way the slot is released only
-    when the work itself has finished, even if the awaiting task was cancelled.
+    when the work itself has finished, even if the awaiting task was cancelled, and even if its
+    event loop is gone by then (`run_sync` closes it when the call is interrupted): the thread
+    gives the slot back itself.
     """
 
     def __init__(self, limit: int):
@@ -55,6 +58,7 @@ class ConcurrencyGate:
         self.limit = limit
         self._sem: Optional[asyncio.Semaphore] = None
         self._loop = None
+        self._lock = threading.Lock()  # in_flight and the current semaphore: threads release too
         self.in_flight = 0
         self.max_in_flight = 0
         self.calls = 0
@@ -62,28 +66,47 @@ class ConcurrencyGate:
     async def acquire(self) -> None:
         """Wait for a free slot and hold it (`release` gives it back)."""
         loop = asyncio.get_running_loop()
-        if self._sem is None or (self._loop is not loop and self.in_flight == 0):
-            # a Semaphore binds to the loop that first waits on it: one per loop (run_sync makes new loops)
-            self._sem, self._loop = asyncio.Semaphore(self.limit), loop
-        await self._sem.acquire()
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        with self._lock:
+            if self._sem is None or self._loop is not loop:
+                # a Semaphore binds to the loop that waits on it: one per loop (run_sync makes new
+                # loops); slots still held by threads an earlier loop started stay taken
+                self._sem, self._loop = asyncio.Semaphore(max(0, self.limit - self.in_flight)), loop
+            sem = self._sem
+        await sem.acquire()
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
 
     def release(self, _=None) -> None:
-        self.in_flight -= 1
-        self._sem.release()
+        """Give a slot back; from the loop's thread or from a worker thread."""
+        with self._lock:
+            self.in_flight -= 1
+            sem, loop = self._sem, self._loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is running:
+            sem.release()
+            return
+        try:
+            loop.call_soon_threadsafe(sem.release)
+        except RuntimeError:  # that loop is closed: the next loop's semaphore counts this slot free
+            pass
 
     def start_held(self, executor, fn: Callable, *args) -> "asyncio.Future":
         """Run ``fn(*args)`` in ``executor`` under a slot already held; the slot is released
         when the thread finishes (await the returned future through `asyncio.shield`)."""
         self.calls += 1
+        loop = asyncio.get_running_loop()
         try:
-            fut = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+            work = executor.submit(fn, *args)
         except BaseException:
             self.release()
             raise
-        fut.add_done_callback(self.release)
-        return fut
+        # released by the thread itself: a callback on the loop never runs once the loop is closed
+        work.add_done_callback(self.release)
+        return asyncio.wrap_future(work, loop=loop)
 
     async def run(self, executor, fn: Callable, *args) -> Any:
         await self.acquire()
