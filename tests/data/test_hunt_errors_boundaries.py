@@ -60,7 +60,7 @@ def _samples() -> dict:
     from mmpipe.data.report import SchemaError
     from mmpipe.encoding.options import RowDropped
     from mmpipe.processors import ProcessorLoadError
-    from mmpipe.reward.client import _DeadlinePassed
+    from mmpipe.reward.client import _Aborted, _DeadlinePassed
     from mmpipe.reward.dataset import JudgeColumnError
     from mmpipe.rollout.support import RolloutRefusal
 
@@ -83,6 +83,7 @@ def _samples() -> dict:
             "packing is not available", layer_type="linear_attention", layers=(0, 2), model_type="qwen3_next"),
         "mmpipe.processors.ProcessorLoadError": ProcessorLoadError("processor 'x': no files"),
         "mmpipe.reward.client._DeadlinePassed": _DeadlinePassed(),
+        "mmpipe.reward.client._Aborted": _Aborted(),
         "mmpipe.reward.dataset.JudgeColumnError": JudgeColumnError("no image column", column="frame",
                                                                    expected="a column 'frame'", found="['a']"),
         "mmpipe.rollout.support.RolloutRefusal": RolloutRefusal(
