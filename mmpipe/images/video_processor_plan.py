@@ -55,7 +55,9 @@ def processor_options(processor: Any, **overrides) -> Any:
     ``nframes``), ``min_frames``, ``max_frames``, ``do_sample_frames``, ``cap_pixels_per_frame``,
     ``max_video_tokens`` and ``size`` (as ``min_pixels`` / ``max_pixels``). ``overrides``: what you
     would pass to ``apply_chat_template`` (``fps=`` / ``num_frames=`` / ``nframes=`` turn sampling on,
-    as the chat path does, unless ``do_sample_frames`` is given), or any other `VideoOptions` field."""
+    as the chat path does, unless ``do_sample_frames`` is given), or any other `VideoOptions` field.
+    ``cap_pixels_per_frame`` with a video processor that has no such setting (transformers 4.57's, GLM's)
+    raises `ArgumentError`: its chat path ignores it."""
     vp = getattr(processor, "video_processor", None)
     if vp is None and hasattr(processor, "sample_frames"):
         vp = processor
@@ -78,6 +80,14 @@ def processor_options(processor: Any, **overrides) -> Any:
     opts.update({k: got[k] for k in ("min_frames", "max_frames") if got[k] is not None}, **over)
     if opts["do_sample_frames"] is False:  # every frame: a video item's own fps / nframes turns sampling on
         opts.update(fps=None, nframes=None)
+    if opts["cap_pixels_per_frame"] and vp is not None and not hasattr(vp, "cap_pixels_per_frame"):
+        import transformers
+
+        raise ArgumentError(
+            f"processor_options: cap_pixels_per_frame=True, but this processor's {type(vp).__name__} (transformers "
+            f"{transformers.__version__}) has no per-frame pixel cap: its chat path ignores cap_pixels_per_frame and "
+            "max_video_tokens, so capped rows would not equal its outputs. Fix: leave cap_pixels_per_frame unset, "
+            "or use a transformers whose video processor has it (Qwen2-VL / Qwen3-VL's, 5.x)")
     try:
         return VideoOptions(**{k: (float(v) if k == "fps" and v is not None else v) for k, v in opts.items()})
     except TypeError as e:

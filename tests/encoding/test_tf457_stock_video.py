@@ -12,6 +12,7 @@ environment's tests do). Without that folder (vision.sh not run) the test skips,
 Held equal (Qwen2-VL, Qwen3-VL, GLM-4.1V; each clip untold and with fps=2): ids, video_grid_thw and
 float32 pixel_values_videos. Qwen2.5-VL's 4.57 processor writes second_per_grid_ts from the fps
 argument, not the sampled rate: the encoder refuses sampling='processor' for it (its rows would differ).
+4.57's video processors have no ``cap_pixels_per_frame``: asking for it is refused (their chat path ignores it).
 """
 
 from __future__ import annotations
@@ -85,6 +86,14 @@ for family in ("qwen2_vl", "qwen3_vl", "glm4v"):
             assert row.video_grid_thw.tolist() == out["video_grid_thw"].tolist(), where
             assert np.array_equal(row.pixel_values_videos, out["pixel_values_videos"].numpy()), where
             checked += 1
+for family in ("qwen2_vl", "qwen3_vl"):  # 4.57's video processors have no per-frame cap: their chat path ignores it
+    proc = build_checkpoint_processor(family)
+    try:
+        processor_options(proc, cap_pixels_per_frame=True, max_video_tokens=8)
+    except ArgumentError as e:
+        assert "no per-frame pixel cap" in str(e), e
+    else:
+        raise AssertionError(family + ": cap_pixels_per_frame not refused on 4.57")
 proc = build_checkpoint_processor("qwen2_5_vl")
 try:
     mmpipe.encode_row({{"messages": row_msgs, "videos": [clips[0]]}}, proc, video_options=processor_options(proc))
