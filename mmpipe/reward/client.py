@@ -197,7 +197,7 @@ class JudgeClient:
             self.stats.add(requests=1)
             retry_after = None
             try:
-                resp = self._send(kwargs)
+                resp = self._send(kwargs, cancelled)
             except _Aborted:
                 self.stats.add(cancelled=1)
                 return self._failed("cancelled: the client was closed while the request was in flight; not scored",
@@ -230,9 +230,15 @@ class JudgeClient:
                              self.max_retries, delay)
         return self._failed(error, status, self.max_retries + 1, t0)
 
-    def _send(self, kwargs: dict) -> Any:
-        """One HTTP request in a concurrency slot, cut off at its deadline (`_DeadlinePassed`)."""
+    def _send(self, kwargs: dict, cancelled: Callable[[], bool] = lambda: False) -> Any:
+        """One HTTP request in a concurrency slot, cut off at its deadline (`_DeadlinePassed`)
+        or by `close` (`_Aborted`)."""
         with self._slots, self._deadline.guard(self.timeout_s) as guard:
+            # A close() between the caller's stop check and this guard's registration is not in
+            # what `RequestDeadline.abort` cut: the caller's stop is set before it, so look again
+            # (a close() after the registration marks the guard, whose later sockets are cut).
+            if guard.aborted or cancelled():
+                raise _Aborted()
             try:
                 return self._openai().chat.completions.create(**kwargs)
             except Exception:

@@ -45,7 +45,14 @@ class _Guard:
             return
         with self._lock:
             self._socks.append(sock)
-            if self.fired:
+            if self.fired or self.aborted:  # a connection opened after the deadline or the abort
+                _shutdown(sock)
+
+    def abort(self) -> None:
+        """`RequestDeadline.abort` for this request: its sockets now and any it opens later."""
+        with self._lock:
+            self.aborted = True
+            for sock in self._socks:
                 _shutdown(sock)
 
     def fire(self) -> None:
@@ -94,7 +101,7 @@ class RequestDeadline:
         with self._lock:
             guards, socks = list(self._active), list(self._opened)
         for g in guards:
-            g.aborted = True
+            g.abort()
         for sock in socks:
             _shutdown(sock)
 
