@@ -54,7 +54,8 @@ def test_500_frames_concurrency_16_one_result_per_row_in_order(server):
     # delay had to outlast sending 16 requests, which a loaded machine need not do), so the
     # client's bound, not the CPU, limits what is in flight
     server.reset(overlapping(server, 16, row_answers))
-    client = JudgeClient(server.base_url, "judge-model", max_concurrency=16, timeout_s=5, backoff_s=0.01)
+    # timeout_s: a hang bound; the held first answers wait for the rendezvous, on a loaded machine too
+    client = JudgeClient(server.base_url, "judge-model", max_concurrency=16, timeout_s=60, backoff_s=0.01)
     judge = VLMJudge(client, primitives=PRIMITIVES,
                      reward=RewardConfig(mode="symmetric", binary_weight=0.6, progress_weight=0.4))
     ds = frames_dataset(n)

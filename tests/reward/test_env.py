@@ -80,7 +80,7 @@ def expected_by_hand(episodes: int, steps: int, every: int) -> dict:
 
 
 def make_judge(server, concurrency=4):
-    client = JudgeClient(server.base_url, "judge-model", max_concurrency=concurrency, timeout_s=5)
+    client = JudgeClient(server.base_url, "judge-model", max_concurrency=concurrency, timeout_s=60)  # a hang bound
     return VLMJudge(client, task="stack", primitives=PRIMITIVES, reward=RewardConfig(**CFG), cache_size=0)
 
 
