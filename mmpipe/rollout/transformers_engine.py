@@ -11,6 +11,7 @@ only ``input_ids`` / ``attention_mask`` makes the model answer without ever seei
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import numpy as np
@@ -23,6 +24,7 @@ from mmpipe.records.vision_tokens import VisionTokens
 from mmpipe.rollout.inputs import prompt_rows, to_generate_kwargs
 from mmpipe.rollout.sampling import check_params, sample
 from mmpipe.rollout.support import check_processor
+from mmpipe.rollout.tf4_positions import needs_training_positions, training_positions
 
 __all__ = ["TransformersEngine", "teacher_forced_logprobs", "response_logprobs", "banned_tokens"]
 
@@ -95,7 +97,12 @@ class TransformersEngine:
                 kw.pop(k, None)
         stop = tuple(self.eos_ids) + tuple(params.stop_token_ids)
         suppress = [] if params.allow_vision_tokens else list(self.vision_tokens.ids)
-        return sample(self.model, kw, params, stop=stop, pad_id=self.pad_id, suppress=suppress, num_prompts=len(recs))
+        # transformers 4.x numbers the prompt itself; its Qwen2.5-VL rule truncates second_per_grid_ts
+        own = needs_training_positions(self.family, batch)
+        tok = getattr(self.processor, "tokenizer", self.processor)
+        with training_positions(self.model, self.family, tok) if own else contextlib.nullcontext():
+            return sample(self.model, kw, params, stop=stop, pad_id=self.pad_id, suppress=suppress,
+                          num_prompts=len(recs))
 
 
 def banned_tokens(processor) -> list[int]:
