@@ -41,7 +41,9 @@ class TransformersEngine:
     attention mask for the 1-D ones: Gemma 3, InternVL, LLaVA-OneVision, as training numbers
     them). The model gets the rows' images through `BatchedMultiModalInputs.model_inputs`
     (``pixel_values`` + ``image_grid_thw``; the tiles and the family's extras, e.g. Gemma 3's
-    ``token_type_ids``, LLaVA-OneVision's ``image_sizes``). ``n > 1`` repeats each prompt ``n``
+    ``token_type_ids``, LLaVA-OneVision's ``image_sizes``); on transformers 4.x a Qwen2.5-VL video
+    batch is numbered by mmpipe's rule (`mmpipe.rollout.tf4_positions`: 4.57's truncates
+    ``second_per_grid_ts``). ``n > 1`` repeats each prompt ``n``
     times in the generation batch (prompt-major), so greedy and sampled groups work alike.
 
     Logprobs are those of the sampled token under the model's raw logits (log_softmax of the
