@@ -206,6 +206,10 @@ GREEDY_AND_SAMPLED = pytest.mark.parametrize(
     ids=["greedy", "sampled-n2"])
 
 
+# A hang guard for a subprocess that starts vLLM (scripts/envs/vllm.sh): one engine start and its
+# checks took 104 s (vllm_worker.py, qwen2_vl) with 3 CPU spinners beside it on 2 cores, five in a
+# row 136 s (vllm_2026_worker.py); the 420-540 s guards before were ~4x that.
+VLLM_WORKER_S = 1200
 HANG_S = 60  # a call still running after this long is a hang: the test fails instead of waiting (a bound
 # for hangs, not a timing check: generous so that a loaded machine never reaches it)
 FIFOS: list = []  # FIFOs the tests made: a reader blocked on one is released by opening its write end

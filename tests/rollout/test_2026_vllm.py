@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import VLLM_WORKER_S
+
 pytestmark = pytest.mark.needs_env("vllm")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,10 +52,8 @@ def _unsupported():
 
 def _worker(work: Path, *lines: str) -> dict:
     out = work / "result.json"
-    # a hang guard: the worker starts one vLLM engine per line (5 in a row); 136 s with 3 busy
-    # processes on the 2 cores here, so 540 s was 4x the guarded work
     run = subprocess.run([sys.executable, str(WORKER), str(work), str(out), *lines], capture_output=True, text=True,
-                         timeout=1200, cwd=ROOT)
+                         timeout=VLLM_WORKER_S, cwd=ROOT)
     if run.returncode != 0 or not out.exists():
         pytest.fail(f"the vLLM worker for {lines} exited {run.returncode}:\n{(run.stdout + run.stderr)[-6000:]}")
     return json.loads(out.read_text())

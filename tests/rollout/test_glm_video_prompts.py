@@ -23,7 +23,7 @@ from mmpipe.images.spec import VisionSpec
 from mmpipe.rollout import to_vllm_prompts
 from mmpipe.rollout.glm_video_prompts import glm_video_ids
 
-from helpers import all_frames, make_video
+from helpers import VLLM_WORKER_S, all_frames, make_video
 
 av = pytest.importorskip("av", reason="PyAV is a test extra")
 BOUNDS = {"min_pixels": 28 * 28 * 2 * 4, "max_pixels": 28 * 28 * 2 * 16 * 4}
@@ -130,7 +130,7 @@ def test_real_vllm_expands_glm_video_prompts_to_the_rows(tmp_path):
     tests = str(Path(__file__).resolve().parents[1])  # the worker imports tests/helpers.py
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
     run = subprocess.run([sys.executable, __file__, str(tmp_path / "checkpoint"), str(out), str(tmp_path)],
-                         capture_output=True, text=True, timeout=480, cwd=Path(__file__).resolve().parents[2], env=env)
+                         capture_output=True, text=True, timeout=VLLM_WORKER_S, cwd=Path(__file__).resolve().parents[2], env=env)
     if run.returncode != 0 or not out.exists():
         pytest.fail(f"the GLM video vLLM worker exited {run.returncode}:\n{(run.stdout + run.stderr)[-6000:]}")
     result = json.loads(out.read_text())

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import VLLM_WORKER_S
+
 pytestmark = pytest.mark.needs_env("vllm")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +34,7 @@ def result(request, tmp_path_factory):
     work = tmp_path_factory.mktemp(f"vllm-{request.param}")
     out = work / "result.json"
     proc = subprocess.run([sys.executable, str(WORKER), request.param, str(work), str(out)], capture_output=True, text=True,
-                          timeout=480, cwd=ROOT)
+                          timeout=VLLM_WORKER_S, cwd=ROOT)
     if proc.returncode != 0 or not out.exists():
         pytest.fail(f"the Omni vLLM worker exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-6000:]}")
     data = json.loads(out.read_text())

@@ -20,6 +20,8 @@ import pytest
 import mmpipe
 from mmpipe import testing
 
+from helpers import VLLM_WORKER_S
+
 
 def _rows(proc, **kw):
     photos = [im.convert("RGB") for _, im in testing.sample_photos()]
@@ -44,7 +46,7 @@ def test_real_vllm_expands_gemma3_prompts_to_the_rows(tmp_path):
         pytest.skip(f"vLLM cannot run on this platform: {os.environ['MMPIPE_VLLM_UNSUPPORTED']}")
     out = tmp_path / "result.json"
     run = subprocess.run([sys.executable, __file__, str(tmp_path / "checkpoint"), str(out)], capture_output=True,
-                         text=True, timeout=420, cwd=Path(__file__).resolve().parents[2])
+                         text=True, timeout=VLLM_WORKER_S, cwd=Path(__file__).resolve().parents[2])
     if run.returncode != 0 or not out.exists():
         pytest.fail(f"the Gemma 3 vLLM worker exited {run.returncode}:\n{(run.stdout + run.stderr)[-6000:]}")
     result = json.loads(out.read_text())

@@ -26,6 +26,8 @@ import pytest
 
 from mmpipe.offline.tile_builders import TILED2_FAMILIES
 
+from helpers import VLLM_WORKER_S
+
 # rows for vLLM in its multi-image mode: LLaVA-OneVision's flat one (every image tiled; the default
 # per-conversation rows of several images are refused by to_vllm_prompts, issue 28.4)
 VLLM_MODE = {"llava_onevision": {"multi_image": "flat"}}
@@ -38,7 +40,7 @@ def test_real_vllm_expands_one_placeholder_per_image_to_the_rows(name, tmp_path)
         pytest.skip(f"vLLM cannot run on this platform: {os.environ['MMPIPE_VLLM_UNSUPPORTED']}")
     out = tmp_path / "result.json"
     run = subprocess.run([sys.executable, __file__, name, str(tmp_path / "checkpoint"), str(out)],
-                         capture_output=True, text=True, timeout=420, cwd=Path(__file__).resolve().parents[2])
+                         capture_output=True, text=True, timeout=VLLM_WORKER_S, cwd=Path(__file__).resolve().parents[2])
     if run.returncode != 0 or not out.exists():
         pytest.fail(f"the {name} vLLM worker exited {run.returncode}:\n{(run.stdout + run.stderr)[-6000:]}")
     result = json.loads(out.read_text())

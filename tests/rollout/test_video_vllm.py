@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import FAMILIES
+from helpers import VLLM_WORKER_S
 
 pytestmark = pytest.mark.needs_env("vllm")
 
@@ -37,7 +38,7 @@ def run(request, tmp_path_factory):
     work = tmp_path_factory.mktemp(f"vllm-video-{request.param}")
     out = work / "result.json"
     proc = subprocess.run([sys.executable, str(WORKER), request.param, str(work / "checkpoint"), str(out)],
-                          capture_output=True, text=True, timeout=420, cwd=ROOT)
+                          capture_output=True, text=True, timeout=VLLM_WORKER_S, cwd=ROOT)
     if proc.returncode != 0 or not out.exists():
         pytest.fail(f"video vLLM worker for {request.param} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-6000:]}")
     result = json.loads(out.read_text())

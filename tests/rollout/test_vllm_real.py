@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAMILIES
+from helpers import VLLM_WORKER_S
 
 pytestmark = pytest.mark.needs_env("vllm")
 
@@ -40,7 +41,7 @@ def _worker(tmp_path_factory, family: str, *mode: str) -> dict:
     work = tmp_path_factory.mktemp(f"vllm-{family}")
     out = work / "result.json"
     proc = subprocess.run([sys.executable, str(WORKER), family, str(work / "checkpoint"), str(out), *mode],
-                          capture_output=True, text=True, timeout=420, cwd=ROOT)
+                          capture_output=True, text=True, timeout=VLLM_WORKER_S, cwd=ROOT)
     if proc.returncode != 0 or not out.exists():
         tail = (proc.stdout + proc.stderr)[-6000:]
         pytest.fail(f"vLLM worker for {family} {' '.join(mode)} exited {proc.returncode}:\n{tail}")
