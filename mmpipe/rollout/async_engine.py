@@ -148,6 +148,21 @@ def run_sync(awaitable, *, caller: str = "run_sync", fix: str = "`await` the eng
     raise ArgumentError(f"{caller} was called inside a running event loop: {fix}")
 
 
+class _EngineThreads(ThreadPoolExecutor):
+    """A `ThreadedEngine`'s threads: a call after ``close()`` is an `ArgumentError` saying so
+    (``concurrent.futures`` raises a bare ``RuntimeError: cannot schedule new futures``)."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        try:
+            return super().submit(fn, *args, **kwargs)
+        except RuntimeError:
+            if not self._shutdown:  # interpreter shutdown: as it is
+                raise
+            raise ArgumentError("ThreadedEngine.generate after close(): the engine's threads are stopped "
+                                "(calls still waiting when it was closed end here too); make a new engine, "
+                                "and close() it once every rollout has finished") from None
+
+
 class ThreadedEngine:
     """`AsyncRolloutEngine` over any sync `RolloutEngine`: each call runs in a worker thread.
 
@@ -175,7 +190,7 @@ class ThreadedEngine:
         self.engine = engine
         self.gate = ConcurrencyGate(max_concurrency)
         self.max_batch_rows = max_batch_rows
-        self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="mmpipe-engine")
+        self._pool = _EngineThreads(max_workers=max_concurrency, thread_name_prefix="mmpipe-engine")
         self._pending: deque = deque()
         self._drainer: Optional[asyncio.Future] = None
 
@@ -240,7 +255,8 @@ class ThreadedEngine:
                 fut.set_result(part)
 
     def close(self) -> None:
-        """Stop the worker threads (waits for a running call)."""
+        """Stop the worker threads (waits for a running call). Calls made afterwards, and calls
+        still waiting for a slot, raise `ArgumentError` (the engine is closed)."""
         self._pool.shutdown(wait=True)
 
 
