@@ -240,17 +240,13 @@ class ThreadedEngine:
                 raise InputError(f"the engine returned {len(gens)} generations for {len(rows)} rows", where="",
                                  stage="rollout", expected=f"{len(rows)} generations", found=f"{len(gens)}",
                                  fix="the wrapped engine must return one Generation per row")
+            parts = _split(group, gens)  # in the try: a failure here must reach the callers, not strand them
         except BaseException as e:  # noqa: BLE001  (handed to every caller of the group)
             for _, _, fut in group:
                 if not fut.done():
                     fut.set_exception(e)
             return
-        start = 0
-        for part_rows, _, fut in group:
-            part = gens[start:start + len(part_rows)]
-            start += len(part_rows)
-            for i, g in enumerate(part):
-                g.prompt_index = i
+        for (_, _, fut), part in zip(group, parts):
             if not fut.done():
                 fut.set_result(part)
 
@@ -258,6 +254,24 @@ class ThreadedEngine:
         """Stop the worker threads (waits for a running call). Calls made afterwards, and calls
         still waiting for a slot, raise `ArgumentError` (the engine is closed)."""
         self._pool.shutdown(wait=True)
+
+
+def _split(group: list, gens: list) -> list[list]:
+    """A merged call's generations back to its callers, ``prompt_index`` renumbered per caller."""
+    parts, start = [], 0
+    for part_rows, _, _ in group:
+        part = gens[start:start + len(part_rows)]
+        start += len(part_rows)
+        for i, g in enumerate(part):
+            try:
+                g.prompt_index = i
+            except AttributeError as e:  # a dict, a frozen record: not a Generation
+                raise InputError(f"the engine returned a {type(g).__name__} where a Generation belongs", where="",
+                                 stage="rollout", expected="Generation records (prompt_index settable)",
+                                 found=type(g).__name__, fix="the wrapped engine's generate must return one "
+                                 "mmpipe.records.generation.Generation per row") from e
+        parts.append(part)
+    return parts
 
 
 class AsyncTransformersEngine(ThreadedEngine):

@@ -68,3 +68,27 @@ def test_a_call_after_close_gets_a_typed_error(max_batch_rows):
     engine.close()
     with pytest.raises(ArgumentError, match="make a new engine"):
         run_sync(engine.generate([1], None))
+
+
+def test_merged_callers_get_an_error_when_the_engine_returns_no_generations():
+    """``max_batch_rows`` > 0 splits a merged call's generations back; a wrapped engine returning
+    dicts made that split raise after the error handling, so every caller of the group waited
+    forever (``wait_for``: the hang guard). Now each caller gets a typed `InputError`."""
+    from mmpipe.errors import InputError
+
+    class Dicts:
+        def generate(self, rows, params):
+            return [{"text": f"g{r}"} for r in rows]
+
+    engine = ThreadedEngine(Dicts(), max_batch_rows=4)
+
+    async def main():
+        calls = [asyncio.ensure_future(engine.generate([k], None)) for k in range(3)]
+        done = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), GUARD)
+        return done
+
+    try:
+        outs = run_sync(main())  # before: asyncio.TimeoutError after GUARD seconds (callers stranded)
+    finally:
+        engine.close()
+    assert all(isinstance(o, InputError) and "returned a dict where a Generation belongs" in str(o) for o in outs), outs
