@@ -11,28 +11,14 @@ mask on the template's ``{% generation %}`` copy, its image tokens expanded by t
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 
 import mmpipe
 
-from test_hunt_published_glm46v import CONVERSATIONS, KW_IDS, KWARGS, TOOLS, _images
+from test_hunt_published_glm46v import CONVERSATIONS, KW_IDS, KWARGS, TOOLS, _images, glm41v  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.needs_env("tf457")
-
-
-@pytest.fixture(scope="module")
-def glm41v():
-    from mmpipe.offline.glm4v import GLM4V_PUBLISHED_CHAT_TEMPLATE, build_processor
-    from mmpipe.offline.published_templates import generation_template
-
-    proc = build_processor()
-    proc.chat_template = proc.tokenizer.chat_template = GLM4V_PUBLISHED_CHAT_TEMPLATE
-    ref = copy.deepcopy(proc)
-    ref.chat_template = ref.tokenizer.chat_template = generation_template("glm4v")
-    return proc, ref
 
 
 @pytest.mark.parametrize("kw", KWARGS, ids=KW_IDS)
