@@ -41,7 +41,7 @@ from typing import Any, Optional
 from mmpipe.errors import ArgumentError, PackingUnsupportedError
 
 __all__ = ["LAYER_BOUNDARIES", "LAYER_REFUSALS", "ATTENTION_IMPLEMENTATIONS", "RECURRENT_FIELDS",
-           "BIDIRECTIONAL_IMAGE_MODELS", "ModelLayers", "model_layers", "check_packing"]
+           "BIDIRECTIONAL_IMAGE_MODELS", "PACKED_POSITIONS_SINCE", "ModelLayers", "model_layers", "check_packing"]
 
 _ROWS = "position_ids restarting at 0 per row"
 # layer type -> the row boundary it honours in a pack
@@ -81,6 +81,10 @@ RECURRENT_FIELDS = ("mamba_d_state", "mamba_d_conv", "ssm_state_size", "state_si
 # which read token_type_ids; ShieldGemma 2 checkpoints load Gemma3ForConditionalGeneration with their
 # own model type); Gemma 4 says so in use_bidirectional_attention="vision"
 BIDIRECTIONAL_IMAGE_MODELS = ("gemma3", "paligemma", "shieldgemma2")
+# model types whose text stack takes a pack's ``position_ids [4, 1, T]`` (text row first) only from
+# this transformers major: 4.57's Glm4vTextModel has no text-row branch and hands the four rows to
+# the mask builder, which raises a RuntimeError (expand of [4, 1, T]) on every packed forward
+PACKED_POSITIONS_SINCE = {"glm4v": 5, "glm4v_moe": 5}
 _ATTENTION_KINDS = tuple(k for k in LAYER_BOUNDARIES if k.endswith("attention"))
 _LEGACY = {"mamba": "linear_attention", "attention": "full_attention"}
 _TEXT_KEYS = ("text_config", "llm_config", "language_config")
@@ -148,6 +152,15 @@ def check_packing(model: Any, who: str = "pack") -> ModelLayers:
     why, and the alternative (padded batches, `mmpipe.Collator`)."""
     layers = model_layers(model)
     fix = "use mmpipe.Collator(processor) for padded batches"
+    since = PACKED_POSITIONS_SINCE.get(layers.model_type)
+    installed = _transformers_version()
+    if since is not None and installed is not None and int(installed.split(".")[0]) < since:
+        raise PackingUnsupportedError(
+            f"{who}: packing is not available for this {layers.model_type} model on transformers {installed}: "
+            f"its text model takes the pack's position_ids [4, 1, T] (text positions restarting per row, then "
+            f"the M-RoPE rows) only from transformers {since}, and this version's forward raises on them; "
+            f"expected transformers>={since}; install transformers>={since}, or {fix}",
+            model_type=layers.model_type)
     if not layers.layer_types:
         raise PackingUnsupportedError(
             f"{who}: the {layers.model_type} config names no layer types or layer count, so whether its layers "
@@ -169,6 +182,15 @@ def check_packing(model: Any, who: str = "pack") -> ModelLayers:
             f"{list(ATTENTION_IMPLEMENTATIONS)}); set attn_implementation='sdpa', or {fix}",
             layer_type="full_attention", layers=layers.layers_of("full_attention"), model_type=layers.model_type)
     return layers
+
+
+def _transformers_version() -> Optional[str]:
+    """The installed transformers' version (None without transformers: a config dict checked alone)."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return transformers.__version__
 
 
 def _some(at: tuple[int, ...], n: int = 8) -> str:
