@@ -109,7 +109,30 @@ def _one_type(model_type: str) -> tuple[bool, str]:
         rules = sorted({c.__name__ for c in _model_classes(t) if hasattr(c, "get_rope_index")})
         if rules:
             return True, f"{model_type}: {rules[0]}.get_rope_index (multi-dimensional rope)"
+    rules = sorted({c.__name__ for c in _modeling_classes(configs[:1]) if hasattr(c, "get_rope_index")})
+    if rules:
+        return True, f"{model_type}: {rules[0]}.get_rope_index (multi-dimensional rope)"
     return False, f"{model_type}: 1-D rope"
+
+
+def _modeling_classes(configs: list) -> list[type]:
+    """The classes of the modeling module beside each config's module: transformers 4.57 maps
+    Qwen3-Omni's thinker (which holds ``get_rope_index``) in no auto mapping, so the auto tables
+    alone called its rope 1-D and the generic path handed the thinker wrong 1-D positions."""
+    import importlib
+    import inspect
+
+    found = []
+    for config in configs:
+        module = type(config).__module__
+        if ".configuration_" not in module:
+            continue
+        try:
+            modeling = importlib.import_module(module.replace(".configuration_", ".modeling_"))
+        except Exception:  # a modeling module needing an absent extra: the others still answer
+            continue
+        found += [c for _, c in inspect.getmembers(modeling, inspect.isclass) if c.__module__ == modeling.__name__]
+    return found
 
 
 @functools.lru_cache(maxsize=None)
