@@ -51,7 +51,7 @@ import copy
 import functools
 
 from mmpipe.offline.qwen_omni import no_video_class
-from mmpipe.offline.tf_lines import classes_by_name
+from mmpipe.offline.tf_lines import classes_by_name, pil_image_processor, rope_config_fields
 from mmpipe.offline.vision_env_vlms import ids, offline_tokenizer
 
 __all__ = ["QWEN3_OMNI_CHAT_TEMPLATE", "QWEN3_OMNI_TOKENS", "build_processor", "build_model"]
@@ -185,7 +185,7 @@ def build_processor(videos: bool = False):
 
     vision = dict(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=16, merge_size=2, temporal_patch_size=2,
                   image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    ip = transformers.Qwen2VLImageProcessorPil(**vision)
+    ip = pil_image_processor("Qwen2VLImageProcessorPil")(**vision)
     fe = transformers.WhisperFeatureExtractor(feature_size=128, chunk_length=CHUNK_LENGTH)
     if videos:
         return transformers.Qwen3OmniMoeProcessor(image_processor=ip,
@@ -240,7 +240,7 @@ def build_model(head_dim: int = 16):
             "mrope_interleaved": True}
     text = dict(vocab_size=len(tok), hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
                 num_attention_heads=heads, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=4096,
-                rope_parameters=rope, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                **rope_config_fields(rope), moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
                 decoder_sparse_step=1, norm_topk_prob=True, pad_token_id=tok.pad_token_id)
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, spatial_merge_size=2,
                   temporal_patch_size=2, out_hidden_size=width, num_position_embeddings=64,

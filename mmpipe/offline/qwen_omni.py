@@ -20,7 +20,8 @@ from __future__ import annotations
 import copy
 import functools
 
-from mmpipe.offline.tf_lines import classes_by_name
+from mmpipe.compat import is_transformers_5
+from mmpipe.offline.tf_lines import classes_by_name, pil_image_processor, rope_config_fields
 from mmpipe.offline.vision_env_vlms import ids, offline_tokenizer
 
 __all__ = ["QWEN2_5_OMNI_CHAT_TEMPLATE", "QWEN2_5_OMNI_TOKENS", "build_processor", "build_model", "checkpoint_model",
@@ -66,7 +67,7 @@ def build_processor(videos: bool = False):
     pixel bounds: its class check needs torchvision, so the vision / vLLM environments only)."""
     import transformers
 
-    ip = transformers.Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    ip = pil_image_processor("Qwen2VLImageProcessorPil")(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
     fe = transformers.WhisperFeatureExtractor(feature_size=128)
     if videos:
         vp = transformers.Qwen2VLVideoProcessor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
@@ -93,7 +94,27 @@ def no_video_class(base: type, extra: dict = None, *, module: str = __name__) ->
         for name in ("vision_bos", "vision_eos", "audio_bos", "audio_eos"):
             setattr(self, f"{name}_token", getattr(tokenizer, f"{name}_token"))
 
-    return type(f"NoVideo{base.__name__}", (base,), {"__init__": __init__, "__module__": module, **(extra or {})})
+    attrs = {"__init__": __init__, "__module__": module, **(extra or {})}
+    if not is_transformers_5():  # 4.x's ProcessorMixin takes its sub-processors from this list
+        attrs["attributes"] = ["image_processor", "feature_extractor", "tokenizer"]
+        # 4.x's placeholder expansion reads the video processor's merge size on every call
+        attrs["video_processor"] = property(lambda self: _NoVideos(self.image_processor.merge_size))
+    return type(f"NoVideo{base.__name__}", (base,), attrs)
+
+
+class _NoVideos:
+    """What a 4.x Omni processor without a video processor reads as its ``video_processor``: the
+    image processor's ``merge_size`` (4.x's placeholder expansion reads it on every call); calling
+    it for videos is an ArgumentError naming the fix."""
+
+    def __init__(self, merge_size: int):
+        self.merge_size = merge_size
+
+    def __call__(self, *args, **kwargs):
+        from mmpipe.errors import ArgumentError
+
+        raise ArgumentError("this offline Omni processor has no video processor (its class check needs "
+                            "torchvision): build_processor(videos=True) in an environment with torchvision")
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,8 +145,8 @@ def build_model(head_dim: int = 16):
     section = [2, 3, 3] if head_dim == 16 else [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]
     text = dict(vocab_size=len(tok), hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
                 num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=4096,
-                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": section},
-                rope_scaling={"type": "default", "mrope_section": section}, pad_token_id=tok.pad_token_id)
+                **rope_config_fields({"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": section}),
+                pad_token_id=tok.pad_token_id)
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=width,
                   fullatt_block_indexes=[1], window_size=56)
     audio = dict(d_model=32, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64, num_mel_bins=128,
