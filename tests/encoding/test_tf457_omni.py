@@ -132,3 +132,27 @@ def test_batched_logits_equal_the_thinker_on_each_rows_own_call(omni, padding_si
     logits = invariants.assert_batched_logits_match(model, rows, proc, batch=batch, references=refs,
                                                     atol=1e-5, rtol=1e-5)
     assert torch.isfinite(logits).all()
+
+
+def test_labels_are_the_replies(omni):
+    family, proc, _ = omni
+    raws = _raws()
+    for i, raw in enumerate(raws):
+        row = mmpipe.encode_row(raw, proc, idx=i)
+        marked = np.flatnonzero(row.labels != -100)
+        replies = [m["content"][0]["text"] for m in raw["messages"] if m["role"] == "assistant"]
+        assert proc.tokenizer.decode(row.input_ids[marked]) == "".join(f"{t}<|im_end|>" for t in replies)
+
+
+def test_a_clip_4_57_would_cut_is_refused(omni):
+    """4.57's Qwen3-Omni call cuts a clip at the extractor's 300 s (5.x's passes ``truncation=False``
+    and takes it whole): mmpipe refuses it with a typed error instead of storing a silently cut clip."""
+    from mmpipe.errors import AudioError
+
+    family, proc, _ = omni
+    if family != "qwen3_omni_moe":
+        pytest.skip("Qwen2.5-Omni cuts at 30 s on both lines (tests/encoding/test_omni_audio.py)")
+    wave = np.zeros(RATE * 301, np.float32)
+    raw = {"messages": [{"role": "user", "content": [{"type": "audio"}]}], "audios": [{"array": wave, "sampling_rate": RATE}]}
+    with pytest.raises(AudioError, match="at most 300"):
+        mmpipe.encode_row(raw, proc)
