@@ -37,6 +37,10 @@ _MODULES = {"kimi_k25": "mmpipe.offline.kimi", "phi4_multimodal": "mmpipe.offlin
             "llama4": "mmpipe.offline.llama4", "gemma3n": "mmpipe.offline.gemma3n", "gemma4": "mmpipe.offline.gemma4",
             "step3p7": "mmpipe.offline.step3p7", "glm5_next": "mmpipe.offline.glm5_next"}
 VISION_ENV_NAMES = tuple(_MODULES)
+# name -> its stock processor class (transformers 4.57 lacks the 5.x lines': checked before torchvision)
+_PROCESSORS = {"kimi_k25": "Kimi_K25Processor", "phi4_multimodal": "Phi4MultimodalProcessor",
+               "llama4": "Llama4Processor", "gemma3n": "Gemma3nProcessor", "gemma4": "Gemma4Processor",
+               "step3p7": "Step3p7Processor", "glm5_next": "Glm5NextProcessor"}
 
 
 def vision_env_available() -> str:
@@ -50,6 +54,11 @@ def vision_env_available() -> str:
 def _module(name: str):
     if name not in _MODULES:
         raise ArgumentError(f"unknown offline processor {name!r}; use one of {VISION_ENV_NAMES}")
+    import transformers
+
+    if not hasattr(transformers, _PROCESSORS[name]):
+        raise ArgumentError(f"{name}: transformers {transformers.__version__} has no {_PROCESSORS[name]} (it came with "
+                            "transformers 5); install transformers>=5 to build it")
     why = vision_env_available()
     if why:
         raise ArgumentError(f"{name}: its image processor needs torchvision (Gemma 4's processor: its video processor; "

@@ -80,3 +80,15 @@ def test_gemma3n_equals_4_57s_flat_call_and_chat_path():
         for key in set(ref) - {"input_ids", "attention_mask"}:
             assert np.array_equal(got[key], np.asarray(ref[key])), key
     assert proc.tokenizer.decode(row.input_ids[row.labels != -100]) == "a thing.<end_of_turn>"
+
+
+@pytest.mark.parametrize("name", ["gemma4", "kimi_k25", "step3p7", "glm5_next"])
+def test_lines_4_57_lacks_name_the_missing_class_and_the_fix(name):
+    """Before: "its image processor needs torchvision ... run scripts/envs/vision.sh", a fix that
+    cannot help on 4.57 (the class itself is missing)."""
+    from mmpipe.errors import ArgumentError
+    from mmpipe.offline.vision_env_vlms import build_vision_env_model, build_vision_env_processor
+
+    for build in (build_vision_env_processor, build_vision_env_model):
+        with pytest.raises(ArgumentError, match=r"has no \w+Processor .*install transformers>=5"):
+            build(name)
