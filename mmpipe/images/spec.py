@@ -353,11 +353,17 @@ def glm4v_smart_resize(height: int, width: int, factor: int, min_pixels: int, ma
                        family: str = "") -> tuple[int, int]:
     """GLM-4.1V's resize target (transformers ``glm4v`` ``smart_resize`` with an image's
     ``num_frames = temporal_factor``): a side below ``factor`` first scales the image up (``int``
-    of the scaled sides), then Qwen's rounding, with the bounds applied to ``temporal_factor``
-    frames of the image (``t * h * w``, so an image may hold half the pixels of the bound)."""
+    of the scaled sides; an ImageError on transformers 4.x, whose rule raises), then Qwen's rounding,
+    with the bounds applied to ``temporal_factor`` frames of the image (``t * h * w``, so an image
+    may hold half the pixels of the bound)."""
     if min(height, width) <= 0:
         return smart_resize(height, width, factor, min_pixels, max_pixels, max_ratio=max_ratio)  # its ImageError
     size = (height, width)
+    if (height < factor or width < factor) and not is_transformers_5():  # 4.x's rule raises (5.x scales up)
+        raise ImageError(f"image {height}x{width} (height x width) has a side below {factor}, which transformers 4.x's "
+                         f"{family or 'glm4v'} image processor refuses", where="", found=f"{height}x{width}",
+                         expected=f"height >= {factor} and width >= {factor}",
+                         fix=f"resize or pad the image to at least {factor}x{factor}, or install transformers>=5")
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
