@@ -92,3 +92,16 @@ def test_lines_4_57_lacks_name_the_missing_class_and_the_fix(name):
     for build in (build_vision_env_processor, build_vision_env_model):
         with pytest.raises(ArgumentError, match=r"has no \w+Processor .*install transformers>=5"):
             build(name)
+
+
+def test_gemma3n_clip_4_57_would_cut_is_refused():
+    """4.57's Gemma 3n call cuts a clip at 30 s (480,000 samples: 2,997 feature frames for 31 s):
+    mmpipe refuses it with a typed error instead of storing a silently cut clip."""
+    from mmpipe.errors import AudioError
+    from mmpipe.offline.gemma3n import build_processor
+
+    proc = build_processor()
+    wave = np.zeros(RATE * 31, np.float32)
+    raw = {"messages": [{"role": "user", "content": [{"type": "audio"}]}], "audios": [{"array": wave, "sampling_rate": RATE}]}
+    with pytest.raises(AudioError, match="at most 30.00 s"):
+        mmpipe.encode_row(raw, proc)
