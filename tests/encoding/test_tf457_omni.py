@@ -156,3 +156,29 @@ def test_a_clip_4_57_would_cut_is_refused(omni):
     raw = {"messages": [{"role": "user", "content": [{"type": "audio"}]}], "audios": [{"array": wave, "sampling_rate": RATE}]}
     with pytest.raises(AudioError, match="at most 300"):
         mmpipe.encode_row(raw, proc)
+
+
+@pytest.mark.parametrize("grid, second_per_grid, n_audio", [((2, 8, 8), 1.0, 30), ((4, 4, 6), 0.5, 80),
+                                                           ((6, 8, 4), 2.0, 33), ((10, 4, 4), 0.4, 7)])
+def test_video_with_sound_placeholder_equals_4_57s(omni, grid, second_per_grid, n_audio):
+    """``use_audio_in_video``: `mmpipe.audio.omni_video.interleaved_placeholder` (Qwen2.5-Omni: 2 s
+    chunks at 25 positions a second; Qwen3-Omni: merged by time position at 13) == 4.57's own
+    ``replace_multimodal_special_tokens`` (no video processor needed: only its merge size is read)."""
+    import inspect
+
+    from mmpipe.audio.omni_video import interleaved_placeholder
+
+    family, proc, _ = omni
+    layout, per_second = {"qwen2_5_omni": ("chunks", 25), "qwen3_omni_moe": ("time", 13)}[family]
+    vb, ve = proc.vision_bos_token, proc.vision_eos_token
+    kw = dict(audio_lengths=iter([n_audio]), image_grid_thw=iter([]), video_grid_thw=iter([np.array(grid)]),
+              video_second_per_grid=iter([second_per_grid]), use_audio_in_video=True,
+              position_id_per_seconds=per_second, seconds_per_chunk=2.0)
+    params = inspect.signature(proc.replace_multimodal_special_tokens).parameters
+    theirs = proc.replace_multimodal_special_tokens([f"a{vb}{proc.video_token}{ve}b"],
+                                                    **{k: v for k, v in kw.items() if k in params})[0]
+    ours = interleaved_placeholder(grid, second_per_grid, n_audio, merge_size=2, video_token=proc.video_token,
+                                   audio_token=proc.audio_token, audio_bos=proc.audio_bos_token,
+                                   audio_eos=proc.audio_eos_token, position_id_per_seconds=per_second,
+                                   layout=layout)
+    assert theirs == f"a{vb}{ours}{ve}b"
