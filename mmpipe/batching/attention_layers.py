@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from mmpipe.compat import transformers_version
 from mmpipe.errors import ArgumentError, PackingUnsupportedError
 
 __all__ = ["LAYER_BOUNDARIES", "LAYER_REFUSALS", "ATTENTION_IMPLEMENTATIONS", "RECURRENT_FIELDS",
@@ -153,10 +154,12 @@ def check_packing(model: Any, who: str = "pack") -> ModelLayers:
     layers = model_layers(model)
     fix = "use mmpipe.Collator(processor) for padded batches"
     since = PACKED_POSITIONS_SINCE.get(layers.model_type)
-    installed = _transformers_version()
-    if since is not None and installed is not None and int(installed.split(".")[0]) < since:
+    if since is not None and transformers_version()[0] < since:
+        import transformers
+
         raise PackingUnsupportedError(
-            f"{who}: packing is not available for this {layers.model_type} model on transformers {installed}: "
+            f"{who}: packing is not available for this {layers.model_type} model on transformers "
+            f"{transformers.__version__}: "
             f"its text model takes the pack's position_ids [4, 1, T] (text positions restarting per row, then "
             f"the M-RoPE rows) only from transformers {since}, and this version's forward raises on them; "
             f"expected transformers>={since}; install transformers>={since}, or {fix}",
@@ -182,15 +185,6 @@ def check_packing(model: Any, who: str = "pack") -> ModelLayers:
             f"{list(ATTENTION_IMPLEMENTATIONS)}); set attn_implementation='sdpa', or {fix}",
             layer_type="full_attention", layers=layers.layers_of("full_attention"), model_type=layers.model_type)
     return layers
-
-
-def _transformers_version() -> Optional[str]:
-    """The installed transformers' version (None without transformers: a config dict checked alone)."""
-    try:
-        import transformers
-    except ImportError:
-        return None
-    return transformers.__version__
 
 
 def _some(at: tuple[int, ...], n: int = 8) -> str:
