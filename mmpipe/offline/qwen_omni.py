@@ -147,6 +147,8 @@ def build_model(head_dim: int = 16):
                 num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=4096,
                 **rope_config_fields({"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": section}),
                 pad_token_id=tok.pad_token_id)
+    if is_transformers_5():  # as before 4.57 support: older 5.x lines (the vLLM environment's) read rope_scaling
+        text["rope_scaling"] = {"type": "default", "mrope_section": section}
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=width,
                   fullatt_block_indexes=[1], window_size=56)
     audio = dict(d_model=32, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64, num_mel_bins=128,
