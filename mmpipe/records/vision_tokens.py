@@ -129,8 +129,8 @@ class VisionTokens:
     def from_rows(cls, rows, *, policy: str = "raise") -> "VisionTokens":
         """The tokens the rows themselves show, for stages without a tokenizer: the ids at
         image / video positions (``mm_token_type_ids`` 1 / 2) are the pads; the token right
-        before / after every block is the vision start / end when it is the same everywhere
-        and never shows up elsewhere in the rows. Rows without images show nothing (an empty
+        before / after every block is the vision start / end when the family has one (its
+        table spells it), it is the same everywhere and never shows up elsewhere in the rows. Rows without images show nothing (an empty
         set: nothing is checked)."""
         seen: dict[str, set] = {k: set() for k in _KINDS}
         elsewhere: set = set()  # ids at text positions that border no block
@@ -153,7 +153,10 @@ class VisionTokens:
         if fam is None:
             return cls(policy=check_policy(policy))
         spell = _spellings(fam)
-        kinds = [k for k in _KINDS if len(seen[k]) == 1 and (k in ("image", "video") or not seen[k] & elsewhere)]
+        # only the kinds the family has: in one without a vision end (LLaVA-OneVision) the token after every
+        # block is plain text, which a response may hold
+        kinds = [k for k in _KINDS if k in spell and len(seen[k]) == 1
+                 and (k in ("image", "video") or not seen[k] & elsewhere)]
         ids = tuple(int(next(iter(seen[k]))) for k in kinds)
         return cls(ids=ids, names=tuple(str(spell.get(k) or "?") for k in kinds), kinds=tuple(_KIND_NAMES[k] for k in kinds),
                    pad_ids=tuple(i for k, i in zip(kinds, ids) if k in ("image", "video")), policy=check_policy(policy))
