@@ -201,6 +201,25 @@ def prompt_rows(proc, counts=(0, 1, 2), *, vary_length: bool = False, size=(40, 
 
 
 # greedy and sampled (n=2, temperature 1.0) generation, as the engine-equivalence tests run them
+def multiturn_logprobs(mt, engine, turns: int, max_new_tokens: int, observation) -> dict:
+    """A VRAG-style loop over a `MultiTurnBatch` ``mt``: ``turns`` rounds of ``engine.generate`` at
+    temperature 1.0 (seed = the turn), each reply appended, then ``observation(turn, row)`` (``None``:
+    none; else ``(content, images)``) as the tool turn. Returns ``{row: [float32 logprobs per turn]}``."""
+    lps = {i: [] for i in range(len(mt.active_indices))}
+    for turn in range(turns):
+        idx = mt.active_indices
+        gens = engine.generate(mt.active_rows(), SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0,
+                                                                seed=turn))
+        for i, g in zip(idx, gens):
+            c = g.completions[0]
+            lps[i].append(np.asarray(c.logprobs, np.float32))
+            mt.append_response(i, c)
+            seen = observation(turn, i)
+            if seen is not None:
+                mt.append_observation(i, seen[0], images=seen[1])
+    return lps
+
+
 GREEDY_AND_SAMPLED = pytest.mark.parametrize(
     "params", [SamplingParams(max_new_tokens=6), SamplingParams(max_new_tokens=6, n=2, temperature=1.0, seed=3)],
     ids=["greedy", "sampled-n2"])

@@ -15,7 +15,7 @@ from mmpipe.records.generation import SamplingParams
 from mmpipe.rollout.results import unbatch_rollout
 
 from conftest import model_for, processor_for
-from helpers import GREEDY_AND_SAMPLED, prompt_rows
+from helpers import GREEDY_AND_SAMPLED, multiturn_logprobs, prompt_rows
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 
@@ -97,18 +97,8 @@ def test_multi_turn_with_an_image_appended_in_turn_2_is_consistent(family):
         {"messages": [{"role": "user", "content": "Search for a picture of a cat."}]},
     ]
     mt = MultiTurnBatch.start(raws, proc)
-    engine = TransformersEngine(model, proc)
-    rollout_lps = {i: [] for i in range(len(raws))}
-    for turn in range(2):
-        idx = mt.active_indices
-        gens = engine.generate(mt.active_rows(), SamplingParams(max_new_tokens=5, temperature=1.0, seed=turn))
-        for i, g in zip(idx, gens):
-            c = g.completions[0]
-            rollout_lps[i].append(np.asarray(c.logprobs, np.float32))
-            mt.append_response(i, c)
-            if turn == 0:
-                mt.append_observation(i, [{"type": "text", "text": "Result: "}, {"type": "image"}],
-                                      images=[testing.tiny_image(40, 44, seed=10 + i)])
+    rollout_lps = multiturn_logprobs(mt, TransformersEngine(model, proc), 2, 5, lambda turn, i: None if turn else (
+        [{"type": "text", "text": "Result: "}, {"type": "image"}], [testing.tiny_image(40, 44, seed=10 + i)]))
     rows = mt.rows()
     assert [r.num_images for r in rows] == [2, 1]
     batch = mmpipe.Collator(proc, padding_side="left")(rows)

@@ -21,6 +21,8 @@ from mmpipe.rollout.results import rollout_rows
 from mmpipe.rollout.transformers_engine import TransformersEngine, response_logprobs, teacher_forced_logprobs
 from mmpipe.testing.invariants import logprob_gap, policy_logprobs
 
+from helpers import multiturn_logprobs
+
 pytestmark = pytest.mark.needs_env("tf457")
 
 IMAGES = [testing.tiny_image(h, w, seed=i) for i, (h, w) in enumerate([(40, 56), (70, 30), (33, 97)])]
@@ -57,18 +59,10 @@ def test_glm4v_multi_turn_with_tool_images(attn="sdpa"):
                                                        {"type": "text", "text": "Find the answer."}]}],
              "images": IMAGES[:2]},
             {"messages": [{"role": "user", "content": "Search for a picture of a cat."}]}]
-    mt, engine = MultiTurnBatch.start(raws, proc), TransformersEngine(model, proc)
-    lps = {i: [] for i in range(len(raws))}
-    for turn in range(3):
-        idx = mt.active_indices
-        gens = engine.generate(mt.active_rows(), SamplingParams(max_new_tokens=24, temperature=1.0, seed=turn))
-        for i, g in zip(idx, gens):
-            c = g.completions[0]
-            lps[i].append(np.asarray(c.logprobs, np.float32))
-            mt.append_response(i, c)
-            if turn < 2:
-                mt.append_observation(i, [{"type": "text", "text": "Result: "}, {"type": "image"}],
-                                      images=[testing.tiny_image(40 + 7 * turn, 44, seed=10 + i + turn)])
+    mt = MultiTurnBatch.start(raws, proc)
+    lps = multiturn_logprobs(mt, TransformersEngine(model, proc), 3, 24, lambda turn, i: None if turn == 2 else (
+        [{"type": "text", "text": "Result: "}, {"type": "image"}],
+        [testing.tiny_image(40 + 7 * turn, 44, seed=10 + i + turn)]))
     rows = mt.rows()
     assert [r.num_images for r in rows] == [4, 2]
     for side in ("left", "right"):
