@@ -26,8 +26,6 @@ from mmpipe.encoding.placeholders import expand_placeholders
 from mmpipe.families import GLM4V
 from mmpipe.rollout import to_vllm_prompts
 
-from helpers import VLLM_WORKER_S
-
 FAM = GLM4V.name
 
 
@@ -115,6 +113,7 @@ def test_real_vllm_expands_the_prompts_to_the_rows(tmp_path):
     if os.environ.get("MMPIPE_VLLM_UNSUPPORTED"):
         pytest.skip(f"vLLM cannot run on this platform: {os.environ['MMPIPE_VLLM_UNSUPPORTED']}")
     out = tmp_path / "result.json"
+    from helpers import VLLM_WORKER_S  # here: this file is also the worker script, run without tests/ on its path
     run = subprocess.run([sys.executable, __file__, str(tmp_path / "checkpoint"), str(out)], capture_output=True,
                          text=True, timeout=VLLM_WORKER_S, cwd=Path(__file__).resolve().parents[2])
     if run.returncode != 0 or not out.exists():

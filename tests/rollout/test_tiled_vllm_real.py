@@ -20,8 +20,6 @@ import pytest
 import mmpipe
 from mmpipe import testing
 
-from helpers import VLLM_WORKER_S
-
 
 def _rows(proc, **kw):
     photos = [im.convert("RGB") for _, im in testing.sample_photos()]
@@ -45,6 +43,7 @@ def test_real_vllm_expands_gemma3_prompts_to_the_rows(tmp_path):
     if os.environ.get("MMPIPE_VLLM_UNSUPPORTED"):
         pytest.skip(f"vLLM cannot run on this platform: {os.environ['MMPIPE_VLLM_UNSUPPORTED']}")
     out = tmp_path / "result.json"
+    from helpers import VLLM_WORKER_S  # here: this file is also the worker script, run without tests/ on its path
     run = subprocess.run([sys.executable, __file__, str(tmp_path / "checkpoint"), str(out)], capture_output=True,
                          text=True, timeout=VLLM_WORKER_S, cwd=Path(__file__).resolve().parents[2])
     if run.returncode != 0 or not out.exists():

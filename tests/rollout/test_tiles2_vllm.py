@@ -26,8 +26,6 @@ import pytest
 
 from mmpipe.offline.tile_builders import TILED2_FAMILIES
 
-from helpers import VLLM_WORKER_S
-
 # rows for vLLM in its multi-image mode: LLaVA-OneVision's flat one (every image tiled; the default
 # per-conversation rows of several images are refused by to_vllm_prompts, issue 28.4)
 VLLM_MODE = {"llava_onevision": {"multi_image": "flat"}}
@@ -39,6 +37,7 @@ def test_real_vllm_expands_one_placeholder_per_image_to_the_rows(name, tmp_path)
     if os.environ.get("MMPIPE_VLLM_UNSUPPORTED"):
         pytest.skip(f"vLLM cannot run on this platform: {os.environ['MMPIPE_VLLM_UNSUPPORTED']}")
     out = tmp_path / "result.json"
+    from helpers import VLLM_WORKER_S  # here: this file is also the worker script, run without tests/ on its path
     run = subprocess.run([sys.executable, __file__, name, str(tmp_path / "checkpoint"), str(out)],
                          capture_output=True, text=True, timeout=VLLM_WORKER_S, cwd=Path(__file__).resolve().parents[2])
     if run.returncode != 0 or not out.exists():
