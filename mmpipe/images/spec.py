@@ -359,12 +359,12 @@ def glm4v_smart_resize(height: int, width: int, factor: int, min_pixels: int, ma
     if min(height, width) <= 0:
         return smart_resize(height, width, factor, min_pixels, max_pixels, max_ratio=max_ratio)  # its ImageError
     size = (height, width)
-    if (height < factor or width < factor) and not is_transformers_5():  # 4.x's rule raises (5.x scales up)
-        raise ImageError(f"image {height}x{width} (height x width) has a side below {factor}, which transformers 4.x's "
-                         f"{family or 'glm4v'} image processor refuses", where="", found=f"{height}x{width}",
-                         expected=f"height >= {factor} and width >= {factor}",
-                         fix=f"resize or pad the image to at least {factor}x{factor}, or install transformers>=5")
     if height < factor or width < factor:
+        if not is_transformers_5():  # 4.x's rule raises (5.x scales up)
+            raise ImageError(f"image {height}x{width} (height x width) has a side below {factor}, which transformers "
+                             f"4.x's {family or 'glm4v'} image processor refuses", where="", found=f"{height}x{width}",
+                             expected=f"height >= {factor} and width >= {factor}",
+                             fix=f"resize or pad the image to at least {factor}x{factor}, or install transformers>=5")
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
     # the aspect check only, on the scaled sides (as transformers), naming the image's own size

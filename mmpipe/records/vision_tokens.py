@@ -130,8 +130,8 @@ class VisionTokens:
         """The tokens the rows themselves show, for stages without a tokenizer: the ids at
         image / video positions (``mm_token_type_ids`` 1 / 2) are the pads; the token right
         before / after every block is the vision start / end when the family has one (its
-        table spells it), it is the same everywhere and never shows up elsewhere in the rows. Rows without images show nothing (an empty
-        set: nothing is checked)."""
+        table spells it), it is the same everywhere and never shows up elsewhere in the rows.
+        Rows without images show nothing (an empty set: nothing is checked)."""
         seen: dict[str, set] = {k: set() for k in _KINDS}
         elsewhere: set = set()  # ids at text positions that border no block
         fam = None
