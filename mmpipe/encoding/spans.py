@@ -327,8 +327,8 @@ def _marker_spans(enc, messages: list, full: str, text: Optional[str], answers=f
         own = piece[piece.rfind(tag):] if tag and tag in piece else piece  # the reply's turn before it
         if header and own.startswith(header):  # a reply starts where its turn's header ends
             spans[i] = (a - (len(own) - len(header)), b)
-        elif (k in answers or _other_thinking(header, own)) and THINK_END in own:
-            return None  # reasoning where the generation prompt closes the thinking block (or its start unknown)
+        elif (k in answers and THINK_END in own) or _other_thinking(header, own + full[a:b]):
+            return None  # reasoning where the prompt closes the block ("done</think>ans" too), or its start unknown
     empty = [k for k, m in enumerate(messages) if m["role"] == "assistant" and k not in ks]
     if empty:
         found = _empty_reply_spans(enc, messages, full, ks, empty, pieces, where)
