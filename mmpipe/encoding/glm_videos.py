@@ -32,9 +32,9 @@ from typing import Optional
 
 import numpy as np
 
-from mmpipe.errors import ImageError, VideoError
+from mmpipe.errors import ArgumentError, ImageError, VideoError
 from mmpipe.images.spec import VisionSpec, smart_resize
-from mmpipe.images.video import MAX_FRAME_PIXELS, VideoOptions, check_resized, refuse_clip
+from mmpipe.images.video import MAX_FRAME_PIXELS, VideoOptions, check_frame_bounds, check_resized, refuse_clip
 
 __all__ = ["GLM_FPS", "GLM_MAX_DURATION", "GLM_MIN_PIXELS", "GLM_MAX_PIXELS", "VIDEO_BEGIN", "VIDEO_END", "VIDEO_SPANS",
            "glm_sample_indices", "glm_video_size", "glm_plan", "glm_time_text", "token_types",
@@ -81,6 +81,11 @@ def glm_video_size(n: int, h: int, w: int, spec: VisionSpec, opts: VideoOptions,
                          fix="downscale the video before encoding it")
     lo = GLM_MIN_PIXELS if opts.min_pixels is None else opts.min_pixels
     hi = GLM_MAX_PIXELS if opts.max_pixels is None else opts.max_pixels
+    try:
+        check_frame_bounds(lo, hi, processor=True)  # GLM's rule is always its video processor's
+    except ArgumentError as e:
+        raise VideoError(str(e), where=where, expected="min_pixels, max_pixels >= 1", found=f"{lo}, {hi}",
+                         fix="pass min_pixels=1 for no lower bound, or leave the bounds out") from None
     f, T = spec.factor, spec.temporal_patch_size
     if h < f or w < f:
         scale = max(f / h, f / w)

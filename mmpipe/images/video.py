@@ -41,7 +41,7 @@ from mmpipe.images.video_sampling import (FRAME_FACTOR, frame_range, group_times
                                           sample_indices)
 
 __all__ = ["FRAME_FACTOR", "SAMPLINGS", "VideoOptions", "VideoPatches", "sample_count", "sample_indices", "frame_range",
-           "file_indices", "refuse_clip", "check_resized", "sized", "frame_bounds",
+           "file_indices", "refuse_clip", "check_resized", "check_frame_bounds", "sized", "frame_bounds",
            "group_times", "qwen_plan", "encode_video", "video_layout", "patchify_video_u8", "sampled_frames"]
 
 VIDEO_MIN_TOKENS, VIDEO_MAX_TOKENS = 128, 768  # per-frame pixel bounds, in merged tokens
@@ -97,6 +97,21 @@ class VideoOptions:
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ArgumentError(f"VideoOptions.{name} must be > 0, got {v!r}")
+        check_frame_bounds(self.min_pixels, self.max_pixels, self.sampling == "processor", "VideoOptions.")
+
+
+def check_frame_bounds(lo, hi, processor: bool, prefix: str = "") -> None:
+    """`ArgumentError` for per-frame pixel bounds the sizing rule refuses: a ``max_pixels`` below 1
+    (qwen-vl-utils divides by it; the video processors refuse a ``size`` of 0), a negative
+    ``min_pixels``, and with the video ``processor``'s rule (``sampling="processor"``, GLM's) a
+    ``min_pixels`` of 0 too: transformers 5 refuses it ('size dict must contain shortest_edge and
+    longest_edge'), where qwen-vl-utils takes it as no lower bound."""
+    for name, v, low in (("min_pixels", lo, 1 if processor else 0), ("max_pixels", hi, 1)):
+        if v is not None and v < low:
+            rule = "the video processor's size" if processor else "qwen-vl-utils' sizing"
+            fix = f"{name}=1 for no lower bound" if name == "min_pixels" else f"{name}=768 * 28 * 28, say"
+            raise ArgumentError(f"{prefix}{name}={v!r} is not a bound {rule} takes: expected >= {low}, found {v!r}; "
+                                f"pass {fix}, or leave it out for the default")
 
 
 @dataclass(frozen=True)
