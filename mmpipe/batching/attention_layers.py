@@ -42,7 +42,8 @@ from mmpipe.compat import transformers_version
 from mmpipe.errors import ArgumentError, PackingUnsupportedError
 
 __all__ = ["LAYER_BOUNDARIES", "LAYER_REFUSALS", "ATTENTION_IMPLEMENTATIONS", "RECURRENT_FIELDS",
-           "BIDIRECTIONAL_IMAGE_MODELS", "PACKED_POSITIONS_SINCE", "ModelLayers", "model_layers", "check_packing"]
+           "BIDIRECTIONAL_IMAGE_MODELS", "PACKED_POSITIONS_SINCE", "ModelLayers", "model_layers", "check_packing",
+           "check_family_line"]
 
 _ROWS = "position_ids restarting at 0 per row"
 # layer type -> the row boundary it honours in a pack
@@ -153,17 +154,7 @@ def check_packing(model: Any, who: str = "pack") -> ModelLayers:
     why, and the alternative (padded batches, `mmpipe.Collator`)."""
     layers = model_layers(model)
     fix = "use mmpipe.Collator(processor) for padded batches"
-    since = PACKED_POSITIONS_SINCE.get(layers.model_type)
-    if since is not None and transformers_version()[0] < since:
-        import transformers
-
-        raise PackingUnsupportedError(
-            f"{who}: packing is not available for this {layers.model_type} model on transformers "
-            f"{transformers.__version__}: "
-            f"its text model takes the pack's position_ids [4, 1, T] (text positions restarting per row, then "
-            f"the M-RoPE rows) only from transformers {since}, and this version's forward raises on them; "
-            f"expected transformers>={since}; install transformers>={since}, or {fix}",
-            model_type=layers.model_type)
+    _check_line(who, layers.model_type, PACKED_POSITIONS_SINCE.get(layers.model_type), "model")
     if not layers.layer_types:
         raise PackingUnsupportedError(
             f"{who}: the {layers.model_type} config names no layer types or layer count, so whether its layers "
@@ -185,6 +176,34 @@ def check_packing(model: Any, who: str = "pack") -> ModelLayers:
             f"{list(ATTENTION_IMPLEMENTATIONS)}); set attn_implementation='sdpa', or {fix}",
             layer_type="full_attention", layers=layers.layers_of("full_attention"), model_type=layers.model_type)
     return layers
+
+
+def check_family_line(family: Any, who: str = "pack") -> None:
+    """Without a model: `PackingUnsupportedError` when every model type of ``family`` (a
+    `ModelFamily`) takes packed positions only from a newer transformers major than the installed
+    one (`PACKED_POSITIONS_SINCE`: GLM-4.1V / 4.5V on 4.x). Any such model this process builds is
+    the installed version's class, whose forward raises on every pack, so the rows are refused
+    when packed rather than at the first training step."""
+    types = tuple(getattr(family, "model_types", ()) or ())
+    since = [PACKED_POSITIONS_SINCE.get(t) for t in types]
+    if types and None not in since:
+        _check_line(who, family.name, min(since), "family's models")
+
+
+def _check_line(who: str, model_type: str, since: Optional[int], what: str) -> None:
+    """`PackingUnsupportedError` when ``since`` (the transformers major from which ``model_type``'s
+    text stack takes a pack's positions) is above the installed major."""
+    if since is None or transformers_version()[0] >= since:
+        return
+    import transformers
+
+    raise PackingUnsupportedError(
+        f"{who}: packing is not available for this {model_type} {what} on transformers "
+        f"{transformers.__version__}: "
+        f"its text model takes the pack's position_ids [4, 1, T] (text positions restarting per row, then "
+        f"the M-RoPE rows) only from transformers {since}, and this version's forward raises on them; "
+        f"expected transformers>={since}; install transformers>={since}, or use mmpipe.Collator(processor) "
+        f"for padded batches", model_type=model_type)
 
 
 def _some(at: tuple[int, ...], n: int = 8) -> str:

@@ -60,7 +60,7 @@ import logging
 from typing import Any, Optional, Sequence
 
 from mmpipe._fork import torch_fork_safe
-from mmpipe.batching.attention_layers import ModelLayers, check_packing
+from mmpipe.batching.attention_layers import ModelLayers, check_family_line, check_packing
 from mmpipe.batching.checks import checked_records
 from mmpipe.batching.collate import batch_family, batch_state, collate_packed, collator_family
 from mmpipe.batching.pack_batch import pack_batch, pack_budgets, refuse_packing
@@ -83,11 +83,13 @@ UNCHECKED_LOG = ("mmpipe: %s packs %s rows without knowing the model's layers; a
 
 def model_packing(who: str, model: Any, fam: Any) -> Optional[ModelLayers]:
     """``model``'s layers when they keep packed rows apart (`check_packing`: else
-    `PackingUnsupportedError` naming the layer type); None without a model, after logging
+    `PackingUnsupportedError` naming the layer type); None without a model (a family none of whose
+    models packs on the installed transformers refused, `check_family_line`), after logging
     `UNCHECKED_LOG` once per process (the family's rows pack as before: they are exact on every
     model of the family's own line, and ``model=`` tells the ones that are not)."""
     if model is not None:
         return check_packing(model, who)
+    check_family_line(fam, who)  # GLM-4.1V on transformers 4.x: no model of it packs there
     if not UNCHECKED_WARNED:
         UNCHECKED_WARNED.add(who)
         logger.warning(UNCHECKED_LOG, who, fam.name)

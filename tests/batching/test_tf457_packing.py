@@ -57,8 +57,11 @@ def test_glm4v_packing_is_refused_on_4x():
             mmpipe.PackingCollator(proc, model=given)
     with pytest.raises(PackingUnsupportedError, match="glm4v"):
         mmpipe.pack(rows, processor=proc, model=model)
-    # the refusal is needed: the pack built without the model does not run on 4.57's class
-    packed = mmpipe.pack(rows, processor=proc)
+    # the refusal is needed: the pack (built here as transformers 5 would allow it; without the model
+    # 4.x refuses it too, tests/batching/test_hunt_tf457b_packing.py) does not run on 4.57's class
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("mmpipe.batching.attention_layers.transformers_version", lambda: (5, 0))
+        packed = mmpipe.pack(rows, processor=proc)
     with pytest.raises(RuntimeError, match="expand"), torch.no_grad():
         model(**packed.model_inputs(labels=False))
 
