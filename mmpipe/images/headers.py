@@ -20,10 +20,16 @@ encoder variants and on mutated bytes.
   (``VP8X``: animation, alpha, EXIF) is PIL's to read.
 
 Sizes must be non-empty and within ``PIL.Image.MAX_IMAGE_PIXELS`` (PIL warns above it).
+
+A header says nothing of the rest of the file: `certainly_whole` tells a file that reaches its
+format's end from its first and last bytes, and `decoded_unless_whole` decodes the others (as the
+pixel route does), so the layout-only route refuses the cut files the pixel route refuses.
+`unreadable_error` / `bomb_error`: the `ImageError` of a file PIL cannot decode, for both routes.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from typing import Optional
@@ -31,7 +37,8 @@ from typing import Optional
 from mmpipe.errors import ImageError
 from mmpipe.images.jpeg_header import jpeg_ends, plain_jpeg_hw
 
-__all__ = ["file_ends", "open_whole", "plain_image_hw", "plain_png_hw", "plain_webp_hw"]
+__all__ = ["bomb_error", "certainly_whole", "decoded_unless_whole", "file_ends", "open_whole", "plain_image_hw",
+           "plain_png_hw", "plain_webp_hw", "unreadable_error"]
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # colour type -> the bit depths PIL maps to a mode
@@ -132,6 +139,111 @@ def plain_image_hw(data: bytes) -> Optional[tuple[int, int]]:
     if data[:4] == b"RIFF":
         return plain_webp_hw(data)
     return None
+
+
+_PNG_IEND = b"\0\0\0\0IEND\xaeB`\x82"  # the whole IEND chunk: length 0, type, CRC
+TAIL_BYTES = len(_PNG_IEND)  # what `certainly_whole` reads of a file's end
+
+
+def certainly_whole(head: bytes, tail: bytes, size: int) -> bool:
+    """Whether a file of ``size`` bytes that starts with ``head`` (its first 12 bytes or more) and
+    ends with ``tail`` (its last `TAIL_BYTES`) certainly reaches its format's end; False where only
+    a decode can tell (the layout-only route then decodes it as the pixel route does,
+    `mmpipe.images.load.image_hw`): a cut file is never laid out, and nothing the pixel route
+    accepts is refused, since a False refuses nothing by itself. Measured against PIL on every cut
+    offset of each format (`tests/images/test_hunt_layout_cuts_images.py`):
+
+    - JPEG: ends with the EOI marker ``FF D9`` (entropy-coded data cannot hold that pair). A file
+      with bytes after its EOI is decoded (PIL reads it whole).
+    - PNG: ends with the whole ``IEND`` chunk (`decoded_unless_whole` also walks the chunk headers
+      of one with bytes after it). PIL also decodes a PNG cut in its last checksums or without
+      ``IEND``: decoded.
+    - WebP: its RIFF size is within the file (PIL decodes a WebP at open: checked twice, cheaply).
+    - anything else (GIF: PIL decodes only the first frame, so a GIF cut after it passes, and a
+      trailer byte ``;`` can end a cut one): decoded.
+    """
+    if head[:3] == b"\xff\xd8\xff":
+        return tail.endswith(b"\xff\xd9")
+    if head[:8] == _PNG_SIGNATURE:
+        return tail.endswith(_PNG_IEND)
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return struct.unpack("<I", head[4:8])[0] + 8 <= size
+    return False
+
+
+def decoded_unless_whole(img, where: str):
+    """``img`` (a PIL image just opened: its header read), decoded (``img.load()``) where its file
+    may be cut: one whose end its format does not certainly reach (`certainly_whole`, from its
+    first and last bytes); PIL's error is then this image's `ImageError`, as `encode_image` (the
+    pixel route) reports it. So a layout-only encode (a length filter) refuses a cut file as the
+    pixel route does, not training later; a whole file is not read past its header and its last
+    `TAIL_BYTES`."""
+    from PIL import Image, ImageFile
+
+    from mmpipe.images.orientation import read_pixels
+
+    fp = getattr(img, "fp", None)
+    if fp is None or not isinstance(img, ImageFile.ImageFile):
+        return img  # decoded already (or not from a file)
+    try:
+        pos = fp.tell()
+        fp.seek(0)
+        head = fp.read(12)
+        size = fp.seek(0, 2)
+        fp.seek(max(0, size - TAIL_BYTES))
+        tail = fp.read(TAIL_BYTES)
+        whole = certainly_whole(head, tail, size) or (head[:8] == _PNG_SIGNATURE and _png_file_ends(fp, size))
+        fp.seek(pos)
+    except (OSError, ValueError):  # a closed or unseekable file: decoded
+        whole = False
+    if whole:
+        return img
+    try:
+        return read_pixels(img)
+    except Image.DecompressionBombError as e:
+        raise bomb_error(e, where) from e
+    except (OSError, ValueError, SyntaxError) as e:  # PIL: truncated data, bad chunks
+        raise unreadable_error(e, where, img.format and f"a {img.format} image") from e
+
+
+_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
+def unreadable_error(e: Exception, where: str, found: str = "", fix: str = "") -> ImageError:
+    """The `ImageError` for image bytes PIL cannot decode (``e``: PIL's error); ``fix``
+    replaces the encode-stage advice (re-export the image or skip the row)."""
+    # PIL names the stream by its repr ("<_io.BytesIO object at 0x7f...>"): keep the
+    # message (and an on_error="skip" record) the same from run to run
+    detail = _OBJECT_REPR.sub("the image data", str(e))
+    return ImageError(
+        f"cannot read the image ({type(e).__name__}: {detail})", where=where,
+        expected="a complete PNG/JPEG/WebP/GIF/... file", found=found or None,
+        fix=fix or "the bytes are corrupt or truncated: re-export the image, or drop the row (on_error='skip')",
+    )
+
+
+def bomb_error(e: Exception, where: str) -> ImageError:
+    from PIL import Image
+
+    return ImageError(
+        f"the image is larger than PIL's decompression-bomb limit ({e})", where=where,
+        expected=f"at most {2 * Image.MAX_IMAGE_PIXELS} pixels (2 x PIL.Image.MAX_IMAGE_PIXELS)",
+        fix="downscale the file before encoding, or raise PIL.Image.MAX_IMAGE_PIXELS if you trust the "
+            "source (decoding takes about 3 bytes per pixel)",
+    )
+
+
+def _png_file_ends(fp, size: int) -> bool:
+    """Whether a PNG file's chunks run whole to ``IEND`` (bytes may follow it: PIL reads none of
+    them), read from ``fp`` chunk header by chunk header (8 bytes each)."""
+    pos = 8
+    while pos + 12 <= size:
+        fp.seek(pos)
+        length, ctype = struct.unpack(">I4s", fp.read(8))
+        pos += 12 + length
+        if ctype == b"IEND":
+            return pos <= size
+    return False
 
 
 def _png_ends(data: bytes) -> bool:

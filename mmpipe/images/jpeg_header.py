@@ -9,7 +9,8 @@ raises the error the row reports. "Plain" means: SOI, then only APP0, DQT, DHT, 
 8-bit SOF0/1/2 segment (1, 3 or 4 components), each complete and laid out as PIL's handlers read
 it (quantization tables whole, JFIF fields present, no fill bytes between markers), up to a
 complete SOS header; no APP1 (EXIF / XMP: orientation), no APP2 (ICC, MPO), no other segment;
-a non-empty size within ``PIL.Image.MAX_IMAGE_PIXELS``. `tests/images/test_jpeg_header.py`
+a non-empty size within ``PIL.Image.MAX_IMAGE_PIXELS``; the file ends with its EOI marker (a cut
+file, or one with bytes after its EOI, is PIL's: `mmpipe.images.load.image_hw` decodes it). `tests/images/test_jpeg_header.py`
 checks it against PIL on encoder variants and on mutated bytes.
 """
 
@@ -35,8 +36,8 @@ def _dqt_ok(s: bytes) -> bool:
 
 def plain_jpeg_hw(data: bytes) -> Optional[tuple[int, int]]:
     """(height, width) of a plain JPEG (module doc) as PIL reports it, or None (ask PIL)."""
-    if not data.startswith(b"\xff\xd8\xff"):
-        return None
+    if not data.startswith(b"\xff\xd8\xff") or not data.endswith(b"\xff\xd9"):
+        return None  # a file cut before its EOI (or with bytes after it): PIL decodes it (`image_hw`)
     size, pos, end = None, 2, len(data)
     while True:
         if pos + 4 > end or data[pos] != 0xFF:

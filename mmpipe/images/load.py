@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 from typing import Any, Optional
 
@@ -13,7 +12,7 @@ import numpy as np
 from PIL import Image, ImageFile
 
 from mmpipe.errors import ArgumentError, ImageError, InputError
-from mmpipe.images.headers import open_whole
+from mmpipe.images.headers import bomb_error, decoded_unless_whole, open_whole, unreadable_error  # noqa: F401
 from mmpipe.images.orientation import SWAPS_AXES, exif_orientation, read_pixels, upright  # noqa: F401 - here too
 from mmpipe.images.rgb import check_range, to_rgb_array, to_rgb_image, unconvertible_error  # noqa: F401 - here too
 from mmpipe.images.transparency import (ENGINE_TRANSPARENCY, TRANSPARENCY_ENV, TRANSPARENCY_RULES,  # noqa: F401
@@ -272,31 +271,6 @@ def data_uri_bytes(uri: str, where: str, *, error: type = ImageError, kind: str 
                     column=column, expected=expected, found=f"{uri[:40]!r}...", fix=fix) from e
 
 
-_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
-
-
-def unreadable_error(e: Exception, where: str, found: str = "", fix: str = "") -> ImageError:
-    """The `ImageError` for image bytes PIL cannot decode (``e``: PIL's error); ``fix``
-    replaces the encode-stage advice (re-export the image or skip the row)."""
-    # PIL names the stream by its repr ("<_io.BytesIO object at 0x7f...>"): keep the
-    # message (and an on_error="skip" record) the same from run to run
-    detail = _OBJECT_REPR.sub("the image data", str(e))
-    return ImageError(
-        f"cannot read the image ({type(e).__name__}: {detail})", where=where,
-        expected="a complete PNG/JPEG/WebP/GIF/... file", found=found or None,
-        fix=fix or "the bytes are corrupt or truncated: re-export the image, or drop the row (on_error='skip')",
-    )
-
-
-def bomb_error(e: Exception, where: str) -> ImageError:
-    return ImageError(
-        f"the image is larger than PIL's decompression-bomb limit ({e})", where=where,
-        expected=f"at most {2 * Image.MAX_IMAGE_PIXELS} pixels (2 x PIL.Image.MAX_IMAGE_PIXELS)",
-        fix="downscale the file before encoding, or raise PIL.Image.MAX_IMAGE_PIXELS if you trust the "
-            "source (decoding takes about 3 bytes per pixel)",
-    )
-
-
 def nested_lists_array(value: Any, where: str = "image") -> Any:
     """An image held as nested lists of integers (what ``datasets`` stores of a numpy array in a
     row: ``Dataset.from_list``, a ``map`` returning frames) -> that uint8 array [H, W(, C)];
@@ -376,11 +350,13 @@ def image_hw(value: Any, *, where: str = "image") -> tuple[int, int]:
         _check_array(value, where)
         return int(value.shape[0]), int(value.shape[1])
     path = image_path(value, where=where)
-    if path is None:
-        return _upright_hw(load_image(value, where=where))
+    if path is None:  # a decode error: `decoded_unless_whole`'s ImageError, as the pixel route's
+        return _upright_hw(decoded_unless_whole(load_image(value, where=where), where))
     with open_image_file(path, where=where) as f:  # the header alone, from a checked regular file
         try:
-            return _upright_hw(Image.open(f))
+            return _upright_hw(decoded_unless_whole(Image.open(f), where))
+        except ImageError:
+            raise
         except Image.DecompressionBombError as e:
             raise bomb_error(e, where) from e
         except (OSError, ValueError) as e:
