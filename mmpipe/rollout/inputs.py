@@ -32,6 +32,7 @@ push a 1:200 image to 1:201; the processor refuses those before resizing).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 
 from mmpipe.batching.checks import check_not_failed
@@ -199,6 +200,42 @@ def _row_prompt(r: MultiModalInputs, i: int, processor_or_spec, tokenizer, image
 
 
 # ---- transformers generate ---------------------------------------------------------------
+def _check_tf4_positions(batch: BatchedMultiModalInputs, position_ids: bool, model) -> None:
+    """transformers 4.x, `to_generate_kwargs`: ``position_ids=True`` refused (`ArgumentError`): 4.57's
+    ``generate`` never extends passed positions in decoding (Qwen2-VL / Qwen2.5-VL raise a size
+    mismatch, Qwen3-VL / GLM-4.1V drop them for their own). Its Qwen2.5-VL ``get_rope_index`` casts
+    ``second_per_grid_ts`` to int64: for videos it numbers otherwise than the rows
+    (`mmpipe.rollout.tf4_positions.tf4_video_mismatches`) a ``UserWarning`` names the rows and the
+    fix, ``generate`` inside `mmpipe.rollout.tf4_positions.training_positions` (what
+    `TransformersEngine` does; no warning when ``model`` is given and already inside it)."""
+    import transformers
+
+    from mmpipe.rollout.tf4_positions import inside_training_positions, tf4_video_mismatches
+
+    v = transformers.__version__
+    if position_ids:
+        raise ArgumentError(
+            f"to_generate_kwargs(position_ids=True) on transformers {v}: its generate does not extend passed "
+            "position_ids while decoding (Qwen2-VL / Qwen2.5-VL raise a size mismatch, Qwen3-VL / GLM-4.1V "
+            "ignore them); expected position_ids=False, found True: leave it False (generate numbers the prompt "
+            "itself; for Qwen2.5-VL videos run it inside mmpipe.rollout.tf4_positions.training_positions), "
+            "or install transformers>=5")
+    bad = tf4_video_mismatches(batch.fam, batch)
+    if not bad or (model is not None and inside_training_positions(model)):
+        return
+    owner = {vid: b for b, vids in enumerate(batch.sample_to_video_indices) for vid in vids}
+    sec = [round(float(batch.second_per_grid_ts.reshape(-1)[i]), 4) for i in bad]
+    warnings.warn(
+        f"to_generate_kwargs: transformers {v}'s Qwen2.5-VL generate numbers the prompt's videos with "
+        f"second_per_grid_ts cast to an integer: rows {sorted({owner.get(i, -1) for i in bad})} (videos {bad}, "
+        f"seconds per grid {sec}) get other temporal positions than the batch's rows (the original Qwen rule "
+        "that training, verl and vLLM use), so rollout logprobs drift from the training forward; run "
+        f"model.generate inside mmpipe.rollout.tf4_positions.training_positions(model, {batch.fam.name!r}, "
+        "tokenizer) (and pass model= here), use mmpipe.rollout.transformers_engine.TransformersEngine, or "
+        "sample videos at 1 or 2 fps", UserWarning, stacklevel=3)
+
+
+
 def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_ids: bool = False, model=None) -> dict:
     """Kwargs for a transformers Qwen-VL ``model.generate`` from a LEFT-padded batch.
 
@@ -216,6 +253,10 @@ def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_
     videos it keeps the original Qwen rule where 5.23's ``get_rope_index`` diverges (see
     FACTS). Older transformers (4.x) recomputed positions in decoding from rope deltas that
     are never set when positions are passed, so the default stays the portable choice.
+
+    transformers 4.x (`_check_tf4_positions`): ``position_ids=True`` refused (`ArgumentError`: its
+    ``generate`` never extends passed positions); Qwen2.5-VL videos 4.x numbers otherwise than the
+    rows (`mmpipe.rollout.tf4_positions.tf4_video_mismatches`, e.g. at 3 fps) warned about.
 
     ``mm_token_type_ids`` is left out where ``generate`` would refuse it as an unused model
     kwarg (transformers 4.57: "model_kwargs are not used by the model"): decided by ``model``'s
@@ -247,6 +288,8 @@ def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_
             expected="pixel_values or pixel_values_u8 for the rows' images / videos", found="no pixel data",
             fix="re-encode with pixels='uint8'",
         )
+    if not is_transformers_5():
+        _check_tf4_positions(batch, position_ids, model)
     out = batch.model_inputs(device, positions="verl" if position_ids else "none", labels=False)
     if "mm_token_type_ids" in out:
         takes = forward_accepts(model, "mm_token_type_ids") if model is not None else is_transformers_5()

@@ -93,16 +93,16 @@ class TransformersEngine:
         # videos: pass mmpipe's positions (the original Qwen rule, what training and vLLM use);
         # transformers 5's own get_rope_index differs for clips longer than max(h, w)/merge
         videos = bool(batch.video_grid_thw.shape[0]) and is_transformers_5()
-        kw = to_generate_kwargs(batch, device, model=self.model, position_ids=videos)
-        if not self.see_images:  # the family's media inputs withheld; ids, mask, token types stay
-            for k in batch.vision_inputs():
-                kw.pop(k, None)
         stop = tuple(self.eos_ids) + tuple(params.stop_token_ids)
         suppress = [] if params.allow_vision_tokens else list(self.vision_tokens.ids)
         # transformers 4.x numbers the prompt itself; its Qwen2.5-VL rule truncates second_per_grid_ts
         own = needs_training_positions(self.family, batch)
         tok = getattr(self.processor, "tokenizer", self.processor)
         with training_positions(self.model, self.family, tok) if own else contextlib.nullcontext():
+            kw = to_generate_kwargs(batch, device, model=self.model, position_ids=videos)
+            if not self.see_images:  # the family's media inputs withheld; ids, mask, token types stay
+                for k in batch.vision_inputs():
+                    kw.pop(k, None)
             return sample(self.model, kw, params, stop=stop, pad_id=self.pad_id, suppress=suppress,
                           num_prompts=len(recs))
 
