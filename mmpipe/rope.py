@@ -112,9 +112,6 @@ def get_rope_index(
             what vLLM 0.32, the rollout engine, computes) or ``"transformers"`` (float32, what
             transformers 5.x's ``get_rope_index`` and verl compute). They differ near integers,
             e.g. 25 fps (seconds float32(0.08)): frame group 25 gets 3 in vLLM, 4 in float32.
-            ``"transformers"`` is 5.x's arithmetic whichever transformers is installed: 4.57's
-            rule casts the seconds to int64 first (0.667 -> 0), a bug no rule here copies
-            (`mmpipe.rollout.tf4_positions` numbers 4.x rollouts by this module instead).
 
     Returns:
         position_ids: int64 [3, B, L] (0 at pads), on the input's device.

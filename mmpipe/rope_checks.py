@@ -84,7 +84,8 @@ def video_time_scale(second_per_grid_ts, n_videos: int, tps: float, rule: str, d
     float32 seconds read as a Python float, times ``tokens_per_second``, and ``i * scale``
     all in float64) or ``"transformers"`` (transformers 5.x ``get_rope_index``, and verl which
     calls it: ``tokens_per_second * seconds`` and ``i * scale`` in the seconds' dtype,
-    float32 as processors return them). Default seconds: 1.0 each. bfloat16 seconds (a bf16 cast
+    float32 as processors return them; on transformers 4.x too: 4.57's rule casts the seconds to int64
+    first, 0.667 -> 0, a bug not copied, `mmpipe.rollout.tf4_positions`). Default seconds: 1.0 each. bfloat16 seconds (a bf16 cast
     of the processor's, e.g. DeepSpeed's of every float input) under ``"transformers"``: an
     `ArgumentError` (numpy, which computes the positions, has no bfloat16 arithmetic)."""
     if rule not in VIDEO_TIME_RULES:
