@@ -359,6 +359,7 @@ def video_layout(value: Any, spec: VisionSpec, opts: Optional[VideoOptions] = No
             total = c.total_frames()
             h, w = c.upright_size()  # decodes the first frame only: its display rotation
             idx, (th, tw), sample_fps, times = plan(total, c.fps, h, w, spec, opts, where, False)
+            c.refuse_if_cut(idx, total)  # a cut MP4 / MOV (its moov whole): decoded as encode_video decodes it
         finally:
             c.close()
     idx, n = np.asarray(idx), len(idx)

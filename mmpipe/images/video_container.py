@@ -246,12 +246,60 @@ class Container:
         degrees = mp4_rotation_degrees(self._src)
         return None if degrees is None or math.isnan(degrees) else int(degrees)
 
+    def may_be_cut(self) -> bool:
+        """Whether an MP4 / MOV file may be cut short (an interrupted download or copy): a
+        top-level box runs past the file's end, or no ``mdat`` box holds the samples (a file cut
+        right after its ``moov``). Its ``moov`` can still be whole (it comes first in a
+        ``faststart`` file): then PyAV opens it and counts every frame, and only decoding finds
+        the samples missing. Read from the box headers (16 bytes each); False for other formats
+        (a Matroska / WebM one is checked by its duration, `_check_declared_span`)."""
+        if not self.c.format.name.startswith("mov,mp4") or self._src is None:
+            return False
+        return _mp4_boxes_cut(self._src)
+
+    def refuse_if_cut(self, idx: np.ndarray, total: int) -> None:
+        """The layout-only route's check (`mmpipe.images.video.video_layout`): where the file may
+        be cut (`may_be_cut`), the sampled frames ``idx`` are decoded as `decode_sampled` decodes
+        them on the pixel route, so a cut file raises the same `VideoError` here (a length
+        filter) as in training; a whole file is not decoded."""
+        if self.may_be_cut():
+            decode_sampled(self, np.asarray(idx), total, lambda frame: None)
+
     def upright_size(self) -> tuple[int, int]:
         """(height, width) of the upright frames: the coded size, swapped for a quarter turn."""
         return (self.width, self.height) if self.rotation() % 2 else (self.height, self.width)
 
     def close(self) -> None:
         self.c.close()
+
+
+def _mp4_boxes_cut(src) -> bool:
+    """`Container.may_be_cut` of an MP4 / MOV ``src`` (a path, or a binary file whose position
+    is kept): its top-level boxes walked by their sizes."""
+    own = not hasattr(src, "read")
+    f = open(src, "rb") if own else src
+    pos = None if own else f.tell()
+    try:
+        end = f.seek(0, io.SEEK_END)
+        p, mdat = 0, False
+        while p + 8 <= end:
+            f.seek(p)
+            head = f.read(16)
+            size, kind = int.from_bytes(head[:4], "big"), head[4:8]
+            hlen = 8
+            if size == 1:
+                size, hlen = (int.from_bytes(head[8:16], "big"), 16) if len(head) == 16 else (0, 16)
+            elif size == 0:  # the last box, to the file's end
+                size = end - p
+            if size < hlen or p + size > end:
+                return True
+            mdat = mdat or kind == b"mdat"
+            p += size
+        return not mdat
+    except OSError:
+        return True
+    finally:
+        f.close() if own else f.seek(pos)
 
 
 def rgb_frame(c: Container, frame) -> np.ndarray:
