@@ -40,7 +40,21 @@ def _count_blocks(tokens_per_grid: np.ndarray, n_tokens: int, row: int, kind: st
     return int(hit[0])
 
 
-def _processor_arrays(outputs) -> dict:
+def _token_types(outputs, ids: np.ndarray, fam, processor) -> np.ndarray:
+    """int [B, L]: the output's ``mm_token_type_ids``; where it has none (transformers 4.57's Qwen-VL
+    processors return them only with ``return_mm_token_type_ids=True``), 1 at the family's image pad
+    and 2 at its video pad in ``processor``'s tokenizer, as the processors that return them mark them."""
+    if "mm_token_type_ids" in outputs:
+        return to_numpy(outputs["mm_token_type_ids"])
+    mm = np.zeros_like(ids)
+    pads = fam.vision_token_ids(getattr(processor, "tokenizer", processor))
+    for kind, pad in ((1, pads["image"]), (2, pads["video"])):
+        if pad is not None:
+            mm[ids == pad] = kind
+    return mm
+
+
+def _processor_arrays(outputs, fam, processor) -> dict:
     """The processor output as numpy arrays, absent keys filled with empty/neutral values."""
     ids = to_numpy(outputs["input_ids"]).reshape(len(outputs["input_ids"]), -1)
     get = lambda k: to_numpy(outputs[k]) if outputs.get(k) is not None else None  # noqa: E731
@@ -50,7 +64,7 @@ def _processor_arrays(outputs) -> dict:
     return {
         "ids": ids,
         "att": to_numpy(outputs["attention_mask"]) if "attention_mask" in outputs else np.ones_like(ids),
-        "mm": to_numpy(outputs["mm_token_type_ids"]) if "mm_token_type_ids" in outputs else np.zeros_like(ids),
+        "mm": _token_types(outputs, ids, fam, processor),
         "igrid": igrid.reshape(-1, 3) if igrid is not None else np.zeros((0, 3), np.int64),
         "vgrid": vgrid,
         "secs": secs.astype(np.float32) if secs is not None else np.ones(len(vgrid), np.float32),
@@ -64,13 +78,15 @@ def rows_from_processor_output(outputs, processor, *, labels=None) -> list[Multi
     -> `MultiModalInputs`, float32 pixels, positions computed here.
 
     The route for inputs ``encode`` does not build itself (videos, custom prompts). Pixel
-    blocks are split per row by each row's image/video token counts.
+    blocks are split per row by each row's image/video token counts (its ``mm_token_type_ids``, or
+    the family's pad tokens in ``input_ids`` where the output has none, as 4.57's processors by
+    default); grids no row claims raise `PlaceholderError`.
     ``labels``: optional int [B, L] aligned with ``input_ids``.
     """
     from mmpipe.rope import get_rope_index
 
     fam = family_of(processor)
-    a = _processor_arrays(outputs)
+    a = _processor_arrays(outputs, fam, processor)
     ids, att, mm, igrid, vgrid, secs, pv, pvv = (a[k] for k in ("ids", "att", "mm", "igrid", "vgrid", "secs", "pv", "pvv"))
     # Qwen3-VL splits each video into per-frame blocks in the text; count tokens per video
     i_tok = fam.tokens_per_grid(igrid)
@@ -100,6 +116,13 @@ def rows_from_processor_output(outputs, processor, *, labels=None) -> list[Multi
         )
         rows.append(row.validate(b))
         gi, gv, pi, pvi = gi + ni, gv + nv, pi + n_ip, pvi + n_vp
+    for kind, used, grids in (("image", gi, igrid), ("video", gv, vgrid)):
+        if used != len(grids):  # grids no row's tokens claimed: their media would be dropped, silently
+            raise PlaceholderError(
+                f"the rows' {kind} tokens claim {used} of the output's {len(grids)} {kind} grids",
+                row=ids.shape[0] - 1, column="input_ids", expected=f"{len(grids)} {kind} grids' tokens",
+                found=f"{used}", fix=f"pass the processor output these {kind}_grid_thw came with, with its "
+                                     "mm_token_type_ids (or the family's pad tokens in input_ids)")
     return rows
 
 
