@@ -2,11 +2,15 @@
 and call: the generic path, `mmpipe.media.processor_encode`): the ids where a token overlaps an
 assistant reply, -100 elsewhere, found without the call's offsets.
 
-Three ways, cheapest first: a row without media whose ids are the tokenizer's for its text: the
+Four ways, cheapest first: a row without media whose ids are the tokenizer's for its text: the
 replies' character spans (one render, `mmpipe.encoding.spans` via ``enc.reply_spans``) and the
-tokenizer's offsets; else each reply's edges from the text after it tokenized alone
-(`tail_cuts`: the text between two edges once, linear in the turns; the processor's call on it
-with its own media where it holds any), when the row's ids end with those tokens; else the call
+tokenizer's offsets; a row with images whose ids are the tokenizer's for its text with tokens
+added around and in place of its image placeholders: the same spans, the tokenizer's offsets
+matched into the row's ids in order (`_aligned_labels`; PaliGemma moves ``<bos>`` after the last
+image and appends ``"\\n"``, which no prefix's call reproduces); else each reply's edges from
+the text after it tokenized alone (`tail_cuts`: the text between two edges once, linear in the
+turns; the processor's call on it with its own media where it holds any), when the row's ids end
+with those tokens; else the call
 run on the conversation up to each edge (``ids_of``), the longest common prefix with the row's
 ids (quadratic in the turns: each call holds every earlier image). The edges are the
 same replies' spans (`_reply_edges`), so a row is labelled alike with and without media (a
@@ -44,6 +48,36 @@ def _text_row_labels(enc, messages: list, agp: bool, tools, ids: np.ndarray, ful
     return span_labels(ids, np.asarray(out["offset_mapping"], np.int64).reshape(-1, 2), spans)
 
 
+def _aligned_labels(enc, messages: list, agp: bool, tools, ids: np.ndarray, full: str) -> Optional[np.ndarray]:
+    """Labels of an image row from the replies' character spans in ``full`` and the tokenizer's
+    offsets, when the tokenizer's ids of ``full`` are ``ids`` int64 [L] with added tokens put
+    among them: matched in order, every token of ``ids`` that matches none is an added token (an
+    image run, ``<bos>`` inserted after the last image) or follows the whole text (PaliGemma's
+    ``"\\n"``); such tokens overlap no reply. The labels a row without images gets (its text's
+    tokens are the same), with no processor call on prefixes: those differ from the row where the
+    call rewrites the text around its LAST image (PaliGemma), and a common prefix stopping there
+    labelled user text. None where the ids do not align so or the spans are not in ``full``."""
+    bos = getattr(enc.tokenizer, "bos_token", None)
+    try:
+        text, spans, _ = enc.reply_spans(messages, full, "", tools, agp)
+        out = enc.tokenizer(full, add_special_tokens=not (bos and full.startswith(bos)), return_offsets_mapping=True)
+    except Exception:  # noqa: BLE001 - no spans (InputError) or no offsets (a slow tokenizer): not this way
+        return None
+    if text != full:
+        return None
+    own, offsets = list(out["input_ids"]), np.asarray(out["offset_mapping"], np.int64).reshape(-1, 2)
+    added = {int(i) for i in getattr(enc.tokenizer, "added_tokens_decoder", {})}
+    mapped = np.full((len(ids), 2), -1, np.int64)  # a token put in overlaps no reply
+    i = 0
+    for j, t in enumerate(ids.tolist()):
+        if i < len(own) and t == own[i]:
+            mapped[j] = offsets[i]
+            i += 1
+        elif i < len(own) and t not in added:  # a text token the text does not have here
+            return None
+    return span_labels(ids, mapped, spans) if i == len(own) else None
+
+
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     diff = np.flatnonzero(a[:n] != b[:n])
@@ -66,6 +100,10 @@ def call_labels(enc, messages: list, media: tuple, agp: bool, tools, ids: np.nda
     images, audios = media
     if not images and not audios:
         found = _text_row_labels(enc, messages, agp, tools, ids, full)
+        if found is not None:
+            return found
+    elif not audios and segment_ids_of is not None:  # images only (videos: their prefixes' calls)
+        found = _aligned_labels(enc, messages, agp, tools, ids, full)
         if found is not None:
             return found
     labels = np.full(len(ids), IGNORE_INDEX, np.int64)
