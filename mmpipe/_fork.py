@@ -1,5 +1,5 @@
 """Know whether this process is a fork() child of the one that imported mmpipe, and locks
-that a fork() child makes anew (`ForkSafeLock`).
+that a fork() child makes anew (`ForkSafeLock`, `SharedCalls`).
 
 torch's intra-op thread pool does not survive fork(): a forked child (``datasets.map`` with
 ``num_proc``, ``multiprocessing``) whose parent already ran a parallel torch op deadlocks in
@@ -10,12 +10,13 @@ mmpipe is imported (no torch import here), i.e. before any worker is forked.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
 
 _forked_child = False
-_LOCKS: "weakref.WeakSet[ForkSafeLock]" = weakref.WeakSet()
+_LOCKS: "weakref.WeakSet" = weakref.WeakSet()  # ForkSafeLock, SharedCalls
 
 
 class ForkSafeLock:
@@ -33,6 +34,48 @@ class ForkSafeLock:
 
     def __exit__(self, *exc) -> None:
         self._lock.__exit__(*exc)
+
+
+class SharedCalls:
+    """Calls that may run together (``with calls.shared():``) unless one needs them all to wait
+    (``with calls.exclusive():``: it waits for those running, and new shared ones wait for it). For
+    state a call sets on a shared object (a fast tokenizer's padding, which ``padding=True`` sets and
+    a plain call resets). Made anew in a forked child, as `ForkSafeLock`."""
+
+    def __init__(self):
+        self._lock = self._make()
+        _LOCKS.add(self)
+
+    @staticmethod
+    def _make() -> list:
+        return [threading.Condition(), 0, 0]  # condition, calls running (-1: an exclusive one), exclusive waiting
+
+    @contextlib.contextmanager
+    def shared(self):
+        state = self._lock
+        with state[0]:
+            state[0].wait_for(lambda: state[1] >= 0 and not state[2])
+            state[1] += 1
+        try:
+            yield
+        finally:
+            with state[0]:
+                state[1] -= 1
+                state[0].notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        state = self._lock
+        with state[0]:
+            state[2] += 1
+            state[0].wait_for(lambda: state[1] == 0)
+            state[1], state[2] = -1, state[2] - 1
+        try:
+            yield
+        finally:
+            with state[0]:
+                state[1] = 0
+                state[0].notify_all()
 
 
 def _mark() -> None:

@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from mmpipe._fork import torch_fork_safe
+from mmpipe._fork import SharedCalls, torch_fork_safe
 from mmpipe.audio import audio_extractor
 from mmpipe.audio.clips import clip_files, load_clips
 from mmpipe.encoding.call_labels import call_labels
@@ -133,6 +133,7 @@ def plain_render(enc, messages: list, agp: bool) -> str:
 # float dtypes numpy lacks or mmpipe does not store as they are (Llama 4's bf16 pixels): stored float32
 # (exact), handed to the model in the processor's dtype (`ProcessorLayout.dtypes`)
 LOW_FLOATS = ("bfloat16", "float16")
+_CALLS = SharedCalls()  # every generic-path processor call (`run_processor`)
 
 
 def run_processor(enc, **kwargs) -> tuple[dict, dict]:
@@ -148,12 +149,15 @@ def run_processor(enc, **kwargs) -> tuple[dict, dict]:
     if bos and texts and all(isinstance(t, str) and t.startswith(bos) for t in texts):
         # the template wrote the BOS (Llama 4, Gemma 3n): not again, as the processor's own chat path calls it
         kwargs.setdefault("add_special_tokens", False)
-    try:
-        out = enc.processor(**kwargs, return_tensors="pt" if pt else "np")
-    except ValueError as e:  # transformers 5: "Unable to convert output 'k'", 4.x: "Unable to create tensor"
-        if pt or not str(e).startswith(("Unable to convert output", "Unable to create tensor")):
-            raise
-        out = enc.processor(**kwargs, return_tensors="pt")
+    # padding=True (the layout probe's) sets the tokenizer's padding, which a plain call by any other
+    # encoder's thread resets mid-call (a ragged batch): such calls run alone
+    with _CALLS.exclusive() if kwargs.get("padding") else _CALLS.shared():
+        try:
+            out = enc.processor(**kwargs, return_tensors="pt" if pt else "np")
+        except ValueError as e:  # transformers 5: "Unable to convert output 'k'", 4.x: "Unable to create tensor"
+            if pt or not str(e).startswith(("Unable to convert output", "Unable to create tensor")):
+                raise
+            out = enc.processor(**kwargs, return_tensors="pt")
     arrays, low = {}, {}
     for k, v in out.items():
         dtype = str(getattr(v, "dtype", "")).replace("torch.", "")
