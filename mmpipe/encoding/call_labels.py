@@ -68,13 +68,16 @@ def _aligned_labels(enc, messages: list, agp: bool, tools, ids: np.ndarray, full
     own, offsets = list(out["input_ids"]), np.asarray(out["offset_mapping"], np.int64).reshape(-1, 2)
     added = {int(i) for i in getattr(enc.tokenizer, "added_tokens_decoder", {})}
     mapped = np.full((len(ids), 2), -1, np.int64)  # a token put in overlaps no reply
-    i = 0
+    i, put = 0, None  # put: the last token of the run of put-in tokens so far (None: no run)
     for j, t in enumerate(ids.tolist()):
         if i < len(own) and t == own[i]:
-            mapped[j] = offsets[i]
-            i += 1
-        elif i < len(own) and t not in added:  # a text token the text does not have here
-            return None
+            if put is not None and put not in added:  # a run of put-in tokens ends with an added one
+                return None
+            mapped[j], i, put = offsets[i], i + 1, None
+        elif i < len(own):  # put in: a run opened by an added token (MiniCPM-V's <image_id>0</image_id>)
+            if put is None and t not in added:  # a text token the text does not have here
+                return None
+            put = t
     return span_labels(ids, mapped, spans) if i == len(own) else None
 
 
