@@ -34,6 +34,7 @@ from mmpipe.encoding.fingerprint import StampedFunction, quick_state
 from mmpipe.encoding.mapping import DROP_REASON_COLUMN
 from mmpipe.encoding.media import SINGULAR_COLUMNS
 from mmpipe.encoding.options import check_choice
+from mmpipe.encoding.row_bounds import row_byte_bound, unresized_pixels
 from mmpipe.encoding.videos import video_row_bytes
 from mmpipe.errors import ArgumentError
 from mmpipe.families import resolve_family
@@ -71,7 +72,6 @@ class EncodeReport:
 
 # Encoded bytes one map process may hold before writing (worst case: every image at max_pixels).
 ROW_BUFFER_BYTES = 256 * 2**20
-_TEXT_ROW_BYTES = 2**20  # allowance per row for ids, labels, [3, L] positions (~46 bytes per text byte)
 
 
 def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optional[int] = None,
@@ -90,7 +90,9 @@ def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optiona
     none 0), plus 1 MiB for token arrays, plus the videos: the most any row holds in
     ``ds[videos_column]`` x the largest video ``video_options`` (the encoder's; Qwen defaults)
     allow (`mmpipe.encoding.videos.video_row_bytes`; pass the same ``video_options`` as to the
-    encoder). ``batch_size`` is ignored by per-row maps.
+    encoder). An image processor with ``do_resize=False`` keeps images at their own size: the
+    largest image's pixels in ``ds`` (its headers, `unresized_pixels`) replace ``max_pixels``.
+    ``batch_size`` is ignored by per-row maps.
 
     Only the keywords ``ds.map`` takes are returned: an ``IterableDataset`` (streaming; its
     ``map`` has no ``writer_batch_size``) gets ``{"batch_size": k}``, and, its list lengths being
@@ -107,7 +109,8 @@ def map_kwargs(processor, ds=None, *, pixels: str = "uint8", max_pixels: Optiona
     enc = Encoder(processor, images_column=images_column,
                   **{k: v for k, v in sizing.items() if k not in media.ENCODE_REFUSED})
     n_images = images_per_row if images_per_row is not None else max_images_per_row(ds, images_column)
-    k = max(1, min(1000, buffer_bytes // (row_byte_bound(enc, n_images) + video_row_bytes(enc, ds))))
+    row = row_byte_bound(enc, n_images, unresized_pixels(enc, ds, images_column))
+    k = max(1, min(1000, buffer_bytes // (row + video_row_bytes(enc, ds))))
     import inspect
 
     kwargs = {"writer_batch_size": k, "batch_size": k}
@@ -138,14 +141,6 @@ def _warn_decoding_stream(ds) -> None:
             f"stream whatever on_error says; map mmpipe.data.undecoded_stream(ds) instead (mmpipe then "
             f"decodes each file and types a corrupt one as that row's error), or use "
             f"mmpipe.data.encode_stream", UserWarning, stacklevel=3)
-
-
-def row_byte_bound(enc: Encoder, n_images: int) -> int:
-    """Most bytes one encoded row of ``enc`` with ``n_images`` images can hold: each image's
-    most stored bytes (`Encoder.image_bytes`: at the encoder's ``max_pixels`` in its stored
-    pixel format; a tiled family's most tiles; the generic path's processor outputs for one
-    2048x2048 image), plus the token arrays' allowance."""
-    return _TEXT_ROW_BYTES + enc.image_bytes() * max(1, n_images)
 
 
 def max_images_per_row(ds, images_column: str = "images") -> int:
@@ -340,7 +335,8 @@ def encode_dataset(ds, processor, *, num_proc: Optional[int] = None, batch_size:
     enc.mark_dropped = True
     if len(ds) == 0:  # datasets.map never calls the encoder on no rows: no encoded column would exist
         return _no_rows(ds, enc, keep_columns if remove_columns else ds.column_names), EncodeReport(0, 0, {})
-    row_bytes = row_byte_bound(enc, max_images_per_row(ds, enc.images_column)) + video_row_bytes(enc, ds)
+    n_images = max_images_per_row(ds, enc.images_column)
+    row_bytes = row_byte_bound(enc, n_images, unresized_pixels(enc, ds, enc.images_column)) + video_row_bytes(enc, ds)
     k = max(1, min(1000, ROW_BUFFER_BYTES // row_bytes))
     batch_size = batch_size or min(64, k)
     ds = undecoded_images(ds)
