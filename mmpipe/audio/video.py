@@ -168,10 +168,11 @@ def _check_declared(container, end: float, what: str, where: str, column: str) -
     (and torchcodec, the chat path's decoder) decodes up to where it ends, without a word; WAV,
     AIFF and AU are checked by their headers (`mmpipe.audio.headers`). With other streams the
     header's duration may be another track's."""
-    if not container.format.name.startswith("matroska") or len(container.streams) != 1 or not container.duration:
-        return
-    declared, held = container.duration / 1e6, end - max(0.0, (container.start_time or 0) / 1e6)
-    if held < declared - 0.25:
+    from mmpipe.images.matroska_span import matroska_shortfall
+
+    short = matroska_shortfall(container, end, 0.25) if len(container.streams) == 1 else None
+    if short is not None:
+        declared, held = short
         raise AudioError(f"the {what} is truncated: its header holds {declared:.2f} s, its sound {held:.2f} s",
                          where=where, column=column, expected=f"{declared:.2f} s (the Matroska / WebM header's duration)",
                          found=f"{held:.2f} s of sound", fix="re-download or re-export the clip, or drop the row")

@@ -21,6 +21,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from mmpipe.errors import VideoError
+from mmpipe.images.matroska_span import matroska_shortfall
 from mmpipe.images.mp4_rotation import mp4_rotation_degrees
 
 __all__ = ["Container", "av_source", "check_codec", "decode_sampled", "import_av", "rgb_frame"]
@@ -191,13 +192,10 @@ class Container:
         (by over 1.5 frames and a quarter second): the file was cut short (an interrupted download
         or copy). Its header has no frame count, so the packets are counted, and a cut file would
         be sampled from its first part silently (a 10 s clip cut at 30 %: 3 s of frames, spread
-        over the grid as if they were the whole clip). Other formats' durations may be estimated
-        from the bit rate (raw streams) or from the packets themselves (MPEG-TS): not checked."""
-        if not n or not self.c.duration or not self.c.format.name.startswith("matroska"):
-            return
-        declared = self.c.duration / 1_000_000  # AV_TIME_BASE
-        held = end - max(0.0, (self.c.start_time or 0) / 1_000_000)
-        if held < declared - max(1.5 / self.fps if self.fps > 0 else 0.0, 0.25):
+        over the grid as if they were the whole clip). The rule: `matroska_shortfall`."""
+        short = matroska_shortfall(self.c, end, max(1.5 / self.fps if self.fps > 0 else 0.0, 0.25)) if n else None
+        if short is not None:
+            declared, held = short
             raise VideoError("the video file is truncated: its header declares more time than its packets hold",
                              where=self.where, expected=f"{declared:.2f} s (the Matroska / WebM header's duration)",
                              found=f"{held:.2f} s of packets ({n} video frames)",
