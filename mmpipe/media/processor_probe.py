@@ -65,13 +65,28 @@ def _images_probe(enc, im) -> tuple[str, dict, dict]:
     if text == plain_render(enc, user_turn(0), True):
         raise _template_drops_images(enc, text, "the text is the same as with no image items")
     try:
-        return (text, *run_processor(enc, text=[text], images=[im, im]))
+        out, low = run_processor(enc, text=[text], images=[im, im])
     except (ValueError, TypeError, IndexError, KeyError) as e:
         if token and text.count(token) == 2:  # the placeholders are there: another cause
             raise ArgumentError(f"processor {enc.processor_class} failed on mmpipe's layout probe (one user turn of two "
                                 f"64x64 images, rendered by its chat template): {type(e).__name__}: {e}; check that "
                                 "the processor takes such a call (processor(text=[text], images=[image, image]))") from e
         raise _template_drops_images(enc, text, f"the processor's call failed: {type(e).__name__}: {e}") from e
+    token_id = _image_token_id(enc)
+    if token_id is not None and text.count(token) < 2 and not (np.asarray(out["input_ids"]) == token_id).any():
+        # a call that does not count placeholders against images (transformers 4.57's LlavaProcessor)
+        raise _template_drops_images(enc, text, "the processor's ids hold no image token for them")
+    return text, out, low
+
+
+def _image_token_id(enc):
+    """The id of the processor's image placeholder in its tokenizer, or None (no token / not a single id)."""
+    token = _image_token(enc)
+    tid = getattr(enc.processor, "image_token_id", None)
+    if not isinstance(tid, int) and token is not None:
+        tid = enc.tokenizer.convert_tokens_to_ids(token)
+    unk = getattr(enc.tokenizer, "unk_token_id", None)
+    return tid if isinstance(tid, int) and tid != unk else None
 
 
 def _add_keys(probe: dict, arrays: dict, sequence: set) -> None:
