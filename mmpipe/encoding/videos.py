@@ -35,7 +35,7 @@ from mmpipe.errors import ArgumentError, ImageError, PlaceholderError, VideoErro
 from mmpipe.images.load import confine_image
 from mmpipe.encoding.glm_videos import check_video_processor, glm46v_plan, glm46v_time_text, glm_plan, glm_time_text
 from mmpipe.images.video import VideoOptions, encode_video, frame_bounds, qwen_plan, video_layout
-from mmpipe.images.video_processor_plan import processor_plan
+from mmpipe.images.video_processor_plan import processor_plan, takes_every_frame
 from mmpipe.records.arrow import most_per_row
 
 __all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "video_row_bytes", "keeps_video_wrapper",
@@ -45,6 +45,8 @@ __all__ = ["video_options", "resolve_video", "timestamp_text", "add_videos", "vi
 # qwen-vl-utils' per-video options a ``{"video": ..., **options}`` value (or an inline item,
 # `mmpipe.encoding.media.VIDEO_ITEM_OPTIONS`) may carry that mmpipe refuses: its fixed frame size
 UNSUPPORTED_ITEM_OPTIONS = ("resized_height", "resized_width")
+# `video_row_bytes` where no option bounds a row's frames: one row per writer batch (1 TiB)
+UNBOUNDED_ROW_BYTES = 2**40
 
 
 def video_options(value: Any) -> VideoOptions:
@@ -329,13 +331,17 @@ def video_row_bytes(enc, ds=None) -> int:
     """Most stored pixel bytes of one row's videos under ``enc``'s options: the most videos any
     row of ``ds`` holds in ``enc.videos_column`` (0 without that column) x the largest video
     (frames x per-frame ``max_pixels`` x 3 channels, in the stored format), for the writer
-    buffer bound of `mmpipe.encode_dataset`. 0 for encoders without videos or pixels. Not
-    covered: inline videos (in the messages) and frame lists longer than ``max_frames``."""
+    buffer bound of `mmpipe.encode_dataset`. 0 for encoders without videos or pixels;
+    `UNBOUNDED_ROW_BYTES` (one row per writer batch) where ``sampling="processor"`` keeps every
+    frame (`takes_every_frame`: Qwen2/2.5-VL's processor without ``fps``), whatever ``max_frames``
+    says. Not covered: inline videos (in the messages) and frame lists longer than ``max_frames``."""
     opts, spec = getattr(enc, "video_opts", None), getattr(enc, "spec", None)
     column = getattr(enc, "videos_column", None)
     n_videos = most_per_row(ds, column) if column else 0  # Arrow list lengths only: nothing decoded
     if opts is None or spec is None or enc.pixels not in ("uint8", "float32") or not n_videos:
         return 0
+    if opts.sampling == "processor" and takes_every_frame(opts, spec):
+        return UNBOUNDED_ROW_BYTES  # every frame (a 40 s clip at 30 fps: 1,200 frames, 1.3x the bound below)
     hi = opts.nframes + 1 if opts.nframes is not None else opts.max_frames
     frames_pixels = max(n * frame_bounds(n, spec, opts)[1] for n in range(2, max(2, hi) + 1, 2))
     return int(3 * frames_pixels * (4 if enc.pixels == "float32" else 1)) * n_videos

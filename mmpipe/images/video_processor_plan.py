@@ -37,7 +37,7 @@ from mmpipe.families import FAMILIES
 from mmpipe.images.video import VideoOptions, group_times, refuse_clip, sized
 
 __all__ = ["RULES", "CLASS_DEFAULTS", "processor_options", "with_processor", "processor_indices", "processor_size",
-           "processor_plan"]
+           "processor_plan", "takes_every_frame"]
 
 # `ModelFamily.video_frames_are_blocks` -> the rule: Qwen3VLVideoProcessor (frame groups as blocks with
 # their times) or Qwen2VLVideoProcessor (Qwen2-VL, Qwen2.5-VL)
@@ -126,12 +126,20 @@ def _settings(opts, spec) -> tuple[str, dict]:
                       tokens=opts.max_video_tokens or d["max_video_tokens"])
 
 
+def takes_every_frame(opts, spec) -> bool:
+    """Whether the family's video processor keeps every frame of a video under ``opts``
+    (``sampling="processor"``): no ``do_sample_frames``, or Qwen2-VL's per-frame rule with neither
+    ``fps`` nor ``nframes``. Then no option bounds a row's frames: the video's length does."""
+    rule, s = _settings(opts, spec)
+    return not s["sample"] or (rule == "per_frame" and s["n"] is None and s["fps"] is None)
+
+
 def processor_indices(total: int, video_fps: float, opts, spec, *, where: str = "video") -> np.ndarray:
     """int64 [n]: the source frames the family's video processor's ``sample_frames`` picks (every
     frame without ``do_sample_frames``)."""
     rule, s = _settings(opts, spec)
     T = spec.temporal_patch_size
-    if total < 1 or not s["sample"] or (rule == "per_frame" and s["n"] is None and s["fps"] is None):
+    if total < 1 or takes_every_frame(opts, spec):
         return np.arange(total, dtype=np.int64)
     if rule == "whole_clip":
         n = s["n"]
