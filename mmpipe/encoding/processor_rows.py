@@ -41,16 +41,16 @@ def _count_blocks(tokens_per_grid: np.ndarray, n_tokens: int, row: int, kind: st
 
 
 def _token_types(outputs, ids: np.ndarray, fam, processor) -> np.ndarray:
-    """int [B, L]: the output's ``mm_token_type_ids``; where it has none (transformers 4.57's Qwen-VL
-    processors return them only with ``return_mm_token_type_ids=True``), 1 at the family's image pad
-    and 2 at its video pad in ``processor``'s tokenizer, as the processors that return them mark them."""
-    if "mm_token_type_ids" in outputs:
-        return to_numpy(outputs["mm_token_type_ids"])
-    mm = np.zeros_like(ids)
+    """int [B, L]: the output's ``mm_token_type_ids``, 1 at the family's image pad and 2 at its video
+    pad (``processor``'s tokenizer) where they say text or are absent, as 5.x's processors mark them:
+    transformers 4.57's Qwen-VL processors return the types only with ``return_mm_token_type_ids=True``,
+    and then mark image pads alone (their video pads 0)."""
+    given = "mm_token_type_ids" in outputs and outputs["mm_token_type_ids"] is not None
+    mm = to_numpy(outputs["mm_token_type_ids"]).astype(np.int64) if given else np.zeros_like(ids)
     pads = fam.vision_token_ids(getattr(processor, "tokenizer", processor))
     for kind, pad in ((1, pads["image"]), (2, pads["video"])):
         if pad is not None:
-            mm[ids == pad] = kind
+            mm[(ids == pad) & (mm == 0)] = kind
     return mm
 
 
@@ -78,9 +78,9 @@ def rows_from_processor_output(outputs, processor, *, labels=None) -> list[Multi
     -> `MultiModalInputs`, float32 pixels, positions computed here.
 
     The route for inputs ``encode`` does not build itself (videos, custom prompts). Pixel
-    blocks are split per row by each row's image/video token counts (its ``mm_token_type_ids``, or
-    the family's pad tokens in ``input_ids`` where the output has none, as 4.57's processors by
-    default); grids no row claims raise `PlaceholderError`.
+    blocks are split per row by each row's image/video token counts (its ``mm_token_type_ids``, and
+    the family's pad tokens in ``input_ids`` where those are absent or 0, as 4.57's processors leave
+    them); grids no row claims raise `PlaceholderError`.
     ``labels``: optional int [B, L] aligned with ``input_ids``.
     """
     from mmpipe.rope import get_rope_index

@@ -50,10 +50,34 @@ def test_a_4_57_output_without_token_types_keeps_the_images(family, photos):
 
 
 def test_grids_no_row_claims_are_refused(photos):
-    """An output whose token types mark no image (here zeroed) while it holds image grids: before,
-    every row without images and nothing raised; now PlaceholderError naming the grids."""
+    """An output whose ids and token types hold no image token (here the pads made text) while it holds
+    image grids: before, every row without images and nothing raised; now PlaceholderError naming the
+    grids."""
     proc = processor_for("qwen2_vl")
     out = dict(_output(proc, photos))
+    pad = proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    out["input_ids"] = np.where(out["input_ids"] == pad, proc.tokenizer.convert_tokens_to_ids("a"), out["input_ids"])
     out["mm_token_type_ids"] = np.zeros_like(out["input_ids"])
     with pytest.raises(PlaceholderError, match=r"claim 0 of the output's 3 image grids"):
         mmpipe.rows_from_processor_output(out, proc)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("types", ["4.57", "absent"])
+def test_a_video_output_with_4_57_token_types_keeps_the_video(family, types):
+    """A video processor output as 4.57 gives it: mm_token_type_ids marking image pads only (with
+    return_mm_token_type_ids=True; its video pads 0), or none. Before: the video was dropped silently
+    (0 videos); then (types read from pads only when absent) a PlaceholderError for "4.57"; now the
+    row equals the one with 5.x's types."""
+    from helpers import video_row
+
+    proc = processor_for(family)
+    out, _ = video_row(family, (2, 4, 6), seed=1)
+    want = mmpipe.rows_from_processor_output(out, proc)[0]
+    old = dict(out)
+    if types == "absent":
+        del old["mm_token_type_ids"]
+    else:
+        old["mm_token_type_ids"] = np.zeros_like(out["mm_token_type_ids"])  # no image pad in this row
+    got = mmpipe.rows_from_processor_output(old, proc)[0]
+    assert got.num_videos == 1 and got == want
