@@ -146,13 +146,10 @@ def build_processor(*, min_pixels: int | None = None, max_pixels: int | None = N
 def _config():
     from transformers import Glm46VConfig
 
-    from mmpipe.offline.glm4v import build_tokenizer
+    from mmpipe.offline.glm4v import build_tokenizer, media_token_ids
 
     tok = build_tokenizer()
-    ids = {t: tok.convert_tokens_to_ids(t) for t in (
-        "<|endoftext|>", "<|image|>", "<|video|>", "<|begin_of_image|>", "<|end_of_image|>",
-        "<|begin_of_video|>", "<|end_of_video|>")}
-    pad = ids["<|endoftext|>"]
+    pad = tok.convert_tokens_to_ids("<|endoftext|>")
     text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096, rms_norm_eps=1e-5,
                 pad_token_id=pad, eos_token_id=pad,
@@ -161,10 +158,7 @@ def _config():
                                  "mrope_section": [2, 3, 3]})
     vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64, in_channels=3,
                   image_size=112, patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL)
-    return Glm46VConfig(
-        text_config=text, vision_config=vision, image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
-        image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
-        video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"])
+    return Glm46VConfig(text_config=text, vision_config=vision, **media_token_ids())
 
 
 @functools.lru_cache(maxsize=2)

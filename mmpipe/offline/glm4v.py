@@ -33,7 +33,7 @@ __all__ = [
     "GLM4V_SPECIAL_TOKENS", "GLM4V_EXTRA_TOKENS", "GLM4V_CHAT_TEMPLATE", "GLM4V_PUBLISHED_CHAT_TEMPLATE",
     "default_pixel_bounds",
     "build_tokenizer", "build_image_processor", "image_only_processor_class", "build_processor", "build_model",
-    "save_checkpoint",
+    "save_checkpoint", "media_token_ids",
 ]
 
 # In the order of the real GLM-4.1V vocabulary (151329 ... 151344 there).
@@ -111,6 +111,18 @@ def _cached_tokenizer():
     return tok
 
 
+def media_token_ids() -> dict[str, int]:
+    """The media token ids a GLM-4.1V-style model config takes, as its keyword arguments
+    (``image_token_id``, ``video_token_id``, ``image_start_token_id``, ``image_end_token_id``,
+    ``video_start_token_id``, ``video_end_token_id``), from the offline GLM tokenizer
+    (`build_tokenizer`): the same for ``Glm4vConfig``, ``Glm46VConfig``, the MoE lines' configs
+    (`mmpipe.offline.vllm_2026`) and ``Glm5NextConfig``."""
+    ids = _cached_tokenizer().convert_tokens_to_ids
+    return dict(image_token_id=ids("<|image|>"), video_token_id=ids("<|video|>"),
+                image_start_token_id=ids("<|begin_of_image|>"), image_end_token_id=ids("<|end_of_image|>"),
+                video_start_token_id=ids("<|begin_of_video|>"), video_end_token_id=ids("<|end_of_video|>"))
+
+
 def build_tokenizer():
     """A small offline fast tokenizer with GLM-4.1V's special tokens and chat template (a fresh
     copy per call). ``eos_token`` and ``pad_token`` are ``<|endoftext|>``."""
@@ -177,11 +189,7 @@ def _model_config():
         image_size=112, patch_size=GLM4V.patch_size, spatial_merge_size=GLM4V.merge_size,
         temporal_patch_size=GLM4V.temporal_patch_size,
     )
-    return Glm4vConfig(
-        text_config=text, vision_config=vision, image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
-        image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
-        video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"],
-    )
+    return Glm4vConfig(text_config=text, vision_config=vision, **media_token_ids())
 
 
 @functools.lru_cache(maxsize=4)

@@ -46,11 +46,9 @@ def build_model(index_topk: int = GLM5_NEXT_TOPK):
     import torch
     import transformers
 
-    from mmpipe.offline.glm4v import build_tokenizer
+    from mmpipe.offline.glm4v import build_tokenizer, media_token_ids
 
     tok = build_tokenizer()
-    ids = [tok.convert_tokens_to_ids(t) for t in ("<|image|>", "<|video|>", "<|begin_of_image|>", "<|end_of_image|>",
-                                                  "<|begin_of_video|>", "<|end_of_video|>")]
     ip = transformers.Glm5NextImageProcessorPil()
     text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
                 num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4,
@@ -62,8 +60,6 @@ def build_model(index_topk: int = GLM5_NEXT_TOPK):
     vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
                   projection_intermediate_size=64, patch_size=ip.patch_size, spatial_merge_size=ip.merge_size,
                   temporal_patch_size=ip.temporal_patch_size)
-    cfg = transformers.Glm5NextConfig(text_config=text, vision_config=vision, image_token_id=ids[0], video_token_id=ids[1],
-                                      image_start_token_id=ids[2], image_end_token_id=ids[3],
-                                      video_start_token_id=ids[4], video_end_token_id=ids[5])
+    cfg = transformers.Glm5NextConfig(text_config=text, vision_config=vision, **media_token_ids())
     return transformers.Glm5NextForConditionalGeneration._from_config(cfg, attn_implementation="eager",
                                                                      dtype=torch.float32)

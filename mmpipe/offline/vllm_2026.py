@@ -118,12 +118,12 @@ def _qwen_config(line: str, model_cls: str):
 def _glm_config(line: str, model_cls: str):
     import transformers
 
-    from mmpipe.offline.glm4v import GLM4V_SPECIAL_TOKENS, build_tokenizer
+    from mmpipe.offline.glm4v import build_tokenizer, media_token_ids
 
     tok = build_tokenizer()
-    ids = {t: tok.convert_tokens_to_ids(t) for t in GLM4V_SPECIAL_TOKENS}
-    text = dict(_TEXT, num_key_value_heads=1, rms_norm_eps=1e-5, vocab_size=len(tok),
-                pad_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|endoftext|>"],
+    pad = tok.convert_tokens_to_ids("<|endoftext|>")
+    text = dict(_TEXT, num_key_value_heads=1, rms_norm_eps=1e-5, vocab_size=len(tok), pad_token_id=pad,
+                eos_token_id=pad,
                 # head_dim 64, half rotary: 16 frequencies split (t, h, w) as the checkpoints' 32 are [8, 12, 12]
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
                                  "mrope_section": [4, 6, 6]})
@@ -139,10 +139,7 @@ def _glm_config(line: str, model_cls: str):
     if line == "glm46v":
         text["model_type"] = "glm4v_text"
     config_class = getattr(transformers, model_cls).config_class
-    return config_class(
-        text_config=text, vision_config=vision, image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
-        image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
-        video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"])
+    return config_class(text_config=text, vision_config=vision, **media_token_ids())
 
 
 def line_config(line: str):
