@@ -178,14 +178,7 @@ class JudgeClient:
         """
         import openai
 
-        kwargs: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature,
-                                  "max_tokens": self.max_tokens}
-        if response_format is not None and self.use_response_format:
-            kwargs["response_format"] = response_format
-        if self.logprobs:
-            kwargs.update(logprobs=True, top_logprobs=self.top_logprobs)
-        if self.extra_body:
-            kwargs["extra_body"] = self.extra_body
+        kwargs = self._request(messages, response_format)
         t0 = time.monotonic()
         error, status, delay = None, None, 0.0
         cancelled = cancelled or (lambda: False)
@@ -229,6 +222,20 @@ class JudgeClient:
                 logger.debug("judge request failed (%s); retry %d/%d in %.2f s", error, attempt + 1,
                              self.max_retries, delay)
         return self._failed(error, status, self.max_retries + 1, t0)
+
+    def _request(self, messages: list[dict], response_format: Optional[dict]) -> dict[str, Any]:
+        """The keyword arguments of one ``chat.completions.create`` call: model, messages,
+        temperature, max_tokens, plus ``response_format`` (when the client uses it),
+        ``logprobs`` / ``top_logprobs`` and ``extra_body`` as configured."""
+        kwargs: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature,
+                                  "max_tokens": self.max_tokens}
+        if response_format is not None and self.use_response_format:
+            kwargs["response_format"] = response_format
+        if self.logprobs:
+            kwargs.update(logprobs=True, top_logprobs=self.top_logprobs)
+        if self.extra_body:
+            kwargs["extra_body"] = self.extra_body
+        return kwargs
 
     def _send(self, kwargs: dict, cancelled: Callable[[], bool] = lambda: False) -> Any:
         """One HTTP request in a concurrency slot, cut off at its deadline (`_DeadlinePassed`)
