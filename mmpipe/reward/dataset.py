@@ -64,26 +64,8 @@ def score_batch(judge: FrameScorer, batch: dict[str, list]) -> dict[str, list]:
         mmpipe.errors.ParseError: a row's image value is a list of images.
     """
     col = judge.columns
-    if col["image"] not in batch:
-        found = sorted(batch)
-        hint = [c for c in found if "image" in c.lower() or "frame" in c.lower()]
-        raise JudgeColumnError(
-            f"VLMJudge.score: the batch has no image column {col['image']!r}; found columns {found}",
-            column=col["image"], where="",
-            expected=(f"column {col['image']!r} with one image per row (optional: {col['task']!r}, "
-                      f"{col['primitive']!r}, {col['prev_progress']!r})"),
-            fix=("pass VLMJudge(image_column=...) naming the column that holds one image per row"
-                 + (f" (candidates: {hint})" if hint else "")))
-    images = list(batch[col["image"]])
+    images = _frames(col, batch)
     n = len(images)
-    for i, value in enumerate(images):
-        if _is_image_list(value):
-            raise ParseError(
-                f"VLMJudge.score scores one image per row, but column {col['image']!r} holds a list",
-                column=col["image"], where=f"row {i} of the batch", expected="one image per row",
-                found=f"a list of {len(value)} values",
-                fix=(f"pick one image per row first, e.g. ds.map(lambda r: {{'frame': r[{col['image']!r}][-1]}}) "
-                     "and VLMJudge(image_column='frame'), or give each image its own row"))
 
     def column(name: str) -> list:
         values = batch.get(col[name])
@@ -95,6 +77,31 @@ def score_batch(judge: FrameScorer, batch: dict[str, list]) -> dict[str, list]:
         for k, v in r.to_row().items():
             out[judge.output_prefix + k].append(v)
     return out
+
+
+def _frames(col: dict[str, str], batch: dict[str, list]) -> list:
+    """The batch's image column (``col["image"]``, the judge's ``columns``) as a list of one
+    image per row; raises `JudgeColumnError` / `ParseError` as `score_batch` says."""
+    if col["image"] not in batch:
+        found = sorted(batch)
+        hint = [c for c in found if "image" in c.lower() or "frame" in c.lower()]
+        raise JudgeColumnError(
+            f"VLMJudge.score: the batch has no image column {col['image']!r}; found columns {found}",
+            column=col["image"], where="",
+            expected=(f"column {col['image']!r} with one image per row (optional: {col['task']!r}, "
+                      f"{col['primitive']!r}, {col['prev_progress']!r})"),
+            fix=("pass VLMJudge(image_column=...) naming the column that holds one image per row"
+                 + (f" (candidates: {hint})" if hint else "")))
+    images = list(batch[col["image"]])
+    for i, value in enumerate(images):
+        if _is_image_list(value):
+            raise ParseError(
+                f"VLMJudge.score scores one image per row, but column {col['image']!r} holds a list",
+                column=col["image"], where=f"row {i} of the batch", expected="one image per row",
+                found=f"a list of {len(value)} values",
+                fix=(f"pick one image per row first, e.g. ds.map(lambda r: {{'frame': r[{col['image']!r}][-1]}}) "
+                     "and VLMJudge(image_column='frame'), or give each image its own row"))
+    return images
 
 
 def _is_image_list(value: Any) -> bool:
