@@ -336,6 +336,10 @@ from .families_case import case_families  # noqa: E402,F401
 from .turns_case import case_turns  # noqa: E402,F401
 
 
+# ---- long conversations: generic-path rows with images, multi-turn loops of 10-200 rounds (info) --
+from .longconv_case import case_longconv  # noqa: E402,F401
+
+
 # ---- 12. the judge's answer parser against the reply's length (issue 29.3; info) ---------------
 from .judge_parse_case import case_judge_parse  # noqa: E402,F401
 

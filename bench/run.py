@@ -17,10 +17,11 @@ import time
 import traceback
 
 CASES = ("rope", "layout", "encode", "bytes", "collate", "video", "job", "map_scaling", "rss", "rss_real", "packing",
-         "memory", "families", "turns", "judge_parse", "ray", "audio")
+         "memory", "families", "turns", "judge_parse", "ray", "audio", "longconv")
 # memory: a minute of 10 MB rows; turns: info lines (issue 29.2) not in tests/test_bench_smoke.py's list. Each runs
 # in --quick runs only when named in --only (turns has a quick mode: 50-400 turns)
-NOT_QUICK = ("memory", "turns", "judge_parse", "ray")  # judge_parse: info lines (issue 29.3), like turns; ray: issue 32
+NOT_QUICK = ("memory", "turns", "judge_parse", "ray", "longconv")  # judge_parse: info lines (issue 29.3), like turns
+# and longconv (long conversations); ray: issue 32
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "latest.json")
 
 
