@@ -180,20 +180,21 @@ def decoded_unless_whole(img, where: str):
     `TAIL_BYTES`."""
     from PIL import Image, ImageFile
 
-    from mmpipe.images.orientation import read_pixels
+    from mmpipe.images.orientation import file_lock, read_pixels
 
     fp = getattr(img, "fp", None)
     if fp is None or not isinstance(img, ImageFile.ImageFile):
         return img  # decoded already (or not from a file)
     try:
-        pos = fp.tell()
-        fp.seek(0)
-        head = fp.read(12)
-        size = fp.seek(0, 2)
-        fp.seek(max(0, size - TAIL_BYTES))
-        tail = fp.read(TAIL_BYTES)
-        whole = certainly_whole(head, tail, size) or (head[:8] == _PNG_SIGNATURE and _png_file_ends(fp, size))
-        fp.seek(pos)
+        with file_lock(img):  # a user's PIL image may be read by another thread: its file position
+            pos = fp.tell()
+            fp.seek(0)
+            head = fp.read(12)
+            size = fp.seek(0, 2)
+            fp.seek(max(0, size - TAIL_BYTES))
+            tail = fp.read(TAIL_BYTES)
+            whole = certainly_whole(head, tail, size) or (head[:8] == _PNG_SIGNATURE and _png_file_ends(fp, size))
+            fp.seek(pos)
     except (OSError, ValueError):  # a closed or unseekable file: decoded
         whole = False
     if whole:

@@ -180,9 +180,13 @@ class TestTruncation:
         assert out["input_ids"] == [] and enc.stats.dropped["too_long"] == 2
 
 
-def test_layout_only_reads_headers_not_pixels(photos, tmp_path):
-    """A JPEG whose header is intact but whose data is cut off: the layout path never
-    decodes it (same ids/grids as the intact file), the full path reports the row."""
+def test_layout_only_reads_headers_not_pixels(photos, tmp_path, monkeypatch):
+    """The layout path reads a whole JPEG's header and last bytes, never its pixels (same
+    ids/grids as the full path); a JPEG whose header is intact but whose data is cut off is
+    refused as the full path refuses it (a length filter must not keep a row training fails on;
+    `tests/images/test_hunt_layout_cuts_images.py` sweeps every format)."""
+    from PIL import ImageFile
+
     proc = processor_for("qwen2_vl")
     good = io.BytesIO()
     photos[1].save(good, format="JPEG", quality=90)
@@ -190,11 +194,16 @@ def test_layout_only_reads_headers_not_pixels(photos, tmp_path):
     cut = data[: len(data) // 3]
     msgs = _chat(1)
     full = mmpipe.encode_row({"messages": msgs, "images": [data]}, proc)
-    lay = mmpipe.encode_row({"messages": msgs, "images": [{"bytes": cut, "path": None}]}, proc, pixels="none")
+    loads = []
+    real = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: loads.append(1) or real(self))
+    lay = mmpipe.encode_row({"messages": msgs, "images": [{"bytes": data, "path": None}]}, proc, pixels="none")
+    assert not loads  # no pixel decoded
     np.testing.assert_array_equal(lay.input_ids, full.input_ids)
     np.testing.assert_array_equal(lay.image_grid_thw, full.image_grid_thw)
-    with pytest.raises(ValueError, match="row 5, image 0: cannot read the image"):
-        mmpipe.encode({"messages": msgs, "images": [cut]}, 5, processor=proc)
+    for pixels in ("uint8", "none"):
+        with pytest.raises(ValueError, match="row 5, image 0: cannot read the image"):
+            mmpipe.encode({"messages": msgs, "images": [cut]}, 5, processor=proc, pixels=pixels)
 
 
 def test_encode_dataset_counts_drops_across_processes():
