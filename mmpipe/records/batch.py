@@ -16,12 +16,11 @@ import pyarrow as pa
 
 from mmpipe._fork import torch_fork_safe
 from mmpipe.errors import InputError
-from mmpipe.families import ModelFamily, get_family
 from mmpipe.images.spec import VisionSpec
 from mmpipe.records.batch_arrow import batch_arrow_schema, batch_to_arrow
 from mmpipe.records.columns import IGNORE_INDEX
-from mmpipe.records.row import ProcessorOutputs
-from mmpipe.records.display_hooks import render
+from mmpipe.records.row import FamilyRecord, ProcessorOutputs
+from mmpipe.records.display_hooks import Displayed
 from mmpipe.records.media_layout import MediaLayout
 
 if TYPE_CHECKING:  # records never import torch: the tensors are made by collate
@@ -31,7 +30,7 @@ if TYPE_CHECKING:  # records never import torch: the tensors are made by collate
 
 
 @dataclass(eq=False)
-class BatchedMultiModalInputs(ProcessorOutputs):
+class BatchedMultiModalInputs(FamilyRecord, ProcessorOutputs, Displayed):
     """A padded batch of B rows of one family (torch tensors), whatever its kind
     (`mmpipe.families.ModelFamily.kind`; `mmpipe.media`).
 
@@ -93,6 +92,8 @@ class BatchedMultiModalInputs(ProcessorOutputs):
                             ``data_source``): name -> list of B values in row order, or None.
     """
 
+    _html_kind = "batch_html"  # a class attribute, not a field: the `Displayed` renderer
+
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     mm_token_type_ids: torch.Tensor
@@ -132,14 +133,6 @@ class BatchedMultiModalInputs(ProcessorOutputs):
     @property
     def batch_size(self) -> int:
         return int(self.input_ids.shape[0])
-
-    @property
-    def fam(self) -> ModelFamily:
-        return get_family(self.family)
-
-    @property
-    def family_table(self) -> ModelFamily:
-        return self.fam
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -245,15 +238,6 @@ class BatchedMultiModalInputs(ProcessorOutputs):
             f"L={int(self.input_ids.shape[1])}, images_per_row={[len(x) for x in self.sample_to_image_indices]}, "
             f"pixels={self.pixel_format}, padding={self.padding_side})"
         )
-
-    def _repr_html_(self) -> str:
-        """Jupyter display: per-row table, thumbnails, token strips (`mmpipe.view.batch_html`,
-        found through `mmpipe.records.display_hooks`)."""
-        return render("batch_html", self)
-
-    def describe(self, *, tokenizer: Any = None) -> str:
-        """Plain-text description for terminals (`mmpipe.view.describe`)."""
-        return render("describe", self, tokenizer=tokenizer)
 
     def to_arrow(self) -> pa.Table:
         """This batch as a one-row Arrow table with `arrow_schema` (for logging or shipping)."""

@@ -9,7 +9,7 @@ record's ``_repr_html_`` / ``describe`` work in any fresh interpreter::
 
 Kinds: ``"row_html"``, ``"batch_html"``, ``"rollout_html"`` (an HTML fragment of a
 `MultiModalInputs`, `BatchedMultiModalInputs`, `RolloutSample`) and ``"describe"`` (plain text
-of any of them; takes ``tokenizer=``).
+of any of them; takes ``tokenizer=``). Those records take both methods from `Displayed`.
 """
 
 from __future__ import annotations
@@ -31,3 +31,21 @@ def render(kind: str, obj: Any, **kwargs: Any) -> str:
     if fn is None:
         raise LookupError(f"no renderer registered for {kind!r}: import mmpipe.view (import mmpipe does it)")
     return fn(obj, **kwargs)
+
+
+class Displayed:
+    """``_repr_html_`` and ``describe`` for a record: the renderers registered for its
+    ``_html_kind`` (a class attribute: ``"row_html"``, ``"batch_html"``, ``"rollout_html"``)
+    and for ``"describe"``."""
+
+    _html_kind = ""
+
+    def _repr_html_(self) -> str:
+        """Jupyter display: the renderer of this record's ``_html_kind`` (`mmpipe.view`: rows
+        show thumbnails and the token strip, batches a per-row table, rollouts prompt images
+        and prompt + response tokens)."""
+        return render(self._html_kind, self)
+
+    def describe(self, *, tokenizer: Any = None) -> str:
+        """Plain-text description for terminals (`mmpipe.view.describe`)."""
+        return render("describe", self, tokenizer=tokenizer)

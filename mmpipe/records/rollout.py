@@ -6,18 +6,18 @@ for the patch grids, ``[L]`` for the 1-D families; a response continues them on 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import numpy as np
 
 from mmpipe.records.columns import IGNORE_INDEX
-from mmpipe.records.display_hooks import render
+from mmpipe.records.display_hooks import Displayed
 from mmpipe.records.row import MultiModalInputs
 from mmpipe.records.vision_tokens import VisionTokens
 
 
 @dataclass(eq=False)
-class RolloutSample:
+class RolloutSample(Displayed):
     """One sampled completion of one prompt.
 
     Attributes:
@@ -33,6 +33,8 @@ class RolloutSample:
                         ``unbatch_rollout(..., processor=, on_vision_token=)``); None: `to_row`
                         uses the ids the prompt itself shows and refuses.
     """
+
+    _html_kind = "rollout_html"  # a class attribute, not a field: the `Displayed` renderer
 
     prompt: MultiModalInputs
     prompt_index: int
@@ -101,13 +103,4 @@ class RolloutSample:
             f"RolloutSample(prompt={self.prompt_index}.{self.sample_index}, prompt_tokens={self.prompt.num_tokens}, "
             f"images={self.prompt.num_images}, response_tokens={len(self.response_ids)}, finish={self.finish_reason!r})"
         )
-
-    def _repr_html_(self) -> str:
-        """Jupyter display: prompt images, prompt + response tokens (`mmpipe.view.rollout_html`,
-        found through `mmpipe.records.display_hooks`)."""
-        return render("rollout_html", self)
-
-    def describe(self, *, tokenizer: Any = None) -> str:
-        """Plain-text description for terminals (`mmpipe.view.describe`)."""
-        return render("describe", self, tokenizer=tokenizer)
 

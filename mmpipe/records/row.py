@@ -35,7 +35,7 @@ from mmpipe.records.codec import (
     digest_matches, digest_value, digested_columns, pixel_rows, read_row, stored_pixel_digest, write_columns,
 )
 from mmpipe.records.columns import KIND_TYPES, NULLABLE_ROW_COLUMNS, ROW_COLUMNS, empty_rows, row_column_wanted
-from mmpipe.records.display_hooks import render
+from mmpipe.records.display_hooks import Displayed
 from mmpipe.records.media_layout import MediaLayout
 
 if TYPE_CHECKING:  # the processor kind's layout type; records import no strategy at load time
@@ -51,6 +51,21 @@ def row_family(name: Any, row: Any = None) -> ModelFamily:
         raise InputError(str(e), row=row, column="family", stage="validate", expected="a known family name",
                          found=f"{name!r:.80}",
                          fix="re-encode the row with this model's processor") from None
+
+
+class FamilyRecord:
+    """A record that names its family in ``family`` (a `mmpipe.families` name): its table, shared
+    by the row and the batch."""
+
+    @property
+    def fam(self) -> ModelFamily:
+        """The `ModelFamily` table of ``family``."""
+        return get_family(self.family)
+
+    @property
+    def family_table(self) -> ModelFamily:
+        """`fam`, by its longer name."""
+        return self.fam
 
 
 class ProcessorOutputs:
@@ -69,7 +84,7 @@ class ProcessorOutputs:
 
 
 @dataclass(eq=False)
-class MultiModalInputs(ProcessorOutputs):
+class MultiModalInputs(FamilyRecord, ProcessorOutputs, Displayed):
     """One encoded row, of any family (`mmpipe.families.ModelFamily`; its ``kind`` picks the
     media strategy, `mmpipe.media`, that stores and checks the media fields).
 
@@ -106,6 +121,8 @@ class MultiModalInputs(ProcessorOutputs):
         audio_sources:      ``audio="source"``: each audio clip's file bytes [A] (its audio outputs,
                             ``layout.audio``, are computed at collate by the processor's own call).
     """
+
+    _html_kind = "row_html"  # a class attribute, not a field: the `Displayed` renderer
 
     input_ids: np.ndarray
     attention_mask: Optional[np.ndarray] = None
@@ -145,14 +162,6 @@ class MultiModalInputs(ProcessorOutputs):
             self.position_ids = np.arange(L, dtype=np.int64)
 
     # ---- derived facts -------------------------------------------------------------
-    @property
-    def fam(self) -> ModelFamily:
-        return get_family(self.family)
-
-    @property
-    def family_table(self) -> ModelFamily:
-        return self.fam
-
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
@@ -301,15 +310,6 @@ class MultiModalInputs(ProcessorOutputs):
         return (f"MultiModalInputs(family={self.family!r}, tokens={self.num_tokens}, images={self.num_images} "
                 f"{layout}, pixels={self.pixel_format}, labels={'yes' if self.labels is not None else 'no'}, "
                 f"rope_delta={self.rope_delta})")
-
-    def _repr_html_(self) -> str:
-        """Jupyter display: thumbnails and the token strip (`mmpipe.view.row_html`, found
-        through `mmpipe.records.display_hooks`)."""
-        return render("row_html", self)
-
-    def describe(self, *, tokenizer: Any = None) -> str:
-        """Plain-text description for terminals (`mmpipe.view.describe`)."""
-        return render("describe", self, tokenizer=tokenizer)
 
     # ---- schemas -------------------------------------------------------------------
     @staticmethod
