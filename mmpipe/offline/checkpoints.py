@@ -26,6 +26,7 @@ from typing import Union
 from mmpipe.errors import ArgumentError
 from mmpipe.families import QWEN2_5_VL, QWEN2_VL, QWEN3_VL, get_family
 from mmpipe.offline.processors import build_image_processor, default_pixel_bounds
+from mmpipe.offline.seeded import seeded_model
 from mmpipe.offline.tokenizer import build_tokenizer, check_family, special_token_ids
 from mmpipe.offline.chat_templates import chat_template
 
@@ -119,7 +120,6 @@ def save_checkpoint(family: str, path: Union[str, Path], *, seed: int = 0, min_p
     (safetensors, `checkpoint_config`), generation config, and the stock processor
     (`build_checkpoint_processor`). Returns the directory. Idempotent for the same arguments
     (a ``mmpipe_checkpoint.json`` stamp records them)."""
-    import torch
     import transformers
 
     fam = get_family(check_family(family))
@@ -130,10 +130,7 @@ def save_checkpoint(family: str, path: Union[str, Path], *, seed: int = 0, min_p
     if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
         return path
     processor = build_checkpoint_processor(fam.name, min_pixels=min_pixels, max_pixels=max_pixels)
-    cls = getattr(transformers, fam.model_class)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = cls._from_config(checkpoint_config(fam.name), dtype=torch.float32)
+    model = seeded_model(fam.model_class, checkpoint_config(fam.name), int(seed))
     ids = special_token_ids(fam.name)
     gen = model.generation_config
     gen.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]

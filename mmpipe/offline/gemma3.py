@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from mmpipe.errors import ArgumentError
 from mmpipe.offline.other_vlms import build_foreign_model, build_foreign_processor
+from mmpipe.offline.seeded import seeded_model
 from mmpipe.offline.tf_lines import pil_image_processor
 
 __all__ = ["GEMMA3_REAL_TILE", "GEMMA3_REAL_TOKENS", "build_gemma3_processor", "build_gemma3_model",
@@ -65,7 +66,6 @@ def save_gemma3_checkpoint(path, *, seed: int = 0):
     tiles, 4 soft tokens, newline tokens added) to ``path``; returns it as a ``Path``."""
     from pathlib import Path
 
-    import torch
     import transformers
     from safetensors.torch import load_file, save_file
     from tokenizers import AddedToken
@@ -84,9 +84,7 @@ def save_gemma3_checkpoint(path, *, seed: int = 0):
                            num_attention_heads=2, patch_size=8, image_size=32, vision_use_head=False),
         mm_tokens_per_image=4, image_token_index=ids["<image_soft_token>"], boi_token_index=ids["<start_of_image>"],
         eoi_token_index=ids["<end_of_image>"])
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = transformers.Gemma3ForConditionalGeneration._from_config(cfg, dtype=torch.float32)
+    model = seeded_model("Gemma3ForConditionalGeneration", cfg, seed)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)

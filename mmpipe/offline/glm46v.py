@@ -163,14 +163,10 @@ def _config():
 
 @functools.lru_cache(maxsize=2)
 def _cached_model(seed: int):
-    import torch
-    from transformers import Glm46VForConditionalGeneration
+    from mmpipe.offline.seeded import seeded_model
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Glm46VForConditionalGeneration._from_config(_config(), attn_implementation=ATTN_IMPLEMENTATION,
-                                                            dtype=torch.float32)
-    return model.eval()
+    return seeded_model("Glm46VForConditionalGeneration", _config(), seed,
+                        attn_implementation=ATTN_IMPLEMENTATION).eval()
 
 
 def build_model(seed: int = 0):

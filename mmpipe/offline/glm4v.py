@@ -194,13 +194,10 @@ def _model_config():
 
 @functools.lru_cache(maxsize=4)
 def _cached_model(seed: int):
-    import torch
-    from transformers import Glm4vForConditionalGeneration
+    from mmpipe.offline.seeded import seeded_model
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Glm4vForConditionalGeneration._from_config(_model_config(), attn_implementation=ATTN_IMPLEMENTATION,
-                                                           dtype=torch.float32)
+    model = seeded_model("Glm4vForConditionalGeneration", _model_config(), seed,
+                         attn_implementation=ATTN_IMPLEMENTATION)
     model.eval()
     tok = _cached_tokenizer()
     gen = model.generation_config

@@ -139,14 +139,9 @@ def _config(name: str):
 
 @functools.lru_cache(maxsize=2)
 def _cached_model(name: str, seed: int):
-    import torch
-    import transformers
+    from mmpipe.offline.seeded import seeded_model
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = getattr(transformers, _CLASSES[name][2])._from_config(_config(name), attn_implementation="eager",
-                                                                       dtype=torch.float32)
-    return model.eval()
+    return seeded_model(_CLASSES[name][2], _config(name), seed, attn_implementation="eager").eval()
 
 
 def build_minicpmv_model(name: str = "minicpmv4_6", seed: int = 0):

@@ -103,14 +103,10 @@ def _model_config(family: str):
 
 @functools.lru_cache(maxsize=16)
 def _cached_model(family: str, seed: int):
-    import torch
-    import transformers
+    from mmpipe.offline.seeded import seeded_model
 
-    cls = getattr(transformers, get_family(family).model_class)
-    config = _model_config(family)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = cls._from_config(config, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
+    model = seeded_model(get_family(family).model_class, _model_config(family), seed,
+                         attn_implementation=ATTN_IMPLEMENTATION)
     model.eval()
     ids = special_token_ids(family)
     gen = model.generation_config

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 
 from mmpipe.offline.other_vlms import build_foreign_processor
+from mmpipe.offline.seeded import seeded_model
 from mmpipe.offline.tf_lines import pil_image_processor
 from mmpipe.offline.tiny_towers import (
     TILE,
     cached_model_copy,
     refuse_pixel_bounds,
-    seeded_model,
     tiny_tower_configs,
     use_hub_vision_names,
     write_checkpoint,

@@ -241,22 +241,18 @@ def _config(name: str):
 
 @functools.lru_cache(maxsize=4)
 def _cached_model(name: str, seed: int):
-    import torch
-    import transformers
+    from mmpipe.offline.seeded import seeded_model
 
     cls = {"idefics3": "Idefics3ForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration",
            "llava": "LlavaForConditionalGeneration", "mllama": "MllamaForConditionalGeneration",
            "paligemma": "PaliGemmaForConditionalGeneration",
            "llava_onevision1_5": "LlavaOnevision15ForConditionalGeneration",
            "ovis2_5": "Ovis2_5ForConditionalGeneration"}[name]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = getattr(transformers, cls)._from_config(_config(name), attn_implementation="eager",
-                                                        dtype=torch.float32)
-        if name == "mllama":  # its tanh gates start at 0 (vision unused): open them so images count
-            for pname, param in model.named_parameters():
-                if "gate" in pname and param.numel() == 1:
-                    param.data.fill_(0.5)
+    model = seeded_model(cls, _config(name), seed, attn_implementation="eager")
+    if name == "mllama":  # its tanh gates start at 0 (vision unused): open them so images count
+        for pname, param in model.named_parameters():
+            if "gate" in pname and param.numel() == 1:
+                param.data.fill_(0.5)
     return model.eval()
 
 

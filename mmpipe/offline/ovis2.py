@@ -127,14 +127,9 @@ def _config():
 
 @functools.lru_cache(maxsize=2)
 def _cached_model(seed: int):
-    import torch
-    import transformers
+    from mmpipe.offline.seeded import seeded_model
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = transformers.Ovis2ForConditionalGeneration._from_config(_config(), attn_implementation="eager",
-                                                                        dtype=torch.float32)
-    return model.eval()
+    return seeded_model("Ovis2ForConditionalGeneration", _config(), seed, attn_implementation="eager").eval()
 
 
 def build_ovis2_model(name: str = "ovis2", seed: int = 0):

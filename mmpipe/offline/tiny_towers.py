@@ -1,6 +1,6 @@
 """What the InternVL and LLaVA-OneVision offline builders (`mmpipe.offline.internvl`,
 `mmpipe.offline.onevision`) share: the tile size, the tiny Qwen2 text and vision tower
-configs, seeded construction and the checkpoint layout vLLM loads. Kept in one place so the
+configs, seeded construction (`mmpipe.offline.seeded`) and the checkpoint layout vLLM loads. Kept in one place so the
 two families' tiny models stay alike (tests run both side by side and compare them to their
 processors) and so neither family module imports the other.
 """
@@ -11,8 +11,9 @@ import copy
 import functools
 
 from mmpipe.errors import ArgumentError
+from mmpipe.offline.seeded import seeded_model
 
-__all__ = ["TILE", "tiny_tower_configs", "seeded_model", "write_checkpoint", "use_hub_vision_names",
+__all__ = ["TILE", "tiny_tower_configs", "write_checkpoint", "use_hub_vision_names",
            "refuse_pixel_bounds"]
 
 TILE = 32  # tile side in pixels (the tiny vision towers' image_size)
@@ -34,17 +35,6 @@ def tiny_tower_configs(tok, head_dim: int = 16) -> tuple[dict, dict]:
     if head_dim >= 64:  # the vLLM checkpoint: one vision head of head_dim as well
         vision.update(hidden_size=head_dim, num_attention_heads=1)
     return text, vision
-
-
-def seeded_model(class_name: str, config, seed: int, **kwargs):
-    """``transformers.<class_name>`` from ``config``, fp32, its weights drawn from ``seed``
-    without moving the caller's torch RNG (fixtures must not change a test's random stream)."""
-    import torch
-    import transformers
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return getattr(transformers, class_name)._from_config(config, dtype=torch.float32, **kwargs)
 
 
 @functools.lru_cache(maxsize=8)

@@ -36,6 +36,7 @@ from typing import Union
 
 from mmpipe.errors import ArgumentError
 from mmpipe.families import GLM4V, GLM46V, QWEN3_VL
+from mmpipe.offline.seeded import seeded_model
 
 __all__ = ["LINES", "HEAD_DIM", "VLLM_DTYPE", "line_config", "build_line_processor", "save_checkpoint"]
 
@@ -229,9 +230,7 @@ def save_checkpoint(line: str, path: Union[str, Path], *, seed: int = 0) -> Path
     if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
         return path
     processor = build_line_processor(line)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = getattr(transformers, model_cls)._from_config(line_config(line), dtype=torch.float32)
+    model = seeded_model(model_cls, line_config(line), int(seed))
     if VLLM_DTYPE.get(line) == "bfloat16":
         model = model.to(torch.bfloat16).to(torch.float32)
     stops, pad = _stop_ids(line)
