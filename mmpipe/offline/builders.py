@@ -28,6 +28,7 @@ from mmpipe.offline import build_processor as _native_processor
 from mmpipe.offline.other_vlms import (FOREIGN_PROCESSORS, MINICPMV_NAMES, MODELS, MORE_MODELS, OVIS2_NAMES,
                                        build_foreign_model, build_foreign_processor)
 from mmpipe.offline.qwen3_5 import MODEL_LINES, build_qwen3_5_processor
+from mmpipe.offline.seeded import seeded
 from mmpipe.offline.tokenizer import FAMILY_NAMES, OWN_BUILDERS
 
 __all__ = ["PROCESSOR_NAMES", "MODEL_NAMES", "build_processor", "build_model"]
@@ -73,9 +74,5 @@ def build_model(family: str = DEFAULT_FAMILY, seed: int = 0):
     if family in _FOREIGN_MODELS:
         return build_foreign_model(family, seed)
     if family in OMNI:
-        import torch
-
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            return _omni(family).build_model()
+        return seeded(seed, _omni(family).build_model)
     raise ArgumentError(f"no offline model for {family!r}; build_model builds one of {list(MODEL_NAMES)}")

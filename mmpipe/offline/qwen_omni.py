@@ -164,11 +164,9 @@ def build_model(head_dim: int = 16):
 def checkpoint_model(seed: int = 0):
     """The thinker `save_checkpoint` saves: `build_model` at ``head_dim`` 64, seeded with ``seed``
     (the same weights every call, without reading the checkpoint back)."""
-    import torch
+    from mmpipe.offline.seeded import seeded
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        return build_model(head_dim=64)
+    return seeded(int(seed), build_model, head_dim=64)
 
 
 def save_checkpoint(path, *, seed: int = 0):
