@@ -74,7 +74,9 @@ def test_filter_by_length_keeps_rows_in_bounds_with_a_report(raw):
 
 
 def test_only_image_headers_are_read():
-    """A PNG cut in half keeps its header: the length is counted; a full encode cannot decode it."""
+    """A whole image's header gives its length; a PNG cut in half keeps its header, but the
+    length filter refuses it as the full encode does (it counted it before: the row passed the
+    filter and failed in training), and ``on_error="skip"`` drops it with its record."""
     proc = processor_for("qwen2_vl")
     buf = io.BytesIO()
     testing.tiny_image(300, 400).save(buf, format="PNG")
@@ -88,9 +90,12 @@ def test_only_image_headers_are_read():
     ds = datasets.Dataset.from_dict(
         {"messages": [msgs, msgs], "images": [[{"bytes": whole, "path": None}], [{"bytes": whole[: len(whole) // 2], "path": None}]]},
         features=feats)
-    lengths = filters.token_lengths(ds, proc)
     full = mmpipe.encode_row({"messages": msgs, "images": [testing.tiny_image(300, 400)]}, proc)
-    assert lengths.total.tolist() == [full.num_tokens] * 2
+    assert filters.token_lengths(ds.select([0]), proc).total.tolist() == [full.num_tokens]
+    with pytest.raises(mmpipe.errors.ImageError, match="truncated"):
+        filters.token_lengths(ds, proc)
+    skipped = filters.token_lengths(ds, proc, on_error="skip")
+    assert skipped.total.tolist() == [full.num_tokens, -1] and skipped.errors[0]["row"] == 1
     with pytest.raises(mmpipe.errors.ImageError, match="truncated"):  # named since issue 15 (was a bare OSError)
         ds.map(mmpipe.encode, fn_kwargs={"processor": proc})
 
