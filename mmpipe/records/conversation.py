@@ -44,8 +44,10 @@ class Conversation:
         messages:   tuple of chat message dicts so far, images as ``{"type": "image"}`` placeholders.
         images:     the I images in order of appearance (as given: PIL, path, bytes...);
                     what a rollout engine that takes raw images (vLLM) needs.
-        text:       the rendered chat text the tokens stand for (one placeholder per image);
-                    always ``render(messages, add_generation_prompt=awaiting_response)``.
+        text:       the rendered chat text the tokens stand for (one placeholder per image):
+                    ``render(messages, add_generation_prompt=awaiting_response)``, except that each
+                    reply of ``sampled`` stands as the model saw it (its generation prompt, then
+                    the reply as sampled) where a thinking template writes its turn otherwise.
         encoder:    the `TurnEncoder` (an `mmpipe.Encoder`: processor, vision spec, pixel format)
                     shared by the batch.
         index:      the sample's original index (int, or None), used in error messages.
@@ -55,6 +57,9 @@ class Conversation:
         done / finish_reason: set by `MultiTurnBatch.mark_done` or ``append_response(done=True)``.
         tools:      the tool specs the chat template gets (the row's ``tools`` column, else the
                     encoder's ``tools`` option), or None: every render of the conversation uses them.
+        sampled:    indices into ``messages`` of the replies kept as sampled under a thinking template
+                    (GLM-4.6V, Qwen3 thinking: the template writes ``<think></think>`` before a reply
+                    without reasoning and drops history reasoning); `mmpipe.rollout.turn_text.seen_render`.
     """
 
     row: MultiModalInputs
@@ -68,6 +73,7 @@ class Conversation:
     done: bool = False
     finish_reason: Optional[str] = None
     tools: Optional[list] = None
+    sampled: tuple = ()
 
     @property
     def num_tokens(self) -> int:

@@ -15,6 +15,13 @@ re-tokenized assistant texts, the row equals ``mmpipe.encode_row`` of the whole 
 everywhere except the model's response tokens (incl. ``<|im_end|>``); observation and tool
 tokens and the generation prompt are never trained on.
 
+Thinking templates (GLM-4.6V, Qwen3 thinking: ``<think></think>`` written before a reply without
+reasoning, history reasoning dropped after a later user turn) cannot be re-rendered as the model saw
+them; their replies are kept as sampled (`Conversation.sampled`): the row is the generation prompt,
+the sampled ids (all labels), then each next turn as the template writes it after a reply - what
+the model saw, as verl's agent loop builds it (`mmpipe.rollout.turn_text.seen_render`). Such a row
+equals ``encode_row`` of the whole conversation only where the template writes every reply verbatim.
+
     conv = start({"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Q?"}]}],
                   "images": [img]}, processor)
     conv = append_response(conv, completion.token_ids)            # ids as generated, ending <|im_end|>
@@ -43,7 +50,8 @@ from mmpipe.records.conversation import Conversation
 from mmpipe.rollout.support import check_no_early_stop, check_processor, check_rollout, stop_ids, token_ids
 from mmpipe.rollout.turn_buffer import compact, grow
 from mmpipe.rollout.turn_media import add_turn_images, add_turn_videos
-from mmpipe.rollout.turn_text import drop_tail, end_of_turn, tokenize_suffix, turn_headers
+from mmpipe.rollout.turn_text import (drop_tail, end_of_turn, kept_as_sampled, seen_render, tokenize_suffix,
+                                     turn_headers)
 
 __all__ = ["Conversation", "start", "conversation_encoder", "append_response", "append_observation", "append_messages"]
 
@@ -141,10 +149,11 @@ def append_response(conv: Conversation, response=None, *, text: Optional[str] = 
         if hasattr(response, "token_ids"):  # a generation.Completion
             finish_reason = finish_reason or getattr(response, "finish_reason", None)
             response = response.token_ids
-        new_ids, labels, n_resp, full, messages = _response_from_ids(conv, token_ids(
+        new_ids, labels, n_resp, full, messages, sampled = _response_from_ids(conv, token_ids(
             response, where=conv.where, row=conv.index, error=ParseError,
             fix="pass the Completion or its token_ids; a reply as text goes in text="))
         span = (0, n_resp)
+        conv = replace(conv, sampled=sampled)
     else:
         conv, new_ids, labels, span, full, messages = _response_from_text(conv, text)
     L = conv.num_tokens
@@ -182,18 +191,22 @@ def _response_from_ids(conv: Conversation, ids: np.ndarray):
     content = tok.decode(content_ids.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
     messages = conv.messages + ({"role": "assistant", "content": content},)
     full = _render_checked(conv, messages, False, "the response")
-    if full != conv.text + content + close:
+    seen = conv.text + content + close
+    thinking = kept_as_sampled(conv, content, close, full)  # a thinking template's reply: as the model saw it
+    if full != seen and not thinking:
         raise InputError(
             f"the chat template does not render the reply verbatim followed by {close!r} "
             f"(it rendered {full[len(conv.text):]!r:.120})", where=conv.where, row=conv.index, stage="template",
             expected=f"{(content + close)!r:.80}", found=f"{full[len(conv.text):]!r:.80}",
             fix="re-encode the whole conversation with mmpipe.encode_row instead of appending",
         )
+    full = seen if thinking else full
     added = close[len(last):] if ended else close
     close_ids = tokenize_suffix(conv, full[: len(full) - len(added)], added, "the end of the turn")[0]
     new_ids = np.concatenate([ids, close_ids]).astype(np.int64)
     labels = np.concatenate([ids, np.full(len(close_ids), IGNORE_INDEX, np.int64)])
-    return new_ids, labels, len(ids), full + (last if header else ""), messages
+    sampled = conv.sampled + ((len(messages) - 1,) if thinking else ())
+    return new_ids, labels, len(ids), full + (last if header else ""), messages, sampled
 
 
 def _response_from_text(conv: Conversation, text: str):
@@ -317,7 +330,8 @@ def _check_open(conv: Conversation, what: str) -> None:
 def _render_checked(conv: Conversation, messages: Sequence[dict], agp: bool, what: str) -> str:
     """The chat text of ``messages``; `InputError` (stage "template") unless the text so far
     is its prefix."""
-    full = conv.encoder.render(list(messages), agp, conv.tools)
+    full = seen_render(conv, list(messages), agp) if conv.sampled else None
+    full = conv.encoder.render(list(messages), agp, conv.tools) if full is None else full
     if not full.startswith(conv.text):
         at = next((i for i, (a, b) in enumerate(zip(full, conv.text)) if a != b), min(len(full), len(conv.text)))
         head = next((t for t in added_tokens(conv.encoder.tokenizer) if conv.text.endswith(t)

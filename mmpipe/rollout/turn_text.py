@@ -9,19 +9,25 @@ generation prompt's last tokens with it (`tokenize_suffix` with ``merge_back``);
 must start at a token boundary.
 
 Also here: what the template writes around a reply, found with probe renders (`end_of_turn`, and
-`turn_headers`: the special tokens a following turn opens with, which GLM-4.1V samples as its stop).
+`turn_headers`: the special tokens a following turn opens with, which GLM-4.1V samples as its stop),
+and `seen_render`: the conversation as the model saw it under a thinking template (GLM-4.6V, Qwen3
+thinking), each sampled reply right after its generation prompt, as verl's agent loop keeps it.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Optional
+
 import numpy as np
 
+from mmpipe.encoding.spans import THINK_END
 from mmpipe.encoding.tokenize import added_tokens
 from mmpipe.errors import InputError
 from mmpipe.records.conversation import Conversation
 
-__all__ = ["tokenize_suffix", "drop_tail", "end_of_turn", "turn_headers"]
+__all__ = ["tokenize_suffix", "drop_tail", "end_of_turn", "turn_headers", "seen_render", "thinking_turn",
+           "kept_as_sampled"]
 
 
 def tokenize_suffix(conv: Conversation, before: str, suffix: str, what: str, *, merge_back: bool = False):
@@ -75,18 +81,86 @@ def drop_tail(conv: Conversation, k: int) -> Conversation:
 
 # ---- what the template writes around a reply -------------------------------------------------
 def end_of_turn(conv: Conversation) -> str:
-    """The text the chat template puts after an assistant reply (found with a probe reply)."""
+    """The text the chat template puts after an assistant reply (found with a probe reply). A
+    thinking template that writes its turn otherwise than the generation prompt (GLM-4.6V's
+    ``<think></think>\n`` before a reply without reasoning) is read from `seen_render`."""
     probe = "\x00mmpipe-probe\x00"
-    full = conv.encoder.render(list(conv.messages) + [{"role": "assistant", "content": probe}], False, conv.tools)
-    if full.find(probe) != len(conv.text) or not full.startswith(conv.text):
+    msgs = list(conv.messages) + [{"role": "assistant", "content": probe}]
+    full = conv.encoder.render(msgs, False, conv.tools)
+    if full.find(probe) == len(conv.text) and full.startswith(conv.text):
+        return full[len(conv.text) + len(probe):]
+    if conv.sampled or thinking_turn(conv, full, probe):
+        seen = seen_render(conv, msgs, False, extra=len(msgs) - 1)
+        if seen is not None and seen.startswith(conv.text + probe):
+            return seen[len(conv.text) + len(probe):]
+    raise InputError(
+        "the chat template does not render an assistant reply right after the generation prompt",
+        where=conv.where, row=conv.index, stage="template", expected=f"the reply at character {len(conv.text)}",
+        found="earlier text re-rendered" if not full.startswith(conv.text) else
+        f"the reply at character {full.find(probe)}" if probe in full else "no reply in the rendered text",
+        fix="re-encode the whole conversation with mmpipe.encode_row instead of appending",
+    )
+
+
+def kept_as_sampled(conv: Conversation, content: str, close: str, full: str) -> bool:
+    """Whether the reply ``content`` is kept as sampled (`Conversation.sampled`): a thinking template
+    (GLM-4.6V, Qwen3 thinking) writes its turn otherwise than the generation prompt followed by the
+    reply, or rewrites it later (history reasoning dropped). ``full``: the conversation rendered with
+    the reply. Raises `InputError` (stage "template") when such a template writes after the reply
+    other text than the ``close`` it writes after a probe reply (the next turn's text is unknown)."""
+    if not conv.sampled and full == conv.text + content + close and THINK_END not in content:
+        return False
+    probe = "\x00mmpipe-probe\x00"
+    if not conv.sampled and not thinking_turn(conv, conv.encoder.render(
+            list(conv.messages) + [{"role": "assistant", "content": probe}], False, conv.tools), probe):
+        return False
+    if not full.endswith(close):
         raise InputError(
-            "the chat template does not render an assistant reply right after the generation prompt",
-            where=conv.where, row=conv.index, stage="template", expected=f"the reply at character {len(conv.text)}",
-            found="earlier text re-rendered" if not full.startswith(conv.text) else
-            f"the reply at character {full.find(probe)}" if probe in full else "no reply in the rendered text",
-            fix="re-encode the whole conversation with mmpipe.encode_row instead of appending",
-        )
-    return full[len(conv.text) + len(probe):]
+            f"the thinking template writes {full[-len(close) - 20:]!r} after the reply, not the {close!r} it "
+            "writes after a probe reply, so the next turn's text is unknown",
+            where=f"{conv.where}, reply {conv.num_turns}", row=conv.index, stage="template",
+            expected=f"the reply, then {close!r}", found=repr(full[-len(close) - 20:]),
+            fix="re-encode the whole conversation with mmpipe.encode_row, or encode with "
+                "chat_template_kwargs={'enable_thinking': False}")
+    return True
+
+
+def _role_line(conv: Conversation) -> tuple[str, str]:
+    """(the generation prompt's role line, the rest of it): ``("<|assistant|>\n", "")`` for
+    GLM-4.6V with thinking on, ``("<|im_start|>assistant\n", "<think>\n")`` for Qwen3 thinking."""
+    header = conv.encoder.reply_header()
+    line = header[:header.find("\n") + 1] or header
+    return line, header[len(line):]
+
+
+def thinking_turn(conv: Conversation, full: str, probe: str) -> bool:
+    """Whether ``full`` (a render whose last reply is ``probe``) holds a thinking block between the
+    reply's role line and the reply, or the generation prompt holds one (`THINK_END`)."""
+    line, tail = _role_line(conv)
+    at = full.find(probe)
+    start = full.rfind(line, 0, at) if line and at >= 0 else -1
+    return THINK_END in tail or (start >= 0 and THINK_END in full[start:at])
+
+
+def seen_render(conv: Conversation, messages: list, agp: bool, extra: Optional[int] = None) -> Optional[str]:
+    """The chat text the model saw: the template's render of ``messages`` with each reply of
+    ``conv.sampled`` (and message ``extra``) written as it was sampled: its turn's role line, the rest
+    of the generation prompt, then the reply's content verbatim (where the template writes a thinking
+    block or drops the reasoning). None when a reply's turn is not found in the render."""
+    keep = [k for k in conv.sampled if k < len(messages)] + ([extra] if extra is not None else [])
+    probes = {k: f"\x00mmpipe-reply{k}\x00" for k in keep}
+    msgs = [dict(m, content=probes[k]) if k in probes else m for k, m in enumerate(messages)]
+    text = conv.encoder.render(msgs, agp, conv.tools)
+    line, tail = _role_line(conv)
+    out, pos = [], 0
+    for k in keep:
+        at = text.find(probes[k], pos)
+        start = text.rfind(line, pos, at) if line and at >= 0 else -1
+        if start < 0:
+            return None
+        out += [text[pos:start + len(line)], tail, messages[k]["content"]]
+        pos = at + len(probes[k])
+    return "".join(out) + text[pos:]
 
 
 def turn_headers(conv: Conversation) -> set:

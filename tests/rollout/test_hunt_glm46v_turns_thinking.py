@@ -1,0 +1,170 @@
+"""Multi-turn loops on thinking templates with thinking on (the template's default): GLM-4.6V's
+format and Qwen3.6's published template. GLM-4.6V's generation prompt is ``<|assistant|>\\n``; a
+thinking model samples ``<think>...</think>\\nanswer`` there, a reply without reasoning is rendered
+``<think></think>\\nanswer`` and history reasoning becomes ``<think></think>`` after a later user
+turn (Qwen3: ``<think>\\n`` opened by the prompt, history reasoning dropped). The row keeps what the
+model saw, as verl's agent loop does: the generation prompt, the sampled ids (all labelled, nothing
+else), then the next turn as the template writes it after a reply; positions are the M-RoPE rule
+over the row (== transformers' get_rope_index). Before the fix the first reply raised InputError
+('does not render an assistant reply right after the generation prompt')."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import mmpipe
+from mmpipe.errors import InputError
+from mmpipe.rollout import multiturn as mt
+from mmpipe.testing.invariants import assert_row_positions
+
+from conftest import model_for, processor_for
+
+pytest.importorskip("transformers")
+from mmpipe.offline import glm46v  # noqa: E402
+
+if not glm46v.available():
+    pytest.skip("transformers without GLM-4.6V", allow_module_level=True)
+
+HEAD = "[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>Find.<|assistant|>\n"
+# (reply as sampled, observation role): the reply ends with the header of the next turn GLM samples
+ROUNDS = [("<think>look at it</think>\nsearch cats", "tool"), ("search dogs", "user"),
+          ("<think>two</think>\nok", "tool"), ("done", "user")]
+STOP = {"tool": "<|observation|>", "user": "<|user|>"}
+
+
+def _image(i: int) -> Image.Image:
+    return Image.new("RGB", (28 + 28 * (i % 2), 28), (30 * i % 255, 40, 90))
+
+
+def _glm_loop(rounds=ROUNDS):
+    proc = processor_for("glm46v")
+    tok = proc.tokenizer
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Find."}]}]
+    conv = mt.start({"messages": msgs, "images": [_image(0)]}, proc)
+    sampled = []
+    for i, (reply, role) in enumerate(rounds):
+        ids = tok(reply, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(STOP[role])]
+        conv = mt.append_response(conv, ids)
+        sampled.append(ids)
+        conv = mt.append_observation(conv, [{"type": "image"}, {"type": "text", "text": f"r{i}"}],
+                                     images=[_image(i + 1)], role=role)
+    return conv, sampled
+
+
+def test_glm46v_thinking_loop_keeps_what_the_model_saw():
+    conv, sampled = _glm_loop()
+    row, tok = conv.row, processor_for("glm46v").tokenizer
+    img = "<|begin_of_image|><|image|><|end_of_image|>"
+    want = (HEAD + "<think>look at it</think>\nsearch cats<|observation|>\n<tool_response>\n" + img
+            + "r0\n</tool_response><|assistant|>\nsearch dogs<|user|>\n" + img + "r1<|assistant|>\n"
+            + "<think>two</think>\nok<|observation|>\n<tool_response>\n" + img + "r2\n</tool_response>"
+            + "<|assistant|>\ndone<|user|>\n" + img + "r3<|assistant|>\n")
+    assert conv.text == want
+    # the ids: the text above with each image's pads expanded, the replies exactly as sampled
+    n_pads = [int(t * h * w) // 4 for t, h, w in row.image_grid_thw]
+    image_id = tok.convert_tokens_to_ids("<|image|>")
+    text_ids = tok(want, add_special_tokens=False)["input_ids"]
+    expanded, k = [], 0
+    for t in text_ids:
+        expanded += [t] * (n_pads[k] if t == image_id else 1)
+        k += t == image_id
+    np.testing.assert_array_equal(row.input_ids, expanded)
+    assert len(conv.response_spans) == 4 and row.num_images == 5
+    mask = np.zeros(row.num_tokens, bool)
+    for (a, b), ids in zip(conv.response_spans, sampled):
+        np.testing.assert_array_equal(row.input_ids[a:b], ids)
+        mask[a:b] = True
+    np.testing.assert_array_equal(row.labels != -100, mask)
+    np.testing.assert_array_equal(row.labels[mask], row.input_ids[mask])
+    assert_row_positions(row, model=model_for("glm46v"))
+
+
+def test_glm46v_replies_with_reasoning_and_tool_turns_equal_the_whole_conversation():
+    """Reasoning on every reply and tool turns only: the template keeps the reasoning (after the last
+    user turn) and writes each reply as sampled, so the loop equals encoding the whole conversation;
+    its labels are the replies as rendered from the header on (GLM's sampled <|observation|> opens the
+    next turn there)."""
+    rounds = [("<think>a</think>\nx", "tool"), ("<think>b c</think>\ny", "tool")]
+    conv, _ = _glm_loop(rounds)
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Find."}]}]
+    for i, (reply, _) in enumerate(rounds):
+        msgs += [{"role": "assistant", "content": reply},
+                 {"role": "tool", "content": [{"type": "image"}, {"type": "text", "text": f"r{i}"}]}]
+    whole = mmpipe.encode_row({"messages": msgs, "images": [_image(i) for i in range(3)]},
+                              processor_for("glm46v"), add_generation_prompt=True)
+    np.testing.assert_array_equal(conv.row.input_ids, whole.input_ids)
+    np.testing.assert_array_equal(conv.row.position_ids, whole.position_ids)
+    wants = np.zeros(conv.row.num_tokens, bool)
+    for a, b in conv.response_spans:
+        wants[a:b - 1] = True
+    np.testing.assert_array_equal(whole.labels != -100, wants)
+
+
+def test_glm46v_thinking_off_loop_is_unchanged():
+    proc = processor_for("glm46v")
+    tok = proc.tokenizer
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Find."}]}]
+    conv = mt.start({"messages": msgs, "images": [_image(0)]}, proc, chat_template_kwargs={"enable_thinking": False})
+    conv = mt.append_response(conv, tok("ans", add_special_tokens=False)["input_ids"]
+                              + [tok.convert_tokens_to_ids("<|user|>")])
+    conv = mt.append_observation(conv, "more")
+    assert conv.sampled == () and conv.text.endswith("<think></think>\nans<|user|>\nmore/nothink<|assistant|>\n"
+                                                     "<think></think>\n")
+
+
+def test_glm46v_sampled_header_of_the_wrong_turn_is_a_typed_error():
+    """The reply ended with <|observation|> (a tool turn) but a user turn is appended: refused, naming
+    the header, with the fix."""
+    proc = processor_for("glm46v")
+    tok = proc.tokenizer
+    conv = mt.start({"messages": [{"role": "user", "content": "Q"}]}, proc)
+    conv = mt.append_response(conv, tok("a", add_special_tokens=False)["input_ids"]
+                              + [tok.convert_tokens_to_ids("<|observation|>")])
+    with pytest.raises(InputError) as e:
+        mt.append_observation(conv, "x", role="user")
+    assert "<|observation|>" in str(e.value) and e.value.fix and "a tool turn" in e.value.fix
+
+
+@pytest.fixture(scope="module")
+def qwen36():
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Qwen3_5ForConditionalGeneration"):
+        pytest.skip("transformers without Qwen3.5")
+    from mmpipe.offline.published_525 import QWEN3_6_CHAT_TEMPLATE
+    from mmpipe.offline.qwen3_5 import build_qwen3_5_processor
+
+    p = copy.copy(build_qwen3_5_processor())
+    p.chat_template = QWEN3_6_CHAT_TEMPLATE
+    return p
+
+
+def test_qwen3_6_thinking_loop_keeps_what_the_model_saw(qwen36):
+    """The same on Qwen3.6's published template: '<think>\\n' opened by the generation prompt, a
+    reply with and without its '</think>', user turns (which drop history reasoning) and tool turns."""
+    tok = qwen36.tokenizer
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    conv = mt.start({"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Q"}]}],
+                     "images": [_image(0)]}, qwen36)
+    prompt = conv.text
+    replies = ["hmm\n</think>\n\nsearch", "plain", "x\n</think>\n\nfin"]
+    for i, reply in enumerate(replies):
+        ids = tok(reply, add_special_tokens=False)["input_ids"] + [end]
+        conv = mt.append_response(conv, ids)
+        conv = mt.append_observation(conv, f"r{i}", role="user" if i % 2 else "tool")
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n")
+    assert conv.text == (prompt + "hmm\n</think>\n\nsearch<|im_end|>\n<|im_start|>user\n<tool_response>\nr0\n"
+                         "</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\nplain<|im_end|>\n"
+                         "<|im_start|>user\nr1<|im_end|>\n<|im_start|>assistant\n<think>\nx\n</think>\n\nfin"
+                         "<|im_end|>\n<|im_start|>user\n<tool_response>\nr2\n</tool_response><|im_end|>\n"
+                         "<|im_start|>assistant\n<think>\n")
+    row = conv.row
+    mask = np.zeros(row.num_tokens, bool)
+    for a, b in conv.response_spans:
+        mask[a:b] = True
+    assert tok.decode(row.input_ids[mask].tolist()) == "".join(r + "<|im_end|>" for r in replies)
+    np.testing.assert_array_equal(row.labels != -100, mask)
+    assert_row_positions(row)
