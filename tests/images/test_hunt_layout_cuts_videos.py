@@ -8,10 +8,6 @@ at a few offsets) was laid out from its header, and the row failed later in trai
 
 from __future__ import annotations
 
-import os
-import tempfile
-
-import numpy as np
 import pytest
 
 import mmpipe
@@ -21,6 +17,8 @@ from mmpipe.images.video import encode_video, video_layout
 from mmpipe.images.video_container import Container
 from mmpipe.testing import build_processor
 
+from helpers import video_file
+
 av = pytest.importorskip("av")
 
 SPEC = VisionSpec(patch_size=14, temporal_patch_size=2, merge_size=2, min_pixels=56 * 56,
@@ -28,25 +26,8 @@ SPEC = VisionSpec(patch_size=14, temporal_patch_size=2, merge_size=2, min_pixels
 
 
 def _clip(fmt: str, codec: str, movflags: str = "", n: int = 16) -> bytes:
-    """n frames 48x64 at 8 fps; written to a file (``faststart`` rewrites the file after muxing)."""
-    fd, path = tempfile.mkstemp(suffix="." + fmt)
-    os.close(fd)
-    try:
-        with av.open(path, "w", format=fmt, options={"movflags": movflags} if movflags else {}) as c:
-            s = c.add_stream(codec, rate=8)
-            s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
-            rng = np.random.default_rng(0)
-            for i in range(n):
-                a = np.full((48, 64, 3), i * 12, np.uint8)
-                a[(i * 3) % 48:, :, 1] = rng.integers(0, 255)
-                for p in s.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
-                    c.mux(p)
-            for p in s.encode():
-                c.mux(p)
-        with open(path, "rb") as f:
-            return f.read()
-    finally:
-        os.remove(path)
+    """n frames 48x64 written to a file (``faststart`` rewrites the file after muxing)."""
+    return video_file(n, 48, 64, fmt, codec=codec, movflags=movflags or None)
 
 
 H264 = "libx264" if "libx264" in av.codecs_available else "mpeg4"
