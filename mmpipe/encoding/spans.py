@@ -345,11 +345,10 @@ def _other_thinking(prompt: str, turn: str) -> bool:
 
 
 def _empty_reply_spans(enc, messages, full, ks, empty, pieces, where) -> Optional[list]:
-    """Spans of the empty replies: each starts after its turn's header (the generation prompt's
-    text, found in order in the piece of text that holds it; where the template writes only its
-    first line, a thinking template's history turn ``<|im_start|>assistant\n`` without
-    ``<think>\n``, after that line) and runs to the stop token the template writes (its tool
-    calls included); None when the header is not found."""
+    """Spans of the empty replies: each starts after its turn's header (the generation prompt's text, found
+    in order in its piece; where the template writes only its first line, a thinking template's history turn
+    ``<|im_start|>assistant\n`` without ``<think>\n``, after that line) and runs to the stop token the template
+    writes (tool calls included), else over the thinking block the model writes (GLM-4.6V's ``<think></think>``)."""
     header = enc.reply_header()
     if not header:
         return None
@@ -369,7 +368,10 @@ def _empty_reply_spans(enc, messages, full, ks, empty, pieces, where) -> Optiona
             return None  # its reasoning rendered where the generation prompt closes the thinking block
         a += len(header) if full.startswith(header, a) else len(line)
         b = full.find(stop.token, a, limit) if stop.written and stop.token else -1
-        out.append((a, a if b < 0 else b + len(stop.token)))
+        end = b + len(stop.token) if b >= 0 else a
+        if b < 0 and THINK_END not in header and full.startswith("<think>", a):  # the model writes the block
+            end = max(full.find(THINK_END, a, limit) + len(THINK_END), a)
+        out.append((a, end))
         pos = out[-1][1]
     return out
 
@@ -378,8 +380,7 @@ def _empty_reply_spans(enc, messages, full, ks, empty, pieces, where) -> Optiona
 def _with_stops(full: str, spans: list, stop: StopRule, marked: bool) -> tuple[str, list]:
     """``spans`` each extended over the stop token the template writes after a reply (the first
     one before the next reply; generation blocks: only with ``stop.always``), and with
-    ``stop.always`` the token appended to each reply where the template writes none. Returns
-    (text, spans)."""
+    ``stop.always`` the token appended to each reply where the template writes none -> (text, spans)."""
     token = stop.token
     if not token or not spans or (marked and not stop.always) or not (stop.written or stop.always):
         return full, spans
