@@ -15,12 +15,10 @@ re-tokenized assistant texts, the row equals ``mmpipe.encode_row`` of the whole 
 everywhere except the model's response tokens (incl. ``<|im_end|>``); observation and tool
 tokens and the generation prompt are never trained on.
 
-Thinking templates (GLM-4.6V, Qwen3 thinking: ``<think></think>`` written before a reply without
-reasoning, history reasoning dropped after a later user turn) cannot be re-rendered as the model saw
-them; their replies are kept as sampled (`Conversation.sampled`): the row is the generation prompt,
-the sampled ids (all labels), then each next turn as the template writes it after a reply - what
-the model saw, as verl's agent loop builds it (`mmpipe.rollout.turn_text.seen_render`). Such a row
-equals ``encode_row`` of the whole conversation only where the template writes every reply verbatim.
+Thinking templates (GLM-4.6V, Qwen3 thinking: ``<think></think>`` before a reply without reasoning,
+history reasoning dropped after a user turn) keep replies as sampled (`Conversation.sampled`): the row
+is the generation prompt, the sampled ids (all labels), then each next turn as the template writes it
+after a reply, what the model saw (verl's agent loop; `mmpipe.rollout.turn_text.seen_render`).
 
     conv = start({"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Q?"}]}],
                   "images": [img]}, processor)
@@ -50,6 +48,7 @@ from mmpipe.records.conversation import Conversation
 from mmpipe.rollout.support import check_no_early_stop, check_processor, check_rollout, stop_ids, token_ids
 from mmpipe.rollout.turn_buffer import compact, grow
 from mmpipe.rollout.turn_media import add_turn_images, add_turn_videos
+from mmpipe.encoding.spans import THINK_END
 from mmpipe.rollout.turn_text import (drop_tail, end_of_turn, kept_as_sampled, seen_render, tokenize_suffix,
                                      turn_headers)
 
@@ -234,6 +233,8 @@ def _response_from_text(conv: Conversation, text: str):
     labels = np.where(keep, new_ids, IGNORE_INDEX).astype(np.int64)
     hit = np.flatnonzero(keep)
     span = (int(hit[0]), int(hit[-1]) + 1) if len(hit) else (0, 0)
+    if THINK_END in text and suffix == text + close and kept_as_sampled(conv, text, close, full):
+        conv = replace(conv, sampled=conv.sampled + (len(messages) - 1,))  # its reasoning as written, kept
     return drop_tail(conv, k), new_ids, labels, span, full, messages
 
 

@@ -168,3 +168,37 @@ def test_qwen3_6_thinking_loop_keeps_what_the_model_saw(qwen36):
     assert tok.decode(row.input_ids[mask].tolist()) == "".join(r + "<|im_end|>" for r in replies)
     np.testing.assert_array_equal(row.labels != -100, mask)
     assert_row_positions(row)
+
+
+def test_glm46v_reply_as_text_with_reasoning_survives_a_later_user_turn():
+    """append_response(text=) of a reply with its reasoning, then a user turn (which drops history
+    reasoning in the template): the reply stays as written, labelled as encoding gives it."""
+    proc = processor_for("glm46v")
+    tok = proc.tokenizer
+    conv = mt.start({"messages": [{"role": "user", "content": "Q"}]}, proc)
+    conv = mt.append_response(conv, text="<think>r</think>\nans")
+    conv = mt.append_observation(conv, "y")
+    conv = mt.append_response(conv, tok("w", add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|user|>")])
+    assert conv.text == "[gMASK]<sop><|user|>\nQ<|assistant|>\n<think>r</think>\nans<|user|>\ny<|assistant|>\nw<|user|>"
+    labelled = tok.decode(conv.row.input_ids[conv.row.labels != -100])
+    assert labelled == "<think>r</think>\nansw<|user|>"
+
+
+def test_qwen3_vl_thinking_loop_positions_equal_transformers():
+    """Qwen3-VL with a thinking template (tests/thinking_templates.QWEN3_VL_THINKING), images in user
+    turns that drop history reasoning: positions == the tiny Qwen3-VL's get_rope_index."""
+    from thinking_templates import QWEN3_VL_THINKING
+
+    proc = copy.copy(processor_for("qwen3_vl"))
+    proc.chat_template = QWEN3_VL_THINKING
+    tok = proc.tokenizer
+    conv = mt.start({"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Q"}]}],
+                     "images": [Image.new("RGB", (32, 32), (1, 2, 3))]}, proc)
+    for i, reply in enumerate(["a\n</think>\n\nb", "c", "d\n</think>\n\ne"]):
+        ids = tok(reply, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|im_end|>")]
+        conv = mt.append_response(conv, ids)
+        conv = mt.append_observation(conv, [{"type": "image"}, {"type": "text", "text": f"r{i}"}],
+                                     images=[Image.new("RGB", (64, 32), (9, 2, 3))])
+    assert conv.text.count("a\n</think>\n\nb<|im_end|>") == 1 and conv.row.num_images == 4
+    assert tok.decode(conv.row.input_ids[conv.row.labels != -100]) == "a\n</think>\n\nb<|im_end|>c<|im_end|>d\n</think>\n\ne<|im_end|>"
+    assert_row_positions(conv.row, model=model_for("qwen3_vl"))
