@@ -202,3 +202,25 @@ def test_qwen3_vl_thinking_loop_positions_equal_transformers():
     assert conv.text.count("a\n</think>\n\nb<|im_end|>") == 1 and conv.row.num_images == 4
     assert tok.decode(conv.row.input_ids[conv.row.labels != -100]) == "a\n</think>\n\nb<|im_end|>c<|im_end|>d\n</think>\n\ne<|im_end|>"
     assert_row_positions(conv.row, model=model_for("qwen3_vl"))
+
+
+def test_glm46v_agent_loop_thinking_on_end_to_end():
+    """AgentLoop on the tiny GLM-4.6V with the template's default (thinking on): every tool turn
+    appends (before the fix the first reply raised), rows stay valid, labels are the model's own
+    tokens, and the training forward's logprobs match the rollout's."""
+    from mmpipe.records import SamplingParams
+    from mmpipe.records.trajectory import ToolCall
+    from mmpipe.rollout import AgentLoop, TransformersEngine, logprob_gaps
+
+    proc, model = processor_for("glm46v"), model_for("glm46v")
+    prompts = [{"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]}],
+                "images": [_image(i)]} for i in range(2)]
+    loop = AgentLoop(TransformersEngine(model, proc), proc, {"search": lambda q: ("found:", [_image(5)])},
+                     parser=lambda text: [ToolCall(name="search", arguments={"q": "x"}, text="search")],
+                     max_turns=3, max_tokens=1024, max_images=6)
+    trajectories = loop.run(prompts, SamplingParams(max_new_tokens=8, n=1, temperature=1.0, seed=0))
+    for t in trajectories:
+        t.row.validate()
+        assert t.num_turns == 3 and t.row.num_images == 3
+        assert (t.row.labels != -100).sum() == t.num_model_tokens
+    assert logprob_gaps(model, trajectories, proc).max() < 1e-4
