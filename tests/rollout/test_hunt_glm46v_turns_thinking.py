@@ -224,3 +224,27 @@ def test_glm46v_agent_loop_thinking_on_end_to_end():
         assert t.num_turns == 3 and t.row.num_images == 3
         assert (t.row.labels != -100).sum() == t.num_model_tokens
     assert logprob_gaps(model, trajectories, proc).max() < 1e-4
+
+
+def test_glm46v_thinking_loop_renders_per_round_do_not_grow(monkeypatch):
+    """Kept-as-sampled replies cost a fixed number of renders a round (counted, not timed): the
+    probe renders are of the conversation once each, never of every prefix."""
+    counted = []
+    real = mmpipe.Encoder.render_many
+
+    def counting(self, conversations, *args, **kw):
+        counted.extend([1] * len(conversations))
+        return real(self, conversations, *args, **kw)
+
+    monkeypatch.setattr(mmpipe.Encoder, "render_many", counting)
+    proc = processor_for("glm46v")
+    tok = proc.tokenizer
+    conv = mt.start({"messages": [{"role": "user", "content": "Q"}]}, proc)
+    per_round = []
+    for i in range(24):
+        reply, role = ("<think>r</think>\nans" if i % 2 else "ans"), ("user" if i % 3 else "tool")
+        before = len(counted)
+        ids = tok(reply, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(STOP[role])]
+        conv = mt.append_observation(mt.append_response(conv, ids), "o", role=role)
+        per_round.append(len(counted) - before)
+    assert len(conv.sampled) == 24 and len(set(per_round[1:])) == 1, per_round
