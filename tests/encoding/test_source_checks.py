@@ -43,8 +43,10 @@ def test_cut_source_fails_at_encode(family, tmp_path):
         with pytest.raises(ImageError, match=r"^row 3, image 0: cannot read the image") as info:
             mmpipe.encode_row(_row(value), proc, idx=3, pixels="source")
         assert info.value.column == "images" and info.value.stage == "image"
-    # the layout-only route reads the header only: the same file is fine there
-    mmpipe.encode_row(_row(cut), proc, idx=3, pixels="none")
+    # the layout-only route (a length filter) refuses the cut file too, with the same error: it decodes
+    # a file that does not reach its end marker (tests/images/test_hunt_layout_cuts_images.py)
+    with pytest.raises(ImageError, match=r"^row 3, image 0: cannot read the image"):
+        mmpipe.encode_row(_row(cut), proc, idx=3, pixels="none")
     # a whole file still stores its own bytes, unchanged
     row = mmpipe.encode_row(_row(jpeg), proc, idx=3, pixels="source")
     assert [bytes(s) for s in row.image_sources] == [jpeg]
