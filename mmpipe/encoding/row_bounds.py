@@ -55,4 +55,3 @@ def unresized_pixels(enc, ds, images_column: str = "images") -> Optional[int]:
                 continue
             most = max(most, h * w)
     return most or None
-

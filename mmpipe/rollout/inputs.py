@@ -235,7 +235,6 @@ def _check_tf4_positions(batch: BatchedMultiModalInputs, position_ids: bool, mod
         "sample videos at 1 or 2 fps", UserWarning, stacklevel=3)
 
 
-
 def to_generate_kwargs(batch: BatchedMultiModalInputs, device=None, *, position_ids: bool = False, model=None) -> dict:
     """Kwargs for a transformers Qwen-VL ``model.generate`` from a LEFT-padded batch.
 
