@@ -655,3 +655,18 @@ def published_pair(processor, family: str) -> tuple:
     ref = copy.deepcopy(proc)
     ref.chat_template = ref.tokenizer.chat_template = generation_template(family)
     return proc, ref
+
+
+def count_renders(monkeypatch) -> list:
+    """A list that grows by one for every conversation `mmpipe.Encoder.render_many` renders from now
+    on (the chat-template renders of an encode or a multi-turn append: counted, not timed)."""
+    import mmpipe
+
+    counted, real = [], mmpipe.Encoder.render_many
+
+    def counting(self, conversations, *args, **kw):
+        counted.extend([1] * len(conversations))
+        return real(self, conversations, *args, **kw)
+
+    monkeypatch.setattr(mmpipe.Encoder, "render_many", counting)
+    return counted

@@ -22,6 +22,7 @@ from mmpipe.rollout import multiturn as mt
 from mmpipe.testing.invariants import assert_row_positions
 
 from conftest import model_for, processor_for
+from helpers import count_renders
 
 pytest.importorskip("transformers")
 from mmpipe.offline import glm46v  # noqa: E402
@@ -229,14 +230,7 @@ def test_glm46v_agent_loop_thinking_on_end_to_end():
 def test_glm46v_thinking_loop_renders_per_round_do_not_grow(monkeypatch):
     """Kept-as-sampled replies cost a fixed number of renders a round (counted, not timed): the
     probe renders are of the conversation once each, never of every prefix."""
-    counted = []
-    real = mmpipe.Encoder.render_many
-
-    def counting(self, conversations, *args, **kw):
-        counted.extend([1] * len(conversations))
-        return real(self, conversations, *args, **kw)
-
-    monkeypatch.setattr(mmpipe.Encoder, "render_many", counting)
+    counted = count_renders(monkeypatch)
     proc = processor_for("glm46v")
     tok = proc.tokenizer
     conv = mt.start({"messages": [{"role": "user", "content": "Q"}]}, proc)

@@ -20,6 +20,7 @@ from mmpipe.rollout import multiturn as mt
 from mmpipe.testing.invariants import assert_row_positions
 
 from conftest import model_for, processor_for
+from helpers import count_renders
 
 STOP = {"qwen2_vl": "<|im_end|>", "qwen3_vl": "<|im_end|>", "glm4v": "<|user|>"}  # what the model samples last
 
@@ -78,13 +79,6 @@ def test_sixty_rounds_equal_the_whole_conversation(family):
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "glm4v"])
 def test_renders_per_round_do_not_grow_with_the_turns(family, monkeypatch):
-    counted = []
-    real = mmpipe.Encoder.render_many
-
-    def counting(self, conversations, *args, **kw):
-        counted.extend([1] * len(conversations))
-        return real(self, conversations, *args, **kw)
-
-    monkeypatch.setattr(mmpipe.Encoder, "render_many", counting)
+    counted = count_renders(monkeypatch)
     *_, per_round = _loop(family, 40, counted)
     assert set(per_round) == {3 if family == "qwen2_vl" else 5}, per_round  # GLM: 2 probes of its turn headers
