@@ -25,9 +25,18 @@ from mmpipe.testing import tiny_image
 HANG_S = 180  # a child still running after this long has hung (a guard, not a timing)
 
 
+def _default_sigint() -> None:
+    """In the child before it runs: Ctrl-C's default action, as a terminal gives a command. A test
+    run started in the background (``cmd &`` in a script, nohup) hands its children SIGINT ignored,
+    which Python then keeps: Ctrl-C would not reach the command at all (it then waited out
+    --timeout and exited 1: a red run that said nothing of the code)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(args, *, stdout=subprocess.PIPE, env=None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "mmpipe.cli.main", *map(str, args)], stdout=stdout,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env,
+                            preexec_fn=_default_sigint)
 
 
 def _finish(child: subprocess.Popen) -> tuple[int, str]:
