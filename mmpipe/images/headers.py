@@ -248,14 +248,10 @@ def _png_file_ends(fp, size: int) -> bool:
 
 
 def _png_ends(data: bytes) -> bool:
-    """Whether a PNG's chunks run whole from its signature to ``IEND``."""
-    pos, end = 8, len(data)
-    while pos + 12 <= end:
-        length, ctype = struct.unpack(">I4s", data[pos:pos + 8])
-        pos += 12 + length
-        if ctype == b"IEND":
-            return pos <= end
-    return False
+    """Whether a PNG's chunks run whole from its signature to ``IEND`` (`_png_file_ends` on the bytes)."""
+    import io
+
+    return _png_file_ends(io.BytesIO(data), len(data))
 
 
 def file_ends(data: bytes) -> bool:
