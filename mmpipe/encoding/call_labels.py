@@ -26,6 +26,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from mmpipe.encoding.render import span_labels
+from mmpipe.encoding.tokenize import added_token_ids
 from mmpipe.records.columns import IGNORE_INDEX
 
 __all__ = ["call_labels", "suffix_cut", "tail_cuts"]
@@ -66,7 +67,7 @@ def _aligned_labels(enc, messages: list, agp: bool, tools, ids: np.ndarray, full
     if text != full:
         return None
     own, offsets = list(out["input_ids"]), np.asarray(out["offset_mapping"], np.int64).reshape(-1, 2)
-    added = {int(i) for i in getattr(enc.tokenizer, "added_tokens_decoder", {})}
+    added = added_token_ids(enc.tokenizer)
     mapped = np.full((len(ids), 2), -1, np.int64)  # a token put in overlaps no reply
     i, put = 0, None  # put: the last token of the run of put-in tokens so far (None: no run)
     for j, t in enumerate(ids.tolist()):

@@ -124,6 +124,7 @@ def tokenize_text(tokenizer, text: str, offsets: bool, *, min_chars: int = MIN_C
 # tokenizer -> (its length, its added tokens). Weak keys: a dict keyed by id() that held the
 # tokenizer kept every tokenizer used once alive after its processor was dropped.
 _ADDED: "weakref.WeakKeyDictionary[Any, tuple[int, tuple[str, ...]]]" = weakref.WeakKeyDictionary()
+_ADDED_IDS: "weakref.WeakKeyDictionary[Any, tuple[Any, frozenset]]" = weakref.WeakKeyDictionary()  # `added_token_ids`
 
 
 def added_tokens(tok) -> tuple[str, ...]:
@@ -139,10 +140,24 @@ def added_tokens(tok) -> tuple[str, ...]:
     return hit[1]
 
 
+def added_token_ids(tok) -> frozenset:
+    """The ids of the tokenizer's added (special or not) tokens, ``added_tokens_decoder``'s keys
+    (empty without one); cached as `added_tokens` is (a fast tokenizer builds that dict anew on
+    every access)."""
+    size = len(tok) if hasattr(tok, "__len__") else None
+    try:
+        hit = _ADDED_IDS.get(tok)
+    except TypeError:  # not a weakref-able key: read every time
+        return frozenset(int(i) for i in getattr(tok, "added_tokens_decoder", {}))
+    if hit is None or hit[0] != size:
+        hit = _ADDED_IDS[tok] = (size, frozenset(int(i) for i in getattr(tok, "added_tokens_decoder", {})))
+    return hit[1]
+
+
 def text_run_start(ids: np.ndarray, end: int, floor: int, tokenizer) -> int:
     """The first index of the run of text ids (int [L]) before ``end``: back to one of
     ``tokenizer``'s added tokens (special or not), where its text splits, or to ``floor``."""
-    boundaries = {int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})}
+    boundaries = added_token_ids(tokenizer)
     j = end
     while j > floor and int(ids[j - 1]) not in boundaries:
         j -= 1
